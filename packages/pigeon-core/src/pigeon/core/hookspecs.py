@@ -1,0 +1,75 @@
+"""Hook specifications: every extension point of PigeonMQ.
+
+Written like pytest's ``hookspec.py``: each hook has the ``pigeon_`` prefix and says
+what it receives, what it returns and when it is called.  Hooks only *register* or
+*build*; they never do I/O (pluggy cannot await).  Asynchronous work happens inside the
+objects they register, in the node's own nurseries.
+
+Built-in backends (the embedded metadata store, the quorum replication policy, the
+``none`` and ``gzip`` codecs) are registered through these same hooks by
+``pigeon.core._builtin``; external plugins are found through the ``pigeon``
+entry-point group.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    import click
+
+    from pigeon.core._plugins import Registry
+
+hookspec = pluggy.HookspecMarker("pigeon")
+
+# -- registration hooks: called once, when a PluginManager is built --------------------
+
+
+@hookspec
+def pigeon_metadata_stores(registry: Registry[Any]) -> None:
+    """Register metadata store classes by URL scheme.
+
+    :param registry: call ``registry.register(scheme, factory)`` where ``factory(url)``
+        returns a :class:`pigeon.core.MetadataStore` for a URL such as
+        ``zk://127.0.0.1:2181/chroot``.  A scheme may be registered once.
+
+    Called for every plugin when the node's plugin manager is built; not firstresult.
+    """
+
+
+@hookspec
+def pigeon_replication_policies(registry: Registry[Any]) -> None:
+    """Register replication policies by name (``quorum``, ``leader-follower``, ...).
+
+    :param registry: call ``registry.register(name, factory)``; ``factory(**options)``
+        returns a replication policy object (see ``pigeon.core.ReplicationPolicy``).
+
+    Called for every plugin when the node's plugin manager is built; not firstresult.
+    """
+
+
+@hookspec
+def pigeon_codecs(registry: Registry[Any]) -> None:
+    """Register compression codecs.
+
+    :param registry: call ``registry.register(name, codec)`` with a
+        :class:`pigeon.core.Codec` (name, numeric wire id, ``compress``,
+        ``decompress``).  Names and ids are unique.
+
+    Called for every plugin when the node's plugin manager is built; not firstresult.
+    """
+
+
+# -- command line ----------------------------------------------------------------------
+
+
+@hookspec
+def pigeon_cli_commands(group: click.Group) -> None:
+    """Add subcommands to the ``pigeon`` command.
+
+    :param group: the root click group; call ``group.add_command(cmd)``.
+
+    Called once when the ``pigeon`` command starts; not firstresult.
+    """

@@ -1,0 +1,16 @@
+"""pytest plugin for PigeonMQ and its plugin authors.
+
+Load it with ``-p pigeon.core.testing`` (the monorepo does so in its root config).  It
+offers the **contract suites** every backend runs against itself:
+
+* :class:`MetadataStoreContract` — subclass it in a test module and provide a
+  ``metadata_store`` fixture (and ``metadata_store_factory`` for multi-session tests).
+* :class:`CodecContract` — subclass it and provide a ``codec`` fixture.
+"""
+
+from __future__ import annotations
+
+from pigeon.core.testing._codec_suite import CodecContract
+from pigeon.core.testing._metadata_suite import MetadataStoreContract
+
+__all__ = ["CodecContract", "MetadataStoreContract"]

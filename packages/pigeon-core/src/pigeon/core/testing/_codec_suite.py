@@ -1,0 +1,5 @@
+"""Codec contract suite (filled in)."""
+
+class CodecContract:
+    pass
+

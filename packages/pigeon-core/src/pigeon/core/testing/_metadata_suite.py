@@ -1,0 +1,5 @@
+"""MetadataStore contract suite (filled in)."""
+
+class MetadataStoreContract:
+    pass
+
