@@ -1,5 +1,753 @@
-"""MetadataStore contract suite (filled in)."""
+"""The contract suite every :class:`~pigeon.core.metadata.MetadataStore` backend runs.
+
+Subclass :class:`MetadataStoreContract` in a test module (its name must start with
+``Test``) and provide two fixtures::
+
+    class TestMyStore(MetadataStoreContract):
+        @pytest.fixture
+        def metadata_store_factory(self, ...) -> MetadataStoreFactory:
+            # `async with factory() as store:` yields a *running* store (started with
+            # `nursery.start(store.run)`) and closes it on exit; stores from one factory
+            # share the same data, each with its own session.
+            ...
+
+        @pytest.fixture
+        def expire_session(self) -> ExpireSession:
+            # `await expire_session(store)` makes the store's session expire as a lost
+            # keepalive would (embedded: store.expire_session(); ZooKeeper: close the
+            # session id from a second client; etcd: revoke the lease).
+            ...
+
+``metadata_store`` (one running store) is built from the factory; override it if needed.
+Every test works below its own unique root path, so the suite can run against a shared,
+long-lived server.  Waits are bounded by :data:`WAIT` seconds, generous for real servers;
+nothing depends on wall-clock speed except the few checks that something does *not*
+happen, which wait :data:`QUIET` seconds.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+
+import pytest
+import trio
+
+from pigeon.core.errors import (
+    BadVersion,
+    InvalidArgument,
+    NodeExists,
+    NoSuchNode,
+    NotEmpty,
+    SessionExpired,
+)
+from pigeon.core.metadata import (
+    EventType,
+    LeaderElection,
+    Lock,
+    MetadataStore,
+    Op,
+    Stat,
+    WatchEvent,
+)
+
+__all__ = ["QUIET", "WAIT", "ExpireSession", "MetadataStoreContract", "MetadataStoreFactory"]
+
+MetadataStoreFactory = Callable[[], AbstractAsyncContextManager[MetadataStore]]
+ExpireSession = Callable[[MetadataStore], Awaitable[None]]
+
+#: Upper bound of every wait in the suite.
+WAIT = 20.0
+#: How long the suite watches for something that must not happen.
+QUIET = 0.3
+
+
+async def next_event(events: AsyncIterator[WatchEvent]) -> WatchEvent:
+    with trio.fail_after(WAIT):
+        return await anext(events)
+
+
+async def wait_event(
+    events: AsyncIterator[WatchEvent], type: EventType, path: str
+) -> list[WatchEvent]:
+    """Read events until one of ``type`` on ``path``; return all read."""
+    seen: list[WatchEvent] = []
+    with trio.fail_after(WAIT):
+        async for event in events:
+            seen.append(event)
+            if event.type is type and event.path == path:
+                return seen
+    raise AssertionError(f"watch ended before {type} {path}; saw {seen}")
+
+
+def _kinds(events: list[WatchEvent]) -> list[tuple[EventType, str]]:
+    return [(e.type, e.path) for e in events]
+
+
+C, U, D = EventType.CREATED, EventType.CHANGED, EventType.DELETED
+
 
 class MetadataStoreContract:
-    pass
+    """pytest-trio tests every metadata store backend must pass."""
 
+    @pytest.fixture
+    async def metadata_store(
+        self, metadata_store_factory: MetadataStoreFactory
+    ) -> AsyncIterator[MetadataStore]:
+        async with metadata_store_factory() as store:
+            yield store
+
+    @pytest.fixture
+    async def root(self, metadata_store: MetadataStore) -> AsyncIterator[str]:
+        """A fresh path for one test; removed afterwards."""
+        path = f"/pigeon-contract/{uuid.uuid4().hex[:12]}"
+        yield path
+        with trio.move_on_after(WAIT):
+            try:
+                await metadata_store.delete(path, recursive=True)
+            except NoSuchNode:
+                pass
+
+    # --- basic reads and writes -------------------------------------------------------
+
+    async def test_create_and_get(self, metadata_store: MetadataStore, root: str) -> None:
+        path = f"{root}/node"
+        assert await metadata_store.create(path, b"hello") == path
+        stat = await metadata_store.get(path)
+        assert stat == Stat(b"hello", 0, False)
+        assert isinstance(stat.value, bytes)
+        assert await metadata_store.exists(path)
+
+    async def test_get_missing(self, metadata_store: MetadataStore, root: str) -> None:
+        assert await metadata_store.get(f"{root}/nothing") is None
+        assert not await metadata_store.exists(f"{root}/nothing")
+
+    async def test_create_default_value_is_empty(
+        self, metadata_store: MetadataStore, root: str
+    ) -> None:
+        await metadata_store.create(f"{root}/empty")
+        assert await metadata_store.get(f"{root}/empty") == Stat(b"", 0, False)
+
+    async def test_create_existing_raises_node_exists(
+        self, metadata_store: MetadataStore, root: str
+    ) -> None:
+        await metadata_store.create(f"{root}/x", b"1")
+        with pytest.raises(NodeExists):
+            await metadata_store.create(f"{root}/x", b"2")
+        assert await metadata_store.get(f"{root}/x") == Stat(b"1", 0, False)
+
+    async def test_binary_values_round_trip(self, metadata_store: MetadataStore, root: str) -> None:
+        value = bytes(range(256)) * 256  # 64 KiB, every byte value, NULs included
+        await metadata_store.create(f"{root}/bin", value)
+        stat = await metadata_store.get(f"{root}/bin")
+        assert stat is not None and stat.value == value
+        await metadata_store.set(f"{root}/bin", b"\x00")
+        stat = await metadata_store.get(f"{root}/bin")
+        assert stat is not None and stat.value == b"\x00"
+
+    async def test_implicit_parents(self, metadata_store: MetadataStore, root: str) -> None:
+        await metadata_store.create(f"{root}/a/b/c", b"leaf")
+        assert await metadata_store.get(f"{root}/a") == Stat(b"", 0, False)
+        assert await metadata_store.get(f"{root}/a/b") == Stat(b"", 0, False)
+        assert await metadata_store.get(f"{root}/a/b/c") == Stat(b"leaf", 0, False)
+        # an implicit parent is a normal node: creating it explicitly now fails
+        with pytest.raises(NodeExists):
+            await metadata_store.create(f"{root}/a/b")
+
+    @pytest.mark.parametrize(
+        "bad", ["", "relative", "/trailing/", "/double//slash", "/dot/./x", "/up/../x", "/n\x00"]
+    )
+    async def test_invalid_paths(self, metadata_store: MetadataStore, bad: str) -> None:
+        with pytest.raises(InvalidArgument):
+            await metadata_store.get(bad)
+        with pytest.raises(InvalidArgument):
+            await metadata_store.create(bad, b"")
+        with pytest.raises(InvalidArgument):
+            await metadata_store.set(bad, b"")
+        with pytest.raises(InvalidArgument):
+            await metadata_store.delete(bad)
+
+    # --- versions and compare-and-set ------------------------------------------------
+
+    async def test_set_increments_version(self, metadata_store: MetadataStore, root: str) -> None:
+        path = f"{root}/v"
+        await metadata_store.create(path, b"0")
+        assert await metadata_store.set(path, b"1") == 1
+        assert await metadata_store.set(path, b"2") == 2
+        assert await metadata_store.get(path) == Stat(b"2", 2, False)
+
+    async def test_set_with_version_is_compare_and_set(
+        self, metadata_store: MetadataStore, root: str
+    ) -> None:
+        path = f"{root}/cas"
+        await metadata_store.create(path, b"a")
+        assert await metadata_store.set(path, b"b", version=0) == 1
+        with pytest.raises(BadVersion):
+            await metadata_store.set(path, b"lost", version=0)
+        with pytest.raises(BadVersion):
+            await metadata_store.set(path, b"lost", version=7)
+        assert await metadata_store.get(path) == Stat(b"b", 1, False)
+        assert await metadata_store.set(path, b"c", version=1) == 2
+
+    async def test_set_missing_raises_no_such_node(
+        self, metadata_store: MetadataStore, root: str
+    ) -> None:
+        with pytest.raises(NoSuchNode):
+            await metadata_store.set(f"{root}/missing", b"x")
+        with pytest.raises(NoSuchNode):
+            await metadata_store.set(f"{root}/missing", b"x", version=0)
+        assert await metadata_store.get(f"{root}/missing") is None
+
+    async def test_recreate_restarts_version(
+        self, metadata_store: MetadataStore, root: str
+    ) -> None:
+        path = f"{root}/again"
+        await metadata_store.create(path, b"1")
+        await metadata_store.set(path, b"2")
+        await metadata_store.delete(path)
+        await metadata_store.create(path, b"3")
+        assert await metadata_store.get(path) == Stat(b"3", 0, False)
+
+    # --- delete ----------------------------------------------------------------------
+
+    async def test_delete(self, metadata_store: MetadataStore, root: str) -> None:
+        path = f"{root}/gone"
+        await metadata_store.create(path, b"x")
+        await metadata_store.delete(path)
+        assert await metadata_store.get(path) is None
+        with pytest.raises(NoSuchNode):
+            await metadata_store.delete(path)
+
+    async def test_delete_with_version(self, metadata_store: MetadataStore, root: str) -> None:
+        path = f"{root}/dv"
+        await metadata_store.create(path, b"x")
+        await metadata_store.set(path, b"y")
+        with pytest.raises(BadVersion):
+            await metadata_store.delete(path, version=0)
+        assert await metadata_store.exists(path)
+        await metadata_store.delete(path, version=1)
+        assert not await metadata_store.exists(path)
+
+    async def test_delete_with_children_raises_not_empty(
+        self, metadata_store: MetadataStore, root: str
+    ) -> None:
+        await metadata_store.create(f"{root}/p/c", b"")
+        with pytest.raises(NotEmpty):
+            await metadata_store.delete(f"{root}/p")
+        assert await metadata_store.exists(f"{root}/p/c")
+
+    async def test_delete_recursive(self, metadata_store: MetadataStore, root: str) -> None:
+        for leaf in ("t/a/x", "t/a/y", "t/b", "tt"):
+            await metadata_store.create(f"{root}/{leaf}", b"")
+        await metadata_store.delete(f"{root}/t", recursive=True)
+        for path in ("t", "t/a", "t/a/x", "t/a/y", "t/b"):
+            assert await metadata_store.get(f"{root}/{path}") is None
+        assert await metadata_store.exists(f"{root}/tt")  # a sibling with the same prefix
+
+    # --- children ----------------------------------------------------------------------
+
+    async def test_children_sorted_names(self, metadata_store: MetadataStore, root: str) -> None:
+        for name in ("b", "c", "a", "a-1", "B"):
+            await metadata_store.create(f"{root}/dir/{name}", b"")
+        await metadata_store.create(f"{root}/dir/a/grandchild", b"")
+        await metadata_store.create(f"{root}/dirx", b"")
+        assert await metadata_store.children(f"{root}/dir") == ["B", "a", "a-1", "b", "c"]
+        assert await metadata_store.children(f"{root}/dir/a") == ["grandchild"]
+        assert await metadata_store.children(f"{root}/dir/c") == []
+
+    async def test_children_of_missing_is_empty(
+        self, metadata_store: MetadataStore, root: str
+    ) -> None:
+        assert await metadata_store.children(f"{root}/nowhere") == []
+
+    # --- sequential nodes --------------------------------------------------------------
+
+    async def test_sequential_nodes_are_ordered(
+        self, metadata_store: MetadataStore, root: str
+    ) -> None:
+        made = [
+            await metadata_store.create(f"{root}/q/item-", bytes([i]), sequential=True)
+            for i in range(5)
+        ]
+        prefix = f"{root}/q/item-"
+        for path in made:
+            assert path.startswith(prefix)
+            suffix = path[len(prefix) :]
+            assert len(suffix) == 10 and suffix.isdigit()
+        assert made == sorted(made) and len(set(made)) == 5
+        await metadata_store.delete(made[-1])
+        later = await metadata_store.create(prefix, b"", sequential=True)
+        assert later > made[-1]  # the counter never goes back while the parent exists
+        assert await metadata_store.children(f"{root}/q") == sorted(
+            p.rsplit("/", 1)[1] for p in [*made[:-1], later]
+        )
+        assert await metadata_store.get(made[2]) == Stat(bytes([2]), 0, False)
+
+    async def test_sequential_with_bare_parent(
+        self, metadata_store: MetadataStore, root: str
+    ) -> None:
+        first = await metadata_store.create(f"{root}/seq/", b"", sequential=True)
+        second = await metadata_store.create(f"{root}/seq/", b"", sequential=True)
+        assert first.startswith(f"{root}/seq/") and len(first) == len(f"{root}/seq/") + 10
+        assert first < second
+
+    async def test_sequential_unique_across_sessions(
+        self, metadata_store_factory: MetadataStoreFactory, root: str
+    ) -> None:
+        made: list[str] = []
+        async with metadata_store_factory() as a, metadata_store_factory() as b:
+
+            async def creator(store: MetadataStore) -> None:
+                for _ in range(10):
+                    made.append(await store.create(f"{root}/u/n-", b"", sequential=True))
+
+            with trio.fail_after(WAIT):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(creator, a)
+                    nursery.start_soon(creator, b)
+            assert len(set(made)) == 20
+            assert sorted(await a.children(f"{root}/u")) == sorted(
+                p.rsplit("/", 1)[1] for p in made
+            )
+
+    # --- multi -----------------------------------------------------------------------
+
+    async def test_multi_applies_all(self, metadata_store: MetadataStore, root: str) -> None:
+        await metadata_store.create(f"{root}/m/existing", b"old")
+        await metadata_store.create(f"{root}/m/doomed", b"")
+        results = await metadata_store.multi(
+            [
+                Op.create(f"{root}/m/new/deep", b"n"),
+                Op.set(f"{root}/m/existing", b"new", version=0),
+                Op.delete(f"{root}/m/doomed"),
+                Op.check(f"{root}/m/existing", 1),
+                Op.set(f"{root}/m/new/deep", b"n2", version=0),
+            ]
+        )
+        assert results == [f"{root}/m/new/deep", 1, None, None, 1]
+        assert await metadata_store.get(f"{root}/m/new/deep") == Stat(b"n2", 1, False)
+        assert await metadata_store.get(f"{root}/m/existing") == Stat(b"new", 1, False)
+        assert await metadata_store.get(f"{root}/m/doomed") is None
+
+    async def test_multi_empty(self, metadata_store: MetadataStore) -> None:
+        assert await metadata_store.multi([]) == []
+
+    async def test_multi_failing_check_rolls_back(
+        self, metadata_store: MetadataStore, root: str
+    ) -> None:
+        await metadata_store.create(f"{root}/m/a", b"a")
+        await metadata_store.create(f"{root}/m/b", b"b")
+        with pytest.raises(BadVersion):
+            await metadata_store.multi(
+                [
+                    Op.create(f"{root}/m/c", b"c"),
+                    Op.set(f"{root}/m/a", b"changed"),
+                    Op.delete(f"{root}/m/b"),
+                    Op.check(f"{root}/m/a", 42),
+                ]
+            )
+        assert await metadata_store.get(f"{root}/m/c") is None
+        assert await metadata_store.get(f"{root}/m/a") == Stat(b"a", 0, False)
+        assert await metadata_store.get(f"{root}/m/b") == Stat(b"b", 0, False)
+
+    @pytest.mark.parametrize(
+        ("failing", "error"),
+        [
+            ("create-existing", NodeExists),
+            ("set-missing", NoSuchNode),
+            ("set-bad-version", BadVersion),
+            ("delete-missing", NoSuchNode),
+            ("delete-not-empty", NotEmpty),
+            ("check-missing", NoSuchNode),
+        ],
+    )
+    async def test_multi_raises_first_error_and_rolls_back(
+        self,
+        metadata_store: MetadataStore,
+        root: str,
+        failing: str,
+        error: type[Exception],
+    ) -> None:
+        await metadata_store.create(f"{root}/m/a", b"a")
+        await metadata_store.create(f"{root}/m/full/child", b"")
+        bad = {
+            "create-existing": Op.create(f"{root}/m/a", b""),
+            "set-missing": Op.set(f"{root}/m/none", b""),
+            "set-bad-version": Op.set(f"{root}/m/a", b"", version=3),
+            "delete-missing": Op.delete(f"{root}/m/none"),
+            "delete-not-empty": Op.delete(f"{root}/m/full"),
+            "check-missing": Op.check(f"{root}/m/none"),
+        }[failing]
+        with pytest.raises(error):
+            await metadata_store.multi(
+                [Op.create(f"{root}/m/fresh/x", b""), Op.set(f"{root}/m/a", b"z"), bad]
+            )
+        assert await metadata_store.get(f"{root}/m/fresh") is None  # implicit parent too
+        assert await metadata_store.get(f"{root}/m/a") == Stat(b"a", 0, False)
+
+    # --- watches -----------------------------------------------------------------------
+
+    async def test_watch_path(self, metadata_store: MetadataStore, root: str) -> None:
+        path = f"{root}/w"
+        async with metadata_store.watch(path) as events:
+            await metadata_store.create(path, b"1")
+            await metadata_store.set(path, b"2")
+            await metadata_store.delete(path)
+            assert await next_event(events) == WatchEvent(C, path, b"1", 0)
+            assert await next_event(events) == WatchEvent(U, path, b"2", 1)
+            deleted = await next_event(events)
+            assert (deleted.type, deleted.path, deleted.value) == (D, path, None)
+
+    async def test_watch_only_reports_changes_after_it_started(
+        self, metadata_store: MetadataStore, root: str
+    ) -> None:
+        path = f"{root}/late"
+        await metadata_store.create(path, b"before")
+        await metadata_store.set(path, b"before2")
+        async with metadata_store.watch(path) as events:
+            await metadata_store.set(path, b"after")
+            assert await next_event(events) == WatchEvent(U, path, b"after", 2)
+
+    async def test_watch_path_ignores_others(
+        self, metadata_store: MetadataStore, root: str
+    ) -> None:
+        path = f"{root}/only"
+        await metadata_store.create(path, b"")
+        async with metadata_store.watch(path) as events:
+            await metadata_store.create(f"{root}/only/child", b"")  # a child: not reported
+            await metadata_store.create(f"{root}/onlyx", b"")  # a sibling with the prefix
+            await metadata_store.create(f"{root}/other", b"")
+            await metadata_store.set(path, b"mine")
+            assert await next_event(events) == WatchEvent(U, path, b"mine", 1)
+
+    async def test_watch_keeps_order(self, metadata_store: MetadataStore, root: str) -> None:
+        path = f"{root}/ordered"
+        await metadata_store.create(path, b"")
+        async with metadata_store.watch(path) as events:
+            for i in range(1, 51):
+                await metadata_store.set(path, str(i).encode())
+            for i in range(1, 51):
+                assert await next_event(events) == WatchEvent(U, path, str(i).encode(), i)
+
+    async def test_watch_prefix(self, metadata_store: MetadataStore, root: str) -> None:
+        base = f"{root}/tree"
+        await metadata_store.create(base, b"")
+        async with metadata_store.watch(base, prefix=True) as events:
+            await metadata_store.create(f"{root}/treehouse", b"")  # not below `base`
+            await metadata_store.create(f"{base}/a", b"a")
+            await metadata_store.create(f"{base}/b/c", b"c")  # `b` created implicitly
+            await metadata_store.set(f"{base}/a", b"a2")
+            await metadata_store.set(base, b"self")
+            await metadata_store.delete(f"{base}/a")
+            expected = [
+                WatchEvent(C, f"{base}/a", b"a", 0),
+                WatchEvent(C, f"{base}/b", b"", 0),
+                WatchEvent(C, f"{base}/b/c", b"c", 0),
+                WatchEvent(U, f"{base}/a", b"a2", 1),
+                WatchEvent(U, base, b"self", 1),
+            ]
+            for want in expected:
+                assert await next_event(events) == want
+            last = await next_event(events)
+            assert (last.type, last.path, last.value) == (D, f"{base}/a", None)
+
+    async def test_watch_prefix_recursive_delete_reports_children_first(
+        self, metadata_store: MetadataStore, root: str
+    ) -> None:
+        base = f"{root}/rd"
+        for leaf in ("x/1", "x/2", "y"):
+            await metadata_store.create(f"{base}/{leaf}", b"")
+        async with metadata_store.watch(base, prefix=True) as events:
+            await metadata_store.delete(base, recursive=True)
+            seen = await wait_event(events, D, base)
+        assert all(e.type is D for e in seen)
+        paths = [e.path for e in seen]
+        assert sorted(paths) == sorted(
+            [base, f"{base}/x", f"{base}/x/1", f"{base}/x/2", f"{base}/y"]
+        )
+        for path in paths:  # every node is reported before its parent
+            parent = path.rsplit("/", 1)[0]
+            if parent in paths:
+                assert paths.index(path) < paths.index(parent)
+
+    async def test_watch_sees_other_sessions(
+        self, metadata_store_factory: MetadataStoreFactory, root: str
+    ) -> None:
+        path = f"{root}/shared"
+        async with metadata_store_factory() as a, metadata_store_factory() as b:
+            await a.create(root)
+            async with b.watch(root, prefix=True) as events:
+                await a.create(path, b"1")
+                await a.set(path, b"2")
+                await a.delete(path)
+                assert await next_event(events) == WatchEvent(C, path, b"1", 0)
+                assert await next_event(events) == WatchEvent(U, path, b"2", 1)
+                assert (await next_event(events)).type is D
+            assert await b.get(path) is None
+
+    async def test_two_watchers_both_get_everything(
+        self, metadata_store: MetadataStore, root: str
+    ) -> None:
+        path = f"{root}/two"
+        await metadata_store.create(root)
+        async with (
+            metadata_store.watch(path) as one,
+            metadata_store.watch(root, prefix=True) as two,
+        ):
+            await metadata_store.create(path, b"x")
+            await metadata_store.set(path, b"y")
+            for events in (one, two):
+                assert await next_event(events) == WatchEvent(C, path, b"x", 0)
+                assert await next_event(events) == WatchEvent(U, path, b"y", 1)
+
+    # --- ephemeral nodes and sessions ---------------------------------------------------
+
+    async def test_ephemeral_node(self, metadata_store: MetadataStore, root: str) -> None:
+        path = f"{root}/eph"
+        assert await metadata_store.create(path, b"me", ephemeral=True) == path
+        assert await metadata_store.get(path) == Stat(b"me", 0, True)
+        assert await metadata_store.set(path, b"me2") == 1
+        assert await metadata_store.get(path) == Stat(b"me2", 1, True)
+        parent = await metadata_store.get(root)
+        assert parent is not None and not parent.ephemeral  # implicit parents persist
+
+    async def test_ephemeral_sequential(self, metadata_store: MetadataStore, root: str) -> None:
+        path = await metadata_store.create(f"{root}/es-", b"", ephemeral=True, sequential=True)
+        stat = await metadata_store.get(path)
+        assert stat is not None and stat.ephemeral
+
+    async def test_ephemeral_cannot_have_children(
+        self, metadata_store: MetadataStore, root: str
+    ) -> None:
+        await metadata_store.create(f"{root}/e", b"", ephemeral=True)
+        with pytest.raises(InvalidArgument):
+            await metadata_store.create(f"{root}/e/child", b"")
+        with pytest.raises(InvalidArgument):
+            await metadata_store.create(f"{root}/e/deep/child", b"")
+
+    async def test_ephemeral_removed_when_owner_closes(
+        self, metadata_store_factory: MetadataStoreFactory, root: str
+    ) -> None:
+        path = f"{root}/owned"
+        async with metadata_store_factory() as observer:
+            async with observer.watch(path) as events:
+                async with metadata_store_factory() as owner:
+                    await owner.create(path, b"owner", ephemeral=True)
+                    await owner.create(f"{root}/kept", b"persistent")
+                    assert await next_event(events) == WatchEvent(C, path, b"owner", 0)
+                    assert await observer.get(path) == Stat(b"owner", 0, True)
+                deleted = await next_event(events)
+                assert (deleted.type, deleted.path) == (D, path)
+            assert await observer.get(path) is None
+            assert await observer.get(f"{root}/kept") == Stat(b"persistent", 0, False)
+
+    async def test_session_expiry(
+        self,
+        metadata_store_factory: MetadataStoreFactory,
+        expire_session: ExpireSession,
+        root: str,
+    ) -> None:
+        path = f"{root}/session"
+        async with metadata_store_factory() as observer, metadata_store_factory() as owner:
+            async with observer.watch(root, prefix=True) as events:
+                await owner.create(f"{root}/persistent", b"p")
+                await owner.create(path, b"e", ephemeral=True)
+                await wait_event(events, C, path)
+                await expire_session(owner)
+                with trio.fail_after(WAIT):
+                    await owner.wait_session_expired()
+                await wait_event(events, D, path)
+            assert await observer.get(path) is None
+            assert await owner.get(path) is None
+            assert await observer.get(f"{root}/persistent") == Stat(b"p", 0, False)
+            # persistent work goes on; ephemeral nodes need a new session
+            await owner.set(f"{root}/persistent", b"q")
+            with pytest.raises(SessionExpired):
+                await owner.create(f"{root}/again", b"", ephemeral=True)
+            await owner.new_session()
+            await owner.create(f"{root}/again", b"", ephemeral=True)
+            stat = await observer.get(f"{root}/again")
+            assert stat is not None and stat.ephemeral
+
+    async def test_new_session_drops_old_ephemerals(
+        self, metadata_store: MetadataStore, root: str
+    ) -> None:
+        await metadata_store.create(f"{root}/old", b"", ephemeral=True)
+        await metadata_store.new_session()
+        assert await metadata_store.get(f"{root}/old") is None
+        await metadata_store.create(f"{root}/new", b"", ephemeral=True)
+        assert await metadata_store.exists(f"{root}/new")
+
+    async def test_wait_session_expired_blocks_while_alive(
+        self, metadata_store: MetadataStore, expire_session: ExpireSession
+    ) -> None:
+        with trio.move_on_after(QUIET) as scope:
+            await metadata_store.wait_session_expired()
+        assert scope.cancelled_caught
+        await expire_session(metadata_store)
+        with trio.fail_after(WAIT):
+            await metadata_store.wait_session_expired()
+
+    # --- leader election ---------------------------------------------------------------
+
+    async def test_leader_election_failover(
+        self, metadata_store_factory: MetadataStoreFactory, root: str
+    ) -> None:
+        path = f"{root}/election"
+        async with metadata_store_factory() as b_store, trio.open_nursery() as b_tasks:
+            b = LeaderElection(b_store, path, "b", b"addr-b")
+            async with metadata_store_factory() as a_store:
+                a = LeaderElection(a_store, path, "a", b"addr-a")
+                assert await a.current_leader() is None
+                async with trio.open_nursery() as a_tasks:
+                    await a_tasks.start(a.run)
+                    with trio.fail_after(WAIT):
+                        await a.wait_leader()
+                    assert a.is_leader
+                    await b_tasks.start(b.run)
+                    assert not b.is_leader
+                    assert await b.current_leader() == "a"
+                    assert await b.current_leader_info() == ("a", b"addr-a")
+                    a_tasks.cancel_scope.cancel()  # a withdraws
+                assert not a.is_leader
+                with trio.fail_after(WAIT):
+                    await b.wait_leader()
+                assert await a.current_leader() == "b"
+                # a rejoins behind b
+                async with trio.open_nursery() as a_tasks:
+                    await a_tasks.start(a.run)
+                    assert not a.is_leader
+                    assert b.is_leader
+                    a_tasks.cancel_scope.cancel()
+            b_tasks.cancel_scope.cancel()
+        assert not b.is_leader
+
+    async def test_leader_election_leader_store_closes(
+        self, metadata_store_factory: MetadataStoreFactory, root: str
+    ) -> None:
+        path = f"{root}/election"
+        async with metadata_store_factory() as b_store, trio.open_nursery() as b_tasks:
+            b = LeaderElection(b_store, path, "b")
+            async with metadata_store_factory() as a_store, trio.open_nursery() as a_tasks:
+                a = LeaderElection(a_store, path, "a")
+                await a_tasks.start(a.run)
+                await b_tasks.start(b.run)
+                assert a.is_leader and not b.is_leader
+                a_tasks.cancel_scope.cancel()
+            with trio.fail_after(WAIT):
+                await b.wait_leader()
+            b_tasks.cancel_scope.cancel()
+
+    async def test_leader_election_session_expiry(
+        self,
+        metadata_store_factory: MetadataStoreFactory,
+        expire_session: ExpireSession,
+        root: str,
+    ) -> None:
+        path = f"{root}/election"
+        async with metadata_store_factory() as a_store, metadata_store_factory() as b_store:
+            a = LeaderElection(a_store, path, "a")
+            b = LeaderElection(b_store, path, "b")
+            a_failed = trio.Event()
+
+            async def run_a(
+                task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+            ) -> None:
+                with pytest.raises(SessionExpired):
+                    await a.run(task_status=task_status)
+                a_failed.set()
+
+            async with trio.open_nursery() as nursery:
+                await nursery.start(run_a)
+                await nursery.start(b.run)
+                assert a.is_leader
+                await expire_session(a_store)
+                with trio.fail_after(WAIT):
+                    await b.wait_leader()
+                    await a_failed.wait()
+                assert not a.is_leader
+                assert await b.current_leader() == "b"
+                nursery.cancel_scope.cancel()
+
+    # --- locks ---------------------------------------------------------------------------
+
+    async def test_lock_exclusion(
+        self, metadata_store_factory: MetadataStoreFactory, root: str
+    ) -> None:
+        path = f"{root}/lock"
+        async with metadata_store_factory() as a_store, metadata_store_factory() as b_store:
+            a = Lock(a_store, path, b"broker-a:6650")
+            b = Lock(b_store, path, b"broker-b:6650")
+            assert await a.acquire()
+            assert a.held
+            assert await b.owner() == b"broker-a:6650"
+            assert not await b.acquire(blocking=False)
+            assert not b.held
+            b_got_it = trio.Event()
+
+            async def wait_for_lock() -> None:
+                assert await b.acquire()
+                b_got_it.set()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(wait_for_lock)
+                with trio.move_on_after(QUIET):
+                    await b_got_it.wait()
+                assert not b_got_it.is_set()  # blocked while a holds it
+                await a.release()
+                assert not a.held
+                with trio.fail_after(WAIT):
+                    await b_got_it.wait()
+            assert await a.owner() == b"broker-b:6650"
+            assert not await a.acquire(blocking=False)
+            await b.release()
+            assert await a.owner() is None
+            assert await a.acquire(blocking=False)
+            await a.release()
+
+    async def test_lock_released_when_holder_closes(
+        self, metadata_store_factory: MetadataStoreFactory, root: str
+    ) -> None:
+        path = f"{root}/lock"
+        async with metadata_store_factory() as b_store:
+            b = Lock(b_store, path, b"b")
+            b_got_it = trio.Event()
+
+            async def wait_for_lock() -> None:
+                assert await b.acquire()
+                b_got_it.set()
+
+            async with trio.open_nursery() as nursery:
+                async with metadata_store_factory() as a_store:
+                    a = Lock(a_store, path, b"a")
+                    assert await a.acquire()
+                    nursery.start_soon(wait_for_lock)
+                    with trio.move_on_after(QUIET):
+                        await b_got_it.wait()
+                    assert not b.held
+                with trio.fail_after(WAIT):
+                    await b_got_it.wait()
+            assert await b.owner() == b"b"
+
+    async def test_lock_context_manager(self, metadata_store: MetadataStore, root: str) -> None:
+        lock = Lock(metadata_store, f"{root}/cm", b"me")
+        async with lock:
+            assert lock.held
+            stat = await metadata_store.get(f"{root}/cm")
+            assert stat == Stat(b"me", 0, True)
+        assert not lock.held
+        assert await metadata_store.get(f"{root}/cm") is None
+
+    async def test_lock_release_does_not_delete_another_holder(
+        self, metadata_store_factory: MetadataStoreFactory, root: str
+    ) -> None:
+        path = f"{root}/lock"
+        async with metadata_store_factory() as a_store, metadata_store_factory() as b_store:
+            a = Lock(a_store, path, b"a")
+            assert await a.acquire()
+            await a_store.delete(path)  # someone broke the lock
+            b = Lock(b_store, path, b"b")
+            assert await b.acquire(blocking=False)
+            await a.release()
+            assert await b.owner() == b"b"

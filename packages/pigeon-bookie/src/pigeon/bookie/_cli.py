@@ -1,0 +1,69 @@
+"""``pigeon bookie`` (run a bookie) and ``pigeon bookie inspect DATA_DIR``."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import click
+import pluggy
+import trio
+
+from pigeon.bookie._service import BookieConfig, BookieServer
+from pigeon.core import PluginManager, load_config
+
+hookimpl = pluggy.HookimplMarker("pigeon")
+
+
+@click.group("bookie", invoke_without_command=True)
+@click.option("--metadata", help="Metadata store URL: zk://host:2181/chroot, etcd://host:2379/prefix, embedded:///dir")
+@click.option("--host", help="Address to listen on (default 127.0.0.1).")
+@click.option("--port", type=int, help="Bookie port (default 3181).")
+@click.option("--data-dir", type=click.Path(file_okay=False), help="Where segments live.")
+@click.option("--fsync", type=click.Choice(["always", "interval", "never"]), help="fsync policy (default always).")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML configuration file ([bookie] table).")
+@click.pass_context
+def bookie_cmd(
+    ctx: click.Context,
+    metadata: str | None,
+    host: str | None,
+    port: int | None,
+    data_dir: str | None,
+    fsync: str | None,
+    config_file: str | None,
+) -> None:
+    """Run a bookie (storage node) registered in the metadata store."""
+    if ctx.invoked_subcommand is not None:
+        return
+    plugins: PluginManager = ctx.obj
+    config = load_config(
+        BookieConfig,
+        path=config_file,
+        section="bookie",
+        overrides={"metadata": metadata, "host": host, "port": port, "data_dir": data_dir, "fsync": fsync},
+    )
+    if not config.metadata:
+        raise click.UsageError("--metadata (or PIGEON_METADATA, or metadata in [bookie]) is required")
+    from pigeon.core._runtime import open_metadata_store, run_until_signal
+
+    store = open_metadata_store(config.metadata, plugins)
+
+    async def main(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(store.run)
+            server = BookieServer(config, metadata=store)
+            await nursery.start(server.run)
+            task_status.started(server)
+
+    trio.run(
+        functools.partial(
+            run_until_signal,
+            main,
+            ready=lambda s: click.echo(f"bookie ready on {s.advertised}", err=True),
+        )
+    )
+
+
+@hookimpl
+def pigeon_cli_commands(group: click.Group) -> None:
+    group.add_command(bookie_cmd)

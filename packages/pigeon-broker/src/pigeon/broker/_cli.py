@@ -1,0 +1,102 @@
+"""``pigeon broker`` and ``pigeon standalone``."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import click
+import pluggy
+import trio
+
+from pigeon.broker._config import BrokerConfig
+from pigeon.core import PluginManager, load_config
+
+hookimpl = pluggy.HookimplMarker("pigeon")
+
+
+def _broker_config(config_file: str | None, **flags: Any) -> BrokerConfig:
+    return load_config(BrokerConfig, path=config_file, section="broker", overrides=flags)
+
+
+@click.command("broker")
+@click.option("--metadata", help="Metadata store URL: zk://host:2181/chroot, etcd://host:2379/prefix, embedded:///dir")
+@click.option("--host", help="Address to listen on (default 127.0.0.1).")
+@click.option("--port", type=int, help="Client port (default 6650).")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML configuration file.")
+@click.pass_obj
+def broker_cmd(plugins: PluginManager, metadata: str | None, host: str | None, port: int | None, config_file: str | None) -> None:
+    """Run a broker that stores on the bookies registered in the metadata store."""
+    from pigeon.broker._node import run_broker
+    from pigeon.core._runtime import open_metadata_store, run_until_signal
+
+    config = _broker_config(config_file, metadata=metadata, host=host, port=port)
+    if not config.metadata:
+        raise click.UsageError("--metadata (or PIGEON_METADATA, or metadata in [broker]) is required")
+    store = open_metadata_store(config.metadata, plugins)
+
+    async def main(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(store.run)
+            service = await nursery.start(
+                lambda task_status: run_broker(config, store=store, plugins=plugins, task_status=task_status)
+            )
+            task_status.started(service)
+
+    trio.run(
+        functools.partial(
+            run_until_signal,
+            main,
+            ready=lambda s: click.echo(f"broker ready on {s.service_url}", err=True),
+        )
+    )
+
+
+@click.command("standalone")
+@click.option("--data-dir", default="./pigeon-data", show_default=True, type=click.Path(file_okay=False))
+@click.option("--host", help="Address to listen on (default 127.0.0.1).")
+@click.option("--port", type=int, help="Broker port (default 6650).")
+@click.option("--bookie-port", type=int, help="Bookie port (default 3181).")
+@click.option("--fsync", type=click.Choice(["always", "interval", "never"]), help="Bookie fsync policy (default always).")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML configuration file ([broker] and [bookie] tables).")
+@click.pass_obj
+def standalone_cmd(
+    plugins: PluginManager,
+    data_dir: str,
+    host: str | None,
+    port: int | None,
+    bookie_port: int | None,
+    fsync: str | None,
+    config_file: str | None,
+) -> None:
+    """Run broker + bookie + embedded metadata in one process."""
+    from pigeon.bookie import BookieConfig
+
+    from pigeon.broker._node import run_standalone
+    from pigeon.core._runtime import run_until_signal
+
+    broker_config = _broker_config(config_file, host=host, port=port)
+    bookie_config = load_config(
+        BookieConfig, path=config_file, section="bookie", env={}, overrides={"host": host, "port": bookie_port, "fsync": fsync}
+    )
+    Path(data_dir).mkdir(parents=True, exist_ok=True)
+
+    def ready(service: Any) -> None:
+        click.echo(f"pigeon standalone ready on {service.service_url} (data in {data_dir})", err=True)
+
+    trio.run(
+        functools.partial(
+            run_until_signal,
+            lambda task_status: run_standalone(
+                data_dir, broker_config, bookie_config, plugins=plugins, task_status=task_status
+            ),
+            ready=ready,
+        )
+    )
+
+
+@hookimpl
+def pigeon_cli_commands(group: click.Group) -> None:
+    group.add_command(broker_cmd)
+    group.add_command(standalone_cmd)

@@ -1,0 +1,48 @@
+"""Broker configuration (TOML ``[broker]``, ``PIGEON_*`` environment, flags)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pigeon.core._framing import DEFAULT_MAX_FRAME_SIZE
+from pigeon.core.errors import ConfigError
+
+__all__ = ["BrokerConfig"]
+
+
+@dataclass
+class BrokerConfig:
+    host: str = "127.0.0.1"
+    port: int = 6650
+    metadata: str = ""
+    cluster_name: str = "standalone"
+    max_message_size: int = 5 * 1024 * 1024
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    segment_max_entries: int = 50_000
+    segment_max_bytes: int = 512 * 1024 * 1024
+    segment_max_age_s: float = 4 * 3600.0
+    cache_max_bytes: int = 256 * 1024 * 1024
+    cursor_persist_interval_ms: float = 100.0
+    replication: str = "quorum"
+    ensemble_size: int = 1
+    write_quorum: int = 1
+    ack_quorum: int = 1
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    def validate(self) -> None:
+        if not 0 <= self.port < 65536:
+            raise ConfigError(f"bad value for 'port': {self.port} is not a TCP port")
+        if self.max_message_size <= 0:
+            raise ConfigError("bad value for 'max_message_size': must be positive")
+        if self.max_frame_size < self.max_message_size + 1024:
+            raise ConfigError(
+                "bad value for 'max_frame_size': must exceed max_message_size by at least 1024"
+            )
+        if self.segment_max_entries <= 0:
+            raise ConfigError("bad value for 'segment_max_entries': must be positive")
+        if not self.ensemble_size >= self.write_quorum >= self.ack_quorum >= 1:
+            raise ConfigError(
+                "bad values for 'ensemble_size', 'write_quorum', 'ack_quorum': need "
+                "ensemble_size >= write_quorum >= ack_quorum >= 1"
+            )

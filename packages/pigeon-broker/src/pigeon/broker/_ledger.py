@@ -1,0 +1,470 @@
+"""Managed ledger: a topic partition as an ordered list of segments on bookies.
+
+Metadata (JSON in the metadata store):
+
+* ``/pigeon/ledgers/<domain>/<tenant>/<namespace>/<topic>`` — the ledger: its segments in
+  order, each ``{"id", "first_offset", "last_entry_id", "entries", "size", "state",
+  "ensemble", "ctime", "last_publish_time"}``; ``state`` is ``open`` while a writer may
+  append and ``closed`` (with ``last_entry_id`` fixed) afterwards.  Updated with
+  compare-and-set, so two brokers can never both think they own the tail.
+* ``/pigeon/segment-ids/s-`` — sequential nodes that hand out unique segment ids.
+
+Writes: ``append_nowait`` assigns the partition offsets and the next entry id at call
+time (so the order of calls is the order in the log), hands the entry to the segment
+writer, and calls back in order once the replication policy acknowledged it.  The ledger
+never re-opens a segment after a restart: it *recovers* the last one (fence + find the
+last entry), closes it, and appends to a fresh one (BookKeeper's rule).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import trio
+
+from pigeon.core import TopicName
+from pigeon.core._entry import pack_entry_header, unpack_entry_header
+from pigeon.core.errors import (
+    BadVersion,
+    EntryNotFound,
+    PigeonError,
+    ServiceUnavailable,
+)
+
+__all__ = ["Entry", "LedgerConfig", "ManagedLedger", "Position", "SegmentInfo"]
+
+log = logging.getLogger(__name__)
+
+Position = tuple[int, int]  # (segment index in the ledger, entry id)
+AppendCallback = Callable[[Any, BaseException | None], None]
+
+
+@dataclass
+class LedgerConfig:
+    max_entries_per_segment: int = 50_000
+    max_segment_bytes: int = 512 * 1024 * 1024
+    max_segment_age_s: float = 4 * 3600.0
+    cache_max_bytes: int = 256 * 1024 * 1024
+    read_batch_bytes: int = 4 * 1024 * 1024
+
+
+@dataclass
+class SegmentInfo:
+    id: int
+    first_offset: int
+    ensemble: list[str]
+    state: str = "open"
+    last_entry_id: int = -1
+    entries: int = 0
+    size: int = 0
+    ctime: float = 0.0
+    last_publish_time: int = 0
+
+
+@dataclass(slots=True)
+class Entry:
+    segment_id: int
+    entry_id: int
+    position: Position
+    data: bytes | memoryview
+    num_messages: int
+    first_offset: int
+    publish_time: int
+
+
+class _EntryCache:
+    """Most recently written entries, bounded by bytes (tail reads never touch bookies)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self.hits = 0
+        self.misses = 0
+        self._entries: OrderedDict[tuple[int, int], bytes | memoryview] = OrderedDict()
+
+    def put(self, key: tuple[int, int], data: bytes | memoryview) -> None:
+        self._entries[key] = data
+        self.bytes += len(data)
+        while self.bytes > self.max_bytes and self._entries:
+            _, old = self._entries.popitem(last=False)
+            self.bytes -= len(old)
+
+    def get(self, key: tuple[int, int]) -> bytes | memoryview | None:
+        data = self._entries.get(key)
+        if data is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return data
+
+
+class ManagedLedger:
+    """One persistent topic partition."""
+
+    def __init__(
+        self,
+        topic: TopicName,
+        *,
+        store: Any,
+        policy: Any,
+        bookies: Callable[[], list[str]],
+        nursery: trio.Nursery,
+        config: LedgerConfig | None = None,
+    ) -> None:
+        self.topic = topic
+        self.store = store
+        self.policy = policy
+        self.bookies = bookies
+        self.nursery = nursery
+        self.config = config or LedgerConfig()
+        self.path = f"/pigeon/ledgers/{topic.path}"
+        self.segments: list[SegmentInfo] = []
+        self._index: dict[int, int] = {}  # segment id -> index in self.segments
+        self._version = -1
+        self.next_offset = 0
+        self.last_publish_time = 0
+        self._writer: Any = None
+        self._rolling = False
+        self._queued: list[tuple[bytes, int, int, AppendCallback]] = []
+        self._entry_first_offsets: dict[int, list[int]] = {}  # seg index -> first offsets
+        self.cache = _EntryCache(self.config.cache_max_bytes)
+        self._new_entries = trio.Event()
+        self.closed = False
+        self.failed: BaseException | None = None
+        self.msgs_in = 0
+        self.bytes_in = 0
+
+    # ------------------------------------------------------------------ metadata
+
+    def _doc(self) -> bytes:
+        return json.dumps({"segments": [asdict(s) for s in self.segments]}).encode()
+
+    async def _save(self) -> None:
+        try:
+            self._version = await self.store.set(self.path, self._doc(), version=self._version)
+        except BadVersion:
+            raise ServiceUnavailable(
+                f"ledger {self.topic} was changed by another broker; giving up ownership"
+            ) from None
+
+    def _reindex(self) -> None:
+        self._index = {s.id: i for i, s in enumerate(self.segments)}
+
+    async def open(self) -> None:
+        stat = await self.store.get(self.path)
+        if stat is None:
+            try:
+                await self.store.create(self.path, self._doc())
+                self._version = 0
+            except PigeonError:
+                stat = await self.store.get(self.path)
+        if stat is not None:
+            doc = json.loads(stat.value)
+            self._version = stat.version
+            self.segments = [SegmentInfo(**s) for s in doc.get("segments", [])]
+        self._reindex()
+        # Recover segments left open by a previous owner (crash): fence, find the end.
+        changed = False
+        for seg in self.segments:
+            if seg.state == "open":
+                last = await self.policy.recover(seg.id, seg.ensemble)
+                seg.last_entry_id = last
+                seg.entries = last + 1
+                seg.state = "closed"
+                changed = True
+        # Drop empty closed segments at the tail (nothing to read there).
+        while self.segments and self.segments[-1].entries == 0 and len(self.segments) > 0:
+            dropped = self.segments.pop()
+            log.info("dropping empty segment topic=%s segment=%s", self.topic, dropped.id)
+            changed = True
+        self._reindex()
+        if self.segments:
+            last_seg = self.segments[-1]
+            entries = await self.policy.read(
+                last_seg.id, last_seg.ensemble, last_seg.last_entry_id, last_seg.last_entry_id
+            )
+            header = unpack_entry_header(entries[0][1])
+            self.next_offset = header.first_offset + header.num_messages
+            self.last_publish_time = header.publish_time
+            if last_seg.size == 0 or last_seg.last_publish_time == 0:
+                last_seg.last_publish_time = header.publish_time
+        if changed:
+            await self._save()
+        await self._new_segment()
+
+    async def _new_segment(self) -> None:
+        bookies = self.bookies()
+        ensemble = self.policy.choose_ensemble(bookies)
+        created = await self.store.create("/pigeon/segment-ids/s-", b"", sequential=True)
+        segment_id = int(created.rsplit("-", 1)[1]) + 1
+        seg = SegmentInfo(
+            id=segment_id, first_offset=self.next_offset, ensemble=ensemble, ctime=time.time()
+        )
+        self.segments.append(seg)
+        self._reindex()
+        await self._save()
+        self._writer = await self.policy.create_writer(segment_id, ensemble)
+        log.info("segment opened topic=%s segment=%s ensemble=%s", self.topic, segment_id, ensemble)
+
+    # ------------------------------------------------------------------ writes
+
+    @property
+    def last_position(self) -> Position:
+        """Position of the last confirmed entry, ``(-1, -1)`` when the ledger is empty."""
+        for i in range(len(self.segments) - 1, -1, -1):
+            seg = self.segments[i]
+            if seg.last_entry_id >= 0:
+                return (i, seg.last_entry_id)
+        return (-1, -1)
+
+    @property
+    def first_offset(self) -> int:
+        return self.segments[0].first_offset if self.segments else self.next_offset
+
+    def append_nowait(self, payload: bytes | memoryview, num_messages: int, callback: AppendCallback) -> None:
+        """Append one batch; ``callback((segment_id, entry_id, first_offset), error)``."""
+        if self.closed:
+            raise ServiceUnavailable(f"topic {self.topic} is closed")
+        if self.failed is not None:
+            raise ServiceUnavailable(f"topic {self.topic} failed: {self.failed}")
+        offset = self.next_offset
+        self.next_offset += num_messages
+        now = max(int(time.time() * 1000), self.last_publish_time)
+        self.last_publish_time = now
+        data = pack_entry_header(num_messages, offset, now) + bytes(payload)
+        if self._rolling or self._writer is None:
+            self._queued.append((data, num_messages, offset, callback))
+            return
+        self._write(data, num_messages, offset, callback)
+
+    def _write(self, data: bytes, n: int, offset: int, callback: AppendCallback) -> None:
+        seg_index = len(self.segments) - 1
+        seg = self.segments[seg_index]
+        writer = self._writer
+
+        def done(entry_id: int, error: BaseException | None) -> None:
+            if error is not None:
+                callback(None, error)
+                self._on_writer_failed(writer, error)
+                return
+            seg.last_entry_id = entry_id
+            seg.entries = entry_id + 1
+            seg.size += len(data)
+            seg.last_publish_time = self.last_publish_time
+            self._entry_first_offsets.setdefault(seg_index, []).append(offset)
+            self.cache.put((seg.id, entry_id), data)
+            self.msgs_in += n
+            self.bytes_in += len(data)
+            callback((seg.id, entry_id, offset), None)
+            self._new_entries.set()
+
+        try:
+            writer.add_nowait(data, done)
+        except PigeonError as exc:
+            callback(None, exc)
+            self._on_writer_failed(writer, exc)
+            return
+        if (
+            writer.next_entry_id >= self.config.max_entries_per_segment
+            or writer.bytes_written >= self.config.max_segment_bytes
+            or time.time() - seg.ctime >= self.config.max_segment_age_s
+        ):
+            self._start_roll()
+
+    def _on_writer_failed(self, writer: Any, error: BaseException) -> None:
+        if writer is self._writer and not self._rolling:
+            log.warning("segment write failed topic=%s error=%s; rolling over", self.topic, error)
+            self._start_roll(recover=True)
+
+    def _start_roll(self, *, recover: bool = False) -> None:
+        if self._rolling:
+            return
+        self._rolling = True
+        self.nursery.start_soon(self._roll, recover)
+
+    async def _roll(self, recover: bool) -> None:
+        writer = self._writer
+        seg = self.segments[-1]
+        try:
+            if recover:
+                seg.last_entry_id = await self.policy.recover(seg.id, seg.ensemble)
+                seg.entries = seg.last_entry_id + 1
+            else:
+                with trio.fail_after(30):
+                    while writer.pending and writer.failed is None:
+                        await trio.sleep(0.001)
+                if writer.failed is not None:
+                    seg.last_entry_id = await self.policy.recover(seg.id, seg.ensemble)
+                    seg.entries = seg.last_entry_id + 1
+            seg.state = "closed"
+            if seg.entries == 0:
+                self.segments.pop()
+                self._reindex()
+            await self._save()
+            await self._new_segment()
+        except BaseException as exc:
+            self.failed = exc if isinstance(exc, Exception) else ServiceUnavailable("cancelled")
+            queued, self._queued = self._queued, []
+            for _data, _n, _off, cb in queued:
+                cb(None, ServiceUnavailable(f"topic {self.topic} cannot roll over: {exc}"))
+            if not isinstance(exc, Exception):
+                raise
+            log.error("segment rollover failed topic=%s error=%s", self.topic, exc)
+            return
+        finally:
+            self._rolling = False
+        queued, self._queued = self._queued, []
+        for data, n, offset, cb in queued:
+            self._write(data, n, offset, cb)
+
+    async def close(self) -> None:
+        """Wait for in-flight writes and close the last segment in metadata."""
+        if self.closed:
+            return
+        self.closed = True
+        with trio.move_on_after(10):
+            while self._rolling or (self._writer is not None and self._writer.pending):
+                await trio.sleep(0.005)
+        if self.segments and self.segments[-1].state == "open":
+            seg = self.segments[-1]
+            seg.state = "closed"
+            if seg.entries == 0:
+                self.segments.pop()
+                self._reindex()
+            try:
+                await self._save()
+            except PigeonError as exc:
+                log.warning("closing ledger failed topic=%s error=%s", self.topic, exc)
+        self._new_entries.set()
+
+    # ------------------------------------------------------------------ reads
+
+    async def wait_new_entries(self) -> None:
+        self._new_entries = ev = trio.Event() if self._new_entries.is_set() else self._new_entries
+        await ev.wait()
+
+    def new_entries_event(self) -> trio.Event:
+        if self._new_entries.is_set():
+            self._new_entries = trio.Event()
+        return self._new_entries
+
+    def normalize(self, pos: Position) -> Position | None:
+        """The position itself or the first one after it that exists; None past the end."""
+        index, entry = pos
+        while 0 <= index < len(self.segments):
+            if entry <= self.segments[index].last_entry_id:
+                return (index, entry)
+            if self.segments[index].state == "open":
+                return None
+            index += 1
+            entry = 0
+        return None
+
+    def next_position(self, pos: Position) -> Position:
+        return (pos[0], pos[1] + 1)
+
+    def start_position(self) -> Position:
+        return (0, 0)
+
+    def end_position(self) -> Position:
+        """The position the next appended entry will get."""
+        if not self.segments:
+            return (0, 0)
+        i = len(self.segments) - 1
+        return (i, self.segments[i].last_entry_id + 1)
+
+    async def read(
+        self, pos: Position, *, max_entries: int = 100, max_bytes: int | None = None
+    ) -> list[Entry]:
+        """Confirmed entries from ``pos`` on, within one segment; [] at the end."""
+        max_bytes = max_bytes or self.config.read_batch_bytes
+        npos = self.normalize(pos)
+        if npos is None:
+            return []
+        index, entry_id = npos
+        seg = self.segments[index]
+        last = min(seg.last_entry_id, entry_id + max_entries - 1)
+        out: list[Entry] = []
+        total = 0
+        eid = entry_id
+        while eid <= last and total < max_bytes:
+            data = self.cache.get((seg.id, eid))
+            if data is None:
+                break
+            out.append(self._entry(seg, index, eid, data))
+            total += len(data)
+            eid += 1
+        if not out:
+            raw = await self.policy.read(
+                seg.id, seg.ensemble, entry_id, last, max_bytes=max_bytes, max_count=max_entries
+            )
+            if not raw:
+                raise EntryNotFound(f"segment {seg.id} entry {entry_id} is missing")
+            for eid2, data in raw:
+                out.append(self._entry(seg, index, eid2, data))
+        return out
+
+    def _entry(self, seg: SegmentInfo, index: int, entry_id: int, data: bytes | memoryview) -> Entry:
+        header = unpack_entry_header(data)
+        return Entry(
+            seg.id,
+            entry_id,
+            (index, entry_id),
+            data,
+            header.num_messages,
+            header.first_offset,
+            header.publish_time,
+        )
+
+    async def read_one(self, pos: Position) -> Entry:
+        entries = await self.read(pos, max_entries=1)
+        if not entries or entries[0].position != pos:
+            raise EntryNotFound(f"no entry at {pos}")
+        return entries[0]
+
+    def index_of_segment(self, segment_id: int) -> int | None:
+        return self._index.get(segment_id)
+
+    async def position_for_offset(self, offset: int) -> Position:
+        """Position of the entry holding ``offset`` (the end position if past the end)."""
+        if not self.segments or offset >= self.next_offset:
+            return self.end_position()
+        firsts = [s.first_offset for s in self.segments]
+        index = max(bisect.bisect_right(firsts, offset) - 1, 0)
+        seg = self.segments[index]
+        if seg.last_entry_id < 0:
+            return (index, 0)
+        lo, hi = 0, seg.last_entry_id
+        if offset < seg.first_offset:
+            return (index, 0)
+        while lo < hi:  # last entry whose first offset <= offset
+            mid = (lo + hi + 1) // 2
+            entry = await self.read_one((index, mid))
+            if entry.first_offset <= offset:
+                lo = mid
+            else:
+                hi = mid - 1
+        return (index, lo)
+
+    async def position_for_time(self, timestamp_ms: int) -> Position:
+        """First entry published at or after ``timestamp_ms``."""
+        for index, seg in enumerate(self.segments):
+            if seg.last_entry_id < 0 or seg.last_publish_time < timestamp_ms:
+                continue
+            lo, hi = 0, seg.last_entry_id
+            while lo < hi:
+                mid = (lo + hi) // 2
+                entry = await self.read_one((index, mid))
+                if entry.publish_time >= timestamp_ms:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            return (index, lo)
+        return self.end_position()

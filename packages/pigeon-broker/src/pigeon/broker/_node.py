@@ -1,0 +1,123 @@
+"""Running a broker node, and ``pigeon standalone`` (broker + bookie + embedded metadata)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from pigeon.broker._config import BrokerConfig
+from pigeon.broker._service import BrokerService
+from pigeon.core import PluginManager
+from pigeon.core._bookie_client import BookieClient
+from pigeon.core.errors import ConfigError
+
+__all__ = ["BookieDirectory", "run_broker", "run_standalone"]
+
+log = logging.getLogger(__name__)
+
+BOOKIES_PATH = "/pigeon/bookies/available"
+
+
+class BookieDirectory:
+    """The writable bookies registered in the metadata store, kept current by a watch."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self._bookies: dict[str, dict[str, Any]] = {}
+        self.changed = trio.Event()
+
+    def writable(self) -> list[str]:
+        return sorted(a for a, info in self._bookies.items() if not info.get("read_only"))
+
+    __call__ = writable
+
+    async def refresh(self) -> None:
+        found: dict[str, dict[str, Any]] = {}
+        for name in await self.store.children(BOOKIES_PATH):
+            stat = await self.store.get(f"{BOOKIES_PATH}/{name}")
+            if stat is None:
+                continue
+            try:
+                found[name] = json.loads(stat.value) if stat.value else {}
+            except ValueError:
+                found[name] = {}
+        self._bookies = found
+        self.changed.set()
+        self.changed = trio.Event()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with self.store.watch(BOOKIES_PATH, prefix=True) as events:
+            await self.refresh()
+            task_status.started()
+            async for _event in events:
+                await self.refresh()
+
+    async def wait_for(self, count: int, timeout: float = 30.0) -> None:
+        with trio.fail_after(timeout):
+            while len(self.writable()) < count:
+                await self.changed.wait()
+
+
+async def run_broker(
+    config: BrokerConfig,
+    *,
+    store: Any,
+    plugins: PluginManager,
+    task_status: trio.TaskStatus[BrokerService] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run a broker on an already running metadata store until cancelled."""
+    async with trio.open_nursery() as nursery:
+        bookie_client = BookieClient(max_frame_size=config.max_frame_size)
+        await nursery.start(bookie_client.run)
+        directory = BookieDirectory(store)
+        await nursery.start(directory.run)
+        factory = plugins.replication_policies.get(config.replication)
+        policy = factory(  # type: ignore[operator]
+            bookie_client,
+            ensemble_size=config.ensemble_size,
+            write_quorum=config.write_quorum,
+            ack_quorum=config.ack_quorum,
+        )
+        service = BrokerService(config, store=store, policy=policy, bookies=directory)
+        await nursery.start(service.run)
+        task_status.started(service)
+
+
+async def run_standalone(
+    data_dir: str | os.PathLike[str],
+    broker_config: BrokerConfig,
+    bookie_config: Any = None,
+    *,
+    plugins: PluginManager | None = None,
+    task_status: trio.TaskStatus[BrokerService] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """One broker, one bookie and the embedded metadata store in this trio run."""
+    try:
+        from pigeon.bookie import BookieConfig, BookieServer
+    except ImportError:  # pragma: no cover - depends on the install
+        raise ConfigError(
+            "pigeon standalone needs pigeon-bookie: pip install 'pigeon-broker[standalone]'"
+        ) from None
+    from pigeon.core.metadata import EmbeddedMetadataStore
+
+    plugins = plugins or PluginManager()
+    root = Path(data_dir)
+    (root / "metadata").mkdir(parents=True, exist_ok=True)
+    store = EmbeddedMetadataStore(root / "metadata")
+    if bookie_config is None:
+        bookie_config = BookieConfig()
+    bookie_config.data_dir = str(root / "bookie")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        bookie = BookieServer(bookie_config, metadata=store)
+        await nursery.start(bookie.run)
+        service = await nursery.start(
+            lambda task_status: run_broker(broker_config, store=store, plugins=plugins, task_status=task_status)
+        )
+        log.info("standalone ready broker=%s bookie=%s data_dir=%s", service.service_url, bookie.advertised, root)
+        task_status.started(service)

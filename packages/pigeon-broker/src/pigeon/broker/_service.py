@@ -1,0 +1,538 @@
+"""The broker: serves producers and consumers over the PigeonMQ protocol.
+
+Request handlers are synchronous (see :mod:`pigeon.core._rpc`); anything that waits —
+opening a topic, persisting a cursor — runs as a task in the connection's nursery.
+Produce requests never wait in a task: ``on_send`` appends to the managed ledger at once,
+so the order of requests on a connection is the order in the log.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from pigeon.broker._config import BrokerConfig
+from pigeon.broker._cursor import CursorState
+from pigeon.broker._ledger import LedgerConfig, ManagedLedger
+from pigeon.broker._subscription import Consumer, Subscription
+from pigeon.core import TopicName
+from pigeon.core._batch import read_header
+from pigeon.core._rpc import Connection, Request, serve_tcp
+from pigeon.core._schema import BrokerFrame
+from pigeon.core.errors import (
+    InvalidArgument,
+    MessageTooLarge,
+    NotSupported,
+    PigeonError,
+    ProducerBusy,
+    ServiceUnavailable,
+    SubscriptionNotFound,
+    TopicNotFound,
+)
+
+__all__ = ["BrokerService"]
+
+log = logging.getLogger(__name__)
+
+_SUB_TYPES = {"exclusive": "exclusive", "shared": "shared", "failover": "failover", "keyShared": "keyShared"}
+
+
+@dataclass(eq=False)
+class Producer:
+    conn: Connection
+    producer_id: int
+    name: str
+    topic: Topic
+    ready: bool = True
+
+
+class Topic:
+    """A persistent topic partition owned by this broker."""
+
+    def __init__(self, name: TopicName, ledger: ManagedLedger, service: BrokerService) -> None:
+        self.name = name
+        self.ledger = ledger
+        self.service = service
+        self.producers: dict[str, Producer] = {}
+        self.subscriptions: dict[str, Subscription] = {}
+        self.last_sequence: dict[str, int] = {}
+        self._seq_counter = itertools.count()
+
+    async def subscription(
+        self, name: str, sub_type: str, initial_position: str, *, durable: bool, start_offset: int
+    ) -> Subscription:
+        sub = self.subscriptions.get(name)
+        if sub is not None:
+            return sub
+        store = self.service.store
+        cursor: CursorState | None = None
+        path = f"/pigeon/cursors/{self.name.path}/{name}"
+        if durable:
+            stat = await store.get(path)
+            if stat is not None:
+                cursor = CursorState.from_json(stat.value)
+        sub = self.subscriptions.get(name)  # someone else may have created it meanwhile
+        if sub is not None:
+            return sub
+        created = cursor is None
+        if cursor is None:
+            if start_offset >= 0:
+                start = max(start_offset, self.ledger.first_offset)
+            elif initial_position == "earliest":
+                start = self.ledger.first_offset
+            else:
+                start = self.ledger.next_offset
+            cursor = CursorState(start)
+        sub = Subscription(
+            name,
+            sub_type,
+            self.ledger,
+            cursor,
+            durable=durable,
+            store=store,
+            persist_interval=self.service.config.cursor_persist_interval_ms / 1000,
+        )
+        sub.read_position = await self.ledger.position_for_offset(cursor.mark_delete)
+        self.subscriptions[name] = sub
+        if created and durable:
+            sub._dirty = True
+            await sub.persist()
+        self.service.nursery.start_soon(self._run_subscription, sub)
+        return sub
+
+    async def _run_subscription(self, sub: Subscription) -> None:
+        try:
+            await sub.run()
+        except PigeonError as exc:
+            log.error("subscription failed topic=%s sub=%s error=%s", self.name, sub.name, exc)
+        finally:
+            if self.subscriptions.get(sub.name) is sub and sub.closed:
+                del self.subscriptions[sub.name]
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "topic": self.name.full,
+            "msgs_in": self.ledger.msgs_in,
+            "bytes_in": self.ledger.bytes_in,
+            "next_offset": self.ledger.next_offset,
+            "segments": len(self.ledger.segments),
+            "storage_size": sum(s.size for s in self.ledger.segments),
+            "producers": len(self.producers),
+            "subscriptions": {
+                name: {
+                    "type": sub.type,
+                    "consumers": len(sub.consumers),
+                    "backlog": sub.backlog(),
+                    "msgs_out": sub.msgs_out,
+                    "bytes_out": sub.bytes_out,
+                    "mark_delete_offset": sub.cursor.mark_delete,
+                }
+                for name, sub in self.subscriptions.items()
+            },
+        }
+
+
+@dataclass(eq=False)
+class _ConnState:
+    producers: dict[int, Producer] = field(default_factory=dict)
+    consumers: dict[int, tuple[Consumer, Subscription, Topic]] = field(default_factory=dict)
+
+
+class BrokerService:
+    """Owns topics; handles the client protocol."""
+
+    def __init__(
+        self,
+        config: BrokerConfig,
+        *,
+        store: Any,
+        policy: Any,
+        bookies: Any,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.policy = policy
+        self.bookies = bookies
+        self.topics: dict[str, Topic] = {}
+        self._opening: dict[str, trio.Event] = {}
+        self._conns: dict[Connection, _ConnState] = {}
+        self.nursery: trio.Nursery = None  # type: ignore[assignment]
+        self.address: tuple[str, int] | None = None
+        self._names = itertools.count()
+
+    @property
+    def service_url(self) -> str:
+        assert self.address is not None
+        return f"pigeon://{self.address[0]}:{self.address[1]}"
+
+    async def run(self, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self.nursery = nursery
+            try:
+                self.address = await nursery.start(
+                    lambda task_status: serve_tcp(
+                        self,
+                        BrokerFrame,
+                        host=self.config.host,
+                        port=self.config.port,
+                        server_name="pigeon-broker",
+                        max_frame_size=self.config.max_frame_size,
+                        max_message_size=self.config.max_message_size,
+                        task_status=task_status,
+                    )
+                )
+                log.info("broker serving address=%s:%s", *self.address)
+                task_status.started(self.address)
+                await trio.sleep_forever()
+            finally:
+                with trio.CancelScope(shield=True):
+                    await self._close_topics()
+
+    async def _close_topics(self) -> None:
+        for topic in list(self.topics.values()):
+            for sub in list(topic.subscriptions.values()):
+                with trio.move_on_after(5):
+                    await sub.persist()
+            with trio.move_on_after(10):
+                await topic.ledger.close()
+
+    # ------------------------------------------------------------------ topics
+
+    async def get_topic(self, name: TopicName, *, create: bool = True) -> Topic:
+        if not name.persistent:
+            raise NotSupported(f"non-persistent topics are not served yet: {name}")
+        key = name.full
+        while True:
+            topic = self.topics.get(key)
+            if topic is not None:
+                return topic
+            opening = self._opening.get(key)
+            if opening is None:
+                break
+            await opening.wait()
+        if not create and await self.store.get(f"/pigeon/ledgers/{name.path}") is None:
+            raise TopicNotFound(f"topic {name} does not exist")
+        ev = self._opening[key] = trio.Event()
+        try:
+            ledger = ManagedLedger(
+                name,
+                store=self.store,
+                policy=self.policy,
+                bookies=self.bookies,
+                nursery=self.nursery,
+                config=LedgerConfig(
+                    max_entries_per_segment=self.config.segment_max_entries,
+                    max_segment_bytes=self.config.segment_max_bytes,
+                    max_segment_age_s=self.config.segment_max_age_s,
+                    cache_max_bytes=self.config.cache_max_bytes,
+                ),
+            )
+            await ledger.open()
+            topic = Topic(name, ledger, self)
+            self.topics[key] = topic
+            return topic
+        finally:
+            del self._opening[key]
+            ev.set()
+
+    # ------------------------------------------------------------------ connections
+
+    def connection_opened(self, conn: Connection) -> None:
+        self._conns[conn] = _ConnState()
+
+    def connection_closed(self, conn: Connection) -> None:
+        state = self._conns.pop(conn, None)
+        if state is None:
+            return
+        for producer in state.producers.values():
+            if producer.topic.producers.get(producer.name) is producer:
+                del producer.topic.producers[producer.name]
+        for consumer, sub, _topic in state.consumers.values():
+            sub.remove_consumer(consumer)
+
+    def _state(self, conn: Connection) -> _ConnState:
+        state = self._conns.get(conn)
+        if state is None:
+            raise ServiceUnavailable("connection is closing")
+        return state
+
+    def _spawn(self, conn: Connection, request_id: int, fn: Any, *args: Any) -> None:
+        """Run ``fn`` in a task; its PigeonError becomes the request's error answer."""
+
+        async def runner() -> None:
+            try:
+                await fn(*args)
+            except PigeonError as exc:
+                conn.respond_error(request_id, exc)
+            except Exception as exc:
+                log.exception("request failed conn=%s", conn.name)
+                conn.respond_error(request_id, PigeonError(f"internal error: {exc}"))
+
+        nursery = conn.nursery or self.nursery
+        nursery.start_soon(runner)
+
+    # ------------------------------------------------------------------ lookup
+
+    def on_lookup(self, conn: Connection, req: Request) -> None:
+        name = TopicName.parse(str(req.body.topic))
+        conn.respond(
+            req.request_id,
+            "lookupResult",
+            {"brokerUrl": self.service_url, "partitions": 0, "topic": name.full},
+        )
+
+    # ------------------------------------------------------------------ producers
+
+    def on_createProducer(self, conn: Connection, req: Request) -> None:
+        name = TopicName.parse(str(req.body.topic))
+        producer_id = req.body.producerId
+        producer_name = str(req.body.producerName)
+        state = self._state(conn)
+        self._spawn(conn, req.request_id, self._create_producer, conn, req.request_id, state, name, producer_id, producer_name)
+
+    async def _create_producer(
+        self, conn: Connection, request_id: int, state: _ConnState, name: TopicName, producer_id: int, producer_name: str
+    ) -> None:
+        topic = await self.get_topic(name)
+        if not producer_name:
+            producer_name = f"{self.config.cluster_name}-{self.address[1] if self.address else 0}-{next(self._names)}-{id(conn) & 0xFFFF:x}"
+        existing = topic.producers.get(producer_name)
+        if existing is not None and not existing.conn.closed and existing.conn is not conn:
+            raise ProducerBusy(f"producer {producer_name!r} is already connected to {name}")
+        producer = Producer(conn, producer_id, producer_name, topic)
+        topic.producers[producer_name] = producer
+        state.producers[producer_id] = producer
+        conn.respond(
+            request_id,
+            "producerCreated",
+            {
+                "producerName": producer_name,
+                "lastSequenceId": topic.last_sequence.get(producer_name, -1),
+                "maxMessageSize": self.config.max_message_size,
+                "topic": name.full,
+            },
+        )
+
+    def on_send(self, conn: Connection, req: Request) -> None:
+        body = req.body
+        producer = self._state(conn).producers.get(body.producerId)
+        if producer is None:
+            raise InvalidArgument(f"unknown producer id {body.producerId}")
+        payload = req.payload
+        if len(payload) > self.config.max_message_size:
+            raise MessageTooLarge(
+                f"batch of {len(payload)} bytes exceeds max_message_size {self.config.max_message_size}"
+            )
+        header = read_header(payload)
+        n = body.numMessages
+        if header.num_messages != n or n == 0:
+            raise InvalidArgument(
+                f"send says {n} messages but its batch holds {header.num_messages}"
+            )
+        sequence_id = body.sequenceId
+        topic = producer.topic
+        last = topic.last_sequence.get(producer.name, -1)
+        request_id = req.request_id
+        if sequence_id <= last:
+            conn.respond(
+                request_id,
+                "sendReceipt",
+                {
+                    "producerId": body.producerId,
+                    "sequenceId": sequence_id,
+                    "segmentId": -1,
+                    "entryId": -1,
+                    "firstOffset": -1,
+                    "duplicate": True,
+                },
+            )
+            return
+        topic.last_sequence[producer.name] = sequence_id + n - 1
+        producer_id = body.producerId
+
+        def done(result: Any, error: BaseException | None) -> None:
+            if error is not None:
+                if topic.last_sequence.get(producer.name, -1) >= sequence_id:
+                    topic.last_sequence[producer.name] = sequence_id - 1
+                conn.respond_error(
+                    request_id,
+                    error if isinstance(error, PigeonError) else ServiceUnavailable(str(error)),
+                )
+                return
+            segment_id, entry_id, offset = result
+            conn.respond(
+                request_id,
+                "sendReceipt",
+                {
+                    "producerId": producer_id,
+                    "sequenceId": sequence_id,
+                    "segmentId": segment_id,
+                    "entryId": entry_id,
+                    "firstOffset": offset,
+                },
+            )
+
+        topic.ledger.append_nowait(payload, n, done)
+
+    def on_closeProducer(self, conn: Connection, req: Request) -> None:
+        producer = self._state(conn).producers.pop(req.body.producerId, None)
+        if producer is not None and producer.topic.producers.get(producer.name) is producer:
+            del producer.topic.producers[producer.name]
+        conn.respond(req.request_id, "ok")
+
+    # ------------------------------------------------------------------ consumers
+
+    def on_subscribe(self, conn: Connection, req: Request) -> None:
+        b = req.body
+        name = TopicName.parse(str(b.topic))
+        sub_name = str(b.subscription)
+        if not sub_name:
+            raise InvalidArgument("subscription name must not be empty")
+        args = (
+            conn,
+            req.request_id,
+            self._state(conn),
+            name,
+            sub_name,
+            _SUB_TYPES[str(b.subType)],
+            str(b.initialPosition),
+            b.consumerId,
+            str(b.consumerName),
+            b.priority,
+            b.durable,
+            b.startOffset,
+        )
+        self._spawn(conn, req.request_id, self._subscribe, *args)
+
+    async def _subscribe(
+        self,
+        conn: Connection,
+        request_id: int,
+        state: _ConnState,
+        name: TopicName,
+        sub_name: str,
+        sub_type: str,
+        initial_position: str,
+        consumer_id: int,
+        consumer_name: str,
+        priority: int,
+        durable: bool,
+        start_offset: int,
+    ) -> None:
+        topic = await self.get_topic(name)
+        sub = await topic.subscription(
+            sub_name, sub_type, initial_position, durable=durable, start_offset=start_offset
+        )
+        consumer = Consumer(conn, consumer_id, consumer_name or f"consumer-{consumer_id}", priority)
+        sub.add_consumer(consumer, sub_type)
+        state.consumers[consumer_id] = (consumer, sub, topic)
+        conn.respond(request_id, "subscribed", {"topic": name.full})
+
+    def _consumer(self, conn: Connection, consumer_id: int) -> tuple[Consumer, Subscription, Topic]:
+        found = self._state(conn).consumers.get(consumer_id)
+        if found is None:
+            raise InvalidArgument(f"unknown consumer id {consumer_id}")
+        return found
+
+    def on_flow(self, conn: Connection, req: Request) -> None:
+        consumer, sub, _ = self._consumer(conn, req.body.consumerId)
+        sub.flow(consumer, req.body.permits)
+
+    def on_ack(self, conn: Connection, req: Request) -> None:
+        b = req.body
+        consumer, sub, _ = self._consumer(conn, b.consumerId)
+        ledger = sub.ledger
+        positions = []
+        for p in b.positions:
+            index = ledger.index_of_segment(p.segmentId)
+            if index is None:
+                continue  # segment already trimmed
+            positions.append(((index, p.entryId), p.offset))
+        if positions:
+            sub.ack(consumer, positions, str(b.ackType) == "cumulative")
+        conn.respond(req.request_id, "ok")
+
+    def on_redeliverUnacked(self, conn: Connection, req: Request) -> None:
+        b = req.body
+        consumer, sub, _ = self._consumer(conn, b.consumerId)
+        positions = []
+        for p in b.positions:
+            index = sub.ledger.index_of_segment(p.segmentId)
+            if index is not None:
+                positions.append((index, p.entryId))
+        sub.redeliver_unacked(consumer, positions or None)
+        conn.respond(req.request_id, "ok")
+
+    def on_closeConsumer(self, conn: Connection, req: Request) -> None:
+        found = self._state(conn).consumers.pop(req.body.consumerId, None)
+        if found is None:
+            conn.respond(req.request_id, "ok")
+            return
+        consumer, sub, _ = found
+        sub.remove_consumer(consumer)
+
+        async def close() -> None:
+            await sub.flush()
+            conn.respond(req.request_id, "ok")
+
+        self._spawn(conn, req.request_id, close)
+
+    def on_unsubscribe(self, conn: Connection, req: Request) -> None:
+        consumer, sub, topic = self._consumer(conn, req.body.consumerId)
+        if any(c is not consumer for c in sub.consumers):
+            raise InvalidArgument(f"subscription {sub.name!r} has other consumers")
+        self._state(conn).consumers.pop(req.body.consumerId, None)
+        sub.remove_consumer(consumer)
+
+        async def unsubscribe() -> None:
+            await sub.delete()
+            topic.subscriptions.pop(sub.name, None)
+            conn.respond(req.request_id, "ok")
+
+        self._spawn(conn, req.request_id, unsubscribe)
+
+    def on_seek(self, conn: Connection, req: Request) -> None:
+        b = req.body
+        consumer, sub, _ = self._consumer(conn, b.consumerId)
+        which = b.which()
+        if which == "offset":
+            coro: Any = sub.seek_offset(b.offset)
+        elif which == "timestamp":
+            coro = sub.seek_time(b.timestamp)
+        else:
+            index = sub.ledger.index_of_segment(b.position.segmentId)
+            if index is None:
+                raise SubscriptionNotFound(f"segment {b.position.segmentId} is not in this topic")
+            coro = sub.seek_position((index, b.position.entryId), b.position.batchIndex)
+
+        async def seek() -> None:
+            await coro
+            await sub.flush()
+            conn.respond(req.request_id, "ok")
+
+        self._spawn(conn, req.request_id, seek)
+
+    def on_getLastMessageId(self, conn: Connection, req: Request) -> None:
+        _consumer, sub, _ = self._consumer(conn, req.body.consumerId)
+        ledger = sub.ledger
+        index, entry_id = ledger.last_position
+        seg_id = ledger.segments[index].id if index >= 0 else -1
+        conn.respond(
+            req.request_id,
+            "lastMessageId",
+            {
+                "position": {"segmentId": seg_id, "entryId": entry_id, "batchIndex": -1},
+                "offset": ledger.next_offset - 1,
+                "markDeleteOffset": sub.cursor.mark_delete,
+            },
+        )
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "connections": len(self._conns),
+            "topics": {name: t.stats() for name, t in self.topics.items()},
+        }

@@ -1,0 +1,387 @@
+"""Subscriptions: a cursor plus a dispatcher that pushes entries to consumers.
+
+Dispatch works per *entry* (one producer batch), never per message: the dispatcher reads
+entries from the managed ledger, skips those whose every message is acknowledged, and
+pushes each remaining entry whole to one consumer together with the batch indexes already
+acknowledged (so the client skips those).  Consumers grant permits (messages); an entry is
+sent while its consumer has a positive permit count (Pulsar's flow control).
+
+* ``exclusive``: one consumer; a second subscribe fails with ConsumerBusy.
+* ``shared``: entries go round-robin to the consumers that have permits.
+* ``failover``: one active consumer (highest priority, then name); others stand by.
+
+Entries delivered and not yet fully acknowledged are *pending*; when their consumer goes
+away they are queued for redelivery (redelivery count + 1) before anything new is read.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from pigeon.broker._cursor import CursorState
+from pigeon.broker._ledger import Entry, ManagedLedger, Position
+from pigeon.core.errors import ConsumerBusy, NotSupported, PigeonError, SubscriptionBusy
+
+if TYPE_CHECKING:
+    from pigeon.core._rpc import Connection
+
+__all__ = ["Consumer", "Subscription"]
+
+log = logging.getLogger(__name__)
+
+_PUSH_MAX_BYTES = 1024 * 1024
+_READ_MAX_ENTRIES = 64
+
+
+@dataclass(eq=False)
+class Consumer:
+    conn: Connection
+    consumer_id: int
+    name: str
+    priority: int = 0
+    permits: int = 0
+    pending: set[Position] = field(default_factory=set)
+    msgs_out: int = 0
+    bytes_out: int = 0
+
+
+@dataclass(slots=True)
+class _Pending:
+    consumer: Consumer
+    first_offset: int
+    count: int
+
+
+class Subscription:
+    def __init__(
+        self,
+        name: str,
+        sub_type: str,
+        ledger: ManagedLedger,
+        cursor: CursorState,
+        *,
+        durable: bool = True,
+        store: Any = None,
+        persist_interval: float = 0.1,
+    ) -> None:
+        self.name = name
+        self.type = sub_type
+        self.ledger = ledger
+        self.cursor = cursor
+        self.durable = durable
+        self.store = store
+        self.persist_interval = persist_interval
+        self.path = f"/pigeon/cursors/{ledger.topic.path}/{name}"
+        self.consumers: list[Consumer] = []
+        self.read_position: Position | None = None
+        self.pending: dict[Position, _Pending] = {}
+        self.redeliveries: dict[Position, int] = {}
+        self._redeliver: list[Position] = []
+        self._rr = 0
+        self._wakeup = trio.Event()
+        self._dirty = False
+        self._persisted = trio.Event()
+        self._persisted.set()
+        self._cursor_version: int | None = None
+        self.closed = False
+        self._task_started = False
+        self.msgs_out = 0
+        self.bytes_out = 0
+
+    # ------------------------------------------------------------------ consumers
+
+    def add_consumer(self, consumer: Consumer, sub_type: str) -> None:
+        if sub_type != self.type:
+            if self.consumers:
+                raise SubscriptionBusy(
+                    f"subscription {self.name!r} is {self.type}, not {sub_type}"
+                )
+            self.type = sub_type
+        if self.type == "exclusive" and self.consumers:
+            raise ConsumerBusy(f"exclusive subscription {self.name!r} already has a consumer")
+        self.consumers.append(consumer)
+        self.consumers.sort(key=lambda c: (-c.priority, c.name, c.consumer_id))
+        self.wake()
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        if consumer in self.consumers:
+            self.consumers.remove(consumer)
+        for pos in sorted(consumer.pending):
+            p = self.pending.pop(pos, None)
+            if p is not None:
+                self.redeliveries[pos] = self.redeliveries.get(pos, 0) + 1
+                heapq.heappush(self._redeliver, pos)
+        consumer.pending.clear()
+        self.wake()
+
+    def flow(self, consumer: Consumer, permits: int) -> None:
+        consumer.permits += permits
+        self.wake()
+
+    def wake(self) -> None:
+        self._wakeup.set()
+
+    # ------------------------------------------------------------------ acks
+
+    def ack(self, consumer: Consumer | None, positions: list[tuple[Position, int]], cumulative: bool) -> None:
+        """``positions``: ((segment index, entry id), offset) of each acknowledged message."""
+        if cumulative:
+            if self.type in ("shared", "keyShared"):
+                raise NotSupported(
+                    f"cumulative acknowledgement is not allowed on {self.type} subscription "
+                    f"{self.name!r}"
+                )
+            top_pos, top_offset = max(positions, key=lambda p: p[1])
+            self.cursor.ack_cumulative(top_offset)
+            for pos in [p for p in self.pending if p <= top_pos]:
+                self._settle(pos)
+        else:
+            for pos, offset in positions:
+                self.cursor.ack(offset)
+                p = self.pending.get(pos)
+                if p is not None and self.cursor.all_acked(p.first_offset, p.count):
+                    self._settle(pos)
+            # entries not pending (e.g. after a reconnect) are filtered when read again
+        self._dirty = True
+        self._persisted = trio.Event() if self._persisted.is_set() else self._persisted
+        self.wake()
+
+    def _settle(self, pos: Position) -> None:
+        p = self.pending.pop(pos, None)
+        if p is not None:
+            p.consumer.pending.discard(pos)
+        self.redeliveries.pop(pos, None)
+
+    def redeliver_unacked(self, consumer: Consumer, positions: list[Position] | None) -> None:
+        chosen = sorted(consumer.pending) if not positions else [p for p in positions if p in consumer.pending]
+        for pos in chosen:
+            consumer.pending.discard(pos)
+            self.pending.pop(pos, None)
+            self.redeliveries[pos] = self.redeliveries.get(pos, 0) + 1
+            heapq.heappush(self._redeliver, pos)
+        self.wake()
+
+    # ------------------------------------------------------------------ seeking
+
+    async def seek_offset(self, offset: int) -> None:
+        self.cursor.reset(offset)
+        self.read_position = await self.ledger.position_for_offset(offset)
+        self._reset_dispatch()
+
+    async def seek_position(self, pos: Position, batch_index: int) -> None:
+        entry = await self.ledger.read_one(pos)
+        await self.seek_offset(entry.first_offset + max(batch_index, 0))
+
+    async def seek_time(self, timestamp_ms: int) -> None:
+        pos = await self.ledger.position_for_time(timestamp_ms)
+        npos = self.ledger.normalize(pos)
+        if npos is None:
+            self.cursor.reset(self.ledger.next_offset)
+            self.read_position = pos
+        else:
+            entry = await self.ledger.read_one(npos)
+            self.cursor.reset(entry.first_offset)
+            self.read_position = npos
+        self._reset_dispatch()
+
+    def _reset_dispatch(self) -> None:
+        for c in self.consumers:
+            c.pending.clear()
+        self.pending.clear()
+        self._redeliver.clear()
+        self.redeliveries.clear()
+        self._dirty = True
+        self.wake()
+
+    # ------------------------------------------------------------------ persistence
+
+    async def persist(self) -> None:
+        if not self.durable or self.store is None or not self._dirty:
+            self._persisted.set()
+            return
+        self._dirty = False
+        data = self.cursor.to_json()
+        try:
+            if self._cursor_version is None:
+                stat = await self.store.get(self.path)
+                if stat is None:
+                    await self.store.create(self.path, data)
+                    self._cursor_version = 0
+                else:
+                    self._cursor_version = await self.store.set(self.path, data)
+            else:
+                self._cursor_version = await self.store.set(self.path, data)
+        except PigeonError as exc:
+            self._dirty = True
+            log.warning("cursor persist failed sub=%s error=%s", self.name, exc)
+            return
+        if not self._dirty:
+            self._persisted.set()
+
+    async def flush(self) -> None:
+        """Persist now (used when a consumer closes, so no ack is lost to a crash)."""
+        await self.persist()
+
+    async def delete(self) -> None:
+        self.closed = True
+        self.wake()
+        if self.durable and self.store is not None:
+            try:
+                await self.store.delete(self.path)
+            except PigeonError:
+                pass
+
+    # ------------------------------------------------------------------ dispatch
+
+    def _pick(self) -> Consumer | None:
+        if not self.consumers:
+            return None
+        if self.type in ("exclusive", "failover"):
+            c = self.consumers[0]
+            return c if c.permits > 0 and not c.conn.closed else None
+        n = len(self.consumers)
+        for i in range(n):
+            c = self.consumers[(self._rr + i) % n]
+            if c.permits > 0 and not c.conn.closed:
+                self._rr = (self._rr + i + 1) % n
+                return c
+        return None
+
+    async def run(self) -> None:
+        """Dispatch loop: runs until the subscription is closed."""
+        persist_at = 0.0
+        while not self.closed:
+            if self._dirty and trio.current_time() >= persist_at:
+                await self.persist()
+                persist_at = trio.current_time() + self.persist_interval
+            progressed = await self._dispatch_once()
+            if progressed:
+                await trio.lowlevel.checkpoint()
+                continue
+            ledger_event = self.ledger.new_entries_event()
+            self._wakeup = trio.Event()
+            if self._has_work():
+                continue
+            timeout = max(0.0, persist_at - trio.current_time()) if self._dirty else float("inf")
+            with trio.move_on_after(timeout):
+                async with trio.open_nursery() as nursery:
+                    async def wait(ev: trio.Event) -> None:
+                        await ev.wait()
+                        nursery.cancel_scope.cancel()
+
+                    nursery.start_soon(wait, ledger_event)
+                    nursery.start_soon(wait, self._wakeup)
+        await self.persist()
+
+    def _has_work(self) -> bool:
+        if self._pick_peek() is None:
+            return False
+        if self._redeliver:
+            return True
+        return self.read_position is not None and self.ledger.normalize(self.read_position) is not None
+
+    def _pick_peek(self) -> Consumer | None:
+        rr = self._rr
+        c = self._pick()
+        self._rr = rr
+        return c
+
+    async def _dispatch_once(self) -> bool:
+        consumer = self._pick_peek()
+        if consumer is None:
+            return False
+        if self._redeliver:
+            entries: list[Entry] = []
+            while self._redeliver and len(entries) < _READ_MAX_ENTRIES:
+                pos = heapq.heappop(self._redeliver)
+                if pos in self.pending:
+                    continue
+                try:
+                    entries.append(await self.ledger.read_one(pos))
+                except PigeonError as exc:
+                    log.warning("redelivery read failed sub=%s pos=%s error=%s", self.name, pos, exc)
+            return self._deliver(entries) or bool(entries)
+        if self.read_position is None:
+            return False
+        entries = await self.ledger.read(self.read_position, max_entries=_READ_MAX_ENTRIES)
+        if not entries:
+            return False
+        self.read_position = self.ledger.next_position(entries[-1].position)
+        self._deliver(entries)
+        return True
+
+    def _deliver(self, entries: list[Entry]) -> bool:
+        """Push entries to consumers with permits; entries nobody can take are requeued."""
+        batches: dict[int, tuple[Consumer, list[tuple[Entry, list[int]]]]] = {}
+        delivered = False
+        for entry in entries:
+            if self.cursor.all_acked(entry.first_offset, entry.num_messages):
+                self.redeliveries.pop(entry.position, None)
+                continue
+            consumer = self._pick()
+            if consumer is None:
+                heapq.heappush(self._redeliver, entry.position)
+                continue
+            acked = self.cursor.acked_indexes(entry.first_offset, entry.num_messages)
+            consumer.permits -= entry.num_messages - len(acked)
+            consumer.pending.add(entry.position)
+            self.pending[entry.position] = _Pending(consumer, entry.first_offset, entry.num_messages)
+            batches.setdefault(id(consumer), (consumer, []))[1].append((entry, acked))
+            delivered = True
+        for consumer, items in batches.values():
+            self._push(consumer, items)
+        return delivered
+
+    def _push(self, consumer: Consumer, items: list[tuple[Entry, list[int]]]) -> None:
+        group: list[tuple[Entry, list[int]]] = []
+        size = 0
+        for item in items:
+            n = len(item[0].data)
+            if group and size + n > _PUSH_MAX_BYTES:
+                self._send(consumer, group)
+                group, size = [], 0
+            group.append(item)
+            size += n
+        if group:
+            self._send(consumer, group)
+
+    def _send(self, consumer: Consumer, group: list[tuple[Entry, list[int]]]) -> None:
+        metas = []
+        for entry, acked in group:
+            metas.append(
+                {
+                    "segmentId": entry.segment_id,
+                    "entryId": entry.entry_id,
+                    "size": len(entry.data),
+                    "redeliveryCount": self.redeliveries.get(entry.position, 0),
+                    "ackedIndexes": acked,
+                }
+            )
+            consumer.msgs_out += entry.num_messages
+            self.msgs_out += entry.num_messages
+        payload: bytes | memoryview = (
+            group[0][0].data if len(group) == 1 else b"".join(e.data for e, _ in group)
+        )
+        consumer.bytes_out += len(payload)
+        self.bytes_out += len(payload)
+        try:
+            consumer.conn.send_nowait(
+                "message", {"consumerId": consumer.consumer_id, "entries": metas}, payload
+            )
+        except PigeonError:
+            pass  # connection closing: the consumer's removal requeues its pending entries
+
+    def backlog(self) -> int:
+        return max(0, self.ledger.next_offset - self.cursor.mark_delete) - self.cursor.acked.count_in(
+            self.cursor.mark_delete, self.ledger.next_offset
+        )
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)

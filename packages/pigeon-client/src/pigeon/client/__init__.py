@@ -1,0 +1,40 @@
+"""pigeon-client: produce to and consume from PigeonMQ.
+
+The synchronous API lives here; ``pigeon.client.trio`` has the same API for trio
+programs (``async with`` / ``await``).
+
+    from pigeon.client import Client
+    with Client("pigeon://127.0.0.1:6650") as client:
+        with client.create_producer("events") as producer:
+            producer.send(b"payload", key="k", properties={"a": "1"})
+        with client.subscribe("events", "sub-1", initial_position="earliest") as consumer:
+            msg = consumer.receive(timeout=5.0)
+            consumer.acknowledge(msg)
+"""
+
+from __future__ import annotations
+
+from pigeon.client._message import Message, MessageId
+from pigeon.client._sync import Client, Consumer, Producer
+from pigeon.core.errors import (
+    AlreadyClosed,
+    ConnectionClosed,
+    MessageTooLarge,
+    PigeonError,
+    ProducerQueueFull,
+    Timeout,
+)
+
+__all__ = [
+    "AlreadyClosed",
+    "Client",
+    "ConnectionClosed",
+    "Consumer",
+    "Message",
+    "MessageId",
+    "MessageTooLarge",
+    "PigeonError",
+    "Producer",
+    "ProducerQueueFull",
+    "Timeout",
+]

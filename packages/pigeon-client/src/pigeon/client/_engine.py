@@ -1,0 +1,579 @@
+"""The client's protocol engine, on trio.
+
+One :class:`ClientEngine` per client: a pool of broker connections, topic lookup, and the
+trio-side halves of producers and consumers.  The public faces (trio, sync, asyncio) sit on
+top of it; the sync and asyncio faces run it in one background thread and hand work over
+per *batch*, never per message.
+
+Producer pipeline (as aiokafka splits it): the face's accumulator builds batches; the
+:class:`ProducerEngine` keeps every sent-but-unacknowledged batch in sequence order, sends
+it on the current connection (many in flight), and after a reconnect sends them all again
+under the same producer name so the broker drops the ones it already stored.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from pigeon.core import TopicName
+from pigeon.core._bookie_client import split_address
+from pigeon.core._rpc import Connection, Request, connect_tcp
+from pigeon.core._schema import BrokerFrame
+from pigeon.core.errors import (
+    AlreadyClosed,
+    ConnectionClosed,
+    InvalidArgument,
+    PigeonError,
+    ServiceUnavailable,
+    Timeout,
+)
+
+__all__ = ["ClientEngine", "ConsumerEngine", "PendingBatch", "ProducerEngine", "ReceivedEntry"]
+
+log = logging.getLogger(__name__)
+
+BatchCallback = Callable[[Any, BaseException | None], None]
+
+
+def parse_service_url(url: str) -> tuple[str, int]:
+    if not url.startswith("pigeon://"):
+        raise InvalidArgument(f"service URL must look like pigeon://host:port, got {url!r}")
+    rest = url[len("pigeon://") :].rstrip("/")
+    if ":" not in rest:
+        return rest or "127.0.0.1", 6650
+    try:
+        return split_address(rest)
+    except ValueError:
+        raise InvalidArgument(f"bad port in service URL {url!r}") from None
+
+
+@dataclass(slots=True)
+class PendingBatch:
+    """A sealed batch waiting for its receipt. ``callback((seg, entry, offset), err)``."""
+
+    sequence_id: int
+    num_messages: int
+    payload: bytes
+    callback: BatchCallback
+    created: float = 0.0
+
+
+@dataclass(slots=True)
+class ReceivedEntry:
+    segment_id: int
+    entry_id: int
+    data: memoryview
+    redelivery_count: int
+    acked_indexes: list[int]
+    generation: int
+
+
+class _ConnHandler:
+    """Routes server pushes on one broker connection to consumers/producers."""
+
+    def __init__(self, engine: ClientEngine) -> None:
+        self.engine = engine
+
+    def on_message(self, conn: Connection, req: Request) -> None:
+        consumer = self.engine.consumers.get(req.body.consumerId)
+        if consumer is None or consumer.conn is not conn:
+            return
+        payload = req.payload
+        pos = 0
+        entries = []
+        gen = consumer.generation
+        for meta in req.body.entries:
+            size = meta.size
+            entries.append(
+                ReceivedEntry(
+                    meta.segmentId,
+                    meta.entryId,
+                    payload[pos : pos + size],
+                    meta.redeliveryCount,
+                    list(meta.ackedIndexes),
+                    gen,
+                )
+            )
+            pos += size
+        consumer.sink(entries)
+
+    def on_closedByBroker(self, conn: Connection, req: Request) -> None:
+        b = req.body
+        target: Any = (
+            self.engine.producers.get(b.producerId)
+            if b.isProducer
+            else self.engine.consumers.get(b.consumerId)
+        )
+        if target is not None and target.conn is conn:
+            target.reconnect_soon()
+
+
+class ClientEngine:
+    """Connections, lookups, and the trio halves of producers and consumers."""
+
+    def __init__(
+        self,
+        service_url: str,
+        *,
+        operation_timeout: float = 30.0,
+        connect_timeout: float = 10.0,
+        client_name: str = "pigeon-client",
+    ) -> None:
+        self.service_url = service_url
+        self.address = parse_service_url(service_url)
+        self.operation_timeout = operation_timeout
+        self.connect_timeout = connect_timeout
+        self.client_name = client_name
+        self.nursery: trio.Nursery = None  # type: ignore[assignment]
+        self._conns: dict[tuple[str, int], Connection] = {}
+        self._conn_locks: dict[tuple[str, int], trio.Lock] = {}
+        self._ids = itertools.count(1)
+        self.producers: dict[int, ProducerEngine] = {}
+        self.consumers: dict[int, ConsumerEngine] = {}
+        self.closed = False
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self.nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    async def connection(self, address: tuple[str, int] | None = None) -> Connection:
+        address = address or self.address
+        conn = self._conns.get(address)
+        if conn is not None and not conn.closed:
+            return conn
+        lock = self._conn_locks.setdefault(address, trio.Lock())
+        async with lock:
+            conn = self._conns.get(address)
+            if conn is not None and not conn.closed:
+                return conn
+            conn, _info = await connect_tcp(
+                address[0],
+                address[1],
+                BrokerFrame,
+                self.nursery,
+                handler=_ConnHandler(self),
+                client_name=self.client_name,
+                connect_timeout=self.connect_timeout,
+            )
+            self._conns[address] = conn
+            return conn
+
+    async def lookup(self, topic: str) -> tuple[tuple[str, int], str]:
+        conn = await self.connection()
+        with trio.fail_after(self.operation_timeout):
+            result = await conn.request("lookup", {"topic": topic}, expect="lookupResult")
+        return parse_service_url(result["brokerUrl"]), result["topic"]
+
+    async def request(self, conn: Connection, kind: str, fields: dict[str, Any], **kw: Any) -> Any:
+        try:
+            with trio.fail_after(self.operation_timeout):
+                return await conn.request(kind, fields, **kw)
+        except trio.TooSlowError:
+            raise Timeout(f"{kind} timed out after {self.operation_timeout}s") from None
+
+    async def aclose(self) -> None:
+        self.closed = True
+        for p in list(self.producers.values()):
+            with trio.move_on_after(self.operation_timeout):
+                await p.close()
+        for c in list(self.consumers.values()):
+            with trio.move_on_after(self.operation_timeout):
+                await c.close()
+        for conn in self._conns.values():
+            conn.close()
+        self.nursery.cancel_scope.cancel()
+
+
+class _Reconnecting:
+    """Shared reconnect loop of producers and consumers."""
+
+    engine: ClientEngine
+    conn: Connection | None
+    closed: bool
+    _reconnect: trio.Event
+    topic: str
+
+    async def _attach(self) -> None:
+        raise NotImplementedError  # pragma: no cover - abstract
+
+    def reconnect_soon(self) -> None:
+        self._reconnect.set()
+
+    async def _keep_connected(self) -> None:
+        backoff = 0.05
+        while not self.closed:
+            conn = self.conn
+            if conn is not None and not conn.closed:
+                self._reconnect = trio.Event()
+                async with trio.open_nursery() as nursery:
+                    async def wait(ev: trio.Event) -> None:
+                        await ev.wait()
+                        nursery.cancel_scope.cancel()
+
+                    nursery.start_soon(wait, conn.closed_event)
+                    nursery.start_soon(wait, self._reconnect)
+                if self.closed:
+                    return
+                log.info("reconnecting topic=%s", self.topic)
+            try:
+                await self._attach()
+                backoff = 0.05
+            except (PigeonError, OSError) as exc:
+                if isinstance(exc, PigeonError) and not exc.retriable and not isinstance(
+                    exc, ConnectionClosed
+                ):
+                    self._fatal(exc)
+                    return
+                log.info("reconnect failed topic=%s error=%s", self.topic, exc)
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+
+    def _fatal(self, exc: PigeonError) -> None:
+        log.error("giving up topic=%s error=%s", self.topic, exc)
+
+
+class ProducerEngine(_Reconnecting):
+    def __init__(
+        self,
+        engine: ClientEngine,
+        topic: str,
+        *,
+        producer_name: str = "",
+        send_timeout: float = 30.0,
+    ) -> None:
+        self.engine = engine
+        self.topic = topic
+        self.producer_name = producer_name
+        self.send_timeout = send_timeout
+        self.producer_id = engine.next_id()
+        self.conn: Connection | None = None
+        self.closed = False
+        self.last_sequence_id = -1
+        self.pending: OrderedDict[int, PendingBatch] = OrderedDict()
+        self._reconnect = trio.Event()
+        self._no_pending = trio.Event()
+        self._no_pending.set()
+        self.failure: PigeonError | None = None
+        self.max_message_size = 5 * 1024 * 1024
+
+    async def start(self) -> None:
+        await self._attach()
+        self.engine.producers[self.producer_id] = self
+        self.engine.nursery.start_soon(self._keep_connected)
+        if math.isfinite(self.send_timeout) and self.send_timeout > 0:
+            self.engine.nursery.start_soon(self._expire_loop)
+
+    async def _attach(self) -> None:
+        address, full = await self.engine.lookup(self.topic)
+        self.topic = full
+        conn = await self.engine.connection(address)
+        result = await self.engine.request(
+            conn,
+            "createProducer",
+            {"producerId": self.producer_id, "topic": full, "producerName": self.producer_name},
+            expect="producerCreated",
+        )
+        self.producer_name = result["producerName"]
+        self.max_message_size = result["maxMessageSize"]
+        if self.last_sequence_id < 0:
+            self.last_sequence_id = result["lastSequenceId"]
+        self.conn = conn
+        for batch in list(self.pending.values()):
+            self._send(batch)
+
+    def _fatal(self, exc: PigeonError) -> None:
+        super()._fatal(exc)
+        self.failure = exc
+        self._fail_all(exc)
+
+    def submit(self, batch: PendingBatch) -> None:
+        """Send a sealed batch (engine thread). Its callback runs on the receipt."""
+        if self.closed or self.failure is not None:
+            batch.callback(None, self.failure or AlreadyClosed("producer is closed"))
+            return
+        batch.created = trio.current_time()
+        self.pending[batch.sequence_id] = batch
+        self._no_pending = trio.Event() if self._no_pending.is_set() else self._no_pending
+        if self.conn is not None and not self.conn.closed:
+            self._send(batch)
+
+    def _send(self, batch: PendingBatch) -> None:
+        conn = self.conn
+        assert conn is not None
+        seq = batch.sequence_id
+
+        def on_receipt(result: Any, error: BaseException | None) -> None:
+            if self.pending.get(seq) is not batch:
+                return  # already completed (resent batch answered twice) or expired
+            if error is not None:
+                if isinstance(error, PigeonError) and error.retriable:
+                    self.reconnect_soon() if not isinstance(error, ConnectionClosed) else None
+                    return  # stays pending; resent after reconnect
+                del self.pending[seq]
+                self._check_empty()
+                batch.callback(None, error)
+                return
+            del self.pending[seq]
+            self._check_empty()
+            batch.callback(result, None)
+
+        try:
+            conn.request_nowait(
+                "send",
+                {"producerId": self.producer_id, "sequenceId": seq, "numMessages": batch.num_messages},
+                on_receipt,
+                payload=batch.payload,
+                expect="sendReceipt",
+                extract=_extract_receipt,
+            )
+        except ConnectionClosed:
+            pass  # resent after reconnect
+
+    def _check_empty(self) -> None:
+        if not self.pending:
+            self._no_pending.set()
+
+    def _fail_all(self, exc: BaseException) -> None:
+        pending = list(self.pending.values())
+        self.pending.clear()
+        self._check_empty()
+        for batch in pending:
+            batch.callback(None, exc)
+
+    async def _expire_loop(self) -> None:
+        while not self.closed:
+            await trio.sleep(min(1.0, self.send_timeout / 4))
+            deadline = trio.current_time() - self.send_timeout
+            expired = [b for b in self.pending.values() if b.created < deadline]
+            for b in expired:
+                del self.pending[b.sequence_id]
+                b.callback(None, Timeout(f"send timed out after {self.send_timeout}s"))
+            if expired:
+                self._check_empty()
+
+    async def flush(self) -> None:
+        await self._no_pending.wait()
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        with trio.move_on_after(self.send_timeout if math.isfinite(self.send_timeout) else 30):
+            await self.flush()
+        self.closed = True
+        self._reconnect.set()
+        self.engine.producers.pop(self.producer_id, None)
+        self._fail_all(AlreadyClosed("producer closed before the message was acknowledged"))
+        conn = self.conn
+        if conn is not None and not conn.closed:
+            try:
+                await self.engine.request(conn, "closeProducer", {"producerId": self.producer_id})
+            except PigeonError:
+                pass
+
+
+def _extract_receipt(body: Any, payload: memoryview) -> tuple[int, int, int, bool]:
+    return (body.segmentId, body.entryId, body.firstOffset, body.duplicate)
+
+
+@dataclass
+class SubscribeOptions:
+    topic: str
+    subscription: str
+    subscription_type: str = "exclusive"
+    initial_position: str = "latest"
+    consumer_name: str = ""
+    priority: int = 0
+    durable: bool = True
+    start_offset: int = -1
+    receiver_queue_size: int = 10_000
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+_SUB_TYPE_WIRE = {
+    "exclusive": "exclusive",
+    "shared": "shared",
+    "failover": "failover",
+    "key_shared": "keyShared",
+}
+
+
+class ConsumerEngine(_Reconnecting):
+    """Trio half of a consumer: subscription, permits, pushes into ``sink``, acks."""
+
+    def __init__(
+        self,
+        engine: ClientEngine,
+        options: SubscribeOptions,
+        sink: Callable[[list[ReceivedEntry]], None],
+        *,
+        on_reconnect: Callable[[], None] | None = None,
+    ) -> None:
+        if options.subscription_type not in _SUB_TYPE_WIRE:
+            raise InvalidArgument(
+                f"subscription_type must be one of {', '.join(_SUB_TYPE_WIRE)}, "
+                f"got {options.subscription_type!r}"
+            )
+        if options.initial_position not in ("earliest", "latest"):
+            raise InvalidArgument(
+                f"initial_position must be 'earliest' or 'latest', got {options.initial_position!r}"
+            )
+        self.engine = engine
+        self.options = options
+        self.topic = options.topic
+        self.sink = sink
+        self.on_reconnect = on_reconnect
+        self.consumer_id = engine.next_id()
+        self.conn: Connection | None = None
+        self.closed = False
+        self.generation = 0
+        self._reconnect = trio.Event()
+        self.partition = TopicName.parse(options.topic).partition_index
+
+    async def start(self) -> None:
+        self.engine.consumers[self.consumer_id] = self
+        try:
+            await self._attach()
+        except BaseException:
+            self.engine.consumers.pop(self.consumer_id, None)
+            raise
+        self.engine.nursery.start_soon(self._keep_connected)
+
+    async def _attach(self) -> None:
+        o = self.options
+        address, full = await self.engine.lookup(o.topic)
+        self.topic = full
+        conn = await self.engine.connection(address)
+        self.generation += 1
+        if self.generation > 1 and self.on_reconnect is not None:
+            self.on_reconnect()
+        self.conn = conn
+        await self.engine.request(
+            conn,
+            "subscribe",
+            {
+                "consumerId": self.consumer_id,
+                "topic": full,
+                "subscription": o.subscription,
+                "subType": _SUB_TYPE_WIRE[o.subscription_type],
+                "initialPosition": o.initial_position,
+                "consumerName": o.consumer_name,
+                "priority": o.priority,
+                "durable": o.durable,
+                "startOffset": o.start_offset,
+            },
+            expect="subscribed",
+        )
+        self.flow(o.receiver_queue_size)
+
+    def flow(self, permits: int) -> None:
+        conn = self.conn
+        if permits > 0 and conn is not None and not conn.closed:
+            try:
+                conn.send_nowait("flow", {"consumerId": self.consumer_id, "permits": permits})
+            except ConnectionClosed:
+                pass
+
+    def ack_nowait(self, positions: list[tuple[int, int, int, int]], cumulative: bool) -> None:
+        """``positions``: (segment_id, entry_id, batch_index, offset) tuples."""
+        conn = self.conn
+        if not positions or conn is None or conn.closed:
+            return
+        try:
+            conn.send_nowait(
+                "ack",
+                {
+                    "consumerId": self.consumer_id,
+                    "ackType": "cumulative" if cumulative else "individual",
+                    "positions": [
+                        {"segmentId": s, "entryId": e, "batchIndex": b, "offset": o}
+                        for s, e, b, o in positions
+                    ],
+                },
+            )
+        except ConnectionClosed:
+            pass  # unacked messages are redelivered after the reconnect
+
+    async def ack(self, positions: list[tuple[int, int, int, int]], cumulative: bool) -> None:
+        conn = self.conn
+        if not positions:
+            return
+        if conn is None or conn.closed:
+            raise ConnectionClosed("consumer is not connected; acknowledgement not sent")
+        await self.engine.request(
+            conn,
+            "ack",
+            {
+                "consumerId": self.consumer_id,
+                "ackType": "cumulative" if cumulative else "individual",
+                "positions": [
+                    {"segmentId": s, "entryId": e, "batchIndex": b, "offset": o}
+                    for s, e, b, o in positions
+                ],
+            },
+        )
+
+    async def redeliver_unacknowledged(self) -> None:
+        conn = self.conn
+        if conn is not None and not conn.closed:
+            await self.engine.request(
+                conn, "redeliverUnacked", {"consumerId": self.consumer_id, "positions": []}
+            )
+
+    async def seek(self, **target: Any) -> None:
+        conn = self.conn
+        if conn is None or conn.closed:
+            raise ConnectionClosed("consumer is not connected")
+        await self.engine.request(conn, "seek", {"consumerId": self.consumer_id, **target})
+
+    async def last_message_id(self) -> dict[str, Any]:
+        conn = self.conn
+        if conn is None or conn.closed:
+            raise ConnectionClosed("consumer is not connected")
+        result: dict[str, Any] = await self.engine.request(
+            conn, "getLastMessageId", {"consumerId": self.consumer_id}, expect="lastMessageId"
+        )
+        return result
+
+    async def unsubscribe(self) -> None:
+        conn = self.conn
+        if conn is None or conn.closed:
+            raise ConnectionClosed("consumer is not connected")
+        await self.engine.request(conn, "unsubscribe", {"consumerId": self.consumer_id})
+        await self._detach()
+
+    async def _detach(self) -> None:
+        self.closed = True
+        self._reconnect.set()
+        self.engine.consumers.pop(self.consumer_id, None)
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        conn = self.conn
+        await self._detach()
+        if conn is not None and not conn.closed:
+            try:
+                await self.engine.request(conn, "closeConsumer", {"consumerId": self.consumer_id})
+            except PigeonError:
+                pass
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+_ = ServiceUnavailable

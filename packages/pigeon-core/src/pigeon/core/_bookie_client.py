@@ -1,0 +1,186 @@
+"""Client side of the bookie protocol, used by replication policies inside brokers.
+
+One :class:`BookieClient` keeps one pipelined connection per bookie address, opened on
+first use inside the client's own nursery and reopened after a failure.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from pigeon.core._framing import DEFAULT_MAX_FRAME_SIZE
+from pigeon.core._rpc import Connection, connect_tcp
+from pigeon.core._schema import BookieFrame
+from pigeon.core.errors import ConnectionClosed, ServiceUnavailable
+
+__all__ = ["BookieClient", "split_address"]
+
+log = logging.getLogger(__name__)
+
+AddCallback = Callable[[Any, BaseException | None], None]
+
+
+def split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _extract_add(body: Any, payload: memoryview) -> int:
+    return int(body.entryId)
+
+
+def _extract_read(body: Any, payload: memoryview) -> list[tuple[int, memoryview]]:
+    out: list[tuple[int, memoryview]] = []
+    pos = 0
+    for e in body.entries:
+        size = e.size
+        out.append((e.entryId, payload[pos : pos + size]))
+        pos += size
+    if pos != len(payload):
+        raise ValueError("read response sizes do not match its payload")
+    return out
+
+
+def _extract_state(body: Any, payload: memoryview) -> dict[str, Any]:
+    return {
+        "segment_id": body.segmentId,
+        "last_entry_id": body.lastEntryId,
+        "lac": body.lac,
+        "fenced": body.fenced,
+        "size_bytes": body.sizeBytes,
+    }
+
+
+class BookieClient:
+    """Connections to bookies, by ``host:port`` address."""
+
+    def __init__(self, *, name: str = "pigeon-broker", max_frame_size: int = DEFAULT_MAX_FRAME_SIZE):
+        self.name = name
+        self.max_frame_size = max_frame_size
+        self._conns: dict[str, Connection] = {}
+        self._locks: dict[str, trio.Lock] = {}
+        self._nursery: trio.Nursery | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    async def connection(self, address: str) -> Connection:
+        conn = self._conns.get(address)
+        if conn is not None and not conn.closed:
+            return conn
+        if self._nursery is None:
+            raise ServiceUnavailable("bookie client is not running")
+        lock = self._locks.setdefault(address, trio.Lock())
+        async with lock:
+            conn = self._conns.get(address)
+            if conn is not None and not conn.closed:
+                return conn
+            host, port = split_address(address)
+            conn, _info = await connect_tcp(
+                host,
+                port,
+                BookieFrame,
+                self._nursery,
+                client_name=self.name,
+                max_frame_size=self.max_frame_size,
+            )
+            self._conns[address] = conn
+            return conn
+
+    def connection_nowait(self, address: str) -> Connection | None:
+        conn = self._conns.get(address)
+        return conn if conn is not None and not conn.closed else None
+
+    # ---------------------------------------------------------------- operations
+
+    def add_entry_nowait(
+        self,
+        conn: Connection,
+        segment_id: int,
+        entry_id: int,
+        lac: int,
+        data: bytes | memoryview,
+        callback: AddCallback,
+    ) -> None:
+        conn.request_nowait(
+            "addEntry",
+            {"segmentId": segment_id, "entryId": entry_id, "lac": lac},
+            callback,
+            payload=data,
+            expect="addResponse",
+            extract=_extract_add,
+        )
+
+    async def add_entry(
+        self, address: str, segment_id: int, entry_id: int, lac: int, data: bytes | memoryview
+    ) -> None:
+        conn = await self.connection(address)
+        await conn.request(
+            "addEntry",
+            {"segmentId": segment_id, "entryId": entry_id, "lac": lac},
+            payload=data,
+            expect="addResponse",
+            extract=_extract_add,
+        )
+
+    async def read_entries(
+        self,
+        address: str,
+        segment_id: int,
+        first: int,
+        last: int,
+        *,
+        max_bytes: int = 8 << 20,
+        max_count: int = 10_000,
+    ) -> list[tuple[int, memoryview]]:
+        conn = await self.connection(address)
+        result: list[tuple[int, memoryview]] = await conn.request(
+            "readEntries",
+            {
+                "segmentId": segment_id,
+                "firstEntryId": first,
+                "lastEntryId": last,
+                "maxBytes": max_bytes,
+                "maxCount": max_count,
+            },
+            expect="readResponse",
+            extract=_extract_read,
+        )
+        return result
+
+    async def fence(self, address: str, segment_id: int) -> dict[str, Any]:
+        conn = await self.connection(address)
+        result: dict[str, Any] = await conn.request(
+            "fence", {"segmentId": segment_id}, expect="segmentState", extract=_extract_state
+        )
+        return result
+
+    async def read_lac(self, address: str, segment_id: int) -> dict[str, Any]:
+        conn = await self.connection(address)
+        result: dict[str, Any] = await conn.request(
+            "readLac", {"segmentId": segment_id}, expect="segmentState", extract=_extract_state
+        )
+        return result
+
+    async def segment_info(self, address: str, segment_id: int) -> dict[str, Any]:
+        conn = await self.connection(address)
+        result: dict[str, Any] = await conn.request(
+            "segmentInfo", {"segmentId": segment_id}, expect="segmentState", extract=_extract_state
+        )
+        return result
+
+    async def delete_segment(self, address: str, segment_id: int) -> None:
+        conn = await self.connection(address)
+        await conn.request("deleteSegment", {"segmentId": segment_id})
+
+    def close(self) -> None:
+        for conn in self._conns.values():
+            conn.close(ConnectionClosed("bookie client closed"))
+        self._conns.clear()

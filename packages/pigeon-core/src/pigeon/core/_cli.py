@@ -1,0 +1,71 @@
+"""The ``pigeon`` command: one click group; packages add subcommands via a hook."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+from pigeon.core._plugins import PluginManager
+from pigeon.core.errors import PigeonError
+
+__all__ = ["main", "make_cli", "setup_logging"]
+
+
+class _KeyValueFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        base = f"{self.formatTime(record, '%Y-%m-%dT%H:%M:%S')} level={record.levelname} logger={record.name} msg={record.getMessage()!r}"
+        if record.exc_info:
+            base += "\n" + self.formatException(record.exc_info)
+        return base
+
+
+def setup_logging(level: str = "INFO") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_KeyValueFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except PigeonError as exc:
+            click.echo(f"error: {type(exc).__name__}: {exc}", err=True)
+            sys.exit(2)
+
+
+def make_cli(plugins: PluginManager | None = None) -> click.Group:
+    pm = plugins or PluginManager()
+
+    @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+    @click.option("--log-level", default="INFO", show_default=True, envvar="PIGEON_LOG_LEVEL",
+                  type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+    @click.pass_context
+    def cli(ctx: click.Context, log_level: str) -> None:
+        """PigeonMQ: distributed messaging and streaming."""
+        setup_logging(log_level)
+        ctx.obj = pm
+
+    @cli.command("plugins")
+    def plugins_cmd() -> None:
+        """List loaded plugins and what they registered."""
+        click.echo("plugins: " + ", ".join(pm.plugin_names()))
+        click.echo("metadata stores: " + ", ".join(pm.metadata_stores))
+        click.echo("replication policies: " + ", ".join(pm.replication_policies))
+        click.echo("codecs: " + ", ".join(pm.codecs))
+
+    pm.pm.hook.pigeon_cli_commands(group=cli)
+    return cli
+
+
+def main() -> None:
+    try:
+        cli = make_cli()
+    except PigeonError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    cli()

@@ -1,0 +1,136 @@
+"""Framing: turning a byte stream into frames and back, without any I/O.
+
+Byte layout of one frame::
+
+    offset 0   u32 LE   frame_length   bytes that follow (Cap'n Proto message + payload)
+    offset 4   ...      Cap'n Proto message, standard (unpacked) serialisation:
+                          u32 segment_count - 1, u32 size (in 8-byte words) per segment,
+                          padding to 8 bytes, then the segments
+    ...        ...      payload: the rest of the frame (may be empty)
+
+The Cap'n Proto message delimits itself through its segment table, so the payload needs no
+length of its own.  Payloads are entry bytes that PigeonMQ moves without re-encoding.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+from pigeon.core.errors import CorruptFrame, FrameTooLarge
+
+__all__ = [
+    "DEFAULT_MAX_FRAME_SIZE",
+    "FrameDecoder",
+    "build_message",
+    "capnp_message_size",
+    "encode_frame",
+]
+
+DEFAULT_MAX_FRAME_SIZE = 5 * 1024 * 1024 + 64 * 1024  # 5 MiB of payload plus headroom
+_U32 = struct.Struct("<I")
+_MAX_SEGMENTS = 512
+
+
+def capnp_message_size(buf: bytes | bytearray | memoryview) -> int:
+    """Size in bytes of the standard-serialised Cap'n Proto message at the start of buf."""
+    n = len(buf)
+    if n < 8:
+        raise CorruptFrame("frame too short for a Cap'n Proto message")
+    nseg = _U32.unpack_from(buf, 0)[0] + 1
+    if nseg > _MAX_SEGMENTS:
+        raise CorruptFrame(f"Cap'n Proto segment count {nseg} is implausible")
+    table = 4 * (1 + nseg)
+    table += table & 4  # pad to a multiple of 8
+    if table > n:
+        raise CorruptFrame("Cap'n Proto segment table is truncated")
+    words = sum(struct.unpack_from(f"<{nseg}I", buf, 4))
+    size = table + 8 * words
+    if size > n:
+        raise CorruptFrame("Cap'n Proto message is longer than its frame")
+    return size
+
+
+def encode_frame(message: bytes, payload: bytes | memoryview | None = None) -> list[Any]:
+    """Buffers that make one frame: the caller writes them in order (or joins them)."""
+    if payload is None or len(payload) == 0:
+        return [_U32.pack(len(message)) + message]
+    return [_U32.pack(len(message) + len(payload)) + message, payload]
+
+
+def _fill(builder: Any, fields: dict[str, Any]) -> None:
+    for name, value in fields.items():
+        if isinstance(value, dict):
+            if value:
+                _fill(builder.init(name), value)
+            else:
+                builder.init(name)
+        elif isinstance(value, list) and value and isinstance(value[0], dict):
+            items = builder.init(name, len(value))
+            for i, item in enumerate(value):
+                _fill(items[i], item)
+        else:
+            setattr(builder, name, value)
+
+
+def build_message(frame_type: Any, request_id: int, kind: str, fields: dict[str, Any] | None) -> bytes:
+    """Serialise one frame struct: ``requestId`` plus the union member ``kind``."""
+    msg = frame_type.new_message()
+    msg.requestId = request_id
+    if fields is None:
+        setattr(msg, kind, None)
+    elif fields:
+        _fill(msg.init(kind), fields)
+    else:
+        msg.init(kind)
+    data: bytes = msg.to_bytes()
+    return data
+
+
+class FrameDecoder:
+    """Accumulates received bytes and yields complete frames.
+
+    ``feed`` takes whatever the transport delivered; ``frames`` yields each complete frame
+    as ``bytes`` (the frame body without its length prefix).  A frame announcing more than
+    ``max_frame_size`` bytes raises :class:`FrameTooLarge` as soon as its prefix arrives,
+    before the body is buffered.
+    """
+
+    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+        self.max_frame_size = max_frame_size
+        self._buf = bytearray()
+        self._pos = 0
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf) - self._pos
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        if self._pos and self._pos >= len(self._buf) // 2:
+            del self._buf[: self._pos]
+            self._pos = 0
+        self._buf += data
+
+    def frames(self) -> Iterator[bytes]:
+        buf = self._buf
+        while True:
+            avail = len(buf) - self._pos
+            if avail < 4:
+                return
+            length = _U32.unpack_from(buf, self._pos)[0]
+            if length > self.max_frame_size:
+                raise FrameTooLarge(
+                    f"frame of {length} bytes exceeds max_frame_size {self.max_frame_size}"
+                )
+            if length < 8:
+                raise CorruptFrame(f"frame of {length} bytes is too short")
+            if avail < 4 + length:
+                return
+            start = self._pos + 4
+            self._pos = start + length
+            yield bytes(buf[start : self._pos])
+
+    def at_frame_boundary(self) -> bool:
+        return self.buffered == 0
+

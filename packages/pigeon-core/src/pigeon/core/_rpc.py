@@ -1,0 +1,546 @@
+"""PigeonMQ's small RPC layer on trio.
+
+pycapnp's own RPC needs asyncio, so nodes talk through this instead:
+
+* one :class:`Connection` per TCP stream, with one reader task that parses frames and
+  resolves waiters and one writer task that coalesces queued frames into large writes;
+* request ids, so that many requests are in flight per connection (pipelining);
+* answers are either the expected struct or an ``error`` carrying a typed
+  :mod:`pigeon.core.errors` code;
+* server pushes (``requestId`` 0) go to the connection's handler;
+* a ``connect`` handshake that checks the protocol version.
+
+Handlers are plain synchronous methods ``on_<kind>(conn, req)`` called by the reader task
+while the Cap'n Proto reader in ``req.body`` is valid; work that must wait starts a task
+in ``conn.nursery`` after copying what it needs out of the body.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from pigeon.core._framing import (
+    DEFAULT_MAX_FRAME_SIZE,
+    FrameDecoder,
+    build_message,
+    capnp_message_size,
+    encode_frame,
+)
+from pigeon.core._schema import PROTOCOL_VERSION
+from pigeon.core.errors import (
+    ConnectionClosed,
+    CorruptFrame,
+    PigeonError,
+    ProtocolError,
+    ProtocolVersionMismatch,
+    UnknownMessageType,
+    error_from_code,
+)
+
+__all__ = ["Connection", "Request", "connect_tcp", "serve_tcp"]
+
+log = logging.getLogger(__name__)
+
+#: Callback of a request: ``callback(result, error)`` — exactly one is not None/unset.
+ReplyCallback = Callable[[Any, BaseException | None], None]
+#: Turns an answer's body (valid only during the call) into a Python value.
+Extract = Callable[[Any, memoryview], Any]
+
+_RECEIVE_SIZE = 256 * 1024
+_JOIN_LIMIT = 64 * 1024
+_HIGH_WATER = 8 * 1024 * 1024
+
+
+def _default_extract(body: Any, payload: memoryview) -> Any:
+    if body is None:
+        return None
+    return body.to_dict()
+
+
+@dataclass(slots=True)
+class Request:
+    """One incoming frame on the serving side, valid during the handler call."""
+
+    request_id: int
+    kind: str
+    body: Any
+    payload: memoryview
+
+
+@dataclass(slots=True)
+class _Pending:
+    expect: str | None
+    extract: Extract
+    callback: ReplyCallback
+
+
+class Connection:
+    """One framed, pipelined connection.
+
+    ``frame_type`` is the root struct (``BrokerFrame`` or ``BookieFrame``).  ``handler``
+    receives incoming requests (serving side) and pushes (client side) through methods
+    named ``on_<kind>``.
+    """
+
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        frame_type: Any,
+        *,
+        handler: Any = None,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        name: str = "",
+    ) -> None:
+        self.stream = stream
+        self.frame_type = frame_type
+        self.handler = handler
+        self.max_frame_size = max_frame_size
+        self.name = name
+        self.peer_name = ""
+        self.peer_version = 0
+        self.nursery: trio.Nursery | None = None
+        self._ids = itertools.count(1)
+        self._pending: dict[int, _Pending] = {}
+        self._out: deque[Any] = deque()
+        self._out_bytes = 0
+        self._out_ready = trio.Event()
+        self._drained = trio.Event()
+        self._closed = False
+        self._close_reason: BaseException | None = None
+        self.closed_event = trio.Event()
+        self._writer_done = trio.Event()
+        self.bytes_in = 0
+        self.bytes_out = 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the reader and writer until the connection ends."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self.nursery = nursery
+                nursery.start_soon(self._writer)
+                task_status.started()
+                await self._reader()
+                # The reader ended: flush what is queued (bounded), then stop the writer.
+                self._closed = True
+                self._out_ready.set()
+                with trio.move_on_after(1.0):
+                    await self._writer_done.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            self._shutdown(self._close_reason or ConnectionClosed(f"connection {self.name} closed"))
+            with trio.CancelScope(shield=True), contextlib.suppress(Exception):
+                await self.stream.aclose()
+
+    def close(self, reason: BaseException | None = None) -> None:
+        """Close soon: queued frames are still written, then the stream ends."""
+        if self._close_reason is None:
+            self._close_reason = reason or ConnectionClosed(f"connection {self.name} closed")
+        self._closed = True
+        self._out_ready.set()
+
+    def _shutdown(self, reason: BaseException) -> None:
+        self._closed = True
+        pending, self._pending = self._pending, {}
+        for p in pending.values():
+            exc = reason if isinstance(reason, PigeonError) else ConnectionClosed(str(reason))
+            with contextlib.suppress(Exception):
+                p.callback(None, exc)
+        self._drained.set()
+        self.closed_event.set()
+        hook = getattr(self.handler, "connection_closed", None)
+        if hook is not None:
+            try:
+                hook(self)
+            except Exception:
+                log.exception("connection_closed handler failed conn=%s", self.name)
+
+    # ------------------------------------------------------------------ sending
+
+    @property
+    def outgoing_bytes(self) -> int:
+        return self._out_bytes
+
+    def _enqueue(self, message: bytes, payload: bytes | memoryview | None) -> None:
+        if self._closed:
+            raise ConnectionClosed(f"connection {self.name} is closed")
+        for part in encode_frame(message, payload):
+            self._out.append(part)
+            self._out_bytes += len(part)
+        self._out_ready.set()
+
+    def send_nowait(
+        self,
+        kind: str,
+        fields: dict[str, Any] | None = None,
+        payload: bytes | memoryview | None = None,
+        *,
+        request_id: int = 0,
+    ) -> None:
+        """Queue one frame (a push, an answer, or a request that wants no answer)."""
+        self._enqueue(build_message(self.frame_type, request_id, kind, fields), payload)
+
+    def send_raw_nowait(self, message: bytes, payload: bytes | memoryview | None = None) -> None:
+        """Queue a frame whose Cap'n Proto message the caller built."""
+        self._enqueue(message, payload)
+
+    def respond(
+        self,
+        request_id: int,
+        kind: str,
+        fields: dict[str, Any] | None = None,
+        payload: bytes | memoryview | None = None,
+    ) -> None:
+        if request_id == 0 or self._closed:
+            return
+        self.send_nowait(kind, fields, payload, request_id=request_id)
+
+    def respond_error(self, request_id: int, exc: PigeonError) -> None:
+        if request_id == 0 or self._closed:
+            return
+        self.send_nowait(
+            "error", {"code": exc.wire_code, "message": exc.message}, request_id=request_id
+        )
+
+    def request_nowait(
+        self,
+        kind: str,
+        fields: dict[str, Any] | None,
+        callback: ReplyCallback,
+        *,
+        payload: bytes | memoryview | None = None,
+        expect: str | None = None,
+        extract: Extract = _default_extract,
+    ) -> int:
+        """Send a request; ``callback(result, error)`` runs in the reader task on its answer."""
+        request_id = next(self._ids)
+        message = build_message(self.frame_type, request_id, kind, fields)
+        self._enqueue(message, payload)
+        self._pending[request_id] = _Pending(expect, extract, callback)
+        return request_id
+
+    async def request(
+        self,
+        kind: str,
+        fields: dict[str, Any] | None = None,
+        *,
+        payload: bytes | memoryview | None = None,
+        expect: str | None = None,
+        extract: Extract = _default_extract,
+    ) -> Any:
+        """Send a request and wait for its answer; raises the typed error the peer sent."""
+        done = trio.Event()
+        box: list[Any] = []
+
+        def callback(result: Any, error: BaseException | None) -> None:
+            box.append((result, error))
+            done.set()
+
+        request_id = self.request_nowait(
+            kind, fields, callback, payload=payload, expect=expect, extract=extract
+        )
+        try:
+            await done.wait()
+        except BaseException:
+            self._pending.pop(request_id, None)
+            raise
+        result, error = box[0]
+        if error is not None:
+            raise error
+        return result
+
+    async def wait_writable(self, high_water: int = _HIGH_WATER) -> None:
+        """Wait until the queue of unsent bytes is below ``high_water`` (backpressure)."""
+        while self._out_bytes > high_water and not self._closed:
+            self._drained = trio.Event()
+            await self._drained.wait()
+        if self._closed:
+            raise ConnectionClosed(f"connection {self.name} is closed")
+
+    async def _writer(self) -> None:
+        try:
+            await self._write_loop()
+        finally:
+            self._writer_done.set()
+
+    async def _write_loop(self) -> None:
+        out = self._out
+        while True:
+            if not out:
+                if self._closed:
+                    return
+                self._out_ready = trio.Event()
+                await self._out_ready.wait()
+                continue
+            small: list[Any] = []
+            small_bytes = 0
+            big: Any = None
+            while out:
+                part = out[0]
+                if len(part) >= _JOIN_LIMIT:
+                    if not small:
+                        big = out.popleft()
+                        self._out_bytes -= len(big)
+                    break
+                out.popleft()
+                self._out_bytes -= len(part)
+                small.append(part)
+                small_bytes += len(part)
+                if small_bytes >= 4 * _JOIN_LIMIT:
+                    break
+            data = big if big is not None else (b"".join(small) if len(small) > 1 else small[0])
+            try:
+                await self.stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                self.close(ConnectionClosed(f"connection {self.name} lost: {exc}"))
+                with contextlib.suppress(Exception):
+                    await self.stream.aclose()
+                return
+            self.bytes_out += len(data)
+            if self._out_bytes <= _HIGH_WATER // 2:
+                self._drained.set()
+
+    # ------------------------------------------------------------------ receiving
+
+    async def _reader(self) -> None:
+        decoder = FrameDecoder(self.max_frame_size)
+        stream = self.stream
+        try:
+            while True:
+                try:
+                    data = await stream.receive_some(_RECEIVE_SIZE)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                    self._close_reason = self._close_reason or ConnectionClosed(
+                        f"connection {self.name} lost: {exc}"
+                    )
+                    return
+                if not data:
+                    return
+                self.bytes_in += len(data)
+                decoder.feed(data)
+                for frame in decoder.frames():
+                    self._dispatch(frame)
+                if self._closed:
+                    return
+        except ProtocolError as exc:
+            log.warning("protocol error conn=%s error=%s", self.name, exc)
+            self._close_reason = exc
+            with contextlib.suppress(ConnectionClosed):
+                self.send_nowait("error", {"code": exc.wire_code, "message": exc.message})
+
+    def _dispatch(self, frame: bytes) -> None:
+        view = memoryview(frame)
+        size = capnp_message_size(view)
+        payload = view[size:]
+        try:
+            ctx = self.frame_type.from_bytes(frame[:size] if payload else frame)
+            msg = ctx.__enter__()
+        except Exception as exc:
+            raise CorruptFrame(f"undecodable frame: {exc}") from None
+        try:
+            try:
+                kind = msg.which()
+                request_id = msg.requestId
+            except Exception as exc:
+                raise UnknownMessageType(f"unknown message type: {exc}") from None
+            pending = self._pending.pop(request_id, None) if request_id else None
+            if pending is not None:
+                self._resolve(pending, kind, msg, payload)
+            else:
+                self._handle(request_id, kind, msg, payload)
+        finally:
+            ctx.__exit__(None, None, None)
+
+    def _resolve(self, pending: _Pending, kind: str, msg: Any, payload: memoryview) -> None:
+        if kind == "error":
+            err = msg.error
+            pending.callback(None, error_from_code(err.code, err.message))
+            return
+        if pending.expect is not None and kind != pending.expect:
+            pending.callback(
+                None, ProtocolError(f"expected {pending.expect!r} answer, got {kind!r}")
+            )
+            return
+        body = getattr(msg, kind) if kind not in ("ok", "ping") else None
+        try:
+            result = pending.extract(body, payload)
+        except Exception as exc:
+            pending.callback(None, CorruptFrame(f"bad {kind!r} answer: {exc}"))
+            return
+        pending.callback(result, None)
+
+    def _handle(self, request_id: int, kind: str, msg: Any, payload: memoryview) -> None:
+        if kind == "ping":
+            self.respond(request_id, "ok")
+            return
+        method = getattr(self.handler, "on_" + kind, None) if self.handler is not None else None
+        if method is None:
+            if kind == "error":
+                err = msg.error
+                log.warning("peer error conn=%s code=%s message=%s", self.name, err.code, err.message)
+                return
+            self.respond_error(request_id, UnknownMessageType(f"{kind!r} is not served here"))
+            return
+        body = getattr(msg, kind) if kind not in ("ok",) else None
+        try:
+            method(self, Request(request_id, kind, body, payload))
+        except PigeonError as exc:
+            self.respond_error(request_id, exc)
+        except ProtocolError:
+            raise
+        except Exception as exc:
+            log.exception("handler failed conn=%s kind=%s", self.name, kind)
+            self.respond_error(request_id, PigeonError(f"internal error handling {kind}: {exc}"))
+
+
+# ------------------------------------------------------------------------- handshake
+
+
+def _connected_extract(body: Any, payload: memoryview) -> dict[str, Any]:
+    return {
+        "protocolVersion": body.protocolVersion,
+        "serverName": body.serverName,
+        "maxFrameSize": body.maxFrameSize,
+        "maxMessageSize": body.maxMessageSize,
+        "features": list(body.features),
+    }
+
+
+async def connect_tcp(
+    host: str,
+    port: int,
+    frame_type: Any,
+    nursery: trio.Nursery,
+    *,
+    handler: Any = None,
+    client_name: str = "pigeon",
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+    protocol_version: int = PROTOCOL_VERSION,
+    connect_timeout: float = 10.0,
+) -> tuple[Connection, dict[str, Any]]:
+    """Open a connection, start it in ``nursery`` and do the ``connect`` handshake."""
+    try:
+        with trio.fail_after(connect_timeout):
+            stream = await trio.open_tcp_stream(host, port)
+    except (OSError, trio.TooSlowError) as exc:
+        raise ConnectionClosed(f"cannot connect to {host}:{port}: {exc}") from None
+    conn = Connection(
+        stream, frame_type, handler=handler, max_frame_size=max_frame_size, name=f"{host}:{port}"
+    )
+    await nursery.start(conn.run)
+    try:
+        with trio.fail_after(connect_timeout):
+            info = await conn.request(
+                "connect",
+                {"protocolVersion": protocol_version, "clientName": client_name},
+                expect="connected",
+                extract=_connected_extract,
+            )
+    except BaseException:
+        conn.close()
+        raise
+    conn.peer_name = info["serverName"]
+    conn.peer_version = info["protocolVersion"]
+    return conn, info
+
+
+class _HandshakeHandler:
+    """Wraps a service handler until the peer has said ``connect``."""
+
+    def __init__(self, service: Any, server_name: str, max_frame_size: int, max_message_size: int):
+        self.service = service
+        self.server_name = server_name
+        self.max_frame_size = max_frame_size
+        self.max_message_size = max_message_size
+        self.done = False
+
+    def __getattr__(self, name: str) -> Any:
+        if not name.startswith("on_"):
+            raise AttributeError(name)
+        if not self.done:
+            return self._refuse
+        return getattr(self.service, name)
+
+    def _refuse(self, conn: Connection, req: Request) -> None:
+        raise ProtocolError(f"first frame must be 'connect', got {req.kind!r}")
+
+    def on_connect(self, conn: Connection, req: Request) -> None:
+        version = req.body.protocolVersion
+        if version != PROTOCOL_VERSION:
+            exc = ProtocolVersionMismatch(
+                f"protocol version {version} is not supported (this node speaks {PROTOCOL_VERSION})"
+            )
+            conn.respond_error(req.request_id, exc)
+            conn.close(exc)
+            return
+        conn.peer_name = str(req.body.clientName)
+        conn.peer_version = version
+        self.done = True
+        conn.respond(
+            req.request_id,
+            "connected",
+            {
+                "protocolVersion": PROTOCOL_VERSION,
+                "serverName": self.server_name,
+                "maxFrameSize": self.max_frame_size,
+                "maxMessageSize": self.max_message_size,
+            },
+        )
+        opened = getattr(self.service, "connection_opened", None)
+        if opened is not None:
+            opened(conn)
+
+    def connection_closed(self, conn: Connection) -> None:
+        if self.done:
+            hook = getattr(self.service, "connection_closed", None)
+            if hook is not None:
+                hook(conn)
+
+
+async def serve_tcp(
+    service: Any,
+    frame_type: Any,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    server_name: str = "pigeon",
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+    max_message_size: int = 5 * 1024 * 1024,
+    task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Accept connections for ``service`` until cancelled; reports ``(host, port)``."""
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    sockname = listeners[0].socket.getsockname()
+    bound = (sockname[0], sockname[1])
+
+    async def handle(stream: trio.SocketStream) -> None:
+        try:
+            peer = stream.socket.getpeername()
+            name = f"{peer[0]}:{peer[1]}"
+        except OSError:
+            name = "?"
+        handler = _HandshakeHandler(service, server_name, max_frame_size, max_message_size)
+        conn = Connection(
+            stream, frame_type, handler=handler, max_frame_size=max_frame_size, name=name
+        )
+        try:
+            await conn.run()
+        except Exception:
+            log.exception("connection failed conn=%s", name)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(trio.serve_listeners, handle, listeners)
+        task_status.started(bound)

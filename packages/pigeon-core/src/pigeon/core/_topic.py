@@ -1,0 +1,104 @@
+"""Topic names: ``persistent://tenant/namespace/topic``, ``non-persistent://...``, or bare."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from pigeon.core.errors import InvalidTopicName
+
+__all__ = ["TopicName"]
+
+_PART = re.compile(r"^[A-Za-z0-9_.\-=:]+$")
+_PARTITION = re.compile(r"^(?P<base>.+)-partition-(?P<n>\d+)$")
+DEFAULT_TENANT = "public"
+DEFAULT_NAMESPACE = "default"
+
+
+@dataclass(frozen=True, slots=True)
+class TopicName:
+    """A parsed topic name.
+
+    >>> TopicName.parse("events").full
+    'persistent://public/default/events'
+    >>> TopicName.parse("events").partition(2).full
+    'persistent://public/default/events-partition-2'
+    """
+
+    persistent: bool
+    tenant: str
+    namespace: str
+    local: str
+
+    @classmethod
+    def parse(cls, name: str) -> TopicName:
+        if not isinstance(name, str) or not name:
+            raise InvalidTopicName(f"invalid topic name {name!r}: empty")
+        persistent = True
+        rest = name
+        if "://" in name:
+            scheme, _, rest = name.partition("://")
+            if scheme == "persistent":
+                persistent = True
+            elif scheme == "non-persistent":
+                persistent = False
+            else:
+                raise InvalidTopicName(
+                    f"invalid topic name {name!r}: domain must be persistent or non-persistent"
+                )
+            parts = rest.split("/")
+            if len(parts) != 3:
+                raise InvalidTopicName(
+                    f"invalid topic name {name!r}: expected domain://tenant/namespace/topic"
+                )
+        else:
+            parts = rest.split("/")
+            if len(parts) == 1:
+                parts = [DEFAULT_TENANT, DEFAULT_NAMESPACE, parts[0]]
+            elif len(parts) != 3:
+                raise InvalidTopicName(
+                    f"invalid topic name {name!r}: use 'topic' or 'tenant/namespace/topic'"
+                )
+        for part in parts:
+            if not _PART.match(part) or len(part) > 255:
+                raise InvalidTopicName(
+                    f"invalid topic name {name!r}: {part!r} may only hold letters, digits "
+                    "and _ . - = :"
+                )
+        return cls(persistent, parts[0], parts[1], parts[2])
+
+    @property
+    def domain(self) -> str:
+        return "persistent" if self.persistent else "non-persistent"
+
+    @property
+    def namespace_name(self) -> str:
+        return f"{self.tenant}/{self.namespace}"
+
+    @property
+    def full(self) -> str:
+        return f"{self.domain}://{self.tenant}/{self.namespace}/{self.local}"
+
+    @property
+    def path(self) -> str:
+        """Metadata-store path fragment: ``persistent/tenant/namespace/topic``."""
+        return f"{self.domain}/{self.tenant}/{self.namespace}/{self.local}"
+
+    def partition(self, index: int) -> TopicName:
+        return TopicName(self.persistent, self.tenant, self.namespace, f"{self.local}-partition-{index}")
+
+    @property
+    def partition_index(self) -> int:
+        """The partition number, or -1 when this is not a partition of a partitioned topic."""
+        m = _PARTITION.match(self.local)
+        return int(m.group("n")) if m else -1
+
+    @property
+    def base(self) -> TopicName:
+        m = _PARTITION.match(self.local)
+        if not m:
+            return self
+        return TopicName(self.persistent, self.tenant, self.namespace, m.group("base"))
+
+    def __str__(self) -> str:
+        return self.full

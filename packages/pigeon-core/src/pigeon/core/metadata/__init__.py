@@ -1,0 +1,64 @@
+"""Metadata stores: a versioned tree of small values with sessions and watches.
+
+::
+
+    store = EmbeddedMetadataStore.from_url("embedded:///var/pigeon")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        await store.create("/brokers/b1", b"127.0.0.1:6650", ephemeral=True)
+        async with store.watch("/brokers", prefix=True) as events:
+            async for event in events:
+                ...
+
+The contract every backend honours is documented in :mod:`pigeon.core.metadata._store`
+and checked by :class:`pigeon.core.testing.MetadataStoreContract`.  Backend authors also
+get the path helpers and :class:`WatchHub` from here.
+"""
+
+from __future__ import annotations
+
+from pigeon.core.metadata._election import LeaderElection, Lock
+from pigeon.core.metadata._embedded import EmbeddedMetadataStore, EmbeddedStoreStatistics
+from pigeon.core.metadata._store import (
+    SEQUENCE_DIGITS,
+    EventType,
+    MetadataStore,
+    Op,
+    OpKind,
+    Stat,
+    Watcher,
+    WatchEvent,
+    WatchHub,
+    WatchHubStatistics,
+    check_value,
+    join_path,
+    node_name,
+    parent_path,
+    sequence_number,
+    validate_path,
+    validate_sequential_prefix,
+)
+
+__all__ = [
+    "EmbeddedMetadataStore",
+    "EmbeddedStoreStatistics",
+    "EventType",
+    "LeaderElection",
+    "Lock",
+    "MetadataStore",
+    "Op",
+    "OpKind",
+    "SEQUENCE_DIGITS",
+    "Stat",
+    "WatchEvent",
+    "WatchHub",
+    "WatchHubStatistics",
+    "Watcher",
+    "check_value",
+    "join_path",
+    "node_name",
+    "parent_path",
+    "sequence_number",
+    "validate_path",
+    "validate_sequential_prefix",
+]
