@@ -154,9 +154,7 @@ def test_round_trip_builder(spec: dict[str, Any], codec_name: str, split: int) -
     data = builder.build(sequence_id=7, publish_time=99)
     assert len(builder) == 0 and builder.nbytes == 0
     check_decoded(decode_batch(data, ALL_CODECS), spec)
-    assert data == encode(
-        codec=codec, producer_name="p", sequence_id=7, publish_time=99, **spec
-    )
+    assert data == encode(codec=codec, producer_name="p", sequence_id=7, publish_time=99, **spec)
 
 
 @pytest.mark.parametrize("codec_name", CODEC_NAMES)
@@ -254,6 +252,9 @@ def test_columns_are_aligned_and_arrow_shaped() -> None:
     assert batch.values_offsets.tolist()[-1] == len(batch.values_data)
     assert batch.event_times is not None and batch.event_times.format == "q"
     assert batch.event_times.tolist() == list(range(15))
+    assert batch.keys_validity is not None and batch.keys_offsets is not None
+    assert batch.properties_offsets is not None
+    assert batch.property_keys_data is not None and batch.property_values_data is not None
     # Validity: LSB first; messages 0 and 4 of every 5 have no key.
     bits = [(batch.keys_validity[i // 8] >> (i % 8)) & 1 for i in range(15)]
     assert bits == [0, 1, 1, 1, 0] * 3
@@ -310,9 +311,7 @@ def test_columns_map_onto_arrow_without_copies() -> None:
 
 
 def test_no_optional_columns_when_unused() -> None:
-    data = encode(
-        [b"a", b"b"], keys=[None, None], properties=[None, {}], event_times=[0, 0]
-    )
+    data = encode([b"a", b"b"], keys=[None, None], properties=[None, {}], event_times=[0, 0])
     h = read_header(data)
     assert (h.has_keys, h.has_properties, h.has_event_times) == (False, False, False)
     assert h.uncompressed_size == 12 + 4 + 2  # value offsets, padding to 8, values
@@ -457,6 +456,28 @@ def test_builder_resets_after_a_failed_build() -> None:
     assert len(b) == 0
     b.add(b"ok")
     assert decode_batch(b.build(sequence_id=0, publish_time=0), ALL_CODECS).values() == [b"ok"]
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        ((5,), "value must be bytes-like"),
+        ((b"v", 5), "key must be str or bytes"),
+        ((b"v", None, ["a"]), "mapping of str to str"),
+        ((b"v", None, {"a": 1}), "mapping of str to str"),
+        ((b"v", None, None, 1.5), "event_time must be an int"),
+    ],
+)
+def test_add_refuses_wrong_types_and_adds_nothing(args: tuple[Any, ...], match: str) -> None:
+    b = BatchBuilder(producer_name="p", codec=NONE)
+    b.add(b"first", "k")
+    with pytest.raises(InvalidArgument, match=match):
+        b.add(*args)
+    assert len(b) == 1 and b.nbytes == 6
+    b.add(b"second")
+    batch = decode_batch(b.build(sequence_id=0, publish_time=0), ALL_CODECS)
+    assert batch.values() == [b"first", b"second"]
+    assert batch.keys() == [b"k", None]
 
 
 def test_builder_validates_options() -> None:
@@ -627,7 +648,7 @@ def _with_header(data: bytes, **changes: Any) -> bytes:
         msg = reader.as_builder()
     for key, value in changes.items():
         setattr(msg, names[key], value)
-    new = msg.to_bytes()
+    new: bytes = msg.to_bytes()
     return struct.pack("<I", len(new)) + new + data[h.body_offset :]
 
 
@@ -712,3 +733,9 @@ def test_properties_mapping_types() -> None:
 
     data = encode([b"a", b"b"], properties=[Props({"x": "1", "y": "2"}), Props({})])
     assert decode_batch(data, ALL_CODECS).all_properties() == [{"x": "1", "y": "2"}, {}]
+
+
+def test_non_contiguous_buffer_is_invalid_argument() -> None:
+    data = encode([b"x"])
+    with pytest.raises(InvalidArgument, match="contiguous"):
+        decode_batch(memoryview(data + data)[::2], ALL_CODECS)

@@ -63,7 +63,7 @@ def test_codec_validates_name_and_id() -> None:
 
     with pytest.raises(InvalidArgument, match="lowercase"):
         Codec("Snappy", 9, fn, fn)
-    with pytest.raises(InvalidArgument, match="0..255"):
+    with pytest.raises(InvalidArgument, match=r"0\.\.255"):
         Codec("big", 256, fn, fn)
     with pytest.raises(InvalidArgument, match="reserved wire id 3"):
         Codec("zstd", 9, fn, fn)

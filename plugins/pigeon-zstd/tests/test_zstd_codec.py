@@ -43,7 +43,7 @@ def test_threads_do_not_share_a_context() -> None:
         try:
             for _ in range(50):
                 assert ZSTD.decompress(ZSTD.compress(chunk), len(chunk)) == chunk
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:  # reported below
             errors.append(exc)
 
     threads = [threading.Thread(target=work, args=(d,)) for d in data]

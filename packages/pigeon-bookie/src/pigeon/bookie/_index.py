@@ -17,6 +17,7 @@ dropped; a missing or unreadable index is rebuilt from the data file.
 from __future__ import annotations
 
 import bisect
+import itertools
 import struct
 import sys
 from array import array
@@ -62,30 +63,46 @@ def decode_checkpoints(buf: bytes) -> tuple[array[int], array[int]]:
 
 
 class SparseIndex:
-    """Checkpoints of one segment in memory, sorted; ``(0, 16)`` is always the first."""
+    """Checkpoints of one segment in memory, sorted; ``(0, 16)`` is always the first.
+
+    Checkpoints read from a file are filtered: outside ``[1, next_id)`` x ``[16, end)``
+    they cannot be right, and when damage made the list non-increasing, the longest
+    run of checkpoints increasing in both entry id and position is kept.
+    """
 
     __slots__ = ("ids", "positions")
 
-    def __init__(self, ids: array[int], positions: array[int]) -> None:
+    def __init__(
+        self,
+        ids: array[int],
+        positions: array[int],
+        *,
+        next_id: int = 1 << 63,
+        end: int = 1 << 63,
+    ) -> None:
         self.ids = array("q", [0])
         self.positions = array("q", [FILE_HEADER_SIZE])
+        if not len(ids):
+            return
         if (
-            len(ids)
-            and list(ids) == sorted(set(ids))
-            and list(positions) == sorted(set(positions))
-            and ids[0] > 0
+            ids[0] > 0
+            and ids[-1] < next_id
             and positions[0] > FILE_HEADER_SIZE
+            and positions[-1] < end
+            and _increasing(ids)
+            and _increasing(positions)
         ):
             self.ids.extend(ids)
             self.positions.extend(positions)
             return
-        # Damaged (not strictly increasing): keep the increasing subsequence.
-        last_id, last_pos = 0, FILE_HEADER_SIZE
-        for i, p in zip(ids, positions, strict=True):
-            if i > last_id and p > last_pos:
-                self.ids.append(i)
-                self.positions.append(p)
-                last_id, last_pos = i, p
+        points = [
+            (p, i)
+            for i, p in zip(ids, positions, strict=True)
+            if 0 < i < next_id and FILE_HEADER_SIZE < p < end
+        ]
+        for p, i in _longest_increasing(points):
+            self.ids.append(i)
+            self.positions.append(p)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -106,3 +123,33 @@ class SparseIndex:
         if 0 < i < len(self.ids) and self.ids[i] == entry_id:
             del self.ids[i]
             del self.positions[i]
+
+
+def _increasing(values: array[int]) -> bool:
+    return all(a < b for a, b in itertools.pairwise(values))  # per checkpoint, not per byte
+
+
+def _longest_increasing(points: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Longest subsequence of ``(pos, entry_id)`` pairs increasing strictly in both
+    (patience sorting, O(n log n))."""
+    # Equal positions in descending id order: a strictly increasing run of ids then
+    # takes at most one of them.
+    points = sorted(points, key=lambda point: (point[0], -point[1]))
+    tails: list[int] = []  # tails[k]: smallest entry id ending a run of length k + 1
+    tail_at: list[int] = []  # index in points of that tail
+    back: list[int] = []  # predecessor of each point in its best run
+    for n, (_pos, entry_id) in enumerate(points):
+        k = bisect.bisect_left(tails, entry_id)
+        if k == len(tails):
+            tails.append(entry_id)
+            tail_at.append(n)
+        else:
+            tails[k] = entry_id
+            tail_at[k] = n
+        back.append(tail_at[k - 1] if k else -1)
+    run = []
+    n = tail_at[-1] if tail_at else -1
+    while n >= 0:
+        run.append(points[n])
+        n = back[n]
+    return run[::-1]

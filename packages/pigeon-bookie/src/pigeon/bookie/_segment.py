@@ -401,4 +401,6 @@ def collect_entries(
         want += 1
         if want > last or len(out) >= max_count or nbytes >= max_bytes:
             return out, -1, True
+    if not started and exact_start:  # nothing at all at ``start``
+        return [], -1, False
     return out, (-1 if out or want > last else want), True

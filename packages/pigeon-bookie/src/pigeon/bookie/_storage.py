@@ -99,15 +99,17 @@ def _pread(fd: int, pos: int, n: int) -> bytes:
     return os.pread(fd, n, pos)
 
 
-def _pwritev_all(fd: int, bufs: Sequence[bytes], offset: int) -> None:
-    """Write all of ``bufs`` at ``offset`` (retrying short writes), at most IOV_MAX a call."""
+def _pwritev_all(fd: int, bufs: list[bytes], offset: int, total: int) -> None:
+    """Write all of ``bufs`` (``total`` bytes) at ``offset``, retrying short writes,
+    at most IOV_MAX buffers a call."""
+    if len(bufs) <= _IOV_MAX and os.pwritev(fd, bufs, offset) == total:
+        return  # the usual case: one syscall
     pending: list[bytes | memoryview] = list(bufs)
     while pending:
         batch = pending[:_IOV_MAX]
-        want = sum(len(b) for b in batch)
         n = os.pwritev(fd, batch, offset)
         offset += n
-        if n == want:
+        if n == sum(len(b) for b in batch):
             del pending[: len(batch)]
             continue
         while n >= len(pending[0]):
@@ -398,7 +400,7 @@ class SegmentStore:
             raise RuntimeError("a SegmentStore runs only once")
         self._state = "starting"
         try:
-            self._segments = await trio.to_thread.run_sync(self._open_all)
+            await trio.to_thread.run_sync(self._open_all)
         except BaseException:
             self._close_fds()
             self._state = "closed"
@@ -445,7 +447,7 @@ class SegmentStore:
 
     # ------------------------------------------------------------------ recovery
 
-    def _open_all(self) -> dict[int, _Segment]:
+    def _open_all(self) -> None:
         """Blocking: lock the directory, recover every segment (worker thread)."""
         self._dir.mkdir(parents=True, exist_ok=True)
         self._lock_fd = os.open(self._root / "LOCK", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -454,7 +456,7 @@ class SegmentStore:
         except BlockingIOError:
             raise StorageError(f"data directory {self._root} is in use by another store")
         fmt = self._root / "FORMAT"
-        if fmt.exists():
+        if fmt.exists() and fmt.stat().st_size:
             if fmt.read_bytes() != STORE_FORMAT:
                 raise StorageError(f"{fmt} names an unknown store format")
         else:
@@ -480,28 +482,21 @@ class SegmentStore:
                 logger.warning("ignoring unknown file path=%s", entry.path)
                 continue
             files.setdefault(segment_id, set()).add(suffix)
-        segments: dict[int, _Segment] = {}
-        try:
-            for segment_id, kinds in sorted(files.items()):
-                if "log" not in kinds:
-                    for suffix in kinds:  # leftovers of an interrupted delete
-                        os.unlink(self._dir / _name(segment_id, "." + suffix))
-                    changed = True
-                    continue
-                seg = self._recover_segment(segment_id)
-                if seg is None:
-                    changed = True
-                else:
-                    segments[segment_id] = seg
-            if changed:
-                os.fsync(self._dir_fd)
-        except BaseException:
-            for seg in segments.values():
-                os.close(seg.fd)
-                os.close(seg.idx_fd)
-            raise
+        segments = self._segments  # filled as we go: run() closes them on failure
+        for segment_id, kinds in sorted(files.items()):
+            if "log" not in kinds:
+                for suffix in kinds:  # leftovers of an interrupted delete
+                    os.unlink(self._dir / _name(segment_id, "." + suffix))
+                changed = True
+                continue
+            seg = self._recover_segment(segment_id)
+            if seg is None:
+                changed = True
+            else:
+                segments[segment_id] = seg
+        if changed:
+            os.fsync(self._dir_fd)
         logger.info("segment store open path=%s segments=%d", self._root, len(segments))
-        return segments
 
     def _read_meta(self, segment_id: int) -> tuple[bool, int, int] | None:
         """``(fenced, lac, size)`` from the meta file, None if there is none."""
@@ -529,6 +524,7 @@ class SegmentStore:
             if size < FILE_HEADER_SIZE:
                 if meta is None:  # created by a first add that never completed
                     os.close(fd)
+                    fd = -1
                     log_path.unlink()
                     idx_path.unlink(missing_ok=True)
                     return None
@@ -609,6 +605,7 @@ class SegmentStore:
             if scan.next_id == 0 and meta is None:  # nothing was ever acknowledged
                 os.close(fd)
                 os.close(idx_fd)
+                fd = idx_fd = -1
                 log_path.unlink()
                 idx_path.unlink()
                 return None
@@ -742,6 +739,8 @@ class SegmentStore:
         log_path = self._dir / _name(segment_id, ".log")
         try:
             fd = os.open(log_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        except FileExistsError:  # its delete has not finished yet
+            raise StorageError(f"segment={segment_id} is being deleted")
         except OSError as exc:
             raise self._io_failed(f"create segment={segment_id}", exc)
         try:
@@ -767,42 +766,48 @@ class SegmentStore:
     def _append(self, seg: _Segment, entry_id: int, payloads: list[bytes], lac: int) -> None:
         """Write the records at the end of the data file (blocking: page-cache writes)."""
         bufs: list[bytes] = []
-        starts: list[int] = []
         checkpoints: list[tuple[int, int]] = []
-        pos = seg.end
+        start = pos = seg.end
+        starts = seg.starts
+        n_before = len(starts)
         last_cp = seg.last_cp_pos
-        for i, payload in enumerate(payloads):
+        interval = self._index_interval
+        segment_id = seg.id
+        eid = entry_id
+        for payload in payloads:
             if len(payload) > MAX_PAYLOAD:
+                del starts[n_before:]
                 raise InvalidArgument(f"entry of {len(payload)} bytes is too large")
-            eid = entry_id + i
-            bufs.append(encode_record_header(seg.id, eid, lac, payload))
+            bufs.append(encode_record_header(segment_id, eid, lac, payload))
             bufs.append(payload)
             starts.append(pos)
-            if pos - last_cp >= self._index_interval:
+            if pos - last_cp >= interval:
                 checkpoints.append((eid, pos))
                 last_cp = pos
             pos += RECORD_HEADER_SIZE + len(payload)
+            eid += 1
         try:
-            _pwritev_all(seg.fd, bufs, seg.end)
+            _pwritev_all(seg.fd, bufs, start, pos - start)
         except OSError as exc:
+            del starts[n_before:]
             try:  # drop a partial record so that the next write lands on clean bytes
-                os.ftruncate(seg.fd, seg.end)
+                os.ftruncate(seg.fd, start)
             except OSError:
                 pass
-            raise self._io_failed(f"write segment={seg.id} entry={entry_id}", exc)
-        seg.starts.extend(starts)
-        seg.next_id = entry_id + len(payloads)
-        self._counters.bytes_written += pos - seg.end
-        self._counters.entries_written += len(payloads)
+            raise self._io_failed(f"write segment={segment_id} entry={entry_id}", exc)
+        seg.next_id = eid
         seg.end = pos
         seg.last_cp_pos = last_cp
         if lac > seg.lac:
             seg.lac = lac
+        counters = self._counters
+        counters.bytes_written += pos - start
+        counters.entries_written += eid - entry_id
         if checkpoints:
             self._write_checkpoints(seg, checkpoints)
-        if len(seg.starts) > 2 * self._dense_window:
-            drop = len(seg.starts) - self._dense_window
-            del seg.starts[:drop]
+        if len(starts) > 2 * self._dense_window:
+            drop = len(starts) - self._dense_window
+            del starts[:drop]
             seg.base += drop
 
     def _write_checkpoints(self, seg: _Segment, checkpoints: list[tuple[int, int]]) -> None:
@@ -865,27 +870,35 @@ class SegmentStore:
             return
         for s in segs:
             s.acquire()
+        # until the fsyncs are known to have succeeded, the round has failed
+        r.error = OSError("flush round did not complete")
         try:
-            n = min(self._flush_threads, len(segs)) or 1
-            groups = [[s.fd for s in segs[i::n]] for i in range(n)]
+            dir_fd = self._dir_fd if sync_dir else None
             errors: list[OSError] = []
-
-            async def sync_group(fds: list[int], dir_fd: int | None) -> None:
-                err = await trio.to_thread.run_sync(_fsync_many, fds, dir_fd)
+            if len(segs) <= 1:  # the common case: no nursery, one thread hop
+                err = await trio.to_thread.run_sync(_fsync_many, [s.fd for s in segs], dir_fd)
                 if err is not None:
                     errors.append(err)
+            else:
+                n = min(self._flush_threads, len(segs))
 
-            async with trio.open_nursery() as nursery:
-                for i, fds in enumerate(groups):
-                    nursery.start_soon(
-                        sync_group, fds, self._dir_fd if i == 0 and sync_dir else None
-                    )
+                async def sync_group(fds: list[int], dir_fd: int | None) -> None:
+                    err = await trio.to_thread.run_sync(_fsync_many, fds, dir_fd)
+                    if err is not None:
+                        errors.append(err)
+
+                async with trio.open_nursery() as nursery:
+                    for i in range(n):
+                        fds = [s.fd for s in segs[i::n]]
+                        nursery.start_soon(sync_group, fds, dir_fd if i == 0 else None)
             self._counters.fsyncs += len(segs) + sync_dir
             self._counters.flush_rounds += 1
             if errors:
                 r.error = errors[0]
                 self._io_failed("fsync", errors[0])
                 self._dir_dirty = self._dir_dirty or sync_dir
+            else:
+                r.error = None
         finally:
             for s in segs:
                 s.release()
@@ -1140,7 +1153,7 @@ class SegmentStore:
             except OSError as exc:
                 logger.warning("index unreadable segment=%d error=%s", seg.id, exc)
                 buf = b""
-            seg.sparse = SparseIndex(*decode_checkpoints(buf))
+            seg.sparse = SparseIndex(*decode_checkpoints(buf), next_id=seg.next_id, end=seg.end)
         return seg.sparse
 
     def _corrupt(self, seg: _Segment, entry_id: int) -> CorruptEntry:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from pigeon.client._engine import PendingBatch, ReceivedEntry
+from pigeon.client._future import BatchState
 from pigeon.client._message import Message, MessageId, split_entry
 from pigeon.core._batch import BatchBuilder
 from pigeon.core.errors import InvalidArgument, MessageTooLarge
@@ -26,8 +27,14 @@ Completion = Any  # None | concurrent.futures.Future | Callable[[MessageId|None,
 
 
 def resolve_completions(
-    completions: list[Completion], result: Any, error: BaseException | None, partition: int
+    completions: list[Completion],
+    state: BatchState | None,
+    result: Any,
+    error: BaseException | None,
+    partition: int,
 ) -> None:
+    if state is not None:
+        state.resolve(result, error)
     if error is not None:
         for c in completions:
             if c is None:
@@ -72,8 +79,15 @@ class ProducerCore:
             producer_name=producer_name, codec=codec, max_messages=max_messages, max_bytes=max_bytes
         )
         self.completions: list[Completion] = []
+        self.state: BatchState | None = None
         self.next_sequence_id = first_sequence_id
         self.generation = 0
+
+    def batch_state(self) -> BatchState:
+        """The shared outcome of the batch being built (for MessageFutures)."""
+        if self.state is None:
+            self.state = BatchState(self.partition)
+        return self.state
 
     def __len__(self) -> int:
         return len(self.completions)
@@ -96,7 +110,9 @@ class ProducerCore:
         self.completions.append(completion)
         return self.builder.add(value, key, properties, event_time)
 
-    def seal(self, callback_factory: Callable[[list[Completion]], Any]) -> PendingBatch | None:
+    def seal(
+        self, callback_factory: Callable[[list[Completion], BatchState | None], Any]
+    ) -> PendingBatch | None:
         n = len(self.completions)
         if n == 0:
             return None
@@ -104,7 +120,8 @@ class ProducerCore:
         payload = self.builder.build(sequence_id=seq, publish_time=int(time.time() * 1000))
         self.next_sequence_id = seq + n
         completions, self.completions = self.completions, []
-        return PendingBatch(seq, n, payload, callback_factory(completions))
+        state, self.state = self.state, None
+        return PendingBatch(seq, n, payload, callback_factory(completions, state))
 
 
 class ConsumerCore:

@@ -24,6 +24,7 @@ from pigeon.client._engine import (
     ReceivedEntry,
     SubscribeOptions,
 )
+from pigeon.client._future import BatchState, MessageFuture
 from pigeon.client._message import Message, MessageId
 from pigeon.client.trio import _codecs, _seek_fields
 from pigeon.core import PluginManager
@@ -230,9 +231,6 @@ class Producer:
         callback: Callable[[concurrent.futures.Future[MessageId]], None] | None = None,
     ) -> concurrent.futures.Future[MessageId]:
         """Queue one message; the future resolves to its MessageId."""
-        fut: concurrent.futures.Future[MessageId] = concurrent.futures.Future()
-        if callback is not None:
-            fut.add_done_callback(callback)
         batch = None
         start_timer = 0
         with self._lock:
@@ -249,7 +247,9 @@ class Producer:
                     if left <= 0 or self._closed:
                         raise Timeout("producer queue stayed full")
                     self._space.wait(left)
-            full = self._core.add(value, key, properties, event_time, fut)
+            core = self._core
+            fut = MessageFuture(core.batch_state(), len(core))
+            full = core.add(value, key, properties, event_time, None)
             self._outstanding += 1
             if full or self._max_delay <= 0:
                 batch = self._core.seal(self._callback_for)
@@ -259,6 +259,8 @@ class Producer:
             self._client._soon(self._engine.submit, batch)
         elif start_timer:
             self._client._soon(self._start_timer, start_timer)
+        if callback is not None:
+            fut.add_done_callback(callback)
         return fut
 
     # -- engine thread ---------------------------------------------------------------
@@ -275,11 +277,11 @@ class Producer:
         if batch is not None:
             self._engine.submit(batch)
 
-    def _callback_for(self, completions: list[Any]) -> Any:
+    def _callback_for(self, completions: list[Any], state: BatchState | None) -> Any:
         partition = self._core.partition
 
         def on_done(result: Any, error: BaseException | None) -> None:
-            resolve_completions(completions, result, error, partition)
+            resolve_completions(completions, state, result, error, partition)
             with self._lock:
                 self._outstanding -= len(completions)
                 self._space.notify_all()

@@ -146,15 +146,11 @@ class Producer:
             done.set()
 
         await self.send_async(value, key=key, properties=properties, event_time=event_time, callback=complete)
-        self._seal_if_waiting_alone()
         await done.wait()
         mid, err = box[0]
         if err is not None:
             raise err
         return mid  # type: ignore[no-any-return]
-
-    def _seal_if_waiting_alone(self) -> None:
-        pass
 
     async def send_async(
         self,
@@ -192,11 +188,11 @@ class Producer:
         if batch is not None:
             self._engine.submit(batch)
 
-    def _callback_for(self, completions: list[Any]) -> Any:
+    def _callback_for(self, completions: list[Any], state: Any) -> Any:
         partition = self._core.partition
 
         def on_done(result: Any, error: BaseException | None) -> None:
-            resolve_completions(completions, result, error, partition)
+            resolve_completions(completions, state, result, error, partition)
             self._outstanding -= len(completions)
             self._space.set()
 

@@ -225,6 +225,8 @@ class BatchHeader:
 
 def _as_bytes_view(data: bytes | bytearray | memoryview) -> memoryview:
     mv = memoryview(data)
+    if not mv.c_contiguous:
+        raise InvalidArgument("entry must be a contiguous byte buffer")
     if mv.format != "B" or mv.ndim != 1:
         try:
             mv = mv.cast("B")
@@ -667,14 +669,23 @@ class BatchBuilder:
         """Add one message; return True when the batch is now full.
 
         ``value`` is bytes-like (a byte ``memoryview`` is kept as a reference, not
-        copied, until :meth:`build`). Types are checked in :meth:`build`.
+        copied, until :meth:`build`); ``key`` is str (stored UTF-8), bytes or None.
+        Raises :class:`InvalidArgument` (and adds nothing) for a value without a length,
+        or a key, properties or event time of the wrong type; anything subtler (a str
+        value, a non-str property) is found by :meth:`build`.
         """
+        try:
+            size = len(value)
+        except TypeError:
+            raise InvalidArgument(
+                f"message value must be bytes-like, not {type(value).__name__}"
+            ) from None
         values = self._values
-        values.append(value)
-        end = self._end = self._end + len(value)
-        self._ends.append(end)
         if key is not None or properties or event_time or self._extras:
-            self._add_extras(len(values) - 1, key, properties, event_time)
+            self._add_extras(len(values), key, properties, event_time)
+        values.append(value)
+        end = self._end = self._end + size
+        self._ends.append(end)
         return len(values) >= self.max_messages or end + self._extra_bytes >= self.max_bytes
 
     def _add_extras(
@@ -684,24 +695,32 @@ class BatchBuilder:
         properties: Mapping[str, str] | None,
         event_time: int,
     ) -> None:
+        # Check everything before changing anything.
+        extra = 0
+        if key is not None:
+            if not isinstance(key, str | bytes | bytearray | memoryview):
+                raise InvalidArgument(f"message key must be str or bytes, not {type(key).__name__}")
+            extra = len(key)
+        if properties:
+            try:
+                for name, text in properties.items():  # faster than map/chain on small dicts
+                    extra += len(name) + len(text)
+            except (AttributeError, TypeError, ValueError):
+                raise InvalidArgument("message properties must be a mapping of str to str")
+        if not isinstance(event_time, int):
+            raise InvalidArgument(f"event_time must be an int, not {type(event_time).__name__}")
         self._extras = True
+        self._extra_bytes += extra
         if self._keys is not None:
             self._keys.append(key)
         elif key is not None:
             self._keys = [None] * index
             self._keys.append(key)
-        if key is not None:
-            self._extra_bytes += len(key)
         if self._properties is not None:
             self._properties.append(properties or _EMPTY_PROPS)
         elif properties:
             self._properties = [_EMPTY_PROPS] * index
             self._properties.append(properties)
-        if properties:
-            extra = 0
-            for name, text in properties.items():  # faster than map/chain on small dicts
-                extra += len(name) + len(text)
-            self._extra_bytes += extra
         if self._event_times is not None:
             self._event_times.append(event_time)
         elif event_time:
@@ -823,7 +842,16 @@ class DecodedBatch:
     views ``values_data``, ``keys_validity``, ``keys_data``, ``property_keys_data``,
     ``property_values_data``. Absent columns are ``None``.
 
-    Property strings are checked to be UTF-8 when :meth:`properties` reads them.
+    With codec ``none`` these views (and the batch) refer to the buffer given to
+    :func:`decode_batch`; with a compressing codec, to the decompressed body. Offsets are
+    checked when the batch is made; property strings are checked to be UTF-8 when
+    :meth:`properties` / :meth:`all_properties` first read them.
+
+    Splitting: :meth:`values` / :meth:`keys` / :meth:`all_properties` return one item per
+    message; :meth:`value`, :meth:`key`, :meth:`properties`, :meth:`event_time` and
+    :meth:`sequence_id` read message ``i`` (``IndexError`` outside ``0 <= i < n``).
+    Values and keys come back as ``bytes``; slicing a ``bytes`` entry is fastest (a
+    ``memoryview`` entry costs one extra small object per value).
     """
 
     __slots__ = (

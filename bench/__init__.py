@@ -1,0 +1,1 @@
+"""PigeonMQ benchmark harness (``python -m bench`` / ``nox -s bench``)."""

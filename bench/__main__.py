@@ -1,0 +1,194 @@
+"""Run benchmark scenarios against a PigeonMQ standalone started here, on loopback.
+
+    python -m bench                       # standard scenario (30 s produce, 1 GiB catch-up)
+    python -m bench --duration 10 --backlog-mb 256 --no-docs
+
+Results are data, not tests: JSON goes to bench/results/, a markdown table (with the exact
+command and the machine) replaces the "Standard scenario" section of docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+DOC = ROOT / "docs" / "benchmarks.md"
+BEGIN = "<!-- bench:standard:begin -->"
+END = "<!-- bench:standard:end -->"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Standalone:
+    def __init__(self, data_dir: Path, fsync: str = "always") -> None:
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.bookie_port = free_port()
+        self.fsync = fsync
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"pigeon://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> Standalone:
+        pigeon = Path(sys.executable).with_name("pigeon")
+        self.log = open(self.data_dir.parent / "standalone.log", "wb")
+        self.proc = subprocess.Popen(
+            [str(pigeon), "--log-level", "WARNING", "standalone", "--data-dir", str(self.data_dir),
+             "--port", str(self.port), "--bookie-port", str(self.bookie_port), "--fsync", self.fsync],
+            stdout=self.log, stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("standalone exited during start; see standalone.log")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+                return self
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("standalone did not start within 30 s")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB RAM, Python {platform.python_version()}, {platform.system()} {platform.release()}"
+
+
+def standard(args: argparse.Namespace) -> dict[str, Any]:
+    from pigeon.client._cli import run_perf_consume, run_perf_produce
+
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="pigeon-bench-") as tmp:
+        data = Path(tmp) / "data"
+        with Standalone(data) as sa:
+            print(f"standalone at {sa.url}; producing for {args.duration}s", file=sys.stderr)
+            results["produce_1k"] = run_perf_produce(
+                sa.url, "bench-produce", size=1024, duration=args.duration, progress=False
+            )
+            print(json.dumps(results["produce_1k"]), file=sys.stderr)
+            backlog = args.backlog_mb * 1024 * 1024
+            n = backlog // 1024
+            print(f"filling a {args.backlog_mb} MiB backlog ({n} messages)", file=sys.stderr)
+            fill = fill_backlog(sa.url, "bench-backlog", n)
+            results["backlog_fill"] = fill
+            results["consume_backlog"] = run_perf_consume(
+                sa.url, "bench-backlog", duration=max(60.0, args.duration * 2), max_messages=n,
+                idle_timeout=10.0, progress=False,
+            )
+            print(json.dumps(results["consume_backlog"]), file=sys.stderr)
+            results["storage_bytes"] = sum(f.stat().st_size for f in data.rglob("*") if f.is_file())
+    return results
+
+
+def fill_backlog(url: str, topic: str, n: int) -> dict[str, Any]:
+    from pigeon.client import Client
+
+    payload = os.urandom(1024)
+    start = time.perf_counter()
+    with Client(url) as client:
+        # create the subscription first so the backlog is retained for it
+        client.subscribe(topic, "perf-sub", initial_position="earliest").close()
+        with client.create_producer(topic, batching_max_messages=1000, batching_max_bytes=1 << 20) as p:
+            send = p.send_async
+            for _ in range(n):
+                send(payload)
+            p.flush()
+    secs = time.perf_counter() - start
+    return {"messages": n, "seconds": round(secs, 2), "mb_per_s": round(n * 1024 / secs / 1e6, 1)}
+
+
+def render(results: dict[str, Any], command: str) -> str:
+    p = results["produce_1k"]
+    c = results["consume_backlog"]
+    f = results["backlog_fill"]
+    lines = [
+        BEGIN,
+        f"Run on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine: {machine()}.",
+        "",
+        f"Command: `{command}`",
+        "",
+        "| scenario | result | target |",
+        "|---|---|---|",
+        f"| produce, 1 producer, 1 KiB messages, batching on, acked (fsync=always), {p['seconds']} s | "
+        f"**{p['mb_per_s']} MB/s** ({p['msg_per_s']:,.0f} msg/s); publish latency p50 {p['latency_ms_p50']} ms, "
+        f"p99 {p['latency_ms_p99']} ms, p99.9 {p['latency_ms_p999']} ms (at max rate, so latency is queueing) | ≥ 80 MB/s |",
+        f"| consumer catch-up on a {c['bytes'] / 2**20:,.0f} MiB backlog, cumulative acks | "
+        f"**{c['mb_per_s']} MB/s** ({c['msg_per_s']:,.0f} msg/s) | ≥ 150 MB/s |",
+        f"| backlog fill (producer, same settings) | {f['mb_per_s']} MB/s | — |",
+        "",
+        END,
+    ]
+    return "\n".join(lines)
+
+
+def write_doc(section: str) -> None:
+    DOC.parent.mkdir(exist_ok=True)
+    text = DOC.read_text() if DOC.exists() else "# Benchmarks\n\n## Standard scenario\n\n" + BEGIN + "\n" + END + "\n"
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        _, tail = rest.split(END, 1)
+        text = head + section + tail
+    else:
+        text += "\n## Standard scenario\n\n" + section + "\n"
+    DOC.write_text(text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench")
+    parser.add_argument("--duration", type=float, default=30.0, help="produce scenario seconds")
+    parser.add_argument("--backlog-mb", type=int, default=1024, help="catch-up backlog size")
+    parser.add_argument("--no-docs", action="store_true", help="do not touch docs/benchmarks.md")
+    args = parser.parse_args()
+    command = "python -m bench " + " ".join(sys.argv[1:])
+    results = standard(args)
+    results["machine"] = machine()
+    results["command"] = command.strip()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / f"standard-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    out.write_text(json.dumps(results, indent=2))
+    section = render(results, command.strip())
+    print(section)
+    if not args.no_docs:
+        write_doc(section)
+    print(f"results: {out.relative_to(ROOT)}", file=sys.stderr)
+    _ = shutil
+
+
+if __name__ == "__main__":
+    main()

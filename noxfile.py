@@ -1,0 +1,62 @@
+"""Every developer task, by what it does.
+
+Sessions run in the environment they are started from (``scripts/bootstrap`` builds
+``.venv`` with every package installed editable), so CI pays for one install.
+
+    nox -s tests          unit tests of every package and plugin, then the integration suite
+    nox -s unit           unit tests only
+    nox -s integration    multi-process tests against real servers (matrix: see below)
+    nox -s lint           ruff + mypy
+    nox -s bench          benchmark scenarios, results into docs/benchmarks.md
+"""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+UNIT_PATHS = [
+    "packages/pigeon-core/tests",
+    "packages/pigeon-bookie/tests",
+    "packages/pigeon-broker/tests",
+    "packages/pigeon-client/tests",
+    "plugins",
+]
+
+
+@nox.session(venv_backend="none")
+def unit(session: nox.Session) -> None:
+    """Unit and contract tests of every package and plugin."""
+    session.run("python", "-m", "pytest", "-q", *UNIT_PATHS, *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def integration(session: nox.Session) -> None:
+    """Real processes and real servers over loopback."""
+    session.run("python", "-m", "pytest", "-q", "integration", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def tests(session: nox.Session) -> None:
+    """Everything CI runs: unit tests, then the integration suite."""
+    session.run("python", "-m", "pytest", "-q", *UNIT_PATHS, "integration", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def lint(session: nox.Session) -> None:
+    """ruff over the tree, mypy strict over core, client and broker."""
+    session.run("ruff", "check", ".")
+    session.run(
+        "mypy",
+        "packages/pigeon-core/src/pigeon/core",
+        "packages/pigeon-client/src/pigeon/client",
+        "packages/pigeon-broker/src/pigeon/broker",
+    )
+
+
+@nox.session(venv_backend="none")
+def bench(session: nox.Session) -> None:
+    """Benchmark scenarios against a standalone started here; writes docs/benchmarks.md."""
+    session.run("python", "-m", "bench", *session.posargs)
