@@ -8,7 +8,9 @@ Data file ``<segment id as 16 hex digits>.log``, all integers little-endian::
 
     offset 0   8s  magic  b"PGNLOG\\x00\\x01"  (format version 1)
     offset 8   u64 segment id
-    offset 16  records, back to back, in entry id order (0, 1, 2, ...)
+    offset 16  records, back to back, in increasing entry id order; ids may skip
+               (a bookie of a striped ensemble stores only some entries of a segment, a
+               replacement bookie starts mid-segment)
 
 Record (a 40-byte header, then the payload)::
 
@@ -37,7 +39,8 @@ from __future__ import annotations
 
 import struct
 from array import array
-from collections.abc import Callable, Iterator
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -45,6 +48,7 @@ import google_crc32c
 
 __all__ = [
     "FILE_HEADER_SIZE",
+    "IdRanges",
     "MAX_PAYLOAD",
     "META_SIZE",
     "RECORD_HEADER_SIZE",

@@ -77,6 +77,15 @@ class Entry:
     num_messages: int
     first_offset: int
     publish_time: int
+    deliver_at: int = 0
+
+
+SEGMENTS_PATH = "/pigeon/segments"
+
+
+def segment_path(segment_id: int) -> str:
+    """Metadata node of one segment; bookies delete segments whose node is gone."""
+    return f"{SEGMENTS_PATH}/{segment_id:016x}"
 
 
 class _EntryCache:
@@ -207,6 +216,10 @@ class ManagedLedger:
         seg = SegmentInfo(
             id=segment_id, first_offset=self.next_offset, ensemble=ensemble, ctime=time.time()
         )
+        await self.store.create(
+            segment_path(segment_id),
+            json.dumps({"topic": self.topic.full, "ensemble": ensemble, "ctime": seg.ctime}).encode(),
+        )
         self.segments.append(seg)
         self._reindex()
         await self._save()
@@ -228,7 +241,14 @@ class ManagedLedger:
     def first_offset(self) -> int:
         return self.segments[0].first_offset if self.segments else self.next_offset
 
-    def append_nowait(self, payload: bytes | memoryview, num_messages: int, callback: AppendCallback) -> None:
+    def append_nowait(
+        self,
+        payload: bytes | memoryview,
+        num_messages: int,
+        callback: AppendCallback,
+        *,
+        deliver_at: int = 0,
+    ) -> None:
         """Append one batch; ``callback((segment_id, entry_id, first_offset), error)``."""
         if self.closed:
             raise ServiceUnavailable(f"topic {self.topic} is closed")
@@ -238,7 +258,7 @@ class ManagedLedger:
         self.next_offset += num_messages
         now = max(int(time.time() * 1000), self.last_publish_time)
         self.last_publish_time = now
-        data = pack_entry_header(num_messages, offset, now) + bytes(payload)
+        data = pack_entry_header(num_messages, offset, now, deliver_at) + bytes(payload)
         if self._rolling or self._writer is None:
             self._queued.append((data, num_messages, offset, callback))
             return
@@ -421,6 +441,7 @@ class ManagedLedger:
             header.num_messages,
             header.first_offset,
             header.publish_time,
+            header.deliver_at,
         )
 
     async def read_one(self, pos: Position) -> Entry:

@@ -8,7 +8,9 @@ so the order of requests on a connection is the order in the log.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +20,7 @@ import trio
 from pigeon.broker._config import BrokerConfig
 from pigeon.broker._cursor import CursorState
 from pigeon.broker._ledger import LedgerConfig, ManagedLedger
-from pigeon.broker._subscription import Consumer, Subscription
+from pigeon.broker._subscription import Consumer, Subscription, WallClock
 from pigeon.core import TopicName
 from pigeon.core._batch import read_header
 from pigeon.core._rpc import Connection, Request, serve_tcp
@@ -31,12 +33,16 @@ from pigeon.core.errors import (
     ProducerBusy,
     ServiceUnavailable,
     SubscriptionNotFound,
+    TopicExists,
     TopicNotFound,
 )
 
 __all__ = ["BrokerService"]
 
 log = logging.getLogger(__name__)
+
+PARTITIONED_PATH = "/pigeon/partitioned-topics"
+MAX_PARTITIONS = 4096
 
 _SUB_TYPES = {"exclusive": "exclusive", "shared": "shared", "failover": "failover", "keyShared": "keyShared"}
 
@@ -95,6 +101,7 @@ class Topic:
             durable=durable,
             store=store,
             persist_interval=self.service.config.cursor_persist_interval_ms / 1000,
+            clock=self.service.clock,
         )
         sub.read_position = await self.ledger.position_for_offset(cursor.mark_delete)
         self.subscriptions[name] = sub
@@ -107,8 +114,15 @@ class Topic:
     async def _run_subscription(self, sub: Subscription) -> None:
         try:
             await sub.run()
-        except PigeonError as exc:
-            log.error("subscription failed topic=%s sub=%s error=%s", self.name, sub.name, exc)
+        except Exception as exc:  # one subscription failing must not take the broker down
+            log.exception("subscription failed topic=%s sub=%s error=%s", self.name, sub.name, exc)
+            sub.closed = True
+            for consumer in list(sub.consumers):
+                with contextlib.suppress(PigeonError):
+                    consumer.conn.send_nowait(
+                        "closedByBroker",
+                        {"consumerId": consumer.consumer_id, "isProducer": False, "reason": str(exc)},
+                    )
         finally:
             if self.subscriptions.get(sub.name) is sub and sub.closed:
                 del self.subscriptions[sub.name]
@@ -163,6 +177,7 @@ class BrokerService:
         self.nursery: trio.Nursery = None  # type: ignore[assignment]
         self.address: tuple[str, int] | None = None
         self._names = itertools.count()
+        self.clock = WallClock()
 
     @property
     def service_url(self) -> str:
@@ -214,6 +229,10 @@ class BrokerService:
             if opening is None:
                 break
             await opening.wait()
+        if await self.partitions_of(name):
+            raise InvalidArgument(
+                f"{name} is a partitioned topic: use its partitions ({name}-partition-<i>)"
+            )
         if not create and await self.store.get(f"/pigeon/ledgers/{name.path}") is None:
             raise TopicNotFound(f"topic {name} does not exist")
         ev = self._opening[key] = trio.Event()
@@ -277,13 +296,83 @@ class BrokerService:
 
     # ------------------------------------------------------------------ lookup
 
+    async def partitions_of(self, name: TopicName) -> int:
+        """Partition count of a partitioned topic; 0 for a plain topic or a partition."""
+        if name.partition_index >= 0:
+            return 0
+        stat = await self.store.get(f"{PARTITIONED_PATH}/{name.path}")
+        if stat is None:
+            return 0
+        return int(json.loads(stat.value)["partitions"])
+
     def on_lookup(self, conn: Connection, req: Request) -> None:
         name = TopicName.parse(str(req.body.topic))
-        conn.respond(
-            req.request_id,
-            "lookupResult",
-            {"brokerUrl": self.service_url, "partitions": 0, "topic": name.full},
+
+        async def lookup() -> None:
+            partitions = await self.partitions_of(name)
+            conn.respond(
+                req.request_id,
+                "lookupResult",
+                {"brokerUrl": self.service_url, "partitions": partitions, "topic": name.full},
+            )
+
+        self._spawn(conn, req.request_id, lookup)
+
+    async def create_topic(self, name: TopicName, partitions: int) -> None:
+        """Create a topic; ``partitions > 0`` makes a partitioned one."""
+        if partitions < 0 or partitions > MAX_PARTITIONS:
+            raise InvalidArgument(f"partitions must be between 0 and {MAX_PARTITIONS}")
+        if name.partition_index >= 0 and partitions:
+            raise InvalidArgument(f"{name} is a partition; it cannot be partitioned again")
+        if await self.partitions_of(name) or await self.store.exists(
+            f"/pigeon/ledgers/{name.path}"
+        ):
+            raise TopicExists(f"topic {name} already exists")
+        if partitions:
+            await self.store.create(
+                f"{PARTITIONED_PATH}/{name.path}", json.dumps({"partitions": partitions}).encode()
+            )
+        else:
+            await self.get_topic(name)
+
+    def on_createTopic(self, conn: Connection, req: Request) -> None:
+        name = TopicName.parse(str(req.body.topic))
+        partitions = req.body.partitions
+
+        async def create() -> None:
+            await self.create_topic(name, partitions)
+            conn.respond(req.request_id, "ok")
+
+        self._spawn(conn, req.request_id, create)
+
+    async def list_topics(self, namespace: str) -> list[str]:
+        tenant, _, ns = namespace.partition("/")
+        if not tenant or not ns or "/" in ns:
+            raise InvalidArgument(f"namespace must look like tenant/namespace, got {namespace!r}")
+        found: set[str] = set()
+        for domain in ("persistent", "non-persistent"):
+            for root in ("/pigeon/ledgers", PARTITIONED_PATH):
+                for local in await self.store.children(f"{root}/{domain}/{tenant}/{ns}"):
+                    found.add(f"{domain}://{tenant}/{ns}/{local}")
+        for name in self.topics:
+            t = TopicName.parse(name)
+            if t.namespace_name == namespace:
+                found.add(name)
+        partitioned = {t for t in found if await self.partitions_of(TopicName.parse(t))}
+        return sorted(
+            t
+            for t in found
+            if TopicName.parse(t).partition_index < 0
+            or TopicName.parse(t).base.full not in partitioned
         )
+
+    def on_listTopics(self, conn: Connection, req: Request) -> None:
+        namespace = str(req.body.namespace)
+
+        async def list_() -> None:
+            conn.respond(req.request_id, "topicList", {"topics": await self.list_topics(namespace)})
+
+        self._spawn(conn, req.request_id, list_)
 
     # ------------------------------------------------------------------ producers
 
@@ -376,7 +465,7 @@ class BrokerService:
                 },
             )
 
-        topic.ledger.append_nowait(payload, n, done)
+        topic.ledger.append_nowait(payload, n, done, deliver_at=header.deliver_at)
 
     def on_closeProducer(self, conn: Connection, req: Request) -> None:
         producer = self._state(conn).producers.pop(req.body.producerId, None)

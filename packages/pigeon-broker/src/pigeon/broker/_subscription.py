@@ -31,7 +31,7 @@ from pigeon.core.errors import ConsumerBusy, NotSupported, PigeonError, Subscrip
 if TYPE_CHECKING:
     from pigeon.core._rpc import Connection
 
-__all__ = ["Consumer", "Subscription"]
+__all__ = ["Consumer", "Subscription", "WallClock"]
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,7 @@ class Subscription:
         durable: bool = True,
         store: Any = None,
         persist_interval: float = 0.1,
+        clock: Any = None,
     ) -> None:
         self.name = name
         self.type = sub_type
@@ -83,6 +84,8 @@ class Subscription:
         self.pending: dict[Position, _Pending] = {}
         self.redeliveries: dict[Position, int] = {}
         self._redeliver: list[Position] = []
+        self._delayed: list[tuple[int, Position]] = []  # (deliver_at ms, position)
+        self.clock = clock or WallClock()
         self._rr = 0
         self._wakeup = trio.Event()
         self._dirty = False
@@ -195,6 +198,7 @@ class Subscription:
             c.pending.clear()
         self.pending.clear()
         self._redeliver.clear()
+        self._delayed.clear()
         self.redeliveries.clear()
         self._dirty = True
         self.wake()
@@ -257,6 +261,7 @@ class Subscription:
         """Dispatch loop: runs until the subscription is closed."""
         persist_at = 0.0
         while not self.closed:
+            self._release_delayed()
             if self._dirty and trio.current_time() >= persist_at:
                 await self.persist()
                 persist_at = trio.current_time() + self.persist_interval
@@ -269,6 +274,9 @@ class Subscription:
             if self._has_work():
                 continue
             timeout = max(0.0, persist_at - trio.current_time()) if self._dirty else float("inf")
+            if self._delayed:
+                due_in = (self._delayed[0][0] - self.clock.now_ms()) / 1000
+                timeout = min(timeout, max(0.0, due_in))
             with trio.move_on_after(timeout):
                 async with trio.open_nursery() as nursery:
                     async def wait(ev: trio.Event) -> None:
@@ -278,6 +286,19 @@ class Subscription:
                     nursery.start_soon(wait, ledger_event)
                     nursery.start_soon(wait, self._wakeup)
         await self.persist()
+
+    def _release_delayed(self) -> None:
+        """Delayed entries whose time has come join the redelivery queue (in order)."""
+        if not self._delayed:
+            return
+        now = self.clock.now_ms()
+        while self._delayed and self._delayed[0][0] <= now:
+            _at, pos = heapq.heappop(self._delayed)
+            heapq.heappush(self._redeliver, pos)
+
+    @property
+    def delayed_count(self) -> int:
+        return len(self._delayed)
 
     def _has_work(self) -> bool:
         if self._pick_peek() is None:
@@ -320,9 +341,16 @@ class Subscription:
         """Push entries to consumers with permits; entries nobody can take are requeued."""
         batches: dict[int, tuple[Consumer, list[tuple[Entry, list[int]]]]] = {}
         delivered = False
+        now = self.clock.now_ms() if self.type in ("shared", "keyShared") else 0
         for entry in entries:
             if self.cursor.all_acked(entry.first_offset, entry.num_messages):
                 self.redeliveries.pop(entry.position, None)
+                continue
+            if entry.deliver_at > now and now:
+                # Delayed delivery (shared subscriptions): hold the entry until it is due.
+                # Nothing is persisted: after a restart it is read again from the cursor
+                # and held again, so the tracker survives broker restarts.
+                heapq.heappush(self._delayed, (entry.deliver_at, entry.position))
                 continue
             consumer = self._pick()
             if consumer is None:
@@ -383,5 +411,18 @@ class Subscription:
         )
 
 
-def now_ms() -> int:
-    return int(time.time() * 1000)
+class WallClock:
+    """Wall-clock milliseconds that advance with trio's clock.
+
+    Anchored to ``time.time()`` on first use, then driven by ``trio.current_time()``, so a
+    trio ``MockClock`` moves delayed delivery and TTL exactly as it moves timeouts.
+    """
+
+    def __init__(self) -> None:
+        self._anchor: float | None = None
+
+    def now_ms(self) -> int:
+        t = trio.current_time()
+        if self._anchor is None:
+            self._anchor = time.time() - t
+        return int((self._anchor + t) * 1000)

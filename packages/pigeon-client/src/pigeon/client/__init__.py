@@ -15,7 +15,8 @@ programs (``async with`` / ``await``).
 from __future__ import annotations
 
 from pigeon.client._message import Message, MessageId
-from pigeon.client._sync import Client, Consumer, Producer
+from pigeon.client._logic import DeadLetterPolicy
+from pigeon.client._sync import Client, Consumer, Producer, Reader
 from pigeon.core.errors import (
     AlreadyClosed,
     ConnectionClosed,
@@ -30,11 +31,13 @@ __all__ = [
     "Client",
     "ConnectionClosed",
     "Consumer",
+    "DeadLetterPolicy",
     "Message",
     "MessageId",
     "MessageTooLarge",
     "PigeonError",
     "Producer",
     "ProducerQueueFull",
+    "Reader",
     "Timeout",
 ]

@@ -10,7 +10,9 @@ asyncio faces wrap these with their own waiting and locking.
 from __future__ import annotations
 
 import concurrent.futures
+import random
 import time
+import zlib
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -111,13 +113,18 @@ class ProducerCore:
         return self.builder.add(value, key, properties, event_time)
 
     def seal(
-        self, callback_factory: Callable[[list[Completion], BatchState | None], Any]
+        self,
+        callback_factory: Callable[[list[Completion], BatchState | None], Any],
+        *,
+        deliver_at: int = 0,
     ) -> PendingBatch | None:
         n = len(self.completions)
         if n == 0:
             return None
         seq = self.next_sequence_id
-        payload = self.builder.build(sequence_id=seq, publish_time=int(time.time() * 1000))
+        payload = self.builder.build(
+            sequence_id=seq, publish_time=int(time.time() * 1000), deliver_at=deliver_at
+        )
         self.next_sequence_id = seq + n
         completions, self.completions = self.completions, []
         state, self.state = self.state, None
@@ -125,39 +132,51 @@ class ProducerCore:
 
 
 class ConsumerCore:
-    """Entries in, messages out; permit and ack bookkeeping."""
+    """Entries in, messages out; permit and ack bookkeeping for one or more engines.
 
-    def __init__(self, *, topic: str, partition: int, codecs: Any, receiver_queue_size: int) -> None:
-        self.topic = topic
-        self.partition = partition
+    A consumer of a partitioned topic (or of several topics) has one engine per partition;
+    every entry remembers the engine it came through, and acknowledgements go back through
+    the engine that owns the message's segment (segment ids are unique cluster-wide).
+    """
+
+    def __init__(self, *, codecs: Any, receiver_queue_size: int) -> None:
         self.codecs = codecs
         self.receiver_queue_size = receiver_queue_size
         self.entries: deque[ReceivedEntry] = deque()
         self.messages: deque[Message] = deque()
-        self.consumed = 0
-        self.generation = 0
-        self.pending_acks: list[tuple[int, int, int, int]] = []
-        self.cumulative: tuple[int, int, int, int] | None = None
+        self.consumed: dict[Any, int] = {}
+        self.owners: dict[int, Any] = {}
+        self.pending_acks: dict[Any, list[tuple[int, int, int, int]]] = {}
+        self.cumulative: dict[Any, tuple[int, int, int, int]] = {}
 
     def push(self, entries: list[ReceivedEntry]) -> None:
         self.entries.extend(entries)
 
-    def reset(self) -> None:
-        """After a reconnect: the broker redelivers; drop what was queued."""
-        self.entries.clear()
-        self.generation += 1
-        self.consumed = 0
+    def reset(self, source: Any = None) -> None:
+        """After a reconnect (or seek) of ``source``: the broker redelivers; drop its queue."""
+        if source is None:
+            self.entries.clear()
+            self.messages.clear()
+            self.consumed.clear()
+            return
+        self.entries = deque(e for e in self.entries if e.source is not source)
+        self.messages = deque(
+            m for m in self.messages if self.owners.get(m.message_id.segment_id) is not source
+        )
+        self.consumed.pop(source, None)
 
     def expand_next(self) -> bool:
         """Split the next queued entry into messages; False if no entry is queued."""
         while self.entries:
             entry = self.entries.popleft()
+            src = entry.source
+            self.owners[entry.segment_id] = src
             msgs = split_entry(
                 entry.data,
                 segment_id=entry.segment_id,
                 entry_id=entry.entry_id,
-                partition=self.partition,
-                topic=self.topic,
+                partition=src.partition,
+                topic=src.topic,
                 redelivery_count=entry.redelivery_count,
                 acked_indexes=entry.acked_indexes,
                 codecs=self.codecs,
@@ -168,35 +187,64 @@ class ConsumerCore:
         return False
 
     def take(self, max_messages: int) -> list[Message]:
-        out: list[Message] = []
         messages = self.messages
-        while messages and len(out) < max_messages:
-            out.append(messages.popleft())
-        return out
+        if len(messages) <= max_messages:
+            out = list(messages)
+            messages.clear()
+            return out
+        return [messages.popleft() for _ in range(max_messages)]
 
-    def count_consumed(self, n: int) -> int:
-        """Record n consumed messages; returns the permits to grant now (or 0)."""
-        self.consumed += n
-        if self.consumed >= max(1, self.receiver_queue_size // 2):
-            permits, self.consumed = self.consumed, 0
-            return permits
-        return 0
+    def count_consumed(self, msgs: list[Message]) -> list[tuple[Any, int]]:
+        """Record consumed messages; returns (engine, permits) to grant now."""
+        grants: list[tuple[Any, int]] = []
+        owners = self.owners
+        counts: dict[Any, int] = {}
+        last_seg = None
+        owner: Any = None
+        for m in msgs:
+            seg = m.message_id.segment_id
+            if seg != last_seg:
+                owner = owners.get(seg)
+                last_seg = seg
+            counts[owner] = counts.get(owner, 0) + 1
+        threshold = max(1, self.receiver_queue_size // 2)
+        for src, n in counts.items():
+            total = self.consumed.get(src, 0) + n
+            if total >= threshold:
+                grants.append((src, total))
+                total = 0
+            self.consumed[src] = total
+        return grants
 
     def add_ack(self, message_id: MessageId) -> bool:
-        self.pending_acks.append(
+        owner = self.owners.get(message_id.segment_id)
+        if owner is None:
+            return False
+        acks = self.pending_acks.setdefault(owner, [])
+        acks.append(
             (message_id.segment_id, message_id.entry_id, message_id.batch_index, message_id.offset)
         )
-        return len(self.pending_acks) >= 1000
+        return len(acks) >= 1000
 
     def add_cumulative_ack(self, message_id: MessageId) -> None:
+        owner = self.owners.get(message_id.segment_id)
+        if owner is None:
+            return
         pos = (message_id.segment_id, message_id.entry_id, message_id.batch_index, message_id.offset)
-        if self.cumulative is None or pos > self.cumulative:
-            self.cumulative = pos
+        current = self.cumulative.get(owner)
+        if current is None or pos[3] > current[3]:
+            self.cumulative[owner] = pos
 
-    def take_acks(self) -> tuple[list[tuple[int, int, int, int]], tuple[int, int, int, int] | None]:
-        acks, self.pending_acks = self.pending_acks, []
-        cumulative, self.cumulative = self.cumulative, None
-        return acks, cumulative
+    def take_acks(
+        self,
+    ) -> list[tuple[Any, list[tuple[int, int, int, int]], tuple[int, int, int, int] | None]]:
+        """(engine, individual acks, cumulative ack) per engine with anything pending."""
+        out = []
+        for owner in set(self.pending_acks) | set(self.cumulative):
+            out.append((owner, self.pending_acks.get(owner, []), self.cumulative.get(owner)))
+        self.pending_acks = {}
+        self.cumulative = {}
+        return out
 
 
 def message_id_of(m: Message | MessageId) -> MessageId:
@@ -205,3 +253,51 @@ def message_id_of(m: Message | MessageId) -> MessageId:
     if isinstance(m, MessageId):
         return m
     raise InvalidArgument(f"expected a Message or MessageId, got {type(m).__name__}")
+
+
+ROUTING_MODES = ("round_robin", "single_partition", "key_hash")
+
+
+def key_hash(key: str | bytes) -> int:
+    """Stable hash of a message key (CRC-32 of its UTF-8 bytes), shared by all clients."""
+    return zlib.crc32(key.encode() if isinstance(key, str) else key)
+
+
+class Router:
+    """Chooses the partition of each message of a partitioned topic.
+
+    * ``round_robin``: messages with a key go to ``hash(key) % n``; others fill one
+      partition's batch, then the next partition's (so batches stay full).
+    * ``single_partition``: keyed messages by hash; the others all to one partition
+      chosen at random when the producer was created.
+    * ``key_hash``: ``hash(key) % n``; messages without a key round-robin.
+    * a callable ``router(key, num_partitions) -> int`` overrides the mode.
+    """
+
+    def __init__(self, mode: str, partitions: int, custom: Callable[[Any, int], int] | None = None):
+        if mode not in ROUTING_MODES:
+            raise InvalidArgument(
+                f"routing_mode must be one of {', '.join(ROUTING_MODES)}, got {mode!r}"
+            )
+        self.mode = mode
+        self.partitions = partitions
+        self.custom = custom
+        self.current = random.randrange(partitions) if partitions > 1 else 0
+
+    def choose(self, key: str | bytes | None) -> int:
+        n = self.partitions
+        if n <= 1:
+            return 0
+        if self.custom is not None:
+            index = int(self.custom(key, n))
+            if not 0 <= index < n:
+                raise InvalidArgument(f"message router returned {index}, not in 0..{n - 1}")
+            return index
+        if key is not None:
+            return key_hash(key) % n
+        return self.current
+
+    def batch_sealed(self, index: int) -> None:
+        """A batch of partition ``index`` was sealed: round-robin moves on."""
+        if self.mode != "single_partition" and index == self.current and self.partitions > 1:
+            self.current = (self.current + 1) % self.partitions

@@ -33,7 +33,6 @@ from pigeon.core.errors import (
     ConnectionClosed,
     InvalidArgument,
     PigeonError,
-    ServiceUnavailable,
     Timeout,
 )
 
@@ -75,6 +74,7 @@ class ReceivedEntry:
     redelivery_count: int
     acked_indexes: list[int]
     generation: int
+    source: Any = None  # the ConsumerEngine it came through
 
 
 class _ConnHandler:
@@ -101,6 +101,7 @@ class _ConnHandler:
                     meta.redeliveryCount,
                     list(meta.ackedIndexes),
                     gen,
+                    consumer,
                 )
             )
             pos += size
@@ -140,8 +141,10 @@ class ClientEngine:
         self.producers: dict[int, ProducerEngine] = {}
         self.consumers: dict[int, ConsumerEngine] = {}
         self.closed = False
+        self.clock_offset = 0.0
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self.clock_offset = trio.current_time() - time.perf_counter()
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
             task_status.started()
@@ -172,11 +175,33 @@ class ClientEngine:
             self._conns[address] = conn
             return conn
 
-    async def lookup(self, topic: str) -> tuple[tuple[str, int], str]:
+    async def lookup(self, topic: str) -> tuple[tuple[str, int], str, int]:
+        """(owning broker address, full topic name, partition count) of ``topic``."""
         conn = await self.connection()
-        with trio.fail_after(self.operation_timeout):
-            result = await conn.request("lookup", {"topic": topic}, expect="lookupResult")
-        return parse_service_url(result["brokerUrl"]), result["topic"]
+        result = await self.request(conn, "lookup", {"topic": topic}, expect="lookupResult")
+        return parse_service_url(result["brokerUrl"]), result["topic"], result["partitions"]
+
+    async def partitioned_names(self, topic: str) -> list[str]:
+        """The topics to attach to: the partitions of a partitioned topic, or the topic."""
+        _address, full, partitions = await self.lookup(topic)
+        if partitions:
+            return [f"{full}-partition-{i}" for i in range(partitions)]
+        return [full]
+
+    async def create_topic(self, topic: str, partitions: int = 0) -> None:
+        conn = await self.connection()
+        await self.request(conn, "createTopic", {"topic": topic, "partitions": partitions})
+
+    async def list_topics(self, namespace: str) -> list[str]:
+        conn = await self.connection()
+        result = await self.request(
+            conn,
+            "listTopics",
+            {"namespace": namespace},
+            expect="topicList",
+            extract=lambda body, payload: [str(t) for t in body.topics],
+        )
+        return list(result)
 
     async def request(self, conn: Connection, kind: str, fields: dict[str, Any], **kw: Any) -> Any:
         try:
@@ -278,7 +303,7 @@ class ProducerEngine(_Reconnecting):
             self.engine.nursery.start_soon(self._expire_loop)
 
     async def _attach(self) -> None:
-        address, full = await self.engine.lookup(self.topic)
+        address, full, _n = await self.engine.lookup(self.topic)
         self.topic = full
         conn = await self.engine.connection(address)
         result = await self.engine.request(
@@ -420,17 +445,9 @@ class ConsumerEngine(_Reconnecting):
         options: SubscribeOptions,
         sink: Callable[[list[ReceivedEntry]], None],
         *,
-        on_reconnect: Callable[[], None] | None = None,
+        on_reconnect: Callable[[ConsumerEngine], None] | None = None,
     ) -> None:
-        if options.subscription_type not in _SUB_TYPE_WIRE:
-            raise InvalidArgument(
-                f"subscription_type must be one of {', '.join(_SUB_TYPE_WIRE)}, "
-                f"got {options.subscription_type!r}"
-            )
-        if options.initial_position not in ("earliest", "latest"):
-            raise InvalidArgument(
-                f"initial_position must be 'earliest' or 'latest', got {options.initial_position!r}"
-            )
+        self.validate(options)
         self.engine = engine
         self.options = options
         self.topic = options.topic
@@ -443,6 +460,18 @@ class ConsumerEngine(_Reconnecting):
         self._reconnect = trio.Event()
         self.partition = TopicName.parse(options.topic).partition_index
 
+    @staticmethod
+    def validate(options: SubscribeOptions) -> None:
+        if options.subscription_type not in _SUB_TYPE_WIRE:
+            raise InvalidArgument(
+                f"subscription_type must be one of {', '.join(_SUB_TYPE_WIRE)}, "
+                f"got {options.subscription_type!r}"
+            )
+        if options.initial_position not in ("earliest", "latest"):
+            raise InvalidArgument(
+                f"initial_position must be 'earliest' or 'latest', got {options.initial_position!r}"
+            )
+
     async def start(self) -> None:
         self.engine.consumers[self.consumer_id] = self
         try:
@@ -454,12 +483,12 @@ class ConsumerEngine(_Reconnecting):
 
     async def _attach(self) -> None:
         o = self.options
-        address, full = await self.engine.lookup(o.topic)
+        address, full, _n = await self.engine.lookup(o.topic)
         self.topic = full
         conn = await self.engine.connection(address)
         self.generation += 1
         if self.generation > 1 and self.on_reconnect is not None:
-            self.on_reconnect()
+            self.on_reconnect(self)
         self.conn = conn
         await self.engine.request(
             conn,
@@ -533,6 +562,20 @@ class ConsumerEngine(_Reconnecting):
                 conn, "redeliverUnacked", {"consumerId": self.consumer_id, "positions": []}
             )
 
+    async def redeliver(self, positions: list[tuple[int, int]]) -> None:
+        """Ask the broker to redeliver these entries (nack / ack timeout)."""
+        conn = self.conn
+        if conn is None or conn.closed or not positions:
+            return
+        await self.engine.request(
+            conn,
+            "redeliverUnacked",
+            {
+                "consumerId": self.consumer_id,
+                "positions": [{"segmentId": s, "entryId": e, "batchIndex": -1} for s, e in positions],
+            },
+        )
+
     async def seek(self, **target: Any) -> None:
         conn = self.conn
         if conn is None or conn.closed:
@@ -576,4 +619,3 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-_ = ServiceUnavailable

@@ -9,39 +9,36 @@ from __future__ import annotations
 
 import concurrent.futures
 import math
+import re
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import trio
 
-from pigeon.client._core import ConsumerCore, ProducerCore, message_id_of, resolve_completions
-from pigeon.client._engine import (
-    ClientEngine,
-    ConsumerEngine,
-    ProducerEngine,
-    ReceivedEntry,
-    SubscribeOptions,
+from pigeon.client import trio as trio_face
+from pigeon.client._core import ProducerCore, message_id_of
+from pigeon.client._engine import ClientEngine
+from pigeon.client._future import MessageFuture
+from pigeon.client._handles import (
+    ConsumerHandle,
+    ProducerHandle,
+    deliver_time,
+    open_consumer,
+    open_producer,
+    reader_subscription,
 )
-from pigeon.client._future import BatchState, MessageFuture
+from pigeon.client._logic import DeadLetterPolicy
 from pigeon.client._message import Message, MessageId
-from pigeon.client.trio import _codecs, _seek_fields
 from pigeon.core import PluginManager
-from pigeon.core.errors import (
-    AlreadyClosed,
-    NotSupported,
-    ProducerQueueFull,
-    Timeout,
-)
+from pigeon.core.errors import AlreadyClosed, ProducerQueueFull, Timeout
 
-__all__ = ["Client", "Consumer", "Producer"]
-
-_ACK_GROUP_TIME = 0.1
+__all__ = ["Client", "Consumer", "Producer", "Reader"]
 
 
 class Client:
-    """A PigeonMQ client whose calls block the calling thread.
+    """A PigeonMQ client whose calls block the calling thread. Thread-safe.
 
     >>> with Client("pigeon://127.0.0.1:6650") as client:  # doctest: +SKIP
     ...     with client.create_producer("events") as producer:
@@ -57,7 +54,11 @@ class Client:
     ) -> None:
         self.engine = ClientEngine(service_url, operation_timeout=operation_timeout)
         self.plugins = plugins or PluginManager()
-        self.codecs = _codecs(self.plugins)
+        self.codecs = trio_face.codecs_of(self.plugins)
+        self._trio_client = trio_face.Client.__new__(trio_face.Client)
+        self._trio_client.engine = self.engine
+        self._trio_client.plugins = self.plugins
+        self._trio_client.codecs = self.codecs
         self._token: trio.lowlevel.TrioToken | None = None
         self._started = threading.Event()
         self._error: BaseException | None = None
@@ -77,7 +78,7 @@ class Client:
 
         try:
             trio.run(main)
-        except BaseException as exc:  # reported to the constructor or logged
+        except BaseException as exc:  # reported to the constructor, or the run simply ended
             self._error = exc
         finally:
             self._started.set()
@@ -87,7 +88,10 @@ class Client:
     def _call(self, afn: Callable[..., Any], *args: Any) -> Any:
         if self._closed:
             raise AlreadyClosed("client is closed")
-        return trio.from_thread.run(afn, *args, trio_token=self._token)
+        try:
+            return trio.from_thread.run(afn, *args, trio_token=self._token)
+        except trio.RunFinishedError:
+            raise AlreadyClosed("client is closed") from None
 
     def _soon(self, fn: Callable[..., Any], *args: Any) -> None:
         assert self._token is not None
@@ -114,6 +118,14 @@ class Client:
         self._closed = True
         self._thread.join(timeout=30)
 
+    def create_topic(self, topic: str, partitions: int = 0) -> None:
+        """Create a topic (``partitions > 0``: a partitioned topic)."""
+        self._call(self.engine.create_topic, topic, partitions)
+
+    def list_topics(self, namespace: str = "public/default") -> list[str]:
+        result: list[str] = self._call(self.engine.list_topics, namespace)
+        return result
+
     def create_producer(
         self,
         topic: str,
@@ -126,26 +138,37 @@ class Client:
         send_timeout: float = 30.0,
         max_pending_messages: int = 100_000,
         block_if_queue_full: bool = True,
+        routing_mode: str = "round_robin",
+        message_router: Callable[[Any, int], int] | None = None,
     ) -> Producer:
-        codec = self.codecs.by_name(compression)
-        engine = ProducerEngine(self.engine, topic, producer_name=producer_name, send_timeout=send_timeout)
-        self._call(engine.start)
-        core = ProducerCore(
-            producer_name=engine.producer_name,
-            codec=codec,
-            partition=-1,
-            max_messages=batching_max_messages,
-            max_bytes=batching_max_bytes,
-            max_message_size=engine.max_message_size,
-            first_sequence_id=engine.last_sequence_id + 1,
-        )
-        return Producer(
-            self, engine, core, batching_max_delay_ms / 1000, max_pending_messages, block_if_queue_full
-        )
+        producer = Producer(self, max_pending_messages, block_if_queue_full)
+
+        async def open_() -> ProducerHandle:
+            return await open_producer(
+                self.engine,
+                topic,
+                codecs=self.codecs,
+                lock=producer._lock,
+                producer_name=producer_name,
+                batching_max_messages=batching_max_messages,
+                batching_max_bytes=batching_max_bytes,
+                batching_max_delay_ms=batching_max_delay_ms,
+                compression=compression,
+                send_timeout=send_timeout,
+                routing_mode=routing_mode,
+                message_router=message_router,
+                submit=producer._submit,
+                start_timer=producer._start_timer,
+            )
+
+        producer._handle = self._call(open_)
+        producer._handle.on_space = producer._space_freed
+        producer._send_timeout = send_timeout
+        return producer
 
     def subscribe(
         self,
-        topic: str,
+        topic: str | list[str] | re.Pattern[str],
         subscription: str,
         *,
         subscription_type: str = "exclusive",
@@ -153,57 +176,109 @@ class Client:
         consumer_name: str = "",
         priority: int = 0,
         receiver_queue_size: int = 10_000,
+        ack_timeout: float = 0.0,
+        negative_ack_redelivery_delay: float = 1.0,
+        dead_letter_policy: DeadLetterPolicy | None = None,
+        pattern_auto_discovery_period: float = 60.0,
     ) -> Consumer:
-        options = SubscribeOptions(
-            topic,
-            subscription,
-            subscription_type,
-            initial_position,
-            consumer_name,
-            priority,
-            receiver_queue_size=receiver_queue_size,
-        )
-        consumer = Consumer(self, options)
-        consumer._start()
+        """Subscribe to a topic, a list of topics, or a ``re.Pattern`` of topic names."""
+        consumer = Consumer(self)
+
+        async def open_() -> ConsumerHandle:
+            return await open_consumer(
+                self.engine,
+                topic,
+                subscription,
+                codecs=self.codecs,
+                lock=consumer._cond,
+                notify=consumer._notify,
+                subscription_type=subscription_type,
+                initial_position=initial_position,
+                consumer_name=consumer_name,
+                priority=priority,
+                receiver_queue_size=receiver_queue_size,
+                ack_timeout=ack_timeout,
+                negative_ack_redelivery_delay=negative_ack_redelivery_delay,
+                dead_letter_policy=dead_letter_policy,
+                pattern_auto_discovery_period=pattern_auto_discovery_period,
+                producer_factory=self._trio_client.create_producer,
+            )
+
+        consumer._handle = self._call(open_)
         return consumer
+
+    def create_reader(
+        self,
+        topic: str,
+        start: str | MessageId = "earliest",
+        *,
+        start_message_id_inclusive: bool = False,
+        receiver_queue_size: int = 10_000,
+    ) -> Reader:
+        """A reader from ``"earliest"``, ``"latest"`` or after a MessageId."""
+        initial, offset = trio_face.reader_start(start, start_message_id_inclusive)
+        reader = Reader(self)
+
+        async def open_() -> ConsumerHandle:
+            return await open_consumer(
+                self.engine,
+                topic,
+                reader_subscription(),
+                codecs=self.codecs,
+                lock=reader._cond,
+                notify=reader._notify,
+                initial_position=initial,
+                receiver_queue_size=receiver_queue_size,
+                durable=False,
+                start_offset=offset,
+            )
+
+        reader._handle = self._call(open_)
+        return reader
 
 
 class Producer:
-    """Sends messages to one topic. Thread-safe."""
+    """Sends messages to a topic (every partition of a partitioned topic). Thread-safe."""
 
-    def __init__(
-        self,
-        client: Client,
-        engine: ProducerEngine,
-        core: ProducerCore,
-        max_delay: float,
-        max_pending: int,
-        block_if_queue_full: bool,
-    ) -> None:
+    _handle: ProducerHandle
+
+    def __init__(self, client: Client, max_pending: int, block_if_queue_full: bool) -> None:
         self._client = client
-        self._engine = engine
-        self._core = core
-        self._max_delay = max_delay
         self._max_pending = max_pending
         self._block = block_if_queue_full
         self._lock = threading.Lock()
         self._space = threading.Condition(self._lock)
-        self._outstanding = 0
-        self._closed = False
+        self._send_timeout = 30.0
 
     @property
     def topic(self) -> str:
-        return self._engine.topic
+        return self._handle.topic
 
     @property
     def producer_name(self) -> str:
-        return self._engine.producer_name
+        return self._handle.producer_name
 
     def __enter__(self) -> Producer:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # called with the lock held (from ProducerLogic), any thread
+    def _submit(self, engine: Any, batch: Any) -> None:
+        self._client._soon(engine.submit, batch)
+
+    def _start_timer(self, index: int, generation: int) -> None:
+        h = self._handle
+        self._client._soon(
+            lambda: h.client.nursery.start_soon(
+                h.timer, h.logic.max_delay, index, generation, lambda e, b: e.submit(b)
+            )
+        )
+
+    def _space_freed(self) -> None:
+        with self._lock:
+            self._space.notify_all()
 
     def send(
         self,
@@ -212,10 +287,19 @@ class Producer:
         key: str | bytes | None = None,
         properties: Mapping[str, str] | None = None,
         event_time: int = 0,
+        deliver_at: int | None = None,
+        deliver_after: float | None = None,
         timeout: float | None = None,
     ) -> MessageId:
         """Send one message and wait for the broker's receipt."""
-        fut = self.send_async(value, key=key, properties=properties, event_time=event_time)
+        fut = self.send_async(
+            value,
+            key=key,
+            properties=properties,
+            event_time=event_time,
+            deliver_at=deliver_at,
+            deliver_after=deliver_after,
+        )
         try:
             return fut.result(timeout)
         except concurrent.futures.TimeoutError:
@@ -228,172 +312,138 @@ class Producer:
         key: str | bytes | None = None,
         properties: Mapping[str, str] | None = None,
         event_time: int = 0,
+        deliver_at: int | None = None,
+        deliver_after: float | None = None,
         callback: Callable[[concurrent.futures.Future[MessageId]], None] | None = None,
     ) -> concurrent.futures.Future[MessageId]:
-        """Queue one message; the future resolves to its MessageId."""
-        batch = None
-        start_timer = 0
+        """Queue one message; the future resolves to its MessageId.
+
+        ``deliver_at`` (ms since the epoch) or ``deliver_after`` (seconds) hold the message
+        back on shared subscriptions until then.
+        """
+        h = self._handle
+        when = deliver_time(deliver_at, deliver_after)
         with self._lock:
-            if self._closed:
+            if h.closed:
                 raise AlreadyClosed("producer is closed")
-            if self._outstanding >= self._max_pending:
+            if h.outstanding >= self._max_pending:
                 if not self._block:
                     raise ProducerQueueFull(
-                        f"{self._outstanding} messages pending (max_pending_messages={self._max_pending})"
+                        f"{h.outstanding} messages pending (max_pending_messages={self._max_pending})"
                     )
-                deadline = time.monotonic() + self._engine.send_timeout
-                while self._outstanding >= self._max_pending:
+                deadline = time.monotonic() + self._send_timeout
+                while h.outstanding >= self._max_pending:
                     left = deadline - time.monotonic()
-                    if left <= 0 or self._closed:
+                    if left <= 0 or h.closed:
                         raise Timeout("producer queue stayed full")
                     self._space.wait(left)
-            core = self._core
-            fut = MessageFuture(core.batch_state(), len(core))
-            full = core.add(value, key, properties, event_time, None)
-            self._outstanding += 1
-            if full or self._max_delay <= 0:
-                batch = self._core.seal(self._callback_for)
-            elif len(self._core) == 1:
-                start_timer = self._core.generation
-        if batch is not None:
-            self._client._soon(self._engine.submit, batch)
-        elif start_timer:
-            self._client._soon(self._start_timer, start_timer)
+            fut: MessageFuture = h.logic.add(
+                value, key, properties, event_time, when, None, _make_future
+            )
+            h.outstanding += 1
         if callback is not None:
             fut.add_done_callback(callback)
         return fut
 
-    # -- engine thread ---------------------------------------------------------------
-
-    def _start_timer(self, generation: int) -> None:
-        self._client.engine.nursery.start_soon(self._timer, generation)
-
-    async def _timer(self, generation: int) -> None:
-        await trio.sleep(self._max_delay)
-        with self._lock:
-            if self._core.generation != generation:
-                return
-            batch = self._core.seal(self._callback_for)
-        if batch is not None:
-            self._engine.submit(batch)
-
-    def _callback_for(self, completions: list[Any], state: BatchState | None) -> Any:
-        partition = self._core.partition
-
-        def on_done(result: Any, error: BaseException | None) -> None:
-            resolve_completions(completions, state, result, error, partition)
-            with self._lock:
-                self._outstanding -= len(completions)
-                self._space.notify_all()
-
-        return on_done
-
-    # -- caller thread ---------------------------------------------------------------
-
     def flush(self) -> None:
         """Send what is batched and wait until every pending message is acknowledged."""
         with self._lock:
-            batch = self._core.seal(self._callback_for)
-        if batch is not None:
-            self._client._soon(self._engine.submit, batch)
-        self._client._call(self._engine.flush)
+            self._handle.logic.seal_all()
+        self._client._call(self._handle.flush)
 
     def close(self) -> None:
-        if self._closed:
+        h = self._handle
+        if h.closed:
             return
         try:
             self.flush()
         finally:
             with self._lock:
-                self._closed = True
-            self._client._call(self._engine.close)
+                h.closed = True
+                self._space.notify_all()
+            self._client._call(h.close)
 
 
-class Consumer:
-    """Receives messages of one subscription. Thread-safe."""
+def _make_future(core: ProducerCore) -> MessageFuture:
+    return MessageFuture(core.batch_state(), len(core))
 
-    def __init__(self, client: Client, options: SubscribeOptions) -> None:
+
+class _Receiving:
+    _handle: ConsumerHandle
+
+    def __init__(self, client: Client) -> None:
         self._client = client
-        self._options = options
         self._cond = threading.Condition()
-        self._core = ConsumerCore(
-            topic=options.topic,
-            partition=-1,
-            codecs=client.codecs,
-            receiver_queue_size=options.receiver_queue_size,
-        )
-        self._engine = ConsumerEngine(client.engine, options, self._sink, on_reconnect=self._on_reconnect)
-        self._core.partition = self._engine.partition
-        self._closed = False
 
-    def _start(self) -> None:
-        self._client._call(self._engine.start)
-        self._core.topic = self._engine.topic
-        self._client._soon(self._start_flusher)
-
-    # -- engine thread ---------------------------------------------------------------
-
-    def _sink(self, entries: list[ReceivedEntry]) -> None:
+    def _notify(self) -> None:
         with self._cond:
-            self._core.push(entries)
-            self._cond.notify()
-
-    def _on_reconnect(self) -> None:
-        with self._cond:
-            self._core.reset()
-
-    def _start_flusher(self) -> None:
-        self._client.engine.nursery.start_soon(self._ack_flusher)
-
-    async def _ack_flusher(self) -> None:
-        while not self._closed:
-            await trio.sleep(_ACK_GROUP_TIME)
-            self._send_acks()
-
-    def _send_acks(self) -> None:
-        with self._cond:
-            acks, cumulative = self._core.take_acks()
-        if acks:
-            self._engine.ack_nowait(acks, False)
-        if cumulative is not None:
-            self._engine.ack_nowait([cumulative], True)
-
-    # -- caller thread ---------------------------------------------------------------
-
-    def __enter__(self) -> Consumer:
-        return self
+            self._cond.notify_all()
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @property
-    def topic(self) -> str:
-        return self._engine.topic
+    def batch_receive(self, max_messages: int = 1000, timeout: float | None = None) -> list[Message]:
+        h = self._handle
+        deadline = time.monotonic() + (timeout if timeout is not None else math.inf)
+        with self._cond:
+            while True:
+                if h.closed:
+                    raise AlreadyClosed("consumer is closed")
+                msgs = h.take_messages(max_messages, trio_now(self._client))
+                if msgs:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise Timeout(f"no message within {timeout}s")
+                self._cond.wait(None if math.isinf(left) else min(left, 1.0))
+            h.record_received(msgs)
+            grants = h.grants(msgs)
+        for engine, permits in grants:
+            self._client._soon(engine.flow, permits)
+        return msgs
 
     def receive(self, timeout: float | None = None) -> Message:
         """The next message; raises pigeon.client.Timeout after ``timeout`` seconds."""
         return self.batch_receive(1, timeout)[0]
 
-    def batch_receive(self, max_messages: int = 1000, timeout: float | None = None) -> list[Message]:
-        core = self._core
-        deadline = time.monotonic() + (timeout if timeout is not None else math.inf)
-        with self._cond:
-            while not core.messages:
-                if core.expand_next():
-                    break
-                if self._closed:
-                    raise AlreadyClosed("consumer is closed")
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise Timeout(f"no message within {timeout}s")
-                self._cond.wait(None if math.isinf(left) else left)
-            out = core.take(max_messages)
-            permits = core.count_consumed(len(out))
-        if permits:
-            self._client._soon(self._engine.flow, permits)
-        return out
+    def seek(
+        self, target: MessageId | None = None, *, offset: int | None = None, timestamp: int | None = None
+    ) -> None:
+        """Move to a MessageId, a partition offset, or a publish time (ms since the epoch)."""
+        self._client._call(self._handle.seek, target, offset, timestamp)
 
-    def __iter__(self) -> Any:
+    def close(self) -> None:
+        h = self._handle
+        if h.closed:
+            return
+        try:
+            self._client._call(h.close)
+        finally:
+            h.closed = True
+            self._notify()
+
+
+def trio_now(client: Client) -> float:
+    # The ack-timeout/nack clocks are the engine's trio clock; read it without crossing
+    # threads: trio's default clock is time.perf_counter plus a per-run offset.
+    return time.perf_counter() + client.engine.clock_offset
+
+
+class Consumer(_Receiving):
+    """Receives messages of one subscription. Thread-safe."""
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    @property
+    def topic(self) -> str:
+        return self._handle.engines[0].topic if self._handle.engines else ""
+
+    @property
+    def subscription(self) -> str:
+        return self._handle.subscription
+
+    def __iter__(self) -> Iterator[Message]:
         while True:
             yield self.receive()
 
@@ -401,56 +451,49 @@ class Consumer:
         """Acknowledge one message (sent to the broker in groups, every 100 ms)."""
         mid = message_id_of(message)
         with self._cond:
-            full = self._core.add_ack(mid)
+            full = self._handle.acknowledge(mid)
         if full:
-            self._client._soon(self._send_acks)
+            self._client._soon(self._handle.flush_acks_nowait)
 
     def acknowledge_cumulative(self, message: Message | MessageId) -> None:
-        """Acknowledge this message and every earlier one of the partition."""
-        if self._options.subscription_type in ("shared", "key_shared"):
-            raise NotSupported(
-                "cumulative acknowledgement is not allowed on a "
-                f"{self._options.subscription_type} subscription"
-            )
+        """Acknowledge this message and every earlier one of its partition."""
         mid = message_id_of(message)
         with self._cond:
-            self._core.add_cumulative_ack(mid)
+            self._handle.acknowledge_cumulative(mid)
+
+    def negative_acknowledge(self, message: Message) -> None:
+        """Ask for this message again after ``negative_ack_redelivery_delay`` seconds."""
+        with self._cond:
+            self._handle.logic.negative_acknowledge(message, trio_now(self._client))
+
+    def reconsume_later(self, message: Message, delay: float) -> None:
+        """Republish to the retry topic, delivered after ``delay`` seconds; acknowledge."""
+        self._client._call(self._handle.reconsume_later, message, delay)
 
     def redeliver_unacknowledged_messages(self) -> None:
-        self._client._call(self._engine.redeliver_unacknowledged)
+        async def redeliver() -> None:
+            for engine in self._handle.engines:
+                await engine.redeliver_unacknowledged()
 
-    def seek(self, target: MessageId | None = None, *, offset: int | None = None, timestamp: int | None = None) -> None:
-        fields = _seek_fields(target, offset, timestamp)
-        self._client._call(lambda: self._engine.seek(**fields))
-        with self._cond:
-            self._core.reset()
-            self._core.messages.clear()
+        self._client._call(redeliver)
 
     def unsubscribe(self) -> None:
-        self._client._call(self._engine.unsubscribe)
+        self._client._call(self._handle.unsubscribe)
+        self._notify()
+
+
+class Reader(_Receiving):
+    """Reads a topic from a position, without a durable subscription."""
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def read_next(self, timeout: float | None = None) -> Message:
+        msg = self.receive(timeout)
         with self._cond:
-            self._closed = True
-            self._cond.notify_all()
+            self._handle.acknowledge_cumulative(msg.message_id)
+        return msg
 
-    def close(self) -> None:
-        """Send pending acknowledgements, then leave the subscription."""
-        if self._closed:
-            return
-        with self._cond:
-            acks, cumulative = self._core.take_acks()
-
-        async def close() -> None:
-            try:
-                if acks:
-                    await self._engine.ack(acks, False)
-                if cumulative is not None:
-                    await self._engine.ack([cumulative], True)
-            finally:
-                await self._engine.close()
-
-        try:
-            self._client._call(close)
-        finally:
-            with self._cond:
-                self._closed = True
-                self._cond.notify_all()
+    def has_message_available(self) -> bool:
+        result: bool = self._client._call(self._handle.has_message_available)
+        return result

@@ -1,4 +1,4 @@
-"""The trio face of the PigeonMQ client.
+"""The trio face of the PigeonMQ client: the same API as :mod:`pigeon.client`, awaited.
 
     async with pigeon.client.trio.Client("pigeon://127.0.0.1:6650") as client:
         async with await client.create_producer("events") as producer:
@@ -10,36 +10,52 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Mapping
-from types import TracebackType
+import re
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import trio
 
-from pigeon.client._core import ConsumerCore, ProducerCore, message_id_of, resolve_completions
-from pigeon.client._engine import ClientEngine, ConsumerEngine, ProducerEngine, SubscribeOptions
+from pigeon.client._core import message_id_of
+from pigeon.client._engine import ClientEngine
+from pigeon.client._handles import (
+    ConsumerHandle,
+    ProducerHandle,
+    deliver_time,
+    open_consumer,
+    open_producer,
+    reader_subscription,
+)
+from pigeon.client._logic import DeadLetterPolicy
 from pigeon.client._message import Message, MessageId
 from pigeon.core import PluginManager
 from pigeon.core._codecs import CodecSet
-from pigeon.core.errors import AlreadyClosed, Timeout
+from pigeon.core.errors import AlreadyClosed, InvalidArgument, Timeout
 
-__all__ = ["Client", "Consumer", "Producer"]
+__all__ = ["Client", "Consumer", "DeadLetterPolicy", "Producer", "Reader"]
 
-_ACK_GROUP_TIME = 0.1
+_NOLOCK = contextlib.nullcontext()
 
 
-def _codecs(pm: PluginManager) -> CodecSet:
+def codecs_of(pm: PluginManager) -> CodecSet:
     return CodecSet(codec for _name, codec in pm.codecs.items())
 
 
 class Client:
     """A connection to a PigeonMQ cluster; a trio async context manager."""
 
-    def __init__(self, service_url: str, *, operation_timeout: float = 30.0, plugins: PluginManager | None = None):
+    def __init__(
+        self,
+        service_url: str,
+        *,
+        operation_timeout: float = 30.0,
+        plugins: PluginManager | None = None,
+    ) -> None:
         self.engine = ClientEngine(service_url, operation_timeout=operation_timeout)
         self.plugins = plugins or PluginManager()
-        self.codecs = _codecs(self.plugins)
+        self.codecs = codecs_of(self.plugins)
         self._nursery_cm: Any = None
 
     async def __aenter__(self) -> Client:
@@ -50,9 +66,17 @@ class Client:
 
     async def __aexit__(self, *exc: object) -> None:
         try:
-            await self.engine.aclose()
+            with trio.CancelScope(shield=True):
+                await self.engine.aclose()
         finally:
             await self._nursery_cm.__aexit__(None, None, None)
+
+    async def create_topic(self, topic: str, partitions: int = 0) -> None:
+        """Create a topic (``partitions > 0``: a partitioned topic)."""
+        await self.engine.create_topic(topic, partitions)
+
+    async def list_topics(self, namespace: str = "public/default") -> list[str]:
+        return await self.engine.list_topics(namespace)
 
     async def create_producer(
         self,
@@ -65,24 +89,32 @@ class Client:
         compression: str = "none",
         send_timeout: float = 30.0,
         max_pending_messages: int = 100_000,
+        routing_mode: str = "round_robin",
+        message_router: Callable[[Any, int], int] | None = None,
     ) -> Producer:
-        codec = self.codecs.by_name(compression)
-        engine = ProducerEngine(self.engine, topic, producer_name=producer_name, send_timeout=send_timeout)
-        await engine.start()
-        core = ProducerCore(
-            producer_name=engine.producer_name,
-            codec=codec,
-            partition=-1,
-            max_messages=batching_max_messages,
-            max_bytes=batching_max_bytes,
-            max_message_size=engine.max_message_size,
-            first_sequence_id=engine.last_sequence_id + 1,
+        producer = Producer(max_pending_messages)
+        producer._handle = await open_producer(
+            self.engine,
+            topic,
+            codecs=self.codecs,
+            lock=_NOLOCK,
+            producer_name=producer_name,
+            batching_max_messages=batching_max_messages,
+            batching_max_bytes=batching_max_bytes,
+            batching_max_delay_ms=batching_max_delay_ms,
+            compression=compression,
+            send_timeout=send_timeout,
+            routing_mode=routing_mode,
+            message_router=message_router,
+            submit=lambda engine, batch: engine.submit(batch),
+            start_timer=producer._start_timer,
         )
-        return Producer(engine, core, batching_max_delay_ms / 1000, max_pending_messages)
+        producer._handle.on_space = producer._space_freed
+        return producer
 
     async def subscribe(
         self,
-        topic: str,
+        topic: str | list[str] | re.Pattern[str],
         subscription: str,
         *,
         subscription_type: str = "exclusive",
@@ -90,38 +122,92 @@ class Client:
         consumer_name: str = "",
         priority: int = 0,
         receiver_queue_size: int = 10_000,
+        ack_timeout: float = 0.0,
+        negative_ack_redelivery_delay: float = 1.0,
+        dead_letter_policy: DeadLetterPolicy | None = None,
+        pattern_auto_discovery_period: float = 60.0,
     ) -> Consumer:
-        options = SubscribeOptions(
+        consumer = Consumer()
+        consumer._handle = await open_consumer(
+            self.engine,
             topic,
             subscription,
-            subscription_type,
-            initial_position,
-            consumer_name,
-            priority,
+            codecs=self.codecs,
+            lock=_NOLOCK,
+            notify=consumer._notify,
+            subscription_type=subscription_type,
+            initial_position=initial_position,
+            consumer_name=consumer_name,
+            priority=priority,
             receiver_queue_size=receiver_queue_size,
+            ack_timeout=ack_timeout,
+            negative_ack_redelivery_delay=negative_ack_redelivery_delay,
+            dead_letter_policy=dead_letter_policy,
+            pattern_auto_discovery_period=pattern_auto_discovery_period,
+            producer_factory=self.create_producer,
         )
-        consumer = Consumer(self, options)
-        await consumer._start()
         return consumer
+
+    async def create_reader(
+        self,
+        topic: str,
+        start: str | MessageId = "earliest",
+        *,
+        start_message_id_inclusive: bool = False,
+        receiver_queue_size: int = 10_000,
+    ) -> Reader:
+        initial, offset = reader_start(start, start_message_id_inclusive)
+        reader = Reader()
+        reader._handle = await open_consumer(
+            self.engine,
+            topic,
+            reader_subscription(),
+            codecs=self.codecs,
+            lock=_NOLOCK,
+            notify=reader._notify,
+            initial_position=initial,
+            receiver_queue_size=receiver_queue_size,
+            durable=False,
+            start_offset=offset,
+        )
+        return reader
+
+
+def reader_start(start: str | MessageId, inclusive: bool) -> tuple[str, int]:
+    if isinstance(start, MessageId):
+        if start.offset < 0:
+            raise InvalidArgument("a reader start MessageId must carry its offset")
+        return "earliest", start.offset + (0 if inclusive else 1)
+    if start not in ("earliest", "latest"):
+        raise InvalidArgument(f"start must be 'earliest', 'latest' or a MessageId, got {start!r}")
+    return start, -1
 
 
 class Producer:
-    def __init__(self, engine: ProducerEngine, core: ProducerCore, max_delay: float, max_pending: int):
-        self._engine = engine
-        self._core = core
-        self._max_delay = max_delay
+    """Sends messages to a topic (all partitions of a partitioned topic)."""
+
+    _handle: ProducerHandle
+
+    def __init__(self, max_pending: int) -> None:
         self._max_pending = max_pending
-        self._outstanding = 0
         self._space = trio.Event()
-        self._timer_generation = -1
 
     @property
     def topic(self) -> str:
-        return self._engine.topic
+        return self._handle.topic
 
     @property
     def producer_name(self) -> str:
-        return self._engine.producer_name
+        return self._handle.producer_name
+
+    def _start_timer(self, index: int, generation: int) -> None:
+        h = self._handle
+        h.client.nursery.start_soon(
+            h.timer, h.logic.max_delay, index, generation, lambda engine, batch: engine.submit(batch)
+        )
+
+    def _space_freed(self) -> None:
+        self._space.set()
 
     async def __aenter__(self) -> Producer:
         return self
@@ -136,6 +222,8 @@ class Producer:
         key: str | bytes | None = None,
         properties: Mapping[str, str] | None = None,
         event_time: int = 0,
+        deliver_at: int | None = None,
+        deliver_after: float | None = None,
     ) -> MessageId:
         """Send and wait for the broker's receipt."""
         done = trio.Event()
@@ -145,7 +233,15 @@ class Producer:
             box.append((mid, err))
             done.set()
 
-        await self.send_async(value, key=key, properties=properties, event_time=event_time, callback=complete)
+        await self.send_async(
+            value,
+            key=key,
+            properties=properties,
+            event_time=event_time,
+            deliver_at=deliver_at,
+            deliver_after=deliver_after,
+            callback=complete,
+        )
         await done.wait()
         mid, err = box[0]
         if err is not None:
@@ -159,198 +255,129 @@ class Producer:
         key: str | bytes | None = None,
         properties: Mapping[str, str] | None = None,
         event_time: int = 0,
-        callback: Any = None,
+        deliver_at: int | None = None,
+        deliver_after: float | None = None,
+        callback: Callable[[MessageId | None, BaseException | None], None] | None = None,
     ) -> None:
         """Queue a message; ``callback(message_id, error)`` runs on its receipt."""
-        if self._engine.closed:
+        h = self._handle
+        if h.closed:
             raise AlreadyClosed("producer is closed")
-        while self._outstanding >= self._max_pending:
+        while h.outstanding >= self._max_pending:
             self._space = trio.Event()
             await self._space.wait()
-        full = self._core.add(value, key, properties, event_time, callback)
-        self._outstanding += 1
-        if full:
-            self._seal()
-        elif len(self._core) == 1:
-            generation = self._core.generation
-            if self._max_delay <= 0:
-                self._seal()
-            else:
-                self._engine.engine.nursery.start_soon(self._timer, generation)
-
-    async def _timer(self, generation: int) -> None:
-        await trio.sleep(self._max_delay)
-        if self._core.generation == generation and len(self._core):
-            self._seal()
-
-    def _seal(self) -> None:
-        batch = self._core.seal(self._callback_for)
-        if batch is not None:
-            self._engine.submit(batch)
-
-    def _callback_for(self, completions: list[Any], state: Any) -> Any:
-        partition = self._core.partition
-
-        def on_done(result: Any, error: BaseException | None) -> None:
-            resolve_completions(completions, state, result, error, partition)
-            self._outstanding -= len(completions)
-            self._space.set()
-
-        return on_done
+        h.logic.add(value, key, properties, event_time, deliver_time(deliver_at, deliver_after), callback)
+        h.outstanding += 1
 
     async def flush(self) -> None:
-        self._seal()
-        await self._engine.flush()
+        self._handle.logic.seal_all()
+        await self._handle.flush()
 
     async def close(self) -> None:
-        if self._engine.closed:
+        h = self._handle
+        if h.closed:
             return
-        self._seal()
-        await self._engine.close()
+        h.logic.seal_all()
+        h.closed = True
+        await h.close()
 
 
-class Consumer:
-    def __init__(self, client: Client, options: SubscribeOptions) -> None:
-        self._client = client
-        self._options = options
-        self._core: ConsumerCore | None = None
+class _Receiving:
+    _handle: ConsumerHandle
+
+    def __init__(self) -> None:
         self._arrived = trio.Event()
-        self._engine = ConsumerEngine(client.engine, options, self._sink, on_reconnect=self._on_reconnect)
-        self._closed = False
 
-    async def _start(self) -> None:
-        self._core = ConsumerCore(
-            topic=self._options.topic,
-            partition=self._engine.partition,
-            codecs=self._client.codecs,
-            receiver_queue_size=self._options.receiver_queue_size,
-        )
-        await self._engine.start()
-        self._core.topic = self._engine.topic
-        self._client.engine.nursery.start_soon(self._ack_flusher)
-
-    def _sink(self, entries: list[Any]) -> None:
-        assert self._core is not None
-        self._core.push(entries)
+    def _notify(self) -> None:
         self._arrived.set()
 
-    def _on_reconnect(self) -> None:
-        assert self._core is not None
-        self._core.reset()
+    async def batch_receive(self, max_messages: int = 1000, timeout: float | None = None) -> list[Message]:
+        h = self._handle
+        deadline = trio.current_time() + (timeout if timeout is not None else math.inf)
+        while True:
+            if h.closed:
+                raise AlreadyClosed("consumer is closed")
+            msgs = h.take_messages(max_messages, trio.current_time())
+            if msgs:
+                break
+            if trio.current_time() >= deadline:
+                raise Timeout(f"no message within {timeout}s")
+            self._arrived = trio.Event()
+            with trio.move_on_at(deadline):
+                await self._arrived.wait()
+        h.record_received(msgs)
+        for engine, permits in h.grants(msgs):
+            engine.flow(permits)
+        return msgs
 
-    async def __aenter__(self) -> Consumer:
-        return self
+    async def receive(self, timeout: float | None = None) -> Message:
+        """The next message; raises Timeout after ``timeout`` seconds."""
+        return (await self.batch_receive(1, timeout))[0]
+
+    async def seek(
+        self, target: MessageId | None = None, *, offset: int | None = None, timestamp: int | None = None
+    ) -> None:
+        """Move the subscription to a MessageId, a partition offset or a publish time (ms)."""
+        await self._handle.seek(target, offset, timestamp)
+
+    async def close(self) -> None:
+        h = self._handle
+        if h.closed:
+            return
+        await h.close()
+        self._arrived.set()
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+
+class Consumer(_Receiving):
+    """Receives the messages of one subscription (on one or more topics)."""
+
+    async def __aenter__(self) -> Consumer:
+        return self
+
     @property
     def topic(self) -> str:
-        return self._engine.topic
+        return self._handle.engines[0].topic if self._handle.engines else ""
 
-    async def receive(self, timeout: float | None = None) -> Message:
-        msgs = await self.batch_receive(max_messages=1, timeout=timeout)
-        return msgs[0]
-
-    async def batch_receive(self, max_messages: int = 1000, timeout: float | None = None) -> list[Message]:
-        core = self._core
-        assert core is not None
-        deadline = trio.current_time() + (timeout if timeout is not None else math.inf)
-        while not core.messages:
-            if self._closed:
-                raise AlreadyClosed("consumer is closed")
-            if core.expand_next():
-                break
-            self._arrived = trio.Event()
-            with trio.move_on_at(deadline):
-                await self._arrived.wait()
-            if trio.current_time() >= deadline and not core.entries:
-                raise Timeout(f"no message within {timeout}s")
-        out = core.take(max_messages)
-        permits = core.count_consumed(len(out))
-        if permits:
-            self._engine.flow(permits)
-        return out
+    @property
+    def subscription(self) -> str:
+        return self._handle.subscription
 
     async def acknowledge(self, message: Message | MessageId) -> None:
-        assert self._core is not None
-        if self._core.add_ack(message_id_of(message)):
-            self._flush_acks()
+        if self._handle.acknowledge(message_id_of(message)):
+            self._handle.flush_acks_nowait()
 
     async def acknowledge_cumulative(self, message: Message | MessageId) -> None:
-        assert self._core is not None
-        if self._options.subscription_type in ("shared", "key_shared"):
-            from pigeon.core.errors import NotSupported
+        self._handle.acknowledge_cumulative(message_id_of(message))
 
-            raise NotSupported(
-                f"cumulative acknowledgement is not allowed on a {self._options.subscription_type} subscription"
-            )
-        self._core.add_cumulative_ack(message_id_of(message))
+    async def negative_acknowledge(self, message: Message) -> None:
+        """Ask for this message again after ``negative_ack_redelivery_delay``."""
+        self._handle.logic.negative_acknowledge(message, trio.current_time())
 
-    def _flush_acks(self) -> None:
-        assert self._core is not None
-        acks, cumulative = self._core.take_acks()
-        if acks:
-            self._engine.ack_nowait(acks, False)
-        if cumulative is not None:
-            self._engine.ack_nowait([cumulative], True)
-
-    async def _ack_flusher(self) -> None:
-        while not self._closed:
-            await trio.sleep(_ACK_GROUP_TIME)
-            self._flush_acks()
+    async def reconsume_later(self, message: Message, delay: float) -> None:
+        """Republish to the retry topic (delivered after ``delay`` s) and acknowledge."""
+        await self._handle.reconsume_later(message, delay)
 
     async def redeliver_unacknowledged_messages(self) -> None:
-        await self._engine.redeliver_unacknowledged()
-
-    async def seek(self, target: MessageId | int | None = None, *, offset: int | None = None, timestamp: int | None = None) -> None:
-        await self._engine.seek(**_seek_fields(target, offset, timestamp))
-        assert self._core is not None
-        self._core.reset()
-        self._core.messages.clear()
+        for engine in self._handle.engines:
+            await engine.redeliver_unacknowledged()
 
     async def unsubscribe(self) -> None:
-        self._closed = True
-        await self._engine.unsubscribe()
-
-    async def close(self) -> None:
-        if self._closed and self._engine.closed:
-            return
-        assert self._core is not None
-        acks, cumulative = self._core.take_acks()
-        try:
-            if acks:
-                await self._engine.ack(acks, False)
-            if cumulative is not None:
-                await self._engine.ack([cumulative], True)
-        finally:
-            self._closed = True
-            self._arrived.set()
-            await self._engine.close()
+        await self._handle.unsubscribe()
 
 
-def _seek_fields(target: Any, offset: int | None, timestamp: int | None) -> dict[str, Any]:
-    chosen = [x for x in (target, offset, timestamp) if x is not None]
-    if len(chosen) != 1:
-        from pigeon.core.errors import InvalidArgument
+class Reader(_Receiving):
+    """Reads a topic from a position without a durable subscription."""
 
-        raise InvalidArgument("seek takes exactly one of a MessageId, offset= or timestamp=")
-    if isinstance(target, MessageId):
-        return {
-            "position": {
-                "segmentId": target.segment_id,
-                "entryId": target.entry_id,
-                "batchIndex": target.batch_index,
-                "offset": target.offset,
-            }
-        }
-    if offset is not None:
-        return {"offset": int(offset)}
-    if timestamp is not None:
-        return {"timestamp": int(timestamp)}
-    from pigeon.core.errors import InvalidArgument
+    async def __aenter__(self) -> Reader:
+        return self
 
-    raise InvalidArgument(f"cannot seek to {target!r}")
+    async def read_next(self, timeout: float | None = None) -> Message:
+        msg = await self.receive(timeout)
+        self._handle.acknowledge_cumulative(msg.message_id)
+        return msg
 
-
-_ = TracebackType
+    async def has_message_available(self) -> bool:
+        return await self._handle.has_message_available()

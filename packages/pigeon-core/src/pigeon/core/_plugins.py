@@ -93,11 +93,15 @@ class PluginManager:
         self.pm.hook.pigeon_codecs(registry=self.codecs)
 
     def plugin_names(self) -> list[str]:
-        return sorted(n for n, _ in self.pm.list_name_plugin() if n)
+        """Names of the loaded plugins (blocked ones are listed with a None plugin)."""
+        return sorted(n for n, p in self.pm.list_name_plugin() if n and p is not None)
 
     def register(self, plugin: object, name: str | None = None) -> None:
         """Register a plugin object after start (tests, embedding applications)."""
-        self.pm.register(plugin, name=name)
+        try:
+            self.pm.register(plugin, name=name)
+        except ValueError as exc:  # pluggy: this object or this name is registered already
+            raise PluginError(f"cannot register plugin {name or plugin!r}: {exc}") from None
         for hook, reg in (
             ("pigeon_metadata_stores", self.metadata_stores),
             ("pigeon_replication_policies", self.replication_policies),

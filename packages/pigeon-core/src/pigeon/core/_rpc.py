@@ -117,6 +117,7 @@ class Connection:
         self._close_reason: BaseException | None = None
         self.closed_event = trio.Event()
         self._writer_done = trio.Event()
+        self._reader_scope = trio.CancelScope()
         self.bytes_in = 0
         self.bytes_out = 0
 
@@ -133,7 +134,8 @@ class Connection:
                 self.nursery = nursery
                 nursery.start_soon(self._writer)
                 task_status.started()
-                await self._reader()
+                with self._reader_scope:
+                    await self._reader()
                 # The reader ended: flush what is queued (bounded), then stop the writer.
                 self._closed = True
                 self._out_ready.set()
@@ -275,6 +277,10 @@ class Connection:
             await self._write_loop()
         finally:
             self._writer_done.set()
+            if self._closed:
+                # close() was called and the queue is flushed (or the stream broke): stop
+                # reading too, so that the stream ends instead of waiting for the peer.
+                self._reader_scope.cancel()
 
     async def _write_loop(self) -> None:
         out = self._out
@@ -352,11 +358,21 @@ class Connection:
             raise CorruptFrame(f"undecodable frame: {exc}") from None
         try:
             try:
-                kind = msg.which()
                 request_id = msg.requestId
             except Exception as exc:
-                raise UnknownMessageType(f"unknown message type: {exc}") from None
+                raise CorruptFrame(f"undecodable frame: {exc}") from None
             pending = self._pending.pop(request_id, None) if request_id else None
+            try:
+                kind = msg.which()
+            except Exception:
+                # A union member this schema does not know (a newer peer): refuse this one
+                # frame and keep the connection.
+                unknown = UnknownMessageType("message type unknown to this node")
+                if pending is not None:
+                    pending.callback(None, unknown)
+                else:
+                    self.respond_error(request_id, unknown)
+                return
             if pending is not None:
                 self._resolve(pending, kind, msg, payload)
             else:
@@ -398,9 +414,9 @@ class Connection:
         try:
             method(self, Request(request_id, kind, body, payload))
         except PigeonError as exc:
+            # Also a ProtocolError raised by a handler (e.g. a corrupt batch): it answers
+            # the request; a handler that wants the connection gone calls conn.close().
             self.respond_error(request_id, exc)
-        except ProtocolError:
-            raise
         except Exception as exc:
             log.exception("handler failed conn=%s kind=%s", self.name, kind)
             self.respond_error(request_id, PigeonError(f"internal error handling {kind}: {exc}"))
@@ -475,7 +491,12 @@ class _HandshakeHandler:
         return getattr(self.service, name)
 
     def _refuse(self, conn: Connection, req: Request) -> None:
-        raise ProtocolError(f"first frame must be 'connect', got {req.kind!r}")
+        exc = ProtocolError(f"first frame must be 'connect', got {req.kind!r}")
+        if req.request_id:
+            conn.respond_error(req.request_id, exc)
+        else:
+            conn.send_nowait("error", {"code": exc.wire_code, "message": exc.message})
+        conn.close(exc)
 
     def on_connect(self, conn: Connection, req: Request) -> None:
         version = req.body.protocolVersion

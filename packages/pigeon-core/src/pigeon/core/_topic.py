@@ -9,7 +9,7 @@ from pigeon.core.errors import InvalidTopicName
 
 __all__ = ["TopicName"]
 
-_PART = re.compile(r"^[A-Za-z0-9_.\-=:]+$")
+_PART = re.compile(r"[A-Za-z0-9_.\-=:]+")
 _PARTITION = re.compile(r"^(?P<base>.+)-partition-(?P<n>\d+)$")
 DEFAULT_TENANT = "public"
 DEFAULT_NAMESPACE = "default"
@@ -60,7 +60,7 @@ class TopicName:
                     f"invalid topic name {name!r}: use 'topic' or 'tenant/namespace/topic'"
                 )
         for part in parts:
-            if not _PART.match(part) or len(part) > 255:
+            if not _PART.fullmatch(part) or len(part) > 255:
                 raise InvalidTopicName(
                     f"invalid topic name {name!r}: {part!r} may only hold letters, digits "
                     "and _ . - = :"

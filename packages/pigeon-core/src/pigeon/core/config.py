@@ -50,7 +50,7 @@ def _convert(key: str, value: Any, tp: Any, source: str) -> Any:
             return False
         raise ConfigError(f"bad value for {key!r} (from {source}): expected a boolean, got {value!r}")
     if tp is int:
-        if isinstance(value, bool):
+        if isinstance(value, bool | float):  # int(2.5) would silently truncate
             raise ConfigError(f"bad value for {key!r} (from {source}): expected an integer, got {value!r}")
         try:
             return int(value)
@@ -59,6 +59,8 @@ def _convert(key: str, value: Any, tp: Any, source: str) -> Any:
                 f"bad value for {key!r} (from {source}): expected an integer, got {value!r}"
             ) from None
     if tp is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"bad value for {key!r} (from {source}): expected a number, got {value!r}")
         try:
             return float(value)
         except (TypeError, ValueError):

@@ -51,6 +51,7 @@ __all__ = [
     "SubscriptionBusy",
     "SubscriptionNotFound",
     "Timeout",
+    "TopicExists",
     "TopicNotFound",
     "UnknownCodec",
     "UnknownMessageType",
@@ -209,6 +210,10 @@ class TopicNotFound(PigeonError):
 
 class SubscriptionNotFound(PigeonError):
     code = 301
+
+
+class TopicExists(PigeonError):
+    code = 305
 
 
 class ProducerBusy(PigeonError):

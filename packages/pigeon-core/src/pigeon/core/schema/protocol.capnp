@@ -193,6 +193,21 @@ struct ClosedByBroker {
   reason @3 :Text;
 }
 
+struct CreateTopic {
+  # Create a topic explicitly; partitions > 0 makes a partitioned topic whose partitions
+  # are the topics `<name>-partition-<i>`. Answer: ok.
+  topic @0 :Text;
+  partitions @1 :UInt32;
+}
+
+struct ListTopics {
+  namespace @0 :Text;           # "tenant/namespace"
+}
+
+struct TopicList {
+  topics @0 :List(Text);        # full names; partitioned topics by their base name
+}
+
 struct BrokerFrame {
   requestId @0 :UInt64;
   union {
@@ -220,6 +235,9 @@ struct BrokerFrame {
     getLastMessageId @22 :GetLastMessageId;
     lastMessageId @23 :LastMessageId;
     closedByBroker @24 :ClosedByBroker;
+    createTopic @25 :CreateTopic;
+    listTopics @26 :ListTopics;
+    topicList @27 :TopicList;
   }
 }
 

@@ -1,0 +1,244 @@
+"""Run ``pigeon standalone`` as a real subprocess for integration tests.
+
+:class:`Standalone` owns one server process: it picks free loopback ports, keeps the data
+directory, and can kill (-9), terminate (SIGTERM) and restart the server on the same data
+directory and ports.  Every wait is bounded in time and fails with the tail of the
+server's log (stderr), so a test never hangs on a dead or stuck server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO
+
+__all__ = ["Standalone", "free_ports", "pigeon_command"]
+
+HOST = "127.0.0.1"
+READY_TIMEOUT = 20.0
+STOP_TIMEOUT = 15.0
+_POLL = 0.05
+
+
+def pigeon_command() -> list[str]:
+    """The ``pigeon`` command of the running interpreter's environment."""
+    script = Path(sys.executable).with_name("pigeon")
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-c", "from pigeon.core._cli import main; main()"]
+
+
+def clean_env() -> dict[str, str]:
+    """The test's environment without ``PIGEON_*`` settings (they would change the config)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIGEON_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct TCP ports that were free on 127.0.0.1 a moment ago."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((HOST, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def port_open(port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((HOST, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+class StandaloneError(AssertionError):
+    """The server did not start or stop as expected (carries its log tail)."""
+
+
+class Standalone:
+    """One ``pigeon standalone`` process with its data directory and ports."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        log_dir: Path | None = None,
+        fsync: str | None = "always",
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.log_dir = Path(log_dir) if log_dir is not None else self.data_dir.parent
+        self.fsync = fsync
+        self.extra_args = tuple(extra_args)
+        self.port = 0
+        self.bookie_port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.runs = 0
+        self.log_path: Path | None = None
+        self._log: IO[bytes] | None = None
+
+    # ------------------------------------------------------------------ info
+
+    @property
+    def url(self) -> str:
+        return f"pigeon://{HOST}:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, "standalone was never started"
+        return self.proc.pid
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_text(self) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return self.log_path.read_text(errors="replace")
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def command(self) -> list[str]:
+        cmd = [
+            *pigeon_command(),
+            "standalone",
+            "--data-dir",
+            str(self.data_dir),
+            "--host",
+            HOST,
+            "--port",
+            str(self.port),
+            "--bookie-port",
+            str(self.bookie_port),
+        ]
+        if self.fsync:
+            cmd += ["--fsync", self.fsync]
+        return cmd + list(self.extra_args)
+
+    def start(self, timeout: float = READY_TIMEOUT) -> Standalone:
+        """Start on fresh free ports (retrying if another process took one meanwhile)."""
+        assert not self.running, "standalone is already running"
+        for attempt in range(3):
+            self.port, self.bookie_port = free_ports(2)
+            try:
+                self._launch(timeout)
+                return self
+            except StandaloneError:
+                if attempt == 2 or "Address already in use" not in self.log_text():
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def restart(self, timeout: float = READY_TIMEOUT) -> Standalone:
+        """Start again on the same data directory and ports (after kill9/terminate)."""
+        assert self.port, "restart() needs a previous start()"
+        if self.running:
+            self.terminate()
+        self._launch(timeout)
+        return self
+
+    def _launch(self, timeout: float) -> None:
+        self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._close_log()
+        self.log_path = self.log_dir / f"standalone-{self.runs}.log"
+        self.runs += 1
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in _close_log
+        self.proc = subprocess.Popen(
+            self.command(),
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=clean_env(),
+            cwd=str(self.log_dir),
+            start_new_session=True,  # a Ctrl-C of the test run is not delivered to it
+        )
+        self.wait_ready(timeout)
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
+        """Poll a TCP connect to the broker port until it succeeds (bounded)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            assert self.proc is not None
+            code = self.proc.poll()
+            if code is not None:
+                self._reap()
+                raise StandaloneError(
+                    f"pigeon standalone exited with {code} before it was ready; log:\n"
+                    + self.log_tail()
+                )
+            if port_open(self.port):
+                return
+            if time.monotonic() >= deadline:
+                self.kill9()
+                raise StandaloneError(
+                    f"pigeon standalone not ready on port {self.port} after {timeout}s; log:\n"
+                    + self.log_tail()
+                )
+            time.sleep(_POLL)
+
+    def kill9(self) -> None:
+        """SIGKILL the server (by PID) and reap it."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGKILL)
+        try:
+            self.proc.wait(timeout=STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            raise StandaloneError(f"pid {self.proc.pid} survived SIGKILL") from None
+        self._close_log()
+
+    def terminate(self, timeout: float = STOP_TIMEOUT) -> int:
+        """SIGTERM the server (by PID) and wait for it; returns the exit code.
+
+        Raises if it does not exit within ``timeout`` (it is then killed).
+        """
+        assert self.proc is not None, "standalone was never started"
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill9()
+            raise StandaloneError(
+                f"pigeon standalone did not exit within {timeout}s of SIGTERM; log:\n"
+                + self.log_tail()
+            ) from None
+        self._close_log()
+        return code
+
+    def close(self) -> None:
+        """Make sure the process is gone (fixture teardown)."""
+        try:
+            self.kill9()
+        finally:
+            self._close_log()
+
+    def _reap(self) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=STOP_TIMEOUT)
+        self._close_log()
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None

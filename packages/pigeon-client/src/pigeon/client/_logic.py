@@ -1,0 +1,205 @@
+"""Producer and consumer behaviour shared by every face, as plain synchronous classes.
+
+The faces supply the two things that differ — how a sealed batch reaches the engine and
+how a timer is started (directly in trio; via ``run_sync_soon`` from the sync face's
+threads) — and their own locking and waiting.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pigeon.client._core import ConsumerCore, ProducerCore, Router
+from pigeon.client._message import Message
+from pigeon.core.errors import InvalidArgument
+
+__all__ = ["ConsumerLogic", "DeadLetterPolicy", "ProducerLogic"]
+
+ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
+REAL_TOPIC = "REAL_TOPIC"
+RECONSUME_TIMES = "RECONSUMETIMES"
+DELAY_TIME = "DELAY_TIME"
+
+
+@dataclass(frozen=True)
+class DeadLetterPolicy:
+    """Where messages go that failed too often.
+
+    A message redelivered more than ``max_redeliver_count`` times (or reconsumed later
+    that often) is published to ``dead_letter_topic`` (default ``<topic>-<sub>-DLQ``) and
+    acknowledged instead of being handed to the application again.  With
+    ``retry_letter_topic`` (default ``<topic>-<sub>-RETRY`` when ``enable_retry`` is set)
+    ``consumer.reconsume_later(msg, delay)`` republishes a message there with a delay; the
+    consumer subscribes to the retry topic too.
+    """
+
+    max_redeliver_count: int
+    dead_letter_topic: str | None = None
+    retry_letter_topic: str | None = None
+    enable_retry: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_redeliver_count < 1:
+            raise InvalidArgument("max_redeliver_count must be at least 1")
+
+
+class ProducerLogic:
+    """Routing and batching over one accumulator per partition."""
+
+    def __init__(
+        self,
+        engines: list[Any],
+        cores: list[ProducerCore],
+        router: Router,
+        *,
+        max_delay: float,
+        submit: Callable[[Any, Any], None],
+        start_timer: Callable[[int, int], None],
+    ) -> None:
+        self.engines = engines
+        self.cores = cores
+        self.router = router
+        self.max_delay = max_delay
+        self.submit = submit
+        self.start_timer = start_timer
+
+    def add(
+        self,
+        value: bytes,
+        key: str | bytes | None,
+        properties: Mapping[str, str] | None,
+        event_time: int,
+        deliver_at: int,
+        completion: Any,
+        make_completion: Callable[[ProducerCore], Any] | None = None,
+    ) -> Any:
+        """Add one message; returns its completion (made by ``make_completion`` if given)."""
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            raise InvalidArgument(f"message value must be bytes, not {type(value).__name__}")
+        index = self.router.choose(key)
+        core = self.cores[index]
+        if deliver_at:
+            # A delayed message travels in a batch of its own (the delay is per batch).
+            self.seal(index)
+        if make_completion is not None:
+            completion = make_completion(core)
+        full = core.add(bytes(value), key, properties, event_time, completion)
+        if deliver_at:
+            self.seal(index, deliver_at=deliver_at)
+        elif full or self.max_delay <= 0:
+            self.seal(index)
+        elif len(core) == 1:
+            self.start_timer(index, core.generation)
+        return completion
+
+    def seal(self, index: int, *, deliver_at: int = 0) -> None:
+        batch = self.cores[index].seal(self._callback_factory(index), deliver_at=deliver_at)
+        if batch is not None:
+            self.router.batch_sealed(index)
+            self.submit(self.engines[index], batch)
+
+    def seal_all(self) -> None:
+        for i in range(len(self.cores)):
+            self.seal(i)
+
+    def timer_fired(self, index: int, generation: int) -> None:
+        if self.cores[index].generation == generation:
+            self.seal(index)
+
+    # set by the face: (completions, state, partition) -> batch callback
+    callback_for: Callable[[list[Any], Any, int], Any]
+
+    def _callback_factory(self, index: int) -> Callable[[list[Any], Any], Any]:
+        partition = self.cores[index].partition
+        return lambda completions, state: self.callback_for(completions, state, partition)
+
+
+class ConsumerLogic:
+    """Received entries to messages, with dead-lettering, nacks and ack timeouts."""
+
+    def __init__(
+        self,
+        core: ConsumerCore,
+        *,
+        subscription: str,
+        dead_letter: DeadLetterPolicy | None = None,
+        ack_timeout: float = 0.0,
+        negative_ack_delay: float = 1.0,
+    ) -> None:
+        self.core = core
+        self.subscription = subscription
+        self.dead_letter = dead_letter
+        self.ack_timeout = ack_timeout
+        self.negative_ack_delay = negative_ack_delay
+        self.dead: list[Message] = []
+        self.nacked: list[tuple[float, Message]] = []
+        self.unacked: dict[tuple[int, int, int], tuple[float, Message]] = {}
+
+    def next_messages(self, max_messages: int, now: float) -> list[Message]:
+        """Messages for the application (may be empty if all were dead-lettered)."""
+        msgs = self.core.take(max_messages)
+        if self.dead_letter is not None:
+            limit = self.dead_letter.max_redeliver_count
+            keep = []
+            for m in msgs:
+                times = m.redelivery_count
+                if RECONSUME_TIMES in m.properties:
+                    times = max(times, int(m.properties[RECONSUME_TIMES]))
+                if times > limit:
+                    self.dead.append(m)
+                else:
+                    keep.append(m)
+            msgs = keep
+        if self.ack_timeout > 0:
+            deadline = now + self.ack_timeout
+            for m in msgs:
+                mid = m.message_id
+                self.unacked[(mid.segment_id, mid.entry_id, mid.batch_index)] = (deadline, m)
+        return msgs
+
+    def acked(self, segment_id: int, entry_id: int, batch_index: int) -> None:
+        if self.unacked:
+            self.unacked.pop((segment_id, entry_id, batch_index), None)
+
+    def negative_acknowledge(self, message: Message, now: float) -> None:
+        mid = message.message_id
+        self.unacked.pop((mid.segment_id, mid.entry_id, mid.batch_index), None)
+        self.nacked.append((now + self.negative_ack_delay, message))
+
+    def due_redeliveries(self, now: float) -> list[Message]:
+        """Messages whose nack delay or ack timeout has passed (to be redelivered)."""
+        due: list[Message] = []
+        if self.nacked:
+            due.extend(m for at, m in self.nacked if at <= now)
+            self.nacked = [(at, m) for at, m in self.nacked if at > now]
+        if self.unacked:
+            expired = [k for k, (deadline, _m) in self.unacked.items() if deadline <= now]
+            for k in expired:
+                due.append(self.unacked.pop(k)[1])
+        return due
+
+    def next_wakeup(self) -> float | None:
+        times = [at for at, _m in self.nacked] + [d for d, _m in self.unacked.values()]
+        return min(times) if times else None
+
+    def dead_letter_topic(self, topic: str) -> str:
+        assert self.dead_letter is not None
+        return self.dead_letter.dead_letter_topic or f"{topic}-{self.subscription}-DLQ"
+
+    def retry_topic(self, topic: str) -> str:
+        assert self.dead_letter is not None
+        return self.dead_letter.retry_letter_topic or f"{topic}-{self.subscription}-RETRY"
+
+
+def dead_letter_properties(m: Message) -> dict[str, str]:
+    props = dict(m.properties)
+    props.setdefault(ORIGIN_MESSAGE_ID, str(m.message_id))
+    props.setdefault(REAL_TOPIC, m.topic)
+    return props
+
+
+def wall_ms() -> int:
+    return int(time.time() * 1000)
