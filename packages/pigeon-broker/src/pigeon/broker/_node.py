@@ -14,6 +14,7 @@ from pigeon.broker._config import BrokerConfig
 from pigeon.broker._service import BrokerService
 from pigeon.core import PluginManager
 from pigeon.core._bookie_client import BookieClient
+from pigeon.core._codecs import CodecSet
 from pigeon.core.errors import ConfigError
 
 __all__ = ["BookieDirectory", "run_broker", "run_standalone"]
@@ -83,7 +84,13 @@ async def run_broker(
             write_quorum=config.write_quorum,
             ack_quorum=config.ack_quorum,
         )
-        service = BrokerService(config, store=store, policy=policy, bookies=directory)
+        service = BrokerService(
+            config,
+            store=store,
+            policy=policy,
+            bookies=directory,
+            codecs=CodecSet.from_registry(plugins.codecs),
+        )
         await nursery.start(service.run)
         task_status.started(service)
 

@@ -20,14 +20,18 @@ import trio
 from pigeon.broker._config import BrokerConfig
 from pigeon.broker._cursor import CursorState
 from pigeon.broker._ledger import LedgerConfig, ManagedLedger
+from pigeon.broker._nonpersistent import NonPersistentSubscription, NonPersistentTopic
 from pigeon.broker._subscription import Consumer, Subscription, WallClock
 from pigeon.core import TopicName
 from pigeon.core._batch import read_header
+from pigeon.core._codecs import GZIP, NONE, CodecSet
+from pigeon.core._entry import ENTRY_HEADER_SIZE
 from pigeon.core._rpc import Connection, Request, serve_tcp
 from pigeon.core._schema import BrokerFrame
 from pigeon.core.errors import (
     InvalidArgument,
     MessageTooLarge,
+    NoSuchNode,
     NotSupported,
     PigeonError,
     ProducerBusy,
@@ -42,6 +46,8 @@ __all__ = ["BrokerService"]
 log = logging.getLogger(__name__)
 
 PARTITIONED_PATH = "/pigeon/partitioned-topics"
+DEDUP_SNAPSHOT_ENTRIES = 100
+DEDUP_SNAPSHOT_SECONDS = 1.0
 MAX_PARTITIONS = 4096
 
 _SUB_TYPES = {"exclusive": "exclusive", "shared": "shared", "failover": "failover", "keyShared": "keyShared"}
@@ -65,8 +71,79 @@ class Topic:
         self.service = service
         self.producers: dict[str, Producer] = {}
         self.subscriptions: dict[str, Subscription] = {}
+        # De-duplication: the highest sequence id accepted per producer name (in flight
+        # included) and the highest one confirmed stored, snapshotted to the metadata
+        # store and, after a crash, completed by replaying the entries after the snapshot.
         self.last_sequence: dict[str, int] = {}
-        self._seq_counter = itertools.count()
+        self.confirmed_sequence: dict[str, int] = {}
+        self.dedup_path = f"/pigeon/dedup/{name.path}"
+        self._dedup_position: tuple[int, int] = (-1, -1)  # (segment id, entry id) covered
+        self._dedup_unsaved = 0
+        self._dedup_saving = False
+        self._dedup_saved_at = 0.0
+
+    persistent = True
+
+    def append(self, payload: bytes | memoryview, n: int, callback: Any, *, deliver_at: int = 0) -> None:
+        self.ledger.append_nowait(payload, n, callback, deliver_at=deliver_at)
+
+    async def recover_dedup(self) -> None:
+        stat = await self.service.store.get(self.dedup_path)
+        start = self.ledger.start_position()
+        if stat is not None:
+            doc = json.loads(stat.value)
+            self.confirmed_sequence = {k: int(v) for k, v in doc.get("producers", {}).items()}
+            seg_id, entry_id = doc.get("position", [-1, -1])
+            index = self.ledger.index_of_segment(seg_id)
+            if index is not None:
+                start = (index, entry_id + 1)
+        pos: tuple[int, int] | None = start
+        replayed = 0
+        while pos is not None:
+            entries = await self.ledger.read(pos, max_entries=256)
+            if not entries:
+                break
+            for entry in entries:
+                header = read_header(memoryview(entry.data)[ENTRY_HEADER_SIZE:])
+                last = header.sequence_id + header.num_messages - 1
+                if last > self.confirmed_sequence.get(header.producer_name, -1):
+                    self.confirmed_sequence[header.producer_name] = last
+                self._dedup_position = (entry.segment_id, entry.entry_id)
+            replayed += len(entries)
+            pos = self.ledger.next_position(entries[-1].position)
+        self.last_sequence = dict(self.confirmed_sequence)
+        if replayed:
+            log.info("dedup state recovered topic=%s replayed_entries=%s", self.name, replayed)
+            await self.snapshot_dedup()
+
+    def confirm_sequence(self, producer_name: str, last: int, segment_id: int, entry_id: int) -> None:
+        if last > self.confirmed_sequence.get(producer_name, -1):
+            self.confirmed_sequence[producer_name] = last
+        self._dedup_position = (segment_id, entry_id)
+        self._dedup_unsaved += 1
+        if not self._dedup_saving and (
+            self._dedup_unsaved >= DEDUP_SNAPSHOT_ENTRIES
+            or trio.current_time() - self._dedup_saved_at >= DEDUP_SNAPSHOT_SECONDS
+        ):
+            self._dedup_saving = True
+            self.service.nursery.start_soon(self.snapshot_dedup)
+
+    async def snapshot_dedup(self) -> None:
+        try:
+            self._dedup_unsaved = 0
+            self._dedup_saved_at = trio.current_time()
+            doc = json.dumps(
+                {"producers": self.confirmed_sequence, "position": list(self._dedup_position)}
+            ).encode()
+            store = self.service.store
+            try:
+                await store.set(self.dedup_path, doc)
+            except NoSuchNode:
+                await store.create(self.dedup_path, doc)
+        except PigeonError as exc:
+            log.warning("dedup snapshot failed topic=%s error=%s", self.name, exc)
+        finally:
+            self._dedup_saving = False
 
     async def subscription(
         self, name: str, sub_type: str, initial_position: str, *, durable: bool, start_offset: int
@@ -102,6 +179,7 @@ class Topic:
             store=store,
             persist_interval=self.service.config.cursor_persist_interval_ms / 1000,
             clock=self.service.clock,
+            codecs=self.service.codecs,
         )
         sub.read_position = await self.ledger.position_for_offset(cursor.mark_delete)
         self.subscriptions[name] = sub
@@ -166,8 +244,10 @@ class BrokerService:
         store: Any,
         policy: Any,
         bookies: Any,
+        codecs: Any = None,
     ) -> None:
         self.config = config
+        self.codecs = codecs if codecs is not None else CodecSet([NONE, GZIP])
         self.store = store
         self.policy = policy
         self.bookies = bookies
@@ -209,18 +289,25 @@ class BrokerService:
 
     async def _close_topics(self) -> None:
         for topic in list(self.topics.values()):
+            if not topic.persistent:
+                continue
             for sub in list(topic.subscriptions.values()):
                 with trio.move_on_after(5):
                     await sub.persist()
             with trio.move_on_after(10):
                 await topic.ledger.close()
+            with trio.move_on_after(5):
+                await topic.snapshot_dedup()
 
     # ------------------------------------------------------------------ topics
 
-    async def get_topic(self, name: TopicName, *, create: bool = True) -> Topic:
-        if not name.persistent:
-            raise NotSupported(f"non-persistent topics are not served yet: {name}")
+    async def get_topic(self, name: TopicName, *, create: bool = True) -> Any:
         key = name.full
+        if not name.persistent:
+            np_topic = self.topics.get(key)
+            if np_topic is None:
+                np_topic = self.topics[key] = NonPersistentTopic(name, self.clock)  # type: ignore[assignment]
+            return np_topic
         while True:
             topic = self.topics.get(key)
             if topic is not None:
@@ -252,6 +339,7 @@ class BrokerService:
             )
             await ledger.open()
             topic = Topic(name, ledger, self)
+            await topic.recover_dedup()
             self.topics[key] = topic
             return topic
         finally:
@@ -453,6 +541,7 @@ class BrokerService:
                 )
                 return
             segment_id, entry_id, offset = result
+            topic.confirm_sequence(producer.name, sequence_id + n - 1, segment_id, entry_id)
             conn.respond(
                 request_id,
                 "sendReceipt",
@@ -465,7 +554,7 @@ class BrokerService:
                 },
             )
 
-        topic.ledger.append_nowait(payload, n, done, deliver_at=header.deliver_at)
+        topic.append(payload, n, done, deliver_at=header.deliver_at)
 
     def on_closeProducer(self, conn: Connection, req: Request) -> None:
         producer = self._state(conn).producers.pop(req.body.producerId, None)
@@ -534,6 +623,9 @@ class BrokerService:
     def on_ack(self, conn: Connection, req: Request) -> None:
         b = req.body
         consumer, sub, _ = self._consumer(conn, b.consumerId)
+        if isinstance(sub, NonPersistentSubscription):
+            conn.respond(req.request_id, "ok")
+            return
         ledger = sub.ledger
         positions = []
         for p in b.positions:
@@ -548,6 +640,9 @@ class BrokerService:
     def on_redeliverUnacked(self, conn: Connection, req: Request) -> None:
         b = req.body
         consumer, sub, _ = self._consumer(conn, b.consumerId)
+        if isinstance(sub, NonPersistentSubscription):
+            conn.respond(req.request_id, "ok")
+            return
         positions = []
         for p in b.positions:
             index = sub.ledger.index_of_segment(p.segmentId)
@@ -587,6 +682,8 @@ class BrokerService:
     def on_seek(self, conn: Connection, req: Request) -> None:
         b = req.body
         consumer, sub, _ = self._consumer(conn, b.consumerId)
+        if isinstance(sub, NonPersistentSubscription):
+            raise NotSupported("seek is not supported on non-persistent topics")
         which = b.which()
         if which == "offset":
             coro: Any = sub.seek_offset(b.offset)
@@ -606,7 +703,18 @@ class BrokerService:
         self._spawn(conn, req.request_id, seek)
 
     def on_getLastMessageId(self, conn: Connection, req: Request) -> None:
-        _consumer, sub, _ = self._consumer(conn, req.body.consumerId)
+        _consumer, sub, topic = self._consumer(conn, req.body.consumerId)
+        if isinstance(sub, NonPersistentSubscription):
+            conn.respond(
+                req.request_id,
+                "lastMessageId",
+                {
+                    "position": {"segmentId": -1, "entryId": -1, "batchIndex": -1},
+                    "offset": topic.next_offset - 1,
+                    "markDeleteOffset": topic.next_offset,
+                },
+            )
+            return
         ledger = sub.ledger
         index, entry_id = ledger.last_position
         seg_id = ledger.segments[index].id if index >= 0 else -1

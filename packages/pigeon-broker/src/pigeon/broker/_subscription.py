@@ -16,9 +16,11 @@ away they are queued for redelivery (redelivery count + 1) before anything new i
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import logging
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +28,8 @@ import trio
 
 from pigeon.broker._cursor import CursorState
 from pigeon.broker._ledger import Entry, ManagedLedger, Position
+from pigeon.core._batch import decode_batch
+from pigeon.core._entry import ENTRY_HEADER_SIZE
 from pigeon.core.errors import ConsumerBusy, NotSupported, PigeonError, SubscriptionBusy
 
 if TYPE_CHECKING:
@@ -36,6 +40,8 @@ __all__ = ["Consumer", "Subscription", "WallClock"]
 log = logging.getLogger(__name__)
 
 _PUSH_MAX_BYTES = 1024 * 1024
+_HASH_RANGE = 65536
+_RING_POINTS = 64
 _READ_MAX_ENTRIES = 64
 
 
@@ -49,6 +55,7 @@ class Consumer:
     pending: set[Position] = field(default_factory=set)
     msgs_out: int = 0
     bytes_out: int = 0
+    join_offset: int | None = None  # key_shared: recently joined, see _deliver_key_shared
 
 
 @dataclass(slots=True)
@@ -70,6 +77,7 @@ class Subscription:
         store: Any = None,
         persist_interval: float = 0.1,
         clock: Any = None,
+        codecs: Any = None,
     ) -> None:
         self.name = name
         self.type = sub_type
@@ -85,6 +93,14 @@ class Subscription:
         self.redeliveries: dict[Position, int] = {}
         self._redeliver: list[Position] = []
         self._delayed: list[tuple[int, Position]] = []  # (deliver_at ms, position)
+        self.codecs = codecs
+        # key_shared state
+        self._ring: list[tuple[int, int, Consumer]] = []
+        self._ks_pending: dict[Position, dict[Consumer, set[int]]] = {}
+        self._ks_held: set[Position] = set()
+        self._ks_first: dict[Position, int] = {}
+        self._stalled = False
+        self.max_dispatched = -1
         self.clock = clock or WallClock()
         self._rr = 0
         self._wakeup = trio.Event()
@@ -108,13 +124,39 @@ class Subscription:
             self.type = sub_type
         if self.type == "exclusive" and self.consumers:
             raise ConsumerBusy(f"exclusive subscription {self.name!r} already has a consumer")
+        previous = self.active_consumer() if self.type == "failover" else None
+        if self.type == "keyShared" and self.consumers and self.max_dispatched >= self.cursor.mark_delete:
+            # Keys may move to the new consumer: it gets nothing read after this point until
+            # everything dispatched before it is acknowledged (per-key order).
+            consumer.join_offset = self.max_dispatched + 1
         self.consumers.append(consumer)
         self.consumers.sort(key=lambda c: (-c.priority, c.name, c.consumer_id))
+        self._rebuild_ring()
+        if previous is not None and self.active_consumer() is not previous:
+            # The active consumer changed: what the old one holds unacked moves over.
+            self.redeliver_unacked(previous, None)
         self.wake()
 
     def remove_consumer(self, consumer: Consumer) -> None:
+        previous = self.active_consumer() if self.type == "failover" else None
         if consumer in self.consumers:
             self.consumers.remove(consumer)
+            self._rebuild_ring()
+        if self.type == "keyShared":
+            for pos in sorted(consumer.pending):
+                parts = self._ks_pending.get(pos)
+                if parts is not None:
+                    parts.pop(consumer, None)
+                    if not parts:
+                        del self._ks_pending[pos]
+                self.redeliveries[pos] = self.redeliveries.get(pos, 0) + 1
+                heapq.heappush(self._redeliver, pos)
+            consumer.pending.clear()
+            self._release_held()
+            self.wake()
+            return
+        if previous is not None and previous is not consumer and previous is not self.active_consumer():
+            self.redeliver_unacked(previous, None)
         for pos in sorted(consumer.pending):
             p = self.pending.pop(pos, None)
             if p is not None:
@@ -123,12 +165,135 @@ class Subscription:
         consumer.pending.clear()
         self.wake()
 
+    def active_consumer(self) -> Consumer | None:
+        """Exclusive/failover: the one consumer that receives.
+
+        Failover consumers are ordered by (priority desc, name); partition ``i`` of a
+        partitioned topic picks consumer ``i mod n`` of that order, so the partitions
+        spread over the consumers and each partition has exactly one active consumer.
+        """
+        if not self.consumers:
+            return None
+        if self.type == "failover":
+            index = max(self.ledger.topic.partition_index, 0) % len(self.consumers)
+            return self.consumers[index]
+        return self.consumers[0]
+
     def flow(self, consumer: Consumer, permits: int) -> None:
         consumer.permits += permits
         self.wake()
 
     def wake(self) -> None:
+        self._stalled = False
         self._wakeup.set()
+
+    # ------------------------------------------------------------------ key_shared
+
+    def _rebuild_ring(self) -> None:
+        ring = []
+        for c in self.consumers:
+            for i in range(_RING_POINTS):
+                ring.append((zlib.crc32(f"{c.name}:{i}".encode()) % _HASH_RANGE, c.consumer_id, c))
+        ring.sort(key=lambda t: (t[0], t[1]))
+        self._ring = ring
+
+    def _owner(self, h: int) -> Consumer:
+        ring = self._ring
+        i = bisect.bisect_left(ring, h, key=lambda t: t[0])
+        return ring[i % len(ring)][2]
+
+    def _keys_of(self, entry: Entry) -> list[bytes | None]:
+        try:
+            batch = decode_batch(memoryview(entry.data)[ENTRY_HEADER_SIZE:], self.codecs)
+            return batch.keys() if batch.has_keys else [None] * entry.num_messages
+        except PigeonError as exc:
+            log.warning("key_shared cannot read keys sub=%s error=%s", self.name, exc)
+            return [None] * entry.num_messages
+
+    def _release_held(self) -> None:
+        """Recently joined consumers whose wait is over get their held messages."""
+        md = self.cursor.mark_delete
+        released = False
+        for c in self.consumers:
+            if c.join_offset is not None and md >= c.join_offset:
+                c.join_offset = None
+                released = True
+        if released or not any(c.join_offset is not None for c in self.consumers):
+            for pos in sorted(self._ks_held):
+                heapq.heappush(self._redeliver, pos)
+            self._ks_held.clear()
+
+    def _deliver_key_shared(self, entries: list[Entry], now: int) -> bool:
+        delivered = False
+        for k, entry in enumerate(entries):
+            pos = entry.position
+            first, n = entry.first_offset, entry.num_messages
+            if self.cursor.all_acked(first, n):
+                self.redeliveries.pop(pos, None)
+                continue
+            if entry.deliver_at > now:
+                heapq.heappush(self._delayed, (entry.deliver_at, pos))
+                continue
+            if not self._ring:
+                for rest in entries[k:]:
+                    heapq.heappush(self._redeliver, rest.position)
+                self._stalled = True
+                break
+            skip = set(self.cursor.acked_indexes(first, n))
+            for part in self._ks_pending.get(pos, {}).values():
+                skip |= part
+            keys = self._keys_of(entry)
+            groups: dict[Consumer, list[int]] = {}
+            owners: dict[bytes | None, Consumer] = {}
+            for i in range(n):
+                if i in skip:
+                    continue
+                key = keys[i]
+                c = owners.get(key)
+                if c is None:
+                    c = owners[key] = self._owner(zlib.crc32(key or b"") % _HASH_RANGE)
+                groups.setdefault(c, []).append(i)
+            if any(c.permits <= 0 or c.conn.closed for c in groups):
+                # Order per key: wait for the consumer rather than skip ahead.
+                for rest in entries[k:]:
+                    heapq.heappush(self._redeliver, rest.position)
+                self._stalled = True
+                break
+            md = self.cursor.mark_delete
+            for c, idx in groups.items():
+                if c.join_offset is not None and md < c.join_offset and first + idx[-1] >= c.join_offset:
+                    self._ks_held.add(pos)
+                    continue
+                c.permits -= len(idx)
+                c.pending.add(pos)
+                self._ks_pending.setdefault(pos, {})[c] = set(idx)
+                self._ks_first[pos] = first
+                chosen = set(idx)
+                others = [i for i in range(n) if i not in chosen]
+                self._send(c, [(entry, others)])
+                delivered = True
+            self.max_dispatched = max(self.max_dispatched, first + n - 1)
+        return delivered
+
+    def _ks_settle(self, positions: list[Position]) -> None:
+        for pos in positions:
+            parts = self._ks_pending.get(pos)
+            if not parts:
+                continue
+            first = self._ks_first.get(pos)
+            if first is None:
+                continue
+            for c in list(parts):
+                left = {i for i in parts[c] if not self.cursor.is_acked(first + i)}
+                if left:
+                    parts[c] = left
+                else:
+                    del parts[c]
+                    c.pending.discard(pos)
+            if not parts:
+                del self._ks_pending[pos]
+                self._ks_first.pop(pos, None)
+                self.redeliveries.pop(pos, None)
 
     # ------------------------------------------------------------------ acks
 
@@ -151,6 +316,9 @@ class Subscription:
                 if p is not None and self.cursor.all_acked(p.first_offset, p.count):
                     self._settle(pos)
             # entries not pending (e.g. after a reconnect) are filtered when read again
+            if self.type == "keyShared":
+                self._ks_settle([pos for pos, _offset in positions])
+                self._release_held()
         self._dirty = True
         self._persisted = trio.Event() if self._persisted.is_set() else self._persisted
         self.wake()
@@ -196,7 +364,11 @@ class Subscription:
     def _reset_dispatch(self) -> None:
         for c in self.consumers:
             c.pending.clear()
+            c.join_offset = None
         self.pending.clear()
+        self._ks_pending.clear()
+        self._ks_held.clear()
+        self._ks_first.clear()
         self._redeliver.clear()
         self._delayed.clear()
         self.redeliveries.clear()
@@ -247,8 +419,8 @@ class Subscription:
         if not self.consumers:
             return None
         if self.type in ("exclusive", "failover"):
-            c = self.consumers[0]
-            return c if c.permits > 0 and not c.conn.closed else None
+            c = self.active_consumer()
+            return c if c is not None and c.permits > 0 and not c.conn.closed else None
         n = len(self.consumers)
         for i in range(n):
             c = self.consumers[(self._rr + i) % n]
@@ -270,8 +442,10 @@ class Subscription:
                 await trio.lowlevel.checkpoint()
                 continue
             ledger_event = self.ledger.new_entries_event()
-            self._wakeup = trio.Event()
-            if self._has_work():
+            if self._wakeup.is_set():
+                self._wakeup = trio.Event()
+                self._stalled = False
+            if self._has_work() and not self._stalled:
                 continue
             timeout = max(0.0, persist_at - trio.current_time()) if self._dirty else float("inf")
             if self._delayed:
@@ -342,6 +516,8 @@ class Subscription:
         batches: dict[int, tuple[Consumer, list[tuple[Entry, list[int]]]]] = {}
         delivered = False
         now = self.clock.now_ms() if self.type in ("shared", "keyShared") else 0
+        if self.type == "keyShared":
+            return self._deliver_key_shared(entries, now)
         for entry in entries:
             if self.cursor.all_acked(entry.first_offset, entry.num_messages):
                 self.redeliveries.pop(entry.position, None)

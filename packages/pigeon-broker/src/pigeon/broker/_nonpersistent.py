@@ -1,0 +1,181 @@
+"""Non-persistent topics: in-memory fan-out, never on disk.
+
+A batch published to ``non-persistent://tenant/ns/topic`` is pushed at once to every
+subscription's consumer that has permits and whose connection is keeping up; when none
+can take it the batch is dropped for that subscription and counted (as Pulsar does).
+Nothing is stored, acknowledged or redelivered; offsets still count every message, so
+consumers can see gaps where messages were dropped.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import TYPE_CHECKING, Any
+
+from pigeon.core import TopicName
+from pigeon.core._entry import pack_entry_header
+from pigeon.core.errors import ConsumerBusy, NotSupported, PigeonError, SubscriptionBusy
+
+if TYPE_CHECKING:
+    from pigeon.broker._subscription import Consumer, WallClock
+
+__all__ = ["NonPersistentSubscription", "NonPersistentTopic"]
+
+log = logging.getLogger(__name__)
+
+#: A consumer whose connection has more than this many unsent bytes is "not keeping up".
+SLOW_CONSUMER_BYTES = 4 * 1024 * 1024
+
+
+class NonPersistentSubscription:
+    durable = False
+
+    def __init__(self, name: str, sub_type: str, topic: NonPersistentTopic) -> None:
+        self.name = name
+        self.type = sub_type
+        self.topic = topic
+        self.consumers: list[Consumer] = []
+        self._rr = 0
+        self.closed = False
+        self.msgs_out = 0
+        self.bytes_out = 0
+        self.dropped = 0
+
+    def add_consumer(self, consumer: Consumer, sub_type: str) -> None:
+        if sub_type != self.type:
+            if self.consumers:
+                raise SubscriptionBusy(f"subscription {self.name!r} is {self.type}, not {sub_type}")
+            self.type = sub_type
+        if self.type == "exclusive" and self.consumers:
+            raise ConsumerBusy(f"exclusive subscription {self.name!r} already has a consumer")
+        self.consumers.append(consumer)
+        self.consumers.sort(key=lambda c: (-c.priority, c.name, c.consumer_id))
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        if consumer in self.consumers:
+            self.consumers.remove(consumer)
+        if not self.consumers:
+            self.topic.subscriptions.pop(self.name, None)
+
+    def flow(self, consumer: Consumer, permits: int) -> None:
+        consumer.permits += permits
+
+    def _ready(self, c: Consumer) -> bool:
+        return c.permits > 0 and not c.conn.closed and c.conn.outgoing_bytes < SLOW_CONSUMER_BYTES
+
+    def _pick(self) -> Consumer | None:
+        if not self.consumers:
+            return None
+        if self.type in ("exclusive", "failover"):
+            c = self.consumers[0]
+            return c if self._ready(c) else None
+        n = len(self.consumers)
+        for i in range(n):
+            c = self.consumers[(self._rr + i) % n]
+            if self._ready(c):
+                self._rr = (self._rr + i + 1) % n
+                return c
+        return None
+
+    def dispatch(self, data: bytes, n: int, entry_id: int) -> None:
+        consumer = self._pick()
+        if consumer is None:
+            self.dropped += n
+            return
+        consumer.permits -= n
+        try:
+            consumer.conn.send_nowait(
+                "message",
+                {
+                    "consumerId": consumer.consumer_id,
+                    "entries": [
+                        {"segmentId": -1, "entryId": entry_id, "size": len(data), "redeliveryCount": 0}
+                    ],
+                },
+                data,
+            )
+        except PigeonError:
+            self.dropped += n
+            return
+        consumer.msgs_out += n
+        consumer.bytes_out += len(data)
+        self.msgs_out += n
+        self.bytes_out += len(data)
+
+    # Acknowledgements and redeliveries mean nothing without storage.
+    def ack(self, consumer: Any, positions: Any, cumulative: bool) -> None:
+        return None
+
+    def redeliver_unacked(self, consumer: Any, positions: Any) -> None:
+        return None
+
+    async def flush(self) -> None:
+        return None
+
+    async def persist(self) -> None:
+        return None
+
+    async def delete(self) -> None:
+        self.closed = True
+
+    def backlog(self) -> int:
+        return 0
+
+
+class NonPersistentTopic:
+    persistent = False
+
+    def __init__(self, name: TopicName, clock: WallClock) -> None:
+        self.name = name
+        self.clock = clock
+        self.producers: dict[str, Any] = {}
+        self.subscriptions: dict[str, NonPersistentSubscription] = {}
+        self.last_sequence: dict[str, int] = {}
+        self.next_offset = 0
+        self._entry_ids = itertools.count()
+        self.msgs_in = 0
+        self.bytes_in = 0
+
+    def append(self, payload: bytes | memoryview, n: int, callback: Any, *, deliver_at: int = 0) -> None:
+        offset = self.next_offset
+        self.next_offset += n
+        entry_id = next(self._entry_ids)
+        data = pack_entry_header(n, offset, self.clock.now_ms(), 0) + bytes(payload)
+        self.msgs_in += n
+        self.bytes_in += len(data)
+        for sub in list(self.subscriptions.values()):
+            sub.dispatch(data, n, entry_id)
+        callback((-1, entry_id, offset), None)
+
+    def confirm_sequence(self, producer_name: str, last: int, segment_id: int, entry_id: int) -> None:
+        return None
+
+    async def subscription(
+        self, name: str, sub_type: str, initial_position: str, *, durable: bool, start_offset: int
+    ) -> NonPersistentSubscription:
+        if sub_type == "keyShared":
+            raise NotSupported("key_shared subscriptions are not supported on non-persistent topics")
+        sub = self.subscriptions.get(name)
+        if sub is None:
+            sub = self.subscriptions[name] = NonPersistentSubscription(name, sub_type, self)
+        return sub
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "topic": self.name.full,
+            "msgs_in": self.msgs_in,
+            "bytes_in": self.bytes_in,
+            "next_offset": self.next_offset,
+            "producers": len(self.producers),
+            "subscriptions": {
+                name: {
+                    "type": sub.type,
+                    "consumers": len(sub.consumers),
+                    "msgs_out": sub.msgs_out,
+                    "bytes_out": sub.bytes_out,
+                    "dropped": sub.dropped,
+                }
+                for name, sub in self.subscriptions.items()
+            },
+        }
