@@ -42,7 +42,9 @@ __all__ = ["Entry", "LedgerConfig", "ManagedLedger", "Position", "SegmentInfo"]
 
 log = logging.getLogger(__name__)
 
-Position = tuple[int, int]  # (segment index in the ledger, entry id)
+# (segment id, entry id). Segment ids grow with every new segment, so positions order as
+# the log does, and they stay valid when retention trims segments off the head.
+Position = tuple[int, int]
 AppendCallback = Callable[[Any, BaseException | None], None]
 
 
@@ -142,7 +144,6 @@ class ManagedLedger:
         self._writer: Any = None
         self._rolling = False
         self._queued: list[tuple[bytes, int, int, AppendCallback]] = []
-        self._entry_first_offsets: dict[int, list[int]] = {}  # seg index -> first offsets
         self.cache = _EntryCache(self.config.cache_max_bytes)
         self._new_entries = trio.Event()
         self.closed = False
@@ -234,7 +235,7 @@ class ManagedLedger:
         for i in range(len(self.segments) - 1, -1, -1):
             seg = self.segments[i]
             if seg.last_entry_id >= 0:
-                return (i, seg.last_entry_id)
+                return (seg.id, seg.last_entry_id)
         return (-1, -1)
 
     @property
@@ -278,7 +279,6 @@ class ManagedLedger:
             seg.entries = entry_id + 1
             seg.size += len(data)
             seg.last_publish_time = self.last_publish_time
-            self._entry_first_offsets.setdefault(seg_index, []).append(offset)
             self.cache.put((seg.id, entry_id), data)
             self.msgs_in += n
             self.bytes_in += len(data)
@@ -377,11 +377,18 @@ class ManagedLedger:
 
     def normalize(self, pos: Position) -> Position | None:
         """The position itself or the first one after it that exists; None past the end."""
-        index, entry = pos
-        while 0 <= index < len(self.segments):
-            if entry <= self.segments[index].last_entry_id:
-                return (index, entry)
-            if self.segments[index].state == "open":
+        seg_id, entry = pos
+        index = self._index.get(seg_id)
+        if index is None:
+            # trimmed (or never existed): continue at the first segment after it
+            ids = [s.id for s in self.segments]
+            index = bisect.bisect_right(ids, seg_id)
+            entry = 0
+        while index < len(self.segments):
+            seg = self.segments[index]
+            if entry <= seg.last_entry_id:
+                return (seg.id, entry)
+            if seg.state == "open":
                 return None
             index += 1
             entry = 0
@@ -391,14 +398,14 @@ class ManagedLedger:
         return (pos[0], pos[1] + 1)
 
     def start_position(self) -> Position:
-        return (0, 0)
+        return (self.segments[0].id, 0) if self.segments else (0, 0)
 
     def end_position(self) -> Position:
         """The position the next appended entry will get."""
         if not self.segments:
             return (0, 0)
-        i = len(self.segments) - 1
-        return (i, self.segments[i].last_entry_id + 1)
+        seg = self.segments[-1]
+        return (seg.id, seg.last_entry_id + 1)
 
     async def read(
         self, pos: Position, *, max_entries: int = 100, max_bytes: int | None = None
@@ -408,7 +415,8 @@ class ManagedLedger:
         npos = self.normalize(pos)
         if npos is None:
             return []
-        index, entry_id = npos
+        seg_id, entry_id = npos
+        index = self._index[seg_id]
         seg = self.segments[index]
         last = min(seg.last_entry_id, entry_id + max_entries - 1)
         out: list[Entry] = []
@@ -418,7 +426,7 @@ class ManagedLedger:
             data = self.cache.get((seg.id, eid))
             if data is None:
                 break
-            out.append(self._entry(seg, index, eid, data))
+            out.append(self._entry(seg, eid, data))
             total += len(data)
             eid += 1
         if not out:
@@ -428,15 +436,15 @@ class ManagedLedger:
             if not raw:
                 raise EntryNotFound(f"segment {seg.id} entry {entry_id} is missing")
             for eid2, data in raw:
-                out.append(self._entry(seg, index, eid2, data))
+                out.append(self._entry(seg, eid2, data))
         return out
 
-    def _entry(self, seg: SegmentInfo, index: int, entry_id: int, data: bytes | memoryview) -> Entry:
+    def _entry(self, seg: SegmentInfo, entry_id: int, data: bytes | memoryview) -> Entry:
         header = unpack_entry_header(data)
         return Entry(
             seg.id,
             entry_id,
-            (index, entry_id),
+            (seg.id, entry_id),
             data,
             header.num_messages,
             header.first_offset,
@@ -460,32 +468,30 @@ class ManagedLedger:
         firsts = [s.first_offset for s in self.segments]
         index = max(bisect.bisect_right(firsts, offset) - 1, 0)
         seg = self.segments[index]
-        if seg.last_entry_id < 0:
-            return (index, 0)
+        if seg.last_entry_id < 0 or offset < seg.first_offset:
+            return (seg.id, 0)
         lo, hi = 0, seg.last_entry_id
-        if offset < seg.first_offset:
-            return (index, 0)
         while lo < hi:  # last entry whose first offset <= offset
             mid = (lo + hi + 1) // 2
-            entry = await self.read_one((index, mid))
+            entry = await self.read_one((seg.id, mid))
             if entry.first_offset <= offset:
                 lo = mid
             else:
                 hi = mid - 1
-        return (index, lo)
+        return (seg.id, lo)
 
     async def position_for_time(self, timestamp_ms: int) -> Position:
         """First entry published at or after ``timestamp_ms``."""
-        for index, seg in enumerate(self.segments):
+        for seg in self.segments:
             if seg.last_entry_id < 0 or seg.last_publish_time < timestamp_ms:
                 continue
             lo, hi = 0, seg.last_entry_id
             while lo < hi:
                 mid = (lo + hi) // 2
-                entry = await self.read_one((index, mid))
+                entry = await self.read_one((seg.id, mid))
                 if entry.publish_time >= timestamp_ms:
                     hi = mid
                 else:
                     lo = mid + 1
-            return (index, lo)
+            return (seg.id, lo)
         return self.end_position()

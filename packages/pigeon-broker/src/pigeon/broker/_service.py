@@ -94,9 +94,8 @@ class Topic:
             doc = json.loads(stat.value)
             self.confirmed_sequence = {k: int(v) for k, v in doc.get("producers", {}).items()}
             seg_id, entry_id = doc.get("position", [-1, -1])
-            index = self.ledger.index_of_segment(seg_id)
-            if index is not None:
-                start = (index, entry_id + 1)
+            if seg_id >= 0:
+                start = (seg_id, entry_id + 1)
         pos: tuple[int, int] | None = start
         replayed = 0
         while pos is not None:
@@ -629,10 +628,13 @@ class BrokerService:
         ledger = sub.ledger
         positions = []
         for p in b.positions:
-            index = ledger.index_of_segment(p.segmentId)
-            if index is None:
-                continue  # segment already trimmed
-            positions.append(((index, p.entryId), p.offset))
+            offset = p.offset
+            if offset < 0:
+                pending = sub.pending.get((p.segmentId, p.entryId))
+                if pending is None:
+                    continue  # unknown message: nothing to acknowledge
+                offset = pending.first_offset + max(p.batchIndex, 0)
+            positions.append(((p.segmentId, p.entryId), offset))
         if positions:
             sub.ack(consumer, positions, str(b.ackType) == "cumulative")
         conn.respond(req.request_id, "ok")
@@ -643,11 +645,7 @@ class BrokerService:
         if isinstance(sub, NonPersistentSubscription):
             conn.respond(req.request_id, "ok")
             return
-        positions = []
-        for p in b.positions:
-            index = sub.ledger.index_of_segment(p.segmentId)
-            if index is not None:
-                positions.append((index, p.entryId))
+        positions = [(p.segmentId, p.entryId) for p in b.positions]
         sub.redeliver_unacked(consumer, positions or None)
         conn.respond(req.request_id, "ok")
 
@@ -690,10 +688,11 @@ class BrokerService:
         elif which == "timestamp":
             coro = sub.seek_time(b.timestamp)
         else:
-            index = sub.ledger.index_of_segment(b.position.segmentId)
-            if index is None:
-                raise SubscriptionNotFound(f"segment {b.position.segmentId} is not in this topic")
-            coro = sub.seek_position((index, b.position.entryId), b.position.batchIndex)
+            if sub.ledger.index_of_segment(b.position.segmentId) is None:
+                raise InvalidArgument(
+                    f"segment {b.position.segmentId} is not (or no longer) part of this topic"
+                )
+            coro = sub.seek_position((b.position.segmentId, b.position.entryId), b.position.batchIndex)
 
         async def seek() -> None:
             await coro
@@ -716,8 +715,7 @@ class BrokerService:
             )
             return
         ledger = sub.ledger
-        index, entry_id = ledger.last_position
-        seg_id = ledger.segments[index].id if index >= 0 else -1
+        seg_id, entry_id = ledger.last_position
         conn.respond(
             req.request_id,
             "lastMessageId",
