@@ -24,6 +24,7 @@ class BrokerConfig:
     segment_max_age_s: float = 4 * 3600.0
     cache_max_bytes: int = 256 * 1024 * 1024
     cursor_persist_interval_ms: float = 100.0
+    maintenance_interval_s: float = 5.0
     replication: str = "quorum"
     ensemble_size: int = 1
     write_quorum: int = 1

@@ -41,7 +41,7 @@ class RangeSet:
             return
         starts, ends = self._starts, self._ends
         # first range that could touch [start, end): its end >= start
-        i = bisect.bisect_right(ends, start)
+        i = bisect.bisect_left(ends, start)
         j = i
         while j < len(starts) and starts[j] <= end:
             start = min(start, starts[j])

@@ -150,6 +150,7 @@ class ManagedLedger:
         self.failed: BaseException | None = None
         self.msgs_in = 0
         self.bytes_in = 0
+        self.last_trimmed_ensembles: dict[int, list[str]] = {}
 
     # ------------------------------------------------------------------ metadata
 
@@ -363,6 +364,70 @@ class ManagedLedger:
             except PigeonError as exc:
                 log.warning("closing ledger failed topic=%s error=%s", self.topic, exc)
         self._new_entries.set()
+
+    # ------------------------------------------------------------------ retention
+
+    def _segment_end(self, index: int) -> int:
+        """One past the last offset of segment ``index``."""
+        if index + 1 < len(self.segments):
+            return self.segments[index + 1].first_offset
+        return self.next_offset
+
+    def bytes_after(self, offset: int) -> int:
+        """Stored bytes from ``offset`` on (whole segments, pro rata inside one)."""
+        total = 0
+        for i, seg in enumerate(self.segments):
+            end = self._segment_end(i)
+            if end <= offset:
+                continue
+            count = end - seg.first_offset
+            if offset <= seg.first_offset or count <= 0:
+                total += seg.size
+            else:
+                total += seg.size * (end - offset) // count
+        return total
+
+    def offset_keeping_bytes(self, limit: int) -> int:
+        """The offset from which on at most ``limit`` bytes are stored (segment granularity)."""
+        kept = 0
+        for i in range(len(self.segments) - 1, -1, -1):
+            kept += self.segments[i].size
+            if kept > limit:
+                return self._segment_end(i)
+        return self.first_offset
+
+    async def trim(
+        self, consumed: int, retention_time_s: float, retention_size_mb: float, now_ms: int
+    ) -> list[int]:
+        """Drop closed head segments every subscription is past, beyond retention.
+
+        A consumed segment is kept while it is within *both* retention limits (-1 means
+        unlimited); it goes as soon as it exceeds either. Returns the trimmed ids.
+        """
+        consumed_segments = []
+        for i, seg in enumerate(self.segments[:-1]):  # never the segment being written
+            if seg.state != "closed" or self._segment_end(i) > consumed:
+                break
+            consumed_segments.append(seg)
+        retained = sum(s.size for s in consumed_segments)
+        trimmed: list[SegmentInfo] = []
+        for seg in consumed_segments:
+            too_old = retention_time_s != -1 and (
+                now_ms - seg.last_publish_time > retention_time_s * 1000
+            )
+            too_big = retention_size_mb != -1 and retained > retention_size_mb * 1024 * 1024
+            if not (too_old or too_big):
+                break
+            trimmed.append(seg)
+            retained -= seg.size
+        if not trimmed:
+            return []
+        del self.segments[: len(trimmed)]
+        self._reindex()
+        await self._save()
+        self.last_trimmed_ensembles = {s.id: list(s.ensemble) for s in trimmed}
+        log.info("trimmed topic=%s segments=%s", self.topic, [s.id for s in trimmed])
+        return [s.id for s in trimmed]
 
     # ------------------------------------------------------------------ reads
 

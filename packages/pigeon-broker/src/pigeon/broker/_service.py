@@ -19,8 +19,9 @@ import trio
 
 from pigeon.broker._config import BrokerConfig
 from pigeon.broker._cursor import CursorState
-from pigeon.broker._ledger import LedgerConfig, ManagedLedger
+from pigeon.broker._ledger import LedgerConfig, ManagedLedger, segment_path
 from pigeon.broker._nonpersistent import NonPersistentSubscription, NonPersistentTopic
+from pigeon.broker._policies import NamespacePolicies, PolicyStore
 from pigeon.broker._subscription import Consumer, Subscription, WallClock
 from pigeon.core import TopicName
 from pigeon.core._batch import read_header
@@ -34,9 +35,9 @@ from pigeon.core.errors import (
     NoSuchNode,
     NotSupported,
     PigeonError,
+    ProducerBlocked,
     ProducerBusy,
     ServiceUnavailable,
-    SubscriptionNotFound,
     TopicExists,
     TopicNotFound,
 )
@@ -81,8 +82,68 @@ class Topic:
         self._dedup_unsaved = 0
         self._dedup_saving = False
         self._dedup_saved_at = 0.0
+        self._held: list[Any] = []
 
     persistent = True
+
+    # ------------------------------------------------------------------ policies
+
+    def backlog_bytes(self) -> int:
+        """Unacknowledged bytes of the slowest durable subscription (by segment sizes)."""
+        subs = [s for s in self.subscriptions.values() if s.durable]
+        if not subs:
+            return 0
+        return self.ledger.bytes_after(min(s.cursor.mark_delete for s in subs))
+
+    def hold(self, send: Any) -> None:
+        """producer_request_hold: keep the send (in order) until the backlog shrinks."""
+        self._held.append(send)
+        if len(self._held) == 1:
+            self.service.nursery.start_soon(self._release_held)
+
+    async def _release_held(self) -> None:
+        while self._held:
+            policies = self.service.policies.cached(self.name.namespace_name)
+            if policies.backlog_quota_bytes < 0 or self.backlog_bytes() <= policies.backlog_quota_bytes:
+                held, self._held = self._held, []
+                for send in held:
+                    send()
+                return
+            await trio.sleep(0.05)
+
+    async def maintain(self, policies: NamespacePolicies) -> None:
+        now = self.service.clock.now_ms()
+        subs = [s for s in self.subscriptions.values() if s.durable]
+        if policies.message_ttl_s > 0 and subs:
+            pos = await self.ledger.position_for_time(now - int(policies.message_ttl_s * 1000))
+            npos = self.ledger.normalize(pos)
+            cutoff = (await self.ledger.read_one(npos)).first_offset if npos else self.ledger.next_offset
+            for sub in subs:
+                if sub.cursor.mark_delete < cutoff:
+                    log.info("message ttl expired topic=%s sub=%s up_to=%s", self.name, sub.name, cutoff)
+                    sub.expire_before(cutoff)
+        if (
+            policies.backlog_quota_bytes >= 0
+            and policies.backlog_quota_policy == "consumer_backlog_eviction"
+            and subs
+        ):
+            keep_from = self.ledger.offset_keeping_bytes(policies.backlog_quota_bytes)
+            for sub in subs:
+                if sub.cursor.mark_delete < keep_from:
+                    log.info("backlog evicted topic=%s sub=%s up_to=%s", self.name, sub.name, keep_from)
+                    sub.expire_before(keep_from)
+        consumed = min((s.cursor.mark_delete for s in subs), default=self.ledger.next_offset)
+        trimmed = await self.ledger.trim(consumed, policies.retention_time_s, policies.retention_size_mb, now)
+        for seg_id in trimmed:
+            try:
+                await self.service.store.delete(segment_path(seg_id))
+            except PigeonError:
+                pass
+            for address in self.ledger.last_trimmed_ensembles.get(seg_id, []):
+                try:
+                    await self.service.policy.client.delete_segment(address, seg_id)
+                except (PigeonError, OSError) as exc:
+                    log.info("bookie delete deferred to GC segment=%s bookie=%s error=%s", seg_id, address, exc)
 
     def append(self, payload: bytes | memoryview, n: int, callback: Any, *, deliver_at: int = 0) -> None:
         self.ledger.append_nowait(payload, n, callback, deliver_at=deliver_at)
@@ -257,6 +318,7 @@ class BrokerService:
         self.address: tuple[str, int] | None = None
         self._names = itertools.count()
         self.clock = WallClock()
+        self.policies = PolicyStore(store)
 
     @property
     def service_url(self) -> str:
@@ -267,6 +329,9 @@ class BrokerService:
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
             try:
+                await self.policies.ensure_defaults()
+                await nursery.start(self.policies.watch)
+                nursery.start_soon(self._maintenance)
                 self.address = await nursery.start(
                     lambda task_status: serve_tcp(
                         self,
@@ -285,6 +350,21 @@ class BrokerService:
             finally:
                 with trio.CancelScope(shield=True):
                     await self._close_topics()
+
+    async def _maintenance(self) -> None:
+        """Message TTL, backlog-quota eviction and retention, every maintenance interval."""
+        while True:
+            await trio.sleep(self.config.maintenance_interval_s)
+            await self.maintain_once()
+
+    async def maintain_once(self) -> None:
+        for topic in list(self.topics.values()):
+            if not topic.persistent:
+                continue
+            try:
+                await topic.maintain(self.policies.cached(topic.name.namespace_name))
+            except PigeonError as exc:
+                log.warning("topic maintenance failed topic=%s error=%s", topic.name, exc)
 
     async def _close_topics(self) -> None:
         for topic in list(self.topics.values()):
@@ -319,6 +399,12 @@ class BrokerService:
             raise InvalidArgument(
                 f"{name} is a partitioned topic: use its partitions ({name}-partition-<i>)"
             )
+        try:
+            await self.policies.get(name.namespace_name)
+        except NoSuchNode:
+            raise TopicNotFound(
+                f"namespace {name.namespace_name} of topic {name} does not exist"
+            ) from None
         if not create and await self.store.get(f"/pigeon/ledgers/{name.path}") is None:
             raise TopicNotFound(f"topic {name} does not exist")
         ev = self._opening[key] = trio.Event()
@@ -499,10 +585,10 @@ class BrokerService:
         if producer is None:
             raise InvalidArgument(f"unknown producer id {body.producerId}")
         payload = req.payload
-        if len(payload) > self.config.max_message_size:
-            raise MessageTooLarge(
-                f"batch of {len(payload)} bytes exceeds max_message_size {self.config.max_message_size}"
-            )
+        policies = self.policies.cached(producer.topic.name.namespace_name)
+        limit = min(self.config.max_message_size, policies.max_message_size or self.config.max_message_size)
+        if len(payload) > limit:
+            raise MessageTooLarge(f"batch of {len(payload)} bytes exceeds max_message_size {limit}")
         header = read_header(payload)
         n = body.numMessages
         if header.num_messages != n or n == 0:
@@ -511,7 +597,7 @@ class BrokerService:
             )
         sequence_id = body.sequenceId
         topic = producer.topic
-        last = topic.last_sequence.get(producer.name, -1)
+        last = topic.last_sequence.get(producer.name, -1) if policies.deduplication else -1
         request_id = req.request_id
         if sequence_id <= last:
             conn.respond(
@@ -527,8 +613,20 @@ class BrokerService:
                 },
             )
             return
-        topic.last_sequence[producer.name] = sequence_id + n - 1
+        if sequence_id + n - 1 > topic.last_sequence.get(producer.name, -1):
+            topic.last_sequence[producer.name] = sequence_id + n - 1
         producer_id = body.producerId
+        if topic.persistent and policies.backlog_quota_bytes >= 0:
+            if topic.backlog_bytes() > policies.backlog_quota_bytes:
+                if policies.backlog_quota_policy == "producer_exception":
+                    topic.last_sequence[producer.name] = sequence_id - 1
+                    raise ProducerBlocked(
+                        f"backlog of {topic.name} exceeds its quota of {policies.backlog_quota_bytes} bytes"
+                    )
+                if policies.backlog_quota_policy == "producer_request_hold":
+                    payload_copy = bytes(payload)
+                    topic.hold(lambda: topic.append(payload_copy, n, done, deliver_at=header.deliver_at))
+                    return
 
         def done(result: Any, error: BaseException | None) -> None:
             if error is not None:
@@ -625,7 +723,6 @@ class BrokerService:
         if isinstance(sub, NonPersistentSubscription):
             conn.respond(req.request_id, "ok")
             return
-        ledger = sub.ledger
         positions = []
         for p in b.positions:
             offset = p.offset

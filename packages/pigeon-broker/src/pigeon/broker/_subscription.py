@@ -338,6 +338,14 @@ class Subscription:
             heapq.heappush(self._redeliver, pos)
         self.wake()
 
+    def expire_before(self, offset: int) -> None:
+        """Acknowledge everything below ``offset`` (message TTL, backlog eviction)."""
+        self.cursor.ack_cumulative(offset - 1)
+        for pos in [p for p, pend in self.pending.items() if pend.first_offset + pend.count <= offset]:
+            self._settle(pos)
+        self._dirty = True
+        self.wake()
+
     # ------------------------------------------------------------------ seeking
 
     async def seek_offset(self, offset: int) -> None:
