@@ -68,6 +68,8 @@ class SegmentInfo:
     size: int = 0
     ctime: float = 0.0
     last_publish_time: int = 0
+    write_quorum: int = 0  # 0: the replication policy's default
+    ack_quorum: int = 0
 
 
 @dataclass(slots=True)
@@ -128,7 +130,9 @@ class ManagedLedger:
         bookies: Callable[[], list[str]],
         nursery: trio.Nursery,
         config: LedgerConfig | None = None,
+        quorum: Callable[[], tuple[int, int, int] | None] | None = None,
     ) -> None:
+        self.quorum = quorum or (lambda: None)
         self.topic = topic
         self.store = store
         self.policy = policy
@@ -185,7 +189,7 @@ class ManagedLedger:
         changed = False
         for seg in self.segments:
             if seg.state == "open":
-                last = await self.policy.recover(seg.id, seg.ensemble)
+                last = await self.policy.recover(seg.id, seg.ensemble, ack_quorum=seg.ack_quorum or None)
                 seg.last_entry_id = last
                 seg.entries = last + 1
                 seg.state = "closed"
@@ -199,7 +203,11 @@ class ManagedLedger:
         if self.segments:
             last_seg = self.segments[-1]
             entries = await self.policy.read(
-                last_seg.id, last_seg.ensemble, last_seg.last_entry_id, last_seg.last_entry_id
+                last_seg.id,
+                last_seg.ensemble,
+                last_seg.last_entry_id,
+                last_seg.last_entry_id,
+                write_quorum=last_seg.write_quorum or None,
             )
             header = unpack_entry_header(entries[0][1])
             self.next_offset = header.first_offset + header.num_messages
@@ -212,11 +220,17 @@ class ManagedLedger:
 
     async def _new_segment(self) -> None:
         bookies = self.bookies()
-        ensemble = self.policy.choose_ensemble(bookies)
+        quorum = self.quorum()
+        ensemble = self.policy.choose_ensemble(bookies, quorum[0] if quorum else None)
         created = await self.store.create("/pigeon/segment-ids/s-", b"", sequential=True)
         segment_id = int(created.rsplit("-", 1)[1]) + 1
         seg = SegmentInfo(
-            id=segment_id, first_offset=self.next_offset, ensemble=ensemble, ctime=time.time()
+            id=segment_id,
+            first_offset=self.next_offset,
+            ensemble=ensemble,
+            ctime=time.time(),
+            write_quorum=quorum[1] if quorum else 0,
+            ack_quorum=quorum[2] if quorum else 0,
         )
         await self.store.create(
             segment_path(segment_id),
@@ -225,7 +239,12 @@ class ManagedLedger:
         self.segments.append(seg)
         self._reindex()
         await self._save()
-        self._writer = await self.policy.create_writer(segment_id, ensemble)
+        self._writer = await self.policy.create_writer(
+            segment_id,
+            ensemble,
+            write_quorum=seg.write_quorum or None,
+            ack_quorum=seg.ack_quorum or None,
+        )
         log.info("segment opened topic=%s segment=%s ensemble=%s", self.topic, segment_id, ensemble)
 
     # ------------------------------------------------------------------ writes
@@ -315,14 +334,14 @@ class ManagedLedger:
         seg = self.segments[-1]
         try:
             if recover:
-                seg.last_entry_id = await self.policy.recover(seg.id, seg.ensemble)
+                seg.last_entry_id = await self.policy.recover(seg.id, seg.ensemble, ack_quorum=seg.ack_quorum or None)
                 seg.entries = seg.last_entry_id + 1
             else:
                 with trio.fail_after(30):
                     while writer.pending and writer.failed is None:
                         await trio.sleep(0.001)
                 if writer.failed is not None:
-                    seg.last_entry_id = await self.policy.recover(seg.id, seg.ensemble)
+                    seg.last_entry_id = await self.policy.recover(seg.id, seg.ensemble, ack_quorum=seg.ack_quorum or None)
                     seg.entries = seg.last_entry_id + 1
             seg.state = "closed"
             if seg.entries == 0:
@@ -496,7 +515,13 @@ class ManagedLedger:
             eid += 1
         if not out:
             raw = await self.policy.read(
-                seg.id, seg.ensemble, entry_id, last, max_bytes=max_bytes, max_count=max_entries
+                seg.id,
+                seg.ensemble,
+                entry_id,
+                last,
+                max_bytes=max_bytes,
+                max_count=max_entries,
+                write_quorum=seg.write_quorum or None,
             )
             if not raw:
                 raise EntryNotFound(f"segment {seg.id} entry {entry_id} is missing")

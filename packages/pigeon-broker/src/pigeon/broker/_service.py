@@ -421,6 +421,7 @@ class BrokerService:
                     max_segment_age_s=self.config.segment_max_age_s,
                     cache_max_bytes=self.config.cache_max_bytes,
                 ),
+                quorum=lambda: self._quorum_of(name),
             )
             await ledger.open()
             topic = Topic(name, ledger, self)
@@ -430,6 +431,13 @@ class BrokerService:
         finally:
             del self._opening[key]
             ev.set()
+
+    def _quorum_of(self, name: TopicName) -> tuple[int, int, int] | None:
+        """Replication of new segments from the namespace policy (None: broker config)."""
+        p = self.policies.cached(name.namespace_name)
+        if p.ensemble_size is None or p.write_quorum is None or p.ack_quorum is None:
+            return None
+        return (p.ensemble_size, p.write_quorum, p.ack_quorum)
 
     # ------------------------------------------------------------------ connections
 

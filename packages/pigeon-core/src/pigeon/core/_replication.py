@@ -174,20 +174,26 @@ class QuorumPolicy:
         self.write_quorum = write_quorum
         self.ack_quorum = ack_quorum
 
-    def choose_ensemble(self, bookies: Sequence[str]) -> list[str]:
-        if len(bookies) < self.ensemble_size:
-            raise ServiceUnavailable(
-                f"need {self.ensemble_size} writable bookies, {len(bookies)} available"
-            )
-        return list(bookies[: self.ensemble_size])
+    def choose_ensemble(self, bookies: Sequence[str], ensemble_size: int | None = None) -> list[str]:
+        size = ensemble_size or self.ensemble_size
+        if len(bookies) < size:
+            raise ServiceUnavailable(f"need {size} writable bookies, {len(bookies)} available")
+        return list(bookies[:size])
 
-    async def create_writer(self, segment_id: int, ensemble: Sequence[str]) -> QuorumWriter:
+    async def create_writer(
+        self,
+        segment_id: int,
+        ensemble: Sequence[str],
+        *,
+        write_quorum: int | None = None,
+        ack_quorum: int | None = None,
+    ) -> QuorumWriter:
         writer = QuorumWriter(
             self.client,
             segment_id,
             ensemble,
-            write_quorum=self.write_quorum,
-            ack_quorum=self.ack_quorum,
+            write_quorum=write_quorum or self.write_quorum,
+            ack_quorum=ack_quorum or self.ack_quorum,
         )
         await writer.open()
         return writer
@@ -201,15 +207,17 @@ class QuorumPolicy:
         *,
         max_bytes: int = 8 << 20,
         max_count: int = 10_000,
+        write_quorum: int | None = None,
     ) -> list[tuple[int, memoryview]]:
         """Entries ``first..last`` (fewer if limits hit), from the first bookie that answers."""
         errors: list[BaseException] = []
         e = len(ensemble)
-        if self.write_quorum == e:
+        qw = min(write_quorum or self.write_quorum, e)
+        if qw == e:
             candidates = list(ensemble)
         else:
             # Striped: only the bookies holding ``first`` serve it; read one entry at a time.
-            candidates = [ensemble[(first + k) % e] for k in range(self.write_quorum)]
+            candidates = [ensemble[(first + k) % e] for k in range(qw)]
             last = first
         start = first % len(candidates) if candidates else 0
         for i in range(len(candidates)):
@@ -224,7 +232,9 @@ class QuorumPolicy:
                     raise
         raise errors[-1] if errors else ServiceUnavailable("no bookie to read from")
 
-    async def recover(self, segment_id: int, ensemble: Sequence[str]) -> int:
+    async def recover(
+        self, segment_id: int, ensemble: Sequence[str], *, ack_quorum: int | None = None
+    ) -> int:
         """Fence the segment everywhere and return its last entry id (-1 if empty)."""
         last = -1
         answered = 0
@@ -237,7 +247,7 @@ class QuorumPolicy:
                 continue
             answered += 1
             last = max(last, int(state["last_entry_id"]))
-        if answered < len(ensemble) - self.ack_quorum + 1:
+        if answered < len(ensemble) - min(ack_quorum or self.ack_quorum, len(ensemble)) + 1:
             raise ServiceUnavailable(
                 f"cannot recover segment {segment_id}: only {answered} of {len(ensemble)} "
                 f"bookies answered ({errors[-1] if errors else 'no error'})"
