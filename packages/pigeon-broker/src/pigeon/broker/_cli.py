@@ -28,7 +28,7 @@ def _broker_config(config_file: str | None, **flags: Any) -> BrokerConfig:
 @click.pass_obj
 def broker_cmd(plugins: PluginManager, metadata: str | None, host: str | None, port: int | None, config_file: str | None) -> None:
     """Run a broker that stores on the bookies registered in the metadata store."""
-    from pigeon.broker._node import run_broker
+    from pigeon.broker._node import run_broker, run_layered
     from pigeon.core._runtime import open_metadata_store, run_until_signal
 
     config = _broker_config(config_file, metadata=metadata, host=host, port=port)
@@ -37,12 +37,13 @@ def broker_cmd(plugins: PluginManager, metadata: str | None, host: str | None, p
     store = open_metadata_store(config.metadata, plugins)
 
     async def main(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
+        async def infrastructure(nursery: trio.Nursery) -> None:
             await nursery.start(store.run)
-            service = await nursery.start(
-                lambda task_status: run_broker(config, store=store, plugins=plugins, task_status=task_status)
-            )
-            task_status.started(service)
+
+        async def broker(task_status: Any) -> None:
+            await run_broker(config, store=store, plugins=plugins, task_status=task_status)
+
+        await run_layered(infrastructure, broker, task_status.started)
 
     trio.run(
         functools.partial(

@@ -17,7 +17,7 @@ from pigeon.core._bookie_client import BookieClient
 from pigeon.core._codecs import CodecSet
 from pigeon.core.errors import ConfigError
 
-__all__ = ["BookieDirectory", "run_broker", "run_standalone"]
+__all__ = ["BookieDirectory", "run_broker", "run_layered", "run_standalone"]
 
 log = logging.getLogger(__name__)
 
@@ -119,12 +119,50 @@ async def run_standalone(
     if bookie_config is None:
         bookie_config = BookieConfig()
     bookie_config.data_dir = str(root / "bookie")
-    async with trio.open_nursery() as nursery:
+    bookie = BookieServer(bookie_config, metadata=store)
+
+    async def infrastructure(nursery: trio.Nursery) -> None:
         await nursery.start(store.run)
-        bookie = BookieServer(bookie_config, metadata=store)
         await nursery.start(bookie.run)
-        service = await nursery.start(
-            lambda task_status: run_broker(broker_config, store=store, plugins=plugins, task_status=task_status)
+
+    async def broker(task_status: trio.TaskStatus[Any]) -> None:
+        await run_broker(broker_config, store=store, plugins=plugins, task_status=task_status)
+
+    def ready(service: Any) -> None:
+        log.info(
+            "standalone ready broker=%s bookie=%s data_dir=%s",
+            service.service_url,
+            bookie.advertised,
+            root,
         )
-        log.info("standalone ready broker=%s bookie=%s data_dir=%s", service.service_url, bookie.advertised, root)
         task_status.started(service)
+
+    await run_layered(infrastructure, broker, ready)
+
+
+async def run_layered(
+    infrastructure: Any, main: Any, ready: Any
+) -> None:
+    """Run ``main`` on top of ``infrastructure`` and stop them in that order.
+
+    On cancellation the broker finishes its shielded cleanup (persisting cursors and
+    de-duplication state) while the metadata store and bookie are still running; only
+    then are those stopped.
+    """
+    infra_scope = trio.CancelScope(shield=True)
+
+    async def run_infra(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        with infra_scope:
+            async with trio.open_nursery() as nursery:
+                await infrastructure(nursery)
+                task_status.started()
+                await trio.sleep_forever()
+
+    async with trio.open_nursery() as top:
+        await top.start(run_infra)
+        try:
+            async with trio.open_nursery() as upper:
+                value = await upper.start(main)
+                ready(value)
+        finally:
+            infra_scope.cancel()

@@ -34,6 +34,7 @@ from pigeon.core._framing import (
     capnp_message_size,
     encode_frame,
 )
+from pigeon.core._memnet import active_network
 from pigeon.core._schema import PROTOCOL_VERSION
 from pigeon.core.errors import (
     ConnectionClosed,
@@ -406,7 +407,9 @@ class Connection:
         if method is None:
             if kind == "error":
                 err = msg.error
-                log.warning("peer error conn=%s code=%s message=%s", self.name, err.code, err.message)
+                log.warning(
+                    "peer error conn=%s code=%s message=%s", self.name, err.code, err.message
+                )
                 return
             self.respond_error(request_id, UnknownMessageType(f"{kind!r} is not served here"))
             return
@@ -448,9 +451,13 @@ async def connect_tcp(
     connect_timeout: float = 10.0,
 ) -> tuple[Connection, dict[str, Any]]:
     """Open a connection, start it in ``nursery`` and do the ``connect`` handshake."""
+    network = active_network()
     try:
         with trio.fail_after(connect_timeout):
-            stream = await trio.open_tcp_stream(host, port)
+            if network is not None:
+                stream: trio.abc.Stream = await network.connect(host, port)
+            else:
+                stream = await trio.open_tcp_stream(host, port)
     except (OSError, trio.TooSlowError) as exc:
         raise ConnectionClosed(f"cannot connect to {host}:{port}: {exc}") from None
     conn = Connection(
@@ -543,16 +550,14 @@ async def serve_tcp(
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Accept connections for ``service`` until cancelled; reports ``(host, port)``."""
-    listeners = await trio.open_tcp_listeners(port, host=host)
-    sockname = listeners[0].socket.getsockname()
-    bound = (sockname[0], sockname[1])
+    network = active_network()
 
-    async def handle(stream: trio.SocketStream) -> None:
+    async def handle(stream: trio.abc.Stream) -> None:
         try:
-            peer = stream.socket.getpeername()
+            peer = stream.socket.getpeername()  # type: ignore[attr-defined]
             name = f"{peer[0]}:{peer[1]}"
-        except OSError:
-            name = "?"
+        except (OSError, AttributeError):
+            name = "memory"
         handler = _HandshakeHandler(service, server_name, max_frame_size, max_message_size)
         conn = Connection(
             stream, frame_type, handler=handler, max_frame_size=max_frame_size, name=name
@@ -562,6 +567,17 @@ async def serve_tcp(
         except Exception:
             log.exception("connection failed conn=%s", name)
 
+    if network is not None:
+        async with trio.open_nursery() as nursery:
+            bound = network.listen(host, port, handle, nursery)
+            try:
+                task_status.started(bound)
+                await trio.sleep_forever()
+            finally:
+                network.unlisten(*bound)
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    sockname = listeners[0].socket.getsockname()
+    bound = (sockname[0], sockname[1])
     async with trio.open_nursery() as nursery:
         await nursery.start(trio.serve_listeners, handle, listeners)
         task_status.started(bound)

@@ -6,11 +6,15 @@ offers the **contract suites** every backend runs against itself:
 * :class:`MetadataStoreContract` — subclass it in a test module and provide a
   ``metadata_store`` fixture (and ``metadata_store_factory`` for multi-session tests).
 * :class:`CodecContract` — subclass it and provide a ``codec`` fixture.
+
+and the ``pigeon_standalone`` fixture: broker + bookie + embedded metadata in the test's
+trio run over an in-memory network (pair it with ``autojump_clock`` for virtual time).
 """
 
 from __future__ import annotations
 
+from pigeon.core.testing._cluster import InProcessStandalone, pigeon_standalone
 from pigeon.core.testing._codec_suite import CodecContract
 from pigeon.core.testing._metadata_suite import MetadataStoreContract
 
-__all__ = ["CodecContract", "MetadataStoreContract"]
+__all__ = ["CodecContract", "InProcessStandalone", "MetadataStoreContract", "pigeon_standalone"]

@@ -1,0 +1,66 @@
+"""An in-memory network for tests: every node of a cluster in one trio run, no sockets.
+
+While a :class:`MemoryNetwork` is installed (``with MemoryNetwork().installed():``),
+:func:`pigeon.core._rpc.serve_tcp` registers listeners here instead of opening sockets and
+:func:`pigeon.core._rpc.connect_tcp` connects through ``trio.testing`` memory streams.  Nothing
+then waits on the operating system, so trio's ``MockClock(autojump_threshold=0)`` can
+drive timeouts, delays and retention in virtual time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+from collections.abc import Awaitable, Callable, Iterator
+
+import trio
+import trio.testing
+
+__all__ = ["MemoryNetwork", "active_network"]
+
+Handler = Callable[[trio.abc.Stream], Awaitable[None]]
+
+_active: MemoryNetwork | None = None
+
+
+def active_network() -> MemoryNetwork | None:
+    return _active
+
+
+class MemoryNetwork:
+    def __init__(self) -> None:
+        self._listeners: dict[tuple[str, int], tuple[Handler, trio.Nursery]] = {}
+        self._ports = itertools.count(20000)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[MemoryNetwork]:
+        global _active
+        previous, _active = _active, self
+        try:
+            yield self
+        finally:
+            _active = previous
+
+    def listen(self, host: str, port: int, handler: Handler, nursery: trio.Nursery) -> tuple[str, int]:
+        if port == 0:
+            port = next(self._ports)
+            while (host, port) in self._listeners:
+                port = next(self._ports)
+        if (host, port) in self._listeners:
+            raise OSError(errno.EADDRINUSE, f"address {host}:{port} already in use")
+        self._listeners[(host, port)] = (handler, nursery)
+        return host, port
+
+    def unlisten(self, host: str, port: int) -> None:
+        self._listeners.pop((host, port), None)
+
+    async def connect(self, host: str, port: int) -> trio.abc.Stream:
+        await trio.lowlevel.checkpoint()
+        entry = self._listeners.get((host, port))
+        if entry is None:
+            raise OSError(errno.ECONNREFUSED, f"connection to {host}:{port} refused")
+        handler, nursery = entry
+        client, server = trio.testing.memory_stream_pair()
+        nursery.start_soon(handler, server)
+        return client

@@ -1,0 +1,52 @@
+"""Fixtures that run PigeonMQ nodes in the test's own trio run, over an in-memory network.
+
+``pigeon_standalone`` starts the embedded metadata store, a bookie (fsync ``never``) and a
+broker, all in-process, wired through :class:`pigeon.core._memnet.MemoryNetwork`; nothing
+waits on sockets or disks' fsyncs, so a test that also asks for pytest-trio's
+``autojump_clock`` runs ack timeouts, delays, TTLs and retention in virtual time.
+``pigeon-broker`` and ``pigeon-bookie`` must be installed to use it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from pigeon.core._memnet import MemoryNetwork
+
+__all__ = ["InProcessStandalone", "pigeon_standalone"]
+
+
+@dataclass
+class InProcessStandalone:
+    service: Any  # pigeon.broker.BrokerService
+    network: MemoryNetwork
+    data_dir: Path
+
+    @property
+    def url(self) -> str:
+        return str(self.service.service_url)
+
+
+@pytest.fixture
+async def pigeon_standalone(tmp_path: Path) -> AsyncIterator[InProcessStandalone]:
+    """A broker + bookie + embedded metadata store in this trio run (see module doc)."""
+    from pigeon.bookie import BookieConfig
+    from pigeon.broker import BrokerConfig, run_standalone
+
+    network = MemoryNetwork()
+    broker_config = BrokerConfig(port=0, maintenance_interval_s=1.0, cursor_persist_interval_ms=50)
+    bookie_config = BookieConfig(port=0, fsync="never")
+    with network.installed():
+        async with trio.open_nursery() as nursery:
+            service = await nursery.start(
+                functools.partial(run_standalone, tmp_path / "pigeon", broker_config, bookie_config)
+            )
+            yield InProcessStandalone(service, network, tmp_path / "pigeon")
+            nursery.cancel_scope.cancel()
