@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-__all__ = ["Standalone", "free_ports", "pigeon_command"]
+__all__ = ["Standalone", "clean_env", "free_ports", "pigeon_command", "server_command"]
 
 HOST = "127.0.0.1"
 READY_TIMEOUT = 20.0
@@ -27,11 +27,25 @@ _POLL = 0.05
 
 
 def pigeon_command() -> list[str]:
-    """The ``pigeon`` command of the running interpreter's environment."""
+    """The ``pigeon`` console script of the running interpreter's environment."""
     script = Path(sys.executable).with_name("pigeon")
     if script.exists():
         return [str(script)]
-    return [sys.executable, "-c", "from pigeon.core._cli import main; main()"]
+    return server_command()
+
+
+def server_command() -> list[str]:
+    """How servers are started: ``pigeon``'s entry point run by this interpreter.
+
+    Same code path as the console script, but the command line does not read
+    ``pigeon standalone``, so tools on a shared machine that stop "their" servers by
+    name (``pkill -f 'pigeon standalone'``) leave the test's servers alone.
+    """
+    return [
+        sys.executable,
+        "-c",
+        "import sys; from pigeon.core._cli import main; sys.argv[0] = 'pigeon'; main()",
+    ]
 
 
 def clean_env() -> dict[str, str]:
@@ -116,7 +130,7 @@ class Standalone:
 
     def command(self) -> list[str]:
         cmd = [
-            *pigeon_command(),
+            *server_command(),
             "standalone",
             "--data-dir",
             str(self.data_dir),

@@ -22,8 +22,9 @@ __all__ = ["Frame", "RawConnection", "frame_bytes"]
 _U32 = struct.Struct("<I")
 
 
-def frame_bytes(kind: str, fields: dict[str, Any] | None = None, *, request_id: int = 1,
-                payload: bytes = b"") -> bytes:
+def frame_bytes(
+    kind: str, fields: dict[str, Any] | None = None, *, request_id: int = 1, payload: bytes = b""
+) -> bytes:
     """One complete frame as the product's client would write it."""
     message = build_message(BrokerFrame, request_id, kind, fields)
     return b"".join(bytes(part) for part in encode_frame(message, payload or None))
@@ -62,8 +63,14 @@ class RawConnection:
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
 
-    def request(self, kind: str, fields: dict[str, Any] | None = None, *, request_id: int = 1,
-                payload: bytes = b"") -> Frame:
+    def request(
+        self,
+        kind: str,
+        fields: dict[str, Any] | None = None,
+        *,
+        request_id: int = 1,
+        payload: bytes = b"",
+    ) -> Frame:
         self.send(frame_bytes(kind, fields, request_id=request_id, payload=payload))
         frame = self.read_frame()
         assert frame is not None, f"server closed the connection instead of answering {kind!r}"
@@ -114,7 +121,7 @@ class RawConnection:
     def read_until_closed(self, timeout: float | None = None, max_frames: int = 100) -> list[Frame]:
         """Every frame until the server closes the connection (bounded in time and count)."""
         deadline = time.monotonic() + (timeout if timeout is not None else self.timeout)
-        frames = []
+        frames: list[Frame] = []
         for _ in range(max_frames):
             frame = self.read_frame(max(0.0, deadline - time.monotonic()))
             if frame is None:

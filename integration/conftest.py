@@ -7,18 +7,23 @@ test directories are collected or run.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+_HERE = str(Path(__file__).parent)
+if _HERE not in sys.path:  # helpers import as top-level modules, whatever the import mode
+    sys.path.insert(0, _HERE)
 
 from _standalone import Standalone  # noqa: E402
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
     setattr(item, f"_pigeon_report_{report.when}", report)
     return report
@@ -42,8 +47,8 @@ def standalone_factory(
     """
     made: list[Standalone] = []
 
-    def make(name: str = "standalone", **kwargs: object) -> Standalone:
-        server = Standalone(tmp_path / name / "data", log_dir=tmp_path / name, **kwargs)  # type: ignore[arg-type]
+    def make(name: str = "standalone", **kwargs: Any) -> Standalone:
+        server = Standalone(tmp_path / name / "data", log_dir=tmp_path / name, **kwargs)
         made.append(server)
         return server
 

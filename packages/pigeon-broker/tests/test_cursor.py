@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -22,7 +23,7 @@ def _assert_canonical(rs: RangeSet) -> None:
     ranges = rs.ranges()
     for s, e in ranges:
         assert s < e, ranges
-    for (_s1, e1), (s2, _e2) in zip(ranges, ranges[1:], strict=False):
+    for (_s1, e1), (s2, _e2) in itertools.pairwise(ranges):
         assert e1 < s2, f"ranges not sorted, disjoint and merged: {ranges}"
 
 

@@ -147,6 +147,10 @@ def _hookspecs() -> list[tuple[str, Any]]:
     ]
 
 
+def _ids(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
 def test_hookspecs_exist() -> None:
     assert len(_hookspecs()) >= 4
     # every pigeon_ function is a real hookspec, not a forgotten helper
@@ -154,7 +158,7 @@ def test_hookspecs_exist() -> None:
         assert hasattr(fn, "pigeon_spec"), name
 
 
-@pytest.mark.parametrize(("name", "fn"), _hookspecs(), ids=lambda x: x if isinstance(x, str) else "")
+@pytest.mark.parametrize(("name", "fn"), _hookspecs(), ids=_ids)
 def test_hookspec_is_documented(name: str, fn: Any) -> None:
     doc = inspect.getdoc(fn)
     assert doc, f"hook {name} has no docstring"
@@ -164,7 +168,7 @@ def test_hookspec_is_documented(name: str, fn: Any) -> None:
     assert "firstresult" in doc, f"hook {name} does not say whether it is firstresult"
 
 
-@pytest.mark.parametrize(("name", "fn"), _hookspecs(), ids=lambda x: x if isinstance(x, str) else "")
+@pytest.mark.parametrize(("name", "fn"), _hookspecs(), ids=_ids)
 def test_hookspec_is_implemented(name: str, fn: Any) -> None:
     pm = PluginManager(disabled=set())
     impls = getattr(pm.pm.hook, name).get_hookimpls()

@@ -129,7 +129,8 @@ async def conn_pair(
 
 
 def _raw_frame(kind: str, fields: Any, request_id: int, frame_type: Any = BrokerFrame) -> bytes:
-    return b"".join(bytes(p) for p in encode_frame(build_message(frame_type, request_id, kind, fields)))
+    message = build_message(frame_type, request_id, kind, fields)
+    return b"".join(bytes(p) for p in encode_frame(message))
 
 
 async def _read_until_eof(stream: trio.abc.Stream) -> list[tuple[int, str, Any]]:
@@ -275,7 +276,7 @@ async def test_wrong_answer_kind_is_a_protocol_error() -> None:
 
 async def test_server_push_reaches_client_handler() -> None:
     recorder = Recorder()
-    async with conn_pair(LookupService(), recorder) as (client, server):
+    async with conn_pair(LookupService(), recorder) as (_client, server):
         server.send_nowait(
             "message",
             {"consumerId": 77, "entries": [{"segmentId": 1, "entryId": 2, "size": 5}]},
@@ -441,10 +442,11 @@ async def test_tcp_connect_handshake_and_request() -> None:
             assert (await conn.request("lookup", {"topic": "a"}))["topic"] == "a"
         assert len(service.opened) == 1
         assert service.opened[0].peer_name == "me"
+        # closing the client ends the stream: the server notices and tells its service
         conn.close()
         with trio.fail_after(TIMEOUT):
-            while not service.closed:
-                await trio.sleep(0.01)
+            await service.opened[0].closed_event.wait()
+        assert service.closed == service.opened
 
 
 async def test_tcp_wrong_protocol_version_is_refused_and_closed() -> None:

@@ -801,8 +801,10 @@ class BrokerService:
 
         async def seek() -> None:
             await coro
-            await sub.flush()
+            # Answer before anything from the new position can be pushed (no checkpoint
+            # in between): the client drops what it queued from before the seek.
             conn.respond(req.request_id, "ok")
+            await sub.flush()
 
         self._spawn(conn, req.request_id, seek)
 

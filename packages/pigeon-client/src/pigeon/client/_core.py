@@ -94,6 +94,14 @@ class ProducerCore:
     def __len__(self) -> int:
         return len(self.completions)
 
+    def would_overflow(self, value_size: int) -> bool:
+        """Would adding a value of this size take the batch past max_message_size?"""
+        n = len(self.completions) + 1
+        # per message: value offset, key offset/validity, event time, property offsets;
+        # per batch: the header and section padding
+        overhead = 32 * n + 4096
+        return self.builder.nbytes + value_size + overhead > self.max_message_size
+
     def add(
         self,
         value: bytes,

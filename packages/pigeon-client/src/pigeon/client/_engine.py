@@ -13,6 +13,7 @@ under the same producer name so the broker drops the ones it already stored.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import math
@@ -296,7 +297,14 @@ class ProducerEngine(_Reconnecting):
         self.max_message_size = 5 * 1024 * 1024
 
     async def start(self) -> None:
-        await self._attach()
+        try:
+            await self._attach()
+        except BaseException:
+            conn = self.conn or self.engine._conns.get(self.engine.address)
+            if conn is not None and not conn.closed:
+                with contextlib.suppress(ConnectionClosed):
+                    conn.send_nowait("closeProducer", {"producerId": self.producer_id})
+            raise
         self.engine.producers[self.producer_id] = self
         self.engine.nursery.start_soon(self._keep_connected)
         if math.isfinite(self.send_timeout) and self.send_timeout > 0:
@@ -478,6 +486,11 @@ class ConsumerEngine(_Reconnecting):
             await self._attach()
         except BaseException:
             self.engine.consumers.pop(self.consumer_id, None)
+            # The subscribe may have reached the broker: leave it there no consumer.
+            conn = self.conn
+            if conn is not None and not conn.closed:
+                with contextlib.suppress(ConnectionClosed):
+                    conn.send_nowait("closeConsumer", {"consumerId": self.consumer_id})
             raise
         self.engine.nursery.start_soon(self._keep_connected)
 
@@ -576,11 +589,23 @@ class ConsumerEngine(_Reconnecting):
             },
         )
 
-    async def seek(self, **target: Any) -> None:
+    async def seek(self, on_done: Callable[[], None] | None = None, **target: Any) -> None:
+        """Seek; ``on_done`` runs in the connection's reader as the answer arrives.
+
+        The broker answers before it pushes anything from the new position, so clearing
+        the local queue in ``on_done`` drops exactly the entries from before the seek.
+        """
         conn = self.conn
         if conn is None or conn.closed:
             raise ConnectionClosed("consumer is not connected")
-        await self.engine.request(conn, "seek", {"consumerId": self.consumer_id, **target})
+
+        def answered(body: Any, payload: memoryview) -> None:
+            if on_done is not None:
+                on_done()
+
+        await self.engine.request(
+            conn, "seek", {"consumerId": self.consumer_id, **target}, extract=answered
+        )
 
     async def last_message_id(self) -> dict[str, Any]:
         conn = self.conn

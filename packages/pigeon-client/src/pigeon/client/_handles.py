@@ -9,6 +9,7 @@ on the engine's thread).  Methods marked *engine* run on the engine's trio threa
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import re
 import secrets
@@ -28,6 +29,7 @@ from pigeon.client._engine import (
 )
 from pigeon.client._logic import (
     DELAY_TIME,
+    REAL_TOPIC,
     RECONSUME_TIMES,
     ConsumerLogic,
     DeadLetterPolicy,
@@ -270,11 +272,16 @@ class ConsumerHandle:
         for engine, positions in by_engine.items():
             await engine.redeliver(sorted(set(positions)))
 
+    async def redeliver_unacknowledged(self) -> None:
+        await self.flush_acks()  # what was acknowledged must not come back
+        for engine in self.engines:
+            await engine.redeliver_unacknowledged()
+
     async def _dead_letter(self) -> None:
         with self.lock:
             dead, self.logic.dead = self.logic.dead, []
         for m in dead:
-            topic = self.logic.dead_letter_topic(TopicName.parse(m.topic).base.full)
+            topic = self.logic.dead_letter_topic(_origin_topic(m))
             await self.publish(topic, m, dead_letter_properties(m), 0)
             with self.lock:
                 self.core.add_ack(m.message_id)
@@ -295,7 +302,7 @@ class ConsumerHandle:
         policy = self.logic.dead_letter
         if policy is None or not policy.enable_retry:
             raise NotSupported("reconsume_later needs dead_letter_policy with enable_retry=True")
-        base = TopicName.parse(m.topic).base.full
+        base = _origin_topic(m)
         props = dead_letter_properties(m)
         times = int(m.properties.get(RECONSUME_TIMES, "0")) + 1
         props[RECONSUME_TIMES] = str(times)
@@ -303,8 +310,7 @@ class ConsumerHandle:
         if times > policy.max_redeliver_count:
             await self.publish(self.logic.dead_letter_topic(base), m, props, 0)
         else:
-            retry = self.logic.retry_topic(base) if not base.endswith("-RETRY") else base
-            await self.publish(retry, m, props, wall_ms() + int(delay * 1000))
+            await self.publish(self.logic.retry_topic(base), m, props, wall_ms() + int(delay * 1000))
         with self.lock:
             self.core.add_ack(m.message_id)
 
@@ -339,10 +345,15 @@ class ConsumerHandle:
             engines, fields = self.engines, {"offset": int(offset)}
         else:
             engines, fields = self.engines, {"timestamp": int(timestamp)}  # type: ignore[arg-type]
+        await self.flush_acks()  # an ack sent after the seek could undo it
         for engine in engines:
-            await engine.seek(**fields)
-            with self.lock:
-                self.core.reset(engine)
+            await engine.seek(functools.partial(self._reset_locked, engine), **fields)
+
+    def _reset_locked(self, engine: Any) -> None:
+        with self.lock:
+            self.core.reset(engine)
+        with self.lock:
+            self.last_received.pop(engine, None)
 
     async def has_message_available(self) -> bool:
         with self.lock:
@@ -408,6 +419,11 @@ class ConsumerHandle:
                 f"{self.options.subscription_type} subscription"
             )
         self.core.add_cumulative_ack(mid)
+
+
+def _origin_topic(m: Message) -> str:
+    """The topic a message was first published to (retry copies carry it)."""
+    return TopicName.parse(m.properties.get(REAL_TOPIC) or m.topic).base.full
 
 
 def _pattern_namespace(pattern: re.Pattern[str]) -> str:

@@ -81,6 +81,9 @@ class ProducerLogic:
             raise InvalidArgument(f"message value must be bytes, not {type(value).__name__}")
         index = self.router.choose(key)
         core = self.cores[index]
+        if len(core) and core.would_overflow(len(value)):
+            # The broker refuses a batch over max_message_size: start a new one instead.
+            self.seal(index)
         if deliver_at:
             # A delayed message travels in a batch of its own (the delay is per batch).
             self.seal(index)

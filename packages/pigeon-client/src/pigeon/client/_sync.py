@@ -8,10 +8,12 @@ entries (batches) to a consumer's queue, which the caller's thread splits into m
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import math
 import re
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -63,6 +65,7 @@ class Client:
         self._started = threading.Event()
         self._error: BaseException | None = None
         self._closed = False
+        self._producers: weakref.WeakSet[Producer] = weakref.WeakSet()
         self._thread = threading.Thread(target=self._main, name="pigeon-client", daemon=True)
         self._thread.start()
         self._started.wait()
@@ -111,6 +114,9 @@ class Client:
     def close(self) -> None:
         if self._closed:
             return
+        for producer in list(self._producers):
+            with contextlib.suppress(Exception):
+                producer.close()
         try:
             self._call(self.engine.aclose)
         except Exception:
@@ -164,6 +170,7 @@ class Client:
         producer._handle = self._call(open_)
         producer._handle.on_space = producer._space_freed
         producer._send_timeout = send_timeout
+        self._producers.add(producer)
         return producer
 
     def subscribe(
@@ -471,11 +478,7 @@ class Consumer(_Receiving):
         self._client._call(self._handle.reconsume_later, message, delay)
 
     def redeliver_unacknowledged_messages(self) -> None:
-        async def redeliver() -> None:
-            for engine in self._handle.engines:
-                await engine.redeliver_unacknowledged()
-
-        self._client._call(redeliver)
+        self._client._call(self._handle.redeliver_unacknowledged)
 
     def unsubscribe(self) -> None:
         self._client._call(self._handle.unsubscribe)

@@ -361,8 +361,7 @@ class Consumer(_Receiving):
         await self._handle.reconsume_later(message, delay)
 
     async def redeliver_unacknowledged_messages(self) -> None:
-        for engine in self._handle.engines:
-            await engine.redeliver_unacknowledged()
+        await self._handle.redeliver_unacknowledged()
 
     async def unsubscribe(self) -> None:
         await self._handle.unsubscribe()

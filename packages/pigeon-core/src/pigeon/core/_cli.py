@@ -15,7 +15,10 @@ __all__ = ["main", "make_cli", "setup_logging"]
 
 class _KeyValueFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        base = f"{self.formatTime(record, '%Y-%m-%dT%H:%M:%S')} level={record.levelname} logger={record.name} msg={record.getMessage()!r}"
+        base = (
+            f"{self.formatTime(record, '%Y-%m-%dT%H:%M:%S')} level={record.levelname} "
+            f"logger={record.name} msg={record.getMessage()!r}"
+        )
         if record.exc_info:
             base += "\n" + self.formatException(record.exc_info)
         return base

@@ -38,14 +38,14 @@ def capnp_message_size(buf: bytes | bytearray | memoryview) -> int:
     n = len(buf)
     if n < 8:
         raise CorruptFrame("frame too short for a Cap'n Proto message")
-    nseg = _U32.unpack_from(buf, 0)[0] + 1
+    nseg: int = _U32.unpack_from(buf, 0)[0] + 1
     if nseg > _MAX_SEGMENTS:
         raise CorruptFrame(f"Cap'n Proto segment count {nseg} is implausible")
     table = 4 * (1 + nseg)
     table += table & 4  # pad to a multiple of 8
     if table > n:
         raise CorruptFrame("Cap'n Proto segment table is truncated")
-    words = sum(struct.unpack_from(f"<{nseg}I", buf, 4))
+    words: int = sum(struct.unpack_from(f"<{nseg}I", buf, 4))
     size = table + 8 * words
     if size > n:
         raise CorruptFrame("Cap'n Proto message is longer than its frame")
@@ -74,7 +74,9 @@ def _fill(builder: Any, fields: dict[str, Any]) -> None:
             setattr(builder, name, value)
 
 
-def build_message(frame_type: Any, request_id: int, kind: str, fields: dict[str, Any] | None) -> bytes:
+def build_message(
+    frame_type: Any, request_id: int, kind: str, fields: dict[str, Any] | None
+) -> bytes:
     """Serialise one frame struct: ``requestId`` plus the union member ``kind``."""
     msg = frame_type.new_message()
     msg.requestId = request_id

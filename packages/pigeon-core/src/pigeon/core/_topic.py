@@ -85,7 +85,8 @@ class TopicName:
         return f"{self.domain}/{self.tenant}/{self.namespace}/{self.local}"
 
     def partition(self, index: int) -> TopicName:
-        return TopicName(self.persistent, self.tenant, self.namespace, f"{self.local}-partition-{index}")
+        local = f"{self.local}-partition-{index}"
+        return TopicName(self.persistent, self.tenant, self.namespace, local)
 
     @property
     def partition_index(self) -> int:

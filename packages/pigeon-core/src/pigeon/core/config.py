@@ -32,6 +32,11 @@ T = TypeVar("T")
 
 
 def _convert(key: str, value: Any, tp: Any, source: str) -> Any:
+    def bad(expected: str) -> ConfigError:
+        return ConfigError(
+            f"bad value for {key!r} (from {source}): expected {expected}, got {value!r}"
+        )
+
     origin = typing.get_origin(tp)
     if origin is typing.Literal:
         choices = typing.get_args(tp)
@@ -48,28 +53,24 @@ def _convert(key: str, value: Any, tp: Any, source: str) -> Any:
             return True
         if isinstance(value, str) and value.lower() in ("0", "false", "no", "off"):
             return False
-        raise ConfigError(f"bad value for {key!r} (from {source}): expected a boolean, got {value!r}")
+        raise bad("a boolean")
     if tp is int:
         if isinstance(value, bool | float):  # int(2.5) would silently truncate
-            raise ConfigError(f"bad value for {key!r} (from {source}): expected an integer, got {value!r}")
+            raise bad("an integer")
         try:
             return int(value)
         except (TypeError, ValueError):
-            raise ConfigError(
-                f"bad value for {key!r} (from {source}): expected an integer, got {value!r}"
-            ) from None
+            raise bad("an integer") from None
     if tp is float:
         if isinstance(value, bool):
-            raise ConfigError(f"bad value for {key!r} (from {source}): expected a number, got {value!r}")
+            raise bad("a number")
         try:
             return float(value)
         except (TypeError, ValueError):
-            raise ConfigError(
-                f"bad value for {key!r} (from {source}): expected a number, got {value!r}"
-            ) from None
+            raise bad("a number") from None
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(f"bad value for {key!r} (from {source}): expected a string, got {value!r}")
+            raise bad("a string")
         return value
     return value
 
@@ -97,7 +98,9 @@ def load_config(
     def put(key: str, value: Any, source: str) -> None:
         if key not in fields:
             known = ", ".join(sorted(fields))
-            raise ConfigError(f"unknown configuration key {key!r} (from {source}); known keys: {known}")
+            raise ConfigError(
+                f"unknown configuration key {key!r} (from {source}); known keys: {known}"
+            )
         values[key] = _convert(key, value, fields[key], source)
 
     if path is not None:

@@ -1,0 +1,732 @@
+"""The asyncio face of the PigeonMQ client: the sync face's API, awaited from asyncio.
+
+    import asyncio
+    from pigeon.client.asyncio import Client
+
+    async def main() -> None:
+        async with Client("pigeon://127.0.0.1:6650") as client:
+            async with await client.create_producer("events") as producer:
+                await producer.send(b"payload", key="k")
+            async with await client.subscribe("events", "sub-1", initial_position="earliest") as c:
+                msg = await c.receive(timeout=5)
+                await c.acknowledge(msg)
+
+    asyncio.run(main())
+
+The trio engine runs in one background thread, started exactly as the sync face starts it
+(an internal :class:`pigeon.client._sync.Client`); the asyncio program needs no trio of its
+own and its event loop never blocks on the engine:
+
+* an engine operation (lookup, subscribe, seek, flush, close, ...) is a task started in the
+  engine's nursery with ``run_sync_soon``; its outcome comes back through
+  ``loop.call_soon_threadsafe`` into an asyncio future.  Cancelling the awaiting asyncio
+  task cancels the engine task (closes excepted: they run to completion), and a producer
+  or consumer opened for a task that is no longer waiting is closed again.
+* a producer accumulates messages in the loop's thread (the batching timer is a
+  ``loop.call_later``) and hands each sealed batch over with one ``run_sync_soon``; the
+  receipt of a batch comes back with one ``call_soon_threadsafe`` that resolves the asyncio
+  futures of all its messages.
+* a consumer's queue is filled by the engine, which wakes the loop (at most one
+  ``call_soon_threadsafe`` in flight per consumer); the loop's thread splits entries into
+  messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import re
+import threading
+import weakref
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import trio
+
+from pigeon.client import _sync
+from pigeon.client import trio as trio_face
+from pigeon.client._core import message_id_of
+from pigeon.client._handles import (
+    ConsumerHandle,
+    ProducerHandle,
+    deliver_time,
+    open_consumer,
+    open_producer,
+    reader_subscription,
+)
+from pigeon.client._logic import DeadLetterPolicy
+from pigeon.client._message import Message, MessageId
+from pigeon.core import PluginManager
+from pigeon.core.errors import AlreadyClosed, ProducerQueueFull, Timeout
+
+__all__ = ["Client", "Consumer", "DeadLetterPolicy", "Producer", "Reader"]
+
+log = logging.getLogger(__name__)
+
+
+class _EngineCall:
+    """One coroutine run in the engine's nursery for an awaiting asyncio task.
+
+    Its state changes (started, abandoned, finished) all happen on the engine's thread, so
+    they need no lock; the asyncio future is only touched on the loop's thread.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        loop: asyncio.AbstractEventLoop,
+        fut: asyncio.Future[Any],
+        afn: Callable[..., Awaitable[Any]],
+        args: tuple[Any, ...],
+        shield: bool,
+        orphan: Callable[[Any], None] | None,
+    ) -> None:
+        self.client = client
+        self.loop = loop
+        self.fut = fut
+        self.afn = afn
+        self.args = args
+        self.shield = shield
+        self.orphan = orphan
+        self.abandoned = False
+        self.scope: trio.CancelScope | None = None
+
+    # -- engine thread -----------------------------------------------------------------
+
+    def start(self) -> None:
+        try:
+            self.client.engine.nursery.start_soon(self._task)
+        except RuntimeError:  # the engine's nursery is closed: the client was closed
+            self._post(None, AlreadyClosed("client is closed"))
+
+    async def _task(self) -> None:
+        posted = False
+        try:
+            if self.abandoned and not self.shield:
+                return
+            with trio.CancelScope() as self.scope:
+                try:
+                    result = await self.afn(*self.args)
+                except Exception as exc:
+                    self._post(None, exc)
+                    posted = True
+                    return
+                self._post(result, None)
+                posted = True
+        finally:
+            if not posted and not self.abandoned:
+                # cancelled from outside: the engine is shutting down
+                self._post(None, AlreadyClosed("client is closed"))
+
+    def abandon(self) -> None:
+        """The asyncio task stopped waiting (it was cancelled)."""
+        self.abandoned = True
+        if self.scope is not None and not self.shield:
+            self.scope.cancel()
+
+    def _post(self, result: Any, error: BaseException | None) -> None:
+        with contextlib.suppress(RuntimeError):  # the event loop is closed: nobody waits
+            self.loop.call_soon_threadsafe(self._resolve, result, error)
+
+    # -- loop thread -------------------------------------------------------------------
+
+    def _resolve(self, result: Any, error: BaseException | None) -> None:
+        fut = self.fut
+        if fut.cancelled():
+            if error is None and self.orphan is not None:
+                self.orphan(result)
+            return
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(result)
+
+
+class Client:
+    """A PigeonMQ client for asyncio programs; an async context manager.
+
+    Constructing it starts the engine thread (no network I/O yet).  Every object it makes
+    belongs to the event loop it was made in.
+    """
+
+    def __init__(
+        self,
+        service_url: str,
+        *,
+        operation_timeout: float = 30.0,
+        plugins: PluginManager | None = None,
+    ) -> None:
+        self._sync = _sync.Client(service_url, operation_timeout=operation_timeout, plugins=plugins)
+        self.engine = self._sync.engine
+        self.plugins = self._sync.plugins
+        self.codecs = self._sync.codecs
+        self._closed = False
+        self._producers: weakref.WeakSet[Producer] = weakref.WeakSet()
+        self._receivers: weakref.WeakSet[_Receiving] = weakref.WeakSet()
+
+    # ------------------------------------------------------------------ bridging
+
+    async def _run(
+        self,
+        afn: Callable[..., Awaitable[Any]],
+        *args: Any,
+        shield: bool = False,
+        orphan: Callable[[Any], None] | None = None,
+    ) -> Any:
+        """Await ``afn(*args)`` run as a task of the engine's nursery.
+
+        ``shield``: the engine task runs to completion even if the awaiting task is
+        cancelled.  ``orphan(result)`` disposes of a result nobody waits for any more.
+        """
+        if self._closed:
+            raise AlreadyClosed("client is closed")
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        call = _EngineCall(self, loop, fut, afn, args, shield, orphan)
+        self._soon(call.start)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                # the outcome arrived, but the task was cancelled before it resumed
+                if fut.exception() is None and orphan is not None:
+                    orphan(fut.result())
+            else:
+                with contextlib.suppress(AlreadyClosed):
+                    self._soon(call.abandon)
+            raise
+
+    def _soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the engine's thread soon (never blocks)."""
+        self._sync._soon(fn, *args)
+
+    def _spawn(self, afn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        """Fire and forget: run ``afn(*args)`` in the engine's nursery, errors logged."""
+
+        async def run() -> None:
+            try:
+                await afn(*args)
+            except Exception:
+                log.exception("background operation %s failed", getattr(afn, "__name__", afn))
+
+        def start() -> None:
+            with contextlib.suppress(RuntimeError):
+                self.engine.nursery.start_soon(run)
+
+        with contextlib.suppress(AlreadyClosed):
+            self._soon(start)
+
+    # ------------------------------------------------------------------ public
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close every producer and consumer, the connections, and stop the engine thread."""
+        if self._closed:
+            return
+        for producer in list(self._producers):
+            producer._seal_and_close()  # batched messages go out before the engine closes
+        try:
+            await self._run(self.engine.aclose, shield=True)
+        except AlreadyClosed:
+            pass
+        finally:
+            self._closed = True
+            self._sync._closed = True
+            for receiver in list(self._receivers):
+                receiver._mark_closed()
+        await asyncio.to_thread(self._sync._thread.join, 30)
+
+    async def create_topic(self, topic: str, partitions: int = 0) -> None:
+        """Create a topic (``partitions > 0``: a partitioned topic)."""
+        await self._run(self.engine.create_topic, topic, partitions)
+
+    async def list_topics(self, namespace: str = "public/default") -> list[str]:
+        result: list[str] = await self._run(self.engine.list_topics, namespace)
+        return result
+
+    async def create_producer(
+        self,
+        topic: str,
+        *,
+        producer_name: str = "",
+        batching_max_messages: int = 1000,
+        batching_max_bytes: int = 128 * 1024,
+        batching_max_delay_ms: float = 5.0,
+        compression: str = "none",
+        send_timeout: float = 30.0,
+        max_pending_messages: int = 100_000,
+        block_if_queue_full: bool = True,
+        routing_mode: str = "round_robin",
+        message_router: Callable[[Any, int], int] | None = None,
+    ) -> Producer:
+        producer = Producer(self, max_pending_messages, block_if_queue_full, send_timeout)
+
+        async def open_() -> ProducerHandle:
+            return await open_producer(
+                self.engine,
+                topic,
+                codecs=self.codecs,
+                lock=producer._lock,
+                producer_name=producer_name,
+                batching_max_messages=batching_max_messages,
+                batching_max_bytes=batching_max_bytes,
+                batching_max_delay_ms=batching_max_delay_ms,
+                compression=compression,
+                send_timeout=send_timeout,
+                routing_mode=routing_mode,
+                message_router=message_router,
+                submit=producer._submit,
+                start_timer=producer._start_timer,
+            )
+
+        def orphan(handle: ProducerHandle) -> None:
+            handle.closed = True
+            self._spawn(handle.close)
+
+        handle: ProducerHandle = await self._run(open_, shield=True, orphan=orphan)
+        # receipts resolve futures on the loop's thread, once per batch (see _callback_for)
+        handle.logic.callback_for = producer._callback_for
+        producer._handle = handle
+        self._producers.add(producer)
+        return producer
+
+    async def subscribe(
+        self,
+        topic: str | list[str] | re.Pattern[str],
+        subscription: str,
+        *,
+        subscription_type: str = "exclusive",
+        initial_position: str = "latest",
+        consumer_name: str = "",
+        priority: int = 0,
+        receiver_queue_size: int = 10_000,
+        ack_timeout: float = 0.0,
+        negative_ack_redelivery_delay: float = 1.0,
+        dead_letter_policy: DeadLetterPolicy | None = None,
+        pattern_auto_discovery_period: float = 60.0,
+    ) -> Consumer:
+        """Subscribe to a topic, a list of topics, or a ``re.Pattern`` of topic names."""
+        consumer = Consumer(self)
+
+        async def open_() -> ConsumerHandle:
+            return await open_consumer(
+                self.engine,
+                topic,
+                subscription,
+                codecs=self.codecs,
+                lock=consumer._lock,
+                notify=consumer._notify,
+                subscription_type=subscription_type,
+                initial_position=initial_position,
+                consumer_name=consumer_name,
+                priority=priority,
+                receiver_queue_size=receiver_queue_size,
+                ack_timeout=ack_timeout,
+                negative_ack_redelivery_delay=negative_ack_redelivery_delay,
+                dead_letter_policy=dead_letter_policy,
+                pattern_auto_discovery_period=pattern_auto_discovery_period,
+                producer_factory=self._sync._trio_client.create_producer,
+            )
+
+        consumer._handle = await self._run(open_, shield=True, orphan=self._close_orphan)
+        self._receivers.add(consumer)
+        return consumer
+
+    async def create_reader(
+        self,
+        topic: str,
+        start: str | MessageId = "earliest",
+        *,
+        start_message_id_inclusive: bool = False,
+        receiver_queue_size: int = 10_000,
+    ) -> Reader:
+        """A reader from ``"earliest"``, ``"latest"`` or after a MessageId."""
+        initial, offset = trio_face.reader_start(start, start_message_id_inclusive)
+        reader = Reader(self)
+
+        async def open_() -> ConsumerHandle:
+            return await open_consumer(
+                self.engine,
+                topic,
+                reader_subscription(),
+                codecs=self.codecs,
+                lock=reader._lock,
+                notify=reader._notify,
+                initial_position=initial,
+                receiver_queue_size=receiver_queue_size,
+                durable=False,
+                start_offset=offset,
+            )
+
+        reader._handle = await self._run(open_, shield=True, orphan=self._close_orphan)
+        self._receivers.add(reader)
+        return reader
+
+    def _close_orphan(self, handle: ConsumerHandle) -> None:
+        self._spawn(handle.close)
+
+
+class Producer:
+    """Sends messages to a topic (every partition of a partitioned topic).
+
+    Messages are batched on the event loop's thread; the futures of a batch's messages are
+    resolved together when its receipt arrives.
+    """
+
+    _handle: ProducerHandle
+
+    def __init__(
+        self, client: Client, max_pending: int, block_if_queue_full: bool, send_timeout: float
+    ) -> None:
+        self._client = client
+        self._loop = asyncio.get_running_loop()
+        self._max_pending = max_pending
+        self._block = block_if_queue_full
+        self._send_timeout = send_timeout
+        self._lock = threading.Lock()
+        self._space = asyncio.Event()
+
+    @property
+    def topic(self) -> str:
+        return self._handle.topic
+
+    @property
+    def producer_name(self) -> str:
+        return self._handle.producer_name
+
+    async def __aenter__(self) -> Producer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- hooks of ProducerLogic, called on the loop's thread with the lock held ------------
+
+    def _submit(self, engine: Any, batch: Any) -> None:
+        try:
+            self._client._soon(engine.submit, batch)
+        except AlreadyClosed as exc:
+            batch.callback(None, exc)
+
+    def _start_timer(self, index: int, generation: int) -> None:
+        self._loop.call_later(self._handle.logic.max_delay, self._timer_fired, index, generation)
+
+    def _timer_fired(self, index: int, generation: int) -> None:
+        with self._lock:
+            self._handle.logic.timer_fired(index, generation)
+
+    def _callback_for(
+        self, futures: list[asyncio.Future[MessageId]], state: Any, partition: int
+    ) -> Callable[[Any, BaseException | None], None]:
+        loop = self._loop
+
+        def on_done(result: Any, error: BaseException | None) -> None:  # engine thread
+            with contextlib.suppress(RuntimeError):  # the event loop is closed
+                loop.call_soon_threadsafe(self._resolve_batch, futures, result, error, partition)
+
+        return on_done
+
+    def _resolve_batch(
+        self,
+        futures: list[asyncio.Future[MessageId]],
+        result: Any,
+        error: BaseException | None,
+        partition: int,
+    ) -> None:
+        if error is None:
+            seg, entry, offset, _duplicate = result
+            for i, f in enumerate(futures):
+                if not f.done():
+                    f.set_result(
+                        MessageId(seg, entry, i, partition, offset + i if offset >= 0 else -1)
+                    )
+        else:
+            for f in futures:
+                if not f.done():
+                    f.set_exception(error)
+        h = self._handle
+        h.outstanding -= len(futures)
+        if h.outstanding < self._max_pending:
+            self._space.set()
+
+    # -- public ------------------------------------------------------------------------
+
+    async def send(
+        self,
+        value: bytes,
+        *,
+        key: str | bytes | None = None,
+        properties: Mapping[str, str] | None = None,
+        event_time: int = 0,
+        deliver_at: int | None = None,
+        deliver_after: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the sync face's API
+    ) -> MessageId:
+        """Send one message and wait for the broker's receipt.
+
+        If the pending queue is full and ``block_if_queue_full`` is set, wait for space
+        (at most ``send_timeout``).  Cancelling the wait does not take the message back.
+        """
+        if self._block:
+            await self._wait_for_space()
+        fut = self.send_async(
+            value,
+            key=key,
+            properties=properties,
+            event_time=event_time,
+            deliver_at=deliver_at,
+            deliver_after=deliver_after,
+        )
+        try:
+            async with asyncio.timeout(timeout):
+                return await fut
+        except TimeoutError:
+            raise Timeout(f"no receipt within {timeout}s") from None
+
+    async def _wait_for_space(self) -> None:
+        h = self._handle
+        if h.outstanding < self._max_pending:
+            return
+        try:
+            async with asyncio.timeout(self._send_timeout):
+                while h.outstanding >= self._max_pending and not h.closed:
+                    self._space.clear()
+                    await self._space.wait()
+        except TimeoutError:
+            raise Timeout("producer queue stayed full") from None
+
+    def send_async(
+        self,
+        value: bytes,
+        *,
+        key: str | bytes | None = None,
+        properties: Mapping[str, str] | None = None,
+        event_time: int = 0,
+        deliver_at: int | None = None,
+        deliver_after: float | None = None,
+        callback: Callable[[asyncio.Future[MessageId]], None] | None = None,
+    ) -> asyncio.Future[MessageId]:
+        """Queue one message; the returned future resolves to its MessageId.
+
+        Never waits: with ``max_pending_messages`` already pending it raises
+        ``ProducerQueueFull`` (``await send(...)`` waits for space instead).
+        ``deliver_at`` (ms since the epoch) or ``deliver_after`` (seconds) hold the message
+        back on shared subscriptions until then.  Cancelling the future only stops waiting
+        for the receipt; the message is still sent.
+        """
+        h = self._handle
+        when = deliver_time(deliver_at, deliver_after)
+        if h.closed:
+            raise AlreadyClosed("producer is closed")
+        if h.outstanding >= self._max_pending:
+            raise ProducerQueueFull(
+                f"{h.outstanding} messages pending (max_pending_messages={self._max_pending})"
+            )
+        fut: asyncio.Future[MessageId] = self._loop.create_future()
+        with self._lock:
+            h.logic.add(value, key, properties, event_time, when, fut)
+        h.outstanding += 1
+        if callback is not None:
+            fut.add_done_callback(callback)
+        return fut
+
+    def _seal_and_close(self) -> None:
+        """The client is closing: hand over what is batched; accept no more messages."""
+        with self._lock:
+            self._handle.logic.seal_all()
+            self._handle.closed = True
+        self._space.set()
+
+    async def flush(self) -> None:
+        """Send what is batched and wait until every pending message is acknowledged.
+
+        When it returns, the futures of all messages sent before are resolved.
+        """
+        with self._lock:
+            self._handle.logic.seal_all()
+        await self._client._run(self._handle.flush)
+
+    async def close(self) -> None:
+        """Flush, then detach from the broker (pending messages fail with AlreadyClosed)."""
+        h = self._handle
+        if h.closed:
+            return
+        if self._client._closed:  # the client's close already closed every producer
+            h.closed = True
+            return
+        try:
+            await self.flush()
+        finally:
+            with self._lock:
+                h.closed = True
+            self._space.set()
+            await self._client._run(h.close, shield=True)
+
+
+class _Receiving:
+    _handle: ConsumerHandle
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+        self._loop = asyncio.get_running_loop()
+        self._lock = threading.Lock()
+        self._arrived = asyncio.Event()
+        self._wake_pending = False
+
+    def _notify(self) -> None:
+        """Engine thread: entries were queued (or the consumer closed): wake receivers."""
+        if self._wake_pending:
+            return  # a wake-up is already on its way; it will see these entries too
+        self._wake_pending = True
+        try:
+            self._loop.call_soon_threadsafe(self._wake)
+        except RuntimeError:  # the event loop is closed: nobody receives any more
+            self._wake_pending = False
+
+    def _wake(self) -> None:
+        self._wake_pending = False
+        self._arrived.set()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def batch_receive(
+        self,
+        max_messages: int = 1000,
+        timeout: float | None = None,  # noqa: ASYNC109 - the sync face's API
+    ) -> list[Message]:
+        """Up to ``max_messages`` messages, at least one; raises Timeout after ``timeout`` s."""
+        h = self._handle
+        client = self._client
+        deadline = self._loop.time() + (timeout if timeout is not None else math.inf)
+        while True:
+            self._arrived.clear()  # before looking, so no wake-up is lost
+            if h.closed:
+                raise AlreadyClosed("consumer is closed")
+            with self._lock:
+                msgs = h.take_messages(max_messages, _sync.trio_now(client._sync))
+                if msgs:
+                    h.record_received(msgs)
+                    grants = h.grants(msgs)
+                    break
+            left = deadline - self._loop.time()
+            if left <= 0:
+                raise Timeout(f"no message within {timeout}s")
+            try:
+                async with asyncio.timeout(None if math.isinf(left) else left):
+                    await self._arrived.wait()
+            except TimeoutError:
+                pass  # look once more, then raise Timeout
+        for engine, permits in grants:
+            with contextlib.suppress(AlreadyClosed):
+                client._soon(engine.flow, permits)
+        return msgs
+
+    async def receive(self, timeout: float | None = None) -> Message:  # noqa: ASYNC109
+        """The next message; raises pigeon.client.Timeout after ``timeout`` seconds."""
+        return (await self.batch_receive(1, timeout))[0]
+
+    async def seek(
+        self,
+        target: MessageId | None = None,
+        *,
+        offset: int | None = None,
+        timestamp: int | None = None,
+    ) -> None:
+        """Move to a MessageId, a partition offset, or a publish time (ms since the epoch)."""
+        await self._client._run(self._handle.seek, target, offset, timestamp)
+
+    async def close(self) -> None:
+        h = self._handle
+        if h.closed:
+            return
+        try:
+            if not self._client._closed:
+                await self._client._run(h.close, shield=True)
+        finally:
+            self._mark_closed()
+
+    def _mark_closed(self) -> None:
+        self._handle.closed = True
+        self._arrived.set()
+
+
+class Consumer(_Receiving):
+    """Receives the messages of one subscription (on one or more topics).
+
+    ``async for msg in consumer:`` receives forever.
+    """
+
+    async def __aenter__(self) -> Consumer:
+        return self
+
+    def __aiter__(self) -> Consumer:
+        return self
+
+    async def __anext__(self) -> Message:
+        return await self.receive()
+
+    @property
+    def topic(self) -> str:
+        return self._handle.engines[0].topic if self._handle.engines else ""
+
+    @property
+    def subscription(self) -> str:
+        return self._handle.subscription
+
+    async def acknowledge(self, message: Message | MessageId) -> None:
+        """Acknowledge one message (sent to the broker in groups, every 100 ms)."""
+        mid = message_id_of(message)
+        with self._lock:
+            full = self._handle.acknowledge(mid)
+        if full:
+            self._client._soon(self._handle.flush_acks_nowait)
+
+    async def acknowledge_cumulative(self, message: Message | MessageId) -> None:
+        """Acknowledge this message and every earlier one of its partition."""
+        mid = message_id_of(message)
+        with self._lock:
+            self._handle.acknowledge_cumulative(mid)
+
+    async def negative_acknowledge(self, message: Message) -> None:
+        """Ask for this message again after ``negative_ack_redelivery_delay`` seconds."""
+        with self._lock:
+            self._handle.logic.negative_acknowledge(message, _sync.trio_now(self._client._sync))
+
+    async def reconsume_later(self, message: Message, delay: float) -> None:
+        """Republish to the retry topic, delivered after ``delay`` seconds; acknowledge."""
+        await self._client._run(self._handle.reconsume_later, message, delay)
+
+    async def redeliver_unacknowledged_messages(self) -> None:
+        """Have the broker send again every message received but not acknowledged."""
+        await self._client._run(self._handle.redeliver_unacknowledged)
+
+    async def unsubscribe(self) -> None:
+        try:
+            await self._client._run(self._handle.unsubscribe)
+        finally:
+            self._arrived.set()
+
+
+class Reader(_Receiving):
+    """Reads a topic from a position, without a durable subscription."""
+
+    async def __aenter__(self) -> Reader:
+        return self
+
+    async def read_next(self, timeout: float | None = None) -> Message:  # noqa: ASYNC109
+        msg = await self.receive(timeout)
+        with self._lock:
+            self._handle.acknowledge_cumulative(msg.message_id)
+        return msg
+
+    async def has_message_available(self) -> bool:
+        result: bool = await self._client._run(self._handle.has_message_available)
+        return result
