@@ -75,12 +75,27 @@ class ProducerLogic:
         deliver_at: int,
         completion: Any,
         make_completion: Callable[[ProducerCore], Any] | None = None,
+        sequence_id: int | None = None,
     ) -> Any:
-        """Add one message; returns its completion (made by ``make_completion`` if given)."""
+        """Add one message; returns its completion (made by ``make_completion`` if given).
+
+        ``sequence_id`` sets the message's sequence id explicitly (it must not go down);
+        the broker stores each (producer name, sequence id) once, which makes replays
+        idempotent (the Spark sink's exactly-once writes rely on it).
+        """
         if not isinstance(value, (bytes, bytearray, memoryview)):
             raise InvalidArgument(f"message value must be bytes, not {type(value).__name__}")
         index = self.router.choose(key)
         core = self.cores[index]
+        if sequence_id is not None:
+            expected = core.next_sequence_id + len(core)
+            if sequence_id != expected:
+                if sequence_id < expected and len(core):
+                    raise InvalidArgument(
+                        f"sequence_id {sequence_id} is below the batch's next one ({expected})"
+                    )
+                self.seal(index)  # a batch holds consecutive sequence ids
+                core.next_sequence_id = sequence_id
         if len(core) and core.would_overflow(len(value)):
             # The broker refuses a batch over max_message_size: start a new one instead.
             self.seal(index)

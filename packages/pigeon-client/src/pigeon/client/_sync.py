@@ -265,6 +265,11 @@ class Producer:
     def producer_name(self) -> str:
         return self._handle.producer_name
 
+    @property
+    def last_sequence_id(self) -> int:
+        """The highest sequence id the broker had stored for this producer name at attach."""
+        return int(self._handle.engines[0].last_sequence_id)
+
     def __enter__(self) -> Producer:
         return self
 
@@ -297,6 +302,7 @@ class Producer:
         deliver_at: int | None = None,
         deliver_after: float | None = None,
         timeout: float | None = None,
+        sequence_id: int | None = None,
     ) -> MessageId:
         """Send one message and wait for the broker's receipt."""
         fut = self.send_async(
@@ -306,6 +312,7 @@ class Producer:
             event_time=event_time,
             deliver_at=deliver_at,
             deliver_after=deliver_after,
+            sequence_id=sequence_id,
         )
         try:
             return fut.result(timeout)
@@ -322,6 +329,7 @@ class Producer:
         deliver_at: int | None = None,
         deliver_after: float | None = None,
         callback: Callable[[concurrent.futures.Future[MessageId]], None] | None = None,
+        sequence_id: int | None = None,
     ) -> concurrent.futures.Future[MessageId]:
         """Queue one message; the future resolves to its MessageId.
 
@@ -345,7 +353,7 @@ class Producer:
                         raise Timeout("producer queue stayed full")
                     self._space.wait(left)
             fut: MessageFuture = h.logic.add(
-                value, key, properties, event_time, when, None, _make_future
+                value, key, properties, event_time, when, None, _make_future, sequence_id
             )
             h.outstanding += 1
         if callback is not None:
