@@ -27,6 +27,8 @@ RESULTS = ROOT / "bench" / "results"
 DOC = ROOT / "docs" / "benchmarks.md"
 BEGIN = "<!-- bench:standard:begin -->"
 END = "<!-- bench:standard:end -->"
+SMALL_BEGIN = "<!-- bench:small:begin -->"
+SMALL_END = "<!-- bench:small:end -->"
 
 
 def free_port() -> int:
@@ -116,6 +118,33 @@ def standard(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+def small_and_codecs(args: argparse.Namespace) -> dict[str, Any]:
+    """100-byte messages through the sync API, and 1 KiB messages per codec."""
+    from pigeon.client._cli import run_perf_consume, run_perf_produce
+
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="pigeon-bench-") as tmp:
+        with Standalone(Path(tmp) / "data") as sa:
+            results["produce_100b"] = run_perf_produce(
+                sa.url, "bench-small", size=100, duration=args.duration, progress=False,
+                batch_max_messages=2000, batch_max_bytes=1 << 20,
+            )
+            print(json.dumps(results["produce_100b"]), file=sys.stderr)
+            results["consume_100b"] = run_perf_consume(
+                sa.url, "bench-small", duration=max(60.0, args.duration * 2),
+                max_messages=results["produce_100b"]["messages"], idle_timeout=10.0, progress=False,
+            )
+            print(json.dumps(results["consume_100b"]), file=sys.stderr)
+            for codec in args.codecs:
+                key = f"produce_1k_{codec}"
+                results[key] = run_perf_produce(
+                    sa.url, f"bench-codec-{codec}", size=1024, duration=max(5.0, args.duration / 3),
+                    compression=codec, progress=False,
+                )
+                print(json.dumps(results[key]), file=sys.stderr)
+    return results
+
+
 def fill_backlog(url: str, topic: str, n: int) -> dict[str, Any]:
     from pigeon.client import Client
 
@@ -157,15 +186,39 @@ def render(results: dict[str, Any], command: str) -> str:
     return "\n".join(lines)
 
 
-def write_doc(section: str) -> None:
+def render_small(results: dict[str, Any], command: str) -> str:
+    p = results["produce_100b"]
+    c = results["consume_100b"]
+    lines = [
+        SMALL_BEGIN,
+        f"Run on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine: {machine()}.",
+        "",
+        f"Command: `{command}`",
+        "",
+        "| scenario | result | target |",
+        "|---|---|---|",
+        f"| sync API producer, 100-byte messages, batching on | **{p['msg_per_s']:,.0f} msg/s** ({p['mb_per_s']} MB/s) | ≥ 300,000 msg/s |",
+        f"| one consumer on the same data, cumulative acks | **{c['msg_per_s']:,.0f} msg/s** | ≥ 300,000 msg/s |",
+    ]
+    for key, r in results.items():
+        if key.startswith("produce_1k_"):
+            lines.append(
+                f"| 1 KiB messages, codec `{r['compression']}` (MB/s before compression) | "
+                f"{r['mb_per_s']} MB/s ({r['msg_per_s']:,.0f} msg/s) | — |"
+            )
+    lines += ["", SMALL_END]
+    return "\n".join(lines)
+
+
+def write_doc(section: str, begin: str = BEGIN, end: str = END, title: str = "Standard scenario") -> None:
     DOC.parent.mkdir(exist_ok=True)
-    text = DOC.read_text() if DOC.exists() else "# Benchmarks\n\n## Standard scenario\n\n" + BEGIN + "\n" + END + "\n"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        _, tail = rest.split(END, 1)
+    text = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        _, tail = rest.split(end, 1)
         text = head + section + tail
     else:
-        text += "\n## Standard scenario\n\n" + section + "\n"
+        text += f"\n## {title}\n\n" + section + "\n"
     DOC.write_text(text)
 
 
@@ -174,15 +227,32 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=30.0, help="produce scenario seconds")
     parser.add_argument("--backlog-mb", type=int, default=1024, help="catch-up backlog size")
     parser.add_argument("--no-docs", action="store_true", help="do not touch docs/benchmarks.md")
+    parser.add_argument(
+        "--scenario", choices=["standard", "small", "all"], default="all",
+        help="standard: 1 KiB produce + 1 GiB catch-up; small: 100 B sync API + codecs",
+    )
+    parser.add_argument("--codecs", nargs="*", default=["none", "gzip", "lz4", "zstd"])
     args = parser.parse_args()
-    command = "python -m bench " + " ".join(sys.argv[1:])
+    command = ("python -m bench " + " ".join(sys.argv[1:])).strip()
+    if args.scenario in ("small", "all"):
+        small = small_and_codecs(args)
+        small["machine"] = machine()
+        small["command"] = command
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / f"small-{time.strftime('%Y%m%dT%H%M%S')}.json").write_text(json.dumps(small, indent=2))
+        section = render_small(small, command)
+        print(section)
+        if not args.no_docs:
+            write_doc(section, SMALL_BEGIN, SMALL_END, "Small messages and codecs")
+        if args.scenario == "small":
+            return
     results = standard(args)
     results["machine"] = machine()
-    results["command"] = command.strip()
+    results["command"] = command
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"standard-{time.strftime('%Y%m%dT%H%M%S')}.json"
     out.write_text(json.dumps(results, indent=2))
-    section = render(results, command.strip())
+    section = render(results, command)
     print(section)
     if not args.no_docs:
         write_doc(section)

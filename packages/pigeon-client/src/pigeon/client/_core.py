@@ -156,6 +156,7 @@ class ConsumerCore:
         self.owners: dict[int, Any] = {}
         self.pending_acks: dict[Any, list[tuple[int, int, int, int]]] = {}
         self.cumulative: dict[Any, tuple[int, int, int, int]] = {}
+        self._grants: list[tuple[Any, int]] = []
 
     def push(self, entries: list[ReceivedEntry]) -> None:
         self.entries.extend(entries)
@@ -168,9 +169,7 @@ class ConsumerCore:
             self.consumed.clear()
             return
         self.entries = deque(e for e in self.entries if e.source is not source)
-        self.messages = deque(
-            m for m in self.messages if self.owners.get(m.message_id.segment_id) is not source
-        )
+        self.messages = deque(m for m in self.messages if self.owners.get(m._segment) is not source)
         self.consumed.pop(source, None)
 
     def expand_next(self) -> bool:
@@ -190,6 +189,7 @@ class ConsumerCore:
                 codecs=self.codecs,
             )
             if msgs:
+                self._consumed(src, len(msgs))
                 self.messages.extend(msgs)
                 return True
         return False
@@ -203,26 +203,22 @@ class ConsumerCore:
         return [messages.popleft() for _ in range(max_messages)]
 
     def count_consumed(self, msgs: list[Message]) -> list[tuple[Any, int]]:
-        """Record consumed messages; returns (engine, permits) to grant now."""
-        grants: list[tuple[Any, int]] = []
-        owners = self.owners
-        counts: dict[Any, int] = {}
-        last_seg = None
-        owner: Any = None
-        for m in msgs:
-            seg = m.message_id.segment_id
-            if seg != last_seg:
-                owner = owners.get(seg)
-                last_seg = seg
-            counts[owner] = counts.get(owner, 0) + 1
-        threshold = max(1, self.receiver_queue_size // 2)
-        for src, n in counts.items():
-            total = self.consumed.get(src, 0) + n
-            if total >= threshold:
-                grants.append((src, total))
-                total = 0
-            self.consumed[src] = total
+        """Permits to grant now: (engine, count) once half a receiver queue was taken.
+
+        Messages are counted per entry as they are split off the queue (see
+        :meth:`expand_next`), so this does no per-message work.
+        """
+        grants = self._grants
+        if grants:
+            self._grants = []
         return grants
+
+    def _consumed(self, src: Any, n: int) -> None:
+        total = self.consumed.get(src, 0) + n
+        if total >= max(1, self.receiver_queue_size // 2):
+            self._grants.append((src, total))
+            total = 0
+        self.consumed[src] = total
 
     def add_ack(self, message_id: MessageId) -> bool:
         owner = self.owners.get(message_id.segment_id)

@@ -266,9 +266,9 @@ class ConsumerHandle:
             due = self.logic.due_redeliveries(now)
         by_engine: dict[Any, list[tuple[int, int]]] = {}
         for m in due:
-            owner = self.core.owners.get(m.message_id.segment_id)
+            owner = self.core.owners.get(m._segment)
             if owner is not None:
-                by_engine.setdefault(owner, []).append((m.message_id.segment_id, m.message_id.entry_id))
+                by_engine.setdefault(owner, []).append((m._segment, m._entry))
         for engine, positions in by_engine.items():
             await engine.redeliver(sorted(set(positions)))
 
@@ -369,7 +369,7 @@ class ConsumerHandle:
     def record_received(self, msgs: list[Message]) -> None:
         owners = self.core.owners
         for m in msgs[-1:] if len(self.engines) == 1 else msgs:
-            owner = owners.get(m.message_id.segment_id)
+            owner = owners.get(m._segment)
             if owner is not None and m.offset > self.last_received.get(owner, -1):
                 self.last_received[owner] = m.offset
 

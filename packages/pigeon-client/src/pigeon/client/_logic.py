@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from pigeon.client._core import ConsumerCore, ProducerCore, Router
+from pigeon.client._future import BatchState, MessageFuture
 from pigeon.client._message import Message
-from pigeon.core.errors import InvalidArgument
+from pigeon.core.errors import InvalidArgument, MessageTooLarge
 
 __all__ = ["ConsumerLogic", "DeadLetterPolicy", "ProducerLogic"]
 
@@ -65,6 +66,7 @@ class ProducerLogic:
         self.max_delay = max_delay
         self.submit = submit
         self.start_timer = start_timer
+        self.multi = len(cores) > 1
 
     def add(
         self,
@@ -112,6 +114,43 @@ class ProducerLogic:
         elif len(core) == 1:
             self.start_timer(index, core.generation)
         return completion
+
+    def add_plain(
+        self,
+        value: bytes,
+        key: str | bytes | None,
+        properties: Mapping[str, str] | None,
+        event_time: int,
+    ) -> MessageFuture:
+        """The hot path of ``send_async``: no delay, no explicit sequence id.
+
+        Returns a :class:`MessageFuture` sharing its batch's state; per message this is a
+        couple of list appends and one small object.
+        """
+        core = self.cores[self.router.choose(key) if self.multi else 0]
+        completions = core.completions
+        n = len(completions)
+        size = len(value)
+        if size > core.max_message_size:
+            raise MessageTooLarge(
+                f"message of {size} bytes exceeds max_message_size {core.max_message_size}"
+            )
+        if n and core.builder.nbytes + size + 32 * n + 4128 > core.max_message_size:
+            self.seal(self.cores.index(core))
+            completions = core.completions  # sealing started a new list
+            n = 0
+        if n == 0:
+            core.generation += 1
+            state = core.state = BatchState(core.partition)
+        else:
+            state = core.state  # type: ignore[assignment]
+        future = MessageFuture(state, n)
+        completions.append(None)
+        if core.builder.add(value, key, properties, event_time) or self.max_delay <= 0:
+            self.seal(self.cores.index(core))
+        elif n == 0:
+            self.start_timer(self.cores.index(core), core.generation)
+        return future
 
     def seal(self, index: int, *, deliver_at: int = 0) -> None:
         batch = self.cores[index].seal(self._callback_factory(index), deliver_at=deliver_at)

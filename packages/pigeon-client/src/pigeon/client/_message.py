@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from pigeon.core._batch import decode_batch
@@ -11,22 +10,68 @@ from pigeon.core._entry import ENTRY_HEADER_SIZE, unpack_entry_header
 __all__ = ["Message", "MessageId", "split_entry"]
 
 
-@dataclass(frozen=True, slots=True, order=True)
 class MessageId:
     """Where a message is stored: ``(segment_id, entry_id, batch_index, partition)``.
 
     ``offset`` (the continuous per-partition offset) rides along but is not part of
-    equality or ordering.
+    equality, hashing or ordering.  Immutable.
     """
+
+    __slots__ = ("batch_index", "entry_id", "offset", "partition", "segment_id")
 
     segment_id: int
     entry_id: int
-    batch_index: int = 0
-    partition: int = -1
-    offset: int = field(default=-1, compare=False)
+    batch_index: int
+    partition: int
+    offset: int
+
+    def __init__(
+        self, segment_id: int, entry_id: int, batch_index: int = 0, partition: int = -1, offset: int = -1
+    ) -> None:
+        set_ = object.__setattr__
+        set_(self, "segment_id", segment_id)
+        set_(self, "entry_id", entry_id)
+        set_(self, "batch_index", batch_index)
+        set_(self, "partition", partition)
+        set_(self, "offset", offset)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("MessageId is immutable")
+
+    def _key(self) -> tuple[int, int, int, int]:
+        return (self.segment_id, self.entry_id, self.batch_index, self.partition)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, MessageId):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __lt__(self, other: MessageId) -> bool:
+        return self._key() < other._key()
+
+    def __le__(self, other: MessageId) -> bool:
+        return self._key() <= other._key()
+
+    def __gt__(self, other: MessageId) -> bool:
+        return self._key() > other._key()
+
+    def __ge__(self, other: MessageId) -> bool:
+        return self._key() >= other._key()
+
+    def __repr__(self) -> str:
+        return (
+            f"MessageId(segment_id={self.segment_id}, entry_id={self.entry_id}, "
+            f"batch_index={self.batch_index}, partition={self.partition}, offset={self.offset})"
+        )
 
     def __str__(self) -> str:
         return f"{self.segment_id}:{self.entry_id}:{self.batch_index}:{self.partition}"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (MessageId, (self.segment_id, self.entry_id, self.batch_index, self.partition, self.offset))
 
     def serialize(self) -> bytes:
         return f"{self}:{self.offset}".encode()
@@ -39,12 +84,15 @@ class MessageId:
 
 
 class Message:
-    """One received message."""
+    """One received message. ``message_id`` is built on first use."""
 
     __slots__ = (
+        "_entry",
+        "_index",
+        "_partition",
+        "_segment",
         "event_time",
         "key",
-        "message_id",
         "offset",
         "properties",
         "publish_time",
@@ -60,7 +108,10 @@ class Message:
         properties: dict[str, str],
         event_time: int,
         publish_time: int,
-        message_id: MessageId,
+        segment: int,
+        entry: int,
+        index: int,
+        partition: int,
         offset: int,
         redelivery_count: int,
         topic: str,
@@ -70,10 +121,21 @@ class Message:
         self.properties = properties
         self.event_time = event_time
         self.publish_time = publish_time
-        self.message_id = message_id
+        self._segment = segment
+        self._entry = entry
+        self._index = index
+        self._partition = partition
         self.offset = offset
         self.redelivery_count = redelivery_count
         self.topic = topic
+
+    @property
+    def message_id(self) -> MessageId:
+        return MessageId(self._segment, self._entry, self._index, self._partition, self.offset)
+
+    @property
+    def segment_id(self) -> int:
+        return self._segment
 
     def data(self) -> bytes:
         return self.value
@@ -103,27 +165,29 @@ def split_entry(
     first = header.first_offset
     publish = header.publish_time
     values = batch.values()
-    has_keys = batch.has_keys
-    has_props = batch.has_properties
-    has_times = batch.has_event_times
-    skip = set(acked_indexes) if acked_indexes else None
-    out: list[Message] = []
-    append = out.append
-    for i in range(n):
-        if skip is not None and i in skip:
-            continue
-        key = batch.key(i) if has_keys else None
-        append(
-            Message(
-                values[i],
-                key.decode("utf-8", "surrogateescape") if key is not None else None,
-                batch.properties(i) if has_props else {},
-                batch.event_time(i) if has_times else 0,
-                publish,
-                MessageId(segment_id, entry_id, i, partition, first + i),
-                first + i,
-                redelivery_count,
-                topic,
-            )
+    keys = batch.keys() if batch.has_keys else None
+    props = batch.all_properties() if batch.has_properties else None
+    times = batch.event_times if batch.has_event_times else None
+    empty: dict[str, str] = {}
+    if acked_indexes:
+        skip = set(acked_indexes)
+        indexes: Any = [i for i in range(n) if i not in skip]
+    else:
+        indexes = range(n)
+    return [
+        Message(
+            values[i],
+            None if keys is None or keys[i] is None else keys[i].decode("utf-8", "surrogateescape"),  # type: ignore[union-attr]
+            props[i] if props is not None else empty,
+            times[i] if times is not None else 0,
+            publish,
+            segment_id,
+            entry_id,
+            i,
+            partition,
+            first + i,
+            redelivery_count,
+            topic,
         )
-    return out
+        for i in indexes
+    ]
