@@ -118,23 +118,24 @@ async def test_read_limits_and_errors(tmp_path: Path) -> None:
             store.segment_info(2)
 
 
-async def test_entry_ids_must_be_contiguous(tmp_path: Path) -> None:
+async def test_entry_ids_must_increase(tmp_path: Path) -> None:
+    """Ids may skip (striping, a replacement bookie) but never go back or repeat."""
     async with open_store(tmp_path) as store:
-        with pytest.raises(InvalidEntryId):
-            await store.add_entry(1, 1, b"x")  # a segment starts at entry 0
-        assert store.segments() == []
         await store.add_entry(1, 0, b"a")
-        with pytest.raises(InvalidEntryId):
-            await store.add_entry(1, 2, b"c")
         with pytest.raises(InvalidEntryId):
             await store.add_entry(1, 0, b"a")  # duplicate
         await store.add_entry(1, 1, b"b")
         with pytest.raises(InvalidEntryId):
+            await store.add_entry(1, 0, b"z")  # below the last
+        with pytest.raises(InvalidEntryId):
             await store.add_entry(1, -1, b"b")
         with pytest.raises(InvalidArgument):
             await store.add_entry(-5, 0, b"b")
-        assert [p for _, p in store.read_entries(1, 0, 9)] == [b"a", b"b"]
-
+        await store.add_entry(1, 3, b"d")  # a gap: entry 2 is not stored here
+        with pytest.raises(InvalidEntryId):
+            await store.add_entry(1, 2, b"c")  # a skipped id cannot be filled in later
+        assert [p for _, p in store.read_entries(1, 0, 9)] == [b"a", b"b", b"d"]
+        assert store.last_entry_id(1) == 3
 
 async def test_batched_adds(tmp_path: Path) -> None:
     async with open_store(tmp_path, index_interval_bytes=500) as store:

@@ -2,7 +2,22 @@
 
 from __future__ import annotations
 
-from pigeon.bookie._service import BookieConfig, BookieServer
-from pigeon.bookie._storage import SegmentStore
+from pigeon.bookie._gc import CollectorStatistics, SegmentCollector
+from pigeon.bookie._inspect import InspectReport, SegmentReport, inspect_data_dir
+from pigeon.bookie._service import BookieConfig, BookieServer, DiskSpacePolicy
+from pigeon.bookie._storage import AppendWaiter, SegmentInfo, SegmentStore, StoreStatistics
 
-__all__ = ["BookieConfig", "BookieServer", "SegmentStore"]
+__all__ = [
+    "AppendWaiter",
+    "BookieConfig",
+    "BookieServer",
+    "CollectorStatistics",
+    "DiskSpacePolicy",
+    "InspectReport",
+    "SegmentCollector",
+    "SegmentInfo",
+    "SegmentReport",
+    "SegmentStore",
+    "StoreStatistics",
+    "inspect_data_dir",
+]

@@ -40,7 +40,7 @@ from __future__ import annotations
 import struct
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -60,6 +60,7 @@ __all__ = [
     "collect_entries",
     "crc32c",
     "decode_meta",
+    "dense_positions",
     "encode_file_header",
     "encode_meta",
     "encode_record_header",
@@ -212,9 +213,10 @@ def _header_at(w: _Window, pos: int) -> tuple[int, int, int, int, int] | None:
 def _resync(w: _Window, segment_id: int, bad: int, expect: int) -> int:
     """Position of the first trustworthy record after the damage at ``bad``, or -1.
 
-    A candidate must carry the magic, a valid header crc, this segment's id, an entry id
-    ``>= expect`` and plausible for the bytes skipped (every record takes at least 40
-    bytes), and must end inside the file.
+    A candidate must carry the magic, a valid header crc (CRC32C over the header: a
+    random match is a 2**-32 event on top of the magic), this segment's id and an entry
+    id ``>= expect``, and must end inside the file.  Ids only grow in a data file but may
+    skip any number of ids, so nothing bounds them from above.
     """
     pos = bad + 1
     while True:
@@ -225,7 +227,7 @@ def _resync(w: _Window, segment_id: int, bad: int, expect: int) -> int:
         if (
             h is not None
             and h[1] == segment_id
-            and expect <= h[2] <= expect + (c - bad) // RECORD_HEADER_SIZE + 1
+            and h[2] >= expect
             and c + RECORD_HEADER_SIZE + h[0] <= w.end
         ):
             return c
@@ -242,21 +244,24 @@ def scan_records(
     verify_from: int = 0,
     chunk: int = 128 << 10,
 ) -> Iterator[ScanEvent]:
-    """Walk the records of ``[start, end)``; the record at ``start`` should be ``expect``.
+    """Walk the records of ``[start, end)``; the record at ``start`` should have entry id
+    ``expect`` or a higher one.
 
-    Records follow each other with consecutive entry ids.  Where the framing breaks (a
-    header with a bad magic or crc, or not the expected entry id) the scanner searches
-    forward for the next trustworthy header (:func:`_resync`): entries in between are
-    skipped (the consumer sees an entry id jump).  A record that would run past ``end``,
-    or damage with nothing trustworthy after it, ends the scan with a ``TAIL`` event.
-    Payloads of entries ``>= verify_from`` are read and checked against their crc.
+    Records follow each other with increasing entry ids, which may skip (an entry this
+    bookie does not store).  Where the framing breaks (a header with a bad magic or crc,
+    or an entry id not above the previous one) the scanner searches forward for the
+    next trustworthy header (:func:`_resync`): the consumer sees a record that does not
+    start where the previous one ended, and the ids in between may have been lost with
+    the damage.  A record that would run past ``end``, or damage with nothing
+    trustworthy after it, ends the scan with a ``TAIL`` event.  Payloads of entries
+    ``>= verify_from`` are read and checked against their crc.
     """
     w = _Window(read, end, chunk)
     pos = start
     hsize = RECORD_HEADER_SIZE
     while pos < w.end:
         h = _header_at(w, pos)
-        if h is not None and h[1] == segment_id and h[2] == expect:
+        if h is not None and h[1] == segment_id and h[2] >= expect:
             length, _, entry_id, lac, pcrc = h
             size = hsize + length
             if pos + size > w.end:
@@ -277,10 +282,82 @@ def scan_records(
         if nxt < 0:
             yield (TAIL, -1, pos, 0, -1, None, False)
             return
-        h = _header_at(w, nxt)
-        assert h is not None
-        expect = h[2]
         pos = nxt
+
+
+class IdRanges:
+    """A set of entry ids kept as sorted, disjoint, inclusive ranges.
+
+    The ids an entry-id jump over damaged bytes may have lost are a range that can be
+    huge when ids skip (a replacement bookie starting at entry 10**6): a plain ``set``
+    would hold each of them.  Compares equal to a ``set`` of the same ids.
+    """
+
+    __slots__ = ("_hi", "_lo")
+
+    def __init__(self, ids: Iterable[int] = ()) -> None:
+        self._lo: list[int] = []
+        self._hi: list[int] = []
+        for i in ids:
+            self.add(i)
+
+    def add(self, entry_id: int) -> None:
+        self.add_range(entry_id, entry_id)
+
+    def add_range(self, lo: int, hi: int) -> None:
+        """Add ``lo..hi`` (inclusive); nothing if ``hi < lo``."""
+        if hi < lo:
+            return
+        # ranges touching or overlapping [lo, hi] are merged into it
+        i = bisect_left(self._hi, lo - 1)
+        j = bisect_right(self._lo, hi + 1)
+        if i < j:
+            lo = min(lo, self._lo[i])
+            hi = max(hi, self._hi[j - 1])
+        self._lo[i:j] = [lo]
+        self._hi[i:j] = [hi]
+
+    def __contains__(self, entry_id: object) -> bool:
+        if not isinstance(entry_id, int):
+            return False
+        k = bisect_right(self._lo, entry_id) - 1
+        return k >= 0 and entry_id <= self._hi[k]
+
+    def __len__(self) -> int:
+        return sum(h - lo + 1 for lo, h in zip(self._lo, self._hi, strict=True))
+
+    def __bool__(self) -> bool:
+        return bool(self._lo)
+
+    def __iter__(self) -> Iterator[int]:
+        for lo, hi in zip(self._lo, self._hi, strict=True):
+            yield from range(lo, hi + 1)
+
+    def ranges(self) -> list[tuple[int, int]]:
+        return list(zip(self._lo, self._hi, strict=True))
+
+    def below(self, limit: int) -> IdRanges:
+        """The ids ``< limit``."""
+        out = IdRanges()
+        for lo, hi in zip(self._lo, self._hi, strict=True):
+            if lo >= limit:
+                break
+            out._lo.append(lo)
+            out._hi.append(min(hi, limit - 1))
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, IdRanges):
+            return self._lo == other._lo and self._hi == other._hi
+        if isinstance(other, set | frozenset):
+            return len(self) == len(other) and all(i in self for i in other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        parts = [str(lo) if lo == hi else f"{lo}..{hi}" for lo, hi in self.ranges()]
+        return f"IdRanges({', '.join(parts)})"
 
 
 @dataclass
@@ -291,12 +368,36 @@ class TailScan:
     next_id: int  #: one past the last entry kept
     end: int  #: end of the last verified record: the file is truncated here
     lac: int  #: max lac of the verified records (-1 if none)
+    #: where each entry id ``base..next_id - 1`` starts; an id not stored (skipped, or
+    #: lost with damage) gets the position of the next record: a zero-length span
     starts: array[int] = field(default_factory=lambda: array("q"))
-    #: entries kept that cannot be returned: bad payload crc, or lost with a damaged header
-    corrupt: set[int] = field(default_factory=set)
+    #: entries kept that cannot be returned: bad payload crc, or lost with damage
+    corrupt: IdRanges = field(default_factory=IdRanges)
     #: checkpoints ``(entry_id, pos)`` found after the starting one
     checkpoints: list[tuple[int, int]] = field(default_factory=list)
     damaged_at: int = -1  #: where the scan stopped trusting the file (-1: at its end)
+    records: int = 0  #: records kept (verified or damaged-but-followed)
+
+
+def dense_positions(
+    ids: Sequence[int], positions: Sequence[int], base: int, next_id: int
+) -> array[int]:
+    """Start positions of every entry id ``base..next_id - 1``, from the records
+    ``(ids[k], positions[k])`` (ids increasing; the last is ``next_id - 1``): an id with
+    no record gets the position of the next record."""
+    starts: array[int] = array("q")
+    cur = base
+    for k in range(bisect_left(ids, base), len(ids)):
+        eid = ids[k]
+        if eid >= next_id:
+            break
+        n = eid - cur + 1
+        if n == 1:
+            starts.append(positions[k])
+        else:
+            starts.extend(array("q", [positions[k]]) * n)
+        cur = eid + 1
+    return starts
 
 
 def scan_tail(
@@ -308,21 +409,25 @@ def scan_tail(
     *,
     interval: int,
     last_checkpoint: int,
+    max_dense: int = 1 << 62,
 ) -> TailScan:
     """Recovery scan: every record of ``[start, file_end)`` is verified.
 
     Everything after the last record whose payload verifies is a torn tail (writes that
     never completed) and is dropped.  A damaged record *followed by* verified ones is
     kept as a corrupt entry (bit rot): its successors remain readable and are never
-    truncated.  ``starts`` has one position per kept entry id; an entry lost with its
-    header gets the position of the next record (zero length) and is in ``corrupt``.
-    A new checkpoint is taken at each record starting ``interval`` bytes or more after
-    the previous one, exactly as the append path does.
+    truncated.  Where the scan had to resynchronise over damaged bytes, the ids between
+    the records on either side may have been stored there: they are corrupt too.
+    ``starts`` covers at most the last ``max_dense`` ids (older ones are found through
+    the sparse index).  A new checkpoint is taken at each record starting ``interval``
+    bytes or more after the previous one, exactly as the append path does.
     """
-    starts: array[int] = array("q")
-    corrupt: set[int] = set()
+    ids: array[int] = array("q")
+    positions: array[int] = array("q")
+    corrupt = IdRanges()
     checkpoints: list[tuple[int, int]] = []
-    next_id = start_id
+    prev_id, prev_end = start_id - 1, start
+    kept = 0
     ok_next, ok_end, lac = start_id, start, -1
     damaged_at = -1
     for kind, entry_id, pos, size, rlac, _payload, ok in scan_records(
@@ -331,29 +436,33 @@ def scan_tail(
         if kind == TAIL:
             damaged_at = pos
             break
-        for lost in range(next_id, entry_id):
-            starts.append(pos)
-            corrupt.add(lost)
-        starts.append(pos)
-        next_id = entry_id + 1
+        if pos != prev_end:  # resynchronised over damage: ids in between may be lost
+            corrupt.add_range(prev_id + 1, entry_id - 1)
+        ids.append(entry_id)
+        positions.append(pos)
+        prev_id, prev_end = entry_id, pos + size
         if pos - last_checkpoint >= interval:
             checkpoints.append((entry_id, pos))
             last_checkpoint = pos
         if ok:
-            ok_next, ok_end = next_id, pos + size
+            kept = len(ids)
+            ok_next, ok_end = entry_id + 1, pos + size
             lac = max(lac, rlac)
         else:
             corrupt.add(entry_id)
-    del starts[ok_next - start_id :]
+    del ids[kept:]
+    del positions[kept:]
+    base = max(start_id, ok_next - max_dense)
     return TailScan(
-        base=start_id,
+        base=base,
         next_id=ok_next,
         end=ok_end,
         lac=lac,
-        starts=starts,
-        corrupt={c for c in corrupt if c < ok_next},
+        starts=dense_positions(ids, positions, base, ok_next),
+        corrupt=corrupt.below(ok_next),
         checkpoints=[c for c in checkpoints if c[0] < ok_next],
         damaged_at=damaged_at,
+        records=kept,
     )
 
 
@@ -371,21 +480,29 @@ def collect_entries(
     chunk: int = 128 << 10,
     exact_start: bool = True,
 ) -> tuple[list[tuple[int, bytes]], int, bool]:
-    """Read entries ``first..last`` scanning from the record ``start_id`` at ``start``.
+    """Read the stored entries of ``first..last``, scanning from the record at ``start``
+    (entry id ``start_id``, or the first id stored after it).
 
-    Returns ``(entries, corrupt_id, start_ok)``: the consecutive verified entries from
-    ``first`` on (stopping before ``max_bytes`` of payload would be exceeded, but
-    always at least one, at ``max_count``, after ``last``, or before a damaged entry),
-    the id of the damaged entry that stopped the read when nothing could be returned
-    (else -1), and whether a valid record ``start_id`` was found at ``start`` (False
-    means the caller's position was wrong; nothing else is then returned).  With
-    ``exact_start=False`` a damaged record at ``start`` is skipped like any other.
+    Returns ``(entries, corrupt_id, start_ok)``:
+
+    - ``entries``: verified entries in id order, the first of them ``first``; ids the
+      file does not hold (gaps) are skipped.  The read stops before ``max_bytes`` of
+      payload would be exceeded (but returns at least one entry), at ``max_count``
+      entries, after ``last``, and before an entry that is damaged or that may have
+      been lost with damaged bytes.
+    - ``corrupt_id``: ``first`` when nothing is returned because ``first`` is damaged
+      or may have been lost with damage; else -1.  ``([], -1, True)`` means ``first``
+      is not stored (a later entry follows the one before it, undamaged).
+    - ``start_ok``: whether a valid record was found at ``start`` (False means the
+      caller's position was wrong; nothing else is then returned).  With
+      ``exact_start=False`` a damaged record at ``start`` is skipped like any other.
     """
     out: list[tuple[int, bytes]] = []
     nbytes = 0
     want = first
     started = False
-    for kind, entry_id, pos, _size, _lac, payload, ok in scan_records(
+    prev_end = start
+    for kind, entry_id, pos, size, _lac, payload, ok in scan_records(
         read, segment_id, start, end, start_id, verify_from=first, chunk=chunk
     ):
         if not started:
@@ -394,15 +511,25 @@ def collect_entries(
             started = True
         if kind == TAIL:
             break
+        resynced = pos != prev_end
+        prev_end = pos + size
         if entry_id < want:
             continue
-        if entry_id != want or not ok or payload is None:
+        if entry_id > want:
+            if resynced:  # ids want..entry_id - 1 may have been lost with the damage
+                break
+            if not out:
+                return [], -1, True  # ``first`` is not stored
+            if entry_id > last:
+                return out, -1, True
+            want = entry_id  # skip ids this file does not hold
+        if not ok or payload is None:
             break
         if out and nbytes + len(payload) > max_bytes:
             return out, -1, True
         out.append((entry_id, payload))
         nbytes += len(payload)
-        want += 1
+        want = entry_id + 1
         if want > last or len(out) >= max_count or nbytes >= max_bytes:
             return out, -1, True
     if not started and exact_start:  # nothing at all at ``start``

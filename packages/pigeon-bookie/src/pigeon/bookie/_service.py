@@ -1,8 +1,18 @@
 """The bookie's RPC service: the segment store on the network, and its registration.
 
 Adds are applied to the store in the order they arrive on a connection (the handler
-writes synchronously) and answered once durable under the store's fsync policy; many
-adds are in flight at once, so one fsync covers a whole group of them.
+writes synchronously, in the connection's reader task) and answered once durable under
+the store's fsync policy; many adds are in flight at once, so one fsync covers a whole
+group of them, and the answers of a group commit are sent from one callback (no task
+per add).  Reads run in a task of the connection and go through
+:meth:`SegmentStore.read_entries_async`: large reads happen in a worker thread and never
+hold the event loop.  Every failure is answered with a typed error
+(:mod:`pigeon.core.errors`); nothing a peer sends ends the connection.
+
+Registration: the ephemeral node ``/pigeon/bookies/available/<host:port>`` holds a JSON
+object (see :meth:`BookieServer.registration`), rewritten every
+``register_interval_s``, at once when the bookie turns read-only or writable, and
+created again (with a new session) if the metadata session expired.
 """
 
 from __future__ import annotations
@@ -11,27 +21,62 @@ import json
 import logging
 import shutil
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import trio
 
+from pigeon.bookie._gc import SegmentCollector
+from pigeon.bookie._storage import SegmentStore
 from pigeon.core._framing import DEFAULT_MAX_FRAME_SIZE
 from pigeon.core._rpc import Connection, Request, serve_tcp
 from pigeon.core._schema import BookieFrame
-from pigeon.core.errors import ConfigError, PigeonError, StorageError
+from pigeon.core.errors import (
+    ConfigError,
+    ConnectionClosed,
+    NodeExists,
+    NoSuchNode,
+    PigeonError,
+    ServiceUnavailable,
+    SessionExpired,
+    StorageError,
+)
 
-from pigeon.bookie._storage import SegmentStore
-
-__all__ = ["BookieConfig", "BookieServer"]
+__all__ = ["BOOKIES_PATH", "BookieConfig", "BookieServer", "DiskSpacePolicy"]
 
 log = logging.getLogger(__name__)
 
 BOOKIES_PATH = "/pigeon/bookies/available"
 
+#: reads answer at most this many entries (their sizes travel in the response header)
+MAX_READ_COUNT = 10_000
+#: room left in a read response frame for its Cap'n Proto header
+_READ_HEADER_ROOM = 4096 + 16 * MAX_READ_COUNT
+#: reads of one connection reading from disk at once (each holds up to read_max_bytes)
+MAX_CONCURRENT_READS = 8
+#: reads of one connection waiting for their turn; more are refused (retriable)
+MAX_QUEUED_READS = 1024
+
+
+class _ReadQueue:
+    """Backpressure of one connection's reads: a bounded number read at once, and only
+    while the connection's outgoing queue is below its high-water mark."""
+
+    __slots__ = ("limit", "queued", "writable")
+
+    def __init__(self) -> None:
+        self.limit = trio.Semaphore(MAX_CONCURRENT_READS)
+        self.queued = 0
+        # Connection.wait_writable() supports one waiter at a time (each waiter
+        # replaces the event the writer sets): the reads take turns calling it
+        self.writable = trio.Lock()
+
 
 @dataclass
 class BookieConfig:
+    """Configuration of a bookie (``[bookie]`` table, ``PIGEON_*`` variables, flags)."""
+
     host: str = "127.0.0.1"
     port: int = 3181
     data_dir: str = "./pigeon-data/bookie"
@@ -39,16 +84,66 @@ class BookieConfig:
     fsync: Literal["always", "interval", "never"] = "always"
     fsync_interval_ms: float = 5.0
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
-    read_max_bytes: int = 8 * 1024 * 1024
+    #: payload bytes a read answers at most (also bounded by max_frame_size)
+    read_max_bytes: int = 4 * 1024 * 1024
     register_interval_s: float = 5.0
     advertised_address: str = ""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    #: turn read-only when the data dir's file system has less free space than this ...
+    min_free_disk_bytes: int = 64 * 1024 * 1024
+    #: ... or less than this percentage of its size free (0: no percentage threshold)
+    min_free_disk_percent: float = 0.0
+    disk_check_interval_s: float = 1.0
+    #: how often orphaned and expired segments are looked for
+    gc_interval_s: float = 60.0
+    #: a segment is never collected as an orphan until idle for this long
+    gc_grace_s: float = 300.0
+    #: delete segments idle (no add, no fence) for this long; 0: never
+    segment_expiry_s: float = 0.0
 
     def validate(self) -> None:
         if not 0 <= self.port < 65536:
             raise ConfigError(f"bad value for 'port': {self.port} is not a TCP port")
         if self.fsync_interval_ms <= 0:
             raise ConfigError("bad value for 'fsync_interval_ms': must be positive")
+        for key in ("register_interval_s", "disk_check_interval_s", "gc_interval_s"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"bad value for {key!r}: must be positive")
+        for key in ("gc_grace_s", "segment_expiry_s", "min_free_disk_bytes"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"bad value for {key!r}: must be >= 0")
+        if not 0 <= self.min_free_disk_percent < 100:
+            raise ConfigError("bad value for 'min_free_disk_percent': must be in [0, 100)")
+        if self.read_max_bytes < 1:
+            raise ConfigError("bad value for 'read_max_bytes': must be positive")
+        if self.max_frame_size <= _READ_HEADER_ROOM + 1024:
+            raise ConfigError("bad value for 'max_frame_size': too small")
+
+
+class DiskSpacePolicy:
+    """When free disk space makes a bookie read-only, and writable again.
+
+    Read-only below ``threshold(total)`` = max(``min_free_bytes``,
+    ``min_free_percent`` % of ``total``); writable again only at ``threshold + margin``
+    (10% of the threshold, at least 1 MiB), so that the state does not flap around the
+    threshold.  No I/O: the service feeds it ``shutil.disk_usage`` results.
+    """
+
+    def __init__(self, min_free_bytes: int, min_free_percent: float = 0.0) -> None:
+        self.min_free_bytes = min_free_bytes
+        self.min_free_percent = min_free_percent
+
+    def threshold(self, total: int) -> int:
+        return max(self.min_free_bytes, int(total * self.min_free_percent / 100))
+
+    def low(self, total: int, free: int) -> bool:
+        """Too little space: turn read-only."""
+        return free < self.threshold(total)
+
+    def recovered(self, total: int, free: int) -> bool:
+        """Enough space again to accept writes after a read-only spell."""
+        t = self.threshold(total)
+        return free >= t + max(t // 10, 1 << 20)
 
 
 def _state(info: Any) -> dict[str, Any]:
@@ -62,16 +157,39 @@ def _state(info: Any) -> dict[str, Any]:
 
 
 class BookieServer:
-    """Serves one :class:`SegmentStore` over the bookie protocol."""
+    """Serves one :class:`SegmentStore` over the bookie protocol.
+
+    ``await nursery.start(server.run)`` recovers the store, checks the disk, listens,
+    registers (when ``metadata`` is given) and reports the bound ``(host, port)``.
+    """
 
     def __init__(self, config: BookieConfig, *, store: Any = None, metadata: Any = None) -> None:
+        config.validate()
         self.config = config
         self.metadata = metadata
         self.store = store or SegmentStore(
             config.data_dir, fsync=config.fsync, fsync_interval_ms=config.fsync_interval_ms
         )
+        self.collector = SegmentCollector(
+            self.store,
+            metadata,
+            interval_s=config.gc_interval_s,
+            grace_s=config.gc_grace_s,
+            expiry_s=config.segment_expiry_s,
+        )
+        self.disk_policy = DiskSpacePolicy(config.min_free_disk_bytes, config.min_free_disk_percent)
+        #: ``() -> (total, free)`` bytes of the data dir's file system
+        self.disk_usage: Callable[[], tuple[int, int]] = self._statvfs
         self.address: tuple[str, int] | None = None
         self.nursery: trio.Nursery = None  # type: ignore[assignment]
+        self._disk: tuple[int, int] = (0, 0)
+        self._reads: dict[Connection, _ReadQueue] = {}
+        self._wake = trio.Event()
+        self._registered = False
+        # bytes/s over the last registration interval
+        self._rate_at = 0.0
+        self._rate_totals = (0, 0)
+        self._rates = (0.0, 0.0)
 
     @property
     def advertised(self) -> str:
@@ -80,133 +198,288 @@ class BookieServer:
         assert self.address is not None
         return f"{self.address[0]}:{self.address[1]}"
 
-    async def run(self, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            self.nursery = nursery
-            await nursery.start(self.store.run)
-            self.address = await nursery.start(
-                lambda task_status: serve_tcp(
-                    self,
-                    BookieFrame,
-                    host=self.config.host,
-                    port=self.config.port,
-                    server_name="pigeon-bookie",
-                    max_frame_size=self.config.max_frame_size,
-                    max_message_size=self.config.max_frame_size,
-                    task_status=task_status,
+    @property
+    def registration_path(self) -> str:
+        return f"{BOOKIES_PATH}/{self.advertised}"
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                self.nursery = nursery
+                await nursery.start(self.store.run)
+                self.check_disk()
+                self.address = await nursery.start(
+                    lambda task_status: serve_tcp(
+                        self,
+                        BookieFrame,
+                        host=self.config.host,
+                        port=self.config.port,
+                        server_name="pigeon-bookie",
+                        max_frame_size=self.config.max_frame_size,
+                        max_message_size=self.config.max_frame_size,
+                        task_status=task_status,
+                    )
                 )
-            )
-            if self.metadata is not None:
-                await self._register()
-                nursery.start_soon(self._refresh_registration)
-            log.info("bookie serving address=%s data_dir=%s", self.advertised, self.config.data_dir)
-            task_status.started(self.address)
-            await trio.sleep_forever()
+                self._rate_at = trio.current_time()
+                nursery.start_soon(self._watch_disk)
+                if self.metadata is not None:
+                    await self.publish()
+                    nursery.start_soon(self._keep_registered)
+                    nursery.start_soon(self._watch_session)
+                await nursery.start(self.collector.run)
+                log.info(
+                    "bookie serving address=%s data_dir=%s read_only=%s",
+                    self.advertised,
+                    self.config.data_dir,
+                    self.store.read_only is not None,
+                )
+                task_status.started(self.address)
+                await trio.sleep_forever()
+        finally:
+            if self._registered:
+                with trio.move_on_after(2, shield=True):
+                    try:  # brokers stop choosing this bookie now, not at session expiry
+                        await self.metadata.delete(self.registration_path)
+                    except Exception as exc:  # the store may be closing too: best effort
+                        log.debug("unregistering failed error=%s", exc)
+
+    # ------------------------------------------------------------------ disk space
+
+    def _statvfs(self) -> tuple[int, int]:
+        usage = shutil.disk_usage(self.config.data_dir)
+        return usage.total, usage.free
+
+    def check_disk(self) -> None:
+        """Look at the free space now; turn read-only or writable again as needed."""
+        try:
+            total, free = self.disk_usage()
+        except OSError as exc:
+            log.warning("cannot read free disk space path=%s error=%s", self.config.data_dir, exc)
+            return
+        self._disk = (total, free)
+        before = self.store.read_only
+        if self.disk_policy.low(total, free):
+            if before is None:
+                self.store.set_read_only(
+                    f"free disk space {free} bytes is below the threshold of"
+                    f" {self.disk_policy.threshold(total)} bytes"
+                )
+        elif before is not None and self.disk_policy.recovered(total, free):
+            # clears a low-space or full-disk state; an I/O error stays (until restart)
+            self.store.set_read_only(None)
+        if (before is None) != (self.store.read_only is None):
+            self._wake.set()
+
+    async def _watch_disk(self) -> None:
+        while True:
+            await trio.sleep(self.config.disk_check_interval_s)
+            self.check_disk()
 
     # ------------------------------------------------------------------ registration
 
-    def _registration(self) -> bytes:
+    def registration(self) -> dict[str, Any]:
+        """What this bookie publishes about itself (the JSON value of its node)."""
         stats = self.store.statistics()
-        try:
-            free = shutil.disk_usage(self.config.data_dir).free
-        except OSError:
-            free = 0
-        return json.dumps(
-            {
-                "address": self.advertised,
-                "free_disk": free,
-                "bytes_written": stats.bytes_written,
-                "bytes_read": stats.bytes_read,
-                "read_only": bool(getattr(stats, "read_only", False)),
-                "time": time.time(),
-            }
-        ).encode()
+        total, free = self._disk
+        write_rate, read_rate = self._rates
+        return {
+            "address": self.advertised,
+            "read_only": stats.read_only,
+            "read_only_reason": stats.read_only_reason,
+            "free_disk_bytes": free,
+            "total_disk_bytes": total,
+            "disk_used_bytes": stats.disk_usage_bytes,
+            "write_bytes_per_s": round(write_rate, 1),
+            "read_bytes_per_s": round(read_rate, 1),
+            "segments": stats.segments,
+            "time": time.time(),
+        }
 
-    async def _register(self) -> None:
-        path = f"{BOOKIES_PATH}/{self.advertised}"
-        try:
-            await self.metadata.create(path, self._registration(), ephemeral=True)
-        except PigeonError:
-            # a stale registration of ours (previous run) — replace it
-            await self.metadata.delete(path)
-            await self.metadata.create(path, self._registration(), ephemeral=True)
+    def _update_rates(self) -> None:
+        now = trio.current_time()
+        dt = now - self._rate_at
+        if dt < 0.5 * self.config.register_interval_s:
+            return  # an early publish (state change): keep the last interval's rates
+        stats = self.store.statistics()
+        written, read = self._rate_totals
+        self._rates = ((stats.bytes_written - written) / dt, (stats.bytes_read - read) / dt)
+        self._rate_totals = (stats.bytes_written, stats.bytes_read)
+        self._rate_at = now
 
-    async def _refresh_registration(self) -> None:
-        path = f"{BOOKIES_PATH}/{self.advertised}"
-        while True:
-            await trio.sleep(self.config.register_interval_s)
-            try:
-                await self.metadata.set(path, self._registration())
-            except PigeonError as exc:
-                log.warning("bookie registration refresh failed error=%s", exc)
+    async def publish(self) -> None:
+        """Write the registration now (creating it, in a new session if need be)."""
+        self._update_rates()
+        value = json.dumps(self.registration()).encode()
+        path = self.registration_path
+        try:
+            if self._registered:
                 try:
-                    await self._register()
-                except PigeonError:
-                    pass
+                    await self.metadata.set(path, value)
+                    return
+                except NoSuchNode:
+                    log.warning("bookie registration gone (session expired?): registering again")
+            await self._create(path, value)
+            self._registered = True
+        except PigeonError as exc:
+            log.warning("bookie registration failed path=%s error=%s", path, exc)
+
+    async def _create(self, path: str, value: bytes) -> None:
+        try:
+            await self.metadata.create(path, value, ephemeral=True)
+        except NodeExists:
+            # left by a previous run of ours whose session has not expired yet
+            try:
+                await self.metadata.delete(path)
+            except NoSuchNode:
+                pass
+            await self.metadata.create(path, value, ephemeral=True)
+        except SessionExpired:
+            log.warning("metadata session expired: starting a new one")
+            await self.metadata.new_session()
+            await self.metadata.create(path, value, ephemeral=True)
+
+    async def _keep_registered(self) -> None:
+        while True:
+            with trio.move_on_after(self.config.register_interval_s):
+                await self._wake.wait()
+            self._wake = trio.Event()
+            await self.publish()
+
+    async def _watch_session(self) -> None:
+        while True:
+            await self.metadata.wait_session_expired()
+            self._wake.set()  # publish() sees the node gone and registers again
+            await trio.sleep(min(1.0, self.config.register_interval_s))
 
     # ------------------------------------------------------------------ protocol
+
+    def _spawn(self, conn: Connection, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
+        (conn.nursery or self.nursery).start_soon(fn, *args)
 
     def on_addEntry(self, conn: Connection, req: Request) -> None:
         b = req.body
         segment_id, entry_id = b.segmentId, b.entryId
+        # synchronous: adds are written in the order they arrive
         waiter = self.store.append(segment_id, entry_id, req.payload, lac=b.lac)
         request_id = req.request_id
 
-        async def answer() -> None:
-            try:
-                await waiter.wait()
-            except PigeonError as exc:
-                conn.respond_error(request_id, exc)
-                return
-            conn.respond(request_id, "addResponse", {"segmentId": segment_id, "entryId": entry_id})
+        def answer() -> None:
+            err = waiter.error
+            if err is not None:
+                conn.respond_error(request_id, err)
+            else:
+                conn.respond(
+                    request_id, "addResponse", {"segmentId": segment_id, "entryId": entry_id}
+                )
 
-        if waiter.done:
-            if waiter.error is not None:
-                raise waiter.error
-            conn.respond(request_id, "addResponse", {"segmentId": segment_id, "entryId": entry_id})
-        else:
-            self.nursery.start_soon(answer)
+        waiter.add_done_callback(answer)
+
+    def connection_closed(self, conn: Connection) -> None:
+        self._reads.pop(conn, None)
 
     def on_readEntries(self, conn: Connection, req: Request) -> None:
         b = req.body
-        max_bytes = min(b.maxBytes or self.config.read_max_bytes, self.config.read_max_bytes)
-        entries = self.store.read_entries(
-            b.segmentId, b.firstEntryId, b.lastEntryId, max_bytes=max_bytes, max_count=b.maxCount or 10_000
+        queue = self._reads.get(conn)
+        if queue is None:
+            queue = self._reads[conn] = _ReadQueue()
+        if queue.queued >= MAX_QUEUED_READS:
+            raise ServiceUnavailable(f"more than {MAX_QUEUED_READS} reads queued: retry later")
+        config = self.config
+        max_count = min(b.maxCount or MAX_READ_COUNT, MAX_READ_COUNT)
+        max_bytes = min(
+            b.maxBytes or config.read_max_bytes,
+            config.read_max_bytes,
+            config.max_frame_size - _READ_HEADER_ROOM,
         )
+        queue.queued += 1
+        self._spawn(
+            conn,
+            self._read,
+            queue,
+            conn,
+            req.request_id,
+            b.segmentId,
+            b.firstEntryId,
+            b.lastEntryId,
+            max_bytes,
+            max_count,
+        )
+
+    async def _read(
+        self,
+        queue: _ReadQueue,
+        conn: Connection,
+        request_id: int,
+        segment_id: int,
+        first: int,
+        last: int,
+        max_bytes: int,
+        max_count: int,
+    ) -> None:
+        try:
+            async with queue.limit:
+                async with queue.writable:
+                    await conn.wait_writable()
+                entries = await self.store.read_entries_async(
+                    segment_id, first, last, max_bytes=max_bytes, max_count=max_count
+                )
+        except ConnectionClosed:
+            return
+        except PigeonError as exc:
+            conn.respond_error(request_id, exc)
+            return
+        except OSError as exc:
+            log.warning("read failed segment=%d entry=%d error=%s", segment_id, first, exc)
+            conn.respond_error(request_id, StorageError(f"read failed: {exc}"))
+            return
+        except Exception as exc:  # never let a bad read take the bookie down
+            log.exception("read failed segment=%d entry=%d", segment_id, first)
+            conn.respond_error(request_id, PigeonError(f"internal error reading: {exc}"))
+            return
+        finally:
+            queue.queued -= 1
         sizes = [{"entryId": eid, "size": len(data)} for eid, data in entries]
-        payload = entries[0][1] if len(entries) == 1 else b"".join(data for _eid, data in entries)
-        conn.respond(req.request_id, "readResponse", {"segmentId": b.segmentId, "entries": sizes}, payload)
+        payload = entries[0][1] if len(entries) == 1 else b"".join(d for _eid, d in entries)
+        fields = {"segmentId": segment_id, "entries": sizes}
+        conn.respond(request_id, "readResponse", fields, payload)
 
     def on_readLac(self, conn: Connection, req: Request) -> None:
-        conn.respond(req.request_id, "segmentState", _state(self.store.segment_info(req.body.segmentId)))
+        info = self.store.segment_info(req.body.segmentId)
+        conn.respond(req.request_id, "segmentState", _state(info))
 
     def on_segmentInfo(self, conn: Connection, req: Request) -> None:
-        conn.respond(req.request_id, "segmentState", _state(self.store.segment_info(req.body.segmentId)))
+        info = self.store.segment_info(req.body.segmentId)
+        conn.respond(req.request_id, "segmentState", _state(info))
 
     def on_fence(self, conn: Connection, req: Request) -> None:
-        segment_id = req.body.segmentId
-        request_id = req.request_id
+        self._spawn(conn, self._fence, conn, req.request_id, req.body.segmentId)
 
-        async def fence() -> None:
-            try:
-                await self.store.fence(segment_id)
-                conn.respond(request_id, "segmentState", _state(self.store.segment_info(segment_id)))
-            except PigeonError as exc:
-                conn.respond_error(request_id, exc)
-            except OSError as exc:
-                conn.respond_error(request_id, StorageError(f"fence failed: {exc}"))
-
-        self.nursery.start_soon(fence)
+    async def _fence(self, conn: Connection, request_id: int, segment_id: int) -> None:
+        try:
+            await self.store.fence(segment_id)
+            conn.respond(request_id, "segmentState", _state(self.store.segment_info(segment_id)))
+        except PigeonError as exc:
+            conn.respond_error(request_id, exc)
+        except OSError as exc:
+            conn.respond_error(request_id, StorageError(f"fence failed: {exc}"))
+        except Exception as exc:
+            log.exception("fence failed segment=%d", segment_id)
+            conn.respond_error(request_id, PigeonError(f"internal error fencing: {exc}"))
 
     def on_deleteSegment(self, conn: Connection, req: Request) -> None:
-        segment_id = req.body.segmentId
-        request_id = req.request_id
+        self._spawn(conn, self._delete, conn, req.request_id, req.body.segmentId)
 
-        async def delete() -> None:
-            try:
-                await self.store.delete_segment(segment_id)
-                conn.respond(request_id, "ok")
-            except PigeonError as exc:
-                conn.respond_error(request_id, exc)
+    async def _delete(self, conn: Connection, request_id: int, segment_id: int) -> None:
+        try:
+            await self.store.delete_segment(segment_id)
+            conn.respond(request_id, "ok")
+        except PigeonError as exc:
+            conn.respond_error(request_id, exc)
+        except OSError as exc:
+            conn.respond_error(request_id, StorageError(f"delete failed: {exc}"))
+        except Exception as exc:
+            log.exception("delete failed segment=%d", segment_id)
+            conn.respond_error(request_id, PigeonError(f"internal error deleting: {exc}"))
 
-        self.nursery.start_soon(delete)

@@ -4,14 +4,20 @@ One append-only data file per segment, a sparse index beside it and a small meta
 (fenced flag, lac).  Byte layouts: :mod:`pigeon.bookie._segment` and
 :mod:`pigeon.bookie._index` (and the package README, "On-disk format").
 
+Entry ids grow but may skip: a bookie of a striped ensemble (E > Qw) stores only the
+entries whose write set includes it, and a bookie that replaced a failed one starts
+mid-segment.  An id the writer skipped is *not stored* (EntryNotFound, and left out of
+range reads); an id that damaged bytes may have held is *corrupt* (CorruptEntry).
+
 Write path (trio thread, per entry): one ``os.pwritev`` of ``[header, payload]`` at the
-known end of the file, then an append to the in-memory position list.  Durability is
-the flusher's job (group commit): every flush round takes the set of files written
-since the previous round and ``fdatasync``\\ s each once, in worker threads, while new
-appends go on into the next round.  Under ``always`` an add returns after the round
-covering it; under ``interval`` rounds run every ``fsync_interval_ms`` and adds return
-after the write; under ``never`` only :meth:`SegmentStore.sync`, a fence and shutdown
-fsync.
+known end of the file, then an append to the in-memory position list (a skipped id
+gets a zero-length span there; a jump over more than the dense window restarts it).
+Durability is the flusher's job (group commit): every flush round takes the set of
+files written since the previous round and ``fdatasync``\\ s each once, in worker
+threads, while new appends go on into the next round.  Under ``always`` an add returns
+after the round covering it; under ``interval`` rounds run every ``fsync_interval_ms``
+and adds return after the write; under ``never`` only :meth:`SegmentStore.sync`, a
+fence and shutdown fsync.
 
 Read path: the entries' positions come from the in-memory dense position list (the
 recent entries of each segment) or from the sparse index plus a forward scan; the file
@@ -22,9 +28,16 @@ thread, so a catch-up read never stalls appends for long.
 
 Recovery (``run`` before ``task_status.started()``): for every segment, the last
 checkpoint of its index that matches the data is found and the file is scanned from
-there to its end; the torn tail (everything after the last record whose payload
-verifies) is truncated; damaged records followed by good ones are kept and reported as
-:class:`~pigeon.core.errors.CorruptEntry`; a missing or damaged index is rebuilt.
+there to its end (from the checkpoint before, if the checkpoint's own record is torn);
+the torn tail (everything after the last record whose payload verifies) is truncated;
+damaged records followed by good ones are kept and reported as
+:class:`~pigeon.core.errors.CorruptEntry`, and so are the ids between the records on
+either side of a damaged header; a missing or damaged index is rebuilt.
+
+Read-only: an I/O error on the write path makes the store refuse adds with the
+retriable BookieReadOnly until a restart; a full disk (ENOSPC on a write) or the
+service's free-space check (:meth:`SegmentStore.set_read_only`) only until space is
+back.
 """
 
 from __future__ import annotations
@@ -34,6 +47,7 @@ import fcntl
 import functools
 import logging
 import os
+import time
 from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
@@ -55,6 +69,7 @@ from pigeon.bookie._segment import (
     FILE_HEADER_SIZE,
     MAX_PAYLOAD,
     RECORD_HEADER_SIZE,
+    IdRanges,
     ReadFn,
     collect_entries,
     decode_meta,
@@ -150,7 +165,8 @@ class SegmentInfo:
     """State of one stored segment."""
 
     segment_id: int
-    #: last entry id stored (-1: none); entries 0..last_entry_id are stored
+    #: highest entry id stored (-1: none).  Ids below it may be absent: a bookie of a
+    #: striped ensemble stores only some entries, a replacement bookie starts mid-segment
     last_entry_id: int
     #: highest last-add-confirmed the writer piggybacked on an add (-1: none)
     lac: int
@@ -158,7 +174,8 @@ class SegmentInfo:
     fenced: bool
     #: size of the data file in bytes
     size_bytes: int
-    #: number of entry ids stored (``last_entry_id + 1``)
+    #: ``last_entry_id + 1``: the entry ids the segment spans (the entries stored when
+    #: ids are contiguous from 0; an upper bound when they skip)
     entry_count: int
     #: entries known (from recovery) to be damaged; reading them raises CorruptEntry
     corrupt_entries: int
@@ -183,6 +200,8 @@ class StoreStatistics:
     #: damaged entries found by reads (each read of a damaged entry counts)
     corrupt_entries_detected: int
     read_only: bool
+    #: why the store is read-only ("" when writable)
+    read_only_reason: str = ""
 
 
 class _Counters:
@@ -225,6 +244,7 @@ class _Segment:
         "refs",
         "sparse",
         "starts",
+        "touched",
     )
 
     def __init__(
@@ -239,7 +259,7 @@ class _Segment:
         end: int = FILE_HEADER_SIZE,
         lac: int = -1,
         fenced: bool = False,
-        corrupt: set[int] | None = None,
+        corrupt: IdRanges | None = None,
         last_cp_pos: int = FILE_HEADER_SIZE,
         idx_count: int = 0,
         meta_size: int = 0,
@@ -255,7 +275,8 @@ class _Segment:
         self.end = end
         self.lac = lac
         self.fenced = fenced
-        self.corrupt: set[int] = corrupt if corrupt is not None else set()
+        #: entries that cannot be returned (damaged, or lost with damaged bytes)
+        self.corrupt: IdRanges = corrupt if corrupt is not None else IdRanges()
         self.last_cp_pos = last_cp_pos
         #: checkpoints stored in the index file
         self.idx_count = idx_count
@@ -267,6 +288,9 @@ class _Segment:
         self.idle: trio.Event | None = None
         self.closed = False  #: file descriptors closed
         self.deleted = False
+        #: trio clock time of the last add, fence or creation (during recovery: the
+        #: wall clock mtime of the segment's files, converted when the store starts)
+        self.touched = 0.0
 
     def acquire(self) -> None:
         self.refs += 1
@@ -288,12 +312,22 @@ class _Segment:
 class _Round:
     """One group commit: the segments written since the previous round."""
 
-    __slots__ = ("done", "error", "segments")
+    __slots__ = ("callbacks", "done", "error", "segments")
 
     def __init__(self) -> None:
         self.segments: dict[int, _Segment] = {}
         self.done = trio.Event()
         self.error: OSError | None = None
+        self.callbacks: list[Callable[[], object]] = []
+
+    def finish(self) -> None:
+        self.done.set()
+        callbacks, self.callbacks = self.callbacks, []
+        for cb in callbacks:
+            try:
+                cb()
+            except Exception:
+                logger.exception("append callback failed")
 
 
 class AppendWaiter:
@@ -321,6 +355,16 @@ class AppendWaiter:
         if self._segment.deleted:
             return SegmentNotFound(f"segment={self._segment.id} was deleted")
         return None
+
+    def add_done_callback(self, fn: Callable[[], object]) -> None:
+        """Call ``fn()`` (synchronously, from a trio task of the store) once
+        :attr:`done`; at once if it already is.  Cheaper than a task per add that
+        awaits :meth:`wait`: the RPC service answers a whole group commit this way."""
+        r = self._round
+        if r is None or r.done.is_set():
+            fn()
+        else:
+            r.callbacks.append(fn)
 
     async def wait(self) -> None:
         """Return once durable; raise :attr:`error` if that failed."""
@@ -384,7 +428,10 @@ class SegmentStore:
         self._lock_fd = -1
         self._dir_fd = -1
         self._dir_dirty = False
+        #: why the store refuses writes (None: writable)
         self._read_only: str | None = None
+        #: the read-only state lasts until a restart (an I/O error other than a full disk)
+        self._read_only_sticky = False
         self._collecting = _Round()
         self._flush_wanted = trio.Event()
         self._counters = _Counters()
@@ -405,6 +452,9 @@ class SegmentStore:
             self._close_fds()
             self._state = "closed"
             raise
+        now, wall = trio.current_time(), time.time()
+        for seg in self._segments.values():  # file mtimes (wall clock) -> trio clock
+            seg.touched = now - max(0.0, wall - seg.touched)
         self._state = "running"
         try:
             async with trio.open_nursery() as nursery:
@@ -498,11 +548,13 @@ class SegmentStore:
             os.fsync(self._dir_fd)
         logger.info("segment store open path=%s segments=%d", self._root, len(segments))
 
-    def _read_meta(self, segment_id: int) -> tuple[bool, int, int] | None:
-        """``(fenced, lac, size)`` from the meta file, None if there is none."""
+    def _read_meta(self, segment_id: int) -> tuple[bool, int, int, float] | None:
+        """``(fenced, lac, size, mtime)`` from the meta file, None if there is none."""
         path = self._dir / _name(segment_id, ".meta")
         try:
-            buf = path.read_bytes()
+            with path.open("rb") as f:
+                buf = f.read()
+                mtime = os.fstat(f.fileno()).st_mtime
         except FileNotFoundError:
             return None
         meta = decode_meta(buf, segment_id)
@@ -510,8 +562,8 @@ class SegmentStore:
             # A meta file is only ever replaced atomically: this is media damage.  Its
             # fenced flag may have been set, and a fence must win: assume fenced.
             logger.error("damaged meta file, assuming fenced segment=%d", segment_id)
-            return True, -1, len(buf)
-        return meta[0], meta[1], len(buf)
+            return True, -1, len(buf), mtime
+        return meta[0], meta[1], len(buf), mtime
 
     def _recover_segment(self, segment_id: int) -> _Segment | None:
         meta = self._read_meta(segment_id)
@@ -520,7 +572,8 @@ class SegmentStore:
         fd = os.open(log_path, os.O_RDWR | os.O_CLOEXEC)
         idx_fd = -1
         try:
-            size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            size, mtime = st.st_size, st.st_mtime  # mtime: before recovery writes
             if size < FILE_HEADER_SIZE:
                 if meta is None:  # created by a first add that never completed
                     os.close(fd)
@@ -537,11 +590,13 @@ class SegmentStore:
             read = functools.partial(_pread, fd)
 
             idx_fd = os.open(idx_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            cp_id, cp_pos, keep = 0, FILE_HEADER_SIZE, 0
             isize = os.fstat(idx_fd).st_size
             rebuild = os.pread(idx_fd, INDEX_HEADER_SIZE, 0) != encode_index_header(segment_id)
             if rebuild and size > FILE_HEADER_SIZE:
                 logger.warning("index missing or damaged, rebuilding segment=%d", segment_id)
+            # where the recovery scan may start: (entry id, position, checkpoints kept),
+            # the index's last matching checkpoints first, the start of the file last
+            starts: list[tuple[int, int, int]] = []
             if not rebuild:
                 n = (isize - INDEX_HEADER_SIZE) // INDEX_RECORD_SIZE
                 k = min(n, _TAIL_CHECKPOINTS)
@@ -554,24 +609,28 @@ class SegmentStore:
                 )
                 for j in range(k - 1, -1, -1):
                     if _checkpoint_valid(read, segment_id, ids[j], positions[j], size):
-                        cp_id, cp_pos, keep = ids[j], positions[j], n - k + j + 1
-                        break
-                else:
-                    if k:
-                        logger.warning(
-                            "index does not match data, rebuilding segment=%d", segment_id
-                        )
-                        rebuild = True
-
-            scan = scan_tail(
-                read,
-                segment_id,
-                cp_pos,
-                cp_id,
-                size,
-                interval=self._index_interval,
-                last_checkpoint=cp_pos,
-            )
+                        starts.append((ids[j], positions[j], n - k + j + 1))
+                if k and not starts:
+                    logger.warning("index does not match data, rebuilding segment=%d", segment_id)
+                    rebuild = True
+            starts.append((0, FILE_HEADER_SIZE, 0))
+            for candidate in starts:
+                cp_id, cp_pos, keep = candidate
+                scan = scan_tail(
+                    read,
+                    segment_id,
+                    cp_pos,
+                    cp_id,
+                    size,
+                    interval=self._index_interval,
+                    last_checkpoint=cp_pos,
+                    max_dense=2 * self._dense_window,
+                )
+                if scan.records or cp_pos == FILE_HEADER_SIZE:
+                    break
+                # The checkpoint's own record is torn: the last entry stored is before
+                # it (and with skipping ids, not necessarily cp_id - 1): scan again from
+                # the checkpoint before, dropping this one.
             if scan.end < size:
                 logger.warning(
                     "truncating torn tail segment=%d at=%d bytes=%d last_entry=%d",
@@ -588,8 +647,6 @@ class SegmentStore:
                     segment_id,
                     sorted(scan.corrupt)[:20],
                 )
-            if scan.next_id <= cp_id and keep:  # the checkpoint's own record was torn
-                keep -= 1
             if rebuild:
                 os.ftruncate(idx_fd, 0)
                 os.pwrite(idx_fd, encode_index_header(segment_id), 0)
@@ -601,15 +658,15 @@ class SegmentStore:
                     encode_checkpoints(scan.checkpoints),
                     INDEX_HEADER_SIZE + keep * INDEX_RECORD_SIZE,
                 )
-            fenced, lac, meta_size = meta if meta is not None else (False, -1, 0)
-            if scan.next_id == 0 and meta is None:  # nothing was ever acknowledged
+            fenced, lac, meta_size, meta_mtime = meta if meta is not None else (False, -1, 0, 0.0)
+            if scan.records == 0 and meta is None:  # nothing was ever acknowledged
                 os.close(fd)
                 os.close(idx_fd)
                 fd = idx_fd = -1
                 log_path.unlink()
                 idx_path.unlink()
                 return None
-            return _Segment(
+            seg = _Segment(
                 segment_id,
                 fd,
                 idx_fd,
@@ -624,6 +681,8 @@ class SegmentStore:
                 idx_count=keep + len(scan.checkpoints),
                 meta_size=meta_size,
             )
+            seg.touched = max(mtime, meta_mtime)  # wall clock, for now
+            return seg
         except BaseException:
             for f in (fd, idx_fd):
                 if f >= 0:
@@ -644,23 +703,33 @@ class SegmentStore:
         lac: int = -1,
         recovery: bool = False,
     ) -> AppendWaiter:
-        """Write entry ``entry_id`` (must be ``last_entry_id + 1``) now; the returned
-        waiter tells when it is durable per the fsync policy.
+        """Write entry ``entry_id`` now; the returned waiter tells when it is durable per
+        the fsync policy.
 
-        The first add (entry 0) creates the segment.  ``lac`` is the writer's
-        last-add-confirmed (the store keeps the highest).  ``recovery=True`` is
-        BookKeeper's recovery add: accepted on a fenced segment, and re-adding an entry
-        already stored with identical bytes succeeds without writing.
+        Entry ids must grow: ``entry_id`` must be above :meth:`last_entry_id` and may
+        skip ids (a bookie of a striped ensemble stores only some entries of a segment;
+        a replacement bookie starts mid-segment).  The first add creates the segment,
+        whatever its id.  ``lac`` is the writer's last-add-confirmed (the store keeps
+        the highest).  ``recovery=True`` is BookKeeper's recovery add: accepted on a
+        fenced segment, and re-adding an entry already stored with identical bytes
+        succeeds without writing.
 
-        Raises (at once) InvalidEntryId (not the next entry id, or a duplicate),
-        SegmentFenced, BookieReadOnly, InvalidArgument, ServiceUnavailable.
+        Raises (at once) InvalidEntryId (not above the last entry id; for a recovery
+        add, other bytes than stored or an id that was skipped), SegmentFenced,
+        BookieReadOnly, InvalidArgument, ServiceUnavailable.
         """
         self._check_running()
         payload = _as_bytes(data)
         if recovery:
             seg = self._segments.get(segment_id)
             if seg is not None and 0 <= entry_id < seg.next_id:
-                stored = self.read_entries(segment_id, entry_id, entry_id)
+                try:
+                    stored = self.read_entries(segment_id, entry_id, entry_id)
+                except EntryNotFound:
+                    raise InvalidEntryId(
+                        f"segment={segment_id} entry={entry_id} was skipped and cannot be"
+                        f" added below the last entry {seg.next_id - 1}"
+                    )
                 if stored[0][1] != payload:
                     raise InvalidEntryId(
                         f"segment={segment_id} entry={entry_id} stored with other content"
@@ -698,7 +767,7 @@ class SegmentStore:
     ) -> None:
         """Append ``entries`` as ids ``first_entry_id, first_entry_id + 1, ...`` with
         one write and one durability wait; like :meth:`add_entry` otherwise
-        (``recovery`` only lifts the fence here)."""
+        (``first_entry_id`` may skip ids; ``recovery`` only lifts the fence here)."""
         await trio.lowlevel.checkpoint_if_cancelled()
         self._check_running()
         payloads = [_as_bytes(d) for d in entries]
@@ -721,16 +790,13 @@ class SegmentStore:
             raise BookieReadOnly(f"bookie is read-only: {self._read_only}")
         seg = self._segments.get(segment_id)
         if seg is None:
-            if entry_id != 0:
-                raise InvalidEntryId(
-                    f"segment={segment_id} does not exist; its first entry is 0, not {entry_id}"
-                )
             seg = self._create_segment(segment_id)
         if seg.fenced and not recovery:
             raise SegmentFenced(f"segment={segment_id} is fenced")
-        if entry_id != seg.next_id:
+        if entry_id < seg.next_id:
             raise InvalidEntryId(
-                f"segment={segment_id} expects entry {seg.next_id}, got {entry_id}"
+                f"segment={segment_id} entry {entry_id} is not above the last entry"
+                f" {seg.next_id - 1}"
             )
         return seg
 
@@ -759,6 +825,7 @@ class SegmentStore:
         except OSError as exc:
             logger.warning("index header write failed segment=%d error=%s", segment_id, exc)
         seg = _Segment(segment_id, fd, idx_fd)
+        seg.touched = trio.current_time()
         self._segments[segment_id] = seg
         self._dir_dirty = True
         return seg
@@ -768,15 +835,24 @@ class SegmentStore:
         bufs: list[bytes] = []
         checkpoints: list[tuple[int, int]] = []
         start = pos = seg.end
+        old_base, old_starts = seg.base, seg.starts
+        n_before = len(old_starts)  # on failure, the positions are cut back to this
+        gap = entry_id - seg.next_id  # ids skipped: not stored here
+        if gap and (gap > self._dense_window or not old_starts):
+            # too many ids to give a position each: the dense positions start afresh
+            # (older entries are found through the sparse index)
+            seg.starts, seg.base = array("q"), entry_id
         starts = seg.starts
-        n_before = len(starts)
+        if starts is old_starts and gap:
+            starts.extend(array("q", [pos]) * gap)  # zero-length spans: not stored
         last_cp = seg.last_cp_pos
         interval = self._index_interval
         segment_id = seg.id
         eid = entry_id
         for payload in payloads:
             if len(payload) > MAX_PAYLOAD:
-                del starts[n_before:]
+                del old_starts[n_before:]
+                seg.base, seg.starts = old_base, old_starts
                 raise InvalidArgument(f"entry of {len(payload)} bytes is too large")
             bufs.append(encode_record_header(segment_id, eid, lac, payload))
             bufs.append(payload)
@@ -789,7 +865,8 @@ class SegmentStore:
         try:
             _pwritev_all(seg.fd, bufs, start, pos - start)
         except OSError as exc:
-            del starts[n_before:]
+            del old_starts[n_before:]
+            seg.base, seg.starts = old_base, old_starts
             try:  # drop a partial record so that the next write lands on clean bytes
                 os.ftruncate(seg.fd, start)
             except OSError:
@@ -798,6 +875,7 @@ class SegmentStore:
         seg.next_id = eid
         seg.end = pos
         seg.last_cp_pos = last_cp
+        seg.touched = trio.current_time()
         if lac > seg.lac:
             seg.lac = lac
         counters = self._counters
@@ -827,13 +905,42 @@ class SegmentStore:
 
     def _io_failed(self, what: str, exc: OSError) -> BookieReadOnly:
         """An I/O error on the write path: the bookie turns read-only (as BookKeeper
-        does) so that writers move to other bookies."""
+        does) so that writers move to other bookies.
+
+        A full disk (ENOSPC/EDQUOT from a write) is cleared by :meth:`set_read_only`
+        once space is back; any other error, and any failed fsync (after which the page
+        cache cannot be trusted), lasts until the store restarts.
+        """
         reason = f"{what}: {exc.strerror or exc}"
-        if self._read_only is None:
+        disk_full = exc.errno in (errno.ENOSPC, errno.EDQUOT) and what != "fsync"
+        if self._read_only is None or (not disk_full and not self._read_only_sticky):
             self._read_only = reason
-            level = logging.WARNING if exc.errno == errno.ENOSPC else logging.ERROR
+            level = logging.WARNING if disk_full else logging.ERROR
             logger.log(level, "bookie turns read-only reason=%s", reason)
+        self._read_only_sticky = self._read_only_sticky or not disk_full
         return BookieReadOnly(reason)
+
+    @property
+    def read_only(self) -> str | None:
+        """Why the store refuses adds (BookieReadOnly), or None when it is writable."""
+        return self._read_only
+
+    def set_read_only(self, reason: str | None) -> bool:
+        """Refuse adds from now on (``reason``), or accept them again (None).
+
+        The service calls it when free disk space crosses its threshold.  Going
+        writable again does not undo a read-only state caused by an I/O error other
+        than a full disk (that lasts until a restart); returns whether the store is
+        writable afterwards.
+        """
+        if reason is not None:
+            if self._read_only is None:
+                self._read_only = reason
+                logger.warning("bookie turns read-only reason=%s", reason)
+        elif self._read_only is not None and not self._read_only_sticky:
+            logger.info("bookie writable again (was: %s)", self._read_only)
+            self._read_only = None
+        return self._read_only is None
 
     def _durability(self, seg: _Segment) -> AppendWaiter:
         r = self._collecting
@@ -866,7 +973,7 @@ class SegmentStore:
         sync_dir = self._dir_dirty
         self._dir_dirty = False
         if not segs and not sync_dir:
-            r.done.set()
+            r.finish()
             return
         for s in segs:
             s.acquire()
@@ -902,7 +1009,7 @@ class SegmentStore:
         finally:
             for s in segs:
                 s.release()
-            r.done.set()
+            r.finish()
 
     async def sync(self) -> None:
         """Fsync everything written so far (whatever the policy)."""
@@ -933,6 +1040,7 @@ class SegmentStore:
         if seg is None:
             seg = self._create_segment(segment_id)
         seg.fenced = True
+        seg.touched = trio.current_time()
         last = seg.next_id - 1
         await self._persist_meta(seg)
         return last
@@ -1014,11 +1122,14 @@ class SegmentStore:
     ) -> list[tuple[int, bytes]]:
         """Entries ``first..last`` (inclusive) as ``(entry_id, payload)``, verified.
 
-        Stops early after the last stored entry, before ``max_bytes`` of payload would
-        be exceeded (one entry is always returned), at ``max_count`` entries, or before
-        a damaged entry.  Raises SegmentNotFound, EntryNotFound (``first`` is not
-        stored), CorruptEntry (``first`` is damaged: it is never returned) or
-        InvalidArgument (``last < first``).
+        Ids the segment does not hold (skipped by the writer: striping, a replacement
+        bookie) are left out: the entry ids returned tell which ones these are.  Stops
+        early after the last stored entry, before ``max_bytes`` of payload would be
+        exceeded (one entry is always returned), at ``max_count`` ids, or before an
+        entry that is damaged or may have been lost with damaged bytes.  Raises
+        SegmentNotFound, EntryNotFound (``first`` is not stored), CorruptEntry
+        (``first`` is damaged: it is never returned) or InvalidArgument (``last <
+        first``).
 
         Runs in the calling (trio) thread: ``os.pread`` + CRC32C at several GB/s from
         the page cache, so an 8 MiB read holds the event loop a few ms (longer when it
@@ -1085,6 +1196,10 @@ class SegmentStore:
             starts, n = seg.starts, len(seg.starts)
             lo = first - seg.base
             pos = starts[lo]
+            if pos == (starts[lo + 1] if lo + 1 < n else seg.end):
+                # a zero-length span: an id skipped by the writer (ids lost with damage
+                # have one too, but _read_check raised CorruptEntry for those)
+                raise EntryNotFound(f"segment={seg.id} entry={first} not stored")
             hi = lo + max_count  # exclusive index of the entries wanted (<= n)
             end = starts[hi] if hi < n else seg.end
             if end - pos > max_bytes:
@@ -1141,6 +1256,8 @@ class SegmentStore:
             return None
         if corrupt >= 0:
             raise self._corrupt(seg, corrupt)
+        if not entries:
+            raise EntryNotFound(f"segment={seg.id} entry={first} not stored")
         self._counters.entries_read += len(entries)
         self._counters.bytes_read += sum(len(p) for _, p in entries)
         return entries
@@ -1188,6 +1305,14 @@ class SegmentStore:
         self._check_running()
         return sorted(self._segments)
 
+    def idle_time(self, segment_id: int) -> float:
+        """Seconds (trio clock) since the segment was created, last added to or fenced.
+
+        For a segment found at start, the clock starts at the mtime of its files: the
+        time of its last write before the restart.
+        """
+        return max(0.0, trio.current_time() - self._get(segment_id).touched)
+
     def statistics(self) -> StoreStatistics:
         c = self._counters
         return StoreStatistics(
@@ -1201,6 +1326,7 @@ class SegmentStore:
             disk_usage_bytes=sum(s.disk_usage() for s in self._segments.values()),
             corrupt_entries_detected=c.corrupt,
             read_only=self._read_only is not None,
+            read_only_reason=self._read_only or "",
         )
 
 

@@ -268,7 +268,8 @@ class Connection:
     async def wait_writable(self, high_water: int = _HIGH_WATER) -> None:
         """Wait until the queue of unsent bytes is below ``high_water`` (backpressure)."""
         while self._out_bytes > high_water and not self._closed:
-            self._drained = trio.Event()
+            if self._drained.is_set():
+                self._drained = trio.Event()  # shared by every waiter; the writer sets it
             await self._drained.wait()
         if self._closed:
             raise ConnectionClosed(f"connection {self.name} is closed")

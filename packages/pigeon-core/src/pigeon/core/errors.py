@@ -25,6 +25,7 @@ __all__ = [
     "ConsumerBusy",
     "CorruptEntry",
     "CorruptFrame",
+    "DataDirLocked",
     "EntryNotFound",
     "FrameTooLarge",
     "InvalidArgument",
@@ -35,6 +36,7 @@ __all__ = [
     "NodeExists",
     "NoSuchNode",
     "NotEmpty",
+    "NotOwner",
     "NotSupported",
     "PigeonError",
     "PluginError",
@@ -216,6 +218,13 @@ class TopicExists(PigeonError):
     code = 305
 
 
+class NotOwner(PigeonError):
+    """This broker does not own the topic's bundle; look the topic up again."""
+
+    code = 306
+    retriable = True
+
+
 class ProducerBusy(PigeonError):
     """A producer with the same name is already connected to the topic."""
 
@@ -284,6 +293,13 @@ class BookieReadOnly(StorageError):
 
     code = 406
     retriable = True
+
+
+class DataDirLocked(StorageError):
+    """The data directory is in use by a running bookie (its LOCK is held)."""
+
+    code = 407
+    retriable = False
 
 
 class CodecError(PigeonError):
