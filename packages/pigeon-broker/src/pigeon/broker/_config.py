@@ -25,6 +25,7 @@ class BrokerConfig:
     cache_max_bytes: int = 256 * 1024 * 1024
     cursor_persist_interval_ms: float = 100.0
     maintenance_interval_s: float = 5.0
+    bundles_per_namespace: int = 4
     replication: str = "quorum"
     ensemble_size: int = 1
     write_quorum: int = 1

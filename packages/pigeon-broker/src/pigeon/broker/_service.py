@@ -21,6 +21,7 @@ from pigeon.broker._config import BrokerConfig
 from pigeon.broker._cursor import CursorState
 from pigeon.broker._ledger import LedgerConfig, ManagedLedger, segment_path
 from pigeon.broker._nonpersistent import NonPersistentSubscription, NonPersistentTopic
+from pigeon.broker._ownership import Ownership
 from pigeon.broker._policies import NamespacePolicies, PolicyStore
 from pigeon.broker._subscription import Consumer, Subscription, WallClock
 from pigeon.core import TopicName
@@ -33,6 +34,7 @@ from pigeon.core.errors import (
     InvalidArgument,
     MessageTooLarge,
     NoSuchNode,
+    NotOwner,
     NotSupported,
     PigeonError,
     ProducerBlocked,
@@ -319,6 +321,7 @@ class BrokerService:
         self._names = itertools.count()
         self.clock = WallClock()
         self.policies = PolicyStore(store)
+        self.ownership: Ownership = None  # type: ignore[assignment]  # set by run()
 
     @property
     def service_url(self) -> str:
@@ -345,11 +348,37 @@ class BrokerService:
                     )
                 )
                 log.info("broker serving address=%s:%s", *self.address)
+                self.ownership = Ownership(
+                    self.store,
+                    self.service_url,
+                    f"{self.address[0]}:{self.address[1]}",
+                    bundles_per_namespace=self.config.bundles_per_namespace,
+                    load=self.load_report,
+                )
+                await nursery.start(self.ownership.run, self._ownership_lost)
                 task_status.started(self.address)
                 await trio.sleep_forever()
             finally:
                 with trio.CancelScope(shield=True):
                     await self._close_topics()
+
+    def load_report(self) -> dict[str, Any]:
+        return {
+            "topics": len(self.topics),
+            "connections": len(self._conns),
+            "msgs_in": sum(t.ledger.msgs_in if t.persistent else t.msgs_in for t in self.topics.values()),
+        }
+
+    async def _ownership_lost(self) -> None:
+        """The metadata session expired: another broker may own our bundles now."""
+        conns = list(self._conns)
+        for conn in conns:
+            conn.close()  # clients reconnect through a new lookup
+        topics, self.topics = self.topics, {}
+        for topic in topics.values():
+            if topic.persistent:
+                with trio.move_on_after(5):
+                    await topic.ledger.close()
 
     async def _maintenance(self) -> None:
         """Message TTL, backlog-quota eviction and retention, every maintenance interval."""
@@ -383,6 +412,7 @@ class BrokerService:
     async def get_topic(self, name: TopicName, *, create: bool = True) -> Any:
         key = name.full
         if not name.persistent:
+            await self.ownership.acquire(name)
             np_topic = self.topics.get(key)
             if np_topic is None:
                 np_topic = self.topics[key] = NonPersistentTopic(name, self.clock)  # type: ignore[assignment]
@@ -390,6 +420,8 @@ class BrokerService:
         while True:
             topic = self.topics.get(key)
             if topic is not None:
+                if not self.ownership.owns(name):
+                    raise NotOwner(f"{name} is no longer served by this broker")
                 return topic
             opening = self._opening.get(key)
             if opening is None:
@@ -407,6 +439,7 @@ class BrokerService:
             ) from None
         if not create and await self.store.get(f"/pigeon/ledgers/{name.path}") is None:
             raise TopicNotFound(f"topic {name} does not exist")
+        await self.ownership.acquire(name)
         ev = self._opening[key] = trio.Event()
         try:
             ledger = ManagedLedger(
@@ -491,10 +524,11 @@ class BrokerService:
 
         async def lookup() -> None:
             partitions = await self.partitions_of(name)
+            url = self.service_url if partitions else await self.ownership.lookup(name)
             conn.respond(
                 req.request_id,
                 "lookupResult",
-                {"brokerUrl": self.service_url, "partitions": partitions, "topic": name.full},
+                {"brokerUrl": url, "partitions": partitions, "topic": name.full},
             )
 
         self._spawn(conn, req.request_id, lookup)

@@ -33,6 +33,7 @@ from pigeon.core.errors import (
     AlreadyClosed,
     ConnectionClosed,
     InvalidArgument,
+    NotOwner,
     PigeonError,
     Timeout,
 )
@@ -44,16 +45,25 @@ log = logging.getLogger(__name__)
 BatchCallback = Callable[[Any, BaseException | None], None]
 
 
-def parse_service_url(url: str) -> tuple[str, int]:
+def parse_service_urls(url: str) -> list[tuple[str, int]]:
+    """``pigeon://host:port[,host:port...]`` → addresses (any broker answers lookups)."""
     if not url.startswith("pigeon://"):
         raise InvalidArgument(f"service URL must look like pigeon://host:port, got {url!r}")
-    rest = url[len("pigeon://") :].rstrip("/")
-    if ":" not in rest:
-        return rest or "127.0.0.1", 6650
-    try:
-        return split_address(rest)
-    except ValueError:
-        raise InvalidArgument(f"bad port in service URL {url!r}") from None
+    out = []
+    for part in url[len("pigeon://") :].rstrip("/").split(","):
+        part = part.strip()
+        if ":" not in part:
+            out.append((part or "127.0.0.1", 6650))
+            continue
+        try:
+            out.append(split_address(part))
+        except ValueError:
+            raise InvalidArgument(f"bad port in service URL {url!r}") from None
+    return out
+
+
+def parse_service_url(url: str) -> tuple[str, int]:
+    return parse_service_urls(url)[0]
 
 
 @dataclass(slots=True)
@@ -131,7 +141,8 @@ class ClientEngine:
         client_name: str = "pigeon-client",
     ) -> None:
         self.service_url = service_url
-        self.address = parse_service_url(service_url)
+        self.addresses = parse_service_urls(service_url)
+        self.address = self.addresses[0]
         self.operation_timeout = operation_timeout
         self.connect_timeout = connect_timeout
         self.client_name = client_name
@@ -176,11 +187,43 @@ class ClientEngine:
             self._conns[address] = conn
             return conn
 
+    async def lookup_connection(self) -> Connection:
+        """A connection to any broker of the service URL (the first that answers)."""
+        errors: list[BaseException] = []
+        for _ in range(len(self.addresses)):
+            try:
+                return await self.connection(self.address)
+            except (ConnectionClosed, OSError) as exc:
+                errors.append(exc)
+                i = self.addresses.index(self.address)
+                self.address = self.addresses[(i + 1) % len(self.addresses)]
+        raise errors[-1]
+
     async def lookup(self, topic: str) -> tuple[tuple[str, int], str, int]:
         """(owning broker address, full topic name, partition count) of ``topic``."""
-        conn = await self.connection()
+        conn = await self.lookup_connection()
         result = await self.request(conn, "lookup", {"topic": topic}, expect="lookupResult")
         return parse_service_url(result["brokerUrl"]), result["topic"], result["partitions"]
+
+    async def attach(self, attach: Callable[[], Any]) -> None:
+        """Run ``attach`` (lookup + connect + create) until the owning broker accepts it.
+
+        A broker that no longer owns the topic (``NotOwner``) or a broker that went away
+        is retried with a fresh lookup, within ``operation_timeout``.
+        """
+        delay = 0.05
+        last: BaseException | None = None
+        with trio.move_on_after(self.operation_timeout):
+            while True:
+                try:
+                    await attach()
+                    return
+                except (NotOwner, ConnectionClosed) as exc:
+                    last = exc
+                    log.info("attach retry error=%s", exc)
+                    await trio.sleep(delay)
+                    delay = min(delay * 2, 1.0)
+        raise Timeout(f"no broker accepted within {self.operation_timeout}s: {last}")
 
     async def partitioned_names(self, topic: str) -> list[str]:
         """The topics to attach to: the partitions of a partitioned topic, or the topic."""
@@ -190,11 +233,11 @@ class ClientEngine:
         return [full]
 
     async def create_topic(self, topic: str, partitions: int = 0) -> None:
-        conn = await self.connection()
+        conn = await self.lookup_connection()
         await self.request(conn, "createTopic", {"topic": topic, "partitions": partitions})
 
     async def list_topics(self, namespace: str) -> list[str]:
-        conn = await self.connection()
+        conn = await self.lookup_connection()
         result = await self.request(
             conn,
             "listTopics",
@@ -298,7 +341,7 @@ class ProducerEngine(_Reconnecting):
 
     async def start(self) -> None:
         try:
-            await self._attach()
+            await self.engine.attach(self._attach)
         except BaseException:
             conn = self.conn or self.engine._conns.get(self.engine.address)
             if conn is not None and not conn.closed:
@@ -483,7 +526,7 @@ class ConsumerEngine(_Reconnecting):
     async def start(self) -> None:
         self.engine.consumers[self.consumer_id] = self
         try:
-            await self._attach()
+            await self.engine.attach(self._attach)
         except BaseException:
             self.engine.consumers.pop(self.consumer_id, None)
             # The subscribe may have reached the broker: leave it there no consumer.

@@ -1,0 +1,922 @@
+"""The broker's HTTP side: admin REST API, Prometheus ``/metrics`` and the dashboard.
+
+A FastAPI application (:func:`make_app`) served by hypercorn's trio worker
+(:func:`serve_admin`) in the broker's own trio run, so request handlers call the broker's
+async methods directly.  The OpenAPI document is at ``/openapi.json``.
+
+Errors are JSON ``{"error": <class>, "message": ..., "code": <wire code>, "retriable": ...}``
+with the status chosen by :func:`http_status`: 400 for bad values (``InvalidArgument``
+and its subclasses), 404 for missing objects, 409 for conflicts (exists, not empty, busy),
+422 for requests that do not match the schema (FastAPI's validation, with ``detail``),
+503/504 when something the broker needs is unavailable or slow.  Expected errors are
+logged on one line without a stack trace; only a bug (500) logs one.
+
+Routes (all JSON unless noted; ``T`` = ``/admin/v2/topics/{domain}/{tenant}/{namespace}/{topic}``)::
+
+    GET    /admin/v2/cluster/health
+    GET    /admin/v2/tenants                          PUT|GET|DELETE /admin/v2/tenants/{tenant}
+    GET    /admin/v2/namespaces/{tenant}              PUT|DELETE /admin/v2/namespaces/{tenant}/{ns}
+    GET|PATCH /admin/v2/namespaces/{tenant}/{ns}/policies
+    GET    /admin/v2/namespaces/{tenant}/{ns}/topics  GET .../bundles  POST .../bundles/{b}/unload
+    PUT|GET|DELETE T     GET T/stats  GET T/internal-stats  POST T/unload
+    GET    T/subscriptions          PUT|GET|DELETE T/subscriptions/{sub}
+    POST   T/subscriptions/{sub}/reset-cursor | skip | clear-backlog    GET .../peek
+    GET    /admin/v2/brokers   GET /admin/v2/brokers/{broker}/load | /bundles
+    GET    /admin/v2/broker-stats/topics | /throughput
+    GET    /admin/v2/bookies   GET /admin/v2/bookies/{bookie}
+    GET    /metrics (Prometheus text)   GET /dashboard (HTML)   GET /openapi.json
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from http import HTTPStatus
+from pathlib import Path as FsPath
+from typing import Annotated, Any, Literal
+
+import trio
+from fastapi import APIRouter, Body, FastAPI, Path, Query, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.json_schema import SkipJsonSchema
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from pigeon.broker import _admin_ops as ops
+from pigeon.broker._metrics import CONTENT_TYPE, BrokerMonitor
+from pigeon.broker._service import BrokerService
+from pigeon.core import TopicName
+from pigeon.core.errors import (
+    BadVersion,
+    CodecError,
+    ConfigError,
+    ConnectionClosed,
+    ConsumerBusy,
+    EntryNotFound,
+    InvalidArgument,
+    MetadataError,
+    NodeExists,
+    NoSuchNode,
+    NotEmpty,
+    NotOwner,
+    PigeonError,
+    ProducerBlocked,
+    ProducerBusy,
+    SegmentNotFound,
+    ServiceUnavailable,
+    StorageError,
+    SubscriptionBusy,
+    SubscriptionNotFound,
+    Timeout,
+    TopicExists,
+    TopicNotFound,
+)
+
+__all__ = ["http_status", "make_app", "serve_admin"]
+
+log = logging.getLogger(__name__)
+
+API = "/admin/v2"
+DASHBOARD_DIR = FsPath(__file__).parent / "dashboard"
+DASHBOARD_ASSETS = {
+    "dashboard.js": "text/javascript; charset=utf-8",
+    "dashboard.css": "text/css; charset=utf-8",
+}
+
+#: (error classes, HTTP status), first match wins (subclasses before their bases).
+_STATUS: tuple[tuple[tuple[type[PigeonError], ...], int], ...] = (
+    ((TopicNotFound, SubscriptionNotFound, NoSuchNode, SegmentNotFound, EntryNotFound), 404),
+    (
+        (
+            TopicExists,
+            NodeExists,
+            NotEmpty,
+            BadVersion,
+            ProducerBusy,
+            ConsumerBusy,
+            SubscriptionBusy,
+        ),
+        409,
+    ),
+    ((InvalidArgument, ConfigError, CodecError), 400),
+    ((ProducerBlocked,), 429),
+    ((Timeout,), 504),
+    ((ServiceUnavailable, MetadataError, StorageError, ConnectionClosed), 503),
+)
+
+
+def http_status(exc: PigeonError) -> int:
+    """The HTTP status an admin request failing with ``exc`` answers with."""
+    for classes, status in _STATUS:
+        if isinstance(exc, classes):
+            return status
+    return 500
+
+
+def _error_body(exc: PigeonError) -> dict[str, Any]:
+    return {
+        "error": type(exc).__name__,
+        "message": exc.message,
+        "code": exc.wire_code,
+        "retriable": type(exc).retriable,
+    }
+
+
+# ---------------------------------------------------------------------- models
+
+_NAME = r"^[A-Za-z0-9_.\-=:]+$"
+NamePart = Annotated[str, Path(pattern=_NAME, max_length=255)]
+Domain = Annotated[Literal["persistent", "non-persistent"], Path(description="Topic domain.")]
+#: segment:entry[:index] as peek shows it
+MESSAGE_ID = r"^[0-9]{1,18}:[0-9]{1,18}(:[0-9]{1,9})?$"
+#: no "/", no control character, not "." or ".." (they are metadata path components)
+_C, _D = r"[^\x00-\x1f\x7f/]", r"[^\x00-\x1f\x7f/.]"
+SUB_NAME = rf"^({_D}{_C}*|\.{_D}{_C}*|\.\.{_C}+)$"
+SubName = Annotated[
+    str, Path(min_length=1, max_length=255, pattern=SUB_NAME, description="Subscription name.")
+]
+POSITION = r"^(earliest|latest|[0-9]{1,18}|[0-9]{1,18}:[0-9]{1,18}(:[0-9]{1,9})?)$"
+Force = Annotated[
+    bool, Query(description="Detach connected producers/consumers (or delete contents) first.")
+]
+MAX_SECONDS = 10 * 365 * 86400.0
+#: largest integer every JSON client represents exactly
+MAX_INT = 2**53
+
+
+class ErrorBody(BaseModel):
+    error: str = Field(description="Error class, e.g. TopicNotFound.")
+    message: str
+    code: int | None = Field(None, description="PigeonMQ wire code of the error class.")
+    retriable: bool = False
+    detail: list[dict[str, Any]] | None = Field(None, description="Validation errors (422).")
+
+
+class Tenant(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    admin_roles: list[str] = Field(default_factory=list)
+    allowed_clusters: list[str] = Field(default_factory=list)
+
+
+class TenantOut(Tenant):
+    tenant: str
+
+
+class Policies(BaseModel):
+    """Namespace policies (see ``pigeon.broker._policies.NamespacePolicies``)."""
+
+    retention_time_s: float = Field(description="-1 forever, 0 delete once consumed.")
+    retention_size_mb: float = Field(description="-1 no size limit.")
+    message_ttl_s: float = Field(description="0 off.")
+    backlog_quota_bytes: int = Field(description="-1 no quota.")
+    backlog_quota_policy: Literal[
+        "producer_request_hold", "producer_exception", "consumer_backlog_eviction"
+    ]
+    deduplication: bool
+    ensemble_size: int | None
+    write_quorum: int | None
+    ack_quorum: int | None
+    max_message_size: int | None
+
+
+class PoliciesChange(BaseModel):
+    """Any subset of the policies; fields left out keep their value (or the default).
+
+    ``null`` means "the broker's default" for the replication settings and the size
+    limit; for the other fields it is the same as leaving the field out.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    # "X | SkipJsonSchema[None]": the document says X (null is not part of the API), and
+    # the constraints sit on X so that they appear in the document.
+    retention_time_s: Annotated[float, Field(ge=-1, le=MAX_SECONDS)] | SkipJsonSchema[None] = None
+    retention_size_mb: Annotated[float, Field(ge=-1, le=1e12)] | SkipJsonSchema[None] = None
+    message_ttl_s: Annotated[float, Field(ge=0, le=MAX_SECONDS)] | SkipJsonSchema[None] = None
+    backlog_quota_bytes: Annotated[int, Field(ge=-1, le=MAX_INT)] | SkipJsonSchema[None] = None
+    backlog_quota_policy: (
+        Literal["producer_request_hold", "producer_exception", "consumer_backlog_eviction"]
+        | SkipJsonSchema[None]
+    ) = None
+    deduplication: bool | SkipJsonSchema[None] = None
+    ensemble_size: Annotated[int, Field(ge=1, le=64)] | None = Field(
+        None, description="null: the broker's default"
+    )
+    write_quorum: Annotated[int, Field(ge=1, le=64)] | None = None
+    ack_quorum: Annotated[int, Field(ge=1, le=64)] | None = None
+    max_message_size: Annotated[int, Field(ge=1, le=2**31)] | None = None
+
+    def changes(self) -> dict[str, Any]:
+        nullable = {"ensemble_size", "write_quorum", "ack_quorum", "max_message_size"}
+        return {
+            k: v
+            for k, v in self.model_dump(exclude_unset=True).items()
+            if v is not None or k in nullable
+        }
+
+
+class TopicMetadata(BaseModel):
+    topic: str
+    persistent: bool
+    partitions: int = Field(description="0 for a non-partitioned topic.")
+    loaded: int = Field(description="Partitions (or 1 for the topic) loaded on this broker.")
+
+
+class SubscriptionStats(BaseModel):
+    name: str
+    type: str
+    durable: bool
+    consumers: int
+    backlog: int = Field(description="Unacknowledged messages.")
+    backlog_bytes: int
+    mark_delete_offset: int | None
+    msgs_out: int
+    bytes_out: int
+    msg_rate_out: float
+    msg_throughput_out: float
+    delayed: int
+    dropped: int
+    consumer_names: list[str]
+
+
+class SubscriptionStatsOut(SubscriptionStats):
+    topic: str
+
+
+class TopicSummary(BaseModel):
+    topic: str
+    persistent: bool
+    partitions: int
+    msgs_in: int
+    bytes_in: int
+    msgs_out: int
+    bytes_out: int
+    msg_rate_in: float
+    msg_throughput_in: float = Field(description="Bytes per second.")
+    msg_rate_out: float
+    msg_throughput_out: float
+    producers: int
+    producer_names: list[str]
+    next_offset: int | None
+    first_offset: int | None
+    storage_size: int = Field(description="Bytes in the topic's segments.")
+    segments: int
+    backlog: int = Field(description="Largest subscription backlog (messages).")
+    backlog_bytes: int
+
+
+class LoadedTopic(TopicSummary):
+    subscription_count: int
+
+
+class TopicStats(TopicSummary):
+    subscriptions: dict[str, SubscriptionStats]
+    partition_stats: dict[str, TopicStats] | None = None
+
+
+class Segment(BaseModel):
+    id: int
+    first_offset: int
+    entries: int
+    last_entry_id: int
+    size: int
+    state: str
+    ensemble: list[str]
+    ctime: float
+    last_publish_time: int
+
+
+class CursorInternal(BaseModel):
+    mark_delete_offset: int
+    acked_ranges: list[list[int]]
+    read_position: list[int] | None
+    pending_entries: int
+    durable: bool
+
+
+class CacheStats(BaseModel):
+    hits: int
+    misses: int
+    bytes: int
+
+
+class InternalStats(BaseModel):
+    topic: str
+    persistent: bool
+    next_offset: int
+    first_offset: int | None = None
+    last_position: list[int] | None = None
+    segments: list[Segment]
+    cursors: dict[str, CursorInternal]
+    cache: CacheStats | None
+
+
+class ResetCursor(BaseModel):
+    """Exactly one of ``offset``, ``message_id`` (``segment:entry[:index]``), ``timestamp``."""
+
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"minProperties": 1, "maxProperties": 1}
+    )
+    offset: Annotated[int, Field(ge=0, le=MAX_INT)] | SkipJsonSchema[None] = None
+    message_id: Annotated[str, Field(pattern=MESSAGE_ID)] | SkipJsonSchema[None] = None
+    timestamp: Annotated[int, Field(ge=0, le=MAX_INT)] | SkipJsonSchema[None] = Field(
+        None, description="Publish time, ms since the epoch."
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ResetCursor:
+        if sum(v is not None for v in (self.offset, self.message_id, self.timestamp)) != 1:
+            raise ValueError("give exactly one of offset, message_id, timestamp")
+        return self
+
+
+class CursorPosition(BaseModel):
+    topic: str
+    subscription: str
+    mark_delete_offset: int
+    backlog: int
+
+
+class Skip(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    count: int = Field(ge=0, le=MAX_INT, description="Messages to acknowledge.")
+
+
+class Skipped(BaseModel):
+    topic: str
+    subscription: str
+    skipped: int
+
+
+class PeekedMessage(BaseModel):
+    topic: str
+    message_id: str = Field(description="segment:entry:index")
+    offset: int
+    publish_time: int
+    event_time: int | None
+    producer_name: str
+    sequence_id: int
+    key: str | None
+    key_encoding: Literal["utf-8", "base64"]
+    properties: dict[str, str]
+    value: str | None
+    value_encoding: Literal["utf-8", "base64"]
+    size: int
+    redelivery_count: int
+
+
+class BrokerInfo(BaseModel):
+    broker: str = Field(description="host:port of its client listener")
+    service_url: str | None
+    http_url: str | None
+    cluster: str
+    pid: int | None
+
+
+class BrokerLoad(BaseModel):
+    """This broker's live load; for another broker, its last load report (fewer fields)."""
+
+    broker: str
+    topics: int | None
+    connections: int | None
+    msgs_in: int | None
+    producers: int | None = None
+    subscriptions: int | None = None
+    consumers: int | None = None
+    msg_rate_in: float | None = None
+    msg_throughput_in: float | None = None
+    msg_rate_out: float | None = None
+    msg_throughput_out: float | None = None
+    cpu_seconds: float | None = None
+    max_rss_bytes: int | None = None
+    bundles: int | None = None
+
+
+class Bundle(BaseModel):
+    namespace: str
+    bundle: str = Field(description="0xSTART_0xEND of the topic-name hash range")
+    owner: str | None = Field(description="The owning broker; null: assigned at next lookup")
+    loaded_topics: int
+
+
+class Unloaded(BaseModel):
+    unloaded: list[str]
+
+
+class Bookie(BaseModel):
+    address: str
+    read_only: bool
+    read_only_reason: str | None
+    free_disk_bytes: int | None
+    total_disk_bytes: int | None
+    disk_used_bytes: int | None
+    write_bytes_per_s: float | None
+    read_bytes_per_s: float | None
+    segments: int | None
+    reported_at: float | None
+
+
+class Health(BaseModel):
+    status: Literal["ok", "degraded", "unhealthy"]
+    cluster: str
+    brokers: list[BrokerInfo]
+    checks: dict[str, dict[str, Any]]
+    topics: int
+    connections: int
+    time: int
+
+
+class ThroughputSample(BaseModel):
+    time: int
+    msg_rate_in: float
+    msg_throughput_in: float
+    msg_rate_out: float
+    msg_throughput_out: float
+
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorBody, "description": "A value is out of its domain."},
+    404: {"model": ErrorBody, "description": "No such object."},
+    409: {"model": ErrorBody, "description": "Conflict: exists, not empty, or busy."},
+    422: {"model": ErrorBody, "description": "The request does not match the schema."},
+    503: {"model": ErrorBody, "description": "Metadata store or bookies unavailable."},
+}
+
+
+# ---------------------------------------------------------------------- app
+
+
+def make_app(service: BrokerService, *, monitor: BrokerMonitor | None = None) -> FastAPI:
+    """The admin ASGI application of ``service`` (no server: see :func:`serve_admin`)."""
+    app = FastAPI(
+        title="PigeonMQ admin API",
+        version="2",
+        description="Tenants, namespaces, topics, subscriptions, brokers and bookies.",
+        openapi_url="/openapi.json",
+        docs_url=None,  # Swagger UI needs a CDN; the machine may have no internet
+        redoc_url=None,
+    )
+    app.state.service = service
+    app.state.monitor = monitor or BrokerMonitor(service)
+    app.state.http_url = None
+    _install_error_handlers(app)
+    api = APIRouter(prefix=API, responses=_ERRORS)
+    _cluster_routes(api, app)
+    _tenant_routes(api, service)
+    _namespace_routes(api, service)
+    _topic_routes(api, app)
+    _broker_routes(api, app)
+    app.include_router(api)
+    _plain_routes(app)
+    return app
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    async def pigeon_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, PigeonError)
+        status = http_status(exc)
+        line = "admin request failed method=%s path=%s status=%s error=%s: %s"
+        args = (request.method, request.url.path, status, type(exc).__name__, exc.message)
+        if status >= 500:
+            log.warning(line, *args)
+        else:
+            log.info(line, *args)
+        return JSONResponse(_error_body(exc), status_code=status)
+
+    async def validation_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        errors = jsonable_encoder(exc.errors())
+        first = errors[0] if errors else {}
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        message = f"{where}: {first.get('msg', 'invalid request')}" if where else "invalid request"
+        log.info(
+            "admin request invalid method=%s path=%s error=%s",
+            request.method,
+            request.url.path,
+            message,
+        )
+        body = {
+            "error": "ValidationError",
+            "message": message,
+            "code": InvalidArgument.code,
+            "retriable": False,
+            "detail": errors,
+        }
+        return JSONResponse(body, status_code=422)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        phrase = HTTPStatus(exc.status_code).phrase
+        body = {
+            "error": phrase.replace(" ", ""),
+            "message": str(exc.detail or phrase),
+            "code": None,
+            "retriable": False,
+        }
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        log.error(
+            "admin request crashed method=%s path=%s",
+            request.method,
+            request.url.path,
+            exc_info=exc,
+        )
+        body = {
+            "error": "InternalError",
+            "message": f"{type(exc).__name__}: {exc}",
+            "code": None,
+            "retriable": False,
+        }
+        return JSONResponse(body, status_code=500)
+
+    app.add_exception_handler(PigeonError, pigeon_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(Exception, internal_error)
+
+
+def _monitor(app: FastAPI) -> BrokerMonitor:
+    monitor: BrokerMonitor = app.state.monitor
+    return monitor
+
+
+def _cluster_routes(api: APIRouter, app: FastAPI) -> None:
+    service: BrokerService = app.state.service
+
+    @api.get(
+        "/cluster/health",
+        response_model=Health,
+        tags=["cluster"],
+        responses={503: {"model": Health, "description": "The cluster is unhealthy."}},
+    )
+    async def cluster_health() -> Any:
+        """Metadata store reachable, enough writable bookies, broker serving."""
+        health = await ops.cluster_health(service, app.state.http_url)
+        if health["status"] == "unhealthy":
+            return JSONResponse(jsonable_encoder(health), status_code=503)
+        return health
+
+
+def _tenant_routes(api: APIRouter, service: BrokerService) -> None:
+    tags: list[str | Any] = ["tenants"]
+
+    @api.get("/tenants", response_model=list[str], tags=tags)
+    async def list_tenants() -> Any:
+        return sorted(await service.policies.tenants())
+
+    @api.put("/tenants/{tenant}", response_model=TenantOut, status_code=201, tags=tags)
+    async def create_tenant(tenant: NamePart, body: Annotated[Tenant | None, Body()] = None) -> Any:
+        """Create a tenant (409 if it exists)."""
+        info = (body or Tenant()).model_dump()
+        return await ops.create_tenant(service, tenant, info)
+
+    @api.get("/tenants/{tenant}", response_model=TenantOut, tags=tags)
+    async def get_tenant(tenant: NamePart) -> Any:
+        return await ops.tenant_info(service, tenant)
+
+    @api.delete("/tenants/{tenant}", status_code=204, tags=tags)
+    async def delete_tenant(tenant: NamePart) -> Response:
+        """Delete a tenant without namespaces (409 while it has some)."""
+        await ops.delete_tenant(service, tenant)
+        return Response(status_code=204)
+
+
+def _namespace_routes(api: APIRouter, service: BrokerService) -> None:
+    tags: list[str | Any] = ["namespaces"]
+    ns_path = "/namespaces/{tenant}/{namespace}"
+
+    @api.get("/namespaces/{tenant}", response_model=list[str], tags=tags)
+    async def list_namespaces(tenant: NamePart) -> Any:
+        return await ops.list_namespaces(service, tenant)
+
+    @api.put(ns_path, response_model=Policies, status_code=201, tags=tags)
+    async def create_namespace(
+        tenant: NamePart,
+        namespace: NamePart,
+        body: Annotated[PoliciesChange | None, Body()] = None,
+    ) -> Any:
+        """Create a namespace, optionally with some policies (the rest default)."""
+        changes = body.changes() if body else {}
+        created = await ops.create_namespace(service, f"{tenant}/{namespace}", changes)
+        return created.__dict__
+
+    @api.delete(ns_path, status_code=204, tags=tags)
+    async def delete_namespace(
+        tenant: NamePart, namespace: NamePart, force: Force = False
+    ) -> Response:
+        """Delete a namespace (409 while it has topics, unless ``force`` deletes them)."""
+        await ops.delete_namespace(service, f"{tenant}/{namespace}", force=force)
+        return Response(status_code=204)
+
+    @api.get(ns_path + "/policies", response_model=Policies, tags=tags)
+    async def get_policies(tenant: NamePart, namespace: NamePart) -> Any:
+        return (await service.policies.load(f"{tenant}/{namespace}")).__dict__
+
+    @api.patch(ns_path + "/policies", response_model=Policies, tags=tags)
+    async def set_policies(tenant: NamePart, namespace: NamePart, body: PoliciesChange) -> Any:
+        """Change some policies; they apply on every broker within moments."""
+        changes = body.changes()
+        policies = await service.policies.set(f"{tenant}/{namespace}", changes)
+        log.info(
+            "namespace policies changed namespace=%s/%s changes=%s", tenant, namespace, changes
+        )
+        return policies.__dict__
+
+    @api.get(ns_path + "/topics", response_model=list[str], tags=tags)
+    async def list_topics(tenant: NamePart, namespace: NamePart) -> Any:
+        """Topics of the namespace (partitioned topics by their base name)."""
+        return await ops.list_topics(service, f"{tenant}/{namespace}")
+
+    @api.get(ns_path + "/bundles", response_model=list[Bundle], tags=tags)
+    async def list_bundles(tenant: NamePart, namespace: NamePart) -> Any:
+        return await ops.bundles(service, f"{tenant}/{namespace}")
+
+    @api.post(ns_path + "/bundles/{bundle}/unload", response_model=Unloaded, tags=tags)
+    async def unload_bundle(
+        tenant: NamePart, namespace: NamePart, bundle: Annotated[str, Path(max_length=64)]
+    ) -> Any:
+        """Close the bundle's loaded topics on this broker; clients re-attach."""
+        return {"unloaded": await ops.unload_bundle(service, f"{tenant}/{namespace}", bundle)}
+
+
+def _topic_routes(api: APIRouter, app: FastAPI) -> None:
+    service: BrokerService = app.state.service
+    tags: list[str | Any] = ["topics"]
+    sub_tags: list[str | Any] = ["subscriptions"]
+    t_path = "/topics/{domain}/{tenant}/{namespace}/{topic}"
+    s_path = t_path + "/subscriptions/{subscription}"
+
+    def name_of(domain: str, tenant: str, namespace: str, topic: str) -> TopicName:
+        return ops.topic_name(domain, tenant, namespace, topic)
+
+    @api.put(t_path, response_model=TopicMetadata, status_code=201, tags=tags)
+    async def create_topic(
+        domain: Domain,
+        tenant: NamePart,
+        namespace: NamePart,
+        topic: NamePart,
+        partitions: Annotated[int, Query(ge=0, le=4096, description="0: not partitioned.")] = 0,
+    ) -> Any:
+        return await ops.create_topic(
+            service, name_of(domain, tenant, namespace, topic), partitions
+        )
+
+    @api.get(t_path, response_model=TopicMetadata, tags=tags)
+    async def get_topic(
+        domain: Domain, tenant: NamePart, namespace: NamePart, topic: NamePart
+    ) -> Any:
+        return await ops.topic_metadata(service, name_of(domain, tenant, namespace, topic))
+
+    @api.delete(t_path, status_code=204, tags=tags)
+    async def delete_topic(
+        domain: Domain, tenant: NamePart, namespace: NamePart, topic: NamePart, force: Force = False
+    ) -> Response:
+        """Delete the topic and its stored data (409 while clients are attached, unless force)."""
+        await ops.delete_topic(service, name_of(domain, tenant, namespace, topic), force=force)
+        return Response(status_code=204)
+
+    @api.get(t_path + "/stats", response_model=TopicStats, tags=tags)
+    async def topic_stats(
+        domain: Domain, tenant: NamePart, namespace: NamePart, topic: NamePart
+    ) -> Any:
+        """Rates in/out, counters, storage size, segments and backlog per subscription."""
+        name = name_of(domain, tenant, namespace, topic)
+        return await ops.topic_stats(service, _monitor(app), name)
+
+    @api.get(t_path + "/internal-stats", response_model=InternalStats, tags=tags)
+    async def internal_stats(
+        domain: Domain, tenant: NamePart, namespace: NamePart, topic: NamePart
+    ) -> Any:
+        """Segments of the managed ledger and cursor details (one topic or partition)."""
+        return await ops.internal_stats(service, name_of(domain, tenant, namespace, topic))
+
+    @api.post(t_path + "/unload", response_model=Unloaded, tags=tags)
+    async def unload_topic(
+        domain: Domain, tenant: NamePart, namespace: NamePart, topic: NamePart
+    ) -> Any:
+        name = name_of(domain, tenant, namespace, topic)
+        return {"unloaded": await ops.unload_topic(service, name)}
+
+    @api.get(t_path + "/subscriptions", response_model=list[str], tags=sub_tags)
+    async def list_subscriptions(
+        domain: Domain, tenant: NamePart, namespace: NamePart, topic: NamePart
+    ) -> Any:
+        return await ops.list_subscriptions(service, name_of(domain, tenant, namespace, topic))
+
+    @api.put(s_path, response_model=SubscriptionStatsOut, status_code=201, tags=sub_tags)
+    async def create_subscription(
+        domain: Domain,
+        tenant: NamePart,
+        namespace: NamePart,
+        topic: NamePart,
+        subscription: SubName,
+        position: Annotated[
+            str,
+            Query(
+                pattern=POSITION,
+                description="earliest, latest, an offset, or a message id segment:entry[:index]",
+            ),
+        ] = "latest",
+    ) -> Any:
+        """Create a durable subscription at a position (409 if it exists)."""
+        name = name_of(domain, tenant, namespace, topic)
+        return await ops.create_subscription(service, name, subscription, position)
+
+    @api.get(s_path, response_model=SubscriptionStatsOut, tags=sub_tags)
+    async def get_subscription(
+        domain: Domain,
+        tenant: NamePart,
+        namespace: NamePart,
+        topic: NamePart,
+        subscription: SubName,
+    ) -> Any:
+        name = name_of(domain, tenant, namespace, topic)
+        return await ops.subscription_stats(service, _monitor(app), name, subscription)
+
+    @api.delete(s_path, status_code=204, tags=sub_tags)
+    async def delete_subscription(
+        domain: Domain,
+        tenant: NamePart,
+        namespace: NamePart,
+        topic: NamePart,
+        subscription: SubName,
+        force: Force = False,
+    ) -> Response:
+        """Delete the subscription and its cursor (409 with consumers attached, unless force)."""
+        name = name_of(domain, tenant, namespace, topic)
+        await ops.delete_subscription(service, name, subscription, force=force)
+        return Response(status_code=204)
+
+    @api.post(s_path + "/reset-cursor", response_model=list[CursorPosition], tags=sub_tags)
+    async def reset_cursor(
+        domain: Domain,
+        tenant: NamePart,
+        namespace: NamePart,
+        topic: NamePart,
+        subscription: SubName,
+        body: ResetCursor,
+    ) -> Any:
+        """Move the cursor to an offset, a message id or a publish time; consumers re-attach."""
+        name = name_of(domain, tenant, namespace, topic)
+        return await ops.reset_cursor(
+            service,
+            name,
+            subscription,
+            offset=body.offset,
+            message_id=body.message_id,
+            timestamp=body.timestamp,
+        )
+
+    @api.post(s_path + "/skip", response_model=Skipped, tags=sub_tags)
+    async def skip(
+        domain: Domain,
+        tenant: NamePart,
+        namespace: NamePart,
+        topic: NamePart,
+        subscription: SubName,
+        body: Skip,
+    ) -> Any:
+        """Acknowledge the next N unacknowledged messages (per partition)."""
+        name = name_of(domain, tenant, namespace, topic)
+        return await ops.skip(service, name, subscription, body.count)
+
+    @api.post(s_path + "/clear-backlog", response_model=Skipped, tags=sub_tags)
+    async def clear_backlog(
+        domain: Domain,
+        tenant: NamePart,
+        namespace: NamePart,
+        topic: NamePart,
+        subscription: SubName,
+    ) -> Any:
+        """Acknowledge everything published so far."""
+        name = name_of(domain, tenant, namespace, topic)
+        return await ops.clear_backlog(service, name, subscription)
+
+    @api.get(s_path + "/peek", response_model=list[PeekedMessage], tags=sub_tags)
+    async def peek(
+        domain: Domain,
+        tenant: NamePart,
+        namespace: NamePart,
+        topic: NamePart,
+        subscription: SubName,
+        count: Annotated[int, Query(ge=1, le=ops.MAX_PEEK)] = 1,
+    ) -> Any:
+        """The next unacknowledged messages, without consuming them."""
+        name = name_of(domain, tenant, namespace, topic)
+        return await ops.peek(service, name, subscription, count)
+
+
+def _broker_routes(api: APIRouter, app: FastAPI) -> None:
+    service: BrokerService = app.state.service
+    tags: list[str | Any] = ["brokers"]
+
+    @api.get("/brokers", response_model=list[BrokerInfo], tags=tags)
+    async def list_brokers() -> Any:
+        return await ops.brokers(service, app.state.http_url)
+
+    @api.get("/brokers/{broker}/load", response_model=BrokerLoad, tags=tags)
+    async def broker_load(broker: Annotated[str, Path(max_length=300)]) -> Any:
+        """Topics, connections and message rates of a broker."""
+        return await ops.broker_load(service, _monitor(app), broker)
+
+    @api.get("/brokers/{broker}/bundles", response_model=list[Bundle], tags=tags)
+    async def owned_bundles(broker: Annotated[str, Path(max_length=300)]) -> Any:
+        return await ops.owned_bundles(service, broker)
+
+    @api.get("/broker-stats/topics", response_model=list[LoadedTopic], tags=tags)
+    async def loaded_topics() -> Any:
+        """Every topic loaded on this broker with its rates and backlog (the dashboard's view)."""
+        return ops.loaded_topics_stats(service, _monitor(app))
+
+    @api.get("/broker-stats/throughput", response_model=list[ThroughputSample], tags=tags)
+    async def throughput() -> Any:
+        """Broker-wide rates, one sample per second, oldest first (up to 5 minutes)."""
+        return list(_monitor(app).history)
+
+    bookie_tags: list[str | Any] = ["bookies"]
+
+    @api.get("/bookies", response_model=list[Bookie], tags=bookie_tags)
+    async def list_bookies() -> Any:
+        """Bookies registered in the metadata store: read-only state, disk, rates."""
+        return ops.bookies(service)
+
+    @api.get("/bookies/{bookie}", response_model=Bookie, tags=bookie_tags)
+    async def get_bookie(bookie: Annotated[str, Path(max_length=300)]) -> Any:
+        return ops.bookie(service, bookie)
+
+
+def _plain_routes(app: FastAPI) -> None:
+    @app.get(
+        "/metrics",
+        tags=["metrics"],
+        response_class=Response,
+        responses={
+            200: {
+                "content": {CONTENT_TYPE.split(";")[0]: {"schema": {"type": "string"}}},
+                "description": "Prometheus text exposition.",
+            }
+        },
+    )
+    async def metrics() -> Response:
+        """Prometheus metrics of this broker."""
+        return Response(_monitor(app).render(), media_type=CONTENT_TYPE)
+
+    @app.get("/", include_in_schema=False)
+    async def root() -> Response:
+        return RedirectResponse("/dashboard")
+
+    @app.get("/dashboard", include_in_schema=False)
+    @app.get("/dashboard/", include_in_schema=False)
+    async def dashboard() -> Response:
+        return HTMLResponse((DASHBOARD_DIR / "index.html").read_text(encoding="utf-8"))
+
+    @app.get("/dashboard/{asset}", include_in_schema=False)
+    async def dashboard_asset(asset: str) -> Response:
+        media_type = DASHBOARD_ASSETS.get(asset)
+        if media_type is None:
+            raise StarletteHTTPException(404, f"no dashboard file {asset!r}")
+        return Response((DASHBOARD_DIR / asset).read_bytes(), media_type=media_type)
+
+
+# ---------------------------------------------------------------------- server
+
+
+def _hypercorn_config(host: str, port: int) -> Any:
+    from hypercorn.config import Config
+
+    config = Config()
+    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    config.accesslog = None
+    config.errorlog = logging.getLogger(f"{__name__}.http")
+    config.graceful_timeout = 2.0
+    config.keep_alive_timeout = 30.0
+    return config
+
+
+async def serve_admin(
+    service: BrokerService,
+    *,
+    host: str,
+    port: int,
+    task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the admin API, ``/metrics`` and the dashboard until cancelled.
+
+    Reports the bound ``(host, port)`` through ``task_status`` (``port=0`` picks a free one).
+    """
+    from hypercorn.trio import serve
+
+    app = make_app(service)
+    monitor = _monitor(app)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(monitor.run)
+        binds: list[str] = await nursery.start(
+            functools.partial(serve, app, _hypercorn_config(host, port))  # type: ignore[arg-type]
+        )
+        bound_host, _, bound_port = binds[0].removeprefix("http://").rpartition(":")
+        address = (bound_host.strip("[]"), int(bound_port))
+        app.state.http_url = f"http://{binds[0].removeprefix('http://')}"
+        log.info("admin serving url=%s", app.state.http_url)
+        task_status.started(address)
