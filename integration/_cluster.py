@@ -1,0 +1,127 @@
+"""A PigeonMQ cluster of real processes: bookies and brokers on one metadata URL.
+
+Every process is started on free loopback ports in the test's temporary directory and
+stopped by PID; readiness waits and stops are bounded in time and fail with the log tail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import IO
+
+from _standalone import HOST, clean_env, free_ports, port_open, server_command
+
+__all__ = ["Cluster", "Node"]
+
+READY_TIMEOUT = 20.0
+
+
+class Node:
+    """One ``pigeon bookie`` or ``pigeon broker`` process."""
+
+    def __init__(self, kind: str, args: list[str], port: int, log_path: Path) -> None:
+        self.kind = kind
+        self.args = args
+        self.port = port
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{HOST}:{self.port}"
+
+    def start(self) -> Node:
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [*server_command(), self.kind, *self.args],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=clean_env(),
+        )
+        deadline = time.monotonic() + READY_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"{self.kind} exited during start:\n{self.log_tail()}")
+            if port_open(self.port, 0.2):
+                return self
+            time.sleep(0.05)
+        raise AssertionError(f"{self.kind} not ready in {READY_TIMEOUT}s:\n{self.log_tail()}")
+
+    def kill9(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        self._close_log()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._close_log()
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def log_tail(self, lines: int = 40) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return ""
+
+
+class Cluster:
+    """Bookies and brokers sharing one metadata store URL."""
+
+    def __init__(self, root: Path, metadata: str) -> None:
+        self.root = root
+        self.metadata = metadata
+        self.bookies: list[Node] = []
+        self.brokers: list[Node] = []
+
+    def add_bookie(self, *extra: str) -> Node:
+        (port,) = free_ports(1)
+        i = len(self.bookies)
+        data = self.root / f"bookie-{i}"
+        node = Node(
+            "bookie",
+            ["--metadata", self.metadata, "--port", str(port), "--data-dir", str(data), *extra],
+            port,
+            self.root / f"bookie-{i}.log",
+        )
+        self.bookies.append(node)
+        return node.start()
+
+    def add_broker(self, *extra: str) -> Node:
+        (port,) = free_ports(1)
+        i = len(self.brokers)
+        node = Node(
+            "broker",
+            ["--metadata", self.metadata, "--port", str(port), *extra],
+            port,
+            self.root / f"broker-{i}.log",
+        )
+        self.brokers.append(node)
+        return node.start()
+
+    @property
+    def service_url(self) -> str:
+        return "pigeon://" + ",".join(b.address for b in self.brokers)
+
+    def stop(self) -> None:
+        for node in [*self.brokers, *self.bookies]:
+            node.stop()
+
+    def kill_all(self) -> None:
+        for node in [*self.brokers, *self.bookies]:
+            node.kill9()

@@ -1,0 +1,150 @@
+"""Cluster mode with real processes: a bookie and two brokers on one metadata store.
+
+A history checker records every acknowledged send and every received message and checks
+that no acknowledged message is missing, that each producer's order holds, and (with
+de-duplication) that nothing is stored twice — while the broker owning the topic is
+killed with SIGKILL in the middle of production.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from _cluster import Cluster
+
+from pigeon.client import Client, Timeout
+
+pytestmark = pytest.mark.integration
+
+SESSION_TIMEOUT = 2.0
+OP_TIMEOUT = 30.0
+
+
+@pytest.fixture
+def cluster(tmp_path: Path):
+    metadata = f"embedded://{tmp_path / 'metadata'}?session_timeout={SESSION_TIMEOUT}"
+    c = Cluster(tmp_path, metadata)
+    try:
+        c.add_bookie()
+        c.add_broker()
+        c.add_broker()
+        yield c
+    finally:
+        c.kill_all()
+
+
+class History:
+    """Acknowledged sends and received messages of one producer."""
+
+    def __init__(self) -> None:
+        self.acked: set[int] = set()
+        self.failed = 0
+        self.lock = threading.Lock()
+
+    def check(self, received: list[int]) -> None:
+        missing = self.acked - set(received)
+        assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {sorted(missing)[:5]}"
+        assert len(received) == len(set(received)), "a message was stored twice"
+        assert received == sorted(received), "producer order was not kept"
+
+
+def produce_in_background(client: Client, topic: str, history: History, stop: threading.Event) -> threading.Thread:
+    producer = client.create_producer(topic, producer_name="history", batching_max_delay_ms=2)
+
+    def run() -> None:
+        i = 0
+        deadline = time.monotonic() + 60
+        while not stop.is_set() and time.monotonic() < deadline:
+            fut = producer.send_async(str(i).encode())
+
+            def done(f, i=i):  # type: ignore[no-untyped-def]
+                with history.lock:
+                    if f.exception() is None:
+                        history.acked.add(i)
+                    else:
+                        history.failed += 1
+
+            fut.add_done_callback(done)
+            i += 1
+            if i % 20 == 0:
+                time.sleep(0.01)
+        producer.flush()
+        producer.close()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def read_all(client: Client, topic: str) -> list[int]:
+    out: list[int] = []
+    with client.subscribe(topic, "checker", initial_position="earliest") as consumer:
+        while True:
+            try:
+                msgs = consumer.batch_receive(1000, timeout=3)
+            except Timeout:
+                return out
+            out.extend(int(m.value) for m in msgs)
+
+
+def owner_of(client: Client, topic: str) -> str:
+    with client.create_producer(topic) as producer:
+        return producer._handle.engines[0].conn.name
+
+
+def test_killing_the_owning_broker_loses_no_acknowledged_message(cluster: Cluster) -> None:
+    history = History()
+    stop = threading.Event()
+    with Client(cluster.service_url, operation_timeout=OP_TIMEOUT) as client:
+        owner = owner_of(client, "failover")
+        thread = produce_in_background(client, "failover", history, stop)
+        deadline = time.monotonic() + 20
+        while len(history.acked) < 1000 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        acked_before = len(history.acked)
+        assert acked_before >= 1000, "production did not start"
+        victim = next(b for b in cluster.brokers if b.address == owner)
+        victim.kill9()
+        # production carries on through the other broker once the session expired
+        deadline = time.monotonic() + 30
+        while len(history.acked) < acked_before + 2000 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stop.set()
+        thread.join(60)
+        assert len(history.acked) >= acked_before + 2000, "production did not resume"
+        survivor = next(b for b in cluster.brokers if b is not victim)
+        assert owner_of(client, "failover") == survivor.address
+        history.check(read_all(client, "failover"))
+
+
+def test_any_broker_answers_lookups_and_names_the_owner(cluster: Cluster) -> None:
+    first, second = cluster.brokers
+    with Client(f"pigeon://{second.address}", operation_timeout=OP_TIMEOUT) as via_second:
+        with via_second.create_producer("lookup-me") as producer:
+            producer.send(b"x")
+            owner = producer._handle.engines[0].conn.name
+    with Client(f"pigeon://{first.address}", operation_timeout=OP_TIMEOUT) as via_first:
+        with via_first.subscribe("lookup-me", "s", initial_position="earliest") as consumer:
+            assert consumer.receive(timeout=10).value == b"x"
+            assert consumer._handle.engines[0].conn.name == owner
+
+
+def test_whole_cluster_restart_keeps_data_and_cursors(cluster: Cluster) -> None:
+    with Client(cluster.service_url, operation_timeout=OP_TIMEOUT) as client:
+        with client.create_producer("restart") as producer:
+            for i in range(500):
+                producer.send_async(str(i).encode())
+            producer.flush()
+        with client.subscribe("restart", "s", initial_position="earliest") as consumer:
+            for _ in range(200):
+                consumer.acknowledge(consumer.receive(timeout=10))
+    cluster.kill_all()
+    for node in [*cluster.bookies, *cluster.brokers]:
+        node.start()
+    with Client(cluster.service_url, operation_timeout=OP_TIMEOUT) as client:
+        with client.subscribe("restart", "s") as consumer:
+            first = consumer.receive(timeout=20)
+            assert int(first.value) == 200
