@@ -1,0 +1,313 @@
+"""Real ZooKeeper and etcd servers for tests, on free loopback ports in temp dirs.
+
+Plain classes and context managers, usable from any pytest fixture (sync or trio)::
+
+    with zookeeper_server(tmp_path / "zk") as zk:
+        url = zk.url("/pigeon")          # zk://127.0.0.1:PORT/pigeon
+        ...
+        zk.restart()                     # same data dir, same port
+    with etcd_server(tmp_path / "etcd") as etcd:
+        url = etcd.url("/pigeon")        # etcd://127.0.0.1:PORT/pigeon
+
+Each server is one child process started with the commands of ``shared/SERVERS.md``,
+its output in ``<dir>/server.log``.  Every wait is bounded (:data:`READY_TIMEOUT`,
+:data:`STOP_TIMEOUT`) and fails with :class:`ServerError` carrying the log's tail.
+Servers are stopped by PID: SIGTERM, wait, then SIGKILL.
+
+A missing binary (``java`` plus ``/usr/share/java/zookeeper.jar``, or ``etcd``) raises
+:class:`ServerError` naming the Debian package to install: tests that need a server
+fail, they are not skipped (CI installs ``zookeeper`` and ``etcd-server``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+__all__ = [
+    "READY_TIMEOUT",
+    "STOP_TIMEOUT",
+    "EtcdServer",
+    "ServerError",
+    "ZooKeeperServer",
+    "etcd_server",
+    "free_port",
+    "zookeeper_server",
+]
+
+HOST = "127.0.0.1"
+#: Longest wait for a server to answer after it was launched.
+READY_TIMEOUT = 30.0
+#: Longest wait for a server to exit after SIGTERM (then it gets SIGKILL).
+STOP_TIMEOUT = 10.0
+_POLL = 0.05
+
+ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
+
+
+class ServerError(RuntimeError):
+    """A test server is missing, did not start, or did not stop."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def _require(path: str | None, what: str, package: str) -> str:
+    if path is None or not os.path.exists(path):
+        raise ServerError(
+            f"{what} not found: install the Debian package {package!r} "
+            f"(apt-get install -y --no-install-recommends {package})"
+        )
+    return path
+
+
+class _Server:
+    """One server process with a data directory, a port and a log file."""
+
+    name = "server"
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.directory / "server.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = free_port()
+
+    # subclasses provide these
+    def _command(self) -> list[str]:
+        raise NotImplementedError
+
+    def _ready(self) -> bool:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        pid = self.proc.pid if self.proc else None
+        return f"<{type(self).__name__} {HOST}:{self.port} pid={pid}>"
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def address(self) -> str:
+        return f"{HOST}:{self.port}"
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def start(self) -> _Server:
+        """Launch the server and return once it answers (at most :data:`READY_TIMEOUT`)."""
+        if self.running:
+            raise ServerError(f"{self!r} is already running")
+        command = self._command()
+        with open(self.log_path, "ab") as log:
+            log.write(f"\n===== start: {' '.join(command)}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.directory,
+                start_new_session=True,  # a ^C of the test run does not reach it first
+            )
+        deadline = time.monotonic() + READY_TIMEOUT
+        while True:
+            if self.proc.poll() is not None:
+                raise ServerError(
+                    f"{self.name} exited with status {self.proc.returncode} while starting;"
+                    f" log:\n{self.log_tail()}"
+                )
+            if self._ready():
+                return self
+            if time.monotonic() > deadline:
+                self.stop(kill=True)
+                raise ServerError(
+                    f"{self.name} did not become ready in {READY_TIMEOUT}s; log:\n{self.log_tail()}"
+                )
+            time.sleep(_POLL)
+
+    def stop(self, *, kill: bool = False) -> None:
+        """Stop the server by PID: SIGTERM (SIGKILL if ``kill``), wait, SIGKILL if it
+        lingers.  Does nothing if it is not running."""
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL if kill else signal.SIGTERM)
+            try:
+                proc.wait(timeout=STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGKILL)
+                try:
+                    proc.wait(timeout=STOP_TIMEOUT)
+                except subprocess.TimeoutExpired:
+                    raise ServerError(f"{self!r} did not die after SIGKILL") from None
+        self.proc = None
+
+    def restart(self, *, kill: bool = False, downtime: float = 0.0) -> _Server:
+        """Stop the server (SIGKILL if ``kill``), stay down ``downtime`` seconds, and
+        start it again on the same port and data directory."""
+        self.stop(kill=kill)
+        if downtime > 0:
+            time.sleep(downtime)
+        return self.start()
+
+    def __enter__(self) -> _Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class ZooKeeperServer(_Server):
+    """A standalone ZooKeeper 3.8 (Debian ``zookeeper``), ``tickTime`` 500 ms by default
+    so that sessions may be as short as 1 s (ZooKeeper allows 2 to 20 ticks)."""
+
+    name = "ZooKeeper"
+
+    def __init__(self, directory: Path, *, tick_time_ms: int = 500) -> None:
+        super().__init__(directory)
+        self.tick_time_ms = tick_time_ms
+        self.data_dir = self.directory / "data"
+        self.conf_dir = self.directory / "conf"
+
+    def url(self, chroot: str = "/pigeon", **options: object) -> str:
+        """``zk://127.0.0.1:PORT/chroot?option=value...`` for the metadata store."""
+        query = "&".join(f"{k}={v}" for k, v in options.items())
+        return f"zk://{self.address}{chroot}" + (f"?{query}" if query else "")
+
+    def _command(self) -> list[str]:
+        java = _require(shutil.which("java"), "java", "default-jre-headless")
+        _require(str(ZOOKEEPER_JAR), str(ZOOKEEPER_JAR), "zookeeper")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.conf_dir.mkdir(parents=True, exist_ok=True)
+        (self.conf_dir / "zoo.cfg").write_text(
+            f"tickTime={self.tick_time_ms}\n"
+            f"dataDir={self.data_dir}\n"
+            f"clientPort={self.port}\n"
+            f"clientPortAddress={HOST}\n"
+            "admin.enableServer=false\n"
+            "4lw.commands.whitelist=ruok,srvr,stat,mntr\n"
+            "maxClientCnxns=0\n"
+        )
+        return [
+            java,
+            "-Xmx256m",
+            "-XX:+UseSerialGC",
+            "-Dzookeeper.admin.enableServer=false",
+            "-cp",
+            f"{self.conf_dir}:{ZOOKEEPER_JAR}",
+            "org.apache.zookeeper.server.quorum.QuorumPeerMain",
+            str(self.conf_dir / "zoo.cfg"),
+        ]
+
+    def four_letter(self, command: str, timeout: float = 1.0) -> str:
+        """Send a four-letter command (``ruok``, ``srvr``, ``stat``, ``mntr``)."""
+        with socket.create_connection((HOST, self.port), timeout=timeout) as sock:
+            sock.sendall(command.encode())
+            chunks = []
+            while chunk := sock.recv(4096):
+                chunks.append(chunk)
+        return b"".join(chunks).decode(errors="replace")
+
+    def _ready(self) -> bool:
+        try:
+            return "Mode:" in self.four_letter("srvr")
+        except OSError:
+            return False
+
+
+class EtcdServer(_Server):
+    """A single-member etcd 3.4 (Debian ``etcd-server``)."""
+
+    name = "etcd"
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory)
+        self.peer_port = free_port()
+        self.metrics_port = free_port()
+        self.data_dir = self.directory / "data"
+
+    def url(self, prefix: str = "/pigeon", **options: object) -> str:
+        """``etcd://127.0.0.1:PORT/prefix?option=value...`` for the metadata store."""
+        query = "&".join(f"{k}={v}" for k, v in options.items())
+        return f"etcd://{self.address}{prefix}" + (f"?{query}" if query else "")
+
+    def _command(self) -> list[str]:
+        etcd = _require(shutil.which("etcd"), "etcd", "etcd-server")
+        client = f"http://{HOST}:{self.port}"
+        peer = f"http://{HOST}:{self.peer_port}"
+        return [
+            etcd,
+            "--name",
+            "n1",
+            "--data-dir",
+            str(self.data_dir),
+            "--listen-client-urls",
+            client,
+            "--advertise-client-urls",
+            client,
+            "--listen-peer-urls",
+            peer,
+            "--initial-advertise-peer-urls",
+            peer,
+            "--initial-cluster",
+            f"n1={peer}",
+            "--initial-cluster-state",
+            "new",
+            "--listen-metrics-urls",
+            f"http://{HOST}:{self.metrics_port}",
+            "--log-level",
+            "warn",
+            "--logger",
+            "zap",
+        ]
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{HOST}:{self.port}/health", timeout=1.0) as r:
+                return bool(json.loads(r.read()).get("health") == "true")
+        except (OSError, ValueError):
+            return False
+
+
+@contextlib.contextmanager
+def zookeeper_server(directory: Path, *, tick_time_ms: int = 500) -> Iterator[ZooKeeperServer]:
+    """A started :class:`ZooKeeperServer` in ``directory``; stopped on exit."""
+    server = ZooKeeperServer(directory, tick_time_ms=tick_time_ms)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
+def etcd_server(directory: Path) -> Iterator[EtcdServer]:
+    """A started :class:`EtcdServer` in ``directory``; stopped on exit."""
+    server = EtcdServer(directory)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()

@@ -1,0 +1,877 @@
+"""The etcd metadata store (etcd v3 gRPC API, bridged into trio).
+
+Threading
+    Unary calls (range, txn, lease grant/revoke) are sent as gRPC futures from the trio
+    thread and come back through a trio token (``run_sync_soon``): no worker thread
+    waits on etcd.  Every call has ``wait_for_ready`` and a deadline of
+    ``request_timeout``, so calls made while etcd restarts wait for it (bounded) rather
+    than fail at once.  Watches share one gRPC Watch stream per store, read by one
+    thread (:class:`_WatchStream`); lease keepalives run in ``trio.to_thread``.
+
+Data model
+    See :mod:`pigeon_etcd._plan`: one key per node under ``P/n``, a child index under
+    ``P/c``, sequential counters under ``P/s``; every write is one etcd transaction
+    whose compares fail if anything it read changed, in which case it is re-read and
+    re-planned.
+
+Watches
+    Each ``watch()`` is one etcd watch on the node's key (or its subtree's key range)
+    starting at the revision after the one current when it was established, with
+    ``prev_kv`` (for the version of deleted nodes).  Events are mapped from etcd's:
+    a PUT that created the key → ``CREATED``, another PUT → ``CHANGED``, a DELETE →
+    ``DELETED``; deletions within one revision are reported deepest first, so a recursive
+    delete reports children before parents.  If the stream breaks (etcd restarted), the
+    watch is re-created from the revision after the last event delivered: nothing is lost
+    or repeated unless etcd compacted that revision away, which fails the watcher.
+
+Sessions
+    A session is an etcd lease with TTL ``ceil(session_timeout)``; ephemeral nodes are
+    attached to it and a keepalive refreshes it every third of its TTL.  When etcd
+    answers a keepalive with "lease not found" (it expired or was revoked), the session
+    has ended: etcd has already deleted its nodes, :meth:`wait_session_expired` returns
+    and ephemeral creates raise ``SessionExpired`` until :meth:`new_session`.  Closing
+    the store revokes the lease.  An unreachable etcd does not by itself end the session
+    (etcd decides; it also renews leases when it restarts).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import queue
+import random
+import threading
+import time
+import urllib.parse
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from pigeon.core.errors import (
+    ConfigError,
+    InvalidArgument,
+    MetadataError,
+    SessionExpired,
+)
+from pigeon.core.metadata import (
+    EventType,
+    MetadataStore,
+    Op,
+    Stat,
+    Watcher,
+    WatchEvent,
+    WatchHub,
+    check_value,
+    parent_path,
+    validate_path,
+    validate_sequential_prefix,
+)
+from pigeon.core.metadata._store import DEFAULT_WATCH_BUFFER, _check_timeout
+from pigeon_etcd._plan import (
+    Compare,
+    Create,
+    Keys,
+    NeedRead,
+    NodeInfo,
+    Snapshot,
+    StaleRead,
+    Write,
+    decode_value,
+    plan,
+    plan_recursive_delete,
+)
+
+__all__ = ["EtcdMetadataStore", "EtcdStoreStatistics"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PREFIX = "/pigeon"
+DEFAULT_PORT = 2379
+#: etcd refuses requests above --max-request-bytes (1.5 MiB by default).
+MAX_REQUEST_BYTES = 1400 * 1024
+#: etcd refuses transactions with more than --max-txn-ops (128 by default) operations.
+MAX_TXN_OPS = 128
+_CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+]
+
+
+@dataclass(frozen=True)
+class EtcdStoreStatistics:
+    running: bool
+    lease_id: int | None
+    session_alive: bool
+    watchers: int
+    buffered_events: int
+
+
+def _depth(path: str) -> int:
+    return 0 if path == "/" else path.count("/")
+
+
+def convert_events(keys: Keys, events: list[Any]) -> list[WatchEvent]:
+    """etcd watch events (``mvccpb.Event``) → :class:`WatchEvent`, deletions of one
+    revision deepest first."""
+    out: list[WatchEvent] = []
+    run: list[tuple[int, WatchEvent]] = []
+    run_revision = -1
+
+    def flush() -> None:
+        run.sort(key=lambda item: -item[0])  # stable: deepest first
+        out.extend(event for _, event in run)
+        run.clear()
+
+    for event in events:
+        kv = event.kv
+        path = keys.path_of(kv.key)
+        if path is None:
+            continue
+        if event.type == 1:  # DELETE
+            if run and kv.mod_revision != run_revision:
+                flush()
+            version = -1
+            if event.HasField("prev_kv") and event.prev_kv.value:
+                try:
+                    version = decode_value(event.prev_kv.value)[1]
+                except MetadataError:
+                    pass
+            run_revision = kv.mod_revision
+            run.append((_depth(path), WatchEvent(EventType.DELETED, path, None, version)))
+            continue
+        flush()
+        try:
+            value, version, _, _ = decode_value(kv.value)
+        except MetadataError:
+            log.warning("etcd metadata: %r is not a node written by PigeonMQ", kv.key)
+            continue
+        if kv.create_revision == kv.mod_revision and path != "/":  # the root always exists
+            out.append(WatchEvent(EventType.CREATED, path, value, version))
+        elif version == 0:  # deleted and created again within one transaction
+            old = -1
+            if event.HasField("prev_kv") and event.prev_kv.value:
+                try:
+                    old = decode_value(event.prev_kv.value)[1]
+                except MetadataError:
+                    pass
+            out.append(WatchEvent(EventType.DELETED, path, None, old))
+            out.append(WatchEvent(EventType.CREATED, path, value, version))
+        else:
+            out.append(WatchEvent(EventType.CHANGED, path, value, version))
+    flush()
+    return out
+
+
+class _Watch:
+    __slots__ = ("etcd_id", "key", "next_revision", "range_end")
+
+    def __init__(self, key: bytes, range_end: bytes, start_revision: int) -> None:
+        self.key = key
+        self.range_end = range_end
+        self.next_revision = start_revision
+        self.etcd_id: int | None = None
+
+
+class _WatchStream:
+    """All watches of one store on one gRPC Watch stream, read by one thread.
+
+    ``on_events(wid, events)`` and ``on_failed(wid, reason)`` are called from that
+    thread, in stream order.  A broken stream is reopened (``wait_for_ready``: it waits
+    for etcd) and every watch re-created from the revision after its last event.
+    """
+
+    def __init__(
+        self,
+        stub: Any,
+        rpc: Any,
+        on_events: Callable[[int, list[Any]], None],
+        on_failed: Callable[[int, str], None],
+    ) -> None:
+        self._stub = stub
+        self._rpc = rpc
+        self._on_events = on_events
+        self._on_failed = on_failed
+        self._lock = threading.Lock()
+        self._watches: dict[int, _Watch] = {}
+        self._queue: queue.Queue[Any] | None = None
+        self._pending: collections.deque[int] = collections.deque()
+        self._by_etcd: dict[int, int] = {}
+        self._closed = threading.Event()
+        self._call: Any = None
+        self._thread = threading.Thread(target=self._run, name="pigeon-etcd-watch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def add(self, wid: int, key: bytes, range_end: bytes, start_revision: int) -> None:
+        with self._lock:
+            self._watches[wid] = _Watch(key, range_end, start_revision)
+            if self._queue is not None:
+                self._send_create(wid)
+
+    def cancel(self, wid: int) -> None:
+        with self._lock:
+            watch = self._watches.pop(wid, None)
+            if watch is not None and watch.etcd_id is not None and self._queue is not None:
+                self._queue.put(self._cancel_request(watch.etcd_id))
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._closed.set()
+        with self._lock:
+            if self._queue is not None:
+                self._queue.put(None)
+            call = self._call
+        if call is not None:
+            call.cancel()
+        self._thread.join(timeout)
+
+    def _cancel_request(self, etcd_id: int) -> Any:
+        return self._rpc.WatchRequest(cancel_request=self._rpc.WatchCancelRequest(watch_id=etcd_id))
+
+    def _send_create(self, wid: int) -> None:  # with the lock held
+        watch = self._watches[wid]
+        assert self._queue is not None
+        self._pending.append(wid)
+        create = self._rpc.WatchCreateRequest(
+            key=watch.key, start_revision=watch.next_revision, prev_kv=True
+        )
+        if watch.range_end:
+            create.range_end = watch.range_end
+        self._queue.put(self._rpc.WatchRequest(create_request=create))
+
+    def _run(self) -> None:
+        backoff = 0.05
+        while not self._closed.is_set():
+            requests: queue.Queue[Any] = queue.Queue()
+            with self._lock:
+                self._queue = requests
+                self._pending.clear()
+                self._by_etcd.clear()
+                for wid, watch in self._watches.items():
+                    watch.etcd_id = None
+                    self._send_create(wid)
+                call = self._call = self._stub.Watch(iter(requests.get, None), wait_for_ready=True)
+            try:
+                for response in call:
+                    backoff = 0.05
+                    self._handle(response)
+            except Exception as exc:  # grpc.RpcError: the stream broke (or we closed it)
+                if not self._closed.is_set():
+                    log.debug("etcd watch stream broke: %r", exc)
+            with self._lock:
+                self._queue = None
+            requests.put(None)
+            if self._closed.wait(backoff):
+                return
+            backoff = min(backoff * 2, 1.0)
+
+    def _handle(self, response: Any) -> None:
+        failed: str | None = None
+        with self._lock:
+            if response.created:
+                wid_created = self._pending.popleft() if self._pending else None
+                watch = self._watches.get(wid_created) if wid_created is not None else None
+                if watch is None:  # cancelled before etcd created it
+                    if self._queue is not None and not response.canceled:
+                        self._queue.put(self._cancel_request(response.watch_id))
+                    return
+                assert wid_created is not None
+                watch.etcd_id = response.watch_id
+                self._by_etcd[response.watch_id] = wid_created
+            wid = self._by_etcd.get(response.watch_id)
+            watch = self._watches.get(wid) if wid is not None else None
+            if wid is None or watch is None:
+                return
+            if response.compact_revision or response.canceled:
+                self._watches.pop(wid, None)
+                self._by_etcd.pop(response.watch_id, None)
+                failed = (
+                    f"etcd compacted revision {watch.next_revision}: watch events lost"
+                    if response.compact_revision
+                    else f"etcd cancelled the watch ({response.cancel_reason or 'no reason'})"
+                )
+            elif response.events:
+                watch.next_revision = response.events[-1].kv.mod_revision + 1
+        if failed is not None:
+            self._on_failed(wid, failed)
+        elif response.events:
+            self._on_events(wid, list(response.events))
+
+
+def _parse_target(netloc: str, url: str) -> str:
+    hosts = []
+    for part in netloc.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        host, sep, port = part.rpartition(":")
+        if not sep:
+            host, port = part, str(DEFAULT_PORT)
+        if not host or not port.isdigit():
+            raise ConfigError(f"metadata URL {url!r}: bad host {part!r}")
+        hosts.append(f"{host}:{port}")
+    if not hosts:
+        raise ConfigError(f"metadata URL {url!r} names no etcd host")
+    if len(hosts) == 1:
+        return hosts[0]
+    return "ipv4:" + ",".join(hosts)  # gRPC's static address list (IP addresses only)
+
+
+class EtcdMetadataStore(MetadataStore):
+    """:class:`~pigeon.core.metadata.MetadataStore` on etcd v3 (3.4 or later).
+
+    :param target: ``host:port`` of an etcd member (or a gRPC target such as
+        ``ipv4:10.0.0.1:2379,10.0.0.2:2379``).
+    :param prefix: key prefix under which the store keeps everything (default
+        ``/pigeon``).
+    :param session_timeout: TTL of the session lease in seconds (rounded up; etcd's
+        minimum is about 2 s).
+    :param request_timeout: deadline of each etcd call (it waits for etcd to be reachable
+        within it).
+    :param watch_buffer: unread events a watcher may hold before it fails.
+    """
+
+    #: Attempts of a write whose reads keep being invalidated by other writers.
+    max_attempts = 50
+
+    def __init__(
+        self,
+        target: str,
+        prefix: str = DEFAULT_PREFIX,
+        *,
+        session_timeout: float = 10.0,
+        request_timeout: float = 30.0,
+        watch_buffer: int = DEFAULT_WATCH_BUFFER,
+    ) -> None:
+        if not target:
+            raise InvalidArgument("etcd metadata store needs a target host:port")
+        if not prefix or prefix == "/":
+            raise InvalidArgument("the etcd key prefix must not be empty or '/'")
+        self.target = target
+        self.prefix = validate_path(prefix)
+        self.session_timeout = _check_timeout(session_timeout, "session_timeout")
+        self.request_timeout = _check_timeout(request_timeout, "request_timeout")
+        self.watch_buffer = watch_buffer
+        self._keys = Keys(self.prefix.encode())
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._channel: Any = None
+        self._kv: Any = None
+        self._lease_stub: Any = None
+        self._rpc: Any = None
+        self._grpc: Any = None
+        self._stream: _WatchStream | None = None
+        self._hubs: dict[int, WatchHub] = {}
+        self._next_watch_id = 0
+        self._lease: int | None = None
+        self._ttl = max(1, math.ceil(self.session_timeout))
+        self._session_alive = False
+        self._session_ended = trio.Event()
+        self._session_ended.set()
+        self._keepalive_wake = trio.Event()
+
+    @classmethod
+    def from_url(cls, url: str) -> EtcdMetadataStore:
+        """Build a store from ``etcd://host:port[,host:port]/prefix?options``.
+
+        The prefix defaults to ``/pigeon``.  Options (seconds): ``session_timeout`` (10),
+        ``request_timeout`` (30).
+        """
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme != "etcd":
+            raise ConfigError(f"not an etcd metadata URL: {url!r}")
+        target = _parse_target(parts.netloc, url)
+        prefix = urllib.parse.unquote(parts.path).rstrip("/") or DEFAULT_PREFIX
+        try:
+            validate_path(prefix)
+        except InvalidArgument as exc:
+            raise ConfigError(f"metadata URL {url!r}: bad prefix: {exc}") from None
+        options: dict[str, float] = {}
+        for key, value in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
+            if key not in ("session_timeout", "request_timeout"):
+                raise ConfigError(f"metadata URL {url!r}: unknown option {key!r}")
+            try:
+                options[key] = float(value)
+            except ValueError:
+                raise ConfigError(f"metadata URL {url!r}: {key} must be a number") from None
+        try:
+            return cls(target, prefix, **options)
+        except InvalidArgument as exc:
+            raise ConfigError(f"metadata URL {url!r}: {exc}") from None
+
+    def __repr__(self) -> str:
+        return f"<EtcdMetadataStore {self.target}{self.prefix} lease={self._lease}>"
+
+    @property
+    def lease_id(self) -> int | None:
+        """The session's lease while the session is alive."""
+        return self._lease if self._session_alive else None
+
+    @property
+    def session_alive(self) -> bool:
+        return self._session_alive
+
+    def statistics(self) -> EtcdStoreStatistics:
+        stats = [hub.statistics() for hub in self._hubs.values()]
+        return EtcdStoreStatistics(
+            running=self._channel is not None,
+            lease_id=self.lease_id,
+            session_alive=self._session_alive,
+            watchers=sum(s.watchers for s in stats),
+            buffered_events=sum(s.buffered_events for s in stats),
+        )
+
+    # --- calls -----------------------------------------------------------------------------
+
+    def _soon(self, fn: Callable[..., object], *args: object) -> None:
+        token = self._token
+        if token is None:
+            return
+        try:
+            token.run_sync_soon(fn, *args)
+        except trio.RunFinishedError:
+            pass
+
+    def _require(self) -> None:
+        if self._channel is None:
+            raise MetadataError(f"{self!r} is not running")
+
+    async def _unary(self, method: Any, request: Any, what: str) -> Any:
+        self._require()
+        future = method.future(request, timeout=self.request_timeout, wait_for_ready=True)
+        done = trio.Event()
+        future.add_done_callback(lambda _: self._soon(done.set))
+        try:
+            await done.wait()
+        except BaseException:
+            future.cancel()
+            raise
+        try:
+            return future.result()
+        except self._grpc.RpcError as exc:
+            raise self._error(exc, what) from None
+        except self._grpc.FutureCancelledError:
+            raise MetadataError(f"{what}: the etcd call was cancelled") from None
+
+    def _error(self, exc: Any, what: str) -> MetadataError:
+        code = exc.code() if hasattr(exc, "code") else None
+        details = exc.details() if hasattr(exc, "details") else str(exc)
+        status = self._grpc.StatusCode
+        if code == status.NOT_FOUND and "lease" in (details or ""):
+            if self._session_alive:
+                self._mark_session_ended()
+            return SessionExpired(f"{what}: the etcd lease of this session is gone ({details})")
+        if code == status.DEADLINE_EXCEEDED:
+            return MetadataError(f"{what}: etcd at {self.target} did not answer in time")
+        if code in (status.RESOURCE_EXHAUSTED,) or "too large" in (details or ""):
+            return InvalidArgument(f"{what}: the request is too large for etcd ({details})")
+        return MetadataError(f"{what}: etcd error {code.name if code else '?'}: {details}")
+
+    async def _range(self, key: bytes, range_end: bytes = b"", **kwargs: Any) -> Any:
+        request = self._rpc.RangeRequest(key=key, **kwargs)
+        if range_end:
+            request.range_end = range_end
+        return await self._unary(self._kv.Range, request, "etcd range")
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        if self._channel is not None:
+            raise MetadataError(f"{self!r} is already running")
+        from pigeon_etcd import _grpc
+
+        self._grpc = _grpc.grpc
+        self._rpc = _grpc.rpc
+        self._token = trio.lowlevel.current_trio_token()
+        self._channel = _grpc.grpc.insecure_channel(self.target, options=_CHANNEL_OPTIONS)
+        self._kv = _grpc.rpc.KVStub(self._channel)
+        self._lease_stub = _grpc.rpc.LeaseStub(self._channel)
+        self._stream = _WatchStream(
+            _grpc.rpc.WatchStub(self._channel),
+            _grpc.rpc,
+            self._events_from_thread,
+            self._failed_from_thread,
+        )
+        self._stream.start()
+        self._hubs = {}
+        try:
+            await self._grant()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._keepalive_loop)
+                task_status.started()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._close()
+
+    async def _close(self) -> None:
+        if self._channel is None:
+            return
+        try:
+            if self._session_alive and self._lease is not None:
+                with trio.move_on_after(min(self.request_timeout, 10.0)):
+                    await self._revoke(self._lease)
+        except MetadataError as exc:
+            log.warning("%r: could not revoke the session lease on close: %s", self, exc)
+        finally:
+            self._mark_session_ended()
+            for hub in self._hubs.values():
+                hub.fail_all("metadata store closed")
+            self._hubs = {}
+            stream, channel = self._stream, self._channel
+            self._stream = None
+            self._channel = None
+            if stream is not None:
+                await trio.to_thread.run_sync(stream.close, abandon_on_cancel=True)
+            channel.close()
+
+    # --- sessions -------------------------------------------------------------------------------
+
+    def _mark_session_ended(self) -> None:
+        self._session_alive = False
+        self._session_ended.set()
+
+    async def _grant(self) -> None:
+        response = await self._unary(
+            self._lease_stub.LeaseGrant,
+            self._rpc.LeaseGrantRequest(TTL=self._ttl),
+            "starting a session (lease grant)",
+        )
+        if response.error:
+            raise MetadataError(f"etcd refused a lease: {response.error}")
+        self._lease = response.ID
+        self._ttl = max(1, response.TTL)
+        self._session_alive = True
+        self._session_ended = trio.Event()
+        self._keepalive_wake.set()
+        log.debug("%r: session started (ttl %ss)", self, self._ttl)
+
+    async def _revoke(self, lease: int) -> None:
+        try:
+            await self._unary(
+                self._lease_stub.LeaseRevoke,
+                self._rpc.LeaseRevokeRequest(ID=lease),
+                "ending the session (lease revoke)",
+            )
+        except SessionExpired:
+            pass  # gone already
+
+    def _keepalive_once(self, lease: int) -> int:
+        """One keepalive round trip (in a worker thread); returns the new TTL."""
+        request = self._rpc.LeaseKeepAliveRequest(ID=lease)
+        responses = self._lease_stub.LeaseKeepAlive(
+            iter([request]), timeout=self.request_timeout, wait_for_ready=True
+        )
+        try:
+            for response in responses:
+                return int(response.TTL)
+        finally:
+            responses.cancel()
+        return -1
+
+    async def _keepalive_loop(self) -> None:
+        while True:
+            lease = self._lease
+            if not self._session_alive or lease is None:
+                self._keepalive_wake = trio.Event()
+                await self._keepalive_wake.wait()
+                continue
+            try:
+                ttl = await trio.to_thread.run_sync(
+                    self._keepalive_once, lease, abandon_on_cancel=True
+                )
+            except self._grpc.RpcError as exc:
+                log.debug("%r: keepalive failed: %r", self, exc)
+                with trio.move_on_after(0.2):
+                    self._keepalive_wake = trio.Event()
+                    await self._keepalive_wake.wait()
+                continue
+            if lease != self._lease or not self._session_alive:
+                continue
+            if ttl <= 0:
+                log.warning("%r: session expired (lease %x gone)", self, lease)
+                self._mark_session_ended()
+                continue
+            with trio.move_on_after(max(0.1, self._ttl / 3)):
+                self._keepalive_wake = trio.Event()
+                await self._keepalive_wake.wait()
+
+    async def wait_session_expired(self) -> None:
+        await self._session_ended.wait()
+
+    async def new_session(self) -> None:
+        self._require()
+        if self._session_alive and self._lease is not None:
+            await self._revoke(self._lease)
+            self._mark_session_ended()
+        await self._grant()
+
+    async def expire_session(self) -> None:
+        """Revoke this session's lease now, as if its keepalives had stopped for a TTL:
+        etcd deletes the ephemeral nodes, the store notices at its next keepalive (which
+        is made at once).  For tests and forced fail-over."""
+        self._require()
+        if self._lease is not None and self._session_alive:
+            await self._revoke(self._lease)
+        self._keepalive_wake.set()
+
+    # --- reads ----------------------------------------------------------------------------------
+
+    async def get(self, path: str) -> Stat | None:
+        validate_path(path)
+        self._require()
+        response = await self._range(self._keys.node(path))
+        if not response.kvs:
+            return Stat(b"", 0, False) if path == "/" else None
+        kv = response.kvs[0]
+        value, version, ctime, mtime = decode_value(kv.value)
+        return Stat(value, version, kv.lease != 0, ctime, mtime)
+
+    async def children(self, path: str) -> list[str]:
+        validate_path(path)
+        self._require()
+        start, end = self._keys.children(path)
+        response = await self._range(start, end, keys_only=True)
+        return sorted(kv.key[len(start) :].decode() for kv in response.kvs)
+
+    async def _read(self, need: NeedRead, snap: Snapshot) -> None:
+        keys = self._keys
+        items: list[tuple[str, str, Any]] = []
+        for path in need.nodes:
+            items.append(("node", path, self._rpc.RangeRequest(key=keys.node(path))))
+        for path in need.children:
+            start, end = keys.children(path)
+            request = self._rpc.RangeRequest(key=start, range_end=end, count_only=True)
+            items.append(("children", path, request))
+        for path in need.counters:
+            request = self._rpc.RangeRequest(key=keys.counter(path), keys_only=True)
+            items.append(("counter", path, request))
+        for i in range(0, len(items), MAX_TXN_OPS - 8):
+            chunk = items[i : i + MAX_TXN_OPS - 8]
+            txn = self._rpc.TxnRequest(
+                success=[self._rpc.RequestOp(request_range=request) for _, _, request in chunk]
+            )
+            response = await self._unary(self._kv.Txn, txn, "etcd read")
+            for (kind, path, _), op in zip(chunk, response.responses, strict=True):
+                result = op.response_range
+                if kind == "node":
+                    if result.kvs:
+                        kv = result.kvs[0]
+                        value, version, ctime, _ = decode_value(kv.value)
+                        snap.nodes[path] = NodeInfo(
+                            True, version, kv.lease, kv.mod_revision, ctime, value
+                        )
+                    else:
+                        snap.nodes[path] = NodeInfo(False)
+                elif kind == "children":
+                    snap.children[path] = int(result.count)
+                else:
+                    snap.counters[path] = int(result.kvs[0].version) if result.kvs else 0
+
+    def _txn_request(self, compares: list[Compare], writes: list[Write]) -> Any:
+        rpc = self._rpc
+        pb_compares = []
+        for compare in compares:
+            if compare.kind == "mod":
+                pb = rpc.Compare(
+                    result=rpc.Compare.EQUAL,
+                    target=rpc.Compare.MOD,
+                    key=compare.key,
+                    mod_revision=compare.value,
+                )
+            elif compare.kind == "version":
+                pb = rpc.Compare(
+                    result=rpc.Compare.EQUAL,
+                    target=rpc.Compare.VERSION,
+                    key=compare.key,
+                    version=compare.value,
+                )
+            else:  # every key in the range has version < 1: there is none
+                pb = rpc.Compare(
+                    result=rpc.Compare.LESS,
+                    target=rpc.Compare.VERSION,
+                    key=compare.key,
+                    range_end=compare.range_end,
+                    version=1,
+                )
+            pb_compares.append(pb)
+        ops = []
+        for write in writes:
+            if write.kind == "put":
+                ops.append(
+                    rpc.RequestOp(
+                        request_put=rpc.PutRequest(
+                            key=write.key, value=write.value, lease=write.lease
+                        )
+                    )
+                )
+            else:
+                request = rpc.DeleteRangeRequest(key=write.key)
+                if write.range_end:
+                    request.range_end = write.range_end
+                ops.append(rpc.RequestOp(request_delete_range=request))
+        return rpc.TxnRequest(compare=pb_compares, success=ops)
+
+    async def _transact(
+        self, ops: list[Op | Create], *, recursive_delete: Op | None = None
+    ) -> list[object]:
+        first = NeedRead()
+        for op in ops if recursive_delete is None else [recursive_delete]:
+            if isinstance(op, Create) and op.sequential:
+                first.nodes.add(parent_path(op.path + "0"))
+                first.counters.add(parent_path(op.path + "0"))
+            else:
+                first.nodes.add(op.path)
+                if not isinstance(op, Create) and op.kind.value == "delete":
+                    first.children.add(op.path)
+        delay = 0.001
+        for _attempt in range(self.max_attempts):
+            snap = Snapshot()
+            need: NeedRead = first
+            the_plan = None
+            while True:
+                await self._read(need, snap)
+                try:
+                    lease = self._lease if self._session_alive else None
+                    if recursive_delete is not None:
+                        the_plan = plan_recursive_delete(
+                            self._keys,
+                            recursive_delete.path,
+                            recursive_delete.version,
+                            snap,
+                            time.time(),
+                        )
+                    else:
+                        the_plan = plan(self._keys, ops, snap, lease, time.time())
+                    break
+                except NeedRead as more:
+                    need = more
+                except StaleRead:
+                    break
+            if the_plan is not None:
+                if the_plan.size() > MAX_REQUEST_BYTES:
+                    raise InvalidArgument(
+                        f"metadata write of ~{the_plan.size()} bytes is too large for etcd"
+                    )
+                if len(the_plan.writes) > MAX_TXN_OPS or len(the_plan.compares) > MAX_TXN_OPS:
+                    raise InvalidArgument(
+                        f"metadata write needs {len(the_plan.writes)} etcd operations;"
+                        f" etcd allows {MAX_TXN_OPS} per transaction"
+                    )
+                request = self._txn_request(the_plan.compares, the_plan.writes)
+                response = await self._unary(self._kv.Txn, request, "metadata write")
+                if response.succeeded:
+                    return the_plan.results
+            await trio.sleep(delay * random.random())
+            delay = min(delay * 2, 0.05)
+        raise MetadataError(
+            f"metadata write gave up after {self.max_attempts} attempts (concurrent changes)"
+        )
+
+    # --- writes -------------------------------------------------------------------------------
+
+    async def create(
+        self, path: str, value: bytes = b"", *, ephemeral: bool = False, sequential: bool = False
+    ) -> str:
+        if sequential:
+            validate_sequential_prefix(path)
+        else:
+            validate_path(path)
+        value = check_value(value)
+        self._require()
+        if ephemeral and not self._session_alive:
+            await trio.lowlevel.checkpoint()
+            raise SessionExpired("the metadata session expired; call new_session()")
+        results = await self._transact([Create(path, value, ephemeral, sequential)])
+        return str(results[0])
+
+    async def set(self, path: str, value: bytes, *, version: int | None = None) -> int:
+        validate_path(path)
+        value = check_value(value)
+        self._require()
+        results = await self._transact([Op.set(path, value, version)])
+        return int(results[0])  # type: ignore[call-overload]
+
+    async def delete(
+        self, path: str, *, version: int | None = None, recursive: bool = False
+    ) -> None:
+        validate_path(path)
+        self._require()
+        if path == "/":
+            await trio.lowlevel.checkpoint()
+            raise InvalidArgument("the root node cannot be deleted")
+        if recursive:
+            await self._transact([], recursive_delete=Op.delete(path, version))
+        else:
+            await self._transact([Op.delete(path, version)])
+
+    async def multi(self, ops: list[Op]) -> list[object]:
+        ops = list(ops)
+        for op in ops:
+            if not isinstance(op, Op):
+                raise InvalidArgument(f"multi() takes Op objects, not {type(op).__name__}")
+            validate_path(op.path)
+        self._require()
+        if not ops:
+            await trio.lowlevel.checkpoint()
+            return []
+        if any(op.ephemeral for op in ops) and not self._session_alive:
+            await trio.lowlevel.checkpoint()
+            raise SessionExpired("the metadata session expired; call new_session()")
+        return await self._transact(list(ops))
+
+    # --- watches --------------------------------------------------------------------------------
+
+    def _events_from_thread(self, wid: int, events: list[Any]) -> None:
+        converted = convert_events(self._keys, events)
+        self._soon(self._deliver, wid, converted)
+
+    def _failed_from_thread(self, wid: int, reason: str) -> None:
+        self._soon(self._fail, wid, reason)
+
+    def _deliver(self, wid: int, events: list[WatchEvent]) -> None:
+        hub = self._hubs.get(wid)
+        if hub is not None:
+            for event in events:
+                hub.dispatch(event)
+
+    def _fail(self, wid: int, reason: str) -> None:
+        hub = self._hubs.get(wid)
+        if hub is not None:
+            hub.fail_all(reason)
+
+    def watch(
+        self, path: str, *, prefix: bool = False
+    ) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
+        validate_path(path)
+        return self._watch(path, prefix)
+
+    @asynccontextmanager
+    async def _watch(self, path: str, prefix: bool) -> AsyncIterator[Watcher]:
+        await trio.lowlevel.checkpoint()
+        self._require()
+        revision = (await self._range(self._keys.nodes, count_only=True)).header.revision
+        stream = self._stream
+        assert stream is not None
+        # one hub per watcher: its etcd watch covers exactly what it subscribed to
+        hub = WatchHub(self.watch_buffer)
+        watcher = hub.subscribe(path, prefix=prefix)
+        wid = self._next_watch_id = self._next_watch_id + 1
+        self._hubs[wid] = hub
+        if prefix:
+            key, end = self._keys.subtree(path)
+        else:
+            key, end = self._keys.node(path), b""
+        stream.add(wid, key, end, revision + 1)
+        try:
+            yield watcher
+        finally:
+            stream.cancel(wid)
+            self._hubs.pop(wid, None)
+            hub.unsubscribe(watcher)
