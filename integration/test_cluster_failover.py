@@ -148,3 +148,47 @@ def test_whole_cluster_restart_keeps_data_and_cursors(cluster: Cluster) -> None:
         with client.subscribe("restart", "s") as consumer:
             first = consumer.receive(timeout=20)
             assert int(first.value) == 200
+
+
+@pytest.fixture
+def replicated_cluster(tmp_path: Path):
+    config = tmp_path / "broker.toml"
+    config.write_text("[broker]\nensemble_size = 3\nwrite_quorum = 3\nack_quorum = 2\n")
+    metadata = f"embedded://{tmp_path / 'metadata'}?session_timeout={SESSION_TIMEOUT}"
+    c = Cluster(tmp_path, metadata)
+    try:
+        for _ in range(3):
+            c.add_bookie()
+        c.add_broker("--config", str(config))
+        yield c
+    finally:
+        c.kill_all()
+
+
+def test_killing_a_bookie_of_three_keeps_production_going(replicated_cluster: Cluster) -> None:
+    cluster = replicated_cluster
+    history = History()
+    stop = threading.Event()
+    with Client(cluster.service_url, operation_timeout=OP_TIMEOUT) as client:
+        thread = produce_in_background(client, "replicated", history, stop)
+        deadline = time.monotonic() + 20
+        while len(history.acked) < 1000 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(history.acked) >= 1000, "production did not start"
+        cluster.bookies[1].kill9()
+        before = len(history.acked)
+        # Qa = 2 of the two survivors: acknowledged writes go on at once...
+        deadline = time.monotonic() + 20
+        while len(history.acked) < before + 1000 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(history.acked) >= before + 1000, "production stalled after a bookie died"
+        # ...and a replacement bookie joins the ensemble (ensemble change)
+        cluster.add_bookie()
+        middle = len(history.acked)
+        deadline = time.monotonic() + 20
+        while len(history.acked) < middle + 1000 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stop.set()
+        thread.join(60)
+        assert history.failed == 0, f"{history.failed} sends failed"
+        history.check(read_all(client, "replicated"))

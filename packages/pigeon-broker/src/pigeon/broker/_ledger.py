@@ -19,12 +19,13 @@ last entry), closes it, and appends to a fresh one (BookKeeper's rule).
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import trio
@@ -70,6 +71,22 @@ class SegmentInfo:
     last_publish_time: int = 0
     write_quorum: int = 0  # 0: the replication policy's default
     ack_quorum: int = 0
+    # Ensemble changes: [first entry id, ensemble] from the second fragment on; entries
+    # before the first listed id live on ``initial_ensemble`` (or ``ensemble``).
+    fragments: list[list[Any]] = field(default_factory=list)
+    initial_ensemble: list[str] = field(default_factory=list)
+
+    def ensemble_for(self, entry_id: int) -> tuple[list[str], int]:
+        """(ensemble holding ``entry_id``, first entry id of the next fragment or -1)."""
+        current = self.initial_ensemble or self.ensemble
+        end = -1
+        for first, ensemble in self.fragments:
+            if entry_id >= first:
+                current = ensemble
+            else:
+                end = first
+                break
+        return list(current), end
 
 
 @dataclass(slots=True)
@@ -204,7 +221,7 @@ class ManagedLedger:
             last_seg = self.segments[-1]
             entries = await self.policy.read(
                 last_seg.id,
-                last_seg.ensemble,
+                last_seg.ensemble_for(last_seg.last_entry_id)[0],
                 last_seg.last_entry_id,
                 last_seg.last_entry_id,
                 write_quorum=last_seg.write_quorum or None,
@@ -244,6 +261,8 @@ class ManagedLedger:
             ensemble,
             write_quorum=seg.write_quorum or None,
             ack_quorum=seg.ack_quorum or None,
+            replace_bookie=functools.partial(self._replace_bookie, seg),
+            nursery=self.nursery,
         )
         log.info("segment opened topic=%s segment=%s ensemble=%s", self.topic, segment_id, ensemble)
 
@@ -318,6 +337,24 @@ class ManagedLedger:
         ):
             self._start_roll()
 
+    async def _replace_bookie(self, seg: SegmentInfo, index: int, first_entry: int) -> str:
+        """Ensemble change: a new bookie for ``index`` from ``first_entry`` on, recorded."""
+        candidates = [b for b in self.bookies() if b not in seg.ensemble]
+        if not candidates:
+            raise ServiceUnavailable(
+                f"no spare bookie to replace {seg.ensemble[index]} in segment {seg.id}"
+            )
+        address = candidates[0]
+        if not seg.initial_ensemble:
+            seg.initial_ensemble = list(seg.ensemble)
+        ensemble = list(seg.ensemble)
+        ensemble[index] = address
+        seg.ensemble = ensemble
+        seg.fragments = [f for f in seg.fragments if f[0] != first_entry]
+        seg.fragments.append([first_entry, ensemble])
+        await self._save()
+        return address
+
     def _on_writer_failed(self, writer: Any, error: BaseException) -> None:
         if writer is self._writer and not self._rolling:
             log.warning("segment write failed topic=%s error=%s; rolling over", self.topic, error)
@@ -344,6 +381,7 @@ class ManagedLedger:
                     seg.last_entry_id = await self.policy.recover(seg.id, seg.ensemble, ack_quorum=seg.ack_quorum or None)
                     seg.entries = seg.last_entry_id + 1
             seg.state = "closed"
+            writer.close()
             if seg.entries == 0:
                 self.segments.pop()
                 self._reindex()
@@ -514,9 +552,12 @@ class ManagedLedger:
             total += len(data)
             eid += 1
         if not out:
+            ensemble, fragment_end = seg.ensemble_for(entry_id)
+            if fragment_end >= 0:
+                last = min(last, fragment_end - 1)
             raw = await self.policy.read(
                 seg.id,
-                seg.ensemble,
+                ensemble,
                 entry_id,
                 last,
                 max_bytes=max_bytes,

@@ -15,9 +15,11 @@ single bookie holds everything.)
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import trio
 
 from pigeon.core._bookie_client import BookieClient
 from pigeon.core.errors import (
@@ -38,9 +40,19 @@ WriteCallback = Callable[[int, BaseException | None], None]
 @dataclass(slots=True)
 class _InFlight:
     callback: WriteCallback
-    acks: int = 0
+    data: bytes | memoryview
+    acked_by: set[int] = field(default_factory=set)
     failures: int = 0
     errors: list[BaseException] = field(default_factory=list)
+
+    @property
+    def acks(self) -> int:
+        return len(self.acked_by)
+
+
+#: ``replace(index, first_entry_id) -> new bookie address``: the ledger picks a bookie
+#: outside the ensemble, records a new fragment in the segment's metadata and returns it.
+ReplaceBookie = Callable[[int, int], Awaitable[str]]
 
 
 class QuorumWriter:
@@ -54,10 +66,18 @@ class QuorumWriter:
         *,
         write_quorum: int,
         ack_quorum: int,
+        replace_bookie: ReplaceBookie | None = None,
+        nursery: trio.Nursery | None = None,
     ) -> None:
         self.client = client
         self.segment_id = segment_id
         self.ensemble = list(ensemble)
+        self.replace_bookie = replace_bookie
+        self.nursery = nursery
+        self._changing: set[int] = set()
+        self._down: set[int] = set()
+        self.ensemble_changes = 0
+        self.closed = False
         self.write_quorum = write_quorum
         self.ack_quorum = ack_quorum
         self.next_entry_id = 0
@@ -74,9 +94,17 @@ class QuorumWriter:
     def pending(self) -> int:
         return len(self._in_flight)
 
+    def close(self) -> None:
+        """No more adds (the segment is being closed); stops pending ensemble changes."""
+        self.closed = True
+
     @property
     def failed(self) -> BaseException | None:
         return self._failed
+
+    def _targets(self, entry_id: int) -> list[int]:
+        e = len(self.ensemble)
+        return [(entry_id + k) % e for k in range(self.write_quorum)]
 
     def add_nowait(self, data: bytes | memoryview, callback: WriteCallback) -> int:
         """Send one entry; ``callback(entry_id, error)`` runs once, in entry order."""
@@ -84,45 +112,121 @@ class QuorumWriter:
             raise self._failed
         entry_id = self.next_entry_id
         self.next_entry_id += 1
-        self._in_flight[entry_id] = _InFlight(callback)
-        e = len(self.ensemble)
-        for k in range(self.write_quorum):
-            index = (entry_id + k) % e
-            conn = self._conns[index]
-            if conn.closed:
-                conn = self.client.connection_nowait(self.ensemble[index]) or conn
-                self._conns[index] = conn
-            try:
-                self.client.add_entry_nowait(
-                    conn,
-                    self.segment_id,
-                    entry_id,
-                    self.lac,
-                    data,
-                    lambda result, error, eid=entry_id: self._on_ack(eid, error),
-                )
-            except ConnectionClosed as exc:
-                self._on_ack(entry_id, exc)
+        self._in_flight[entry_id] = _InFlight(callback, data)
+        flight = self._in_flight[entry_id]
+        for index in self._targets(entry_id):
+            if index in self._down:
+                self._count_failure(flight, ConnectionClosed(f"bookie {self.ensemble[index]} is down"))
+            elif index not in self._changing:  # else sent once the replacement is known
+                self._send(entry_id, index, data)
         self.bytes_written += len(data)
         return entry_id
 
-    def _on_ack(self, entry_id: int, error: BaseException | None) -> None:
+    def _send(self, entry_id: int, index: int, data: bytes | memoryview) -> None:
+        conn = self._conns[index]
+        if conn.closed:
+            conn = self.client.connection_nowait(self.ensemble[index]) or conn
+            self._conns[index] = conn
+        try:
+            self.client.add_entry_nowait(
+                conn,
+                self.segment_id,
+                entry_id,
+                self.lac,
+                data,
+                lambda result, error, eid=entry_id, i=index: self._on_ack(eid, i, error),
+            )
+        except ConnectionClosed as exc:
+            self._on_ack(entry_id, index, exc)
+
+    def _on_ack(self, entry_id: int, index: int, error: BaseException | None) -> None:
         flight = self._in_flight.get(entry_id)
         if flight is None:
             return
         if error is None:
-            flight.acks += 1
-        else:
-            flight.failures += 1
-            flight.errors.append(error)
-            if flight.failures > self.write_quorum - self.ack_quorum:
-                self._fail(
-                    error
-                    if isinstance(error, PigeonError)
-                    else StorageError(f"segment {self.segment_id}: {error}")
-                )
-                return
+            flight.acked_by.add(index)
+            self._complete_in_order()
+            return
+        if self._can_replace(error):
+            # BookKeeper's ensemble change: the failed bookie is replaced for every entry
+            # not yet acknowledged by it; the write goes on without failing anyone.
+            if index not in self._changing:
+                self._changing.add(index)
+                assert self.nursery is not None
+                self.nursery.start_soon(self._change_ensemble, index)
+            elif index in self._down:
+                self._count_failure(flight, error)
+            return
+        self._count_failure(flight, error)
+
+    def _count_failure(self, flight: _InFlight, error: BaseException) -> None:
+        flight.failures += 1
+        flight.errors.append(error)
+        if flight.failures > self.write_quorum - self.ack_quorum:
+            self._fail(
+                error
+                if isinstance(error, PigeonError)
+                else StorageError(f"segment {self.segment_id}: {error}")
+            )
+            return
         self._complete_in_order()
+
+    def _count_down(self, index: int, error: BaseException) -> None:
+        """Bookie ``index`` is down with no replacement yet: its share counts as failed."""
+        if index in self._down:
+            return
+        self._down.add(index)
+        for entry_id, flight in sorted(self._in_flight.items()):
+            if self._failed is not None:
+                return
+            if index in self._targets(entry_id) and index not in flight.acked_by:
+                self._count_failure(flight, error)
+
+    def _can_replace(self, error: BaseException) -> bool:
+        if self.replace_bookie is None or self.nursery is None or self._failed is not None:
+            return False
+        if isinstance(error, PigeonError):
+            return error.retriable  # a fenced segment must not be written elsewhere
+        return isinstance(error, OSError)
+
+    async def _change_ensemble(self, index: int) -> None:
+        failed = self.ensemble[index]
+        delay = 0.2
+        while True:
+            try:
+                assert self.replace_bookie is not None
+                address = await self.replace_bookie(index, self.lac + 1)
+                conn = await self.client.connection(address)
+                break
+            except (PigeonError, OSError) as exc:
+                if self._failed is not None or self.closed:
+                    return
+                # No spare bookie yet: write on with the others while the ack quorum
+                # holds (entries are under-replicated until the change), and try again.
+                log.warning(
+                    "ensemble change pending segment=%s bookie=%s error=%s",
+                    self.segment_id,
+                    failed,
+                    exc,
+                )
+                self._count_down(index, exc)
+                await trio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        self.ensemble[index] = address
+        self._conns[index] = conn
+        self._changing.discard(index)
+        self._down.discard(index)
+        self.ensemble_changes += 1
+        log.info(
+            "ensemble changed segment=%s replaced=%s with=%s from_entry=%s",
+            self.segment_id,
+            failed,
+            address,
+            self.lac + 1,
+        )
+        for entry_id, flight in sorted(self._in_flight.items()):
+            if index in self._targets(entry_id) and index not in flight.acked_by:
+                self._send(entry_id, index, flight.data)
 
     def _complete_in_order(self) -> None:
         while True:
@@ -187,6 +291,8 @@ class QuorumPolicy:
         *,
         write_quorum: int | None = None,
         ack_quorum: int | None = None,
+        replace_bookie: ReplaceBookie | None = None,
+        nursery: trio.Nursery | None = None,
     ) -> QuorumWriter:
         writer = QuorumWriter(
             self.client,
@@ -194,6 +300,8 @@ class QuorumPolicy:
             ensemble,
             write_quorum=write_quorum or self.write_quorum,
             ack_quorum=ack_quorum or self.ack_quorum,
+            replace_bookie=replace_bookie,
+            nursery=nursery,
         )
         await writer.open()
         return writer
