@@ -1,4 +1,8 @@
-"""Cluster mode with real processes: a bookie and two brokers on one metadata store.
+"""Cluster mode with real processes: bookies and brokers on one metadata store.
+
+Every test runs once per metadata backend — the embedded store (shared by the
+processes), a real ZooKeeper and a real etcd — and the bookie test once per replication
+setting that CI can afford.
 
 A history checker records every acknowledged send and every received message and checks
 that no acknowledged message is missing, that each producer's order holds, and (with
@@ -10,10 +14,12 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 from _cluster import Cluster
+from servers import etcd_server, zookeeper_server
 
 from pigeon.client import Client, Timeout
 
@@ -23,10 +29,32 @@ SESSION_TIMEOUT = 2.0
 OP_TIMEOUT = 30.0
 
 
+@pytest.fixture(scope="module")
+def zookeeper(tmp_path_factory: pytest.TempPathFactory):
+    with zookeeper_server(tmp_path_factory.mktemp("zk")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory: pytest.TempPathFactory):
+    with etcd_server(tmp_path_factory.mktemp("etcd")) as server:
+        yield server
+
+
+@pytest.fixture(params=["embedded", "zookeeper", "etcd"])
+def metadata_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh metadata namespace per test on the backend the test is parametrized with."""
+    chroot = f"/t{uuid.uuid4().hex[:12]}"
+    if request.param == "zookeeper":
+        return str(request.getfixturevalue("zookeeper").url(chroot, session_timeout=SESSION_TIMEOUT))
+    if request.param == "etcd":
+        return str(request.getfixturevalue("etcd").url(chroot, session_timeout=SESSION_TIMEOUT))
+    return f"embedded://{tmp_path / 'metadata'}?session_timeout={SESSION_TIMEOUT}"
+
+
 @pytest.fixture
-def cluster(tmp_path: Path):
-    metadata = f"embedded://{tmp_path / 'metadata'}?session_timeout={SESSION_TIMEOUT}"
-    c = Cluster(tmp_path, metadata)
+def cluster(tmp_path: Path, metadata_url: str):
+    c = Cluster(tmp_path, metadata_url)
     try:
         c.add_bookie()
         c.add_broker()
@@ -151,11 +179,10 @@ def test_whole_cluster_restart_keeps_data_and_cursors(cluster: Cluster) -> None:
 
 
 @pytest.fixture
-def replicated_cluster(tmp_path: Path):
+def replicated_cluster(tmp_path: Path, metadata_url: str):
     config = tmp_path / "broker.toml"
     config.write_text("[broker]\nensemble_size = 3\nwrite_quorum = 3\nack_quorum = 2\n")
-    metadata = f"embedded://{tmp_path / 'metadata'}?session_timeout={SESSION_TIMEOUT}"
-    c = Cluster(tmp_path, metadata)
+    c = Cluster(tmp_path, metadata_url)
     try:
         for _ in range(3):
             c.add_bookie()

@@ -105,8 +105,7 @@ class Subscription:
         self._rr = 0
         self._wakeup = trio.Event()
         self._dirty = False
-        self._persisted = trio.Event()
-        self._persisted.set()
+        self._persist_lock = trio.Lock()
         self._cursor_version: int | None = None
         self.closed = False
         self._task_started = False
@@ -320,7 +319,6 @@ class Subscription:
                 self._ks_settle([pos for pos, _offset in positions])
                 self._release_held()
         self._dirty = True
-        self._persisted = trio.Event() if self._persisted.is_set() else self._persisted
         self.wake()
 
     def _settle(self, pos: Position) -> None:
@@ -386,27 +384,26 @@ class Subscription:
     # ------------------------------------------------------------------ persistence
 
     async def persist(self) -> None:
-        if not self.durable or self.store is None or not self._dirty:
-            self._persisted.set()
-            return
-        self._dirty = False
-        data = self.cursor.to_json()
-        try:
-            if self._cursor_version is None:
-                stat = await self.store.get(self.path)
-                if stat is None:
-                    await self.store.create(self.path, data)
-                    self._cursor_version = 0
+        """Write the cursor if it changed; one write at a time, so a caller that returns
+        knows every acknowledgement before its call is stored."""
+        async with self._persist_lock:
+            if not self.durable or self.store is None or not self._dirty:
+                return
+            self._dirty = False
+            data = self.cursor.to_json()
+            try:
+                if self._cursor_version is None:
+                    stat = await self.store.get(self.path)
+                    if stat is None:
+                        await self.store.create(self.path, data)
+                        self._cursor_version = 0
+                    else:
+                        self._cursor_version = await self.store.set(self.path, data)
                 else:
                     self._cursor_version = await self.store.set(self.path, data)
-            else:
-                self._cursor_version = await self.store.set(self.path, data)
-        except PigeonError as exc:
-            self._dirty = True
-            log.warning("cursor persist failed sub=%s error=%s", self.name, exc)
-            return
-        if not self._dirty:
-            self._persisted.set()
+            except PigeonError as exc:
+                self._dirty = True
+                log.warning("cursor persist failed sub=%s error=%s", self.name, exc)
 
     async def flush(self) -> None:
         """Persist now (used when a consumer closes, so no ack is lost to a crash)."""
