@@ -6,6 +6,8 @@ offers the **contract suites** every backend runs against itself:
 * :class:`MetadataStoreContract` — subclass it in a test module and provide a
   ``metadata_store`` fixture (and ``metadata_store_factory`` for multi-session tests).
 * :class:`CodecContract` — subclass it and provide a ``codec`` fixture.
+* :class:`ReplicationPolicyContract` — subclass it and provide a ``make_policy`` fixture;
+  it runs real in-process bookies (needs ``pigeon-bookie``).
 
 and the ``pigeon_standalone`` fixture: broker + bookie + embedded metadata in the test's
 trio run over an in-memory network (pair it with ``autojump_clock`` for virtual time).
@@ -16,5 +18,12 @@ from __future__ import annotations
 from pigeon.core.testing._cluster import InProcessStandalone, pigeon_standalone
 from pigeon.core.testing._codec_suite import CodecContract
 from pigeon.core.testing._metadata_suite import MetadataStoreContract
+from pigeon.core.testing._replication_suite import ReplicationPolicyContract
 
-__all__ = ["CodecContract", "InProcessStandalone", "MetadataStoreContract", "pigeon_standalone"]
+__all__ = [
+    "CodecContract",
+    "InProcessStandalone",
+    "MetadataStoreContract",
+    "ReplicationPolicyContract",
+    "pigeon_standalone",
+]

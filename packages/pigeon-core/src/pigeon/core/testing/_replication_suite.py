@@ -1,0 +1,193 @@
+"""The ReplicationPolicy contract suite.
+
+A policy subclasses :class:`ReplicationPolicyContract` and provides a ``make_policy``
+fixture: ``make_policy(bookie_client, ensemble_size=E, write_quorum=Qw, ack_quorum=Qa)``
+returning a policy object with ``choose_ensemble(bookies, ensemble_size=None)``,
+``create_writer(segment_id, ensemble, write_quorum=, ack_quorum=, replace_bookie=,
+nursery=)``, ``read(segment_id, ensemble, first, last, ...)`` and
+``recover(segment_id, ensemble)``.  The suite runs real bookies (``pigeon-bookie``) in the
+test's trio run over an in-memory network, several per test, and can stop one of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from pigeon.core._bookie_client import BookieClient
+from pigeon.core._memnet import MemoryNetwork
+from pigeon.core.errors import PigeonError
+
+__all__ = ["BookieSet", "ReplicationPolicyContract"]
+
+_segment_ids = itertools.count(1000)
+
+
+class BookieSet:
+    """In-process bookies the suite can start and stop."""
+
+    def __init__(self, root: Path, nursery: trio.Nursery) -> None:
+        self.root = root
+        self.nursery = nursery
+        self.addresses: list[str] = []
+        self._scopes: dict[str, trio.CancelScope] = {}
+        self._count = itertools.count()
+
+    async def start(self) -> str:
+        from pigeon.bookie import BookieConfig, BookieServer
+
+        i = next(self._count)
+        server = BookieServer(BookieConfig(port=0, fsync="never", data_dir=str(self.root / f"b{i}")))
+        scope = trio.CancelScope()
+
+        async def run(task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+            with scope:
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(server.run)
+                    task_status.started(server.advertised)
+                    await trio.sleep_forever()
+
+        address: str = await self.nursery.start(run)
+        self.addresses.append(address)
+        self._scopes[address] = scope
+        return address
+
+    async def stop(self, address: str) -> None:
+        self._scopes[address].cancel()
+        self.addresses.remove(address)
+        await trio.sleep(0)
+
+
+@contextlib.asynccontextmanager
+async def _cluster(root: Path, n: int) -> AsyncIterator[tuple[BookieSet, BookieClient]]:
+    network = MemoryNetwork()
+    with network.installed():
+        async with trio.open_nursery() as nursery:
+            bookies = BookieSet(root, nursery)
+            for _ in range(n):
+                await bookies.start()
+            client = BookieClient()
+            await nursery.start(client.run)
+            yield bookies, client
+            nursery.cancel_scope.cancel()
+
+
+async def _write(writer: Any, payloads: list[bytes]) -> list[int]:
+    done: list[int] = []
+    errors: list[BaseException] = []
+    finished = trio.Event()
+
+    def callback(entry_id: int, error: BaseException | None) -> None:
+        if error is not None:
+            errors.append(error)
+        else:
+            done.append(entry_id)
+        if len(done) + len(errors) == len(payloads):
+            finished.set()
+
+    for p in payloads:
+        writer.add_nowait(p, callback)
+    with trio.fail_after(20):
+        await finished.wait()
+    if errors:
+        raise errors[0]
+    return done
+
+
+async def _read_all(policy: Any, segment_id: int, ensemble: list[str], last: int) -> list[bytes]:
+    out: list[bytes] = []
+    entry = 0
+    while entry <= last:
+        got = await policy.read(segment_id, ensemble, entry, last)
+        assert got, f"no entries from {entry}"
+        for eid, data in got:
+            assert eid == entry, f"expected entry {entry}, got {eid}"
+            out.append(bytes(data))
+            entry += 1
+    return out
+
+
+class ReplicationPolicyContract:
+    """What every replication policy guarantees (see the module docstring)."""
+
+    @pytest.fixture
+    def make_policy(self) -> Any:  # pragma: no cover - provided by the subclass
+        raise NotImplementedError
+
+    async def test_entries_are_acknowledged_in_order_and_read_back(
+        self, make_policy: Any, tmp_path: Path
+    ) -> None:
+        async with _cluster(tmp_path, 3) as (bookies, client):
+            policy = make_policy(client, ensemble_size=3, write_quorum=2, ack_quorum=2)
+            ensemble = policy.choose_ensemble(bookies.addresses)
+            segment = next(_segment_ids)
+            writer = await policy.create_writer(segment, ensemble)
+            payloads = [f"entry-{i}".encode() * (i + 1) for i in range(50)]
+            assert await _write(writer, payloads) == list(range(50))
+            assert await _read_all(policy, segment, ensemble, 49) == payloads
+
+    async def test_recovery_fences_the_old_writer_and_finds_the_last_entry(
+        self, make_policy: Any, tmp_path: Path
+    ) -> None:
+        async with _cluster(tmp_path, 3) as (bookies, client):
+            policy = make_policy(client, ensemble_size=3, write_quorum=3, ack_quorum=2)
+            ensemble = policy.choose_ensemble(bookies.addresses)
+            segment = next(_segment_ids)
+            writer = await policy.create_writer(segment, ensemble)
+            await _write(writer, [b"a", b"b", b"c"])
+            assert await policy.recover(segment, ensemble) == 2
+            with pytest.raises(PigeonError):
+                await _write(writer, [b"late"])
+
+    async def test_a_failed_bookie_is_replaced_without_failing_writes(
+        self, make_policy: Any, tmp_path: Path
+    ) -> None:
+        async with _cluster(tmp_path, 4) as (bookies, client):
+            policy = make_policy(client, ensemble_size=3, write_quorum=3, ack_quorum=2)
+            ensemble = policy.choose_ensemble(bookies.addresses[:3])
+            spare = bookies.addresses[3]
+            segment = next(_segment_ids)
+            fragments: list[tuple[int, list[str]]] = [(0, list(ensemble))]
+
+            async def replace(index: int, first_entry: int) -> str:
+                new = list(fragments[-1][1])
+                new[index] = spare
+                fragments.append((first_entry, new))
+                return spare
+
+            async with trio.open_nursery() as nursery:
+                writer = await policy.create_writer(
+                    segment, ensemble, replace_bookie=replace, nursery=nursery
+                )
+                await _write(writer, [b"before"] * 10)
+                await bookies.stop(ensemble[1])
+                await _write(writer, [b"after"] * 10)
+                nursery.cancel_scope.cancel()
+            assert len(fragments) == 2 and spare in fragments[-1][1]
+            first_after = fragments[-1][0]
+            got = await policy.read(segment, fragments[-1][1], first_after, 19)
+            assert [bytes(d) for _e, d in got] == ([b"before"] * 10 + [b"after"] * 10)[first_after:]
+
+    async def test_ack_quorum_holds_with_one_bookie_down(self, make_policy: Any, tmp_path: Path) -> None:
+        async with _cluster(tmp_path, 3) as (bookies, client):
+            policy = make_policy(client, ensemble_size=3, write_quorum=3, ack_quorum=2)
+            ensemble = policy.choose_ensemble(bookies.addresses)
+            segment = next(_segment_ids)
+
+            async def no_spare(index: int, first_entry: int) -> str:
+                raise PigeonError("no spare bookie")
+
+            async with trio.open_nursery() as nursery:
+                writer = await policy.create_writer(
+                    segment, ensemble, replace_bookie=no_spare, nursery=nursery
+                )
+                await bookies.stop(ensemble[2])
+                assert await _write(writer, [b"x"] * 5) == list(range(5))
+                nursery.cancel_scope.cancel()
+
