@@ -42,6 +42,7 @@ class Standalone:
         self.data_dir = data_dir
         self.port = free_port()
         self.bookie_port = free_port()
+        self.http_port = free_port()
         self.fsync = fsync
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -54,7 +55,8 @@ class Standalone:
         self.log = open(self.data_dir.parent / "standalone.log", "wb")
         self.proc = subprocess.Popen(
             [str(pigeon), "--log-level", "WARNING", "standalone", "--data-dir", str(self.data_dir),
-             "--port", str(self.port), "--bookie-port", str(self.bookie_port), "--fsync", self.fsync],
+             "--port", str(self.port), "--bookie-port", str(self.bookie_port), "--fsync", self.fsync,
+             "--http-port", str(self.http_port)],
             stdout=self.log, stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + 30

@@ -103,11 +103,11 @@ class Cluster:
         return node.start()
 
     def add_broker(self, *extra: str) -> Node:
-        (port,) = free_ports(1)
+        port, http_port = free_ports(2)
         i = len(self.brokers)
         node = Node(
             "broker",
-            ["--metadata", self.metadata, "--port", str(port), *extra],
+            ["--metadata", self.metadata, "--port", str(port), "--http-port", str(http_port), *extra],
             port,
             self.root / f"broker-{i}.log",
         )

@@ -98,6 +98,7 @@ class Standalone:
         self.extra_args = tuple(extra_args)
         self.port = 0
         self.bookie_port = 0
+        self.http_port = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.runs = 0
         self.log_path: Path | None = None
@@ -141,6 +142,8 @@ class Standalone:
             "--bookie-port",
             str(self.bookie_port),
         ]
+        if not any(a == "--http-port" for a in self.extra_args):
+            cmd += ["--http-port", str(self.http_port)]
         if self.fsync:
             cmd += ["--fsync", self.fsync]
         return cmd + list(self.extra_args)
@@ -149,7 +152,7 @@ class Standalone:
         """Start on fresh free ports (retrying if another process took one meanwhile)."""
         assert not self.running, "standalone is already running"
         for attempt in range(3):
-            self.port, self.bookie_port = free_ports(2)
+            self.port, self.bookie_port, self.http_port = free_ports(3)
             try:
                 self._launch(timeout)
                 return self

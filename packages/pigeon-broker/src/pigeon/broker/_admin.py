@@ -97,6 +97,7 @@ _STATUS: tuple[tuple[tuple[type[PigeonError], ...], int], ...] = (
             ProducerBusy,
             ConsumerBusy,
             SubscriptionBusy,
+            NotOwner,  # another broker serves it: ask that one
         ),
         409,
     ),

@@ -1023,7 +1023,9 @@ async def brokers(service: BrokerService, http_url: str | None) -> list[dict[str
     """Brokers registered in the metadata store (this one first)."""
     me = broker_id(service)
     out = []
-    for broker, info in sorted((await _registered_brokers(service)).items(), key=lambda kv: kv[0] != me):
+    for broker, info in sorted(
+        (await _registered_brokers(service)).items(), key=lambda kv: kv[0] != me
+    ):
         mine = broker == me
         out.append(
             {
@@ -1052,7 +1054,7 @@ async def broker_load(
             "connections": report.get("connections"),
             "msgs_in": report.get("msgs_in"),
         }
-    topics = list(service.topics.values())
+    topics: list[Any] = list(service.topics.values())
     rates = monitor.broker_rates if monitor else None
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return {
@@ -1215,7 +1217,7 @@ async def cluster_health(service: BrokerService, http_url: str | None) -> dict[s
     return {
         "status": status,
         "cluster": service.config.cluster_name,
-        "brokers": brokers(service, http_url),
+        "brokers": await brokers(service, http_url),
         "checks": checks,
         "topics": len(service.topics),
         "connections": len(service._conns),

@@ -15,6 +15,7 @@ __all__ = ["BrokerConfig"]
 class BrokerConfig:
     host: str = "127.0.0.1"
     port: int = 6650
+    http_port: int = 8080  # admin API, /metrics and /dashboard; -1: not served
     metadata: str = ""
     cluster_name: str = "standalone"
     max_message_size: int = 5 * 1024 * 1024
@@ -35,6 +36,8 @@ class BrokerConfig:
     def validate(self) -> None:
         if not 0 <= self.port < 65536:
             raise ConfigError(f"bad value for 'port': {self.port} is not a TCP port")
+        if not -1 <= self.http_port < 65536:
+            raise ConfigError(f"bad value for 'http_port': {self.http_port} is not a TCP port or -1")
         if self.max_message_size <= 0:
             raise ConfigError("bad value for 'max_message_size': must be positive")
         if self.max_frame_size < self.max_message_size + 1024:

@@ -31,6 +31,7 @@ from typing import Any
 import trio
 
 from pigeon.core import TopicName
+from pigeon.core._clock import WallClock
 from pigeon.core._entry import pack_entry_header, unpack_entry_header
 from pigeon.core.errors import (
     BadVersion,
@@ -148,8 +149,10 @@ class ManagedLedger:
         nursery: trio.Nursery,
         config: LedgerConfig | None = None,
         quorum: Callable[[], tuple[int, int, int] | None] | None = None,
+        clock: WallClock | None = None,
     ) -> None:
         self.quorum = quorum or (lambda: None)
+        self.clock = clock or WallClock()
         self.topic = topic
         self.store = store
         self.policy = policy
@@ -236,6 +239,9 @@ class ManagedLedger:
         await self._new_segment()
 
     async def _new_segment(self) -> None:
+        # Appends queued during a rollover already hold their offsets: the new segment
+        # starts at the first of them.
+        first_offset = self._queued[0][2] if self._queued else self.next_offset
         bookies = self.bookies()
         quorum = self.quorum()
         ensemble = self.policy.choose_ensemble(bookies, quorum[0] if quorum else None)
@@ -243,7 +249,7 @@ class ManagedLedger:
         segment_id = int(created.rsplit("-", 1)[1]) + 1
         seg = SegmentInfo(
             id=segment_id,
-            first_offset=self.next_offset,
+            first_offset=first_offset,
             ensemble=ensemble,
             ctime=time.time(),
             write_quorum=quorum[1] if quorum else 0,
@@ -296,7 +302,7 @@ class ManagedLedger:
             raise ServiceUnavailable(f"topic {self.topic} failed: {self.failed}")
         offset = self.next_offset
         self.next_offset += num_messages
-        now = max(int(time.time() * 1000), self.last_publish_time)
+        now = max(self.clock.now_ms(), self.last_publish_time)
         self.last_publish_time = now
         data = pack_entry_header(num_messages, offset, now, deliver_at) + bytes(payload)
         if self._rolling or self._writer is None:
@@ -445,12 +451,18 @@ class ManagedLedger:
         return total
 
     def offset_keeping_bytes(self, limit: int) -> int:
-        """The offset from which on at most ``limit`` bytes are stored (segment granularity)."""
+        """The offset from which on about ``limit`` bytes are stored (pro rata in a segment)."""
         kept = 0
         for i in range(len(self.segments) - 1, -1, -1):
-            kept += self.segments[i].size
-            if kept > limit:
-                return self._segment_end(i)
+            seg = self.segments[i]
+            end = self._segment_end(i)
+            if kept + seg.size > limit:
+                count = end - seg.first_offset
+                if seg.size <= 0 or count <= 0:
+                    return end
+                keep_msgs = (limit - kept) * count // seg.size
+                return end - keep_msgs
+            kept += seg.size
         return self.first_offset
 
     async def trim(

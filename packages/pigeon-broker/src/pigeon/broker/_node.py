@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -92,6 +93,12 @@ async def run_broker(
             codecs=CodecSet.from_registry(plugins.codecs),
         )
         await nursery.start(service.run)
+        if config.http_port >= 0:
+            from pigeon.broker._admin import serve_admin
+
+            await nursery.start(
+                functools.partial(serve_admin, service, host=config.host, port=config.http_port)
+            )
         task_status.started(service)
 
 

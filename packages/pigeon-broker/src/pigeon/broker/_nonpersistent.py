@@ -18,7 +18,8 @@ from pigeon.core._entry import pack_entry_header
 from pigeon.core.errors import ConsumerBusy, NotSupported, PigeonError, SubscriptionBusy
 
 if TYPE_CHECKING:
-    from pigeon.broker._subscription import Consumer, WallClock
+    from pigeon.broker._subscription import Consumer
+    from pigeon.core._clock import WallClock
 
 __all__ = ["NonPersistentSubscription", "NonPersistentTopic"]
 

@@ -23,7 +23,8 @@ from pigeon.broker._ledger import LedgerConfig, ManagedLedger, segment_path
 from pigeon.broker._nonpersistent import NonPersistentSubscription, NonPersistentTopic
 from pigeon.broker._ownership import Ownership
 from pigeon.broker._policies import NamespacePolicies, PolicyStore
-from pigeon.broker._subscription import Consumer, Subscription, WallClock
+from pigeon.broker._subscription import Consumer, Subscription
+from pigeon.core._clock import WallClock
 from pigeon.core import TopicName
 from pigeon.core._batch import read_header
 from pigeon.core._codecs import GZIP, NONE, CodecSet
@@ -427,21 +428,21 @@ class BrokerService:
             if opening is None:
                 break
             await opening.wait()
-        if await self.partitions_of(name):
-            raise InvalidArgument(
-                f"{name} is a partitioned topic: use its partitions ({name}-partition-<i>)"
-            )
-        try:
-            await self.policies.get(name.namespace_name)
-        except NoSuchNode:
-            raise TopicNotFound(
-                f"namespace {name.namespace_name} of topic {name} does not exist"
-            ) from None
-        if not create and await self.store.get(f"/pigeon/ledgers/{name.path}") is None:
-            raise TopicNotFound(f"topic {name} does not exist")
-        await self.ownership.acquire(name)
         ev = self._opening[key] = trio.Event()
         try:
+            if await self.partitions_of(name):
+                raise InvalidArgument(
+                    f"{name} is a partitioned topic: use its partitions ({name}-partition-<i>)"
+                )
+            try:
+                await self.policies.get(name.namespace_name)
+            except NoSuchNode:
+                raise TopicNotFound(
+                    f"namespace {name.namespace_name} of topic {name} does not exist"
+                ) from None
+            if not create and await self.store.get(f"/pigeon/ledgers/{name.path}") is None:
+                raise TopicNotFound(f"topic {name} does not exist")
+            await self.ownership.acquire(name)
             ledger = ManagedLedger(
                 name,
                 store=self.store,
@@ -455,6 +456,7 @@ class BrokerService:
                     cache_max_bytes=self.config.cache_max_bytes,
                 ),
                 quorum=lambda: self._quorum_of(name),
+                clock=self.clock,
             )
             await ledger.open()
             topic = Topic(name, ledger, self)
@@ -464,6 +466,11 @@ class BrokerService:
         finally:
             del self._opening[key]
             ev.set()
+
+    def max_message_size(self, name: TopicName) -> int:
+        """The broker's limit, lowered by the namespace policy if it sets one."""
+        policy = self.policies.cached(name.namespace_name).max_message_size
+        return min(self.config.max_message_size, policy or self.config.max_message_size)
 
     def _quorum_of(self, name: TopicName) -> tuple[int, int, int] | None:
         """Replication of new segments from the namespace policy (None: broker config)."""
@@ -616,7 +623,7 @@ class BrokerService:
             {
                 "producerName": producer_name,
                 "lastSequenceId": topic.last_sequence.get(producer_name, -1),
-                "maxMessageSize": self.config.max_message_size,
+                "maxMessageSize": self.max_message_size(name),
                 "topic": name.full,
             },
         )
@@ -628,7 +635,7 @@ class BrokerService:
             raise InvalidArgument(f"unknown producer id {body.producerId}")
         payload = req.payload
         policies = self.policies.cached(producer.topic.name.namespace_name)
-        limit = min(self.config.max_message_size, policies.max_message_size or self.config.max_message_size)
+        limit = self.max_message_size(producer.topic.name)
         if len(payload) > limit:
             raise MessageTooLarge(f"batch of {len(payload)} bytes exceeds max_message_size {limit}")
         header = read_header(payload)
@@ -658,18 +665,6 @@ class BrokerService:
         if sequence_id + n - 1 > topic.last_sequence.get(producer.name, -1):
             topic.last_sequence[producer.name] = sequence_id + n - 1
         producer_id = body.producerId
-        if topic.persistent and policies.backlog_quota_bytes >= 0:
-            if topic.backlog_bytes() > policies.backlog_quota_bytes:
-                if policies.backlog_quota_policy == "producer_exception":
-                    topic.last_sequence[producer.name] = sequence_id - 1
-                    raise ProducerBlocked(
-                        f"backlog of {topic.name} exceeds its quota of {policies.backlog_quota_bytes} bytes"
-                    )
-                if policies.backlog_quota_policy == "producer_request_hold":
-                    payload_copy = bytes(payload)
-                    topic.hold(lambda: topic.append(payload_copy, n, done, deliver_at=header.deliver_at))
-                    return
-
         def done(result: Any, error: BaseException | None) -> None:
             if error is not None:
                 if topic.last_sequence.get(producer.name, -1) >= sequence_id:
@@ -692,6 +687,19 @@ class BrokerService:
                     "firstOffset": offset,
                 },
             )
+
+        if topic.persistent and policies.backlog_quota_bytes >= 0:
+            if topic.backlog_bytes() > policies.backlog_quota_bytes:
+                if policies.backlog_quota_policy == "producer_exception":
+                    topic.last_sequence[producer.name] = sequence_id - 1
+                    raise ProducerBlocked(
+                        f"backlog of {topic.name} exceeds its quota of {policies.backlog_quota_bytes} bytes"
+                    )
+                if policies.backlog_quota_policy == "producer_request_hold":
+                    payload_copy = bytes(payload)
+                    deliver_at = header.deliver_at
+                    topic.hold(lambda: topic.append(payload_copy, n, done, deliver_at=deliver_at))
+                    return
 
         topic.append(payload, n, done, deliver_at=header.deliver_at)
 

@@ -29,13 +29,14 @@ import trio
 from pigeon.broker._cursor import CursorState
 from pigeon.broker._ledger import Entry, ManagedLedger, Position
 from pigeon.core._batch import decode_batch
+from pigeon.core._clock import WallClock
 from pigeon.core._entry import ENTRY_HEADER_SIZE
 from pigeon.core.errors import ConsumerBusy, NotSupported, PigeonError, SubscriptionBusy
 
 if TYPE_CHECKING:
     from pigeon.core._rpc import Connection
 
-__all__ = ["Consumer", "Subscription", "WallClock"]
+__all__ = ["Consumer", "Subscription"]
 
 log = logging.getLogger(__name__)
 
@@ -210,17 +211,19 @@ class Subscription:
             return [None] * entry.num_messages
 
     def _release_held(self) -> None:
-        """Recently joined consumers whose wait is over get their held messages."""
+        """Re-examine held key_shared entries (on acks and consumer changes).
+
+        A recently joined consumer whose wait is over stops waiting; every held entry goes
+        back to the redelivery queue, where dispatch holds again whatever is still blocked
+        (its key may also belong to another consumer by now).
+        """
         md = self.cursor.mark_delete
-        released = False
         for c in self.consumers:
             if c.join_offset is not None and md >= c.join_offset:
                 c.join_offset = None
-                released = True
-        if released or not any(c.join_offset is not None for c in self.consumers):
-            for pos in sorted(self._ks_held):
-                heapq.heappush(self._redeliver, pos)
-            self._ks_held.clear()
+        for pos in sorted(self._ks_held):
+            heapq.heappush(self._redeliver, pos)
+        self._ks_held.clear()
 
     def _deliver_key_shared(self, entries: list[Entry], now: int) -> bool:
         delivered = False
@@ -265,13 +268,13 @@ class Subscription:
                     continue
                 c.permits -= len(idx)
                 c.pending.add(pos)
-                self._ks_pending.setdefault(pos, {})[c] = set(idx)
+                self._ks_pending.setdefault(pos, {}).setdefault(c, set()).update(idx)
                 self._ks_first[pos] = first
+                self.max_dispatched = max(self.max_dispatched, first + idx[-1])
                 chosen = set(idx)
                 others = [i for i in range(n) if i not in chosen]
                 self._send(c, [(entry, others)])
                 delivered = True
-            self.max_dispatched = max(self.max_dispatched, first + n - 1)
         return delivered
 
     def _ks_settle(self, positions: list[Position]) -> None:
@@ -590,20 +593,3 @@ class Subscription:
         return max(0, self.ledger.next_offset - self.cursor.mark_delete) - self.cursor.acked.count_in(
             self.cursor.mark_delete, self.ledger.next_offset
         )
-
-
-class WallClock:
-    """Wall-clock milliseconds that advance with trio's clock.
-
-    Anchored to ``time.time()`` on first use, then driven by ``trio.current_time()``, so a
-    trio ``MockClock`` moves delayed delivery and TTL exactly as it moves timeouts.
-    """
-
-    def __init__(self) -> None:
-        self._anchor: float | None = None
-
-    def now_ms(self) -> int:
-        t = trio.current_time()
-        if self._anchor is None:
-            self._anchor = time.time() - t
-        return int((self._anchor + t) * 1000)

@@ -439,6 +439,7 @@ def tenants_cmd() -> None:
 @tenants_cmd.command("list")
 @_json_flag
 def tenants_list() -> None:
+    """List tenants."""
     _emit(_settings().client().tenants())
 
 
@@ -446,6 +447,7 @@ def tenants_list() -> None:
 @click.argument("tenant")
 @_json_flag
 def tenants_get(tenant: str) -> None:
+    """Show a tenant."""
     _emit(_settings().client().tenant(tenant))
 
 
@@ -457,6 +459,7 @@ def tenants_get(tenant: str) -> None:
 def tenants_create(
     tenant: str, admin_roles: tuple[str, ...], allowed_clusters: tuple[str, ...]
 ) -> None:
+    """Create TENANT."""
     result = (
         _settings()
         .client()
@@ -503,6 +506,7 @@ def namespaces_cmd() -> None:
 @click.argument("tenant")
 @_json_flag
 def namespaces_list(tenant: str) -> None:
+    """List the namespaces of TENANT."""
     _emit(_settings().client().namespaces(tenant))
 
 
@@ -528,6 +532,7 @@ def namespaces_create(namespace: str, policies: tuple[str, ...]) -> None:
 @click.option("--force", is_flag=True, help="Delete its topics (and their data) too.")
 @_json_flag
 def namespaces_delete(namespace: str, force: bool) -> None:
+    """Delete NAMESPACE (refused while it has topics, unless --force)."""
     _settings().client().delete_namespace(namespace, force=force)
     _done(f"namespace {namespace} deleted")
 
@@ -565,6 +570,7 @@ def namespaces_topics(namespace: str) -> None:
 @click.argument("namespace")
 @_json_flag
 def namespaces_bundles(namespace: str) -> None:
+    """Bundles of NAMESPACE and their owners."""
     _emit(
         _settings().client().bundles(namespace),
         lambda rows: _table(rows, ["namespace", "bundle", "owner", "loaded_topics"]),
@@ -573,12 +579,24 @@ def namespaces_bundles(namespace: str) -> None:
 
 @namespaces_cmd.command("unload")
 @click.argument("namespace")
-@click.option("--bundle", default="0x00000000_0xffffffff", show_default=True)
+@click.option("--bundle", help="0xSTART_0xEND (default: every bundle the broker owns).")
 @_json_flag
-def namespaces_unload(namespace: str, bundle: str) -> None:
-    """Unload a bundle: its topics close here and their clients re-attach."""
-    unloaded = _settings().client().unload_bundle(namespace, bundle)
-    _done(f"unloaded {len(unloaded)} topic(s) of {namespace} {bundle}", {"unloaded": unloaded})
+def namespaces_unload(namespace: str, bundle: str | None) -> None:
+    """Unload bundles: their topics close here, the broker gives the bundles up, and clients
+    look the topics up again."""
+    client = _settings().client()
+    if bundle:
+        chosen = [bundle]
+    else:
+        me = client.this_broker()
+        chosen = [b["bundle"] for b in client.bundles(namespace) if b["owner"] == me]
+    unloaded: list[str] = []
+    for b in chosen:
+        unloaded += client.unload_bundle(namespace, b)
+    _done(
+        f"unloaded {len(chosen)} bundle(s), {len(unloaded)} topic(s) of {namespace}",
+        {"bundles": chosen, "unloaded": unloaded},
+    )
 
 
 # -- topics
@@ -646,6 +664,7 @@ def topics_list(namespace: str) -> None:
 )
 @_json_flag
 def topics_create(topic: str, partitions: int) -> None:
+    """Create TOPIC (partitioned with --partitions)."""
     result = _settings().client().create_topic(topic, partitions)
     extra = f" with {partitions} partitions" if partitions else ""
     _done(f"topic {result['topic']} created{extra}", result)
@@ -752,6 +771,7 @@ def subscriptions_cmd() -> None:
 @click.argument("topic")
 @_json_flag
 def subscriptions_list(topic: str) -> None:
+    """List the subscriptions of TOPIC."""
     _emit(_settings().client().subscriptions(topic))
 
 
@@ -766,6 +786,7 @@ def subscriptions_list(topic: str) -> None:
 )
 @_json_flag
 def subscriptions_create(topic: str, subscription: str, position: str) -> None:
+    """Create a durable subscription at a position."""
     result = _settings().client().create_subscription(topic, subscription, position)
     _done(
         f"subscription {subscription} created on {result['topic']} (backlog {result['backlog']})",
@@ -788,6 +809,7 @@ def subscriptions_get(topic: str, subscription: str) -> None:
 @click.option("--force", is_flag=True, help="Detach connected consumers first.")
 @_json_flag
 def subscriptions_delete(topic: str, subscription: str, force: bool) -> None:
+    """Delete SUBSCRIPTION (refused while consumers are attached, unless --force)."""
     _settings().client().delete_subscription(topic, subscription, force=force)
     _done(f"subscription {subscription} deleted")
 
@@ -901,6 +923,7 @@ def brokers_cmd() -> None:
 @brokers_cmd.command("list")
 @_json_flag
 def brokers_list() -> None:
+    """List the brokers."""
     _emit(
         _settings().client().brokers(),
         lambda rows: _table(rows, ["broker", "service_url", "http_url", "cluster"]),
@@ -949,6 +972,7 @@ def bookies_cmd() -> None:
 @bookies_cmd.command("list")
 @_json_flag
 def bookies_list() -> None:
+    """List the bookies: state, disk, rates."""
     _emit(
         _settings().client().bookies(),
         lambda rows: _table(
@@ -970,6 +994,7 @@ def bookies_list() -> None:
 @click.argument("address")
 @_json_flag
 def bookies_get(address: str) -> None:
+    """Show one bookie."""
     _emit(_settings().client().bookie(address))
 
 

@@ -12,6 +12,8 @@ from typing import Any
 import click
 import pluggy
 
+from pigeon.client._admin_cli import admin_cmd
+
 hookimpl = pluggy.HookimplMarker("pigeon")
 
 _URL = click.option(
@@ -343,6 +345,7 @@ def run_perf_consume(
 
 @hookimpl
 def pigeon_cli_commands(group: click.Group) -> None:
+    group.add_command(admin_cmd)
     group.add_command(produce_cmd)
     group.add_command(consume_cmd)
     group.add_command(perf_cmd)

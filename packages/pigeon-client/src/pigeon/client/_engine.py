@@ -27,6 +27,7 @@ import trio
 
 from pigeon.core import TopicName
 from pigeon.core._bookie_client import split_address
+from pigeon.core._clock import WallClock
 from pigeon.core._rpc import Connection, Request, connect_tcp
 from pigeon.core._schema import BrokerFrame
 from pigeon.core.errors import (
@@ -154,6 +155,7 @@ class ClientEngine:
         self.consumers: dict[int, ConsumerEngine] = {}
         self.closed = False
         self.clock_offset = 0.0
+        self.clock = WallClock()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.clock_offset = trio.current_time() - time.perf_counter()

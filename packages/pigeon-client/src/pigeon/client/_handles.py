@@ -153,13 +153,20 @@ async def open_producer(
     return handle
 
 
-def deliver_time(deliver_at: int | None, deliver_after: float | None) -> int:
+def deliver_time(
+    deliver_at: int | None, deliver_after: float | None, now_ms: int | None = None
+) -> int:
+    """The deliver-at time (ms since the epoch) of a send; 0 for "now".
+
+    ``now_ms`` is the engine's trio-anchored wall clock when called on the engine thread
+    (so a MockClock moves it); other threads use the system clock.
+    """
     if deliver_at is not None and deliver_after is not None:
         raise InvalidArgument("give deliver_at or deliver_after, not both")
     if deliver_after is not None:
         if deliver_after < 0:
             raise InvalidArgument("deliver_after must not be negative")
-        return wall_ms() + int(deliver_after * 1000)
+        return (wall_ms() if now_ms is None else now_ms) + int(deliver_after * 1000)
     return int(deliver_at or 0)
 
 
@@ -310,7 +317,9 @@ class ConsumerHandle:
         if times > policy.max_redeliver_count:
             await self.publish(self.logic.dead_letter_topic(base), m, props, 0)
         else:
-            await self.publish(self.logic.retry_topic(base), m, props, wall_ms() + int(delay * 1000))
+            await self.publish(
+                self.logic.retry_topic(base), m, props, self.client.clock.now_ms() + int(delay * 1000)
+            )
         with self.lock:
             self.core.add_ack(m.message_id)
 
@@ -399,7 +408,10 @@ class ConsumerHandle:
         """Messages ready for the application; [] if none queued. Call with the lock held."""
         core = self.core
         while True:
-            if not core.messages and not core.expand_next():
+            # Everything already received, up to max_messages, across entries.
+            while len(core.messages) < max_messages and core.expand_next():
+                pass
+            if not core.messages:
                 return []
             msgs = self.logic.next_messages(max_messages, now)
             if msgs:

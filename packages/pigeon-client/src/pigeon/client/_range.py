@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import queue
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import trio
@@ -132,21 +132,31 @@ def partition_topics(client: Client, topic: str) -> list[str]:
     return names
 
 
-def partition_offsets(client: Client, topic: str) -> dict[str, tuple[int, int]]:
+def _all_partitions(client: Client, topics: str | Sequence[str]) -> list[str]:
+    names: list[str] = []
+    for topic in [topics] if isinstance(topics, str) else topics:
+        names.extend(n for n in partition_topics(client, topic) if n not in names)
+    return names
+
+
+def partition_offsets(client: Client, topics: str | Sequence[str]) -> dict[str, tuple[int, int]]:
     """``{partition topic: (earliest available offset, next offset)}`` of every partition.
 
-    ``topic`` may be a partitioned topic, one of its partitions, or a plain topic. The
-    earliest available offset is above 0 once retention has deleted the head.
+    ``topics`` is a topic name or a list of them; each may be a partitioned topic, one of
+    its partitions, or a plain topic. The earliest available offset is above 0 once
+    retention has deleted the head. The partitions are asked concurrently.
     """
-    names = partition_topics(client, topic)
+    names = _all_partitions(client, topics)
     info = client._call(_gather, client.engine, names, None)
     return {t: (e, n) for t, (e, n, _) in info.items()}
 
 
-def offsets_for_timestamp(client: Client, topic: str, timestamp_ms: int) -> dict[str, int]:
+def offsets_for_timestamp(
+    client: Client, topics: str | Sequence[str], timestamp_ms: int
+) -> dict[str, int]:
     """Per partition, the first offset published at or after ``timestamp_ms`` (ms since
     the epoch); the partition's next offset when everything is older."""
-    names = partition_topics(client, topic)
+    names = _all_partitions(client, topics)
     info = client._call(_gather, client.engine, names, int(timestamp_ms))
     return {t: at for t, (_e, _n, at) in info.items()}
 

@@ -266,7 +266,8 @@ class Producer:
         while h.outstanding >= self._max_pending:
             self._space = trio.Event()
             await self._space.wait()
-        h.logic.add(value, key, properties, event_time, deliver_time(deliver_at, deliver_after), callback)
+        when = deliver_time(deliver_at, deliver_after, h.client.clock.now_ms())
+        h.logic.add(value, key, properties, event_time, when, callback)
         h.outstanding += 1
 
     async def flush(self) -> None:

@@ -224,8 +224,11 @@ class QuorumWriter:
             address,
             self.lac + 1,
         )
+        # Every entry of the new fragment (all still in flight: above the LAC) must be on
+        # the new bookie, also those the failed one had acknowledged before it died.
         for entry_id, flight in sorted(self._in_flight.items()):
-            if index in self._targets(entry_id) and index not in flight.acked_by:
+            if index in self._targets(entry_id):
+                flight.acked_by.discard(index)
                 self._send(entry_id, index, flight.data)
 
     def _complete_in_order(self) -> None:

@@ -197,10 +197,12 @@ class ProducerQueueFull(PigeonError):
 
 
 class ProducerBlocked(PigeonError):
-    """The broker refuses publishes for now (backlog quota)."""
+    """The broker refuses publishes: the backlog quota (producer_exception) is exceeded.
+
+    Not retried by the client: the application decides whether to wait and send again.
+    """
 
     code = 211
-    retriable = True
 
 
 # --- 3xx: topics, producers, subscriptions ----------------------------------------

@@ -41,7 +41,9 @@ async def pigeon_standalone(tmp_path: Path) -> AsyncIterator[InProcessStandalone
     from pigeon.broker import BrokerConfig, run_standalone
 
     network = MemoryNetwork()
-    broker_config = BrokerConfig(port=0, maintenance_interval_s=1.0, cursor_persist_interval_ms=50)
+    broker_config = BrokerConfig(
+        port=0, http_port=-1, maintenance_interval_s=1.0, cursor_persist_interval_ms=50
+    )
     bookie_config = BookieConfig(port=0, fsync="never")
     with network.installed():
         async with trio.open_nursery() as nursery:

@@ -1,0 +1,145 @@
+"""A standalone (broker + bookie + embedded metadata) with its admin server, run by trio on a
+background thread, so synchronous tests (click's CliRunner, HTTP clients, schemathesis)
+can talk to it over loopback and still reach into the broker with :meth:`call`."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from pigeon.bookie import BookieConfig
+from pigeon.broker import BrokerConfig, BrokerService, run_standalone
+from pigeon.broker._admin import serve_admin
+
+START_TIMEOUT = 30.0
+
+
+class AdminStandalone:
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.service: BrokerService | None = None
+        self.http: tuple[str, int] | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._cancel: trio.CancelScope | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="admin-standalone", daemon=True)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> AdminStandalone:
+        self._thread.start()
+        if not self._ready.wait(START_TIMEOUT):
+            raise AssertionError("standalone did not start in time")
+        if self._error is not None:
+            raise AssertionError(f"standalone failed to start: {self._error!r}") from self._error
+        return self
+
+    def stop(self) -> None:
+        if self._token is not None and self._cancel is not None and self._thread.is_alive():
+            try:
+                trio.from_thread.run_sync(self._cancel.cancel, trio_token=self._token)
+            except trio.RunFinishedError:
+                pass
+        self._thread.join(START_TIMEOUT)
+        assert not self._thread.is_alive(), "standalone did not stop"
+        if self._error is not None:
+            raise AssertionError(f"standalone crashed: {self._error!r}") from self._error
+
+    def _run(self) -> None:
+        try:
+            trio.run(self._main)
+        except BaseException as exc:  # reported by start()/stop()
+            self._error = exc
+        finally:
+            self._ready.set()
+
+    async def _main(self) -> None:
+        options: dict[str, Any] = {"maintenance_interval_s": 0.5, "cursor_persist_interval_ms": 20}
+        if "http_port" in {f.name for f in dataclasses.fields(BrokerConfig)}:
+            options["http_port"] = -1  # this helper serves the admin API itself (bound port)
+        broker_config = BrokerConfig(port=0, **options)
+        bookie_config = BookieConfig(port=0, fsync="never")
+        async with trio.open_nursery() as nursery:
+            self._cancel = nursery.cancel_scope
+            self.service = await nursery.start(
+                functools.partial(run_standalone, self.data_dir, broker_config, bookie_config)
+            )
+            self.http = await nursery.start(
+                functools.partial(serve_admin, self.service, host="127.0.0.1", port=0)
+            )
+            self._token = trio.lowlevel.current_trio_token()
+            self._ready.set()
+
+    # ------------------------------------------------------------------ access
+
+    @property
+    def url(self) -> str:
+        assert self.http is not None
+        return f"http://{self.http[0]}:{self.http[1]}"
+
+    @property
+    def service_url(self) -> str:
+        assert self.service is not None
+        return self.service.service_url
+
+    def call(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+        """Run ``await fn(*args)`` in the server's trio run (e.g. to look at its state)."""
+        return trio.from_thread.run(fn, *args, trio_token=self._token)
+
+    def call_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return trio.from_thread.run_sync(fn, *args, trio_token=self._token)
+
+    def http_call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        raw: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, Any, dict[str, str]]:
+        """(status, decoded JSON or text, headers) of one request."""
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        hdrs = {"Content-Type": "application/json"} if data is not None else {}
+        hdrs.update(headers or {})
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers=hdrs)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                status, payload, rh = resp.status, resp.read(), dict(resp.headers)
+        except urllib.error.HTTPError as exc:
+            status, payload, rh = exc.code, exc.read(), dict(exc.headers)
+        ctype = rh.get("content-type", rh.get("Content-Type", ""))
+        if ctype.startswith("application/json") and payload:
+            return status, json.loads(payload), rh
+        return status, payload.decode("utf-8", errors="replace"), rh
+
+
+def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AdminStandalone]:
+    """Body of each module's ``admin_standalone`` fixture (one server per module)."""
+    server = AdminStandalone(tmp_path_factory.mktemp("admin") / "data").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_support_server_answers_and_stops_cleanly(tmp_path: Path) -> None:
+    server = AdminStandalone(tmp_path / "data").start()
+    try:
+        status, body, _ = server.http_call("GET", "/admin/v2/cluster/health")
+        assert status == 200
+        assert body["status"] == "ok"
+        assert body["brokers"][0]["service_url"] == server.service_url
+    finally:
+        server.stop()

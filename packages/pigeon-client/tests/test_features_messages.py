@@ -1,0 +1,174 @@
+"""What a message carries, and compression codecs, end to end (in-process standalone).
+
+These tests run on trio's real clock (no ``autojump_clock``) where publish times are
+compared with the wall clock; everything else is in virtual time.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from pigeon.client import MessageId
+from pigeon.client.trio import Client, Consumer
+from pigeon.core import PluginManager
+from pigeon.core.errors import Timeout, UnknownCodec
+
+PREFIX = "persistent://public/default/"
+CODECS = ["none", "gzip", "lz4", "zstd"]
+
+
+async def drain(consumer: Consumer, idle: float = 1.0) -> list:
+    out: list = []
+    while True:
+        try:
+            out.extend(await consumer.batch_receive(1000, timeout=idle))
+        except Timeout:
+            return out
+
+
+# ----------------------------------------------------------------------------- metadata
+
+
+async def test_message_fields(pigeon_standalone):
+    async with Client(pigeon_standalone.url) as client:
+        consumer = await client.subscribe("fields", "s", negative_ack_redelivery_delay=0.2)
+        producer = await client.create_producer("fields", batching_max_messages=1)
+        before = time.time() * 1000
+        ids = [
+            await producer.send(
+                f"v{i}".encode(),
+                key=f"user-{i}",
+                properties={"source": "web", "i": str(i)},
+                event_time=1_700_000_000_000 + i,
+            )
+            for i in range(5)
+        ]
+        await producer.send(b"bare")
+        after = time.time() * 1000
+        msgs = [await consumer.receive(timeout=5) for _ in range(6)]
+        for i, m in enumerate(msgs[:5]):
+            assert m.value == f"v{i}".encode() and m.data() == m.value
+            assert m.key == f"user-{i}"
+            assert m.properties == {"source": "web", "i": str(i)}
+            assert m.event_time == 1_700_000_000_000 + i
+            assert m.message_id == ids[i]
+            assert m.offset == ids[i].offset == i
+            assert m.message_id.partition == -1
+            assert m.redelivery_count == 0
+            assert m.topic == PREFIX + "fields"
+        bare = msgs[5]
+        assert (bare.key, bare.properties, bare.event_time) == (None, {}, 0)
+        publish = [m.publish_time for m in msgs]
+        assert publish == sorted(publish), "publish times go backwards"
+        assert before - 1000 <= publish[0] and publish[-1] <= after + 1000, (before, publish, after)
+        await consumer.negative_acknowledge(msgs[2])
+        again = await consumer.receive(timeout=5)
+        assert again.message_id == ids[2] and again.redelivery_count == 1
+        assert again.publish_time == msgs[2].publish_time and again.key == "user-2"
+        await producer.close()
+        await consumer.close()
+
+
+async def test_batched_messages_have_their_own_ids_and_offsets(pigeon_standalone, autojump_clock):
+    async with Client(pigeon_standalone.url) as client:
+        consumer = await client.subscribe("batched", "s")
+        producer = await client.create_producer(
+            "batched", batching_max_messages=4, batching_max_delay_ms=1000
+        )
+        results: list = []
+        for i in range(8):
+            await producer.send_async(
+                f"b{i}".encode(), callback=lambda mid, err: results.append(mid)
+            )
+        await producer.flush()
+        got = await drain(consumer)
+        assert [m.value for m in got] == [f"b{i}".encode() for i in range(8)]
+        assert [m.offset for m in got] == list(range(8))
+        assert [m.message_id.batch_index for m in got] == [0, 1, 2, 3, 0, 1, 2, 3]
+        assert len({(m.message_id.segment_id, m.message_id.entry_id) for m in got}) == 2
+        assert sorted(results) == [m.message_id for m in got]
+        # a message id survives serialisation
+        mid = got[5].message_id
+        assert MessageId.deserialize(mid.serialize()) == mid
+        assert MessageId.deserialize(mid.serialize()).offset == 5
+        await producer.close()
+        await consumer.close()
+
+
+async def test_acknowledging_part_of_a_batch_redelivers_only_the_rest(
+    pigeon_standalone, autojump_clock
+):
+    async with Client(pigeon_standalone.url) as client:
+        consumer = await client.subscribe("partial", "s", initial_position="earliest")
+        producer = await client.create_producer(
+            "partial", batching_max_messages=4, batching_max_delay_ms=1000
+        )
+        for i in range(4):
+            await producer.send_async(f"p{i}".encode())
+        await producer.flush()
+        got = await drain(consumer)
+        assert len({m.message_id.entry_id for m in got}) == 1
+        await consumer.acknowledge(got[0])
+        await consumer.acknowledge(got[2])
+        await consumer.close()
+        consumer = await client.subscribe("partial", "s")
+        again = await drain(consumer)
+        assert [m.value for m in again] == [b"p1", b"p3"]
+        assert [m.message_id.batch_index for m in again] == [1, 3]
+        await producer.close()
+        await consumer.close()
+
+
+# ----------------------------------------------------------------------------- compression
+
+
+@pytest.mark.parametrize("codec", CODECS)
+async def test_every_codec_round_trips(pigeon_standalone, autojump_clock, codec):
+    topic = f"codec-{codec}"
+    values = [(f"message {i} " * 50).encode() for i in range(20)]
+    async with Client(pigeon_standalone.url) as client:
+        consumer = await client.subscribe(topic, "s")
+        producer = await client.create_producer(
+            topic, compression=codec, batching_max_messages=20, batching_max_delay_ms=1000
+        )
+        for v in values:
+            await producer.send_async(v, key="k", properties={"codec": codec})
+        await producer.flush()
+        got = await drain(consumer)
+        assert [m.value for m in got] == values
+        assert all(m.key == "k" and m.properties == {"codec": codec} for m in got)
+        stored = pigeon_standalone.service.topics[PREFIX + topic].ledger.bytes_in
+        raw = sum(len(v) for v in values)
+        if codec == "none":
+            assert stored > raw
+        else:
+            assert stored < raw / 3, f"{codec} did not compress ({stored} of {raw} bytes stored)"
+        await producer.close()
+        await consumer.close()
+
+
+@pytest.mark.parametrize("codec", ["lz4", "zstd"])
+async def test_consumer_without_the_codec_gets_unknown_codec(
+    pigeon_standalone, autojump_clock, codec
+):
+    topic = f"missing-{codec}"
+    async with (
+        Client(pigeon_standalone.url) as client,
+        Client(pigeon_standalone.url, plugins=PluginManager(load_entry_points=False)) as bare,
+    ):
+        consumer = await bare.subscribe(topic, "s")
+        producer = await client.create_producer(topic, compression=codec)
+        await producer.send(b"squeezed")
+        with pytest.raises(UnknownCodec) as info:
+            await consumer.receive(timeout=5)
+        assert codec in str(info.value)
+        with pytest.raises(UnknownCodec) as info:
+            await bare.create_producer(topic, compression=codec)
+        assert codec in str(info.value)
+        # builtin codecs still work for that client
+        plain = await bare.create_producer(topic, compression="gzip")
+        await plain.close()
+        await producer.close()
+        await consumer.close()
