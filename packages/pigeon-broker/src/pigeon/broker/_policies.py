@@ -46,7 +46,8 @@ class TenantInfo:
 class NamespacePolicies:
     """Policies of one namespace. ``None``/-1 mean "broker default"/"unlimited" as noted."""
 
-    #: keep acknowledged data this long (seconds); 0: delete once consumed; -1: forever
+    #: keep acknowledged data this long (seconds); 0: delete once every subscription has
+    #: consumed it (a topic without subscriptions keeps its data); -1: forever
     retention_time_s: float = 0.0
     #: keep at most this much acknowledged data (MiB); 0: none; -1: no size limit
     retention_size_mb: float = 0.0

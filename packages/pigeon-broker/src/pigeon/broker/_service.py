@@ -135,7 +135,9 @@ class Topic:
                 if sub.cursor.mark_delete < keep_from:
                     log.info("backlog evicted topic=%s sub=%s up_to=%s", self.name, sub.name, keep_from)
                     sub.expire_before(keep_from)
-        consumed = min((s.cursor.mark_delete for s in subs), default=self.ledger.next_offset)
+        # Without a durable subscription nothing counts as consumed: a topic nobody
+        # subscribed to keeps its data (readers and late subscribers can still read it).
+        consumed = min((s.cursor.mark_delete for s in subs), default=self.ledger.first_offset)
         trimmed = await self.ledger.trim(consumed, policies.retention_time_s, policies.retention_size_mb, now)
         for seg_id in trimmed:
             try:
