@@ -5,25 +5,23 @@ Sessions run in the environment they are started from (``scripts/bootstrap`` bui
 
     nox -s tests          unit tests of every package and plugin, then the integration suite
     nox -s unit           unit tests only
-    nox -s integration    multi-process tests against real servers (matrix: see below)
+    nox -s integration    multi-process tests against real servers
+    nox -s cluster        cluster fault tests, one session per metadata backend
     nox -s lint           ruff + mypy
     nox -s bench          benchmark scenarios, results into docs/benchmarks.md
 """
 
 from __future__ import annotations
 
+import glob
+
 import nox
 
 nox.options.sessions = ["tests"]
 nox.options.reuse_existing_virtualenvs = True
 
-UNIT_PATHS = [
-    "packages/pigeon-core/tests",
-    "packages/pigeon-bookie/tests",
-    "packages/pigeon-broker/tests",
-    "packages/pigeon-client/tests",
-    "plugins",
-]
+UNIT_PATHS = sorted(glob.glob("packages/*/tests")) + ["plugins"]
+METADATA_BACKENDS = ["embedded", "zookeeper", "etcd"]
 
 
 @nox.session(venv_backend="none")
@@ -36,6 +34,16 @@ def unit(session: nox.Session) -> None:
 def integration(session: nox.Session) -> None:
     """Real processes and real servers over loopback."""
     session.run("python", "-m", "pytest", "-q", "integration", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+@nox.parametrize("metadata", METADATA_BACKENDS)
+def cluster(session: nox.Session, metadata: str) -> None:
+    """The cluster fault tests against one metadata backend (the matrix of CI's run)."""
+    session.run(
+        "python", "-m", "pytest", "-q", "integration/test_cluster_failover.py",
+        "-k", metadata, *session.posargs,
+    )
 
 
 @nox.session(venv_backend="none")
