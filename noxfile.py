@@ -61,6 +61,16 @@ def lint(session: nox.Session) -> None:
         "packages/pigeon-core/src/pigeon/core",
         "packages/pigeon-client/src/pigeon/client",
         "packages/pigeon-broker/src/pigeon/broker",
+        "packages/pigeon-spark/src/pigeon/spark",
+    )
+
+
+@nox.session(venv_backend="none")
+def spark(session: nox.Session) -> None:
+    """The Spark connector against a real standalone and local[2] Spark."""
+    session.run(
+        "python", "-m", "pytest", "-q", "integration/test_spark.py",
+        "integration/test_spark_range.py", *session.posargs,
     )
 
 

@@ -293,6 +293,16 @@ class Topic:
         }
 
 
+def _drop_reader(topic: Any, sub: Any) -> None:
+    """A non-durable cursor (a reader's) lives only as long as its last consumer."""
+    if sub.durable or sub.consumers or topic.subscriptions.get(sub.name) is not sub:
+        return
+    sub.closed = True
+    if isinstance(sub, Subscription):
+        sub.wake()
+    del topic.subscriptions[sub.name]
+
+
 @dataclass(eq=False)
 class _ConnState:
     producers: dict[int, Producer] = field(default_factory=dict)
@@ -493,8 +503,9 @@ class BrokerService:
         for producer in state.producers.values():
             if producer.topic.producers.get(producer.name) is producer:
                 del producer.topic.producers[producer.name]
-        for consumer, sub, _topic in state.consumers.values():
+        for consumer, sub, topic in state.consumers.values():
             sub.remove_consumer(consumer)
+            _drop_reader(topic, sub)
 
     def _state(self, conn: Connection) -> _ConnState:
         state = self._conns.get(conn)
@@ -803,11 +814,12 @@ class BrokerService:
         if found is None:
             conn.respond(req.request_id, "ok")
             return
-        consumer, sub, _ = found
+        consumer, sub, topic = found
         sub.remove_consumer(consumer)
 
         async def close() -> None:
             await sub.flush()
+            _drop_reader(topic, sub)
             conn.respond(req.request_id, "ok")
 
         self._spawn(conn, req.request_id, close)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import bisect
 import heapq
 import logging
-import time
 import zlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any

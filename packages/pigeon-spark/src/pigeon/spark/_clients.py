@@ -1,0 +1,44 @@
+"""One PigeonMQ client per service URL per Python process.
+
+Spark reuses its Python workers across tasks (``spark.python.worker.reuse``), so a task
+finds the connection its predecessor opened instead of paying for a new client thread
+and TCP handshake. Readers and writers are pickled to executors and hold no client
+themselves: they call :func:`client_for` where they run.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import threading
+
+from pigeon.client import Client
+
+__all__ = ["client_for", "close_clients"]
+
+_lock = threading.Lock()
+_clients: dict[tuple[int, str], Client] = {}
+
+
+def client_for(service_url: str) -> Client:
+    """The process's client for ``service_url`` (created on first use, or again if the
+    previous one was closed or this process was forked from its owner)."""
+    key = (os.getpid(), service_url)
+    with _lock:
+        client = _clients.get(key)
+        if client is None or client._closed or not client._thread.is_alive():
+            client = _clients[key] = Client(service_url)
+        return client
+
+
+def close_clients() -> None:
+    with _lock:
+        mine = [c for (pid, _), c in _clients.items() if pid == os.getpid()]
+        _clients.clear()
+    for client in mine:
+        with contextlib.suppress(Exception):
+            client.close()
+
+
+atexit.register(close_clients)

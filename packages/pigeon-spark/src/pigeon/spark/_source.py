@@ -1,0 +1,328 @@
+"""The ``pigeon`` data source: batch and micro-batch reads, and the entry point for writes.
+
+Planning (which partitions, which offsets) runs on the driver; every Spark task then does
+a *pure range read* of one ``[start, end)`` slice of one partition through a short-lived
+non-durable cursor (:mod:`pigeon.client._range`) and turns the stored entries into Arrow
+record batches (:mod:`pigeon.spark._arrow`). Nothing is acknowledged and nothing is kept
+on the broker, so re-running a task or a micro-batch reads exactly the same rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import (
+    BinaryType,
+    DataType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from pigeon.client import Client
+from pigeon.client._range import offsets_for_timestamp, partition_offsets, read_range
+from pigeon.core import TopicName
+from pigeon.spark._arrow import SOURCE_COLUMNS, record_batches
+from pigeon.spark._clients import client_for
+from pigeon.spark._options import (
+    OptionError,
+    SourceOptions,
+    check_names,
+    parse_sink_options,
+    parse_source_options,
+)
+from pigeon.spark._plan import (
+    OffsetRange,
+    Offsets,
+    PartitionState,
+    cap,
+    rate_limit,
+    resolve,
+    sorted_offsets,
+    split_ranges,
+)
+
+__all__ = [
+    "DataLossError",
+    "PigeonDataSource",
+    "PigeonInputPartition",
+    "source_schema",
+]
+
+log = logging.getLogger(__name__)
+
+_SPARK_TYPES: dict[str, DataType] = {
+    "binary": BinaryType(),
+    "string": StringType(),
+    "int": IntegerType(),
+    "bigint": LongType(),
+    "timestamp": TimestampType(),
+    "map<string,string>": MapType(StringType(), StringType()),
+}
+
+
+def source_schema(include_properties: bool) -> StructType:
+    """The source's Spark schema (``properties`` only with ``includeProperties``)."""
+    cols = SOURCE_COLUMNS if include_properties else SOURCE_COLUMNS[:-1]
+    return StructType([StructField(name, _SPARK_TYPES[kind]) for name, kind in cols])
+
+
+class DataLossError(RuntimeError):
+    """Offsets to be read were deleted (by retention) first; ``failOnDataLoss`` is true."""
+
+
+class PigeonInputPartition(InputPartition):
+    """Offsets ``[start, end)`` of one topic partition: the work of one Spark task."""
+
+    def __init__(self, topic: str, start: int, end: int) -> None:
+        super().__init__((topic, start, end))
+        self.topic = topic
+        self.start = start
+        self.end = end
+
+    def __repr__(self) -> str:
+        return f"PigeonInputPartition({self.topic!r}, {self.start}, {self.end})"
+
+
+# ------------------------------------------------------------------------------ planning
+
+
+def _partition_topics(client: Client, opts: SourceOptions) -> list[str]:
+    """The partition topics to read (a pattern is matched against full base names)."""
+    if opts.pattern is None:
+        topics = list(opts.topics)
+    else:
+        regex = re.compile(opts.pattern)
+        topics = [t for t in client.list_topics(opts.pattern_namespace) if regex.fullmatch(t)]
+    for t in topics:
+        if not TopicName.parse(t).persistent:
+            raise OptionError([f"{t} is non-persistent: it keeps no offsets to read"])
+    return topics
+
+
+def _states(client: Client, opts: SourceOptions) -> dict[str, PartitionState]:
+    topics = _partition_topics(client, opts)
+    if not topics:
+        return {}
+    return {
+        t: PartitionState(e, n) for t, (e, n) in sorted(partition_offsets(client, topics).items())
+    }
+
+
+def _starting(
+    client: Client, opts: SourceOptions, states: dict[str, PartitionState], default: str
+) -> Offsets:
+    at_time = None
+    if opts.starting_timestamp is not None and states:
+        at_time = offsets_for_timestamp(client, list(states), opts.starting_timestamp)
+    try:
+        return resolve(
+            opts.starting, states, default=default, option="startingOffsets", at_time=at_time
+        )
+    except ValueError as exc:
+        raise OptionError([str(exc)]) from None
+
+
+def _input_partitions(
+    ranges: list[OffsetRange], min_partitions: int | None
+) -> list[InputPartition]:
+    return [PigeonInputPartition(*r) for r in split_ranges(ranges, min_partitions)]
+
+
+# ------------------------------------------------------------------------------ reading
+
+
+def _read(opts: SourceOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    """*executor*: the rows of one offset range as Arrow record batches."""
+    if not isinstance(partition, PigeonInputPartition):
+        return  # Spark plans one empty InputPartition(None) when there is nothing to read
+    client = client_for(opts.service_url)
+    name = TopicName.parse(partition.topic)
+
+    def missing(topic: str, first: int, end: int) -> None:
+        what = f"offsets [{first}, {end}) of {topic} were deleted (retention) before they were read"
+        if opts.fail_on_data_loss:
+            raise DataLossError(
+                f"{what}. Set failOnDataLoss=false to skip lost data instead of failing."
+            )
+        log.warning("%s; skipping them (failOnDataLoss=false)", what)
+
+    with read_range(
+        client,
+        partition.topic,
+        partition.start,
+        partition.end,
+        idle_timeout=opts.poll_timeout_ms / 1000,
+        on_missing=missing,
+    ) as entries:
+        yield from record_batches(
+            entries,
+            topic=name.base.full,
+            partition=name.partition_index,
+            start=partition.start,
+            end=partition.end,
+            codecs=client.codecs,
+            include_properties=opts.include_properties,
+        )
+
+
+class PigeonBatchReader(DataSourceReader):
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+
+    def partitions(self) -> Sequence[InputPartition]:
+        opts = self.opts
+        client = client_for(opts.service_url)
+        states = _states(client, opts)
+        start = _starting(client, opts, states, "earliest")
+        try:
+            end = resolve(opts.ending, states, default="latest", option="endingOffsets")
+        except ValueError as exc:
+            raise OptionError([str(exc)]) from None
+        ranges = []
+        for topic in states:
+            if start[topic] > end[topic]:
+                raise OptionError(
+                    [f"starting offset {start[topic]} of {topic} is past its end {end[topic]}"]
+                )
+            ranges.append(OffsetRange(topic, start[topic], end[topic]))
+        return _input_partitions(ranges, opts.min_partitions)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return _read(self.opts, partition)
+
+
+class PigeonStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batch reads; an offset is ``{partition topic: next offset}``.
+
+    Partitions that appear while the query runs (a partitioned topic grew, or a new topic
+    matches ``topicsPattern``) are read from offset 0.
+    """
+
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+        self._target: Offsets | None = None
+        self._initial: Offsets | None = None
+
+    def initialOffset(self) -> dict[str, int]:
+        # Spark asks more than once (and again for a first micro-batch it re-runs after a
+        # restart): answer the same within this run.
+        if self._initial is None:
+            client = client_for(self.opts.service_url)
+            self._initial = _starting(client, self.opts, _states(client, self.opts), "latest")
+        return dict(self._initial)
+
+    def _latest(self, start: dict[str, int]) -> Offsets:
+        states = _states(client_for(self.opts.service_url), self.opts)
+        latest = {t: max(s.latest, start.get(t, 0)) for t, s in states.items()}
+        for topic, offset in start.items():
+            latest.setdefault(topic, offset)  # a partition that went away stays where it was
+        return latest
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.opts.max_offsets_per_trigger:
+            return ReadMaxRows(self.opts.max_offsets_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = sorted_offsets(self._latest({}))
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        start = {k: int(v) for k, v in start.items()}
+        latest = self._latest(start)
+        if self._target is not None:
+            latest = cap(latest, start, self._target)
+        if isinstance(limit, ReadMaxRows):
+            return rate_limit(start, latest, limit.max_rows)
+        return sorted_offsets(latest)
+
+    def reportLatestOffset(self) -> dict[str, int] | None:
+        return sorted_offsets(self._latest({}))
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
+        ranges = [OffsetRange(t, int(start.get(t, 0)), int(e)) for t, e in end.items()]
+        return _input_partitions([r for r in ranges if r.end > r.start], self.opts.min_partitions)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return _read(self.opts, partition)
+
+    def commit(self, end: dict[str, int]) -> None:
+        return None  # nothing is held on the broker
+
+
+# ------------------------------------------------------------------------------ the source
+
+
+class PigeonDataSource(DataSource):
+    """``format("pigeon")``: read and write PigeonMQ topics.
+
+    Register once per session: ``spark.dataSource.register(PigeonDataSource)``.
+    """
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        check_names(options)  # fails load()/save() on misspelled option names
+
+    @classmethod
+    def name(cls) -> str:
+        return "pigeon"
+
+    def _source_options(self, mode: str) -> SourceOptions:
+        return parse_source_options(self.options, mode=mode)  # type: ignore[arg-type]
+
+    def schema(self) -> StructType:
+        # Called by load(): every read option is checked here, before any query runs.
+        return source_schema(self._source_options("any").include_properties)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        opts = self._source_options("batch")
+        _check_schema(schema, opts)
+        return PigeonBatchReader(opts)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        opts = self._source_options("stream")
+        _check_schema(schema, opts)
+        return PigeonStreamReader(opts)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
+        from pigeon.spark._sink import PigeonBatchWriter
+
+        return PigeonBatchWriter(parse_sink_options(self.options), schema, overwrite)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamArrowWriter:
+        from pigeon.spark._sink import PigeonStreamWriter
+
+        return PigeonStreamWriter(parse_sink_options(self.options), schema, overwrite)
+
+
+def _check_schema(schema: Any, opts: SourceOptions) -> None:
+    expected = source_schema(opts.include_properties)
+    if schema != expected:
+        raise OptionError(
+            [
+                "the pigeon source has a fixed schema; do not set one "
+                f"(expected {expected.simpleString()}, got {schema.simpleString()})"
+            ]
+        )
