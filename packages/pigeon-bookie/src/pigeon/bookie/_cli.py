@@ -40,6 +40,7 @@ EXIT_OK, EXIT_CORRUPT, EXIT_CANNOT_INSPECT = 0, 1, 2
     type=click.Path(dir_okay=False),
     help="TOML configuration file ([bookie] table).",
 )
+@click.option("--http-port", type=int, help="Serve Prometheus GET /metrics on this port.")
 @click.pass_context
 def bookie_cmd(
     ctx: click.Context,
@@ -49,6 +50,7 @@ def bookie_cmd(
     data_dir: str | None,
     fsync: str | None,
     config_file: str | None,
+    http_port: int | None,
 ) -> None:
     """Run a bookie (storage node) registered in the metadata store."""
     if ctx.invoked_subcommand is not None:
@@ -64,6 +66,7 @@ def bookie_cmd(
             "port": port,
             "data_dir": data_dir,
             "fsync": fsync,
+            "http_port": http_port,
         },
     )
     if not config.metadata:

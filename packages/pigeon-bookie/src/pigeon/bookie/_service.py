@@ -17,6 +17,7 @@ created again (with a new session) if the metadata session expired.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import shutil
@@ -28,6 +29,7 @@ from typing import Any, Literal
 import trio
 
 from pigeon.bookie._gc import SegmentCollector
+from pigeon.bookie._metrics import render_metrics, serve_metrics
 from pigeon.bookie._storage import SegmentStore
 from pigeon.core._framing import DEFAULT_MAX_FRAME_SIZE
 from pigeon.core._rpc import Connection, Request, serve_tcp
@@ -87,6 +89,8 @@ class BookieConfig:
     #: payload bytes a read answers at most (also bounded by max_frame_size)
     read_max_bytes: int = 4 * 1024 * 1024
     register_interval_s: float = 5.0
+    #: HTTP port of GET /metrics (Prometheus); -1: not served
+    http_port: int = -1
     advertised_address: str = ""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     #: turn read-only when the data dir's file system has less free space than this ...
@@ -229,6 +233,15 @@ class BookieServer:
                     nursery.start_soon(self._keep_registered)
                     nursery.start_soon(self._watch_session)
                 await nursery.start(self.collector.run)
+                if self.config.http_port >= 0:
+                    self.http_address = await nursery.start(
+                        functools.partial(
+                            serve_metrics,
+                            lambda: render_metrics(self.store, self.advertised),
+                            host=self.config.host,
+                            port=self.config.http_port,
+                        )
+                    )
                 log.info(
                     "bookie serving address=%s data_dir=%s read_only=%s",
                     self.advertised,

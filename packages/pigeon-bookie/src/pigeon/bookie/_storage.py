@@ -217,6 +217,8 @@ class StoreStatistics:
     read_only: bool
     #: why the store is read-only ("" when writable)
     read_only_reason: str = ""
+    #: wall time spent in group-commit fsync rounds (divide by flush_rounds: latency)
+    flush_seconds: float = 0.0
 
 
 class _Counters:
@@ -227,6 +229,7 @@ class _Counters:
         "entries_read",
         "entries_written",
         "flush_rounds",
+        "flush_seconds",
         "fsyncs",
     )
 
@@ -234,6 +237,7 @@ class _Counters:
         self.entries_written = self.bytes_written = 0
         self.entries_read = self.bytes_read = 0
         self.fsyncs = self.flush_rounds = self.corrupt = 0
+        self.flush_seconds = 0.0
 
 
 class _Segment:
@@ -994,6 +998,7 @@ class SegmentStore:
             s.acquire()
         # until the fsyncs are known to have succeeded, the round has failed
         r.error = OSError("flush round did not complete")
+        started = time.perf_counter()
         try:
             dir_fd = self._dir_fd if sync_dir else None
             errors: list[OSError] = []
@@ -1015,6 +1020,7 @@ class SegmentStore:
                         nursery.start_soon(sync_group, fds, dir_fd if i == 0 else None)
             self._counters.fsyncs += len(segs) + sync_dir
             self._counters.flush_rounds += 1
+            self._counters.flush_seconds += time.perf_counter() - started
             if errors:
                 r.error = errors[0]
                 self._io_failed("fsync", errors[0])
@@ -1338,6 +1344,7 @@ class SegmentStore:
             entries_read=c.entries_read,
             bytes_read=c.bytes_read,
             fsyncs=c.fsyncs,
+            flush_seconds=c.flush_seconds,
             flush_rounds=c.flush_rounds,
             disk_usage_bytes=sum(s.disk_usage() for s in self._segments.values()),
             corrupt_entries_detected=c.corrupt,

@@ -231,7 +231,11 @@ class BrokerMonitor:
     def render(self) -> bytes:
         """The Prometheus text exposition of this broker, built from its state now."""
         self.instrument()
-        return generate_latest(self.registry)
+        text = generate_latest(self.registry)
+        # Metrics of other nodes running in this process (the standalone's bookie).
+        for extra in getattr(self.service, "extra_metrics", ()):
+            text += extra().encode()
+        return text
 
 
 def _time_appends(ledger: Any, hist: LatencyHistogram) -> None:

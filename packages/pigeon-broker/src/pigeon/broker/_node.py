@@ -136,6 +136,9 @@ async def run_standalone(
         await run_broker(broker_config, store=store, plugins=plugins, task_status=task_status)
 
     def ready(service: Any) -> None:
+        from pigeon.bookie._metrics import render_metrics
+
+        service.extra_metrics.append(lambda: render_metrics(bookie.store, bookie.advertised))
         log.info(
             "standalone ready broker=%s bookie=%s data_dir=%s",
             service.service_url,

@@ -334,6 +334,8 @@ class BrokerService:
         self._names = itertools.count()
         self.clock = WallClock()
         self.policies = PolicyStore(store)
+        #: callables returning Prometheus text appended to /metrics (in-process nodes)
+        self.extra_metrics: list[Any] = []
         self.ownership: Ownership = None  # type: ignore[assignment]  # set by run()
 
     @property

@@ -1,0 +1,86 @@
+"""Prometheus metrics of a bookie, and a minimal HTTP endpoint serving them.
+
+``pigeon bookie --http-port P`` serves ``GET /metrics``; in ``pigeon standalone`` the
+broker's ``/metrics`` includes these lines (the bookie runs in the same process).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+__all__ = ["render_metrics", "serve_metrics"]
+
+log = logging.getLogger(__name__)
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def render_metrics(store: Any, address: str = "") -> str:
+    """Prometheus exposition text of a SegmentStore's statistics."""
+    st = store.statistics()
+    label = f'{{bookie="{address}"}}' if address else ""
+    rounds = max(st.flush_rounds, 1)
+    rows = [
+        ("pigeon_bookie_entries_written_total", "counter", "Entries appended.", st.entries_written),
+        ("pigeon_bookie_bytes_written_total", "counter", "Bytes appended (record headers included).", st.bytes_written),
+        ("pigeon_bookie_entries_read_total", "counter", "Entries returned by reads.", st.entries_read),
+        ("pigeon_bookie_bytes_read_total", "counter", "Payload bytes returned by reads.", st.bytes_read),
+        ("pigeon_bookie_fsyncs_total", "counter", "fsync/fdatasync calls.", st.fsyncs),
+        ("pigeon_bookie_flush_rounds_total", "counter", "Group-commit flush rounds.", st.flush_rounds),
+        ("pigeon_bookie_flush_seconds_total", "counter", "Time spent in flush rounds.", round(st.flush_seconds, 6)),
+        ("pigeon_bookie_flush_latency_seconds", "gauge", "Mean time of a flush round (fsync latency).", round(st.flush_seconds / rounds, 6)),
+        ("pigeon_bookie_segments", "gauge", "Segments stored.", st.segments),
+        ("pigeon_bookie_disk_usage_bytes", "gauge", "Bytes of all segment files.", st.disk_usage_bytes),
+        ("pigeon_bookie_corrupt_entries_total", "counter", "Damaged entries found by reads.", st.corrupt_entries_detected),
+        ("pigeon_bookie_read_only", "gauge", "1 when the bookie refuses writes.", int(st.read_only)),
+    ]
+    out: list[str] = []
+    for name, kind, help_text, value in rows:
+        out.append(f"# HELP {name} {help_text}")
+        out.append(f"# TYPE {name} {kind}")
+        out.append(f"{name}{label} {value}")
+    return "\n".join(out) + "\n"
+
+
+async def serve_metrics(
+    render: Callable[[], str],
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``GET /metrics`` over HTTP/1.1 (one response per connection)."""
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    sockname = listeners[0].socket.getsockname()
+
+    async def handle(stream: trio.SocketStream) -> None:
+        try:
+            data = b""
+            with trio.move_on_after(5):
+                while b"\r\n\r\n" not in data and len(data) < 16384:
+                    chunk = await stream.receive_some(4096)
+                    if not chunk:
+                        break
+                    data += chunk
+            parts = data.split(b"\r\n", 1)[0].split()
+            if len(parts) >= 2 and parts[0] == b"GET" and parts[1].split(b"?")[0] == b"/metrics":
+                status, ctype, body = "200 OK", CONTENT_TYPE, render().encode()
+            else:
+                status, ctype, body = "404 Not Found", "text/plain", b"only GET /metrics is served here\n"
+            head = (
+                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+                "Connection: close\r\n\r\n"
+            )
+            await stream.send_all(head.encode() + body)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            log.info("metrics request failed error=%s", exc)
+        finally:
+            await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(trio.serve_listeners, handle, listeners)
+        task_status.started((sockname[0], sockname[1]))
