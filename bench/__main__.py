@@ -28,6 +28,8 @@ DOC = ROOT / "docs" / "benchmarks.md"
 BEGIN = "<!-- bench:standard:begin -->"
 END = "<!-- bench:standard:end -->"
 SMALL_BEGIN = "<!-- bench:small:begin -->"
+CLUSTER_BEGIN = "<!-- bench:cluster:begin -->"
+CLUSTER_END = "<!-- bench:cluster:end -->"
 SMALL_END = "<!-- bench:small:end -->"
 
 
@@ -79,6 +81,105 @@ class Standalone:
                 self.proc.kill()
                 self.proc.wait()
         self.log.close()
+
+
+class Cluster:
+    """3 bookies + 1 broker on a shared embedded metadata store (real processes)."""
+
+    def __init__(self, root: Path, *, bookies: int = 3, ensemble: int = 3, qw: int = 2, qa: int = 2):
+        self.root = root
+        self.n = bookies
+        self.quorum = (ensemble, qw, qa)
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.port = free_port()
+        self.metadata = f"embedded://{root / 'metadata'}?session_timeout=5"
+
+    @property
+    def url(self) -> str:
+        return f"pigeon://127.0.0.1:{self.port}"
+
+    def _start(self, args: list[str], port: int, log: str) -> None:
+        pigeon = Path(sys.executable).with_name("pigeon")
+        out = open(self.root / log, "wb")  # noqa: SIM115 - lives as long as the process
+        proc = subprocess.Popen([str(pigeon), "--log-level", "WARNING", *args], stdout=out, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{args[0]} exited during start; see {log}")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"{args[0]} did not start within 30 s")
+
+    def __enter__(self) -> Cluster:
+        for i in range(self.n):
+            port = free_port()
+            self._start(
+                ["bookie", "--metadata", self.metadata, "--port", str(port),
+                 "--data-dir", str(self.root / f"bookie-{i}"), "--fsync", "always"],
+                port, f"bookie-{i}.log",
+            )
+        config = self.root / "broker.toml"
+        e, w, a = self.quorum
+        config.write_text(f"[broker]\nensemble_size = {e}\nwrite_quorum = {w}\nack_quorum = {a}\n")
+        self._start(
+            ["broker", "--metadata", self.metadata, "--port", str(self.port),
+             "--http-port", str(free_port()), "--config", str(config)],
+            self.port, "broker.log",
+        )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in reversed(self.procs):
+            proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def cluster_scenario(args: argparse.Namespace) -> dict[str, Any]:
+    """1 KiB production to 3 bookies (E=3, Qw=2, Qa=2) beside a standalone, same run."""
+    from pigeon.client._cli import run_perf_produce
+
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="pigeon-bench-") as tmp:
+        with Standalone(Path(tmp) / "standalone") as sa:
+            results["standalone"] = run_perf_produce(
+                sa.url, "bench-sa", size=1024, duration=args.duration, progress=False
+            )
+        print(json.dumps(results["standalone"]), file=sys.stderr)
+        root = Path(tmp) / "cluster"
+        root.mkdir()
+        with Cluster(root) as cl:
+            results["cluster"] = run_perf_produce(
+                cl.url, "bench-cluster", size=1024, duration=args.duration, progress=False
+            )
+        print(json.dumps(results["cluster"]), file=sys.stderr)
+    return results
+
+
+def render_cluster(results: dict[str, Any], command: str) -> str:
+    sa, cl = results["standalone"], results["cluster"]
+    return "\n".join([
+        CLUSTER_BEGIN,
+        f"Run on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine: {machine()}.",
+        "",
+        f"Command: `{command}`",
+        "",
+        "| setup (1 producer, 1 KiB, batching on, acked, fsync=always) | result | target |",
+        "|---|---|---|",
+        f"| standalone (1 bookie) | **{sa['mb_per_s']} MB/s** ({sa['msg_per_s']:,.0f} msg/s) | — |",
+        f"| 3 bookies (E=3, Qw=2, Qa=2) + 1 broker, separate processes | **{cl['mb_per_s']} MB/s** "
+        f"({cl['msg_per_s']:,.0f} msg/s); ratio to standalone {cl['mb_per_s'] / max(sa['mb_per_s'], 1e-9):.2f} | ≥ 80 MB/s |",
+        "",
+        CLUSTER_END,
+    ])
 
 
 def machine() -> str:
@@ -230,12 +331,25 @@ def main() -> None:
     parser.add_argument("--backlog-mb", type=int, default=1024, help="catch-up backlog size")
     parser.add_argument("--no-docs", action="store_true", help="do not touch docs/benchmarks.md")
     parser.add_argument(
-        "--scenario", choices=["standard", "small", "all"], default="all",
-        help="standard: 1 KiB produce + 1 GiB catch-up; small: 100 B sync API + codecs",
+        "--scenario", choices=["standard", "small", "cluster", "all"], default="all",
+        help="standard: 1 KiB produce + 1 GiB catch-up; small: 100 B sync API + codecs; "
+        "cluster: 3 bookies beside a standalone (all: every one)",
     )
     parser.add_argument("--codecs", nargs="*", default=["none", "gzip", "lz4", "zstd"])
     args = parser.parse_args()
     command = ("python -m bench " + " ".join(sys.argv[1:])).strip()
+    if args.scenario in ("cluster", "all"):
+        cl = cluster_scenario(args)
+        cl["machine"] = machine()
+        cl["command"] = command
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / f"cluster-{time.strftime('%Y%m%dT%H%M%S')}.json").write_text(json.dumps(cl, indent=2))
+        section = render_cluster(cl, command)
+        print(section)
+        if not args.no_docs:
+            write_doc(section, CLUSTER_BEGIN, CLUSTER_END, "3-bookie cluster")
+        if args.scenario == "cluster":
+            return
     if args.scenario in ("small", "all"):
         small = small_and_codecs(args)
         small["machine"] = machine()
