@@ -41,8 +41,14 @@ def integration(session: nox.Session) -> None:
 def cluster(session: nox.Session, metadata: str) -> None:
     """The cluster fault tests against one metadata backend (the matrix of CI's run)."""
     session.run(
-        "python", "-m", "pytest", "-q", "integration/test_cluster_failover.py",
-        "-k", metadata, *session.posargs,
+        "python",
+        "-m",
+        "pytest",
+        "-q",
+        "integration/test_cluster_failover.py",
+        "-k",
+        metadata,
+        *session.posargs,
     )
 
 
@@ -69,8 +75,13 @@ def lint(session: nox.Session) -> None:
 def spark(session: nox.Session) -> None:
     """The Spark connector against a real standalone and local[2] Spark."""
     session.run(
-        "python", "-m", "pytest", "-q", "integration/test_spark.py",
-        "integration/test_spark_range.py", *session.posargs,
+        "python",
+        "-m",
+        "pytest",
+        "-q",
+        "integration/test_spark.py",
+        "integration/test_spark_range.py",
+        *session.posargs,
     )
 
 

@@ -56,10 +56,24 @@ class Standalone:
         pigeon = Path(sys.executable).with_name("pigeon")
         self.log = open(self.data_dir.parent / "standalone.log", "wb")
         self.proc = subprocess.Popen(
-            [str(pigeon), "--log-level", "WARNING", "standalone", "--data-dir", str(self.data_dir),
-             "--port", str(self.port), "--bookie-port", str(self.bookie_port), "--fsync", self.fsync,
-             "--http-port", str(self.http_port)],
-            stdout=self.log, stderr=subprocess.STDOUT,
+            [
+                str(pigeon),
+                "--log-level",
+                "WARNING",
+                "standalone",
+                "--data-dir",
+                str(self.data_dir),
+                "--port",
+                str(self.port),
+                "--bookie-port",
+                str(self.bookie_port),
+                "--fsync",
+                self.fsync,
+                "--http-port",
+                str(self.http_port),
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -86,7 +100,9 @@ class Standalone:
 class Cluster:
     """3 bookies + 1 broker on a shared embedded metadata store (real processes)."""
 
-    def __init__(self, root: Path, *, bookies: int = 3, ensemble: int = 3, qw: int = 2, qa: int = 2):
+    def __init__(
+        self, root: Path, *, bookies: int = 3, ensemble: int = 3, qw: int = 2, qa: int = 2
+    ):
         self.root = root
         self.n = bookies
         self.quorum = (ensemble, qw, qa)
@@ -101,7 +117,9 @@ class Cluster:
     def _start(self, args: list[str], port: int, log: str) -> None:
         pigeon = Path(sys.executable).with_name("pigeon")
         out = open(self.root / log, "wb")  # noqa: SIM115 - lives as long as the process
-        proc = subprocess.Popen([str(pigeon), "--log-level", "WARNING", *args], stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [str(pigeon), "--log-level", "WARNING", *args], stdout=out, stderr=subprocess.STDOUT
+        )
         self.procs.append(proc)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -118,17 +136,37 @@ class Cluster:
         for i in range(self.n):
             port = free_port()
             self._start(
-                ["bookie", "--metadata", self.metadata, "--port", str(port),
-                 "--data-dir", str(self.root / f"bookie-{i}"), "--fsync", "always"],
-                port, f"bookie-{i}.log",
+                [
+                    "bookie",
+                    "--metadata",
+                    self.metadata,
+                    "--port",
+                    str(port),
+                    "--data-dir",
+                    str(self.root / f"bookie-{i}"),
+                    "--fsync",
+                    "always",
+                ],
+                port,
+                f"bookie-{i}.log",
             )
         config = self.root / "broker.toml"
         e, w, a = self.quorum
         config.write_text(f"[broker]\nensemble_size = {e}\nwrite_quorum = {w}\nack_quorum = {a}\n")
         self._start(
-            ["broker", "--metadata", self.metadata, "--port", str(self.port),
-             "--http-port", str(free_port()), "--config", str(config)],
-            self.port, "broker.log",
+            [
+                "broker",
+                "--metadata",
+                self.metadata,
+                "--port",
+                str(self.port),
+                "--http-port",
+                str(free_port()),
+                "--config",
+                str(config),
+            ],
+            self.port,
+            "broker.log",
         )
         return self
 
@@ -166,20 +204,22 @@ def cluster_scenario(args: argparse.Namespace) -> dict[str, Any]:
 
 def render_cluster(results: dict[str, Any], command: str) -> str:
     sa, cl = results["standalone"], results["cluster"]
-    return "\n".join([
-        CLUSTER_BEGIN,
-        f"Run on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine: {machine()}.",
-        "",
-        f"Command: `{command}`",
-        "",
-        "| setup (1 producer, 1 KiB, batching on, acked, fsync=always) | result | target |",
-        "|---|---|---|",
-        f"| standalone (1 bookie) | **{sa['mb_per_s']} MB/s** ({sa['msg_per_s']:,.0f} msg/s) | — |",
-        f"| 3 bookies (E=3, Qw=2, Qa=2) + 1 broker, separate processes | **{cl['mb_per_s']} MB/s** "
-        f"({cl['msg_per_s']:,.0f} msg/s); ratio to standalone {cl['mb_per_s'] / max(sa['mb_per_s'], 1e-9):.2f} | ≥ 80 MB/s |",
-        "",
-        CLUSTER_END,
-    ])
+    return "\n".join(
+        [
+            CLUSTER_BEGIN,
+            f"Run on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine: {machine()}.",
+            "",
+            f"Command: `{command}`",
+            "",
+            "| setup (1 producer, 1 KiB, batching on, acked, fsync=always) | result | target |",
+            "|---|---|---|",
+            f"| standalone (1 bookie) | **{sa['mb_per_s']} MB/s** ({sa['msg_per_s']:,.0f} msg/s) | — |",
+            f"| 3 bookies (E=3, Qw=2, Qa=2) + 1 broker, separate processes | **{cl['mb_per_s']} MB/s** "
+            f"({cl['msg_per_s']:,.0f} msg/s); ratio to standalone {cl['mb_per_s'] / max(sa['mb_per_s'], 1e-9):.2f} | ≥ 80 MB/s |",
+            "",
+            CLUSTER_END,
+        ]
+    )
 
 
 def machine() -> str:
@@ -213,8 +253,12 @@ def standard(args: argparse.Namespace) -> dict[str, Any]:
             fill = fill_backlog(sa.url, "bench-backlog", n)
             results["backlog_fill"] = fill
             results["consume_backlog"] = run_perf_consume(
-                sa.url, "bench-backlog", duration=max(60.0, args.duration * 2), max_messages=n,
-                idle_timeout=10.0, progress=False,
+                sa.url,
+                "bench-backlog",
+                duration=max(60.0, args.duration * 2),
+                max_messages=n,
+                idle_timeout=10.0,
+                progress=False,
             )
             print(json.dumps(results["consume_backlog"]), file=sys.stderr)
             results["storage_bytes"] = sum(f.stat().st_size for f in data.rglob("*") if f.is_file())
@@ -229,20 +273,33 @@ def small_and_codecs(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="pigeon-bench-") as tmp:
         with Standalone(Path(tmp) / "data") as sa:
             results["produce_100b"] = run_perf_produce(
-                sa.url, "bench-small", size=100, duration=args.duration, progress=False,
-                batch_max_messages=2000, batch_max_bytes=1 << 20,
+                sa.url,
+                "bench-small",
+                size=100,
+                duration=args.duration,
+                progress=False,
+                batch_max_messages=2000,
+                batch_max_bytes=1 << 20,
             )
             print(json.dumps(results["produce_100b"]), file=sys.stderr)
             results["consume_100b"] = run_perf_consume(
-                sa.url, "bench-small", duration=max(60.0, args.duration * 2),
-                max_messages=results["produce_100b"]["messages"], idle_timeout=10.0, progress=False,
+                sa.url,
+                "bench-small",
+                duration=max(60.0, args.duration * 2),
+                max_messages=results["produce_100b"]["messages"],
+                idle_timeout=10.0,
+                progress=False,
             )
             print(json.dumps(results["consume_100b"]), file=sys.stderr)
             for codec in args.codecs:
                 key = f"produce_1k_{codec}"
                 results[key] = run_perf_produce(
-                    sa.url, f"bench-codec-{codec}", size=1024, duration=max(5.0, args.duration / 3),
-                    compression=codec, progress=False,
+                    sa.url,
+                    f"bench-codec-{codec}",
+                    size=1024,
+                    duration=max(5.0, args.duration / 3),
+                    compression=codec,
+                    progress=False,
                 )
                 print(json.dumps(results[key]), file=sys.stderr)
     return results
@@ -256,7 +313,9 @@ def fill_backlog(url: str, topic: str, n: int) -> dict[str, Any]:
     with Client(url) as client:
         # create the subscription first so the backlog is retained for it
         client.subscribe(topic, "perf-sub", initial_position="earliest").close()
-        with client.create_producer(topic, batching_max_messages=1000, batching_max_bytes=1 << 20) as p:
+        with client.create_producer(
+            topic, batching_max_messages=1000, batching_max_bytes=1 << 20
+        ) as p:
             send = p.send_async
             for _ in range(n):
                 send(payload)
@@ -313,7 +372,9 @@ def render_small(results: dict[str, Any], command: str) -> str:
     return "\n".join(lines)
 
 
-def write_doc(section: str, begin: str = BEGIN, end: str = END, title: str = "Standard scenario") -> None:
+def write_doc(
+    section: str, begin: str = BEGIN, end: str = END, title: str = "Standard scenario"
+) -> None:
     DOC.parent.mkdir(exist_ok=True)
     text = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
     if begin in text and end in text:
@@ -331,7 +392,9 @@ def main() -> None:
     parser.add_argument("--backlog-mb", type=int, default=1024, help="catch-up backlog size")
     parser.add_argument("--no-docs", action="store_true", help="do not touch docs/benchmarks.md")
     parser.add_argument(
-        "--scenario", choices=["standard", "small", "cluster", "all"], default="all",
+        "--scenario",
+        choices=["standard", "small", "cluster", "all"],
+        default="all",
         help="standard: 1 KiB produce + 1 GiB catch-up; small: 100 B sync API + codecs; "
         "cluster: 3 bookies beside a standalone (all: every one)",
     )
@@ -343,7 +406,9 @@ def main() -> None:
         cl["machine"] = machine()
         cl["command"] = command
         RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / f"cluster-{time.strftime('%Y%m%dT%H%M%S')}.json").write_text(json.dumps(cl, indent=2))
+        (RESULTS / f"cluster-{time.strftime('%Y%m%dT%H%M%S')}.json").write_text(
+            json.dumps(cl, indent=2)
+        )
         section = render_cluster(cl, command)
         print(section)
         if not args.no_docs:
@@ -355,7 +420,9 @@ def main() -> None:
         small["machine"] = machine()
         small["command"] = command
         RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / f"small-{time.strftime('%Y%m%dT%H%M%S')}.json").write_text(json.dumps(small, indent=2))
+        (RESULTS / f"small-{time.strftime('%Y%m%dT%H%M%S')}.json").write_text(
+            json.dumps(small, indent=2)
+        )
         section = render_small(small, command)
         print(section)
         if not args.no_docs:

@@ -107,7 +107,15 @@ class Cluster:
         i = len(self.brokers)
         node = Node(
             "broker",
-            ["--metadata", self.metadata, "--port", str(port), "--http-port", str(http_port), *extra],
+            [
+                "--metadata",
+                self.metadata,
+                "--port",
+                str(port),
+                "--http-port",
+                str(http_port),
+                *extra,
+            ],
             port,
             self.root / f"broker-{i}.log",
         )

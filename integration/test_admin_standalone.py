@@ -87,9 +87,15 @@ def test_operator_workflow_against_a_real_standalone(
     assert metrics.returncode == 0
     assert f'{{topic="{TOPIC}"}} 3.0' in metrics.stdout
     # the standalone's bookie reports on the same endpoint
-    storage = pigeon("admin", "--url", url, "metrics", "--grep", "pigeon_bookie_entries_written_total")
+    storage = pigeon(
+        "admin", "--url", url, "metrics", "--grep", "pigeon_bookie_entries_written_total"
+    )
     assert storage.returncode == 0
-    written = [line for line in storage.stdout.splitlines() if line.startswith("pigeon_bookie_entries_written_total")]
+    written = [
+        line
+        for line in storage.stdout.splitlines()
+        if line.startswith("pigeon_bookie_entries_written_total")
+    ]
     assert written and float(written[0].rsplit(" ", 1)[1]) >= 1
 
     missing = pigeon("admin", "--url", url, "topics", "stats", "no-such-topic")

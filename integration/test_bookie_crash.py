@@ -294,9 +294,7 @@ async def test_kill_9_never_loses_an_acknowledged_entry(bookie: BookieProcess) -
                 assert time.monotonic() < deadline, f"only {rounds} rounds in the time budget"
                 rounds += 1
                 lock = trio.Lock()
-                new = [
-                    Writer(client, addr, seg, first_ids[seg], lock) for seg in (CONTIG, STRIPED)
-                ]
+                new = [Writer(client, addr, seg, first_ids[seg], lock) for seg in (CONTIG, STRIPED)]
                 new.append(Writer(client, addr, 2 + rounds, 1_000_000 * rounds, lock))
                 writers.extend(new)
                 for w in new:

@@ -46,7 +46,9 @@ def metadata_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh metadata namespace per test on the backend the test is parametrized with."""
     chroot = f"/t{uuid.uuid4().hex[:12]}"
     if request.param == "zookeeper":
-        return str(request.getfixturevalue("zookeeper").url(chroot, session_timeout=SESSION_TIMEOUT))
+        return str(
+            request.getfixturevalue("zookeeper").url(chroot, session_timeout=SESSION_TIMEOUT)
+        )
     if request.param == "etcd":
         return str(request.getfixturevalue("etcd").url(chroot, session_timeout=SESSION_TIMEOUT))
     return f"embedded://{tmp_path / 'metadata'}?session_timeout={SESSION_TIMEOUT}"
@@ -79,7 +81,9 @@ class History:
         assert received == sorted(received), "producer order was not kept"
 
 
-def produce_in_background(client: Client, topic: str, history: History, stop: threading.Event) -> threading.Thread:
+def produce_in_background(
+    client: Client, topic: str, history: History, stop: threading.Event
+) -> threading.Thread:
     producer = client.create_producer(topic, producer_name="history", batching_max_delay_ms=2)
 
     def run() -> None:

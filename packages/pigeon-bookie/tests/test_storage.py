@@ -137,6 +137,7 @@ async def test_entry_ids_must_increase(tmp_path: Path) -> None:
         assert [p for _, p in store.read_entries(1, 0, 9)] == [b"a", b"b", b"d"]
         assert store.last_entry_id(1) == 3
 
+
 async def test_batched_adds(tmp_path: Path) -> None:
     async with open_store(tmp_path, index_interval_bytes=500) as store:
         await store.add_entries(4, 0, [payload(4, i) for i in range(1500)], lac=3)

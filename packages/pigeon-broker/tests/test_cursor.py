@@ -57,7 +57,13 @@ def test_rangeset_constructor_normalises() -> None:
 def test_rangeset_contains() -> None:
     rs = RangeSet([(0, 3), (10, 11)])
     assert [x in rs for x in (-1, 0, 2, 3, 9, 10, 11)] == [
-        False, True, True, False, False, True, False,
+        False,
+        True,
+        True,
+        False,
+        False,
+        True,
+        False,
     ]
 
 

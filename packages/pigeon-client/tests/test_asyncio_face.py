@@ -339,16 +339,17 @@ def test_dead_letter_and_reconsume_later(url: str) -> None:
     policy = DeadLetterPolicy(max_redeliver_count=1, enable_retry=True)
 
     async def scenario(client: Client) -> None:
-        async with await client.subscribe(
-            topic,
-            "s",
-            subscription_type="shared",
-            initial_position="earliest",
-            negative_ack_redelivery_delay=0.1,
-            dead_letter_policy=policy,
-        ) as consumer, await client.subscribe(
-            f"{topic}-s-DLQ", "dlq", initial_position="earliest"
-        ) as dlq:
+        async with (
+            await client.subscribe(
+                topic,
+                "s",
+                subscription_type="shared",
+                initial_position="earliest",
+                negative_ack_redelivery_delay=0.1,
+                dead_letter_policy=policy,
+            ) as consumer,
+            await client.subscribe(f"{topic}-s-DLQ", "dlq", initial_position="earliest") as dlq,
+        ):
             async with await client.create_producer(topic) as producer:
                 await producer.send(b"retry-me")
                 await producer.send(b"fails", key="k")
@@ -468,9 +469,10 @@ def test_slow_receive_lets_other_tasks_run(url: str) -> None:
     topic = topic_name()
 
     async def scenario(client: Client) -> None:
-        async with await client.subscribe(topic, "s") as consumer, await client.create_producer(
-            topic
-        ) as producer:
+        async with (
+            await client.subscribe(topic, "s") as consumer,
+            await client.create_producer(topic) as producer,
+        ):
 
             async def produce_later() -> None:
                 await asyncio.sleep(0.5)

@@ -71,9 +71,7 @@ def test_env_overrides_file_and_overrides_beat_env(tmp_path: Path) -> None:
     env = {"PIGEON_PORT": "3000", "PIGEON_HOST": "env"}
     config = load_config(NodeConfig, path=path, section="node", env=env)
     assert (config.port, config.host, config.mode) == (3000, "env", "fast")
-    config = load_config(
-        NodeConfig, path=path, section="node", env=env, overrides={"port": 4000}
-    )
+    config = load_config(NodeConfig, path=path, section="node", env=env, overrides={"port": 4000})
     assert (config.port, config.host, config.mode) == (4000, "env", "fast")
 
 
@@ -98,8 +96,14 @@ def test_process_environment_is_the_default(monkeypatch: pytest.MonkeyPatch) -> 
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("1", True), ("true", True), ("Yes", True), ("ON", True),
-        ("0", False), ("false", False), ("no", False), ("Off", False),
+        ("1", True),
+        ("true", True),
+        ("Yes", True),
+        ("ON", True),
+        ("0", False),
+        ("false", False),
+        ("no", False),
+        ("Off", False),
     ],
 )
 def test_bool_from_env(text: str, expected: bool) -> None:
@@ -178,7 +182,7 @@ def test_bad_literal_lists_the_choices(tmp_path: Path) -> None:
         ("port = true", "port"),
         ("port = 2000.5", "port"),  # not silently truncated to 2000
         ("ratio = true", "ratio"),
-        ("ratio = \"x\"", "ratio"),
+        ('ratio = "x"', "ratio"),
         ("host = 5", "host"),
         ("fsync = 1", "fsync"),
     ],
@@ -247,11 +251,12 @@ def test_broker_config_rejects_bad_values(overrides: dict[str, object], key: str
 
 def test_broker_config_from_file_and_env(tmp_path: Path) -> None:
     path = write(tmp_path, "[broker]\nport = 7000\nensemble_size = 3\nwrite_quorum = 2\n")
-    config = load_config(
-        BrokerConfig, path=path, section="broker", env={"PIGEON_ACK_QUORUM": "2"}
-    )
+    config = load_config(BrokerConfig, path=path, section="broker", env={"PIGEON_ACK_QUORUM": "2"})
     assert (config.port, config.ensemble_size, config.write_quorum, config.ack_quorum) == (
-        7000, 3, 2, 2,
+        7000,
+        3,
+        2,
+        2,
     )
 
 

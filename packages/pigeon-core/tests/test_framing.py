@@ -123,9 +123,7 @@ def test_arbitrary_chunking_yields_identical_frames(
     frames: list[tuple[bytes, bytes]], data: st.DataObject
 ) -> None:
     stream = b"".join(_frame_bytes(m, p) for m, p in frames)
-    cuts = sorted(
-        data.draw(st.lists(st.integers(min_value=0, max_value=len(stream)), max_size=40))
-    )
+    cuts = sorted(data.draw(st.lists(st.integers(min_value=0, max_value=len(stream)), max_size=40)))
     chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
     decoder = FrameDecoder()
     got: list[bytes] = []

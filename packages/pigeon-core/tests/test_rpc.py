@@ -305,7 +305,10 @@ async def test_payload_round_trip_large_and_small() -> None:
 
             with trio.fail_after(TIMEOUT):
                 entry_id, echoed = await client.request(
-                    "send", {"producerId": 3}, payload=payload, expect="sendReceipt",
+                    "send",
+                    {"producerId": 3},
+                    payload=payload,
+                    expect="sendReceipt",
                     extract=extract,
                 )
             assert entry_id == size
@@ -409,7 +412,7 @@ async def test_large_payload_is_not_joined_with_small_frames() -> None:
         nursery.cancel_scope.cancel()
     # the big payload went out as its own write, not copied into a joined buffer
     assert 200_000 in counting.sends
-    assert frames[1][capnp_message_size(frames[1]):] == big
+    assert frames[1][capnp_message_size(frames[1]) :] == big
 
 
 # ------------------------------------------------------------------ TCP: handshake
@@ -483,14 +486,19 @@ async def test_tcp_first_frame_not_connect_closes_connection() -> None:
 def _garbage_cases() -> list[Any]:
     return [
         pytest.param(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", True, id="http"),
-        pytest.param(struct.pack("<I", 16) + struct.pack("<II", 0xFFFF, 0) + b"\0" * 8,
-                     True, id="garbage-segment-table"),
+        pytest.param(
+            struct.pack("<I", 16) + struct.pack("<II", 0xFFFF, 0) + b"\0" * 8,
+            True,
+            id="garbage-segment-table",
+        ),
         pytest.param(struct.pack("<I", 4) + b"\0" * 4, True, id="too-short"),
-        pytest.param(struct.pack("<I", 16) + b"\0" * 4 + b"\x01\0\0\0" + b"\xff" * 8,
-                     True, id="garbage-pointer"),
+        pytest.param(
+            struct.pack("<I", 16) + b"\0" * 4 + b"\x01\0\0\0" + b"\xff" * 8,
+            True,
+            id="garbage-pointer",
+        ),
         pytest.param(struct.pack("<I", 10_000_000), True, id="oversize"),
-        pytest.param(_raw_frame("connect", {"protocolVersion": 1}, 1)[:20], False,
-                     id="truncated"),
+        pytest.param(_raw_frame("connect", {"protocolVersion": 1}, 1)[:20], False, id="truncated"),
     ]
 
 

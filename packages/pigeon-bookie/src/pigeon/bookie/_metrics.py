@@ -26,17 +26,62 @@ def render_metrics(store: Any, address: str = "") -> str:
     rounds = max(st.flush_rounds, 1)
     rows = [
         ("pigeon_bookie_entries_written_total", "counter", "Entries appended.", st.entries_written),
-        ("pigeon_bookie_bytes_written_total", "counter", "Bytes appended (record headers included).", st.bytes_written),
-        ("pigeon_bookie_entries_read_total", "counter", "Entries returned by reads.", st.entries_read),
-        ("pigeon_bookie_bytes_read_total", "counter", "Payload bytes returned by reads.", st.bytes_read),
+        (
+            "pigeon_bookie_bytes_written_total",
+            "counter",
+            "Bytes appended (record headers included).",
+            st.bytes_written,
+        ),
+        (
+            "pigeon_bookie_entries_read_total",
+            "counter",
+            "Entries returned by reads.",
+            st.entries_read,
+        ),
+        (
+            "pigeon_bookie_bytes_read_total",
+            "counter",
+            "Payload bytes returned by reads.",
+            st.bytes_read,
+        ),
         ("pigeon_bookie_fsyncs_total", "counter", "fsync/fdatasync calls.", st.fsyncs),
-        ("pigeon_bookie_flush_rounds_total", "counter", "Group-commit flush rounds.", st.flush_rounds),
-        ("pigeon_bookie_flush_seconds_total", "counter", "Time spent in flush rounds.", round(st.flush_seconds, 6)),
-        ("pigeon_bookie_flush_latency_seconds", "gauge", "Mean time of a flush round (fsync latency).", round(st.flush_seconds / rounds, 6)),
+        (
+            "pigeon_bookie_flush_rounds_total",
+            "counter",
+            "Group-commit flush rounds.",
+            st.flush_rounds,
+        ),
+        (
+            "pigeon_bookie_flush_seconds_total",
+            "counter",
+            "Time spent in flush rounds.",
+            round(st.flush_seconds, 6),
+        ),
+        (
+            "pigeon_bookie_flush_latency_seconds",
+            "gauge",
+            "Mean time of a flush round (fsync latency).",
+            round(st.flush_seconds / rounds, 6),
+        ),
         ("pigeon_bookie_segments", "gauge", "Segments stored.", st.segments),
-        ("pigeon_bookie_disk_usage_bytes", "gauge", "Bytes of all segment files.", st.disk_usage_bytes),
-        ("pigeon_bookie_corrupt_entries_total", "counter", "Damaged entries found by reads.", st.corrupt_entries_detected),
-        ("pigeon_bookie_read_only", "gauge", "1 when the bookie refuses writes.", int(st.read_only)),
+        (
+            "pigeon_bookie_disk_usage_bytes",
+            "gauge",
+            "Bytes of all segment files.",
+            st.disk_usage_bytes,
+        ),
+        (
+            "pigeon_bookie_corrupt_entries_total",
+            "counter",
+            "Damaged entries found by reads.",
+            st.corrupt_entries_detected,
+        ),
+        (
+            "pigeon_bookie_read_only",
+            "gauge",
+            "1 when the bookie refuses writes.",
+            int(st.read_only),
+        ),
     ]
     out: list[str] = []
     for name, kind, help_text, value in rows:
@@ -70,7 +115,11 @@ async def serve_metrics(
             if len(parts) >= 2 and parts[0] == b"GET" and parts[1].split(b"?")[0] == b"/metrics":
                 status, ctype, body = "200 OK", CONTENT_TYPE, render().encode()
             else:
-                status, ctype, body = "404 Not Found", "text/plain", b"only GET /metrics is served here\n"
+                status, ctype, body = (
+                    "404 Not Found",
+                    "text/plain",
+                    b"only GET /metrics is served here\n",
+                )
             head = (
                 f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
                 "Connection: close\r\n\r\n"

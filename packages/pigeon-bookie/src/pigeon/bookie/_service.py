@@ -495,4 +495,3 @@ class BookieServer:
         except Exception as exc:
             log.exception("delete failed segment=%d", segment_id)
             conn.respond_error(request_id, PigeonError(f"internal error deleting: {exc}"))
-

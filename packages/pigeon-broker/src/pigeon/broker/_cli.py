@@ -21,20 +21,38 @@ def _broker_config(config_file: str | None, **flags: Any) -> BrokerConfig:
 
 
 @click.command("broker")
-@click.option("--metadata", help="Metadata store URL: zk://host:2181/chroot, etcd://host:2379/prefix, embedded:///dir")
+@click.option(
+    "--metadata",
+    help="Metadata store URL: zk://host:2181/chroot, etcd://host:2379/prefix, embedded:///dir",
+)
 @click.option("--host", help="Address to listen on (default 127.0.0.1).")
 @click.option("--port", type=int, help="Client port (default 6650).")
-@click.option("--http-port", type=int, help="Admin API, /metrics and /dashboard port (default 8080; -1: off).")
-@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML configuration file.")
+@click.option(
+    "--http-port", type=int, help="Admin API, /metrics and /dashboard port (default 8080; -1: off)."
+)
+@click.option(
+    "--config", "config_file", type=click.Path(dir_okay=False), help="TOML configuration file."
+)
 @click.pass_obj
-def broker_cmd(plugins: PluginManager, metadata: str | None, host: str | None, port: int | None, http_port: int | None, config_file: str | None) -> None:
+def broker_cmd(
+    plugins: PluginManager,
+    metadata: str | None,
+    host: str | None,
+    port: int | None,
+    http_port: int | None,
+    config_file: str | None,
+) -> None:
     """Run a broker that stores on the bookies registered in the metadata store."""
     from pigeon.broker._node import run_broker, run_layered
     from pigeon.core._runtime import open_metadata_store, run_until_signal
 
-    config = _broker_config(config_file, metadata=metadata, host=host, port=port, http_port=http_port)
+    config = _broker_config(
+        config_file, metadata=metadata, host=host, port=port, http_port=http_port
+    )
     if not config.metadata:
-        raise click.UsageError("--metadata (or PIGEON_METADATA, or metadata in [broker]) is required")
+        raise click.UsageError(
+            "--metadata (or PIGEON_METADATA, or metadata in [broker]) is required"
+        )
     store = open_metadata_store(config.metadata, plugins)
 
     async def main(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -56,13 +74,26 @@ def broker_cmd(plugins: PluginManager, metadata: str | None, host: str | None, p
 
 
 @click.command("standalone")
-@click.option("--data-dir", default="./pigeon-data", show_default=True, type=click.Path(file_okay=False))
+@click.option(
+    "--data-dir", default="./pigeon-data", show_default=True, type=click.Path(file_okay=False)
+)
 @click.option("--host", help="Address to listen on (default 127.0.0.1).")
 @click.option("--port", type=int, help="Broker port (default 6650).")
 @click.option("--bookie-port", type=int, help="Bookie port (default 3181).")
-@click.option("--http-port", type=int, help="Admin API, /metrics and /dashboard port (default 8080; -1: off).")
-@click.option("--fsync", type=click.Choice(["always", "interval", "never"]), help="Bookie fsync policy (default always).")
-@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML configuration file ([broker] and [bookie] tables).")
+@click.option(
+    "--http-port", type=int, help="Admin API, /metrics and /dashboard port (default 8080; -1: off)."
+)
+@click.option(
+    "--fsync",
+    type=click.Choice(["always", "interval", "never"]),
+    help="Bookie fsync policy (default always).",
+)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False),
+    help="TOML configuration file ([broker] and [bookie] tables).",
+)
 @click.pass_obj
 def standalone_cmd(
     plugins: PluginManager,
@@ -76,18 +107,23 @@ def standalone_cmd(
 ) -> None:
     """Run broker + bookie + embedded metadata in one process."""
     from pigeon.bookie import BookieConfig
-
     from pigeon.broker._node import run_standalone
     from pigeon.core._runtime import run_until_signal
 
     broker_config = _broker_config(config_file, host=host, port=port, http_port=http_port)
     bookie_config = load_config(
-        BookieConfig, path=config_file, section="bookie", env={}, overrides={"host": host, "port": bookie_port, "fsync": fsync}
+        BookieConfig,
+        path=config_file,
+        section="bookie",
+        env={},
+        overrides={"host": host, "port": bookie_port, "fsync": fsync},
     )
     Path(data_dir).mkdir(parents=True, exist_ok=True)
 
     def ready(service: Any) -> None:
-        click.echo(f"pigeon standalone ready on {service.service_url} (data in {data_dir})", err=True)
+        click.echo(
+            f"pigeon standalone ready on {service.service_url} (data in {data_dir})", err=True
+        )
 
     trio.run(
         functools.partial(

@@ -37,7 +37,9 @@ class BrokerConfig:
         if not 0 <= self.port < 65536:
             raise ConfigError(f"bad value for 'port': {self.port} is not a TCP port")
         if not -1 <= self.http_port < 65536:
-            raise ConfigError(f"bad value for 'http_port': {self.http_port} is not a TCP port or -1")
+            raise ConfigError(
+                f"bad value for 'http_port': {self.http_port} is not a TCP port or -1"
+            )
         if self.max_message_size <= 0:
             raise ConfigError("bad value for 'max_message_size': must be positive")
         if self.max_frame_size < self.max_message_size + 1024:

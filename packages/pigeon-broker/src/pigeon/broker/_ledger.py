@@ -209,7 +209,9 @@ class ManagedLedger:
         changed = False
         for seg in self.segments:
             if seg.state == "open":
-                last = await self.policy.recover(seg.id, seg.ensemble, ack_quorum=seg.ack_quorum or None)
+                last = await self.policy.recover(
+                    seg.id, seg.ensemble, ack_quorum=seg.ack_quorum or None
+                )
                 seg.last_entry_id = last
                 seg.entries = last + 1
                 seg.state = "closed"
@@ -257,7 +259,9 @@ class ManagedLedger:
         )
         await self.store.create(
             segment_path(segment_id),
-            json.dumps({"topic": self.topic.full, "ensemble": ensemble, "ctime": seg.ctime}).encode(),
+            json.dumps(
+                {"topic": self.topic.full, "ensemble": ensemble, "ctime": seg.ctime}
+            ).encode(),
         )
         self.segments.append(seg)
         self._reindex()
@@ -377,14 +381,18 @@ class ManagedLedger:
         seg = self.segments[-1]
         try:
             if recover:
-                seg.last_entry_id = await self.policy.recover(seg.id, seg.ensemble, ack_quorum=seg.ack_quorum or None)
+                seg.last_entry_id = await self.policy.recover(
+                    seg.id, seg.ensemble, ack_quorum=seg.ack_quorum or None
+                )
                 seg.entries = seg.last_entry_id + 1
             else:
                 with trio.fail_after(30):
                     while writer.pending and writer.failed is None:
                         await trio.sleep(0.001)
                 if writer.failed is not None:
-                    seg.last_entry_id = await self.policy.recover(seg.id, seg.ensemble, ack_quorum=seg.ack_quorum or None)
+                    seg.last_entry_id = await self.policy.recover(
+                        seg.id, seg.ensemble, ack_quorum=seg.ack_quorum or None
+                    )
                     seg.entries = seg.last_entry_id + 1
             seg.state = "closed"
             writer.close()

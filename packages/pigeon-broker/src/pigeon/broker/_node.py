@@ -150,9 +150,7 @@ async def run_standalone(
     await run_layered(infrastructure, broker, ready)
 
 
-async def run_layered(
-    infrastructure: Any, main: Any, ready: Any
-) -> None:
+async def run_layered(infrastructure: Any, main: Any, ready: Any) -> None:
     """Run ``main`` on top of ``infrastructure`` and stop them in that order.
 
     On cancellation the broker finishes its shielded cleanup (persisting cursors and

@@ -91,7 +91,12 @@ class NonPersistentSubscription:
                 {
                     "consumerId": consumer.consumer_id,
                     "entries": [
-                        {"segmentId": -1, "entryId": entry_id, "size": len(data), "redeliveryCount": 0}
+                        {
+                            "segmentId": -1,
+                            "entryId": entry_id,
+                            "size": len(data),
+                            "redeliveryCount": 0,
+                        }
                     ],
                 },
                 data,
@@ -138,7 +143,9 @@ class NonPersistentTopic:
         self.msgs_in = 0
         self.bytes_in = 0
 
-    def append(self, payload: bytes | memoryview, n: int, callback: Any, *, deliver_at: int = 0) -> None:
+    def append(
+        self, payload: bytes | memoryview, n: int, callback: Any, *, deliver_at: int = 0
+    ) -> None:
         offset = self.next_offset
         self.next_offset += n
         entry_id = next(self._entry_ids)
@@ -149,14 +156,18 @@ class NonPersistentTopic:
             sub.dispatch(data, n, entry_id)
         callback((-1, entry_id, offset), None)
 
-    def confirm_sequence(self, producer_name: str, last: int, segment_id: int, entry_id: int) -> None:
+    def confirm_sequence(
+        self, producer_name: str, last: int, segment_id: int, entry_id: int
+    ) -> None:
         return None
 
     async def subscription(
         self, name: str, sub_type: str, initial_position: str, *, durable: bool, start_offset: int
     ) -> NonPersistentSubscription:
         if sub_type == "keyShared":
-            raise NotSupported("key_shared subscriptions are not supported on non-persistent topics")
+            raise NotSupported(
+                "key_shared subscriptions are not supported on non-persistent topics"
+            )
         sub = self.subscriptions.get(name)
         if sub is None:
             sub = self.subscriptions[name] = NonPersistentSubscription(name, sub_type, self)

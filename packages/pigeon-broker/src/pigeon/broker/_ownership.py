@@ -141,7 +141,9 @@ class Ownership:
     # ------------------------------------------------------------------ lifecycle
 
     def _report(self) -> bytes:
-        return json.dumps({"url": self.service_url, "address": self.address, **self.load()}).encode()
+        return json.dumps(
+            {"url": self.service_url, "address": self.address, **self.load()}
+        ).encode()
 
     async def register(self) -> None:
         path = f"{BROKERS_PATH}/{self.address}"

@@ -141,7 +141,9 @@ class PolicyStore:
 
     async def create_tenant(self, tenant: str, info: TenantInfo) -> None:
         _check_name("tenant", tenant)
-        await self.store.create(f"{TENANTS_PATH}/{tenant}", json.dumps(dataclasses.asdict(info)).encode())
+        await self.store.create(
+            f"{TENANTS_PATH}/{tenant}", json.dumps(dataclasses.asdict(info)).encode()
+        )
 
     async def tenants(self) -> list[str]:
         result: list[str] = await self.store.children(TENANTS_PATH)
@@ -163,7 +165,9 @@ class PolicyStore:
 
     # -- namespaces -------------------------------------------------------------------
 
-    async def create_namespace(self, namespace: str, policies: NamespacePolicies | None = None) -> None:
+    async def create_namespace(
+        self, namespace: str, policies: NamespacePolicies | None = None
+    ) -> None:
         tenant, ns = split_namespace(namespace)
         if await self.store.get(f"{TENANTS_PATH}/{tenant}") is None:
             raise NoSuchNode(f"tenant {tenant!r} does not exist")
@@ -239,6 +243,8 @@ class PolicyStore:
                     self._cache.pop(namespace, None)
                 else:
                     try:
-                        self._cache[namespace] = NamespacePolicies.from_dict(json.loads(event.value))
+                        self._cache[namespace] = NamespacePolicies.from_dict(
+                            json.loads(event.value)
+                        )
                     except (ValueError, PigeonError) as exc:
                         log.warning("bad policies namespace=%s error=%s", namespace, exc)

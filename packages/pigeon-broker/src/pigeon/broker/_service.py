@@ -24,9 +24,9 @@ from pigeon.broker._nonpersistent import NonPersistentSubscription, NonPersisten
 from pigeon.broker._ownership import Ownership
 from pigeon.broker._policies import NamespacePolicies, PolicyStore
 from pigeon.broker._subscription import Consumer, Subscription
-from pigeon.core._clock import WallClock
 from pigeon.core import TopicName
 from pigeon.core._batch import read_header
+from pigeon.core._clock import WallClock
 from pigeon.core._codecs import GZIP, NONE, CodecSet
 from pigeon.core._entry import ENTRY_HEADER_SIZE
 from pigeon.core._rpc import Connection, Request, serve_tcp
@@ -54,7 +54,12 @@ DEDUP_SNAPSHOT_ENTRIES = 100
 DEDUP_SNAPSHOT_SECONDS = 1.0
 MAX_PARTITIONS = 4096
 
-_SUB_TYPES = {"exclusive": "exclusive", "shared": "shared", "failover": "failover", "keyShared": "keyShared"}
+_SUB_TYPES = {
+    "exclusive": "exclusive",
+    "shared": "shared",
+    "failover": "failover",
+    "keyShared": "keyShared",
+}
 
 
 @dataclass(eq=False)
@@ -107,7 +112,10 @@ class Topic:
     async def _release_held(self) -> None:
         while self._held:
             policies = self.service.policies.cached(self.name.namespace_name)
-            if policies.backlog_quota_bytes < 0 or self.backlog_bytes() <= policies.backlog_quota_bytes:
+            if (
+                policies.backlog_quota_bytes < 0
+                or self.backlog_bytes() <= policies.backlog_quota_bytes
+            ):
                 held, self._held = self._held, []
                 for send in held:
                     send()
@@ -120,10 +128,14 @@ class Topic:
         if policies.message_ttl_s > 0 and subs:
             pos = await self.ledger.position_for_time(now - int(policies.message_ttl_s * 1000))
             npos = self.ledger.normalize(pos)
-            cutoff = (await self.ledger.read_one(npos)).first_offset if npos else self.ledger.next_offset
+            cutoff = (
+                (await self.ledger.read_one(npos)).first_offset if npos else self.ledger.next_offset
+            )
             for sub in subs:
                 if sub.cursor.mark_delete < cutoff:
-                    log.info("message ttl expired topic=%s sub=%s up_to=%s", self.name, sub.name, cutoff)
+                    log.info(
+                        "message ttl expired topic=%s sub=%s up_to=%s", self.name, sub.name, cutoff
+                    )
                     sub.expire_before(cutoff)
         if (
             policies.backlog_quota_bytes >= 0
@@ -133,12 +145,16 @@ class Topic:
             keep_from = self.ledger.offset_keeping_bytes(policies.backlog_quota_bytes)
             for sub in subs:
                 if sub.cursor.mark_delete < keep_from:
-                    log.info("backlog evicted topic=%s sub=%s up_to=%s", self.name, sub.name, keep_from)
+                    log.info(
+                        "backlog evicted topic=%s sub=%s up_to=%s", self.name, sub.name, keep_from
+                    )
                     sub.expire_before(keep_from)
         # Without a durable subscription nothing counts as consumed: a topic nobody
         # subscribed to keeps its data (readers and late subscribers can still read it).
         consumed = min((s.cursor.mark_delete for s in subs), default=self.ledger.first_offset)
-        trimmed = await self.ledger.trim(consumed, policies.retention_time_s, policies.retention_size_mb, now)
+        trimmed = await self.ledger.trim(
+            consumed, policies.retention_time_s, policies.retention_size_mb, now
+        )
         for seg_id in trimmed:
             try:
                 await self.service.store.delete(segment_path(seg_id))
@@ -148,9 +164,16 @@ class Topic:
                 try:
                     await self.service.policy.client.delete_segment(address, seg_id)
                 except (PigeonError, OSError) as exc:
-                    log.info("bookie delete deferred to GC segment=%s bookie=%s error=%s", seg_id, address, exc)
+                    log.info(
+                        "bookie delete deferred to GC segment=%s bookie=%s error=%s",
+                        seg_id,
+                        address,
+                        exc,
+                    )
 
-    def append(self, payload: bytes | memoryview, n: int, callback: Any, *, deliver_at: int = 0) -> None:
+    def append(
+        self, payload: bytes | memoryview, n: int, callback: Any, *, deliver_at: int = 0
+    ) -> None:
         self.ledger.append_nowait(payload, n, callback, deliver_at=deliver_at)
 
     async def recover_dedup(self) -> None:
@@ -181,7 +204,9 @@ class Topic:
             log.info("dedup state recovered topic=%s replayed_entries=%s", self.name, replayed)
             await self.snapshot_dedup()
 
-    def confirm_sequence(self, producer_name: str, last: int, segment_id: int, entry_id: int) -> None:
+    def confirm_sequence(
+        self, producer_name: str, last: int, segment_id: int, entry_id: int
+    ) -> None:
         if last > self.confirmed_sequence.get(producer_name, -1):
             self.confirmed_sequence[producer_name] = last
         self._dedup_position = (segment_id, entry_id)
@@ -264,7 +289,11 @@ class Topic:
                 with contextlib.suppress(PigeonError):
                     consumer.conn.send_nowait(
                         "closedByBroker",
-                        {"consumerId": consumer.consumer_id, "isProducer": False, "reason": str(exc)},
+                        {
+                            "consumerId": consumer.consumer_id,
+                            "isProducer": False,
+                            "reason": str(exc),
+                        },
                     )
         finally:
             if self.subscriptions.get(sub.name) is sub and sub.closed:
@@ -343,7 +372,9 @@ class BrokerService:
         assert self.address is not None
         return f"pigeon://{self.address[0]}:{self.address[1]}"
 
-    async def run(self, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
             try:
@@ -381,7 +412,9 @@ class BrokerService:
         return {
             "topics": len(self.topics),
             "connections": len(self._conns),
-            "msgs_in": sum(t.ledger.msgs_in if t.persistent else t.msgs_in for t in self.topics.values()),
+            "msgs_in": sum(
+                t.ledger.msgs_in if t.persistent else t.msgs_in for t in self.topics.values()
+            ),
         }
 
     async def _ownership_lost(self) -> None:
@@ -618,10 +651,26 @@ class BrokerService:
         producer_id = req.body.producerId
         producer_name = str(req.body.producerName)
         state = self._state(conn)
-        self._spawn(conn, req.request_id, self._create_producer, conn, req.request_id, state, name, producer_id, producer_name)
+        self._spawn(
+            conn,
+            req.request_id,
+            self._create_producer,
+            conn,
+            req.request_id,
+            state,
+            name,
+            producer_id,
+            producer_name,
+        )
 
     async def _create_producer(
-        self, conn: Connection, request_id: int, state: _ConnState, name: TopicName, producer_id: int, producer_name: str
+        self,
+        conn: Connection,
+        request_id: int,
+        state: _ConnState,
+        name: TopicName,
+        producer_id: int,
+        producer_name: str,
     ) -> None:
         topic = await self.get_topic(name)
         if not producer_name:
@@ -680,6 +729,7 @@ class BrokerService:
         if sequence_id + n - 1 > topic.last_sequence.get(producer.name, -1):
             topic.last_sequence[producer.name] = sequence_id + n - 1
         producer_id = body.producerId
+
         def done(result: Any, error: BaseException | None) -> None:
             if error is not None:
                 if topic.last_sequence.get(producer.name, -1) >= sequence_id:
@@ -855,7 +905,9 @@ class BrokerService:
                 raise InvalidArgument(
                     f"segment {b.position.segmentId} is not (or no longer) part of this topic"
                 )
-            coro = sub.seek_position((b.position.segmentId, b.position.entryId), b.position.batchIndex)
+            coro = sub.seek_position(
+                (b.position.segmentId, b.position.entryId), b.position.batchIndex
+            )
 
         async def seek() -> None:
             await coro

@@ -117,14 +117,16 @@ class Subscription:
     def add_consumer(self, consumer: Consumer, sub_type: str) -> None:
         if sub_type != self.type:
             if self.consumers:
-                raise SubscriptionBusy(
-                    f"subscription {self.name!r} is {self.type}, not {sub_type}"
-                )
+                raise SubscriptionBusy(f"subscription {self.name!r} is {self.type}, not {sub_type}")
             self.type = sub_type
         if self.type == "exclusive" and self.consumers:
             raise ConsumerBusy(f"exclusive subscription {self.name!r} already has a consumer")
         previous = self.active_consumer() if self.type == "failover" else None
-        if self.type == "keyShared" and self.consumers and self.max_dispatched >= self.cursor.mark_delete:
+        if (
+            self.type == "keyShared"
+            and self.consumers
+            and self.max_dispatched >= self.cursor.mark_delete
+        ):
             # Keys may move to the new consumer: it gets nothing read after this point until
             # everything dispatched before it is acknowledged (per-key order).
             consumer.join_offset = self.max_dispatched + 1
@@ -154,7 +156,11 @@ class Subscription:
             self._release_held()
             self.wake()
             return
-        if previous is not None and previous is not consumer and previous is not self.active_consumer():
+        if (
+            previous is not None
+            and previous is not consumer
+            and previous is not self.active_consumer()
+        ):
             self.redeliver_unacked(previous, None)
         for pos in sorted(consumer.pending):
             p = self.pending.pop(pos, None)
@@ -262,7 +268,11 @@ class Subscription:
                 break
             md = self.cursor.mark_delete
             for c, idx in groups.items():
-                if c.join_offset is not None and md < c.join_offset and first + idx[-1] >= c.join_offset:
+                if (
+                    c.join_offset is not None
+                    and md < c.join_offset
+                    and first + idx[-1] >= c.join_offset
+                ):
                     self._ks_held.add(pos)
                     continue
                 c.permits -= len(idx)
@@ -298,7 +308,9 @@ class Subscription:
 
     # ------------------------------------------------------------------ acks
 
-    def ack(self, consumer: Consumer | None, positions: list[tuple[Position, int]], cumulative: bool) -> None:
+    def ack(
+        self, consumer: Consumer | None, positions: list[tuple[Position, int]], cumulative: bool
+    ) -> None:
         """``positions``: ((segment index, entry id), offset) of each acknowledged message."""
         if cumulative:
             if self.type in ("shared", "keyShared"):
@@ -330,7 +342,11 @@ class Subscription:
         self.redeliveries.pop(pos, None)
 
     def redeliver_unacked(self, consumer: Consumer, positions: list[Position] | None) -> None:
-        chosen = sorted(consumer.pending) if not positions else [p for p in positions if p in consumer.pending]
+        chosen = (
+            sorted(consumer.pending)
+            if not positions
+            else [p for p in positions if p in consumer.pending]
+        )
         for pos in chosen:
             consumer.pending.discard(pos)
             self.pending.pop(pos, None)
@@ -341,7 +357,9 @@ class Subscription:
     def expire_before(self, offset: int) -> None:
         """Acknowledge everything below ``offset`` (message TTL, backlog eviction)."""
         self.cursor.ack_cumulative(offset - 1)
-        for pos in [p for p, pend in self.pending.items() if pend.first_offset + pend.count <= offset]:
+        for pos in [
+            p for p, pend in self.pending.items() if pend.first_offset + pend.count <= offset
+        ]:
             self._settle(pos)
         self._dirty = True
         self.wake()
@@ -460,6 +478,7 @@ class Subscription:
                 timeout = min(timeout, max(0.0, due_in))
             with trio.move_on_after(timeout):
                 async with trio.open_nursery() as nursery:
+
                     async def wait(ev: trio.Event) -> None:
                         await ev.wait()
                         nursery.cancel_scope.cancel()
@@ -486,7 +505,9 @@ class Subscription:
             return False
         if self._redeliver:
             return True
-        return self.read_position is not None and self.ledger.normalize(self.read_position) is not None
+        return (
+            self.read_position is not None and self.ledger.normalize(self.read_position) is not None
+        )
 
     def _pick_peek(self) -> Consumer | None:
         rr = self._rr
@@ -507,7 +528,9 @@ class Subscription:
                 try:
                     entries.append(await self.ledger.read_one(pos))
                 except PigeonError as exc:
-                    log.warning("redelivery read failed sub=%s pos=%s error=%s", self.name, pos, exc)
+                    log.warning(
+                        "redelivery read failed sub=%s pos=%s error=%s", self.name, pos, exc
+                    )
             return self._deliver(entries) or bool(entries)
         if self.read_position is None:
             return False
@@ -542,7 +565,9 @@ class Subscription:
             acked = self.cursor.acked_indexes(entry.first_offset, entry.num_messages)
             consumer.permits -= entry.num_messages - len(acked)
             consumer.pending.add(entry.position)
-            self.pending[entry.position] = _Pending(consumer, entry.first_offset, entry.num_messages)
+            self.pending[entry.position] = _Pending(
+                consumer, entry.first_offset, entry.num_messages
+            )
             batches.setdefault(id(consumer), (consumer, []))[1].append((entry, acked))
             delivered = True
         for consumer, items in batches.values():
@@ -589,6 +614,6 @@ class Subscription:
             pass  # connection closing: the consumer's removal requeues its pending entries
 
     def backlog(self) -> int:
-        return max(0, self.ledger.next_offset - self.cursor.mark_delete) - self.cursor.acked.count_in(
-            self.cursor.mark_delete, self.ledger.next_offset
-        )
+        return max(
+            0, self.ledger.next_offset - self.cursor.mark_delete
+        ) - self.cursor.acked.count_in(self.cursor.mark_delete, self.ledger.next_offset)

@@ -14,8 +14,8 @@ programs (``async with`` / ``await``).
 
 from __future__ import annotations
 
-from pigeon.client._message import Message, MessageId
 from pigeon.client._logic import DeadLetterPolicy
+from pigeon.client._message import Message, MessageId
 from pigeon.client._sync import Client, Consumer, Producer, Reader
 from pigeon.core.errors import (
     AlreadyClosed,

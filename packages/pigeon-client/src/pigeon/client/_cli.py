@@ -41,16 +41,28 @@ def _props(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.argument("messages", nargs=-1)
 @_URL
 @click.option("--key", "-k", help="Key of every message.")
-@click.option("--property", "-p", "properties", multiple=True, help="key=value property (repeatable).")
+@click.option(
+    "--property", "-p", "properties", multiple=True, help="key=value property (repeatable)."
+)
 @click.option("--compression", default="none", show_default=True, help="Codec name.")
-def produce_cmd(topic: str, messages: tuple[str, ...], service_url: str, key: str | None, properties: tuple[str, ...], compression: str) -> None:
+def produce_cmd(
+    topic: str,
+    messages: tuple[str, ...],
+    service_url: str,
+    key: str | None,
+    properties: tuple[str, ...],
+    compression: str,
+) -> None:
     """Send MESSAGES (or, without any, each line of stdin) to TOPIC."""
     from pigeon.client import Client
 
     props = _props(properties)
     lines: Any = messages if messages else (line.rstrip("\n") for line in sys.stdin)
     count = 0
-    with Client(service_url) as client, client.create_producer(topic, compression=compression) as producer:
+    with (
+        Client(service_url) as client,
+        client.create_producer(topic, compression=compression) as producer,
+    ):
         futures = []
         for text in lines:
             futures.append(producer.send_async(text.encode(), key=key, properties=props or None))
@@ -65,21 +77,55 @@ def produce_cmd(topic: str, messages: tuple[str, ...], service_url: str, key: st
 @click.argument("topic")
 @_URL
 @click.option("--subscription", "-s", required=True, help="Subscription name.")
-@click.option("--subscription-type", "-t", default="exclusive", show_default=True,
-              type=click.Choice(["exclusive", "shared", "failover", "key_shared"]))
-@click.option("--initial-position", default="earliest", show_default=True, type=click.Choice(["earliest", "latest"]))
-@click.option("--num-messages", "-n", default=0, show_default=True, help="Stop after N messages (0: run until Ctrl-C).")
-@click.option("--timeout", default=0.0, help="Stop when no message came for this many seconds (0: wait forever).")
+@click.option(
+    "--subscription-type",
+    "-t",
+    default="exclusive",
+    show_default=True,
+    type=click.Choice(["exclusive", "shared", "failover", "key_shared"]),
+)
+@click.option(
+    "--initial-position",
+    default="earliest",
+    show_default=True,
+    type=click.Choice(["earliest", "latest"]),
+)
+@click.option(
+    "--num-messages",
+    "-n",
+    default=0,
+    show_default=True,
+    help="Stop after N messages (0: run until Ctrl-C).",
+)
+@click.option(
+    "--timeout",
+    default=0.0,
+    help="Stop when no message came for this many seconds (0: wait forever).",
+)
 @click.option("--show-key/--no-show-key", default=False, help="Print key and properties too.")
-def consume_cmd(topic: str, service_url: str, subscription: str, subscription_type: str, initial_position: str,
-                num_messages: int, timeout: float, show_key: bool) -> None:
+def consume_cmd(
+    topic: str,
+    service_url: str,
+    subscription: str,
+    subscription_type: str,
+    initial_position: str,
+    num_messages: int,
+    timeout: float,
+    show_key: bool,
+) -> None:
     """Print messages of TOPIC (one per line) and acknowledge them."""
     from pigeon.client import Client, Timeout
 
     got = 0
-    with Client(service_url) as client, client.subscribe(
-        topic, subscription, subscription_type=subscription_type, initial_position=initial_position
-    ) as consumer:
+    with (
+        Client(service_url) as client,
+        client.subscribe(
+            topic,
+            subscription,
+            subscription_type=subscription_type,
+            initial_position=initial_position,
+        ) as consumer,
+    ):
         try:
             while num_messages <= 0 or got < num_messages:
                 try:
@@ -88,7 +134,9 @@ def consume_cmd(topic: str, service_url: str, subscription: str, subscription_ty
                     break
                 text = msg.value.decode("utf-8", "replace")
                 if show_key:
-                    click.echo(f"key={msg.key!r} properties={msg.properties} offset={msg.offset} value={text}")
+                    click.echo(
+                        f"key={msg.key!r} properties={msg.properties} offset={msg.offset} value={text}"
+                    )
                 else:
                     click.echo(text)
                 consumer.acknowledge(msg)
@@ -117,24 +165,54 @@ def perf_cmd() -> None:
 @click.argument("topic", default="perf")
 @_URL
 @click.option("--size", "-s", default=1024, show_default=True, help="Message size in bytes.")
-@click.option("--rate", "-r", default=0.0, show_default=True, help="Messages/s over all producers (0: as fast as possible).")
+@click.option(
+    "--rate",
+    "-r",
+    default=0.0,
+    show_default=True,
+    help="Messages/s over all producers (0: as fast as possible).",
+)
 @click.option("--duration", "-d", default=30.0, show_default=True, help="Seconds to run.")
-@click.option("--producers", "-p", default=1, show_default=True, help="Producers, each in its own thread.")
+@click.option(
+    "--producers", "-p", default=1, show_default=True, help="Producers, each in its own thread."
+)
 @click.option("--batch-max-messages", default=1000, show_default=True)
 @click.option("--batch-max-bytes", default=1024 * 1024, show_default=True)
 @click.option("--batch-delay-ms", default=5.0, show_default=True)
-@click.option("--max-pending", default=50_000, show_default=True, help="Pending messages per producer.")
+@click.option(
+    "--max-pending", default=50_000, show_default=True, help="Pending messages per producer."
+)
 @click.option("--compression", default="none", show_default=True)
 @click.option("--json-out", type=click.Path(dir_okay=False), help="Write the result as JSON here.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress line.")
-def perf_produce(topic: str, service_url: str, size: int, rate: float, duration: float, producers: int,
-                 batch_max_messages: int, batch_max_bytes: int, batch_delay_ms: float, max_pending: int,
-                 compression: str, json_out: str | None, quiet: bool) -> None:
+def perf_produce(
+    topic: str,
+    service_url: str,
+    size: int,
+    rate: float,
+    duration: float,
+    producers: int,
+    batch_max_messages: int,
+    batch_max_bytes: int,
+    batch_delay_ms: float,
+    max_pending: int,
+    compression: str,
+    json_out: str | None,
+    quiet: bool,
+) -> None:
     """Produce SIZE-byte messages to TOPIC; report msg/s, MB/s and publish latency."""
     result = run_perf_produce(
-        service_url, topic, size=size, rate=rate, duration=duration, producers=producers,
-        batch_max_messages=batch_max_messages, batch_max_bytes=batch_max_bytes,
-        batch_delay_ms=batch_delay_ms, max_pending=max_pending, compression=compression,
+        service_url,
+        topic,
+        size=size,
+        rate=rate,
+        duration=duration,
+        producers=producers,
+        batch_max_messages=batch_max_messages,
+        batch_max_bytes=batch_max_bytes,
+        batch_delay_ms=batch_delay_ms,
+        max_pending=max_pending,
+        compression=compression,
         progress=not quiet,
     )
     _report(result, json_out)
@@ -144,21 +222,54 @@ def perf_produce(topic: str, service_url: str, size: int, rate: float, duration:
 @click.argument("topic", default="perf")
 @_URL
 @click.option("--subscription", default="perf-sub", show_default=True)
-@click.option("--initial-position", default="earliest", show_default=True, type=click.Choice(["earliest", "latest"]))
-@click.option("--duration", "-d", default=30.0, show_default=True, help="Stop after this many seconds.")
-@click.option("--max-messages", "-n", default=0, show_default=True, help="Stop after N messages (0: no limit).")
-@click.option("--idle-timeout", default=5.0, show_default=True, help="Stop when nothing arrived for this long.")
+@click.option(
+    "--initial-position",
+    default="earliest",
+    show_default=True,
+    type=click.Choice(["earliest", "latest"]),
+)
+@click.option(
+    "--duration", "-d", default=30.0, show_default=True, help="Stop after this many seconds."
+)
+@click.option(
+    "--max-messages",
+    "-n",
+    default=0,
+    show_default=True,
+    help="Stop after N messages (0: no limit).",
+)
+@click.option(
+    "--idle-timeout",
+    default=5.0,
+    show_default=True,
+    help="Stop when nothing arrived for this long.",
+)
 @click.option("--receiver-queue-size", default=20_000, show_default=True)
 @click.option("--json-out", type=click.Path(dir_okay=False), help="Write the result as JSON here.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress line.")
-def perf_consume(topic: str, service_url: str, subscription: str, initial_position: str, duration: float,
-                 max_messages: int, idle_timeout: float, receiver_queue_size: int, json_out: str | None,
-                 quiet: bool) -> None:
+def perf_consume(
+    topic: str,
+    service_url: str,
+    subscription: str,
+    initial_position: str,
+    duration: float,
+    max_messages: int,
+    idle_timeout: float,
+    receiver_queue_size: int,
+    json_out: str | None,
+    quiet: bool,
+) -> None:
     """Consume TOPIC, acknowledging cumulatively; report msg/s and MB/s."""
     result = run_perf_consume(
-        service_url, topic, subscription=subscription, initial_position=initial_position,
-        duration=duration, max_messages=max_messages, idle_timeout=idle_timeout,
-        receiver_queue_size=receiver_queue_size, progress=not quiet,
+        service_url,
+        topic,
+        subscription=subscription,
+        initial_position=initial_position,
+        duration=duration,
+        max_messages=max_messages,
+        idle_timeout=idle_timeout,
+        receiver_queue_size=receiver_queue_size,
+        progress=not quiet,
     )
     _report(result, json_out)
 
@@ -241,7 +352,9 @@ def run_perf_produce(
             )
             for i in range(producers)
         ]
-        threads = [threading.Thread(target=work, args=(i, p), daemon=True) for i, p in enumerate(prods)]
+        threads = [
+            threading.Thread(target=work, args=(i, p), daemon=True) for i, p in enumerate(prods)
+        ]
         start = time.perf_counter()
         for t in threads:
             t.start()
@@ -253,8 +366,12 @@ def run_perf_produce(
             if progress and now - last_report >= 1.0:
                 total = sum(sent)
                 r = (total - last_count) / (now - last_report)
-                print(f"\rproduced {total:,} msgs  {r:,.0f} msg/s  {r * size / 1e6:,.1f} MB/s   ",
-                      end="", file=sys.stderr, flush=True)
+                print(
+                    f"\rproduced {total:,} msgs  {r:,.0f} msg/s  {r * size / 1e6:,.1f} MB/s   ",
+                    end="",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 last_report, last_count = now, total
         stop.set()
         for t in threads:
@@ -304,9 +421,15 @@ def run_perf_consume(
 
     count = 0
     nbytes = 0
-    with Client(service_url) as client, client.subscribe(
-        topic, subscription, initial_position=initial_position, receiver_queue_size=receiver_queue_size
-    ) as consumer:
+    with (
+        Client(service_url) as client,
+        client.subscribe(
+            topic,
+            subscription,
+            initial_position=initial_position,
+            receiver_queue_size=receiver_queue_size,
+        ) as consumer,
+    ):
         start = time.perf_counter()
         first_at = None
         last_report = start
@@ -325,7 +448,12 @@ def run_perf_consume(
             end_at = time.perf_counter()
             if progress and end_at - last_report >= 1.0:
                 r = (count - last_count) / (end_at - last_report)
-                print(f"\rconsumed {count:,} msgs  {r:,.0f} msg/s   ", end="", file=sys.stderr, flush=True)
+                print(
+                    f"\rconsumed {count:,} msgs  {r:,.0f} msg/s   ",
+                    end="",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 last_report, last_count = end_at, count
             if max_messages and count >= max_messages:
                 break

@@ -234,7 +234,12 @@ class ConsumerCore:
         owner = self.owners.get(message_id.segment_id)
         if owner is None:
             return
-        pos = (message_id.segment_id, message_id.entry_id, message_id.batch_index, message_id.offset)
+        pos = (
+            message_id.segment_id,
+            message_id.entry_id,
+            message_id.batch_index,
+            message_id.offset,
+        )
         current = self.cumulative.get(owner)
         if current is None or pos[3] > current[3]:
             self.cumulative[owner] = pos

@@ -291,6 +291,7 @@ class _Reconnecting:
             if conn is not None and not conn.closed:
                 self._reconnect = trio.Event()
                 async with trio.open_nursery() as nursery:
+
                     async def wait(ev: trio.Event) -> None:
                         await ev.wait()
                         nursery.cancel_scope.cancel()
@@ -304,8 +305,10 @@ class _Reconnecting:
                 await self._attach()
                 backoff = 0.05
             except (PigeonError, OSError) as exc:
-                if isinstance(exc, PigeonError) and not exc.retriable and not isinstance(
-                    exc, ConnectionClosed
+                if (
+                    isinstance(exc, PigeonError)
+                    and not exc.retriable
+                    and not isinstance(exc, ConnectionClosed)
                 ):
                     self._fatal(exc)
                     return
@@ -412,7 +415,11 @@ class ProducerEngine(_Reconnecting):
         try:
             conn.request_nowait(
                 "send",
-                {"producerId": self.producer_id, "sequenceId": seq, "numMessages": batch.num_messages},
+                {
+                    "producerId": self.producer_id,
+                    "sequenceId": seq,
+                    "numMessages": batch.num_messages,
+                },
                 on_receipt,
                 payload=batch.payload,
                 expect="sendReceipt",
@@ -630,7 +637,9 @@ class ConsumerEngine(_Reconnecting):
             "redeliverUnacked",
             {
                 "consumerId": self.consumer_id,
-                "positions": [{"segmentId": s, "entryId": e, "batchIndex": -1} for s, e in positions],
+                "positions": [
+                    {"segmentId": s, "entryId": e, "batchIndex": -1} for s, e in positions
+                ],
             },
         )
 
@@ -687,5 +696,3 @@ class ConsumerEngine(_Reconnecting):
 
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-

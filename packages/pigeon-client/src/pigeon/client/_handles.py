@@ -49,7 +49,9 @@ _HOUSEKEEPING_INTERVAL = 0.1
 
 
 class ProducerHandle:
-    def __init__(self, engine: ClientEngine, engines: list[ProducerEngine], logic: ProducerLogic, lock: Any):
+    def __init__(
+        self, engine: ClientEngine, engines: list[ProducerEngine], logic: ProducerLogic, lock: Any
+    ):
         self.client = engine
         self.engines = engines
         self.logic = logic
@@ -76,7 +78,9 @@ class ProducerHandle:
 
         return on_done
 
-    async def timer(self, delay: float, index: int, generation: int, submit_direct: Callable[[Any, Any], None]) -> None:
+    async def timer(
+        self, delay: float, index: int, generation: int, submit_direct: Callable[[Any, Any], None]
+    ) -> None:
         """*engine*: seal partition ``index``'s batch after the batching delay."""
         await trio.sleep(delay)
         with self.lock:
@@ -124,7 +128,11 @@ async def open_producer(
     engines = []
     try:
         for i, name in enumerate(names):
-            pname = f"{producer_name}-partition-{i}" if producer_name and len(names) > 1 else producer_name
+            pname = (
+                f"{producer_name}-partition-{i}"
+                if producer_name and len(names) > 1
+                else producer_name
+            )
             e = ProducerEngine(client, name, producer_name=pname, send_timeout=send_timeout)
             await e.start()
             engines.append(e)
@@ -146,7 +154,12 @@ async def open_producer(
         for i, e in enumerate(engines)
     ]
     logic = ProducerLogic(
-        engines, cores, router, max_delay=batching_max_delay_ms / 1000, submit=submit, start_timer=start_timer
+        engines,
+        cores,
+        router,
+        max_delay=batching_max_delay_ms / 1000,
+        submit=submit,
+        start_timer=start_timer,
     )
     handle = ProducerHandle(client, engines, logic, lock)
     logic.callback_for = handle.callback_for
@@ -293,7 +306,9 @@ class ConsumerHandle:
             with self.lock:
                 self.core.add_ack(m.message_id)
 
-    async def publish(self, topic: str, m: Message, properties: Mapping[str, str], deliver_at: int) -> None:
+    async def publish(
+        self, topic: str, m: Message, properties: Mapping[str, str], deliver_at: int
+    ) -> None:
         """*engine*: send a copy of ``m`` to ``topic`` and wait for the receipt."""
         producer = self._producers.get(topic)
         if producer is None:
@@ -301,7 +316,11 @@ class ConsumerHandle:
                 raise NotSupported("this consumer cannot publish")
             producer = self._producers[topic] = await self._producer_factory(topic)
         await producer.send(
-            m.value, key=m.key, properties=dict(properties), event_time=m.event_time, deliver_at=deliver_at or None
+            m.value,
+            key=m.key,
+            properties=dict(properties),
+            event_time=m.event_time,
+            deliver_at=deliver_at or None,
         )
 
     async def reconsume_later(self, m: Message, delay: float) -> None:
@@ -318,7 +337,10 @@ class ConsumerHandle:
             await self.publish(self.logic.dead_letter_topic(base), m, props, 0)
         else:
             await self.publish(
-                self.logic.retry_topic(base), m, props, self.client.clock.now_ms() + int(delay * 1000)
+                self.logic.retry_topic(base),
+                m,
+                props,
+                self.client.clock.now_ms() + int(delay * 1000),
             )
         with self.lock:
             self.core.add_ack(m.message_id)
@@ -331,7 +353,9 @@ class ConsumerHandle:
             if self.pattern.fullmatch(name) and not self.closed:
                 await self.attach(name)
 
-    async def seek(self, target: MessageId | None, offset: int | None, timestamp: int | None) -> None:
+    async def seek(
+        self, target: MessageId | None, offset: int | None, timestamp: int | None
+    ) -> None:
         chosen = [x for x in (target, offset, timestamp) if x is not None]
         if len(chosen) != 1:
             raise InvalidArgument("seek takes exactly one of a MessageId, offset= or timestamp=")
@@ -443,8 +467,7 @@ def _pattern_namespace(pattern: re.Pattern[str]) -> str:
     m = re.match(r"^(?:persistent|non-persistent)://([^/]+)/([^/]+)/", text)
     if not m:
         raise InvalidArgument(
-            "a topic pattern must start with persistent://tenant/namespace/ "
-            f"(got {text!r})"
+            f"a topic pattern must start with persistent://tenant/namespace/ (got {text!r})"
         )
     return f"{m.group(1)}/{m.group(2)}"
 
@@ -474,7 +497,9 @@ async def open_consumer(
     if not subscription:
         raise InvalidArgument("subscription name must not be empty")
     pattern = topic if isinstance(topic, re.Pattern) else None
-    topics: list[str] = [topic] if isinstance(topic, str) else list(topic) if pattern is None else []
+    topics: list[str] = (
+        [topic] if isinstance(topic, str) else list(topic) if pattern is None else []
+    )
     if pattern is None and not topics:
         raise InvalidArgument("subscribe needs at least one topic")
     options = SubscribeOptions(

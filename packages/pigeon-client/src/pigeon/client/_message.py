@@ -26,7 +26,12 @@ class MessageId:
     offset: int
 
     def __init__(
-        self, segment_id: int, entry_id: int, batch_index: int = 0, partition: int = -1, offset: int = -1
+        self,
+        segment_id: int,
+        entry_id: int,
+        batch_index: int = 0,
+        partition: int = -1,
+        offset: int = -1,
     ) -> None:
         set_ = object.__setattr__
         set_(self, "segment_id", segment_id)
@@ -71,7 +76,10 @@ class MessageId:
         return f"{self.segment_id}:{self.entry_id}:{self.batch_index}:{self.partition}"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (MessageId, (self.segment_id, self.entry_id, self.batch_index, self.partition, self.offset))
+        return (
+            MessageId,
+            (self.segment_id, self.entry_id, self.batch_index, self.partition, self.offset),
+        )
 
     def serialize(self) -> bytes:
         return f"{self}:{self.offset}".encode()

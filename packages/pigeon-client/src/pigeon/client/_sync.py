@@ -421,7 +421,9 @@ class _Receiving:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def batch_receive(self, max_messages: int = 1000, timeout: float | None = None) -> list[Message]:
+    def batch_receive(
+        self, max_messages: int = 1000, timeout: float | None = None
+    ) -> list[Message]:
         h = self._handle
         deadline = time.monotonic() + (timeout if timeout is not None else math.inf)
         with self._cond:
@@ -446,7 +448,11 @@ class _Receiving:
         return self.batch_receive(1, timeout)[0]
 
     def seek(
-        self, target: MessageId | None = None, *, offset: int | None = None, timestamp: int | None = None
+        self,
+        target: MessageId | None = None,
+        *,
+        offset: int | None = None,
+        timestamp: int | None = None,
     ) -> None:
         """Move to a MessageId, a partition offset, or a publish time (ms since the epoch)."""
         self._client._call(self._handle.seek, target, offset, timestamp)

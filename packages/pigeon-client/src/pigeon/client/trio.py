@@ -1,11 +1,11 @@
 """The trio face of the PigeonMQ client: the same API as :mod:`pigeon.client`, awaited.
 
-    async with pigeon.client.trio.Client("pigeon://127.0.0.1:6650") as client:
-        async with await client.create_producer("events") as producer:
-            msg_id = await producer.send(b"payload", key="k")
-        async with await client.subscribe("events", "sub-1", initial_position="earliest") as consumer:
-            msg = await consumer.receive(timeout=5)
-            await consumer.acknowledge(msg)
+async with pigeon.client.trio.Client("pigeon://127.0.0.1:6650") as client:
+    async with await client.create_producer("events") as producer:
+        msg_id = await producer.send(b"payload", key="k")
+    async with await client.subscribe("events", "sub-1", initial_position="earliest") as consumer:
+        msg = await consumer.receive(timeout=5)
+        await consumer.acknowledge(msg)
 """
 
 from __future__ import annotations
@@ -203,7 +203,11 @@ class Producer:
     def _start_timer(self, index: int, generation: int) -> None:
         h = self._handle
         h.client.nursery.start_soon(
-            h.timer, h.logic.max_delay, index, generation, lambda engine, batch: engine.submit(batch)
+            h.timer,
+            h.logic.max_delay,
+            index,
+            generation,
+            lambda engine, batch: engine.submit(batch),
         )
 
     def _space_freed(self) -> None:
@@ -292,7 +296,9 @@ class _Receiving:
     def _notify(self) -> None:
         self._arrived.set()
 
-    async def batch_receive(self, max_messages: int = 1000, timeout: float | None = None) -> list[Message]:
+    async def batch_receive(
+        self, max_messages: int = 1000, timeout: float | None = None
+    ) -> list[Message]:
         h = self._handle
         deadline = trio.current_time() + (timeout if timeout is not None else math.inf)
         while True:
@@ -316,7 +322,11 @@ class _Receiving:
         return (await self.batch_receive(1, timeout))[0]
 
     async def seek(
-        self, target: MessageId | None = None, *, offset: int | None = None, timestamp: int | None = None
+        self,
+        target: MessageId | None = None,
+        *,
+        offset: int | None = None,
+        timestamp: int | None = None,
     ) -> None:
         """Move the subscription to a MessageId, a partition offset or a publish time (ms)."""
         await self._handle.seek(target, offset, timestamp)

@@ -58,7 +58,9 @@ def _extract_state(body: Any, payload: memoryview) -> dict[str, Any]:
 class BookieClient:
     """Connections to bookies, by ``host:port`` address."""
 
-    def __init__(self, *, name: str = "pigeon-broker", max_frame_size: int = DEFAULT_MAX_FRAME_SIZE):
+    def __init__(
+        self, *, name: str = "pigeon-broker", max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    ):
         self.name = name
         self.max_frame_size = max_frame_size
         self._conns: dict[str, Connection] = {}

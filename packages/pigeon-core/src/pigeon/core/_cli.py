@@ -45,8 +45,13 @@ def make_cli(plugins: PluginManager | None = None) -> click.Group:
     pm = plugins or PluginManager()
 
     @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
-    @click.option("--log-level", default="INFO", show_default=True, envvar="PIGEON_LOG_LEVEL",
-                  type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+    @click.option(
+        "--log-level",
+        default="INFO",
+        show_default=True,
+        envvar="PIGEON_LOG_LEVEL",
+        type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    )
     @click.pass_context
     def cli(ctx: click.Context, log_level: str) -> None:
         """PigeonMQ: distributed messaging and streaming."""

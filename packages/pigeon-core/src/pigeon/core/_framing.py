@@ -135,4 +135,3 @@ class FrameDecoder:
 
     def at_frame_boundary(self) -> bool:
         return self.buffered == 0
-

@@ -42,7 +42,9 @@ class MemoryNetwork:
         finally:
             _active = previous
 
-    def listen(self, host: str, port: int, handler: Handler, nursery: trio.Nursery) -> tuple[str, int]:
+    def listen(
+        self, host: str, port: int, handler: Handler, nursery: trio.Nursery
+    ) -> tuple[str, int]:
         if port == 0:
             port = next(self._ports)
             while (host, port) in self._listeners:

@@ -116,7 +116,9 @@ class QuorumWriter:
         flight = self._in_flight[entry_id]
         for index in self._targets(entry_id):
             if index in self._down:
-                self._count_failure(flight, ConnectionClosed(f"bookie {self.ensemble[index]} is down"))
+                self._count_failure(
+                    flight, ConnectionClosed(f"bookie {self.ensemble[index]} is down")
+                )
             elif index not in self._changing:  # else sent once the replacement is known
                 self._send(entry_id, index, data)
         self.bytes_written += len(data)
@@ -281,7 +283,9 @@ class QuorumPolicy:
         self.write_quorum = write_quorum
         self.ack_quorum = ack_quorum
 
-    def choose_ensemble(self, bookies: Sequence[str], ensemble_size: int | None = None) -> list[str]:
+    def choose_ensemble(
+        self, bookies: Sequence[str], ensemble_size: int | None = None
+    ) -> list[str]:
         size = ensemble_size or self.ensemble_size
         if len(bookies) < size:
             raise ServiceUnavailable(f"need {size} writable bookies, {len(bookies)} available")

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.lowlevel
 
 from pigeon.core._bookie_client import BookieClient
 from pigeon.core._memnet import MemoryNetwork
@@ -43,7 +44,9 @@ class BookieSet:
         from pigeon.bookie import BookieConfig, BookieServer
 
         i = next(self._count)
-        server = BookieServer(BookieConfig(port=0, fsync="never", data_dir=str(self.root / f"b{i}")))
+        server = BookieServer(
+            BookieConfig(port=0, fsync="never", data_dir=str(self.root / f"b{i}"))
+        )
         scope = trio.CancelScope()
 
         async def run(task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
@@ -61,7 +64,7 @@ class BookieSet:
     async def stop(self, address: str) -> None:
         self._scopes[address].cancel()
         self.addresses.remove(address)
-        await trio.sleep(0)
+        await trio.lowlevel.checkpoint()
 
 
 @contextlib.asynccontextmanager
@@ -174,7 +177,9 @@ class ReplicationPolicyContract:
             got = await policy.read(segment, fragments[-1][1], first_after, 19)
             assert [bytes(d) for _e, d in got] == ([b"before"] * 10 + [b"after"] * 10)[first_after:]
 
-    async def test_ack_quorum_holds_with_one_bookie_down(self, make_policy: Any, tmp_path: Path) -> None:
+    async def test_ack_quorum_holds_with_one_bookie_down(
+        self, make_policy: Any, tmp_path: Path
+    ) -> None:
         async with _cluster(tmp_path, 3) as (bookies, client):
             policy = make_policy(client, ensemble_size=3, write_quorum=3, ack_quorum=2)
             ensemble = policy.choose_ensemble(bookies.addresses)
@@ -190,4 +195,3 @@ class ReplicationPolicyContract:
                 await bookies.stop(ensemble[2])
                 assert await _write(writer, [b"x"] * 5) == list(range(5))
                 nursery.cancel_scope.cancel()
-
