@@ -223,3 +223,53 @@ def test_killing_a_bookie_of_three_keeps_production_going(replicated_cluster: Cl
         thread.join(60)
         assert history.failed == 0, f"{history.failed} sends failed"
         history.check(read_all(client, "replicated"))
+
+
+def test_auditor_re_replicates_what_a_lost_bookie_held(tmp_path: Path) -> None:
+    """After the grace period the data of a dead bookie is copied to another bookie: the
+    two remaining original replicas can then die too and everything is still readable."""
+    config = tmp_path / "broker.toml"
+    config.write_text(
+        "[broker]\nensemble_size = 3\nwrite_quorum = 3\nack_quorum = 2\n"
+        "segment_max_entries = 20\nauditor_grace_period_s = 1.0\nauditor_interval_s = 0.5\n"
+    )
+    cluster = Cluster(
+        tmp_path, f"embedded://{tmp_path / 'metadata'}?session_timeout={SESSION_TIMEOUT}"
+    )
+    try:
+        for _ in range(3):
+            cluster.add_bookie()
+        cluster.add_broker("--config", str(config))
+        with Client(cluster.service_url, operation_timeout=OP_TIMEOUT) as client:
+            with client.create_producer("audited", batching_max_messages=10) as producer:
+                for i in range(600):
+                    producer.send_async(str(i).encode())
+                producer.flush()
+            lost = cluster.bookies[1]
+            lost.kill9()
+            cluster.add_bookie()  # the spare the auditor copies to
+            deadline = time.monotonic() + 60
+            broker_log = tmp_path / "broker-0.log"
+            while time.monotonic() < deadline:
+                if "under-replicated fragments=0" in broker_log.read_text(errors="replace"):
+                    break
+                time.sleep(0.2)
+            else:
+                raise AssertionError("auditor did not finish:\n" + cluster.brokers[0].log_tail())
+            assert "re-replicated segment=" in broker_log.read_text(errors="replace")
+            # Only the copy made by the auditor is left for the entries of closed segments
+            # that lived on the lost bookie and the two others.
+            cluster.bookies[0].kill9()
+            cluster.bookies[2].kill9()
+            got: list[int] = []
+            with client.create_reader("audited", "earliest") as reader:
+                while len(got) < 600:
+                    try:
+                        got.append(int(reader.read_next(timeout=10).value))
+                    except Timeout:
+                        break
+            # the open segment (still on the dead bookies) may hold the last few
+            assert got == list(range(len(got)))
+            assert len(got) >= 580, f"only {len(got)} of 600 readable from the copy"
+    finally:
+        cluster.kill_all()

@@ -27,6 +27,9 @@ class BrokerConfig:
     cursor_persist_interval_ms: float = 100.0
     maintenance_interval_s: float = 5.0
     bundles_per_namespace: int = 4
+    #: a bookie missing this long has its data re-replicated by the elected auditor
+    auditor_grace_period_s: float = 30.0
+    auditor_interval_s: float = 5.0
     replication: str = "quorum"
     ensemble_size: int = 1
     write_quorum: int = 1

@@ -182,12 +182,35 @@ class ManagedLedger:
         return json.dumps({"segments": [asdict(s) for s in self.segments]}).encode()
 
     async def _save(self) -> None:
-        try:
-            self._version = await self.store.set(self.path, self._doc(), version=self._version)
-        except BadVersion:
-            raise ServiceUnavailable(
-                f"ledger {self.topic} was changed by another broker; giving up ownership"
-            ) from None
+        """Write the ledger's metadata (compare-and-set).
+
+        Only the owner adds, closes and removes segments; the auditor may change the
+        replicas of *closed* segments. A conflict therefore takes the stored replicas of
+        closed segments and keeps everything else; a conflict on anything else means
+        another broker took the ledger over, and this one gives up.
+        """
+        for _attempt in range(5):
+            try:
+                self._version = await self.store.set(self.path, self._doc(), version=self._version)
+                return
+            except BadVersion:
+                stat = await self.store.get(self.path)
+                if stat is None:
+                    break
+                remote = {s["id"]: s for s in json.loads(stat.value).get("segments", [])}
+                mine = [s.id for s in self.segments]
+                if [i for i in remote if i not in mine and i > (mine[0] if mine else -1)]:
+                    break  # segments we do not know: another owner
+                for seg in self.segments:
+                    other = remote.get(seg.id)
+                    if seg.state == "closed" and other is not None:
+                        seg.ensemble = list(other["ensemble"])
+                        seg.fragments = [list(f) for f in other.get("fragments", [])]
+                        seg.initial_ensemble = list(other.get("initial_ensemble", []))
+                self._version = stat.version
+        raise ServiceUnavailable(
+            f"ledger {self.topic} was changed by another broker; giving up ownership"
+        )
 
     def _reindex(self) -> None:
         self._index = {s.id: i for i, s in enumerate(self.segments)}

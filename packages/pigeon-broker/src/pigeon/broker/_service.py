@@ -17,6 +17,7 @@ from typing import Any
 
 import trio
 
+from pigeon.broker._auditor import Auditor
 from pigeon.broker._config import BrokerConfig
 from pigeon.broker._cursor import CursorState
 from pigeon.broker._ledger import LedgerConfig, ManagedLedger, segment_path
@@ -366,6 +367,7 @@ class BrokerService:
         #: callables returning Prometheus text appended to /metrics (in-process nodes)
         self.extra_metrics: list[Any] = []
         self.ownership: Ownership = None  # type: ignore[assignment]  # set by run()
+        self.auditor: Auditor | None = None
 
     @property
     def service_url(self) -> str:
@@ -402,6 +404,12 @@ class BrokerService:
                     load=self.load_report,
                 )
                 await nursery.start(self.ownership.run, self._ownership_lost)
+                self.auditor = Auditor(
+                    self,
+                    grace_period_s=self.config.auditor_grace_period_s,
+                    interval_s=self.config.auditor_interval_s,
+                )
+                await nursery.start(self.auditor.run)
                 task_status.started(self.address)
                 await trio.sleep_forever()
             finally:
@@ -945,6 +953,7 @@ class BrokerService:
 
     def stats(self) -> dict[str, Any]:
         return {
+            "under_replicated_fragments": self.auditor.under_replicated if self.auditor else 0,
             "connections": len(self._conns),
             "topics": {name: t.stats() for name, t in self.topics.items()},
         }
