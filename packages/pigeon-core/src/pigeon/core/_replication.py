@@ -76,6 +76,7 @@ class QuorumWriter:
         self.nursery = nursery
         self._changing: set[int] = set()
         self._down: set[int] = set()
+        self._backfill: dict[int, dict[int, bytes | memoryview]] = {}
         self.ensemble_changes = 0
         self.closed = False
         self.write_quorum = write_quorum
@@ -228,10 +229,29 @@ class QuorumWriter:
         )
         # Every entry of the new fragment (all still in flight: above the LAC) must be on
         # the new bookie, also those the failed one had acknowledged before it died.
+        for entry_id, data in sorted(self._backfill.pop(index, {}).items()):
+            self._send_backfill(entry_id, index, data)
         for entry_id, flight in sorted(self._in_flight.items()):
             if index in self._targets(entry_id):
                 flight.acked_by.discard(index)
                 self._send(entry_id, index, flight.data)
+
+    def _send_backfill(self, entry_id: int, index: int, data: bytes | memoryview) -> None:
+        """Copy an already acknowledged entry to a replacement bookie (best effort: the
+        auditor re-replicates whatever this misses)."""
+
+        def done(result: Any, error: BaseException | None) -> None:
+            if error is not None:
+                log.warning(
+                    "backfill failed segment=%s entry=%s error=%s", self.segment_id, entry_id, error
+                )
+
+        try:
+            self.client.add_entry_nowait(
+                self._conns[index], self.segment_id, entry_id, self.lac, data, done
+            )
+        except ConnectionClosed as exc:
+            done(None, exc)
 
     def _complete_in_order(self) -> None:
         while True:
@@ -241,6 +261,12 @@ class QuorumWriter:
                 return
             del self._in_flight[nxt]
             self.lac = nxt
+            if self._changing:
+                # Acknowledged by the others while a replacement is being found: the new
+                # fragment starts at or before this entry, so the new bookie gets it too.
+                for index in self._targets(nxt):
+                    if index in self._changing and index not in flight.acked_by:
+                        self._backfill.setdefault(index, {})[nxt] = flight.data
             try:
                 flight.callback(nxt, None)
             except Exception:

@@ -116,6 +116,21 @@ async def _read_all(policy: Any, segment_id: int, ensemble: list[str], last: int
     return out
 
 
+async def _read_all_from(
+    policy: Any, segment_id: int, bookie: str, first: int, last: int
+) -> list[bytes]:
+    out: list[bytes] = []
+    entry = first
+    while entry <= last:
+        got = await policy.read(segment_id, [bookie], entry, last, write_quorum=1)
+        assert got, f"no entries from {entry}"
+        for eid, data in got:
+            assert eid == entry, f"expected entry {entry}, got {eid}"
+            out.append(bytes(data))
+            entry += 1
+    return out
+
+
 class ReplicationPolicyContract:
     """What every replication policy guarantees (see the module docstring)."""
 
@@ -170,12 +185,26 @@ class ReplicationPolicyContract:
                 )
                 await _write(writer, [b"before"] * 10)
                 await bookies.stop(ensemble[1])
+                # the ack quorum (2 of 3) keeps writes going while the change happens
                 await _write(writer, [b"after"] * 10)
+                with trio.fail_after(10):
+                    while len(fragments) < 2:
+                        await trio.sleep(0.01)
+                await _write(writer, [b"later"] * 10)
+                assert len(fragments) == 2 and spare in fragments[-1][1]
+                first_after = fragments[-1][0]
+                assert first_after <= 20
+                # the new bookie alone ends up holding every entry of the new fragment
+                # (those acknowledged while it was being connected are copied to it)
+                expected = ([b"before"] * 10 + [b"after"] * 10 + [b"later"] * 10)[first_after:]
+                got: list[bytes] = []
+                with trio.fail_after(10):
+                    while got != expected:
+                        try:
+                            got = await _read_all_from(policy, segment, spare, first_after, 29)
+                        except PigeonError:
+                            await trio.sleep(0.02)
                 nursery.cancel_scope.cancel()
-            assert len(fragments) == 2 and spare in fragments[-1][1]
-            first_after = fragments[-1][0]
-            got = await policy.read(segment, fragments[-1][1], first_after, 19)
-            assert [bytes(d) for _e, d in got] == ([b"before"] * 10 + [b"after"] * 10)[first_after:]
 
     async def test_ack_quorum_holds_with_one_bookie_down(
         self, make_policy: Any, tmp_path: Path
