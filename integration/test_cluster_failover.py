@@ -306,3 +306,40 @@ def test_restarting_the_metadata_server_keeps_the_cluster_going(
             history.check(read_all(client, "through-restart"))
     finally:
         cluster.kill_all()
+
+
+def test_load_manager_sheds_bundles_to_an_idle_broker(tmp_path: Path) -> None:
+    config = tmp_path / "broker.toml"
+    config.write_text("[broker]\nload_manager_interval_s = 0.5\n")
+    cluster = Cluster(
+        tmp_path, f"embedded://{tmp_path / 'metadata'}?session_timeout={SESSION_TIMEOUT}"
+    )
+    try:
+        cluster.add_bookie()
+        first = cluster.add_broker("--config", str(config))
+        topics = [f"load-{i}" for i in range(16)]
+        with Client(cluster.service_url, operation_timeout=OP_TIMEOUT) as client:
+            for t in topics:
+                with client.create_producer(t) as producer:
+                    producer.send(b"x")
+        second = cluster.add_broker("--config", str(config))
+        deadline = time.monotonic() + 30
+        owners: set[str] = set()
+        while time.monotonic() < deadline:
+            with Client(f"pigeon://{second.address}", operation_timeout=OP_TIMEOUT) as client:
+                owners = set()
+                for t in topics:
+                    with client.create_producer(t) as producer:
+                        owners.add(producer._handle.engines[0].conn.name)
+                        producer.send(b"y")
+            if second.address in owners:
+                break
+            time.sleep(0.5)
+        assert owners == {first.address, second.address}, f"no bundle moved: {owners}"
+        with Client(cluster.service_url, operation_timeout=OP_TIMEOUT) as client:
+            for t in topics:
+                with client.subscribe(t, "check", initial_position="earliest") as consumer:
+                    values = {consumer.receive(timeout=10).value for _ in range(2)}
+                    assert values >= {b"x"}
+    finally:
+        cluster.kill_all()

@@ -30,6 +30,8 @@ class BrokerConfig:
     #: a bookie missing this long has its data re-replicated by the elected auditor
     auditor_grace_period_s: float = 30.0
     auditor_interval_s: float = 5.0
+    #: how often the elected load manager compares broker loads and sheds bundles
+    load_manager_interval_s: float = 10.0
     replication: str = "quorum"
     ensemble_size: int = 1
     write_quorum: int = 1

@@ -21,6 +21,7 @@ from pigeon.broker._auditor import Auditor
 from pigeon.broker._config import BrokerConfig
 from pigeon.broker._cursor import CursorState
 from pigeon.broker._ledger import LedgerConfig, ManagedLedger, segment_path
+from pigeon.broker._loadmanager import LoadManager
 from pigeon.broker._nonpersistent import NonPersistentSubscription, NonPersistentTopic
 from pigeon.broker._ownership import Ownership
 from pigeon.broker._policies import NamespacePolicies, PolicyStore
@@ -368,6 +369,7 @@ class BrokerService:
         self.extra_metrics: list[Any] = []
         self.ownership: Ownership = None  # type: ignore[assignment]  # set by run()
         self.auditor: Auditor | None = None
+        self.load_manager: LoadManager | None = None
 
     @property
     def service_url(self) -> str:
@@ -410,6 +412,10 @@ class BrokerService:
                     interval_s=self.config.auditor_interval_s,
                 )
                 await nursery.start(self.auditor.run)
+                self.load_manager = LoadManager(
+                    self, interval_s=self.config.load_manager_interval_s
+                )
+                await nursery.start(self.load_manager.run)
                 task_status.started(self.address)
                 await trio.sleep_forever()
             finally:
