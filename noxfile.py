@@ -87,5 +87,11 @@ def spark(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def bench(session: nox.Session) -> None:
-    """Benchmark scenarios against a standalone started here; writes docs/benchmarks.md."""
+    """Every benchmark: PigeonMQ scenarios, then the side-by-side with peers.
+
+    Writes docs/benchmarks.md and docs/img/. Peers need Debian's nats-server and
+    redis-server; the Python clients come from requirements-bench.txt.
+    """
+    session.run("python", "-m", "pip", "install", "-q", "-r", "requirements-bench.txt")
     session.run("python", "-m", "bench", *session.posargs)
+    session.run("python", "-m", "bench.compare")
