@@ -31,7 +31,7 @@ def browser(tmp_path: Path) -> Iterator[object]:
     if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
         if os.environ.get("CI"):
             pytest.fail("CI needs the chromium and chromium-driver packages")
-        pytest.skip("chromium / chromedriver not installed")
+        pytest.fail("chromium / chromedriver not installed: apt-get install -y chromium chromium-driver")
     webdriver = pytest.importorskip("selenium.webdriver")
     from selenium.webdriver.chrome.service import Service
 
