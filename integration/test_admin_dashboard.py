@@ -31,7 +31,9 @@ def browser(tmp_path: Path) -> Iterator[object]:
     if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
         if os.environ.get("CI"):
             pytest.fail("CI needs the chromium and chromium-driver packages")
-        pytest.fail("chromium / chromedriver not installed: apt-get install -y chromium chromium-driver")
+        pytest.fail(
+            "chromium / chromedriver not installed: apt-get install -y chromium chromium-driver"
+        )
     webdriver = pytest.importorskip("selenium.webdriver")
     from selenium.webdriver.chrome.service import Service
 
@@ -75,15 +77,23 @@ def _produce_until(url: str, stop: threading.Event) -> None:
 def test_dashboard_shows_health_topics_and_rising_counters(
     standalone_factory: Callable[..., Standalone], browser: object
 ) -> None:
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     driver: object = browser
     server, url = start_with_http(standalone_factory)
     driver.get(url + "/dashboard?refresh=0.5")  # type: ignore[attr-defined]
-    wait = WebDriverWait(driver, 20, poll_frequency=0.2)  # type: ignore[arg-type]
+    # The page re-renders its tables on every refresh: an element found a moment ago may
+    # be gone, so every read goes through the wait, which retries on stale elements.
+    wait = WebDriverWait(  # type: ignore[var-annotated]
+        driver,  # type: ignore[arg-type]
+        20,
+        poll_frequency=0.2,
+        ignored_exceptions=(StaleElementReferenceException,),
+    )
     wait.until(lambda d: d.find_element(By.ID, "status").text == "ok")
-    assert "No topic is loaded yet" in driver.find_element(By.ID, "no-topics").text  # type: ignore[attr-defined]
+    wait.until(lambda d: "No topic is loaded yet" in d.find_element(By.ID, "no-topics").text)
 
     stop = threading.Event()
     producer = threading.Thread(target=_produce_until, args=(server.url, stop), daemon=True)
@@ -92,7 +102,9 @@ def test_dashboard_shows_health_topics_and_rising_counters(
         row = f'tr[data-topic="{TOPIC}"]'
         cell = row + ' td[data-field="msgs_in"]'
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, cell))
-        first = int(driver.find_element(By.CSS_SELECTOR, cell).get_attribute("data-value"))  # type: ignore[attr-defined]
+        first = wait.until(
+            lambda d: int(d.find_element(By.CSS_SELECTOR, cell).get_attribute("data-value"))
+        )
         wait.until(
             lambda d: int(d.find_element(By.CSS_SELECTOR, cell).get_attribute("data-value")) > first
         )
@@ -111,10 +123,17 @@ def test_dashboard_shows_health_topics_and_rising_counters(
         wait.until(
             lambda d: int(d.find_element(By.ID, "chart").get_attribute("data-samples") or 0) > 1
         )
-        checks = driver.find_elements(By.CSS_SELECTOR, "#checks tr[data-check]")  # type: ignore[attr-defined]
-        assert {c.get_attribute("data-check") for c in checks} == {"metadata", "bookies", "broker"}
-        assert driver.find_elements(By.CSS_SELECTOR, "#bookies tr[data-bookie]")  # type: ignore[attr-defined]
-        assert driver.find_element(By.ID, "error").get_attribute("hidden") is not None  # type: ignore[attr-defined]
+        wait.until(
+            lambda d: (
+                {
+                    c.get_attribute("data-check")
+                    for c in d.find_elements(By.CSS_SELECTOR, "#checks tr[data-check]")
+                }
+                == {"metadata", "bookies", "broker"}
+            )
+        )
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#bookies tr[data-bookie]"))
+        wait.until(lambda d: d.find_element(By.ID, "error").get_attribute("hidden") is not None)
     finally:
         stop.set()
         producer.join(30)
