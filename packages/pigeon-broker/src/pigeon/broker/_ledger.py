@@ -167,6 +167,8 @@ class ManagedLedger:
         self.last_publish_time = 0
         self._writer: Any = None
         self._rolling = False
+        self._rolled = trio.Event()
+        self._rolled.set()
         self._queued: list[tuple[bytes, int, int, AppendCallback]] = []
         self.cache = _EntryCache(self.config.cache_max_bytes)
         self._new_entries = trio.Event()
@@ -397,6 +399,7 @@ class ManagedLedger:
         if self._rolling:
             return
         self._rolling = True
+        self._rolled = trio.Event()
         self.nursery.start_soon(self._roll, recover)
 
     async def _roll(self, recover: bool) -> None:
@@ -410,8 +413,7 @@ class ManagedLedger:
                 seg.entries = seg.last_entry_id + 1
             else:
                 with trio.fail_after(30):
-                    while writer.pending and writer.failed is None:
-                        await trio.sleep(0.001)
+                    await writer.wait_idle()
                 if writer.failed is not None:
                     seg.last_entry_id = await self.policy.recover(
                         seg.id, seg.ensemble, ack_quorum=seg.ack_quorum or None
@@ -435,6 +437,7 @@ class ManagedLedger:
             return
         finally:
             self._rolling = False
+            self._rolled.set()
         queued, self._queued = self._queued, []
         for data, n, offset, cb in queued:
             self._write(data, n, offset, cb)
@@ -445,8 +448,9 @@ class ManagedLedger:
             return
         self.closed = True
         with trio.move_on_after(10):
-            while self._rolling or (self._writer is not None and self._writer.pending):
-                await trio.sleep(0.005)
+            await self._rolled.wait()
+            if self._writer is not None:
+                await self._writer.wait_idle()
         if self.segments and self.segments[-1].state == "open":
             seg = self.segments[-1]
             seg.state = "closed"
@@ -530,10 +534,6 @@ class ManagedLedger:
         return [s.id for s in trimmed]
 
     # ------------------------------------------------------------------ reads
-
-    async def wait_new_entries(self) -> None:
-        self._new_entries = ev = trio.Event() if self._new_entries.is_set() else self._new_entries
-        await ev.wait()
 
     def new_entries_event(self) -> trio.Event:
         if self._new_entries.is_set():

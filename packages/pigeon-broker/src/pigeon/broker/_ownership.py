@@ -23,7 +23,7 @@ from typing import Any
 import trio
 
 from pigeon.core import TopicName
-from pigeon.core.errors import NodeExists, NoSuchNode, NotOwner, PigeonError
+from pigeon.core.errors import NodeExists, NotOwner, PigeonError
 
 __all__ = ["BROKERS_PATH", "OWNERSHIP_PATH", "Ownership"]
 
@@ -52,7 +52,6 @@ class Ownership:
         self.load = load
         self.report_interval = report_interval
         self.owned: set[str] = set()
-        self.session_lost = trio.Event()
 
     # ------------------------------------------------------------------ bundles
 
@@ -105,14 +104,6 @@ class Ownership:
             except PigeonError:
                 pass
         raise NotOwner(f"could not acquire the bundle of {name}; try again")
-
-    async def release_all(self) -> None:
-        for path in list(self.owned):
-            try:
-                await self.store.delete(path)
-            except (NoSuchNode, PigeonError):
-                pass
-        self.owned.clear()
 
     # ------------------------------------------------------------------ lookups
 

@@ -693,6 +693,3 @@ class ConsumerEngine(_Reconnecting):
             except PigeonError:
                 pass
 
-
-def now_ms() -> int:
-    return int(time.time() * 1000)

@@ -79,6 +79,8 @@ class QuorumWriter:
         self._backfill: dict[int, dict[int, bytes | memoryview]] = {}
         self.ensemble_changes = 0
         self.closed = False
+        self._idle = trio.Event()
+        self._idle.set()
         self.write_quorum = write_quorum
         self.ack_quorum = ack_quorum
         self.next_entry_id = 0
@@ -99,6 +101,10 @@ class QuorumWriter:
         """No more adds (the segment is being closed); stops pending ensemble changes."""
         self.closed = True
 
+    async def wait_idle(self) -> None:
+        """Wait until no entry is in flight (all acknowledged, or the writer failed)."""
+        await self._idle.wait()
+
     @property
     def failed(self) -> BaseException | None:
         return self._failed
@@ -114,6 +120,8 @@ class QuorumWriter:
         entry_id = self.next_entry_id
         self.next_entry_id += 1
         self._in_flight[entry_id] = _InFlight(callback, data)
+        if self._idle.is_set():
+            self._idle = trio.Event()
         flight = self._in_flight[entry_id]
         for index in self._targets(entry_id):
             if index in self._down:
@@ -261,6 +269,8 @@ class QuorumWriter:
                 return
             del self._in_flight[nxt]
             self.lac = nxt
+            if not self._in_flight:
+                self._idle.set()
             if self._changing:
                 # Acknowledged by the others while a replacement is being found: the new
                 # fragment starts at or before this entry, so the new bookie gets it too.
@@ -278,6 +288,7 @@ class QuorumWriter:
             log.warning("segment writer failed segment=%s error=%s", self.segment_id, error)
         flights = sorted(self._in_flight.items())
         self._in_flight.clear()
+        self._idle.set()
         for eid, flight in flights:
             try:
                 flight.callback(eid, error)
