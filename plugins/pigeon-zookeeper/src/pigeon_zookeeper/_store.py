@@ -54,6 +54,7 @@ from kazoo.exceptions import (
     BadArgumentsError,
     BadVersionError,
     ConnectionClosedError,
+    ConnectionLoss,
     KazooException,
     NodeExistsError,
     NoNodeError,
@@ -336,6 +337,17 @@ class ZooKeeperMetadataStore(MetadataStore):
             return out
         raise MetadataError(f"ZooKeeper did not answer in {self.request_timeout}s")
 
+    async def _gather_reads(self, calls: list[tuple[str, tuple[Any, ...]]]) -> list[Any]:
+        """:meth:`_gather` for read-only calls, repeated when the connection drops between
+        the connected check and the answer (a server going away), within the timeout."""
+        with trio.move_on_after(self.request_timeout):
+            while True:
+                results = await self._gather(calls)
+                if not any(isinstance(r, ConnectionLoss) for r in results):
+                    return results
+                await trio.sleep(0.1)  # _gather waits for the reconnection
+        raise MetadataError(f"ZooKeeper connection lost for {self.request_timeout}s")
+
     @staticmethod
     def _error(exc: BaseException, what: str) -> PigeonError:
         if isinstance(exc, PigeonError):
@@ -617,7 +629,7 @@ class ZooKeeperMetadataStore(MetadataStore):
         for sid, path in need.index:
             calls.append(("exists", (lay.index(sid, path),)))
             keys.append(("index", (sid, path)))
-        results = await self._gather(calls)
+        results = await self._gather_reads(calls)
         more: set[str] = set()
         for (kind, key), result in zip(keys, results, strict=True):
             if isinstance(result, NoNodeError):
