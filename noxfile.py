@@ -6,7 +6,7 @@ Sessions run in the environment they are started from (``scripts/bootstrap`` bui
     nox -s tests          unit tests of every package and plugin, then the integration suite
     nox -s unit           unit tests only
     nox -s integration    multi-process tests against real servers
-    nox -s cluster        cluster fault tests, one session per metadata backend
+    nox -s cluster        cluster fault tests, one session per metadata x replication pair
     nox -s lint           ruff + mypy
     nox -s bench          benchmark scenarios, results into docs/benchmarks.md
 """
@@ -22,6 +22,8 @@ nox.options.reuse_existing_virtualenvs = True
 
 UNIT_PATHS = sorted(glob.glob("packages/*/tests")) + ["plugins"]
 METADATA_BACKENDS = ["embedded", "zookeeper", "etcd"]
+#: replication policy -> the pytest id of its cluster test parameter
+REPLICATION_POLICIES = {"quorum": "quorum", "leader-follower": "lf"}
 
 
 @nox.session(venv_backend="none")
@@ -38,8 +40,17 @@ def integration(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 @nox.parametrize("metadata", METADATA_BACKENDS)
-def cluster(session: nox.Session, metadata: str) -> None:
-    """The cluster fault tests against one metadata backend (the matrix of CI's run)."""
+@nox.parametrize("replication", list(REPLICATION_POLICIES))
+def cluster(session: nox.Session, metadata: str, replication: str) -> None:
+    """The cluster fault tests on one metadata backend with one replication policy.
+
+    ``nox -s cluster`` runs the whole matrix (metadata x replication), one session per
+    pair; ``nox -s tests`` runs the same tests in one pytest run (CI).  Tests that need
+    no metadata server (the auditor's) run in the ``embedded`` sessions.
+    """
+    others = " or ".join(i for p, i in REPLICATION_POLICIES.items() if p != replication)
+    place = "(embedded or not (zookeeper or etcd))" if metadata == "embedded" else metadata
+    selector = f"{place} and not ({others})"
     session.run(
         "python",
         "-m",
@@ -47,7 +58,7 @@ def cluster(session: nox.Session, metadata: str) -> None:
         "-q",
         "integration/test_cluster_failover.py",
         "-k",
-        metadata,
+        selector,
         *session.posargs,
     )
 

@@ -83,9 +83,10 @@ class Node:
 class Cluster:
     """Bookies and brokers sharing one metadata store URL."""
 
-    def __init__(self, root: Path, metadata: str) -> None:
+    def __init__(self, root: Path, metadata: str, replication: str = "quorum") -> None:
         self.root = root
         self.metadata = metadata
+        self.replication = replication
         self.bookies: list[Node] = []
         self.brokers: list[Node] = []
 
@@ -114,6 +115,8 @@ class Cluster:
                 str(port),
                 "--http-port",
                 str(http_port),
+                "--replication",
+                self.replication,
                 *extra,
             ],
             port,

@@ -1,8 +1,9 @@
 """Cluster mode with real processes: bookies and brokers on one metadata store.
 
 Every test runs once per metadata backend — the embedded store (shared by the
-processes), a real ZooKeeper and a real etcd — and the bookie test once per replication
-setting that CI can afford.
+processes), a real ZooKeeper and a real etcd — times each replication policy: the
+built-in ``quorum`` and the ``leader-follower`` plugin (test ids ``quorum`` and ``lf``).
+``nox -s cluster`` runs one session per (metadata, replication) pair.
 
 A history checker records every acknowledged send and every received message and checks
 that no acknowledged message is missing, that each producer's order holds, and (with
@@ -54,13 +55,24 @@ def metadata_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return f"embedded://{tmp_path / 'metadata'}?session_timeout={SESSION_TIMEOUT}"
 
 
+@pytest.fixture(
+    params=[pytest.param("quorum", id="quorum"), pytest.param("leader-follower", id="lf")]
+)
+def replication(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture
-def cluster(tmp_path: Path, metadata_url: str):
-    c = Cluster(tmp_path, metadata_url)
+def cluster(tmp_path: Path, metadata_url: str, replication: str):
+    """Two bookies, every entry on both (E = Qw = Qa = 2), two brokers."""
+    config = tmp_path / "broker.toml"
+    config.write_text("[broker]\nensemble_size = 2\nwrite_quorum = 2\nack_quorum = 2\n")
+    c = Cluster(tmp_path, metadata_url, replication)
     try:
         c.add_bookie()
-        c.add_broker()
-        c.add_broker()
+        c.add_bookie()
+        c.add_broker("--config", str(config))
+        c.add_broker("--config", str(config))
         yield c
     finally:
         c.kill_all()
@@ -183,10 +195,10 @@ def test_whole_cluster_restart_keeps_data_and_cursors(cluster: Cluster) -> None:
 
 
 @pytest.fixture
-def replicated_cluster(tmp_path: Path, metadata_url: str):
+def replicated_cluster(tmp_path: Path, metadata_url: str, replication: str):
     config = tmp_path / "broker.toml"
     config.write_text("[broker]\nensemble_size = 3\nwrite_quorum = 3\nack_quorum = 2\n")
-    c = Cluster(tmp_path, metadata_url)
+    c = Cluster(tmp_path, metadata_url, replication)
     try:
         for _ in range(3):
             c.add_bookie()
@@ -206,7 +218,9 @@ def test_killing_a_bookie_of_three_keeps_production_going(replicated_cluster: Cl
         while len(history.acked) < 1000 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert len(history.acked) >= 1000, "production did not start"
-        cluster.bookies[1].kill9()
+        # the bookie with the lowest address: with leader-follower it leads the segment
+        # (ensembles of idle bookies are chosen by address), so a new leader is elected
+        min(cluster.bookies, key=lambda b: b.address).kill9()
         before = len(history.acked)
         # Qa = 2 of the two survivors: acknowledged writes go on at once...
         deadline = time.monotonic() + 20
@@ -225,7 +239,7 @@ def test_killing_a_bookie_of_three_keeps_production_going(replicated_cluster: Cl
         history.check(read_all(client, "replicated"))
 
 
-def test_auditor_re_replicates_what_a_lost_bookie_held(tmp_path: Path) -> None:
+def test_auditor_re_replicates_what_a_lost_bookie_held(tmp_path: Path, replication: str) -> None:
     """After the grace period the data of a dead bookie is copied to another bookie: the
     two remaining original replicas can then die too and everything is still readable."""
     config = tmp_path / "broker.toml"
@@ -234,7 +248,9 @@ def test_auditor_re_replicates_what_a_lost_bookie_held(tmp_path: Path) -> None:
         "segment_max_entries = 20\nauditor_grace_period_s = 1.0\nauditor_interval_s = 0.5\n"
     )
     cluster = Cluster(
-        tmp_path, f"embedded://{tmp_path / 'metadata'}?session_timeout={SESSION_TIMEOUT}"
+        tmp_path,
+        f"embedded://{tmp_path / 'metadata'}?session_timeout={SESSION_TIMEOUT}",
+        replication,
     )
     try:
         for _ in range(3):
@@ -277,11 +293,11 @@ def test_auditor_re_replicates_what_a_lost_bookie_held(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("backend", ["zookeeper", "etcd"])
 def test_restarting_the_metadata_server_keeps_the_cluster_going(
-    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+    backend: str, replication: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     server = request.getfixturevalue(backend)
     url = server.url(f"/t{uuid.uuid4().hex[:12]}", session_timeout=10)
-    cluster = Cluster(tmp_path, url)
+    cluster = Cluster(tmp_path, url, replication)
     history = History()
     stop = threading.Event()
     try:

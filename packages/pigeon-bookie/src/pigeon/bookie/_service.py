@@ -28,9 +28,11 @@ from typing import Any, Literal
 
 import trio
 
+from pigeon.bookie._forward import Forwarder, Replication
 from pigeon.bookie._gc import SegmentCollector
 from pigeon.bookie._metrics import render_metrics, serve_metrics
 from pigeon.bookie._storage import SegmentStore
+from pigeon.core._bookie_client import BookieClient
 from pigeon.core._framing import DEFAULT_MAX_FRAME_SIZE
 from pigeon.core._rpc import Connection, Request, serve_tcp
 from pigeon.core._schema import BookieFrame
@@ -40,6 +42,8 @@ from pigeon.core.errors import (
     NodeExists,
     NoSuchNode,
     PigeonError,
+    SegmentFenced,
+    SegmentNotFound,
     ServiceUnavailable,
     SessionExpired,
     StorageError,
@@ -185,6 +189,8 @@ class BookieServer:
         #: ``() -> (total, free)`` bytes of the data dir's file system
         self.disk_usage: Callable[[], tuple[int, int]] = self._statvfs
         self.address: tuple[str, int] | None = None
+        self.client: BookieClient | None = None
+        self.forwarder: Forwarder = None  # type: ignore[assignment]
         self.nursery: trio.Nursery = None  # type: ignore[assignment]
         self._disk: tuple[int, int] = (0, 0)
         self._reads: dict[Connection, _ReadQueue] = {}
@@ -213,6 +219,13 @@ class BookieServer:
             async with trio.open_nursery() as nursery:
                 self.nursery = nursery
                 await nursery.start(self.store.run)
+                # leader-follower: this bookie forwards adds to the segment's followers
+                self.client = BookieClient(
+                    name="pigeon-bookie", max_frame_size=self.config.max_frame_size
+                )
+                await nursery.start(self.client.run)
+                self.forwarder = Forwarder(self.store, self.client, nursery)
+                await nursery.start(self.forwarder.run)
                 self.check_disk()
                 self.address = await nursery.start(
                     lambda task_status: serve_tcp(
@@ -375,8 +388,14 @@ class BookieServer:
         b = req.body
         segment_id, entry_id = b.segmentId, b.entryId
         # synchronous: adds are written in the order they arrive
-        waiter = self.store.append(segment_id, entry_id, req.payload, lac=b.lac)
+        if b.recovery or b.resend:
+            waiter = self._append_again(segment_id, entry_id, req.payload, b.lac, b.recovery)
+        else:
+            waiter = self.store.append(segment_id, entry_id, req.payload, lac=b.lac)
         request_id = req.request_id
+        if len(b.forwardTo):
+            self._replicate(conn, req, waiter)
+            return
 
         def answer() -> None:
             err = waiter.error
@@ -388,6 +407,38 @@ class BookieServer:
                 )
 
         waiter.add_done_callback(answer)
+
+    def _append_again(
+        self, segment_id: int, entry_id: int, data: memoryview, lac: int, recovery: bool
+    ) -> Any:
+        """A recovery add (fenced segments accept it) or a resend (they do not); both
+        acknowledge an entry already stored with identical bytes."""
+        if not recovery:
+            try:
+                if self.store.segment_info(segment_id).fenced:
+                    raise SegmentFenced(f"segment={segment_id} is fenced")
+            except SegmentNotFound:
+                pass
+        return self.store.append(segment_id, entry_id, data, lac=lac, recovery=True)
+
+    def _replicate(self, conn: Connection, req: Request, waiter: Any) -> None:
+        """Leader-follower: forward the add to the followers, answer per :class:`Replication`."""
+        b = req.body
+        followers = [str(a) for a in b.forwardTo]
+        state = Replication(
+            conn, req.request_id, b.segmentId, b.entryId, len(followers), b.forwardAcks
+        )
+        for address in followers:
+            self.forwarder.forward(
+                b.segmentId,
+                address,
+                b.entryId,
+                b.lac,
+                req.payload,
+                b.syncFrom,
+                lambda result, error, a=address: state.follower(a, error),
+            )
+        waiter.add_done_callback(lambda: state.local(waiter.error))
 
     def connection_closed(self, conn: Connection) -> None:
         self._reads.pop(conn, None)

@@ -21,7 +21,7 @@ import trio
 
 from pigeon.broker._ledger import SegmentInfo
 from pigeon.core.errors import BadVersion, PigeonError
-from pigeon.core.metadata import LeaderElection
+from pigeon.core.metadata import lead_forever
 
 __all__ = ["Auditor"]
 
@@ -49,19 +49,26 @@ class Auditor:
         self._missing_since: dict[str, float] = {}
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        election = LeaderElection(self.store, "/pigeon/auditor", self.service.service_url)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(election.run)
-            task_status.started()
-            await election.wait_leader()
-            self.is_leader = True
-            log.info("auditor elected broker=%s", self.service.service_url)
+        await lead_forever(
+            self.store,
+            "/pigeon/auditor",
+            self.service.service_url,
+            self._lead,
+            task_status=task_status,
+        )
+
+    async def _lead(self) -> None:
+        self.is_leader = True
+        log.info("auditor elected broker=%s", self.service.service_url)
+        try:
             while True:
                 try:
                     await self.check_once()
                 except PigeonError as exc:
                     log.warning("audit pass failed error=%s", exc)
                 await trio.sleep(self.interval_s)
+        finally:
+            self.is_leader = False
 
     # ------------------------------------------------------------------ one pass
 

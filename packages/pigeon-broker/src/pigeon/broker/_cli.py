@@ -31,6 +31,10 @@ def _broker_config(config_file: str | None, **flags: Any) -> BrokerConfig:
     "--http-port", type=int, help="Admin API, /metrics and /dashboard port (default 8080; -1: off)."
 )
 @click.option(
+    "--replication",
+    help="Replication policy of new segments: quorum (default) or leader-follower (plugin).",
+)
+@click.option(
     "--config", "config_file", type=click.Path(dir_okay=False), help="TOML configuration file."
 )
 @click.pass_obj
@@ -40,6 +44,7 @@ def broker_cmd(
     host: str | None,
     port: int | None,
     http_port: int | None,
+    replication: str | None,
     config_file: str | None,
 ) -> None:
     """Run a broker that stores on the bookies registered in the metadata store."""
@@ -47,7 +52,12 @@ def broker_cmd(
     from pigeon.core._runtime import open_metadata_store, run_until_signal
 
     config = _broker_config(
-        config_file, metadata=metadata, host=host, port=port, http_port=http_port
+        config_file,
+        metadata=metadata,
+        host=host,
+        port=port,
+        http_port=http_port,
+        replication=replication,
     )
     if not config.metadata:
         raise click.UsageError(

@@ -167,6 +167,7 @@ class ManagedLedger:
         self.last_publish_time = 0
         self._writer: Any = None
         self._rolling = False
+        self._failed_rolls = 0  # rollovers after a write failure, none acknowledged since
         self._rolled = trio.Event()
         self._rolled.set()
         self._queued: list[tuple[bytes, int, int, AppendCallback]] = []
@@ -234,9 +235,7 @@ class ManagedLedger:
         changed = False
         for seg in self.segments:
             if seg.state == "open":
-                last = await self.policy.recover(
-                    seg.id, seg.ensemble, ack_quorum=seg.ack_quorum or None
-                )
+                last = await self._recover(seg)
                 seg.last_entry_id = last
                 seg.entries = last + 1
                 seg.state = "closed"
@@ -264,6 +263,18 @@ class ManagedLedger:
         if changed:
             await self._save()
         await self._new_segment()
+
+    async def _recover(self, seg: SegmentInfo) -> int:
+        """Fence an open segment and find (and re-replicate) its last entry."""
+        return int(
+            await self.policy.recover(
+                seg.id,
+                seg.ensemble,
+                ack_quorum=seg.ack_quorum or None,
+                write_quorum=seg.write_quorum or None,
+                first_entry=seg.fragments[-1][0] if seg.fragments else 0,
+            )
+        )
 
     async def _new_segment(self) -> None:
         # Appends queued during a rollover already hold their offsets: the new segment
@@ -349,6 +360,7 @@ class ManagedLedger:
                 callback(None, error)
                 self._on_writer_failed(writer, error)
                 return
+            self._failed_rolls = 0
             seg.last_entry_id = entry_id
             seg.entries = entry_id + 1
             seg.size += len(data)
@@ -407,17 +419,18 @@ class ManagedLedger:
         seg = self.segments[-1]
         try:
             if recover:
-                seg.last_entry_id = await self.policy.recover(
-                    seg.id, seg.ensemble, ack_quorum=seg.ack_quorum or None
-                )
+                # a writer failing again and again (bookies refusing every add) must not
+                # spin through new segments: back off, 50 ms doubling up to 5 s
+                if self._failed_rolls:
+                    await trio.sleep(min(5.0, 0.05 * 2 ** (self._failed_rolls - 1)))
+                self._failed_rolls += 1
+                seg.last_entry_id = await self._recover(seg)
                 seg.entries = seg.last_entry_id + 1
             else:
                 with trio.fail_after(30):
                     await writer.wait_idle()
                 if writer.failed is not None:
-                    seg.last_entry_id = await self.policy.recover(
-                        seg.id, seg.ensemble, ack_quorum=seg.ack_quorum or None
-                    )
+                    seg.last_entry_id = await self._recover(seg)
                     seg.entries = seg.last_entry_id + 1
             seg.state = "closed"
             writer.close()

@@ -21,7 +21,7 @@ import trio
 
 from pigeon.broker._ownership import OWNERSHIP_PATH
 from pigeon.core.errors import NoSuchNode, PigeonError
-from pigeon.core.metadata import EventType, LeaderElection
+from pigeon.core.metadata import EventType, lead_forever
 
 __all__ = ["LoadManager"]
 
@@ -52,20 +52,29 @@ class LoadManager:
         return str(self.service.ownership.address)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        election = LeaderElection(self.store, "/pigeon/load-manager", self.service.service_url)
         async with trio.open_nursery() as nursery:
             await nursery.start(self._serve_requests)
-            await nursery.start(election.run)
+            await nursery.start(
+                lead_forever,
+                self.store,
+                "/pigeon/load-manager",
+                self.service.service_url,
+                self._lead,
+            )
             task_status.started()
-            await election.wait_leader()
-            self.is_leader = True
-            log.info("load manager elected broker=%s", self.service.service_url)
+
+    async def _lead(self) -> None:
+        self.is_leader = True
+        log.info("load manager elected broker=%s", self.service.service_url)
+        try:
             while True:
                 await trio.sleep(self.interval_s)
                 try:
                     await self.balance_once()
                 except PigeonError as exc:
                     log.warning("load balancing pass failed error=%s", exc)
+        finally:
+            self.is_leader = False
 
     # ------------------------------------------------------------------ leader
 

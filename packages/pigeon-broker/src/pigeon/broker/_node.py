@@ -38,6 +38,14 @@ class BookieDirectory:
 
     __call__ = writable
 
+    def load(self, address: str) -> float:
+        """Bytes/s a bookie reported writing and reading (0 when unknown)."""
+        info = self._bookies.get(address, {})
+        try:
+            return float(info.get("write_bytes_per_s", 0)) + float(info.get("read_bytes_per_s", 0))
+        except (TypeError, ValueError):
+            return 0.0
+
     async def refresh(self) -> None:
         found: dict[str, dict[str, Any]] = {}
         for name in await self.store.children(BOOKIES_PATH):
@@ -84,6 +92,7 @@ async def run_broker(
             ensemble_size=config.ensemble_size,
             write_quorum=config.write_quorum,
             ack_quorum=config.ack_quorum,
+            bookie_load=directory.load,
         )
         service = BrokerService(
             config,

@@ -33,6 +33,11 @@ def _extract_add(body: Any, payload: memoryview) -> int:
     return int(body.entryId)
 
 
+def _extract_replicated(body: Any, payload: memoryview) -> tuple[int, list[str]]:
+    """(durable copies, followers lost) of a leader-follower add."""
+    return int(body.copies), [str(a) for a in body.lostReplicas]
+
+
 def _extract_read(body: Any, payload: memoryview) -> list[tuple[int, memoryview]]:
     out: list[tuple[int, memoryview]] = []
     pos = 0
@@ -110,23 +115,70 @@ class BookieClient:
         lac: int,
         data: bytes | memoryview,
         callback: AddCallback,
+        *,
+        recovery: bool = False,
+        resend: bool = False,
     ) -> None:
+        fields: dict[str, Any] = {"segmentId": segment_id, "entryId": entry_id, "lac": lac}
+        if recovery:
+            fields["recovery"] = True
+        if resend:
+            fields["resend"] = True
         conn.request_nowait(
             "addEntry",
-            {"segmentId": segment_id, "entryId": entry_id, "lac": lac},
+            fields,
             callback,
             payload=data,
             expect="addResponse",
             extract=_extract_add,
         )
 
+    def add_replicated_nowait(
+        self,
+        conn: Connection,
+        segment_id: int,
+        entry_id: int,
+        lac: int,
+        data: bytes | memoryview,
+        callback: AddCallback,
+        *,
+        forward_to: list[str],
+        forward_acks: int,
+        sync_from: int,
+        resend: bool = False,
+    ) -> None:
+        """Leader-follower add: ``callback((copies, lost_replicas), error)``."""
+        conn.request_nowait(
+            "addEntry",
+            {
+                "segmentId": segment_id,
+                "entryId": entry_id,
+                "lac": lac,
+                "resend": resend,
+                "forwardTo": forward_to,
+                "forwardAcks": forward_acks,
+                "syncFrom": sync_from,
+            },
+            callback,
+            payload=data,
+            expect="addResponse",
+            extract=_extract_replicated,
+        )
+
     async def add_entry(
-        self, address: str, segment_id: int, entry_id: int, lac: int, data: bytes | memoryview
+        self,
+        address: str,
+        segment_id: int,
+        entry_id: int,
+        lac: int,
+        data: bytes | memoryview,
+        *,
+        recovery: bool = False,
     ) -> None:
         conn = await self.connection(address)
         await conn.request(
             "addEntry",
-            {"segmentId": segment_id, "entryId": entry_id, "lac": lac},
+            {"segmentId": segment_id, "entryId": entry_id, "lac": lac, "recovery": recovery},
             payload=data,
             expect="addResponse",
             extract=_extract_add,

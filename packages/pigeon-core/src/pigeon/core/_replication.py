@@ -5,11 +5,11 @@ An entry ``i`` of a segment with ensemble ``E`` goes to the ``Qw`` bookies start
 *and* every earlier entry is acknowledged, so callbacks always complete in entry order
 and the last-add-confirmed (LAC) only moves forward.
 
-Recovery of a segment whose writer died: fence it on every bookie of its ensemble (so the
-old writer can add nothing more), then take the highest entry any bookie holds as the
-segment's last entry.  (Ensemble changes after a bookie failure and re-replication of the
-recovered tail are the cluster-mode work item; with the standalone ``E=Qw=Qa=1`` the
-single bookie holds everything.)
+A bookie that fails mid-write is replaced for the entries not yet acknowledged (an
+ensemble change: a new fragment in the segment's metadata); entries it had acknowledged
+are copied to the replacement.  Recovery of a segment whose writer died
+(:func:`recover_segment`): fence it, read forward from the LAC, re-replicate what is found
+and end the segment at the first entry that cannot have been acknowledged.
 """
 
 from __future__ import annotations
@@ -25,12 +25,14 @@ from pigeon.core._bookie_client import BookieClient
 from pigeon.core.errors import (
     ConfigError,
     ConnectionClosed,
+    CorruptEntry,
+    EntryNotFound,
     PigeonError,
     ServiceUnavailable,
     StorageError,
 )
 
-__all__ = ["QuorumPolicy", "QuorumWriter"]
+__all__ = ["QuorumPolicy", "QuorumWriter", "recover_segment"]
 
 log = logging.getLogger(__name__)
 
@@ -385,23 +387,143 @@ class QuorumPolicy:
         raise errors[-1] if errors else ServiceUnavailable("no bookie to read from")
 
     async def recover(
-        self, segment_id: int, ensemble: Sequence[str], *, ack_quorum: int | None = None
+        self,
+        segment_id: int,
+        ensemble: Sequence[str],
+        *,
+        ack_quorum: int | None = None,
+        write_quorum: int | None = None,
+        first_entry: int = 0,
     ) -> int:
-        """Fence the segment everywhere and return its last entry id (-1 if empty)."""
-        last = -1
-        answered = 0
-        errors: list[BaseException] = []
-        for address in ensemble:
-            try:
-                state = await self.client.fence(address, segment_id)
-            except (ConnectionClosed, StorageError, OSError) as exc:
-                errors.append(exc)
-                continue
-            answered += 1
-            last = max(last, int(state["last_entry_id"]))
-        if answered < len(ensemble) - min(ack_quorum or self.ack_quorum, len(ensemble)) + 1:
+        """Fence the segment, read forward past the LAC and re-replicate what is found;
+        return the last entry id (-1 if empty).  ``ensemble`` is the segment's last
+        fragment's, which starts at ``first_entry`` (every entry before it was
+        acknowledged)."""
+        e = len(ensemble)
+        qw = min(write_quorum or self.write_quorum, e)
+        qa = min(ack_quorum or self.ack_quorum, qw)
+        return await recover_segment(
+            self.client,
+            segment_id,
+            ensemble,
+            write_set=lambda entry: [ensemble[(entry + k) % e] for k in range(qw)],
+            write_quorum=qw,
+            ack_quorum=qa,
+            first_entry=first_entry,
+        )
+
+
+async def recover_segment(
+    client: BookieClient,
+    segment_id: int,
+    ensemble: Sequence[str],
+    *,
+    write_set: Callable[[int], Sequence[str]],
+    write_quorum: int,
+    ack_quorum: int,
+    first_entry: int = 0,
+) -> int:
+    """Recovery of a segment whose writer is gone (BookKeeper's): fence it on every
+    bookie that answers, so the old writer can add nothing more; then read forward from
+    the highest LAC any of them knows.  An entry found on any bookie may have been
+    acknowledged: it is recovered and written again (a recovery add) to every answering
+    bookie of its write set that lacks it.  The first entry that enough bookies of its
+    write set do not hold (more than ``write_quorum - ack_quorum``, so it cannot have
+    reached an ack quorum) ends the segment.  Returns the last entry id (-1: empty).
+
+    Raises ServiceUnavailable when too few bookies answer to decide.
+    """
+    states: dict[str, dict[str, Any]] = {}
+    errors: list[BaseException] = []
+
+    async def fence(address: str) -> None:
+        try:
+            states[address] = await client.fence(address, segment_id)
+        except (ConnectionClosed, ServiceUnavailable, StorageError, OSError) as exc:
+            errors.append(exc)
+
+    async with trio.open_nursery() as nursery:
+        for address in dict.fromkeys(ensemble):
+            nursery.start_soon(fence, address)
+    needed = len(ensemble) - min(ack_quorum, len(ensemble)) + 1
+    if len(states) < needed:
+        raise ServiceUnavailable(
+            f"cannot recover segment {segment_id}: only {len(states)} of {len(ensemble)} "
+            f"bookies answered ({errors[-1] if errors else 'no error'})"
+        )
+    # entries before the last fragment were all acknowledged when it was created
+    lac = max(first_entry - 1, *(int(s["lac"]) for s in states.values()))
+    top = max(int(s["last_entry_id"]) for s in states.values())
+    held: dict[str, dict[int, bytes | memoryview]] = {}
+    for address, state in states.items():
+        held[address] = await _read_tail(client, address, segment_id, lac + 1, state)
+    last = lac
+    copied = 0
+    for entry in range(lac + 1, top + 1):
+        targets = list(write_set(entry))
+        have = [a for a in targets if entry in held.get(a, {})]
+        if not have:
+            # a bookie that answered and lacks it never got it (adds arrive in order)
+            lacking = sum(1 for a in targets if a in states)
+            if lacking > write_quorum - ack_quorum:
+                break
             raise ServiceUnavailable(
-                f"cannot recover segment {segment_id}: only {answered} of {len(ensemble)} "
-                f"bookies answered ({errors[-1] if errors else 'no error'})"
+                f"cannot recover segment {segment_id}: entry {entry} is on no bookie that"
+                f" answered, and {len(targets) - lacking} of its bookies did not answer"
             )
-        return last
+        data = held[have[0]][entry]
+        for address in targets:
+            if address in states and address not in have:
+                try:
+                    await client.add_entry(address, segment_id, entry, lac, data, recovery=True)
+                    copied += 1
+                except (PigeonError, OSError) as exc:
+                    # the entry is recovered (it exists); the auditor restores its copies
+                    log.warning(
+                        "recovery re-replication failed segment=%s entry=%s bookie=%s error=%s",
+                        segment_id,
+                        entry,
+                        address,
+                        exc,
+                    )
+        last = entry
+    log.info(
+        "segment recovered segment=%s last_entry=%s lac=%s re_replicated=%s answered=%s/%s",
+        segment_id,
+        last,
+        lac,
+        copied,
+        len(states),
+        len(ensemble),
+    )
+    return last
+
+
+async def _read_tail(
+    client: BookieClient, address: str, segment_id: int, first: int, state: dict[str, Any]
+) -> dict[int, bytes | memoryview]:
+    """The entries ``first..`` one bookie holds (it may skip ids: striping)."""
+    out: dict[int, bytes | memoryview] = {}
+    last = int(state["last_entry_id"])
+    entry = first
+    while entry <= last:
+        try:
+            got = await client.read_entries(address, segment_id, entry, last)
+        except (EntryNotFound, CorruptEntry):
+            entry += 1  # skipped (not in this bookie's share) or damaged here
+            continue
+        except (ConnectionClosed, ServiceUnavailable, StorageError, OSError) as exc:
+            log.warning(
+                "recovery read failed segment=%s bookie=%s entry=%s error=%s",
+                segment_id,
+                address,
+                entry,
+                exc,
+            )
+            break
+        if not got:
+            break
+        for entry_id, data in got:
+            out[entry_id] = bytes(data)
+        entry = got[-1][0] + 1
+    return out

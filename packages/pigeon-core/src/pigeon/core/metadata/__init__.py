@@ -17,7 +17,7 @@ get the path helpers and :class:`WatchHub` from here.
 
 from __future__ import annotations
 
-from pigeon.core.metadata._election import LeaderElection, Lock
+from pigeon.core.metadata._election import LeaderElection, Lock, lead_forever
 from pigeon.core.metadata._embedded import EmbeddedMetadataStore, EmbeddedStoreStatistics
 from pigeon.core.metadata._store import (
     SEQUENCE_DIGITS,
@@ -44,6 +44,7 @@ __all__ = [
     "EmbeddedStoreStatistics",
     "EventType",
     "LeaderElection",
+    "lead_forever",
     "Lock",
     "MetadataStore",
     "Op",

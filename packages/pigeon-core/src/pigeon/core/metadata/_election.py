@@ -16,6 +16,7 @@ is deleted (not fair: any waiter may win).  The lock is lost with the holder's s
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 
 import trio
@@ -254,3 +255,40 @@ class Lock:
     ) -> None:
         with trio.CancelScope(shield=True), trio.move_on_after(_CLEANUP_TIMEOUT):
             await self.release()
+
+
+async def lead_forever(
+    store: MetadataStore,
+    path: str,
+    candidate_id: str,
+    work: Callable[[], Awaitable[None]],
+    *,
+    retry_s: float = 1.0,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Campaign for the leadership of ``path`` and run ``work()`` while leading, for as
+    long as this runs.  A lost session (the candidate node vanished) or a failed watch
+    ends the term, cancelling ``work``; the candidate campaigns again ``retry_s`` later,
+    once the store has a new session (whoever owns the session renews it).  Started once
+    the first campaign began."""
+    started = False
+    while True:
+        election = LeaderElection(store, path, candidate_id)
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(election.run)
+                if not started:
+                    started = True
+                    task_status.started()
+                await election.wait_leader()
+                await work()
+        except* MetadataError as group:
+            log.warning(
+                "%s: leadership term ended, campaigning again error=%s",
+                path,
+                group.exceptions[0],
+            )
+        if not started:
+            started = True
+            task_status.started()
+        await trio.sleep(retry_s)

@@ -248,11 +248,23 @@ struct AddEntry {
   segmentId @0 :Int64;
   entryId @1 :Int64;
   lac @2 :Int64;                # writer's last-add-confirmed, piggybacked
+  recovery @3 :Bool;            # recovery add: accepted on a fenced segment, idempotent
+  resend @4 :Bool;              # an entry already stored with identical bytes is acked
+  # Leader-follower replication: the receiving bookie (the segment's leader) stores the
+  # entry, forwards it to these followers (in order, one stream per follower) and
+  # answers once it is durable here and ``forwardAcks`` followers confirmed it (or every
+  # forward ended).  A follower that never saw entries from ``syncFrom`` on is first
+  # brought up to date from the leader's copy.
+  forwardTo @5 :List(Text);
+  forwardAcks @6 :UInt8;
+  syncFrom @7 :Int64;
 }
 
 struct AddResponse {
   segmentId @0 :Int64;
   entryId @1 :Int64;
+  copies @2 :UInt8;             # durable copies (leader-follower; 0: not counted)
+  lostReplicas @3 :List(Text);  # followers the leader could not reach for this entry
 }
 
 struct ReadEntries {

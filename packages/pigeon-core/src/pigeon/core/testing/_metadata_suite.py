@@ -30,6 +30,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
+from functools import partial
 
 import pytest
 import trio
@@ -50,6 +51,7 @@ from pigeon.core.metadata import (
     Op,
     Stat,
     WatchEvent,
+    lead_forever,
 )
 
 __all__ = ["QUIET", "WAIT", "ExpireSession", "MetadataStoreContract", "MetadataStoreFactory"]
@@ -668,6 +670,39 @@ class MetadataStoreContract:
                     await a_failed.wait()
                 assert not a.is_leader
                 assert await b.current_leader() == "b"
+                nursery.cancel_scope.cancel()
+
+    async def test_lead_forever_campaigns_again_after_session_expiry(
+        self,
+        metadata_store_factory: MetadataStoreFactory,
+        expire_session: ExpireSession,
+        root: str,
+    ) -> None:
+        path = f"{root}/forever"
+        async with metadata_store_factory() as store:
+            terms: list[trio.Event] = []
+
+            async def work() -> None:
+                ended = trio.Event()
+                terms.append(ended)
+                try:
+                    await trio.sleep_forever()
+                finally:
+                    ended.set()
+
+            async with trio.open_nursery() as nursery:
+                await nursery.start(partial(lead_forever, store, path, "a", work, retry_s=0.05))
+                with trio.fail_after(WAIT):
+                    while not terms:
+                        await trio.sleep(0.01)
+                await expire_session(store)
+                with trio.fail_after(WAIT):
+                    await terms[0].wait()  # the term ended with the session...
+                await store.new_session()  # ...and the owner of the session renews it
+                with trio.fail_after(WAIT):
+                    while len(terms) < 2:
+                        await trio.sleep(0.05)
+                assert not terms[1].is_set()
                 nursery.cancel_scope.cancel()
 
     # --- locks ---------------------------------------------------------------------------

@@ -150,6 +150,16 @@ class ReplicationPolicyContract:
             assert await _write(writer, payloads) == list(range(50))
             assert await _read_all(policy, segment, ensemble, 49) == payloads
 
+    async def test_a_single_bookie_ensemble_works(self, make_policy: Any, tmp_path: Path) -> None:
+        async with _cluster(tmp_path, 1) as (bookies, client):
+            policy = make_policy(client, ensemble_size=1, write_quorum=1, ack_quorum=1)
+            ensemble = policy.choose_ensemble(bookies.addresses)
+            segment = next(_segment_ids)
+            writer = await policy.create_writer(segment, ensemble)
+            assert await _write(writer, [b"a", b"b", b"c"]) == [0, 1, 2]
+            assert await _read_all(policy, segment, ensemble, 2) == [b"a", b"b", b"c"]
+            assert await policy.recover(segment, ensemble) == 2
+
     async def test_recovery_fences_the_old_writer_and_finds_the_last_entry(
         self, make_policy: Any, tmp_path: Path
     ) -> None:
@@ -223,4 +233,109 @@ class ReplicationPolicyContract:
                 )
                 await bookies.stop(ensemble[2])
                 assert await _write(writer, [b"x"] * 5) == list(range(5))
+                nursery.cancel_scope.cancel()
+
+    async def test_writes_go_on_when_the_first_bookie_of_the_ensemble_dies(
+        self, make_policy: Any, tmp_path: Path
+    ) -> None:
+        # with leader-follower the first bookie leads: a new leader is elected
+        async with _cluster(tmp_path, 4) as (bookies, client):
+            policy = make_policy(client, ensemble_size=3, write_quorum=3, ack_quorum=2)
+            ensemble = policy.choose_ensemble(bookies.addresses[:3])
+            spare = bookies.addresses[3]
+            segment = next(_segment_ids)
+            fragments: list[tuple[int, list[str]]] = [(0, list(ensemble))]
+
+            async def replace(index: int, first_entry: int) -> str:
+                new = list(fragments[-1][1])
+                new[index] = spare
+                fragments.append((first_entry, new))
+                return spare
+
+            async with trio.open_nursery() as nursery:
+                writer = await policy.create_writer(
+                    segment, ensemble, replace_bookie=replace, nursery=nursery
+                )
+                assert await _write(writer, [b"before"] * 10) == list(range(10))
+                await bookies.stop(ensemble[0])
+                assert await _write(writer, [b"after"] * 10) == list(range(10, 20))
+                with trio.fail_after(10):
+                    while len(fragments) < 2:
+                        await trio.sleep(0.01)
+                assert await _write(writer, [b"later"] * 10) == list(range(20, 30))
+                first_after, final = fragments[-1]
+                assert ensemble[0] not in final and spare in final
+                expected = [b"before"] * 10 + [b"after"] * 10 + [b"later"] * 10
+                # every bookie of the new fragment ends up holding all of its entries
+                for bookie in final:
+                    got: list[bytes] = []
+                    with trio.fail_after(10):
+                        while got != expected[first_after:]:
+                            try:
+                                got = await _read_all_from(policy, segment, bookie, first_after, 29)
+                            except PigeonError:
+                                await trio.sleep(0.02)
+                # and everything reads back through the policy, fragment by fragment
+                assert await _read_all(policy, segment, final, 29) == expected
+                nursery.cancel_scope.cancel()
+
+    async def test_recovery_copies_the_tail_everywhere_and_ends_at_a_gap(
+        self, make_policy: Any, tmp_path: Path
+    ) -> None:
+        async with _cluster(tmp_path, 3) as (bookies, client):
+            policy = make_policy(client, ensemble_size=3, write_quorum=3, ack_quorum=2)
+            ensemble = policy.choose_ensemble(bookies.addresses)
+            first = ensemble[0]
+            segment = next(_segment_ids)
+            # a writer died mid-replication: entries 0-3 on every bookie (LAC 2), entry 4
+            # reached one bookie (it may have been acknowledged: it is recovered), entry 5
+            # none (so 6, on one bookie, cannot have been acknowledged: 5 never was)
+            for entry in range(4):
+                for bookie in ensemble:
+                    await client.add_entry(bookie, segment, entry, entry - 1, b"e%d" % entry)
+            await client.add_entry(first, segment, 4, 2, b"e4")
+            await client.add_entry(first, segment, 6, 2, b"e6")
+            assert await policy.recover(segment, ensemble) == 4
+            for bookie in ensemble:
+                got = await _read_all_from(policy, segment, bookie, 0, 4)
+                assert got == [b"e0", b"e1", b"e2", b"e3", b"e4"]
+
+    async def test_a_late_replacement_gets_the_entries_acknowledged_meanwhile(
+        self, make_policy: Any, tmp_path: Path
+    ) -> None:
+        async with _cluster(tmp_path, 4) as (bookies, client):
+            policy = make_policy(client, ensemble_size=3, write_quorum=3, ack_quorum=2)
+            ensemble = policy.choose_ensemble(bookies.addresses[:3])
+            spare = bookies.addresses[3]
+            segment = next(_segment_ids)
+            firsts: list[int] = []
+            go = trio.Event()
+
+            async def replace(index: int, first_entry: int) -> str:
+                firsts.append(first_entry)
+                await go.wait()  # the spare is found only after more writes
+                return spare
+
+            async with trio.open_nursery() as nursery:
+                writer = await policy.create_writer(
+                    segment, ensemble, replace_bookie=replace, nursery=nursery
+                )
+                await _write(writer, [b"before"] * 5)
+                await bookies.stop(ensemble[2])
+                assert await _write(writer, [b"meanwhile"]) == [5]  # the loss is noticed
+                with trio.fail_after(10):
+                    while not firsts:
+                        await trio.sleep(0.01)
+                # acknowledged by the two others while no replacement is known yet
+                assert await _write(writer, [b"meanwhile"] * 9) == list(range(6, 15))
+                go.set()
+                expected = ([b"before"] * 5 + [b"meanwhile"] * 10)[firsts[-1] :]
+                assert expected, f"the change started late: at entry {firsts[-1]}"
+                got: list[bytes] = []
+                with trio.fail_after(10):
+                    while got != expected:
+                        try:
+                            got = await _read_all_from(policy, segment, spare, firsts[-1], 14)
+                        except PigeonError:
+                            await trio.sleep(0.02)
                 nursery.cancel_scope.cancel()

@@ -1,0 +1,533 @@
+"""The leader-follower replication policy (the original PigeonMQ design).
+
+Every segment has ``E`` replicas (its ensemble).  One of them leads: the writer sends each
+entry to the leader only, naming the followers; the leader stores it, forwards it to them
+over one ordered stream each (:mod:`pigeon.bookie._forward`) and answers with the number
+of durable copies once ``Qa - 1`` followers confirmed.  The writer acknowledges entries in
+order once they have ``Qa`` copies.
+
+Failures:
+
+- a follower the leader cannot reach is reported in the answers (``lostReplicas``); the
+  writer replaces it (an ensemble change: a new fragment in the segment's metadata) and the
+  leader brings the newcomer up to date from its own copy, starting at the fragment's first
+  entry, before forwarding new entries to it;
+- when the leader dies (or turns read-only), the writer elects a new one among the
+  followers: the one holding the most entries (it holds every acknowledged entry of the
+  fragment), then the least loaded, then the first in the ensemble; replaces the dead
+  leader's slot with a new follower and resends every unacknowledged entry to the new
+  leader.  Resends are idempotent on every bookie, so entries some follower already had
+  are acknowledged again, never written twice;
+- a fenced segment (recovery by another broker) refuses the adds on every replica, and
+  the writer fails.
+
+Recovery, reads and the auditor see an ordinary ensemble in which every bookie holds
+every entry (``Qw = E``): recovery is :func:`pigeon.core._replication.recover_segment`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from pigeon.core._bookie_client import BookieClient
+from pigeon.core._replication import recover_segment
+from pigeon.core.errors import (
+    ConfigError,
+    ConnectionClosed,
+    EntryNotFound,
+    PigeonError,
+    SegmentFenced,
+    SegmentNotFound,
+    ServiceUnavailable,
+    StorageError,
+)
+
+__all__ = ["LeaderFollowerPolicy", "LeaderFollowerWriter"]
+
+log = logging.getLogger(__name__)
+
+WriteCallback = Callable[[int, BaseException | None], None]
+ReplaceBookie = Callable[[int, int], Awaitable[str]]
+BookieLoad = Callable[[str], float]
+
+
+@dataclass(slots=True)
+class _Flight:
+    data: bytes | memoryview
+    callback: WriteCallback
+    acked: bool = False
+
+
+def _replaceable(error: BaseException) -> bool:
+    """A bookie being unavailable (choose another), not a refusal (fail)."""
+    if isinstance(error, PigeonError):
+        return error.retriable
+    return isinstance(error, OSError)
+
+
+class LeaderFollowerWriter:
+    """Appends entries to one segment through its leader. One writer per segment."""
+
+    def __init__(
+        self,
+        client: BookieClient,
+        segment_id: int,
+        ensemble: Sequence[str],
+        *,
+        ack_quorum: int,
+        replace_bookie: ReplaceBookie | None = None,
+        nursery: trio.Nursery | None = None,
+        bookie_load: BookieLoad | None = None,
+    ) -> None:
+        self.client = client
+        self.segment_id = segment_id
+        self.ensemble = list(ensemble)
+        self.ack_quorum = min(ack_quorum, len(self.ensemble))
+        self.write_quorum = len(self.ensemble)
+        self.replace_bookie = replace_bookie
+        self.nursery = nursery
+        self.bookie_load = bookie_load
+        self.leader = 0
+        self.next_entry_id = 0
+        self.lac = -1
+        self.bytes_written = 0
+        self.ensemble_changes = 0
+        self.leader_changes = 0
+        self.closed = False
+        self._conn: Any = None
+        self._gen = 0  # answers from a leader replaced since are ignored
+        self._electing = False
+        self._changing: set[int] = set()
+        self._down: set[int] = set()
+        self._sync_from = 0  # first entry of the current fragment
+        self._syncing = 0
+        self._last_data: bytes | memoryview | None = None
+        self._in_flight: dict[int, _Flight] = {}
+        self._failed: BaseException | None = None
+        self._idle = trio.Event()
+        self._idle.set()
+
+    async def open(self) -> None:
+        self._conn = await self.client.connection(self.ensemble[self.leader])
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def pending(self) -> int:
+        return len(self._in_flight)
+
+    @property
+    def failed(self) -> BaseException | None:
+        return self._failed
+
+    @property
+    def leader_address(self) -> str:
+        return self.ensemble[self.leader]
+
+    def close(self) -> None:
+        """No more adds (the segment is being closed); stops pending ensemble changes."""
+        self.closed = True
+
+    async def wait_idle(self) -> None:
+        """Wait until nothing is in flight (all acknowledged, or the writer failed)."""
+        await self._idle.wait()
+
+    def _busy(self) -> None:
+        if self._idle.is_set():
+            self._idle = trio.Event()
+
+    def _maybe_idle(self) -> None:
+        if (not self._in_flight and not self._syncing) or self._failed is not None:
+            self._idle.set()
+
+    def _followers(self) -> list[str]:
+        skip = self._changing | self._down
+        return [a for i, a in enumerate(self.ensemble) if i != self.leader and i not in skip]
+
+    # ------------------------------------------------------------------ adds
+
+    def add_nowait(self, data: bytes | memoryview, callback: WriteCallback) -> int:
+        """Send one entry; ``callback(entry_id, error)`` runs once, in entry order."""
+        if self._failed is not None:
+            raise self._failed
+        entry_id = self.next_entry_id
+        self.next_entry_id += 1
+        self._in_flight[entry_id] = _Flight(data, callback)
+        self._busy()
+        self.bytes_written += len(data)
+        if not self._electing:
+            self._send(entry_id, data)
+        return entry_id
+
+    def _send(self, entry_id: int, data: bytes | memoryview, *, resend: bool = False) -> None:
+        gen = self._gen
+        try:
+            self.client.add_replicated_nowait(
+                self._conn,
+                self.segment_id,
+                entry_id,
+                self.lac,
+                data,
+                lambda result, error: self._on_answer(gen, entry_id, result, error),
+                forward_to=self._followers(),
+                forward_acks=self.ack_quorum - 1,
+                sync_from=self._sync_from,
+                resend=resend,
+            )
+        except ConnectionClosed as exc:
+            self._on_answer(gen, entry_id, None, exc)
+
+    def _resend_pending(self) -> None:
+        for entry_id, flight in sorted(self._in_flight.items()):
+            if not flight.acked:
+                self._send(entry_id, flight.data, resend=True)
+
+    def _on_answer(self, gen: int, entry_id: int, result: Any, error: BaseException | None) -> None:
+        if gen != self._gen or self._failed is not None:
+            return  # sent to a leader replaced since: resent to the new one
+        flight = self._in_flight.get(entry_id)
+        if flight is None or flight.acked:
+            return
+        if error is not None:
+            if _replaceable(error) and self.nursery is not None and not self.closed:
+                self._start_leader_change(error)
+            else:
+                self._fail(error)
+            return
+        copies, lost = result
+        copies = copies or 1  # a bookie with no follower to forward to answers plainly
+        for address in lost:
+            self._lost(address, ConnectionClosed(f"follower {address} lost"))
+        if copies >= self.ack_quorum:
+            flight.acked = True
+            self._complete_in_order()
+        elif not self._changing:
+            # too few copies and no replacement coming (none possible)
+            self._fail(
+                ServiceUnavailable(
+                    f"segment {self.segment_id} entry {entry_id}: {copies} durable copies,"
+                    f" {self.ack_quorum} needed"
+                )
+            )
+        # else: resent once the replacement joins
+
+    def _complete_in_order(self) -> None:
+        while True:
+            nxt = self.lac + 1
+            flight = self._in_flight.get(nxt)
+            if flight is None or not flight.acked:
+                break
+            del self._in_flight[nxt]
+            self.lac = nxt
+            self._last_data = flight.data
+            try:
+                flight.callback(nxt, None)
+            except Exception:
+                log.exception("write callback failed segment=%s entry=%s", self.segment_id, nxt)
+        self._maybe_idle()
+
+    def _fail(self, error: BaseException) -> None:
+        if self._failed is None:
+            self._failed = (
+                error
+                if isinstance(error, PigeonError)
+                else StorageError(f"segment {self.segment_id}: {error}")
+            )
+            log.warning("segment writer failed segment=%s error=%s", self.segment_id, error)
+        flights = sorted(self._in_flight.items())
+        self._in_flight.clear()
+        self._idle.set()
+        for entry_id, flight in flights:
+            try:
+                flight.callback(entry_id, self._failed)
+            except Exception:
+                log.exception(
+                    "write callback failed segment=%s entry=%s", self.segment_id, entry_id
+                )
+
+    # ------------------------------------------------------------------ followers
+
+    def _lost(self, address: str, error: BaseException) -> None:
+        """A follower is gone: replace it (or write on without it while none is free)."""
+        try:
+            index = self.ensemble.index(address)
+        except ValueError:
+            return  # replaced already
+        if index in self._changing or index == self.leader:
+            return
+        if self.replace_bookie is None or self.nursery is None or self.closed:
+            self._mark_down(index, error)
+            return
+        self._changing.add(index)
+        self.nursery.start_soon(self._change_ensemble, index)
+
+    def _mark_down(self, index: int, error: BaseException) -> None:
+        if index in self._down:
+            return
+        self._down.add(index)
+        alive = len(self.ensemble) - len(self._down)
+        if alive < self.ack_quorum:
+            self._fail(
+                ServiceUnavailable(
+                    f"segment {self.segment_id}: {alive} replicas left, {self.ack_quorum}"
+                    f" needed ({error})"
+                )
+            )
+
+    async def _change_ensemble(self, index: int) -> None:
+        failed = self.ensemble[index]
+        delay = 0.2
+        while True:
+            first = self.lac + 1
+            try:
+                assert self.replace_bookie is not None
+                address = await self.replace_bookie(index, first)
+                await self.client.connection(address)
+                break
+            except (PigeonError, OSError) as exc:
+                if self._failed is not None or self.closed:
+                    return
+                log.warning(
+                    "ensemble change pending segment=%s bookie=%s error=%s",
+                    self.segment_id,
+                    failed,
+                    exc,
+                )
+                # write on with the others while the ack quorum holds
+                self._mark_down(index, exc)
+                self._resend_pending()
+                await trio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        if self._failed is not None:
+            return
+        self.ensemble[index] = address
+        self._sync_from = first
+        self._changing.discard(index)
+        self._down.discard(index)
+        self.ensemble_changes += 1
+        log.info(
+            "ensemble changed segment=%s replaced=%s with=%s from_entry=%s",
+            self.segment_id,
+            failed,
+            address,
+            first,
+        )
+        if self._electing:
+            return  # the new leader gets everything pending, followers included
+        if any(not f.acked for f in self._in_flight.values()):
+            self._resend_pending()  # the leader brings the newcomer up first
+        elif self.lac >= first and self._last_data is not None:
+            self._sync_newcomer()
+
+    def _sync_newcomer(self) -> None:
+        """Nothing pending: resend the last acknowledged entry, so that the leader copies
+        the fragment's acknowledged entries to the new follower now."""
+        assert self._last_data is not None
+        self._syncing += 1
+        self._busy()
+
+        def done(result: Any, error: BaseException | None) -> None:
+            self._syncing -= 1
+            if error is not None:
+                log.warning("follower sync failed segment=%s error=%s", self.segment_id, error)
+            self._maybe_idle()
+
+        try:
+            self.client.add_replicated_nowait(
+                self._conn,
+                self.segment_id,
+                self.lac,
+                self.lac,
+                self._last_data,
+                done,
+                forward_to=self._followers(),
+                forward_acks=len(self._followers()),
+                sync_from=self._sync_from,
+                resend=True,
+            )
+        except ConnectionClosed as exc:
+            done(None, exc)
+
+    # ------------------------------------------------------------------ the leader
+
+    def _start_leader_change(self, error: BaseException) -> None:
+        if self._electing:
+            return
+        self._electing = True
+        self._gen += 1
+        log.warning(
+            "segment leader lost segment=%s leader=%s error=%s",
+            self.segment_id,
+            self.leader_address,
+            error,
+        )
+        assert self.nursery is not None
+        self.nursery.start_soon(self._change_leader)
+
+    async def _change_leader(self) -> None:
+        old = self.leader
+        skip = self._changing | self._down | {old}
+        best: tuple[tuple[int, float, int], int] | None = None
+        for index, address in enumerate(self.ensemble):
+            if index in skip:
+                continue
+            try:
+                state = await self.client.segment_info(address, self.segment_id)
+                if state["fenced"]:
+                    self._fail(SegmentFenced(f"segment={self.segment_id} is fenced"))
+                    return
+                last = int(state["last_entry_id"])
+            except SegmentNotFound:
+                last = -1
+            except (PigeonError, OSError) as exc:
+                log.warning(
+                    "leader candidate unreachable segment=%s bookie=%s error=%s",
+                    self.segment_id,
+                    address,
+                    exc,
+                )
+                continue
+            load = self.bookie_load(address) if self.bookie_load is not None else 0.0
+            # most entries first (it holds every acknowledged one), then least loaded
+            key = (last, -load, -index)
+            if best is None or key > best[0]:
+                best = (key, index)
+        if self._failed is not None:
+            return
+        if best is None:
+            self._fail(ServiceUnavailable(f"segment {self.segment_id}: no follower left to lead"))
+            return
+        self.leader = best[1]
+        try:
+            self._conn = await self.client.connection(self.leader_address)
+        except (PigeonError, OSError) as exc:
+            self._fail(ServiceUnavailable(f"segment {self.segment_id}: new leader: {exc}"))
+            return
+        self.leader_changes += 1
+        log.info(
+            "segment leader elected segment=%s leader=%s held_up_to=%s",
+            self.segment_id,
+            self.leader_address,
+            best[0][0],
+        )
+        self._electing = False
+        if not self.closed and old not in self._changing:
+            self._lost(self.ensemble[old], ConnectionClosed("leader lost"))
+        self._resend_pending()
+
+
+class LeaderFollowerPolicy:
+    """Factory of leader-follower segment writers, readers and recovery."""
+
+    name = "leader-follower"
+
+    def __init__(
+        self,
+        client: BookieClient,
+        *,
+        ensemble_size: int = 1,
+        write_quorum: int = 1,
+        ack_quorum: int = 1,
+        bookie_load: BookieLoad | None = None,
+        **_options: Any,
+    ) -> None:
+        if not ensemble_size >= write_quorum >= ack_quorum >= 1:
+            raise ConfigError(
+                "replication needs ensemble_size >= write_quorum >= ack_quorum >= 1, got "
+                f"{ensemble_size}/{write_quorum}/{ack_quorum}"
+            )
+        self.client = client
+        self.ensemble_size = ensemble_size
+        self.write_quorum = write_quorum
+        self.ack_quorum = ack_quorum
+        self.bookie_load = bookie_load
+
+    def choose_ensemble(
+        self, bookies: Sequence[str], ensemble_size: int | None = None
+    ) -> list[str]:
+        """The least loaded bookies; the first one leads."""
+        size = ensemble_size or self.ensemble_size
+        if len(bookies) < size:
+            raise ServiceUnavailable(f"need {size} writable bookies, {len(bookies)} available")
+        if self.bookie_load is not None:
+            load = self.bookie_load
+            bookies = sorted(bookies, key=lambda b: (load(b), b))
+        return list(bookies[:size])
+
+    async def create_writer(
+        self,
+        segment_id: int,
+        ensemble: Sequence[str],
+        *,
+        write_quorum: int | None = None,
+        ack_quorum: int | None = None,
+        replace_bookie: ReplaceBookie | None = None,
+        nursery: trio.Nursery | None = None,
+    ) -> LeaderFollowerWriter:
+        writer = LeaderFollowerWriter(
+            self.client,
+            segment_id,
+            ensemble,
+            ack_quorum=ack_quorum or self.ack_quorum,
+            replace_bookie=replace_bookie,
+            nursery=nursery,
+            bookie_load=self.bookie_load,
+        )
+        await writer.open()
+        return writer
+
+    async def read(
+        self,
+        segment_id: int,
+        ensemble: Sequence[str],
+        first: int,
+        last: int,
+        *,
+        max_bytes: int = 8 << 20,
+        max_count: int = 10_000,
+        write_quorum: int | None = None,
+    ) -> list[tuple[int, memoryview]]:
+        """Entries ``first..last`` (fewer if limits hit) from the first replica holding
+        ``first`` (every replica holds every entry, bar one that is catching up)."""
+        errors: list[BaseException] = []
+        n = len(ensemble)
+        for k in range(n):
+            address = ensemble[(first + k) % n]
+            try:
+                got = await self.client.read_entries(
+                    address, segment_id, first, last, max_bytes=max_bytes, max_count=max_count
+                )
+            except (ConnectionClosed, ServiceUnavailable, StorageError, OSError) as exc:
+                errors.append(exc)
+                continue
+            if got:
+                return got
+            errors.append(EntryNotFound(f"segment={segment_id} entry={first} not on {address}"))
+        raise errors[-1] if errors else ServiceUnavailable("no bookie to read from")
+
+    async def recover(
+        self,
+        segment_id: int,
+        ensemble: Sequence[str],
+        *,
+        ack_quorum: int | None = None,
+        write_quorum: int | None = None,
+        first_entry: int = 0,
+    ) -> int:
+        """Fence every replica, read forward, copy the tail to every replica lacking it;
+        the last entry id (-1 if empty)."""
+        members = list(ensemble)
+        return await recover_segment(
+            self.client,
+            segment_id,
+            members,
+            write_set=lambda entry: members,
+            write_quorum=len(members),
+            ack_quorum=min(ack_quorum or self.ack_quorum, len(members)),
+            first_entry=first_entry,
+        )
