@@ -385,13 +385,15 @@ class ManagedLedger:
             self._start_roll()
 
     async def _replace_bookie(self, seg: SegmentInfo, index: int, first_entry: int) -> str:
-        """Ensemble change: a new bookie for ``index`` from ``first_entry`` on, recorded."""
+        """Ensemble change: a new bookie (the least loaded outside the ensemble) for
+        ``index`` from ``first_entry`` on, recorded in the segment's metadata."""
         candidates = [b for b in self.bookies() if b not in seg.ensemble]
         if not candidates:
             raise ServiceUnavailable(
                 f"no spare bookie to replace {seg.ensemble[index]} in segment {seg.id}"
             )
-        address = candidates[0]
+        load = getattr(self.bookies, "load", None)  # the BookieDirectory's bytes/s
+        address = min(candidates, key=lambda b: (load(b), b)) if load else candidates[0]
         if not seg.initial_ensemble:
             seg.initial_ensemble = list(seg.ensemble)
         ensemble = list(seg.ensemble)
