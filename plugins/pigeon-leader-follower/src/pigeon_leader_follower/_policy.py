@@ -35,9 +35,8 @@ from typing import Any
 import trio
 
 from pigeon.core._bookie_client import BookieClient
-from pigeon.core._replication import recover_segment
+from pigeon.core._replication import BookieLoad, PolicyBase, fail_in_order, recover_segment
 from pigeon.core.errors import (
-    ConfigError,
     ConnectionClosed,
     EntryNotFound,
     PigeonError,
@@ -53,7 +52,6 @@ log = logging.getLogger(__name__)
 
 WriteCallback = Callable[[int, BaseException | None], None]
 ReplaceBookie = Callable[[int, int], Awaitable[str]]
-BookieLoad = Callable[[str], float]
 
 
 @dataclass(slots=True)
@@ -239,16 +237,10 @@ class LeaderFollowerWriter:
                 else StorageError(f"segment {self.segment_id}: {error}")
             )
             log.warning("segment writer failed segment=%s error=%s", self.segment_id, error)
-        flights = sorted(self._in_flight.items())
+        flights = [(eid, flight.callback) for eid, flight in self._in_flight.items()]
         self._in_flight.clear()
         self._idle.set()
-        for entry_id, flight in flights:
-            try:
-                flight.callback(entry_id, self._failed)
-            except Exception:
-                log.exception(
-                    "write callback failed segment=%s entry=%s", self.segment_id, entry_id
-                )
+        fail_in_order(self.segment_id, flights, self._failed)
 
     # ------------------------------------------------------------------ followers
 
@@ -421,43 +413,11 @@ class LeaderFollowerWriter:
         self._resend_pending()
 
 
-class LeaderFollowerPolicy:
-    """Factory of leader-follower segment writers, readers and recovery."""
+class LeaderFollowerPolicy(PolicyBase):
+    """Factory of leader-follower segment writers, readers and recovery; the ensemble
+    (least loaded first: it leads) is chosen by :class:`PolicyBase`."""
 
     name = "leader-follower"
-
-    def __init__(
-        self,
-        client: BookieClient,
-        *,
-        ensemble_size: int = 1,
-        write_quorum: int = 1,
-        ack_quorum: int = 1,
-        bookie_load: BookieLoad | None = None,
-        **_options: Any,
-    ) -> None:
-        if not ensemble_size >= write_quorum >= ack_quorum >= 1:
-            raise ConfigError(
-                "replication needs ensemble_size >= write_quorum >= ack_quorum >= 1, got "
-                f"{ensemble_size}/{write_quorum}/{ack_quorum}"
-            )
-        self.client = client
-        self.ensemble_size = ensemble_size
-        self.write_quorum = write_quorum
-        self.ack_quorum = ack_quorum
-        self.bookie_load = bookie_load
-
-    def choose_ensemble(
-        self, bookies: Sequence[str], ensemble_size: int | None = None
-    ) -> list[str]:
-        """The least loaded bookies; the first one leads."""
-        size = ensemble_size or self.ensemble_size
-        if len(bookies) < size:
-            raise ServiceUnavailable(f"need {size} writable bookies, {len(bookies)} available")
-        if self.bookie_load is not None:
-            load = self.bookie_load
-            bookies = sorted(bookies, key=lambda b: (load(b), b))
-        return list(bookies[:size])
 
     async def create_writer(
         self,

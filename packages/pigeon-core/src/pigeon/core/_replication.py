@@ -32,7 +32,14 @@ from pigeon.core.errors import (
     StorageError,
 )
 
-__all__ = ["QuorumPolicy", "QuorumWriter", "recover_segment"]
+__all__ = [
+    "BookieLoad",
+    "PolicyBase",
+    "QuorumPolicy",
+    "QuorumWriter",
+    "fail_in_order",
+    "recover_segment",
+]
 
 log = logging.getLogger(__name__)
 
@@ -288,20 +295,21 @@ class QuorumWriter:
         if self._failed is None:
             self._failed = error
             log.warning("segment writer failed segment=%s error=%s", self.segment_id, error)
-        flights = sorted(self._in_flight.items())
+        flights = [(eid, flight.callback) for eid, flight in self._in_flight.items()]
         self._in_flight.clear()
         self._idle.set()
-        for eid, flight in flights:
-            try:
-                flight.callback(eid, error)
-            except Exception:
-                log.exception("write callback failed segment=%s entry=%s", self.segment_id, eid)
+        fail_in_order(self.segment_id, flights, error)
 
 
-class QuorumPolicy:
-    """Factory of segment writers/readers with the quorum protocol."""
+#: ``bookie_load(address) -> bytes/s`` the bookie reported (brokers pass their directory's)
+BookieLoad = Callable[[str], float]
 
-    name = "quorum"
+
+class PolicyBase:
+    """What every replication policy shares: its sizes, checked, and the choice of an
+    ensemble: the least loaded writable bookies when loads are known, else in order."""
+
+    name = ""
 
     def __init__(
         self,
@@ -310,6 +318,7 @@ class QuorumPolicy:
         ensemble_size: int = 1,
         write_quorum: int = 1,
         ack_quorum: int = 1,
+        bookie_load: BookieLoad | None = None,
         **_options: Any,
     ) -> None:
         if not ensemble_size >= write_quorum >= ack_quorum >= 1:
@@ -321,6 +330,7 @@ class QuorumPolicy:
         self.ensemble_size = ensemble_size
         self.write_quorum = write_quorum
         self.ack_quorum = ack_quorum
+        self.bookie_load = bookie_load
 
     def choose_ensemble(
         self, bookies: Sequence[str], ensemble_size: int | None = None
@@ -328,7 +338,27 @@ class QuorumPolicy:
         size = ensemble_size or self.ensemble_size
         if len(bookies) < size:
             raise ServiceUnavailable(f"need {size} writable bookies, {len(bookies)} available")
+        if self.bookie_load is not None:
+            load = self.bookie_load
+            bookies = sorted(bookies, key=lambda b: (load(b), b))
         return list(bookies[:size])
+
+
+def fail_in_order(
+    segment_id: int, flights: list[tuple[int, WriteCallback]], error: BaseException
+) -> None:
+    """Call back every in-flight entry with ``error``, in entry order."""
+    for entry_id, callback in sorted(flights, key=lambda f: f[0]):
+        try:
+            callback(entry_id, error)
+        except Exception:
+            log.exception("write callback failed segment=%s entry=%s", segment_id, entry_id)
+
+
+class QuorumPolicy(PolicyBase):
+    """Factory of segment writers/readers with the quorum protocol."""
+
+    name = "quorum"
 
     async def create_writer(
         self,
