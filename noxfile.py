@@ -20,7 +20,7 @@ import nox
 nox.options.sessions = ["tests"]
 nox.options.reuse_existing_virtualenvs = True
 
-UNIT_PATHS = sorted(glob.glob("packages/*/tests")) + ["plugins"]
+UNIT_PATHS = [*sorted(glob.glob("packages/*/tests")), "plugins"]
 METADATA_BACKENDS = ["embedded", "zookeeper", "etcd"]
 #: replication policy -> the pytest id of its cluster test parameter
 REPLICATION_POLICIES = {"quorum": "quorum", "leader-follower": "lf"}

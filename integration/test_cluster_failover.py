@@ -166,14 +166,18 @@ def test_killing_the_owning_broker_loses_no_acknowledged_message(cluster: Cluste
 
 def test_any_broker_answers_lookups_and_names_the_owner(cluster: Cluster) -> None:
     first, second = cluster.brokers
-    with Client(f"pigeon://{second.address}", operation_timeout=OP_TIMEOUT) as via_second:
-        with via_second.create_producer("lookup-me") as producer:
-            producer.send(b"x")
-            owner = producer._handle.engines[0].conn.name
-    with Client(f"pigeon://{first.address}", operation_timeout=OP_TIMEOUT) as via_first:
-        with via_first.subscribe("lookup-me", "s", initial_position="earliest") as consumer:
-            assert consumer.receive(timeout=10).value == b"x"
-            assert consumer._handle.engines[0].conn.name == owner
+    with (
+        Client(f"pigeon://{second.address}", operation_timeout=OP_TIMEOUT) as via_second,
+        via_second.create_producer("lookup-me") as producer,
+    ):
+        producer.send(b"x")
+        owner = producer._handle.engines[0].conn.name
+    with (
+        Client(f"pigeon://{first.address}", operation_timeout=OP_TIMEOUT) as via_first,
+        via_first.subscribe("lookup-me", "s", initial_position="earliest") as consumer,
+    ):
+        assert consumer.receive(timeout=10).value == b"x"
+        assert consumer._handle.engines[0].conn.name == owner
 
 
 def test_whole_cluster_restart_keeps_data_and_cursors(cluster: Cluster) -> None:
@@ -188,10 +192,12 @@ def test_whole_cluster_restart_keeps_data_and_cursors(cluster: Cluster) -> None:
     cluster.kill_all()
     for node in [*cluster.bookies, *cluster.brokers]:
         node.start()
-    with Client(cluster.service_url, operation_timeout=OP_TIMEOUT) as client:
-        with client.subscribe("restart", "s") as consumer:
-            first = consumer.receive(timeout=20)
-            assert int(first.value) == 200
+    with (
+        Client(cluster.service_url, operation_timeout=OP_TIMEOUT) as client,
+        client.subscribe("restart", "s") as consumer,
+    ):
+        first = consumer.receive(timeout=20)
+        assert int(first.value) == 200
 
 
 @pytest.fixture

@@ -156,7 +156,7 @@ class Auditor:
             if not held:
                 entry += 1
                 continue
-            got = await policy.read(seg.id, survivors + [lost], entry, entry, write_quorum=e)
+            got = await policy.read(seg.id, [*survivors, lost], entry, entry, write_quorum=e)
             for eid, data in got:
                 await client.add_entry(target, seg.id, eid, -1, data)
                 copied += 1

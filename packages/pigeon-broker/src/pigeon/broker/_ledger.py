@@ -448,7 +448,7 @@ class ManagedLedger:
                 cb(None, ServiceUnavailable(f"topic {self.topic} cannot roll over: {exc}"))
             if not isinstance(exc, Exception):
                 raise
-            log.error("segment rollover failed topic=%s error=%s", self.topic, exc)
+            log.error("segment rollover failed topic=%s error=%s", self.topic, exc)  # noqa: TRY400 - the cause is in the message
             return
         finally:
             self._rolling = False

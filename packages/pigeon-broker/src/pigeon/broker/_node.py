@@ -67,7 +67,7 @@ class BookieDirectory:
             async for _event in events:
                 await self.refresh()
 
-    async def wait_for(self, count: int, timeout: float = 30.0) -> None:
+    async def wait_for(self, count: int, timeout: float = 30.0) -> None:  # noqa: ASYNC109
         with trio.fail_after(timeout):
             while len(self.writable()) < count:
                 await self.changed.wait()

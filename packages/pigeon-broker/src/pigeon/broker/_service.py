@@ -285,7 +285,7 @@ class Topic:
         try:
             await sub.run()
         except Exception as exc:  # one subscription failing must not take the broker down
-            log.exception("subscription failed topic=%s sub=%s error=%s", self.name, sub.name, exc)
+            log.exception("subscription failed topic=%s sub=%s", self.name, sub.name)
             sub.closed = True
             for consumer in list(sub.consumers):
                 with contextlib.suppress(PigeonError):
@@ -688,7 +688,10 @@ class BrokerService:
     ) -> None:
         topic = await self.get_topic(name)
         if not producer_name:
-            producer_name = f"{self.config.cluster_name}-{self.address[1] if self.address else 0}-{next(self._names)}-{id(conn) & 0xFFFF:x}"
+            port = self.address[1] if self.address else 0
+            producer_name = (
+                f"{self.config.cluster_name}-{port}-{next(self._names)}-{id(conn) & 0xFFFF:x}"
+            )
         existing = topic.producers.get(producer_name)
         if existing is not None and not existing.conn.closed and existing.conn is not conn:
             raise ProducerBusy(f"producer {producer_name!r} is already connected to {name}")
@@ -767,18 +770,22 @@ class BrokerService:
                 },
             )
 
-        if topic.persistent and policies.backlog_quota_bytes >= 0:
-            if topic.backlog_bytes() > policies.backlog_quota_bytes:
-                if policies.backlog_quota_policy == "producer_exception":
-                    topic.last_sequence[producer.name] = sequence_id - 1
-                    raise ProducerBlocked(
-                        f"backlog of {topic.name} exceeds its quota of {policies.backlog_quota_bytes} bytes"
-                    )
-                if policies.backlog_quota_policy == "producer_request_hold":
-                    payload_copy = bytes(payload)
-                    deliver_at = header.deliver_at
-                    topic.hold(lambda: topic.append(payload_copy, n, done, deliver_at=deliver_at))
-                    return
+        if (
+            topic.persistent
+            and policies.backlog_quota_bytes >= 0
+            and topic.backlog_bytes() > policies.backlog_quota_bytes
+        ):
+            if policies.backlog_quota_policy == "producer_exception":
+                topic.last_sequence[producer.name] = sequence_id - 1
+                raise ProducerBlocked(
+                    f"backlog of {topic.name} exceeds its quota of"
+                    f" {policies.backlog_quota_bytes} bytes"
+                )
+            if policies.backlog_quota_policy == "producer_request_hold":
+                payload_copy = bytes(payload)
+                deliver_at = header.deliver_at
+                topic.hold(lambda: topic.append(payload_copy, n, done, deliver_at=deliver_at))
+                return
 
         topic.append(payload, n, done, deliver_at=header.deliver_at)
 
@@ -906,7 +913,7 @@ class BrokerService:
 
     def on_seek(self, conn: Connection, req: Request) -> None:
         b = req.body
-        consumer, sub, _ = self._consumer(conn, b.consumerId)
+        _consumer, sub, _ = self._consumer(conn, b.consumerId)
         if isinstance(sub, NonPersistentSubscription):
             raise NotSupported("seek is not supported on non-persistent topics")
         which = b.which()

@@ -135,7 +135,8 @@ def consume_cmd(
                 text = msg.value.decode("utf-8", "replace")
                 if show_key:
                     click.echo(
-                        f"key={msg.key!r} properties={msg.properties} offset={msg.offset} value={text}"
+                        f"key={msg.key!r} properties={msg.properties}"
+                        f" offset={msg.offset} value={text}"
                     )
                 else:
                     click.echo(text)

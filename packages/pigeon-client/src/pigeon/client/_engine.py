@@ -692,4 +692,3 @@ class ConsumerEngine(_Reconnecting):
                 await self.engine.request(conn, "closeConsumer", {"consumerId": self.consumer_id})
             except PigeonError:
                 pass
-

@@ -467,7 +467,7 @@ class Producer:
         event_time: int = 0,
         deliver_at: int | None = None,
         deliver_after: float | None = None,
-        timeout: float | None = None,  # noqa: ASYNC109 - the sync face's API
+        timeout: float | None = None,
     ) -> MessageId:
         """Send one message and wait for the broker's receipt.
 
@@ -600,7 +600,7 @@ class _Receiving:
     async def batch_receive(
         self,
         max_messages: int = 1000,
-        timeout: float | None = None,  # noqa: ASYNC109 - the sync face's API
+        timeout: float | None = None,
     ) -> list[Message]:
         """Up to ``max_messages`` messages, at least one; raises Timeout after ``timeout`` s."""
         h = self._handle
@@ -629,7 +629,7 @@ class _Receiving:
                 client._soon(engine.flow, permits)
         return msgs
 
-    async def receive(self, timeout: float | None = None) -> Message:  # noqa: ASYNC109
+    async def receive(self, timeout: float | None = None) -> Message:
         """The next message; raises pigeon.client.Timeout after ``timeout`` seconds."""
         return (await self.batch_receive(1, timeout))[0]
 
@@ -721,7 +721,7 @@ class Reader(_Receiving):
     async def __aenter__(self) -> Reader:
         return self
 
-    async def read_next(self, timeout: float | None = None) -> Message:  # noqa: ASYNC109
+    async def read_next(self, timeout: float | None = None) -> Message:
         msg = await self.receive(timeout)
         with self._lock:
             self._handle.acknowledge_cumulative(msg.message_id)

@@ -680,11 +680,11 @@ class MetadataStoreContract:
     ) -> None:
         path = f"{root}/forever"
         async with metadata_store_factory() as store:
-            terms: list[trio.Event] = []
+            send_term, terms = trio.open_memory_channel[trio.Event](10)
 
             async def work() -> None:
                 ended = trio.Event()
-                terms.append(ended)
+                send_term.send_nowait(ended)
                 try:
                     await trio.sleep_forever()
                 finally:
@@ -693,16 +693,14 @@ class MetadataStoreContract:
             async with trio.open_nursery() as nursery:
                 await nursery.start(partial(lead_forever, store, path, "a", work, retry_s=0.05))
                 with trio.fail_after(WAIT):
-                    while not terms:
-                        await trio.sleep(0.01)
+                    first = await terms.receive()
                 await expire_session(store)
                 with trio.fail_after(WAIT):
-                    await terms[0].wait()  # the term ended with the session...
+                    await first.wait()  # the term ended with the session...
                 await store.new_session()  # ...and the owner of the session renews it
                 with trio.fail_after(WAIT):
-                    while len(terms) < 2:
-                        await trio.sleep(0.05)
-                assert not terms[1].is_set()
+                    second = await terms.receive()
+                assert not second.is_set()
                 nursery.cancel_scope.cancel()
 
     # --- locks ---------------------------------------------------------------------------

@@ -183,10 +183,13 @@ class ReplicationPolicyContract:
             segment = next(_segment_ids)
             fragments: list[tuple[int, list[str]]] = [(0, list(ensemble))]
 
+            changed = trio.Event()
+
             async def replace(index: int, first_entry: int) -> str:
                 new = list(fragments[-1][1])
                 new[index] = spare
                 fragments.append((first_entry, new))
+                changed.set()
                 return spare
 
             async with trio.open_nursery() as nursery:
@@ -198,8 +201,7 @@ class ReplicationPolicyContract:
                 # the ack quorum (2 of 3) keeps writes going while the change happens
                 await _write(writer, [b"after"] * 10)
                 with trio.fail_after(10):
-                    while len(fragments) < 2:
-                        await trio.sleep(0.01)
+                    await changed.wait()
                 await _write(writer, [b"later"] * 10)
                 assert len(fragments) == 2 and spare in fragments[-1][1]
                 first_after = fragments[-1][0]
@@ -246,10 +248,13 @@ class ReplicationPolicyContract:
             segment = next(_segment_ids)
             fragments: list[tuple[int, list[str]]] = [(0, list(ensemble))]
 
+            changed = trio.Event()
+
             async def replace(index: int, first_entry: int) -> str:
                 new = list(fragments[-1][1])
                 new[index] = spare
                 fragments.append((first_entry, new))
+                changed.set()
                 return spare
 
             async with trio.open_nursery() as nursery:
@@ -260,8 +265,7 @@ class ReplicationPolicyContract:
                 await bookies.stop(ensemble[0])
                 assert await _write(writer, [b"after"] * 10) == list(range(10, 20))
                 with trio.fail_after(10):
-                    while len(fragments) < 2:
-                        await trio.sleep(0.01)
+                    await changed.wait()
                 assert await _write(writer, [b"later"] * 10) == list(range(20, 30))
                 first_after, final = fragments[-1]
                 assert ensemble[0] not in final and spare in final
@@ -309,10 +313,12 @@ class ReplicationPolicyContract:
             spare = bookies.addresses[3]
             segment = next(_segment_ids)
             firsts: list[int] = []
+            asked = trio.Event()
             go = trio.Event()
 
             async def replace(index: int, first_entry: int) -> str:
                 firsts.append(first_entry)
+                asked.set()
                 await go.wait()  # the spare is found only after more writes
                 return spare
 
@@ -324,8 +330,7 @@ class ReplicationPolicyContract:
                 await bookies.stop(ensemble[2])
                 assert await _write(writer, [b"meanwhile"]) == [5]  # the loss is noticed
                 with trio.fail_after(10):
-                    while not firsts:
-                        await trio.sleep(0.01)
+                    await asked.wait()
                 # acknowledged by the two others while no replacement is known yet
                 assert await _write(writer, [b"meanwhile"] * 9) == list(range(6, 15))
                 go.set()
