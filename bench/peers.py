@@ -6,7 +6,14 @@ and is stopped by PID when its context exits. Every driver returns dicts shaped 
 
 Systems: ``pigeon`` (standalone, fsync=always), ``nats`` (JetStream, file storage, nats-py),
 ``redis`` (streams, AOF everysec, redis-py), ``tansu`` (Kafka protocol, memory storage,
-confluent-kafka).
+confluent-kafka). RabbitMQ streams are measured only where ``rabbitmq-server`` is installed;
+this harness has no driver for them yet, so :func:`rabbitmq_status` only says why they are
+missing from the report.
+
+Scenarios: max produce (:data:`PRODUCE`), N producers in N processes
+(:func:`produce_many`), end-to-end latency at a fixed rate (:func:`latency`) and consumer
+catch-up on a backlog (:func:`catchup`). Each is bounded in time (see the ``*_LIMIT``
+constants): a system that cannot keep up is reported as such, not waited for.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import asyncio
 import os
 import shutil
 import socket
+import statistics
 import struct
 import subprocess
 import sys
@@ -28,6 +36,12 @@ from bench.__main__ import Standalone, free_port
 
 SAMPLE_EVERY = 64
 STAMP = struct.Struct("<q")
+SCENARIO_LIMIT = 60.0  # seconds: no scenario of one system may take longer
+MANY_START_LIMIT = 40.0  # seconds for N producer processes to import and make topics
+FILL_LIMIT = 35.0  # seconds to fill the catch-up backlog; what is stored by then is read
+CATCHUP_LIMIT = 58.0  # seconds for fill + read together
+TAIL_LIMIT = 10.0  # seconds the latency consumer may lag behind the producer's end
+SUSTAINED = 0.95  # a fixed-rate run below this fraction of its target is marked
 
 
 def pct(sorted_vals: list[float], q: float) -> float:
@@ -178,20 +192,31 @@ SERVERS: dict[str, Callable[[Path], Any]] = {
 # --------------------------------------------------------------------------- max produce
 
 
-def produce_pigeon(url: str, topic: str, size: int, duration: float, producers: int = 1) -> dict:
+# ``window_share`` (all drivers): the client's in-flight window (messages pending an ack) is
+# divided by it, so that N producer processes together keep one producer's window.
+PIGEON_MAX_PENDING = 50_000
+NATS_MAX_PENDING = 4000
+
+
+def produce_pigeon(
+    url: str, topic: str, size: int, duration: float, producers: int = 1, window_share: int = 1
+) -> dict:
     from pigeon.client._cli import run_perf_produce
 
-    kw: dict[str, Any] = {}
+    kw: dict[str, Any] = {"max_pending": PIGEON_MAX_PENDING // window_share}
     if size <= 256:
-        kw = {"batch_max_messages": 2000, "batch_max_bytes": 1 << 20}
+        kw |= {"batch_max_messages": 2000, "batch_max_bytes": 1 << 20}
     r = run_perf_produce(
         url, topic, size=size, duration=duration, producers=producers, progress=False, **kw
     )
     return r
 
 
-def produce_nats(url: str, topic: str, size: int, duration: float, producers: int = 1) -> dict:
-    return asyncio.run(_produce_nats(url, topic, size, duration, producers))
+def produce_nats(
+    url: str, topic: str, size: int, duration: float, producers: int = 1, window_share: int = 1
+) -> dict:
+    window = NATS_MAX_PENDING // window_share
+    return asyncio.run(_produce_nats(url, topic, size, duration, producers, window))
 
 
 async def _nats_stream(js: Any, name: str, subject: str) -> None:
@@ -200,7 +225,9 @@ async def _nats_stream(js: Any, name: str, subject: str) -> None:
     await js.add_stream(name=name, subjects=[subject], storage=StorageType.FILE)
 
 
-async def _produce_nats(url: str, topic: str, size: int, duration: float, producers: int) -> dict:
+async def _produce_nats(
+    url: str, topic: str, size: int, duration: float, producers: int, window: int = NATS_MAX_PENDING
+) -> dict:
     import nats
 
     payload = os.urandom(size)
@@ -208,7 +235,7 @@ async def _produce_nats(url: str, topic: str, size: int, duration: float, produc
     lat: list[float] = []
     sent = [0] * producers
     try:
-        jss = [nc.jetstream(publish_async_max_pending=4000) for nc in conns]
+        jss = [nc.jetstream(publish_async_max_pending=window) for nc in conns]
         for i in range(producers):
             await _nats_stream(jss[i], f"{topic}-{i}", f"{topic}.{i}")
         perf = time.perf_counter
@@ -240,7 +267,10 @@ async def _produce_nats(url: str, topic: str, size: int, duration: float, produc
     return summary(lat, n=sum(sent), size=size, elapsed=elapsed, producers=producers)
 
 
-def produce_redis(url: str, topic: str, size: int, duration: float, producers: int = 1) -> dict:
+def produce_redis(
+    url: str, topic: str, size: int, duration: float, producers: int = 1, window_share: int = 1
+) -> dict:
+    """One redis-py client; its window is one pipeline (500 or 1,000 XADDs), not divided."""
     import redis
 
     payload = os.urandom(size)
@@ -266,13 +296,15 @@ def produce_redis(url: str, topic: str, size: int, duration: float, producers: i
     return summary(lat, n=n, size=size, elapsed=elapsed, producers=1, pipeline=pipe_len)
 
 
-KAFKA_PRODUCER = {
+KAFKA_QUEUE_MESSAGES = 1_000_000
+KAFKA_QUEUE_KB = 512 * 1024
+KAFKA_PRODUCER: dict[str, Any] = {
     "acks": "all",
     "linger.ms": 5,
     "batch.size": 1_000_000,
     "batch.num.messages": 10_000,
-    "queue.buffering.max.messages": 1_000_000,
-    "queue.buffering.max.kbytes": 512 * 1024,
+    "queue.buffering.max.messages": KAFKA_QUEUE_MESSAGES,
+    "queue.buffering.max.kbytes": KAFKA_QUEUE_KB,
     "enable.idempotence": False,
     "compression.type": "none",
 }
@@ -292,13 +324,24 @@ def kafka_topic(bootstrap: str, topic: str) -> None:
 
 
 def produce_tansu(
-    bootstrap: str, topic: str, size: int, duration: float, producers: int = 1
+    bootstrap: str,
+    topic: str,
+    size: int,
+    duration: float,
+    producers: int = 1,
+    window_share: int = 1,
 ) -> dict:
+    """One confluent-kafka producer; ``window_share`` divides librdkafka's queue (512 MiB /
+    1,000,000 messages: 16 full ones would not drain in the scenario's time limit)."""
     from confluent_kafka import Producer
 
     kafka_topic(bootstrap, topic)
     payload = os.urandom(size)
-    p = Producer({"bootstrap.servers": bootstrap, **KAFKA_PRODUCER})
+    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, **KAFKA_PRODUCER}
+    if window_share > 1:
+        conf["queue.buffering.max.messages"] = KAFKA_QUEUE_MESSAGES // window_share
+        conf["queue.buffering.max.kbytes"] = KAFKA_QUEUE_KB // window_share
+    p = Producer(conf)
     lat: list[float] = []
     errors: list[Any] = []
     perf = time.perf_counter
@@ -340,12 +383,132 @@ PRODUCE = {
 }
 
 
+# --------------------------------------------------------------------------- N producers
+# N producers on N topics/streams, each in its own process (as N application instances
+# would be), so that no client is held back by another's GIL. The processes import their
+# client, make their topic with a 50 ms run, and wait on a barrier; the clock starts when
+# the first producer starts sending after it and stops when the last producer has every
+# message acknowledged.
+
+
+def _warm(system: str) -> None:
+    if system == "pigeon":
+        import pigeon.client
+        import pigeon.client._cli  # noqa: F401
+    elif system == "nats":
+        import nats
+        import nats.js.api  # noqa: F401
+    elif system == "redis":
+        import redis  # noqa: F401
+    elif system == "tansu":
+        import confluent_kafka
+        import confluent_kafka.admin  # noqa: F401
+
+
+def _producer_proc(
+    system: str, url: str, topic: str, size: int, duration: float, window_share: int,
+    barrier: Any, out: Any,
+) -> None:  # fmt: skip
+    try:
+        _warm(system)
+        # a short run first: creates the topic/stream and warms the client, so that the
+        # timed run starts sending at once when the barrier opens
+        PRODUCE[system](url, topic, size, 0.05, window_share=window_share)
+        barrier.wait(MANY_START_LIMIT)
+        r = PRODUCE[system](url, topic, size, duration, window_share=window_share)
+        end = time.time()
+        out.put(("ok", r, end - float(r["seconds"]), end))
+    except BaseException as exc:
+        out.put(("error", repr(exc), 0.0, 0.0))
+
+
+def produce_many(
+    system: str,
+    url: str,
+    topic: str,
+    size: int,
+    duration: float,
+    producers: int,
+    split_window: bool = True,
+) -> dict:
+    """``producers`` processes, one producer and one topic each, with one producer's
+    settings, except that (``split_window``) they share one producer's in-flight window."""
+    share = producers if split_window else 1
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(producers + 1)
+    out = ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=_producer_proc,
+            args=(system, url, f"{topic}p{i}", size, duration, share, barrier, out),
+            daemon=True,
+        )
+        for i in range(producers)
+    ]
+    t_spawn = time.monotonic()
+    for pr in procs:
+        pr.start()
+    results: list[tuple[Any, ...]] = []
+    try:
+        try:
+            barrier.wait(MANY_START_LIMIT)
+        except Exception:
+            raise RuntimeError(
+                f"{producers} {system} producers did not start within {MANY_START_LIMIT:g} s"
+            )
+        startup = time.monotonic() - t_spawn
+        deadline = time.monotonic() + SCENARIO_LIMIT - startup
+        while len(results) < producers:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(
+                    f"{producers - len(results)} {system} producers still running at the limit"
+                )
+            try:
+                results.append(out.get(timeout=min(left, 1.0)))
+            except Exception:
+                continue
+    finally:
+        for pr in procs:
+            pr.join(5)
+            if pr.is_alive():
+                pr.kill()
+                pr.join()
+    errors = [r[1] for r in results if r[0] != "ok"]
+    if errors:
+        raise RuntimeError(f"{len(errors)} of {producers} {system} producers failed: {errors[0]}")
+    total = sum(int(r[1]["messages"]) for r in results)
+    span = max(r[3] for r in results) - min(r[2] for r in results)
+    each = sorted(float(r[1]["msg_per_s"]) for r in results)
+    return {
+        "scenario": "produce_many",
+        "system": system,
+        "producers": producers,
+        "window_share": share,
+        "message_size": size,
+        "messages": total,
+        "seconds": round(span, 3),
+        "msg_per_s": round(total / span, 1),
+        "mb_per_s": round(total * size / span / 1e6, 2),
+        "per_producer_msg_per_s_min": each[0],
+        "per_producer_msg_per_s_max": each[-1],
+        "latency_ms_p50": round(
+            statistics.median(float(r[1]["latency_ms_p50"]) for r in results), 3
+        ),
+        "startup_seconds": round(startup, 2),
+    }
+
+
 # --------------------------------------------------------------------------- end-to-end latency
 # The producer (this process) stamps time.time_ns() in the first 8 bytes; a consumer in a
 # separate process records receive time - stamp. The first second is warm-up, not recorded.
 
 
-def _consume(system: str, addr: str, topic: str, ready: Any, stop: Any, out: Any) -> None:
+def _consume(system: str, addr: str, topic: str, ready: Any, stop: Any, out: Any, got: Any) -> None:
+    """The latency consumer (own process). ``got`` counts every message received, warm-up
+    included, so the producer side can wait for the tail instead of guessing."""
     lat: list[float] = []
     warm_ns = [0]
 
@@ -370,6 +533,7 @@ def _consume(system: str, addr: str, topic: str, ready: Any, stop: Any, out: Any
                     now = time.time_ns()
                     for m in msgs:
                         record(m.value, now)
+                    got.value += len(msgs)
                     c.acknowledge_cumulative(msgs[-1])
                 c.close()
         elif system == "nats":
@@ -383,6 +547,7 @@ def _consume(system: str, addr: str, topic: str, ready: Any, stop: Any, out: Any
 
                 async def cb(msg: Any) -> None:
                     record(msg.data, time.time_ns())
+                    got.value += 1
 
                 await js.subscribe(
                     f"{topic}.0", cb=cb, ordered_consumer=True, deliver_policy=DeliverPolicy.NEW
@@ -390,7 +555,7 @@ def _consume(system: str, addr: str, topic: str, ready: Any, stop: Any, out: Any
                 await nc.flush()
                 ready.put("ready")
                 warm_ns[0] = await asyncio.to_thread(out_start, ready)
-                while not stop.is_set():  # noqa: ASYNC110 - a multiprocessing Event
+                while not stop.is_set():  # noqa: ASYNC110
                     await asyncio.sleep(0.05)
                 await nc.close()
 
@@ -399,7 +564,9 @@ def _consume(system: str, addr: str, topic: str, ready: Any, stop: Any, out: Any
             import redis
 
             r = redis.Redis.from_url(addr)
-            last = "$"
+            # resolve "$" now: XREAD from "$" after the producer started would miss messages
+            tip = r.xrevrange(topic, count=1)
+            last = tip[0][0] if tip else "0-0"
             ready.put("ready")
             warm_ns[0] = out_start(ready)
             while not stop.is_set():
@@ -408,6 +575,7 @@ def _consume(system: str, addr: str, topic: str, ready: Any, stop: Any, out: Any
                 for _stream, entries in resp or []:
                     for _eid, fields in entries:
                         record(fields[b"d"], now)
+                    got.value += len(entries)
                     last = entries[-1][0]
             r.close()
         elif system == "tansu":
@@ -433,9 +601,12 @@ def _consume(system: str, addr: str, topic: str, ready: Any, stop: Any, out: Any
             while not stop.is_set():
                 msgs = c.consume(1000, 0.2)
                 now = time.time_ns()
+                k = 0
                 for m in msgs:
                     if m.error() is None:
                         record(m.value(), now)
+                        k += 1
+                got.value += k
             c.close()
         out.put(("ok", lat))
     except BaseException as exc:
@@ -488,6 +659,7 @@ def latency(
 
     ctx = mp.get_context("spawn")
     ready, out, stop = ctx.Queue(), ctx.Queue(), ctx.Event()
+    got = ctx.Value("q", 0, lock=False)  # one writer: the consumer process
     rate = mb_per_s * 1e6 / size
     # topic/stream must exist before the consumer attaches
     if system == "nats":
@@ -502,7 +674,9 @@ def latency(
         asyncio.run(mk())
     elif system == "tansu":
         kafka_topic(addr, topic)
-    proc = ctx.Process(target=_consume, args=(system, addr, topic, ready, stop, out), daemon=True)
+    proc = ctx.Process(
+        target=_consume, args=(system, addr, topic, ready, stop, out, got), daemon=True
+    )
     proc.start()
     try:
         deadline = time.monotonic() + 60
@@ -514,10 +688,24 @@ def latency(
                 pass
             if not proc.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError(f"{system} consumer did not become ready")
+        t_send = time.monotonic()
         n, warm = _produce_paced(system, addr, topic, rate, size, duration, ready)
-        time.sleep(1.5)  # let the tail arrive
+        sent_s = time.monotonic() - t_send  # includes the final flush: every message sent
+        # let the tail arrive: until every message is in, or nothing came for 2 s, or the
+        # consumer is TAIL_LIMIT behind (then the run is marked, not waited for)
+        t_tail = time.monotonic()
+        seen, seen_at = got.value, t_tail
+        while got.value < n:
+            now = time.monotonic()
+            if got.value != seen:
+                seen, seen_at = got.value, now
+            if now - seen_at > 2.0 or now - t_tail > TAIL_LIMIT:
+                break
+            time.sleep(0.05)
+        tail_s = time.monotonic() - t_tail
+        time.sleep(0.2)
         stop.set()
-        status, lat = out.get(timeout=60)
+        status, lat = out.get(timeout=30)
         if status != "ok":
             raise RuntimeError(f"{system} consumer failed: {lat}")
     finally:
@@ -528,12 +716,20 @@ def latency(
             proc.join()
     lat.sort()
     expected = int(rate * (duration - warm))
+    achieved = n * size / duration / 1e6
+    received = int(got.value)
+    sustained = n >= SUSTAINED * rate * duration and received >= SUSTAINED * n
     return {
         "scenario": "e2e_latency",
         "system": system,
         "target_mb_per_s": mb_per_s,
+        "achieved_mb_per_s": round(achieved, 2),
+        "sustained": sustained,
         "message_size": size,
         "sent": n,
+        "send_seconds": round(sent_s, 3),
+        "received": received,
+        "tail_seconds": round(tail_s, 3),
         "received_after_warmup": len(lat),
         "expected_after_warmup": expected,
         "latency_ms_p50": round(pct(lat, 0.50) * 1000, 3),
@@ -636,6 +832,311 @@ async def _nats_paced(
     await asyncio.wait_for(js.publish_async_completed(), 30)
     await nc.close()
     return n
+
+
+# --------------------------------------------------------------------------- catch-up
+# Fill a backlog of 1 KiB messages (same payload, as bench/__main__.py's fill_backlog does),
+# with the subscription / consumer group / durable consumer made first where the system
+# has one, then time one consumer reading it all (first message to last, as
+# run_perf_consume does). The fill is preparation, done the fastest way each system offers,
+# and is reported only as information. Fill and read are both cut at their limits; a
+# cut run is marked (the rate is then over what was stored or read).
+
+
+def _fill_pigeon(url: str, topic: str, n: int, deadline: float) -> int:
+    from pigeon.client import Client
+
+    payload = os.urandom(1024)
+    sent = 0
+    with Client(url) as client:
+        # the subscription first, so the backlog is retained for it
+        client.subscribe(topic, "perf-sub", initial_position="earliest").close()
+        with client.create_producer(
+            topic, batching_max_messages=1000, batching_max_bytes=1 << 20
+        ) as p:
+            send = p.send_async
+            while sent < n and time.monotonic() < deadline:
+                for _ in range(min(1000, n - sent)):
+                    send(payload)
+                sent += min(1000, n - sent)
+            p.flush()
+    return sent
+
+
+def _read_pigeon(url: str, topic: str, n: int, deadline: float) -> dict:
+    from pigeon.client._cli import run_perf_consume
+
+    r = run_perf_consume(
+        url,
+        topic,
+        duration=max(1.0, deadline - time.monotonic()),
+        max_messages=n,
+        idle_timeout=10.0,
+        progress=False,
+    )
+    return {"messages": r["messages"], "seconds": r["seconds"]}
+
+
+NATS_FILL_CHUNK = 10_000
+
+
+async def _nats_fill(url: str, topic: str, n: int, deadline: float) -> int:
+    import nats
+
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        await _nats_stream(js, topic, f"{topic}.0")
+        payload = os.urandom(1024)
+        subject = f"{topic}.0"
+        pub = nc.publish
+        sent = 0
+        while sent < n and time.monotonic() < deadline:
+            k = min(NATS_FILL_CHUNK, n - sent)
+            for _ in range(k):
+                await pub(subject, payload)
+            sent += k
+            await nc.flush(30)
+        # core publishes are not acknowledged one by one: wait until the stream holds them
+        stored = 0
+        while time.monotonic() < deadline + 10:
+            stored = (await js.stream_info(topic)).state.messages
+            if stored >= sent:
+                break
+            await asyncio.sleep(0.05)
+        return int(stored)
+    finally:
+        await nc.close()
+
+
+async def _nats_read(url: str, topic: str, n: int, deadline: float) -> dict:
+    import nats
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+    nc = await nats.connect(url)
+    count = 0
+    first = last = 0.0
+    done = asyncio.Event()
+
+    async def cb(msg: Any) -> None:
+        nonlocal count, first, last
+        if not count:
+            first = time.perf_counter()
+        count += 1
+        if count % NATS_ACK_EVERY == 0 or count >= n:
+            await msg.ack()  # AckAll: acknowledges everything up to here
+        if count >= n:
+            last = time.perf_counter()
+            done.set()
+
+    try:
+        js = nc.jetstream()
+        await js.subscribe(
+            f"{topic}.0",
+            durable="catchup",
+            stream=topic,
+            cb=cb,
+            manual_ack=True,
+            config=ConsumerConfig(
+                ack_policy=AckPolicy.ALL,
+                max_ack_pending=NATS_MAX_ACK_PENDING,
+                deliver_policy=DeliverPolicy.ALL,
+                flow_control=True,
+                idle_heartbeat=5.0,
+            ),
+            pending_msgs_limit=200_000,
+            pending_bytes_limit=512 * 1024 * 1024,
+        )
+        try:
+            await asyncio.wait_for(done.wait(), max(1.0, deadline - time.monotonic()))
+        except TimeoutError:
+            last = time.perf_counter()
+    finally:
+        await nc.close()
+    return {"messages": count, "seconds": round(max(last - first, 1e-9), 3)}
+
+
+NATS_ACK_EVERY = 1000
+NATS_MAX_ACK_PENDING = 20_000
+
+
+def _fill_nats(url: str, topic: str, n: int, deadline: float) -> int:
+    return asyncio.run(_nats_fill(url, topic, n, deadline))
+
+
+def _read_nats(url: str, topic: str, n: int, deadline: float) -> dict:
+    return asyncio.run(_nats_read(url, topic, n, deadline))
+
+
+# XADD in a server-side loop: the fill is preparation, and redis-py's pipelines would
+# spend half of the scenario's time limit on it
+REDIS_FILL_LUA = (
+    "for i = 1, tonumber(ARGV[2]) do redis.call('XADD', KEYS[1], '*', 'd', ARGV[1]) end return 1"
+)
+REDIS_READ_COUNT = 1000
+
+
+def _fill_redis(url: str, topic: str, n: int, deadline: float) -> int:
+    import redis
+
+    r = redis.Redis.from_url(url)
+    try:
+        # the consumer group first, from the start of the stream
+        r.xgroup_create(topic, "catchup", id="0", mkstream=True)
+        fill = r.register_script(REDIS_FILL_LUA)
+        payload = os.urandom(1024)
+        sent = 0
+        while sent < n and time.monotonic() < deadline:
+            k = min(5000, n - sent)
+            fill(keys=[topic], args=[payload, k])
+            sent += k
+        return int(r.xlen(topic))
+    finally:
+        r.close()
+
+
+def _read_redis(url: str, topic: str, n: int, deadline: float) -> dict:
+    import redis
+
+    r = redis.Redis.from_url(url)
+    count = 0
+    first = last = 0.0
+    ids: list[bytes] = []
+    try:
+        while count < n and time.monotonic() < deadline:
+            # acknowledge the previous batch in the same round trip as the next read
+            pipe = r.pipeline(transaction=False)
+            if ids:
+                pipe.xack(topic, "catchup", *ids)
+            pipe.xreadgroup("catchup", "c1", {topic: ">"}, count=REDIS_READ_COUNT, block=1000)
+            resp = pipe.execute()[-1]
+            ids = []
+            for _stream, entries in resp or []:
+                if not count:
+                    first = time.perf_counter()
+                count += len(entries)
+                ids = [e[0] for e in entries]
+                last = time.perf_counter()
+        if ids:
+            r.xack(topic, "catchup", *ids)
+    finally:
+        r.close()
+    return {"messages": count, "seconds": round(max(last - first, 1e-9), 3)}
+
+
+def _fill_tansu(bootstrap: str, topic: str, n: int, deadline: float) -> int:
+    from confluent_kafka import Producer
+
+    kafka_topic(bootstrap, topic)
+    p = Producer({"bootstrap.servers": bootstrap, **KAFKA_PRODUCER})
+    payload = os.urandom(1024)
+    produce = p.produce
+    sent = 0
+    while sent < n and time.monotonic() < deadline:
+        k = min(1000, n - sent)
+        i = 0
+        while i < k:
+            try:
+                produce(topic, payload)
+                i += 1
+            except BufferError:
+                p.poll(0.005)
+        sent += k
+        p.poll(0)
+    left = p.flush(max(5.0, deadline + 10 - time.monotonic()))
+    return sent - left
+
+
+def _read_tansu(bootstrap: str, topic: str, n: int, deadline: float) -> dict:
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "catchup",
+            "enable.auto.commit": True,  # librdkafka's default: commit every 5 s
+            "auto.offset.reset": "earliest",
+        }
+    )
+    c.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+    count = 0
+    first = last = 0.0
+    idle_since = time.monotonic()
+    try:
+        while count < n and time.monotonic() < deadline:
+            # a short timeout: consume() waits for all 10,000 or the timeout
+            msgs = c.consume(10_000, 0.1)
+            now = time.monotonic()
+            k = sum(1 for m in msgs if m.error() is None)
+            if not k:
+                if now - idle_since > 10.0:
+                    break
+                continue
+            idle_since = now
+            if not count:
+                first = time.perf_counter()
+            count += k
+            last = time.perf_counter()
+        c.commit(asynchronous=False)
+    finally:
+        c.close()
+    return {"messages": count, "seconds": round(max(last - first, 1e-9), 3)}
+
+
+FILL: dict[str, Callable[[str, str, int, float], int]] = {
+    "pigeon": _fill_pigeon,
+    "nats": _fill_nats,
+    "redis": _fill_redis,
+    "tansu": _fill_tansu,
+}
+READ: dict[str, Callable[[str, str, int, float], dict]] = {
+    "pigeon": _read_pigeon,
+    "nats": _read_nats,
+    "redis": _read_redis,
+    "tansu": _read_tansu,
+}
+
+
+def catchup(system: str, url: str, topic: str, backlog_mb: float, size: int = 1024) -> dict:
+    """Fill ``backlog_mb`` MiB of 1 KiB messages, then time one consumer reading them all."""
+    want = int(backlog_mb * 2**20) // size
+    start = time.monotonic()
+    filled = FILL[system](url, topic, want, start + FILL_LIMIT)
+    fill_s = time.monotonic() - start
+    r = READ[system](url, topic, filled, start + CATCHUP_LIMIT)
+    n, secs = int(r["messages"]), float(r["seconds"])
+    return {
+        "scenario": "catchup",
+        "system": system,
+        "message_size": size,
+        "backlog_mb_requested": backlog_mb,
+        "backlog_messages": filled,
+        "backlog_mb": round(filled * size / 2**20, 1),
+        "fill_seconds": round(fill_s, 2),
+        "fill_mb_per_s": round(filled * size / fill_s / 1e6, 1),
+        "messages": n,
+        "seconds": secs,
+        "msg_per_s": round(n / secs, 1) if n else 0.0,
+        "mb_per_s": round(n * size / secs / 1e6, 2) if n else 0.0,
+        "complete": filled == want and n >= filled,
+        "total_seconds": round(time.monotonic() - start, 2),
+    }
+
+
+def rabbitmq_status() -> str:
+    """Why RabbitMQ streams are (not) in the comparison, for the report text."""
+    exe = shutil.which("rabbitmq-server") or (
+        "/usr/sbin/rabbitmq-server" if Path("/usr/sbin/rabbitmq-server").exists() else None
+    )
+    if exe is None:
+        return (
+            "RabbitMQ streams: not measured: `rabbitmq-server` is not installed on this "
+            "machine (checked at run time)."
+        )
+    return (
+        f"RabbitMQ streams: not measured: `rabbitmq-server` is installed ({exe}), but this "
+        "harness has no RabbitMQ streams driver yet (it would use the `rstream` client)."
+    )
 
 
 if __name__ == "__main__":  # quick smoke: python -m bench.peers SYSTEM
