@@ -117,6 +117,14 @@ async def test_the_leader_forwards_counts_copies_and_reports_lost_followers(
             client, leader, 7, 6, payload(7, 6), [follower, dead], acks=2
         )
         assert copies == 2 and lost == [dead]
+        # a later fragment (the writer changed its ensemble) tries that follower afresh:
+        # here the "dead" address is a bookie again, and it is brought up to date
+        async with running(tmp_path / "back", port=int(dead.rsplit(":", 1)[1])):
+            copies, lost = await replicated_add(
+                client, leader, 7, 7, payload(7, 7), [follower, dead], acks=2, sync_from=7
+            )
+            assert (copies, lost) == (3, [])
+            assert [i for i, _ in await client.read_entries(dead, 7, 7, 7)] == [7]
 
 
 async def test_a_new_follower_is_brought_up_to_date_from_sync_from(tmp_path: Path) -> None:

@@ -45,7 +45,8 @@ async def running(
     tmp_path: Path, *, metadata: Any = None, store: Any = None, **options: Any
 ) -> AsyncIterator[tuple[BookieServer, BookieClient, str]]:
     options.setdefault("fsync", "always")
-    config = BookieConfig(data_dir=str(tmp_path / "bookie"), port=0, **options)
+    options.setdefault("port", 0)
+    config = BookieConfig(data_dir=str(tmp_path / "bookie"), **options)
     server = BookieServer(config, metadata=metadata, store=store)
     server.disk_usage = lambda: (100 * GIB, 50 * GIB)
     client = BookieClient(name="test")

@@ -12,7 +12,8 @@ link opens, the follower's last entry is asked for; if it lacks entries the lead
 died), those are sent first, from the leader's own copy, starting at the writer's
 ``syncFrom`` (the first entry of the current fragment).  A link whose follower failed
 stays failed: later entries report the follower as lost at once (the writer replaces it)
-and never reach it out of order.  Every forward is idempotent (``resend``): a follower
+and never reach it out of order; only an add of a later fragment (another ``syncFrom``)
+opens a new link to it.  Every forward is idempotent (``resend``): a follower
 that already holds an entry with identical bytes acknowledges it again.
 """
 
@@ -51,11 +52,21 @@ def is_lost_replica(error: BaseException) -> bool:
 
 
 class _Link:
-    __slots__ = ("address", "conn", "failed", "last_used", "queue", "ready", "segment_id")
+    __slots__ = (
+        "address",
+        "conn",
+        "failed",
+        "last_used",
+        "queue",
+        "ready",
+        "segment_id",
+        "sync_from",
+    )
 
-    def __init__(self, segment_id: int, address: str) -> None:
+    def __init__(self, segment_id: int, address: str, sync_from: int) -> None:
         self.segment_id = segment_id
         self.address = address
+        self.sync_from = sync_from
         self.conn: Any = None
         self.ready = False
         self.failed: BaseException | None = None
@@ -100,8 +111,10 @@ class Forwarder:
         """Send one entry to one follower; ``callback(result, error)`` runs once."""
         key = (segment_id, address)
         link = self._links.get(key)
-        if link is None:
-            link = self._links[key] = _Link(segment_id, address)
+        if link is None or (link.failed is not None and link.sync_from != sync_from):
+            # new, or failed before the writer's last ensemble change: a follower picked
+            # again (it came back) gets a fresh link that first brings it up to date
+            link = self._links[key] = _Link(segment_id, address, sync_from)
             self.nursery.start_soon(self._open, link, sync_from)
         link.last_used = trio.current_time()
         if link.failed is not None:
