@@ -19,11 +19,12 @@ last entry), closes it, and appends to a fresh one (BookKeeper's rule).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import json
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -36,6 +37,8 @@ from pigeon.core._entry import pack_entry_header, unpack_entry_header
 from pigeon.core.errors import (
     BadVersion,
     EntryNotFound,
+    NotEnoughBookies,
+    NotOwner,
     PigeonError,
     ServiceUnavailable,
 )
@@ -48,6 +51,31 @@ log = logging.getLogger(__name__)
 # the log does, and they stay valid when retention trims segments off the head.
 Position = tuple[int, int]
 AppendCallback = Callable[[Any, BaseException | None], None]
+
+#: a bookie that failed a write is left out of new ensembles for this long (seconds)
+QUARANTINE_S = 5.0
+#: how long opening a segment writer on its ensemble may take
+WRITER_OPEN_TIMEOUT_S = 5.0
+#: how long a size/age rollover waits for in-flight entries before recovering instead
+SEGMENT_DRAIN_S = 30.0
+#: first and longest wait between rollover attempts
+ROLL_BACKOFF_S = (0.05, 2.0)
+#: failed attempts to open a new segment before pending appends fail (retriably)
+ROLL_ATTEMPTS_BEFORE_FAILING = 4
+
+
+@dataclass(slots=True, eq=False)
+class _Append:
+    """One appended batch until it is settled: stored (callback with its position) or
+    failed (callback with a retriable error).  ``segment_id``/``entry_id`` say where it
+    was last handed to a writer (-1: in no segment yet)."""
+
+    data: bytes
+    num_messages: int
+    offset: int
+    callback: AppendCallback
+    segment_id: int = -1
+    entry_id: int = -1
 
 
 @dataclass
@@ -167,14 +195,18 @@ class ManagedLedger:
         self.last_publish_time = 0
         self._writer: Any = None
         self._rolling = False
-        self._failed_rolls = 0  # rollovers after a write failure, none acknowledged since
         self._rolled = trio.Event()
         self._rolled.set()
-        self._queued: list[tuple[bytes, int, int, AppendCallback]] = []
+        # Appended and not yet settled, in offset order (see "Writes" in the module doc).
+        self._pending: deque[_Append] = deque()
+        # Set while no segment can be written (too few bookies): appends are refused at
+        # once with this retriable error, and a background rollover keeps trying.
+        self.unavailable: PigeonError | None = None
+        self._quarantine: dict[str, float] = {}  # bookie -> until (trio time)
+        self.on_fenced: Callable[[], None] | None = None
         self.cache = _EntryCache(self.config.cache_max_bytes)
         self._new_entries = trio.Event()
         self.closed = False
-        self.failed: BaseException | None = None
         self.msgs_in = 0
         self.bytes_in = 0
         self.last_trimmed_ensembles: dict[int, list[str]] = {}
@@ -204,6 +236,13 @@ class ManagedLedger:
                 mine = [s.id for s in self.segments]
                 if [i for i in remote if i not in mine and i > (mine[0] if mine else -1)]:
                     break  # segments we do not know: another owner
+                if any(
+                    remote[s.id]["state"] == "closed"
+                    and (s.state != "closed" or remote[s.id]["last_entry_id"] != s.last_entry_id)
+                    for s in self.segments
+                    if s.id in remote
+                ):
+                    break  # a segment we write (or closed) was closed by someone else
                 for seg in self.segments:
                     other = remote.get(seg.id)
                     if seg.state == "closed" and other is not None:
@@ -211,9 +250,7 @@ class ManagedLedger:
                         seg.fragments = [list(f) for f in other.get("fragments", [])]
                         seg.initial_ensemble = list(other.get("initial_ensemble", []))
                 self._version = stat.version
-        raise ServiceUnavailable(
-            f"ledger {self.topic} was changed by another broker; giving up ownership"
-        )
+        raise NotOwner(f"ledger {self.topic} was changed by another broker; giving up ownership")
 
     def _reindex(self) -> None:
         self._index = {s.id: i for i, s in enumerate(self.segments)}
@@ -262,7 +299,15 @@ class ManagedLedger:
                 last_seg.last_publish_time = header.publish_time
         if changed:
             await self._save()
-        await self._new_segment()
+        try:
+            await self._new_segment()
+        except PigeonError as exc:
+            if not exc.retriable:
+                raise
+            # readable now, writable once bookies are back: keep trying in the background
+            self.unavailable = exc
+            log.warning("topic not writable topic=%s error=%s", self.topic, exc)
+            self._start_roll()
 
     async def _recover(self, seg: SegmentInfo) -> int:
         """Fence an open segment and find (and re-replicate) its last entry."""
@@ -276,13 +321,40 @@ class ManagedLedger:
             )
         )
 
-    async def _new_segment(self) -> None:
-        # Appends queued during a rollover already hold their offsets: the new segment
-        # starts at the first of them.
-        first_offset = self._queued[0][2] if self._queued else self.next_offset
-        bookies = self.bookies()
+    def _ensemble_config(self) -> tuple[list[str], int, int, int]:
+        """(bookies to choose from, E, Qw, Qa) for a new segment.
+
+        Bookies that failed a write recently (quarantined for ``QUARANTINE_S``) are left
+        out.  With fewer writable bookies than E, the segment gets an ensemble of those there
+        are (E and Qw shrink, never below Qa): writes go on while redundancy remains, and
+        the full ensemble returns with the next segment once the bookies are back.
+        """
         quorum = self.quorum()
-        ensemble = self.policy.choose_ensemble(bookies, quorum[0] if quorum else None)
+        e, qw, qa = quorum or (
+            self.policy.ensemble_size,
+            self.policy.write_quorum,
+            self.policy.ack_quorum,
+        )
+        now = trio.current_time()
+        self._quarantine = {b: t for b, t in self._quarantine.items() if t > now}
+        registered = list(self.bookies())
+        healthy = [b for b in registered if b not in self._quarantine]
+        if len(healthy) < qa:
+            raise NotEnoughBookies(
+                f"topic {self.topic} needs {qa} writable bookies (ack quorum), "
+                f"{len(healthy)} available"
+            )
+        e = min(e, len(healthy))
+        return healthy, e, min(qw, e), qa
+
+    def quarantine(self, address: str, seconds: float = QUARANTINE_S) -> None:
+        """Leave ``address`` out of new ensembles for a while (it failed a write)."""
+        self._quarantine[address] = trio.current_time() + seconds
+
+    async def _new_segment(self) -> None:
+        bookies, e, qw, qa = self._ensemble_config()
+        ensemble = self.policy.choose_ensemble(bookies, e)
+        first_offset = self._pending[0].offset if self._pending else self.next_offset
         created = await self.store.create("/pigeon/segment-ids/s-", b"", sequential=True)
         segment_id = int(created.rsplit("-", 1)[1]) + 1
         seg = SegmentInfo(
@@ -290,8 +362,8 @@ class ManagedLedger:
             first_offset=first_offset,
             ensemble=ensemble,
             ctime=time.time(),
-            write_quorum=quorum[1] if quorum else 0,
-            ack_quorum=quorum[2] if quorum else 0,
+            write_quorum=qw,
+            ack_quorum=qa,
         )
         await self.store.create(
             segment_path(segment_id),
@@ -299,18 +371,56 @@ class ManagedLedger:
                 {"topic": self.topic.full, "ensemble": ensemble, "ctime": seg.ctime}
             ).encode(),
         )
+        try:
+            with trio.fail_after(WRITER_OPEN_TIMEOUT_S):
+                writer = await self.policy.create_writer(
+                    segment_id,
+                    ensemble,
+                    write_quorum=qw,
+                    ack_quorum=qa,
+                    replace_bookie=functools.partial(self._replace_bookie, seg),
+                    nursery=self.nursery,
+                )
+        except (PigeonError, OSError, trio.TooSlowError) as exc:
+            # A registered bookie that does not answer (dead, paused, cut off): leave it
+            # out of the next try; the segment id is simply never used.
+            for address in ensemble:
+                if not await self._reachable(address):
+                    self.quarantine(address)
+            with contextlib.suppress(PigeonError):
+                await self.store.delete(segment_path(segment_id))
+            raise ServiceUnavailable(
+                f"cannot open a segment of {self.topic} on {ensemble}: {exc}"
+            ) from None
         self.segments.append(seg)
         self._reindex()
-        await self._save()
-        self._writer = await self.policy.create_writer(
+        try:
+            await self._save()
+        except BaseException:
+            self.segments.pop()
+            self._reindex()
+            writer.close()
+            raise
+        self._writer = writer
+        log.info(
+            "segment opened topic=%s segment=%s ensemble=%s write_quorum=%s ack_quorum=%s",
+            self.topic,
             segment_id,
             ensemble,
-            write_quorum=seg.write_quorum or None,
-            ack_quorum=seg.ack_quorum or None,
-            replace_bookie=functools.partial(self._replace_bookie, seg),
-            nursery=self.nursery,
+            qw,
+            qa,
         )
-        log.info("segment opened topic=%s segment=%s ensemble=%s", self.topic, segment_id, ensemble)
+
+    async def _reachable(self, address: str) -> bool:
+        client = getattr(self.policy, "client", None)
+        if client is None:
+            return True
+        try:
+            with trio.fail_after(1.0):
+                await client.connection(address)
+        except (PigeonError, OSError, trio.TooSlowError):
+            return False
+        return True
 
     # ------------------------------------------------------------------ writes
 
@@ -335,48 +445,44 @@ class ManagedLedger:
         *,
         deliver_at: int = 0,
     ) -> None:
-        """Append one batch; ``callback((segment_id, entry_id, first_offset), error)``."""
+        """Append one batch; ``callback((segment_id, entry_id, first_offset), error)``.
+
+        Raises (and stores nothing) when the ledger is closed or cannot write now; else
+        the callback runs exactly once, in append order: with the entry's position once
+        it is stored on the ack quorum, or with a retriable error when it was not stored
+        (then every later pending append fails too, and their offsets are reused).
+        """
         if self.closed:
             raise ServiceUnavailable(f"topic {self.topic} is closed")
-        if self.failed is not None:
-            raise ServiceUnavailable(f"topic {self.topic} failed: {self.failed}")
+        if self.unavailable is not None:
+            raise self.unavailable
         offset = self.next_offset
         self.next_offset += num_messages
         now = max(self.clock.now_ms(), self.last_publish_time)
         self.last_publish_time = now
         data = pack_entry_header(num_messages, offset, now, deliver_at) + bytes(payload)
-        if self._rolling or self._writer is None:
-            self._queued.append((data, num_messages, offset, callback))
-            return
-        self._write(data, num_messages, offset, callback)
+        append = _Append(data, num_messages, offset, callback)
+        self._pending.append(append)
+        if not self._rolling and self._writer is not None:
+            self._write(append)
 
-    def _write(self, data: bytes, n: int, offset: int, callback: AppendCallback) -> None:
-        seg_index = len(self.segments) - 1
-        seg = self.segments[seg_index]
+    def _write(self, append: _Append) -> None:
+        seg = self.segments[-1]
         writer = self._writer
 
         def done(entry_id: int, error: BaseException | None) -> None:
             if error is not None:
-                callback(None, error)
                 self._on_writer_failed(writer, error)
-                return
-            self._failed_rolls = 0
-            seg.last_entry_id = entry_id
-            seg.entries = entry_id + 1
-            seg.size += len(data)
-            seg.last_publish_time = self.last_publish_time
-            self.cache.put((seg.id, entry_id), data)
-            self.msgs_in += n
-            self.bytes_in += len(data)
-            callback((seg.id, entry_id, offset), None)
-            self._new_entries.set()
+            else:
+                self._stored(seg, append, entry_id)
 
         try:
-            writer.add_nowait(data, done)
+            entry_id = writer.add_nowait(append.data, done)
         except PigeonError as exc:
-            callback(None, exc)
             self._on_writer_failed(writer, exc)
             return
+        append.segment_id = seg.id
+        append.entry_id = entry_id
         if (
             writer.next_entry_id >= self.config.max_entries_per_segment
             or writer.bytes_written >= self.config.max_segment_bytes
@@ -384,10 +490,51 @@ class ManagedLedger:
         ):
             self._start_roll()
 
+    def _stored(self, seg: SegmentInfo, append: _Append, entry_id: int) -> None:
+        """``append`` is stored as ``entry_id`` of ``seg``: settle it (in order)."""
+        if not self._pending or self._pending[0] is not append:
+            log.error(
+                "out-of-order write completion topic=%s segment=%s entry=%s",
+                self.topic,
+                seg.id,
+                entry_id,
+            )
+            return
+        self._pending.popleft()
+        seg.last_entry_id = max(seg.last_entry_id, entry_id)
+        seg.entries = seg.last_entry_id + 1
+        seg.size += len(append.data)
+        seg.last_publish_time = max(seg.last_publish_time, self.last_publish_time)
+        self.cache.put((seg.id, entry_id), append.data)
+        self.msgs_in += append.num_messages
+        self.bytes_in += len(append.data)
+        try:
+            append.callback((seg.id, entry_id, append.offset), None)
+        except Exception:
+            log.exception("append callback failed topic=%s", self.topic)
+        self._new_entries.set()
+
+    def _fail_pending(self, error: PigeonError) -> None:
+        """Fail every pending append that is in no segment (a suffix), reusing offsets."""
+        failed: list[_Append] = []
+        while self._pending and self._pending[-1].segment_id < 0:
+            failed.append(self._pending.pop())
+        if not failed:
+            return
+        self.next_offset = failed[-1].offset
+        for append in reversed(failed):
+            try:
+                append.callback(None, error)
+            except Exception:
+                log.exception("append callback failed topic=%s", self.topic)
+
     async def _replace_bookie(self, seg: SegmentInfo, index: int, first_entry: int) -> str:
         """Ensemble change: a new bookie (the least loaded outside the ensemble) for
         ``index`` from ``first_entry`` on, recorded in the segment's metadata."""
-        candidates = [b for b in self.bookies() if b not in seg.ensemble]
+        self.quarantine(seg.ensemble[index])
+        candidates = [
+            b for b in self.bookies() if b not in seg.ensemble and b not in self._quarantine
+        ]
         if not candidates:
             raise ServiceUnavailable(
                 f"no spare bookie to replace {seg.ensemble[index]} in segment {seg.id}"
@@ -417,48 +564,138 @@ class ManagedLedger:
         self.nursery.start_soon(self._roll, recover)
 
     async def _roll(self, recover: bool) -> None:
-        writer = self._writer
-        seg = self.segments[-1]
+        """Close the current segment and open the next one, until it works.
+
+        Entries the old writer did not confirm are settled by recovering the segment
+        (fence it, find its last entry): those at or before the end are stored; the
+        rest are written again, with the same offsets, to the new segment.  Failures
+        (bookies or metadata away) are retried with backoff for as long as the ledger
+        is open; while no segment can be made, pending appends fail with a retriable
+        error and new ones are refused, until a segment can be made again.
+        """
+        delay = ROLL_BACKOFF_S[0]
+        attempts = 0
         try:
-            if recover:
-                # a writer failing again and again (bookies refusing every add) must not
-                # spin through new segments: back off, 50 ms doubling up to 5 s
-                if self._failed_rolls:
-                    await trio.sleep(min(5.0, 0.05 * 2 ** (self._failed_rolls - 1)))
-                self._failed_rolls += 1
-                seg.last_entry_id = await self._recover(seg)
-                seg.entries = seg.last_entry_id + 1
-            else:
-                with trio.fail_after(30):
-                    await writer.wait_idle()
-                if writer.failed is not None:
-                    seg.last_entry_id = await self._recover(seg)
-                    seg.entries = seg.last_entry_id + 1
-            seg.state = "closed"
-            writer.close()
-            if seg.entries == 0:
-                self.segments.pop()
-                self._reindex()
-            await self._save()
-            await self._new_segment()
-        except BaseException as exc:
-            self.failed = exc if isinstance(exc, Exception) else ServiceUnavailable("cancelled")
-            queued, self._queued = self._queued, []
-            for _data, _n, _off, cb in queued:
-                cb(None, ServiceUnavailable(f"topic {self.topic} cannot roll over: {exc}"))
-            if not isinstance(exc, Exception):
-                raise
-            log.error("segment rollover failed topic=%s error=%s", self.topic, exc)  # noqa: TRY400 - the cause is in the message
+            while not self.closed:
+                attempts += 1
+                try:
+                    if self._writer is not None:
+                        await self._close_segment(recover)
+                    await self._new_segment()
+                    break
+                except NotOwner:
+                    raise
+                except (PigeonError, OSError) as exc:
+                    log.warning(
+                        "segment rollover failed topic=%s error=%s; retrying in %.2fs",
+                        self.topic,
+                        exc,
+                        delay,
+                    )
+                    if self._writer is None and (
+                        isinstance(exc, NotEnoughBookies)
+                        or attempts >= ROLL_ATTEMPTS_BEFORE_FAILING
+                    ):
+                        error = (
+                            exc
+                            if isinstance(exc, PigeonError) and exc.retriable
+                            else ServiceUnavailable(f"topic {self.topic} cannot write: {exc}")
+                        )
+                        self.unavailable = error
+                        self._fail_pending(error)
+                    await trio.sleep(delay)
+                    delay = min(delay * 2, ROLL_BACKOFF_S[1])
+        except NotOwner as exc:
+            self._fenced(exc)
             return
+        except BaseException:
+            self._fenced(ServiceUnavailable(f"topic {self.topic} is closing"), notify=False)
+            raise
         finally:
             self._rolling = False
             self._rolled.set()
-        queued, self._queued = self._queued, []
-        for data, n, offset, cb in queued:
-            self._write(data, n, offset, cb)
+        if self.closed:
+            return
+        if self.unavailable is not None:
+            log.info("topic writable again topic=%s", self.topic)
+            self.unavailable = None
+        for append in list(self._pending):
+            if append.segment_id < 0:
+                self._write(append)
+                if self._rolling:
+                    break  # the new segment is full or failed already; the next roll goes on
+
+    async def _close_segment(self, recover: bool) -> None:
+        """Stop the writer, find the segment's true end, settle what it holds, close it."""
+        writer = self._writer
+        seg = self.segments[-1]
+        if not recover:
+            with trio.move_on_after(SEGMENT_DRAIN_S):
+                await writer.wait_idle()
+        if recover or writer.failed is not None or writer.pending:
+            if writer.failed is None:
+                writer.abort(ServiceUnavailable(f"segment {seg.id} is being recovered"))
+            last = await self._recover(seg)
+        else:
+            last = writer.lac
+        writer.close()
+        seg.state = "closed"
+        old_last, old_size = seg.last_entry_id, seg.size
+        seg.last_entry_id = last
+        seg.entries = last + 1
+        stored = [a for a in self._pending if a.segment_id == seg.id and a.entry_id <= last]
+        seg.size += sum(len(a.data) for a in stored)
+        emptied = seg.entries == 0
+        if emptied:
+            self.segments.pop()
+            self._reindex()
+        try:
+            await self._save()
+        except BaseException:
+            if emptied:
+                self.segments.append(seg)
+                self._reindex()
+            seg.state, seg.last_entry_id, seg.size = "open", old_last, old_size
+            seg.entries = old_last + 1
+            raise
+        self._writer = None
+        # Settled by the recovery: stored at or before the end; the rest goes again.
+        for append in list(self._pending):
+            if append.segment_id != seg.id:
+                continue
+            if append.entry_id <= last:
+                self._stored_recovered(seg, append)
+            else:
+                append.segment_id = append.entry_id = -1
+
+    def _stored_recovered(self, seg: SegmentInfo, append: _Append) -> None:
+        seg.size -= len(append.data)  # counted when the segment was closed
+        last, entries = seg.last_entry_id, seg.entries
+        self._stored(seg, append, append.entry_id)
+        seg.last_entry_id, seg.entries = last, entries
+
+    def _fenced(self, error: PigeonError, *, notify: bool = True) -> None:
+        """Another broker took the ledger over (or it is closing): fail what is pending."""
+        self.closed = True
+        pending, self._pending = list(self._pending), deque()
+        for append in pending:
+            try:
+                append.callback(None, error)
+            except Exception:
+                log.exception("append callback failed topic=%s", self.topic)
+        if self._writer is not None:
+            self._writer.close()
+        log.warning("ledger closed topic=%s error=%s", self.topic, error)
+        if notify and self.on_fenced is not None:
+            self.on_fenced()
 
     async def close(self) -> None:
-        """Wait for in-flight writes and close the last segment in metadata."""
+        """Wait (bounded) for in-flight writes, then close the last segment.
+
+        When writes do not drain in time, the segment stays open in the metadata: the
+        next owner recovers it, and the pending appends fail with a retriable error
+        (stored or not, the client's resend is answered by de-duplication).
+        """
         if self.closed:
             return
         self.closed = True
@@ -466,7 +703,9 @@ class ManagedLedger:
             await self._rolled.wait()
             if self._writer is not None:
                 await self._writer.wait_idle()
-        if self.segments and self.segments[-1].state == "open":
+        writer = self._writer
+        drained = writer is not None and writer.failed is None and not writer.pending
+        if self.segments and self.segments[-1].state == "open" and drained:
             seg = self.segments[-1]
             seg.state = "closed"
             if seg.entries == 0:
@@ -476,6 +715,16 @@ class ManagedLedger:
                 await self._save()
             except PigeonError as exc:
                 log.warning("closing ledger failed topic=%s error=%s", self.topic, exc)
+        if writer is not None:
+            if writer.failed is None and writer.pending:
+                writer.abort(ServiceUnavailable(f"topic {self.topic} is closed"))
+            writer.close()
+        pending, self._pending = list(self._pending), deque()
+        for append in pending:
+            try:
+                append.callback(None, ServiceUnavailable(f"topic {self.topic} was closed"))
+            except Exception:
+                log.exception("append callback failed topic=%s", self.topic)
         self._new_entries.set()
 
     # ------------------------------------------------------------------ retention

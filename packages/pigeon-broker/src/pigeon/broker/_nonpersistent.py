@@ -13,6 +13,7 @@ import itertools
 import logging
 from typing import TYPE_CHECKING, Any
 
+from pigeon.broker._dedup import Deduplication
 from pigeon.core import TopicName
 from pigeon.core._entry import pack_entry_header
 from pigeon.core.errors import ConsumerBusy, NotSupported, PigeonError, SubscriptionBusy
@@ -137,7 +138,7 @@ class NonPersistentTopic:
         self.clock = clock
         self.producers: dict[str, Any] = {}
         self.subscriptions: dict[str, NonPersistentSubscription] = {}
-        self.last_sequence: dict[str, int] = {}
+        self.dedup = Deduplication()
         self.next_offset = 0
         self._entry_ids = itertools.count()
         self.msgs_in = 0
@@ -156,9 +157,7 @@ class NonPersistentTopic:
             sub.dispatch(data, n, entry_id)
         callback((-1, entry_id, offset), None)
 
-    def confirm_sequence(
-        self, producer_name: str, last: int, segment_id: int, entry_id: int
-    ) -> None:
+    def confirm_sequence(self, segment_id: int, entry_id: int) -> None:
         return None
 
     async def subscription(

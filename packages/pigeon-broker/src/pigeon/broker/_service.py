@@ -20,6 +20,7 @@ import trio
 from pigeon.broker._auditor import Auditor
 from pigeon.broker._config import BrokerConfig
 from pigeon.broker._cursor import CursorState
+from pigeon.broker._dedup import Decision, Deduplication
 from pigeon.broker._ledger import LedgerConfig, ManagedLedger, segment_path
 from pigeon.broker._loadmanager import LoadManager
 from pigeon.broker._nonpersistent import NonPersistentSubscription, NonPersistentTopic
@@ -71,6 +72,7 @@ class Producer:
     name: str
     topic: Topic
     ready: bool = True
+    fenced: bool = False  # a send was not stored: refuse sends until it re-attaches
 
 
 class Topic:
@@ -82,11 +84,10 @@ class Topic:
         self.service = service
         self.producers: dict[str, Producer] = {}
         self.subscriptions: dict[str, Subscription] = {}
-        # De-duplication: the highest sequence id accepted per producer name (in flight
-        # included) and the highest one confirmed stored, snapshotted to the metadata
-        # store and, after a crash, completed by replaying the entries after the snapshot.
-        self.last_sequence: dict[str, int] = {}
-        self.confirmed_sequence: dict[str, int] = {}
+        # De-duplication (pushed vs persisted sequence ids per producer name), its
+        # persisted part snapshotted to the metadata store and, after a crash or a
+        # move, completed by replaying the entries after the snapshot.
+        self.dedup = Deduplication()
         self.dedup_path = f"/pigeon/dedup/{name.path}"
         self._dedup_position: tuple[int, int] = (-1, -1)  # (segment id, entry id) covered
         self._dedup_unsaved = 0
@@ -183,7 +184,7 @@ class Topic:
         start = self.ledger.start_position()
         if stat is not None:
             doc = json.loads(stat.value)
-            self.confirmed_sequence = {k: int(v) for k, v in doc.get("producers", {}).items()}
+            self.dedup.restore({k: int(v) for k, v in doc.get("producers", {}).items()})
             seg_id, entry_id = doc.get("position", [-1, -1])
             if seg_id >= 0:
                 start = (seg_id, entry_id + 1)
@@ -193,24 +194,27 @@ class Topic:
             entries = await self.ledger.read(pos, max_entries=256)
             if not entries:
                 break
+            found = []
             for entry in entries:
                 header = read_header(memoryview(entry.data)[ENTRY_HEADER_SIZE:])
-                last = header.sequence_id + header.num_messages - 1
-                if last > self.confirmed_sequence.get(header.producer_name, -1):
-                    self.confirmed_sequence[header.producer_name] = last
+                found.append(
+                    (
+                        header.producer_name,
+                        header.sequence_id,
+                        header.num_messages,
+                        (entry.segment_id, entry.entry_id, entry.first_offset),
+                    )
+                )
                 self._dedup_position = (entry.segment_id, entry.entry_id)
+            self.dedup.replay(found)
             replayed += len(entries)
             pos = self.ledger.next_position(entries[-1].position)
-        self.last_sequence = dict(self.confirmed_sequence)
         if replayed:
             log.info("dedup state recovered topic=%s replayed_entries=%s", self.name, replayed)
             await self.snapshot_dedup()
 
-    def confirm_sequence(
-        self, producer_name: str, last: int, segment_id: int, entry_id: int
-    ) -> None:
-        if last > self.confirmed_sequence.get(producer_name, -1):
-            self.confirmed_sequence[producer_name] = last
+    def confirm_sequence(self, segment_id: int, entry_id: int) -> None:
+        """An entry is stored: the snapshot covers the log up to it."""
         self._dedup_position = (segment_id, entry_id)
         self._dedup_unsaved += 1
         if not self._dedup_saving and (
@@ -225,7 +229,7 @@ class Topic:
             self._dedup_unsaved = 0
             self._dedup_saved_at = trio.current_time()
             doc = json.dumps(
-                {"producers": self.confirmed_sequence, "position": list(self._dedup_position)}
+                {"producers": self.dedup.persisted_map(), "position": list(self._dedup_position)}
             ).encode()
             store = self.service.store
             try:
@@ -521,12 +525,22 @@ class BrokerService:
             )
             await ledger.open()
             topic = Topic(name, ledger, self)
+            ledger.on_fenced = lambda: self.nursery.start_soon(self._drop_fenced, topic)
             await topic.recover_dedup()
             self.topics[key] = topic
             return topic
         finally:
             del self._opening[key]
             ev.set()
+
+    async def _drop_fenced(self, topic: Topic) -> None:
+        """The topic's ledger was taken over by another broker: unload it here, so its
+        clients look it up again and find the new owner."""
+        from pigeon.broker._admin_ops import unload_topic
+
+        if self.topics.get(topic.name.full) is topic:
+            with contextlib.suppress(PigeonError):
+                await unload_topic(self, topic.name)
 
     def max_message_size(self, name: TopicName) -> int:
         """The broker's limit, lowered by the namespace policy if it sets one."""
@@ -703,7 +717,7 @@ class BrokerService:
             "producerCreated",
             {
                 "producerName": producer_name,
-                "lastSequenceId": topic.last_sequence.get(producer_name, -1),
+                "lastSequenceId": topic.dedup.pushed_sequence(producer_name),
                 "maxMessageSize": self.max_message_size(name),
                 "topic": name.full,
             },
@@ -727,67 +741,104 @@ class BrokerService:
             )
         sequence_id = body.sequenceId
         topic = producer.topic
-        last = topic.last_sequence.get(producer.name, -1) if policies.deduplication else -1
-        request_id = req.request_id
-        if sequence_id <= last:
-            conn.respond(
-                request_id,
-                "sendReceipt",
-                {
-                    "producerId": body.producerId,
-                    "sequenceId": sequence_id,
-                    "segmentId": -1,
-                    "entryId": -1,
-                    "firstOffset": -1,
-                    "duplicate": True,
-                },
+        if producer.fenced:
+            raise ServiceUnavailable(
+                f"producer {producer.name} lost a send and must re-attach before sending on"
             )
-            return
-        if sequence_id + n - 1 > topic.last_sequence.get(producer.name, -1):
-            topic.last_sequence[producer.name] = sequence_id + n - 1
+        dedup = topic.dedup
+        name = producer.name
+        request_id = req.request_id
         producer_id = body.producerId
 
-        def done(result: Any, error: BaseException | None) -> None:
+        def answer(receipt: Any, error: BaseException | None, duplicate: bool) -> None:
             if error is not None:
-                if topic.last_sequence.get(producer.name, -1) >= sequence_id:
-                    topic.last_sequence[producer.name] = sequence_id - 1
                 conn.respond_error(
                     request_id,
                     error if isinstance(error, PigeonError) else ServiceUnavailable(str(error)),
                 )
                 return
-            segment_id, entry_id, offset = result
-            topic.confirm_sequence(producer.name, sequence_id + n - 1, segment_id, entry_id)
-            conn.respond(
-                request_id,
-                "sendReceipt",
-                {
-                    "producerId": producer_id,
-                    "sequenceId": sequence_id,
-                    "segmentId": segment_id,
-                    "entryId": entry_id,
-                    "firstOffset": offset,
-                },
-            )
+            segment_id, entry_id, offset = receipt if receipt is not None else (-1, -1, -1)
+            fields = {
+                "producerId": producer_id,
+                "sequenceId": sequence_id,
+                "segmentId": segment_id,
+                "entryId": entry_id,
+                "firstOffset": offset,
+            }
+            if duplicate:
+                fields["duplicate"] = True
+            conn.respond(request_id, "sendReceipt", fields)
 
+        decision = dedup.check(name, sequence_id, n) if policies.deduplication else Decision.NEW
+        if decision is Decision.DUPLICATE:
+            answer(dedup.receipt(name, sequence_id, n), None, True)
+            return
+        if decision is Decision.IN_FLIGHT:
+            dedup.wait(name, sequence_id, n, lambda r, e: answer(r, e, True))
+            return
         if (
             topic.persistent
             and policies.backlog_quota_bytes >= 0
+            and policies.backlog_quota_policy == "producer_exception"
             and topic.backlog_bytes() > policies.backlog_quota_bytes
         ):
-            if policies.backlog_quota_policy == "producer_exception":
-                topic.last_sequence[producer.name] = sequence_id - 1
-                raise ProducerBlocked(
-                    f"backlog of {topic.name} exceeds its quota of"
-                    f" {policies.backlog_quota_bytes} bytes"
-                )
-            if policies.backlog_quota_policy == "producer_request_hold":
-                payload_copy = bytes(payload)
-                deliver_at = header.deliver_at
-                topic.hold(lambda: topic.append(payload_copy, n, done, deliver_at=deliver_at))
-                return
+            raise ProducerBlocked(
+                f"backlog of {topic.name} exceeds its quota of {policies.backlog_quota_bytes} bytes"
+            )
 
-        topic.append(payload, n, done, deliver_at=header.deliver_at)
+        def done(result: Any, error: BaseException | None) -> None:
+            if error is not None:
+                dedup.failed(name, sequence_id, n, error)
+                self._fence_producer(conn, producer, error)
+                answer(None, error, False)
+                return
+            dedup.persisted(name, sequence_id, n, result)
+            topic.confirm_sequence(result[0], result[1])
+            answer(result, None, False)
+
+        dedup.pushed(name, sequence_id, n)
+        deliver_at = header.deliver_at
+        if (
+            topic.persistent
+            and policies.backlog_quota_bytes >= 0
+            and policies.backlog_quota_policy == "producer_request_hold"
+            and topic.backlog_bytes() > policies.backlog_quota_bytes
+        ):
+            payload_copy = bytes(payload)
+            topic.hold(lambda: self._append(topic, payload_copy, n, done, deliver_at))
+            return
+        self._append(topic, payload, n, done, deliver_at)
+
+    @staticmethod
+    def _append(topic: Any, payload: Any, n: int, done: Any, deliver_at: int) -> None:
+        """Append, turning a refusal (closed or unwritable ledger) into ``done``'s error."""
+        try:
+            topic.append(payload, n, done, deliver_at=deliver_at)
+        except PigeonError as exc:
+            done(None, exc)
+
+    def _fence_producer(self, conn: Connection, producer: Producer, error: BaseException) -> None:
+        """A send of ``producer`` was not stored: refuse its later sends until it
+        re-attaches, so that it resends from the lost one on, in order."""
+        if producer.fenced:
+            return
+        producer.fenced = True
+        log.info(
+            "producer must re-attach topic=%s producer=%s error=%s",
+            producer.topic.name,
+            producer.name,
+            error,
+        )
+        if not conn.closed:
+            with contextlib.suppress(PigeonError):
+                conn.send_nowait(
+                    "closedByBroker",
+                    {
+                        "producerId": producer.producer_id,
+                        "isProducer": True,
+                        "reason": f"send not stored: {error}",
+                    },
+                )
 
     def on_closeProducer(self, conn: Connection, req: Request) -> None:
         producer = self._state(conn).producers.pop(req.body.producerId, None)

@@ -106,6 +106,12 @@ class QuorumWriter:
     def pending(self) -> int:
         return len(self._in_flight)
 
+    def abort(self, error: BaseException) -> None:
+        """Stop the writer: every entry still in flight is called back with ``error``
+        (its fate is settled by recovering the segment), and no later add is taken."""
+        self.closed = True
+        self._fail(error)
+
     def close(self) -> None:
         """No more adds (the segment is being closed); stops pending ensemble changes."""
         self.closed = True

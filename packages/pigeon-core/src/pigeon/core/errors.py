@@ -28,12 +28,15 @@ __all__ = [
     "DataDirLocked",
     "EntryNotFound",
     "FrameTooLarge",
+    "InternalError",
     "InvalidArgument",
     "InvalidEntryId",
     "InvalidTopicName",
+    "MalformedRequest",
     "MessageTooLarge",
     "MetadataError",
     "NodeExists",
+    "NotEnoughBookies",
     "NoSuchNode",
     "NotEmpty",
     "NotOwner",
@@ -162,6 +165,15 @@ class AlreadyClosed(PigeonError):
     code = 113
 
 
+class InternalError(PigeonError):
+    """The node failed while handling a request: a bug, logged there with its traceback.
+
+    Not retried: the same request would fail the same way.
+    """
+
+    code = 120
+
+
 # --- 2xx: client input -----------------------------------------------------------
 
 
@@ -187,6 +199,17 @@ class NotSupported(InvalidArgument):
     """The operation is not allowed here (e.g. cumulative ack on a shared subscription)."""
 
     code = 203
+
+
+class MalformedRequest(InvalidArgument):
+    """A frame that decodes, but whose request body does not: a pointer out of bounds,
+    text that is not UTF-8, an enum value or union member this node does not know.
+
+    Only this request is refused; the connection stays open.  The message names the
+    request kind and the field.
+    """
+
+    code = 204
 
 
 class ProducerQueueFull(PigeonError):
@@ -302,6 +325,14 @@ class DataDirLocked(StorageError):
 
     code = 407
     retriable = False
+
+
+class NotEnoughBookies(StorageError):
+    """Too few writable bookies are reachable to store an entry on the ack quorum; the
+    write is refused (nothing was stored) and succeeds when bookies return."""
+
+    code = 408
+    retriable = True
 
 
 class CodecError(PigeonError):
