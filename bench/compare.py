@@ -1,6 +1,6 @@
 """PigeonMQ side by side with the peers a user would choose instead (same machine, same run).
 
-    python -m bench.compare                      # the default suite, about 17 minutes
+    python -m bench.compare                      # the default suite, about 16 minutes
     python -m bench.compare --repeat 1 --duration 3 --latency-duration 3 --backlog-mb 64 --no-docs
     python -m bench.compare --scenarios catchup --systems nats --repeat 1 --no-docs
 
@@ -21,7 +21,8 @@ Scenarios, per system and repetition (``--scenarios``), each bounded to 60 s:
 
 JSON goes to bench/results/compare-*.json, charts to docs/img/, and a table replaces the
 section between the bench:peers markers of docs/benchmarks.md. With ``--no-docs`` the
-document is left alone and the charts go beside the JSON instead of docs/img/.
+document is left alone and the charts go to a temporary directory (its path is printed)
+instead of docs/img/, so that a trial run leaves nothing behind in the work tree.
 """
 
 # ruff: noqa: RUF001, E501 - the report text uses en dashes and multiplication signs
@@ -407,17 +408,21 @@ SETTINGS = [
     "- Max produce: messages handed to the client in the time window; the elapsed time includes "
     "waiting for the last ack, so every counted message was acknowledged. 1 in 64 messages is "
     "timed for publish→ack latency. 1 KiB payloads are random bytes.",
-    "- N producers: N processes (spawned, one client connection and one topic/stream each, "
-    "the single producer's settings), released together once all are connected; the rate is "
-    "all their acknowledged messages over the time from the release to the last producer's "
-    "last ack.",
+    "- N producers: N spawned processes, one client connection and one topic/stream each, with "
+    "the single producer's settings except the in-flight window, which is divided by N so "
+    "that together they keep one producer's (PigeonMQ 50,000/N messages pending, nats-py "
+    "4,000/N acks, librdkafka's queue /N; redis-py's window is its pipeline, unchanged). Each "
+    "process first makes its topic with a 50 ms run, then all wait on a barrier; the rate is "
+    "all their acknowledged messages over the time from the first producer's first send to "
+    "the last producer's last ack. 1 producer is the single-producer row (in the harness "
+    "process).",
     "- End-to-end: the producer is paced (every message due is sent at once, stamped with the "
     "send time); the consumer runs in a separate process; clocks are the same host clock. The "
     "run waits until the consumer has every message (or has received nothing for 2 s, or "
     f"lags {TAIL_LIMIT:g} s) before it stops it.",
-    "- RabbitMQ streams would be measured only where `rabbitmq-server` is installed; it is "
-    "not on this machine (Debian has it, but the benchmark does not install servers), and the "
-    "harness has no driver for it yet.",
+    "- RabbitMQ streams are optional: they would be measured only where `rabbitmq-server` is "
+    "installed (the benchmark installs no servers), and the harness has no driver for them "
+    "yet; the line under the tables says what this run found.",
 ]
 
 
@@ -479,6 +484,19 @@ WHERE: list[str] = [
     "with `fetch.wait.max.ms=5`; we did not find the setting behind it, so its latency column "
     "says little about Kafka. Its max-rate publish→ack latency is queueing in librdkafka's "
     "1,000,000-message buffer.",
+    "- **A † at 50 MB/s** (51,200 msg/s of 1 KiB) means that one Python producer could not "
+    "send that fast beside the server and the consumer on 2 cores (compare its max-produce "
+    "row): it then sends late, in bursts of up to 1,000 messages stamped together, so that "
+    "row measures a saturated client and its latency is mostly queueing behind those bursts.",
+    "- **16 producers** are 16 Python processes on 2 cores beside the server, so that row "
+    "measures the server competing with 16 clients for the CPU as much as its handling of 16 "
+    "topics; where PigeonMQ's total falls from 4 to 16 producers, that has not been profiled "
+    "yet (candidates, not measured: one broker process for all topics, a ledger per topic, "
+    "an fsync per batch per topic).",
+    "- **Catch-up**: NATS and Redis are read through pure-Python clients that make Python "
+    "objects per message (nats-py: a `Msg` and a callback; redis-py: a tuple and a dict per "
+    "entry), while confluent-kafka's messages come from librdkafka (C) and Tansu serves them "
+    "from memory; these rows compare client libraries as much as servers.",
 ]
 
 
@@ -613,12 +631,17 @@ def charts(res: dict[str, Any], img: Path = IMG, prefix: str = "peers-") -> list
     return written
 
 
+def scratch_dir(name: str) -> Path:
+    """Where a --no-docs run puts its charts: outside the work tree."""
+    return Path(tempfile.mkdtemp(prefix=f"pigeon-{name}-"))
+
+
 def main() -> None:
     d = DEFAULTS
     ap = argparse.ArgumentParser(
         prog="python -m bench.compare",
         description="PigeonMQ side by side with NATS JetStream, Redis streams and Tansu. "
-        "The defaults take about 17 minutes on 2 cores.",
+        "The defaults take about 16 minutes on 2 cores (at most ~19 with --time-budget).",
     )
     ap.add_argument("--repeat", type=int, default=d["repeat"], help="repetitions (1-10)")
     ap.add_argument(
@@ -645,7 +668,7 @@ def main() -> None:
     ap.add_argument("--no-multi", dest="multi", action="store_false", help="skip N producers")
     ap.add_argument(
         "--no-docs", action="store_true",
-        help="leave docs/ alone: charts go beside the JSON in bench/results/",
+        help="leave docs/ alone: charts go to a temporary directory instead of docs/img/",
     )  # fmt: skip
     ap.add_argument(
         "--time-budget", type=float, default=d["time_budget"],
@@ -660,7 +683,8 @@ def main() -> None:
         res = json.loads(Path(args.render).read_text())
         res["render_command"] = "python -m bench.compare " + " ".join(sys.argv[1:])
         if args.no_docs:
-            charts(res, Path(args.render).parent, Path(args.render).stem + "-")
+            written = charts(res, scratch_dir(Path(args.render).stem), "peers-")
+            print("charts: " + ", ".join(str(w) for w in written), file=sys.stderr)
         else:
             charts(res)
             write_doc(render(res, res["command"]), BEGIN, END, title="Side by side with peers")
@@ -708,7 +732,7 @@ def main() -> None:
         path.write_text(json.dumps(res, indent=1))
         log("repetition", rep + 1, f"took {time.monotonic() - t_rep:.0f} s; written to", path)
     if args.no_docs:
-        written = charts(res, RESULTS, f"compare-{stamp}-")
+        written = charts(res, scratch_dir(path.stem), "peers-")
     else:
         written = charts(res)
         write_doc(render(res, command), BEGIN, END, title="Side by side with peers")

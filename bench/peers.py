@@ -1151,4 +1151,6 @@ if __name__ == "__main__":  # quick smoke: python -m bench.peers SYSTEM
         r = latency(system, srv.url, "smoke-lat", 1.0, 3.0)
         r.pop("cdf_ms")
         print(r)
+        print(produce_many(system, srv.url, "smoke-many", 1024, 2.0, 4))
+        print(catchup(system, srv.url, "smoke-bk", 16))
     _ = threading
