@@ -45,6 +45,10 @@ log = logging.getLogger(__name__)
 
 WriteCallback = Callable[[int, BaseException | None], None]
 
+#: a fence, recovery read or recovery add that a bookie does not answer in this time is
+#: given up (the bookie counts as not answering)
+RECOVERY_OP_TIMEOUT_S = 5.0
+
 
 @dataclass(slots=True)
 class _InFlight:
@@ -478,9 +482,12 @@ async def recover_segment(
         except (ConnectionClosed, ServiceUnavailable, StorageError, OSError) as exc:
             errors.append(exc)
 
-    async with trio.open_nursery() as nursery:
-        for address in dict.fromkeys(ensemble):
-            nursery.start_soon(fence, address)
+    # A bookie that does not answer (paused, cut off) must not hold recovery up: after
+    # RECOVERY_OP_TIMEOUT_S the fences still unanswered are given up.
+    with trio.move_on_after(RECOVERY_OP_TIMEOUT_S):
+        async with trio.open_nursery() as nursery:
+            for address in dict.fromkeys(ensemble):
+                nursery.start_soon(fence, address)
     needed = len(ensemble) - min(ack_quorum, len(ensemble)) + 1
     if len(states) < needed:
         raise ServiceUnavailable(
@@ -491,8 +498,19 @@ async def recover_segment(
     lac = max(first_entry - 1, *(int(s["lac"]) for s in states.values()))
     top = max(int(s["last_entry_id"]) for s in states.values())
     held: dict[str, dict[int, bytes | memoryview]] = {}
-    for address, state in states.items():
-        held[address] = await _read_tail(client, address, segment_id, lac + 1, state)
+    for address, state in list(states.items()):
+        tail = await _read_tail(client, address, segment_id, lac + 1, state)
+        if tail is None:
+            # a bookie whose tail could not be read did not answer: it must not count
+            # as one that lacks the entries
+            del states[address]
+        else:
+            held[address] = tail
+    if len(states) < needed:
+        raise ServiceUnavailable(
+            f"cannot recover segment {segment_id}: only {len(states)} of {len(ensemble)} "
+            "bookies could be read"
+        )
     last = lac
     copied = 0
     for entry in range(lac + 1, top + 1):
@@ -511,9 +529,10 @@ async def recover_segment(
         for address in targets:
             if address in states and address not in have:
                 try:
-                    await client.add_entry(address, segment_id, entry, lac, data, recovery=True)
+                    with trio.fail_after(RECOVERY_OP_TIMEOUT_S):
+                        await client.add_entry(address, segment_id, entry, lac, data, recovery=True)
                     copied += 1
-                except (PigeonError, OSError) as exc:
+                except (PigeonError, OSError, trio.TooSlowError) as exc:
                     # the entry is recovered (it exists); the auditor restores its copies
                     log.warning(
                         "recovery re-replication failed segment=%s entry=%s bookie=%s error=%s",
@@ -537,14 +556,21 @@ async def recover_segment(
 
 async def _read_tail(
     client: BookieClient, address: str, segment_id: int, first: int, state: dict[str, Any]
-) -> dict[int, bytes | memoryview]:
-    """The entries ``first..`` one bookie holds (it may skip ids: striping)."""
+) -> dict[int, bytes | memoryview] | None:
+    """The entries ``first..`` one bookie holds (it may skip ids: striping); None when
+    the bookie could not be read to the end."""
     out: dict[int, bytes | memoryview] = {}
     last = int(state["last_entry_id"])
     entry = first
     while entry <= last:
         try:
-            got = await client.read_entries(address, segment_id, entry, last)
+            with trio.fail_after(RECOVERY_OP_TIMEOUT_S):
+                got = await client.read_entries(address, segment_id, entry, last)
+        except trio.TooSlowError:
+            log.warning(
+                "recovery read timed out segment=%s bookie=%s entry=%s", segment_id, address, entry
+            )
+            return None
         except (EntryNotFound, CorruptEntry):
             entry += 1  # skipped (not in this bookie's share) or damaged here
             continue
@@ -556,7 +582,7 @@ async def _read_tail(
                 entry,
                 exc,
             )
-            break
+            return None
         if not got:
             break
         for entry_id, data in got:
