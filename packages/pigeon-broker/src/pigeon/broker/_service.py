@@ -289,7 +289,13 @@ class Topic:
         try:
             await sub.run()
         except Exception as exc:  # one subscription failing must not take the broker down
-            log.exception("subscription failed topic=%s sub=%s", self.name, sub.name)
+            if isinstance(exc, PigeonError):
+                # e.g. bookies away: the consumers re-subscribe and go on from the cursor
+                log.warning(
+                    "subscription stopped topic=%s sub=%s error=%s", self.name, sub.name, exc
+                )
+            else:
+                log.exception("subscription failed topic=%s sub=%s", self.name, sub.name)
             sub.closed = True
             for consumer in list(sub.consumers):
                 with contextlib.suppress(PigeonError):
