@@ -48,6 +48,8 @@ WriteCallback = Callable[[int, BaseException | None], None]
 #: a fence, recovery read or recovery add that a bookie does not answer in this time is
 #: given up (the bookie counts as not answering)
 RECOVERY_OP_TIMEOUT_S = 5.0
+#: once enough bookies answered a fence, how long the others may still take
+FENCE_GRACE_S = 0.5
 
 
 @dataclass(slots=True)
@@ -482,13 +484,27 @@ async def recover_segment(
         except (ConnectionClosed, ServiceUnavailable, StorageError, OSError) as exc:
             errors.append(exc)
 
-    # A bookie that does not answer (paused, cut off) must not hold recovery up: after
-    # RECOVERY_OP_TIMEOUT_S the fences still unanswered are given up.
+    needed = len(ensemble) - min(ack_quorum, len(ensemble)) + 1
+    members = list(dict.fromkeys(ensemble))
+    # A bookie that does not answer (paused, cut off) must not hold recovery up: once
+    # enough have answered, the others get a short grace; none waits longer than
+    # RECOVERY_OP_TIMEOUT_S.
+    enough = trio.Event()
+
+    async def fence_one(address: str) -> None:
+        await fence(address)
+        if len(states) >= needed or len(states) + len(errors) == len(members):
+            enough.set()
+
     with trio.move_on_after(RECOVERY_OP_TIMEOUT_S):
         async with trio.open_nursery() as nursery:
-            for address in dict.fromkeys(ensemble):
-                nursery.start_soon(fence, address)
-    needed = len(ensemble) - min(ack_quorum, len(ensemble)) + 1
+            for address in members:
+                nursery.start_soon(fence_one, address)
+            await enough.wait()
+            if len(states) + len(errors) < len(members):
+                nursery.cancel_scope.deadline = min(
+                    nursery.cancel_scope.deadline, trio.current_time() + FENCE_GRACE_S
+                )
     if len(states) < needed:
         raise ServiceUnavailable(
             f"cannot recover segment {segment_id}: only {len(states)} of {len(ensemble)} "

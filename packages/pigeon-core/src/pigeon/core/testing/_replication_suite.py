@@ -39,6 +39,18 @@ class BookieSet:
         self.addresses: list[str] = []
         self._scopes: dict[str, trio.CancelScope] = {}
         self._count = itertools.count()
+        self.network: MemoryNetwork | None = None
+
+    def pause(self, address: str) -> None:
+        """Freeze a bookie as SIGSTOP would: connected, but it answers nothing."""
+        assert self.network is not None
+        host, port = address.rsplit(":", 1)
+        self.network.pause(host, int(port))
+
+    def resume(self, address: str) -> None:
+        assert self.network is not None
+        host, port = address.rsplit(":", 1)
+        self.network.resume(host, int(port))
 
     async def start(self) -> str:
         from pigeon.bookie import BookieConfig, BookieServer
@@ -73,6 +85,7 @@ async def _cluster(root: Path, n: int) -> AsyncIterator[tuple[BookieSet, BookieC
     with network.installed():
         async with trio.open_nursery() as nursery:
             bookies = BookieSet(root, nursery)
+            bookies.network = network
             for _ in range(n):
                 await bookies.start()
             client = BookieClient()
@@ -172,6 +185,23 @@ class ReplicationPolicyContract:
             assert await policy.recover(segment, ensemble) == 2
             with pytest.raises(PigeonError):
                 await _write(writer, [b"late"])
+
+    async def test_recovery_does_not_wait_for_a_bookie_that_does_not_answer(
+        self, make_policy: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # unanswered fences are given up only after this long: recovery must not wait
+        monkeypatch.setattr("pigeon.core._replication.RECOVERY_OP_TIMEOUT_S", 600.0)
+        async with _cluster(tmp_path, 3) as (bookies, client):
+            policy = make_policy(client, ensemble_size=3, write_quorum=3, ack_quorum=2)
+            ensemble = policy.choose_ensemble(bookies.addresses)
+            segment = next(_segment_ids)
+            writer = await policy.create_writer(segment, ensemble)
+            await _write(writer, [b"a", b"b", b"c"])
+            for paused in ensemble:  # whichever bookie it is (a leader too)
+                bookies.pause(paused)
+                with trio.fail_after(60):
+                    assert await policy.recover(segment, ensemble) == 2
+                bookies.resume(paused)
 
     async def test_a_failed_bookie_is_replaced_without_failing_writes(
         self, make_policy: Any, tmp_path: Path
