@@ -37,3 +37,28 @@ def test_the_least_loaded_bookies_are_chosen_and_the_least_loaded_leads() -> Non
         bookie_load=load.__getitem__,
     )
     assert policy.choose_ensemble(sorted(load)) == ["c:1", "b:1", "a:1"]
+
+
+async def test_a_stalled_leader_is_replaced_and_writes_go_on(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A leader that stops answering but keeps its connection open is treated as failed
+    after the add timeout: a follower takes over instead of the writer waiting forever."""
+    import trio
+
+    from pigeon.core.testing._replication_suite import _cluster, _write
+
+    monkeypatch.setattr("pigeon.core._replication.ADD_ENTRY_TIMEOUT_S", 1.0)
+    async with _cluster(tmp_path, 3) as (bookies, client):
+        policy = LeaderFollowerPolicy(client, ensemble_size=3, write_quorum=3, ack_quorum=2)
+        ensemble = policy.choose_ensemble(bookies.addresses)
+        async with trio.open_nursery() as nursery:
+            writer = await policy.create_writer(78, list(ensemble), nursery=nursery)
+            await _write(writer, [b"a", b"b"])
+            leader = writer.leader_address
+            bookies.pause(leader)
+            with trio.fail_after(30):
+                await _write(writer, [b"c", b"d"])
+            assert writer.leader_address != leader
+            bookies.resume(leader)
+            nursery.cancel_scope.cancel()

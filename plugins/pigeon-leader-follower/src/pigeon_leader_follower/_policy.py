@@ -34,6 +34,7 @@ from typing import Any
 
 import trio
 
+from pigeon.core import _replication
 from pigeon.core._bookie_client import BookieClient
 from pigeon.core._replication import BookieLoad, PolicyBase, fail_in_order, recover_segment
 from pigeon.core.errors import (
@@ -44,6 +45,7 @@ from pigeon.core.errors import (
     SegmentNotFound,
     ServiceUnavailable,
     StorageError,
+    Timeout,
 )
 
 __all__ = ["LeaderFollowerPolicy", "LeaderFollowerWriter"]
@@ -59,6 +61,7 @@ class _Flight:
     data: bytes | memoryview
     callback: WriteCallback
     acked: bool = False
+    sent_at: float = 0.0
 
 
 def _replaceable(error: BaseException) -> bool:
@@ -109,9 +112,33 @@ class LeaderFollowerWriter:
         self._failed: BaseException | None = None
         self._idle = trio.Event()
         self._idle.set()
+        self._watching = False
 
     async def open(self) -> None:
         self._conn = await self.client.connection(self.ensemble[self.leader])
+
+    async def _watch_stalls(self) -> None:
+        """A leader that leaves an add unanswered for the add timeout (paused, cut off)
+        is treated as failed: its connection is aborted, which starts a leader change."""
+        while not self.closed and self._failed is None:
+            await trio.sleep(_replication.ADD_ENTRY_TIMEOUT_S / 4)
+            deadline = trio.current_time() - _replication.ADD_ENTRY_TIMEOUT_S
+            oldest = next((f for f in self._in_flight.values() if not f.acked), None)
+            conn = self._conn
+            if (
+                oldest is not None
+                and oldest.sent_at <= deadline
+                and not self._electing
+                and conn is not None
+                and not conn.closed
+            ):
+                log.warning(
+                    "leader stalled segment=%s leader=%s waited=%.1fs",
+                    self.segment_id,
+                    self.ensemble[self.leader],
+                    trio.current_time() - oldest.sent_at,
+                )
+                conn.abort(Timeout(f"leader {self.ensemble[self.leader]} did not answer"))
 
     # ------------------------------------------------------------------ state
 
@@ -161,7 +188,10 @@ class LeaderFollowerWriter:
             raise self._failed
         entry_id = self.next_entry_id
         self.next_entry_id += 1
-        self._in_flight[entry_id] = _Flight(data, callback)
+        self._in_flight[entry_id] = _Flight(data, callback, sent_at=trio.current_time())
+        if not self._watching and self.nursery is not None:
+            self._watching = True
+            self.nursery.start_soon(self._watch_stalls)
         self._busy()
         self.bytes_written += len(data)
         if not self._electing:
@@ -187,8 +217,10 @@ class LeaderFollowerWriter:
             self._on_answer(gen, entry_id, None, exc)
 
     def _resend_pending(self) -> None:
+        now = trio.current_time()
         for entry_id, flight in sorted(self._in_flight.items()):
             if not flight.acked:
+                flight.sent_at = now
                 self._send(entry_id, flight.data, resend=True)
 
     def _on_answer(self, gen: int, entry_id: int, result: Any, error: BaseException | None) -> None:

@@ -30,6 +30,7 @@ from pigeon.core.errors import (
     PigeonError,
     ServiceUnavailable,
     StorageError,
+    Timeout,
 )
 
 __all__ = [
@@ -50,12 +51,16 @@ WriteCallback = Callable[[int, BaseException | None], None]
 RECOVERY_OP_TIMEOUT_S = 5.0
 #: once enough bookies answered a fence, how long the others may still take
 FENCE_GRACE_S = 0.5
+#: an add a bookie leaves unanswered this long counts as that bookie failing (Pulsar's
+#: bookkeeper_client_timeout_in_seconds plays this part)
+ADD_ENTRY_TIMEOUT_S = 10.0
 
 
 @dataclass(slots=True)
 class _InFlight:
     callback: WriteCallback
     data: bytes | memoryview
+    sent_at: float = 0.0
     acked_by: set[int] = field(default_factory=set)
     failures: int = 0
     errors: list[BaseException] = field(default_factory=list)
@@ -104,9 +109,35 @@ class QuorumWriter:
         self._in_flight: dict[int, _InFlight] = {}
         self._failed: BaseException | None = None
         self._conns: list[Any] = []
+        self._watching = False
+        self.add_timeout = ADD_ENTRY_TIMEOUT_S
 
     async def open(self) -> None:
         self._conns = [await self.client.connection(a) for a in self.ensemble]
+
+    async def _watch_stalls(self) -> None:
+        """A bookie that leaves an add unanswered for ``add_timeout`` (paused, cut off)
+        is treated as failed: its connection is aborted, which fails its adds and starts
+        an ensemble change, as a lost connection would."""
+        while not self.closed and self._failed is None:
+            await trio.sleep(self.add_timeout / 4)
+            deadline = trio.current_time() - self.add_timeout
+            for entry_id, flight in list(self._in_flight.items()):
+                if flight.sent_at > deadline:
+                    break
+                for index in self._targets(entry_id):
+                    if index in flight.acked_by or index in self._changing:
+                        continue
+                    conn = self._conns[index]
+                    if not conn.closed:
+                        log.warning(
+                            "bookie stalled segment=%s bookie=%s entry=%s waited=%.1fs",
+                            self.segment_id,
+                            self.ensemble[index],
+                            entry_id,
+                            trio.current_time() - flight.sent_at,
+                        )
+                        conn.abort(Timeout(f"bookie {self.ensemble[index]} did not answer"))
 
     @property
     def pending(self) -> int:
@@ -140,9 +171,12 @@ class QuorumWriter:
             raise self._failed
         entry_id = self.next_entry_id
         self.next_entry_id += 1
-        self._in_flight[entry_id] = _InFlight(callback, data)
+        self._in_flight[entry_id] = _InFlight(callback, data, trio.current_time())
         if self._idle.is_set():
             self._idle = trio.Event()
+        if not self._watching and self.nursery is not None:
+            self._watching = True
+            self.nursery.start_soon(self._watch_stalls)
         flight = self._in_flight[entry_id]
         for index in self._targets(entry_id):
             if index in self._down:
@@ -260,9 +294,11 @@ class QuorumWriter:
         # the new bookie, also those the failed one had acknowledged before it died.
         for entry_id, data in sorted(self._backfill.pop(index, {}).items()):
             self._send_backfill(entry_id, index, data)
+        now = trio.current_time()
         for entry_id, flight in sorted(self._in_flight.items()):
             if index in self._targets(entry_id):
                 flight.acked_by.discard(index)
+                flight.sent_at = now  # the new bookie gets its full add timeout
                 self._send(entry_id, index, flight.data)
 
     def _send_backfill(self, entry_id: int, index: int, data: bytes | memoryview) -> None:

@@ -148,6 +148,18 @@ class Connection:
             with trio.CancelScope(shield=True), contextlib.suppress(Exception):
                 await self.stream.aclose()
 
+    def abort(self, reason: BaseException) -> None:
+        """End the connection now (the peer stopped answering): nothing queued is
+        written, and every pending request is called back with ``reason``."""
+        if self._close_reason is None:
+            self._close_reason = reason
+        self._closed = True
+        self._out_ready.set()
+        if self.nursery is not None:
+            self.nursery.cancel_scope.cancel()
+        else:
+            self._reader_scope.cancel()
+
     def close(self, reason: BaseException | None = None) -> None:
         """Close soon: queued frames are still written, then the stream ends."""
         if self._close_reason is None:
