@@ -485,7 +485,6 @@ async def test_tcp_first_frame_not_connect_closes_connection() -> None:
 
 def _garbage_cases() -> list[Any]:
     return [
-        pytest.param(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", True, id="http"),
         pytest.param(
             struct.pack("<I", 16) + struct.pack("<II", 0xFFFF, 0) + b"\0" * 8,
             True,

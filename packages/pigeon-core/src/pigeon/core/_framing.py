@@ -26,11 +26,19 @@ __all__ = [
     "build_message",
     "capnp_message_size",
     "encode_frame",
+    "http_refusal",
+    "sniff_foreign_protocol",
 ]
 
 DEFAULT_MAX_FRAME_SIZE = 5 * 1024 * 1024 + 64 * 1024  # 5 MiB of payload plus headroom
 _U32 = struct.Struct("<I")
+_U32_BE = struct.Struct(">I")
+_I16_BE = struct.Struct(">hh")
 _MAX_SEGMENTS = 512
+_HTTP_METHODS = (b"GET ", b"POST ", b"PUT ", b"HEAD ", b"DELETE ", b"PATCH ", b"OPTIONS ")
+_HTTP_OTHER = (b"CONNECT ", b"TRACE ", b"PRI * HTTP/2")
+#: highest Kafka API key we recognise as one (ApiVersions is 18; 2024's keys stay < 80)
+_KAFKA_MAX_API_KEY = 100
 
 
 def capnp_message_size(buf: bytes | bytearray | memoryview) -> int:
@@ -135,3 +143,51 @@ class FrameDecoder:
 
     def at_frame_boundary(self) -> bool:
         return self.buffered == 0
+
+
+def sniff_foreign_protocol(data: bytes | bytearray | memoryview) -> str | None:
+    """What the first bytes of a stream are when they are not PigeonMQ frames, or None.
+
+    Used on a connection's first bytes (until its first frame is complete) and on a first
+    frame that fails to decode, to tell the user which wrong port they dialled:
+    ``"an HTTP request"``, ``"an HTTP response"``, ``"a TLS handshake"`` or
+    ``"a Kafka request (api key N)"``.  Layouts recognised::
+
+        HTTP/1.x request   b"GET " | b"POST " | ... (method, space)
+        HTTP response      b"HTTP/"
+        TLS record         0x16 0x03 0x00-0x04 len:u16 0x01 (a ClientHello; byte 5 of a
+                           PigeonMQ frame is 0: its segment count is below 256)
+        Kafka request      i32 BE length | i16 BE api_key | i16 BE api_version | ...
+                           (a length our little-endian prefix would read as too large)
+    """
+    head = bytes(data[:16])
+    if head.startswith(_HTTP_METHODS + _HTTP_OTHER):
+        return "an HTTP request"
+    if head.startswith(b"HTTP/"):
+        return "an HTTP response"
+    if len(head) >= 6 and head[0] == 0x16 and head[1] == 0x03 and head[2] <= 4 and head[5] == 1:
+        return "a TLS handshake"
+    if len(head) >= 8:
+        length = _U32_BE.unpack_from(head, 0)[0]
+        api_key, api_version = _I16_BE.unpack_from(head, 4)
+        if (
+            8 <= length <= 100 * 1024 * 1024
+            and _U32.unpack_from(head, 0)[0] > DEFAULT_MAX_FRAME_SIZE
+            and 0 <= api_key <= _KAFKA_MAX_API_KEY
+            and 0 <= api_version <= 32
+        ):
+            return f"a Kafka request (api key {api_key})"
+    return None
+
+
+def http_refusal(text: str) -> bytes:
+    """A complete ``HTTP/1.1 400`` response carrying ``text``, for an HTTP client that
+    reached a PigeonMQ protocol port: it shows the text instead of failing to parse."""
+    body = (text.rstrip("\n") + "\n").encode()
+    head = (
+        "HTTP/1.1 400 Bad Request\r\n"
+        "Content-Type: text/plain; charset=utf-8\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    return head.encode() + body

@@ -8,11 +8,27 @@ pycapnp's own RPC needs asyncio, so nodes talk through this instead:
 * answers are either the expected struct or an ``error`` carrying a typed
   :mod:`pigeon.core.errors` code;
 * server pushes (``requestId`` 0) go to the connection's handler;
-* a ``connect`` handshake that checks the protocol version.
+* a ``connect`` handshake that checks the protocol version and that both ends speak the
+  same root struct (a client of a broker that dialled a bookie's port is told so).
 
 Handlers are plain synchronous methods ``on_<kind>(conn, req)`` called by the reader task
 while the Cap'n Proto reader in ``req.body`` is valid; work that must wait starts a task
 in ``conn.nursery`` after copying what it needs out of the body.
+
+Bad input, by how much of it can be trusted:
+
+* a frame that does not decode (length prefix, segment table, root pointer): the stream
+  can no longer be trusted; an ``error`` push (:class:`CorruptFrame`) and the connection
+  is closed, with one WARNING line.  When the very first bytes are another protocol
+  (HTTP, TLS, Kafka: :func:`~pigeon.core._framing.sniff_foreign_protocol`) the line and
+  the error say so, and an HTTP client gets a ``400`` it can show;
+* a frame that decodes but whose body does not (a bit-flipped pointer, an enum value this
+  node does not know, text that is not UTF-8): every such field is read *before* the
+  handler runs (:class:`~pigeon.core._schema.BodyChecker`), so the handler never starts;
+  only that request is answered :class:`MalformedRequest` (one WARNING line, no
+  traceback) and the connection keeps serving;
+* a handler that raises a :class:`PigeonError` answers with it; anything else is a bug
+  of ours: logged with its traceback and answered :class:`InternalError`.
 """
 
 from __future__ import annotations
@@ -33,15 +49,26 @@ from pigeon.core._framing import (
     build_message,
     capnp_message_size,
     encode_frame,
+    http_refusal,
+    sniff_foreign_protocol,
 )
 from pigeon.core._memnet import active_network
-from pigeon.core._schema import PROTOCOL_VERSION
+from pigeon.core._schema import (
+    PROTOCOL_VERSION,
+    body_checker,
+    decode_error_reason,
+    frame_name,
+    frame_role,
+)
 from pigeon.core.errors import (
     ConnectionClosed,
     CorruptFrame,
+    InternalError,
+    MalformedRequest,
     PigeonError,
     ProtocolError,
     ProtocolVersionMismatch,
+    Timeout,
     UnknownMessageType,
     error_from_code,
 )
@@ -56,6 +83,8 @@ ReplyCallback = Callable[[Any, BaseException | None], None]
 Extract = Callable[[Any, memoryview], Any]
 
 _RECEIVE_SIZE = 256 * 1024
+#: bytes of a connection's start kept to tell which protocol a wrong client speaks
+_SNIFF_BYTES = 16
 _JOIN_LIMIT = 64 * 1024
 _HIGH_WATER = 8 * 1024 * 1024
 
@@ -88,7 +117,8 @@ class Connection:
 
     ``frame_type`` is the root struct (``BrokerFrame`` or ``BookieFrame``).  ``handler``
     receives incoming requests (serving side) and pushes (client side) through methods
-    named ``on_<kind>``.
+    named ``on_<kind>``.  ``serving`` is true on the accepting side: it answers a client
+    of another protocol (e.g. HTTP) in that protocol where it can.
     """
 
     def __init__(
@@ -99,9 +129,12 @@ class Connection:
         handler: Any = None,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         name: str = "",
+        serving: bool = False,
     ) -> None:
         self.stream = stream
         self.frame_type = frame_type
+        self.serving = serving
+        self._checker = body_checker(frame_type)
         self.handler = handler
         self.max_frame_size = max_frame_size
         self.name = name
@@ -121,6 +154,8 @@ class Connection:
         self._reader_scope = trio.CancelScope()
         self.bytes_in = 0
         self.bytes_out = 0
+        self.frames_in = 0
+        self._head = b""  # the first bytes received, for sniff_foreign_protocol
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -188,6 +223,12 @@ class Connection:
     @property
     def outgoing_bytes(self) -> int:
         return self._out_bytes
+
+    def _enqueue_bytes(self, data: bytes) -> None:
+        """Queue bytes that are not a frame (an answer in a foreign client's protocol)."""
+        self._out.append(data)
+        self._out_bytes += len(data)
+        self._out_ready.set()
 
     def _enqueue(self, message: bytes, payload: bytes | memoryview | None) -> None:
         if self._closed:
@@ -349,17 +390,57 @@ class Connection:
                     return
                 if not data:
                     return
+                if len(self._head) < _SNIFF_BYTES:
+                    self._head += bytes(data[: _SNIFF_BYTES - len(self._head)])
+                    # Another protocol may wait for our answer before sending enough bytes
+                    # to make a frame (a short TLS ClientHello): look before framing.
+                    foreign = sniff_foreign_protocol(self._head) if not self.frames_in else None
+                    if foreign is not None:
+                        self._foreign_peer(foreign)
+                        return
                 self.bytes_in += len(data)
                 decoder.feed(data)
                 for frame in decoder.frames():
+                    self.frames_in += 1
                     self._dispatch(frame)
                 if self._closed:
                     return
         except ProtocolError as exc:
+            foreign = sniff_foreign_protocol(self._head) if self.frames_in <= 1 else None
+            if foreign is not None:
+                self._foreign_peer(foreign)
+                return
             log.warning("protocol error conn=%s error=%s", self.name, exc)
             self._close_reason = exc
             with contextlib.suppress(ConnectionClosed):
                 self.send_nowait("error", {"code": exc.wire_code, "message": exc.message})
+
+    def _foreign_peer(self, foreign: str) -> None:
+        """The first bytes from the peer were ``foreign`` (another protocol): say so once."""
+        role = frame_role(self.frame_type)
+        if self.serving:
+            log.warning(
+                "not a PigeonMQ client conn=%s received=%r port=%s: closing",
+                self.name,
+                foreign,
+                role,
+            )
+            text = f"This port speaks the PigeonMQ {role} protocol; it received {foreign}."
+            self._close_reason = ProtocolError(text)
+            if foreign == "an HTTP request":
+                if role == "broker":
+                    text += (
+                        " Clients connect with a pigeon:// URL; the admin REST API is on the"
+                        " broker's HTTP port (http_port, 8080 by default)."
+                    )
+                with contextlib.suppress(ConnectionClosed):
+                    self._enqueue_bytes(http_refusal(text))
+            return
+        self._close_reason = ProtocolError(
+            f"the server answered with {foreign}, not the PigeonMQ {role} protocol:"
+            " is it the right address (not an HTTP or admin port)?"
+        )
+        log.warning("not a PigeonMQ server conn=%s received=%r", self.name, foreign)
 
     def _dispatch(self, frame: bytes) -> None:
         view = memoryview(frame)
@@ -369,12 +450,12 @@ class Connection:
             ctx = self.frame_type.from_bytes(frame[:size] if payload else frame)
             msg = ctx.__enter__()
         except Exception as exc:
-            raise CorruptFrame(f"undecodable frame: {exc}") from None
+            raise CorruptFrame(f"undecodable frame: {decode_error_reason(exc)}") from None
         try:
             try:
                 request_id = msg.requestId
             except Exception as exc:
-                raise CorruptFrame(f"undecodable frame: {exc}") from None
+                raise CorruptFrame(f"undecodable frame: {decode_error_reason(exc)}") from None
             pending = self._pending.pop(request_id, None) if request_id else None
             try:
                 kind = msg.which()
@@ -396,8 +477,12 @@ class Connection:
 
     def _resolve(self, pending: _Pending, kind: str, msg: Any, payload: memoryview) -> None:
         if kind == "error":
-            err = msg.error
-            pending.callback(None, error_from_code(err.code, err.message))
+            try:
+                err = self._checker.body(msg, kind)
+                error = error_from_code(err.code, err.message)
+            except MalformedRequest as exc:
+                error = CorruptFrame(f"undecodable error answer: {exc.message}")
+            pending.callback(None, error)
             return
         if pending.expect is not None and kind != pending.expect:
             pending.callback(
@@ -417,16 +502,17 @@ class Connection:
             self.respond(request_id, "ok")
             return
         method = getattr(self.handler, "on_" + kind, None) if self.handler is not None else None
-        if method is None:
-            if kind == "error":
-                err = msg.error
-                log.warning(
-                    "peer error conn=%s code=%s message=%s", self.name, err.code, err.message
-                )
-                return
+        if method is None and kind != "error":
             self.respond_error(request_id, UnknownMessageType(f"{kind!r} is not served here"))
             return
-        body = getattr(msg, kind) if kind not in ("ok",) else None
+        try:
+            body = self._checker.body(msg, kind)
+        except MalformedRequest as exc:
+            self._malformed(request_id, kind, exc)
+            return
+        if method is None:
+            log.warning("peer error conn=%s code=%s message=%s", self.name, body.code, body.message)
+            return
         try:
             method(self, Request(request_id, kind, body, payload))
         except PigeonError as exc:
@@ -434,8 +520,30 @@ class Connection:
             # the request; a handler that wants the connection gone calls conn.close().
             self.respond_error(request_id, exc)
         except Exception as exc:
+            if _is_traversal_limit(exc):  # a body that passed the checks, read once more
+                self._malformed(request_id, kind, MalformedRequest(f"malformed {kind}: {exc}"))
+                return
             log.exception("handler failed conn=%s kind=%s", self.name, kind)
-            self.respond_error(request_id, PigeonError(f"internal error handling {kind}: {exc}"))
+            self.respond_error(
+                request_id,
+                InternalError(f"internal error handling {kind}: {type(exc).__name__}: {exc}"),
+            )
+
+    def _malformed(self, request_id: int, kind: str, exc: MalformedRequest) -> None:
+        """One line, no traceback: the peer's bytes are wrong, not our code."""
+        log.warning(
+            "malformed request conn=%s peer=%s kind=%s request_id=%d error=%s",
+            self.name,
+            self.peer_name or "?",
+            kind,
+            request_id,
+            exc.message,
+        )
+        self.respond_error(request_id, exc)
+
+
+def _is_traversal_limit(exc: Exception) -> bool:
+    return "traversal limit" in str(exc) and type(exc).__name__ == "KjException"
 
 
 # ------------------------------------------------------------------------- handshake
@@ -448,6 +556,7 @@ def _connected_extract(body: Any, payload: memoryview) -> dict[str, Any]:
         "maxFrameSize": body.maxFrameSize,
         "maxMessageSize": body.maxMessageSize,
         "features": list(body.features),
+        "frameType": str(body.frameType),
     }
 
 
@@ -463,7 +572,12 @@ async def connect_tcp(
     protocol_version: int = PROTOCOL_VERSION,
     connect_timeout: float = 10.0,
 ) -> tuple[Connection, dict[str, Any]]:
-    """Open a connection, start it in ``nursery`` and do the ``connect`` handshake."""
+    """Open a connection, start it in ``nursery`` and do the ``connect`` handshake.
+
+    Raises :class:`ConnectionClosed` when nothing listens, :class:`ProtocolError` when the
+    port speaks another protocol (a bookie's port for a broker client, an HTTP port that
+    answered), :class:`Timeout` when the port accepted but never answered the handshake.
+    """
     network = active_network()
     try:
         with trio.fail_after(connect_timeout):
@@ -477,20 +591,49 @@ async def connect_tcp(
         stream, frame_type, handler=handler, max_frame_size=max_frame_size, name=f"{host}:{port}"
     )
     await nursery.start(conn.run)
+    ours = frame_name(frame_type)
     try:
-        with trio.fail_after(connect_timeout):
-            info = await conn.request(
-                "connect",
-                {"protocolVersion": protocol_version, "clientName": client_name},
-                expect="connected",
-                extract=_connected_extract,
-            )
+        try:
+            with trio.fail_after(connect_timeout):
+                info = await conn.request(
+                    "connect",
+                    {
+                        "protocolVersion": protocol_version,
+                        "clientName": client_name,
+                        "frameType": ours,
+                    },
+                    expect="connected",
+                    extract=_connected_extract,
+                )
+        except trio.TooSlowError:
+            raise Timeout(
+                f"{host}:{port} accepted the connection but did not answer the PigeonMQ"
+                f" handshake within {connect_timeout}s: is it a PigeonMQ"
+                f" {frame_role(frame_type)} port (not an HTTP or admin port)?"
+            ) from None
+        except ProtocolError as exc:  # the server refused the handshake: say which server
+            raise type(exc)(f"{host}:{port}: {exc.message}") from None
+        theirs = info["frameType"]
+        if theirs and theirs != ours:
+            raise ProtocolError(_wrong_service(f"{host}:{port}", server=theirs, client=ours))
     except BaseException:
         conn.close()
         raise
     conn.peer_name = info["serverName"]
     conn.peer_version = info["protocolVersion"]
     return conn, info
+
+
+def _wrong_service(address: str, *, server: str, client: str) -> str:
+    """The error a client gets when it dialled a node of another kind (frame names)."""
+    hint = {
+        "broker": "clients use the broker's pigeon:// service URL",
+        "bookie": "use a bookie's address, as the metadata store lists it",
+    }.get(frame_role(client), "")
+    return (
+        f"{address} is a PigeonMQ {frame_role(server)} port, not a {frame_role(client)} port"
+        f" ({hint})"
+    )
 
 
 class _HandshakeHandler:
@@ -519,6 +662,19 @@ class _HandshakeHandler:
         conn.close(exc)
 
     def on_connect(self, conn: Connection, req: Request) -> None:
+        ours = frame_name(conn.frame_type)
+        theirs = str(req.body.frameType)
+        if theirs and theirs != ours:
+            exc = ProtocolError(_wrong_service("this port", server=ours, client=theirs))
+            log.warning(
+                "wrong kind of client conn=%s client_speaks=%s port_speaks=%s: closing",
+                conn.name,
+                theirs,
+                ours,
+            )
+            conn.respond_error(req.request_id, exc)
+            conn.close(exc)
+            return
         version = req.body.protocolVersion
         if version != PROTOCOL_VERSION:
             exc = ProtocolVersionMismatch(
@@ -538,6 +694,7 @@ class _HandshakeHandler:
                 "serverName": self.server_name,
                 "maxFrameSize": self.max_frame_size,
                 "maxMessageSize": self.max_message_size,
+                "frameType": ours,
             },
         )
         opened = getattr(self.service, "connection_opened", None)
@@ -573,7 +730,12 @@ async def serve_tcp(
             name = "memory"
         handler = _HandshakeHandler(service, server_name, max_frame_size, max_message_size)
         conn = Connection(
-            stream, frame_type, handler=handler, max_frame_size=max_frame_size, name=name
+            stream,
+            frame_type,
+            handler=handler,
+            max_frame_size=max_frame_size,
+            name=name,
+            serving=True,
         )
         try:
             await conn.run()

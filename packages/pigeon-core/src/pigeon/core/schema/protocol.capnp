@@ -28,6 +28,8 @@ struct Connect {
   protocolVersion @0 :UInt32;   # the version the client speaks (currently 1)
   clientName @1 :Text;          # free-form, for logs and stats
   features @2 :List(Text);      # optional capabilities the client supports
+  frameType @3 :Text;           # the root struct it speaks ("BrokerFrame", "BookieFrame"):
+                                # a server of the other one refuses it; empty: not said
 }
 
 struct Connected {
@@ -37,6 +39,7 @@ struct Connected {
   features @2 :List(Text);
   maxFrameSize @3 :UInt32;      # frames above this size close the connection
   maxMessageSize @4 :UInt32;    # a single batch (entry) above this is refused
+  frameType @5 :Text;           # the root struct the server speaks; empty: not said
 }
 
 struct Position {
