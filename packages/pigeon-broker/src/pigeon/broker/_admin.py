@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
+import re
 from http import HTTPStatus
 from pathlib import Path as FsPath
 from typing import Annotated, Any, Literal
@@ -145,6 +147,13 @@ Force = Annotated[
 MAX_SECONDS = 10 * 365 * 86400.0
 #: largest integer every JSON client represents exactly
 MAX_INT = 2**53
+#: every request body: unknown fields are refused, and so are NaN and ±Infinity (Python's
+#: JSON parser accepts ``NaN``, ``Infinity`` and ``1e999``; none is a valid value here)
+_INPUT = ConfigDict(extra="forbid", allow_inf_nan=False)
+#: what a 422 answer echoes of the rejected input: long strings and containers are cut
+_ECHO_TEXT = 200
+_ECHO_ITEMS = 20
+_ECHO_DEPTH = 4
 
 
 class ErrorBody(BaseModel):
@@ -156,7 +165,7 @@ class ErrorBody(BaseModel):
 
 
 class Tenant(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = _INPUT
     admin_roles: list[str] = Field(default_factory=list)
     allowed_clusters: list[str] = Field(default_factory=list)
 
@@ -189,7 +198,7 @@ class PoliciesChange(BaseModel):
     limit; for the other fields it is the same as leaving the field out.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _INPUT
     # "X | SkipJsonSchema[None]": the document says X (null is not part of the API), and
     # the constraints sit on X so that they appear in the document.
     retention_time_s: Annotated[float, Field(ge=-1, le=MAX_SECONDS)] | SkipJsonSchema[None] = None
@@ -317,7 +326,9 @@ class ResetCursor(BaseModel):
     """Exactly one of ``offset``, ``message_id`` (``segment:entry[:index]``), ``timestamp``."""
 
     model_config = ConfigDict(
-        extra="forbid", json_schema_extra={"minProperties": 1, "maxProperties": 1}
+        extra="forbid",
+        allow_inf_nan=False,
+        json_schema_extra={"minProperties": 1, "maxProperties": 1},
     )
     offset: Annotated[int, Field(ge=0, le=MAX_INT)] | SkipJsonSchema[None] = None
     message_id: Annotated[str, Field(pattern=MESSAGE_ID)] | SkipJsonSchema[None] = None
@@ -340,7 +351,7 @@ class CursorPosition(BaseModel):
 
 
 class Skip(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = _INPUT
     count: int = Field(ge=0, le=MAX_INT, description="Messages to acknowledge.")
 
 
@@ -487,9 +498,10 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     async def validation_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
-        errors = jsonable_encoder(exc.errors())
+        # The errors echo the rejected input, which may be NaN (not JSON), or huge.
+        errors = _json_safe(jsonable_encoder(exc.errors()))
         first = errors[0] if errors else {}
-        where = ".".join(str(p) for p in first.get("loc", ()))
+        where = _cut(".".join(str(p) for p in first.get("loc", ()) if not _is_tag(p)))
         message = f"{where}: {first.get('msg', 'invalid request')}" if where else "invalid request"
         log.info(
             "admin request invalid method=%s path=%s error=%s",
@@ -536,6 +548,46 @@ def _install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(Exception, internal_error)
+
+
+#: pydantic's names of union members in an error's "loc" ("constrained-float", "bool")
+_TAG = re.compile(r"(constrained-|function-)[\w-]+(\[.*\])?|bool|int|float|str|literal\[.*\]")
+
+
+def _is_tag(part: Any) -> bool:
+    return isinstance(part, str) and _TAG.fullmatch(part) is not None
+
+
+def _cut(text: str) -> str:
+    if len(text) <= _ECHO_TEXT:
+        return text
+    return f"{text[:_ECHO_TEXT]}... ({len(text)} characters)"
+
+
+def _json_safe(value: Any, depth: int = 0) -> Any:
+    """``value`` made JSON-compliant and small: NaN and ±Infinity become the strings
+    ``"NaN"``, ``"Infinity"``, ``"-Infinity"``; long strings and containers are cut."""
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, str):
+        return _cut(value)
+    if isinstance(value, bytes):
+        return _cut(value.decode("utf-8", errors="replace"))
+    if isinstance(value, (list, tuple, dict)) and depth >= _ECHO_DEPTH:
+        return "..."
+    if isinstance(value, (list, tuple)):
+        items = [_json_safe(v, depth + 1) for v in value[:_ECHO_ITEMS]]
+        return [*items, "..."] if len(value) > _ECHO_ITEMS else items
+    if isinstance(value, dict):
+        out = {_cut(str(k)): _json_safe(v, depth + 1) for k, v in list(value.items())[:_ECHO_ITEMS]}
+        if len(value) > _ECHO_ITEMS:
+            out["..."] = f"{len(value) - _ECHO_ITEMS} more"
+        return out
+    if value is None or isinstance(value, (bool, int)):
+        return value
+    return _cut(str(value))
 
 
 def _monitor(app: FastAPI) -> BrokerMonitor:
