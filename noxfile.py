@@ -7,6 +7,7 @@ Sessions run in the environment they are started from (``scripts/bootstrap`` bui
     nox -s unit           unit tests only
     nox -s integration    multi-process tests against real servers
     nox -s cluster        cluster fault tests, one session per metadata x replication pair
+    nox -s nemesis        the nemesis suite, 10 minutes per metadata x replication pair
     nox -s lint           ruff + mypy
     nox -s bench          benchmark scenarios, results into docs/benchmarks.md
 """
@@ -14,6 +15,8 @@ Sessions run in the environment they are started from (``scripts/bootstrap`` bui
 from __future__ import annotations
 
 import glob
+import os
+import tempfile
 
 import nox
 
@@ -60,6 +63,38 @@ def cluster(session: nox.Session, metadata: str, replication: str) -> None:
         "-k",
         selector,
         *session.posargs,
+    )
+
+
+@nox.session(venv_backend="none")
+@nox.parametrize("metadata", METADATA_BACKENDS)
+@nox.parametrize("replication", list(REPLICATION_POLICIES))
+def nemesis(session: nox.Session, metadata: str, replication: str) -> None:
+    """Faults, workload and history checker (integration/nemesis) on one metadata x
+    replication pair, for ``PIGEON_NEMESIS_DURATION`` seconds (default 600).
+
+    Each run appends its figures to ``PIGEON_NEMESIS_RESULTS`` (default
+    ``$TMPDIR/pigeon-nemesis-results.json``); ``PIGEON_NEMESIS_SEED`` replays a schedule.
+    """
+    env = {
+        "PIGEON_NEMESIS_MATRIX": "full",
+        "PIGEON_NEMESIS_DURATION": os.environ.get("PIGEON_NEMESIS_DURATION", "600"),
+        "PIGEON_NEMESIS_RESULTS": os.environ.get(
+            "PIGEON_NEMESIS_RESULTS",
+            os.path.join(tempfile.gettempdir(), "pigeon-nemesis-results.json"),
+        ),
+    }
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        "-q",
+        "-s",
+        "integration/nemesis/test_nemesis.py",
+        "-k",
+        f"{metadata}-{replication}",
+        *session.posargs,
+        env=env,
     )
 
 

@@ -1,0 +1,63 @@
+"""The nemesis matrix: a cluster under faults must keep every promise of DESIGN §13.
+
+CI (``nox -s tests``) runs three pairs for 60 s each: ZooKeeper + quorum, etcd +
+leader-follower, embedded + quorum.  ``nox -s nemesis`` runs every metadata x replication
+pair for 10 minutes.  Knobs (environment):
+
+* ``PIGEON_NEMESIS_SEED``: the fault schedule's seed (default: a new one, printed);
+* ``PIGEON_NEMESIS_DURATION``: seconds of faults and production (default 60);
+* ``PIGEON_NEMESIS_MATRIX=full``: every pair, not only the CI three;
+* ``PIGEON_NEMESIS_RESULTS``: the JSON file each run appends its figures to
+  (default ``nemesis-results.json`` in pytest's base temporary directory).
+
+A failing run prints its seed, schedule, events and violations: the same seed replays
+the same schedule.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from ._run import append_result, run_nemesis
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+CI_PAIRS = [("zookeeper", "quorum"), ("etcd", "leader-follower"), ("embedded", "quorum")]
+ALL_PAIRS = [
+    (m, r) for m in ("embedded", "zookeeper", "etcd") for r in ("quorum", "leader-follower")
+]
+PAIRS = ALL_PAIRS if os.environ.get("PIGEON_NEMESIS_MATRIX") == "full" else CI_PAIRS
+
+
+def _seed() -> int:
+    value = os.environ.get("PIGEON_NEMESIS_SEED")
+    return int(value) if value else random.SystemRandom().randrange(1, 1_000_000)
+
+
+def _duration() -> float:
+    return float(os.environ.get("PIGEON_NEMESIS_DURATION", "60"))
+
+
+def _results_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = os.environ.get("PIGEON_NEMESIS_RESULTS")
+    return Path(path) if path else tmp_path_factory.getbasetemp() / "nemesis-results.json"
+
+
+@pytest.mark.parametrize(("metadata", "replication"), PAIRS, ids=[f"{m}-{r}" for m, r in PAIRS])
+def test_no_acknowledged_message_is_lost_under_the_nemesis(
+    metadata: str,
+    replication: str,
+    tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    result = run_nemesis(
+        tmp_path / "run", metadata, replication, seed=_seed(), duration=_duration()
+    )
+    results = _results_file(tmp_path_factory)
+    append_result(results, result.figures())
+    print(f"\n{result.summary()}\nfigures appended to {results}")
+    assert result.report.ok, result.explain()
