@@ -7,17 +7,50 @@ free disk space a fake: minutes of bookie life pass in no time.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
+import trio.testing
 
 from pigeon.bookie import BookieConfig, BookieServer
 from pigeon.bookie._gc import segment_path
 
 GIB = 1 << 30
+
+
+class _HoldClockWhileThreadsRun(trio.abc.Instrument):
+    """Keeps an autojump clock still while a worker thread runs.
+
+    The bookie deletes segment files in worker threads.  A plain autojump clock keeps
+    jumping from timer to timer meanwhile (the disk check fires every virtual second), so
+    a slow unlink lets hours of virtual time pass in the middle of one collection round.
+    Checked after every task step: the step that starts a thread borrows a limiter token,
+    the step that takes its result back returns it.
+    """
+
+    def __init__(self, clock: trio.testing.MockClock) -> None:
+        self.clock = clock
+
+    def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        busy = trio.to_thread.current_default_thread_limiter().statistics().borrowed_tokens
+        threshold = math.inf if busy else 0.0
+        if self.clock.autojump_threshold != threshold:
+            self.clock.autojump_threshold = threshold
+
+
+@pytest.fixture
+async def threads_hold_the_clock(autojump_clock: trio.testing.MockClock) -> AsyncIterator[None]:
+    """``autojump_clock`` (which the test must request itself, for pytest-trio to run
+    on it) does not jump while a worker thread runs."""
+    instrument = _HoldClockWhileThreadsRun(autojump_clock)
+    trio.lowlevel.add_instrument(instrument)
+    yield
+    trio.lowlevel.remove_instrument(instrument)
 
 
 @asynccontextmanager
@@ -100,19 +133,27 @@ async def test_registers_again_after_the_session_expired(
 
 
 async def test_gc_runs_in_the_server(
-    tmp_path: Path, autojump_clock: Any, memory_metadata: Any
+    tmp_path: Path, autojump_clock: Any, threads_hold_the_clock: None, memory_metadata: Any
 ) -> None:
+    # Deletions run in a worker thread: the clock must not jump while one is in flight
+    # (else the orphan's unlink can outlast the expiry of the other segment), and every
+    # "eventually" waits for a collection round that began after the threshold.
     meta = memory_metadata
     options = {"gc_interval_s": 60, "gc_grace_s": 300, "segment_expiry_s": 3600}
     async with running(tmp_path, meta, [50 * GIB], **options) as server:
-        store = server.store
+        store, collector = server.store, server.collector
         await meta.create(segment_path(1), b"{}")
         for seg in (1, 2):
             await store.add_entry(seg, 0, b"x" * 1000)
         await trio.sleep(250)
-        assert store.segments() == [1, 2]
-        await trio.sleep(120)  # past the grace period, and a GC round later
+        assert store.segments() == [1, 2]  # within the grace period: kept
+        assert collector.statistics().rounds == 4
+        await trio.sleep(60)  # past the grace period
+        await collector.wait_round()
         assert store.segments() == [1]  # 2 had no metadata node
-        await trio.sleep(3600)
+        assert collector.statistics().orphans_deleted == 1
+        await trio.sleep(3600)  # past the expiry
+        await collector.wait_round()
         assert store.segments() == []  # 1 expired: idle for an hour
-        assert server.collector.statistics().orphans_deleted == 1
+        stats = collector.statistics()
+        assert (stats.orphans_deleted, stats.expired_deleted) == (1, 1)

@@ -81,6 +81,8 @@ class SegmentCollector:
         self.grace_s = grace_s
         self.expiry_s = expiry_s
         self._rounds = self._orphans = self._expired = self._freed = self._skipped = 0
+        self._begun = self._ended = 0  # rounds started / finished (failed ones too)
+        self._round_ended = trio.Event()
 
     def statistics(self) -> CollectorStatistics:
         return CollectorStatistics(
@@ -90,6 +92,17 @@ class SegmentCollector:
             bytes_freed=self._freed,
             rounds_skipped=self._skipped,
         )
+
+    async def wait_round(self) -> None:
+        """Return once a round that *begins* after this call has ended.
+
+        What that round saw is at least as recent as the caller's view: under a mock
+        clock, time may jump while a deletion waits for its worker thread, so "sleep
+        past the threshold" alone does not mean a round has looked since.
+        """
+        target = self._begun + 1
+        while self._ended < target:
+            await self._round_ended.wait()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Collect every ``interval_s`` (the first round one interval after start)."""
@@ -109,6 +122,15 @@ class SegmentCollector:
 
     async def collect(self) -> list[tuple[int, str]]:
         """One round; returns the ``(segment id, "expired" | "orphan")`` deleted."""
+        self._begun += 1
+        try:
+            return await self._collect()
+        finally:
+            self._ended += 1
+            self._round_ended.set()
+            self._round_ended = trio.Event()
+
+    async def _collect(self) -> list[tuple[int, str]]:
         deleted: list[tuple[int, str]] = []
         orphan_candidates: list[int] = []
         for segment_id in self.store.segments():

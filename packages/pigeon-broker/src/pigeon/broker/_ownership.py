@@ -10,12 +10,23 @@ topics' last segments before appending: no data moves.
 Brokers register at ``/pigeon/brokers/available/<host:port>`` with a small load report;
 a lookup for an unowned bundle proposes the least-loaded broker, and that broker claims
 the bundle when the first producer or consumer arrives.
+
+Both nodes are taken through a :class:`Claim`, a plain state machine (no I/O) that
+:meth:`Ownership._hold` drives.  Every node value carries the broker's ``token``, new for
+each metadata session, so that a claim can tell its own node (a create that succeeded
+although the answer was lost, a concurrent claim of the same bundle: kept) from one left
+by an earlier run or session of the same broker (deleted, version-checked, and created
+again) and from another broker's (refused).  The earlier node may vanish at any moment as
+its session expires: a create that fails with ``NodeExists`` followed by a read or a
+delete that finds nothing just creates again.  Rounds are bounded, with backoff.
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
+import secrets
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -23,15 +34,136 @@ from typing import Any
 import trio
 
 from pigeon.core import TopicName
-from pigeon.core.errors import NodeExists, NotOwner, PigeonError
+from pigeon.core.errors import (
+    BadVersion,
+    MetadataError,
+    NodeExists,
+    NoSuchNode,
+    NotOwner,
+    PigeonError,
+)
 
-__all__ = ["BROKERS_PATH", "OWNERSHIP_PATH", "Ownership"]
+__all__ = ["BROKERS_PATH", "OWNERSHIP_PATH", "Claim", "ClaimStep", "Ownership"]
 
 log = logging.getLogger(__name__)
 
 BROKERS_PATH = "/pigeon/brokers/available"
 OWNERSHIP_PATH = "/pigeon/ownership"
 FULL_RANGE = 1 << 32
+
+
+# ---------------------------------------------------------------------- claim (no I/O)
+
+
+class ClaimStep(enum.Enum):
+    """What the driver of a :class:`Claim` does next."""
+
+    CREATE = "create"  #: create the ephemeral node; report created() / exists()
+    READ = "read"  #: read it; report read(value, version) (value None: no node)
+    DELETE = "delete"  #: delete it at ``claim.version``; report deleted(...)
+    WAIT = "wait"  #: sleep ``claim.delay`` seconds; report waited()
+    HELD = "held"  #: done: the node is ours (``claim.adopted``: it already was)
+    REFUSED = "refused"  #: done: another broker (``claim.owner``) holds it
+    GAVE_UP = "gave_up"  #: done: no stable outcome within ``attempts`` rounds
+
+
+class Claim:
+    """How to come to hold one ephemeral node whose value is a JSON object naming its
+    holder by ``url`` and ``token``; no I/O (the driver performs each step).
+
+    * Our ``token``: the node is this session's (an earlier create of ours whose answer
+      was lost, or a concurrent claim of ours won): **held**, nothing to do.
+    * Our ``url``, another token (an earlier run, or an expired session of this broker):
+      delete it at the version read, then create again.
+    * Another ``url`` (or a value that names no holder): **refused**.
+    * A node that vanishes between create, read and delete (the old session expired
+      meanwhile) is not an error: create again.
+
+    Each retry is one round; the first comes at once, the next after a doubling delay
+    (``backoff_s`` up to ``max_backoff_s``); after ``attempts`` rounds: **gave up**.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        *,
+        attempts: int = 10,
+        backoff_s: float = 0.05,
+        max_backoff_s: float = 1.0,
+    ) -> None:
+        self.url = url
+        self.token = token
+        self.attempts = max(1, attempts)
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.step = ClaimStep.CREATE
+        self.rounds = 0  #: retries so far
+        self.version: int | None = None  #: the version to delete (DELETE)
+        self.delay = 0.0  #: how long to wait (WAIT)
+        self.owner: str | None = None  #: the other holder (REFUSED)
+        self.adopted = False  #: HELD through a node this session had already created
+        self.stale_deleted = 0  #: nodes of earlier runs/sessions deleted
+
+    @property
+    def done(self) -> bool:
+        return self.step in (ClaimStep.HELD, ClaimStep.REFUSED, ClaimStep.GAVE_UP)
+
+    def _expect(self, step: ClaimStep) -> None:
+        if self.step is not step:
+            raise RuntimeError(f"claim is at {self.step.value}, not {step.value}")
+
+    def created(self) -> None:
+        self._expect(ClaimStep.CREATE)
+        self.step = ClaimStep.HELD
+
+    def exists(self) -> None:
+        """The create failed with ``NodeExists``."""
+        self._expect(ClaimStep.CREATE)
+        self.step = ClaimStep.READ
+
+    def read(self, value: bytes | None, version: int = -1) -> None:
+        self._expect(ClaimStep.READ)
+        if value is None:
+            self._again()  # gone since the create failed: its session expired
+            return
+        try:
+            doc = json.loads(value)
+        except ValueError:
+            doc = None
+        holder = doc if isinstance(doc, dict) else {}
+        if holder.get("token") == self.token and holder.get("url") == self.url:
+            self.step, self.adopted = ClaimStep.HELD, True
+        elif holder.get("url") == self.url:
+            self.step, self.version = ClaimStep.DELETE, version
+        else:
+            self.step, self.owner = ClaimStep.REFUSED, str(holder.get("url", "unknown"))
+
+    def deleted(self, *, missing: bool = False, changed: bool = False) -> None:
+        """The delete succeeded, or found no node (``missing``: the session that owned
+        it expired first), or another version (``changed``: written meanwhile)."""
+        self._expect(ClaimStep.DELETE)
+        if not missing and not changed:
+            self.stale_deleted += 1
+        self._again()
+
+    def waited(self) -> None:
+        self._expect(ClaimStep.WAIT)
+        self.step = ClaimStep.CREATE
+
+    def _again(self) -> None:
+        self.rounds += 1
+        self.version = None
+        if self.rounds >= self.attempts:
+            self.step = ClaimStep.GAVE_UP
+        elif self.rounds == 1:
+            self.step = ClaimStep.CREATE
+        else:
+            self.step = ClaimStep.WAIT
+            self.delay = min(self.max_backoff_s, self.backoff_s * 2 ** (self.rounds - 2))
+
+
+# ---------------------------------------------------------------------- ownership
 
 
 class Ownership:
@@ -52,6 +184,16 @@ class Ownership:
         self.load = load
         self.report_interval = report_interval
         self.owned: set[str] = set()
+        #: trio time each owned bundle was acquired (reported as ``held_s``)
+        self.acquired_at: dict[str, float] = {}
+        #: names every node this broker creates in the current metadata session
+        self.token = secrets.token_hex(8)
+        #: extra sections of the load report, ``name -> () -> JSON value`` (the load
+        #: manager adds its per-bundle loads)
+        self.report_sections: dict[str, Callable[[], Any]] = {}
+        #: claims settled by taking over a node of an earlier run or session (tests,
+        #: logs)
+        self.takeovers = 0
 
     # ------------------------------------------------------------------ bundles
 
@@ -77,33 +219,68 @@ class Ownership:
             return None
         return str(json.loads(stat.value)["url"])
 
+    def _value(self, **fields: Any) -> bytes:
+        return json.dumps(
+            {"url": self.service_url, "address": self.address, "token": self.token, **fields}
+        ).encode()
+
+    async def _hold(self, path: str, value: Callable[[], bytes]) -> Claim:
+        """Drive a :class:`Claim` of the ephemeral node ``path`` to its end.
+
+        ``SessionExpired`` and other metadata errors propagate."""
+        claim = Claim(self.service_url, self.token)
+        while not claim.done:
+            step = claim.step
+            if step is ClaimStep.CREATE:
+                try:
+                    await self.store.create(path, value(), ephemeral=True)
+                except NodeExists:
+                    claim.exists()
+                else:
+                    claim.created()
+            elif step is ClaimStep.READ:
+                stat = await self.store.get(path)
+                claim.read(
+                    None if stat is None else stat.value, -1 if stat is None else stat.version
+                )
+            elif step is ClaimStep.DELETE:
+                try:
+                    await self.store.delete(path, version=claim.version)
+                except NoSuchNode:
+                    claim.deleted(missing=True)
+                except BadVersion:
+                    claim.deleted(changed=True)
+                else:
+                    log.info("took over a node of an earlier run path=%s", path)
+                    claim.deleted()
+            else:
+                await trio.sleep(claim.delay)
+                claim.waited()
+        if claim.stale_deleted:
+            self.takeovers += 1
+        return claim
+
     async def acquire(self, name: TopicName) -> None:
         """Claim the topic's bundle for this broker; NotOwner if another holds it."""
         path = self.path_of(name)
         if path in self.owned:
+            await trio.lowlevel.checkpoint()
             return
-        value = json.dumps({"url": self.service_url, "address": self.address}).encode()
-        for _attempt in range(3):
-            try:
-                await self.store.create(path, value, ephemeral=True)
-                self.owned.add(path)
-                log.info("bundle acquired bundle=%s", path)
-                return
-            except NodeExists:
-                pass
-            stat = await self.store.get(path)
-            if stat is None:
-                continue
-            owner = json.loads(stat.value)["url"]
-            if owner != self.service_url:
-                raise NotOwner(f"{name} is served by {owner}")
-            # Our own address from an earlier run whose session has not expired yet:
-            # take the node over so that its expiry cannot drop our ownership later.
-            try:
-                await self.store.delete(path, version=stat.version)
-            except PigeonError:
-                pass
-        raise NotOwner(f"could not acquire the bundle of {name}; try again")
+        token = self.token
+        claim = await self._hold(path, self._value)
+        if claim.step is ClaimStep.REFUSED:
+            raise NotOwner(f"{name} is served by {claim.owner}")
+        if claim.step is not ClaimStep.HELD or token != self.token:
+            # gave up, or the session was lost meanwhile (the node went with it)
+            raise NotOwner(f"could not acquire the bundle of {name}; try again")
+        if path not in self.owned:
+            self.owned.add(path)
+            self.acquired_at[path] = trio.current_time()
+            log.info("bundle acquired bundle=%s rounds=%d", path, claim.rounds)
+
+    def held_for(self, path: str) -> float:
+        """Seconds since this broker acquired the owned bundle ``path``."""
+        return max(0.0, trio.current_time() - self.acquired_at.get(path, trio.current_time()))
 
     # ------------------------------------------------------------------ lookups
 
@@ -132,17 +309,32 @@ class Ownership:
     # ------------------------------------------------------------------ lifecycle
 
     def _report(self) -> bytes:
-        return json.dumps(
-            {"url": self.service_url, "address": self.address, **self.load()}
-        ).encode()
+        sections = {}
+        for key, section in self.report_sections.items():
+            try:
+                sections[key] = section()
+            except Exception as exc:  # a report is best effort: never lose the rest
+                log.warning("load report section failed section=%s error=%r", key, exc)
+        return self._value(**self.load(), **sections)
 
     async def register(self) -> None:
+        """Publish this broker at ``/pigeon/brokers/available/<address>``.
+
+        A node left there by an earlier run (its session not yet expired) is replaced;
+        one that expires meanwhile is no error.  ``MetadataError`` if the address is
+        registered by another broker, or the node keeps changing."""
         path = f"{BROKERS_PATH}/{self.address}"
-        try:
-            await self.store.create(path, self._report(), ephemeral=True)
-        except NodeExists:
-            await self.store.delete(path)
-            await self.store.create(path, self._report(), ephemeral=True)
+        claim = await self._hold(path, self._report)
+        if claim.step is ClaimStep.REFUSED:
+            raise MetadataError(f"{path} is registered by another broker ({claim.owner})")
+        if claim.step is not ClaimStep.HELD:
+            raise MetadataError(f"could not register {path} in {claim.rounds} rounds")
+        log.info(
+            "broker registered path=%s rounds=%d replaced=%d",
+            path,
+            claim.rounds,
+            claim.stale_deleted,
+        )
 
     async def run(
         self,
@@ -160,6 +352,12 @@ class Ownership:
                     await trio.sleep(self.report_interval)
                     try:
                         await self.store.set(f"{BROKERS_PATH}/{self.address}", self._report())
+                    except NoSuchNode:
+                        log.warning("broker registration gone: registering again")
+                        try:
+                            await self.register()
+                        except PigeonError as exc:
+                            log.warning("registering again failed error=%s", exc)
                     except PigeonError as exc:
                         log.info("load report failed error=%s", exc)
 
@@ -167,7 +365,9 @@ class Ownership:
             while True:
                 await self.store.wait_session_expired()
                 log.warning("metadata session expired: giving up every owned bundle")
+                self.token = secrets.token_hex(8)  # nodes of the old session are not ours
                 self.owned.clear()
+                self.acquired_at.clear()
                 await on_lost()
                 while True:
                     try:
