@@ -22,6 +22,7 @@ from pigeon.bookie._segment import (
     REC,
     RECORD_HEADER_SIZE,
     TAIL,
+    IdRanges,
     ReadFn,
     collect_entries,
     crc32c,
@@ -29,6 +30,7 @@ from pigeon.bookie._segment import (
     encode_file_header,
     encode_meta,
     encode_record_header,
+    locate_record,
     parse_record_header,
     scan_records,
     scan_tail,
@@ -336,3 +338,78 @@ def test_damaged_index_keeps_the_longest_consistent_run(points: list[tuple[int, 
         if all(a[0] < b[0] and a[1] < b[1] for a, b in itertools.pairwise(chosen)):
             best = max(best, len(chosen))
     assert len(kept) == best
+
+
+def test_scan_tail_names_what_the_torn_tail_held() -> None:
+    data, starts = build(8)
+    torn = bytes(data[: starts[6] + RECORD_HEADER_SIZE + 1])  # 6 torn, 7 gone
+    scan = scan_tail(
+        reader(torn), SEG, FILE_HEADER_SIZE, 0, len(torn), interval=1 << 20, last_checkpoint=16
+    )
+    assert scan.next_id == 6
+    assert scan.torn_bytes == RECORD_HEADER_SIZE + 1
+    assert (scan.torn_ids, scan.torn_lac) == ([6], 5)
+    assert scan.torn_summary() == "6 (1 record)"
+    bad_crc = bytearray(data)
+    bad_crc[starts[6] + RECORD_HEADER_SIZE] ^= 1 if payload(6) else 0
+    bad_crc[-1] ^= 1  # entries 6 and 7 fail their crc: both torn
+    scan = scan_tail(
+        reader(bad_crc),
+        SEG,
+        FILE_HEADER_SIZE,
+        0,
+        len(bad_crc),
+        interval=1 << 20,
+        last_checkpoint=16,
+    )
+    assert scan.torn_ids == ([6, 7] if payload(6) else [7])
+    clean = scan_tail(
+        reader(data), SEG, FILE_HEADER_SIZE, 0, len(data), interval=1 << 20, last_checkpoint=16
+    )
+    assert (clean.torn_bytes, clean.torn_ids, clean.torn_summary()) == (
+        0,
+        [],
+        "none with an intact header",
+    )
+
+
+def test_locate_record() -> None:
+    data, starts = build(10)
+    data[starts[3] + RECORD_HEADER_SIZE] ^= 0xFF if payload(3) else 0
+    data[starts[6] + 9] ^= 0x01  # entry 6's header
+    read = reader(data)
+    end = len(data)
+    found = locate_record(read, SEG, FILE_HEADER_SIZE, 0, end, 3, start_trusted=True)
+    assert found is not None and found.kind == "record" and found.pos == starts[3]
+    assert found.ok == (not payload(3))
+    assert found.payload_crc == crc32c(payload(3))
+    lost = locate_record(read, SEG, FILE_HEADER_SIZE, 0, end, 6, start_trusted=True)
+    assert lost is not None and lost.kind == "lost"
+    assert (lost.pos, lost.size, lost.lo, lost.hi, lost.trusted) == (
+        starts[6],
+        starts[7] - starts[6],
+        6,
+        6,
+        True,
+    )
+    # a scan starting at the damage itself cannot vouch for where the damage begins
+    at = locate_record(read, SEG, starts[6], 6, end, 6)
+    assert at is not None and at.kind == "lost" and not at.trusted
+    assert locate_record(read, SEG, FILE_HEADER_SIZE, 0, end, 10) is None
+    skipping = bytearray(encode_file_header(SEG))
+    for i in (0, 2):
+        skipping += encode_record_header(SEG, i, -1, b"x") + b"x"
+    assert locate_record(reader(skipping), SEG, FILE_HEADER_SIZE, 0, len(skipping), 1) is None
+
+
+def test_id_ranges_discard() -> None:
+    ids = IdRanges([1, 2, 3, 7, 8])
+    ids.discard(2)
+    ids.discard(7)
+    ids.discard(100)
+    assert ids == {1, 3, 8}
+    assert str(ids) == "1,3,8"
+    ids.discard(1)
+    ids.discard(3)
+    ids.discard(8)
+    assert not ids

@@ -77,6 +77,30 @@ def render_metrics(store: Any, address: str = "") -> str:
             st.corrupt_entries_detected,
         ),
         (
+            "pigeon_bookie_damaged_entries",
+            "gauge",
+            "Entries known damaged here (found at start or by reads, not repaired since).",
+            st.damaged_entries,
+        ),
+        (
+            "pigeon_bookie_torn_tails_total",
+            "counter",
+            "Segments whose torn tail was truncated when the store started.",
+            st.torn_tails,
+        ),
+        (
+            "pigeon_bookie_torn_entries_total",
+            "counter",
+            "Entries dropped with torn tails when the store started.",
+            st.torn_entries,
+        ),
+        (
+            "pigeon_bookie_repaired_entries_total",
+            "counter",
+            "Damaged entries rewritten from a good copy on another bookie.",
+            st.repaired_entries,
+        ),
+        (
             "pigeon_bookie_read_only",
             "gauge",
             "1 when the bookie refuses writes.",

@@ -49,6 +49,7 @@ import google_crc32c
 __all__ = [
     "FILE_HEADER_SIZE",
     "IdRanges",
+    "Located",
     "MAX_PAYLOAD",
     "META_SIZE",
     "RECORD_HEADER_SIZE",
@@ -64,6 +65,7 @@ __all__ = [
     "encode_file_header",
     "encode_meta",
     "encode_record_header",
+    "locate_record",
     "parse_record_header",
     "scan_records",
     "scan_tail",
@@ -317,6 +319,16 @@ class IdRanges:
         self._lo[i:j] = [lo]
         self._hi[i:j] = [hi]
 
+    def discard(self, entry_id: int) -> None:
+        """Remove ``entry_id`` (nothing if absent)."""
+        k = bisect_right(self._lo, entry_id) - 1
+        if k < 0 or entry_id > self._hi[k]:
+            return
+        lo, hi = self._lo[k], self._hi[k]
+        parts = [(a, b) for a, b in ((lo, entry_id - 1), (entry_id + 1, hi)) if a <= b]
+        self._lo[k : k + 1] = [a for a, _ in parts]
+        self._hi[k : k + 1] = [b for _, b in parts]
+
     def __contains__(self, entry_id: object) -> bool:
         if not isinstance(entry_id, int):
             return False
@@ -359,6 +371,14 @@ class IdRanges:
         parts = [str(lo) if lo == hi else f"{lo}..{hi}" for lo, hi in self.ranges()]
         return f"IdRanges({', '.join(parts)})"
 
+    def __str__(self) -> str:
+        """The ranges for a log line (the first 20 of them)."""
+        ranges = self.ranges()
+        parts = [str(lo) if lo == hi else f"{lo}..{hi}" for lo, hi in ranges[:20]]
+        if len(ranges) > 20:
+            parts.append(f"... ({len(ranges) - 20} more ranges)")
+        return ",".join(parts) or "none"
+
 
 @dataclass
 class TailScan:
@@ -377,6 +397,21 @@ class TailScan:
     checkpoints: list[tuple[int, int]] = field(default_factory=list)
     damaged_at: int = -1  #: where the scan stopped trusting the file (-1: at its end)
     records: int = 0  #: records kept (verified or damaged-but-followed)
+    #: bytes after ``end`` (the torn tail, dropped)
+    torn_bytes: int = 0
+    #: ids of the records with an intact header in the torn tail (dropped with it)
+    torn_ids: list[int] = field(default_factory=list)
+    #: highest lac found in an intact header of the torn tail (-1: none): the writer
+    #: had confirmed entries up to it, so a torn tail above it lost confirmed entries
+    torn_lac: int = -1
+
+    def torn_summary(self) -> str:
+        """The dropped records as text for a log line, e.g. ``196..199 (4 records)``."""
+        ids = self.torn_ids
+        if not ids:
+            return "none with an intact header"
+        span = str(ids[0]) if len(ids) == 1 else f"{ids[0]}..{ids[-1]}"
+        return f"{span} ({len(ids)} record{'s' if len(ids) != 1 else ''})"
 
 
 def dense_positions(
@@ -430,12 +465,16 @@ def scan_tail(
     kept = 0
     ok_next, ok_end, lac = start_id, start, -1
     damaged_at = -1
+    lacs: array[int] = array("q")
+    tail_id = tail_lac = -1
     for kind, entry_id, pos, size, rlac, _payload, ok in scan_records(
         read, segment_id, start, file_end, start_id
     ):
         if kind == TAIL:
             damaged_at = pos
+            tail_id, tail_lac = entry_id, rlac
             break
+        lacs.append(rlac)
         if pos != prev_end:  # resynchronised over damage: ids in between may be lost
             corrupt.add_range(prev_id + 1, entry_id - 1)
         ids.append(entry_id)
@@ -450,6 +489,11 @@ def scan_tail(
             lac = max(lac, rlac)
         else:
             corrupt.add(entry_id)
+    torn_ids = list(ids[kept:])
+    torn_lac = max(lacs[kept:], default=-1)
+    if tail_id >= 0:  # a record with an intact header running past the end of the file
+        torn_ids.append(tail_id)
+        torn_lac = max(torn_lac, tail_lac)
     del ids[kept:]
     del positions[kept:]
     base = max(start_id, ok_next - max_dense)
@@ -463,6 +507,9 @@ def scan_tail(
         checkpoints=[c for c in checkpoints if c[0] < ok_next],
         damaged_at=damaged_at,
         records=kept,
+        torn_bytes=file_end - ok_end,
+        torn_ids=torn_ids,
+        torn_lac=torn_lac,
     )
 
 
@@ -535,3 +582,69 @@ def collect_entries(
     if not started and exact_start:  # nothing at all at ``start``
         return [], -1, False
     return out, (-1 if out or want > last else want), True
+
+
+@dataclass(frozen=True, slots=True)
+class Located:
+    """Where an entry id is in a data file (:func:`locate_record`).
+
+    ``kind == "record"``: a record with an intact header for the id starts at ``pos``
+    (``size`` bytes in all; ``payload_crc`` and ``lac`` are its header's, ``ok`` tells
+    whether its payload verifies).  ``kind == "lost"``: the damaged bytes
+    ``[pos, pos + size)`` lie between two trustworthy points and may have held the ids
+    ``lo..hi`` (the id looked for among them); ``trusted`` tells that ``pos`` is the end
+    of an intact record (or the start of the records), not just where a scan began.
+    """
+
+    kind: str
+    pos: int
+    size: int
+    lo: int = -1
+    hi: int = -1
+    payload_crc: int = 0
+    lac: int = -1
+    ok: bool = False
+    trusted: bool = False
+
+
+def locate_record(
+    read: ReadFn,
+    segment_id: int,
+    start: int,
+    start_id: int,
+    end: int,
+    entry_id: int,
+    *,
+    start_trusted: bool = False,
+    chunk: int = 128 << 10,
+) -> Located | None:
+    """Find entry ``entry_id`` scanning ``[start, end)`` from the record of ``start_id``
+    (or the first id stored after it); None when the file does not hold it (an id the
+    writer skipped, or past the end).  ``start_trusted``: ``start`` is known to be
+    where a record starts (the first record of the file, a verified checkpoint)."""
+    prev_id, prev_end = start_id - 1, start
+    parsed_one = False
+    for kind, eid, pos, size, lac, _payload, ok in scan_records(
+        read, segment_id, start, end, start_id, verify_from=entry_id, chunk=chunk
+    ):
+        if kind == TAIL:
+            return None
+        resynced = pos != prev_end
+        if eid == entry_id:
+            h = parse_record_header(read(pos, RECORD_HEADER_SIZE), 0)
+            assert h is not None  # scan_records only yields records with intact headers
+            return Located("record", pos, size, eid, eid, h[4], lac, ok, True)
+        if eid > entry_id:
+            if resynced and prev_id < entry_id:
+                return Located(
+                    "lost",
+                    prev_end,
+                    pos - prev_end,
+                    prev_id + 1,
+                    eid - 1,
+                    trusted=parsed_one or start_trusted,
+                )
+            return None
+        prev_id, prev_end = eid, pos + size
+        parsed_one = True
+    return None

@@ -108,6 +108,10 @@ class BookieConfig:
     gc_grace_s: float = 300.0
     #: delete segments idle (no add, no fence) for this long; 0: never
     segment_expiry_s: float = 0.0
+    #: at start, the checksums of at least this many bytes at the end of every segment
+    #: are verified (torn tails and damage there are logged); older damage is found by
+    #: the checksum every read verifies
+    verify_tail_bytes: int = 1024 * 1024
 
     def validate(self) -> None:
         if not 0 <= self.port < 65536:
@@ -117,7 +121,7 @@ class BookieConfig:
         for key in ("register_interval_s", "disk_check_interval_s", "gc_interval_s"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"bad value for {key!r}: must be positive")
-        for key in ("gc_grace_s", "segment_expiry_s", "min_free_disk_bytes"):
+        for key in ("gc_grace_s", "segment_expiry_s", "min_free_disk_bytes", "verify_tail_bytes"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"bad value for {key!r}: must be >= 0")
         if not 0 <= self.min_free_disk_percent < 100:
@@ -176,7 +180,10 @@ class BookieServer:
         self.config = config
         self.metadata = metadata
         self.store = store or SegmentStore(
-            config.data_dir, fsync=config.fsync, fsync_interval_ms=config.fsync_interval_ms
+            config.data_dir,
+            fsync=config.fsync,
+            fsync_interval_ms=config.fsync_interval_ms,
+            verify_tail_bytes=config.verify_tail_bytes,
         )
         self.collector = SegmentCollector(
             self.store,

@@ -27,12 +27,23 @@ and returned as ``bytes``.  Reads up to ``inline_read_bytes`` run in the trio th
 thread, so a catch-up read never stalls appends for long.
 
 Recovery (``run`` before ``task_status.started()``): for every segment, the last
-checkpoint of its index that matches the data is found and the file is scanned from
-there to its end (from the checkpoint before, if the checkpoint's own record is torn);
-the torn tail (everything after the last record whose payload verifies) is truncated;
-damaged records followed by good ones are kept and reported as
-:class:`~pigeon.core.errors.CorruptEntry`, and so are the ids between the records on
-either side of a damaged header; a missing or damaged index is rebuilt.
+checkpoint of its index that matches the data at least ``verify_tail_bytes`` before the
+end of the file is found and the file is scanned from there to its end, every checksum
+verified (from the checkpoint before, if the checkpoint's own record is torn): the cost
+of a start is bounded by segments x ``verify_tail_bytes``, never by the data stored;
+older damage is found by the checksum every read verifies.  The torn tail (everything
+after the last record whose payload verifies) is truncated and logged with the entry
+ids it held (an ERROR when the writer had confirmed some of them: acknowledged entries
+are gone from this copy); damaged records followed by good ones are kept, logged and
+reported as :class:`~pigeon.core.errors.CorruptEntry`, and so are the ids between the
+records on either side of a damaged header; a missing or damaged index is rebuilt.
+
+Repair: a recovery add of an entry stored damaged here (a reader found a good copy on
+another bookie) rewrites it in place, but only where the bytes provably belong: over
+the payload of a record whose intact header's checksum the new payload matches, or
+over damaged bytes between two intact records that are exactly one record of that
+entry long.  Anything else is refused (InvalidEntryId): an append-only file cannot
+take an entry below its last one elsewhere.
 
 Read-only: an I/O error on the write path makes the store refuse adds with the
 retriable BookieReadOnly until a restart; a full disk (ENOSPC on a write) or the
@@ -71,11 +82,14 @@ from pigeon.bookie._segment import (
     RECORD_HEADER_SIZE,
     IdRanges,
     ReadFn,
+    TailScan,
     collect_entries,
+    crc32c,
     decode_meta,
     encode_file_header,
     encode_meta,
     encode_record_header,
+    locate_record,
     parse_record_header,
     scan_tail,
 )
@@ -219,6 +233,14 @@ class StoreStatistics:
     read_only_reason: str = ""
     #: wall time spent in group-commit fsync rounds (divide by flush_rounds: latency)
     flush_seconds: float = 0.0
+    #: entries known to be damaged now (found at start or by reads, not repaired since)
+    damaged_entries: int = 0
+    #: segments whose torn tail was truncated when the store started
+    torn_tails: int = 0
+    #: entries the store dropped with torn tails at start (intact headers counted)
+    torn_entries: int = 0
+    #: damaged entries rewritten from a good copy (recovery adds)
+    repaired_entries: int = 0
 
 
 class _Counters:
@@ -231,6 +253,10 @@ class _Counters:
         "flush_rounds",
         "flush_seconds",
         "fsyncs",
+        "repaired",
+        "torn_entries",
+        "torn_tails",
+        "verified_bytes",
     )
 
     def __init__(self) -> None:
@@ -238,6 +264,7 @@ class _Counters:
         self.entries_read = self.bytes_read = 0
         self.fsyncs = self.flush_rounds = self.corrupt = 0
         self.flush_seconds = 0.0
+        self.torn_tails = self.torn_entries = self.verified_bytes = self.repaired = 0
 
 
 class _Segment:
@@ -409,7 +436,8 @@ class SegmentStore:
     bytes between two sparse index checkpoints.  ``inline_read_bytes``: reads of at
     most this many bytes whose positions are known run in the trio thread, larger ones
     in a worker thread.  ``flush_threads``: worker threads fsyncing files in parallel
-    in one flush round.
+    in one flush round.  ``verify_tail_bytes``: at start, at least this many bytes at the
+    end of every segment are read and their checksums verified (see "Recovery").
     """
 
     def __init__(
@@ -421,6 +449,7 @@ class SegmentStore:
         index_interval_bytes: int = 64 * 1024,
         inline_read_bytes: int = 256 * 1024,
         flush_threads: int = 4,
+        verify_tail_bytes: int = 1 << 20,
     ) -> None:
         if fsync not in ("always", "interval", "never"):
             raise InvalidArgument(f"fsync must be 'always', 'interval' or 'never', not {fsync!r}")
@@ -430,6 +459,8 @@ class SegmentStore:
             raise InvalidArgument("index_interval_bytes must be >= 1")
         if flush_threads < 1:
             raise InvalidArgument("flush_threads must be >= 1")
+        if verify_tail_bytes < 0:
+            raise InvalidArgument("verify_tail_bytes must be >= 0")
         self._root = Path(data_dir)
         self._dir = self._root / _SEGMENTS_DIR
         self._policy: FsyncPolicy = fsync
@@ -437,6 +468,7 @@ class SegmentStore:
         self._index_interval = index_interval_bytes
         self._inline_read = inline_read_bytes
         self._flush_threads = flush_threads
+        self._verify_tail = verify_tail_bytes
         #: dense positions kept per segment: beyond 2x this, the oldest half is dropped
         #: (reads of older entries go through the sparse index)
         self._dense_window = 1 << 16
@@ -565,7 +597,19 @@ class SegmentStore:
                 segments[segment_id] = seg
         if changed:
             os.fsync(self._dir_fd)
-        logger.info("segment store open path=%s segments=%d", self._root, len(segments))
+        c = self._counters
+        damaged = sum(len(s.corrupt) for s in segments.values())
+        logger.log(
+            logging.WARNING if c.torn_tails or damaged else logging.INFO,
+            "segment store open path=%s segments=%d verified_bytes=%d torn_tails=%d"
+            " torn_entries=%d damaged_entries=%d",
+            self._root,
+            len(segments),
+            c.verified_bytes,
+            c.torn_tails,
+            c.torn_entries,
+            damaged,
+        )
 
     def _read_meta(self, segment_id: int) -> tuple[bool, int, int, float] | None:
         """``(fenced, lac, size, mtime)`` from the meta file, None if there is none."""
@@ -616,9 +660,11 @@ class SegmentStore:
             # where the recovery scan may start: (entry id, position, checkpoints kept),
             # the index's last matching checkpoints first, the start of the file last
             starts: list[tuple[int, int, int]] = []
+            more_checkpoints = False  # older checkpoints than those loaded exist
             if not rebuild:
                 n = (isize - INDEX_HEADER_SIZE) // INDEX_RECORD_SIZE
                 k = min(n, _TAIL_CHECKPOINTS)
+                more_checkpoints = n > k
                 ids, positions = decode_checkpoints(
                     os.pread(
                         idx_fd,
@@ -633,6 +679,19 @@ class SegmentStore:
                     logger.warning("index does not match data, rebuilding segment=%d", segment_id)
                     rebuild = True
             starts.append((0, FILE_HEADER_SIZE, 0))
+            # Verify at least the last ``verify_tail_bytes``: start from the latest
+            # checkpoint that far from the end (else the earliest loaded one; the start
+            # of the file when it is that small).
+            limit = size - self._verify_tail
+            if limit <= FILE_HEADER_SIZE:
+                starts = starts[-1:]
+            else:
+                first_ok = next((i for i, c in enumerate(starts) if c[1] <= limit), 0)
+                if first_ok == len(starts) - 1 and len(starts) > 1 and more_checkpoints:
+                    # every checkpoint loaded is inside the window (a small index
+                    # interval): the earliest of them bounds the scan, not the file start
+                    first_ok = len(starts) - 2
+                starts = starts[first_ok:]
             for candidate in starts:
                 cp_id, cp_pos, keep = candidate
                 scan = scan_tail(
@@ -650,21 +709,30 @@ class SegmentStore:
                 # The checkpoint's own record is torn: the last entry stored is before
                 # it (and with skipping ids, not necessarily cp_id - 1): scan again from
                 # the checkpoint before, dropping this one.
+            self._counters.verified_bytes += size - cp_pos
+            meta_lac = meta[1] if meta is not None else -1
             if scan.end < size:
-                logger.warning(
-                    "truncating torn tail segment=%d at=%d bytes=%d last_entry=%d",
-                    segment_id,
-                    scan.end,
-                    size - scan.end,
-                    scan.next_id - 1,
-                )
+                self._log_torn_tail(segment_id, scan, meta_lac)
                 os.ftruncate(fd, scan.end)
                 os.fsync(fd)
+            elif meta_lac >= scan.next_id:
+                logger.error(
+                    "confirmed entries missing segment=%d last_entry=%d lac=%d entries=%d..%d:"
+                    " gone from this copy (restored from a replica when read, if one has them)",
+                    segment_id,
+                    scan.next_id - 1,
+                    meta_lac,
+                    scan.next_id,
+                    meta_lac,
+                )
             if scan.corrupt:
                 logger.error(
-                    "damaged entries kept segment=%d entries=%s",
+                    "damaged entries found at start segment=%d count=%d entries=%s: reads"
+                    " of them fail with CorruptEntry (repaired from a replica when read, if"
+                    " one has them)",
                     segment_id,
-                    sorted(scan.corrupt)[:20],
+                    len(scan.corrupt),
+                    scan.corrupt,
                 )
             if rebuild:
                 os.ftruncate(idx_fd, 0)
@@ -711,6 +779,38 @@ class SegmentStore:
                         pass
             raise
 
+    def _log_torn_tail(self, segment_id: int, scan: TailScan, meta_lac: int) -> None:
+        """One line per truncated tail: what was dropped, and whether the writer had
+        confirmed any of it (then acknowledged entries are gone from this copy)."""
+        c = self._counters
+        c.torn_tails += 1
+        c.torn_entries += len(scan.torn_ids)
+        confirmed = max(scan.torn_lac, meta_lac)
+        kept_last = scan.next_id - 1
+        if confirmed > kept_last:
+            logger.error(
+                "torn tail truncated segment=%d bytes=%d kept_last_entry=%d"
+                " dropped_entries=%s confirmed_up_to=%d: entries %d..%d were acknowledged"
+                " and are gone from this copy (restored from a replica when read, if one"
+                " has them)",
+                segment_id,
+                scan.torn_bytes,
+                kept_last,
+                scan.torn_summary(),
+                confirmed,
+                kept_last + 1,
+                confirmed,
+            )
+        else:
+            logger.warning(
+                "torn tail truncated segment=%d bytes=%d kept_last_entry=%d"
+                " dropped_entries=%s (an unfinished write, or lost data)",
+                segment_id,
+                scan.torn_bytes,
+                kept_last,
+                scan.torn_summary(),
+            )
+
     # ------------------------------------------------------------------ writes
 
     def append(
@@ -731,7 +831,8 @@ class SegmentStore:
         whatever its id.  ``lac`` is the writer's last-add-confirmed (the store keeps
         the highest).  ``recovery=True`` is BookKeeper's recovery add: accepted on a
         fenced segment, and re-adding an entry already stored with identical bytes
-        succeeds without writing.
+        succeeds without writing; re-adding an entry stored *damaged* repairs it in
+        place when its bytes provably belong there (see "Repair" in the module doc).
 
         Raises (at once) InvalidEntryId (not above the last entry id; for a recovery
         add, other bytes than stored or an id that was skipped), SegmentFenced,
@@ -749,6 +850,9 @@ class SegmentStore:
                         f"segment={segment_id} entry={entry_id} was skipped and cannot be"
                         f" added below the last entry {seg.next_id - 1}"
                     )
+                except CorruptEntry:
+                    self._repair(seg, entry_id, payload, lac)
+                    return self._durability(seg)
                 if stored[0][1] != payload:
                     raise InvalidEntryId(
                         f"segment={segment_id} entry={entry_id} stored with other content"
@@ -818,6 +922,72 @@ class SegmentStore:
                 f" {seg.next_id - 1}"
             )
         return seg
+
+    def _repair(self, seg: _Segment, entry_id: int, payload: bytes, lac: int) -> None:
+        """Rewrite damaged entry ``entry_id`` in place with ``payload`` (a good copy),
+        where its bytes provably belong; raise InvalidEntryId anywhere else.
+
+        Blocking, but small: a scan from the sparse checkpoint before the entry (one
+        index interval) and one ``pwrite``; the caller's durability waiter covers the
+        fsync.
+        """
+        if self._read_only is not None:
+            raise BookieReadOnly(f"bookie is read-only: {self._read_only}")
+        read = functools.partial(_pread, seg.fd)
+        sparse = self._sparse_index(seg)
+        cp_id, cp_pos = sparse.lookup(entry_id)
+        found = None
+        for _attempt in range(8):
+            found = locate_record(
+                read,
+                seg.id,
+                cp_pos,
+                cp_id,
+                seg.end,
+                entry_id,
+                start_trusted=cp_pos == FILE_HEADER_SIZE,
+                chunk=self._read_chunk,
+            )
+            if found is None or found.kind != "lost" or found.trusted or cp_id == 0:
+                break
+            # the damage starts at the checkpoint itself: scan from the one before
+            cp_id, cp_pos = sparse.lookup(cp_id - 1)
+        where = f"segment={seg.id} entry={entry_id}"
+        if found is None:
+            raise InvalidEntryId(f"{where} is not stored here: it cannot be added below the end")
+        if found.kind == "record":
+            if found.size - RECORD_HEADER_SIZE != len(payload) or crc32c(payload) != (
+                found.payload_crc
+            ):
+                raise InvalidEntryId(f"{where} is stored with other content")
+            bufs, at, how = [payload], found.pos + RECORD_HEADER_SIZE, "payload rewritten"
+        else:
+            if not (
+                found.trusted
+                and found.lo == found.hi == entry_id
+                and found.size == RECORD_HEADER_SIZE + len(payload)
+            ):
+                raise InvalidEntryId(
+                    f"{where}: the damaged bytes at {found.pos} ({found.size} bytes, ids"
+                    f" {found.lo}..{found.hi}) cannot be rewritten with this entry alone"
+                )
+            header = encode_record_header(seg.id, entry_id, min(lac, entry_id - 1), payload)
+            bufs, at, how = [header, payload], found.pos, "record rewritten"
+        if found.kind == "lost" or not found.ok:
+            try:
+                _pwritev_all(seg.fd, bufs, at, sum(len(b) for b in bufs))
+            except OSError as exc:
+                raise self._io_failed(f"repair {where}", exc)
+            if found.kind == "lost" and seg.base <= entry_id < seg.base + len(seg.starts):
+                seg.starts[entry_id - seg.base] = found.pos
+            self._counters.repaired += 1
+            logger.warning(
+                "damaged entry repaired from a good copy segment=%d entry=%d how=%s",
+                seg.id,
+                entry_id,
+                how,
+            )
+        seg.corrupt.discard(entry_id)
 
     def _create_segment(self, segment_id: int) -> _Segment:
         """Create the files of a new segment (blocking, but two small writes)."""
@@ -1297,7 +1467,13 @@ class SegmentStore:
 
     def _corrupt(self, seg: _Segment, entry_id: int) -> CorruptEntry:
         self._counters.corrupt += 1
-        logger.error("damaged entry not returned segment=%d entry=%d", seg.id, entry_id)
+        if entry_id not in seg.corrupt:  # logged once; later reads fail at once
+            seg.corrupt.add(entry_id)  # (a repair clears it)
+            logger.error(
+                "damaged entry not returned segment=%d entry=%d: it failed its checksum",
+                seg.id,
+                entry_id,
+            )
         return CorruptEntry(f"segment={seg.id} entry={entry_id} failed its checksum")
 
     # ------------------------------------------------------------------ queries
@@ -1350,6 +1526,10 @@ class SegmentStore:
             corrupt_entries_detected=c.corrupt,
             read_only=self._read_only is not None,
             read_only_reason=self._read_only or "",
+            damaged_entries=sum(len(s.corrupt) for s in self._segments.values()),
+            torn_tails=c.torn_tails,
+            torn_entries=c.torn_entries,
+            repaired_entries=c.repaired,
         )
 
 
