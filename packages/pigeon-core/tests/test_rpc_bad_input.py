@@ -32,6 +32,7 @@ from pigeon.core.errors import (
     InvalidArgument,
     MalformedRequest,
     ProtocolError,
+    ProtocolVersionMismatch,
     Timeout,
 )
 
@@ -367,3 +368,70 @@ def test_sniffing_does_not_mistake_pigeon_frames() -> None:
         for kind in frame_type.schema.union_fields:
             message = build_message(frame_type, 1, kind, {} if kind not in ("ok", "ping") else None)
             assert sniff_foreign_protocol(struct.pack("<I", len(message)) + message) is None
+
+
+# ------------------------------------------------------------------ handshake
+
+
+async def _handshake_exchange(frames: list[bytes]) -> tuple[list[tuple[int, str, Any]], bool]:
+    """Frames sent to a fresh serve_tcp connection: what came back, and whether it closed."""
+    async with tcp_server(BrokerFrame) as (_nursery, address):
+        stream = await trio.open_tcp_stream(*address)
+        for frame in frames:
+            await stream.send_all(frame)
+        decoder = FrameDecoder()
+        out: list[tuple[int, str, Any]] = []
+        closed = False
+        with trio.move_on_after(1.0):
+            while True:
+                data = await stream.receive_some(65536)
+                if not data:
+                    closed = True
+                    break
+                decoder.feed(data)
+                for frame in decoder.frames():
+                    with BrokerFrame.from_bytes(frame[: capnp_message_size(frame)]) as msg:
+                        kind = msg.which()
+                        err = msg.error.code if kind == "error" else None
+                        out.append((msg.requestId, kind, err))
+        await stream.aclose()
+    return out, closed
+
+
+CONNECT = {"protocolVersion": 1, "clientName": "c", "frameType": "BrokerFrame"}
+
+
+async def test_a_second_connect_is_refused_and_the_connection_kept() -> None:
+    frames = [
+        _frame("connect", CONNECT, 1),
+        _frame("connect", CONNECT, 2),
+        _frame("lookup", {"topic": "t"}, 3),
+    ]
+    out, closed = await _handshake_exchange(frames)
+    assert out == [
+        (1, "connected", None),
+        (2, "error", ProtocolError.code),
+        (3, "lookupResult", None),
+    ]
+    assert not closed
+
+
+async def test_a_refused_handshake_without_request_id_is_told_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    out, closed = await _handshake_exchange(
+        [_frame("connect", {**CONNECT, "protocolVersion": 0}, 0)]
+    )
+    assert out == [(0, "error", ProtocolVersionMismatch.code)]
+    assert closed
+    [line] = [r for r in caplog.records if r.name == "pigeon.core._rpc"]
+    assert line.levelno == logging.WARNING and "protocol version 0" in line.getMessage()
+
+
+async def test_an_error_answer_survives_unread_input_from_the_peer() -> None:
+    """The refused peer had pipelined more bytes: closing must not reset the connection
+    (and lose the error) before the peer read it."""
+    junk = _frame("lookup", {"topic": "x" * 60_000}, 2) * 8
+    out, closed = await _handshake_exchange([_frame("lookup", {"topic": "t"}, 1) + junk])
+    assert out == [(1, "error", ProtocolError.code)]
+    assert closed

@@ -85,6 +85,8 @@ Extract = Callable[[Any, memoryview], Any]
 _RECEIVE_SIZE = 256 * 1024
 #: bytes of a connection's start kept to tell which protocol a wrong client speaks
 _SNIFF_BYTES = 16
+#: how long a refused peer may keep sending before the socket is closed (see _linger)
+_LINGER_S = 0.5
 _JOIN_LIMIT = 64 * 1024
 _HIGH_WATER = 8 * 1024 * 1024
 
@@ -177,11 +179,23 @@ class Connection:
                 self._out_ready.set()
                 with trio.move_on_after(1.0):
                     await self._writer_done.wait()
+                if self.serving and isinstance(self._close_reason, ProtocolError):
+                    await self._linger()
                 nursery.cancel_scope.cancel()
         finally:
             self._shutdown(self._close_reason or ConnectionClosed(f"connection {self.name} closed"))
             with trio.CancelScope(shield=True), contextlib.suppress(Exception):
                 await self.stream.aclose()
+
+    async def _linger(self) -> None:
+        """After refusing a peer's bytes: half-close, and read (and drop) what it still
+        sends for a moment.  Closing a socket with unread input resets the connection,
+        and the reset can destroy our error answer before the peer has read it."""
+        with trio.move_on_after(_LINGER_S), contextlib.suppress(Exception):
+            await self.stream.send_eof()  # type: ignore[attr-defined]
+            for _ in range(64):  # bounded: at most 64 reads
+                if not await self.stream.receive_some(_RECEIVE_SIZE):
+                    break
 
     def abort(self, reason: BaseException) -> None:
         """End the connection now (the peer stopped answering): nothing queued is
@@ -636,6 +650,17 @@ def _wrong_service(address: str, *, server: str, client: str) -> str:
     )
 
 
+def _refuse(conn: Connection, req: Request, exc: ProtocolError) -> None:
+    """Refuse a handshake: answer (or, for requestId 0, push) the error, one WARNING line,
+    and close the connection."""
+    log.warning("handshake refused conn=%s error=%s", conn.name, exc.message)
+    if req.request_id:
+        conn.respond_error(req.request_id, exc)
+    else:
+        conn.send_nowait("error", {"code": exc.wire_code, "message": exc.message})
+    conn.close(exc)
+
+
 class _HandshakeHandler:
     """Wraps a service handler until the peer has said ``connect``."""
 
@@ -654,34 +679,27 @@ class _HandshakeHandler:
         return getattr(self.service, name)
 
     def _refuse(self, conn: Connection, req: Request) -> None:
-        exc = ProtocolError(f"first frame must be 'connect', got {req.kind!r}")
-        if req.request_id:
-            conn.respond_error(req.request_id, exc)
-        else:
-            conn.send_nowait("error", {"code": exc.wire_code, "message": exc.message})
-        conn.close(exc)
+        _refuse(conn, req, ProtocolError(f"first frame must be 'connect', got {req.kind!r}"))
 
     def on_connect(self, conn: Connection, req: Request) -> None:
+        if self.done:  # only the first connect sets the connection up
+            conn.respond_error(
+                req.request_id, ProtocolError("this connection has already said connect")
+            )
+            return
         ours = frame_name(conn.frame_type)
         theirs = str(req.body.frameType)
         if theirs and theirs != ours:
-            exc = ProtocolError(_wrong_service("this port", server=ours, client=theirs))
-            log.warning(
-                "wrong kind of client conn=%s client_speaks=%s port_speaks=%s: closing",
-                conn.name,
-                theirs,
-                ours,
+            _refuse(
+                conn, req, ProtocolError(_wrong_service("this port", server=ours, client=theirs))
             )
-            conn.respond_error(req.request_id, exc)
-            conn.close(exc)
             return
         version = req.body.protocolVersion
         if version != PROTOCOL_VERSION:
             exc = ProtocolVersionMismatch(
                 f"protocol version {version} is not supported (this node speaks {PROTOCOL_VERSION})"
             )
-            conn.respond_error(req.request_id, exc)
-            conn.close(exc)
+            _refuse(conn, req, exc)
             return
         conn.peer_name = str(req.body.clientName)
         conn.peer_version = version
