@@ -39,6 +39,7 @@ from pigeon.core._schema import BookieFrame
 from pigeon.core.errors import (
     ConfigError,
     ConnectionClosed,
+    InternalError,
     NodeExists,
     NoSuchNode,
     PigeonError,
@@ -507,7 +508,7 @@ class BookieServer:
             return
         except Exception as exc:  # never let a bad read take the bookie down
             log.exception("read failed segment=%d entry=%d", segment_id, first)
-            conn.respond_error(request_id, PigeonError(f"internal error reading: {exc}"))
+            conn.respond_error(request_id, InternalError(f"internal error reading: {exc!r}"))
             return
         finally:
             queue.queued -= 1
@@ -537,7 +538,7 @@ class BookieServer:
             conn.respond_error(request_id, StorageError(f"fence failed: {exc}"))
         except Exception as exc:
             log.exception("fence failed segment=%d", segment_id)
-            conn.respond_error(request_id, PigeonError(f"internal error fencing: {exc}"))
+            conn.respond_error(request_id, InternalError(f"internal error fencing: {exc!r}"))
 
     def on_deleteSegment(self, conn: Connection, req: Request) -> None:
         self._spawn(conn, self._delete, conn, req.request_id, req.body.segmentId)
@@ -552,4 +553,4 @@ class BookieServer:
             conn.respond_error(request_id, StorageError(f"delete failed: {exc}"))
         except Exception as exc:
             log.exception("delete failed segment=%d", segment_id)
-            conn.respond_error(request_id, PigeonError(f"internal error deleting: {exc}"))
+            conn.respond_error(request_id, InternalError(f"internal error deleting: {exc!r}"))
