@@ -53,6 +53,8 @@ class Report:
     undelivered: dict[str, int] = field(default_factory=dict)
     redelivered: dict[str, int] = field(default_factory=dict)
     detached: dict[str, str] = field(default_factory=dict)
+    #: subscription -> longest stretch of samples with fewer consumers than opened (s)
+    detached_longest: dict[str, float] = field(default_factory=dict)
     faults: dict[str, int] = field(default_factory=dict)
     crashes: int = 0
     longest_unavailable: float = 0.0
@@ -78,6 +80,7 @@ class Report:
             "reordered": self.reordered,
             "undelivered": sum(self.undelivered.values()),
             "detached": sorted(self.detached),
+            "longest_detached_s": max(self.detached_longest.values(), default=0.0),
             "wrong_receipts": self.wrong_receipts,
             "receipts_without_position": self.receipts_without_position,
             "faults": dict(self.faults),
@@ -250,6 +253,15 @@ def _check_deliveries(history: History, acked: set[MsgId], r: Report) -> None:
 
 
 def _check_attach(history: History, r: Report) -> None:
+    since: dict[str, float] = {}
+    for a in sorted(history.attach, key=lambda a: a.t):
+        want = history.consumers_expected.get(a.subscription, 0)
+        if a.consumers < want:
+            start = since.setdefault(a.subscription, a.t)
+            longest = max(r.detached_longest.get(a.subscription, 0.0), a.t - start)
+            r.detached_longest[a.subscription] = round(longest, 1)
+        else:
+            since.pop(a.subscription, None)
     last: dict[str, Any] = {}
     end = history.drained_at if history.drained_at is not None else float("-inf")
     for a in history.attach:
@@ -260,7 +272,11 @@ def _check_attach(history: History, r: Report) -> None:
         if a is None:
             r.detached[sub] = "no report from the admin API at the end"
         elif a.consumers < expected:
-            r.detached[sub] = f"{a.consumers} of {expected} consumers attached at the end"
+            r.detached[sub] = (
+                f"{a.consumers} of {expected} consumers attached at the end"
+                + (f" (attached: {', '.join(a.names)})" if a.names else "")
+                + f", short of consumers for {r.detached_longest.get(sub, 0.0):.0f}s"
+            )
         elif a.backlog > 0:
             r.detached[sub] = f"backlog of {a.backlog} did not drain"
     for sub, why in sorted(r.detached.items()):

@@ -107,6 +107,8 @@ class Attach:
     subscription: str
     consumers: int
     backlog: int
+    #: consumer names attached (on every partition of a partitioned topic)
+    names: tuple[str, ...] = ()
 
 
 @dataclass
@@ -182,7 +184,7 @@ class History:
             for line in lines:
                 record = json.loads(line)
                 kind = record.pop("type")
-                for key in ("position", "id"):
+                for key in ("position", "id", "names"):
                     if isinstance(record.get(key), list):
                         record[key] = tuple(record[key])
                 getattr(h, kind).append(kinds[kind](**record))

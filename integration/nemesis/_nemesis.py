@@ -100,14 +100,21 @@ class Nemesis:
         self._t0 = time.monotonic()
         self._thread.start()
 
-    def finish(self, timeout: float = 60.0) -> None:
-        """Stop injecting, heal the fault in progress, and return once the thread ended."""
+    def finish(self, timeout: float = 90.0) -> None:
+        """Stop injecting, heal the fault in progress, and return once the thread ended
+        (a start in progress is bounded by the servers' ready timeouts)."""
         self.stop.set()
         self._thread.join(timeout)
         if self._thread.is_alive():
-            raise AssertionError("nemesis thread did not stop")
+            raise AssertionError(f"nemesis thread did not stop within {timeout}s")
         if self._error is not None:
             raise self._error
+
+    def join(self, timeout: float = 150.0) -> None:
+        """Stop and wait for the thread, without raising (teardown)."""
+        self.stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
 
     def heal_everything(self, deadline: float) -> None:
         """SIGCONT and unblock everything; start every node that is not running."""
@@ -116,7 +123,7 @@ class Nemesis:
         names = [*(["metadata"] if self.topology.server else []), *self.topology.nodes]
         for name in names:
             while not self.topology.running(name) and time.monotonic() < deadline:
-                self._restart(name)
+                self._restart(name, final=True)
         self.history.healed_at = self.history.now()
 
     # ------------------------------------------------------------------ thread
@@ -165,16 +172,21 @@ class Nemesis:
             topo.heal(p.target)
         fault.healed = self.history.now()
 
-    def _restart(self, name: str) -> bool:
+    def _restart(self, name: str, *, final: bool = False) -> bool:
+        """Start ``name`` again, a few tries; the nemesis thread gives up early when asked
+        to stop (the final :meth:`heal_everything` takes over)."""
         for attempt in range(RESTART_TRIES):
             try:
                 self.topology.start_node(name)
                 return True
             except Exception as exc:
+                text = " | ".join(str(exc).splitlines())
                 self.history.event(
                     "restart-failed",
-                    f"{name} attempt={attempt + 1} error={str(exc).splitlines()[0][:200]}",
+                    f"{name} attempt={attempt + 1} error={text[:150]}...{text[-300:]}",
                 )
+                if self.stop.is_set() and not final:
+                    return False
                 time.sleep(1.0)
         return False
 

@@ -85,6 +85,7 @@ class RunResult:
             *(f"  {e.t:7.2f}s {e.kind} {e.detail}" for e in self.history.events[:60]),
             f"undelivered per subscription: {r.undelivered}",
             f"redelivered per subscription: {r.redelivered}",
+            f"longest stretch short of consumers (s): {r.detached_longest}",
             f"longest write unavailability by topic: {r.longest_unavailable_by_topic}",
             f"longest write unavailability per fault: {r.unavailable_after_fault}",
             f"proxies: {self.proxies}",
@@ -109,6 +110,8 @@ def run_nemesis(
     history = History()
     phases: dict[str, float] = {}
     mark = time.monotonic()
+    failure: BaseException | None = None
+    schedule: list[Planned] = []
 
     def phase(name: str) -> None:
         nonlocal mark
@@ -145,8 +148,10 @@ def run_nemesis(
                     phase("drain")
                     workload.final_read(time.monotonic() + FINAL_READ_TIMEOUT)
                     phase("final-read")
+                except Exception as exc:  # reported with the history below
+                    failure = exc
                 finally:
-                    nemesis.stop.set()
+                    nemesis.join()  # never stop the cluster under a node it is starting
                     workload.close()
         finally:
             topology.heal_all()
@@ -157,6 +162,10 @@ def run_nemesis(
         metadata, replication, seed, duration, schedule, report, history, root, phases, proxies
     )
     history.dump(root / "history.jsonl.gz")
+    if failure is not None:
+        raise AssertionError(
+            f"the nemesis run itself failed ({failure!r}); what it saw so far:\n" + result.explain()
+        ) from failure
     (root / "report.json").write_text(json.dumps(result.figures(), indent=2) + "\n")
     return result
 

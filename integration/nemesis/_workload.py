@@ -288,7 +288,10 @@ class Workload:
                 subs = [p.get("subscriptions", {}).get(name) for p in parts if p is not None]
                 consumers = min((s["consumers"] if s else 0) for s in subs)
                 backlog = sum(s["backlog"] for s in subs if s)
-                a = Attach(self.history.now(), key, sub, consumers, backlog)
+                attached = set.intersection(*(set(s["consumer_names"] if s else ()) for s in subs))
+                a = Attach(
+                    self.history.now(), key, sub, consumers, backlog, tuple(sorted(attached))
+                )
                 self.history.attach.append(a)
                 out.append(a)
         return out

@@ -187,6 +187,21 @@ def test_a_detached_consumer_is_reported(attach: list[Attach], why: str) -> None
     assert any(v.startswith("(e) a/shared") for v in r.violations)
 
 
+def test_how_long_a_subscription_was_short_of_consumers() -> None:
+    h = healthy()
+    h.attach = [
+        Attach(1.0, "a", "a/shared", 2, 0),
+        Attach(3.0, "a", "a/shared", 1, 5, ("a-shared-0",)),
+        Attach(9.0, "a", "a/shared", 1, 50, ("a-shared-0",)),
+        Attach(10.0, "a", "a/shared", 2, 0),
+        Attach(12.0, "a", "a/shared", 0, 9),
+        Attach(13.0, "a", "a/shared", 1, 9, ("a-shared-1",)),
+    ]
+    r = check(h)
+    assert r.detached_longest["a/shared"] == 6.0
+    assert "(attached: a-shared-1)" in r.detached["a/shared"]
+
+
 def test_only_samples_after_the_drain_tell_the_end_state() -> None:
     h = healthy()
     h.attach = [Attach(1.0, "a", "a/shared", 2, 0)]
