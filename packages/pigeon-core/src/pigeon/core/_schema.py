@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import capnp  # type: ignore[import-untyped]
+import capnp
 
 from pigeon.core.errors import MalformedRequest
 
