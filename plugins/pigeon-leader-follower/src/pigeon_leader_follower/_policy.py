@@ -36,10 +36,15 @@ import trio
 
 from pigeon.core import _replication
 from pigeon.core._bookie_client import BookieClient
-from pigeon.core._replication import BookieLoad, PolicyBase, fail_in_order, recover_segment
+from pigeon.core._replication import (
+    BookieLoad,
+    PolicyBase,
+    fail_in_order,
+    read_replicas,
+    recover_segment,
+)
 from pigeon.core.errors import (
     ConnectionClosed,
-    EntryNotFound,
     PigeonError,
     SegmentFenced,
     SegmentNotFound,
@@ -489,24 +494,25 @@ class LeaderFollowerPolicy(PolicyBase):
         max_bytes: int = 8 << 20,
         max_count: int = 10_000,
         write_quorum: int | None = None,
+        repair: bool = False,
     ) -> list[tuple[int, memoryview]]:
         """Entries ``first..last`` (fewer if limits hit) from the first replica holding
-        ``first`` (every replica holds every entry, bar one that is catching up)."""
-        errors: list[BaseException] = []
+        ``first`` intact (every replica holds every entry, bar one that is catching up);
+        with ``repair``, damaged or missing copies found on the way are rewritten from
+        the good one (:func:`pigeon.core._replication.read_replicas`)."""
         n = len(ensemble)
-        for k in range(n):
-            address = ensemble[(first + k) % n]
-            try:
-                got = await self.client.read_entries(
-                    address, segment_id, first, last, max_bytes=max_bytes, max_count=max_count
-                )
-            except (ConnectionClosed, ServiceUnavailable, StorageError, OSError) as exc:
-                errors.append(exc)
-                continue
-            if got:
-                return got
-            errors.append(EntryNotFound(f"segment={segment_id} entry={first} not on {address}"))
-        raise errors[-1] if errors else ServiceUnavailable("no bookie to read from")
+        members = list(ensemble)
+        return await read_replicas(
+            self.client,
+            segment_id,
+            [ensemble[(first + k) % n] for k in range(n)],
+            first,
+            last,
+            max_bytes=max_bytes,
+            max_count=max_count,
+            write_set=lambda entry: members,
+            repairs=self.repairs if repair else None,
+        )
 
     async def recover(
         self,

@@ -189,6 +189,9 @@ class Policies(BaseModel):
     write_quorum: int | None
     ack_quorum: int | None
     max_message_size: int | None
+    corrupt_entry_policy: Literal["skip", "fail"] | None = Field(
+        None, description="At an entry no replica holds intact; null: the broker's setting."
+    )
 
 
 class PoliciesChange(BaseModel):
@@ -216,9 +219,18 @@ class PoliciesChange(BaseModel):
     write_quorum: Annotated[int, Field(ge=1, le=64)] | None = None
     ack_quorum: Annotated[int, Field(ge=1, le=64)] | None = None
     max_message_size: Annotated[int, Field(ge=1, le=2**31)] | None = None
+    corrupt_entry_policy: Literal["skip", "fail"] | None = Field(
+        None, description="skip (go on past a damaged entry) or fail; null: the broker's"
+    )
 
     def changes(self) -> dict[str, Any]:
-        nullable = {"ensemble_size", "write_quorum", "ack_quorum", "max_message_size"}
+        nullable = {
+            "ensemble_size",
+            "write_quorum",
+            "ack_quorum",
+            "max_message_size",
+            "corrupt_entry_policy",
+        }
         return {
             k: v
             for k, v in self.model_dump(exclude_unset=True).items()
@@ -248,6 +260,12 @@ class SubscriptionStats(BaseModel):
     delayed: int
     dropped: int
     consumer_names: list[str]
+    lost_messages: int = Field(
+        0, description="Messages skipped because no replica holds their entry intact."
+    )
+    read_error: str | None = Field(
+        None, description="Why delivery is stopped (corrupt_entry_policy 'fail'); null: it is not."
+    )
 
 
 class SubscriptionStatsOut(SubscriptionStats):
@@ -274,6 +292,9 @@ class TopicSummary(BaseModel):
     segments: int
     backlog: int = Field(description="Largest subscription backlog (messages).")
     backlog_bytes: int
+    corrupt_entries: int = Field(
+        0, description="Entries found on no replica intact (damaged or lost) since loaded."
+    )
 
 
 class LoadedTopic(TopicSummary):

@@ -487,6 +487,8 @@ def _sub_stats(monitor: BrokerMonitor | None, topic: Any, sub: Any) -> dict[str,
         "delayed": sub.delayed_count if persistent else 0,
         "dropped": 0 if persistent else sub.dropped,
         "consumer_names": [c.name for c in sub.consumers],
+        "lost_messages": sub.lost_messages if persistent else 0,
+        "read_error": sub.read_error if persistent else None,
     }
 
 
@@ -526,6 +528,7 @@ def _one_topic_stats(monitor: BrokerMonitor | None, topic: Any) -> dict[str, Any
         "segments": len(topic.ledger.segments) if persistent else 0,
         "backlog": max((s["backlog"] for s in subs.values()), default=0),
         "backlog_bytes": topic.backlog_bytes() if persistent else 0,
+        "corrupt_entries": topic.ledger.corrupt_entries if persistent else 0,
         "subscriptions": subs,
     }
 
@@ -543,6 +546,7 @@ _SUMMED = (
     "storage_size",
     "segments",
     "backlog_bytes",
+    "corrupt_entries",
 )
 _SUB_SUMMED = (
     "consumers",
@@ -554,6 +558,7 @@ _SUB_SUMMED = (
     "msg_throughput_out",
     "delayed",
     "dropped",
+    "lost_messages",
 )
 
 

@@ -36,6 +36,9 @@ class BrokerConfig:
     ensemble_size: int = 1
     write_quorum: int = 1
     ack_quorum: int = 1
+    #: at an entry no replica holds intact: "skip" past it (its messages count as lost)
+    #: or "fail" (delivery stops there); namespaces may override it
+    corrupt_entry_policy: Literal["skip", "fail"] = "skip"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     def validate(self) -> None:
@@ -53,6 +56,11 @@ class BrokerConfig:
             )
         if self.segment_max_entries <= 0:
             raise ConfigError("bad value for 'segment_max_entries': must be positive")
+        if self.corrupt_entry_policy not in ("skip", "fail"):
+            raise ConfigError(
+                f"bad value for 'corrupt_entry_policy': {self.corrupt_entry_policy!r} is not"
+                " 'skip' or 'fail'"
+            )
         if not self.ensemble_size >= self.write_quorum >= self.ack_quorum >= 1:
             raise ConfigError(
                 "bad values for 'ensemble_size', 'write_quorum', 'ack_quorum': need "

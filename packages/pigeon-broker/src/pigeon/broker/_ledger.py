@@ -31,19 +31,22 @@ from typing import Any
 
 import trio
 
+from pigeon.broker._cursor import RangeSet
 from pigeon.core import TopicName
 from pigeon.core._clock import WallClock
 from pigeon.core._entry import pack_entry_header, unpack_entry_header
 from pigeon.core.errors import (
     BadVersion,
+    CorruptEntry,
     EntryNotFound,
     NotEnoughBookies,
     NotOwner,
     PigeonError,
+    SegmentNotFound,
     ServiceUnavailable,
 )
 
-__all__ = ["Entry", "LedgerConfig", "ManagedLedger", "Position", "SegmentInfo"]
+__all__ = ["DamagedRun", "Entry", "LedgerConfig", "ManagedLedger", "Position", "SegmentInfo"]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +63,13 @@ WRITER_OPEN_TIMEOUT_S = 5.0
 SEGMENT_DRAIN_S = 30.0
 #: first and longest wait between rollover attempts
 ROLL_BACKOFF_S = (0.05, 2.0)
+#: damaged entries read one by one looking for the end of a damaged run, before the
+#: search gallops (a run that long is a whole damaged region)
+DAMAGE_PROBES = 4096
+#: entries a binary search (seek by offset or time) reads past a damaged one
+NEAR_PROBES = 64
+#: the errors with which a policy says no replica holds an entry intact
+_UNREADABLE = (CorruptEntry, EntryNotFound, SegmentNotFound)
 #: failed attempts to open a new segment before pending appends fail (retriably)
 ROLL_ATTEMPTS_BEFORE_FAILING = 4
 
@@ -116,6 +126,24 @@ class SegmentInfo:
                 end = first
                 break
         return list(current), end
+
+
+@dataclass(frozen=True, slots=True)
+class DamagedRun:
+    """Entries ``first_entry..last_entry`` of a segment that no replica holds intact
+    (bit rot, a truncated or lost data file): see :meth:`ManagedLedger.skip_damaged`."""
+
+    segment_id: int
+    first_entry: int
+    last_entry: int
+    #: where reading goes on after the run
+    next: Position
+    #: first offset of what follows the run: the run's messages end before it
+    end_offset: int
+
+    @property
+    def entries(self) -> int:
+        return self.last_entry - self.first_entry + 1
 
 
 @dataclass(slots=True)
@@ -210,11 +238,19 @@ class ManagedLedger:
         self.msgs_in = 0
         self.bytes_in = 0
         self.last_trimmed_ensembles: dict[int, list[str]] = {}
+        # Entries no replica holds intact (found by reads and at open), per segment id,
+        # and the runs they form: see "Damaged entries" in skip_damaged.
+        self._damaged: dict[int, RangeSet] = {}
+        self._damaged_runs: list[DamagedRun] = []
 
     # ------------------------------------------------------------------ metadata
 
     def _doc(self) -> bytes:
-        return json.dumps({"segments": [asdict(s) for s in self.segments]}).encode()
+        # next_offset: where the offsets went up to, should the end of the log be found
+        # damaged when the ledger is opened again (see _open_tail)
+        return json.dumps(
+            {"segments": [asdict(s) for s in self.segments], "next_offset": self.next_offset}
+        ).encode()
 
     async def _save(self) -> None:
         """Write the ledger's metadata (compare-and-set).
@@ -263,10 +299,12 @@ class ManagedLedger:
                 self._version = 0
             except PigeonError:
                 stat = await self.store.get(self.path)
+        recorded_offset = 0
         if stat is not None:
             doc = json.loads(stat.value)
             self._version = stat.version
             self.segments = [SegmentInfo(**s) for s in doc.get("segments", [])]
+            recorded_offset = int(doc.get("next_offset", 0))
         self._reindex()
         # Recover segments left open by a previous owner (crash): fence, find the end.
         changed = False
@@ -284,19 +322,7 @@ class ManagedLedger:
             changed = True
         self._reindex()
         if self.segments:
-            last_seg = self.segments[-1]
-            entries = await self.policy.read(
-                last_seg.id,
-                last_seg.ensemble_for(last_seg.last_entry_id)[0],
-                last_seg.last_entry_id,
-                last_seg.last_entry_id,
-                write_quorum=last_seg.write_quorum or None,
-            )
-            header = unpack_entry_header(entries[0][1])
-            self.next_offset = header.first_offset + header.num_messages
-            self.last_publish_time = header.publish_time
-            if last_seg.size == 0 or last_seg.last_publish_time == 0:
-                last_seg.last_publish_time = header.publish_time
+            await self._open_tail(recorded_offset)
         if changed:
             await self._save()
         try:
@@ -308,6 +334,88 @@ class ManagedLedger:
             self.unavailable = exc
             log.warning("topic not writable topic=%s error=%s", self.topic, exc)
             self._start_roll()
+
+    async def _open_tail(self, recorded_offset: int) -> None:
+        """``next_offset`` and ``last_publish_time`` from the last entry of the log.
+
+        When no replica holds the last entries intact (a data file truncated or damaged
+        while the broker was down), the ledger opens anyway: the entries that can be read
+        stay readable, the missing ones form a damaged run (reported, counted, skipped by
+        subscriptions per their policy), and offsets go on above every offset that may
+        have been handed out: the highest of the end of the last readable entry, the
+        ``next_offset`` recorded in the metadata and every cursor's position.
+        """
+        seg = self.segments[-1]
+        last = seg.last_entry_id
+        error: PigeonError | None = None
+        try:
+            entry: Entry | None = await self.read_one((seg.id, last))
+        except CorruptEntry as exc:
+            entry, error = None, exc
+        if entry is None:
+            entry = await self._last_readable(seg)
+            readable_end = entry.first_offset + entry.num_messages if entry else seg.first_offset
+            cursors = await self._cursor_offsets()
+            self.next_offset = max(readable_end, recorded_offset, cursors)
+            first_lost = entry.entry_id + 1 if entry is not None else 0
+            run = DamagedRun(seg.id, first_lost, last, (seg.id, last + 1), self.next_offset)
+            self._record_damage(run)
+            log.error(
+                "ledger tail damaged topic=%s segment=%s entries=%s..%s (%s) are on no replica"
+                " intact; opening with next_offset=%s (readable_end=%s recorded=%s"
+                " cursors=%s): %s",
+                self.topic,
+                seg.id,
+                first_lost,
+                last,
+                run.entries,
+                self.next_offset,
+                readable_end,
+                recorded_offset,
+                cursors,
+                error,
+            )
+        else:
+            self.next_offset = entry.first_offset + entry.num_messages
+        if entry is not None:
+            self.last_publish_time = entry.publish_time
+            if seg.size == 0 or seg.last_publish_time == 0:
+                seg.last_publish_time = entry.publish_time
+
+    async def _last_readable(self, seg: SegmentInfo) -> Entry | None:
+        """The last entry of ``seg`` some replica holds intact (None: no entry is)."""
+        top = seg.last_entry_id
+        stored = getattr(self.policy, "stored_last_entry", None)
+        if stored is not None and seg.ensemble_for(top)[1] < 0:
+            ensemble = seg.ensemble_for(top)[0]
+            top = min(top, int(await stored(seg.id, ensemble)))
+        k, step, probes = top, 1, 0
+        while k >= 0:
+            try:
+                return await self.read_one((seg.id, k))
+            except CorruptEntry:
+                pass
+            probes += 1
+            if probes > NEAR_PROBES:
+                step *= 2  # a long damaged stretch: gallop back
+            k -= step
+        return None
+
+    async def _cursor_offsets(self) -> int:
+        """The highest offset any stored cursor of the topic has acknowledged (0: none)."""
+        root = f"/pigeon/cursors/{self.topic.path}"
+        top = 0
+        try:
+            for name in await self.store.children(root):
+                stat = await self.store.get(f"{root}/{name}")
+                if stat is None:
+                    continue
+                doc = json.loads(stat.value)
+                top = max(top, int(doc.get("mark_delete", 0)))
+                top = max([top, *(int(end) for _start, end in doc.get("acked", []))])
+        except (PigeonError, ValueError, TypeError, KeyError) as exc:
+            log.warning("cannot read cursors topic=%s error=%s", self.topic, exc)
+        return top
 
     async def _recover(self, seg: SegmentInfo) -> int:
         """Fence an open segment and find (and re-replicate) its last entry."""
@@ -862,20 +970,142 @@ class ManagedLedger:
             ensemble, fragment_end = seg.ensemble_for(entry_id)
             if fragment_end >= 0:
                 last = min(last, fragment_end - 1)
-            raw = await self.policy.read(
-                seg.id,
-                ensemble,
-                entry_id,
-                last,
-                max_bytes=max_bytes,
-                max_count=max_entries,
-                write_quorum=seg.write_quorum or None,
-            )
+            try:
+                raw = await self.policy.read(
+                    seg.id,
+                    ensemble,
+                    entry_id,
+                    last,
+                    max_bytes=max_bytes,
+                    max_count=max_entries,
+                    write_quorum=seg.write_quorum or None,
+                    # copies found damaged are repaired, unless a writer still appends
+                    repair=seg.state == "closed",
+                )
+            except _UNREADABLE as exc:
+                raise CorruptEntry(
+                    f"topic {self.topic} segment {seg.id} entry {entry_id} is on no replica"
+                    f" intact: {exc}"
+                ) from None
             if not raw:
-                raise EntryNotFound(f"segment {seg.id} entry {entry_id} is missing")
+                raise CorruptEntry(
+                    f"topic {self.topic} segment {seg.id} entry {entry_id} is on no replica"
+                )
             for eid2, data in raw:
                 out.append(self._entry(seg, eid2, data))
         return out
+
+    # Damaged entries: an entry the metadata says is stored that no replica holds
+    # intact makes ``read`` raise CorruptEntry.  ``skip_damaged`` finds where the run of
+    # such entries ends, so that readers can go on past it (subscriptions do, or stop,
+    # per their corrupt-entry policy); the runs found are remembered and counted.
+
+    @property
+    def corrupt_entries(self) -> int:
+        """Entries found on no replica intact since the ledger was opened."""
+        return sum(r.count_in(0, 1 << 63) for r in self._damaged.values())
+
+    @property
+    def damaged_runs(self) -> list[DamagedRun]:
+        return list(self._damaged_runs)
+
+    def _record_damage(self, run: DamagedRun) -> bool:
+        """Remember ``run``; False if it was known already."""
+        ids = self._damaged.setdefault(run.segment_id, RangeSet())
+        new = ids.count_in(run.first_entry, run.last_entry + 1) < run.entries
+        ids.add(run.first_entry, run.last_entry + 1)
+        if new:
+            self._damaged_runs.append(run)
+        return new
+
+    def known_damage(self, pos: Position) -> DamagedRun | None:
+        """The damaged run found earlier that holds ``pos``, if any."""
+        for run in self._damaged_runs:
+            if run.segment_id == pos[0] and run.first_entry <= pos[1] <= run.last_entry:
+                return run
+        return None
+
+    async def skip_damaged(self, pos: Position) -> DamagedRun:
+        """The run of damaged entries that starts at ``pos`` (where ``read`` raised
+        CorruptEntry) and where reading goes on after it.
+
+        Reads forward one entry at a time (a run past the last entry any replica of the
+        segment stores is the rest of the segment at once), galloping after
+        ``DAMAGE_PROBES`` damaged entries.  Raises a retriable error when bookies do not
+        answer (the run's end cannot be known yet).
+        """
+        npos = self.normalize(pos) or pos
+        known = self.known_damage(npos)
+        if known is not None:
+            return known
+        seg_id, first = npos
+        index = self._index.get(seg_id)
+        if index is None:
+            raise EntryNotFound(f"topic {self.topic} has no segment {seg_id}")
+        seg = self.segments[index]
+        ensemble, fragment_end = seg.ensemble_for(first)
+        stored = getattr(self.policy, "stored_last_entry", None)
+        after: Entry | None = None
+        k = seg.last_entry_id + 1
+        if stored is None or fragment_end >= 0 or int(await stored(seg.id, ensemble)) >= first:
+            end = seg.last_entry_id
+            k, step, probes, bad = first + 1, 1, 0, first  # bad: last entry seen damaged
+            while k <= end:
+                try:
+                    after = await self.read_one((seg.id, k))
+                    break
+                except CorruptEntry:
+                    bad = k
+                probes += 1
+                if probes >= DAMAGE_PROBES:
+                    step *= 2  # a whole damaged region: gallop
+                k = k + step if k + step <= end or k == end else end
+            if after is not None and after.entry_id > bad + 1:
+                after = await self._first_readable(seg, bad + 1, after)
+            k = after.entry_id if after is not None else end + 1
+        if after is not None:
+            end_offset = after.first_offset
+        elif index + 1 < len(self.segments):
+            end_offset = self.segments[index + 1].first_offset
+        else:
+            end_offset = self.next_offset
+        run = DamagedRun(seg.id, first, k - 1, (seg.id, k), end_offset)
+        if self._record_damage(run):
+            log.error(
+                "damaged entries topic=%s segment=%s entries=%s..%s (%s) are on no replica"
+                " intact; readers go on at entry %s (offset %s)",
+                self.topic,
+                seg.id,
+                run.first_entry,
+                run.last_entry,
+                run.entries,
+                k,
+                end_offset,
+            )
+        return run
+
+    async def _first_readable(self, seg: SegmentInfo, lo: int, found: Entry) -> Entry:
+        """After galloping: the first readable entry in ``lo..found`` (binary search,
+        taking the damage as one stretch)."""
+        hi = found.entry_id
+        best = found
+        while lo < hi:
+            mid = (lo + hi) // 2
+            try:
+                best = await self.read_one((seg.id, mid))
+                hi = mid
+            except CorruptEntry:
+                lo = mid + 1
+        return best if best.entry_id == lo else found
+
+    async def _read_near(self, seg: SegmentInfo, k: int, hi: int) -> Entry | None:
+        """Entry ``k``, or the first readable one after it up to ``hi`` (a few tried)."""
+        for j in range(k, min(hi, k + NEAR_PROBES) + 1):
+            try:
+                return await self.read_one((seg.id, j))
+            except CorruptEntry:
+                continue
+        return None
 
     def _entry(self, seg: SegmentInfo, entry_id: int, data: bytes | memoryview) -> Entry:
         header = unpack_entry_header(data)
@@ -911,9 +1141,10 @@ class ManagedLedger:
         lo, hi = 0, seg.last_entry_id
         while lo < hi:  # last entry whose first offset <= offset
             mid = (lo + hi + 1) // 2
-            entry = await self.read_one((seg.id, mid))
-            if entry.first_offset <= offset:
-                lo = mid
+            # a damaged entry is passed over: at worst an earlier position is returned
+            entry = await self._read_near(seg, mid, hi)
+            if entry is not None and entry.first_offset <= offset:
+                lo = entry.entry_id
             else:
                 hi = mid - 1
         return (seg.id, lo)
@@ -926,10 +1157,11 @@ class ManagedLedger:
             lo, hi = 0, seg.last_entry_id
             while lo < hi:
                 mid = (lo + hi) // 2
-                entry = await self.read_one((seg.id, mid))
-                if entry.publish_time >= timestamp_ms:
+                # a damaged entry is passed over: at worst an earlier position is returned
+                entry = await self._read_near(seg, mid, hi)
+                if entry is None or entry.publish_time >= timestamp_ms:
                     hi = mid
                 else:
-                    lo = mid + 1
+                    lo = entry.entry_id + 1
             return (seg.id, lo)
         return self.end_position()

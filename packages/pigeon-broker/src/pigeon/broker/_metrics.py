@@ -319,6 +319,11 @@ class _Collector:
         cache_bytes = gauge(
             "pigeon_topic_cache_size_bytes", "Bytes held in the tail-entry cache.", t
         )
+        corrupt = counter(
+            "pigeon_corrupt_entries",
+            "Entries found on no replica intact (damaged or lost) since the topic loaded.",
+            t,
+        )
         latency = HistogramMetricFamily(
             "pigeon_publish_latency_seconds",
             "Time from accepting a batch to its acknowledgement by the bookies.",
@@ -346,6 +351,16 @@ class _Collector:
             "Non-persistent messages dropped (slow consumers).",
             ts,
         )
+        s_lost = counter(
+            "pigeon_subscription_lost_messages",
+            "Messages skipped because no replica holds their entry intact (policy skip).",
+            ts,
+        )
+        s_stopped = gauge(
+            "pigeon_subscription_delivery_stopped",
+            "1 while delivery is stopped at a damaged entry (corrupt_entry_policy fail).",
+            ts,
+        )
         for name, topic in topics:
             lbl = [name]
             m_in, b_in, m_out, b_out = _topic_counters(topic)
@@ -368,6 +383,7 @@ class _Collector:
                 hits.add_metric(lbl, ledger.cache.hits)
                 misses.add_metric(lbl, ledger.cache.misses)
                 cache_bytes.add_metric(lbl, ledger.cache.bytes)
+                corrupt.add_metric(lbl, ledger.corrupt_entries)
                 hist = monitor.latency.get(name)
                 if hist is not None:
                     latency.add_metric(lbl, hist.buckets(), hist.sum)
@@ -383,6 +399,8 @@ class _Collector:
                 if topic.persistent:
                     s_backlog_b.add_metric(sl, topic.ledger.bytes_after(sub.cursor.mark_delete))
                     s_delayed.add_metric(sl, sub.delayed_count)
+                    s_lost.add_metric(sl, sub.lost_messages)
+                    s_stopped.add_metric(sl, int(sub.read_error is not None))
                 else:
                     s_dropped.add_metric(sl, getattr(sub, "dropped", 0))
         yield from (
@@ -402,6 +420,7 @@ class _Collector:
             hits,
             misses,
             cache_bytes,
+            corrupt,
             latency,
             s_msgs,
             s_bytes,
@@ -412,4 +431,6 @@ class _Collector:
             s_consumers,
             s_delayed,
             s_dropped,
+            s_lost,
+            s_stopped,
         )

@@ -66,6 +66,9 @@ class NamespacePolicies:
     ack_quorum: int | None = None
     #: largest accepted batch in bytes; None: the broker's max_message_size
     max_message_size: int | None = None
+    #: at an entry no replica holds intact: "skip" past it or "fail" (delivery stops
+    #: there); None: the broker's corrupt_entry_policy
+    corrupt_entry_policy: Literal["skip", "fail"] | None = None
 
     def validate(self) -> None:
         if self.backlog_quota_policy not in BACKLOG_POLICIES:
@@ -88,6 +91,8 @@ class NamespacePolicies:
                 )
         if self.max_message_size is not None and self.max_message_size <= 0:
             raise InvalidArgument("max_message_size must be positive")
+        if self.corrupt_entry_policy not in (None, "skip", "fail"):
+            raise InvalidArgument("corrupt_entry_policy must be 'skip', 'fail' or null")
 
     def to_json(self) -> bytes:
         return json.dumps(dataclasses.asdict(self)).encode()

@@ -35,6 +35,7 @@ from pigeon.core._entry import ENTRY_HEADER_SIZE
 from pigeon.core._rpc import Connection, Request, serve_tcp
 from pigeon.core._schema import BrokerFrame
 from pigeon.core.errors import (
+    CorruptEntry,
     InvalidArgument,
     MessageTooLarge,
     NoSuchNode,
@@ -179,6 +180,11 @@ class Topic:
     ) -> None:
         self.ledger.append_nowait(payload, n, callback, deliver_at=deliver_at)
 
+    def corrupt_entry_policy(self) -> str:
+        """The corrupt-entry policy ("skip" or "fail"): the namespace's, else the broker's."""
+        policy = self.service.policies.cached(self.name.namespace_name).corrupt_entry_policy
+        return policy or self.service.config.corrupt_entry_policy
+
     async def recover_dedup(self) -> None:
         stat = await self.service.store.get(self.dedup_path)
         start = self.ledger.start_position()
@@ -191,7 +197,13 @@ class Topic:
         pos: tuple[int, int] | None = start
         replayed = 0
         while pos is not None:
-            entries = await self.ledger.read(pos, max_entries=256)
+            try:
+                entries = await self.ledger.read(pos, max_entries=256)
+            except CorruptEntry:
+                # on no replica intact: its sequence ids are unknown (a resend of those
+                # messages is stored again, not dropped as a duplicate)
+                pos = (await self.ledger.skip_damaged(pos)).next
+                continue
             if not entries:
                 break
             found = []
@@ -276,6 +288,7 @@ class Topic:
             persist_interval=self.service.config.cursor_persist_interval_ms / 1000,
             clock=self.service.clock,
             codecs=self.service.codecs,
+            corrupt_entry_policy=self.corrupt_entry_policy,
         )
         sub.read_position = await self.ledger.position_for_offset(cursor.mark_delete)
         self.subscriptions[name] = sub

@@ -12,6 +12,14 @@ sent while its consumer has a positive permit count (Pulsar's flow control).
 
 Entries delivered and not yet fully acknowledged are *pending*; when their consumer goes
 away they are queued for redelivery (redelivery count + 1) before anything new is read.
+
+Reads that fail never end a subscription.  A retriable failure (bookies away) is retried
+with backoff (0.1 s doubling to 5 s).  An entry no replica holds intact (CorruptEntry
+from the ledger) is handled per the corrupt-entry policy: ``skip`` (the default) goes on
+after the damaged run, acknowledging its messages as lost (counted in
+``lost_messages``, logged once); ``fail`` stops delivery at that entry (``read_error``
+says why, in the admin API) and reads it again every 5 s to 60 s, in case a replica came
+back, until an admin skips the messages, resets the cursor or changes the policy.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import bisect
 import heapq
 import logging
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -30,12 +39,18 @@ from pigeon.broker._ledger import Entry, ManagedLedger, Position
 from pigeon.core._batch import decode_batch
 from pigeon.core._clock import WallClock
 from pigeon.core._entry import ENTRY_HEADER_SIZE
-from pigeon.core.errors import ConsumerBusy, NotSupported, PigeonError, SubscriptionBusy
+from pigeon.core.errors import (
+    ConsumerBusy,
+    CorruptEntry,
+    NotSupported,
+    PigeonError,
+    SubscriptionBusy,
+)
 
 if TYPE_CHECKING:
     from pigeon.core._rpc import Connection
 
-__all__ = ["Consumer", "Subscription"]
+__all__ = ["CORRUPT_ENTRY_POLICIES", "Consumer", "Subscription"]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +58,11 @@ _PUSH_MAX_BYTES = 1024 * 1024
 _HASH_RANGE = 65536
 _RING_POINTS = 64
 _READ_MAX_ENTRIES = 64
+#: retriable read failures: first and longest wait before reading again (seconds)
+_RETRY_S = (0.1, 5.0)
+#: corrupt_entry_policy "fail": first and longest wait before reading the entry again
+_FAIL_RETRY_S = (5.0, 60.0)
+CORRUPT_ENTRY_POLICIES = ("skip", "fail")
 
 
 @dataclass(eq=False)
@@ -78,6 +98,7 @@ class Subscription:
         persist_interval: float = 0.1,
         clock: Any = None,
         codecs: Any = None,
+        corrupt_entry_policy: Callable[[], str] | None = None,
     ) -> None:
         self.name = name
         self.type = sub_type
@@ -111,6 +132,18 @@ class Subscription:
         self._task_started = False
         self.msgs_out = 0
         self.bytes_out = 0
+        #: ``() -> "skip" | "fail"``: what to do at an entry no replica holds intact
+        self.corrupt_entry_policy: Callable[[], str] = corrupt_entry_policy or (lambda: "skip")
+        #: messages acknowledged as lost because their entry was damaged (policy skip)
+        self.lost_messages = 0
+        #: why delivery is stopped (policy fail), None while it is not
+        self.read_error: str | None = None
+        self._failing_at: Position | None = None
+        self._read_offset: int | None = None  # end offset of the last entry read in order
+        self._blocked_until = 0.0  # no read before this trio time (backoff)
+        self._retry_delay = 0.0
+        # offsets (first, count) of entries queued for redelivery, to skip them if damaged
+        self._redeliver_offsets: dict[Position, tuple[int, int]] = {}
 
     # ------------------------------------------------------------------ consumers
 
@@ -166,6 +199,7 @@ class Subscription:
             p = self.pending.pop(pos, None)
             if p is not None:
                 self.redeliveries[pos] = self.redeliveries.get(pos, 0) + 1
+                self._redeliver_offsets[pos] = (p.first_offset, p.count)
                 heapq.heappush(self._redeliver, pos)
         consumer.pending.clear()
         self.wake()
@@ -349,7 +383,9 @@ class Subscription:
         )
         for pos in chosen:
             consumer.pending.discard(pos)
-            self.pending.pop(pos, None)
+            p = self.pending.pop(pos, None)
+            if p is not None:
+                self._redeliver_offsets[pos] = (p.first_offset, p.count)
             self.redeliveries[pos] = self.redeliveries.get(pos, 0) + 1
             heapq.heappush(self._redeliver, pos)
         self.wake()
@@ -398,6 +434,9 @@ class Subscription:
         self._redeliver.clear()
         self._delayed.clear()
         self.redeliveries.clear()
+        self._redeliver_offsets.clear()
+        self._read_offset = None
+        self._unblock()
         self._dirty = True
         self.wake()
 
@@ -473,6 +512,8 @@ class Subscription:
             if self._has_work() and not self._stalled:
                 continue
             timeout = max(0.0, persist_at - trio.current_time()) if self._dirty else float("inf")
+            if self._blocked_until:
+                timeout = min(timeout, max(0.0, self._blocked_until - trio.current_time()))
             if self._delayed:
                 due_in = (self._delayed[0][0] - self.clock.now_ms()) / 1000
                 timeout = min(timeout, max(0.0, due_in))
@@ -501,7 +542,7 @@ class Subscription:
         return len(self._delayed)
 
     def _has_work(self) -> bool:
-        if self._pick_peek() is None:
+        if self._pick_peek() is None or self._blocked():
             return False
         if self._redeliver:
             return True
@@ -517,29 +558,163 @@ class Subscription:
 
     async def _dispatch_once(self) -> bool:
         consumer = self._pick_peek()
-        if consumer is None:
+        if consumer is None or self._blocked():
             return False
         if self._redeliver:
-            entries: list[Entry] = []
-            while self._redeliver and len(entries) < _READ_MAX_ENTRIES:
-                pos = heapq.heappop(self._redeliver)
-                if pos in self.pending:
-                    continue
-                try:
-                    entries.append(await self.ledger.read_one(pos))
-                except PigeonError as exc:
-                    log.warning(
-                        "redelivery read failed sub=%s pos=%s error=%s", self.name, pos, exc
-                    )
-            return self._deliver(entries) or bool(entries)
-        if self.read_position is None:
+            return await self._redeliver_some()
+        pos = self.read_position
+        if pos is None:
             return False
-        entries = await self.ledger.read(self.read_position, max_entries=_READ_MAX_ENTRIES)
+        try:
+            entries = await self.ledger.read(pos, max_entries=_READ_MAX_ENTRIES)
+        except CorruptEntry as exc:
+            return await self._on_damaged(pos, exc)
+        except PigeonError as exc:
+            self._read_failed(pos, exc)
+            return False
+        self._read_ok()
         if not entries:
             return False
-        self.read_position = self.ledger.next_position(entries[-1].position)
+        last = entries[-1]
+        self.read_position = self.ledger.next_position(last.position)
+        self._read_offset = last.first_offset + last.num_messages
         self._deliver(entries)
         return True
+
+    async def _redeliver_some(self) -> bool:
+        entries: list[Entry] = []
+        skipped = False
+        while self._redeliver and len(entries) < _READ_MAX_ENTRIES:
+            pos = heapq.heappop(self._redeliver)
+            if pos in self.pending:
+                continue
+            try:
+                entries.append(await self.ledger.read_one(pos))
+            except CorruptEntry as exc:
+                if self.corrupt_entry_policy() == "fail":
+                    heapq.heappush(self._redeliver, pos)
+                    self._stop_at(pos, exc)
+                    break
+                offsets = self._redeliver_offsets.pop(pos, None)
+                if offsets is not None:
+                    self._lose(offsets[0], offsets[0] + offsets[1])
+                self.redeliveries.pop(pos, None)
+                skipped = True
+                log.error(  # noqa: TRY400 - the cause is in the message
+                    "damaged entry not redelivered topic=%s sub=%s position=%s error=%s",
+                    self.ledger.topic,
+                    self.name,
+                    pos,
+                    exc,
+                )
+                continue
+            except PigeonError as exc:
+                heapq.heappush(self._redeliver, pos)
+                self._read_failed(pos, exc)
+                break
+            self._redeliver_offsets.pop(pos, None)
+        if entries:
+            self._read_ok()
+        return self._deliver(entries) or bool(entries) or skipped
+
+    # ------------------------------------------------------------------ read failures
+
+    def _blocked(self) -> bool:
+        return self._blocked_until > 0 and trio.current_time() < self._blocked_until
+
+    def _unblock(self) -> None:
+        self._blocked_until = self._retry_delay = 0.0
+        self.read_error = None
+        self._failing_at = None
+
+    def _read_ok(self) -> None:
+        if self.read_error is not None:
+            log.info(
+                "delivery resumed topic=%s sub=%s at=%s",
+                self.ledger.topic,
+                self.name,
+                self._failing_at,
+            )
+        if self._blocked_until or self.read_error is not None:
+            self._unblock()
+
+    def _backoff(self, bounds: tuple[float, float]) -> None:
+        self._retry_delay = min(max(self._retry_delay * 2, bounds[0]), bounds[1])
+        self._blocked_until = trio.current_time() + self._retry_delay
+
+    def _read_failed(self, pos: Position, exc: PigeonError) -> None:
+        """A read failed for a reason that may pass (bookies away): retry later."""
+        first = self._retry_delay == 0.0
+        self._backoff(_RETRY_S)
+        if first:
+            log.warning(
+                "read failed, retrying with backoff topic=%s sub=%s position=%s error=%s",
+                self.ledger.topic,
+                self.name,
+                pos,
+                exc,
+            )
+
+    def _stop_at(self, pos: Position, exc: PigeonError) -> None:
+        """Policy fail: delivery stops at ``pos``; the entry is read again now and then."""
+        new = self._failing_at != pos
+        self._failing_at = pos
+        self.read_error = (
+            f"delivery stopped at segment {pos[0]} entry {pos[1]}: {exc} (corrupt_entry_policy"
+            f" is 'fail': skip the damaged messages, reset the cursor or set the policy to"
+            f" 'skip' to go on)"
+        )
+        if new:
+            self._retry_delay = 0.0
+            log.error(
+                "delivery stopped at a damaged entry topic=%s sub=%s position=%s"
+                " corrupt_entry_policy=fail error=%s",
+                self.ledger.topic,
+                self.name,
+                pos,
+                exc,
+            )
+        self._backoff(_FAIL_RETRY_S)
+
+    async def _on_damaged(self, pos: Position, exc: CorruptEntry) -> bool:
+        """The entry at ``pos`` (read in order) is on no replica intact."""
+        if self.corrupt_entry_policy() == "fail":
+            self._stop_at(pos, exc)
+            return False
+        try:
+            run = await self.ledger.skip_damaged(pos)
+        except PigeonError as err:
+            self._read_failed(pos, err)
+            return False
+        # offsets below the run's end not read yet belong to its entries
+        start = self._read_offset if self._read_offset is not None else self.cursor.mark_delete
+        lost = self._lose(start, run.end_offset)
+        log.error(
+            "skipping damaged entries topic=%s sub=%s segment=%s entries=%s..%s"
+            " lost_messages=%s corrupt_entry_policy=skip error=%s",
+            self.ledger.topic,
+            self.name,
+            run.segment_id,
+            run.first_entry,
+            run.last_entry,
+            lost,
+            exc,
+        )
+        self.read_position = run.next
+        self._read_offset = run.end_offset
+        self._read_ok()
+        return True
+
+    def _lose(self, start: int, end: int) -> int:
+        """Acknowledge offsets ``[start, end)`` as lost; how many were not acked yet."""
+        if end <= start:
+            return 0
+        lo = max(start, self.cursor.mark_delete)
+        lost = max(0, end - lo) - (self.cursor.acked.count_in(lo, end) if end > lo else 0)
+        self.cursor.ack_range(start, end)
+        self.lost_messages += lost
+        self._dirty = True
+        return lost
 
     def _deliver(self, entries: list[Entry]) -> bool:
         """Push entries to consumers with permits; entries nobody can take are requeued."""

@@ -28,6 +28,7 @@ from pigeon.core.errors import (
     CorruptEntry,
     EntryNotFound,
     PigeonError,
+    SegmentNotFound,
     ServiceUnavailable,
     StorageError,
     Timeout,
@@ -38,7 +39,9 @@ __all__ = [
     "PolicyBase",
     "QuorumPolicy",
     "QuorumWriter",
+    "ReplicaRepairs",
     "fail_in_order",
+    "read_replicas",
     "recover_segment",
 ]
 
@@ -354,8 +357,9 @@ BookieLoad = Callable[[str], float]
 
 
 class PolicyBase:
-    """What every replication policy shares: its sizes, checked, and the choice of an
-    ensemble: the least loaded writable bookies when loads are known, else in order."""
+    """What every replication policy shares: its sizes, checked, the choice of an
+    ensemble (the least loaded writable bookies when loads are known, else in order)
+    and the repair of damaged copies found by reads (:class:`ReplicaRepairs`)."""
 
     name = ""
 
@@ -379,6 +383,28 @@ class PolicyBase:
         self.write_quorum = write_quorum
         self.ack_quorum = ack_quorum
         self.bookie_load = bookie_load
+        self.repairs = ReplicaRepairs(client)
+
+    async def stored_last_entry(self, segment_id: int, ensemble: Sequence[str]) -> int:
+        """The highest entry id any bookie of ``ensemble`` holds of the segment (-1:
+        none holds any); ServiceUnavailable when a bookie that does not answer might
+        hold more than those that do."""
+        top = -1
+        errors: list[BaseException] = []
+        for address in dict.fromkeys(ensemble):
+            try:
+                state = await self.client.segment_info(address, segment_id)
+            except SegmentNotFound:
+                continue
+            except (ConnectionClosed, ServiceUnavailable, StorageError, OSError) as exc:
+                errors.append(exc)
+                continue
+            top = max(top, int(state["last_entry_id"]))
+        if errors:
+            raise ServiceUnavailable(
+                f"segment {segment_id}: {len(errors)} bookies did not answer ({errors[-1]})"
+            )
+        return top
 
     def choose_ensemble(
         self, bookies: Sequence[str], ensemble_size: int | None = None
@@ -390,6 +416,206 @@ class PolicyBase:
             load = self.bookie_load
             bookies = sorted(bookies, key=lambda b: (load(b), b))
         return list(bookies[:size])
+
+
+#: entries a read copies at most to one bookie that lacks the tail of a segment
+REPAIR_MAX_ENTRIES = 1024
+#: how long a read may spend repairing the copies it found damaged
+REPAIR_TIMEOUT_S = 5.0
+#: the errors with which a bookie that answered says it has no intact copy
+_DAMAGED = (CorruptEntry, EntryNotFound, SegmentNotFound)
+
+
+async def read_replicas(
+    client: BookieClient,
+    segment_id: int,
+    replicas: Sequence[str],
+    first: int,
+    last: int,
+    *,
+    max_bytes: int = 8 << 20,
+    max_count: int = 10_000,
+    write_set: Callable[[int], Sequence[str]] | None = None,
+    repairs: ReplicaRepairs | None = None,
+) -> list[tuple[int, memoryview]]:
+    """Entries ``first..last`` (fewer if limits hit) from the first of ``replicas``
+    (bookies that should all hold ``first``) that has ``first`` intact.
+
+    A bookie whose copy of ``first`` is damaged (CorruptEntry) or missing (EntryNotFound,
+    SegmentNotFound: a truncated file, a lost disk) is passed over for the next one; the
+    read is logged, and with ``repairs`` the good entries are copied back to it (see
+    :class:`ReplicaRepairs`; only for segments no writer appends to any more).  When
+    every replica answered and none has ``first`` intact, the error says so
+    (CorruptEntry if any copy is damaged, else EntryNotFound); when some did not
+    answer, a retriable error (they may have it).
+    """
+    unreachable: list[BaseException] = []
+    damaged: dict[str, PigeonError] = {}
+    for address in replicas:
+        try:
+            got = await client.read_entries(
+                address, segment_id, first, last, max_bytes=max_bytes, max_count=max_count
+            )
+        except _DAMAGED as exc:
+            damaged[address] = exc
+            continue
+        except (ConnectionClosed, ServiceUnavailable, StorageError, OSError) as exc:
+            unreachable.append(exc)
+            continue
+        if not got:
+            damaged[address] = EntryNotFound(f"segment={segment_id} entry={first} not stored")
+            continue
+        if damaged:
+            log.warning(
+                "entry read from another replica segment=%s entry=%s bookie=%s damaged_on=%s",
+                segment_id,
+                first,
+                address,
+                {a: str(exc) for a, exc in damaged.items()},
+            )
+            if repairs is not None:
+                await repairs.repair(
+                    segment_id, address, damaged, got, write_set or (lambda _e: replicas)
+                )
+        return got
+    if damaged and not unreachable:
+        detail = "; ".join(f"{a}: {exc}" for a, exc in damaged.items())
+        if any(isinstance(exc, CorruptEntry) for exc in damaged.values()):
+            raise CorruptEntry(
+                f"segment={segment_id} entry={first} is damaged or missing on every replica"
+                f" ({detail})"
+            )
+        raise EntryNotFound(
+            f"segment={segment_id} entry={first} is on none of its replicas ({detail})"
+        )
+    if unreachable:
+        if damaged:
+            raise ServiceUnavailable(
+                f"segment={segment_id} entry={first}: damaged on {sorted(damaged)}, other"
+                f" replicas unreachable ({unreachable[-1]})"
+            )
+        raise unreachable[-1]
+    raise ServiceUnavailable("no bookie to read from")
+
+
+class ReplicaRepairs:
+    """Copies good entries back to bookies whose copy a read found damaged or missing.
+
+    A damaged entry is sent as a recovery add: the bookie rewrites it in place where its
+    bytes provably belong, and refuses otherwise.  A bookie missing the tail of the
+    segment (its file was truncated) gets the entries after its last one, in order, up
+    to the ones just read (at most :data:`REPAIR_MAX_ENTRIES` per read; the next reads
+    go on).  Only one repair per (bookie, segment) runs at a time, each bounded by
+    :data:`REPAIR_TIMEOUT_S`; a failed repair is logged and left to the next read (or
+    the auditor).  Callers repair only segments no writer appends to any more: a
+    recovery add racing the writer's own add would fail the writer's.
+    """
+
+    def __init__(self, client: BookieClient) -> None:
+        self.client = client
+        self._busy: set[tuple[str, int]] = set()
+        #: entries written back by repairs
+        self.repaired = 0
+
+    async def repair(
+        self,
+        segment_id: int,
+        good: str,
+        damaged: dict[str, PigeonError],
+        got: Sequence[tuple[int, bytes | memoryview]],
+        write_set: Callable[[int], Sequence[str]],
+    ) -> None:
+        with trio.move_on_after(REPAIR_TIMEOUT_S) as scope:
+            for address, error in damaged.items():
+                key = (address, segment_id)
+                if key in self._busy:
+                    continue
+                self._busy.add(key)
+                try:
+                    await self._repair_one(segment_id, good, address, error, got, write_set)
+                except (PigeonError, OSError) as exc:
+                    log.warning(
+                        "replica repair failed segment=%s entry=%s bookie=%s error=%s",
+                        segment_id,
+                        got[0][0],
+                        address,
+                        exc,
+                    )
+                finally:
+                    self._busy.discard(key)
+        if scope.cancelled_caught:
+            log.warning("replica repair timed out segment=%s entry=%s", segment_id, got[0][0])
+
+    async def _repair_one(
+        self,
+        segment_id: int,
+        good: str,
+        address: str,
+        error: PigeonError,
+        got: Sequence[tuple[int, bytes | memoryview]],
+        write_set: Callable[[int], Sequence[str]],
+    ) -> None:
+        first = got[0][0]
+        if isinstance(error, CorruptEntry):
+            await self.client.add_entry(address, segment_id, first, -1, got[0][1], recovery=True)
+            self.repaired += 1
+            log.info("replica repaired segment=%s entry=%s bookie=%s", segment_id, first, address)
+            return
+        try:
+            have = int((await self.client.segment_info(address, segment_id))["last_entry_id"])
+        except SegmentNotFound:
+            have = -1
+        if have >= first:
+            log.warning(
+                "replica lacks an entry below its last one, not repairable by a read"
+                " segment=%s entry=%s bookie=%s last_entry=%s",
+                segment_id,
+                first,
+                address,
+                have,
+            )
+            return
+        # Append, in order, what it should hold after its last entry: the ids before
+        # this read (fetched from ``good`` first, else from another holder), then those
+        # just read.  An id it should hold that no holder has stops the repair there.
+        todo: list[tuple[int, bytes | memoryview]] = []
+        i = have + 1
+        while i < first and len(todo) < REPAIR_MAX_ENTRIES:
+            holders = [m for m in write_set(i) if m != address]
+            if len(holders) == len(write_set(i)):  # not one of its ids
+                i += 1
+                continue
+            holders.sort(key=lambda m: m != good)
+            fetched = await read_replicas(
+                self.client,
+                segment_id,
+                holders,
+                i,
+                first - 1,
+                max_count=REPAIR_MAX_ENTRIES - len(todo),
+            )
+            todo.append(fetched[0])
+            i = fetched[0][0] + 1
+            for eid, data in fetched[1:]:
+                if any(address in write_set(j) for j in range(i, eid)):
+                    break  # the source skipped an id it should hold: read it on its own
+                if address in write_set(eid):
+                    todo.append((eid, data))
+                i = eid + 1
+        if i >= first:
+            todo.extend(item for item in got if address in write_set(item[0]))
+        copied = 0
+        for entry_id, data in todo[:REPAIR_MAX_ENTRIES]:
+            await self.client.add_entry(address, segment_id, entry_id, -1, data, recovery=True)
+            copied += 1
+        self.repaired += copied
+        log.info(
+            "replica tail repaired segment=%s bookie=%s from_entry=%s entries=%s",
+            segment_id,
+            address,
+            have + 1,
+            copied,
+        )
 
 
 def fail_in_order(
@@ -440,9 +666,11 @@ class QuorumPolicy(PolicyBase):
         max_bytes: int = 8 << 20,
         max_count: int = 10_000,
         write_quorum: int | None = None,
+        repair: bool = False,
     ) -> list[tuple[int, memoryview]]:
-        """Entries ``first..last`` (fewer if limits hit), from the first bookie that answers."""
-        errors: list[BaseException] = []
+        """Entries ``first..last`` (fewer if limits hit), from the first bookie of the
+        entry's write set that has ``first`` intact; see :func:`read_replicas` for the
+        errors and for ``repair``."""
         e = len(ensemble)
         qw = min(write_quorum or self.write_quorum, e)
         if qw == e:
@@ -452,17 +680,18 @@ class QuorumPolicy(PolicyBase):
             candidates = [ensemble[(first + k) % e] for k in range(qw)]
             last = first
         start = first % len(candidates) if candidates else 0
-        for i in range(len(candidates)):
-            address = candidates[(start + i) % len(candidates)]
-            try:
-                return await self.client.read_entries(
-                    address, segment_id, first, last, max_bytes=max_bytes, max_count=max_count
-                )
-            except (ConnectionClosed, ServiceUnavailable, StorageError, OSError) as exc:
-                errors.append(exc)
-                if isinstance(exc, PigeonError) and not exc.retriable and len(candidates) == 1:
-                    raise
-        raise errors[-1] if errors else ServiceUnavailable("no bookie to read from")
+        order = [candidates[(start + i) % len(candidates)] for i in range(len(candidates))]
+        return await read_replicas(
+            self.client,
+            segment_id,
+            order,
+            first,
+            last,
+            max_bytes=max_bytes,
+            max_count=max_count,
+            write_set=lambda entry: [ensemble[(entry + k) % e] for k in range(qw)],
+            repairs=self.repairs if repair else None,
+        )
 
     async def recover(
         self,

@@ -23,7 +23,7 @@ import trio.lowlevel
 
 from pigeon.core._bookie_client import BookieClient
 from pigeon.core._memnet import MemoryNetwork
-from pigeon.core.errors import PigeonError
+from pigeon.core.errors import CorruptEntry, PigeonError
 
 __all__ = ["BookieSet", "ReplicationPolicyContract"]
 
@@ -40,6 +40,9 @@ class BookieSet:
         self._scopes: dict[str, trio.CancelScope] = {}
         self._count = itertools.count()
         self.network: MemoryNetwork | None = None
+        #: each bookie's data directory
+        self.data_dirs: dict[str, Path] = {}
+        self._done: dict[str, trio.Event] = {}
 
     def pause(self, address: str) -> None:
         """Freeze a bookie as SIGSTOP would: connected, but it answers nothing."""
@@ -52,31 +55,85 @@ class BookieSet:
         host, port = address.rsplit(":", 1)
         self.network.resume(host, int(port))
 
-    async def start(self) -> str:
+    async def start(self, *, port: int = 0, data_dir: Path | None = None) -> str:
         from pigeon.bookie import BookieConfig, BookieServer
 
-        i = next(self._count)
-        server = BookieServer(
-            BookieConfig(port=0, fsync="never", data_dir=str(self.root / f"b{i}"))
-        )
+        if data_dir is None:
+            data_dir = self.root / f"b{next(self._count)}"
+        server = BookieServer(BookieConfig(port=port, fsync="never", data_dir=str(data_dir)))
         scope = trio.CancelScope()
+        done = trio.Event()
 
         async def run(task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
-            with scope:
-                async with trio.open_nursery() as nursery:
-                    await nursery.start(server.run)
-                    task_status.started(server.advertised)
-                    await trio.sleep_forever()
+            try:
+                with scope:
+                    async with trio.open_nursery() as nursery:
+                        await nursery.start(server.run)
+                        task_status.started(server.advertised)
+                        await trio.sleep_forever()
+            finally:
+                done.set()
 
         address: str = await self.nursery.start(run)
         self.addresses.append(address)
         self._scopes[address] = scope
+        self.data_dirs[address] = data_dir
+        self._done[address] = done
         return address
 
     async def stop(self, address: str) -> None:
         self._scopes[address].cancel()
         self.addresses.remove(address)
         await trio.lowlevel.checkpoint()
+
+    async def restart(self, address: str, damage: Any = None) -> None:
+        """Stop the bookie, call ``damage(data_dir)`` while it is down, start it again
+        on the same address and data."""
+        await self.stop(address)
+        with trio.fail_after(30):
+            await self._done[address].wait()
+        if damage is not None:
+            damage(self.data_dirs[address])
+        await self.start(port=int(address.rsplit(":", 1)[1]), data_dir=self.data_dirs[address])
+
+
+def segment_file(data_dir: Path, segment_id: int) -> Path:
+    """The data file of a segment in a bookie's data directory."""
+    return data_dir / "segments" / f"{segment_id:016x}.log"
+
+
+def flip_payload_byte(path: Path, entry_id: int, segment_id: int) -> None:
+    """Flip one bit in the payload of entry ``entry_id`` in a bookie's data file."""
+    from pigeon.bookie._segment import FILE_HEADER_SIZE, REC, RECORD_HEADER_SIZE, scan_records
+
+    data = bytearray(path.read_bytes())
+    for kind, eid, pos, _size, _lac, _payload, _ok in scan_records(
+        lambda at, n: bytes(data[at : at + n]), segment_id, FILE_HEADER_SIZE, len(data), 0
+    ):
+        if kind == REC and eid == entry_id:
+            data[pos + RECORD_HEADER_SIZE] ^= 0x40
+            path.write_bytes(data)
+            return
+    raise AssertionError(f"entry {entry_id} is not in {path}")
+
+
+class _ReadOrder:
+    """Which bookies a client's reads ask, in order."""
+
+    def __init__(self, client: BookieClient) -> None:
+        self.asked: list[str] = []
+        original = client.read_entries
+
+        async def read_entries(address: str, *args: Any, **kw: Any) -> Any:
+            self.asked.append(address)
+            return await original(address, *args, **kw)
+
+        client.read_entries = read_entries  # type: ignore[method-assign]
+
+    async def first_asked(self, policy: Any, segment: int, ensemble: list[str], entry: int) -> str:
+        self.asked.clear()
+        await policy.read(segment, ensemble, entry, entry)
+        return self.asked[0]
 
 
 @contextlib.asynccontextmanager
@@ -146,6 +203,83 @@ async def _read_all_from(
 
 class ReplicationPolicyContract:
     """What every replication policy guarantees (see the module docstring)."""
+
+    async def test_a_damaged_copy_is_read_from_another_replica_and_repaired(
+        self, make_policy: Any, tmp_path: Path
+    ) -> None:
+        async with _cluster(tmp_path, 3) as (bookies, client):
+            policy = make_policy(client, ensemble_size=3, write_quorum=2, ack_quorum=2)
+            ensemble = policy.choose_ensemble(bookies.addresses)
+            segment = next(_segment_ids)
+            writer = await policy.create_writer(segment, ensemble)
+            payloads = [b"entry-%d " % i * 40 for i in range(20)]
+            await _write(writer, payloads)
+            writer.close()
+            order = _ReadOrder(client)
+            entry = 7
+            damaged = await order.first_asked(policy, segment, ensemble, entry)
+            await bookies.restart(
+                damaged,
+                lambda d: flip_payload_byte(segment_file(d, segment), entry, segment),
+            )
+            with pytest.raises(CorruptEntry):  # the bookie refuses its damaged copy
+                await client.read_entries(damaged, segment, entry, entry)
+            got = await policy.read(segment, ensemble, entry, entry, repair=True)
+            assert [(e, bytes(d)) for e, d in got] == [(entry, payloads[entry])]
+            assert order.asked[0] == damaged  # it was asked first, and passed over
+            # the damaged copy was rewritten from the good one
+            got = await client.read_entries(damaged, segment, entry, entry)
+            assert [(e, bytes(d)) for e, d in got] == [(entry, payloads[entry])]
+            assert await _read_all(policy, segment, ensemble, 19) == payloads
+
+    async def test_a_truncated_copy_is_refilled_from_another_replica(
+        self, make_policy: Any, tmp_path: Path
+    ) -> None:
+        async with _cluster(tmp_path, 3) as (bookies, client):
+            policy = make_policy(client, ensemble_size=3, write_quorum=3, ack_quorum=2)
+            ensemble = policy.choose_ensemble(bookies.addresses)
+            segment = next(_segment_ids)
+            writer = await policy.create_writer(segment, ensemble)
+            payloads = [b"entry-%d " % i * 40 for i in range(20)]
+            await _write(writer, payloads)
+            writer.close()
+            order = _ReadOrder(client)
+            damaged = await order.first_asked(policy, segment, ensemble, 12)
+
+            def truncate(data_dir: Path) -> None:
+                path = segment_file(data_dir, segment)
+                size = path.stat().st_size
+                with path.open("r+b") as f:  # entries 12..19 and part of 11
+                    f.truncate(size - 8 * (40 + len(payloads[15])) - 10)
+
+            await bookies.restart(damaged, truncate)
+            assert (await client.segment_info(damaged, segment))["last_entry_id"] == 10
+            got = await policy.read(segment, ensemble, 12, 19, repair=True)
+            assert [bytes(d) for _e, d in got] == payloads[12:]
+            assert order.asked[0] == damaged
+            # 11 (before the read) and 12..19 (read) were appended to the damaged copy
+            assert (await client.segment_info(damaged, segment))["last_entry_id"] == 19
+            got = await client.read_entries(damaged, segment, 0, 19)
+            assert [bytes(d) for _e, d in got] == payloads
+
+    async def test_an_entry_damaged_on_every_replica_is_a_clear_error(
+        self, make_policy: Any, tmp_path: Path
+    ) -> None:
+        async with _cluster(tmp_path, 2) as (bookies, client):
+            policy = make_policy(client, ensemble_size=2, write_quorum=2, ack_quorum=2)
+            ensemble = policy.choose_ensemble(bookies.addresses)
+            segment = next(_segment_ids)
+            writer = await policy.create_writer(segment, ensemble)
+            await _write(writer, [b"x" * 100] * 5)
+            writer.close()
+            for address in list(ensemble):
+                await bookies.restart(
+                    address, lambda d: flip_payload_byte(segment_file(d, segment), 3, segment)
+                )
+            with pytest.raises(CorruptEntry) as info:
+                await policy.read(segment, ensemble, 3, 4, repair=True)
+            assert all(address in str(info.value) for address in ensemble)
+            assert [e for e, _d in await policy.read(segment, ensemble, 4, 4)] == [4]
 
     @pytest.fixture
     def make_policy(self) -> Any:  # pragma: no cover - provided by the subclass

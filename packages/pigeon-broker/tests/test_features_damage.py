@@ -1,0 +1,207 @@
+"""Damaged segment files on a standalone's bookie: the topic opens, intact data stays
+readable, the damage is reported (logs, topic stats, metrics) and handled per the
+corrupt-entry policy; a subscription never crash-loops (virtual time).
+
+The damage is made as an operator or a failing disk makes it: the standalone is stopped
+cleanly, its segment's data file truncated or a bit in it flipped, and it starts again.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from pigeon.bookie._segment import FILE_HEADER_SIZE, REC, RECORD_HEADER_SIZE, scan_records
+from pigeon.broker._admin_ops import topic_stats
+from pigeon.broker._metrics import BrokerMonitor
+from pigeon.client.trio import Client, Consumer
+from pigeon.core import TopicName
+from pigeon.core._memnet import MemoryNetwork
+from pigeon.core.errors import Timeout
+
+TOPIC = "persistent://public/default/damaged"
+NS = "public/default"
+PER_ENTRY = 10  # messages per entry (batch)
+ENTRIES = 50
+
+
+@asynccontextmanager
+async def standalone(root: Path, **config: Any) -> AsyncIterator[Any]:
+    """A standalone (broker + bookie + embedded metadata) on ``root``, stopped cleanly
+    (topics closed) when the block ends."""
+    from pigeon.bookie import BookieConfig
+    from pigeon.broker import BrokerConfig, run_standalone
+
+    broker_config = BrokerConfig(
+        port=0,
+        http_port=-1,
+        maintenance_interval_s=1.0,
+        cursor_persist_interval_ms=50,
+        **config,
+    )
+    with MemoryNetwork().installed():
+        async with trio.open_nursery() as nursery:
+            service = await nursery.start(
+                functools.partial(
+                    run_standalone, root, broker_config, BookieConfig(port=0, fsync="never")
+                )
+            )
+            yield service
+            nursery.cancel_scope.cancel()
+
+
+def value(i: int) -> bytes:
+    return b"message-%05d" % i
+
+
+async def produce(client: Client, values: list[bytes]) -> None:
+    """``values`` in entries of ``PER_ENTRY`` messages."""
+    producer = await client.create_producer(
+        TOPIC, batching_max_messages=PER_ENTRY, batching_max_delay_ms=10_000
+    )
+    for v in values:
+        await producer.send_async(v)
+    await producer.flush()
+    await producer.close()
+
+
+async def drain(consumer: Consumer, *, ack: bool = True, idle: float = 5.0) -> list[Any]:
+    out: list[Any] = []
+    for _ in range(1000):
+        try:
+            msgs = await consumer.batch_receive(1000, timeout=idle)
+        except Timeout:
+            return out
+        out.extend(msgs)
+        if ack:
+            for m in msgs:
+                await consumer.acknowledge(m)
+    raise AssertionError("messages kept arriving")
+
+
+def records(root: Path) -> tuple[Path, dict[int, int]]:
+    """The topic's (only) data file and where each entry's record starts."""
+    (path,) = (root / "bookie" / "segments").glob("*.log")
+    data = path.read_bytes()
+    segment_id = int(path.stem, 16)
+    starts = {
+        eid: pos
+        for kind, eid, pos, *_ in scan_records(
+            lambda at, n: data[at : at + n], segment_id, FILE_HEADER_SIZE, len(data), 0
+        )
+        if kind == REC
+    }
+    return path, starts
+
+
+async def stats(service: Any) -> dict[str, Any]:
+    return await topic_stats(service, None, TopicName.parse(TOPIC))
+
+
+async def write_and_stop(root: Path) -> None:
+    async with standalone(root) as service, Client(service.service_url) as client:
+        await produce(client, [value(i) for i in range(ENTRIES * PER_ENTRY)])
+        # a subscriber that consumed everything: its cursor is at the end
+        consumer = await client.subscribe(TOPIC, "early", initial_position="earliest")
+        assert len(await drain(consumer)) == ENTRIES * PER_ENTRY
+        await consumer.close()
+
+
+async def test_truncated_tail_after_a_clean_stop(
+    tmp_path: Path, autojump_clock: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "pigeon"
+    await write_and_stop(root)
+    path, starts = records(root)
+    with path.open("r+b") as f:  # entry 45 torn, 46..49 gone
+        f.truncate(starts[45] + RECORD_HEADER_SIZE + 5)
+    caplog.set_level(logging.INFO)
+    async with standalone(root) as service, Client(service.service_url) as client:
+        # producers attach and write on, after the old offsets
+        await produce(client, [b"new-%d" % i for i in range(20)])
+        consumer = await client.subscribe(TOPIC, "fresh", initial_position="earliest")
+        got = await drain(consumer)
+        intact = 45 * PER_ENTRY
+        assert [m.value for m in got] == [value(i) for i in range(intact)] + [
+            b"new-%d" % i for i in range(20)
+        ]
+        assert min(m.offset for m in got[intact:]) >= ENTRIES * PER_ENTRY
+        # the subscriber that had read everything gets only the new messages
+        early = await client.subscribe(TOPIC, "early")
+        assert [m.value for m in await drain(early)] == [b"new-%d" % i for i in range(20)]
+        s = await stats(service)
+        assert s["corrupt_entries"] == ENTRIES - 45
+        assert s["subscriptions"]["fresh"]["lost_messages"] == (ENTRIES - 45) * PER_ENTRY
+        assert s["subscriptions"]["fresh"]["backlog"] == 0  # nothing waits forever
+        assert s["subscriptions"]["early"]["backlog"] == 0
+    text = caplog.text
+    assert "torn tail truncated segment=" in text and "kept_last_entry=44" in text
+    assert "ledger tail damaged" in text and "entries=45..49 (5)" in text
+
+
+async def test_bit_flip_is_skipped_by_default_and_reported(
+    tmp_path: Path, autojump_clock: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "pigeon"
+    await write_and_stop(root)
+    path, starts = records(root)
+    data = bytearray(path.read_bytes())
+    data[starts[20] + RECORD_HEADER_SIZE + 30] ^= 0x04
+    path.write_bytes(data)
+    caplog.set_level(logging.INFO)
+    async with standalone(root) as service, Client(service.service_url) as client:
+        consumer = await client.subscribe(TOPIC, "fresh", initial_position="earliest")
+        got = await drain(consumer)
+        # everything intact, each message once: no crash loop, no re-delivery
+        expected = [value(i) for i in range(ENTRIES * PER_ENTRY) if i // PER_ENTRY != 20]
+        assert [m.value for m in got] == expected
+        s = await stats(service)
+        assert s["corrupt_entries"] == 1
+        sub = s["subscriptions"]["fresh"]
+        assert (sub["lost_messages"], sub["backlog"], sub["read_error"]) == (PER_ENTRY, 0, None)
+        metrics = BrokerMonitor(service).render().decode()
+        assert f'pigeon_corrupt_entries_total{{topic="{TOPIC}"}} 1.0' in metrics
+        assert "pigeon_bookie_damaged_entries" in metrics
+        # a producer attaches too
+        await produce(client, [b"after"])
+    text = caplog.text
+    assert "damaged entries found at start segment=" in text  # the bookie, at start
+    assert "entries=20..20 (1) are on no replica intact" in text  # the broker, once
+    assert text.count("skipping damaged entries") == 1
+
+
+async def test_fail_policy_stops_delivery_at_the_damage_without_a_crash_loop(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    root = tmp_path / "pigeon"
+    await write_and_stop(root)
+    path, starts = records(root)
+    data = bytearray(path.read_bytes())
+    data[starts[20] + RECORD_HEADER_SIZE + 30] ^= 0x04
+    path.write_bytes(data)
+    async with (
+        standalone(root, corrupt_entry_policy="fail") as service,
+        Client(service.service_url) as client,
+    ):
+        consumer = await client.subscribe(TOPIC, "fresh", initial_position="earliest")
+        got = await drain(consumer, idle=30)
+        assert [m.value for m in got] == [value(i) for i in range(20 * PER_ENTRY)]
+        sub = (await stats(service))["subscriptions"]["fresh"]
+        assert sub["consumers"] == 1  # still attached: the subscription did not fail
+        assert "segment 1 entry 20" in sub["read_error"]
+        assert sub["backlog"] == (ENTRIES - 20) * PER_ENTRY
+        # the namespace overrides the broker: delivery resumes past the damage
+        await service.policies.set(NS, {"corrupt_entry_policy": "skip"})
+        rest = await drain(consumer, idle=90)
+        assert [m.value for m in rest] == [
+            value(i) for i in range(21 * PER_ENTRY, ENTRIES * PER_ENTRY)
+        ]
+        sub = (await stats(service))["subscriptions"]["fresh"]
+        assert (sub["read_error"], sub["backlog"], sub["lost_messages"]) == (None, 0, 10)
