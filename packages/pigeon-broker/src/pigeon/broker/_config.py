@@ -32,6 +32,12 @@ class BrokerConfig:
     auditor_interval_s: float = 5.0
     #: how often the elected load manager compares broker loads and sheds bundles
     load_manager_interval_s: float = 10.0
+    #: shed only from a broker serving more topics than the cluster mean + this percentage
+    load_balancer_broker_overloaded_threshold_percentage: float = 20.0
+    #: bundles with less inbound traffic (MB/s) are never moved; 0: any bundle may move
+    load_balancer_bundle_unload_minimum_throughput_threshold: float = 0.0
+    #: a bundle that moved is not moved again for this long
+    load_balancer_shedding_grace_period_minutes: float = 30.0
     replication: str = "quorum"
     ensemble_size: int = 1
     write_quorum: int = 1
@@ -56,6 +62,14 @@ class BrokerConfig:
             )
         if self.segment_max_entries <= 0:
             raise ConfigError("bad value for 'segment_max_entries': must be positive")
+        for key in (
+            "load_balancer_broker_overloaded_threshold_percentage",
+            "load_balancer_bundle_unload_minimum_throughput_threshold",
+            "load_balancer_shedding_grace_period_minutes",
+        ):
+            value = getattr(self, key)
+            if not (isinstance(value, int | float) and 0 <= value < float("inf")):
+                raise ConfigError(f"bad value for {key!r}: {value!r} is not a number >= 0")
         if self.corrupt_entry_policy not in ("skip", "fail"):
             raise ConfigError(
                 f"bad value for 'corrupt_entry_policy': {self.corrupt_entry_policy!r} is not"
