@@ -159,11 +159,12 @@ def _frame(frame_type: Any, kind: str, fields: dict[str, Any] | None, request_id
     return b"".join(bytes(p) for p in encode_frame(message, payload))
 
 
-async def _exchange(frame_type: Any, data: bytes) -> Outcome:
-    """Send ``data`` then a ping to a serving Connection; what came back."""
+async def _exchange(frame_type: Any, data: bytes, serving: bool) -> Outcome:
+    """Send ``data`` then a ping to a Connection (serving, or the client side of one,
+    which checks bodies only when its handler fails); what came back."""
     client, server_stream = trio.testing.memory_stream_pair()
     server = Connection(
-        server_stream, frame_type, handler=ReadEverything(), name="server", serving=True
+        server_stream, frame_type, handler=ReadEverything(), name="server", serving=serving
     )
     answers: list[tuple[int, str, int | None]] = []
     ping_answered = False
@@ -202,10 +203,12 @@ async def _exchange(frame_type: Any, data: bytes) -> Outcome:
     return Outcome(data + ping, answers, closed, ping_answered, foreign)
 
 
-def run_exchange(frame_type: Any, data: bytes, caplog: pytest.LogCaptureFixture) -> Outcome:
+def run_exchange(
+    frame_type: Any, data: bytes, caplog: pytest.LogCaptureFixture, *, serving: bool = True
+) -> Outcome:
     caplog.clear()  # one example's records only (hypothesis reuses the fixture)
     outcome: Outcome = trio.run(
-        _exchange, frame_type, data, clock=trio.testing.MockClock(autojump_threshold=0)
+        _exchange, frame_type, data, serving, clock=trio.testing.MockClock(autojump_threshold=0)
     )
     return outcome
 
@@ -260,11 +263,12 @@ def bit_flipped(draw: st.DrawFn, *, keep_prefix: bool) -> tuple[Any, str, bytes]
     return frame_type, kind, bytes(buf)
 
 
+@pytest.mark.parametrize("serving", [True, False], ids=["server", "client"])
 @FUZZ
 @given(case=bit_flipped(keep_prefix=True))
-def test_bit_flipped_frames_get_typed_answers(server_log: Any, case: Any) -> None:
+def test_bit_flipped_frames_get_typed_answers(server_log: Any, serving: bool, case: Any) -> None:
     frame_type, _kind, data = case
-    outcome = run_exchange(frame_type, data, server_log)
+    outcome = run_exchange(frame_type, data, server_log, serving=serving)
     check(outcome, server_log)
     if not outcome.closed:
         assert outcome.ping_answered  # the length prefix is intact: never out of step

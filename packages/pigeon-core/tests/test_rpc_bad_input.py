@@ -435,3 +435,53 @@ async def test_an_error_answer_survives_unread_input_from_the_peer() -> None:
     out, closed = await _handshake_exchange([_frame("lookup", {"topic": "t"}, 1) + junk])
     assert out == [(1, "error", ProtocolError.code)]
     assert closed
+
+
+def _first_malformed(message: bytes, kind: str, field: str) -> bytes:
+    """The first one-bit flip of ``message`` whose frame decodes but whose ``field`` does
+    not (found by trying them in order: deterministic)."""
+    for at in range(8, len(message)):
+        for bit in range(8):
+            data = bytearray(message)
+            data[at] ^= 1 << bit
+            try:
+                with BrokerFrame.from_bytes(bytes(data)) as msg:
+                    if msg.which() != kind:
+                        continue
+                    bad = body_checker(BrokerFrame).check(msg, kind)
+            except Exception:
+                continue
+            if bad is not None and f": {field}" in bad.message:
+                return bytes(data)
+    raise AssertionError("no such flip")
+
+
+async def test_a_client_classifies_a_malformed_push_when_its_handler_fails(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Clients read pushes lazily (no up-front check); a handler failing on a malformed
+    push still gives one WARNING line, not a traceback, and the connection lives on."""
+    seen: list[int] = []
+    got = trio.Event()
+
+    class Pushes:
+        def on_message(self, conn: Connection, req: Request) -> None:
+            seen.extend(e.entryId for e in req.body.entries)
+            got.set()
+
+    a, b = trio.testing.memory_stream_pair()
+    client = Connection(a, BrokerFrame, handler=Pushes(), name="client")
+    push = {"consumerId": 1, "entries": [{"segmentId": 1, "entryId": 5, "ackedIndexes": [1]}]}
+    good = build_message(BrokerFrame, 0, "message", push)
+    bad = _first_malformed(good, "message", "entries")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(client.run)
+        await b.send_all(struct.pack("<I", len(bad)) + bytes(bad))
+        await b.send_all(struct.pack("<I", len(good)) + good)
+        with trio.fail_after(TIMEOUT):
+            await got.wait()
+        nursery.cancel_scope.cancel()
+    assert seen == [5]
+    lines = [r for r in caplog.records if r.name == "pigeon.core._rpc"]
+    assert [r.levelno for r in lines] == [logging.WARNING]
+    assert lines[0].exc_info is None and "malformed request" in lines[0].getMessage()
