@@ -36,6 +36,7 @@ from pigeon.core._rpc import Connection, Request, serve_tcp
 from pigeon.core._schema import BrokerFrame
 from pigeon.core.errors import (
     CorruptEntry,
+    InternalError,
     InvalidArgument,
     MessageTooLarge,
     NoSuchNode,
@@ -605,7 +606,9 @@ class BrokerService:
                 conn.respond_error(request_id, exc)
             except Exception as exc:
                 log.exception("request failed conn=%s", conn.name)
-                conn.respond_error(request_id, PigeonError(f"internal error: {exc}"))
+                conn.respond_error(
+                    request_id, InternalError(f"internal error: {type(exc).__name__}: {exc}")
+                )
 
         nursery = conn.nursery or self.nursery
         nursery.start_soon(runner)
