@@ -43,6 +43,8 @@ class Report:
     failed: int = 0
     pending: int = 0  # neither acknowledged nor failed when the run ended
     lost: int = 0
+    #: acknowledged, missing, in a topic whose final read could not finish
+    unverified: int = 0
     duplicates: int = 0  # extra stored copies
     unexpected: int = 0  # read but never sent
     reordered: int = 0
@@ -75,6 +77,7 @@ class Report:
             "failed": self.failed,
             "pending": self.pending,
             "lost": self.lost,
+            "unverified": self.unverified,
             "duplicates": self.duplicates,
             "unexpected": self.unexpected,
             "reordered": self.reordered,
@@ -95,7 +98,8 @@ class Report:
     def summary(self) -> str:
         faults = ",".join(f"{k}:{v}" for k, v in sorted(self.faults.items())) or "none"
         return (
-            f"acked={self.acknowledged} lost={self.lost} duplicates={self.duplicates} "
+            f"acked={self.acknowledged} lost={self.lost} unverified={self.unverified} "
+            f"duplicates={self.duplicates} "
             f"unexpected={self.unexpected} reordered={self.reordered} "
             f"undelivered={sum(self.undelivered.values())} detached={len(self.detached)} "
             f"failed={self.failed} pending={self.pending} faults={faults} "
@@ -161,11 +165,21 @@ def _check_log(history: History, sends: dict[MsgId, Send], acked: set[MsgId], r:
             (rec.offset if rec.offset >= 0 else rec.index, rec.index, rec.id)
         )
 
-    lost = acked - stored.keys()
+    unread = {t for t, status in history.final_read_status.items() if status.startswith("unread")}
+    missing = acked - stored.keys()
+    lost = {i for i in missing if i[0] not in unread}
+    unverified = missing - lost
     r.lost = len(lost)
+    r.unverified = len(unverified)
     if lost:
         r.violations.append(
             f"(a) {len(lost)} acknowledged messages missing from the log, e.g. {_examples(lost)}"
+        )
+    for topic in sorted(unread):
+        n = sum(1 for i in unverified if i[0] == topic)
+        r.violations.append(
+            f"(a) topic {topic} could not be read to its end after recovery "
+            f"({history.final_read_status[topic]}): {n} acknowledged messages unverified"
         )
     dup = {i: len(p) - 1 for i, p in stored.items() if len(p) > 1}
     r.duplicates = sum(dup.values())

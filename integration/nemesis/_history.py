@@ -152,6 +152,8 @@ class History:
     production_stopped: float | None = None
     #: when the drain ended: attach samples from then on are the end state
     drained_at: float | None = None
+    #: topic key -> how its final read ended (complete, idle, or "unreadable: why")
+    final_read_status: dict[str, str] = field(default_factory=dict)
     t0: float = field(default_factory=time.monotonic)
 
     def now(self) -> float:
@@ -163,14 +165,15 @@ class History:
     def dump(self, path: Path) -> None:
         """Every record as one JSON line (gzip), for a post-mortem of a failed run."""
         with gzip.open(path, "wt") as out:
+            meta = {name: getattr(self, name) for name in _META}
+            out.write(json.dumps({"type": "meta", **meta}) + "\n")
             for name in ("sends", "deliveries", "final_read", "attach", "faults", "events"):
                 for record in getattr(self, name):
                     out.write(json.dumps({"type": name, **_plain(asdict(record))}) + "\n")
 
     @classmethod
     def load(cls, path: Path) -> History:
-        """A history written by :meth:`dump`, to check it again (subscription lists are
-        rebuilt from the deliveries, expected consumer counts from the attach samples)."""
+        """A history written by :meth:`dump`, to check it again."""
         h = cls(t0=0.0)
         kinds: dict[str, Any] = {
             "sends": Send,
@@ -184,20 +187,27 @@ class History:
             for line in lines:
                 record = json.loads(line)
                 kind = record.pop("type")
+                if kind == "meta":
+                    for name in _META:
+                        setattr(h, name, record[name])
+                    continue
                 for key in ("position", "id", "names"):
                     if isinstance(record.get(key), list):
                         record[key] = tuple(record[key])
                 getattr(h, kind).append(kinds[kind](**record))
-        for d in h.deliveries:
-            group = h.readers if "/reader-" in d.subscription else h.subscriptions
-            names = group.setdefault(d.subscription.split("/")[0], [])
-            if d.subscription not in names:
-                names.append(d.subscription)
-        for a in h.attach:
-            h.consumers_expected[a.subscription] = max(
-                a.consumers, h.consumers_expected.get(a.subscription, 0)
-            )
         return h
+
+
+#: History fields written as the first line of a dump
+_META = (
+    "subscriptions",
+    "consumers_expected",
+    "readers",
+    "healed_at",
+    "production_stopped",
+    "drained_at",
+    "final_read_status",
+)
 
 
 def _plain(d: dict[str, Any]) -> dict[str, Any]:

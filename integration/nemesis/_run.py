@@ -33,7 +33,8 @@ __all__ = ["RunResult", "append_result", "run_nemesis"]
 RECOVERY_TIMEOUT = 60.0
 #: longest the consumers and readers get to catch up after production stopped
 DRAIN_TIMEOUT = 30.0
-FINAL_READ_TIMEOUT = 45.0
+#: per topic
+FINAL_READ_TIMEOUT = 30.0
 
 
 @dataclass
@@ -89,6 +90,7 @@ class RunResult:
             f"longest write unavailability by topic: {r.longest_unavailable_by_topic}",
             f"longest write unavailability per fault: {r.unavailable_after_fault}",
             f"proxies: {self.proxies}",
+            f"final read: {self.history.final_read_status}",
             f"run directory (logs, history.jsonl.gz): {self.directory}",
             "violations:",
             *(f"  {v}" for v in r.violations),
@@ -146,7 +148,7 @@ def run_nemesis(
                     phase("settle-sends")
                     workload.drain(time.monotonic() + DRAIN_TIMEOUT)
                     phase("drain")
-                    workload.final_read(time.monotonic() + FINAL_READ_TIMEOUT)
+                    workload.final_read(FINAL_READ_TIMEOUT)
                     phase("final-read")
                 except Exception as exc:  # reported with the history below
                     failure = exc

@@ -18,6 +18,7 @@ reaches a ZooKeeper/etcd server through a proxy of its own, so that cutting a no
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import signal
@@ -245,7 +246,7 @@ class Topology:
                 continue
             try:
                 return dict(self._request(name, "GET", path, None, timeout))
-            except (OSError, ValueError):
+            except (OSError, ValueError, http.client.HTTPException):
                 continue
         return None
 

@@ -216,7 +216,11 @@ class Workload:
             now = h.now()
             for m in msgs:
                 self._record(now, sub, label, m, seen)
-                consumer.acknowledge(m)
+            try:
+                for m in msgs:
+                    consumer.acknowledge(m)
+            except Exception as exc:
+                h.event("consumer-error", f"{label} acknowledge: {_brief(exc)}")
         if consumer is not None:
             _close_quietly(consumer)
 
@@ -270,7 +274,10 @@ class Workload:
 
     def _sample(self) -> None:
         while not self._sample_stop.wait(SAMPLE_EVERY):
-            self.sample()
+            try:
+                self.sample()
+            except Exception as exc:  # an odd answer must not end the sampling
+                self.history.event("sample-error", _brief(exc))
 
     def sample(self) -> list[Attach]:
         """One admin-API sample of every expected subscription (recorded and returned)."""
@@ -339,16 +346,21 @@ class Workload:
             t.join(5)
         return done
 
-    def final_read(self, deadline: float, idle: float = 5.0) -> None:
-        """Read every topic from the earliest position with a fresh subscription."""
+    def final_read(self, timeout: float, idle: float = 5.0) -> None:
+        """Read every topic from the earliest position with a fresh subscription, each
+        within ``timeout`` seconds; how each read ended goes to
+        ``history.final_read_status``: ``complete`` (every acknowledged message seen),
+        ``idle`` (nothing more came for ``idle`` seconds), or why the topic could not be
+        read to its end (its missing messages are then unverified, not lost)."""
         acked = self.acked()
         client = self._client()
         for key in TOPICS:
-            self._read_topic(client, key, acked[key], deadline, idle)
+            status = self._read_topic(client, key, acked[key], time.monotonic() + timeout, idle)
+            self.history.final_read_status[key] = status
 
     def _read_topic(
         self, client: Client, key: str, want: set[MsgId], deadline: float, idle: float
-    ) -> None:
+    ) -> str:
         h = self.history
         consumer: Consumer | None = None
         while consumer is None:
@@ -359,20 +371,27 @@ class Workload:
             except Exception as exc:
                 h.event("final-read-error", f"{key} subscribe: {_brief(exc)}")
                 if time.monotonic() >= deadline:
-                    return
+                    return f"unreadable: subscribe failed: {_brief(exc)}"
                 time.sleep(1.0)
         got: set[MsgId] = set()
         quiet_since = time.monotonic()
         index = 0
         try:
-            while time.monotonic() < deadline:
+            while True:
                 quiet = time.monotonic() - quiet_since
-                if quiet >= idle or (want <= got and quiet >= 1.0):
-                    break
+                if want <= got and quiet >= 1.0:
+                    return "complete"
+                if quiet >= idle:
+                    return "idle"
+                if time.monotonic() >= deadline:
+                    return f"unreadable: still reading after {len(got)} messages at the deadline"
                 try:
                     msgs = consumer.batch_receive(RECEIVE_BATCH, timeout=0.5)
                 except Timeout:
                     continue
+                except Exception as exc:
+                    h.event("final-read-error", f"{key} receive: {_brief(exc)}")
+                    return f"unreadable: receive failed: {_brief(exc)}"
                 quiet_since = time.monotonic()
                 for m in msgs:
                     mid = parse(m.value)
@@ -383,8 +402,10 @@ class Workload:
                     index += 1
                     if mid is not None:
                         got.add(mid)
+                with contextlib.suppress(Exception):
                     # acknowledged, so that a re-attach does not hand everything over again
-                    consumer.acknowledge(m)
+                    for m in msgs:
+                        consumer.acknowledge(m)
         finally:
             _close_quietly(consumer)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 
@@ -50,6 +51,16 @@ def test_a_healthy_history_passes() -> None:
     assert r.undelivered == {"a/shared": 0, "a/reader-0": 0}
 
 
+def test_a_dumped_history_checks_the_same(tmp_path: Path) -> None:
+    h = healthy()
+    del h.final_read[3]
+    h.attach.append(Attach(6.0, "a", "a/shared", 1, 4, ("a-shared-0",)))
+    h.final_read_status = {"a": "idle"}
+    h.dump(tmp_path / "h.jsonl.gz")
+    again = History.load(tmp_path / "h.jsonl.gz")
+    assert check(again) == check(h)
+
+
 def test_payloads_name_their_send() -> None:
     assert parse_payload(format_payload("p", "p2", 1234)) == ("p", "p2", 1234)
     assert len(format_payload("p", "p2", 1)) == 100
@@ -63,6 +74,22 @@ def test_an_acknowledged_message_missing_from_the_log_is_lost() -> None:
     r = check(h)
     assert r.lost == 1
     assert any(v.startswith("(a)") and "('a', 'p0', 3)" in v for v in r.violations)
+
+
+def test_a_topic_that_cannot_be_read_is_unverified_not_lost() -> None:
+    h = healthy()
+    h.final_read = []
+    h.final_read_status = {"a": "unreadable: subscribe failed: Timeout"}
+    r = check(h)
+    assert (r.lost, r.unverified) == (0, 10)
+    assert any("could not be read to its end" in v for v in r.violations)
+
+
+def test_a_read_that_went_idle_counts_what_is_missing_as_lost() -> None:
+    h = healthy()
+    del h.final_read[3]
+    h.final_read_status = {"a": "idle"}
+    assert check(h).lost == 1
 
 
 def test_a_failed_send_missing_from_the_log_is_not_lost() -> None:
