@@ -196,3 +196,24 @@ async def test_a_skipped_id_is_never_filled_in(tmp_path: Path) -> None:
             store.read_entries(1, 1, 1)
         with pytest.raises(InvalidEntryId):
             await store.add_entry(1, 1, b"b", recovery=True)
+
+
+async def test_a_segment_of_damaged_records_is_kept_not_deleted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Whole records failing their checksum are damage, not an add cut short: the
+    segment stays known (empty), so that a replica can refill it."""
+    starts = await write(tmp_path, 5)
+    for pos in starts:
+        flip(tmp_path, pos + RECORD_HEADER_SIZE + 1)
+    caplog.set_level(logging.INFO, LOGGER)
+    async with open_store(tmp_path) as store:
+        assert store.segments() == [1]
+        assert store.last_entry_id(1) == -1
+        for i in range(5):  # refilled from a good copy
+            await store.add_entry(1, i, payload(i), recovery=True)
+        assert store.read_entries(1, 0, 4) == [(i, payload(i)) for i in range(5)]
+    (line,) = lines(caplog, "torn tail truncated")
+    assert "dropped_entries=0..4 (5 records, 5 whole but failing their checksum)" in (
+        line.getMessage()
+    )

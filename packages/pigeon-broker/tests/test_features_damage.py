@@ -19,7 +19,7 @@ import pytest
 import trio
 
 from pigeon.bookie._segment import FILE_HEADER_SIZE, REC, RECORD_HEADER_SIZE, scan_records
-from pigeon.broker._admin_ops import topic_stats
+from pigeon.broker._admin_ops import skip, topic_stats
 from pigeon.broker._metrics import BrokerMonitor
 from pigeon.client.trio import Client, Consumer
 from pigeon.core import TopicName
@@ -177,8 +177,9 @@ async def test_bit_flip_is_skipped_by_default_and_reported(
     assert text.count("skipping damaged entries") == 1
 
 
+@pytest.mark.parametrize("go_on", ["policy skip", "admin skip"])
 async def test_fail_policy_stops_delivery_at_the_damage_without_a_crash_loop(
-    tmp_path: Path, autojump_clock: Any
+    tmp_path: Path, autojump_clock: Any, go_on: str
 ) -> None:
     root = tmp_path / "pigeon"
     await write_and_stop(root)
@@ -197,11 +198,14 @@ async def test_fail_policy_stops_delivery_at_the_damage_without_a_crash_loop(
         assert sub["consumers"] == 1  # still attached: the subscription did not fail
         assert "segment 1 entry 20" in sub["read_error"]
         assert sub["backlog"] == (ENTRIES - 20) * PER_ENTRY
-        # the namespace overrides the broker: delivery resumes past the damage
-        await service.policies.set(NS, {"corrupt_entry_policy": "skip"})
+        if go_on == "policy skip":  # the namespace overrides the broker
+            await service.policies.set(NS, {"corrupt_entry_policy": "skip"})
+        else:  # the operator acknowledges the damaged entry's messages
+            await skip(service, TopicName.parse(TOPIC), "fresh", PER_ENTRY)
         rest = await drain(consumer, idle=90)
         assert [m.value for m in rest] == [
             value(i) for i in range(21 * PER_ENTRY, ENTRIES * PER_ENTRY)
         ]
         sub = (await stats(service))["subscriptions"]["fresh"]
-        assert (sub["read_error"], sub["backlog"], sub["lost_messages"]) == (None, 0, 10)
+        lost = PER_ENTRY if go_on == "policy skip" else 0
+        assert (sub["read_error"], sub["backlog"], sub["lost_messages"]) == (None, 0, lost)

@@ -401,6 +401,9 @@ class TailScan:
     torn_bytes: int = 0
     #: ids of the records with an intact header in the torn tail (dropped with it)
     torn_ids: list[int] = field(default_factory=list)
+    #: of those, the records that end inside the file (whole, with a bad payload crc):
+    #: damage rather than a write cut short
+    torn_whole: int = 0
     #: highest lac found in an intact header of the torn tail (-1: none): the writer
     #: had confirmed entries up to it, so a torn tail above it lost confirmed entries
     torn_lac: int = -1
@@ -411,7 +414,10 @@ class TailScan:
         if not ids:
             return "none with an intact header"
         span = str(ids[0]) if len(ids) == 1 else f"{ids[0]}..{ids[-1]}"
-        return f"{span} ({len(ids)} record{'s' if len(ids) != 1 else ''})"
+        text = f"{span} ({len(ids)} record{'s' if len(ids) != 1 else ''}"
+        if self.torn_whole:
+            text += f", {self.torn_whole} whole but failing their checksum"
+        return text + ")"
 
 
 def dense_positions(
@@ -490,6 +496,7 @@ def scan_tail(
         else:
             corrupt.add(entry_id)
     torn_ids = list(ids[kept:])
+    torn_whole = len(torn_ids)
     torn_lac = max(lacs[kept:], default=-1)
     if tail_id >= 0:  # a record with an intact header running past the end of the file
         torn_ids.append(tail_id)
@@ -509,6 +516,7 @@ def scan_tail(
         records=kept,
         torn_bytes=file_end - ok_end,
         torn_ids=torn_ids,
+        torn_whole=torn_whole,
         torn_lac=torn_lac,
     )
 

@@ -746,7 +746,9 @@ class SegmentStore:
                     INDEX_HEADER_SIZE + keep * INDEX_RECORD_SIZE,
                 )
             fenced, lac, meta_size, meta_mtime = meta if meta is not None else (False, -1, 0, 0.0)
-            if scan.records == 0 and meta is None:  # nothing was ever acknowledged
+            if scan.records == 0 and meta is None and not scan.torn_whole:
+                # nothing was ever acknowledged (whole records that fail their checksum
+                # are damage, not an add cut short: the segment stays, empty)
                 os.close(fd)
                 os.close(idx_fd)
                 fd = idx_fd = -1

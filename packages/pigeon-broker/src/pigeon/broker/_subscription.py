@@ -393,6 +393,8 @@ class Subscription:
     def expire_before(self, offset: int) -> None:
         """Acknowledge everything below ``offset`` (message TTL, backlog eviction)."""
         self.cursor.ack_cumulative(offset - 1)
+        if self.read_error is not None:
+            self._blocked_until = 0.0  # read the damaged entry again now: it may be skipped
         for pos in [
             p for p, pend in self.pending.items() if pend.first_offset + pend.count <= offset
         ]:
@@ -678,9 +680,6 @@ class Subscription:
 
     async def _on_damaged(self, pos: Position, exc: CorruptEntry) -> bool:
         """The entry at ``pos`` (read in order) is on no replica intact."""
-        if self.corrupt_entry_policy() == "fail":
-            self._stop_at(pos, exc)
-            return False
         try:
             run = await self.ledger.skip_damaged(pos)
         except PigeonError as err:
@@ -688,16 +687,23 @@ class Subscription:
             return False
         # offsets below the run's end not read yet belong to its entries
         start = self._read_offset if self._read_offset is not None else self.cursor.mark_delete
+        if self.cursor.all_acked(start, max(0, run.end_offset - start)):
+            pass  # acknowledged already (an admin skipped them): nothing is lost here
+        elif self.corrupt_entry_policy() == "fail":
+            self._stop_at(pos, exc)
+            return False
         lost = self._lose(start, run.end_offset)
-        log.error(
+        log.log(
+            logging.ERROR if lost else logging.INFO,
             "skipping damaged entries topic=%s sub=%s segment=%s entries=%s..%s"
-            " lost_messages=%s corrupt_entry_policy=skip error=%s",
+            " lost_messages=%s corrupt_entry_policy=%s error=%s",
             self.ledger.topic,
             self.name,
             run.segment_id,
             run.first_entry,
             run.last_entry,
             lost,
+            self.corrupt_entry_policy(),
             exc,
         )
         self.read_position = run.next

@@ -605,8 +605,8 @@ class ReplicaRepairs:
         if i >= first:
             todo.extend(item for item in got if address in write_set(item[0]))
         copied = 0
-        for entry_id, data in todo[:REPAIR_MAX_ENTRIES]:
-            await self.client.add_entry(address, segment_id, entry_id, -1, data, recovery=True)
+        for entry_id, payload in todo[:REPAIR_MAX_ENTRIES]:
+            await self.client.add_entry(address, segment_id, entry_id, -1, payload, recovery=True)
             copied += 1
         self.repaired += copied
         log.info(
