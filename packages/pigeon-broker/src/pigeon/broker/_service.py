@@ -133,9 +133,15 @@ class Topic:
         if policies.message_ttl_s > 0 and subs:
             pos = await self.ledger.position_for_time(now - int(policies.message_ttl_s * 1000))
             npos = self.ledger.normalize(pos)
-            cutoff = (
-                (await self.ledger.read_one(npos)).first_offset if npos else self.ledger.next_offset
-            )
+            try:
+                cutoff = (
+                    (await self.ledger.read_one(npos)).first_offset
+                    if npos
+                    else self.ledger.next_offset
+                )
+            except CorruptEntry:  # on no replica intact: expire up to what follows it
+                assert npos is not None
+                cutoff = (await self.ledger.skip_damaged(npos)).end_offset
             for sub in subs:
                 if sub.cursor.mark_delete < cutoff:
                     log.info(
