@@ -10,6 +10,7 @@ asyncio faces wrap these with their own waiting and locking.
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import random
 import time
 import zlib
@@ -20,10 +21,12 @@ from typing import Any
 from pigeon.client._engine import PendingBatch, ReceivedEntry
 from pigeon.client._future import BatchState
 from pigeon.client._message import Message, MessageId, split_entry
-from pigeon.core._batch import BatchBuilder
-from pigeon.core.errors import InvalidArgument, MessageTooLarge
+from pigeon.core._batch import BatchBuilder, message_body_size
+from pigeon.core.errors import InvalidArgument, MessageTooLarge, PigeonError
 
-__all__ = ["ConsumerCore", "ProducerCore", "resolve_completions"]
+__all__ = ["ConsumerCore", "ProducerCore", "normalize_message", "resolve_completions"]
+
+log = logging.getLogger(__name__)
 
 Completion = Any  # None | concurrent.futures.Future | Callable[[MessageId|None, exc|None], None]
 
@@ -45,7 +48,7 @@ def resolve_completions(
                 if not c.done():
                     c.set_exception(error)
             else:
-                c(None, error)
+                _call_back(c, None, error)
         return
     seg, entry, offset, _duplicate = result
     for i, c in enumerate(completions):
@@ -56,7 +59,52 @@ def resolve_completions(
             if not c.done():
                 c.set_result(mid)
         else:
-            c(mid, None)
+            _call_back(c, mid, None)
+
+
+def _call_back(c: Callable[..., Any], mid: MessageId | None, error: BaseException | None) -> None:
+    """Run an application's send callback; what it raises is logged, never propagated
+    (it runs in the connection's reader, which must go on)."""
+    try:
+        c(mid, error)
+    except Exception:
+        log.exception("send callback %r failed", c)
+
+
+#: Slack per message and per batch in the estimate of a batch's entry size: the columns a
+#: message adds without using them (event time, key and property offsets, validity bits)
+#: and the padding of each of the 11 columns.
+SLACK_PER_MESSAGE = 24
+SLACK_PER_BATCH = 11 * 8
+
+
+def normalize_message(
+    value: Any, key: Any, properties: Any
+) -> tuple[bytes, str | bytes | None, Mapping[str, str] | None]:
+    """The value and key as immutable bytes/str and a private copy of the properties.
+
+    What the caller changes after the call does not reach the batch.  The strings are
+    checked later by :meth:`ProducerCore.message_size` (which encodes them once).
+    """
+    if type(value) is not bytes:
+        if not isinstance(value, bytes | bytearray | memoryview):
+            raise InvalidArgument(f"message value must be bytes, not {type(value).__name__}")
+        value = bytes(value)
+    if key is not None and not isinstance(key, str | bytes):
+        if not isinstance(key, bytearray | memoryview):
+            raise InvalidArgument(f"message key must be str or bytes, not {type(key).__name__}")
+        key = bytes(key)
+    if not properties:
+        properties = None
+    elif type(properties) is dict:
+        properties = properties.copy()
+    elif isinstance(properties, Mapping):
+        properties = dict(properties)
+    else:
+        raise InvalidArgument(
+            f"message properties must be a mapping of str to str, not {type(properties).__name__}"
+        )
+    return value, key, properties
 
 
 class ProducerCore:
@@ -84,6 +132,10 @@ class ProducerCore:
         self.state: BatchState | None = None
         self.next_sequence_id = first_sequence_id
         self.generation = 0
+        #: bytes of an entry before its body: length prefix and header (producer name)
+        self.header_bytes = self.builder.check(b"") - message_body_size(b"")
+        #: estimated size of the batch being built as an entry (0 when empty)
+        self.batch_bytes = 0
 
     def batch_state(self) -> BatchState:
         """The shared outcome of the batch being built (for MessageFutures)."""
@@ -94,13 +146,21 @@ class ProducerCore:
     def __len__(self) -> int:
         return len(self.completions)
 
-    def would_overflow(self, value_size: int) -> bool:
-        """Would adding a value of this size take the batch past max_message_size?"""
-        n = len(self.completions) + 1
-        # per message: value offset, key offset/validity, event time, property offsets;
-        # per batch: the header and section padding
-        overhead = 32 * n + 4096
-        return self.builder.nbytes + value_size + overhead > self.max_message_size
+    def check_fits(self, body: int) -> None:
+        """Raise MessageTooLarge if a message of ``body`` bytes cannot be sent alone."""
+        size = self.header_bytes + body
+        if size > self.max_message_size:
+            raise MessageTooLarge(
+                f"message of {size} bytes (value, key, properties and batch header) exceeds "
+                f"max_message_size {self.max_message_size}"
+            )
+
+    def would_overflow(self, body: int) -> bool:
+        """Would a message of ``body`` bytes take the batch past max_message_size?"""
+        return (
+            bool(self.completions)
+            and self.batch_bytes + body + SLACK_PER_MESSAGE > self.max_message_size
+        )
 
     def add(
         self,
@@ -109,16 +169,21 @@ class ProducerCore:
         properties: Mapping[str, str] | None,
         event_time: int,
         completion: Completion,
+        body: int,
     ) -> bool:
-        """Add one message; True when the batch is full and should be sealed."""
-        if len(value) > self.max_message_size:
-            raise MessageTooLarge(
-                f"message of {len(value)} bytes exceeds max_message_size {self.max_message_size}"
-            )
+        """Add one checked message; True when the batch is full and should be sealed."""
+        full = self.builder.add(value, key, properties, event_time)  # adds nothing if it raises
         if not self.completions:
             self.generation += 1
         self.completions.append(completion)
-        return self.builder.add(value, key, properties, event_time)
+        self.grow(body)
+        return full
+
+    def grow(self, body: int) -> None:
+        """Account for a message of ``body`` bytes just added to the builder."""
+        if not self.batch_bytes:
+            self.batch_bytes = self.header_bytes + SLACK_PER_BATCH
+        self.batch_bytes += body + SLACK_PER_MESSAGE
 
     def seal(
         self,
@@ -126,17 +191,33 @@ class ProducerCore:
         *,
         deliver_at: int = 0,
     ) -> PendingBatch | None:
+        """The batch built so far, ready to submit; None if it is empty.
+
+        Never raises: a batch that cannot be built (which checked input cannot cause)
+        comes back with ``error`` set and fails its own messages only.
+        """
         n = len(self.completions)
         if n == 0:
             return None
         seq = self.next_sequence_id
-        payload = self.builder.build(
-            sequence_id=seq, publish_time=int(time.time() * 1000), deliver_at=deliver_at
-        )
-        self.next_sequence_id = seq + n
         completions, self.completions = self.completions, []
         state, self.state = self.state, None
-        return PendingBatch(seq, n, payload, callback_factory(completions, state))
+        self.batch_bytes = 0
+        callback = callback_factory(completions, state)
+        try:
+            payload = self.builder.build(
+                sequence_id=seq, publish_time=int(time.time() * 1000), deliver_at=deliver_at
+            )
+        except Exception as exc:  # the builder has reset itself
+            log.exception("batch could not be built sequence=%d messages=%d", seq, n)
+            error = (
+                exc
+                if isinstance(exc, PigeonError)
+                else InvalidArgument(f"batch could not be built: {exc!r}")
+            )
+            return PendingBatch(seq, n, b"", callback, error=error)
+        self.next_sequence_id = seq + n
+        return PendingBatch(seq, n, payload, callback)
 
 
 class ConsumerCore:

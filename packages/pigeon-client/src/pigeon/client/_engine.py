@@ -18,13 +18,13 @@ import itertools
 import logging
 import math
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import trio
 
+from pigeon.client._link import LinkState, ProducerLink
 from pigeon.core import TopicName
 from pigeon.core._bookie_client import split_address
 from pigeon.core._clock import WallClock
@@ -32,11 +32,17 @@ from pigeon.core._rpc import Connection, Request, connect_tcp
 from pigeon.core._schema import BrokerFrame
 from pigeon.core.errors import (
     AlreadyClosed,
+    CodecError,
     ConnectionClosed,
     InvalidArgument,
+    MessageTooLarge,
     NotOwner,
     PigeonError,
+    ProtocolError,
+    ServiceUnavailable,
+    SubscriptionBusy,
     Timeout,
+    TopicNotFound,
 )
 
 __all__ = ["ClientEngine", "ConsumerEngine", "PendingBatch", "ProducerEngine", "ReceivedEntry"]
@@ -69,13 +75,20 @@ def parse_service_url(url: str) -> tuple[str, int]:
 
 @dataclass(slots=True)
 class PendingBatch:
-    """A sealed batch waiting for its receipt. ``callback((seg, entry, offset), err)``."""
+    """A sealed batch waiting for its receipt. ``callback((seg, entry, offset, dup), err)``.
+
+    ``error``: the batch could not be built; it fails with this error instead of being
+    sent.  ``order`` and ``outcome`` belong to the producer's :class:`ProducerLink`.
+    """
 
     sequence_id: int
     num_messages: int
     payload: bytes
     callback: BatchCallback
     created: float = 0.0
+    error: BaseException | None = None
+    order: int = -1
+    outcome: tuple[Any, BaseException | None] | None = None
 
 
 @dataclass(slots=True)
@@ -126,8 +139,8 @@ class _ConnHandler:
             if b.isProducer
             else self.engine.consumers.get(b.consumerId)
         )
-        if target is not None and target.conn is conn:
-            target.reconnect_soon()
+        if target is not None:
+            target.closed_by_broker(conn)
 
 
 class ClientEngine:
@@ -220,7 +233,7 @@ class ClientEngine:
                 try:
                     await attach()
                     return
-                except (NotOwner, ConnectionClosed) as exc:
+                except (NotOwner, ConnectionClosed, ServiceUnavailable) as exc:
                     last = exc
                     log.info("attach retry error=%s", exc)
                     await trio.sleep(delay)
@@ -269,8 +282,31 @@ class ClientEngine:
         self.nursery.cancel_scope.cancel()
 
 
+#: Errors after which a re-attach cannot succeed: the producer/consumer gives up.  Anything
+#: else (a broker restarting, a bookie missing, a metadata race, a lost connection, even an
+#: unexpected internal error of a broker) is retried with backoff while it is open.
+_PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
+    AlreadyClosed,
+    CodecError,
+    InvalidArgument,
+    ProtocolError,
+    SubscriptionBusy,
+    TopicNotFound,
+)
+_BACKOFF_MIN = 0.05
+_BACKOFF_MAX = 2.0
+#: An attachment that lasted less than this is followed by a backoff before the next one
+#: (a broker that accepts the attach but refuses every send must not be hammered).
+_STABLE_AFTER = 1.0
+
+
 class _Reconnecting:
-    """Shared reconnect loop of producers and consumers."""
+    """Shared re-attach loop of producers and consumers.
+
+    While open, the owner is either attached or re-attaching: every failure of an attach
+    is retried with exponential backoff, except the few errors no retry can fix
+    (``_PERMANENT_ERRORS``), which end it through ``_fatal``.
+    """
 
     engine: ClientEngine
     conn: Connection | None
@@ -281,14 +317,23 @@ class _Reconnecting:
     async def _attach(self) -> None:
         raise NotImplementedError  # pragma: no cover - abstract
 
+    def _is_attached(self) -> bool:
+        raise NotImplementedError  # pragma: no cover - abstract
+
+    def _leave(self) -> None:
+        """The current attachment is given up (the loop re-attaches next)."""
+        raise NotImplementedError  # pragma: no cover - abstract
+
     def reconnect_soon(self) -> None:
         self._reconnect.set()
 
     async def _keep_connected(self) -> None:
-        backoff = 0.05
+        backoff = _BACKOFF_MIN
+        attached_at: float | None = None
         while not self.closed:
-            conn = self.conn
-            if conn is not None and not conn.closed:
+            if self._is_attached():
+                conn = self.conn
+                assert conn is not None
                 self._reconnect = trio.Event()
                 async with trio.open_nursery() as nursery:
 
@@ -301,26 +346,38 @@ class _Reconnecting:
                 if self.closed:
                     return
                 log.info("reconnecting topic=%s", self.topic)
+            self._leave()
+            if attached_at is not None:
+                if trio.current_time() - attached_at < _STABLE_AFTER:
+                    await trio.sleep(backoff)
+                    backoff = min(backoff * 2, _BACKOFF_MAX)
+                else:
+                    backoff = _BACKOFF_MIN
+                attached_at = None
+                if self.closed:
+                    return
             try:
                 await self._attach()
-                backoff = 0.05
-            except (PigeonError, OSError) as exc:
-                if (
-                    isinstance(exc, PigeonError)
-                    and not exc.retriable
-                    and not isinstance(exc, ConnectionClosed)
-                ):
+            except Exception as exc:
+                if isinstance(exc, _PERMANENT_ERRORS) and isinstance(exc, PigeonError):
                     self._fatal(exc)
                     return
-                log.info("reconnect failed topic=%s error=%s", self.topic, exc)
+                if isinstance(exc, PigeonError | OSError):
+                    log.info("reconnect failed topic=%s error=%s", self.topic, exc)
+                else:
+                    log.warning("reconnect failed topic=%s", self.topic, exc_info=True)
                 await trio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
+                backoff = min(backoff * 2, _BACKOFF_MAX)
+            else:
+                attached_at = trio.current_time()
 
     def _fatal(self, exc: PigeonError) -> None:
         log.error("giving up topic=%s error=%s", self.topic, exc)
 
 
 class ProducerEngine(_Reconnecting):
+    """Trio half of a producer: moves batches as its :class:`ProducerLink` decides."""
+
     def __init__(
         self,
         engine: ClientEngine,
@@ -337,7 +394,7 @@ class ProducerEngine(_Reconnecting):
         self.conn: Connection | None = None
         self.closed = False
         self.last_sequence_id = -1
-        self.pending: OrderedDict[int, PendingBatch] = OrderedDict()
+        self.link = ProducerLink()
         self._reconnect = trio.Event()
         self._no_pending = trio.Event()
         self._no_pending.set()
@@ -358,66 +415,101 @@ class ProducerEngine(_Reconnecting):
         if math.isfinite(self.send_timeout) and self.send_timeout > 0:
             self.engine.nursery.start_soon(self._expire_loop)
 
+    def _is_attached(self) -> bool:
+        conn = self.conn
+        return self.link.state is LinkState.ATTACHED and conn is not None and not conn.closed
+
+    def _leave(self) -> None:
+        self.link.detach(self.link.epoch)
+
     async def _attach(self) -> None:
-        address, full, _n = await self.engine.lookup(self.topic)
-        self.topic = full
-        conn = await self.engine.connection(address)
-        result = await self.engine.request(
-            conn,
-            "createProducer",
-            {"producerId": self.producer_id, "topic": full, "producerName": self.producer_name},
-            expect="producerCreated",
-        )
+        epoch = self.link.begin_attach()
+        try:
+            address, full, _n = await self.engine.lookup(self.topic)
+            self.topic = full
+            conn = await self.engine.connection(address)
+            result = await self.engine.request(
+                conn,
+                "createProducer",
+                {
+                    "producerId": self.producer_id,
+                    "topic": full,
+                    "producerName": self.producer_name,
+                },
+                expect="producerCreated",
+            )
+        except BaseException:
+            self.link.attach_failed(epoch)
+            raise
         self.producer_name = result["producerName"]
         self.max_message_size = result["maxMessageSize"]
         if self.last_sequence_id < 0:
             self.last_sequence_id = result["lastSequenceId"]
         self.conn = conn
-        for batch in list(self.pending.values()):
-            self._send(batch)
+        batches = self.link.attach_succeeded(epoch)
+        if batches:
+            log.info(
+                "producer attached topic=%s producer=%s resending=%d",
+                self.topic,
+                self.producer_name,
+                len(batches),
+            )
+        for batch in batches or ():
+            if not self._send(batch, epoch):
+                break
 
     def _fatal(self, exc: PigeonError) -> None:
         super()._fatal(exc)
         self.failure = exc
-        self._fail_all(exc)
+        self.link.fail_all(exc)
+        self._check_empty()
+
+    def closed_by_broker(self, conn: Connection) -> None:
+        """The broker closed this producer on ``conn``: re-attach (resending what waits)."""
+        if conn is self.conn and self.link.detach(self.link.epoch):
+            log.info("producer closed by broker topic=%s", self.topic)
+            self.reconnect_soon()
 
     def submit(self, batch: PendingBatch) -> None:
         """Send a sealed batch (engine thread). Its callback runs on the receipt."""
         if self.closed or self.failure is not None:
             batch.callback(None, self.failure or AlreadyClosed("producer is closed"))
             return
+        refused = batch.error
+        if refused is None and len(batch.payload) > self.max_message_size:
+            refused = MessageTooLarge(
+                f"batch of {len(batch.payload)} bytes exceeds max_message_size "
+                f"{self.max_message_size}"
+            )
         batch.created = trio.current_time()
-        self.pending[batch.sequence_id] = batch
-        self._no_pending = trio.Event() if self._no_pending.is_set() else self._no_pending
-        if self.conn is not None and not self.conn.closed:
-            self._send(batch)
+        if self._no_pending.is_set():
+            self._no_pending = trio.Event()
+        if self.link.submit(batch, refused):
+            self._send(batch, self.link.epoch)
+        self._check_empty()
 
-    def _send(self, batch: PendingBatch) -> None:
+    def _send(self, batch: PendingBatch, epoch: int) -> bool:
+        """Send ``batch`` on attachment ``epoch``; False if the connection is gone."""
         conn = self.conn
-        assert conn is not None
-        seq = batch.sequence_id
+        assert conn is not None and self.link.can_send(epoch)
 
         def on_receipt(result: Any, error: BaseException | None) -> None:
-            if self.pending.get(seq) is not batch:
-                return  # already completed (resent batch answered twice) or expired
-            if error is not None:
-                if isinstance(error, PigeonError) and error.retriable:
-                    self.reconnect_soon() if not isinstance(error, ConnectionClosed) else None
-                    return  # stays pending; resent after reconnect
-                del self.pending[seq]
-                self._check_empty()
-                batch.callback(None, error)
-                return
-            del self.pending[seq]
+            if self.link.on_result(epoch, batch, result, error):
+                log.info(
+                    "producer detached topic=%s sequence=%d error=%s",
+                    self.topic,
+                    batch.sequence_id,
+                    error,
+                )
+                self.reconnect_soon()
             self._check_empty()
-            batch.callback(result, None)
 
         try:
             conn.request_nowait(
                 "send",
                 {
                     "producerId": self.producer_id,
-                    "sequenceId": seq,
+                    "sequenceId": batch.sequence_id,
                     "numMessages": batch.num_messages,
                 },
                 on_receipt,
@@ -426,28 +518,19 @@ class ProducerEngine(_Reconnecting):
                 extract=_extract_receipt,
             )
         except ConnectionClosed:
-            pass  # resent after reconnect
+            if self.link.detach(epoch):
+                self.reconnect_soon()
+            return False
+        return True
 
     def _check_empty(self) -> None:
-        if not self.pending:
+        if not self.link.pending:
             self._no_pending.set()
-
-    def _fail_all(self, exc: BaseException) -> None:
-        pending = list(self.pending.values())
-        self.pending.clear()
-        self._check_empty()
-        for batch in pending:
-            batch.callback(None, exc)
 
     async def _expire_loop(self) -> None:
         while not self.closed:
             await trio.sleep(min(1.0, self.send_timeout / 4))
-            deadline = trio.current_time() - self.send_timeout
-            expired = [b for b in self.pending.values() if b.created < deadline]
-            for b in expired:
-                del self.pending[b.sequence_id]
-                b.callback(None, Timeout(f"send timed out after {self.send_timeout}s"))
-            if expired:
+            if self.link.expire(trio.current_time() - self.send_timeout, self.send_timeout):
                 self._check_empty()
 
     async def flush(self) -> None:
@@ -461,7 +544,8 @@ class ProducerEngine(_Reconnecting):
         self.closed = True
         self._reconnect.set()
         self.engine.producers.pop(self.producer_id, None)
-        self._fail_all(AlreadyClosed("producer closed before the message was acknowledged"))
+        self.link.fail_all(AlreadyClosed("producer closed before the message was acknowledged"))
+        self._check_empty()
         conn = self.conn
         if conn is not None and not conn.closed:
             try:
@@ -514,7 +598,8 @@ class ConsumerEngine(_Reconnecting):
         self.sink = sink
         self.on_reconnect = on_reconnect
         self.consumer_id = engine.next_id()
-        self.conn: Connection | None = None
+        self.conn: Connection | None = None  # set once a subscribe succeeded on it
+        self.attached = False
         self.closed = False
         self.generation = 0
         self._reconnect = trio.Event()
@@ -538,39 +623,59 @@ class ConsumerEngine(_Reconnecting):
             await self.engine.attach(self._attach)
         except BaseException:
             self.engine.consumers.pop(self.consumer_id, None)
-            # The subscribe may have reached the broker: leave it there no consumer.
-            conn = self.conn
-            if conn is not None and not conn.closed:
-                with contextlib.suppress(ConnectionClosed):
-                    conn.send_nowait("closeConsumer", {"consumerId": self.consumer_id})
             raise
         self.engine.nursery.start_soon(self._keep_connected)
 
+    def _is_attached(self) -> bool:
+        conn = self.conn
+        return self.attached and conn is not None and not conn.closed
+
+    def _leave(self) -> None:
+        self.attached = False
+
+    def closed_by_broker(self, conn: Connection) -> None:
+        if conn is self.conn and self.attached:
+            log.info("consumer closed by broker topic=%s", self.topic)
+            self.attached = False
+            self.reconnect_soon()
+
     async def _attach(self) -> None:
+        """Subscribe; ``conn`` and ``attached`` are set only once the broker said yes."""
         o = self.options
+        self.attached = False
         address, full, _n = await self.engine.lookup(o.topic)
         self.topic = full
         conn = await self.engine.connection(address)
         self.generation += 1
         if self.generation > 1 and self.on_reconnect is not None:
             self.on_reconnect(self)
+        try:
+            await self.engine.request(
+                conn,
+                "subscribe",
+                {
+                    "consumerId": self.consumer_id,
+                    "topic": full,
+                    "subscription": o.subscription,
+                    "subType": _SUB_TYPE_WIRE[o.subscription_type],
+                    "initialPosition": o.initial_position,
+                    "consumerName": o.consumer_name,
+                    "priority": o.priority,
+                    "durable": o.durable,
+                    "startOffset": o.start_offset,
+                },
+                expect="subscribed",
+            )
+        except BaseException:
+            # The subscribe may still take effect on the broker (a timeout): leave no
+            # consumer behind there, or the next subscribe of an exclusive subscription
+            # would find it busy.
+            if not conn.closed:
+                with contextlib.suppress(ConnectionClosed):
+                    conn.send_nowait("closeConsumer", {"consumerId": self.consumer_id})
+            raise
         self.conn = conn
-        await self.engine.request(
-            conn,
-            "subscribe",
-            {
-                "consumerId": self.consumer_id,
-                "topic": full,
-                "subscription": o.subscription,
-                "subType": _SUB_TYPE_WIRE[o.subscription_type],
-                "initialPosition": o.initial_position,
-                "consumerName": o.consumer_name,
-                "priority": o.priority,
-                "durable": o.durable,
-                "startOffset": o.start_offset,
-            },
-            expect="subscribed",
-        )
+        self.attached = True
         self.flow(o.receiver_queue_size)
 
     def flow(self, permits: int) -> None:
@@ -679,6 +784,7 @@ class ConsumerEngine(_Reconnecting):
 
     async def _detach(self) -> None:
         self.closed = True
+        self.attached = False
         self._reconnect.set()
         self.engine.consumers.pop(self.consumer_id, None)
 

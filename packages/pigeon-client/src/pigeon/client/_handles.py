@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import re
 import secrets
 from collections.abc import Callable, Mapping
@@ -83,15 +84,18 @@ class ProducerHandle:
     ) -> None:
         """*engine*: seal partition ``index``'s batch after the batching delay."""
         await trio.sleep(delay)
-        with self.lock:
-            core = self.logic.cores[index]
-            if core.generation != generation:
-                return
-            batch = core.seal(self.logic._callback_factory(index))
+        try:
+            with self.lock:
+                core = self.logic.cores[index]
+                if core.generation != generation:
+                    return
+                batch = core.seal(self.logic._callback_factory(index))
+                if batch is not None:
+                    self.logic.router.batch_sealed(index)
             if batch is not None:
-                self.logic.router.batch_sealed(index)
-        if batch is not None:
-            submit_direct(self.engines[index], batch)
+                submit_direct(self.engines[index], batch)
+        except Exception:  # seal fails only the batch's own messages; this is a bug
+            log.exception("batching timer failed topic=%s", self.topic)
 
     async def flush(self) -> None:
         """*engine*: wait until every submitted batch is acknowledged."""
@@ -177,10 +181,24 @@ def deliver_time(
     if deliver_at is not None and deliver_after is not None:
         raise InvalidArgument("give deliver_at or deliver_after, not both")
     if deliver_after is not None:
-        if deliver_after < 0:
-            raise InvalidArgument("deliver_after must not be negative")
-        return (wall_ms() if now_ms is None else now_ms) + int(deliver_after * 1000)
-    return int(deliver_at or 0)
+        if (
+            not isinstance(deliver_after, int | float)
+            or not math.isfinite(deliver_after)
+            or deliver_after < 0
+        ):
+            raise InvalidArgument(
+                f"deliver_after must be a finite, non-negative number, got {deliver_after!r}"
+            )
+        when = (wall_ms() if now_ms is None else now_ms) + int(deliver_after * 1000)
+    else:
+        if deliver_at is not None and (
+            not isinstance(deliver_at, int | float) or not math.isfinite(deliver_at)
+        ):
+            raise InvalidArgument(f"deliver_at must be ms since the epoch, got {deliver_at!r}")
+        when = int(deliver_at or 0)
+    if not -(2**63) <= when < 2**63:
+        raise InvalidArgument(f"deliver time {when} is out of range")
+    return when
 
 
 # ------------------------------------------------------------------------- consumers

@@ -12,10 +12,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pigeon.client._core import ConsumerCore, ProducerCore, Router
+from pigeon.client._core import (
+    SLACK_PER_BATCH,
+    SLACK_PER_MESSAGE,
+    ConsumerCore,
+    ProducerCore,
+    Router,
+    normalize_message,
+)
 from pigeon.client._future import BatchState, MessageFuture
 from pigeon.client._message import Message
-from pigeon.core.errors import InvalidArgument, MessageTooLarge
+from pigeon.core._batch import message_body_size
+from pigeon.core.errors import InvalidArgument
 
 __all__ = ["ConsumerLogic", "DeadLetterPolicy", "ProducerLogic"]
 
@@ -23,6 +31,7 @@ ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
 REAL_TOPIC = "REAL_TOPIC"
 RECONSUME_TIMES = "RECONSUMETIMES"
 DELAY_TIME = "DELAY_TIME"
+_MAX_SEQUENCE_ID = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -85,10 +94,19 @@ class ProducerLogic:
         the broker stores each (producer name, sequence id) once, which makes replays
         idempotent (the Spark sink's exactly-once writes rely on it).
         """
-        if not isinstance(value, (bytes, bytearray, memoryview)):
-            raise InvalidArgument(f"message value must be bytes, not {type(value).__name__}")
+        # Everything is checked before anything is recorded: a bad argument raises here
+        # and leaves the producer as it was.
+        value, key, properties = normalize_message(value, key, properties)
+        body = message_body_size(value, key, properties, event_time)
+        if sequence_id is not None and (
+            not isinstance(sequence_id, int) or not 0 <= sequence_id <= _MAX_SEQUENCE_ID
+        ):
+            raise InvalidArgument(
+                f"sequence_id must be an int in [0, {_MAX_SEQUENCE_ID}], got {sequence_id!r}"
+            )
         index = self.router.choose(key)
         core = self.cores[index]
+        core.check_fits(body)
         if sequence_id is not None:
             expected = core.next_sequence_id + len(core)
             if sequence_id != expected:
@@ -98,7 +116,7 @@ class ProducerLogic:
                     )
                 self.seal(index)  # a batch holds consecutive sequence ids
                 core.next_sequence_id = sequence_id
-        if len(core) and core.would_overflow(len(value)):
+        if core.would_overflow(body):
             # The broker refuses a batch over max_message_size: start a new one instead.
             self.seal(index)
         if deliver_at:
@@ -106,7 +124,7 @@ class ProducerLogic:
             self.seal(index)
         if make_completion is not None:
             completion = make_completion(core)
-        full = core.add(bytes(value), key, properties, event_time, completion)
+        full = core.add(value, key, properties, event_time, completion, body)
         if deliver_at:
             self.seal(index, deliver_at=deliver_at)
         elif full or self.max_delay <= 0:
@@ -127,26 +145,33 @@ class ProducerLogic:
         Returns a :class:`MessageFuture` sharing its batch's state; per message this is a
         couple of list appends and one small object.
         """
+        # Checked before anything is recorded (see add).
+        if type(value) is bytes and key is None and not properties and event_time.__class__ is int:
+            properties = None
+            body = message_body_size(value, None, None, event_time)
+        else:
+            value, key, properties = normalize_message(value, key, properties)
+            body = message_body_size(value, key, properties, event_time)
         core = self.cores[self.router.choose(key) if self.multi else 0]
+        if core.header_bytes + body > core.max_message_size:
+            core.check_fits(body)
         completions = core.completions
         n = len(completions)
-        size = len(value)
-        if size > core.max_message_size:
-            raise MessageTooLarge(
-                f"message of {size} bytes exceeds max_message_size {core.max_message_size}"
-            )
-        if n and core.builder.nbytes + size + 32 * n + 4128 > core.max_message_size:
+        if n and core.batch_bytes + body + SLACK_PER_MESSAGE > core.max_message_size:
             self.seal(self.cores.index(core))
             completions = core.completions  # sealing started a new list
             n = 0
+        full = core.builder.add(value, key, properties, event_time)  # adds nothing if it raises
         if n == 0:
             core.generation += 1
             state = core.state = BatchState(core.partition)
+            core.batch_bytes = core.header_bytes + SLACK_PER_BATCH
         else:
             state = core.state  # type: ignore[assignment]
         future = MessageFuture(state, n)
         completions.append(None)
-        if core.builder.add(value, key, properties, event_time) or self.max_delay <= 0:
+        core.batch_bytes += body + SLACK_PER_MESSAGE
+        if full or self.max_delay <= 0:
             self.seal(self.cores.index(core))
         elif n == 0:
             self.start_timer(self.cores.index(core), core.generation)

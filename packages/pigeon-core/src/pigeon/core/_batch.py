@@ -53,6 +53,7 @@ codec ``none``) is not detected here.
 
 from __future__ import annotations
 
+import functools
 import struct
 import sys
 from array import array
@@ -81,6 +82,7 @@ __all__ = [
     "DecodedBatch",
     "decode_batch",
     "encode_batch",
+    "message_body_size",
     "read_header",
 ]
 
@@ -779,6 +781,21 @@ class BatchBuilder:
             self._event_times.extend(repeat(0, n))
         return self.is_full
 
+    def check(
+        self,
+        value: Any,
+        key: Any = None,
+        properties: Any = None,
+        event_time: Any = 0,
+    ) -> int:
+        """Check one message exactly as :meth:`build` will encode it; add nothing.
+
+        Returns the size in bytes of an uncompressed entry holding only this message
+        (length prefix and header included); see :func:`message_body_size`.
+        """
+        body = message_body_size(value, key, properties, event_time)
+        return 4 + _header_length(self.producer_name) + body
+
     def __len__(self) -> int:
         return len(self._values)
 
@@ -814,6 +831,90 @@ class BatchBuilder:
             )
         finally:
             self._reset()
+
+
+def message_body_size(
+    value: Any, key: Any = None, properties: Any = None, event_time: Any = 0
+) -> int:
+    """Check one message exactly as :meth:`BatchBuilder.build` will encode it.
+
+    Returns the size of the body of an uncompressed entry holding only this message (the
+    entry adds a 4-byte length prefix and the header). Raises :class:`InvalidArgument` for
+    a value that is not bytes, bytearray or a byte memoryview, a key that is not str or
+    bytes, properties that are not a mapping of str to str, a str that is not encodable as
+    UTF-8 (a lone surrogate such as ``"\\ud800"``) or an event time that is not an int64.
+    """
+    vlen = len(value) if type(value) is bytes else _byte_length(value, "message value")
+    if type(event_time) is not int and not isinstance(event_time, int):
+        raise InvalidArgument(f"event_time must be an int (ms), not {type(event_time).__name__}")
+    # The column layout of _layout() for one message, unrolled: this runs once per message.
+    pos = 8  # value offsets
+    if event_time:
+        if not _INT64_MIN <= event_time <= _INT64_MAX:
+            raise InvalidArgument(f"event_time must be an int64 (ms), got {event_time}")
+        pos = 16  # event times
+    klen = 0
+    if key is not None:
+        if type(key) is str:
+            klen = len(key) if key.isascii() else _utf8_length(key, "message key")
+        elif type(key) is bytes:
+            klen = len(key)
+        elif isinstance(key, str):
+            klen = _utf8_length(key, "message key")
+        else:
+            klen = _byte_length(key, "message key (str or bytes)")
+        pos += 9  # key offsets, key validity
+    names = texts = 0
+    if properties:
+        try:
+            names = _utf8_length("".join(properties), "property name")
+            texts = _utf8_length("".join(properties.values()), "property value")
+        except (TypeError, AttributeError):
+            raise InvalidArgument(
+                "message properties must be a mapping of str to str, "
+                f"got {type(properties).__name__}"
+            ) from None
+        m1 = len(properties) + 1
+        pos = ((pos + 7) & ~7) + 8 + 4 * m1  # property offsets, property key offsets
+        pos = ((pos + 7) & ~7) + 4 * m1  # property value offsets
+    if vlen:
+        pos = ((pos + 7) & ~7) + vlen
+    if klen:
+        pos = ((pos + 7) & ~7) + klen
+    if names:
+        pos = ((pos + 7) & ~7) + names
+    if texts:
+        pos = ((pos + 7) & ~7) + texts
+    return pos
+
+
+def _byte_length(data: Any, what: str) -> int:
+    """Length of bytes, bytearray or a one-dimensional byte memoryview; else InvalidArgument."""
+    if isinstance(data, bytes | bytearray):
+        return len(data)
+    if isinstance(data, memoryview) and data.ndim == 1 and data.format in ("B", "b", "c"):
+        return len(data)
+    raise InvalidArgument(
+        f"{what} must be bytes, bytearray or a byte memoryview, not {type(data).__name__}"
+    )
+
+
+def _utf8_length(text: str, what: str) -> int:
+    """UTF-8 length of ``text``; InvalidArgument if it holds a lone surrogate."""
+    if text.isascii():  # O(1) in CPython
+        return len(text)
+    try:
+        return len(text.encode())
+    except UnicodeEncodeError as exc:
+        raise InvalidArgument(f"{what} is not encodable as UTF-8: {exc}") from None
+
+
+@functools.lru_cache(maxsize=256)
+def _header_length(producer_name: str) -> int:
+    """Size of the Cap'n Proto ``BatchHeader`` of this producer (no field changes it)."""
+    h = _BatchHeaderSchema.new_message()
+    h.producerName = producer_name
+    return len(h.to_bytes())
 
 
 # -- decoding ----------------------------------------------------------------------------
