@@ -4,8 +4,9 @@ A policy subclasses :class:`ReplicationPolicyContract` and provides a ``make_pol
 fixture: ``make_policy(bookie_client, ensemble_size=E, write_quorum=Qw, ack_quorum=Qa)``
 returning a policy object with ``choose_ensemble(bookies, ensemble_size=None)``,
 ``create_writer(segment_id, ensemble, write_quorum=, ack_quorum=, replace_bookie=,
-nursery=)``, ``read(segment_id, ensemble, first, last, ...)`` and
-``recover(segment_id, ensemble)``.  The suite runs real bookies (``pigeon-bookie``) in the
+nursery=)``, ``read(segment_id, ensemble, first, last, ..., repair=False)`` (a copy that
+is damaged or missing is passed over for an intact one, and with ``repair`` rewritten from
+it) and ``recover(segment_id, ensemble)``.  The suite runs real bookies (``pigeon-bookie``) in the
 test's trio run over an in-memory network, several per test, and can stop one of them.
 """
 
