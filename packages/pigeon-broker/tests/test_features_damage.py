@@ -9,6 +9,7 @@ cleanly, its segment's data file truncated or a bit in it flipped, and it starts
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -209,3 +210,48 @@ async def test_fail_policy_stops_delivery_at_the_damage_without_a_crash_loop(
         sub = (await stats(service))["subscriptions"]["fresh"]
         lost = PER_ENTRY if go_on == "policy skip" else 0
         assert (sub["read_error"], sub["backlog"], sub["lost_messages"]) == (None, 0, lost)
+
+
+async def reopen_last_segment(root: Path) -> None:
+    """Mark the topic's last segment open in the metadata, as a crash leaves it."""
+    from pigeon.core.metadata import EmbeddedMetadataStore
+
+    store = EmbeddedMetadataStore(root / "metadata")
+    path = "/pigeon/ledgers/persistent/public/default/damaged"
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        stat = await store.get(path)
+        assert stat is not None
+        doc = json.loads(stat.value)
+        doc["segments"][-1]["state"] = "open"
+        await store.set(path, json.dumps(doc).encode())
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_crash_over_a_cut_tail_never_reuses_offsets(
+    tmp_path: Path, autojump_clock: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After a crash the ledger ends the segment at the last entry the bookie kept; a
+    subscription that had read further must still get the messages sent afterwards."""
+    root = tmp_path / "pigeon"
+    await write_and_stop(root)
+    await reopen_last_segment(root)
+    path, starts = records(root)
+    with path.open("r+b") as f:
+        f.truncate(starts[45] + RECORD_HEADER_SIZE + 5)
+    caplog.set_level(logging.INFO)
+    async with standalone(root) as service, Client(service.service_url) as client:
+        fresh = await client.subscribe(TOPIC, "fresh", initial_position="earliest")
+        await produce(client, [b"new-%d" % i for i in range(20)])
+        early = await client.subscribe(TOPIC, "early")
+        got = await drain(early)
+        assert [m.value for m in got] == [b"new-%d" % i for i in range(20)]
+        assert min(m.offset for m in got) >= ENTRIES * PER_ENTRY
+        got = await drain(fresh)
+        assert [m.value for m in got] == [value(i) for i in range(45 * PER_ENTRY)] + [
+            b"new-%d" % i for i in range(20)
+        ]
+        s = await stats(service)
+        assert s["subscriptions"]["fresh"]["backlog"] == 0  # the offsets' gap waits for nothing
+        assert s["subscriptions"]["early"]["backlog"] == 0
+    assert "cursors ahead of the log" in caplog.text

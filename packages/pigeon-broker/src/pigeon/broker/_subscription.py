@@ -577,6 +577,19 @@ class Subscription:
         self._read_ok()
         if not entries:
             return False
+        gap_from = self._read_offset
+        if gap_from is not None and entries[0].first_offset > gap_from:
+            # offsets no entry holds (the log went on above lost entries): nothing to
+            # deliver there, so nothing to wait for
+            log.warning(
+                "offsets without messages passed over topic=%s sub=%s offsets=%s..%s",
+                self.ledger.topic,
+                self.name,
+                gap_from,
+                entries[0].first_offset - 1,
+            )
+            self.cursor.ack_range(gap_from, entries[0].first_offset)
+            self._dirty = True
         last = entries[-1]
         self.read_position = self.ledger.next_position(last.position)
         self._read_offset = last.first_offset + last.num_messages
