@@ -255,3 +255,29 @@ async def test_a_crash_over_a_cut_tail_never_reuses_offsets(
         assert s["subscriptions"]["fresh"]["backlog"] == 0  # the offsets' gap waits for nothing
         assert s["subscriptions"]["early"]["backlog"] == 0
     assert "cursors ahead of the log" in caplog.text
+
+
+async def test_offsets_go_on_after_every_segment_was_trimmed(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """Not damage, but the same rule: a ledger left with no segment (all consumed and
+    trimmed) never hands out an offset a cursor has passed."""
+    root = tmp_path / "pigeon"
+    async with (
+        standalone(root, segment_max_entries=2) as service,
+        Client(service.service_url) as client,
+    ):
+        consumer = await client.subscribe(TOPIC, "sub", initial_position="earliest")
+        producer = await client.create_producer(TOPIC, batching_max_messages=1)
+        for i in range(4):
+            await producer.send(value(i))
+        await producer.close()
+        assert [m.value for m in await drain(consumer)] == [value(i) for i in range(4)]
+        await consumer.close()
+        await trio.sleep(3)  # maintenance trims the consumed segments
+    async with standalone(root) as service, Client(service.service_url) as client:
+        consumer = await client.subscribe(TOPIC, "sub")
+        await produce(client, [b"after"])
+        got = await drain(consumer)
+        assert [m.value for m in got] == [b"after"]
+        assert got[0].offset >= 4

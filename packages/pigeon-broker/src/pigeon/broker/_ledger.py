@@ -327,10 +327,10 @@ class ManagedLedger:
         self._reindex()
         if self.segments:
             await self._open_tail(recorded_offset, check_cursors=recovered)
-        elif dropped_any:
-            # nothing left to read (all trimmed): offsets go on where the dropped segment
-            # started, and above every cursor (should it be ahead: entries were lost)
-            self.next_offset = max(floor, await self._cursor_offsets())
+        elif dropped_any or stat is not None:
+            # nothing left to read (all trimmed): offsets go on where they stopped (the
+            # dropped segment's start, the recorded end) and above every cursor
+            self.next_offset = max(floor, recorded_offset, await self._cursor_offsets())
         self.next_offset = max(self.next_offset, floor)
         if changed:
             await self._save()
