@@ -157,5 +157,7 @@ class BrokerWithLedger(RuleBasedStateMachine):
         assert firsts == sorted(set(firsts)), f"log out of order or duplicated: {firsts}"
 
 
-BrokerWithLedger.TestCase.settings = settings(max_examples=150, stateful_step_count=40)
+BrokerWithLedger.TestCase.settings = settings(
+    max_examples=150, stateful_step_count=40, deadline=None
+)
 test_broker_with_ledger = BrokerWithLedger.TestCase

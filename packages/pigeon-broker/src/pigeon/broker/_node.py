@@ -16,13 +16,20 @@ from pigeon.broker._service import BrokerService
 from pigeon.core import PluginManager
 from pigeon.core._bookie_client import BookieClient
 from pigeon.core._codecs import CodecSet
-from pigeon.core.errors import ConfigError
+from pigeon.core.errors import ConfigError, MetadataError, PigeonError
 
 __all__ = ["BookieDirectory", "run_broker", "run_layered", "run_standalone"]
 
 log = logging.getLogger(__name__)
 
 BOOKIES_PATH = "/pigeon/bookies/available"
+
+
+def _transient(exc: BaseException) -> bool:
+    """A metadata error worth waiting out (also inside an exception group)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_transient(e) for e in exc.exceptions)
+    return isinstance(exc, MetadataError) or (isinstance(exc, PigeonError) and exc.retriable)
 
 
 class BookieDirectory:
@@ -61,11 +68,26 @@ class BookieDirectory:
         self.changed = trio.Event()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with self.store.watch(BOOKIES_PATH, prefix=True) as events:
-            await self.refresh()
-            task_status.started()
-            async for _event in events:
-                await self.refresh()
+        """Keep the directory current; a metadata server that is away (connection lost,
+        restarting) is waited for with backoff — the broker keeps the last list it saw."""
+        started = False
+        delay = 0.1
+        while True:
+            try:
+                async with self.store.watch(BOOKIES_PATH, prefix=True) as events:
+                    await self.refresh()
+                    delay = 0.1
+                    if not started:
+                        started = True
+                        task_status.started()
+                    async for _event in events:
+                        await self.refresh()
+            except (PigeonError, BaseExceptionGroup) as exc:
+                if not _transient(exc):
+                    raise
+                log.warning("bookie directory refresh failed error=%s; retrying", exc)
+            await trio.sleep(delay)
+            delay = min(delay * 2, 2.0)
 
     async def wait_for(self, count: int, timeout: float = 30.0) -> None:  # noqa: ASYNC109
         with trio.fail_after(timeout):

@@ -10,6 +10,7 @@ applies everywhere within moments.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -20,6 +21,7 @@ import trio
 
 from pigeon.core.errors import (
     InvalidArgument,
+    MetadataError,
     NodeExists,
     NoSuchNode,
     NotEmpty,
@@ -236,20 +238,46 @@ class PolicyStore:
         raise InvalidArgument(f"namespace {namespace!r} is being changed concurrently; try again")
 
     async def watch(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Keep the cache current with changes made elsewhere."""
-        async with self.store.watch(NAMESPACES_PATH, prefix=True) as events:
-            task_status.started()
-            async for event in events:
-                parts = event.path[len(NAMESPACES_PATH) + 1 :].split("/")
-                if len(parts) != 2:
-                    continue
-                namespace = "/".join(parts)
-                if event.value is None:
-                    self._cache.pop(namespace, None)
-                else:
-                    try:
-                        self._cache[namespace] = NamespacePolicies.from_dict(
-                            json.loads(event.value)
-                        )
-                    except (ValueError, PigeonError) as exc:
-                        log.warning("bad policies namespace=%s error=%s", namespace, exc)
+        """Keep the cache current with changes made elsewhere; a metadata server that is
+        away is waited for (with backoff), keeping the cached policies meanwhile."""
+        started = False
+        delay = 0.1
+        while True:
+            try:
+                async with self.store.watch(NAMESPACES_PATH, prefix=True) as events:
+                    if not started:
+                        started = True
+                        task_status.started()
+                    else:
+                        for namespace in list(self._cache):  # changes may have been missed
+                            with contextlib.suppress(PigeonError):
+                                await self.load(namespace)
+                    delay = 0.1
+                    async for event in events:
+                        self._apply(event)
+            except (PigeonError, BaseExceptionGroup) as exc:
+                if not _transient(exc):
+                    raise
+                log.warning("policies watch failed error=%s; retrying", exc)
+            await trio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    def _apply(self, event: Any) -> None:
+        parts = event.path[len(NAMESPACES_PATH) + 1 :].split("/")
+        if len(parts) != 2:
+            return
+        namespace = "/".join(parts)
+        if event.value is None:
+            self._cache.pop(namespace, None)
+        else:
+            try:
+                self._cache[namespace] = NamespacePolicies.from_dict(json.loads(event.value))
+            except (ValueError, PigeonError) as exc:
+                log.warning("bad policies namespace=%s error=%s", namespace, exc)
+
+
+def _transient(exc: BaseException) -> bool:
+    """A metadata error worth waiting out (also inside an exception group)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_transient(e) for e in exc.exceptions)
+    return isinstance(exc, MetadataError) or (isinstance(exc, PigeonError) and exc.retriable)

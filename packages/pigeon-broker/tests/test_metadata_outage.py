@@ -1,0 +1,81 @@
+"""A metadata server that goes away (connection lost, restarting) must not end a broker:
+the watches behind the bookie directory and the namespace policies wait it out."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import trio
+
+from pigeon.broker._node import BOOKIES_PATH, BookieDirectory
+from pigeon.broker._policies import NamespacePolicies, PolicyStore
+from pigeon.core.errors import MetadataError
+
+
+class _Stat:
+    def __init__(self, value: bytes) -> None:
+        self.value = value
+        self.version = 0
+
+
+class FlakyStore:
+    """Watches fail (as kazoo's do on ConnectionLoss) until ``outages`` is used up."""
+
+    def __init__(self, outages: int) -> None:
+        self.outages = outages
+        self.nodes: dict[str, bytes] = {}
+        self.watches = 0
+        self.events: trio.MemorySendChannel[Any] | None = None
+
+    async def children(self, path: str) -> list[str]:
+        await trio.lowlevel.checkpoint()
+        return [p[len(path) + 1 :] for p in self.nodes if p.startswith(path + "/")]
+
+    async def get(self, path: str) -> _Stat | None:
+        await trio.lowlevel.checkpoint()
+        value = self.nodes.get(path)
+        return None if value is None else _Stat(value)
+
+    @contextlib.asynccontextmanager
+    async def watch(self, path: str, *, prefix: bool = False) -> AsyncIterator[Any]:
+        self.watches += 1
+        await trio.lowlevel.checkpoint()
+        if self.outages:
+            self.outages -= 1
+            raise MetadataError(f"watch {path}: ConnectionLoss")
+        send, receive = trio.open_memory_channel[Any](10)
+        self.events = send
+        async with receive:
+            yield receive
+
+
+async def test_bookie_directory_survives_a_metadata_outage(autojump_clock: Any) -> None:
+    store = FlakyStore(outages=3)
+    store.nodes[f"{BOOKIES_PATH}/127.0.0.1:3181"] = json.dumps({}).encode()
+    directory = BookieDirectory(store)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(directory.run)
+        assert directory.writable() == ["127.0.0.1:3181"]
+        assert store.watches == 4
+        nursery.cancel_scope.cancel()
+
+
+async def test_policy_watch_survives_a_metadata_outage_and_keeps_its_cache(
+    autojump_clock: Any,
+) -> None:
+    store = FlakyStore(outages=0)
+    policies = PolicyStore(store)
+    policies._cache["public/default"] = NamespacePolicies(retention_time_s=-1)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(policies.watch)
+        # the server goes away: the watch ends with an error, then comes back
+        store.outages = 2
+        assert store.events is not None
+        await store.events.aclose()
+        await trio.sleep(10)
+        assert store.watches == 4
+        assert policies.cached("public/default").retention_time_s == -1
+        nursery.cancel_scope.cancel()
