@@ -516,7 +516,7 @@ async def open_consumer(
         raise InvalidArgument("subscription name must not be empty")
     pattern = topic if isinstance(topic, re.Pattern) else None
     topics: list[str] = (
-        [topic] if isinstance(topic, str) else list(topic) if pattern is None else []
+        [topic] if isinstance(topic, str) else [] if isinstance(topic, re.Pattern) else list(topic)
     )
     if pattern is None and not topics:
         raise InvalidArgument("subscribe needs at least one topic")
