@@ -752,10 +752,20 @@ class BrokerService:
         )
 
     def on_send(self, conn: Connection, req: Request) -> None:
-        body = req.body
-        producer = self._state(conn).producers.get(body.producerId)
+        producer = self._state(conn).producers.get(req.body.producerId)
         if producer is None:
-            raise InvalidArgument(f"unknown producer id {body.producerId}")
+            raise InvalidArgument(f"unknown producer id {req.body.producerId}")
+        try:
+            self._send(conn, req, producer)
+        except Exception as exc:
+            # Refused here (too large, malformed, quota, ...): no later send of this
+            # producer may be stored before it re-attached, or a resend of this one
+            # (its answer lost with the connection) would be taken for a duplicate.
+            self._fence_producer(conn, producer, exc)
+            raise
+
+    def _send(self, conn: Connection, req: Request, producer: Producer) -> None:
+        body = req.body
         payload = req.payload
         policies = self.policies.cached(producer.topic.name.namespace_name)
         limit = self.max_message_size(producer.topic.name)
