@@ -218,6 +218,8 @@ class ManagedLedger:
         self.path = f"/pigeon/ledgers/{topic.path}"
         self.segments: list[SegmentInfo] = []
         self._index: dict[int, int] = {}  # segment id -> index in self.segments
+        # every segment id this ledger has had (a remote one outside it is another owner's)
+        self._known: set[int] = set()
         self._version = -1
         self.next_offset = 0
         self.last_publish_time = 0
@@ -269,9 +271,8 @@ class ManagedLedger:
                 if stat is None:
                     break
                 remote = {s["id"]: s for s in json.loads(stat.value).get("segments", [])}
-                mine = [s.id for s in self.segments]
-                if [i for i in remote if i not in mine and i > (mine[0] if mine else -1)]:
-                    break  # segments we do not know: another owner
+                if [i for i in remote if i not in self._known]:
+                    break  # segments we never had: another owner's
                 if any(
                     remote[s.id]["state"] == "closed"
                     and (s.state != "closed" or remote[s.id]["last_entry_id"] != s.last_entry_id)
@@ -290,6 +291,7 @@ class ManagedLedger:
 
     def _reindex(self) -> None:
         self._index = {s.id: i for i, s in enumerate(self.segments)}
+        self._known.update(self._index)
 
     async def open(self) -> None:
         stat = await self.store.get(self.path)
@@ -527,6 +529,11 @@ class ManagedLedger:
             raise ServiceUnavailable(
                 f"cannot open a segment of {self.topic} on {ensemble}: {exc}"
             ) from None
+        if self.closed:  # closed while the writer was being opened
+            writer.close()
+            with contextlib.suppress(PigeonError):
+                await self.store.delete(segment_path(segment_id))
+            raise ServiceUnavailable(f"topic {self.topic} is closed")
         self.segments.append(seg)
         self._reindex()
         try:
@@ -716,6 +723,8 @@ class ManagedLedger:
                 try:
                     if self._writer is not None:
                         await self._close_segment(recover)
+                    if self.closed:
+                        break  # closed meanwhile: no new segment (close() gave up waiting)
                     await self._new_segment()
                     break
                 except NotOwner:
@@ -727,10 +736,16 @@ class ManagedLedger:
                         exc,
                         delay,
                     )
-                    if self._writer is None and (
-                        isinstance(exc, NotEnoughBookies)
-                        or attempts >= ROLL_ATTEMPTS_BEFORE_FAILING
-                    ):
+                    # Also (after twice the attempts) while the old segment cannot be
+                    # closed, e.g. not recovered with too few bookies: its own appends
+                    # wait for its recovery, the ones in no segment fail.
+                    if (
+                        self._writer is None
+                        and (
+                            isinstance(exc, NotEnoughBookies)
+                            or attempts >= ROLL_ATTEMPTS_BEFORE_FAILING
+                        )
+                    ) or attempts >= 2 * ROLL_ATTEMPTS_BEFORE_FAILING:
                         error = (
                             exc
                             if isinstance(exc, PigeonError) and exc.retriable
@@ -771,6 +786,18 @@ class ManagedLedger:
             if writer.failed is None:
                 writer.abort(ServiceUnavailable(f"segment {seg.id} is being recovered"))
             last = await self._recover(seg)
+            if last < seg.last_entry_id:
+                # copies lost since they were acknowledged: the segment still ends after
+                # them (reads report them damaged), never below what producers were told
+                log.error(
+                    "recovery found fewer entries than were acknowledged topic=%s segment=%s"
+                    " recovered_last=%s acknowledged_last=%s",
+                    self.topic,
+                    seg.id,
+                    last,
+                    seg.last_entry_id,
+                )
+                last = seg.last_entry_id
         else:
             last = writer.lac
         writer.close()
