@@ -159,9 +159,11 @@ class Deduplication:
             flight = p.in_flight.popleft()
             settled.extend((flight, f, w) for f, w in flight.waiters)
         for flight, resend_first, waiter in settled:
-            if flight.last == last:
+            if flight.last == last and resend_first >= first:
                 waiter(_shifted(receipt, first, resend_first), None)
-            else:  # an older flight overtaken (cannot happen with in-order appends)
+            else:
+                # a resend batched differently (it starts in an earlier batch: no exact
+                # position), or an older flight overtaken (not with in-order appends)
                 waiter(self.receipt(name, resend_first, flight.last - resend_first + 1), None)
 
     def failed(self, name: str, first: int, count: int, error: BaseException) -> None:

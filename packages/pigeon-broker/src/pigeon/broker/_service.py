@@ -836,14 +836,25 @@ class BrokerService:
 
         dedup.pushed(name, sequence_id, n)
         deliver_at = header.deliver_at
-        if (
-            topic.persistent
-            and policies.backlog_quota_bytes >= 0
-            and policies.backlog_quota_policy == "producer_request_hold"
-            and topic.backlog_bytes() > policies.backlog_quota_bytes
+        if topic.persistent and (
+            topic._held  # sends held earlier go first (a producer's order is the log's)
+            or (
+                policies.backlog_quota_bytes >= 0
+                and policies.backlog_quota_policy == "producer_request_hold"
+                and topic.backlog_bytes() > policies.backlog_quota_bytes
+            )
         ):
             payload_copy = bytes(payload)
-            topic.hold(lambda: self._append(topic, payload_copy, n, done, deliver_at))
+
+            def release() -> None:
+                if producer.fenced:
+                    # an earlier send of this producer failed meanwhile: storing this one
+                    # would make that one's resend look like a duplicate
+                    done(None, ServiceUnavailable(f"producer {name} must resend from a lost send"))
+                    return
+                self._append(topic, payload_copy, n, done, deliver_at)
+
+            topic.hold(release)
             return
         self._append(topic, payload, n, done, deliver_at)
 
