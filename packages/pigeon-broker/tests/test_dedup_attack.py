@@ -154,3 +154,43 @@ def test_a_resend_batched_differently_gets_no_receipt_naming_another_entry() -> 
     assert error is None
     if receipt is not None and receipt[1] == 1:
         assert receipt[2] >= 105, f"receipt names entry 1 with offset {receipt[2]} before it"
+
+
+async def test_sends_held_when_the_topic_is_unloaded_are_answered_and_not_kept(
+    pigeon_standalone: Any, autojump_clock: Any
+) -> None:
+    """producer_request_hold: the topic is unloaded while a send is held.  The held send
+    is answered (a retriable error: the client resends it to the topic's next owner) and
+    the unloaded topic keeps nothing: no held send, no task polling its backlog.
+
+    Before the fix: the held sends stayed on the unloaded topic, and its release task
+    polled the backlog every 50 ms for as long as the broker ran."""
+    from pigeon.broker._admin_ops import unload_topic
+
+    service = pigeon_standalone.service
+    topic_name = PREFIX + "hold-unload"
+    await service.policies.set(
+        NS, {"backlog_quota_bytes": 1000, "backlog_quota_policy": "producer_request_hold"}
+    )
+    async with Client(pigeon_standalone.url) as client:
+        producer = await client.create_producer(
+            topic_name, batching_max_messages=1, send_timeout=60
+        )
+        await producer.send(b"m0")
+        old = service.topics[TopicName.parse(topic_name).full]
+        old.backlog_bytes = lambda: 10_000
+        answers: list[Any] = []
+        await producer.send_async(b"A", callback=lambda m, e: answers.append((m, e)))
+        for _ in range(50):
+            await trio.lowlevel.checkpoint()
+            if old._held:
+                break
+        assert old._held, "A was not held"
+        await unload_topic(service, TopicName.parse(topic_name))
+        await trio.sleep(1)
+        assert old._held == [], "the unloaded topic still holds a send"
+        with trio.fail_after(30):
+            await producer.flush()
+        assert [e for _m, e in answers] == [None]
+        got = await _read_all(client, topic_name, 2)
+        assert [m.value for m in got] == [b"m0", b"A"]

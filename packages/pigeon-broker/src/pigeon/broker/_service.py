@@ -118,7 +118,8 @@ class Topic:
         while self._held:
             policies = self.service.policies.cached(self.name.namespace_name)
             if (
-                policies.backlog_quota_bytes < 0
+                self.ledger.closed  # unloaded: the sends fail (retriably), nothing waits on
+                or policies.backlog_quota_bytes < 0
                 or self.backlog_bytes() <= policies.backlog_quota_bytes
             ):
                 held, self._held = self._held, []
