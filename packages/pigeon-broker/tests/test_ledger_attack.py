@@ -577,3 +577,46 @@ async def test_an_old_owner_with_no_segment_left_cannot_erase_the_new_owners_seg
         )
         assert a.closed, "the old owner did not notice it lost the ledger"
         nursery.cancel_scope.cancel()
+
+
+class PausedBookiesPolicy(RecoveringPolicy):
+    """Bookies in ``paused`` do not answer: a recovery needing them times out (after
+    RECOVERY_OP_TIMEOUT_S, 5 s) instead of failing at once."""
+
+    paused: set[str] = set()
+
+    async def recover(self, segment_id: int, ensemble: Any, **kw: Any) -> int:
+        qa = kw.get("ack_quorum") or self.ack_quorum
+        answering = [b for b in ensemble if b not in self.paused and b not in self.cluster.dead]
+        if len(answering) < len(ensemble) - min(qa, len(ensemble)) + 1:
+            await trio.sleep(5.0)
+            raise ServiceUnavailable(f"cannot recover segment {segment_id}: fence timed out")
+        return await super().recover(segment_id, ensemble, **kw)
+
+
+async def test_appends_fail_within_seconds_when_recovery_times_out_on_paused_bookies(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Two bookies of three are paused (SIGSTOP) under a writer: each recovery attempt
+    waits 5 s for their fence answers.  An append in no segment must get its retriable
+    error within about 15 s (the producer's send timeout is 30 s), not after as many
+    attempts as a fast failure makes in that time."""
+    cluster = Cluster(["b1", "b2", "b3"])
+    policy = PausedBookiesPolicy(cluster)
+    policy.paused = {"b2", "b3"}
+    store = Store()
+    results = Results()
+    async with trio.open_nursery() as nursery:
+        ledger = await _open(nursery, cluster, policy, store)
+        _append(ledger, results, 0)
+        cluster.writers[-1].fail(ConnectionClosed("b2 and b3 stalled"))
+        _append(ledger, results, 1)
+        await trio.sleep(16)
+        assert 1 in results.answers, "an append waited 16 s for paused bookies"
+        policy.paused = set()
+        await trio.sleep(30)
+        cluster.writers[-1].store(100)
+        await _settle()
+        results.check_once()
+        assert ledger.unavailable is None
+        nursery.cancel_scope.cancel()

@@ -72,6 +72,8 @@ NEAR_PROBES = 64
 _UNREADABLE = (CorruptEntry, EntryNotFound, SegmentNotFound)
 #: failed attempts to open a new segment before pending appends fail (retriably)
 ROLL_ATTEMPTS_BEFORE_FAILING = 4
+#: ... or seconds a rollover has been failing (attempts that wait on paused bookies)
+ROLL_FAILING_S = 10.0
 
 
 @dataclass(slots=True, eq=False)
@@ -717,6 +719,7 @@ class ManagedLedger:
         """
         delay = ROLL_BACKOFF_S[0]
         attempts = 0
+        started = trio.current_time()
         try:
             while not self.closed:
                 attempts += 1
@@ -736,16 +739,19 @@ class ManagedLedger:
                         exc,
                         delay,
                     )
-                    # Also (after twice the attempts) while the old segment cannot be
-                    # closed, e.g. not recovered with too few bookies: its own appends
-                    # wait for its recovery, the ones in no segment fail.
+                    # Also (after twice the attempts, or ROLL_FAILING_S) while the old
+                    # segment cannot be closed, e.g. not recovered with too few bookies:
+                    # its own appends wait for its recovery, those in no segment fail.
                     if (
                         self._writer is None
                         and (
                             isinstance(exc, NotEnoughBookies)
                             or attempts >= ROLL_ATTEMPTS_BEFORE_FAILING
                         )
-                    ) or attempts >= 2 * ROLL_ATTEMPTS_BEFORE_FAILING:
+                    ) or (
+                        attempts >= 2 * ROLL_ATTEMPTS_BEFORE_FAILING
+                        or trio.current_time() - started >= ROLL_FAILING_S
+                    ):
                         error = (
                             exc
                             if isinstance(exc, PigeonError) and exc.retriable
