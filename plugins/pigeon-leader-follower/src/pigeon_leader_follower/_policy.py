@@ -412,14 +412,16 @@ class LeaderFollowerWriter:
             if index in skip:
                 continue
             try:
-                state = await self.client.segment_info(address, self.segment_id)
+                # a candidate that does not answer (paused, cut off) is passed over
+                with trio.fail_after(_replication.ADD_ENTRY_TIMEOUT_S):
+                    state = await self.client.segment_info(address, self.segment_id)
                 if state["fenced"]:
                     self._fail(SegmentFenced(f"segment={self.segment_id} is fenced"))
                     return
                 last = int(state["last_entry_id"])
             except SegmentNotFound:
                 last = -1
-            except (PigeonError, OSError) as exc:
+            except (PigeonError, OSError, trio.TooSlowError) as exc:
                 log.warning(
                     "leader candidate unreachable segment=%s bookie=%s error=%s",
                     self.segment_id,
@@ -437,10 +439,21 @@ class LeaderFollowerWriter:
         if best is None:
             self._fail(ServiceUnavailable(f"segment {self.segment_id}: no follower left to lead"))
             return
+        if best[0][0] < self.lac:
+            # the followers that answered lack acknowledged entries: leading from them
+            # would leave holes; the ledger recovers the segment instead
+            self._fail(
+                ServiceUnavailable(
+                    f"segment {self.segment_id}: no answering follower holds every"
+                    f" acknowledged entry (up to {self.lac})"
+                )
+            )
+            return
         self.leader = best[1]
         try:
-            self._conn = await self.client.connection(self.leader_address)
-        except (PigeonError, OSError) as exc:
+            with trio.fail_after(_replication.ADD_ENTRY_TIMEOUT_S):
+                self._conn = await self.client.connection(self.leader_address)
+        except (PigeonError, OSError, trio.TooSlowError) as exc:
             self._fail(ServiceUnavailable(f"segment {self.segment_id}: new leader: {exc}"))
             return
         self.leader_changes += 1
