@@ -59,6 +59,7 @@ class Report:
     detached_longest: dict[str, float] = field(default_factory=dict)
     faults: dict[str, int] = field(default_factory=dict)
     crashes: int = 0
+    restart_failures: int = 0
     longest_unavailable: float = 0.0
     longest_unavailable_by_topic: dict[str, float] = field(default_factory=dict)
     #: per fault: "kind target at" -> longest gap between acks while it lasted and after
@@ -88,6 +89,7 @@ class Report:
             "receipts_without_position": self.receipts_without_position,
             "faults": dict(self.faults),
             "crashes": self.crashes,
+            "restart_failures": self.restart_failures,
             "longest_unavailable_s": round(self.longest_unavailable, 2),
             "longest_unavailable_after_fault_s": round(
                 max(self.unavailable_after_fault.values(), default=0.0), 2
@@ -146,6 +148,7 @@ def check(history: History) -> Report:
     _availability(history, r)
     r.faults = dict(Counter(f"{f.kind}-{f.target.split('-')[0]}" for f in history.faults))
     r.crashes = sum(1 for e in history.events if e.kind == "crash")
+    r.restart_failures = sum(1 for e in history.events if e.kind == "restart-failed")
     return r
 
 

@@ -93,6 +93,7 @@ class Nemesis:
         self.schedule = schedule
         self.stop = threading.Event()
         self._down: set[str] = set()  # killed by us, not to be restarted by the supervisor
+        self._dead: set[str] = set()  # down by themselves (or not restarted), recorded
         self._thread = threading.Thread(target=self._run, name="nemesis", daemon=True)
         self._error: BaseException | None = None
 
@@ -120,6 +121,7 @@ class Nemesis:
         """SIGCONT and unblock everything; start every node that is not running."""
         self.topology.heal_all()
         self._down.clear()
+        self._dead.clear()
         names = [*(["metadata"] if self.topology.server else []), *self.topology.nodes]
         for name in names:
             while not self.topology.running(name) and time.monotonic() < deadline:
@@ -161,11 +163,12 @@ class Nemesis:
         end = time.monotonic() + p.duration
         while not self.stop.is_set() and time.monotonic() < end:
             self.stop.wait(min(_TICK, max(0.0, end - time.monotonic())))
-            self._supervise()
+            self._supervise(restart=False)  # never hold a fault open with a restart
         if p.kind == "kill":
             self._down.discard(p.target)
             if not self._restart(p.target):
                 fault.note = "did not come back"
+                self._dead.add(p.target)  # the supervisor tries again later
         elif p.kind == "pause":
             topo.resume(p.target)
         else:
@@ -190,11 +193,16 @@ class Nemesis:
                 time.sleep(1.0)
         return False
 
-    def _supervise(self) -> None:
+    def _supervise(self, *, restart: bool = True) -> None:
+        """Record nodes that exited by themselves (once each) and, between faults, start
+        them again."""
         for name in [*(["metadata"] if self.topology.server else []), *self.topology.nodes]:
             if name in self._down or self.topology.running(name):
                 continue
-            code = self.topology.exit_code(name)
-            tail = " | ".join(self.topology.log_tail(name, 6).splitlines())
-            self.history.event("crash", f"{name} exit={code} log: {tail[-600:]}")
-            self._restart(name)
+            if name not in self._dead:
+                self._dead.add(name)
+                code = self.topology.exit_code(name)
+                tail = " | ".join(self.topology.log_tail(name, 6).splitlines())
+                self.history.event("crash", f"{name} exit={code} log: {tail[-600:]}")
+            if restart and self._restart(name):
+                self._dead.discard(name)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 from pathlib import Path
 
 import pytest
@@ -344,3 +345,64 @@ def test_the_schedule_keeps_faults_apart_and_bounded(seed: int) -> None:
 def test_without_a_metadata_server_it_is_never_a_target() -> None:
     schedule = plan(5, 600, bookies=["bookie-0"], brokers=["broker-0"], metadata_server=False)
     assert all(p.target != "metadata" for p in schedule)
+
+
+class _FakeTopology:
+    """Just enough of a Topology for the Nemesis: nodes that run or not, and a log."""
+
+    def __init__(self) -> None:
+        self.server = None
+        self.nodes = {"bookie-0": None, "broker-0": None}
+        self.up = dict.fromkeys(self.nodes, True)
+        self.calls: list[tuple[str, str]] = []
+
+    def running(self, name: str) -> bool:
+        return self.up[name]
+
+    def start_node(self, name: str) -> None:
+        self.calls.append(("start", name))
+        self.up[name] = True
+
+    def kill(self, name: str) -> None:
+        self.calls.append(("kill", name))
+        self.up[name] = False
+
+    def exit_code(self, name: str) -> int:
+        return 1
+
+    def log_tail(self, name: str, lines: int = 20) -> str:
+        return "boom"
+
+    def heal_all(self) -> None:
+        self.calls.append(("heal_all", ""))
+
+    def __getattr__(self, verb: str):  # pause, resume, cut, heal
+        return lambda name: self.calls.append((verb, name))
+
+
+def test_the_nemesis_carries_out_its_schedule_and_supervises_between_faults() -> None:
+    from ._nemesis import Nemesis, Planned
+
+    topo = _FakeTopology()
+    h = History()
+    schedule = [Planned(0.0, "kill", "bookie-0", 0.3), Planned(0.4, "cut", "broker-0", 0.3)]
+    nemesis = Nemesis(topo, h, schedule)  # type: ignore[arg-type]
+    original_kill = topo.kill
+
+    def kill_and_crash(name: str) -> None:
+        original_kill(name)
+        topo.up["broker-0"] = False  # another node dies while the fault holds
+
+    topo.kill = kill_and_crash  # type: ignore[method-assign]
+    nemesis.start()
+    deadline = time.monotonic() + 10
+    while (len(h.faults) < 2 or h.faults[-1].healed is None) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    nemesis.finish(timeout=10)
+    verbs = [c for c in topo.calls if c[0] != "heal_all"]
+    # the crashed broker is not restarted while the kill holds, only after its heal
+    assert verbs[:3] == [("kill", "bookie-0"), ("start", "bookie-0"), ("start", "broker-0")]
+    assert ("cut", "broker-0") in verbs and ("heal", "broker-0") in verbs
+    assert [e.kind for e in h.events] == ["crash"]  # recorded once
+    assert [(f.kind, f.target) for f in h.faults] == [("kill", "bookie-0"), ("cut", "broker-0")]
+    assert all(f.healed is not None and f.started is not None for f in h.faults)
