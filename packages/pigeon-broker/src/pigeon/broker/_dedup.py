@@ -126,12 +126,14 @@ class Deduplication:
 
     # ------------------------------------------------------------------ transitions
 
-    def pushed(self, name: str, first: int, count: int) -> None:
-        """A NEW batch was handed to the ledger."""
+    def pushed(self, name: str, first: int, count: int) -> object:
+        """A NEW batch was handed to the ledger; returns its flight (for ``failed``)."""
         p = self._get(name)
         last = first + count - 1
         p.pushed = max(p.pushed, last)
-        p.in_flight.append(_Flight(first, last))
+        flight = _Flight(first, last)
+        p.in_flight.append(flight)
+        return flight
 
     def wait(self, name: str, first: int, count: int, waiter: Waiter) -> None:
         """An IN_FLIGHT resend: ``waiter`` gets the original's outcome."""
@@ -166,14 +168,27 @@ class Deduplication:
                 # position), or an older flight overtaken (not with in-order appends)
                 waiter(self.receipt(name, resend_first, flight.last - resend_first + 1), None)
 
-    def failed(self, name: str, first: int, count: int, error: BaseException) -> None:
+    def failed(
+        self,
+        name: str,
+        first: int,
+        count: int,
+        error: BaseException,
+        flight: object | None = None,
+    ) -> None:
         """The batch was not stored: the producer must resend from it on.
 
         The ledger fails appends as a suffix (this one and every later one), so every
         flight of this producer from this batch on is settled with ``error``; earlier
         flights are still on their way and settle by themselves.
+
+        ``flight`` (what ``pushed`` returned): when it is gone already (settled by the
+        failure of an earlier flight), nothing changes -- a resend of the same sequence
+        ids may be in flight by now, and this failure is not its.
         """
         p = self._get(name)
+        if flight is not None and not any(f is flight for f in p.in_flight):
+            return
         last = first + count - 1
         kept: deque[_Flight] = deque()
         waiters: list[Waiter] = []

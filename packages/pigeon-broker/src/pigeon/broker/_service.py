@@ -813,7 +813,15 @@ class BrokerService:
             answer(dedup.receipt(name, sequence_id, n), None, True)
             return
         if decision is Decision.IN_FLIGHT:
-            dedup.wait(name, sequence_id, n, lambda r, e: answer(r, e, True))
+
+            def resent(receipt: Any, error: BaseException | None) -> None:
+                if error is not None:
+                    # the original (sent on an earlier attachment) was not stored: this
+                    # attachment's later sends must not be stored before its resend
+                    self._fence_producer(conn, producer, error)
+                answer(receipt, error, True)
+
+            dedup.wait(name, sequence_id, n, resent)
             return
         if (
             topic.persistent
@@ -827,7 +835,7 @@ class BrokerService:
 
         def done(result: Any, error: BaseException | None) -> None:
             if error is not None:
-                dedup.failed(name, sequence_id, n, error)
+                dedup.failed(name, sequence_id, n, error, flight)
                 self._fence_producer(conn, producer, error)
                 answer(None, error, False)
                 return
@@ -835,7 +843,7 @@ class BrokerService:
             topic.confirm_sequence(result[0], result[1])
             answer(result, None, False)
 
-        dedup.pushed(name, sequence_id, n)
+        flight = dedup.pushed(name, sequence_id, n)
         deliver_at = header.deliver_at
         if topic.persistent and (
             topic._held  # sends held earlier go first (a producer's order is the log's)
