@@ -12,6 +12,7 @@ of waiting; and the ledger is writable again by itself once the bookies are back
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import pytest
@@ -333,6 +334,9 @@ _actions = st.one_of(
     st.tuples(st.just("roll"), st.just(0)),
     st.tuples(st.just("takeover"), st.just(0)),  # another broker opens the ledger
     st.tuples(st.just("reload"), st.just(0)),  # close, then open again (an unload)
+    st.tuples(st.just("ack_any"), st.integers(0, 5)),  # an older writer acknowledges
+    st.tuples(st.just("fail_any"), st.integers(0, 5)),  # an older writer fails
+    st.tuples(st.just("hole"), st.integers(1, 3)),  # a later entry stored, not the next
 )
 
 
@@ -397,6 +401,18 @@ async def _run_program(actions: list[tuple[str, Any]], max_entries: int) -> None
             elif kind == "fail" and writers:
                 err = StorageError("bookie failed") if arg == "storage" else ConnectionClosed("x")
                 writers[-1].fail(err)
+            elif kind == "ack_any" and writers:
+                w = writers[arg % len(writers)]
+                if w.flights:
+                    w.store(min(w.flights))
+            elif kind == "fail_any" and writers:
+                writers[arg % len(writers)].fail(StorageError("bookie failed"))
+            elif kind == "hole" and writers:
+                w = writers[-1]
+                later = sorted(w.flights)[arg:]
+                if later and w.segment_id not in run.policy.fenced:
+                    eid = later[0]
+                    cluster.segments[w.segment_id][eid] = w.flights[eid][0]
             elif kind == "kill":
                 cluster.dead.add(arg)
             elif kind == "revive":
@@ -523,6 +539,11 @@ async def _check_log(ledger: ManagedLedger, run: _Run) -> None:
 def test_random_programs_keep_every_promise(
     actions: list[tuple[str, Any]], max_entries: int
 ) -> None:
+    errors: list[str] = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = lambda record: errors.append(record.getMessage())  # type: ignore[method-assign]
+    ledger_log = logging.getLogger("pigeon.broker._ledger")
+    ledger_log.addHandler(handler)
     try:
         trio.run(
             _run_program,
@@ -530,9 +551,13 @@ def test_random_programs_keep_every_promise(
             max_entries,
             clock=trio.testing.MockClock(autojump_threshold=0),
         )
+        # an out-of-order completion would mean an append dropped without an answer
+        assert errors == [], errors
     except BaseException:
         print(f"failing program: max_entries={max_entries} actions={actions}")
         raise
+    finally:
+        ledger_log.removeHandler(handler)
 
 
 async def test_an_old_owner_with_no_segment_left_cannot_erase_the_new_owners_segment(
@@ -620,3 +645,33 @@ async def test_appends_fail_within_seconds_when_recovery_times_out_on_paused_boo
         results.check_once()
         assert ledger.unavailable is None
         nursery.cancel_scope.cancel()
+
+
+async def test_a_rollover_cancelled_with_its_nursery_answers_every_append_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The broker shuts down (its nursery is cancelled) in the middle of a rollover:
+    every pending append is answered once, with a retriable error, and the segment is
+    left open for the next owner's recovery."""
+    cluster = Cluster(["b1", "b2", "b3"])
+    policy = SlowRecoveryPolicy(cluster)
+    store = Store()
+    results = Results()
+    async with trio.open_nursery() as outer:
+        async with trio.open_nursery() as nursery:
+            ledger = await _open(nursery, cluster, policy, store)
+            for i in range(3):
+                _append(ledger, results, i)
+            cluster.writers[-1].store(0)
+            cluster.writers[-1].store(1, ack=False)
+            cluster.writers[-1].fail(StorageError("bookie failed"))
+            _append(ledger, results, 3)
+            await trio.sleep(2)  # the rollover is recovering the segment
+            nursery.cancel_scope.cancel()
+        results.check_once()
+        assert set(results.answers) == {0, 1, 2, 3}
+        assert set(results.ok()) == {0}
+        assert all(e.retriable for e in results.errors().values())
+        other = await _open(outer, cluster, policy, store)
+        assert [o for o, _n in await _log(other)] == [0, 2]
+        outer.cancel_scope.cancel()
