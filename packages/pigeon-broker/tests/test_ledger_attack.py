@@ -675,3 +675,36 @@ async def test_a_rollover_cancelled_with_its_nursery_answers_every_append_once(
         other = await _open(outer, cluster, policy, store)
         assert [o for o, _n in await _log(other)] == [0, 2]
         outer.cancel_scope.cancel()
+
+
+async def test_an_ensemble_change_that_fails_on_metadata_does_not_quarantine_its_choice(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The writer replaces a failed bookie (b3) and the metadata write of the new
+    fragment fails once.  The retry must replace b3 again -- with the healthy spare (b4),
+    not quarantine b4 as if it had failed -- and the segment's ensemble must be the one
+    the metadata and the writer agree on.
+
+    Before the fix: the failed attempt left b4 in the segment's ensemble in memory, so
+    the retry quarantined b4 (the bookie at the failed index now) and found no spare:
+    the ensemble change stalled for the quarantine (entries under-replicated meanwhile,
+    failing with Qw == Qa)."""
+    cluster = Cluster(["b1", "b2", "b3", "b4"])
+    policy = ScriptedPolicy(cluster)
+    store = Store()
+    async with trio.open_nursery() as nursery:
+        ledger = await _open(nursery, cluster, policy, store)
+        seg = ledger.segments[-1]
+        index = seg.ensemble.index("b3") if "b3" in seg.ensemble else 2
+        failed = seg.ensemble[index]
+        spare = next(b for b in cluster.registered if b not in seg.ensemble)
+        store.fail_sets = 1
+        with pytest.raises(PigeonError):
+            await ledger._replace_bookie(seg, index, 0)
+        assert seg.ensemble[index] == failed, "a failed change left its choice in the ensemble"
+        address = await ledger._replace_bookie(seg, index, 0)
+        assert address == spare
+        doc = json.loads(store.nodes[ledger.path].value)
+        assert doc["segments"][-1]["ensemble"] == seg.ensemble
+        assert spare not in ledger._quarantine, "the healthy spare was quarantined"
+        nursery.cancel_scope.cancel()

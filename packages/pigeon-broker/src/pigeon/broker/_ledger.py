@@ -685,6 +685,7 @@ class ManagedLedger:
             )
         load = getattr(self.bookies, "load", None)  # the BookieDirectory's bytes/s
         address = min(candidates, key=lambda b: (load(b), b)) if load else candidates[0]
+        before = (seg.ensemble, seg.fragments, seg.initial_ensemble)
         if not seg.initial_ensemble:
             seg.initial_ensemble = list(seg.ensemble)
         ensemble = list(seg.ensemble)
@@ -692,7 +693,12 @@ class ManagedLedger:
         seg.ensemble = ensemble
         seg.fragments = [f for f in seg.fragments if f[0] != first_entry]
         seg.fragments.append([first_entry, ensemble])
-        await self._save()
+        try:
+            await self._save()
+        except BaseException:
+            # not recorded: the writer keeps the old bookie at ``index`` and tries again
+            seg.ensemble, seg.fragments, seg.initial_ensemble = before
+            raise
         return address
 
     def _on_writer_failed(self, writer: Any, error: BaseException) -> None:
