@@ -18,7 +18,14 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from pigeon.broker._ownership import BROKERS_PATH, Claim, ClaimStep, Ownership
+from pigeon.broker._ownership import (
+    BROKERS_PATH,
+    SESSIONS_PATH,
+    Claim,
+    ClaimStep,
+    Ownership,
+    TakeOver,
+)
 from pigeon.core import TopicName
 from pigeon.core.errors import MetadataError, NotOwner
 from pigeon.core.metadata import EmbeddedMetadataStore, EventType, MetadataStore
@@ -50,8 +57,8 @@ def test_our_own_node_is_kept() -> None:
     assert claim.step is ClaimStep.HELD and claim.adopted
 
 
-def test_the_node_of_an_earlier_run_is_replaced() -> None:
-    claim = Claim(URL, "t2")
+def test_the_node_of_an_earlier_run_is_replaced_when_taking_over() -> None:
+    claim = Claim(URL, "t2", take_over=TakeOver.ALWAYS)
     claim.exists()
     claim.read(holder(URL, "t1"), 4)
     assert (claim.step, claim.version) == (ClaimStep.DELETE, 4)
@@ -63,12 +70,51 @@ def test_the_node_of_an_earlier_run_is_replaced() -> None:
 
 def test_an_old_node_that_expires_before_the_delete_is_no_error() -> None:
     """The restart race: NodeExists, then the old session expires, then NoSuchNode."""
-    claim = Claim(URL, "t2")
+    claim = Claim(URL, "t2", take_over=TakeOver.ALWAYS)
     claim.exists()
     claim.read(holder(URL, "t1"), 0)
     claim.deleted(missing=True)
     assert claim.step is ClaimStep.CREATE
     claim.created()
+    assert claim.step is ClaimStep.HELD and claim.stale_deleted == 0
+
+
+def test_an_anchored_take_over_names_the_earlier_session() -> None:
+    """A bundle: another broker may claim it the moment the old node expires, at the
+    same version 0, so the delete must hold only while the old session is alive."""
+    claim = Claim(URL, "t2")
+    claim.exists()
+    claim.read(holder(URL, "t1"), 5)
+    assert (claim.step, claim.version, claim.anchor) == (ClaimStep.DELETE, 5, "t1")
+    claim.deleted(missing=True)  # its marker was gone: the session expired
+    assert claim.step is ClaimStep.CREATE and claim.anchor is None
+    claim.created()
+    assert claim.step is ClaimStep.HELD and claim.stale_deleted == 0
+
+
+def test_a_node_with_nothing_to_anchor_on_is_left_to_expire() -> None:
+    claim = Claim(URL, "t2")
+    claim.exists()
+    claim.read(json.dumps({"url": URL}).encode(), 0)  # no token: no session marker
+    assert claim.step is ClaimStep.CREATE and claim.waiting_for_expiry
+    claim = Claim(URL, "t2", take_over=TakeOver.NEVER, attempts=4, backoff_s=0.1)
+    waits = []
+    while not claim.done:
+        if claim.step is ClaimStep.CREATE:
+            claim.exists()
+        elif claim.step is ClaimStep.READ:
+            claim.read(holder(URL, "t1"), 0)
+        elif claim.step is ClaimStep.WAIT:
+            waits.append(claim.delay)
+            claim.waited()
+        else:
+            raise AssertionError(f"a NEVER claim must not {claim.step}")
+    assert claim.step is ClaimStep.GAVE_UP and claim.waiting_for_expiry
+    assert waits == [0.1, 0.2]
+    claim = Claim(URL, "t2", take_over=TakeOver.NEVER)
+    claim.exists()
+    claim.read(holder(URL, "t1"), 0)
+    claim.created()  # it expired meanwhile
     assert claim.step is ClaimStep.HELD and claim.stale_deleted == 0
 
 
@@ -93,7 +139,9 @@ def test_another_brokers_node_is_refused() -> None:
 
 
 def test_retries_back_off_and_are_bounded() -> None:
-    claim = Claim(URL, "t2", attempts=6, backoff_s=0.1, max_backoff_s=0.3)
+    claim = Claim(
+        URL, "t2", take_over=TakeOver.ALWAYS, attempts=6, backoff_s=0.1, max_backoff_s=0.3
+    )
     delays = []
     while not claim.done:
         if claim.step is ClaimStep.CREATE:
@@ -131,8 +179,13 @@ class ClaimMachine(RuleBasedStateMachine):
 
     @initialize(
         start=st.sampled_from(["free", "stale", "ours", "other"]),
+        take_over=st.sampled_from(TakeOver),
     )
-    def start(self, start: str) -> None:
+    def start(self, start: str, take_over: TakeOver) -> None:
+        # ALWAYS: a registration (no other broker may hold this address); otherwise a
+        # bundle, which another broker may grab whenever it is free
+        self.take_over = take_over
+        self.old_alive = start == "stale"  # the earlier run's session (and its marker)
         self.token = "now"
         # the node: (url, token, version) or None
         self.node: tuple[str, str, int] | None = {
@@ -141,7 +194,7 @@ class ClaimMachine(RuleBasedStateMachine):
             "ours": (URL, "now", 0),  # created by this session, answer lost
             "other": (OTHER, "x", 0),
         }[start]
-        self.claim = Claim(URL, self.token, attempts=self.ATTEMPTS)
+        self.claim = Claim(URL, self.token, take_over=take_over, attempts=self.ATTEMPTS)
         self.refused_after_reading: tuple[str, str, int] | None = None
         self.steps = 0
         self.interferences = 0
@@ -167,7 +220,10 @@ class ClaimMachine(RuleBasedStateMachine):
                 if claim.step is ClaimStep.REFUSED:
                     self.refused_after_reading = self.node
         elif claim.step is ClaimStep.DELETE:
-            if self.node is None:
+            assert self.take_over is not TakeOver.NEVER, "a NEVER claim deleted a node"
+            if claim.anchor is not None and not (self.old_alive and claim.anchor == "before"):
+                claim.deleted(missing=True)  # the multi's check of the marker failed
+            elif self.node is None:
                 claim.deleted(missing=True)
             elif self.node[2] != claim.version:
                 claim.deleted(changed=True)
@@ -186,8 +242,9 @@ class ClaimMachine(RuleBasedStateMachine):
         if self.node is not None and self.node[0] == URL and self.node[1] != self.token:
             self.node = None
             self.interferences += 1
+        self.old_alive = False
 
-    @precondition(lambda self: not self.claim.done)
+    @precondition(lambda self: not self.claim.done and self.take_over is not TakeOver.ALWAYS)
     @rule()
     def other_broker_grabs_a_free_node(self) -> None:
         if self.node is None:
@@ -204,7 +261,7 @@ class ClaimMachine(RuleBasedStateMachine):
     @precondition(lambda self: not self.claim.done)
     @rule()
     def earlier_run_recreates_its_node(self) -> None:
-        if self.node is None:
+        if self.node is None and self.old_alive:
             self.node = (URL, "before", 0)
             self.interferences += 1
 
@@ -228,33 +285,57 @@ class ClaimMachine(RuleBasedStateMachine):
     @invariant()
     def gives_up_only_when_disturbed(self) -> None:
         if self.claim.step is ClaimStep.GAVE_UP:
-            assert self.interferences >= self.ATTEMPTS - 1
+            # or a bundle's earlier-run node that did not expire within the claim's rounds
+            assert self.interferences >= self.ATTEMPTS - 1 or (
+                self.take_over is TakeOver.NEVER and self.claim.waiting_for_expiry
+            )
 
 
-ClaimMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=60, deadline=None)
+ClaimMachine.TestCase.settings = settings(max_examples=500, stateful_step_count=40, deadline=None)
 test_claim_against_model = ClaimMachine.TestCase
+
+
+@pytest.mark.parametrize("take_over", [TakeOver.ANCHORED, TakeOver.NEVER])
+def test_claim_model_old_node_expires_and_another_broker_claims(take_over: TakeOver) -> None:
+    """The interleaving that a plain version-checked delete gets wrong, spelled out:
+    the earlier run's node expires right after the claim read it, and another broker
+    creates the bundle's node at version 0 before the claim's delete."""
+    machine = ClaimMachine()
+    machine.start(start="stale", take_over=take_over)
+    machine.step()  # create: NodeExists
+    machine.step()  # read: an earlier run's node
+    machine.old_session_expires()
+    machine.other_broker_grabs_a_free_node()
+    while not machine.claim.done:
+        machine.step()
+        machine.held_means_ours()
+        machine.bounded()
+    assert machine.claim.step is ClaimStep.REFUSED
+    assert machine.node == (OTHER, "x", 0)
 
 
 # ---------------------------------------------------------------------- real store
 
 
 class FlakyStore:
-    """A store that runs ``before(op)`` ahead of chosen operations: the world changing
-    between the steps of a claim."""
+    """A store that runs a hook ahead of a chosen operation (by name, or by its index
+    among the calls): the world changing between the steps of a claim."""
 
     def __init__(self, store: MetadataStore) -> None:
         self._store = store
-        self.hooks: dict[str, Callable[[], Awaitable[None]]] = {}
+        self.hooks: dict[str | int, Callable[[], Awaitable[None]]] = {}
         self.calls: list[str] = []
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
     async def _op(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        index = len(self.calls)
         self.calls.append(name)
-        hook = self.hooks.pop(name, None)
-        if hook is not None:
-            await hook()
+        for key in (index, name):
+            hook = self.hooks.pop(key, None)
+            if hook is not None:
+                await hook()
         return await getattr(self._store, name)(*args, **kwargs)
 
     async def create(self, *args: Any, **kwargs: Any) -> Any:
@@ -323,22 +404,68 @@ class OwnershipContract:
     async def test_restart_takes_over_the_earlier_runs_nodes(
         self, metadata_store_factory: MetadataStoreFactory
     ) -> None:
-        """The earlier run's session has not expired yet: its nodes are replaced, so that
-        their expiry later cannot take the new run's registration or bundles away."""
+        """The earlier run's session has not expired yet: its registration and bundles
+        are taken over at once (no wait for the session timeout), so that their expiry
+        later cannot take the new run's nodes away."""
         async with metadata_store_factory() as store:
+            new = Ownership(store, URL, "127.0.0.1:6650")
             async with metadata_store_factory() as old_store:
                 old = Ownership(old_store, URL, "127.0.0.1:6650")
                 await old.register()
                 await old.acquire(TOPIC)
-                new = Ownership(store, URL, "127.0.0.1:6650")
                 await new.register()
                 await new.acquire(TOPIC)
-                assert new.takeovers == 2
+                assert new.takeovers == 2 and new.owns(TOPIC)
             # the old store closed (its session ended): the new run's nodes remain
             for path in (f"{BROKERS_PATH}/127.0.0.1:6650", new.path_of(TOPIC)):
                 stat = await store.get(path)
                 assert stat is not None, path
                 assert json.loads(stat.value)["token"] == new.token
+            assert await store.children(SESSIONS_PATH) == [new.token]
+
+    async def test_a_bundle_of_a_run_without_a_session_marker_waits_for_its_expiry(
+        self, metadata_store_factory: MetadataStoreFactory
+    ) -> None:
+        async with metadata_store_factory() as store:
+            new = Ownership(store, URL, "127.0.0.1:6650")
+            async with metadata_store_factory() as old_store:
+                old = Ownership(old_store, URL, "127.0.0.1:6650")
+                await old.acquire(TOPIC)  # never registered: nothing to anchor on
+                with pytest.raises(NotOwner, match="earlier run of this broker") as info:
+                    await new.acquire(TOPIC)
+                assert info.value.retriable and not new.owns(TOPIC)
+            await new.acquire(TOPIC)  # the old session ended
+            assert new.owns(TOPIC)
+
+    async def test_a_bundle_taken_by_another_broker_as_the_old_node_expires_is_kept(
+        self, metadata_store_factory: MetadataStoreFactory, expire_session: ExpireSession
+    ) -> None:
+        """Right after the restarted broker read its earlier run's node, that node
+        expires and another broker claims the bundle, at version 0 again. A plain
+        version-checked delete of "the old node" would remove the other broker's node
+        and leave two brokers serving the bundle; the delete anchored on the old
+        session's marker fails instead."""
+        async with (
+            metadata_store_factory() as old_store,
+            metadata_store_factory() as other_store,
+            metadata_store_factory() as store,
+        ):
+            old = Ownership(old_store, URL, "127.0.0.1:6650")
+            other = Ownership(other_store, OTHER, "127.0.0.1:6651")
+            await old.register()
+            await old.acquire(TOPIC)
+            flaky = FlakyStore(store)
+
+            async def old_expires_and_other_claims() -> None:
+                await expire_session(old_store)
+                await other.acquire(TOPIC)
+
+            flaky.hooks[2] = old_expires_and_other_claims  # after create, get
+            new = Ownership(flaky, URL, "127.0.0.1:6650")
+            with pytest.raises(NotOwner, match=re.escape(f"served by {OTHER}")):
+                await new.acquire(TOPIC)
+            stat = await store.get(new.path_of(TOPIC))
+            assert stat is not None and json.loads(stat.value)["token"] == other.token
 
     async def test_another_brokers_bundle_is_refused(
         self, metadata_store_factory: MetadataStoreFactory
@@ -385,6 +512,17 @@ class OwnershipContract:
             with pytest.raises(NotOwner, match="try again"):
                 await ownership.acquire(TOPIC)
             assert not ownership.owns(TOPIC)
+
+    async def test_a_claim_while_the_session_is_expired_is_retriable(
+        self, metadata_store_factory: MetadataStoreFactory, expire_session: ExpireSession
+    ) -> None:
+        """Not SessionExpired (final for a client) but NotOwner: look it up again."""
+        async with metadata_store_factory() as store:
+            ownership = Ownership(store, URL, "127.0.0.1:6650")
+            await expire_session(store)
+            with pytest.raises(NotOwner, match="session lost") as info:
+                await ownership.acquire(TOPIC)
+            assert info.value.retriable
 
     async def test_a_registration_held_by_another_broker_is_an_error(
         self, metadata_store_factory: MetadataStoreFactory

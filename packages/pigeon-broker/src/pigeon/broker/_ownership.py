@@ -15,10 +15,18 @@ Both nodes are taken through a :class:`Claim`, a plain state machine (no I/O) th
 :meth:`Ownership._hold` drives.  Every node value carries the broker's ``token``, new for
 each metadata session, so that a claim can tell its own node (a create that succeeded
 although the answer was lost, a concurrent claim of the same bundle: kept) from one left
-by an earlier run or session of the same broker (deleted, version-checked, and created
-again) and from another broker's (refused).  The earlier node may vanish at any moment as
-its session expires: a create that fails with ``NodeExists`` followed by a read or a
-delete that finds nothing just creates again.  Rounds are bounded, with backoff.
+by an earlier run or session of the same broker (taken over) and from another broker's
+(refused).  A node that vanishes between create, read and delete (its session expired
+meanwhile) is no error: the claim creates again.  Rounds are bounded, with backoff.
+
+Taking over an earlier run's node must not delete anything else: versions restart at 0
+when a node is created again, so "delete at the version read" cannot tell the old node
+from one that another broker created the moment the old one expired.  Each broker session
+therefore holds a marker ``/pigeon/brokers/sessions/<token>``; an earlier run's bundle is
+deleted by ``multi([check(its marker), delete(node, version)])``, which succeeds only
+while that run's session (marker and node alike) is alive.  Without a marker the claim
+waits for the node to expire.  A registration is keyed by this broker's own address, which
+no other broker can hold: it is taken over by a version-checked delete.
 """
 
 from __future__ import annotations
@@ -41,13 +49,25 @@ from pigeon.core.errors import (
     NoSuchNode,
     NotOwner,
     PigeonError,
+    SessionExpired,
 )
+from pigeon.core.metadata import Op
 
-__all__ = ["BROKERS_PATH", "OWNERSHIP_PATH", "Claim", "ClaimStep", "Ownership"]
+__all__ = [
+    "BROKERS_PATH",
+    "OWNERSHIP_PATH",
+    "SESSIONS_PATH",
+    "Claim",
+    "ClaimStep",
+    "Ownership",
+    "TakeOver",
+]
 
 log = logging.getLogger(__name__)
 
 BROKERS_PATH = "/pigeon/brokers/available"
+#: one ephemeral marker per broker session, ``<token>``: alive as long as the session
+SESSIONS_PATH = "/pigeon/brokers/sessions"
 OWNERSHIP_PATH = "/pigeon/ownership"
 FULL_RANGE = 1 << 32
 
@@ -55,12 +75,21 @@ FULL_RANGE = 1 << 32
 # ---------------------------------------------------------------------- claim (no I/O)
 
 
+class TakeOver(enum.Enum):
+    """How a claim treats a node of an earlier run or session of the same broker."""
+
+    ALWAYS = "always"  #: delete it at the version read (a node only we may create)
+    ANCHORED = "anchored"  #: delete it only while its session's marker exists
+    NEVER = "never"  #: wait for it to expire
+
+
 class ClaimStep(enum.Enum):
     """What the driver of a :class:`Claim` does next."""
 
     CREATE = "create"  #: create the ephemeral node; report created() / exists()
     READ = "read"  #: read it; report read(value, version) (value None: no node)
-    DELETE = "delete"  #: delete it at ``claim.version``; report deleted(...)
+    DELETE = "delete"  #: delete it at ``claim.version``, only while the marker of session
+    #: ``claim.anchor`` exists if that is not None; report deleted(...)
     WAIT = "wait"  #: sleep ``claim.delay`` seconds; report waited()
     HELD = "held"  #: done: the node is ours (``claim.adopted``: it already was)
     REFUSED = "refused"  #: done: another broker (``claim.owner``) holds it
@@ -74,7 +103,9 @@ class Claim:
     * Our ``token``: the node is this session's (an earlier create of ours whose answer
       was lost, or a concurrent claim of ours won): **held**, nothing to do.
     * Our ``url``, another token (an earlier run, or an expired session of this broker):
-      delete it at the version read, then create again.
+      per ``take_over``, delete it at the version read (``ALWAYS``), or only while the
+      marker of its session exists (``ANCHORED``; ``anchor`` names that session), then
+      create again; or wait for it to expire (``NEVER``, or no token to anchor on).
     * Another ``url`` (or a value that names no holder): **refused**.
     * A node that vanishes between create, read and delete (the old session expired
       meanwhile) is not an error: create again.
@@ -88,22 +119,27 @@ class Claim:
         url: str,
         token: str,
         *,
-        attempts: int = 10,
+        take_over: TakeOver = TakeOver.ANCHORED,
+        attempts: int = 8,
         backoff_s: float = 0.05,
         max_backoff_s: float = 1.0,
     ) -> None:
         self.url = url
         self.token = token
+        self.take_over = take_over
         self.attempts = max(1, attempts)
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self.step = ClaimStep.CREATE
         self.rounds = 0  #: retries so far
         self.version: int | None = None  #: the version to delete (DELETE)
+        self.anchor: str | None = None  #: the session whose marker must exist (DELETE)
         self.delay = 0.0  #: how long to wait (WAIT)
         self.owner: str | None = None  #: the other holder (REFUSED)
         self.adopted = False  #: HELD through a node this session had already created
         self.stale_deleted = 0  #: nodes of earlier runs/sessions deleted
+        #: a node of an earlier run or session was seen and left to expire
+        self.waiting_for_expiry = False
 
     @property
     def done(self) -> bool:
@@ -135,15 +171,24 @@ class Claim:
         if holder.get("token") == self.token and holder.get("url") == self.url:
             self.step, self.adopted = ClaimStep.HELD, True
         elif holder.get("url") == self.url:
-            self.step, self.version = ClaimStep.DELETE, version
+            token = holder.get("token")
+            if self.take_over is TakeOver.ALWAYS:
+                self.step, self.version, self.anchor = ClaimStep.DELETE, version, None
+            elif self.take_over is TakeOver.ANCHORED and isinstance(token, str) and token:
+                self.step, self.version, self.anchor = ClaimStep.DELETE, version, token
+            else:
+                self.waiting_for_expiry = True
+                self._again()
         else:
             self.step, self.owner = ClaimStep.REFUSED, str(holder.get("url", "unknown"))
 
     def deleted(self, *, missing: bool = False, changed: bool = False) -> None:
-        """The delete succeeded, or found no node (``missing``: the session that owned
-        it expired first), or another version (``changed``: written meanwhile)."""
+        """The delete succeeded, or found no node or no marker (``missing``: the session
+        that owned it expired first), or another version (``changed``)."""
         self._expect(ClaimStep.DELETE)
-        if not missing and not changed:
+        if missing:
+            self.waiting_for_expiry = True  # gone, or going with its session
+        elif not changed:
             self.stale_deleted += 1
         self._again()
 
@@ -153,7 +198,7 @@ class Claim:
 
     def _again(self) -> None:
         self.rounds += 1
-        self.version = None
+        self.version = self.anchor = None
         if self.rounds >= self.attempts:
             self.step = ClaimStep.GAVE_UP
         elif self.rounds == 1:
@@ -224,11 +269,11 @@ class Ownership:
             {"url": self.service_url, "address": self.address, "token": self.token, **fields}
         ).encode()
 
-    async def _hold(self, path: str, value: Callable[[], bytes]) -> Claim:
+    async def _hold(self, path: str, value: Callable[[], bytes], *, take_over: TakeOver) -> Claim:
         """Drive a :class:`Claim` of the ephemeral node ``path`` to its end.
 
         ``SessionExpired`` and other metadata errors propagate."""
-        claim = Claim(self.service_url, self.token)
+        claim = Claim(self.service_url, self.token, take_over=take_over)
         while not claim.done:
             step = claim.step
             if step is ClaimStep.CREATE:
@@ -245,7 +290,15 @@ class Ownership:
                 )
             elif step is ClaimStep.DELETE:
                 try:
-                    await self.store.delete(path, version=claim.version)
+                    if claim.anchor is None:
+                        await self.store.delete(path, version=claim.version)
+                    else:  # atomically: only while the earlier session is alive
+                        await self.store.multi(
+                            [
+                                Op.check(f"{SESSIONS_PATH}/{claim.anchor}"),
+                                Op.delete(path, version=claim.version),
+                            ]
+                        )
                 except NoSuchNode:
                     claim.deleted(missing=True)
                 except BadVersion:
@@ -267,9 +320,18 @@ class Ownership:
             await trio.lowlevel.checkpoint()
             return
         token = self.token
-        claim = await self._hold(path, self._value)
+        try:
+            claim = await self._hold(path, self._value, take_over=TakeOver.ANCHORED)
+        except SessionExpired:
+            # being renewed by run(): the client looks the topic up again
+            raise NotOwner(f"metadata session lost; try {name} again") from None
         if claim.step is ClaimStep.REFUSED:
             raise NotOwner(f"{name} is served by {claim.owner}")
+        if claim.step is ClaimStep.GAVE_UP and claim.waiting_for_expiry:
+            raise NotOwner(
+                f"the bundle of {name} is still held by an earlier run of this broker"
+                " until its metadata session expires; try again"
+            )
         if claim.step is not ClaimStep.HELD or token != self.token:
             # gave up, or the session was lost meanwhile (the node went with it)
             raise NotOwner(f"could not acquire the bundle of {name}; try again")
@@ -324,11 +386,16 @@ class Ownership:
         one that expires meanwhile is no error.  ``MetadataError`` if the address is
         registered by another broker, or the node keeps changing."""
         path = f"{BROKERS_PATH}/{self.address}"
-        claim = await self._hold(path, self._report)
+        claim = await self._hold(path, self._report, take_over=TakeOver.ALWAYS)
         if claim.step is ClaimStep.REFUSED:
             raise MetadataError(f"{path} is registered by another broker ({claim.owner})")
         if claim.step is not ClaimStep.HELD:
             raise MetadataError(f"could not register {path} in {claim.rounds} rounds")
+        marker = f"{SESSIONS_PATH}/{self.token}"
+        try:  # lets a later run of this broker take over this session's bundles
+            await self.store.create(marker, self.service_url.encode(), ephemeral=True)
+        except NodeExists:
+            pass  # registered again within the same session
         log.info(
             "broker registered path=%s rounds=%d replaced=%d",
             path,
