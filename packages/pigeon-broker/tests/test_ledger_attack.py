@@ -11,6 +11,7 @@ of waiting; and the ledger is writable again by itself once the bookies are back
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from typing import Any
@@ -707,4 +708,44 @@ async def test_an_ensemble_change_that_fails_on_metadata_does_not_quarantine_its
         doc = json.loads(store.nodes[ledger.path].value)
         assert doc["segments"][-1]["ensemble"] == seg.ensemble
         assert spare not in ledger._quarantine, "the healthy spare was quarantined"
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_late_ensemble_change_does_not_rewrite_a_closed_segment(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A writer's ensemble change still under way (waiting for a spare bookie) when its
+    segment is closed by a rollover: once a spare appears, the change must not record a
+    fragment in the closed segment (its entries are on the old bookies; readers would be
+    sent to a bookie that holds none of them)."""
+    cluster = Cluster(["b1", "b2", "b3"])
+    policy = ScriptedPolicy(cluster)
+    replacers: list[Any] = []
+    create = policy.create_writer
+
+    async def create_writer(segment_id: int, ensemble: Any, **kw: Any) -> ScriptedWriter:
+        replacers.append(kw["replace_bookie"])
+        return await create(segment_id, ensemble, **kw)
+
+    policy.create_writer = create_writer  # type: ignore[method-assign]
+    store = Store()
+    results = Results()
+    async with trio.open_nursery() as nursery:
+        ledger = await _open(nursery, cluster, policy, store)
+        for i in range(3):
+            _append(ledger, results, i)
+        w1 = cluster.writers[-1]
+        w1.store(1)  # 0, 1 acknowledged; 2 in flight
+        seg_id = w1.segment_id
+        cluster.dead.add("b3")
+        w1.fail(ConnectionClosed("b3 is gone"))  # the rollover closes the segment
+        await _settle()
+        before = json.loads(store.nodes[ledger.path].value)["segments"][0]
+        assert before["id"] == seg_id and before["state"] == "closed"
+        cluster.registered.append("b4")  # a spare appears; the old change goes on
+        with contextlib.suppress(PigeonError):
+            await replacers[0](2, 3)
+        after = json.loads(store.nodes[ledger.path].value)["segments"][0]
+        assert after["fragments"] == before["fragments"], "a closed segment got a new fragment"
+        assert after["ensemble"] == before["ensemble"]
         nursery.cancel_scope.cancel()

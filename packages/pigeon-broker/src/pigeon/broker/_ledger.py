@@ -675,6 +675,12 @@ class ManagedLedger:
     async def _replace_bookie(self, seg: SegmentInfo, index: int, first_entry: int) -> str:
         """Ensemble change: a new bookie (the least loaded outside the ensemble) for
         ``index`` from ``first_entry`` on, recorded in the segment's metadata."""
+        writer = self._writer
+        if seg.state != "open" or self.closed or (writer is not None and writer.failed is not None):
+            # a change still under way when the segment's writer failed (the segment is
+            # being recovered on its ensemble) or the segment was closed: its entries
+            # are on the old bookies, and so they stay in its metadata
+            raise ServiceUnavailable(f"segment {seg.id} is closed: no ensemble change")
         self.quarantine(seg.ensemble[index])
         candidates = [
             b for b in self.bookies() if b not in seg.ensemble and b not in self._quarantine
