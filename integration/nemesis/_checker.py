@@ -168,7 +168,11 @@ def _check_log(history: History, sends: dict[MsgId, Send], acked: set[MsgId], r:
             (rec.offset if rec.offset >= 0 else rec.index, rec.index, rec.id)
         )
 
-    unread = {t for t, status in history.final_read_status.items() if status.startswith("unread")}
+    unread = {
+        t
+        for t, status in history.final_read_status.items()
+        if not status.startswith(("complete", "idle"))
+    }
     missing = acked - stored.keys()
     lost = {i for i in missing if i[0] not in unread}
     unverified = missing - lost

@@ -50,6 +50,8 @@ KEYS_PER_PRODUCER = 16
 RECEIVE_BATCH = 500
 #: messages/s the final read is sure to manage (it reads ~1,000-3,000/s here)
 FINAL_READ_RATE = 400.0
+#: a final read that stops short of the log's end re-attaches this many times in all
+FINAL_READ_ATTACHES = 3
 
 
 def topic_name(key: str) -> str:
@@ -353,8 +355,9 @@ class Workload:
         within ``timeout`` seconds plus one per :data:`FINAL_READ_RATE` acknowledged
         messages of the topic; how each read ended goes to
         ``history.final_read_status``: ``complete`` (every acknowledged message seen),
-        ``idle`` (nothing more came for ``idle`` seconds), or why the topic could not be
-        read to its end (its missing messages are then unverified, not lost)."""
+        ``idle`` (nothing more came for ``idle`` seconds at the end of the log, so what is
+        missing is not stored), or why the topic could not be read to its end
+        (``stalled``, ``unreadable``: its missing messages are unverified, not lost)."""
         acked = self.acked()
         client = self._client()
         for key in TOPICS:
@@ -365,53 +368,84 @@ class Workload:
     def _read_topic(
         self, client: Client, key: str, want: set[MsgId], deadline: float, idle: float
     ) -> str:
+        """Read ``key`` to its end; when nothing comes for ``idle`` seconds before the
+        log's end (the admin API's next offsets), re-attach and go on, a few times."""
         h = self.history
-        consumer: Consumer | None = None
-        while consumer is None:
-            try:
-                consumer = client.subscribe(
-                    topic_name(key), "final-read", initial_position="earliest"
-                )
-            except Exception as exc:
-                h.event("final-read-error", f"{key} subscribe: {_brief(exc)}")
-                if time.monotonic() >= deadline:
-                    return f"unreadable: subscribe failed: {_brief(exc)}"
-                time.sleep(1.0)
         got: set[MsgId] = set()
-        quiet_since = time.monotonic()
+        last: dict[int, int] = {}  # partition -> highest offset read
         index = 0
-        try:
-            while True:
-                quiet = time.monotonic() - quiet_since
-                if want <= got and quiet >= 1.0:
-                    return "complete"
-                if quiet >= idle:
-                    return "idle"
-                if time.monotonic() >= deadline:
-                    return f"unreadable: still reading after {len(got)} messages at the deadline"
+        for attempt in range(FINAL_READ_ATTACHES):
+            consumer: Consumer | None = None
+            while consumer is None:
                 try:
-                    msgs = consumer.batch_receive(RECEIVE_BATCH, timeout=0.5)
-                except Timeout:
-                    continue
-                except Exception as exc:
-                    h.event("final-read-error", f"{key} receive: {_brief(exc)}")
-                    return f"unreadable: receive failed: {_brief(exc)}"
-                quiet_since = time.monotonic()
-                for m in msgs:
-                    mid = parse(m.value)
-                    raw = "" if mid is not None else repr(bytes(m.value[:40]))
-                    h.final_read.append(
-                        LogRecord(key, mid, _position(m.message_id), m.offset, index, raw)
+                    consumer = client.subscribe(
+                        topic_name(key), "final-read", initial_position="earliest"
                     )
-                    index += 1
-                    if mid is not None:
-                        got.add(mid)
-                with contextlib.suppress(Exception):
-                    # acknowledged, so that a re-attach does not hand everything over again
+                except Exception as exc:
+                    h.event("final-read-error", f"{key} subscribe: {_brief(exc)}")
+                    if time.monotonic() >= deadline:
+                        return f"unreadable: subscribe failed: {_brief(exc)}"
+                    time.sleep(1.0)
+            quiet_since = time.monotonic()
+            try:
+                while True:
+                    quiet = time.monotonic() - quiet_since
+                    if want <= got and quiet >= 1.0:
+                        return "complete"
+                    if quiet >= idle:
+                        break
+                    if time.monotonic() >= deadline:
+                        return (
+                            f"unreadable: still reading after {len(got)} messages at the deadline"
+                        )
+                    try:
+                        msgs = consumer.batch_receive(RECEIVE_BATCH, timeout=0.5)
+                    except Timeout:
+                        continue
+                    except Exception as exc:
+                        h.event("final-read-error", f"{key} receive: {_brief(exc)}")
+                        break
+                    quiet_since = time.monotonic()
                     for m in msgs:
-                        consumer.acknowledge(m)
-        finally:
-            _close_quietly(consumer)
+                        mid = parse(m.value)
+                        raw = "" if mid is not None else repr(bytes(m.value[:40]))
+                        where = _position(m.message_id)
+                        h.final_read.append(LogRecord(key, mid, where, m.offset, index, raw))
+                        index += 1
+                        last[where[0]] = max(last.get(where[0], -1), m.offset)
+                        if mid is not None:
+                            got.add(mid)
+                    with contextlib.suppress(Exception):
+                        # acknowledged (cumulatively: the subscription is exclusive), so
+                        # that a re-attach does not hand it all over again
+                        newest = {m.message_id.partition: m for m in msgs}
+                        for m in newest.values():
+                            consumer.acknowledge_cumulative(m)
+            finally:
+                _close_quietly(consumer)
+            short = self._short_of_log_end(key, last)
+            if short is None:
+                return "idle"  # at the end of the log: what is missing is not stored
+            h.event("final-read-stall", f"{key} attempt={attempt + 1} {short}")
+        return f"stalled: {short}"
+
+    def _short_of_log_end(self, key: str, last: dict[int, int]) -> str | None:
+        """None when ``last`` (partition -> offset read) reached the end of every
+        partition of ``key``, else where the read stopped short."""
+        partitions = TOPICS[key][0]
+        names = {i: f"nemesis-{key}-partition-{i}" for i in range(partitions)} or {
+            -1: f"nemesis-{key}"
+        }
+        short = []
+        for partition, name in names.items():
+            stats = self.topology.topic_stats(name)
+            if stats is None or stats.get("next_offset") is None:
+                short.append(f"{name}: end of the log unknown")
+                continue
+            read = last.get(partition, -1) + 1
+            if read < stats["next_offset"]:
+                short.append(f"{name}: read up to offset {read} of {stats['next_offset']}")
+        return "; ".join(short) or None
 
     def close(self) -> None:
         """Close every client, each bounded in time (a wedged close is left behind)."""

@@ -86,6 +86,15 @@ def test_a_topic_that_cannot_be_read_is_unverified_not_lost() -> None:
     assert any("could not be read to its end" in v for v in r.violations)
 
 
+def test_a_read_that_stalled_before_the_end_of_the_log_is_unverified() -> None:
+    h = healthy()
+    del h.final_read[3:]
+    h.final_read_status = {"a": "stalled: nemesis-a: read up to offset 3 of 10"}
+    r = check(h)
+    assert (r.lost, r.unverified) == (0, 7)
+    assert not r.ok
+
+
 def test_a_read_that_went_idle_counts_what_is_missing_as_lost() -> None:
     h = healthy()
     del h.final_read[3]
