@@ -22,6 +22,7 @@ import http.client
 import json
 import os
 import signal
+import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -251,13 +252,18 @@ class Topology:
         return None
 
     def _admin(self, method: str, path: str, body: Any) -> Any:
-        """An admin call on the first broker that accepts it (the cluster is healthy)."""
-        errors = []
-        for name in self.brokers:
-            try:
-                return self._request(name, method, path, body, 10.0)
-            except (OSError, ValueError) as exc:
-                errors.append(f"{name}: {exc}")
+        """An admin call on the first broker that accepts it (the cluster is healthy;
+        a broker's HTTP port opens just after its service port: tried for up to 30 s)."""
+        errors: list[str] = []
+        deadline = time.monotonic() + 30.0
+        while time.monotonic() < deadline:
+            errors = []
+            for name in self.brokers:
+                try:
+                    return self._request(name, method, path, body, 10.0)
+                except (OSError, ValueError) as exc:
+                    errors.append(f"{name}: {exc}")
+            time.sleep(0.2)
         raise AssertionError(f"admin {method} {path} failed: {errors}")
 
     def _request(self, name: str, method: str, path: str, body: Any, timeout: float) -> Any:
