@@ -91,8 +91,8 @@ class Shedder:
         self.min_throughput_bytes = min_throughput_bytes
         self.grace_period_s = grace_period_s
         self.moved_at: dict[str, float] = {}  #: bundle -> when it last moved
-        self._owner: dict[str, str] = {}  #: bundle -> owner at the last pass
-        self._ordered: set[str] = set()  #: moves ordered, not yet seen in the reports
+        #: bundle -> owner at the last pass, or the target of a move ordered since
+        self._owner: dict[str, str] = {}
         self.last_reason = ""
 
     def recently_moved(self, bundle: str, now: float) -> bool:
@@ -105,15 +105,11 @@ class Shedder:
                     continue
                 before = self._owner.get(bundle)
                 if before is not None and before != broker:
-                    if bundle in self._ordered:
-                        self._ordered.discard(bundle)  # our order: it moved back then
-                    else:
-                        self.moved_at[bundle] = now  # moved since the last pass
+                    self.moved_at[bundle] = now  # moved since the last pass
                 self._owner[bundle] = broker
         # forget moves older than the grace period (the map stays bounded)
         for bundle in [b for b, t in self.moved_at.items() if now - t >= self.grace_period_s]:
             del self.moved_at[bundle]
-            self._ordered.discard(bundle)
 
     def decide(self, now: float, cluster: Mapping[str, Mapping[str, BundleLoad]]) -> Shed | None:
         self._observe(now, cluster)
@@ -142,7 +138,7 @@ class Shedder:
             return None
         _, _, bundle, topics = min(candidates)
         self.moved_at[bundle] = now
-        self._ordered.add(bundle)
+        self._owner[bundle] = idlest  # where it should be seen next: no new move
         self.last_reason = "shed"
         return Shed(busiest, bundle, idlest, topics, high, low, mean)
 
