@@ -164,7 +164,7 @@ class History:
 
     def dump(self, path: Path) -> None:
         """Every record as one JSON line (gzip), for a post-mortem of a failed run."""
-        with gzip.open(path, "wt") as out:
+        with gzip.open(path, "wt", compresslevel=1) as out:
             meta = {name: getattr(self, name) for name in _META}
             out.write(json.dumps({"type": "meta", **meta}) + "\n")
             for name in ("sends", "deliveries", "final_read", "attach", "faults", "events"):

@@ -457,8 +457,9 @@ class Workload:
         ]
         for t in closers:
             t.start()
+        deadline = time.monotonic() + 10
         for t in closers:
-            t.join(15)
+            t.join(max(0.0, deadline - time.monotonic()))
 
 
 def _close_quietly(thing: Any) -> None:
