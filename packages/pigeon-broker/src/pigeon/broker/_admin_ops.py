@@ -1142,17 +1142,22 @@ async def unload_bundle(service: BrokerService, namespace: str, bundle: str) -> 
     if owner is not None and owner != broker_id(service):
         raise NotOwner(f"bundle {namespace}/{bundle} is owned by {owner}: ask that broker")
     unloaded = []
-    for key, topic in sorted(service.topics.items()):
-        if topic.name.namespace_name != namespace or _bundle_of(service, topic.name) != bundle:
-            continue
-        if await _unload_one(service, topic.name):
-            unloaded.append(key)
     ownership = _ownership(service)
+    path = f"{OWNERSHIP_PATH}/{namespace}/{bundle}"
     if ownership is not None:
-        path = f"{OWNERSHIP_PATH}/{namespace}/{bundle}"
-        if path in ownership.owned:
+        ownership.releasing.add(path)
+    try:
+        for key, topic in sorted(service.topics.items()):
+            if topic.name.namespace_name != namespace or _bundle_of(service, topic.name) != bundle:
+                continue
+            if await _unload_one(service, topic.name):
+                unloaded.append(key)
+        if ownership is not None and path in ownership.owned:
             ownership.owned.discard(path)
             await _ignore_missing(service.store.delete(path))
+    finally:
+        if ownership is not None:
+            ownership.releasing.discard(path)
     log.info("bundle unloaded namespace=%s bundle=%s topics=%s", namespace, bundle, len(unloaded))
     return unloaded
 

@@ -229,6 +229,9 @@ class Ownership:
         self.load = load
         self.report_interval = report_interval
         self.owned: set[str] = set()
+        # bundles being unloaded: no topic of theirs may be opened here meanwhile (a
+        # client re-attaching at once would find this broker still holding the node)
+        self.releasing: set[str] = set()
         #: trio time each owned bundle was acquired (reported as ``held_s``)
         self.acquired_at: dict[str, float] = {}
         #: names every node this broker creates in the current metadata session
@@ -316,6 +319,8 @@ class Ownership:
     async def acquire(self, name: TopicName) -> None:
         """Claim the topic's bundle for this broker; NotOwner if another holds it."""
         path = self.path_of(name)
+        if path in self.releasing:
+            raise NotOwner(f"the bundle of {name} is being unloaded here; look it up again")
         if path in self.owned:
             await trio.lowlevel.checkpoint()
             return

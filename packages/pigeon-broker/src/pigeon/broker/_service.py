@@ -481,12 +481,29 @@ class BrokerService:
 
     async def maintain_once(self) -> None:
         for topic in list(self.topics.values()):
+            if self._orphaned(topic):
+                # loaded here while its bundle went elsewhere: its clients would wait
+                # on it forever; unloading sends them to the owner
+                log.warning("topic loaded without its bundle: unloading topic=%s", topic.name)
+                from pigeon.broker._admin_ops import unload_topic
+
+                with contextlib.suppress(PigeonError):
+                    await unload_topic(self, topic.name)
+                continue
             if not topic.persistent:
                 continue
             try:
                 await topic.maintain(self.policies.cached(topic.name.namespace_name))
             except PigeonError as exc:
                 log.warning("topic maintenance failed topic=%s error=%s", topic.name, exc)
+
+    def _orphaned(self, topic: Any) -> bool:
+        ownership = self.ownership
+        if ownership is None or self.topics.get(topic.name.full) is not topic:
+            return False
+        if ownership.owns(topic.name):
+            return False
+        return ownership.path_of(topic.name) not in ownership.releasing
 
     async def _close_topics(self) -> None:
         for topic in list(self.topics.values()):
