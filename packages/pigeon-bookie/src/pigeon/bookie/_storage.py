@@ -1293,7 +1293,12 @@ class SegmentStore:
         # recovery removes index or meta files left behind by a crash.
         for suffix in (".log", ".idx", ".meta"):
             (self._dir / _name(segment_id, suffix)).unlink(missing_ok=True)
-        os.fsync(self._dir_fd)
+        try:
+            os.fsync(self._dir_fd)
+        except (OSError, ValueError, TypeError):
+            # the store closed meanwhile (shutdown): the unlinks stand; a crash before
+            # the directory sync leaves files recovery removes again
+            logger.info("segment delete not synced (store closing) segment=%d", segment_id)
 
     # ------------------------------------------------------------------ reads
 
