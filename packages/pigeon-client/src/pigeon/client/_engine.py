@@ -241,8 +241,16 @@ class ClientEngine:
         raise Timeout(f"no broker accepted within {self.operation_timeout}s: {last}")
 
     async def partitioned_names(self, topic: str) -> list[str]:
-        """The topics to attach to: the partitions of a partitioned topic, or the topic."""
-        _address, full, partitions = await self.lookup(topic)
+        """The topics to attach to: the partitions of a partitioned topic, or the topic.
+
+        A broker that went away or is not ready yet is retried like an attach."""
+        found: list[tuple[tuple[str, int], str, int]] = []
+
+        async def look() -> None:
+            found.append(await self.lookup(topic))
+
+        await self.attach(look)
+        _address, full, partitions = found[-1]
         if partitions:
             return [f"{full}-partition-{i}" for i in range(partitions)]
         return [full]
