@@ -775,10 +775,14 @@ class BrokerService:
             raise InvalidArgument(f"unknown producer id {req.body.producerId}")
         try:
             self._send(conn, req, producer)
-        except Exception as exc:
+        except PigeonError as exc:
             # Refused here (too large, malformed, quota, ...): no later send of this
             # producer may be stored before it re-attached, or a resend of this one
             # (its answer lost with the connection) would be taken for a duplicate.
+            # The answer goes first, then the closedByBroker push.
+            conn.respond_error(req.request_id, exc)
+            self._fence_producer(conn, producer, exc)
+        except Exception as exc:
             self._fence_producer(conn, producer, exc)
             raise
 
@@ -832,11 +836,11 @@ class BrokerService:
         if decision is Decision.IN_FLIGHT:
 
             def resent(receipt: Any, error: BaseException | None) -> None:
+                answer(receipt, error, True)
                 if error is not None:
                     # the original (sent on an earlier attachment) was not stored: this
                     # attachment's later sends must not be stored before its resend
                     self._fence_producer(conn, producer, error)
-                answer(receipt, error, True)
 
             dedup.wait(name, sequence_id, n, resent)
             return
@@ -853,8 +857,8 @@ class BrokerService:
         def done(result: Any, error: BaseException | None) -> None:
             if error is not None:
                 dedup.failed(name, sequence_id, n, error, flight)
-                self._fence_producer(conn, producer, error)
                 answer(None, error, False)
+                self._fence_producer(conn, producer, error)
                 return
             dedup.persisted(name, sequence_id, n, result)
             topic.confirm_sequence(result[0], result[1])
