@@ -12,24 +12,18 @@ from typing import Any
 import trio
 
 from pigeon.broker._config import BrokerConfig
+from pigeon.broker._policies import transient_metadata_error
 from pigeon.broker._service import BrokerService
 from pigeon.core import PluginManager
 from pigeon.core._bookie_client import BookieClient
 from pigeon.core._codecs import CodecSet
-from pigeon.core.errors import ConfigError, MetadataError, PigeonError
+from pigeon.core.errors import ConfigError, PigeonError
 
 __all__ = ["BookieDirectory", "run_broker", "run_layered", "run_standalone"]
 
 log = logging.getLogger(__name__)
 
 BOOKIES_PATH = "/pigeon/bookies/available"
-
-
-def _transient(exc: BaseException) -> bool:
-    """A metadata error worth waiting out (also inside an exception group)."""
-    if isinstance(exc, BaseExceptionGroup):
-        return all(_transient(e) for e in exc.exceptions)
-    return isinstance(exc, MetadataError) or (isinstance(exc, PigeonError) and exc.retriable)
 
 
 class BookieDirectory:
@@ -83,7 +77,7 @@ class BookieDirectory:
                     async for _event in events:
                         await self.refresh()
             except (PigeonError, BaseExceptionGroup) as exc:
-                if not _transient(exc):
+                if not transient_metadata_error(exc):
                     raise
                 log.warning("bookie directory refresh failed error=%s; retrying", exc)
             await trio.sleep(delay)

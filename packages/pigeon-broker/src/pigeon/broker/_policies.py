@@ -256,7 +256,7 @@ class PolicyStore:
                     async for event in events:
                         self._apply(event)
             except (PigeonError, BaseExceptionGroup) as exc:
-                if not _transient(exc):
+                if not transient_metadata_error(exc):
                     raise
                 log.warning("policies watch failed error=%s; retrying", exc)
             await trio.sleep(delay)
@@ -276,8 +276,9 @@ class PolicyStore:
                 log.warning("bad policies namespace=%s error=%s", namespace, exc)
 
 
-def _transient(exc: BaseException) -> bool:
-    """A metadata error worth waiting out (also inside an exception group)."""
+def transient_metadata_error(exc: BaseException) -> bool:
+    """A metadata error worth waiting out (also inside an exception group): the watches
+    of the policies and of the bookie directory retry these."""
     if isinstance(exc, BaseExceptionGroup):
-        return all(_transient(e) for e in exc.exceptions)
+        return all(transient_metadata_error(e) for e in exc.exceptions)
     return isinstance(exc, MetadataError) or (isinstance(exc, PigeonError) and exc.retriable)
