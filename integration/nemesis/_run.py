@@ -13,9 +13,12 @@ with a fresh subscription; check the history.  The run's directory keeps the nod
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,7 +124,7 @@ def run_nemesis(
         phases[name] = now - mark
         mark = now
 
-    with ProxyHub() as hub:
+    with ProxyHub() as hub, _client_log(root / "client.log"):
         topology = Topology(root, metadata, replication, hub)
         try:
             topology.start()
@@ -170,6 +173,26 @@ def run_nemesis(
         ) from failure
     (root / "report.json").write_text(json.dumps(result.figures(), indent=2) + "\n")
     return result
+
+
+@contextlib.contextmanager
+def _client_log(path: Path) -> Iterator[None]:
+    """The workload's clients log (INFO and up, ``pigeon.*``) into ``path`` for the run."""
+    handler = logging.FileHandler(path)
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s %(levelname)s %(threadName)s %(name)s %(message)s")
+    )
+    logger = logging.getLogger("pigeon")
+    level = logger.level
+    logger.addHandler(handler)
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        handler.close()
 
 
 def append_result(path: Path, figures: dict[str, Any]) -> None:

@@ -144,7 +144,7 @@ class ScriptedWriter:
                 break
             self.cluster.segments[self.segment_id][eid] = self.flights[eid][0]
             if ack:
-                data, cb = self.flights.pop(eid)
+                _data, cb = self.flights.pop(eid)
                 self.lac = eid
                 cb(eid, None)
         if not self.flights:
@@ -350,7 +350,7 @@ async def test_too_few_bookies_fail_with_a_retriable_error_and_writes_resume(
         # the bookies return: the ledger is writable again without anyone's help
         cluster.dead.clear()
         with trio.fail_after(30):
-            while ledger.unavailable is not None:
+            while ledger.unavailable is not None:  # noqa: ASYNC110
                 await trio.sleep(0.1)
         _append(ledger, results, 4)
         cluster.writers[-1].store(10)

@@ -407,6 +407,7 @@ async def _delete_one(service: BrokerService, name: TopicName, *, force: bool) -
                     f"topic {name} has connected producers or consumers; use force"
                 )
             del service.topics[name.full]
+            topic.unloaded = True
             _disconnect(service, topic, "topic deleted")
             await _close_subscriptions(topic)
             if topic.persistent:
@@ -457,6 +458,7 @@ async def _unload_one(service: BrokerService, name: TopicName) -> bool:
         topic = service.topics.pop(name.full, None)
         if topic is None:
             return False
+        topic.unloaded = True
         _disconnect(service, topic, "topic unloaded")
         await _close_subscriptions(topic)
         if topic.persistent:

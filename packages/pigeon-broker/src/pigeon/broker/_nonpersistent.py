@@ -136,6 +136,7 @@ class NonPersistentTopic:
     def __init__(self, name: TopicName, clock: WallClock) -> None:
         self.name = name
         self.clock = clock
+        self.unloaded = False
         self.producers: dict[str, Any] = {}
         self.subscriptions: dict[str, NonPersistentSubscription] = {}
         self.dedup = Deduplication()

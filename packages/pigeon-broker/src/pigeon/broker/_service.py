@@ -96,6 +96,9 @@ class Topic:
         self._dedup_saving = False
         self._dedup_saved_at = 0.0
         self._held: list[Any] = []
+        self._opening_subs: dict[str, trio.Event] = {}
+        #: set when the topic is unloaded or deleted here: nothing may attach to it then
+        self.unloaded = False
 
     persistent = True
 
@@ -264,9 +267,37 @@ class Topic:
     async def subscription(
         self, name: str, sub_type: str, initial_position: str, *, durable: bool, start_offset: int
     ) -> Subscription:
-        sub = self.subscriptions.get(name)
-        if sub is not None:
-            return sub
+        """The subscription ``name``, opened on first use (its cursor loaded or started).
+
+        Opening is single-flight: a caller arriving while another opens the same name
+        waits for it and gets the same object, so one cursor never has two dispatchers.
+        Raises NotOwner once the topic was unloaded (the caller looks it up again).
+        """
+        while True:
+            self._check_loaded()
+            sub = self.subscriptions.get(name)
+            if sub is not None:
+                return sub
+            opening = self._opening_subs.get(name)
+            if opening is None:
+                break
+            await opening.wait()
+        done = self._opening_subs[name] = trio.Event()
+        try:
+            return await self._open_subscription(
+                name, sub_type, initial_position, durable=durable, start_offset=start_offset
+            )
+        finally:
+            del self._opening_subs[name]
+            done.set()
+
+    def _check_loaded(self) -> None:
+        if self.unloaded:
+            raise NotOwner(f"{self.name} was unloaded here; look it up again")
+
+    async def _open_subscription(
+        self, name: str, sub_type: str, initial_position: str, *, durable: bool, start_offset: int
+    ) -> Subscription:
         store = self.service.store
         cursor: CursorState | None = None
         path = f"/pigeon/cursors/{self.name.path}/{name}"
@@ -274,9 +305,6 @@ class Topic:
             stat = await store.get(path)
             if stat is not None:
                 cursor = CursorState.from_json(stat.value)
-        sub = self.subscriptions.get(name)  # someone else may have created it meanwhile
-        if sub is not None:
-            return sub
         created = cursor is None
         if cursor is None:
             if start_offset >= 0:
@@ -299,11 +327,12 @@ class Topic:
             corrupt_entry_policy=self.corrupt_entry_policy,
         )
         sub.read_position = await self.ledger.position_for_offset(cursor.mark_delete)
+        self._check_loaded()  # an unload meanwhile has closed every subscription it saw
         self.subscriptions[name] = sub
+        self.service.nursery.start_soon(self._run_subscription, sub)
         if created and durable:
             sub._dirty = True
             await sub.persist()
-        self.service.nursery.start_soon(self._run_subscription, sub)
         return sub
 
     async def _run_subscription(self, sub: Subscription) -> None:
@@ -968,6 +997,10 @@ class BrokerService:
         sub = await topic.subscription(
             sub_name, sub_type, initial_position, durable=durable, start_offset=start_offset
         )
+        if topic.unloaded or sub.closed:
+            # unloaded (or the subscription stopped) while this subscribe waited: a
+            # consumer added now would hang on a topic nobody serves
+            raise NotOwner(f"{name} was unloaded here while subscribing; look it up again")
         consumer = Consumer(conn, consumer_id, consumer_name or f"consumer-{consumer_id}", priority)
         sub.add_consumer(consumer, sub_type)
         state.consumers[consumer_id] = (consumer, sub, topic)

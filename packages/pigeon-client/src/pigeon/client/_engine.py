@@ -335,6 +335,10 @@ class _Reconnecting:
     def reconnect_soon(self) -> None:
         self._reconnect.set()
 
+    def describe(self) -> str:
+        """``key=value`` words naming this producer or consumer in log lines."""
+        return f"topic={self.topic}"
+
     async def _keep_connected(self) -> None:
         backoff = _BACKOFF_MIN
         attached_at: float | None = None
@@ -353,7 +357,7 @@ class _Reconnecting:
                     nursery.start_soon(wait, self._reconnect)
                 if self.closed:
                     return
-                log.info("reconnecting topic=%s", self.topic)
+                log.info("reconnecting %s", self.describe())
             self._leave()
             if attached_at is not None:
                 if trio.current_time() - attached_at < _STABLE_AFTER:
@@ -371,16 +375,16 @@ class _Reconnecting:
                     self._fatal(exc)
                     return
                 if isinstance(exc, PigeonError | OSError):
-                    log.info("reconnect failed topic=%s error=%s", self.topic, exc)
+                    log.info("reconnect failed %s error=%s", self.describe(), exc)
                 else:
-                    log.warning("reconnect failed topic=%s", self.topic, exc_info=True)
+                    log.warning("reconnect failed %s", self.describe(), exc_info=True)
                 await trio.sleep(backoff)
                 backoff = min(backoff * 2, _BACKOFF_MAX)
             else:
                 attached_at = trio.current_time()
 
     def _fatal(self, exc: PigeonError) -> None:
-        log.error("giving up topic=%s error=%s", self.topic, exc)
+        log.error("giving up %s error=%s", self.describe(), exc)
 
 
 class ProducerEngine(_Reconnecting):
@@ -422,6 +426,9 @@ class ProducerEngine(_Reconnecting):
         self.engine.nursery.start_soon(self._keep_connected)
         if math.isfinite(self.send_timeout) and self.send_timeout > 0:
             self.engine.nursery.start_soon(self._expire_loop)
+
+    def describe(self) -> str:
+        return f"topic={self.topic} producer={self.producer_name or self.producer_id}"
 
     def _is_attached(self) -> bool:
         conn = self.conn
@@ -475,7 +482,7 @@ class ProducerEngine(_Reconnecting):
     def closed_by_broker(self, conn: Connection) -> None:
         """The broker closed this producer on ``conn``: re-attach (resending what waits)."""
         if conn is self.conn and self.link.detach(self.link.epoch):
-            log.info("producer closed by broker topic=%s", self.topic)
+            log.info("producer closed by broker %s", self.describe())
             self.reconnect_soon()
 
     def submit(self, batch: PendingBatch) -> None:
@@ -634,6 +641,13 @@ class ConsumerEngine(_Reconnecting):
             raise
         self.engine.nursery.start_soon(self._keep_connected)
 
+    def describe(self) -> str:
+        o = self.options
+        return (
+            f"topic={self.topic} sub={o.subscription} "
+            f"consumer={o.consumer_name or self.consumer_id}"
+        )
+
     def _is_attached(self) -> bool:
         conn = self.conn
         return self.attached and conn is not None and not conn.closed
@@ -643,7 +657,7 @@ class ConsumerEngine(_Reconnecting):
 
     def closed_by_broker(self, conn: Connection) -> None:
         if conn is self.conn and self.attached:
-            log.info("consumer closed by broker topic=%s", self.topic)
+            log.info("consumer closed by broker %s", self.describe())
             self.attached = False
             self.reconnect_soon()
 
@@ -684,6 +698,8 @@ class ConsumerEngine(_Reconnecting):
             raise
         self.conn = conn
         self.attached = True
+        if self.generation > 1:
+            log.info("consumer attached %s broker=%s:%s", self.describe(), *address)
         self.flow(o.receiver_queue_size)
 
     def flow(self, permits: int) -> None:
