@@ -498,6 +498,100 @@ async def read_replicas(
     raise ServiceUnavailable("no bookie to read from")
 
 
+async def read_striped(
+    client: BookieClient,
+    segment_id: int,
+    ensemble: Sequence[str],
+    write_quorum: int,
+    first: int,
+    last: int,
+    *,
+    max_bytes: int = 8 << 20,
+    max_count: int = 10_000,
+    repairs: ReplicaRepairs | None = None,
+) -> list[tuple[int, memoryview]]:
+    """Entries ``first..last`` of a striped fragment (``write_quorum < len(ensemble)``),
+    read from every bookie of ``ensemble`` at once, each from the first id it holds.
+
+    Each bookie holds only the ids whose write set names it, so no one bookie serves
+    the range: the answers are merged and the result ends before the first id none of
+    them returned (a bookie that failed, or lacks entries, is covered by the others
+    holding the same ids).  [] when nobody returned ``first``: the caller then reads
+    that entry alone, which says why.  With ``repairs``, a bookie that stopped short of
+    ids it should hold gets them copied back (see :class:`ReplicaRepairs`).  Each entry
+    travels ``write_quorum`` times, against one round trip per entry otherwise.
+    """
+    e = len(ensemble)
+
+    def write_set(entry_id: int) -> list[str]:
+        return [ensemble[(entry_id + k) % e] for k in range(write_quorum)]
+
+    count = min(max_count, last - first + 1)
+    answers: dict[str, list[tuple[int, memoryview]] | BaseException] = {}
+
+    async def read_one(index: int) -> None:
+        address = ensemble[index]
+        # the first id >= first this bookie holds
+        start = next(i for i in range(first, first + e) if address in write_set(i))
+        if start > last:
+            return
+        try:
+            answers[address] = await client.read_entries(
+                address,
+                segment_id,
+                start,
+                min(last, start + count - 1),
+                max_bytes=max_bytes,
+                max_count=count,
+            )
+        except (PigeonError, OSError) as exc:
+            answers[address] = exc  # covered by the other holders, or said by the caller
+
+    async with trio.open_nursery() as nursery:
+        for index in range(e):
+            nursery.start_soon(read_one, index)
+    merged: dict[int, memoryview] = {}
+    for got in answers.values():
+        if not isinstance(got, BaseException):
+            for entry_id, data in got:
+                merged.setdefault(entry_id, data)
+    out: list[tuple[int, memoryview]] = []
+    total = 0
+    entry_id = first
+    while entry_id in merged and len(out) < count:
+        data = merged[entry_id]
+        if out and total + len(data) > max_bytes:
+            break
+        out.append((entry_id, data))
+        total += len(data)
+        entry_id += 1
+    if out and repairs is not None:
+        for address, got in answers.items():
+            error: PigeonError
+            if isinstance(got, _DAMAGED):  # it lacks (or has damaged) the first it holds
+                error = got
+                short = [i for i, _ in out if address in write_set(i)]
+            elif isinstance(got, list) and got:  # ids missing below the last it returned
+                held = {i for i, _ in got}
+                short = [
+                    i
+                    for i, _ in out
+                    if i < got[-1][0] and address in write_set(i) and i not in held
+                ]
+                error = EntryNotFound(f"segment={segment_id}: ids missing below {got[-1][0]}")
+            else:
+                continue  # unreachable, or nothing asked: nothing known to repair
+            if short:
+                await repairs.repair(
+                    segment_id,
+                    next(a for a in write_set(short[0]) if a != address),
+                    {address: error},
+                    [item for item in out if item[0] >= short[0]],
+                    write_set,
+                )
+    return out
+
+
 class ReplicaRepairs:
     """Copies good entries back to bookies whose copy a read found damaged or missing.
 
@@ -673,10 +767,27 @@ class QuorumPolicy(PolicyBase):
         errors and for ``repair``."""
         e = len(ensemble)
         qw = min(write_quorum or self.write_quorum, e)
+        repairs = self.repairs if repair else None
+        if qw < e and last > first:
+            got = await read_striped(
+                self.client,
+                segment_id,
+                ensemble,
+                qw,
+                first,
+                last,
+                max_bytes=max_bytes,
+                max_count=max_count,
+                repairs=repairs,
+            )
+            if got:
+                return got
+            # ``first`` came from no bookie: the one-entry read below says why (and
+            # repairs what it can)
         if qw == e:
             candidates = list(ensemble)
         else:
-            # Striped: only the bookies holding ``first`` serve it; read one entry at a time.
+            # Striped: only the bookies holding ``first`` serve it.
             candidates = [ensemble[(first + k) % e] for k in range(qw)]
             last = first
         start = first % len(candidates) if candidates else 0
@@ -690,7 +801,7 @@ class QuorumPolicy(PolicyBase):
             max_bytes=max_bytes,
             max_count=max_count,
             write_set=lambda entry: [ensemble[(entry + k) % e] for k in range(qw)],
-            repairs=self.repairs if repair else None,
+            repairs=repairs,
         )
 
     async def recover(
