@@ -285,6 +285,9 @@ class _ModelTopic:
     def confirm_sequence(self, segment_id: int, entry_id: int) -> None:
         self.confirmed = entry_id
 
+    def may_find_original(self, name: str, first: int) -> bool:
+        return False  # the model's log is not read back: unknown positions stay unknown
+
     def store_next(self) -> None:
         offset, payload, n, callback = self.pending.pop(0)
         receipt = self.model.store(payload, n, offset, self.incarnation)

@@ -214,6 +214,27 @@ class Deduplication:
         for name, first, count, receipt in entries:
             self.persisted(name, first, count, receipt)
 
+    def remember_older(self, entries: Iterable[tuple[str, int, int, Receipt]]) -> None:
+        """Entries found in the log *before* what was replayed (read to name the
+        original of a duplicate): their positions are remembered, nothing else changes."""
+        for name, first, count, receipt in entries:
+            p = self._producers.get(name)
+            if p is None:
+                continue  # a producer nobody resends for (its sequence is not known)
+            last = first + count - 1
+            i = bisect.bisect_left(p.recent_last, last)
+            if i < len(p.recent_last) and p.recent_last[i] == last:
+                continue
+            p.recent_last.insert(i, last)
+            p.recent.insert(i, (first, receipt))
+
+    def remembers_before(self, name: str, first: int) -> bool:
+        """Is a batch of ``name`` ending before ``first`` remembered?  Then the batch from
+        ``first`` on, if stored as one, is remembered too (sequence ids grow along the
+        log), and reading further back cannot find it."""
+        p = self._producers.get(name)
+        return p is not None and bool(p.recent_last) and p.recent_last[0] < first
+
     # ------------------------------------------------------------------ internals
 
     def _remember(self, p: _Producer, first: int, last: int, receipt: Receipt) -> None:

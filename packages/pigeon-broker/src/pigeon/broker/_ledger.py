@@ -1003,6 +1003,22 @@ class ManagedLedger:
             entry = 0
         return None
 
+    def segment_index_before(self, pos: Position) -> int | None:
+        """The index of the segment holding the entries just before ``pos``: its own when
+        ``pos`` is inside a segment past its first entry, else the one before it; None at
+        the start of the log."""
+        seg_id, entry = pos
+        index = self._index.get(seg_id)
+        if index is None:
+            index = bisect.bisect_left([s.id for s in self.segments], seg_id)
+        elif entry > 0:
+            return index
+        while index > 0:
+            index -= 1
+            if self.segments[index].last_entry_id >= 0:
+                return index
+        return None
+
     def next_position(self, pos: Position) -> Position:
         return (pos[0], pos[1] + 1)
 

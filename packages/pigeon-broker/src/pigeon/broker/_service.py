@@ -20,8 +20,8 @@ import trio
 from pigeon.broker._auditor import Auditor
 from pigeon.broker._config import BrokerConfig
 from pigeon.broker._cursor import CursorState
-from pigeon.broker._dedup import Decision, Deduplication
-from pigeon.broker._ledger import LedgerConfig, ManagedLedger, segment_path
+from pigeon.broker._dedup import Decision, Deduplication, Receipt
+from pigeon.broker._ledger import Entry, LedgerConfig, ManagedLedger, Position, segment_path
 from pigeon.broker._loadmanager import LoadManager
 from pigeon.broker._nonpersistent import NonPersistentSubscription, NonPersistentTopic
 from pigeon.broker._ownership import Ownership
@@ -57,6 +57,8 @@ log = logging.getLogger(__name__)
 PARTITIONED_PATH = "/pigeon/partitioned-topics"
 DEDUP_SNAPSHOT_ENTRIES = 100
 DEDUP_SNAPSHOT_SECONDS = 1.0
+#: how much of a topic's log may be read to name the original of a duplicate
+DEDUP_LOOKUP_MAX_BYTES = 256 << 20
 MAX_PARTITIONS = 4096
 
 _SUB_TYPES = {
@@ -92,6 +94,11 @@ class Topic:
         self.dedup = Deduplication()
         self.dedup_path = f"/pigeon/dedup/{name.path}"
         self._dedup_position: tuple[int, int] = (-1, -1)  # (segment id, entry id) covered
+        #: the dedup state remembers where the entries from here on are; the log before
+        #: it is read (backwards, once) only to name the original of a duplicate
+        self._dedup_indexed_from: tuple[int, int] | None = None
+        self._dedup_lookup = trio.Lock()
+        self._dedup_lookup_bytes = 0
         self._dedup_unsaved = 0
         self._dedup_saving = False
         self._dedup_saved_at = 0.0
@@ -205,6 +212,7 @@ class Topic:
             seg_id, entry_id = doc.get("position", [-1, -1])
             if seg_id >= 0:
                 start = (seg_id, entry_id + 1)
+        self._dedup_indexed_from = start
         pos: tuple[int, int] | None = start
         replayed = 0
         while pos is not None:
@@ -217,24 +225,74 @@ class Topic:
                 continue
             if not entries:
                 break
-            found = []
-            for entry in entries:
-                header = read_header(memoryview(entry.data)[ENTRY_HEADER_SIZE:])
-                found.append(
-                    (
-                        header.producer_name,
-                        header.sequence_id,
-                        header.num_messages,
-                        (entry.segment_id, entry.entry_id, entry.first_offset),
-                    )
-                )
-                self._dedup_position = (entry.segment_id, entry.entry_id)
-            self.dedup.replay(found)
+            self.dedup.replay(self._dedup_records(entries))
+            self._dedup_position = (entries[-1].segment_id, entries[-1].entry_id)
             replayed += len(entries)
             pos = self.ledger.next_position(entries[-1].position)
         if replayed:
             log.info("dedup state recovered topic=%s replayed_entries=%s", self.name, replayed)
             await self.snapshot_dedup()
+
+    @staticmethod
+    def _dedup_records(entries: list[Entry]) -> list[tuple[str, int, int, Receipt]]:
+        out = []
+        for entry in entries:
+            header = read_header(memoryview(entry.data)[ENTRY_HEADER_SIZE:])
+            out.append(
+                (
+                    header.producer_name,
+                    header.sequence_id,
+                    header.num_messages,
+                    (entry.segment_id, entry.entry_id, entry.first_offset),
+                )
+            )
+        return out
+
+    def may_find_original(self, name: str, first: int) -> bool:
+        """Could :meth:`original_receipt` name a duplicate the dedup state does not?"""
+        return (
+            self._dedup_indexed_from is not None
+            and self._dedup_lookup_bytes < DEDUP_LOOKUP_MAX_BYTES
+            and not self.dedup.remembers_before(name, first)
+        )
+
+    async def original_receipt(self, name: str, first: int, count: int) -> Receipt | None:
+        """The position of a stored batch the dedup state does not remember (stored
+        before the snapshot this broker recovered from), found by reading the log
+        backwards from where the recovery began, one segment at a time, at most
+        :data:`DEDUP_LOOKUP_MAX_BYTES` per topic.  None when it cannot be named (the
+        log was trimmed, or the batch was stored under other sequence boundaries)."""
+        dedup = self.dedup
+        async with self._dedup_lookup:
+            while True:
+                receipt = dedup.receipt(name, first, count)
+                if receipt is not None or dedup.remembers_before(name, first):
+                    return receipt
+                end = self._dedup_indexed_from
+                if end is None or self._dedup_lookup_bytes >= DEDUP_LOOKUP_MAX_BYTES:
+                    return None
+                index = self.ledger.segment_index_before(end)
+                if index is None:
+                    self._dedup_indexed_from = None
+                    return None
+                seg = self.ledger.segments[index]
+                last = seg.last_entry_id if end[0] != seg.id else end[1] - 1
+                pos: Position = (seg.id, 0)
+                while pos[1] <= last:
+                    try:
+                        entries = await self.ledger.read(pos, max_entries=256)
+                    except CorruptEntry:
+                        pos = (await self.ledger.skip_damaged(pos)).next
+                        if pos[0] != seg.id:
+                            break
+                        continue
+                    entries = [e for e in entries if e.entry_id <= last]
+                    if not entries:
+                        break
+                    self._dedup_lookup_bytes += sum(len(e.data) for e in entries)
+                    dedup.remember_older(self._dedup_records(entries))
+                    pos = (seg.id, entries[-1].entry_id + 1)
+                self._dedup_indexed_from = (seg.id, 0)
 
     def confirm_sequence(self, segment_id: int, entry_id: int) -> None:
         """An entry is stored: the snapshot covers the log up to it."""
@@ -860,7 +918,23 @@ class BrokerService:
 
         decision = dedup.check(name, sequence_id, n) if policies.deduplication else Decision.NEW
         if decision is Decision.DUPLICATE:
-            answer(dedup.receipt(name, sequence_id, n), None, True)
+            receipt = dedup.receipt(name, sequence_id, n)
+            if receipt is None and topic.persistent and topic.may_find_original(name, sequence_id):
+                # stored before the state this broker recovered from: look it up (the
+                # client completes its sends in order whatever order answers come in)
+                async def look_up() -> None:
+                    try:
+                        found = await topic.original_receipt(name, sequence_id, n)
+                    except PigeonError as exc:
+                        log.info(
+                            "duplicate's original not found topic=%s error=%s", topic.name, exc
+                        )
+                        found = None
+                    answer(found, None, True)
+
+                self._spawn(conn, request_id, look_up)
+                return
+            answer(receipt, None, True)
             return
         if decision is Decision.IN_FLIGHT:
 

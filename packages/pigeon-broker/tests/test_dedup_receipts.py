@@ -1,0 +1,86 @@
+"""A duplicate's receipt names the stored original, even when the original was stored
+before the de-duplication snapshot the broker recovered from (issue #12: such resends
+were answered with position (-1, -1))."""
+
+from __future__ import annotations
+
+import time
+
+import trio
+
+from pigeon.broker._admin_ops import unload_topic
+from pigeon.core import TopicName
+from pigeon.core._batch import encode_batch
+from pigeon.core._codecs import NONE
+from pigeon.core._rpc import connect_tcp
+from pigeon.core._schema import BrokerFrame
+
+TOPIC = "persistent://public/default/dedup-receipts"
+PRODUCER = "receipts-producer"
+
+
+def _batch(sequence_id: int, n: int) -> bytes:
+    return encode_batch(
+        [f"m{sequence_id + i}".encode() for i in range(n)],
+        producer_name=PRODUCER,
+        sequence_id=sequence_id,
+        publish_time=int(time.time() * 1000),
+        codec=NONE,
+    )
+
+
+async def _sends(url: str, batches: list[tuple[int, int]]) -> list[dict]:
+    """Send (first sequence id, count) batches as producer PRODUCER; their receipts."""
+    host, port = url[len("pigeon://") :].rsplit(":", 1)
+    async with trio.open_nursery() as nursery:
+        conn, _info = await connect_tcp(host, int(port), BrokerFrame, nursery)
+        await conn.request(
+            "createProducer",
+            {"producerId": 1, "topic": TOPIC, "producerName": PRODUCER},
+            expect="producerCreated",
+        )
+        receipts = []
+        for seq, n in batches:
+            receipts.append(
+                await conn.request(
+                    "send",
+                    {"producerId": 1, "sequenceId": seq, "numMessages": n},
+                    payload=_batch(seq, n),
+                    expect="sendReceipt",
+                )
+            )
+        conn.close()
+        nursery.cancel_scope.cancel()
+    return receipts
+
+
+def _where(receipt: dict) -> tuple[int, int, int]:
+    return (receipt["segmentId"], receipt["entryId"], receipt["firstOffset"])
+
+
+async def test_a_duplicate_of_a_batch_stored_before_the_snapshot_names_its_position(
+    pigeon_standalone, autojump_clock
+):
+    service = pigeon_standalone.service
+    name = TopicName.parse(TOPIC)
+    url = pigeon_standalone.url
+    await _sends(url, [])  # the topic exists: make it roll over every 8 entries
+    topic = service.topics[name.full]
+    topic.ledger.config.max_entries_per_segment = 8
+    early = await _sends(url, [(i * 3, 3) for i in range(40)])  # sequence ids 0..119
+    assert len({r["segmentId"] for r in early}) >= 5
+    await topic.snapshot_dedup()  # covers every batch so far
+    late = await _sends(url, [(120 + i * 3, 3) for i in range(5)])  # replayed on reload
+    assert await unload_topic(service, name) == [name.full]
+    again = await _sends(url, [(0, 3), (57, 3), (117, 3), (123, 3)])
+    assert all(r["duplicate"] for r in again)
+    assert [_where(r) for r in again] == [
+        _where(early[0]),
+        _where(early[19]),
+        _where(early[39]),
+        _where(late[1]),
+    ]
+    # a resend that starts inside a stored batch is named at its own first message
+    (inside,) = await _sends(url, [(58, 2)])
+    seg, entry, offset = _where(early[19])
+    assert _where(inside) == (seg, entry, offset + 1)
