@@ -293,3 +293,35 @@ async def test_exclusive_consumer_resubscribes_after_subscribes_that_timed_out(
         assert len(sub.consumers) == 1
         await consumer.close()
         await producer.close()
+
+
+@pytest.mark.parametrize("partitions", [0, 2])
+async def test_a_reader_goes_on_after_what_it_read_when_its_topic_moves(
+    pigeon_standalone: Any, autojump_clock: Any, partitions: int
+) -> None:
+    """A reader (non-durable cursor) re-attaches after the last message the application
+    took, not at its original start: the nemesis saw readers start again from the
+    earliest message after every broker failover, re-reading everything (and never
+    catching up)."""
+    topic = f"{PREFIX}reader-moves-{partitions}"
+    service = pigeon_standalone.service
+    async with Client(pigeon_standalone.url) as client:
+        if partitions:
+            await client.create_topic(topic, partitions)
+        producer = await client.create_producer(topic, batching_max_messages=3)
+        for i in range(30):
+            await producer.send_async(f"m{i:02d}".encode())
+        await producer.flush()
+        reader = await client.create_reader(topic, "earliest", receiver_queue_size=8)
+        seen = [(await reader.read_next(timeout=10)).value for _ in range(10)]
+        for name in [topic] if not partitions else [f"{topic}-partition-{i}" for i in range(2)]:
+            await unload_topic(service, TopicName.parse(name))
+        for i in range(30, 40):
+            await producer.send_async(f"m{i:02d}".encode())
+        await producer.flush()
+        with trio.move_on_after(30):
+            while len(seen) < 40:
+                seen.append((await reader.read_next(timeout=10)).value)
+        assert len(seen) == len(set(seen)) == 40, f"read again or missed: {seen}"
+        assert sorted(seen) == [f"m{i:02d}".encode() for i in range(40)]
+        await reader.close()

@@ -22,6 +22,7 @@ from pigeon.client._engine import PendingBatch, ReceivedEntry
 from pigeon.client._future import BatchState
 from pigeon.client._message import Message, MessageId, split_entry
 from pigeon.core._batch import BatchBuilder, message_body_size
+from pigeon.core._entry import unpack_entry_header
 from pigeon.core.errors import InvalidArgument, MessageTooLarge, PigeonError
 
 __all__ = ["ConsumerCore", "ProducerCore", "normalize_message", "resolve_completions"]
@@ -238,20 +239,41 @@ class ConsumerCore:
         self.pending_acks: dict[Any, list[tuple[int, int, int, int]]] = {}
         self.cumulative: dict[Any, tuple[int, int, int, int]] = {}
         self._grants: list[tuple[Any, int]] = []
+        #: engine -> the offset after the last message split off its entries
+        self.split_next: dict[Any, int] = {}
 
     def push(self, entries: list[ReceivedEntry]) -> None:
         self.entries.extend(entries)
 
-    def reset(self, source: Any = None) -> None:
-        """After a reconnect (or seek) of ``source``: the broker redelivers; drop its queue."""
+    def reset(self, source: Any = None) -> int | None:
+        """After a reconnect (or seek) of ``source``: the broker redelivers; drop its queue.
+
+        Returns the offset of the first message of ``source`` the application has not
+        taken (the oldest one dropped, else the one after the last taken), None when
+        nothing came through it yet: where a non-durable subscription goes on."""
         if source is None:
             self.entries.clear()
             self.messages.clear()
             self.consumed.clear()
-            return
-        self.entries = deque(e for e in self.entries if e.source is not source)
-        self.messages = deque(m for m in self.messages if self.owners.get(m._segment) is not source)
+            self.split_next.clear()
+            return None
+        resume = self.split_next.pop(source, None)
+        kept_messages = deque()
+        for m in self.messages:
+            if self.owners.get(m._segment) is source:
+                resume = m.offset if resume is None else min(resume, m.offset)
+            else:
+                kept_messages.append(m)
+        kept_entries = deque()
+        for e in self.entries:
+            if e.source is source:
+                first = unpack_entry_header(e.data).first_offset
+                resume = first if resume is None else min(resume, first)
+            else:
+                kept_entries.append(e)
+        self.messages, self.entries = kept_messages, kept_entries
         self.consumed.pop(source, None)
+        return resume
 
     def expand_next(self) -> bool:
         """Split the next queued entry into messages; False if no entry is queued."""
@@ -272,6 +294,7 @@ class ConsumerCore:
             if msgs:
                 self._consumed(src, len(msgs))
                 self.messages.extend(msgs)
+                self.split_next[src] = msgs[-1].offset + 1
                 return True
         return False
 

@@ -110,8 +110,8 @@ class _ConnHandler:
 
     def on_message(self, conn: Connection, req: Request) -> None:
         consumer = self.engine.consumers.get(req.body.consumerId)
-        if consumer is None or consumer.conn is not conn:
-            return
+        if consumer is None or consumer.conn is not conn or not consumer.attached:
+            return  # a push of an attachment left (the new one starts from where it was)
         payload = req.payload
         pos = 0
         entries = []

@@ -253,7 +253,11 @@ class ConsumerHandle:
 
     def _on_reconnect(self, engine: ConsumerEngine) -> None:
         with self.lock:
-            self.core.reset(engine)
+            resume = self.core.reset(engine)
+        if resume is not None and not engine.options.durable:
+            # a reader (non-durable cursor) goes on after what the application took,
+            # as Pulsar's does; a durable subscription goes on from its cursor
+            engine.options.start_offset = resume
 
     async def attach(self, topic: str) -> None:
         """*engine*: subscribe one more topic (all its partitions)."""
@@ -399,6 +403,9 @@ class ConsumerHandle:
         await self.flush_acks()  # an ack sent after the seek could undo it
         for engine in engines:
             await engine.seek(functools.partial(self._reset_locked, engine), **fields)
+            if not engine.options.durable and timestamp is None:
+                # a reader re-attaching before it took anything goes on from here
+                engine.options.start_offset = int(offset) if offset is not None else target.offset  # type: ignore[union-attr]
 
     def _reset_locked(self, engine: Any) -> None:
         with self.lock:
