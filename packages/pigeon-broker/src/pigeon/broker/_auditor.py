@@ -84,7 +84,7 @@ class Auditor:
         return found
 
     async def _ledger_paths(self) -> list[str]:
-        paths = []
+        paths: list[str] = []
         for domain in await self.store.children(LEDGERS_PATH):
             for tenant in await self.store.children(f"{LEDGERS_PATH}/{domain}"):
                 for ns in await self.store.children(f"{LEDGERS_PATH}/{domain}/{tenant}"):

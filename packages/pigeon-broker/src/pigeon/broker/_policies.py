@@ -86,7 +86,7 @@ class NamespacePolicies:
         if any(v is not None for v in q):
             if any(v is None for v in q):
                 raise InvalidArgument("set ensemble_size, write_quorum and ack_quorum together")
-            e, w, a = q  # type: ignore[misc]
+            e, w, a = (int(v or 0) for v in q)
             if not e >= w >= a >= 1:
                 raise InvalidArgument(
                     "replication needs ensemble_size >= write_quorum >= ack_quorum >= 1"

@@ -475,7 +475,8 @@ class BrokerService:
         self.store = store
         self.policy = policy
         self.bookies = bookies
-        self.topics: dict[str, Topic] = {}
+        #: Topic or NonPersistentTopic, branched on ``persistent``
+        self.topics: dict[str, Any] = {}
         self._opening: dict[str, trio.Event] = {}
         self._conns: dict[Connection, _ConnState] = {}
         self.nursery: trio.Nursery = None  # type: ignore[assignment]
@@ -586,11 +587,12 @@ class BrokerService:
 
     def _orphaned(self, topic: Any) -> bool:
         ownership = self.ownership
-        if ownership is None or self.topics.get(topic.name.full) is not topic:
+        name: TopicName = topic.name
+        if ownership is None or self.topics.get(name.full) is not topic:
             return False
-        if ownership.owns(topic.name):
+        if ownership.owns(name):
             return False
-        return ownership.path_of(topic.name) not in ownership.releasing
+        return ownership.path_of(name) not in ownership.releasing
 
     async def _close_topics(self) -> None:
         for topic in list(self.topics.values()):
@@ -612,7 +614,7 @@ class BrokerService:
             await self.ownership.acquire(name)
             np_topic = self.topics.get(key)
             if np_topic is None:
-                np_topic = self.topics[key] = NonPersistentTopic(name, self.clock)  # type: ignore[assignment]
+                np_topic = self.topics[key] = NonPersistentTopic(name, self.clock)
             return np_topic
         while True:
             topic = self.topics.get(key)
@@ -1080,7 +1082,7 @@ class BrokerService:
         state.consumers[consumer_id] = (consumer, sub, topic)
         conn.respond(request_id, "subscribed", {"topic": name.full})
 
-    def _consumer(self, conn: Connection, consumer_id: int) -> tuple[Consumer, Subscription, Topic]:
+    def _consumer(self, conn: Connection, consumer_id: int) -> tuple[Consumer, Subscription, Any]:
         found = self._state(conn).consumers.get(consumer_id)
         if found is None:
             raise InvalidArgument(f"unknown consumer id {consumer_id}")

@@ -258,13 +258,13 @@ class ConsumerCore:
             self.split_next.clear()
             return None
         resume = self.split_next.pop(source, None)
-        kept_messages = deque()
+        kept_messages: deque[Message] = deque()
         for m in self.messages:
             if self.owners.get(m._segment) is source:
                 resume = m.offset if resume is None else min(resume, m.offset)
             else:
                 kept_messages.append(m)
-        kept_entries = deque()
+        kept_entries: deque[ReceivedEntry] = deque()
         for e in self.entries:
             if e.source is source:
                 first = unpack_entry_header(e.data).first_offset

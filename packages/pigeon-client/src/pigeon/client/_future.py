@@ -67,8 +67,8 @@ class MessageFuture(concurrent.futures.Future):  # type: ignore[type-arg]
         self._wts: list[Any] | None = None
 
     # The base class reads these attributes; they all come from the shared batch state.
-    @property  # type: ignore[override]
-    def _condition(self) -> threading.Condition:
+    @property
+    def _condition(self) -> threading.Condition:  # type: ignore[override]
         return self._batch.condition
 
     @property
@@ -80,7 +80,7 @@ class MessageFuture(concurrent.futures.Future):  # type: ignore[type-arg]
         pass
 
     @property
-    def _result(self) -> MessageId | None:
+    def _result(self) -> MessageId | None:  # type: ignore[override]
         r = self._batch.receipt
         if r is None:
             return None
@@ -89,7 +89,7 @@ class MessageFuture(concurrent.futures.Future):  # type: ignore[type-arg]
         return MessageId(seg, entry, i, self._batch.partition, offset + i if offset >= 0 else -1)
 
     @property
-    def _exception(self) -> BaseException | None:
+    def _exception(self) -> BaseException | None:  # type: ignore[override]
         return self._batch.exception
 
     def _watch(self) -> None:
@@ -97,7 +97,7 @@ class MessageFuture(concurrent.futures.Future):  # type: ignore[type-arg]
             self._batch.watched.append(self)
 
     @property
-    def _waiters(self) -> list[Any]:
+    def _waiters(self) -> list[Any]:  # type: ignore[override]
         if self._wts is None:
             self._watch()
             self._wts = []

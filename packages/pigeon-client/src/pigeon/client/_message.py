@@ -185,7 +185,7 @@ def split_entry(
     return [
         Message(
             values[i],
-            None if keys is None or keys[i] is None else keys[i].decode("utf-8", "surrogateescape"),  # type: ignore[union-attr]
+            None if keys is None or keys[i] is None else keys[i].decode("utf-8", "surrogateescape"),
             props[i] if props is not None else empty,
             times[i] if times is not None else 0,
             publish,

@@ -14,7 +14,7 @@ import contextlib
 import math
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import trio
 
@@ -31,7 +31,7 @@ from pigeon.client._handles import (
 from pigeon.client._logic import DeadLetterPolicy
 from pigeon.client._message import Message, MessageId
 from pigeon.core import PluginManager
-from pigeon.core._codecs import CodecSet
+from pigeon.core._codecs import Codec, CodecSet
 from pigeon.core.errors import AlreadyClosed, InvalidArgument, Timeout
 
 __all__ = ["Client", "Consumer", "DeadLetterPolicy", "Producer", "Reader"]
@@ -40,7 +40,7 @@ _NOLOCK = contextlib.nullcontext()
 
 
 def codecs_of(pm: PluginManager) -> CodecSet:
-    return CodecSet(codec for _name, codec in pm.codecs.items())
+    return CodecSet(cast(Codec, codec) for _name, codec in pm.codecs.items())
 
 
 class Client:

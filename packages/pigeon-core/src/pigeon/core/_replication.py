@@ -14,6 +14,7 @@ and end the segment at the first entry that cannot have been acknowledged.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -203,10 +204,13 @@ class QuorumWriter:
                 entry_id,
                 self.lac,
                 data,
-                lambda result, error, eid=entry_id, i=index: self._on_ack(eid, i, error),
+                functools.partial(self._on_add, entry_id, index),
             )
         except ConnectionClosed as exc:
             self._on_ack(entry_id, index, exc)
+
+    def _on_add(self, entry_id: int, index: int, _result: Any, error: BaseException | None) -> None:
+        self._on_ack(entry_id, index, error)
 
     def _on_ack(self, entry_id: int, index: int, error: BaseException | None) -> None:
         flight = self._in_flight.get(entry_id)
