@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import trio
 
-from pigeon.broker._ledger import ManagedLedger
+from pigeon.broker._ledger import ManagedLedger, segment_path
 from pigeon.core import TopicName
 from pigeon.core._entry import unpack_entry_header
 from pigeon.core._replication import PolicyBase
@@ -432,4 +432,30 @@ async def test_close_with_writes_that_do_not_drain_leaves_the_segment_for_recove
         other = await _ledger(nursery, cluster, policy, store)
         assert [o for o, _n in await _log(other)] == [0, 2]
         assert other.next_offset == 4
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_empty_segment_dropped_on_open_leaves_no_metadata_behind(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A segment opened and never written (its owner died) is dropped when the ledger is
+    opened again; its ``/pigeon/segments`` node went with it, or the bookies' garbage
+    collector, which removes segments whose node is gone, would keep its files forever."""
+    cluster = Cluster(["b1", "b2", "b3"])
+    policy = ScriptedPolicy(cluster)
+    store = MemoryStore()
+    results = Results()
+    async with trio.open_nursery() as nursery:
+        first = await _ledger(nursery, cluster, policy, store)
+        _append(first, results, 0)
+        cluster.writers[-1].store(0)
+        first._start_roll()  # a new, empty tail segment
+        await _settle()
+        empty = first.segments[-1].id
+        assert segment_path(empty) in store.nodes
+        # the owner dies; another opens the ledger
+        second = await _ledger(nursery, cluster, policy, store)
+        assert empty not in [s.id for s in second.segments]
+        assert segment_path(empty) not in store.nodes
+        assert [o for o, _n in await _log(second)] == [0]
         nursery.cancel_scope.cancel()

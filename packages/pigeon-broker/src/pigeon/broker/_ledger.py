@@ -322,22 +322,27 @@ class ManagedLedger:
         recovered = changed
         # Drop empty closed segments at the tail (nothing to read there); offsets go on
         # from where they started.
-        floor, dropped_any = 0, False
-        while self.segments and self.segments[-1].entries == 0 and len(self.segments) > 0:
-            dropped = self.segments.pop()
-            floor, dropped_any = max(floor, dropped.first_offset), True
-            log.info("dropping empty segment topic=%s segment=%s", self.topic, dropped.id)
+        floor, dropped = 0, []
+        while self.segments and self.segments[-1].entries == 0:
+            seg = self.segments.pop()
+            floor = max(floor, seg.first_offset)
+            dropped.append(seg.id)
+            log.info("dropping empty segment topic=%s segment=%s", self.topic, seg.id)
             changed = True
         self._reindex()
         if self.segments:
             await self._open_tail(recorded_offset, check_cursors=recovered)
-        elif dropped_any or stat is not None:
+        elif dropped or stat is not None:
             # nothing left to read (all trimmed): offsets go on where they stopped (the
             # dropped segment's start, the recorded end) and above every cursor
             self.next_offset = max(floor, recorded_offset, await self._cursor_offsets())
         self.next_offset = max(self.next_offset, floor)
         if changed:
             await self._save()
+        for segment_id in dropped:
+            # out of the ledger: its node goes too, so the bookies' GC removes its files
+            with contextlib.suppress(PigeonError):
+                await self.store.delete(segment_path(segment_id))
         try:
             await self._new_segment()
         except PigeonError as exc:
