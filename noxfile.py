@@ -78,7 +78,6 @@ def nemesis(session: nox.Session, metadata: str, replication: str) -> None:
     """
     env = {
         "PIGEON_NEMESIS_MATRIX": "full",
-        "PIGEON_NEMESIS_STRICT": os.environ.get("PIGEON_NEMESIS_STRICT", "1"),
         "PIGEON_NEMESIS_DURATION": os.environ.get("PIGEON_NEMESIS_DURATION", "600"),
         "PIGEON_NEMESIS_RESULTS": os.environ.get(
             "PIGEON_NEMESIS_RESULTS",
