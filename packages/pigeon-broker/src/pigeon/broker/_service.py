@@ -899,7 +899,9 @@ class BrokerService:
         request_id = req.request_id
         producer_id = body.producerId
 
-        def answer(receipt: Any, error: BaseException | None, duplicate: bool) -> None:
+        def answer(
+            receipt: Any, error: BaseException | None, duplicate: bool, why: str = ""
+        ) -> None:
             if error is not None:
                 conn.respond_error(
                     request_id,
@@ -916,6 +918,16 @@ class BrokerService:
             }
             if duplicate:
                 fields["duplicate"] = True
+                if receipt is None:
+                    log.info(
+                        "duplicate answered without its position topic=%s producer=%s"
+                        " sequence=%d count=%d why=%s",
+                        topic.name,
+                        name,
+                        sequence_id,
+                        n,
+                        why or "original not remembered",
+                    )
             conn.respond(request_id, "sendReceipt", fields)
 
         decision = dedup.check(name, sequence_id, n) if policies.deduplication else Decision.NEW
@@ -932,16 +944,16 @@ class BrokerService:
                             "duplicate's original not found topic=%s error=%s", topic.name, exc
                         )
                         found = None
-                    answer(found, None, True)
+                    answer(found, None, True, "original not found in the log")
 
                 self._spawn(conn, request_id, look_up)
                 return
-            answer(receipt, None, True)
+            answer(receipt, None, True, "original not remembered, log not searched")
             return
         if decision is Decision.IN_FLIGHT:
 
             def resent(receipt: Any, error: BaseException | None) -> None:
-                answer(receipt, error, True)
+                answer(receipt, error, True, "in-flight original batched differently")
                 if error is not None:
                     # the original (sent on an earlier attachment) was not stored: this
                     # attachment's later sends must not be stored before its resend
