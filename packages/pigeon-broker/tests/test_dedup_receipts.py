@@ -84,3 +84,31 @@ async def test_a_duplicate_of_a_batch_stored_before_the_snapshot_names_its_posit
     (inside,) = await _sends(url, [(58, 2)])
     seg, entry, offset = _where(early[19])
     assert _where(inside) == (seg, entry, offset + 1)
+
+
+async def test_a_duplicate_waits_for_its_original_only_a_bounded_time(
+    pigeon_standalone, autojump_clock
+):
+    """Naming the original reads the log; when that is slow (bookies paused), the
+    duplicate is answered without a position after DEDUP_LOOKUP_WAIT_S rather than
+    holding back every later send of the producer (the client completes in order)."""
+    from pigeon.broker._service import DEDUP_LOOKUP_WAIT_S
+
+    service = pigeon_standalone.service
+    name = TopicName.parse(TOPIC)
+    url = pigeon_standalone.url
+    await _sends(url, [(i * 3, 3) for i in range(10)])
+    assert await unload_topic(service, name) == [name.full]
+    await _sends(url, [(30, 3)])  # the topic is loaded again
+    ledger = service.topics[name.full].ledger
+    real_read = ledger.read
+
+    async def slow_read(*args, **kw):  # type: ignore[no-untyped-def]
+        await trio.sleep(60)
+        return await real_read(*args, **kw)
+
+    ledger.read = slow_read
+    started = trio.current_time()
+    (again,) = await _sends(url, [(3, 3)])
+    assert again["duplicate"] and _where(again) == (-1, -1, -1)
+    assert trio.current_time() - started <= DEDUP_LOOKUP_WAIT_S + 1

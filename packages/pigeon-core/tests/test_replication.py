@@ -117,3 +117,38 @@ async def test_a_striped_read_refills_a_bookie_that_lost_its_tail(tmp_path: Any)
         assert [i for i, _d in held] == [
             i for i in range(60) if lossy in [ensemble[(i + k) % e] for k in range(2)]
         ]
+
+
+async def test_reads_pass_over_a_bookie_that_does_not_answer(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A paused or cut-off bookie keeps its connection open and answers nothing: reads
+    go on without it after the read timeout (a striped range from the others, a single
+    entry from its next replica) and ask it last while it is slow, instead of waiting
+    for it (a consumer or a de-duplication lookup stalled for the whole pause)."""
+    import trio
+
+    from pigeon.core.testing._replication_suite import _cluster, _ReadOrder, _write
+
+    monkeypatch.setattr("pigeon.core._replication.READ_TIMEOUT_S", 0.5)
+    async with _cluster(tmp_path, 3) as (bookies, client):
+        policy = QuorumPolicy(client, ensemble_size=3, write_quorum=2, ack_quorum=2)
+        ensemble = policy.choose_ensemble(bookies.addresses)
+        writer = await policy.create_writer(33, ensemble)
+        payloads = [f"entry-{i}".encode() * 10 for i in range(60)]
+        await _write(writer, payloads)
+        writer.close()
+        order = _ReadOrder(client)
+        silent = ensemble[0]
+        bookies.pause(silent)
+        with trio.fail_after(5):
+            got = await policy.read(33, ensemble, 0, 59)
+        assert [bytes(d) for _e, d in got] == payloads
+        assert client.is_slow(silent)
+        # entry 0 is on ensemble[0] and ensemble[1]: the silent one is asked last
+        order.asked.clear()
+        with trio.fail_after(5):
+            got = await policy.read(33, ensemble, 0, 0)
+        assert [bytes(d) for _e, d in got] == payloads[:1]
+        assert order.asked == [ensemble[1]]
+        bookies.resume(silent)

@@ -59,6 +59,11 @@ DEDUP_SNAPSHOT_ENTRIES = 100
 DEDUP_SNAPSHOT_SECONDS = 1.0
 #: how much of a topic's log may be read to name the original of a duplicate
 DEDUP_LOOKUP_MAX_BYTES = 256 << 20
+#: entries read at a time, backwards, to name the original of a duplicate
+DEDUP_LOOKUP_CHUNK = 256
+#: how long a duplicate's answer waits for its original to be named: the client
+#: completes its sends in order, so every later send of the producer waits too
+DEDUP_LOOKUP_WAIT_S = 2.0
 MAX_PARTITIONS = 4096
 
 _SUB_TYPES = {
@@ -259,9 +264,11 @@ class Topic:
     async def original_receipt(self, name: str, first: int, count: int) -> Receipt | None:
         """The position of a stored batch the dedup state does not remember (stored
         before the snapshot this broker recovered from), found by reading the log
-        backwards from where the recovery began, one segment at a time, at most
-        :data:`DEDUP_LOOKUP_MAX_BYTES` per topic.  None when it cannot be named (the
-        log was trimmed, or the batch was stored under other sequence boundaries)."""
+        backwards from where the recovery began, :data:`DEDUP_LOOKUP_CHUNK` entries at a
+        time, at most :data:`DEDUP_LOOKUP_MAX_BYTES` per topic.  None when it cannot be
+        named (the log was trimmed, or the batch was stored under other sequence
+        boundaries).  What was read stays remembered, so a caller that gives up waiting
+        (see ``on_send``) leaves the next one less to read."""
         dedup = self.dedup
         async with self._dedup_lookup:
             while True:
@@ -276,23 +283,32 @@ class Topic:
                     self._dedup_indexed_from = None
                     return None
                 seg = self.ledger.segments[index]
-                last = seg.last_entry_id if end[0] != seg.id else end[1] - 1
-                pos: Position = (seg.id, 0)
-                while pos[1] <= last:
-                    try:
-                        entries = await self.ledger.read(pos, max_entries=256)
-                    except CorruptEntry:
-                        pos = (await self.ledger.skip_damaged(pos)).next
-                        if pos[0] != seg.id:
-                            break
-                        continue
-                    entries = [e for e in entries if e.entry_id <= last]
-                    if not entries:
-                        break
-                    self._dedup_lookup_bytes += sum(len(e.data) for e in entries)
-                    dedup.remember_older(self._dedup_records(entries))
-                    pos = (seg.id, entries[-1].entry_id + 1)
-                self._dedup_indexed_from = (seg.id, 0)
+                stop = seg.last_entry_id + 1 if end[0] != seg.id else end[1]
+                start = max(0, stop - DEDUP_LOOKUP_CHUNK)
+                entries = await self._read_span(seg.id, start, stop)
+                self._dedup_lookup_bytes += sum(len(e.data) for e in entries)
+                dedup.remember_older(self._dedup_records(entries))
+                self._dedup_indexed_from = (seg.id, start)
+
+    async def _read_span(self, segment_id: int, start: int, stop: int) -> list[Entry]:
+        """Entries ``start..stop-1`` of a segment (those no replica holds intact left
+        out)."""
+        out: list[Entry] = []
+        pos: Position = (segment_id, start)
+        while pos[1] < stop:
+            try:
+                entries = await self.ledger.read(pos, max_entries=stop - pos[1])
+            except CorruptEntry:
+                pos = (await self.ledger.skip_damaged(pos)).next
+                if pos[0] != segment_id:
+                    break
+                continue
+            entries = [e for e in entries if e.entry_id < stop]
+            if not entries:
+                break
+            out.extend(entries)
+            pos = (segment_id, entries[-1].entry_id + 1)
+        return out
 
     def confirm_sequence(self, segment_id: int, entry_id: int) -> None:
         """An entry is stored: the snapshot covers the log up to it."""
@@ -937,14 +953,15 @@ class BrokerService:
                 # stored before the state this broker recovered from: look it up (the
                 # client completes its sends in order whatever order answers come in)
                 async def look_up() -> None:
+                    found, why = None, "original not found in the log"
                     try:
-                        found = await topic.original_receipt(name, sequence_id, n)
+                        with trio.move_on_after(DEDUP_LOOKUP_WAIT_S) as scope:
+                            found = await topic.original_receipt(name, sequence_id, n)
+                        if scope.cancelled_caught:
+                            why = f"original not found within {DEDUP_LOOKUP_WAIT_S}s"
                     except PigeonError as exc:
-                        log.info(
-                            "duplicate's original not found topic=%s error=%s", topic.name, exc
-                        )
-                        found = None
-                    answer(found, None, True, "original not found in the log")
+                        why = f"reading the log failed: {exc}"
+                    answer(found, None, True, why)
 
                 self._spawn(conn, request_id, look_up)
                 return

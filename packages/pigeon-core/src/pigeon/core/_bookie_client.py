@@ -7,7 +7,7 @@ first use inside the client's own nursery and reopened after a failure.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import trio
@@ -71,6 +71,27 @@ class BookieClient:
         self._conns: dict[str, Connection] = {}
         self._locks: dict[str, trio.Lock] = {}
         self._nursery: trio.Nursery | None = None
+        #: address -> until when (trio time) reads ask it last: it left a read unanswered
+        self._slow: dict[str, float] = {}
+
+    # ---------------------------------------------------------------- responsiveness
+
+    def note_slow(self, address: str, for_s: float = 10.0) -> None:
+        """``address`` left a read unanswered: ask it last for ``for_s`` seconds."""
+        self._slow[address] = trio.current_time() + for_s
+
+    def is_slow(self, address: str) -> bool:
+        until = self._slow.get(address)
+        if until is None:
+            return False
+        if until <= trio.current_time():
+            del self._slow[address]
+            return False
+        return True
+
+    def by_responsiveness(self, addresses: Sequence[str]) -> list[str]:
+        """``addresses`` in their order, those that were slow lately last."""
+        return sorted(addresses, key=self.is_slow)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:

@@ -426,6 +426,10 @@ class PolicyBase:
 REPAIR_MAX_ENTRIES = 1024
 #: how long a read may spend repairing the copies it found damaged
 REPAIR_TIMEOUT_S = 5.0
+#: a bookie that leaves a read unanswered this long (paused, cut off) is passed over
+#: for the next replica, and asked last for a while (BookKeeper's speculative read
+#: timeout and slow-bookie reordering play this part)
+READ_TIMEOUT_S = 2.0
 #: the errors with which a bookie that answered says it has no intact copy
 _DAMAGED = (CorruptEntry, EntryNotFound, SegmentNotFound)
 
@@ -455,16 +459,21 @@ async def read_replicas(
     """
     unreachable: list[BaseException] = []
     damaged: dict[str, PigeonError] = {}
-    for address in replicas:
+    for address in client.by_responsiveness(replicas):
         try:
-            got = await client.read_entries(
-                address, segment_id, first, last, max_bytes=max_bytes, max_count=max_count
-            )
+            with trio.fail_after(READ_TIMEOUT_S):
+                got = await client.read_entries(
+                    address, segment_id, first, last, max_bytes=max_bytes, max_count=max_count
+                )
         except _DAMAGED as exc:
             damaged[address] = exc
             continue
         except (ConnectionClosed, ServiceUnavailable, StorageError, OSError) as exc:
             unreachable.append(exc)
+            continue
+        except trio.TooSlowError:
+            client.note_slow(address)
+            unreachable.append(Timeout(f"bookie {address} did not answer a read in time"))
             continue
         if not got:
             damaged[address] = EntryNotFound(f"segment={segment_id} entry={first} not stored")
@@ -532,13 +541,13 @@ async def read_striped(
 
     count = min(max_count, last - first + 1)
     answers: dict[str, list[tuple[int, memoryview]] | BaseException] = {}
+    # Any e - write_quorum + 1 bookies hold every id between them: once that many
+    # answered, stragglers (paused, cut off) are not waited for.
+    enough = e - write_quorum + 1
+    asked: list[str] = []
+    answered = trio.Event()
 
-    async def read_one(index: int) -> None:
-        address = ensemble[index]
-        # the first id >= first this bookie holds
-        start = next(i for i in range(first, first + e) if address in write_set(i))
-        if start > last:
-            return
+    async def read_one(address: str, start: int) -> None:
         try:
             answers[address] = await client.read_entries(
                 address,
@@ -550,10 +559,23 @@ async def read_striped(
             )
         except (PigeonError, OSError) as exc:
             answers[address] = exc  # covered by the other holders, or said by the caller
+        ok = sum(1 for got in answers.values() if not isinstance(got, BaseException))
+        if ok >= enough or len(answers) == len(asked):
+            answered.set()
 
     async with trio.open_nursery() as nursery:
-        for index in range(e):
-            nursery.start_soon(read_one, index)
+        for address in ensemble:
+            # the first id >= first this bookie holds
+            start = next(i for i in range(first, first + e) if address in write_set(i))
+            if start <= last:
+                asked.append(address)
+                nursery.start_soon(read_one, address, start)
+        with trio.move_on_after(READ_TIMEOUT_S):
+            await answered.wait()
+        for address in asked:
+            if address not in answers:
+                client.note_slow(address)
+        nursery.cancel_scope.cancel()
     merged: dict[int, memoryview] = {}
     for got in answers.values():
         if not isinstance(got, BaseException):
