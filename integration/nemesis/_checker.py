@@ -305,19 +305,19 @@ def _check_attach(history: History, r: Report) -> None:
 
 
 def _availability(history: History, r: Report) -> None:
-    acks = sorted(s.acked for s in history.sends if s.acked is not None)
     end = history.production_stopped
     if end is None:
         end = max((s.invoked for s in history.sends), default=0.0)
     first = min((s.invoked for s in history.sends), default=0.0)
-    r.longest_unavailable = longest_gap(acks, first, end)
     by_topic: dict[str, list[float]] = defaultdict(list)
     for s in history.sends:
         if s.acked is not None:
             by_topic[s.topic].append(s.acked)
     for topic, times in sorted(by_topic.items()):
         r.longest_unavailable_by_topic[topic] = round(longest_gap(sorted(times), first, end), 2)
-    all_gaps = gaps(acks, first, end)
+    # a topic's writes stopping is what a user notices, whatever the other topics do
+    r.longest_unavailable = max(r.longest_unavailable_by_topic.values(), default=0.0)
+    topic_gaps = [gaps(sorted(times), first, end) for times in by_topic.values()]
     faults = sorted((f for f in history.faults if f.started is not None), key=_started)
     for n, f in enumerate(faults):
         assert f.started is not None
@@ -325,7 +325,11 @@ def _availability(history: History, r: Report) -> None:
         assert until is not None
         key = f"{f.kind} {f.target} @{f.started:.1f}s"
         r.unavailable_after_fault[key] = round(
-            longest_overlapping(all_gaps, f.started, min(until, end)), 2
+            max(
+                (longest_overlapping(g, f.started, min(until, end)) for g in topic_gaps),
+                default=0.0,
+            ),
+            2,
         )
 
 

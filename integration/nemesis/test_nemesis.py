@@ -41,6 +41,7 @@ CI_SEEDS = {
     ("embedded", "quorum"): 777,
 }
 
+
 def _seed(metadata: str, replication: str) -> int:
     value = os.environ.get("PIGEON_NEMESIS_SEED")
     if value:
