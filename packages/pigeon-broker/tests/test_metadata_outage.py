@@ -1,5 +1,6 @@
 """A metadata server that goes away (connection lost, restarting) must not end a broker:
-the watches behind the bookie directory and the namespace policies wait it out."""
+the watches behind the bookie directory, the namespace policies and the load manager's
+unload requests wait it out."""
 
 from __future__ import annotations
 
@@ -38,6 +39,10 @@ class FlakyStore:
         await trio.lowlevel.checkpoint()
         value = self.nodes.get(path)
         return None if value is None else _Stat(value)
+
+    async def delete(self, path: str) -> None:
+        await trio.lowlevel.checkpoint()
+        self.nodes.pop(path, None)
 
     @contextlib.asynccontextmanager
     async def watch(self, path: str, *, prefix: bool = False) -> AsyncIterator[Any]:
@@ -78,4 +83,38 @@ async def test_policy_watch_survives_a_metadata_outage_and_keeps_its_cache(
         await trio.sleep(10)
         assert store.watches == 4
         assert policies.cached("public/default").retention_time_s == -1
+        nursery.cancel_scope.cancel()
+
+
+async def test_load_manager_requests_watch_survives_a_metadata_outage(
+    autojump_clock: Any, monkeypatch: Any
+) -> None:
+    """Found by the nemesis: a broker started while ZooKeeper dropped its connection
+    exited (``MetadataError: reading the change log: ConnectionLoss`` from the unload
+    requests watch of the load manager)."""
+    from types import SimpleNamespace
+
+    from pigeon.broker import _admin_ops
+    from pigeon.broker._loadmanager import REQUESTS_PATH, LoadManager
+
+    store = FlakyStore(outages=3)
+    address = "127.0.0.1:6650"
+    request = f"{REQUESTS_PATH}/{address}/r-0000000001"
+    store.nodes[request] = json.dumps({"namespace": "public/default", "bundle": "b1"}).encode()
+    unloaded: list[str] = []
+
+    async def unload_bundle(service: Any, namespace: str, bundle: str) -> list[str]:
+        unloaded.append(f"{namespace}/{bundle}")
+        return []
+
+    monkeypatch.setattr(_admin_ops, "unload_bundle", unload_bundle)
+    service = SimpleNamespace(store=store, ownership=SimpleNamespace(address=address), config=None)
+    manager = LoadManager(service)
+    async with trio.open_nursery() as nursery:
+        with trio.fail_after(1):  # the broker does not wait for the metadata server
+            await nursery.start(manager._serve_requests)
+        await trio.sleep(10)
+        assert unloaded == ["public/default/b1"]
+        assert request not in store.nodes
+        assert store.watches == 4
         nursery.cancel_scope.cancel()

@@ -34,6 +34,7 @@ from typing import Any
 import trio
 
 from pigeon.broker._ownership import OWNERSHIP_PATH
+from pigeon.broker._watch import watch_forever
 from pigeon.core.errors import NoSuchNode, PigeonError
 from pigeon.core.metadata import EventType, lead_forever
 
@@ -250,13 +251,24 @@ class LoadManager:
         from pigeon.broker._admin_ops import unload_bundle
 
         path = f"{REQUESTS_PATH}/{self.address}"
-        async with self.store.watch(path, prefix=True) as events:
-            task_status.started()
+
+        async def watching(_first: bool) -> None:  # requests made while not watching
             for child in await self.store.children(path):
                 await self._handle(f"{path}/{child}", unload_bundle)
-            async for event in events:
-                if event.type is EventType.CREATED and event.path != path:
-                    await self._handle(event.path, unload_bundle)
+
+        async def event(event: Any) -> None:
+            if event.type is EventType.CREATED and event.path != path:
+                await self._handle(event.path, unload_bundle)
+
+        # the broker serves while the metadata server is away: start at once
+        task_status.started()
+        await watch_forever(
+            self.store,
+            path,
+            what="unload requests watch",
+            on_watching=watching,
+            on_event=event,
+        )
 
     async def _handle(self, request: str, unload_bundle: Any) -> None:
         stat = await self.store.get(request)

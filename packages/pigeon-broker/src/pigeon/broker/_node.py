@@ -12,12 +12,12 @@ from typing import Any
 import trio
 
 from pigeon.broker._config import BrokerConfig
-from pigeon.broker._policies import transient_metadata_error
 from pigeon.broker._service import BrokerService
+from pigeon.broker._watch import watch_forever
 from pigeon.core import PluginManager
 from pigeon.core._bookie_client import BookieClient
 from pigeon.core._codecs import CodecSet
-from pigeon.core.errors import ConfigError, PigeonError
+from pigeon.core.errors import ConfigError
 
 __all__ = ["BookieDirectory", "run_broker", "run_layered", "run_standalone"]
 
@@ -64,24 +64,21 @@ class BookieDirectory:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Keep the directory current; a metadata server that is away (connection lost,
         restarting) is waited for with backoff — the broker keeps the last list it saw."""
-        started = False
-        delay = 0.1
-        while True:
-            try:
-                async with self.store.watch(BOOKIES_PATH, prefix=True) as events:
-                    await self.refresh()
-                    delay = 0.1
-                    if not started:
-                        started = True
-                        task_status.started()
-                    async for _event in events:
-                        await self.refresh()
-            except (PigeonError, BaseExceptionGroup) as exc:
-                if not transient_metadata_error(exc):
-                    raise
-                log.warning("bookie directory refresh failed error=%s; retrying", exc)
-            await trio.sleep(delay)
-            delay = min(delay * 2, 2.0)
+
+        async def watching(_first: bool) -> None:
+            await self.refresh()
+
+        async def event(_event: Any) -> None:
+            await self.refresh()
+
+        await watch_forever(
+            self.store,
+            BOOKIES_PATH,
+            what="bookie directory refresh",
+            on_watching=watching,
+            on_event=event,
+            task_status=task_status,
+        )
 
     async def wait_for(self, count: int, timeout: float = 30.0) -> None:  # noqa: ASYNC109
         with trio.fail_after(timeout):

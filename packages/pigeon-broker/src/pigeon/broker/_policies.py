@@ -19,9 +19,9 @@ from typing import Any, Literal
 
 import trio
 
+from pigeon.broker._watch import watch_forever
 from pigeon.core.errors import (
     InvalidArgument,
-    MetadataError,
     NodeExists,
     NoSuchNode,
     NotEmpty,
@@ -240,27 +240,24 @@ class PolicyStore:
     async def watch(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Keep the cache current with changes made elsewhere; a metadata server that is
         away is waited for (with backoff), keeping the cached policies meanwhile."""
-        started = False
-        delay = 0.1
-        while True:
-            try:
-                async with self.store.watch(NAMESPACES_PATH, prefix=True) as events:
-                    if not started:
-                        started = True
-                        task_status.started()
-                    else:
-                        for namespace in list(self._cache):  # changes may have been missed
-                            with contextlib.suppress(PigeonError):
-                                await self.load(namespace)
-                    delay = 0.1
-                    async for event in events:
-                        self._apply(event)
-            except (PigeonError, BaseExceptionGroup) as exc:
-                if not transient_metadata_error(exc):
-                    raise
-                log.warning("policies watch failed error=%s; retrying", exc)
-            await trio.sleep(delay)
-            delay = min(delay * 2, 2.0)
+
+        async def watching(first: bool) -> None:
+            if not first:
+                for namespace in list(self._cache):  # changes may have been missed
+                    with contextlib.suppress(PigeonError):
+                        await self.load(namespace)
+
+        async def event(event: Any) -> None:
+            self._apply(event)
+
+        await watch_forever(
+            self.store,
+            NAMESPACES_PATH,
+            what="policies watch",
+            on_watching=watching,
+            on_event=event,
+            task_status=task_status,
+        )
 
     def _apply(self, event: Any) -> None:
         parts = event.path[len(NAMESPACES_PATH) + 1 :].split("/")
@@ -274,11 +271,3 @@ class PolicyStore:
                 self._cache[namespace] = NamespacePolicies.from_dict(json.loads(event.value))
             except (ValueError, PigeonError) as exc:
                 log.warning("bad policies namespace=%s error=%s", namespace, exc)
-
-
-def transient_metadata_error(exc: BaseException) -> bool:
-    """A metadata error worth waiting out (also inside an exception group): the watches
-    of the policies and of the bookie directory retry these."""
-    if isinstance(exc, BaseExceptionGroup):
-        return all(transient_metadata_error(e) for e in exc.exceptions)
-    return isinstance(exc, MetadataError) or (isinstance(exc, PigeonError) and exc.retriable)
