@@ -10,9 +10,10 @@ from typing import Any
 
 import trio
 
-from pigeon.broker._node import BOOKIES_PATH, BookieDirectory
+from pigeon.broker._node import BookieDirectory
 from pigeon.broker._policies import NamespacePolicies, PolicyStore
 from pigeon.core.errors import MetadataError
+from pigeon.core.paths import BOOKIES_PATH
 
 
 class _Stat:

@@ -49,12 +49,12 @@ from pigeon.core.errors import (
     SessionExpired,
     StorageError,
 )
+from pigeon.core.paths import BOOKIES_PATH
 
-__all__ = ["BOOKIES_PATH", "BookieConfig", "BookieServer", "DiskSpacePolicy"]
+__all__ = ["BookieConfig", "BookieServer", "DiskSpacePolicy"]
 
 log = logging.getLogger(__name__)
 
-BOOKIES_PATH = "/pigeon/bookies/available"
 
 #: reads answer at most this many entries (their sizes travel in the response header)
 MAX_READ_COUNT = 10_000

@@ -45,6 +45,7 @@ from pigeon.core.errors import (
     SegmentNotFound,
     ServiceUnavailable,
 )
+from pigeon.core.paths import SEGMENT_ID_PREFIX, cursors_path, ledger_path, segment_path
 
 __all__ = ["DamagedRun", "Entry", "LedgerConfig", "ManagedLedger", "Position", "SegmentInfo"]
 
@@ -160,14 +161,6 @@ class Entry:
     deliver_at: int = 0
 
 
-SEGMENTS_PATH = "/pigeon/segments"
-
-
-def segment_path(segment_id: int) -> str:
-    """Metadata node of one segment; bookies delete segments whose node is gone."""
-    return f"{SEGMENTS_PATH}/{segment_id:016x}"
-
-
 class _EntryCache:
     """Most recently written entries, bounded by bytes (tail reads never touch bookies)."""
 
@@ -217,7 +210,7 @@ class ManagedLedger:
         self.bookies = bookies
         self.nursery = nursery
         self.config = config or LedgerConfig()
-        self.path = f"/pigeon/ledgers/{topic.path}"
+        self.path = ledger_path(topic)
         self.segments: list[SegmentInfo] = []
         self._index: dict[int, int] = {}  # segment id -> index in self.segments
         # every segment id this ledger has had (a remote one outside it is another owner's)
@@ -436,7 +429,7 @@ class ManagedLedger:
 
     async def _cursor_offsets(self) -> int:
         """The highest offset any stored cursor of the topic has acknowledged (0: none)."""
-        root = f"/pigeon/cursors/{self.topic.path}"
+        root = cursors_path(self.topic)
         top = 0
         children = getattr(self.store, "children", None)
         if children is None:  # a store without listings (tests): no cursor to honour
@@ -499,7 +492,7 @@ class ManagedLedger:
         bookies, e, qw, qa = self._ensemble_config()
         ensemble = self.policy.choose_ensemble(bookies, e)
         first_offset = self._pending[0].offset if self._pending else self.next_offset
-        created = await self.store.create("/pigeon/segment-ids/s-", b"", sequential=True)
+        created = await self.store.create(SEGMENT_ID_PREFIX, b"", sequential=True)
         segment_id = int(created.rsplit("-", 1)[1]) + 1
         seg = SegmentInfo(
             id=segment_id,

@@ -18,12 +18,11 @@ from pigeon.core import PluginManager
 from pigeon.core._bookie_client import BookieClient
 from pigeon.core._codecs import CodecSet
 from pigeon.core.errors import ConfigError, PigeonError
+from pigeon.core.paths import BOOKIES_PATH
 
 __all__ = ["BookieDirectory", "run_broker", "run_layered", "run_standalone"]
 
 log = logging.getLogger(__name__)
-
-BOOKIES_PATH = "/pigeon/bookies/available"
 
 
 class BookieDirectory:

@@ -46,6 +46,7 @@ from pigeon.core.errors import (
     PigeonError,
     SubscriptionBusy,
 )
+from pigeon.core.paths import cursor_path
 
 if TYPE_CHECKING:
     from pigeon.core._rpc import Connection
@@ -107,7 +108,7 @@ class Subscription:
         self.durable = durable
         self.store = store
         self.persist_interval = persist_interval
-        self.path = f"/pigeon/cursors/{ledger.topic.path}/{name}"
+        self.path = cursor_path(ledger.topic, name)
         self.consumers: list[Consumer] = []
         self.read_position: Position | None = None
         self.pending: dict[Position, _Pending] = {}
