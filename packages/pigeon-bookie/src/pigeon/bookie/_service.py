@@ -33,9 +33,6 @@ from pigeon.bookie._gc import SegmentCollector
 from pigeon.bookie._metrics import render_metrics, serve_metrics
 from pigeon.bookie._storage import SegmentStore
 from pigeon.core._bookie_client import BookieClient
-from pigeon.core._framing import DEFAULT_MAX_FRAME_SIZE
-from pigeon.core._rpc import Connection, Request, serve_tcp
-from pigeon.core._schema import BookieFrame
 from pigeon.core.errors import (
     ConfigError,
     ConnectionClosed,
@@ -50,6 +47,7 @@ from pigeon.core.errors import (
     StorageError,
 )
 from pigeon.core.paths import BOOKIES_PATH
+from pigeon.core.rpc import DEFAULT_MAX_FRAME_SIZE, BookieFrame, Connection, Request, serve_tcp
 
 __all__ = ["BookieConfig", "BookieServer", "DiskSpacePolicy"]
 

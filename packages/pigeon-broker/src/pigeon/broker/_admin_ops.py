@@ -34,8 +34,7 @@ from pigeon.broker._ledger import SegmentInfo
 from pigeon.broker._policies import NamespacePolicies, TenantInfo, split_namespace
 from pigeon.broker._service import BrokerService, Topic
 from pigeon.core import TopicName
-from pigeon.core._batch import decode_batch
-from pigeon.core._entry import ENTRY_HEADER_SIZE
+from pigeon.core.batch import ENTRY_HEADER_SIZE, decode_batch
 from pigeon.core.errors import (
     EntryNotFound,
     InvalidArgument,

@@ -33,8 +33,7 @@ import trio
 
 from pigeon.broker._cursor import RangeSet
 from pigeon.core import TopicName
-from pigeon.core._clock import WallClock
-from pigeon.core._entry import pack_entry_header, unpack_entry_header
+from pigeon.core.batch import pack_entry_header, unpack_entry_header
 from pigeon.core.errors import (
     BadVersion,
     CorruptEntry,
@@ -46,6 +45,7 @@ from pigeon.core.errors import (
     ServiceUnavailable,
 )
 from pigeon.core.paths import SEGMENT_ID_PREFIX, cursors_path, ledger_path, segment_path
+from pigeon.core.runtime import WallClock
 
 __all__ = ["DamagedRun", "Entry", "LedgerConfig", "ManagedLedger", "Position", "SegmentInfo"]
 

@@ -16,7 +16,7 @@ from pigeon.broker._policies import transient_metadata_error
 from pigeon.broker._service import BrokerService
 from pigeon.core import PluginManager
 from pigeon.core._bookie_client import BookieClient
-from pigeon.core._codecs import CodecSet
+from pigeon.core.codecs import CodecSet
 from pigeon.core.errors import ConfigError, PigeonError
 from pigeon.core.paths import BOOKIES_PATH
 

@@ -28,12 +28,8 @@ from pigeon.broker._ownership import Ownership
 from pigeon.broker._policies import NamespacePolicies, PolicyStore
 from pigeon.broker._subscription import Consumer, Subscription
 from pigeon.core import TopicName
-from pigeon.core._batch import read_header
-from pigeon.core._clock import WallClock
-from pigeon.core._codecs import GZIP, NONE, CodecSet
-from pigeon.core._entry import ENTRY_HEADER_SIZE
-from pigeon.core._rpc import Connection, Request, serve_tcp
-from pigeon.core._schema import BrokerFrame
+from pigeon.core.batch import ENTRY_HEADER_SIZE, read_header
+from pigeon.core.codecs import GZIP, NONE, CodecSet
 from pigeon.core.errors import (
     CorruptEntry,
     InternalError,
@@ -58,6 +54,8 @@ from pigeon.core.paths import (
     partitioned_topic_path,
     segment_path,
 )
+from pigeon.core.rpc import BrokerFrame, Connection, Request, serve_tcp
+from pigeon.core.runtime import WallClock
 
 __all__ = ["BrokerService"]
 

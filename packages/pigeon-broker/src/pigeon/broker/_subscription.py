@@ -36,9 +36,7 @@ import trio
 
 from pigeon.broker._cursor import CursorState
 from pigeon.broker._ledger import Entry, ManagedLedger, Position
-from pigeon.core._batch import decode_batch
-from pigeon.core._clock import WallClock
-from pigeon.core._entry import ENTRY_HEADER_SIZE
+from pigeon.core.batch import ENTRY_HEADER_SIZE, decode_batch
 from pigeon.core.errors import (
     ConsumerBusy,
     CorruptEntry,
@@ -47,9 +45,10 @@ from pigeon.core.errors import (
     SubscriptionBusy,
 )
 from pigeon.core.paths import cursor_path
+from pigeon.core.runtime import WallClock
 
 if TYPE_CHECKING:
-    from pigeon.core._rpc import Connection
+    from pigeon.core.rpc import Connection
 
 __all__ = ["CORRUPT_ENTRY_POLICIES", "Consumer", "Subscription"]
 
