@@ -22,6 +22,7 @@ PACKAGES = [
     "pigeon.core.codecs",
     "pigeon.core.metadata",
     "pigeon.core.paths",
+    "pigeon.core.replication",
     "pigeon.core.rpc",
     "pigeon.core.runtime",
     "pigeon.core.testing",

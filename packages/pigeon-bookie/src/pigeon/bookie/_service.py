@@ -32,7 +32,6 @@ from pigeon.bookie._forward import Forwarder, Replication
 from pigeon.bookie._gc import SegmentCollector
 from pigeon.bookie._metrics import render_metrics, serve_metrics
 from pigeon.bookie._storage import SegmentStore
-from pigeon.core._bookie_client import BookieClient
 from pigeon.core.errors import (
     ConfigError,
     ConnectionClosed,
@@ -47,6 +46,7 @@ from pigeon.core.errors import (
     StorageError,
 )
 from pigeon.core.paths import BOOKIES_PATH
+from pigeon.core.replication import BookieClient
 from pigeon.core.rpc import DEFAULT_MAX_FRAME_SIZE, BookieFrame, Connection, Request, serve_tcp
 
 __all__ = ["BookieConfig", "BookieServer", "DiskSpacePolicy"]

@@ -32,7 +32,7 @@ from typing import Any
 import trio
 
 from pigeon.broker._cursor import RangeSet
-from pigeon.core import TopicName
+from pigeon.core import ReplicationPolicy, SegmentWriter, TopicName
 from pigeon.core.batch import pack_entry_header, unpack_entry_header
 from pigeon.core.errors import (
     BadVersion,
@@ -195,7 +195,7 @@ class ManagedLedger:
         topic: TopicName,
         *,
         store: Any,
-        policy: Any,
+        policy: ReplicationPolicy,
         bookies: Callable[[], list[str]],
         nursery: trio.Nursery,
         config: LedgerConfig | None = None,
@@ -218,7 +218,7 @@ class ManagedLedger:
         self._version = -1
         self.next_offset = 0
         self.last_publish_time = 0
-        self._writer: Any = None
+        self._writer: SegmentWriter | None = None
         self._rolling = False
         self._rolled = trio.Event()
         self._rolled.set()
@@ -611,6 +611,7 @@ class ManagedLedger:
     def _write(self, append: _Append) -> None:
         seg = self.segments[-1]
         writer = self._writer
+        assert writer is not None  # appends are written only while a segment is open
 
         def done(entry_id: int, error: BaseException | None) -> None:
             if error is not None:
@@ -705,7 +706,7 @@ class ManagedLedger:
             raise
         return address
 
-    def _on_writer_failed(self, writer: Any, error: BaseException) -> None:
+    def _on_writer_failed(self, writer: SegmentWriter, error: BaseException) -> None:
         if writer is self._writer and not self._rolling:
             log.warning("segment write failed topic=%s error=%s; rolling over", self.topic, error)
             self._start_roll(recover=True)
@@ -794,6 +795,7 @@ class ManagedLedger:
     async def _close_segment(self, recover: bool) -> None:
         """Stop the writer, find the segment's true end, settle what it holds, close it."""
         writer = self._writer
+        assert writer is not None  # called only while a segment is open
         seg = self.segments[-1]
         if not recover:
             with trio.move_on_after(SEGMENT_DRAIN_S):

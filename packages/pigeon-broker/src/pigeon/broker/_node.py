@@ -15,10 +15,10 @@ from pigeon.broker._config import BrokerConfig
 from pigeon.broker._policies import transient_metadata_error
 from pigeon.broker._service import BrokerService
 from pigeon.core import PluginManager
-from pigeon.core._bookie_client import BookieClient
 from pigeon.core.codecs import CodecSet
 from pigeon.core.errors import ConfigError, PigeonError
 from pigeon.core.paths import BOOKIES_PATH
+from pigeon.core.replication import BookieClient
 
 __all__ = ["BookieDirectory", "run_broker", "run_layered", "run_standalone"]
 
