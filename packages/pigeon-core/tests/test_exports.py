@@ -27,11 +27,13 @@ PACKAGES = [
     "pigeon.core.runtime",
     "pigeon.core.testing",
     "pigeon.bookie",
+    "pigeon.bookie.testing",
     "pigeon.broker",
     "pigeon.client",
+    "pigeon.client.ranges",
 ]
 #: public modules that define their names themselves (no private module behind them)
-SELF_CONTAINED = {"pigeon.core.paths"}
+SELF_CONTAINED = {"pigeon.core.paths", "pigeon.bookie.testing"}
 
 
 def _private_modules_imported_by(pkg: ModuleType) -> set[str]:

@@ -136,7 +136,7 @@ async def run_standalone(
 ) -> None:
     """One broker, one bookie and the embedded metadata store in this trio run."""
     try:
-        from pigeon.bookie import BookieConfig, BookieServer
+        from pigeon.bookie import BookieConfig, BookieServer, render_metrics
     except ImportError:  # pragma: no cover - depends on the install
         raise ConfigError(
             "pigeon standalone needs pigeon-bookie: pip install 'pigeon-broker[standalone]'"
@@ -160,8 +160,6 @@ async def run_standalone(
         await run_broker(broker_config, store=store, plugins=plugins, task_status=task_status)
 
     def ready(service: Any) -> None:
-        from pigeon.bookie._metrics import render_metrics
-
         service.extra_metrics.append(lambda: render_metrics(bookie.store, bookie.advertised))
         log.info(
             "standalone ready broker=%s bookie=%s data_dir=%s",

@@ -100,24 +100,21 @@ class BookieSet:
         await self.start(port=int(address.rsplit(":", 1)[1]), data_dir=self.data_dirs[address])
 
 
+# pigeon-core does not depend on pigeon-bookie: its damage helpers are imported late.
+
+
 def segment_file(data_dir: Path, segment_id: int) -> Path:
-    """The data file of a segment in a bookie's data directory."""
-    return data_dir / "segments" / f"{segment_id:016x}.log"
+    """:func:`pigeon.bookie.testing.segment_file`."""
+    from pigeon.bookie.testing import segment_file
+
+    return segment_file(data_dir, segment_id)
 
 
 def flip_payload_byte(path: Path, entry_id: int, segment_id: int) -> None:
-    """Flip one bit in the payload of entry ``entry_id`` in a bookie's data file."""
-    from pigeon.bookie._segment import FILE_HEADER_SIZE, REC, RECORD_HEADER_SIZE, scan_records
+    """:func:`pigeon.bookie.testing.flip_payload_byte`."""
+    from pigeon.bookie.testing import flip_payload_byte
 
-    data = bytearray(path.read_bytes())
-    for kind, eid, pos, _size, _lac, _payload, _ok in scan_records(
-        lambda at, n: bytes(data[at : at + n]), segment_id, FILE_HEADER_SIZE, len(data), 0
-    ):
-        if kind == REC and eid == entry_id:
-            data[pos + RECORD_HEADER_SIZE] ^= 0x40
-            path.write_bytes(data)
-            return
-    raise AssertionError(f"entry {entry_id} is not in {path}")
+    flip_payload_byte(path, entry_id, segment_id)
 
 
 class _ReadOrder:
