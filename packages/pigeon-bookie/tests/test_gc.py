@@ -15,8 +15,8 @@ from typing import Any
 import trio
 
 from pigeon.bookie import SegmentCollector, SegmentStore
-from pigeon.bookie._gc import SEGMENTS_PATH, segment_path
 from pigeon.core.errors import MetadataError
+from pigeon.core.paths import SEGMENTS_PATH, segment_path
 
 
 @asynccontextmanager

@@ -18,7 +18,7 @@ import trio
 import trio.testing
 
 from pigeon.bookie import BookieConfig, BookieServer
-from pigeon.bookie._gc import segment_path
+from pigeon.core.paths import segment_path
 
 GIB = 1 << 30
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import trio
 
-from pigeon.broker._ledger import ManagedLedger, segment_path
+from pigeon.broker._ledger import ManagedLedger
 from pigeon.core import TopicName
 from pigeon.core._entry import unpack_entry_header
 from pigeon.core._replication import PolicyBase
@@ -33,6 +33,7 @@ from pigeon.core.errors import (
     PigeonError,
     StorageError,
 )
+from pigeon.core.paths import segment_path
 
 # ------------------------------------------------------------------ fakes
 

@@ -19,17 +19,17 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from pigeon.broker import BrokerConfig
 from pigeon.broker._loadmanager import (
     MB,
-    REQUESTS_PATH,
     BundleLoad,
     LoadManager,
     Shedder,
     cluster_view,
 )
-from pigeon.broker._ownership import BROKERS_PATH, OWNERSHIP_PATH, Ownership
+from pigeon.broker._ownership import Ownership
 from pigeon.core import TopicName
 from pigeon.core.config import load_config
 from pigeon.core.errors import ConfigError
 from pigeon.core.metadata import EmbeddedMetadataStore
+from pigeon.core.paths import BROKERS_PATH, OWNERSHIP_PATH, UNLOAD_REQUESTS_PATH
 
 
 def view(**brokers: dict[str, int]) -> dict[str, dict[str, BundleLoad]]:
@@ -342,9 +342,9 @@ class Cluster:
                 await self.store.create(path, value)
 
     async def carry_out_requests(self) -> None:
-        for broker in await self.store.children(REQUESTS_PATH):
-            for name in await self.store.children(f"{REQUESTS_PATH}/{broker}"):
-                path = f"{REQUESTS_PATH}/{broker}/{name}"
+        for broker in await self.store.children(UNLOAD_REQUESTS_PATH):
+            for name in await self.store.children(f"{UNLOAD_REQUESTS_PATH}/{broker}"):
+                path = f"{UNLOAD_REQUESTS_PATH}/{broker}/{name}"
                 stat = await self.store.get(path)
                 assert stat is not None
                 bundle = json.loads(stat.value)["bundle"]

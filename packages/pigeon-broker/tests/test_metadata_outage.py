@@ -11,9 +11,10 @@ from typing import Any
 
 import trio
 
-from pigeon.broker._node import BOOKIES_PATH, BookieDirectory
+from pigeon.broker._node import BookieDirectory
 from pigeon.broker._policies import NamespacePolicies, PolicyStore
 from pigeon.core.errors import MetadataError
+from pigeon.core.paths import BOOKIES_PATH
 
 
 class _Stat:
@@ -95,11 +96,12 @@ async def test_load_manager_requests_watch_survives_a_metadata_outage(
     from types import SimpleNamespace
 
     from pigeon.broker import _admin_ops
-    from pigeon.broker._loadmanager import REQUESTS_PATH, LoadManager
+    from pigeon.broker._loadmanager import LoadManager
+    from pigeon.core.paths import UNLOAD_REQUESTS_PATH
 
     store = FlakyStore(outages=3)
     address = "127.0.0.1:6650"
-    request = f"{REQUESTS_PATH}/{address}/r-0000000001"
+    request = f"{UNLOAD_REQUESTS_PATH}/{address}/r-0000000001"
     store.nodes[request] = json.dumps({"namespace": "public/default", "bundle": "b1"}).encode()
     unloaded: list[str] = []
 

@@ -19,8 +19,6 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from pigeon.broker._ownership import (
-    BROKERS_PATH,
-    SESSIONS_PATH,
     Claim,
     ClaimStep,
     Ownership,
@@ -29,6 +27,7 @@ from pigeon.broker._ownership import (
 from pigeon.core import TopicName
 from pigeon.core.errors import MetadataError, NotOwner
 from pigeon.core.metadata import EmbeddedMetadataStore, EventType, MetadataStore
+from pigeon.core.paths import BROKER_SESSIONS_PATH, BROKERS_PATH
 
 URL = "pigeon://127.0.0.1:6650"
 OTHER = "pigeon://127.0.0.1:6651"
@@ -421,7 +420,7 @@ class OwnershipContract:
                 stat = await store.get(path)
                 assert stat is not None, path
                 assert json.loads(stat.value)["token"] == new.token
-            assert await store.children(SESSIONS_PATH) == [new.token]
+            assert await store.children(BROKER_SESSIONS_PATH) == [new.token]
 
     async def test_a_bundle_of_a_run_without_a_session_marker_waits_for_its_expiry(
         self, metadata_store_factory: MetadataStoreFactory

@@ -13,7 +13,7 @@ from typing import Any
 
 import pluggy
 
-from pigeon.core._plugins import Registry
+from pigeon.core import Registry
 from pigeon_leader_follower._policy import LeaderFollowerPolicy, LeaderFollowerWriter
 
 __all__ = ["LeaderFollowerPolicy", "LeaderFollowerWriter", "pigeon_replication_policies"]

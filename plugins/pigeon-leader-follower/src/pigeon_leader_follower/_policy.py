@@ -22,27 +22,18 @@ Failures:
   the writer fails.
 
 Recovery, reads and the auditor see an ordinary ensemble in which every bookie holds
-every entry (``Qw = E``): recovery is :func:`pigeon.core._replication.recover_segment`.
+every entry (``Qw = E``): recovery is :func:`pigeon.core.replication.recover_segment`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import trio
 
-from pigeon.core import _replication
-from pigeon.core._bookie_client import BookieClient
-from pigeon.core._replication import (
-    BookieLoad,
-    PolicyBase,
-    fail_in_order,
-    read_replicas,
-    recover_segment,
-)
 from pigeon.core.errors import (
     ConnectionClosed,
     PigeonError,
@@ -52,13 +43,21 @@ from pigeon.core.errors import (
     StorageError,
     Timeout,
 )
+from pigeon.core.replication import (
+    BookieClient,
+    BookieLoad,
+    PolicyBase,
+    ReplaceBookie,
+    WriteCallback,
+    add_entry_timeout,
+    fail_in_order,
+    read_replicas,
+    recover_segment,
+)
 
 __all__ = ["LeaderFollowerPolicy", "LeaderFollowerWriter"]
 
 log = logging.getLogger(__name__)
-
-WriteCallback = Callable[[int, BaseException | None], None]
-ReplaceBookie = Callable[[int, int], Awaitable[str]]
 
 
 @dataclass(slots=True)
@@ -126,8 +125,8 @@ class LeaderFollowerWriter:
         """A leader that leaves an add unanswered for the add timeout (paused, cut off)
         is treated as failed: its connection is aborted, which starts a leader change."""
         while not self.closed and self._failed is None:
-            await trio.sleep(_replication.ADD_ENTRY_TIMEOUT_S / 4)
-            deadline = trio.current_time() - _replication.ADD_ENTRY_TIMEOUT_S
+            await trio.sleep(add_entry_timeout() / 4)
+            deadline = trio.current_time() - add_entry_timeout()
             oldest = next((f for f in self._in_flight.values() if not f.acked), None)
             conn = self._conn
             if (
@@ -413,7 +412,7 @@ class LeaderFollowerWriter:
                 continue
             try:
                 # a candidate that does not answer (paused, cut off) is passed over
-                with trio.fail_after(_replication.ADD_ENTRY_TIMEOUT_S):
+                with trio.fail_after(add_entry_timeout()):
                     state = await self.client.segment_info(address, self.segment_id)
                 if state["fenced"]:
                     self._fail(SegmentFenced(f"segment={self.segment_id} is fenced"))
@@ -451,7 +450,7 @@ class LeaderFollowerWriter:
             return
         self.leader = best[1]
         try:
-            with trio.fail_after(_replication.ADD_ENTRY_TIMEOUT_S):
+            with trio.fail_after(add_entry_timeout()):
                 self._conn = await self.client.connection(self.leader_address)
         except (PigeonError, OSError, trio.TooSlowError) as exc:
             self._fail(ServiceUnavailable(f"segment {self.segment_id}: new leader: {exc}"))
@@ -512,7 +511,7 @@ class LeaderFollowerPolicy(PolicyBase):
         """Entries ``first..last`` (fewer if limits hit) from the first replica holding
         ``first`` intact (every replica holds every entry, bar one that is catching up);
         with ``repair``, damaged or missing copies found on the way are rewritten from
-        the good one (:func:`pigeon.core._replication.read_replicas`)."""
+        the good one (:func:`pigeon.core.replication.read_replicas`)."""
         n = len(ensemble)
         members = list(ensemble)
         return await read_replicas(

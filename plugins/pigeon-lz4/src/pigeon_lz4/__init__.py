@@ -17,8 +17,8 @@ from __future__ import annotations
 import lz4.frame
 import pluggy
 
-from pigeon.core._codecs import Codec
-from pigeon.core._plugins import Registry
+from pigeon.core import Registry
+from pigeon.core.codecs import Codec
 from pigeon.core.errors import CodecError
 
 __all__ = ["LZ4", "pigeon_codecs"]

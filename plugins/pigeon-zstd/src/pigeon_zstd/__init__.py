@@ -17,8 +17,8 @@ import threading
 import pluggy
 import zstandard
 
-from pigeon.core._codecs import Codec
-from pigeon.core._plugins import Registry
+from pigeon.core import Registry
+from pigeon.core.codecs import Codec
 from pigeon.core.errors import CodecError
 
 __all__ = ["LEVEL", "ZSTD", "pigeon_codecs"]

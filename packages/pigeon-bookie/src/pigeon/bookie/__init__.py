@@ -1,9 +1,14 @@
-"""pigeon-bookie: the storage node of PigeonMQ (segment store + its RPC service)."""
+"""pigeon-bookie: the storage node of PigeonMQ (segment store + its RPC service).
+
+Public: this package's names and :mod:`pigeon.bookie.testing` (helpers that damage a
+bookie's files on purpose); every ``_name`` module is private.
+"""
 
 from __future__ import annotations
 
 from pigeon.bookie._gc import CollectorStatistics, SegmentCollector
 from pigeon.bookie._inspect import InspectReport, SegmentReport, inspect_data_dir
+from pigeon.bookie._metrics import render_metrics
 from pigeon.bookie._service import BookieConfig, BookieServer, DiskSpacePolicy
 from pigeon.bookie._storage import AppendWaiter, SegmentInfo, SegmentStore, StoreStatistics
 
@@ -20,4 +25,5 @@ __all__ = [
     "SegmentStore",
     "StoreStatistics",
     "inspect_data_dir",
+    "render_metrics",
 ]

@@ -73,7 +73,7 @@ def bookie_cmd(
         raise click.UsageError(
             "--metadata (or PIGEON_METADATA, or metadata in [bookie]) is required"
         )
-    from pigeon.core._runtime import open_metadata_store, run_until_signal
+    from pigeon.core.runtime import open_metadata_store, run_until_signal
 
     store = open_metadata_store(config.metadata, plugins)
 

@@ -25,7 +25,6 @@ from typing import Any
 
 import trio
 
-from pigeon.core._bookie_client import BookieClient
 from pigeon.core.errors import (
     ConnectionClosed,
     EntryNotFound,
@@ -33,6 +32,7 @@ from pigeon.core.errors import (
     SegmentNotFound,
     ServiceUnavailable,
 )
+from pigeon.core.replication import BookieClient
 
 __all__ = ["Forwarder", "Replication", "is_lost_replica"]
 

@@ -27,18 +27,11 @@ from typing import Any
 import trio
 
 from pigeon.core.errors import PigeonError, SegmentNotFound
+from pigeon.core.paths import SEGMENTS_PATH, segment_path
 
-__all__ = ["SEGMENTS_PATH", "CollectorStatistics", "SegmentCollector", "segment_path"]
+__all__ = ["CollectorStatistics", "SegmentCollector"]
 
 log = logging.getLogger(__name__)
-
-#: Parent of the segments' metadata nodes (kept in step with the broker's ledger).
-SEGMENTS_PATH = "/pigeon/segments"
-
-
-def segment_path(segment_id: int) -> str:
-    """The metadata node of a segment: ``/pigeon/segments/000000000000002a``."""
-    return f"{SEGMENTS_PATH}/{segment_id:016x}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,10 +32,6 @@ from pigeon.bookie._forward import Forwarder, Replication
 from pigeon.bookie._gc import SegmentCollector
 from pigeon.bookie._metrics import render_metrics, serve_metrics
 from pigeon.bookie._storage import SegmentStore
-from pigeon.core._bookie_client import BookieClient
-from pigeon.core._framing import DEFAULT_MAX_FRAME_SIZE
-from pigeon.core._rpc import Connection, Request, serve_tcp
-from pigeon.core._schema import BookieFrame
 from pigeon.core.errors import (
     ConfigError,
     ConnectionClosed,
@@ -49,12 +45,14 @@ from pigeon.core.errors import (
     SessionExpired,
     StorageError,
 )
+from pigeon.core.paths import BOOKIES_PATH
+from pigeon.core.replication import BookieClient
+from pigeon.core.rpc import DEFAULT_MAX_FRAME_SIZE, BookieFrame, Connection, Request, serve_tcp
 
-__all__ = ["BOOKIES_PATH", "BookieConfig", "BookieServer", "DiskSpacePolicy"]
+__all__ = ["BookieConfig", "BookieServer", "DiskSpacePolicy"]
 
 log = logging.getLogger(__name__)
 
-BOOKIES_PATH = "/pigeon/bookies/available"
 
 #: reads answer at most this many entries (their sizes travel in the response header)
 MAX_READ_COUNT = 10_000

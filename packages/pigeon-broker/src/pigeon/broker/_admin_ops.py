@@ -30,12 +30,11 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from pigeon.broker._ledger import SegmentInfo, segment_path
+from pigeon.broker._ledger import SegmentInfo
 from pigeon.broker._policies import NamespacePolicies, TenantInfo, split_namespace
-from pigeon.broker._service import PARTITIONED_PATH, BrokerService, Topic
+from pigeon.broker._service import BrokerService, Topic
 from pigeon.core import TopicName
-from pigeon.core._batch import decode_batch
-from pigeon.core._entry import ENTRY_HEADER_SIZE
+from pigeon.core.batch import ENTRY_HEADER_SIZE, decode_batch
 from pigeon.core.errors import (
     EntryNotFound,
     InvalidArgument,
@@ -50,6 +49,16 @@ from pigeon.core.errors import (
     SubscriptionNotFound,
     TopicExists,
     TopicNotFound,
+)
+from pigeon.core.paths import (
+    OWNERSHIP_PATH,
+    ROOT,
+    cursor_path,
+    cursors_path,
+    dedup_path,
+    ledger_path,
+    partitioned_topic_path,
+    segment_path,
 )
 
 if TYPE_CHECKING:
@@ -96,11 +105,6 @@ log = logging.getLogger(__name__)
 FULL_RANGE = 1 << 32
 #: The one bundle of a namespace when the broker has no ownership (single-broker builds).
 FULL_BUNDLE = "0x00000000_0x100000000"
-#: Bundle owners: ephemeral nodes written by pigeon.broker._ownership
-OWNERSHIP_PATH = "/pigeon/ownership"
-CURSORS_PATH = "/pigeon/cursors"
-LEDGERS_PATH = "/pigeon/ledgers"
-DEDUP_PATH = "/pigeon/dedup"
 #: How long closing a subscription may take before we go on regardless.
 CLOSE_TIMEOUT = 5.0
 #: Time limit of one bookie call made while deleting a topic (the bookie GC is the backstop).
@@ -156,7 +160,7 @@ async def _exists(service: BrokerService, name: TopicName) -> bool:
         return True
     if name.partition_index >= 0 and await service.partitions_of(name.base) > name.partition_index:
         return True
-    return name.persistent and bool(await service.store.exists(f"{LEDGERS_PATH}/{name.path}"))
+    return name.persistent and bool(await service.store.exists(ledger_path(name)))
 
 
 async def _open(service: BrokerService, name: TopicName) -> Any:
@@ -387,7 +391,7 @@ async def delete_topic(service: BrokerService, name: TopicName, *, force: bool) 
                     )
         for p in parts:
             await _delete_one(service, p, force=True)
-        await _ignore_missing(service.store.delete(f"{PARTITIONED_PATH}/{name.path}"))
+        await _ignore_missing(service.store.delete(partitioned_topic_path(name)))
         log.info("partitioned topic deleted topic=%s partitions=%s", name, n)
         return
     if not await _exists(service, name):
@@ -418,16 +422,16 @@ async def _delete_one(service: BrokerService, name: TopicName, *, force: bool) -
 
 async def _delete_data(service: BrokerService, name: TopicName) -> None:
     store = service.store
-    stat = await store.get(f"{LEDGERS_PATH}/{name.path}")
+    stat = await store.get(ledger_path(name))
     segments = (
         [SegmentInfo(**s) for s in json.loads(stat.value).get("segments", [])] if stat else []
     )
-    await _ignore_missing(store.delete(f"{CURSORS_PATH}/{name.path}", recursive=True))
-    await _ignore_missing(store.delete(f"{DEDUP_PATH}/{name.path}"))
+    await _ignore_missing(store.delete(cursors_path(name), recursive=True))
+    await _ignore_missing(store.delete(dedup_path(name)))
     for seg in segments:
         await _ignore_missing(store.delete(segment_path(seg.id)))
     if stat is not None:
-        await _ignore_missing(store.delete(f"{LEDGERS_PATH}/{name.path}"))
+        await _ignore_missing(store.delete(ledger_path(name)))
     client = service.policy.client
     for seg in segments:
         for address in seg.ensemble:
@@ -498,7 +502,7 @@ async def _load_durable_subscriptions(service: BrokerService, topic: Any) -> Non
     """Load the cursors of subscriptions no consumer attached to since the topic loaded."""
     if not topic.persistent:
         return
-    for sub_name in await service.store.children(f"{CURSORS_PATH}/{topic.name.path}"):
+    for sub_name in await service.store.children(cursors_path(topic.name)):
         if sub_name not in topic.subscriptions:
             await topic.subscription(sub_name, "exclusive", "latest", durable=True, start_offset=-1)
 
@@ -685,9 +689,7 @@ async def _subscription(service: BrokerService, topic: Any, sub_name: str) -> An
     sub = topic.subscriptions.get(sub_name)
     if sub is not None:
         return sub
-    if topic.persistent and await service.store.exists(
-        f"{CURSORS_PATH}/{topic.name.path}/{sub_name}"
-    ):
+    if topic.persistent and await service.store.exists(cursor_path(topic.name, sub_name)):
         return await topic.subscription(
             sub_name, "exclusive", "latest", durable=True, start_offset=-1
         )
@@ -701,7 +703,7 @@ async def list_subscriptions(service: BrokerService, name: TopicName) -> list[st
         if topic is not None:
             found.update(topic.subscriptions)
         if t.persistent:
-            found.update(await service.store.children(f"{CURSORS_PATH}/{t.path}"))
+            found.update(await service.store.children(cursors_path(t)))
     return sorted(found)
 
 
@@ -757,7 +759,7 @@ async def create_subscription(
     topics = [await _persistent_topic(service, t) for t in targets]
     for topic in topics:
         if sub_name in topic.subscriptions or await service.store.exists(
-            f"{CURSORS_PATH}/{topic.name.path}/{sub_name}"
+            cursor_path(topic.name, sub_name)
         ):
             raise NodeExists(f"subscription {sub_name!r} already exists on {topic.name}")
     for topic in topics:
@@ -792,9 +794,7 @@ async def delete_subscription(
             sub.wake()
         _disconnect(service, topic, "subscription deleted", producers=False, only=sub)
         if topic.persistent:
-            await _ignore_missing(
-                service.store.delete(f"{CURSORS_PATH}/{topic.name.path}/{sub_name}")
-            )
+            await _ignore_missing(service.store.delete(cursor_path(topic.name, sub_name)))
         if topic.subscriptions.get(sub_name) is sub:
             del topic.subscriptions[sub_name]
         _disconnect(service, topic, "subscription deleted", producers=False, only=sub)
@@ -1202,7 +1202,7 @@ async def cluster_health(service: BrokerService, http_url: str | None) -> dict[s
     started = time.monotonic()
     try:
         with trio.fail_after(2.0):
-            await service.store.exists("/pigeon")
+            await service.store.exists(ROOT)
         checks["metadata"] = {
             "ok": True,
             "latency_ms": round((time.monotonic() - started) * 1000, 2),

@@ -22,13 +22,11 @@ import trio
 from pigeon.broker._ledger import SegmentInfo
 from pigeon.core.errors import BadVersion, PigeonError
 from pigeon.core.metadata import lead_forever
+from pigeon.core.paths import AUDITOR_PATH, BOOKIES_PATH, LEDGERS_PATH
 
 __all__ = ["Auditor"]
 
 log = logging.getLogger(__name__)
-
-LEDGERS_PATH = "/pigeon/ledgers"
-BOOKIES_PATH = "/pigeon/bookies/available"
 
 
 class Auditor:
@@ -51,7 +49,7 @@ class Auditor:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         await lead_forever(
             self.store,
-            "/pigeon/auditor",
+            AUDITOR_PATH,
             self.service.service_url,
             self._lead,
             task_status=task_status,

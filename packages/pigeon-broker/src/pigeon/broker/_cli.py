@@ -49,7 +49,7 @@ def broker_cmd(
 ) -> None:
     """Run a broker that stores on the bookies registered in the metadata store."""
     from pigeon.broker._node import run_broker, run_layered
-    from pigeon.core._runtime import open_metadata_store, run_until_signal
+    from pigeon.core.runtime import open_metadata_store, run_until_signal
 
     config = _broker_config(
         config_file,
@@ -118,7 +118,7 @@ def standalone_cmd(
     """Run broker + bookie + embedded metadata in one process."""
     from pigeon.bookie import BookieConfig
     from pigeon.broker._node import run_standalone
-    from pigeon.core._runtime import run_until_signal
+    from pigeon.core.runtime import run_until_signal
 
     broker_config = _broker_config(config_file, host=host, port=port, http_port=http_port)
     bookie_config = load_config(

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pigeon.core._framing import DEFAULT_MAX_FRAME_SIZE
 from pigeon.core.errors import ConfigError
+from pigeon.core.rpc import DEFAULT_MAX_FRAME_SIZE
 
 __all__ = ["BrokerConfig"]
 

@@ -32,9 +32,8 @@ from typing import Any
 import trio
 
 from pigeon.broker._cursor import RangeSet
-from pigeon.core import TopicName
-from pigeon.core._clock import WallClock
-from pigeon.core._entry import pack_entry_header, unpack_entry_header
+from pigeon.core import ReplicationPolicy, SegmentWriter, TopicName
+from pigeon.core.batch import pack_entry_header, unpack_entry_header
 from pigeon.core.errors import (
     BadVersion,
     CorruptEntry,
@@ -45,6 +44,8 @@ from pigeon.core.errors import (
     SegmentNotFound,
     ServiceUnavailable,
 )
+from pigeon.core.paths import SEGMENT_ID_PREFIX, cursors_path, ledger_path, segment_path
+from pigeon.core.runtime import WallClock
 
 __all__ = ["DamagedRun", "Entry", "LedgerConfig", "ManagedLedger", "Position", "SegmentInfo"]
 
@@ -160,14 +161,6 @@ class Entry:
     deliver_at: int = 0
 
 
-SEGMENTS_PATH = "/pigeon/segments"
-
-
-def segment_path(segment_id: int) -> str:
-    """Metadata node of one segment; bookies delete segments whose node is gone."""
-    return f"{SEGMENTS_PATH}/{segment_id:016x}"
-
-
 class _EntryCache:
     """Most recently written entries, bounded by bytes (tail reads never touch bookies)."""
 
@@ -202,7 +195,7 @@ class ManagedLedger:
         topic: TopicName,
         *,
         store: Any,
-        policy: Any,
+        policy: ReplicationPolicy,
         bookies: Callable[[], list[str]],
         nursery: trio.Nursery,
         config: LedgerConfig | None = None,
@@ -217,7 +210,7 @@ class ManagedLedger:
         self.bookies = bookies
         self.nursery = nursery
         self.config = config or LedgerConfig()
-        self.path = f"/pigeon/ledgers/{topic.path}"
+        self.path = ledger_path(topic)
         self.segments: list[SegmentInfo] = []
         self._index: dict[int, int] = {}  # segment id -> index in self.segments
         # every segment id this ledger has had (a remote one outside it is another owner's)
@@ -225,7 +218,7 @@ class ManagedLedger:
         self._version = -1
         self.next_offset = 0
         self.last_publish_time = 0
-        self._writer: Any = None
+        self._writer: SegmentWriter | None = None
         self._rolling = False
         self._rolled = trio.Event()
         self._rolled.set()
@@ -436,7 +429,7 @@ class ManagedLedger:
 
     async def _cursor_offsets(self) -> int:
         """The highest offset any stored cursor of the topic has acknowledged (0: none)."""
-        root = f"/pigeon/cursors/{self.topic.path}"
+        root = cursors_path(self.topic)
         top = 0
         children = getattr(self.store, "children", None)
         if children is None:  # a store without listings (tests): no cursor to honour
@@ -499,7 +492,7 @@ class ManagedLedger:
         bookies, e, qw, qa = self._ensemble_config()
         ensemble = self.policy.choose_ensemble(bookies, e)
         first_offset = self._pending[0].offset if self._pending else self.next_offset
-        created = await self.store.create("/pigeon/segment-ids/s-", b"", sequential=True)
+        created = await self.store.create(SEGMENT_ID_PREFIX, b"", sequential=True)
         segment_id = int(created.rsplit("-", 1)[1]) + 1
         seg = SegmentInfo(
             id=segment_id,
@@ -618,6 +611,7 @@ class ManagedLedger:
     def _write(self, append: _Append) -> None:
         seg = self.segments[-1]
         writer = self._writer
+        assert writer is not None  # appends are written only while a segment is open
 
         def done(entry_id: int, error: BaseException | None) -> None:
             if error is not None:
@@ -712,7 +706,7 @@ class ManagedLedger:
             raise
         return address
 
-    def _on_writer_failed(self, writer: Any, error: BaseException) -> None:
+    def _on_writer_failed(self, writer: SegmentWriter, error: BaseException) -> None:
         if writer is self._writer and not self._rolling:
             log.warning("segment write failed topic=%s error=%s; rolling over", self.topic, error)
             self._start_roll(recover=True)
@@ -801,6 +795,7 @@ class ManagedLedger:
     async def _close_segment(self, recover: bool) -> None:
         """Stop the writer, find the segment's true end, settle what it holds, close it."""
         writer = self._writer
+        assert writer is not None  # called only while a segment is open
         seg = self.segments[-1]
         if not recover:
             with trio.move_on_after(SEGMENT_DRAIN_S):

@@ -33,16 +33,15 @@ from typing import Any
 
 import trio
 
-from pigeon.broker._ownership import OWNERSHIP_PATH
 from pigeon.broker._watch import watch_forever
 from pigeon.core.errors import NoSuchNode, PigeonError
 from pigeon.core.metadata import EventType, lead_forever
+from pigeon.core.paths import LOAD_MANAGER_PATH, OWNERSHIP_PATH, UNLOAD_REQUESTS_PATH
 
 __all__ = ["BundleLoad", "LoadManager", "Shed", "Shedder"]
 
 log = logging.getLogger(__name__)
 
-REQUESTS_PATH = "/pigeon/unload-requests"
 MB = 1024 * 1024
 
 
@@ -213,7 +212,7 @@ class LoadManager:
             await nursery.start(
                 lead_forever,
                 self.store,
-                "/pigeon/load-manager",
+                LOAD_MANAGER_PATH,
                 self.service.service_url,
                 self._lead,
             )
@@ -250,7 +249,7 @@ class LoadManager:
     ) -> None:
         from pigeon.broker._admin_ops import unload_bundle
 
-        path = f"{REQUESTS_PATH}/{self.address}"
+        path = f"{UNLOAD_REQUESTS_PATH}/{self.address}"
 
         async def watching(_first: bool) -> None:  # requests made while not watching
             for child in await self.store.children(path):
@@ -314,7 +313,7 @@ class LoadManager:
             return False
         namespace, bundle = shed.bundle.rsplit("/", 1)
         await self.store.create(
-            f"{REQUESTS_PATH}/{shed.broker}/r-",
+            f"{UNLOAD_REQUESTS_PATH}/{shed.broker}/r-",
             json.dumps({"namespace": namespace, "bundle": bundle}).encode(),
             sequential=True,
         )

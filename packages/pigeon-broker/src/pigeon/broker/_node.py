@@ -15,15 +15,14 @@ from pigeon.broker._config import BrokerConfig
 from pigeon.broker._service import BrokerService
 from pigeon.broker._watch import watch_forever
 from pigeon.core import PluginManager
-from pigeon.core._bookie_client import BookieClient
-from pigeon.core._codecs import CodecSet
+from pigeon.core.codecs import CodecSet
 from pigeon.core.errors import ConfigError
+from pigeon.core.paths import BOOKIES_PATH
+from pigeon.core.replication import BookieClient
 
 __all__ = ["BookieDirectory", "run_broker", "run_layered", "run_standalone"]
 
 log = logging.getLogger(__name__)
-
-BOOKIES_PATH = "/pigeon/bookies/available"
 
 
 class BookieDirectory:
@@ -134,7 +133,7 @@ async def run_standalone(
 ) -> None:
     """One broker, one bookie and the embedded metadata store in this trio run."""
     try:
-        from pigeon.bookie import BookieConfig, BookieServer
+        from pigeon.bookie import BookieConfig, BookieServer, render_metrics
     except ImportError:  # pragma: no cover - depends on the install
         raise ConfigError(
             "pigeon standalone needs pigeon-bookie: pip install 'pigeon-broker[standalone]'"
@@ -158,8 +157,6 @@ async def run_standalone(
         await run_broker(broker_config, store=store, plugins=plugins, task_status=task_status)
 
     def ready(service: Any) -> None:
-        from pigeon.bookie._metrics import render_metrics
-
         service.extra_metrics.append(lambda: render_metrics(bookie.store, bookie.advertised))
         log.info(
             "standalone ready broker=%s bookie=%s data_dir=%s",

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from pigeon.broker._dedup import Deduplication
 from pigeon.core import TopicName
-from pigeon.core._entry import pack_entry_header
+from pigeon.core.batch import pack_entry_header
 from pigeon.core.errors import ConsumerBusy, NotSupported, PigeonError, SubscriptionBusy
 
 if TYPE_CHECKING:
     from pigeon.broker._subscription import Consumer
-    from pigeon.core._clock import WallClock
+    from pigeon.core.runtime import WallClock
 
 __all__ = ["NonPersistentSubscription", "NonPersistentTopic"]
 

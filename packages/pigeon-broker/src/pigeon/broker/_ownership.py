@@ -52,11 +52,9 @@ from pigeon.core.errors import (
     SessionExpired,
 )
 from pigeon.core.metadata import Op
+from pigeon.core.paths import BROKER_SESSIONS_PATH, BROKERS_PATH, OWNERSHIP_PATH
 
 __all__ = [
-    "BROKERS_PATH",
-    "OWNERSHIP_PATH",
-    "SESSIONS_PATH",
     "Claim",
     "ClaimStep",
     "Ownership",
@@ -65,10 +63,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-BROKERS_PATH = "/pigeon/brokers/available"
-#: one ephemeral marker per broker session, ``<token>``: alive as long as the session
-SESSIONS_PATH = "/pigeon/brokers/sessions"
-OWNERSHIP_PATH = "/pigeon/ownership"
 FULL_RANGE = 1 << 32
 
 
@@ -298,7 +292,7 @@ class Ownership:
                     else:  # atomically: only while the earlier session is alive
                         await self.store.multi(
                             [
-                                Op.check(f"{SESSIONS_PATH}/{claim.anchor}"),
+                                Op.check(f"{BROKER_SESSIONS_PATH}/{claim.anchor}"),
                                 Op.delete(path, version=claim.version),
                             ]
                         )
@@ -396,7 +390,7 @@ class Ownership:
             raise MetadataError(f"{path} is registered by another broker ({claim.owner})")
         if claim.step is not ClaimStep.HELD:
             raise MetadataError(f"could not register {path} in {claim.rounds} rounds")
-        marker = f"{SESSIONS_PATH}/{self.token}"
+        marker = f"{BROKER_SESSIONS_PATH}/{self.token}"
         try:  # lets a later run of this broker take over this session's bundles
             await self.store.create(marker, self.service_url.encode(), ephemeral=True)
         except NodeExists:

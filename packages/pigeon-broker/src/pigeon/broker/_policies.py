@@ -27,13 +27,12 @@ from pigeon.core.errors import (
     NotEmpty,
     PigeonError,
 )
+from pigeon.core.paths import NAMESPACES_PATH, TENANTS_PATH
 
 __all__ = ["BACKLOG_POLICIES", "NamespacePolicies", "PolicyStore", "TenantInfo"]
 
 log = logging.getLogger(__name__)
 
-TENANTS_PATH = "/pigeon/tenants"
-NAMESPACES_PATH = "/pigeon/namespaces"
 BACKLOG_POLICIES = ("producer_request_hold", "producer_exception", "consumer_backlog_eviction")
 _NAME_OK = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.=:")
 

@@ -21,19 +21,15 @@ from pigeon.broker._auditor import Auditor
 from pigeon.broker._config import BrokerConfig
 from pigeon.broker._cursor import CursorState
 from pigeon.broker._dedup import Decision, Deduplication, Receipt
-from pigeon.broker._ledger import Entry, LedgerConfig, ManagedLedger, Position, segment_path
+from pigeon.broker._ledger import Entry, LedgerConfig, ManagedLedger, Position
 from pigeon.broker._loadmanager import LoadManager
 from pigeon.broker._nonpersistent import NonPersistentSubscription, NonPersistentTopic
 from pigeon.broker._ownership import Ownership
 from pigeon.broker._policies import NamespacePolicies, PolicyStore
 from pigeon.broker._subscription import Consumer, Subscription
 from pigeon.core import TopicName
-from pigeon.core._batch import read_header
-from pigeon.core._clock import WallClock
-from pigeon.core._codecs import GZIP, NONE, CodecSet
-from pigeon.core._entry import ENTRY_HEADER_SIZE
-from pigeon.core._rpc import Connection, Request, serve_tcp
-from pigeon.core._schema import BrokerFrame
+from pigeon.core.batch import ENTRY_HEADER_SIZE, read_header
+from pigeon.core.codecs import GZIP, NONE, CodecSet
 from pigeon.core.errors import (
     CorruptEntry,
     InternalError,
@@ -49,12 +45,22 @@ from pigeon.core.errors import (
     TopicExists,
     TopicNotFound,
 )
+from pigeon.core.paths import (
+    LEDGERS_PATH,
+    PARTITIONED_TOPICS_PATH,
+    cursor_path,
+    dedup_path,
+    ledger_path,
+    partitioned_topic_path,
+    segment_path,
+)
+from pigeon.core.rpc import BrokerFrame, Connection, Request, serve_tcp
+from pigeon.core.runtime import WallClock
 
 __all__ = ["BrokerService"]
 
 log = logging.getLogger(__name__)
 
-PARTITIONED_PATH = "/pigeon/partitioned-topics"
 DEDUP_SNAPSHOT_ENTRIES = 100
 DEDUP_SNAPSHOT_SECONDS = 1.0
 #: how much of a topic's log may be read to name the original of a duplicate
@@ -97,7 +103,7 @@ class Topic:
         # persisted part snapshotted to the metadata store and, after a crash or a
         # move, completed by replaying the entries after the snapshot.
         self.dedup = Deduplication()
-        self.dedup_path = f"/pigeon/dedup/{name.path}"
+        self.dedup_path = dedup_path(name)
         self._dedup_position: tuple[int, int] = (-1, -1)  # (segment id, entry id) covered
         #: the dedup state remembers where the entries from here on are; the log before
         #: it is read (backwards, once) only to name the original of a duplicate
@@ -374,7 +380,7 @@ class Topic:
     ) -> Subscription:
         store = self.service.store
         cursor: CursorState | None = None
-        path = f"/pigeon/cursors/{self.name.path}/{name}"
+        path = cursor_path(self.name, name)
         if durable:
             stat = await store.get(path)
             if stat is not None:
@@ -654,7 +660,7 @@ class BrokerService:
                 raise TopicNotFound(
                     f"namespace {name.namespace_name} of topic {name} does not exist"
                 ) from None
-            if not create and await self.store.get(f"/pigeon/ledgers/{name.path}") is None:
+            if not create and await self.store.get(ledger_path(name)) is None:
                 raise TopicNotFound(f"topic {name} does not exist")
             await self.ownership.acquire(name)
             ledger = ManagedLedger(
@@ -748,7 +754,7 @@ class BrokerService:
         """Partition count of a partitioned topic; 0 for a plain topic or a partition."""
         if name.partition_index >= 0:
             return 0
-        stat = await self.store.get(f"{PARTITIONED_PATH}/{name.path}")
+        stat = await self.store.get(partitioned_topic_path(name))
         if stat is None:
             return 0
         return int(json.loads(stat.value)["partitions"])
@@ -773,13 +779,11 @@ class BrokerService:
             raise InvalidArgument(f"partitions must be between 0 and {MAX_PARTITIONS}")
         if name.partition_index >= 0 and partitions:
             raise InvalidArgument(f"{name} is a partition; it cannot be partitioned again")
-        if await self.partitions_of(name) or await self.store.exists(
-            f"/pigeon/ledgers/{name.path}"
-        ):
+        if await self.partitions_of(name) or await self.store.exists(ledger_path(name)):
             raise TopicExists(f"topic {name} already exists")
         if partitions:
             await self.store.create(
-                f"{PARTITIONED_PATH}/{name.path}", json.dumps({"partitions": partitions}).encode()
+                partitioned_topic_path(name), json.dumps({"partitions": partitions}).encode()
             )
         else:
             await self.get_topic(name)
@@ -800,7 +804,7 @@ class BrokerService:
             raise InvalidArgument(f"namespace must look like tenant/namespace, got {namespace!r}")
         found: set[str] = set()
         for domain in ("persistent", "non-persistent"):
-            for root in ("/pigeon/ledgers", PARTITIONED_PATH):
+            for root in (LEDGERS_PATH, PARTITIONED_TOPICS_PATH):
                 for local in await self.store.children(f"{root}/{domain}/{tenant}/{ns}"):
                     found.add(f"{domain}://{tenant}/{ns}/{local}")
         for name in self.topics:

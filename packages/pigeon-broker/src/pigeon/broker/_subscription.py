@@ -36,9 +36,7 @@ import trio
 
 from pigeon.broker._cursor import CursorState
 from pigeon.broker._ledger import Entry, ManagedLedger, Position
-from pigeon.core._batch import decode_batch
-from pigeon.core._clock import WallClock
-from pigeon.core._entry import ENTRY_HEADER_SIZE
+from pigeon.core.batch import ENTRY_HEADER_SIZE, decode_batch
 from pigeon.core.errors import (
     ConsumerBusy,
     CorruptEntry,
@@ -46,9 +44,11 @@ from pigeon.core.errors import (
     PigeonError,
     SubscriptionBusy,
 )
+from pigeon.core.paths import cursor_path
+from pigeon.core.runtime import WallClock
 
 if TYPE_CHECKING:
-    from pigeon.core._rpc import Connection
+    from pigeon.core.rpc import Connection
 
 __all__ = ["CORRUPT_ENTRY_POLICIES", "Consumer", "Subscription"]
 
@@ -107,7 +107,7 @@ class Subscription:
         self.durable = durable
         self.store = store
         self.persist_interval = persist_interval
-        self.path = f"/pigeon/cursors/{ledger.topic.path}/{name}"
+        self.path = cursor_path(ledger.topic, name)
         self.consumers: list[Consumer] = []
         self.read_position: Position | None = None
         self.pending: dict[Position, _Pending] = {}

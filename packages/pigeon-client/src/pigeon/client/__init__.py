@@ -1,7 +1,8 @@
 """pigeon-client: produce to and consume from PigeonMQ.
 
 The synchronous API lives here; ``pigeon.client.trio`` has the same API for trio
-programs (``async with`` / ``await``).
+programs (``async with`` / ``await``), ``pigeon.client.asyncio`` for asyncio ones, and
+``pigeon.client.ranges`` the partition-level reads connectors use (the Spark source).
 
     from pigeon.client import Client
     with Client("pigeon://127.0.0.1:6650") as client:

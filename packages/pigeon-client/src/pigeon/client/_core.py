@@ -21,8 +21,7 @@ from typing import Any
 from pigeon.client._engine import PendingBatch, ReceivedEntry
 from pigeon.client._future import BatchState
 from pigeon.client._message import Message, MessageId, split_entry
-from pigeon.core._batch import BatchBuilder, message_body_size
-from pigeon.core._entry import unpack_entry_header
+from pigeon.core.batch import BatchBuilder, message_body_size, unpack_entry_header
 from pigeon.core.errors import InvalidArgument, MessageTooLarge, PigeonError
 
 __all__ = ["ConsumerCore", "ProducerCore", "normalize_message", "resolve_completions"]

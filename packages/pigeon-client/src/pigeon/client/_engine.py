@@ -26,10 +26,6 @@ import trio
 
 from pigeon.client._link import LinkState, ProducerLink
 from pigeon.core import TopicName
-from pigeon.core._bookie_client import split_address
-from pigeon.core._clock import WallClock
-from pigeon.core._rpc import Connection, Request, connect_tcp
-from pigeon.core._schema import BrokerFrame
 from pigeon.core.errors import (
     AlreadyClosed,
     CodecError,
@@ -44,6 +40,8 @@ from pigeon.core.errors import (
     Timeout,
     TopicNotFound,
 )
+from pigeon.core.rpc import BrokerFrame, Connection, Request, connect_tcp, split_address
+from pigeon.core.runtime import WallClock
 
 __all__ = ["ClientEngine", "ConsumerEngine", "PendingBatch", "ProducerEngine", "ReceivedEntry"]
 

@@ -22,7 +22,7 @@ from pigeon.client._core import (
 )
 from pigeon.client._future import BatchState, MessageFuture
 from pigeon.client._message import Message
-from pigeon.core._batch import message_body_size
+from pigeon.core.batch import message_body_size
 from pigeon.core.errors import InvalidArgument
 
 __all__ = ["ConsumerLogic", "DeadLetterPolicy", "ProducerLogic"]

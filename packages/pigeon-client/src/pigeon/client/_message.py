@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pigeon.core._batch import decode_batch
-from pigeon.core._entry import ENTRY_HEADER_SIZE, unpack_entry_header
+from pigeon.core.batch import ENTRY_HEADER_SIZE, decode_batch, unpack_entry_header
 
 __all__ = ["Message", "MessageId", "split_entry"]
 

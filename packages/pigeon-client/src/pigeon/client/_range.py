@@ -34,7 +34,7 @@ import trio
 
 from pigeon.client._engine import ClientEngine, ConsumerEngine, ReceivedEntry, SubscribeOptions
 from pigeon.client._handles import reader_subscription
-from pigeon.core._entry import unpack_entry_header
+from pigeon.core.batch import unpack_entry_header
 from pigeon.core.errors import InvalidArgument, PigeonError, Timeout
 
 if TYPE_CHECKING:

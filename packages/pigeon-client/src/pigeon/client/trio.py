@@ -31,7 +31,7 @@ from pigeon.client._handles import (
 from pigeon.client._logic import DeadLetterPolicy
 from pigeon.client._message import Message, MessageId
 from pigeon.core import PluginManager
-from pigeon.core._codecs import Codec, CodecSet
+from pigeon.core.codecs import Codec, CodecSet
 from pigeon.core.errors import AlreadyClosed, InvalidArgument, Timeout
 
 __all__ = ["Client", "Consumer", "DeadLetterPolicy", "Producer", "Reader"]

@@ -13,20 +13,15 @@ from typing import Any
 import trio
 
 from pigeon.core._framing import DEFAULT_MAX_FRAME_SIZE
-from pigeon.core._rpc import Connection, connect_tcp
+from pigeon.core._rpc import Connection, connect_tcp, split_address
 from pigeon.core._schema import BookieFrame
 from pigeon.core.errors import ConnectionClosed, ServiceUnavailable
 
-__all__ = ["BookieClient", "split_address"]
+__all__ = ["BookieClient"]
 
 log = logging.getLogger(__name__)
 
 AddCallback = Callable[[Any, BaseException | None], None]
-
-
-def split_address(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host.strip("[]") or "127.0.0.1", int(port)
 
 
 def _extract_add(body: Any, payload: memoryview) -> int:

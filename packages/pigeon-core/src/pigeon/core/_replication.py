@@ -16,13 +16,20 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from pigeon.core._bookie_client import BookieClient
+from pigeon.core._policy import (
+    BookieLoad,
+    ReplaceBookie,
+    ReplicationPolicy,
+    SegmentWriter,
+    WriteCallback,
+)
 from pigeon.core.errors import (
     ConfigError,
     ConnectionClosed,
@@ -48,8 +55,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-WriteCallback = Callable[[int, BaseException | None], None]
-
 #: a fence, recovery read or recovery add that a bookie does not answer in this time is
 #: given up (the bookie counts as not answering)
 RECOVERY_OP_TIMEOUT_S = 5.0
@@ -72,11 +77,6 @@ class _InFlight:
     @property
     def acks(self) -> int:
         return len(self.acked_by)
-
-
-#: ``replace(index, first_entry_id) -> new bookie address``: the ledger picks a bookie
-#: outside the ensemble, records a new fragment in the segment's metadata and returns it.
-ReplaceBookie = Callable[[int, int], Awaitable[str]]
 
 
 class QuorumWriter:
@@ -354,10 +354,6 @@ class QuorumWriter:
         self._in_flight.clear()
         self._idle.set()
         fail_in_order(self.segment_id, flights, error)
-
-
-#: ``bookie_load(address) -> bytes/s`` the bookie reported (brokers pass their directory's)
-BookieLoad = Callable[[str], float]
 
 
 class PolicyBase:
@@ -1007,3 +1003,8 @@ async def _read_tail(
             out[entry_id] = bytes(data)
         entry = got[-1][0] + 1
     return out
+
+
+if TYPE_CHECKING:  # mypy checks that the quorum policy and writer follow the protocols
+    _policy: type[ReplicationPolicy] = QuorumPolicy
+    _writer: type[SegmentWriter] = QuorumWriter

@@ -73,7 +73,7 @@ from pigeon.core.errors import (
     error_from_code,
 )
 
-__all__ = ["Connection", "Request", "connect_tcp", "serve_tcp"]
+__all__ = ["Connection", "Request", "connect_tcp", "serve_tcp", "split_address"]
 
 log = logging.getLogger(__name__)
 
@@ -579,6 +579,12 @@ def _connected_extract(body: Any, payload: memoryview) -> dict[str, Any]:
         "features": list(body.features),
         "frameType": str(body.frameType),
     }
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``(host, port)`` of a ``host:port`` address (``[v6]:port`` too; no host: loopback)."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]") or "127.0.0.1", int(port)
 
 
 async def connect_tcp(

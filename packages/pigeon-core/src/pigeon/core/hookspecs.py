@@ -43,8 +43,11 @@ def pigeon_metadata_stores(registry: Registry[Any]) -> None:
 def pigeon_replication_policies(registry: Registry[Any]) -> None:
     """Register replication policies by name (``quorum``, ``leader-follower``, ...).
 
-    :param registry: call ``registry.register(name, factory)``; ``factory(**options)``
-        returns a replication policy object (see ``pigeon.core.ReplicationPolicy``).
+    :param registry: call ``registry.register(name, factory)``; ``factory(client, *,
+        ensemble_size, write_quorum, ack_quorum, bookie_load)`` — ``client`` a
+        :class:`pigeon.core.replication.BookieClient`, ``bookie_load(address)`` the
+        bytes/s a bookie reported — returns a :class:`pigeon.core.ReplicationPolicy`,
+        whose writers are :class:`pigeon.core.SegmentWriter` objects.
 
     Called for every plugin when the node's plugin manager is built; not firstresult.
     """

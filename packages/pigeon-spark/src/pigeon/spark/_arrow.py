@@ -27,9 +27,14 @@ from typing import Any, Protocol
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pigeon.core._batch import DecodedBatch, decode_batch
-from pigeon.core._codecs import CodecSet
-from pigeon.core._entry import ENTRY_HEADER_SIZE, EntryHeader, unpack_entry_header
+from pigeon.core.batch import (
+    ENTRY_HEADER_SIZE,
+    DecodedBatch,
+    EntryHeader,
+    decode_batch,
+    unpack_entry_header,
+)
+from pigeon.core.codecs import CodecSet
 
 __all__ = [
     "SOURCE_COLUMNS",

@@ -59,8 +59,7 @@ from pyspark.sql.types import (
 )
 
 from pigeon.client import Client, Producer
-from pigeon.client._core import key_hash
-from pigeon.client._range import partition_topics
+from pigeon.client.ranges import key_hash, partition_topics
 from pigeon.core.errors import ProducerBusy
 from pigeon.spark._clients import client_for
 from pigeon.spark._options import OptionError, SinkOptions

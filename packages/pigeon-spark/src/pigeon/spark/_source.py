@@ -42,7 +42,7 @@ from pyspark.sql.types import (
 )
 
 from pigeon.client import Client
-from pigeon.client._range import offsets_for_timestamp, partition_offsets, read_range
+from pigeon.client.ranges import offsets_for_timestamp, partition_offsets, read_range
 from pigeon.core import TopicName
 from pigeon.spark._arrow import SOURCE_COLUMNS, record_batches
 from pigeon.spark._clients import client_for

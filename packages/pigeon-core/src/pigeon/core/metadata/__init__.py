@@ -12,7 +12,8 @@
 
 The contract every backend honours is documented in :mod:`pigeon.core.metadata._store`
 and checked by :class:`pigeon.core.testing.MetadataStoreContract`.  Backend authors also
-get the path helpers and :class:`WatchHub` from here.
+get the path helpers, :class:`WatchHub`, :data:`DEFAULT_WATCH_BUFFER` and
+:func:`check_timeout` (the check of their timeout options) from here.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 from pigeon.core.metadata._election import LeaderElection, Lock, lead_forever
 from pigeon.core.metadata._embedded import EmbeddedMetadataStore, EmbeddedStoreStatistics
 from pigeon.core.metadata._store import (
+    DEFAULT_WATCH_BUFFER,
     SEQUENCE_DIGITS,
     EventType,
     MetadataStore,
@@ -30,6 +32,7 @@ from pigeon.core.metadata._store import (
     WatchEvent,
     WatchHub,
     WatchHubStatistics,
+    check_timeout,
     check_value,
     join_path,
     node_name,
@@ -40,6 +43,7 @@ from pigeon.core.metadata._store import (
 )
 
 __all__ = [
+    "DEFAULT_WATCH_BUFFER",
     "EmbeddedMetadataStore",
     "EmbeddedStoreStatistics",
     "EventType",
@@ -55,6 +59,7 @@ __all__ = [
     "WatchHub",
     "WatchHubStatistics",
     "Watcher",
+    "check_timeout",
     "check_value",
     "join_path",
     "node_name",

@@ -2,12 +2,13 @@
 
 A policy subclasses :class:`ReplicationPolicyContract` and provides a ``make_policy``
 fixture: ``make_policy(bookie_client, ensemble_size=E, write_quorum=Qw, ack_quorum=Qa)``
-returning a policy object with ``choose_ensemble(bookies, ensemble_size=None)``,
-``create_writer(segment_id, ensemble, write_quorum=, ack_quorum=, replace_bookie=,
-nursery=)``, ``read(segment_id, ensemble, first, last, ..., repair=False)`` (a copy that
-is damaged or missing is passed over for an intact one, and with ``repair`` rewritten from
-it) and ``recover(segment_id, ensemble)``.  The suite runs real bookies (``pigeon-bookie``) in the
-test's trio run over an in-memory network, several per test, and can stop one of them.
+returning a :class:`pigeon.core.ReplicationPolicy`: among others
+``choose_ensemble(bookies, ensemble_size=None)``, ``create_writer(segment_id, ensemble,
+write_quorum=, ack_quorum=, replace_bookie=, nursery=)``, ``read(segment_id, ensemble,
+first, last, ..., repair=False)`` (a copy that is damaged or missing is passed over for an
+intact one, and with ``repair`` rewritten from it) and ``recover(segment_id, ensemble)``.
+The suite runs real bookies (``pigeon-bookie``) in the test's trio run over an in-memory
+network, several per test, and can stop one of them.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import trio.lowlevel
 
 from pigeon.core._bookie_client import BookieClient
 from pigeon.core._memnet import MemoryNetwork
+from pigeon.core._policy import ReplicationPolicy, SegmentWriter
 from pigeon.core.errors import CorruptEntry, PigeonError
 
 __all__ = ["BookieSet", "ReplicationPolicyContract"]
@@ -98,24 +100,21 @@ class BookieSet:
         await self.start(port=int(address.rsplit(":", 1)[1]), data_dir=self.data_dirs[address])
 
 
+# pigeon-core does not depend on pigeon-bookie: its damage helpers are imported late.
+
+
 def segment_file(data_dir: Path, segment_id: int) -> Path:
-    """The data file of a segment in a bookie's data directory."""
-    return data_dir / "segments" / f"{segment_id:016x}.log"
+    """:func:`pigeon.bookie.testing.segment_file`."""
+    from pigeon.bookie.testing import segment_file
+
+    return segment_file(data_dir, segment_id)
 
 
 def flip_payload_byte(path: Path, entry_id: int, segment_id: int) -> None:
-    """Flip one bit in the payload of entry ``entry_id`` in a bookie's data file."""
-    from pigeon.bookie._segment import FILE_HEADER_SIZE, REC, RECORD_HEADER_SIZE, scan_records
+    """:func:`pigeon.bookie.testing.flip_payload_byte`."""
+    from pigeon.bookie.testing import flip_payload_byte
 
-    data = bytearray(path.read_bytes())
-    for kind, eid, pos, _size, _lac, _payload, _ok in scan_records(
-        lambda at, n: bytes(data[at : at + n]), segment_id, FILE_HEADER_SIZE, len(data), 0
-    ):
-        if kind == REC and eid == entry_id:
-            data[pos + RECORD_HEADER_SIZE] ^= 0x40
-            path.write_bytes(data)
-            return
-    raise AssertionError(f"entry {entry_id} is not in {path}")
+    flip_payload_byte(path, entry_id, segment_id)
 
 
 class _ReadOrder:
@@ -204,6 +203,25 @@ async def _read_all_from(
 
 class ReplicationPolicyContract:
     """What every replication policy guarantees (see the module docstring)."""
+
+    async def test_the_policy_and_its_writers_follow_the_protocols(
+        self, make_policy: Any, tmp_path: Path
+    ) -> None:
+        """The broker's ledger finds what it uses: :class:`pigeon.core.ReplicationPolicy`
+        and :class:`pigeon.core.SegmentWriter` (mypy checks the signatures of the built-in
+        quorum policy; this checks any policy has every member)."""
+        async with _cluster(tmp_path, 2) as (bookies, client):
+            policy = make_policy(client, ensemble_size=2, write_quorum=2, ack_quorum=2)
+            assert isinstance(policy, ReplicationPolicy)
+            ensemble = policy.choose_ensemble(bookies.addresses)
+            writer = await policy.create_writer(next(_segment_ids), ensemble)
+            assert isinstance(writer, SegmentWriter)
+            assert (writer.next_entry_id, writer.lac, writer.pending) == (0, -1, 0)
+            assert await _write(writer, [b"a", b"bc"]) == [0, 1]
+            await writer.wait_idle()
+            assert (writer.next_entry_id, writer.lac, writer.pending) == (2, 1, 0)
+            assert writer.bytes_written == 3 and writer.failed is None
+            writer.close()
 
     async def test_a_damaged_copy_is_read_from_another_replica_and_repaired(
         self, make_policy: Any, tmp_path: Path

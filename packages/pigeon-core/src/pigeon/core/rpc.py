@@ -1,0 +1,32 @@
+"""The RPC layer every PigeonMQ node speaks: framed Cap'n Proto over TCP, pipelined.
+
+::
+
+    conn, info = await connect_tcp(host, port, BrokerFrame, nursery)
+    answer = await conn.request("lookup", {"topic": "t"})  # or request_nowait + callback
+
+A server runs ``serve_tcp(service, BrokerFrame, port=6650)`` (started with
+``nursery.start``, it reports its ``(host, port)``), where ``service`` has one synchronous
+``on_<kind>(conn, req)`` method per request kind and answers with
+``conn.respond(req.request_id, ...)``.  The frame layout is documented in
+:mod:`pigeon.core._framing`, the connection's behaviour (handshake, bad input) in
+:mod:`pigeon.core._rpc`, and the messages in ``pigeon/core/schema/protocol.capnp``.
+"""
+
+from __future__ import annotations
+
+from pigeon.core._framing import DEFAULT_MAX_FRAME_SIZE
+from pigeon.core._rpc import Connection, Request, connect_tcp, serve_tcp, split_address
+from pigeon.core._schema import PROTOCOL_VERSION, BookieFrame, BrokerFrame
+
+__all__ = [
+    "DEFAULT_MAX_FRAME_SIZE",
+    "PROTOCOL_VERSION",
+    "BookieFrame",
+    "BrokerFrame",
+    "Connection",
+    "Request",
+    "connect_tcp",
+    "serve_tcp",
+    "split_address",
+]
