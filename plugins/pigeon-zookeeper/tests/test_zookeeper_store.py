@@ -36,8 +36,7 @@ from pigeon.core.errors import (
     SessionExpired,
 )
 from pigeon.core.metadata import EventType, MetadataStore, Op, Stat, WatchEvent
-from pigeon.core.testing import MetadataStoreContract
-from pigeon.core.testing._metadata_suite import ExpireSession, MetadataStoreFactory
+from pigeon.core.testing import ExpireSession, MetadataStoreContract, MetadataStoreFactory
 
 WAIT = 20.0
 SESSION_TIMEOUT = 4.0

@@ -16,7 +16,7 @@ from typing import Any
 
 import pluggy
 
-from pigeon.core._plugins import Registry
+from pigeon.core import Registry
 from pigeon_etcd._store import EtcdMetadataStore, EtcdStoreStatistics
 
 __all__ = ["EtcdMetadataStore", "EtcdStoreStatistics", "pigeon_metadata_stores"]

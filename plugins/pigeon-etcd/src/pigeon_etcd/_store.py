@@ -58,6 +58,7 @@ from pigeon.core.errors import (
     SessionExpired,
 )
 from pigeon.core.metadata import (
+    DEFAULT_WATCH_BUFFER,
     EventType,
     MetadataStore,
     Op,
@@ -65,12 +66,12 @@ from pigeon.core.metadata import (
     Watcher,
     WatchEvent,
     WatchHub,
+    check_timeout,
     check_value,
     parent_path,
     validate_path,
     validate_sequential_prefix,
 )
-from pigeon.core.metadata._store import DEFAULT_WATCH_BUFFER, _check_timeout
 from pigeon_etcd._plan import (
     Compare,
     Create,
@@ -357,8 +358,8 @@ class EtcdMetadataStore(MetadataStore):
             raise InvalidArgument("the etcd key prefix must not be empty or '/'")
         self.target = target
         self.prefix = validate_path(prefix)
-        self.session_timeout = _check_timeout(session_timeout, "session_timeout")
-        self.request_timeout = _check_timeout(request_timeout, "request_timeout")
+        self.session_timeout = check_timeout(session_timeout, "session_timeout")
+        self.request_timeout = check_timeout(request_timeout, "request_timeout")
         self.watch_buffer = watch_buffer
         self._keys = Keys(self.prefix.encode())
         self._token: trio.lowlevel.TrioToken | None = None

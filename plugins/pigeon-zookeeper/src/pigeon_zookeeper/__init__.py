@@ -15,7 +15,7 @@ from typing import Any
 
 import pluggy
 
-from pigeon.core._plugins import Registry
+from pigeon.core import Registry
 from pigeon_zookeeper._store import ZooKeeperMetadataStore, ZooKeeperStoreStatistics
 
 __all__ = ["ZooKeeperMetadataStore", "ZooKeeperStoreStatistics", "pigeon_metadata_stores"]

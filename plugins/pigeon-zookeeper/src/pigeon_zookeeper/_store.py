@@ -74,6 +74,7 @@ from pigeon.core.errors import (
     SessionExpired,
 )
 from pigeon.core.metadata import (
+    DEFAULT_WATCH_BUFFER,
     EventType,
     MetadataStore,
     Op,
@@ -81,12 +82,12 @@ from pigeon.core.metadata import (
     Watcher,
     WatchEvent,
     WatchHub,
+    check_timeout,
     check_value,
     parent_path,
     validate_path,
     validate_sequential_prefix,
 )
-from pigeon.core.metadata._store import DEFAULT_WATCH_BUFFER, _check_timeout
 from pigeon_zookeeper._plan import (
     Create,
     Layout,
@@ -204,9 +205,9 @@ class ZooKeeperMetadataStore(MetadataStore):
             raise InvalidArgument("the ZooKeeper chroot must not be '/'")
         self.hosts = hosts
         self.chroot = validate_path(chroot)
-        self.session_timeout = _check_timeout(session_timeout, "session_timeout")
-        self.connect_timeout = _check_timeout(connect_timeout, "connect_timeout")
-        self.request_timeout = _check_timeout(request_timeout, "request_timeout")
+        self.session_timeout = check_timeout(session_timeout, "session_timeout")
+        self.connect_timeout = check_timeout(connect_timeout, "connect_timeout")
+        self.request_timeout = check_timeout(request_timeout, "request_timeout")
         self.watch_buffer = watch_buffer
         self._layout = Layout(self.chroot)
         self._hub = WatchHub(watch_buffer)

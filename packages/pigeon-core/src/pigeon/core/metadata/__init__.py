@@ -20,6 +20,7 @@ from __future__ import annotations
 from pigeon.core.metadata._election import LeaderElection, Lock, lead_forever
 from pigeon.core.metadata._embedded import EmbeddedMetadataStore, EmbeddedStoreStatistics
 from pigeon.core.metadata._store import (
+    DEFAULT_WATCH_BUFFER,
     SEQUENCE_DIGITS,
     EventType,
     MetadataStore,
@@ -30,6 +31,7 @@ from pigeon.core.metadata._store import (
     WatchEvent,
     WatchHub,
     WatchHubStatistics,
+    check_timeout,
     check_value,
     join_path,
     node_name,
@@ -40,6 +42,7 @@ from pigeon.core.metadata._store import (
 )
 
 __all__ = [
+    "DEFAULT_WATCH_BUFFER",
     "EmbeddedMetadataStore",
     "EmbeddedStoreStatistics",
     "EventType",
@@ -55,6 +58,7 @@ __all__ = [
     "WatchHub",
     "WatchHubStatistics",
     "Watcher",
+    "check_timeout",
     "check_value",
     "join_path",
     "node_name",

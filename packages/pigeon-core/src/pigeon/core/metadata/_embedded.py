@@ -88,7 +88,7 @@ from pigeon.core.metadata._store import (
     Watcher,
     WatchEvent,
     WatchHub,
-    _check_timeout,
+    check_timeout,
     check_value,
     parent_path,
     validate_path,
@@ -197,9 +197,9 @@ class EmbeddedMetadataStore(MetadataStore):
             self.db_path = location
         else:
             self.db_path = os.path.join(location, DB_NAME)
-        self.session_timeout = _check_timeout(session_timeout, "session_timeout")
-        self.poll_interval = _check_timeout(poll_interval, "poll_interval")
-        self.busy_timeout = _check_timeout(busy_timeout, "busy_timeout")
+        self.session_timeout = check_timeout(session_timeout, "session_timeout")
+        self.poll_interval = check_timeout(poll_interval, "poll_interval")
+        self.busy_timeout = check_timeout(busy_timeout, "busy_timeout")
         self.watch_buffer = watch_buffer
         self._hub = WatchHub(watch_buffer)
         self._conn: sqlite3.Connection | None = None

@@ -44,6 +44,7 @@ import trio
 from pigeon.core.errors import InvalidArgument, MetadataError
 
 __all__ = [
+    "DEFAULT_WATCH_BUFFER",
     "EventType",
     "MetadataStore",
     "Op",
@@ -54,6 +55,7 @@ __all__ = [
     "WatchHub",
     "WatchHubStatistics",
     "Watcher",
+    "check_timeout",
     "check_value",
     "join_path",
     "node_name",
@@ -430,7 +432,9 @@ class MetadataStore(abc.ABC):
         and start a new one."""
 
 
-def _check_timeout(value: float, name: str) -> float:
+def check_timeout(value: float, name: str) -> float:
+    """``value`` as a float if it is a positive, finite number of seconds, else
+    ``InvalidArgument`` naming the option ``name`` (for backends' timeout options)."""
     if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
         raise InvalidArgument(f"{name} must be a positive number of seconds, got {value!r}")
     return float(value)
