@@ -12,13 +12,25 @@
 
 The contract every backend honours is documented in :mod:`pigeon.core.metadata._store`
 and checked by :class:`pigeon.core.testing.MetadataStoreContract`.  Backend authors also
-get the path helpers and :class:`WatchHub` from here.
+get the path helpers and :class:`WatchHub` from here, and, for a server with conditional
+multi-key transactions, the write planner (:class:`Planner`, :mod:`._plan`).
 """
 
 from __future__ import annotations
 
 from pigeon.core.metadata._election import LeaderElection, Lock, lead_forever
 from pigeon.core.metadata._embedded import EmbeddedMetadataStore, EmbeddedStoreStatistics
+from pigeon.core.metadata._plan import (
+    Create,
+    Delete,
+    NeedRead,
+    NodeView,
+    Planner,
+    Snapshot,
+    StaleRead,
+    WriteOp,
+    first_reads,
+)
 from pigeon.core.metadata._store import (
     DEFAULT_WATCH_BUFFER,
     SEQUENCE_DIGITS,
@@ -43,6 +55,8 @@ from pigeon.core.metadata._store import (
 
 __all__ = [
     "DEFAULT_WATCH_BUFFER",
+    "Create",
+    "Delete",
     "EmbeddedMetadataStore",
     "EmbeddedStoreStatistics",
     "EventType",
@@ -50,16 +64,23 @@ __all__ = [
     "lead_forever",
     "Lock",
     "MetadataStore",
+    "NeedRead",
+    "NodeView",
     "Op",
     "OpKind",
+    "Planner",
     "SEQUENCE_DIGITS",
+    "Snapshot",
+    "StaleRead",
     "Stat",
     "WatchEvent",
     "WatchHub",
     "WatchHubStatistics",
     "Watcher",
+    "WriteOp",
     "check_timeout",
     "check_value",
+    "first_reads",
     "join_path",
     "node_name",
     "parent_path",
