@@ -75,9 +75,12 @@ from pigeon.core.errors import (
 )
 from pigeon.core.metadata import (
     DEFAULT_WATCH_BUFFER,
+    Create,
     EventType,
     MetadataStore,
+    NeedRead,
     Op,
+    StaleRead,
     Stat,
     Watcher,
     WatchEvent,
@@ -89,12 +92,10 @@ from pigeon.core.metadata import (
     validate_sequential_prefix,
 )
 from pigeon_zookeeper._plan import (
-    Create,
     Layout,
-    NeedRead,
+    NeedIndexRead,
     NodeInfo,
     Snapshot,
-    StaleRead,
     ZkOp,
     decode_entry,
     encode_entry,
@@ -627,7 +628,7 @@ class ZooKeeperMetadataStore(MetadataStore):
         for path in need.children:
             calls.append(("get_children", (lay.node(path),)))
             keys.append(("children", path))
-        for sid, path in need.index:
+        for sid, path in need.index if isinstance(need, NeedIndexRead) else ():
             calls.append(("exists", (lay.index(sid, path),)))
             keys.append(("index", (sid, path)))
         results = await self._gather_reads(calls)
