@@ -59,9 +59,12 @@ from pigeon.core.errors import (
 )
 from pigeon.core.metadata import (
     DEFAULT_WATCH_BUFFER,
+    Create,
     EventType,
     MetadataStore,
+    NeedRead,
     Op,
+    StaleRead,
     Stat,
     Watcher,
     WatchEvent,
@@ -74,12 +77,9 @@ from pigeon.core.metadata import (
 )
 from pigeon_etcd._plan import (
     Compare,
-    Create,
     Keys,
-    NeedRead,
     NodeInfo,
     Snapshot,
-    StaleRead,
     Write,
     decode_value,
     plan,
