@@ -1,20 +1,21 @@
 """pigeon.core.metadata's write planner, without a server.
 
-``TreePlanner`` is the smallest backend: its snapshot is a dict of nodes, sequential
-counters and child counts, and it emits neutral effects.  Planning random writes on
-random trees through the read-on-demand loop and applying the effects must give what
-``Model`` (the contract written out plainly) gives, error for error.
+``TreePlanner`` (memory_backend.py) is the smallest backend: its snapshot is a dict of
+nodes, sequential counters and child counts, and it emits neutral effects.  Planning
+random writes on random trees through the read-on-demand loop and applying the effects
+must give what ``Model`` (the contract written out plainly) gives, error for error.
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from memory_backend import ABSENT, Node, TreePlanner, TreeSnapshot
 
 from pigeon.core.errors import (
     BadVersion,
@@ -31,83 +32,11 @@ from pigeon.core.metadata import (
     Delete,
     NeedRead,
     Op,
-    Planner,
-    Snapshot,
     StaleRead,
     WriteOp,
     first_reads,
     parent_path,
 )
-
-
-@dataclass(frozen=True)
-class Node:
-    exists: bool
-    version: int = 0
-    ephemeral: bool = False
-
-
-ABSENT = Node(False)
-
-
-@dataclass
-class TreeSnapshot(Snapshot[Node]):
-    counters: dict[str, int] = field(default_factory=dict)  # parent → next number
-    children: dict[str, int] = field(default_factory=dict)  # path → number of children
-
-
-class TreePlanner(Planner[Node]):
-    def __init__(self, snapshot: TreeSnapshot, *, session: bool = True) -> None:
-        super().__init__(snapshot, session=session)
-        self.snap = snapshot
-        self.counters: dict[str, int] = {}
-        self.child_delta: dict[str, int] = {}
-        self.effects: list[tuple[Any, ...]] = []
-        self.relied: list[str] = []
-
-    def relied_on(self, path: str, info: Node) -> Node:
-        self.relied.append(path)
-        return info
-
-    def next_number(self, parent: str) -> int:
-        if parent in self.counters:
-            return self.counters[parent]
-        if parent not in self.snap.counters:
-            raise NeedRead(counters={parent})
-        return self.snap.counters[parent]
-
-    def has_children(self, path: str, info: Node) -> bool:
-        if path not in self.snap.children:
-            raise NeedRead(children={path})
-        return self.snap.children[path] + self.child_delta.get(path, 0) > 0
-
-    def _children_changed(self, path: str, delta: int) -> None:
-        parent = parent_path(path)
-        self.child_delta[parent] = self.child_delta.get(parent, 0) + delta
-
-    def emit_create(self, path: str, value: bytes, *, ephemeral: bool) -> Node:
-        self.effects.append(("create", path, value, ephemeral))
-        self._children_changed(path, +1)
-        self.snap.children.setdefault(path, 0)  # known: a new node has no children
-        return Node(True, 0, ephemeral)
-
-    def emit_number(self, parent: str, number: int) -> None:
-        self.effects.append(("number", parent, number))
-        self.counters[parent] = number + 1
-
-    def emit_set(self, path: str, info: Node, value: bytes) -> Node:
-        self.effects.append(("set", path, value))
-        return Node(True, info.version + 1, info.ephemeral)
-
-    def emit_delete(self, path: str, info: Node, *, recursive: bool) -> Node:
-        self.effects.append(("delete", path, recursive))
-        self._children_changed(path, -1)
-        self.counters[path] = 0
-        return ABSENT
-
-    def emit_check(self, path: str, info: Node) -> None:
-        self.effects.append(("check", path, info.version))
-
 
 # --- the contract, written out plainly ------------------------------------------------------
 

@@ -13,7 +13,8 @@
 The contract every backend honours is documented in :mod:`pigeon.core.metadata._store`
 and checked by :class:`pigeon.core.testing.MetadataStoreContract`.  Backend authors also
 get the path helpers and :class:`WatchHub` from here, and, for a server with conditional
-multi-key transactions, the write planner (:class:`Planner`, :mod:`._plan`).
+multi-key transactions, the write planner (:class:`Planner`) and the store base class
+that runs it (:class:`TransactionalMetadataStore`).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from pigeon.core.metadata._store import (
     validate_path,
     validate_sequential_prefix,
 )
+from pigeon.core.metadata._transactional import TransactionalMetadataStore
 
 __all__ = [
     "DEFAULT_WATCH_BUFFER",
@@ -73,6 +75,7 @@ __all__ = [
     "Snapshot",
     "StaleRead",
     "Stat",
+    "TransactionalMetadataStore",
     "WatchEvent",
     "WatchHub",
     "WatchHubStatistics",
