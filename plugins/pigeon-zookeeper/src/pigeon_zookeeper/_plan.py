@@ -46,7 +46,6 @@ from dataclasses import dataclass, field
 
 from pigeon.core.errors import CorruptFrame
 from pigeon.core.metadata import (
-    Delete,
     EventType,
     NeedRead,
     Planner,
@@ -67,7 +66,6 @@ __all__ = [
     "decode_entry",
     "encode_entry",
     "plan",
-    "plan_recursive_delete",
     "sid_hex",
     "sid_int",
 ]
@@ -369,10 +367,3 @@ def plan(layout: Layout, ops: Sequence[WriteOp], snapshot: Snapshot, sid: str | 
     planner = _ZkPlanner(layout, snapshot, sid)
     results = planner.plan(ops)
     return Plan(planner.ops, planner.events, results)
-
-
-def plan_recursive_delete(
-    layout: Layout, path: str, version: int | None, snapshot: Snapshot
-) -> Plan:
-    """Plan ``delete(path, recursive=True)``."""
-    return plan(layout, [Delete(path, version, recursive=True)], snapshot, None)

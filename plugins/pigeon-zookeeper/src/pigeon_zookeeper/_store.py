@@ -8,8 +8,9 @@ Threading
     ``trio.to_thread``.  Watch and state callbacks come back the same way.
 
 Writes
-    Every write is one ZooKeeper multi planned by :mod:`pigeon_zookeeper._plan`: the
-    ops themselves, version checks on everything the plan read, and one change-log entry
+    :class:`~pigeon.core.metadata.TransactionalMetadataStore` validates and plans them;
+    every write is one ZooKeeper multi (:mod:`pigeon_zookeeper._plan`): the ops
+    themselves, version checks on everything the plan read, and one change-log entry
     listing the events.  A multi that fails because something changed since the reads is
     re-read and re-planned (at most :attr:`ZooKeeperMetadataStore.max_attempts` times).
     A request that may or may not have been applied (the connection dropped while it was
@@ -43,7 +44,7 @@ import math
 import random
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -76,31 +77,31 @@ from pigeon.core.errors import (
 from pigeon.core.metadata import (
     DEFAULT_WATCH_BUFFER,
     Create,
+    Delete,
     EventType,
-    MetadataStore,
     NeedRead,
     Op,
     StaleRead,
     Stat,
+    TransactionalMetadataStore,
     Watcher,
     WatchEvent,
     WatchHub,
+    WriteOp,
     check_timeout,
-    check_value,
-    parent_path,
+    first_reads,
     validate_path,
-    validate_sequential_prefix,
 )
 from pigeon_zookeeper._plan import (
     Layout,
     NeedIndexRead,
     NodeInfo,
+    Plan,
     Snapshot,
     ZkOp,
     decode_entry,
     encode_entry,
     plan,
-    plan_recursive_delete,
     sid_hex,
     sid_int,
 )
@@ -167,7 +168,7 @@ def _parse_hosts(netloc: str, url: str) -> str:
     return ",".join(hosts)
 
 
-class ZooKeeperMetadataStore(MetadataStore):
+class ZooKeeperMetadataStore(TransactionalMetadataStore[Snapshot, Plan]):
     """:class:`~pigeon.core.metadata.MetadataStore` on ZooKeeper (3.5 or later).
 
     :param hosts: ``host:port[,host:port...]``.
@@ -187,8 +188,6 @@ class ZooKeeperMetadataStore(MetadataStore):
     log_retention = 120.0
     #: How often (seconds, jittered) a store looks for log buckets to trim.
     trim_interval = 30.0
-    #: Attempts of a write whose reads keep being invalidated by other writers.
-    max_attempts = 50
 
     def __init__(
         self,
@@ -651,71 +650,40 @@ class ZooKeeperMetadataStore(MetadataStore):
         if more:  # the planner will want the children next: read them now
             await self._read(NeedRead(nodes=more), snap)
 
-    async def _transact(self, ops: list[Op | Create]) -> list[object]:
-        """Plan, commit, and re-plan on conflicts."""
-        first = NeedRead()
-        for op in ops:
-            path = op.path
-            if isinstance(op, Create) and op.sequential:
-                first.nodes.add(parent_path(path + "0"))
-                first.counters.add(parent_path(path + "0"))
-            else:
-                first.nodes.add(path)
-        delay = 0.001
-        last_error: BaseException | None = None
-        for _attempt in range(self.max_attempts):
-            snap = Snapshot()
-            need: NeedRead | None = first
-            the_plan = None
-            while True:
-                if need is not None:
-                    await self._read(need, snap)
-                try:
-                    sid = self._sid if self._session_alive else None
-                    the_plan = plan(self._layout, ops, snap, sid)
-                    break
-                except NeedRead as more:
-                    need = more
-                except StaleRead as exc:
-                    last_error = exc
-                    break
-            if the_plan is None:
-                await trio.sleep(delay * random.random())
-                delay = min(delay * 2, 0.05)
-                continue
-            if the_plan.size() > MAX_REQUEST_BYTES:
-                raise InvalidArgument(
-                    f"metadata write of ~{the_plan.size()} bytes is too large for ZooKeeper"
-                    f" (at most {MAX_REQUEST_BYTES} bytes per write, values included twice)"
-                )
-            try:
-                outcome = await self._commit(the_plan.ops, the_plan.events)
-            except KazooException as exc:
-                if isinstance(exc, SessionExpiredError) and any(
-                    isinstance(op, Create | Op) and op.ephemeral for op in ops
-                ):
-                    raise SessionExpired("the ZooKeeper session expired") from exc
-                raise self._error(exc, "metadata write") from exc
-            if outcome.ok:
-                return the_plan.results
-            last_error = outcome.error
-            failed = the_plan.ops[outcome.index] if 0 <= outcome.index < len(the_plan.ops) else None
-            if (
-                failed is not None
-                and self._sid is not None
-                and failed.path == self._layout.alive_marker(self._sid)
+    def _new_snapshot(self) -> Snapshot:
+        return Snapshot()
+
+    def _plan(self, ops: Sequence[WriteOp], snapshot: Snapshot) -> Plan:
+        return plan(self._layout, ops, snapshot, self._sid if self._session_alive else None)
+
+    async def _commit_plan(self, ops: Sequence[WriteOp], the_plan: Plan) -> list[object]:
+        if the_plan.size() > MAX_REQUEST_BYTES:
+            raise InvalidArgument(
+                f"metadata write of ~{the_plan.size()} bytes is too large for ZooKeeper"
+                f" (at most {MAX_REQUEST_BYTES} bytes per write, values included twice)"
+            )
+        try:
+            outcome = await self._commit(the_plan.ops, the_plan.events)
+        except KazooException as exc:
+            if isinstance(exc, SessionExpiredError) and any(
+                isinstance(op, Create | Op) and op.ephemeral for op in ops
             ):
-                raise SessionExpired("the ZooKeeper session expired")
-            if isinstance(outcome.error, BadArgumentsError):
-                raise self._error(outcome.error, "metadata write")
-            if isinstance(outcome.error, SessionExpiredError | ConnectionClosedError):
-                raise self._error(outcome.error, "metadata write")
-            await trio.sleep(delay * random.random())
-            delay = min(delay * 2, 0.05)
-        raise MetadataError(
-            f"metadata write gave up after {self.max_attempts} attempts"
-            f" (concurrent changes; last: {last_error!r})"
-        )
+                raise SessionExpired("the ZooKeeper session expired") from exc
+            raise self._error(exc, "metadata write") from exc
+        if outcome.ok:
+            return the_plan.results
+        failed = the_plan.ops[outcome.index] if 0 <= outcome.index < len(the_plan.ops) else None
+        if (
+            failed is not None
+            and self._sid is not None
+            and failed.path == self._layout.alive_marker(self._sid)
+        ):
+            raise SessionExpired("the ZooKeeper session expired")
+        if isinstance(outcome.error, BadArgumentsError):
+            raise self._error(outcome.error, "metadata write")
+        if isinstance(outcome.error, SessionExpiredError | ConnectionClosedError):
+            raise self._error(outcome.error, "metadata write")
+        raise StaleRead(repr(outcome.error))  # something the plan read changed: again
 
     # --- reads ----------------------------------------------------------------------------
 
@@ -743,46 +711,10 @@ class ZooKeeperMetadataStore(MetadataStore):
 
     # --- writes ---------------------------------------------------------------------------
 
-    async def create(
-        self, path: str, value: bytes = b"", *, ephemeral: bool = False, sequential: bool = False
-    ) -> str:
-        if sequential:
-            validate_sequential_prefix(path)
-        else:
-            validate_path(path)
-        value = check_value(value)
-        self._require()
-        if ephemeral and not self._session_alive:
-            await trio.lowlevel.checkpoint()
-            raise SessionExpired("the metadata session expired; call new_session()")
-        results = await self._transact([Create(path, value, ephemeral, sequential)])
-        return str(results[0])
-
-    async def set(self, path: str, value: bytes, *, version: int | None = None) -> int:
-        validate_path(path)
-        value = check_value(value)
-        self._require()
-        results = await self._transact([Op.set(path, value, version)])
-        return int(results[0])  # type: ignore[call-overload]
-
-    async def delete(
-        self, path: str, *, version: int | None = None, recursive: bool = False
-    ) -> None:
-        validate_path(path)
-        self._require()
-        if not recursive:
-            await self._transact([Op.delete(path, version)])
-            return
+    async def _delete_tree(self, path: str, version: int | None) -> None:
+        ops = [Delete(path, version, recursive=True)]
         for _attempt in range(self.max_attempts):
-            snap = Snapshot()
-            need = NeedRead(nodes={path} - {"/"})
-            while True:
-                await self._read(need, snap)
-                try:
-                    the_plan = plan_recursive_delete(self._layout, path, version, snap)
-                    break
-                except NeedRead as more:
-                    need = more
+            the_plan = await self._plan_reading(ops, first_reads(ops))
             if the_plan.size() > MAX_REQUEST_BYTES or len(the_plan.ops) > 4 * _DELETE_CHUNK:
                 await self._delete_in_chunks(path, version)
                 return
@@ -815,21 +747,6 @@ class ZooKeeperMetadataStore(MetadataStore):
                     except NoSuchNode:
                         pass
         await self.delete(path, version=version, recursive=True)
-
-    async def multi(self, ops: list[Op]) -> list[object]:
-        ops = list(ops)
-        for op in ops:
-            if not isinstance(op, Op):
-                raise InvalidArgument(f"multi() takes Op objects, not {type(op).__name__}")
-            validate_path(op.path)
-        self._require()
-        if not ops:
-            await trio.lowlevel.checkpoint()
-            return []
-        if any(op.ephemeral for op in ops) and not self._session_alive:
-            await trio.lowlevel.checkpoint()
-            raise SessionExpired("the metadata session expired; call new_session()")
-        return await self._transact(list(ops))
 
     # --- change log: following ------------------------------------------------------------
 
