@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pigeon.core.errors import CorruptFrame
-from pigeon.core.metadata import Delete, NeedRead, Planner, WriteOp, parent_path
+from pigeon.core.metadata import NeedRead, Planner, WriteOp, parent_path
 from pigeon.core.metadata import Snapshot as TreeSnapshot
 
 __all__ = [
@@ -51,7 +51,6 @@ __all__ = [
     "decode_value",
     "encode_value",
     "plan",
-    "plan_recursive_delete",
 ]
 
 _HEADER = struct.Struct(">BQdd")
@@ -303,10 +302,3 @@ def plan(keys: Keys, ops: Sequence[WriteOp], snap: Snapshot, lease: int | None, 
     planner = _EtcdPlanner(keys, snap, lease, now)
     results = planner.plan(ops)
     return Plan(list(planner.compares.values()), list(planner.writes.values()), results)
-
-
-def plan_recursive_delete(
-    keys: Keys, path: str, version: int | None, snap: Snapshot, now: float
-) -> Plan:
-    """Plan ``delete(path, recursive=True)``."""
-    return plan(keys, [Delete(path, version, recursive=True)], snap, None, now)
