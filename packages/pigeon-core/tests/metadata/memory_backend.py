@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -296,12 +296,6 @@ class MemoryStore(TransactionalMetadataStore[TreeSnapshot, MemoryPlan]):
         self._require()
         await trio.lowlevel.checkpoint()
         return self.server.children(path)
-
-    def watch(
-        self, path: str, *, prefix: bool = False
-    ) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
-        validate_path(path)
-        return self._watch(path, prefix)
 
     @asynccontextmanager
     async def _watch(self, path: str, prefix: bool) -> AsyncIterator[Watcher]:

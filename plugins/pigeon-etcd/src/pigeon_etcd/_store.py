@@ -45,7 +45,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -758,12 +758,6 @@ class EtcdMetadataStore(TransactionalMetadataStore[Snapshot, Plan]):
         hub = self._hubs.get(wid)
         if hub is not None:
             hub.fail_all(reason)
-
-    def watch(
-        self, path: str, *, prefix: bool = False
-    ) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
-        validate_path(path)
-        return self._watch(path, prefix)
 
     @asynccontextmanager
     async def _watch(self, path: str, prefix: bool) -> AsyncIterator[Watcher]:

@@ -45,7 +45,7 @@ import random
 import time
 import urllib.parse
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -846,12 +846,6 @@ class ZooKeeperMetadataStore(TransactionalMetadataStore[Snapshot, Plan]):
         log.warning("%r: watchers fell behind the change log (%s)", self, why)
         self._hub.fail_all(f"metadata watch fell behind the change log ({why}); events lost")
         self._set_cursor(None)
-
-    def watch(
-        self, path: str, *, prefix: bool = False
-    ) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
-        validate_path(path)
-        return self._watch(path, prefix)
 
     @asynccontextmanager
     async def _watch(self, path: str, prefix: bool) -> AsyncIterator[Watcher]:

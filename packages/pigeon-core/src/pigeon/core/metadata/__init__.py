@@ -50,6 +50,8 @@ from pigeon.core.metadata._store import (
     node_name,
     parent_path,
     sequence_number,
+    validate_create,
+    validate_ops,
     validate_path,
     validate_sequential_prefix,
 )
@@ -88,6 +90,8 @@ __all__ = [
     "node_name",
     "parent_path",
     "sequence_number",
+    "validate_create",
+    "validate_ops",
     "validate_path",
     "validate_sequential_prefix",
 ]

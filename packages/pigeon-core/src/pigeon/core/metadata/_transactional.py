@@ -1,9 +1,9 @@
 """The write side of a metadata backend whose writes are planned transactions.
 
 :class:`TransactionalMetadataStore` implements ``create``, ``set``, ``delete`` and
-``multi`` once for every backend built on :class:`~pigeon.core.metadata.Planner`
-(ZooKeeper, etcd): it validates the arguments as the contract says, then runs
-:meth:`~TransactionalMetadataStore._transact`::
+``multi`` (and checks the arguments of ``watch``) once for every backend built on
+:class:`~pigeon.core.metadata.Planner` (ZooKeeper, etcd): it checks the arguments as the
+contract says, then runs :meth:`~TransactionalMetadataStore._transact`::
 
     reads = first_reads(ops)
     repeat (at most max_attempts times, with jittered backoff between attempts):
@@ -20,6 +20,7 @@ hook                   what the backend does
 =====================  ===========================================================
 ``session_alive``      whether its session is alive (ephemeral creates need it)
 ``_require()``         raise ``MetadataError`` unless the store is running
+``_watch(path, pre)``  ``watch()`` once the path is checked
 ``_new_snapshot()``    an empty snapshot of its kind
 ``_read(need, snap)``  read what :class:`NeedRead` names into the snapshot
 ``_plan(ops, snap)``   plan with its :class:`Planner` subclass (pure, may raise
@@ -36,7 +37,8 @@ from __future__ import annotations
 
 import abc
 import random
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Generic, TypeVar, cast
 
 import trio
@@ -46,9 +48,11 @@ from pigeon.core.metadata._plan import Create, Delete, NeedRead, StaleRead, Writ
 from pigeon.core.metadata._store import (
     MetadataStore,
     Op,
+    WatchEvent,
     check_value,
+    validate_create,
+    validate_ops,
     validate_path,
-    validate_sequential_prefix,
 )
 
 __all__ = ["TransactionalMetadataStore"]
@@ -69,11 +73,7 @@ class TransactionalMetadataStore(MetadataStore, Generic[S, P]):
     async def create(
         self, path: str, value: bytes = b"", *, ephemeral: bool = False, sequential: bool = False
     ) -> str:
-        if sequential:
-            validate_sequential_prefix(path)
-        else:
-            validate_path(path)
-        value = check_value(value)
+        value = validate_create(path, value, sequential=sequential)
         self._require()
         if ephemeral and not self.session_alive:
             await trio.lowlevel.checkpoint()
@@ -102,11 +102,7 @@ class TransactionalMetadataStore(MetadataStore, Generic[S, P]):
             await self._transact([Op.delete(path, version)])
 
     async def multi(self, ops: list[Op]) -> list[object]:
-        ops = list(ops)
-        for op in ops:
-            if not isinstance(op, Op):
-                raise InvalidArgument(f"multi() takes Op objects, not {type(op).__name__}")
-            validate_path(op.path)
+        ops = validate_ops(ops)
         self._require()
         if not ops:
             await trio.lowlevel.checkpoint()
@@ -115,6 +111,12 @@ class TransactionalMetadataStore(MetadataStore, Generic[S, P]):
             await trio.lowlevel.checkpoint()
             raise SessionExpired("the metadata session expired; call new_session()")
         return await self._transact(ops)
+
+    def watch(
+        self, path: str, *, prefix: bool = False
+    ) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
+        validate_path(path)
+        return self._watch(path, prefix)
 
     # --- planning and committing ----------------------------------------------------------
 
@@ -168,6 +170,12 @@ class TransactionalMetadataStore(MetadataStore, Generic[S, P]):
     @abc.abstractmethod
     def _require(self) -> object:
         """Raise ``MetadataError`` unless the store is running."""
+
+    @abc.abstractmethod
+    def _watch(
+        self, path: str, prefix: bool
+    ) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
+        """``watch(path, prefix=prefix)`` with a valid ``path``."""
 
     @abc.abstractmethod
     def _new_snapshot(self) -> S:
