@@ -43,7 +43,6 @@ import math
 import queue
 import threading
 import time
-import urllib.parse
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -70,6 +69,7 @@ from pigeon.core.metadata import (
     WriteOp,
     check_timeout,
     first_reads,
+    parse_server_url,
     validate_path,
 )
 from pigeon_etcd._plan import (
@@ -304,25 +304,6 @@ class _WatchStream:
             self._on_events(wid, list(response.events))
 
 
-def _parse_target(netloc: str, url: str) -> str:
-    hosts = []
-    for part in netloc.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        host, sep, port = part.rpartition(":")
-        if not sep:
-            host, port = part, str(DEFAULT_PORT)
-        if not host or not port.isdigit():
-            raise ConfigError(f"metadata URL {url!r}: bad host {part!r}")
-        hosts.append(f"{host}:{port}")
-    if not hosts:
-        raise ConfigError(f"metadata URL {url!r} names no etcd host")
-    if len(hosts) == 1:
-        return hosts[0]
-    return "ipv4:" + ",".join(hosts)  # gRPC's static address list (IP addresses only)
-
-
 class EtcdMetadataStore(TransactionalMetadataStore[Snapshot, Plan]):
     """:class:`~pigeon.core.metadata.MetadataStore` on etcd v3 (3.4 or later).
 
@@ -379,25 +360,20 @@ class EtcdMetadataStore(TransactionalMetadataStore[Snapshot, Plan]):
         The prefix defaults to ``/pigeon``.  Options (seconds): ``session_timeout`` (10),
         ``request_timeout`` (30).
         """
-        parts = urllib.parse.urlsplit(url)
-        if parts.scheme != "etcd":
-            raise ConfigError(f"not an etcd metadata URL: {url!r}")
-        target = _parse_target(parts.netloc, url)
-        prefix = urllib.parse.unquote(parts.path).rstrip("/") or DEFAULT_PREFIX
+        parsed = parse_server_url(
+            url,
+            scheme="etcd",
+            server="etcd",
+            default_port=DEFAULT_PORT,
+            default_path=DEFAULT_PREFIX,
+            path_name="prefix",
+            options=("session_timeout", "request_timeout"),
+        )
+        target = parsed.hosts[0]
+        if len(parsed.hosts) > 1:  # gRPC's static address list (IP addresses only)
+            target = "ipv4:" + ",".join(parsed.hosts)
         try:
-            validate_path(prefix)
-        except InvalidArgument as exc:
-            raise ConfigError(f"metadata URL {url!r}: bad prefix: {exc}") from None
-        options: dict[str, float] = {}
-        for key, value in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
-            if key not in ("session_timeout", "request_timeout"):
-                raise ConfigError(f"metadata URL {url!r}: unknown option {key!r}")
-            try:
-                options[key] = float(value)
-            except ValueError:
-                raise ConfigError(f"metadata URL {url!r}: {key} must be a number") from None
-        try:
-            return cls(target, prefix, **options)
+            return cls(target, parsed.path, **parsed.options)
         except InvalidArgument as exc:
             raise ConfigError(f"metadata URL {url!r}: {exc}") from None
 

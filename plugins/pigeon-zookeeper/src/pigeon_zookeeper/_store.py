@@ -90,6 +90,7 @@ from pigeon.core.metadata import (
     WriteOp,
     check_timeout,
     first_reads,
+    parse_server_url,
     validate_path,
 )
 from pigeon_zookeeper._plan import (
@@ -149,23 +150,6 @@ def _first_error(results: list[Any]) -> tuple[int, BaseException]:
         if isinstance(result, BaseException):
             return i, result
     return -1, MetadataError("multi failed without an error")
-
-
-def _parse_hosts(netloc: str, url: str) -> str:
-    hosts = []
-    for part in netloc.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        host, sep, port = part.rpartition(":")
-        if not sep:
-            host, port = part, str(DEFAULT_PORT)
-        if not host or not port.isdigit():
-            raise ConfigError(f"metadata URL {url!r}: bad host {part!r}")
-        hosts.append(f"{host}:{port}")
-    if not hosts:
-        raise ConfigError(f"metadata URL {url!r} names no ZooKeeper host")
-    return ",".join(hosts)
 
 
 class ZooKeeperMetadataStore(TransactionalMetadataStore[Snapshot, Plan]):
@@ -237,25 +221,17 @@ class ZooKeeperMetadataStore(TransactionalMetadataStore[Snapshot, Plan]):
         The chroot defaults to ``/pigeon``.  Options (seconds): ``session_timeout``
         (10), ``connect_timeout`` (15), ``request_timeout`` (30).
         """
-        parts = urllib.parse.urlsplit(url)
-        if parts.scheme != "zk":
-            raise ConfigError(f"not a ZooKeeper metadata URL: {url!r}")
-        hosts = _parse_hosts(parts.netloc, url)
-        chroot = urllib.parse.unquote(parts.path).rstrip("/") or DEFAULT_CHROOT
+        parsed = parse_server_url(
+            url,
+            scheme="zk",
+            server="ZooKeeper",
+            default_port=DEFAULT_PORT,
+            default_path=DEFAULT_CHROOT,
+            path_name="chroot",
+            options=("session_timeout", "connect_timeout", "request_timeout"),
+        )
         try:
-            validate_path(chroot)
-        except InvalidArgument as exc:
-            raise ConfigError(f"metadata URL {url!r}: bad chroot: {exc}") from None
-        options: dict[str, float] = {}
-        for key, value in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
-            if key not in ("session_timeout", "connect_timeout", "request_timeout"):
-                raise ConfigError(f"metadata URL {url!r}: unknown option {key!r}")
-            try:
-                options[key] = float(value)
-            except ValueError:
-                raise ConfigError(f"metadata URL {url!r}: {key} must be a number") from None
-        try:
-            return cls(hosts, chroot, **options)
+            return cls(",".join(parsed.hosts), parsed.path, **parsed.options)
         except InvalidArgument as exc:
             raise ConfigError(f"metadata URL {url!r}: {exc}") from None
 

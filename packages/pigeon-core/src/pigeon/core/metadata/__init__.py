@@ -14,7 +14,8 @@ The contract every backend honours is documented in :mod:`pigeon.core.metadata._
 and checked by :class:`pigeon.core.testing.MetadataStoreContract`.  Backend authors also
 get the path helpers and :class:`WatchHub` from here, and, for a server with conditional
 multi-key transactions, the write planner (:class:`Planner`) and the store base class
-that runs it (:class:`TransactionalMetadataStore`).
+that runs it (:class:`TransactionalMetadataStore`); :func:`parse_server_url` reads
+``scheme://host:port,.../path?option=seconds`` URLs.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from pigeon.core.metadata._store import (
     validate_sequential_prefix,
 )
 from pigeon.core.metadata._transactional import TransactionalMetadataStore
+from pigeon.core.metadata._url import ServerURL, parse_server_url
 
 __all__ = [
     "DEFAULT_WATCH_BUFFER",
@@ -74,6 +76,7 @@ __all__ = [
     "OpKind",
     "Planner",
     "SEQUENCE_DIGITS",
+    "ServerURL",
     "Snapshot",
     "StaleRead",
     "Stat",
@@ -89,6 +92,7 @@ __all__ = [
     "join_path",
     "node_name",
     "parent_path",
+    "parse_server_url",
     "sequence_number",
     "validate_create",
     "validate_ops",
