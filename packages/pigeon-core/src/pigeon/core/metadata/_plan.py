@@ -34,7 +34,7 @@ Reads on demand
     each other (one was made after another writer's change): read everything again.
 
 Semantics (the contract's, in the order the checks are made; the first failing op wins)
-    ``create``: the root exists (``NodeExists``); an ephemeral node needs a live session
+    ``create``: not of the root (``NodeExists``); an ephemeral node needs a live session
     (``SessionExpired``); missing ancestors are created as persistent empty nodes, top
     down, but an existing ephemeral ancestor cannot have children (``InvalidArgument``);
     a sequential create takes its parent's next number (``InvalidArgument`` once the
