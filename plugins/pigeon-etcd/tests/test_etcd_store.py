@@ -20,8 +20,7 @@ from servers import EtcdServer, etcd_server
 from pigeon.core import PluginManager
 from pigeon.core.errors import ConfigError, CorruptFrame, InvalidArgument, MetadataError
 from pigeon.core.metadata import EventType, MetadataStore, Op, Stat, WatchEvent
-from pigeon.core.testing import MetadataStoreContract
-from pigeon.core.testing._metadata_suite import ExpireSession, MetadataStoreFactory
+from pigeon.core.testing import ExpireSession, MetadataStoreContract, MetadataStoreFactory
 
 WAIT = 20.0
 SESSION_TIMEOUT = 3.0

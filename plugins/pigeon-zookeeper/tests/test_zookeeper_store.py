@@ -13,16 +13,7 @@ from pathlib import Path
 import pytest
 import trio
 from pigeon_zookeeper import ZooKeeperMetadataStore
-from pigeon_zookeeper._plan import (
-    Create,
-    Layout,
-    NeedRead,
-    NodeInfo,
-    Snapshot,
-    decode_entry,
-    encode_entry,
-    plan,
-)
+from pigeon_zookeeper._plan import Layout, NodeInfo, Snapshot, decode_entry, encode_entry, plan
 from servers import ZooKeeperServer, zookeeper_server
 
 from pigeon.core import PluginManager
@@ -35,9 +26,8 @@ from pigeon.core.errors import (
     NotEmpty,
     SessionExpired,
 )
-from pigeon.core.metadata import EventType, MetadataStore, Op, Stat, WatchEvent
-from pigeon.core.testing import MetadataStoreContract
-from pigeon.core.testing._metadata_suite import ExpireSession, MetadataStoreFactory
+from pigeon.core.metadata import Create, EventType, MetadataStore, NeedRead, Op, Stat, WatchEvent
+from pigeon.core.testing import ExpireSession, MetadataStoreContract, MetadataStoreFactory
 
 WAIT = 20.0
 SESSION_TIMEOUT = 4.0

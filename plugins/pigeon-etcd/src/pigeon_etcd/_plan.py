@@ -22,44 +22,35 @@ The version is the store's own, not etcd's per-key version, because a ``multi`` 
 touches one node twice (create, then set) must be written as a single put (etcd refuses
 a key twice in one transaction) yet end at version 1.
 
-A plan simulates the ops in order on a snapshot of the keys it read (one etcd
-transaction of ranges, so the snapshot is consistent), raising the contract's errors
-(the first failing op wins), and emits one transaction: compares on the mod revision of
-every key it relied on (version 0 for keys it relied on being absent; an empty child
-range for a non-recursive delete), then the writes, each key once, in first-touch order.
-If the compares fail, the caller reads again and re-plans.
+The contract's semantics are :class:`pigeon.core.metadata.Planner`'s, on a snapshot of
+the keys read (one etcd transaction of ranges, so the snapshot is consistent); this
+module emits one transaction for them: compares on the mod revision of every node key
+the plan relied on (version 0 for keys it relied on being absent; the counter's version
+for a sequential create; an empty child range for a non-recursive delete), then the
+writes, each key once, in the order of its last touch.  If the compares fail, the caller
+reads again and re-plans.
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pigeon.core.errors import (
-    BadVersion,
-    CorruptFrame,
-    InvalidArgument,
-    NodeExists,
-    NoSuchNode,
-    NotEmpty,
-    SessionExpired,
-)
-from pigeon.core.metadata import SEQUENCE_DIGITS, Op, OpKind, parent_path
+from pigeon.core.errors import CorruptFrame
+from pigeon.core.metadata import NeedRead, Planner, WriteOp, parent_path
+from pigeon.core.metadata import Snapshot as TreeSnapshot
 
 __all__ = [
     "Compare",
-    "Create",
     "Keys",
-    "NeedRead",
     "NodeInfo",
     "Plan",
     "Snapshot",
-    "StaleRead",
     "Write",
     "decode_value",
     "encode_value",
     "plan",
-    "plan_recursive_delete",
 ]
 
 _HEADER = struct.Struct(">BQdd")
@@ -156,35 +147,21 @@ class NodeInfo:
     ctime: float = 0.0
     value: bytes = b""
 
+    @property
+    def ephemeral(self) -> bool:
+        return self.lease != 0
+
 
 _ABSENT = NodeInfo(False)
 _ROOT = NodeInfo(True)
 
 
 @dataclass
-class Snapshot:
-    nodes: dict[str, NodeInfo] = field(default_factory=dict)
+class Snapshot(TreeSnapshot[NodeInfo]):
     #: path → number of children
     children: dict[str, int] = field(default_factory=dict)
     #: parent → etcd version of its counter key (0 if absent)
     counters: dict[str, int] = field(default_factory=dict)
-
-
-class NeedRead(Exception):
-    def __init__(
-        self,
-        nodes: set[str] | None = None,
-        children: set[str] | None = None,
-        counters: set[str] | None = None,
-    ) -> None:
-        super().__init__("more reads needed")
-        self.nodes = nodes or set()
-        self.children = children or set()
-        self.counters = counters or set()
-
-
-class StaleRead(Exception):
-    """The reads contradict each other (another writer came between): read again."""
 
 
 @dataclass(frozen=True)
@@ -222,70 +199,43 @@ class Plan:
         return sum(w.size() for w in self.writes) + 32 * len(self.compares)
 
 
-@dataclass(frozen=True)
-class Create:
-    path: str
-    value: bytes
-    ephemeral: bool = False
-    sequential: bool = False
-
-
-def ancestors(path: str) -> list[str]:
-    """``/a/b/c`` → ``['/a/b', '/a']`` (without the root)."""
-    out = []
-    while path != "/":
-        path = parent_path(path)
-        if path != "/":
-            out.append(path)
-    return out
-
-
-class _Planner:
+class _EtcdPlanner(Planner[NodeInfo]):
     def __init__(self, keys: Keys, snap: Snapshot, lease: int | None, now: float) -> None:
+        super().__init__(snap, session=lease is not None)
         self.keys = keys
         self.snap = snap
         self.lease = lease
         self.now = now
-        self.nodes: dict[str, NodeInfo] = {}
         self.child_delta: dict[str, int] = {}
         self.counters: dict[str, int] = {}
         self.compares: dict[tuple[str, bytes], Compare] = {}
         self.writes: dict[bytes, Write] = {}
         self.created: set[str] = set()
 
-    def node(self, path: str) -> NodeInfo:
-        if path in self.nodes:
-            return self.nodes[path]
-        if path not in self.snap.nodes:
-            raise NeedRead(nodes={path, *ancestors(path)} - self.snap.nodes.keys())
-        info = self.snap.nodes[path]
-        self._compare(path, info)
-        if path == "/" and not info.exists:  # the root exists even before its first set
-            info = _ROOT
-        return info
+    # --- reads ---------------------------------------------------------------------------
 
-    def parent_node(self, path: str) -> NodeInfo:
-        """A node a create goes below (the root needs no read: it exists, persistent)."""
-        return _ROOT if path == "/" and path not in self.nodes else self.node(path)
-
-    def _compare(self, path: str, info: NodeInfo) -> None:
+    def relied_on(self, path: str, info: NodeInfo) -> NodeInfo:
         key = self.keys.node(path)
         if info.exists:
             self._add_compare(Compare("mod", key, info.mod_revision))
         else:
             self._add_compare(Compare("version", key, 0))
+        if path == "/" and not info.exists:  # the root exists even before its first set
+            return _ROOT
+        return info
 
     def _add_compare(self, compare: Compare) -> None:
         self.compares.setdefault((compare.kind, compare.key), compare)
 
-    def num_children(self, path: str) -> int:
+    def has_children(self, path: str, info: NodeInfo) -> bool:
         if path in self.created:  # no children in etcd yet
-            return self.child_delta.get(path, 0)
+            return self.child_delta.get(path, 0) > 0
         if path not in self.snap.children:
             raise NeedRead(children={path})
-        return self.snap.children[path] + self.child_delta.get(path, 0)
+        return self.snap.children[path] + self.child_delta.get(path, 0) > 0
 
-    def counter(self, parent: str) -> int:
+    def next_number(self, parent: str) -> int:
+        """The counter key's etcd version: the number of sequential creates so far."""
         if parent in self.counters:
             return self.counters[parent]
         if parent not in self.snap.counters:
@@ -294,82 +244,39 @@ class _Planner:
         self._add_compare(Compare("version", self.keys.counter(parent), version))
         return version
 
+    # --- emission --------------------------------------------------------------------------
+
     def _write(self, write: Write) -> None:
         self.writes.pop(write.key, None)  # one write per key: the last one wins ...
         self.writes[write.key] = write  # ... in the place of the last touch
 
-    def _put_node(self, path: str, info: NodeInfo) -> None:
-        self.nodes[path] = info
+    def _put_node(self, path: str, info: NodeInfo) -> NodeInfo:
         raw = encode_value(info.value, info.version, info.ctime, self.now)
         self._write(Write("put", self.keys.node(path), raw, info.lease))
+        return info
 
-    # --- ops ---------------------------------------------------------------------------
-
-    def create(self, op: Create) -> str:
-        path = op.path
-        if op.sequential:
-            parent = parent_path(path + "0")
-        else:
-            if path == "/":
-                raise NodeExists("/")
-            parent = parent_path(path)
+    def emit_create(self, path: str, value: bytes, *, ephemeral: bool) -> NodeInfo:
         lease = 0
-        if op.ephemeral:
-            if self.lease is None:
-                raise SessionExpired("the metadata session expired; call new_session()")
+        if ephemeral:
+            assert self.lease is not None  # the planner checked the session
             lease = self.lease
-        missing: list[str] = []
-        node = parent
-        while True:
-            info = self.parent_node(node)
-            if info.exists:
-                if info.lease:
-                    raise InvalidArgument(f"{node!r} is ephemeral and cannot have children")
-                break
-            missing.append(node)
-            node = parent_path(node)
-        if op.sequential:
-            number = self.counter(parent)
-            if number >= 10**SEQUENCE_DIGITS:
-                raise InvalidArgument(f"sequence counter of {parent!r} is exhausted")
-            path = f"{path}{number:0{SEQUENCE_DIGITS}d}"
-            self.counters[parent] = number + 1
-            self._write(Write("put", self.keys.counter(parent)))
-        if self.node(path).exists:
-            if op.sequential:
-                raise StaleRead(f"sequential node {path} exists already")
-            raise NodeExists(path)
-        for ancestor in reversed(missing):
-            self._add_node(ancestor, NodeInfo(True, 0, 0, 0, self.now, b""))
-        self._add_node(path, NodeInfo(True, 0, lease, 0, self.now, op.value))
-        return path
-
-    def _add_node(self, path: str, info: NodeInfo) -> None:
-        self._put_node(path, info)
+        info = self._put_node(path, NodeInfo(True, 0, lease, 0, self.now, value))
         # the index entry shares the node's lease: both go when the session ends
-        self._write(Write("put", self.keys.child(path), lease=info.lease))
+        self._write(Write("put", self.keys.child(path), lease=lease))
         parent = parent_path(path)
         self.child_delta[parent] = self.child_delta.get(parent, 0) + 1
         self.created.add(path)
+        return info
 
-    def set(self, path: str, value: bytes, version: int | None) -> int:
-        info = self.node(path)
-        if not info.exists:
-            raise NoSuchNode(path)
-        if version is not None and version != info.version:
-            raise BadVersion(f"{path}: version is {info.version}, expected {version}")
+    def emit_number(self, parent: str, number: int) -> None:
+        self.counters[parent] = number + 1
+        self._write(Write("put", self.keys.counter(parent)))
+
+    def emit_set(self, path: str, info: NodeInfo, value: bytes) -> NodeInfo:
         new = NodeInfo(True, info.version + 1, info.lease, info.mod_revision, info.ctime, value)
-        self._put_node(path, new)
-        return new.version
+        return self._put_node(path, new)
 
-    def delete(self, path: str, version: int | None, recursive: bool) -> None:
-        if path == "/":
-            raise InvalidArgument("the root node cannot be deleted")
-        info = self.node(path)
-        if not info.exists:
-            raise NoSuchNode(path)
-        if version is not None and version != info.version:
-            raise BadVersion(f"{path}: version is {info.version}, expected {version}")
+    def emit_delete(self, path: str, info: NodeInfo, *, recursive: bool) -> NodeInfo:
         if recursive:
             start, end = self.keys.below(path)
             self._write(Write("delete_range", start, range_end=end))
@@ -378,50 +285,20 @@ class _Planner:
             start, end = self.keys.counter_subtree(path)
             self._write(Write("delete_range", start, range_end=end))
         else:
-            if self.num_children(path) > 0:
-                raise NotEmpty(path)
             start, end = self.keys.children(path)
             self._add_compare(Compare("empty", start, range_end=end))
             self._write(Write("delete", self.keys.counter(path)))
             self.counters[path] = 0
-        self.nodes[path] = _ABSENT
         self._write(Write("delete", self.keys.node(path)))
         self._write(Write("delete", self.keys.child(path)))
         parent = parent_path(path)
         self.child_delta[parent] = self.child_delta.get(parent, 0) - 1
-
-    def check(self, path: str, version: int | None) -> None:
-        info = self.node(path)
-        if not info.exists:
-            raise NoSuchNode(path)
-        if version is not None and version != info.version:
-            raise BadVersion(f"{path}: version is {info.version}, expected {version}")
+        return _ABSENT
 
 
-def plan(keys: Keys, ops: list[Op | Create], snap: Snapshot, lease: int | None, now: float) -> Plan:
-    """Plan ``ops`` (``Op`` or :class:`Create`).  Raises the first op's contract error,
-    :class:`NeedRead` when a read is missing, :class:`StaleRead` when reads conflict."""
-    planner = _Planner(keys, snap, lease, now)
-    results: list[object] = []
-    for op in ops:
-        if isinstance(op, Create):
-            results.append(planner.create(op))
-        elif op.kind is OpKind.CREATE:
-            results.append(planner.create(Create(op.path, op.value, op.ephemeral)))
-        elif op.kind is OpKind.SET:
-            results.append(planner.set(op.path, op.value, op.version))
-        elif op.kind is OpKind.DELETE:
-            planner.delete(op.path, op.version, recursive=False)
-            results.append(None)
-        else:
-            planner.check(op.path, op.version)
-            results.append(None)
+def plan(keys: Keys, ops: Sequence[WriteOp], snap: Snapshot, lease: int | None, now: float) -> Plan:
+    """Plan ``ops``.  Raises the first op's contract error, :class:`NeedRead` when a
+    read is missing, :class:`StaleRead` when reads conflict."""
+    planner = _EtcdPlanner(keys, snap, lease, now)
+    results = planner.plan(ops)
     return Plan(list(planner.compares.values()), list(planner.writes.values()), results)
-
-
-def plan_recursive_delete(
-    keys: Keys, path: str, version: int | None, snap: Snapshot, now: float
-) -> Plan:
-    planner = _Planner(keys, snap, None, now)
-    planner.delete(path, version, recursive=True)
-    return Plan(list(planner.compares.values()), list(planner.writes.values()), [None])

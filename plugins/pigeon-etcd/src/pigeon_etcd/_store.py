@@ -12,7 +12,8 @@ Data model
     See :mod:`pigeon_etcd._plan`: one key per node under ``P/n``, a child index under
     ``P/c``, sequential counters under ``P/s``; every write is one etcd transaction
     whose compares fail if anything it read changed, in which case it is re-read and
-    re-planned.
+    re-planned (:class:`~pigeon.core.metadata.TransactionalMetadataStore` validates,
+    plans and retries; this module reads and commits).
 
 Watches
     Each ``watch()`` is one etcd watch on the node's key (or its subtree's key range)
@@ -40,12 +41,10 @@ import collections
 import logging
 import math
 import queue
-import random
 import threading
 import time
-import urllib.parse
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,30 +59,28 @@ from pigeon.core.errors import (
 from pigeon.core.metadata import (
     DEFAULT_WATCH_BUFFER,
     EventType,
-    MetadataStore,
-    Op,
+    NeedRead,
+    StaleRead,
     Stat,
+    TransactionalMetadataStore,
     Watcher,
     WatchEvent,
     WatchHub,
+    WriteOp,
     check_timeout,
-    check_value,
-    parent_path,
+    first_reads,
+    parse_server_url,
     validate_path,
-    validate_sequential_prefix,
 )
 from pigeon_etcd._plan import (
     Compare,
-    Create,
     Keys,
-    NeedRead,
     NodeInfo,
+    Plan,
     Snapshot,
-    StaleRead,
     Write,
     decode_value,
     plan,
-    plan_recursive_delete,
 )
 
 __all__ = ["EtcdMetadataStore", "EtcdStoreStatistics"]
@@ -307,26 +304,7 @@ class _WatchStream:
             self._on_events(wid, list(response.events))
 
 
-def _parse_target(netloc: str, url: str) -> str:
-    hosts = []
-    for part in netloc.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        host, sep, port = part.rpartition(":")
-        if not sep:
-            host, port = part, str(DEFAULT_PORT)
-        if not host or not port.isdigit():
-            raise ConfigError(f"metadata URL {url!r}: bad host {part!r}")
-        hosts.append(f"{host}:{port}")
-    if not hosts:
-        raise ConfigError(f"metadata URL {url!r} names no etcd host")
-    if len(hosts) == 1:
-        return hosts[0]
-    return "ipv4:" + ",".join(hosts)  # gRPC's static address list (IP addresses only)
-
-
-class EtcdMetadataStore(MetadataStore):
+class EtcdMetadataStore(TransactionalMetadataStore[Snapshot, Plan]):
     """:class:`~pigeon.core.metadata.MetadataStore` on etcd v3 (3.4 or later).
 
     :param target: ``host:port`` of an etcd member (or a gRPC target such as
@@ -339,9 +317,6 @@ class EtcdMetadataStore(MetadataStore):
         within it).
     :param watch_buffer: unread events a watcher may hold before it fails.
     """
-
-    #: Attempts of a write whose reads keep being invalidated by other writers.
-    max_attempts = 50
 
     def __init__(
         self,
@@ -385,25 +360,20 @@ class EtcdMetadataStore(MetadataStore):
         The prefix defaults to ``/pigeon``.  Options (seconds): ``session_timeout`` (10),
         ``request_timeout`` (30).
         """
-        parts = urllib.parse.urlsplit(url)
-        if parts.scheme != "etcd":
-            raise ConfigError(f"not an etcd metadata URL: {url!r}")
-        target = _parse_target(parts.netloc, url)
-        prefix = urllib.parse.unquote(parts.path).rstrip("/") or DEFAULT_PREFIX
+        parsed = parse_server_url(
+            url,
+            scheme="etcd",
+            server="etcd",
+            default_port=DEFAULT_PORT,
+            default_path=DEFAULT_PREFIX,
+            path_name="prefix",
+            options=("session_timeout", "request_timeout"),
+        )
+        target = parsed.hosts[0]
+        if len(parsed.hosts) > 1:  # gRPC's static address list (IP addresses only)
+            target = "ipv4:" + ",".join(parsed.hosts)
         try:
-            validate_path(prefix)
-        except InvalidArgument as exc:
-            raise ConfigError(f"metadata URL {url!r}: bad prefix: {exc}") from None
-        options: dict[str, float] = {}
-        for key, value in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
-            if key not in ("session_timeout", "request_timeout"):
-                raise ConfigError(f"metadata URL {url!r}: unknown option {key!r}")
-            try:
-                options[key] = float(value)
-            except ValueError:
-                raise ConfigError(f"metadata URL {url!r}: {key} must be a number") from None
-        try:
-            return cls(target, prefix, **options)
+            return cls(target, parsed.path, **parsed.options)
         except InvalidArgument as exc:
             raise ConfigError(f"metadata URL {url!r}: {exc}") from None
 
@@ -719,113 +689,31 @@ class EtcdMetadataStore(MetadataStore):
                 ops.append(rpc.RequestOp(request_delete_range=request))
         return rpc.TxnRequest(compare=pb_compares, success=ops)
 
-    async def _transact(
-        self, ops: list[Op | Create], *, recursive_delete: Op | None = None
-    ) -> list[object]:
-        first = NeedRead()
-        for op in ops if recursive_delete is None else [recursive_delete]:
-            if isinstance(op, Create) and op.sequential:
-                first.nodes.add(parent_path(op.path + "0"))
-                first.counters.add(parent_path(op.path + "0"))
-            else:
-                first.nodes.add(op.path)
-                if not isinstance(op, Create) and op.kind.value == "delete":
-                    first.children.add(op.path)
-        delay = 0.001
-        for _attempt in range(self.max_attempts):
-            snap = Snapshot()
-            need: NeedRead = first
-            the_plan = None
-            while True:
-                await self._read(need, snap)
-                try:
-                    lease = self._lease if self._session_alive else None
-                    if recursive_delete is not None:
-                        the_plan = plan_recursive_delete(
-                            self._keys,
-                            recursive_delete.path,
-                            recursive_delete.version,
-                            snap,
-                            time.time(),
-                        )
-                    else:
-                        the_plan = plan(self._keys, ops, snap, lease, time.time())
-                    break
-                except NeedRead as more:
-                    need = more
-                except StaleRead:
-                    break
-            if the_plan is not None:
-                if the_plan.size() > MAX_REQUEST_BYTES:
-                    raise InvalidArgument(
-                        f"metadata write of ~{the_plan.size()} bytes is too large for etcd"
-                    )
-                if len(the_plan.writes) > MAX_TXN_OPS or len(the_plan.compares) > MAX_TXN_OPS:
-                    raise InvalidArgument(
-                        f"metadata write needs {len(the_plan.writes)} etcd operations;"
-                        f" etcd allows {MAX_TXN_OPS} per transaction"
-                    )
-                request = self._txn_request(the_plan.compares, the_plan.writes)
-                response = await self._unary(self._kv.Txn, request, "metadata write")
-                if response.succeeded:
-                    return the_plan.results
-            await trio.sleep(delay * random.random())
-            delay = min(delay * 2, 0.05)
-        raise MetadataError(
-            f"metadata write gave up after {self.max_attempts} attempts (concurrent changes)"
-        )
+    def _new_snapshot(self) -> Snapshot:
+        return Snapshot()
 
-    # --- writes -------------------------------------------------------------------------------
+    def _first_reads(self, ops: Sequence[WriteOp]) -> NeedRead:
+        return first_reads(ops, children_of_deletes=True)
 
-    async def create(
-        self, path: str, value: bytes = b"", *, ephemeral: bool = False, sequential: bool = False
-    ) -> str:
-        if sequential:
-            validate_sequential_prefix(path)
-        else:
-            validate_path(path)
-        value = check_value(value)
-        self._require()
-        if ephemeral and not self._session_alive:
-            await trio.lowlevel.checkpoint()
-            raise SessionExpired("the metadata session expired; call new_session()")
-        results = await self._transact([Create(path, value, ephemeral, sequential)])
-        return str(results[0])
+    def _plan(self, ops: Sequence[WriteOp], snapshot: Snapshot) -> Plan:
+        lease = self._lease if self._session_alive else None
+        return plan(self._keys, ops, snapshot, lease, time.time())
 
-    async def set(self, path: str, value: bytes, *, version: int | None = None) -> int:
-        validate_path(path)
-        value = check_value(value)
-        self._require()
-        results = await self._transact([Op.set(path, value, version)])
-        return int(results[0])  # type: ignore[call-overload]
-
-    async def delete(
-        self, path: str, *, version: int | None = None, recursive: bool = False
-    ) -> None:
-        validate_path(path)
-        self._require()
-        if path == "/":
-            await trio.lowlevel.checkpoint()
-            raise InvalidArgument("the root node cannot be deleted")
-        if recursive:
-            await self._transact([], recursive_delete=Op.delete(path, version))
-        else:
-            await self._transact([Op.delete(path, version)])
-
-    async def multi(self, ops: list[Op]) -> list[object]:
-        ops = list(ops)
-        for op in ops:
-            if not isinstance(op, Op):
-                raise InvalidArgument(f"multi() takes Op objects, not {type(op).__name__}")
-            validate_path(op.path)
-        self._require()
-        if not ops:
-            await trio.lowlevel.checkpoint()
-            return []
-        if any(op.ephemeral for op in ops) and not self._session_alive:
-            await trio.lowlevel.checkpoint()
-            raise SessionExpired("the metadata session expired; call new_session()")
-        return await self._transact(list(ops))
+    async def _commit_plan(self, ops: Sequence[WriteOp], the_plan: Plan) -> list[object]:
+        if the_plan.size() > MAX_REQUEST_BYTES:
+            raise InvalidArgument(
+                f"metadata write of ~{the_plan.size()} bytes is too large for etcd"
+            )
+        if len(the_plan.writes) > MAX_TXN_OPS or len(the_plan.compares) > MAX_TXN_OPS:
+            raise InvalidArgument(
+                f"metadata write needs {len(the_plan.writes)} etcd operations;"
+                f" etcd allows {MAX_TXN_OPS} per transaction"
+            )
+        request = self._txn_request(the_plan.compares, the_plan.writes)
+        response = await self._unary(self._kv.Txn, request, "metadata write")
+        if not response.succeeded:  # something the plan read changed: again
+            raise StaleRead("an etcd compare failed")
+        return the_plan.results
 
     # --- watches --------------------------------------------------------------------------------
 
@@ -846,12 +734,6 @@ class EtcdMetadataStore(MetadataStore):
         hub = self._hubs.get(wid)
         if hub is not None:
             hub.fail_all(reason)
-
-    def watch(
-        self, path: str, *, prefix: bool = False
-    ) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
-        validate_path(path)
-        return self._watch(path, prefix)
 
     @asynccontextmanager
     async def _watch(self, path: str, prefix: bool) -> AsyncIterator[Watcher]:

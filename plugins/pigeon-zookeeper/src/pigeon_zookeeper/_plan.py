@@ -24,10 +24,11 @@ created node, which a ZooKeeper sequential create only names after commit.  The 
 znode's version is the last number handed out; the multi bumps it with a version check, so numbers
 are unique, only grow, and restart when the parent is deleted (its counter goes too).
 
-The planner simulates the ops in order on a snapshot of the nodes it read, raising the
-contract's errors (the first failing op wins), and emits ZooKeeper ops whose version
-checks make the multi fail if anything it read changed meanwhile; the caller then reads
-again and re-plans.
+The contract's semantics are :class:`pigeon.core.metadata.Planner`'s; this module only
+emits ZooKeeper ops for them.  A multi checks what the plan read by itself: a ``set`` or
+``delete`` carries the version it read, a ``create`` fails if the node exists or its
+parent does not, a ``check`` guards a node the plan only looked at.  If anything changed
+meanwhile the multi fails and the caller reads again and re-plans.
 
 Log entry format (big-endian)::
 
@@ -40,38 +41,33 @@ from __future__ import annotations
 
 import struct
 import urllib.parse
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pigeon.core.errors import (
-    BadVersion,
-    CorruptFrame,
-    InvalidArgument,
-    NodeExists,
-    NoSuchNode,
-    NotEmpty,
-    SessionExpired,
-)
+from pigeon.core.errors import CorruptFrame
 from pigeon.core.metadata import (
-    SEQUENCE_DIGITS,
     EventType,
-    Op,
-    OpKind,
+    NeedRead,
+    Planner,
     WatchEvent,
+    WriteOp,
     join_path,
     parent_path,
 )
+from pigeon.core.metadata import Snapshot as TreeSnapshot
 
 __all__ = [
     "Layout",
-    "NeedRead",
+    "NeedIndexRead",
     "NodeInfo",
     "Plan",
     "Snapshot",
-    "StaleRead",
     "ZkOp",
     "decode_entry",
     "encode_entry",
     "plan",
+    "sid_hex",
+    "sid_int",
 ]
 
 _MAGIC = b"PGL1"
@@ -190,16 +186,19 @@ class NodeInfo:
     owner: int = 0  # ephemeralOwner; 0 for persistent nodes
     num_children: int = 0
 
+    @property
+    def ephemeral(self) -> bool:
+        return self.owner != 0
+
 
 _ABSENT = NodeInfo(False)
 _ROOT = NodeInfo(True)
 
 
 @dataclass
-class Snapshot:
+class Snapshot(TreeSnapshot[NodeInfo]):
     """Reads the planner used; filled in by the caller on :class:`NeedRead`."""
 
-    nodes: dict[str, NodeInfo] = field(default_factory=dict)
     #: parent path → counter znode version, or None if there is no counter znode
     counters: dict[str, int | None] = field(default_factory=dict)
     #: path → names of its children
@@ -208,25 +207,12 @@ class Snapshot:
     index: dict[tuple[str, str], bool] = field(default_factory=dict)
 
 
-class NeedRead(Exception):
-    """The planner needs these reads before it can go on."""
+class NeedIndexRead(NeedRead):
+    """The planner needs to know whether these session index entries exist."""
 
-    def __init__(
-        self,
-        nodes: set[str] | None = None,
-        counters: set[str] | None = None,
-        children: set[str] | None = None,
-        index: set[tuple[str, str]] | None = None,
-    ) -> None:
-        super().__init__("more reads needed")
-        self.nodes = nodes or set()
-        self.counters = counters or set()
-        self.children = children or set()
-        self.index = index or set()
-
-
-class StaleRead(Exception):
-    """The reads contradict each other (another writer came between): read again."""
+    def __init__(self, index: set[tuple[str, str]]) -> None:
+        super().__init__()
+        self.index = index
 
 
 @dataclass(frozen=True)
@@ -255,32 +241,12 @@ class Plan:
         )
 
 
-@dataclass(frozen=True)
-class Create:
-    """A create as the store API knows it (``Op.create`` has no ``sequential``)."""
-
-    path: str
-    value: bytes
-    ephemeral: bool = False
-    sequential: bool = False
-
-
-def _ancestors(path: str) -> list[str]:
-    """``/a/b/c`` → ``['/a/b', '/a']`` (parents, nearest first, without the root)."""
-    out = []
-    while True:
-        path = parent_path(path)
-        if path == "/":
-            return out
-        out.append(path)
-
-
-class _Planner:
+class _ZkPlanner(Planner[NodeInfo]):
     def __init__(self, layout: Layout, snapshot: Snapshot, sid: str | None) -> None:
+        super().__init__(snapshot, session=sid is not None)
         self.layout = layout
         self.snap = snapshot
         self.sid = sid
-        self.nodes: dict[str, NodeInfo] = {}
         self.counters: dict[str, int | None] = {}
         self.added: dict[str, set[str]] = {}
         self.removed: dict[str, set[str]] = {}
@@ -293,14 +259,6 @@ class _Planner:
     def parent_node(self, path: str) -> NodeInfo:
         """A node that gets a child (the root needs no read: it exists, persistent)."""
         return _ROOT if path == "/" and path not in self.nodes else self.node(path)
-
-    def node(self, path: str) -> NodeInfo:
-        if path in self.nodes:
-            return self.nodes[path]
-        if path in self.snap.nodes:
-            return self.snap.nodes[path]
-        # read the path with all its ancestors at once: creates need them anyway
-        raise NeedRead(nodes={path, *_ancestors(path)} - self.snap.nodes.keys())
 
     def counter(self, parent: str) -> int | None:
         if parent in self.counters:
@@ -321,12 +279,16 @@ class _Planner:
             return self.index[key]
         if key in self.snap.index:
             return self.snap.index[key]
-        raise NeedRead(index={key})
+        raise NeedIndexRead({key})
+
+    def next_number(self, parent: str) -> int:
+        counter = self.counter(parent)  # the counter znode's version: the last number given
+        return 0 if counter is None else counter + 1
+
+    def has_children(self, path: str, info: NodeInfo) -> bool:
+        return info.num_children > 0
 
     # --- overlay updates -------------------------------------------------------------
-
-    def _set_node(self, path: str, info: NodeInfo) -> None:
-        self.nodes[path] = info
 
     def _child_added(self, path: str) -> None:
         parent = parent_path(path)
@@ -334,7 +296,7 @@ class _Planner:
         self.added.setdefault(parent, set()).add(name)
         self.removed.get(parent, set()).discard(name)
         info = self.parent_node(parent)
-        self._set_node(parent, NodeInfo(True, info.version, info.owner, info.num_children + 1))
+        self.nodes[parent] = NodeInfo(True, info.version, info.owner, info.num_children + 1)
 
     def _child_removed(self, path: str) -> None:
         parent = parent_path(path)
@@ -342,93 +304,39 @@ class _Planner:
         self.removed.setdefault(parent, set()).add(name)
         self.added.get(parent, set()).discard(name)
         info = self.parent_node(parent)
-        self._set_node(
-            parent, NodeInfo(True, info.version, info.owner, max(0, info.num_children - 1))
-        )
+        self.nodes[parent] = NodeInfo(True, info.version, info.owner, max(0, info.num_children - 1))
 
-    # --- ops ---------------------------------------------------------------------------
+    # --- emission ----------------------------------------------------------------------
 
-    def create(self, op: Create) -> str:
-        path = op.path
-        if op.sequential:
-            parent = parent_path(path + "0")
-        else:
-            if path == "/":
-                raise NodeExists("/")
-            parent = parent_path(path)
-        owner = 0
-        if op.ephemeral:
-            if self.sid is None:
-                raise SessionExpired("the metadata session expired; call new_session()")
-            owner = sid_int(self.sid)
-        missing: list[str] = []
-        node = parent
-        while True:
-            info = self.parent_node(node)
-            if info.exists:
-                if info.owner:
-                    raise InvalidArgument(f"{node!r} is ephemeral and cannot have children")
-                break
-            missing.append(node)
-            node = parent_path(node)
-        counter: int | None = None
-        if op.sequential:
-            counter = self.counter(parent)
-            number = 0 if counter is None else counter + 1
-            if number >= 10**SEQUENCE_DIGITS:
-                raise InvalidArgument(f"sequence counter of {parent!r} is exhausted")
-            path = f"{path}{number:0{SEQUENCE_DIGITS}d}"
-        # below a missing parent nothing exists: no need to read the node itself
-        if not missing and self.node(path).exists:
-            if op.sequential:  # the counter was read before another writer used it
-                raise StaleRead(f"sequential node {path} exists already")
-            raise NodeExists(path)
-        for ancestor in reversed(missing):
-            self.ops.append(ZkOp("create", self.layout.node(ancestor)))
-            self.events.append(WatchEvent(EventType.CREATED, ancestor, b"", 0))
-            self._set_node(ancestor, NodeInfo(True))
-            self._child_added(ancestor)
-        if op.sequential:
-            seq_path = self.layout.seq(parent)
-            if counter is None:
-                self.ops.append(ZkOp("create", seq_path))
-            else:
-                self.ops.append(ZkOp("set", seq_path, version=counter))
-            self.counters[parent] = number  # the counter znode's version after this op
-        self.ops.append(ZkOp("create", self.layout.node(path), op.value, ephemeral=op.ephemeral))
-        self.events.append(WatchEvent(EventType.CREATED, path, op.value, 0))
-        self._set_node(path, NodeInfo(True, 0, owner, 0))
+    def emit_create(self, path: str, value: bytes, *, ephemeral: bool) -> NodeInfo:
+        self.ops.append(ZkOp("create", self.layout.node(path), value, ephemeral=ephemeral))
+        self.events.append(WatchEvent(EventType.CREATED, path, value, 0))
         self._child_added(path)
-        if op.ephemeral:
-            assert self.sid is not None
-            self.ops.append(ZkOp("create", self.layout.index(self.sid, path)))
-            self.index[(self.sid, path)] = True
-            # the registered session is still the live one (its marker goes with it)
-            self.ops.append(ZkOp("check", self.layout.alive_marker(self.sid)))
-        return path
+        if not ephemeral:
+            return NodeInfo(True)
+        assert self.sid is not None  # the planner checked the session
+        self.ops.append(ZkOp("create", self.layout.index(self.sid, path)))
+        self.index[(self.sid, path)] = True
+        # the registered session is still the live one (its marker goes with it)
+        self.ops.append(ZkOp("check", self.layout.alive_marker(self.sid)))
+        return NodeInfo(True, 0, sid_int(self.sid), 0)
 
-    def set(self, path: str, value: bytes, version: int | None) -> int:
-        info = self.node(path)
-        if not info.exists:
-            raise NoSuchNode(path)
-        if version is not None and version != info.version:
-            raise BadVersion(f"{path}: version is {info.version}, expected {version}")
+    def emit_number(self, parent: str, number: int) -> None:
+        seq_path = self.layout.seq(parent)
+        if number == 0:  # no counter znode yet
+            self.ops.append(ZkOp("create", seq_path))
+        else:
+            self.ops.append(ZkOp("set", seq_path, version=number - 1))
+        self.counters[parent] = number  # the counter znode's version after this op
+
+    def emit_set(self, path: str, info: NodeInfo, value: bytes) -> NodeInfo:
         self.ops.append(ZkOp("set", self.layout.node(path), value, version=info.version))
         self.events.append(WatchEvent(EventType.CHANGED, path, value, info.version + 1))
-        self._set_node(path, NodeInfo(True, info.version + 1, info.owner, info.num_children))
-        return info.version + 1
+        return NodeInfo(True, info.version + 1, info.owner, info.num_children)
 
-    def delete(self, path: str, version: int | None, recursive: bool) -> None:
-        if path == "/":
-            raise InvalidArgument("the root node cannot be deleted")
-        info = self.node(path)
-        if not info.exists:
-            raise NoSuchNode(path)
-        if version is not None and version != info.version:
-            raise BadVersion(f"{path}: version is {info.version}, expected {version}")
-        if info.num_children and not recursive:
-            raise NotEmpty(path)
-        self._delete_tree(path, info)
+    def emit_delete(self, path: str, info: NodeInfo, *, recursive: bool) -> NodeInfo:
+        self._delete_tree(path, info)  # without children unless recursive
+        return _ABSENT
 
     def _delete_tree(self, path: str, info: NodeInfo) -> None:
         if info.num_children:
@@ -446,43 +354,16 @@ class _Planner:
             if self.has_index(sid, path):
                 self.ops.append(ZkOp("delete", self.layout.index(sid, path)))
                 self.index[(sid, path)] = False
-        self._set_node(path, _ABSENT)
+        self.nodes[path] = _ABSENT
         self._child_removed(path)
 
-    def check(self, path: str, version: int | None) -> None:
-        info = self.node(path)
-        if not info.exists:
-            raise NoSuchNode(path)
-        if version is not None and version != info.version:
-            raise BadVersion(f"{path}: version is {info.version}, expected {version}")
+    def emit_check(self, path: str, info: NodeInfo) -> None:
         self.ops.append(ZkOp("check", self.layout.node(path), version=info.version))
 
 
-def plan(layout: Layout, ops: list[Op | Create], snapshot: Snapshot, sid: str | None) -> Plan:
+def plan(layout: Layout, ops: Sequence[WriteOp], snapshot: Snapshot, sid: str | None) -> Plan:
     """Plan ``ops`` on ``snapshot``.  Raises the contract error of the first op that
     fails, or :class:`NeedRead` if a read is missing (read it, then plan again)."""
-    planner = _Planner(layout, snapshot, sid)
-    results: list[object] = []
-    for op in ops:
-        if isinstance(op, Create):
-            results.append(planner.create(op))
-        elif op.kind is OpKind.CREATE:
-            results.append(planner.create(Create(op.path, op.value, op.ephemeral)))
-        elif op.kind is OpKind.SET:
-            results.append(planner.set(op.path, op.value, op.version))
-        elif op.kind is OpKind.DELETE:
-            planner.delete(op.path, op.version, recursive=False)
-            results.append(None)
-        else:
-            planner.check(op.path, op.version)
-            results.append(None)
+    planner = _ZkPlanner(layout, snapshot, sid)
+    results = planner.plan(ops)
     return Plan(planner.ops, planner.events, results)
-
-
-def plan_recursive_delete(
-    layout: Layout, path: str, version: int | None, snapshot: Snapshot
-) -> Plan:
-    """Plan ``delete(path, recursive=True)``."""
-    planner = _Planner(layout, snapshot, None)
-    planner.delete(path, version, recursive=True)
-    return Plan(planner.ops, planner.events, [None])

@@ -8,8 +8,9 @@ Threading
     ``trio.to_thread``.  Watch and state callbacks come back the same way.
 
 Writes
-    Every write is one ZooKeeper multi planned by :mod:`pigeon_zookeeper._plan`: the
-    ops themselves, version checks on everything the plan read, and one change-log entry
+    :class:`~pigeon.core.metadata.TransactionalMetadataStore` validates and plans them;
+    every write is one ZooKeeper multi (:mod:`pigeon_zookeeper._plan`): the ops
+    themselves, version checks on everything the plan read, and one change-log entry
     listing the events.  A multi that fails because something changed since the reads is
     re-read and re-planned (at most :attr:`ZooKeeperMetadataStore.max_attempts` times).
     A request that may or may not have been applied (the connection dropped while it was
@@ -43,8 +44,8 @@ import math
 import random
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,31 +76,33 @@ from pigeon.core.errors import (
 )
 from pigeon.core.metadata import (
     DEFAULT_WATCH_BUFFER,
+    Create,
+    Delete,
     EventType,
-    MetadataStore,
+    NeedRead,
     Op,
+    StaleRead,
     Stat,
+    TransactionalMetadataStore,
     Watcher,
     WatchEvent,
     WatchHub,
+    WriteOp,
     check_timeout,
-    check_value,
-    parent_path,
+    first_reads,
+    parse_server_url,
     validate_path,
-    validate_sequential_prefix,
 )
 from pigeon_zookeeper._plan import (
-    Create,
     Layout,
-    NeedRead,
+    NeedIndexRead,
     NodeInfo,
+    Plan,
     Snapshot,
-    StaleRead,
     ZkOp,
     decode_entry,
     encode_entry,
     plan,
-    plan_recursive_delete,
     sid_hex,
     sid_int,
 )
@@ -149,24 +152,7 @@ def _first_error(results: list[Any]) -> tuple[int, BaseException]:
     return -1, MetadataError("multi failed without an error")
 
 
-def _parse_hosts(netloc: str, url: str) -> str:
-    hosts = []
-    for part in netloc.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        host, sep, port = part.rpartition(":")
-        if not sep:
-            host, port = part, str(DEFAULT_PORT)
-        if not host or not port.isdigit():
-            raise ConfigError(f"metadata URL {url!r}: bad host {part!r}")
-        hosts.append(f"{host}:{port}")
-    if not hosts:
-        raise ConfigError(f"metadata URL {url!r} names no ZooKeeper host")
-    return ",".join(hosts)
-
-
-class ZooKeeperMetadataStore(MetadataStore):
+class ZooKeeperMetadataStore(TransactionalMetadataStore[Snapshot, Plan]):
     """:class:`~pigeon.core.metadata.MetadataStore` on ZooKeeper (3.5 or later).
 
     :param hosts: ``host:port[,host:port...]``.
@@ -186,8 +172,6 @@ class ZooKeeperMetadataStore(MetadataStore):
     log_retention = 120.0
     #: How often (seconds, jittered) a store looks for log buckets to trim.
     trim_interval = 30.0
-    #: Attempts of a write whose reads keep being invalidated by other writers.
-    max_attempts = 50
 
     def __init__(
         self,
@@ -237,25 +221,17 @@ class ZooKeeperMetadataStore(MetadataStore):
         The chroot defaults to ``/pigeon``.  Options (seconds): ``session_timeout``
         (10), ``connect_timeout`` (15), ``request_timeout`` (30).
         """
-        parts = urllib.parse.urlsplit(url)
-        if parts.scheme != "zk":
-            raise ConfigError(f"not a ZooKeeper metadata URL: {url!r}")
-        hosts = _parse_hosts(parts.netloc, url)
-        chroot = urllib.parse.unquote(parts.path).rstrip("/") or DEFAULT_CHROOT
+        parsed = parse_server_url(
+            url,
+            scheme="zk",
+            server="ZooKeeper",
+            default_port=DEFAULT_PORT,
+            default_path=DEFAULT_CHROOT,
+            path_name="chroot",
+            options=("session_timeout", "connect_timeout", "request_timeout"),
+        )
         try:
-            validate_path(chroot)
-        except InvalidArgument as exc:
-            raise ConfigError(f"metadata URL {url!r}: bad chroot: {exc}") from None
-        options: dict[str, float] = {}
-        for key, value in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
-            if key not in ("session_timeout", "connect_timeout", "request_timeout"):
-                raise ConfigError(f"metadata URL {url!r}: unknown option {key!r}")
-            try:
-                options[key] = float(value)
-            except ValueError:
-                raise ConfigError(f"metadata URL {url!r}: {key} must be a number") from None
-        try:
-            return cls(hosts, chroot, **options)
+            return cls(",".join(parsed.hosts), parsed.path, **parsed.options)
         except InvalidArgument as exc:
             raise ConfigError(f"metadata URL {url!r}: {exc}") from None
 
@@ -627,7 +603,7 @@ class ZooKeeperMetadataStore(MetadataStore):
         for path in need.children:
             calls.append(("get_children", (lay.node(path),)))
             keys.append(("children", path))
-        for sid, path in need.index:
+        for sid, path in need.index if isinstance(need, NeedIndexRead) else ():
             calls.append(("exists", (lay.index(sid, path),)))
             keys.append(("index", (sid, path)))
         results = await self._gather_reads(calls)
@@ -650,71 +626,40 @@ class ZooKeeperMetadataStore(MetadataStore):
         if more:  # the planner will want the children next: read them now
             await self._read(NeedRead(nodes=more), snap)
 
-    async def _transact(self, ops: list[Op | Create]) -> list[object]:
-        """Plan, commit, and re-plan on conflicts."""
-        first = NeedRead()
-        for op in ops:
-            path = op.path
-            if isinstance(op, Create) and op.sequential:
-                first.nodes.add(parent_path(path + "0"))
-                first.counters.add(parent_path(path + "0"))
-            else:
-                first.nodes.add(path)
-        delay = 0.001
-        last_error: BaseException | None = None
-        for _attempt in range(self.max_attempts):
-            snap = Snapshot()
-            need: NeedRead | None = first
-            the_plan = None
-            while True:
-                if need is not None:
-                    await self._read(need, snap)
-                try:
-                    sid = self._sid if self._session_alive else None
-                    the_plan = plan(self._layout, ops, snap, sid)
-                    break
-                except NeedRead as more:
-                    need = more
-                except StaleRead as exc:
-                    last_error = exc
-                    break
-            if the_plan is None:
-                await trio.sleep(delay * random.random())
-                delay = min(delay * 2, 0.05)
-                continue
-            if the_plan.size() > MAX_REQUEST_BYTES:
-                raise InvalidArgument(
-                    f"metadata write of ~{the_plan.size()} bytes is too large for ZooKeeper"
-                    f" (at most {MAX_REQUEST_BYTES} bytes per write, values included twice)"
-                )
-            try:
-                outcome = await self._commit(the_plan.ops, the_plan.events)
-            except KazooException as exc:
-                if isinstance(exc, SessionExpiredError) and any(
-                    isinstance(op, Create | Op) and op.ephemeral for op in ops
-                ):
-                    raise SessionExpired("the ZooKeeper session expired") from exc
-                raise self._error(exc, "metadata write") from exc
-            if outcome.ok:
-                return the_plan.results
-            last_error = outcome.error
-            failed = the_plan.ops[outcome.index] if 0 <= outcome.index < len(the_plan.ops) else None
-            if (
-                failed is not None
-                and self._sid is not None
-                and failed.path == self._layout.alive_marker(self._sid)
+    def _new_snapshot(self) -> Snapshot:
+        return Snapshot()
+
+    def _plan(self, ops: Sequence[WriteOp], snapshot: Snapshot) -> Plan:
+        return plan(self._layout, ops, snapshot, self._sid if self._session_alive else None)
+
+    async def _commit_plan(self, ops: Sequence[WriteOp], the_plan: Plan) -> list[object]:
+        if the_plan.size() > MAX_REQUEST_BYTES:
+            raise InvalidArgument(
+                f"metadata write of ~{the_plan.size()} bytes is too large for ZooKeeper"
+                f" (at most {MAX_REQUEST_BYTES} bytes per write, values included twice)"
+            )
+        try:
+            outcome = await self._commit(the_plan.ops, the_plan.events)
+        except KazooException as exc:
+            if isinstance(exc, SessionExpiredError) and any(
+                isinstance(op, Create | Op) and op.ephemeral for op in ops
             ):
-                raise SessionExpired("the ZooKeeper session expired")
-            if isinstance(outcome.error, BadArgumentsError):
-                raise self._error(outcome.error, "metadata write")
-            if isinstance(outcome.error, SessionExpiredError | ConnectionClosedError):
-                raise self._error(outcome.error, "metadata write")
-            await trio.sleep(delay * random.random())
-            delay = min(delay * 2, 0.05)
-        raise MetadataError(
-            f"metadata write gave up after {self.max_attempts} attempts"
-            f" (concurrent changes; last: {last_error!r})"
-        )
+                raise SessionExpired("the ZooKeeper session expired") from exc
+            raise self._error(exc, "metadata write") from exc
+        if outcome.ok:
+            return the_plan.results
+        failed = the_plan.ops[outcome.index] if 0 <= outcome.index < len(the_plan.ops) else None
+        if (
+            failed is not None
+            and self._sid is not None
+            and failed.path == self._layout.alive_marker(self._sid)
+        ):
+            raise SessionExpired("the ZooKeeper session expired")
+        if isinstance(outcome.error, BadArgumentsError):
+            raise self._error(outcome.error, "metadata write")
+        if isinstance(outcome.error, SessionExpiredError | ConnectionClosedError):
+            raise self._error(outcome.error, "metadata write")
+        raise StaleRead(repr(outcome.error))  # something the plan read changed: again
 
     # --- reads ----------------------------------------------------------------------------
 
@@ -742,46 +687,10 @@ class ZooKeeperMetadataStore(MetadataStore):
 
     # --- writes ---------------------------------------------------------------------------
 
-    async def create(
-        self, path: str, value: bytes = b"", *, ephemeral: bool = False, sequential: bool = False
-    ) -> str:
-        if sequential:
-            validate_sequential_prefix(path)
-        else:
-            validate_path(path)
-        value = check_value(value)
-        self._require()
-        if ephemeral and not self._session_alive:
-            await trio.lowlevel.checkpoint()
-            raise SessionExpired("the metadata session expired; call new_session()")
-        results = await self._transact([Create(path, value, ephemeral, sequential)])
-        return str(results[0])
-
-    async def set(self, path: str, value: bytes, *, version: int | None = None) -> int:
-        validate_path(path)
-        value = check_value(value)
-        self._require()
-        results = await self._transact([Op.set(path, value, version)])
-        return int(results[0])  # type: ignore[call-overload]
-
-    async def delete(
-        self, path: str, *, version: int | None = None, recursive: bool = False
-    ) -> None:
-        validate_path(path)
-        self._require()
-        if not recursive:
-            await self._transact([Op.delete(path, version)])
-            return
+    async def _delete_tree(self, path: str, version: int | None) -> None:
+        ops = [Delete(path, version, recursive=True)]
         for _attempt in range(self.max_attempts):
-            snap = Snapshot()
-            need = NeedRead(nodes={path} - {"/"})
-            while True:
-                await self._read(need, snap)
-                try:
-                    the_plan = plan_recursive_delete(self._layout, path, version, snap)
-                    break
-                except NeedRead as more:
-                    need = more
+            the_plan = await self._plan_reading(ops, first_reads(ops))
             if the_plan.size() > MAX_REQUEST_BYTES or len(the_plan.ops) > 4 * _DELETE_CHUNK:
                 await self._delete_in_chunks(path, version)
                 return
@@ -814,21 +723,6 @@ class ZooKeeperMetadataStore(MetadataStore):
                     except NoSuchNode:
                         pass
         await self.delete(path, version=version, recursive=True)
-
-    async def multi(self, ops: list[Op]) -> list[object]:
-        ops = list(ops)
-        for op in ops:
-            if not isinstance(op, Op):
-                raise InvalidArgument(f"multi() takes Op objects, not {type(op).__name__}")
-            validate_path(op.path)
-        self._require()
-        if not ops:
-            await trio.lowlevel.checkpoint()
-            return []
-        if any(op.ephemeral for op in ops) and not self._session_alive:
-            await trio.lowlevel.checkpoint()
-            raise SessionExpired("the metadata session expired; call new_session()")
-        return await self._transact(list(ops))
 
     # --- change log: following ------------------------------------------------------------
 
@@ -928,12 +822,6 @@ class ZooKeeperMetadataStore(MetadataStore):
         log.warning("%r: watchers fell behind the change log (%s)", self, why)
         self._hub.fail_all(f"metadata watch fell behind the change log ({why}); events lost")
         self._set_cursor(None)
-
-    def watch(
-        self, path: str, *, prefix: bool = False
-    ) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
-        validate_path(path)
-        return self._watch(path, prefix)
 
     @asynccontextmanager
     async def _watch(self, path: str, prefix: bool) -> AsyncIterator[Watcher]:

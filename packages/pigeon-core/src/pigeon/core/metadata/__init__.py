@@ -13,13 +13,27 @@
 The contract every backend honours is documented in :mod:`pigeon.core.metadata._store`
 and checked by :class:`pigeon.core.testing.MetadataStoreContract`.  Backend authors also
 get the path helpers, :class:`WatchHub`, :data:`DEFAULT_WATCH_BUFFER` and
-:func:`check_timeout` (the check of their timeout options) from here.
+:func:`check_timeout` (the check of their timeout options) from here, and, for a
+server with conditional multi-key transactions, the write planner (:class:`Planner`)
+and the store base class that runs it (:class:`TransactionalMetadataStore`);
+:func:`parse_server_url` reads ``scheme://host:port,.../path?option=seconds`` URLs.
 """
 
 from __future__ import annotations
 
 from pigeon.core.metadata._election import LeaderElection, Lock, lead_forever
 from pigeon.core.metadata._embedded import EmbeddedMetadataStore, EmbeddedStoreStatistics
+from pigeon.core.metadata._plan import (
+    Create,
+    Delete,
+    NeedRead,
+    NodeView,
+    Planner,
+    Snapshot,
+    StaleRead,
+    WriteOp,
+    first_reads,
+)
 from pigeon.core.metadata._store import (
     DEFAULT_WATCH_BUFFER,
     SEQUENCE_DIGITS,
@@ -38,12 +52,18 @@ from pigeon.core.metadata._store import (
     node_name,
     parent_path,
     sequence_number,
+    validate_create,
+    validate_ops,
     validate_path,
     validate_sequential_prefix,
 )
+from pigeon.core.metadata._transactional import TransactionalMetadataStore
+from pigeon.core.metadata._url import ServerURL, parse_server_url
 
 __all__ = [
     "DEFAULT_WATCH_BUFFER",
+    "Create",
+    "Delete",
     "EmbeddedMetadataStore",
     "EmbeddedStoreStatistics",
     "EventType",
@@ -51,20 +71,32 @@ __all__ = [
     "lead_forever",
     "Lock",
     "MetadataStore",
+    "NeedRead",
+    "NodeView",
     "Op",
     "OpKind",
+    "Planner",
     "SEQUENCE_DIGITS",
+    "ServerURL",
+    "Snapshot",
+    "StaleRead",
     "Stat",
+    "TransactionalMetadataStore",
     "WatchEvent",
     "WatchHub",
     "WatchHubStatistics",
     "Watcher",
+    "WriteOp",
     "check_timeout",
     "check_value",
+    "first_reads",
     "join_path",
     "node_name",
     "parent_path",
+    "parse_server_url",
     "sequence_number",
+    "validate_create",
+    "validate_ops",
     "validate_path",
     "validate_sequential_prefix",
 ]

@@ -91,8 +91,9 @@ from pigeon.core.metadata._store import (
     check_timeout,
     check_value,
     parent_path,
+    validate_create,
+    validate_ops,
     validate_path,
-    validate_sequential_prefix,
 )
 
 __all__ = ["EmbeddedMetadataStore", "EmbeddedStoreStatistics"]
@@ -594,11 +595,7 @@ class EmbeddedMetadataStore(MetadataStore):
     async def create(
         self, path: str, value: bytes = b"", *, ephemeral: bool = False, sequential: bool = False
     ) -> str:
-        if sequential:
-            validate_sequential_prefix(path)
-        else:
-            validate_path(path)
-        value = check_value(value)
+        value = validate_create(path, value, sequential=sequential)
         if ephemeral and not self._session_alive and self._conn is not None:
             await trio.lowlevel.checkpoint()
             raise SessionExpired("the metadata session expired; call new_session()")
@@ -616,11 +613,7 @@ class EmbeddedMetadataStore(MetadataStore):
         await self._call(self._delete_sync, path, version, recursive, write=True)
 
     async def multi(self, ops: list[Op]) -> list[object]:
-        ops = list(ops)
-        for op in ops:
-            if not isinstance(op, Op):
-                raise InvalidArgument(f"multi() takes Op objects, not {type(op).__name__}")
-            validate_path(op.path)
+        ops = validate_ops(ops)
         if not ops:
             await trio.lowlevel.checkpoint()
             return []

@@ -35,7 +35,7 @@ from __future__ import annotations
 import abc
 import enum
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 
@@ -61,6 +61,8 @@ __all__ = [
     "node_name",
     "parent_path",
     "sequence_number",
+    "validate_create",
+    "validate_ops",
     "validate_path",
     "validate_sequential_prefix",
 ]
@@ -214,6 +216,26 @@ def check_value(value: bytes) -> bytes:
     if isinstance(value, bytearray | memoryview):
         return bytes(value)
     raise InvalidArgument(f"metadata values are bytes, not {type(value).__name__}")
+
+
+def validate_create(path: str, value: bytes, *, sequential: bool) -> bytes:
+    """Check the arguments of ``create`` (a sequential node's prefix may end with
+    ``/``); return the value as bytes."""
+    if sequential:
+        validate_sequential_prefix(path)
+    else:
+        validate_path(path)
+    return check_value(value)
+
+
+def validate_ops(ops: Iterable[Op]) -> list[Op]:
+    """Check the argument of ``multi``: :class:`Op` objects with valid paths."""
+    checked = list(ops)
+    for op in checked:
+        if not isinstance(op, Op):
+            raise InvalidArgument(f"multi() takes Op objects, not {type(op).__name__}")
+        validate_path(op.path)
+    return checked
 
 
 def _ancestors_and_self(path: str) -> list[str]:

@@ -17,13 +17,19 @@ from __future__ import annotations
 
 from pigeon.core.testing._cluster import InProcessStandalone, pigeon_standalone
 from pigeon.core.testing._codec_suite import CodecContract
-from pigeon.core.testing._metadata_suite import MetadataStoreContract
+from pigeon.core.testing._metadata_suite import (
+    ExpireSession,
+    MetadataStoreContract,
+    MetadataStoreFactory,
+)
 from pigeon.core.testing._replication_suite import ReplicationPolicyContract
 
 __all__ = [
     "CodecContract",
+    "ExpireSession",
     "InProcessStandalone",
     "MetadataStoreContract",
+    "MetadataStoreFactory",
     "ReplicationPolicyContract",
     "pigeon_standalone",
 ]
