@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from pigeon.broker._metrics import LATENCY_BUCKETS, BrokerMonitor, LatencyHistogram
+from pigeon.broker._histogram import LATENCY_BUCKETS, LatencyHistogram
+from pigeon.broker._metrics import BrokerMonitor
 from pigeon.core import TopicName
 
 
@@ -65,22 +66,3 @@ def test_rates_come_from_counter_differences() -> None:
     t.ledger.msgs_in = 5
     monitor.sample(now=13.0)
     assert monitor.rates_of("persistent://public/default/a").msg_rate_in == 0.0
-
-
-def test_appends_are_timed_once_per_ledger() -> None:
-    calls: list[Any] = []
-    t = _topic("b", 0, 0, {})
-    t.ledger.append_nowait = lambda payload, n, cb, *, deliver_at=0: calls.append(cb)  # type: ignore[method-assign]
-    service = SimpleNamespace(topics={"persistent://public/default/b": t}, bookies=None, _conns={})
-    monitor = BrokerMonitor(service)  # type: ignore[arg-type]
-    monitor.instrument()
-    monitor.instrument()  # idempotent
-    results: list[Any] = []
-    t.ledger.append_nowait(b"x", 1, lambda r, e: results.append((r, e)))
-    t.ledger.append_nowait(b"y", 1, lambda r, e: results.append((r, e)))
-    calls[0]((1, 0, 0), None)
-    calls[1](None, RuntimeError("failed"))
-    hist = monitor.latency["persistent://public/default/b"]
-    assert hist.count == 1  # failed appends are not timed
-    assert results[0] == ((1, 0, 0), None) and isinstance(results[1][1], RuntimeError)
-    assert len(calls) == 2

@@ -460,3 +460,27 @@ async def test_an_empty_segment_dropped_on_open_leaves_no_metadata_behind(
         assert segment_path(empty) not in store.nodes
         assert [o for o, _n in await _log(second)] == [0]
         nursery.cancel_scope.cancel()
+
+
+async def test_every_stored_append_is_timed_and_failed_ones_are_not(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The ledger measures its own publish latency (accepted to stored), from its first
+    append on; the metrics endpoint only exports it."""
+    cluster = Cluster(["b1", "b2", "b3"])
+    policy = ScriptedPolicy(cluster)
+    store = MemoryStore()
+    results = Results()
+    async with trio.open_nursery() as nursery:
+        ledger = await _ledger(nursery, cluster, policy, store)
+        for i in range(3):
+            _append(ledger, results, i)
+        cluster.writers[-1].store(1)
+        assert ledger.publish_latency.count == 2
+        cluster.dead.update({"b1", "b2", "b3"})
+        cluster.writers[-1].fail(ConnectionClosed("every bookie is gone"))
+        await _settle()
+        assert results.errors(), "the append in flight fails when no bookie is left"
+        assert ledger.publish_latency.count == 2
+        assert ledger.publish_latency.sum >= 0
+        nursery.cancel_scope.cancel()

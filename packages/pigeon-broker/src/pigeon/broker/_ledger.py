@@ -32,6 +32,7 @@ from typing import Any
 import trio
 
 from pigeon.broker._cursor import RangeSet
+from pigeon.broker._histogram import LatencyHistogram
 from pigeon.core import ReplicationPolicy, SegmentWriter, TopicName
 from pigeon.core.batch import pack_entry_header, unpack_entry_header
 from pigeon.core.errors import (
@@ -87,6 +88,7 @@ class _Append:
     num_messages: int
     offset: int
     callback: AppendCallback
+    accepted: float = 0.0  # time.perf_counter() when the broker accepted it
     segment_id: int = -1
     entry_id: int = -1
 
@@ -234,6 +236,8 @@ class ManagedLedger:
         self.closed = False
         self.msgs_in = 0
         self.bytes_in = 0
+        #: accepted-to-stored time of every stored append (exported at /metrics)
+        self.publish_latency = LatencyHistogram()
         self.last_trimmed_ensembles: dict[int, list[str]] = {}
         # Entries no replica holds intact (found by reads and at open), per segment id,
         # and the runs they form: see "Damaged entries" in skip_damaged.
@@ -603,7 +607,7 @@ class ManagedLedger:
         now = max(self.clock.now_ms(), self.last_publish_time)
         self.last_publish_time = now
         data = pack_entry_header(num_messages, offset, now, deliver_at) + bytes(payload)
-        append = _Append(data, num_messages, offset, callback)
+        append = _Append(data, num_messages, offset, callback, time.perf_counter())
         self._pending.append(append)
         if not self._rolling and self._writer is not None:
             self._write(append)
@@ -651,6 +655,7 @@ class ManagedLedger:
         self.cache.put((seg.id, entry_id), append.data)
         self.msgs_in += append.num_messages
         self.bytes_in += len(append.data)
+        self.publish_latency.observe(time.perf_counter() - append.accepted)
         try:
             append.callback((seg.id, entry_id, append.offset), None)
         except Exception:

@@ -6,10 +6,11 @@
   subscription) and turns the differences into rates, which the admin API and the
   dashboard show; the last ``history`` broker-wide samples are kept for the dashboard's
   throughput chart;
-* instruments the managed ledger of every persistent topic opened since the last sample,
-  so that each append is timed from the moment the broker accepts the batch until the
-  replication policy acknowledges it (the publish latency histogram).  Appends made
-  before a topic was first seen (at most one interval) are not timed.
+* keeps the broker-wide history of those rates.
+
+Publish latency — from the moment the broker accepts a batch until the replication
+policy acknowledges it — is measured by each managed ledger itself
+(``ManagedLedger.publish_latency``), from its first append on, and exported here.
 
 :meth:`BrokerMonitor.render` builds the exposition from the broker's live state at scrape
 time (a custom collector on a private registry, so several brokers in one process never
@@ -21,10 +22,8 @@ bookies it sees writable or read-only.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import time
-import weakref
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -40,6 +39,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.process_collector import ProcessCollector
 
+from pigeon.broker._histogram import LatencyHistogram
+
 if TYPE_CHECKING:
     from pigeon.broker._service import BrokerService
 
@@ -49,62 +50,6 @@ log = logging.getLogger(__name__)
 
 #: Content type of the text exposition format.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
-#: Upper bounds (seconds) of the publish latency buckets.
-LATENCY_BUCKETS: tuple[float, ...] = (
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-)
-
-
-class LatencyHistogram:
-    """Counts of observations per bucket (not cumulative), their number and their sum."""
-
-    __slots__ = ("count", "counts", "sum")
-
-    def __init__(self) -> None:
-        self.counts = [0] * (len(LATENCY_BUCKETS) + 1)  # the last one is +Inf
-        self.count = 0
-        self.sum = 0.0
-
-    def observe(self, seconds: float) -> None:
-        self.counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
-        self.count += 1
-        self.sum += seconds
-
-    def buckets(self) -> list[tuple[str, int]]:
-        """Cumulative ``(le, count)`` pairs as Prometheus wants them, ending with +Inf."""
-        out: list[tuple[str, int]] = []
-        total = 0
-        for bound, n in zip(LATENCY_BUCKETS, self.counts, strict=False):
-            total += n
-            out.append((repr(bound), total))
-        out.append(("+Inf", self.count))
-        return out
-
-    def quantile(self, q: float) -> float | None:
-        """Upper bound of the bucket holding quantile ``q`` (None without observations)."""
-        if not self.count:
-            return None
-        rank = q * self.count
-        total = 0
-        for bound, n in zip(LATENCY_BUCKETS, self.counts, strict=False):
-            total += n
-            if total >= rank:
-                return bound
-        return float("inf")
 
 
 @dataclass(frozen=True)
@@ -156,8 +101,6 @@ class BrokerMonitor:
         self.subscription_rates: dict[tuple[str, str], Rates] = {}
         self.broker_rates = ZERO
         self.history: deque[dict[str, float]] = deque(maxlen=history)
-        self.latency: dict[str, LatencyHistogram] = {}
-        self._instrumented: weakref.WeakSet[Any] = weakref.WeakSet()
         self._last: dict[Any, tuple[int, ...]] = {}
         self._last_at: float | None = None
         self.registry = CollectorRegistry(auto_describe=False)
@@ -174,21 +117,8 @@ class BrokerMonitor:
             await trio.sleep(self.interval)
             self.sample()
 
-    def instrument(self) -> None:
-        """Time appends of every persistent topic not instrumented yet."""
-        for name, topic in list(self.service.topics.items()):
-            if not topic.persistent:
-                continue
-            ledger = topic.ledger
-            if ledger in self._instrumented:
-                continue
-            self._instrumented.add(ledger)
-            hist = self.latency.setdefault(name, LatencyHistogram())
-            _time_appends(ledger, hist)
-
     def sample(self, now: float | None = None) -> None:
         """Take one sample of every counter and update the rates."""
-        self.instrument()
         now = time.monotonic() if now is None else now
         dt = now - self._last_at if self._last_at is not None else 0.0
         current: dict[Any, tuple[int, ...]] = {}
@@ -215,9 +145,6 @@ class BrokerMonitor:
             sum(r.msg_rate_out for r in topic_rates.values()),
             sum(r.msg_throughput_out for r in topic_rates.values()),
         )
-        # forget histograms of topics that are gone for good (deleted, unloaded)
-        for name in [n for n in self.latency if n not in self.service.topics]:
-            del self.latency[name]
         self.history.append({"time": round(time.time() * 1000), **self.broker_rates.to_dict()})
 
     def rates_of(self, topic: str) -> Rates:
@@ -230,32 +157,11 @@ class BrokerMonitor:
 
     def render(self) -> bytes:
         """The Prometheus text exposition of this broker, built from its state now."""
-        self.instrument()
         text = generate_latest(self.registry)
         # Metrics of other nodes running in this process (the standalone's bookie).
         for extra in getattr(self.service, "extra_metrics", ()):
             text += extra().encode()
         return text
-
-
-def _time_appends(ledger: Any, hist: LatencyHistogram) -> None:
-    """Wrap ``ledger.append_nowait`` so that each acknowledged append is timed."""
-    original = ledger.append_nowait
-    clock = time.perf_counter
-
-    def append_nowait(
-        payload: bytes | memoryview, num_messages: int, callback: Any, *, deliver_at: int = 0
-    ) -> None:
-        start = clock()
-
-        def done(result: Any, error: BaseException | None) -> None:
-            if error is None:
-                hist.observe(clock() - start)
-            callback(result, error)
-
-        original(payload, num_messages, done, deliver_at=deliver_at)
-
-    ledger.append_nowait = append_nowait
 
 
 class _Collector:
@@ -384,9 +290,8 @@ class _Collector:
                 misses.add_metric(lbl, ledger.cache.misses)
                 cache_bytes.add_metric(lbl, ledger.cache.bytes)
                 corrupt.add_metric(lbl, ledger.corrupt_entries)
-                hist = monitor.latency.get(name)
-                if hist is not None:
-                    latency.add_metric(lbl, hist.buckets(), hist.sum)
+                hist = ledger.publish_latency
+                latency.add_metric(lbl, hist.buckets(), hist.sum)
             for sub_name, sub in list(topic.subscriptions.items()):
                 sl = [name, sub_name]
                 s_msgs.add_metric(sl, sub.msgs_out)
