@@ -447,10 +447,11 @@ async def test_key_shared_keeps_per_key_order_while_consumers_join_and_leave(
                 held_by = [
                     (c.name, c.permits, c.join_offset, len(c.pending)) for c in sub.consumers
                 ]
+                stats = sub.dispatcher.statistics()
                 state = (
-                    f"mark_delete={sub.cursor.mark_delete} held={sorted(sub._ks_held)} "
-                    f"redeliver={len(sub._redeliver)} consumers={held_by} "
-                    f"max_dispatched={sub.max_dispatched} next_offset={sub.ledger.next_offset}"
+                    f"mark_delete={sub.cursor.mark_delete} held={stats.held} "
+                    f"redeliver={stats.redelivery_queue} consumers={held_by} "
+                    f"max_dispatched={stats.max_dispatched} next_offset={sub.ledger.next_offset}"
                 )
                 for name in list(consumers):
                     await leave(name)

@@ -1,0 +1,221 @@
+"""Dispatcher: decisions per subscription type, without a broker."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import pytest
+
+from pigeon.broker import CursorState
+from pigeon.broker._dispatch import Delivery, Dispatcher, Position
+from pigeon.core.errors import ConsumerBusy, NotSupported, SubscriptionBusy
+
+
+@dataclass(eq=False)
+class FakeConsumer:
+    consumer_id: int
+    name: str
+    priority: int = 0
+    closed: bool = False
+    permits: int = 0
+    pending: set[Position] = field(default_factory=set)
+    join_offset: int | None = None
+
+
+@dataclass(frozen=True)
+class FakeEntry:
+    position: Position
+    first_offset: int
+    num_messages: int
+    deliver_at: int = 0
+    keys: tuple[bytes | None, ...] = ()
+
+
+def keys_of(entry: FakeEntry) -> Sequence[bytes | None]:
+    return entry.keys or (None,) * entry.num_messages
+
+
+def dispatcher(sub_type: str, mark_delete: int = 0, partition: int = 0) -> Dispatcher:
+    return Dispatcher(
+        "s", sub_type, CursorState(mark_delete), partition_index=partition, keys_of=keys_of
+    )
+
+
+def entries(n: int, size: int = 1, start: int = 0, **kw: object) -> list[FakeEntry]:
+    return [FakeEntry((1, i), start + i * size, size, **kw) for i in range(n)]  # type: ignore[arg-type]
+
+
+def sent(deliveries: list[Delivery]) -> list[tuple[str, Position, list[int]]]:
+    return [(d.consumer.name, d.entry.position, d.skip) for d in deliveries]
+
+
+NOW = 1_000_000
+
+# ------------------------------------------------------------------ unit tests
+
+
+def test_exclusive_refuses_a_second_consumer_and_a_type_change() -> None:
+    d = dispatcher("exclusive")
+    d.add_consumer(FakeConsumer(1, "a"), "exclusive")
+    with pytest.raises(ConsumerBusy):
+        d.add_consumer(FakeConsumer(2, "b"), "exclusive")
+    with pytest.raises(SubscriptionBusy):
+        d.add_consumer(FakeConsumer(3, "c"), "shared")
+
+
+def test_type_follows_the_first_consumer_of_an_empty_subscription() -> None:
+    d = dispatcher("exclusive")
+    a = FakeConsumer(1, "a")
+    d.add_consumer(a, "exclusive")
+    d.remove_consumer(a)
+    d.add_consumer(FakeConsumer(2, "b"), "shared")
+    assert d.type == "shared"
+
+
+def test_shared_goes_round_robin_among_consumers_with_permits() -> None:
+    d = dispatcher("shared")
+    a, b, c = FakeConsumer(1, "a"), FakeConsumer(2, "b"), FakeConsumer(3, "c")
+    for x in (a, b, c):
+        d.add_consumer(x, "shared")
+    d.flow(a, 10)
+    d.flow(c, 10)
+    out = d.deliver(entries(4), NOW)
+    assert [x.consumer.name for x in out] == ["a", "c", "a", "c"]
+    assert a.permits == c.permits == 8 and b.permits == 0
+
+
+def test_an_entry_costs_its_unacknowledged_messages_and_skips_the_acknowledged() -> None:
+    d = dispatcher("exclusive")
+    a = FakeConsumer(1, "a")
+    d.add_consumer(a, "exclusive")
+    d.flow(a, 2)
+    d.cursor.ack(1)
+    d.cursor.ack(3)
+    (out,) = d.deliver([FakeEntry((1, 0), 0, 5)], NOW)
+    assert out.skip == [1, 3]
+    # the entry goes whole while permits are positive: 2 - 3 unacked messages
+    assert a.permits == -1
+    assert d.deliver([FakeEntry((1, 1), 5, 1)], NOW) == []
+    assert not d.ready()
+
+
+def test_failover_spreads_partitions_and_moves_unacked_to_the_new_active() -> None:
+    names = ["a", "b", "c"]
+    active = []
+    for partition in range(3):
+        d = dispatcher("failover", partition=partition)
+        for i, name in enumerate(names):
+            d.add_consumer(FakeConsumer(i, name), "failover")
+        active.append(d.active_consumer().name)
+    assert active == names
+
+    d = dispatcher("failover")
+    low = FakeConsumer(1, "low")
+    d.add_consumer(low, "failover")
+    d.flow(low, 10)
+    assert sent(d.deliver(entries(2), NOW)) == [("low", (1, 0), []), ("low", (1, 1), [])]
+    high = FakeConsumer(2, "high", priority=5)
+    d.add_consumer(high, "failover")
+    d.flow(high, 10)
+    assert low.pending == set()
+    assert d.take_redeliveries(10) == [(1, 0), (1, 1)]
+    out = d.deliver(entries(2), NOW)
+    assert [(x.consumer.name, x.redelivery_count) for x in out] == [("high", 1), ("high", 1)]
+
+
+def test_a_leaving_consumer_s_entries_come_back_first_with_their_count() -> None:
+    d = dispatcher("shared")
+    a, b = FakeConsumer(1, "a"), FakeConsumer(2, "b")
+    d.add_consumer(a, "shared")
+    d.flow(a, 10)
+    log = entries(3)
+    d.deliver(log[:2], NOW)
+    d.add_consumer(b, "shared")
+    d.flow(b, 10)
+    d.remove_consumer(a)
+    assert d.has_redeliveries
+    assert d.take_redeliveries(10) == [(1, 0), (1, 1)]
+    out = d.deliver(log[:2], NOW)
+    assert [(x.consumer.name, x.redelivery_count) for x in out] == [("b", 1), ("b", 1)]
+    d.ack([((1, 0), 0)], cumulative=False)
+    assert d.redeliveries == {(1, 1): 1}
+
+
+def test_cumulative_acks_are_refused_on_shared_subscriptions() -> None:
+    d = dispatcher("shared")
+    with pytest.raises(NotSupported):
+        d.ack([((1, 0), 0)], cumulative=True)
+    assert d.cursor.mark_delete == 0
+
+
+def test_delayed_entries_wait_for_their_time_on_shared_only() -> None:
+    for sub_type, held in (("shared", True), ("keyShared", True), ("exclusive", False)):
+        d = dispatcher(sub_type)
+        a = FakeConsumer(1, "a")
+        d.add_consumer(a, sub_type)
+        d.flow(a, 10)
+        out = d.deliver(entries(1, deliver_at=NOW + 500), NOW)
+        assert (out == []) is held, sub_type
+        if held:
+            assert d.delayed_count == 1 and d.next_due_ms() == NOW + 500
+            d.release_due(NOW + 499)
+            assert not d.has_redeliveries
+            d.release_due(NOW + 500)
+            assert d.take_redeliveries(10) == [(1, 0)]
+            assert d.next_due_ms() is None
+
+
+def test_key_shared_splits_an_entry_by_key_and_stalls_for_a_consumer_without_permits() -> None:
+    d = dispatcher("keyShared")
+    a, b = FakeConsumer(1, "a"), FakeConsumer(2, "b")
+    d.add_consumer(a, "keyShared")
+    d.add_consumer(b, "keyShared")
+    keys = [f"k{i}".encode() for i in range(8)]
+    owner = {k: d.owner_of(k).name for k in keys}
+    assert set(owner.values()) == {"a", "b"}
+    d.flow(a, 100)
+    log = [FakeEntry((1, 0), 0, 8, keys=tuple(keys))]
+    assert d.deliver(log, NOW) == []  # b has no permits: nothing overtakes
+    assert d.stalled and d.take_redeliveries(10) == [(1, 0)]
+    d.flow(b, 100)
+    assert not d.stalled
+    out = d.deliver(log, NOW)
+    for x in out:
+        mine = [i for i in range(8) if i not in x.skip]
+        assert {owner[keys[i]] for i in mine} == {x.consumer.name}
+    assert sorted(i for x in out for i in range(8) if i not in x.skip) == list(range(8))
+
+
+def test_key_shared_newcomer_waits_until_earlier_dispatches_are_acknowledged() -> None:
+    d = dispatcher("keyShared")
+    a = FakeConsumer(1, "a")
+    d.add_consumer(a, "keyShared")
+    d.flow(a, 100)
+    d.deliver([FakeEntry((1, 0), 0, 1, keys=(b"k",))], NOW)
+    b = FakeConsumer(2, "b")
+    d.add_consumer(b, "keyShared")
+    d.flow(b, 100)
+    assert b.join_offset == 1
+    keys = tuple(f"k{i}".encode() for i in range(16))
+    later = FakeEntry((1, 1), 1, 16, keys=keys)
+    out = d.deliver([later], NOW)
+    assert {x.consumer.name for x in out} == {"a"}  # b's part is held
+    assert d.statistics().held == 1
+    d.ack([((1, 0), 0)], cumulative=False)
+    assert b.join_offset is None
+    assert d.take_redeliveries(10) == [(1, 1)]
+    out = d.deliver([later], NOW)
+    assert {x.consumer.name for x in out} == {"b"}
+
+
+def test_seek_forgets_everything_delivered() -> None:
+    d = dispatcher("shared")
+    a = FakeConsumer(1, "a")
+    d.add_consumer(a, "shared")
+    d.flow(a, 10)
+    d.deliver(entries(2), NOW)
+    d.redeliver_unacked(a, [(1, 1)])
+    d.cursor.reset(0)
+    d.reset()
+    assert (a.pending, d.pending, d.redeliveries, d.has_redeliveries) == (set(), {}, {}, False)
