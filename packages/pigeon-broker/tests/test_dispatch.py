@@ -142,6 +142,22 @@ def test_a_leaving_consumer_s_entries_come_back_first_with_their_count() -> None
     assert d.redeliveries == {(1, 1): 1}
 
 
+def test_a_cumulative_ack_inside_a_batch_keeps_the_rest_of_it_pending() -> None:
+    d = dispatcher("failover")
+    a, b = FakeConsumer(1, "a"), FakeConsumer(2, "b")
+    d.add_consumer(a, "failover")
+    d.flow(a, 10)
+    d.deliver([FakeEntry((1, 0), 0, 2), FakeEntry((1, 1), 2, 3)], NOW)
+    d.ack([((1, 1), 3)], cumulative=True)  # offsets 0..3: offset 4 is still unacked
+    assert a.pending == {(1, 1)} and list(d.pending) == [(1, 1)]
+    d.remove_consumer(a)
+    d.add_consumer(b, "failover")
+    d.flow(b, 10)
+    assert d.take_redeliveries(10) == [(1, 1)]
+    (out,) = d.deliver([FakeEntry((1, 1), 2, 3)], NOW)
+    assert (out.consumer, out.skip, out.redelivery_count) == (b, [0, 1], 1)
+
+
 def test_cumulative_acks_are_refused_on_shared_subscriptions() -> None:
     d = dispatcher("shared")
     with pytest.raises(NotSupported):

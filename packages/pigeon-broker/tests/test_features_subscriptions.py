@@ -147,6 +147,28 @@ async def test_shared_consumer_leaving_hands_unacked_messages_to_the_others(
         await b.close()
 
 
+async def test_cumulative_ack_inside_a_batch_leaves_the_rest_to_the_next_consumer(
+    pigeon_standalone, autojump_clock
+):
+    async with Client(pigeon_standalone.url) as client:
+        first = await client.subscribe("cumul-batch", "s", subscription_type="failover")
+        producer = await client.create_producer(
+            "cumul-batch", batching_max_messages=5, batching_max_delay_ms=10_000
+        )
+        for i in range(5):
+            await producer.send_async(f"m{i}".encode())
+        await producer.flush()  # one entry of five messages
+        got = await receive_n(first, 5)
+        await first.acknowledge_cumulative(got[2])
+        await first.close()
+        second = await client.subscribe("cumul-batch", "s", subscription_type="failover")
+        rest = await drain(second)
+        assert values(rest) == [b"m3", b"m4"]
+        assert all(m.redelivery_count == 1 for m in rest)
+        await second.close()
+        await producer.close()
+
+
 async def test_cumulative_ack_is_refused_on_shared_and_key_shared(
     pigeon_standalone, autojump_clock
 ):

@@ -376,9 +376,13 @@ class Dispatcher(Generic[C, E]):
                     f"cumulative acknowledgement is not allowed on {self.type} subscription "
                     f"{self.name!r}"
                 )
-            top_pos, top_offset = max(positions, key=lambda p: p[1])
-            self.cursor.ack_cumulative(top_offset)
-            for pos in [p for p in self.pending if p <= top_pos]:
+            self.cursor.ack_cumulative(max(offset for _pos, offset in positions))
+            # an entry the acknowledged offset falls inside stays pending for its rest
+            for pos in [
+                p
+                for p, pend in self.pending.items()
+                if self.cursor.all_acked(pend.first_offset, pend.count)
+            ]:
                 self._settle(pos)
             return
         for pos, offset in positions:
