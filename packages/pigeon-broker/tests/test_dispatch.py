@@ -225,6 +225,22 @@ def test_key_shared_newcomer_waits_until_earlier_dispatches_are_acknowledged() -
     assert {x.consumer.name for x in out} == {"b"}
 
 
+def test_key_shared_redelivers_what_a_consumer_asks_for_again() -> None:
+    d = dispatcher("keyShared")
+    a = FakeConsumer(1, "a")
+    d.add_consumer(a, "keyShared")
+    d.flow(a, 10)
+    log = [FakeEntry((1, 0), 0, 2, keys=(b"x", b"y")), FakeEntry((1, 1), 2, 1, keys=(b"x",))]
+    d.deliver(log, NOW)
+    d.ack([((1, 0), 0)], cumulative=False)
+    d.redeliver_unacked(a, [(1, 0)])  # a negative ack of offset 1
+    assert d.take_redeliveries(10) == [(1, 0)]
+    (out,) = d.deliver(log[:1], NOW)
+    assert (out.consumer, out.skip, out.redelivery_count) == (a, [0], 1)
+    d.remove_consumer(a)  # everything a holds comes back, the nacked message too
+    assert d.take_redeliveries(10) == [(1, 0), (1, 1)]
+
+
 def test_seek_forgets_everything_delivered() -> None:
     d = dispatcher("shared")
     a = FakeConsumer(1, "a")

@@ -214,11 +214,7 @@ class Dispatcher(Generic[C, E]):
             self._rebuild_ring()
         if self.type == "keyShared":
             for pos in sorted(consumer.pending):
-                parts = self._ks_pending.get(pos)
-                if parts is not None:
-                    parts.pop(consumer, None)
-                    if not parts:
-                        del self._ks_pending[pos]
+                self._ks_give_back(consumer, pos)
                 self._requeue_counted(pos)
             consumer.pending.clear()
             self._release_held()
@@ -411,6 +407,8 @@ class Dispatcher(Generic[C, E]):
         )
         for pos in chosen:
             consumer.pending.discard(pos)
+            if self.type == "keyShared":
+                self._ks_give_back(consumer, pos)
             p = self.pending.pop(pos, None)
             if p is not None:
                 self._redeliver_offsets[pos] = (p.first_offset, p.count)
@@ -479,6 +477,15 @@ class Dispatcher(Generic[C, E]):
         for pos in sorted(self._ks_held):
             heapq.heappush(self._redeliver, pos)
         self._ks_held.clear()
+
+    def _ks_give_back(self, consumer: C, pos: Position) -> None:
+        """``consumer``'s part of the entry at ``pos`` is no longer pending on it."""
+        parts = self._ks_pending.get(pos)
+        if parts is not None:
+            parts.pop(consumer, None)
+            if not parts:
+                del self._ks_pending[pos]
+                self._ks_first.pop(pos, None)
 
     def _deliver_key_shared(self, entries: Sequence[E], now: int) -> list[Delivery[C, E]]:
         out: list[Delivery[C, E]] = []
