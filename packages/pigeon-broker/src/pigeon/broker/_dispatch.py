@@ -165,7 +165,8 @@ class Dispatcher(Generic[C, E]):
         self.consumers: list[C] = []
         self.pending: dict[Position, Pending[C]] = {}
         self.redeliveries: dict[Position, int] = {}
-        #: dispatch waits for a consumer (key_shared order): nothing to do until told more
+        #: dispatch waits for a consumer (key_shared order): not ready until told more
+        #: (consumers, permits, acks, redelivery requests, a seek)
         self.stalled = False
         #: key_shared: highest offset ever dispatched
         self.max_dispatched = -1
@@ -263,7 +264,10 @@ class Dispatcher(Generic[C, E]):
     # ------------------------------------------------------------------ what to read
 
     def ready(self) -> bool:
-        """Some consumer could take an entry now."""
+        """Some consumer could take an entry now (and dispatch is not stalled: entries
+        handed back for want of a consumer are not read again until something changes)."""
+        if self.stalled:
+            return False
         rr = self._rr
         c = self._pick()
         self._rr = rr

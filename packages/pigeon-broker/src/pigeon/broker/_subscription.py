@@ -275,7 +275,7 @@ class Subscription:
             ledger_event = self.ledger.new_entries_event()
             if self._wakeup.is_set():
                 self._wakeup = trio.Event()
-            if self._has_work() and not self.dispatcher.stalled:
+            if self._has_work():
                 continue
             timeout = max(0.0, persist_at - trio.current_time()) if self._dirty else float("inf")
             if self._blocked_until:
