@@ -242,6 +242,24 @@ def test_key_shared_redelivers_what_a_consumer_asks_for_again() -> None:
     assert d.take_redeliveries(10) == [(1, 0), (1, 1)]
 
 
+def test_key_shared_keeps_the_redelivery_count_while_part_of_an_entry_is_queued() -> None:
+    d = dispatcher("keyShared")
+    a, b = FakeConsumer(1, "a"), FakeConsumer(2, "b")
+    for c in (a, b):
+        d.add_consumer(c, "keyShared")
+        d.flow(c, 10)
+    keys = [f"k{i}".encode() for i in range(16)]
+    key_a = next(k for k in keys if d.owner_of(k) is a)
+    key_b = next(k for k in keys if d.owner_of(k) is b)
+    entry = FakeEntry((1, 0), 0, 2, keys=(key_a, key_b))
+    assert [x.consumer for x in d.deliver([entry], NOW)] == [a, b]
+    d.redeliver_unacked(b, None)  # b's message: handed back once
+    assert d.take_redeliveries(10) == [(1, 0)]
+    d.ack([((1, 0), 0)], cumulative=False)  # a's part is settled meanwhile
+    (out,) = d.deliver([entry], NOW)
+    assert (out.consumer, out.skip, out.redelivery_count) == (b, [0], 1)
+
+
 def test_seek_forgets_everything_delivered() -> None:
     d = dispatcher("shared")
     a = FakeConsumer(1, "a")

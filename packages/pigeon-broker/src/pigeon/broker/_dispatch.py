@@ -179,7 +179,7 @@ class Dispatcher(Generic[C, E]):
         self._ring: list[tuple[int, int, C]] = []
         self._ks_pending: dict[Position, dict[C, set[int]]] = {}
         self._ks_held: set[Position] = set()
-        self._ks_first: dict[Position, int] = {}
+        self._ks_span: dict[Position, tuple[int, int]] = {}  # (first offset, messages)
 
     # ------------------------------------------------------------------ consumers
 
@@ -435,7 +435,7 @@ class Dispatcher(Generic[C, E]):
         self.pending.clear()
         self._ks_pending.clear()
         self._ks_held.clear()
-        self._ks_first.clear()
+        self._ks_span.clear()
         self._redeliver.clear()
         self._delayed.clear()
         self.redeliveries.clear()
@@ -489,7 +489,7 @@ class Dispatcher(Generic[C, E]):
             parts.pop(consumer, None)
             if not parts:
                 del self._ks_pending[pos]
-                self._ks_first.pop(pos, None)
+                self._ks_span.pop(pos, None)
 
     def _deliver_key_shared(self, entries: Sequence[E], now: int) -> list[Delivery[C, E]]:
         out: list[Delivery[C, E]] = []
@@ -539,7 +539,7 @@ class Dispatcher(Generic[C, E]):
                 c.permits -= len(idx)
                 c.pending.add(pos)
                 self._ks_pending.setdefault(pos, {}).setdefault(c, set()).update(idx)
-                self._ks_first[pos] = first
+                self._ks_span[pos] = (first, n)
                 self.max_dispatched = max(self.max_dispatched, first + idx[-1])
                 chosen = set(idx)
                 others = [i for i in range(n) if i not in chosen]
@@ -551,9 +551,10 @@ class Dispatcher(Generic[C, E]):
             parts = self._ks_pending.get(pos)
             if not parts:
                 continue
-            first = self._ks_first.get(pos)
-            if first is None:
+            span = self._ks_span.get(pos)
+            if span is None:
                 continue
+            first, n = span
             for c in list(parts):
                 left = {i for i in parts[c] if not self.cursor.is_acked(first + i)}
                 if left:
@@ -563,5 +564,8 @@ class Dispatcher(Generic[C, E]):
                     c.pending.discard(pos)
             if not parts:
                 del self._ks_pending[pos]
-                self._ks_first.pop(pos, None)
-                self.redeliveries.pop(pos, None)
+                del self._ks_span[pos]
+                # the count goes with the entry, not with a part: other parts may be
+                # waiting to be delivered again
+                if self.cursor.all_acked(first, n):
+                    self.redeliveries.pop(pos, None)
