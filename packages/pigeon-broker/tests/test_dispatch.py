@@ -260,6 +260,24 @@ def test_key_shared_keeps_the_redelivery_count_while_part_of_an_entry_is_queued(
     assert (out.consumer, out.skip, out.redelivery_count) == (b, [0], 1)
 
 
+@pytest.mark.parametrize("sub_type", ["failover", "keyShared"])
+def test_what_comes_back_during_a_read_goes_before_what_was_read(sub_type: str) -> None:
+    d = dispatcher(sub_type)
+    a, b = FakeConsumer(1, "a"), FakeConsumer(2, "b")
+    for c, permits in ((a, 1), (b, 10)):
+        d.add_consumer(c, sub_type)
+        d.flow(c, permits)
+    key = next(k for k in (f"k{i}".encode() for i in range(16)) if d.owner_of(k) is a)
+    log = [FakeEntry((1, i), i, 1, keys=(key,)) for i in range(2)]
+    assert [x.consumer for x in d.deliver(log[:1], NOW)] == [a]
+    # log[1] is being read when a leaves and hands log[0] back
+    d.remove_consumer(a)
+    assert d.deliver(log[1:], NOW) == []
+    assert d.take_redeliveries(10) == [(1, 0), (1, 1)]
+    out = d.deliver(log, NOW)
+    assert [(x.consumer, x.entry.position) for x in out] == [(b, (1, 0)), (b, (1, 1))]
+
+
 def test_seek_forgets_everything_delivered() -> None:
     d = dispatcher("shared")
     a = FakeConsumer(1, "a")

@@ -321,9 +321,18 @@ class Dispatcher(Generic[C, E]):
 
     def deliver(self, entries: Sequence[E], now_ms: int) -> list[Delivery[C, E]]:
         """Entries read (in order, or again): who gets which.  Entries nobody can take
-        now are queued for redelivery; fully acknowledged ones are dropped."""
+        now are queued for redelivery; fully acknowledged ones are dropped.
+
+        Entries queued for redelivery while these were read (their consumer left or
+        asked for them again) go first: entries after the head of the queue join it
+        instead of overtaking it (per-key order on key_shared, log order on failover).
+        """
         for entry in entries:
             self._redeliver_offsets.pop(entry.position, None)
+        if self._redeliver and entries and entries[-1].position > self._redeliver[0]:
+            head = self._redeliver[0]
+            self.requeue(e.position for e in entries if e.position > head)
+            entries = [e for e in entries if e.position <= head]
         if self.type == "keyShared":
             return self._deliver_key_shared(entries, now_ms)
         out: list[Delivery[C, E]] = []
@@ -369,13 +378,13 @@ class Dispatcher(Generic[C, E]):
 
     def ack(self, positions: Sequence[tuple[Position, int]], cumulative: bool) -> None:
         """``positions``: ((segment index, entry id), offset) of each acknowledged message."""
+        if cumulative and self.type in ("shared", "keyShared"):
+            raise NotSupported(
+                f"cumulative acknowledgement is not allowed on {self.type} subscription "
+                f"{self.name!r}"
+            )
         self.stalled = False
         if cumulative:
-            if self.type in ("shared", "keyShared"):
-                raise NotSupported(
-                    f"cumulative acknowledgement is not allowed on {self.type} subscription "
-                    f"{self.name!r}"
-                )
             self.cursor.ack_cumulative(max(offset for _pos, offset in positions))
             # an entry the acknowledged offset falls inside stays pending for its rest
             for pos in [
