@@ -126,6 +126,29 @@ async def test_negative_ack_redelivers_only_that_message_after_its_delay(
         await consumer.close()
 
 
+async def test_negative_ack_on_key_shared_redelivers_the_message(pigeon_standalone, autojump_clock):
+    async with Client(pigeon_standalone.url) as client:
+        consumer = await client.subscribe(
+            "nack-ks",
+            "s",
+            subscription_type="key_shared",
+            initial_position="earliest",
+            negative_ack_redelivery_delay=1.0,
+        )
+        producer = await client.create_producer("nack-ks", batching_max_messages=1)
+        for key in ("a", "b"):
+            await producer.send(key.encode(), key=key)
+        first, second = await receive_n(consumer, 2)
+        await consumer.acknowledge(first)
+        await consumer.negative_acknowledge(second)
+        again = await consumer.receive(timeout=10.0)
+        assert again.value == second.value and again.redelivery_count == 1
+        await consumer.acknowledge(again)
+        assert await drain(consumer) == []
+        await consumer.close()
+        await producer.close()
+
+
 # ----------------------------------------------------------------------------- ack timeout
 
 

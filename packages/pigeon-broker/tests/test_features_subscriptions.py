@@ -147,6 +147,28 @@ async def test_shared_consumer_leaving_hands_unacked_messages_to_the_others(
         await b.close()
 
 
+async def test_cumulative_ack_inside_a_batch_leaves_the_rest_to_the_next_consumer(
+    pigeon_standalone, autojump_clock
+):
+    async with Client(pigeon_standalone.url) as client:
+        first = await client.subscribe("cumul-batch", "s", subscription_type="failover")
+        producer = await client.create_producer(
+            "cumul-batch", batching_max_messages=5, batching_max_delay_ms=10_000
+        )
+        for i in range(5):
+            await producer.send_async(f"m{i}".encode())
+        await producer.flush()  # one entry of five messages
+        got = await receive_n(first, 5)
+        await first.acknowledge_cumulative(got[2])
+        await first.close()
+        second = await client.subscribe("cumul-batch", "s", subscription_type="failover")
+        rest = await drain(second)
+        assert values(rest) == [b"m3", b"m4"]
+        assert all(m.redelivery_count == 1 for m in rest)
+        await second.close()
+        await producer.close()
+
+
 async def test_cumulative_ack_is_refused_on_shared_and_key_shared(
     pigeon_standalone, autojump_clock
 ):
@@ -324,6 +346,50 @@ class Event:
     value: int
 
 
+async def test_key_shared_waiting_for_a_consumer_reads_nothing_again(
+    pigeon_standalone, autojump_clock, monkeypatch
+):
+    """c1 takes no more (its one permit is used) while c2 could: dispatch waits for c1
+    instead of reading the entries it cannot send over and over (a busy loop that would
+    also keep the mock clock from ever advancing)."""
+    async with Client(pigeon_standalone.url) as client:
+
+        async def sub(name: str, queue: int) -> Consumer:
+            return await client.subscribe(
+                "ks-wait",
+                "s",
+                subscription_type="key_shared",
+                consumer_name=name,
+                receiver_queue_size=queue,
+            )
+
+        c1, c2 = await sub("c1", 1), await sub("c2", 1000)
+        subscription = pigeon_standalone.service.topics[
+            "persistent://public/default/ks-wait"
+        ].subscriptions["s"]
+        read_one = subscription.ledger.read_one
+        reads = 0
+
+        async def counting_read_one(pos: tuple[int, int]) -> object:
+            nonlocal reads
+            reads += 1
+            if reads > 1000:
+                await trio.sleep_forever()  # spinning: stop here so that the test can end
+            return await read_one(pos)
+
+        monkeypatch.setattr(subscription.ledger, "read_one", counting_read_one)
+        producer = await client.create_producer("ks-wait", batching_max_messages=1)
+        for i in range(40):
+            await producer.send(f"k{i}".encode(), key=f"k{i}")
+        await trio.sleep(5)
+        assert reads < 100, f"{reads} entries read again while waiting for c1"
+        got = await drain(c1) + await drain(c2)
+        assert sorted(values(got)) == sorted(f"k{i}".encode() for i in range(40))
+        for c in (c1, c2):
+            await c.close()
+        await producer.close()
+
+
 async def test_key_shared_keeps_per_key_order_while_consumers_join_and_leave(
     pigeon_standalone, autojump_clock
 ):
@@ -447,10 +513,11 @@ async def test_key_shared_keeps_per_key_order_while_consumers_join_and_leave(
                 held_by = [
                     (c.name, c.permits, c.join_offset, len(c.pending)) for c in sub.consumers
                 ]
+                stats = sub.dispatcher.statistics()
                 state = (
-                    f"mark_delete={sub.cursor.mark_delete} held={sorted(sub._ks_held)} "
-                    f"redeliver={len(sub._redeliver)} consumers={held_by} "
-                    f"max_dispatched={sub.max_dispatched} next_offset={sub.ledger.next_offset}"
+                    f"mark_delete={sub.cursor.mark_delete} held={stats.held} "
+                    f"redeliver={stats.redelivery_queue} consumers={held_by} "
+                    f"max_dispatched={stats.max_dispatched} next_offset={sub.ledger.next_offset}"
                 )
                 for name in list(consumers):
                     await leave(name)
