@@ -152,3 +152,57 @@ async def test_reads_pass_over_a_bookie_that_does_not_answer(
         assert [bytes(d) for _e, d in got] == payloads[:1]
         assert order.asked == [ensemble[1]]
         bookies.resume(silent)
+
+
+async def test_recovery_does_not_wait_per_entry_on_a_bookie_that_stops_answering(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Recovery copies the entries a bookie lacks to it in windows of adds sent at once,
+    and gives that bookie up at the first window it leaves unanswered.  It waited
+    RECOVERY_OP_TIMEOUT_S per entry before: a bookie paused right after the fence held
+    a topic's load (and every producer and consumer of it) for minutes."""
+    import trio
+
+    import pigeon.core._replication as replication
+    from pigeon.core.testing._replication_suite import _cluster
+
+    monkeypatch.setattr(replication, "RECOVERY_OP_TIMEOUT_S", 0.5)
+    async with _cluster(tmp_path, 3) as (bookies, client):
+        policy = QuorumPolicy(client, ensemble_size=3, write_quorum=2, ack_quorum=2)
+        ensemble = policy.choose_ensemble(bookies.addresses)
+        lacking = ensemble[0]
+        e = len(ensemble)
+        # a writer died with 300 entries unconfirmed (LAC -1); `lacking` got only 0-9
+        for entry in range(300):
+            for bookie in [ensemble[(entry + k) % e] for k in range(2)]:
+                if bookie != lacking or entry < 10:
+                    await client.add_entry(bookie, 41, entry, -1, b"e%d" % entry)
+
+        # first: every bookie answers, and `lacking` gets its share of the tail back
+        assert await policy.recover(41, ensemble) == 299
+        held = await client.read_entries(lacking, 41, 0, 299)
+        assert [bytes(d) for _i, d in held] == [
+            b"e%d" % i for i in range(300) if lacking in [ensemble[(i + k) % e] for k in range(2)]
+        ]
+
+        for entry in range(300, 600):  # a second segment of the same shape
+            for bookie in [ensemble[(entry + k) % e] for k in range(2)]:
+                if bookie != lacking:
+                    await client.add_entry(bookie, 42, entry - 300, -1, b"f%d" % entry)
+        original = replication._read_tail
+        reads = 0
+
+        async def read_then_pause(*args: Any) -> Any:
+            nonlocal reads
+            tail = await original(*args)
+            reads += 1
+            if reads == e:  # fenced and read everywhere: now `lacking` goes silent
+                bookies.pause(lacking)
+            return tail
+
+        monkeypatch.setattr(replication, "_read_tail", read_then_pause)
+        try:
+            with trio.fail_after(5):  # ~200 entries to copy: 100 s at one timeout each
+                assert await policy.recover(42, ensemble) == 299
+        finally:
+            bookies.resume(lacking)

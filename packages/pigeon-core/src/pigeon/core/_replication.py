@@ -58,6 +58,8 @@ log = logging.getLogger(__name__)
 #: a fence, recovery read or recovery add that a bookie does not answer in this time is
 #: given up (the bookie counts as not answering)
 RECOVERY_OP_TIMEOUT_S = 5.0
+#: recovery adds in flight to one bookie at a time
+RECOVERY_COPY_WINDOW = 256
 #: once enough bookies answered a fence, how long the others may still take
 FENCE_GRACE_S = 0.5
 #: an add a bookie leaves unanswered this long counts as that bookie failing (Pulsar's
@@ -926,7 +928,7 @@ async def recover_segment(
             "bookies could be read"
         )
     last = lac
-    copied = 0
+    copies: dict[str, list[tuple[int, bytes | memoryview]]] = {}
     for entry in range(lac + 1, top + 1):
         targets = list(write_set(entry))
         have = [a for a in targets if entry in held.get(a, {})]
@@ -942,20 +944,19 @@ async def recover_segment(
         data = held[have[0]][entry]
         for address in targets:
             if address in states and address not in have:
-                try:
-                    with trio.fail_after(RECOVERY_OP_TIMEOUT_S):
-                        await client.add_entry(address, segment_id, entry, lac, data, recovery=True)
-                    copied += 1
-                except (PigeonError, OSError, trio.TooSlowError) as exc:
-                    # the entry is recovered (it exists); the auditor restores its copies
-                    log.warning(
-                        "recovery re-replication failed segment=%s entry=%s bookie=%s error=%s",
-                        segment_id,
-                        entry,
-                        address,
-                        exc,
-                    )
+                copies.setdefault(address, []).append((entry, data))
         last = entry
+    copied = 0
+    async with trio.open_nursery() as nursery:
+        for address, entries in copies.items():
+
+            async def copy(
+                address: str = address, entries: list[tuple[int, bytes | memoryview]] = entries
+            ) -> None:
+                nonlocal copied
+                copied += await _copy_entries(client, address, segment_id, lac, entries)
+
+            nursery.start_soon(copy)
     log.info(
         "segment recovered segment=%s last_entry=%s lac=%s re_replicated=%s answered=%s/%s",
         segment_id,
@@ -966,6 +967,65 @@ async def recover_segment(
         len(ensemble),
     )
     return last
+
+
+async def _copy_entries(
+    client: BookieClient,
+    address: str,
+    segment_id: int,
+    lac: int,
+    entries: list[tuple[int, bytes | memoryview]],
+) -> int:
+    """Recovery adds of ``entries`` to one bookie, pipelined RECOVERY_COPY_WINDOW at a
+    time; stops at the first that fails or does not answer within RECOVERY_OP_TIMEOUT_S
+    (the entries are recovered all the same: they exist; the auditor restores their
+    copies).  Returns how many were copied."""
+    copied = 0
+    try:
+        with trio.fail_after(RECOVERY_OP_TIMEOUT_S):
+            conn = await client.connection(address)
+        for start in range(0, len(entries), RECOVERY_COPY_WINDOW):
+            chunk = entries[start : start + RECOVERY_COPY_WINDOW]
+            await _add_window(client, conn, segment_id, lac, chunk)
+            copied += len(chunk)
+    except (PigeonError, OSError, trio.TooSlowError) as exc:
+        log.warning(
+            "recovery re-replication stopped segment=%s bookie=%s copied=%d left=%d error=%s",
+            segment_id,
+            address,
+            copied,
+            len(entries) - copied,
+            str(exc) or "no answer in time",
+        )
+    return copied
+
+
+async def _add_window(
+    client: BookieClient,
+    conn: Any,
+    segment_id: int,
+    lac: int,
+    chunk: list[tuple[int, bytes | memoryview]],
+) -> None:
+    """Send ``chunk``'s recovery adds at once, in order; wait until all are answered."""
+    left = len(chunk)
+    failure: list[BaseException] = []
+    answered = trio.Event()
+
+    def on_added(_result: Any, error: BaseException | None) -> None:
+        nonlocal left
+        left -= 1
+        if error is not None:
+            failure.append(error)
+        if left == 0 or error is not None:
+            answered.set()
+
+    for entry, data in chunk:
+        client.add_entry_nowait(conn, segment_id, entry, lac, data, on_added, recovery=True)
+    with trio.fail_after(RECOVERY_OP_TIMEOUT_S):
+        await answered.wait()
+    if failure:
+        raise ServiceUnavailable(str(failure[0]))
 
 
 async def _read_tail(
