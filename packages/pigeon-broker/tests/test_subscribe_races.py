@@ -103,3 +103,43 @@ async def test_a_subscribe_that_waited_through_an_unload_attaches_to_the_reloade
             while len(got) < 2:
                 got.extend(m.value for m in await consumer.batch_receive(2 - len(got)))
         assert got == [b"before", b"after"]
+
+
+async def test_a_subscribe_the_client_gave_up_on_leaves_no_consumer_behind(
+    pigeon_standalone, autojump_clock
+):
+    """A subscribe that outlives the client's operation timeout (a slow topic load) and
+    then succeeds on the broker must not leave a consumer there: the client closed it
+    when it gave up, before the broker had added it.  That ghost consumer held an
+    exclusive subscription (the real one was refused as busy) and took a shared
+    subscription's messages, which nobody would ever acknowledge (zlf 5004: a backlog
+    that never drained)."""
+    from pigeon.client import Timeout
+
+    service = pigeon_standalone.service
+    topic_name = TOPIC + "-abandoned"
+    async with Client(pigeon_standalone.url, operation_timeout=2.0) as client:
+        producer = await client.create_producer(topic_name, batching_max_messages=1)
+        _slow_cursor_reads(service, 5.0)
+        for sub_type in ("exclusive", "shared"):
+            try:
+                await client.subscribe(topic_name, sub_type, subscription_type=sub_type)
+            except Timeout:
+                pass
+            else:
+                raise AssertionError("the subscribe was expected to time out")
+        await trio.sleep(10)  # the broker finishes both subscribes meanwhile
+        topic = service.topics[TopicName.parse(topic_name).full]
+        assert {n: s.consumers for n, s in topic.subscriptions.items()} == {
+            "exclusive": [],
+            "shared": [],
+        }
+        del service.store.get  # cursor reads are quick again
+        consumers = [
+            await client.subscribe(topic_name, t, subscription_type=t)
+            for t in ("exclusive", "shared")
+        ]
+        await producer.send(b"m")
+        for consumer in consumers:
+            with trio.fail_after(10):
+                assert (await consumer.receive()).value == b"m"

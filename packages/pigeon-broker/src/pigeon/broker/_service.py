@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import json
 import logging
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -474,10 +475,40 @@ def _drop_reader(topic: Any, sub: Any) -> None:
     del topic.subscriptions[sub.name]
 
 
+async def _bounded(seconds: float, fn: Callable[[], Awaitable[Any]]) -> None:
+    with trio.move_on_after(seconds):
+        await fn()
+
+
 @dataclass(eq=False)
 class _ConnState:
     producers: dict[int, Producer] = field(default_factory=dict)
     consumers: dict[int, tuple[Consumer, Subscription, Topic]] = field(default_factory=dict)
+    #: request ids of createProducer / subscribe still in progress, by (kind, id)
+    opening: dict[tuple[str, int], set[int]] = field(default_factory=dict)
+    #: of those, the ones whose producer or consumer the client closed meanwhile (it
+    #: gave up waiting): they must not add it when they finish
+    abandoned: set[int] = field(default_factory=set)
+
+    @contextlib.contextmanager
+    def open_request(self, kind: str, ident: int, request_id: int) -> Iterator[None]:
+        requests = self.opening.setdefault((kind, ident), set())
+        requests.add(request_id)
+        try:
+            yield
+        finally:
+            requests.discard(request_id)
+            if not requests:
+                del self.opening[(kind, ident)]
+            self.abandoned.discard(request_id)
+
+    def abandon(self, kind: str, ident: int) -> None:
+        """The client closed ``ident``: opens of it still in progress add nothing."""
+        self.abandoned.update(self.opening.get((kind, ident), ()))
+
+    def check_open(self, kind: str, ident: int, request_id: int) -> None:
+        if request_id in self.abandoned:
+            raise ServiceUnavailable(f"{kind} {ident} was closed by the client while opening")
 
 
 class BrokerService:
@@ -578,10 +609,13 @@ class BrokerService:
         for conn in conns:
             conn.close()  # clients reconnect through a new lookup
         topics, self.topics = self.topics, {}
-        for topic in topics.values():
-            if topic.persistent:
-                with trio.move_on_after(5):
-                    await topic.ledger.close()
+        # at once, and 5 s for all: the new session waits for this (it took 5 s per
+        # topic one after the other, so a broker with a few topics stayed away ~20 s)
+        with trio.move_on_after(5):
+            async with trio.open_nursery() as nursery:
+                for topic in topics.values():
+                    if topic.persistent:
+                        nursery.start_soon(topic.ledger.close)
 
     async def _maintenance(self) -> None:
         """Message TTL, backlog-quota eviction and retention, every maintenance interval."""
@@ -617,16 +651,19 @@ class BrokerService:
         return ownership.path_of(name) not in ownership.releasing
 
     async def _close_topics(self) -> None:
-        for topic in list(self.topics.values()):
-            if not topic.persistent:
-                continue
-            for sub in list(topic.subscriptions.values()):
-                with trio.move_on_after(5):
-                    await sub.persist()
-            with trio.move_on_after(10):
-                await topic.ledger.close()
-            with trio.move_on_after(5):
-                await topic.snapshot_dedup()
+        """Shutdown: every topic at once, each within 20 s."""
+
+        async def close(topic: Any) -> None:
+            async with trio.open_nursery() as nursery:
+                for sub in list(topic.subscriptions.values()):
+                    nursery.start_soon(_bounded, 5, sub.persist)
+            await _bounded(10, topic.ledger.close)
+            await _bounded(5, topic.snapshot_dedup)
+
+        async with trio.open_nursery() as nursery:
+            for topic in list(self.topics.values()):
+                if topic.persistent:
+                    nursery.start_soon(close, topic)
 
     # ------------------------------------------------------------------ topics
 
@@ -855,7 +892,20 @@ class BrokerService:
         producer_id: int,
         producer_name: str,
     ) -> None:
+        with state.open_request("producer", producer_id, request_id):
+            await self._open_producer(conn, request_id, state, name, producer_id, producer_name)
+
+    async def _open_producer(
+        self,
+        conn: Connection,
+        request_id: int,
+        state: _ConnState,
+        name: TopicName,
+        producer_id: int,
+        producer_name: str,
+    ) -> None:
         topic = await self.get_topic(name)
+        state.check_open("producer", producer_id, request_id)
         if not producer_name:
             port = self.address[1] if self.address else 0
             producer_name = (
@@ -1058,7 +1108,9 @@ class BrokerService:
                 )
 
     def on_closeProducer(self, conn: Connection, req: Request) -> None:
-        producer = self._state(conn).producers.pop(req.body.producerId, None)
+        state = self._state(conn)
+        state.abandon("producer", req.body.producerId)
+        producer = state.producers.pop(req.body.producerId, None)
         if producer is not None and producer.topic.producers.get(producer.name) is producer:
             del producer.topic.producers[producer.name]
         conn.respond(req.request_id, "ok")
@@ -1102,6 +1154,37 @@ class BrokerService:
         durable: bool,
         start_offset: int,
     ) -> None:
+        with state.open_request("consumer", consumer_id, request_id):
+            await self._open_consumer(
+                conn,
+                request_id,
+                state,
+                name,
+                sub_name,
+                sub_type,
+                initial_position,
+                consumer_id,
+                consumer_name,
+                priority,
+                durable,
+                start_offset,
+            )
+
+    async def _open_consumer(
+        self,
+        conn: Connection,
+        request_id: int,
+        state: _ConnState,
+        name: TopicName,
+        sub_name: str,
+        sub_type: str,
+        initial_position: str,
+        consumer_id: int,
+        consumer_name: str,
+        priority: int,
+        durable: bool,
+        start_offset: int,
+    ) -> None:
         topic = await self.get_topic(name)
         sub = await topic.subscription(
             sub_name, sub_type, initial_position, durable=durable, start_offset=start_offset
@@ -1110,8 +1193,12 @@ class BrokerService:
             # unloaded (or the subscription stopped) while this subscribe waited: a
             # consumer added now would hang on a topic nobody serves
             raise NotOwner(f"{name} was unloaded here while subscribing; look it up again")
+        state.check_open("consumer", consumer_id, request_id)
         consumer = Consumer(conn, consumer_id, consumer_name or f"consumer-{consumer_id}", priority)
         sub.add_consumer(consumer, sub_type)
+        earlier = state.consumers.get(consumer_id)
+        if earlier is not None:  # subscribed again under the same id: the old one goes
+            earlier[1].remove_consumer(earlier[0])
         state.consumers[consumer_id] = (consumer, sub, topic)
         conn.respond(request_id, "subscribed", {"topic": name.full})
 
@@ -1155,7 +1242,9 @@ class BrokerService:
         conn.respond(req.request_id, "ok")
 
     def on_closeConsumer(self, conn: Connection, req: Request) -> None:
-        found = self._state(conn).consumers.pop(req.body.consumerId, None)
+        state = self._state(conn)
+        state.abandon("consumer", req.body.consumerId)
+        found = state.consumers.pop(req.body.consumerId, None)
         if found is None:
             conn.respond(req.request_id, "ok")
             return
