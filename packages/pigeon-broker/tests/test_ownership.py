@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from pigeon.broker._ownership import (
+    AddressTaken,
     Claim,
     ClaimStep,
     Ownership,
@@ -530,6 +531,38 @@ class OwnershipContract:
             await Ownership(a_store, OTHER, "127.0.0.1:6650").register()
             with pytest.raises(MetadataError, match="registered by another broker"):
                 await Ownership(b_store, URL, "127.0.0.1:6650").register()
+
+    async def test_a_broker_started_during_a_metadata_hiccup_registers_once_it_is_over(
+        self, metadata_store_factory: MetadataStoreFactory, expire_session: ExpireSession
+    ) -> None:
+        """Found by the nemesis (zlf 5004): a broker restarted while ZooKeeper dropped
+        its connection exited on the failed registration, and its layer ran a broker
+        short.  Registration at start waits a lost connection and a lost session out."""
+        async with metadata_store_factory() as store:
+            flaky = FlakyStore(store)
+
+            async def connection_loss() -> None:
+                raise MetadataError("metadata write: ConnectionLoss")
+
+            async def session_loss() -> None:
+                await expire_session(store)
+
+            flaky.hooks[0] = connection_loss
+            flaky.hooks[1] = session_loss
+            ownership = Ownership(flaky, URL, "127.0.0.1:6650")
+            async with trio.open_nursery() as nursery:
+                with trio.fail_after(10):
+                    await nursery.start(ownership.run, lambda: None)
+                assert await store.get(f"{BROKERS_PATH}/127.0.0.1:6650") is not None
+                nursery.cancel_scope.cancel()
+
+    async def test_a_broker_whose_address_another_broker_holds_does_not_start(
+        self, metadata_store_factory: MetadataStoreFactory
+    ) -> None:
+        async with metadata_store_factory() as a_store, metadata_store_factory() as b_store:
+            await Ownership(a_store, OTHER, "127.0.0.1:6650").register()
+            with trio.fail_after(10), pytest.raises(AddressTaken):
+                await Ownership(b_store, URL, "127.0.0.1:6650").run(lambda: None)
 
 
 @asynccontextmanager

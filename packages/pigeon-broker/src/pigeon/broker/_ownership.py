@@ -31,6 +31,7 @@ no other broker can hold: it is taken over by a version-checked delete.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import logging
@@ -55,6 +56,7 @@ from pigeon.core.metadata import Op
 from pigeon.core.paths import BROKER_SESSIONS_PATH, BROKERS_PATH, OWNERSHIP_PATH
 
 __all__ = [
+    "AddressTaken",
     "Claim",
     "ClaimStep",
     "Ownership",
@@ -64,6 +66,14 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 FULL_RANGE = 1 << 32
+#: first and longest wait between attempts to register at start
+REGISTER_RETRY_S = (0.1, 2.0)
+
+
+class AddressTaken(MetadataError):
+    """This broker's address is registered by another broker (not worth retrying)."""
+
+    retriable = False
 
 
 # ---------------------------------------------------------------------- claim (no I/O)
@@ -387,7 +397,7 @@ class Ownership:
         path = f"{BROKERS_PATH}/{self.address}"
         claim = await self._hold(path, self._report, take_over=TakeOver.ALWAYS)
         if claim.step is ClaimStep.REFUSED:
-            raise MetadataError(f"{path} is registered by another broker ({claim.owner})")
+            raise AddressTaken(f"{path} is registered by another broker ({claim.owner})")
         if claim.step is not ClaimStep.HELD:
             raise MetadataError(f"could not register {path} in {claim.rounds} rounds")
         marker = f"{BROKER_SESSIONS_PATH}/{self.token}"
@@ -402,6 +412,28 @@ class Ownership:
             claim.stale_deleted,
         )
 
+    async def _register_at_start(self) -> None:
+        """Register, waiting out a metadata server that drops the connection or the
+        session meanwhile (a broker restarted during a ZooKeeper hiccup exited, and its
+        layer ran one broker short).  A broker address registered by another broker is
+        no such hiccup: it raises."""
+        delay = REGISTER_RETRY_S[0]
+        while True:
+            try:
+                await self.register()
+                return
+            except SessionExpired as exc:
+                log.warning("registering failed, new metadata session error=%s", exc)
+                self.token = secrets.token_hex(8)
+                with contextlib.suppress(PigeonError):
+                    await self.store.new_session()
+            except PigeonError as exc:
+                if not exc.retriable:
+                    raise
+                log.warning("registering failed, retrying in %.1fs error=%s", delay, exc)
+            await trio.sleep(delay)
+            delay = min(delay * 2, REGISTER_RETRY_S[1])
+
     async def run(
         self,
         on_lost: Callable[[], Any],
@@ -409,7 +441,7 @@ class Ownership:
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Register, refresh the load report, and handle a lost metadata session."""
-        await self.register()
+        await self._register_at_start()
         task_status.started()
         async with trio.open_nursery() as nursery:
 
