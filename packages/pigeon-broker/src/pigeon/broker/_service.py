@@ -68,8 +68,9 @@ DEDUP_SNAPSHOT_SECONDS = 1.0
 DEDUP_LOOKUP_MAX_BYTES = 256 << 20
 #: entries read at a time, backwards, to name the original of a duplicate
 DEDUP_LOOKUP_CHUNK = 256
-#: how long a duplicate's answer waits for its original to be named: the client
-#: completes its sends in order, so every later send of the producer waits too
+#: how long a duplicate's answer waits for its original to be named before it is
+#: refused (retriable): the client completes its sends in order, so every later send of
+#: the producer waits too
 DEDUP_LOOKUP_WAIT_S = 2.0
 MAX_PARTITIONS = 4096
 
@@ -109,8 +110,10 @@ class Topic:
         #: the dedup state remembers where the entries from here on are; the log before
         #: it is read (backwards, once) only to name the original of a duplicate
         self._dedup_indexed_from: tuple[int, int] | None = None
-        self._dedup_lookup = trio.Lock()
         self._dedup_lookup_bytes = 0
+        self._dedup_searching = False  #: a search of the log for originals is running
+        self._dedup_waiters = 0  #: sends waiting for it
+        self._dedup_searched = trio.Event()  #: set (and replaced) after each chunk read
         self._dedup_unsaved = 0
         self._dedup_saving = False
         self._dedup_saved_at = 0.0
@@ -270,32 +273,66 @@ class Topic:
 
     async def original_receipt(self, name: str, first: int, count: int) -> Receipt | None:
         """The position of a stored batch the dedup state does not remember (stored
-        before the snapshot this broker recovered from), found by reading the log
-        backwards from where the recovery began, :data:`DEDUP_LOOKUP_CHUNK` entries at a
-        time, at most :data:`DEDUP_LOOKUP_MAX_BYTES` per topic.  None when it cannot be
-        named (the log was trimmed, or the batch was stored under other sequence
-        boundaries).  What was read stays remembered, so a caller that gives up waiting
-        (see ``on_send``) leaves the next one less to read."""
+        before the snapshot this broker recovered from).  None when it cannot be named
+        (the log was trimmed, or the batch was stored under other sequence boundaries).
+
+        A background search reads the log backwards from where the recovery began,
+        :data:`DEDUP_LOOKUP_CHUNK` entries at a time, at most
+        :data:`DEDUP_LOOKUP_MAX_BYTES` per topic, for as long as anyone waits; a caller
+        that stops waiting (``on_send`` waits DEDUP_LOOKUP_WAIT_S) does not cancel the
+        chunk being read, so the resend that follows finds what it read."""
         dedup = self.dedup
-        async with self._dedup_lookup:
+        self._dedup_waiters += 1
+        try:
             while True:
                 receipt = dedup.receipt(name, first, count)
-                if receipt is not None or dedup.remembers_before(name, first):
+                if receipt is not None or not self.may_find_original(name, first):
                     return receipt
+                searched = self._dedup_searched
+                if not self._dedup_searching:
+                    self._dedup_searching = True
+                    self.service.nursery.start_soon(self._search_log_backwards)
+                await searched.wait()
+        finally:
+            self._dedup_waiters -= 1
+
+    def _wake_dedup_waiters(self) -> None:
+        self._dedup_searched.set()
+        self._dedup_searched = trio.Event()
+
+    async def _search_log_backwards(self) -> None:
+        try:
+            while (
+                self._dedup_waiters > 0
+                and not self.unloaded
+                and self._dedup_indexed_from is not None
+                and self._dedup_lookup_bytes < DEDUP_LOOKUP_MAX_BYTES
+            ):
                 end = self._dedup_indexed_from
-                if end is None or self._dedup_lookup_bytes >= DEDUP_LOOKUP_MAX_BYTES:
-                    return None
                 index = self.ledger.segment_index_before(end)
                 if index is None:
                     self._dedup_indexed_from = None
-                    return None
+                    break
                 seg = self.ledger.segments[index]
                 stop = seg.last_entry_id + 1 if end[0] != seg.id else end[1]
                 start = max(0, stop - DEDUP_LOOKUP_CHUNK)
-                entries = await self._read_span(seg.id, start, stop)
+                try:
+                    entries = await self._read_span(seg.id, start, stop)
+                except PigeonError as exc:
+                    log.info(
+                        "reading the log for originals of duplicates failed topic=%s error=%s",
+                        self.name,
+                        exc,
+                    )
+                    await trio.sleep(0.5)
+                    continue
                 self._dedup_lookup_bytes += sum(len(e.data) for e in entries)
-                dedup.remember_older(self._dedup_records(entries))
+                self.dedup.remember_older(self._dedup_records(entries))
                 self._dedup_indexed_from = (seg.id, start)
+                self._wake_dedup_waiters()
+        finally:
+            self._dedup_searching = False
+            self._wake_dedup_waiters()
 
     async def _read_span(self, segment_id: int, start: int, stop: int) -> list[Entry]:
         """Entries ``start..stop-1`` of a segment (those no replica holds intact left
@@ -1007,15 +1044,30 @@ class BrokerService:
                 # stored before the state this broker recovered from: look it up (the
                 # client completes its sends in order whatever order answers come in)
                 async def look_up() -> None:
-                    found, why = None, "original not found in the log"
-                    try:
-                        with trio.move_on_after(DEDUP_LOOKUP_WAIT_S) as scope:
-                            found = await topic.original_receipt(name, sequence_id, n)
-                        if scope.cancelled_caught:
-                            why = f"original not found within {DEDUP_LOOKUP_WAIT_S}s"
-                    except PigeonError as exc:
-                        why = f"reading the log failed: {exc}"
-                    answer(found, None, True, why)
+                    found = None
+                    with trio.move_on_after(DEDUP_LOOKUP_WAIT_S) as scope:
+                        found = await topic.original_receipt(name, sequence_id, n)
+                    if scope.cancelled_caught:
+                        # not named yet (the log reads slowly): a retriable refusal, so
+                        # the client sends it again after re-attaching, while the search
+                        # goes on; never a receipt without the position it has
+                        log.info(
+                            "duplicate refused until its original is found topic=%s"
+                            " producer=%s sequence=%d",
+                            topic.name,
+                            name,
+                            sequence_id,
+                        )
+                        answer(
+                            None,
+                            ServiceUnavailable(
+                                f"the original of sequence {sequence_id} is still being"
+                                " looked for in the log; send it again"
+                            ),
+                            True,
+                        )
+                        return
+                    answer(found, None, True, "original not found in the log")
 
                 self._spawn(conn, request_id, look_up)
                 return
