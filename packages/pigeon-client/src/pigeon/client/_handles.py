@@ -15,7 +15,7 @@ import math
 import re
 import secrets
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import trio
 
@@ -39,10 +39,19 @@ from pigeon.client._logic import (
     wall_ms,
 )
 from pigeon.client._message import Message, MessageId
-from pigeon.core import TopicName
+from pigeon.client._options import ConsumerOptions, ProducerOptions, ReaderOptions
+from pigeon.core import PluginManager, TopicName
+from pigeon.core.codecs import Codec, CodecSet
 from pigeon.core.errors import InvalidArgument, NotSupported, PigeonError
 
-__all__ = ["ConsumerHandle", "ProducerHandle", "open_consumer", "open_producer"]
+__all__ = [
+    "ConsumerHandle",
+    "ProducerHandle",
+    "codecs_of",
+    "open_consumer",
+    "open_producer",
+    "open_reader",
+]
 
 log = logging.getLogger(__name__)
 
@@ -79,21 +88,16 @@ class ProducerHandle:
 
         return on_done
 
-    async def timer(
-        self, delay: float, index: int, generation: int, submit_direct: Callable[[Any, Any], None]
-    ) -> None:
+    def start_timer(self, index: int, generation: int) -> None:
+        """*engine*: start the batching timer of partition ``index``'s batch."""
+        self.client.nursery.start_soon(self.timer, index, generation)
+
+    async def timer(self, index: int, generation: int) -> None:
         """*engine*: seal partition ``index``'s batch after the batching delay."""
-        await trio.sleep(delay)
+        await trio.sleep(self.logic.max_delay)
         try:
             with self.lock:
-                core = self.logic.cores[index]
-                if core.generation != generation:
-                    return
-                batch = core.seal(self.logic._callback_factory(index))
-                if batch is not None:
-                    self.logic.router.batch_sealed(index)
-            if batch is not None:
-                submit_direct(self.engines[index], batch)
+                self.logic.timer_fired(index, generation)
         except Exception:  # seal fails only the batch's own messages; this is a bug
             log.exception("batching timer failed topic=%s", self.topic)
 
@@ -110,34 +114,32 @@ class ProducerHandle:
 
 async def open_producer(
     client: ClientEngine,
-    topic: str,
+    options: ProducerOptions,
     *,
     codecs: Any,
     lock: Any,
-    producer_name: str,
-    batching_max_messages: int,
-    batching_max_bytes: int,
-    batching_max_delay_ms: float,
-    compression: str,
-    send_timeout: float,
-    routing_mode: str,
-    message_router: Callable[[Any, int], int] | None,
     submit: Callable[[Any, PendingBatch], None],
-    start_timer: Callable[[int, int], None],
+    start_timer: Callable[[int, int], None] | None = None,
 ) -> ProducerHandle:
-    """*engine*: look the topic up and attach one producer per partition."""
-    codec = codecs.by_name(compression)
-    names = await client.partitioned_names(topic)
-    router = Router(routing_mode, len(names), message_router)
+    """*engine*: look the topic up and attach one producer per partition.
+
+    ``submit(engine, batch)`` hands a sealed batch to a partition's engine, from whatever
+    thread seals it; ``start_timer(index, generation)`` starts a batching timer (default:
+    a task on the engine, :meth:`ProducerHandle.start_timer`).
+    """
+    o = options
+    codec = codecs.by_name(o.compression)
+    names = await client.partitioned_names(o.topic)
+    router = Router(o.routing_mode, len(names), o.message_router)
     engines = []
     try:
         for i, name in enumerate(names):
             pname = (
-                f"{producer_name}-partition-{i}"
-                if producer_name and len(names) > 1
-                else producer_name
+                f"{o.producer_name}-partition-{i}"
+                if o.producer_name and len(names) > 1
+                else o.producer_name
             )
-            e = ProducerEngine(client, name, producer_name=pname, send_timeout=send_timeout)
+            e = ProducerEngine(client, name, producer_name=pname, send_timeout=o.send_timeout)
             await e.start()
             engines.append(e)
     except BaseException:
@@ -150,8 +152,8 @@ async def open_producer(
             producer_name=e.producer_name,
             codec=codec,
             partition=i if len(engines) > 1 else -1,
-            max_messages=batching_max_messages,
-            max_bytes=batching_max_bytes,
+            max_messages=o.batching_max_messages,
+            max_bytes=o.batching_max_bytes,
             max_message_size=e.max_message_size,
             first_sequence_id=e.last_sequence_id + 1,
         )
@@ -161,13 +163,19 @@ async def open_producer(
         engines,
         cores,
         router,
-        max_delay=batching_max_delay_ms / 1000,
+        max_delay=o.batching_max_delay_ms / 1000,
         submit=submit,
-        start_timer=start_timer,
+        start_timer=lambda index, generation: None,
     )
     handle = ProducerHandle(client, engines, logic, lock)
+    logic.start_timer = start_timer or handle.start_timer
     logic.callback_for = handle.callback_for
     return handle
+
+
+def codecs_of(pm: PluginManager) -> CodecSet:
+    """The codecs the plugins registered."""
+    return CodecSet(cast(Codec, codec) for _name, codec in pm.codecs.items())
 
 
 def deliver_time(
@@ -451,7 +459,21 @@ class ConsumerHandle:
             with contextlib.suppress(PigeonError):
                 await p.close()
 
-    # -- face side (under lock) --------------------------------------------------------
+    # -- face side (any thread; each takes the lock) ----------------------------------
+
+    def receive_nowait(
+        self, max_messages: int, now: float
+    ) -> tuple[list[Message], list[tuple[Any, int]]]:
+        """Messages ready for the application ([] if none) and the permits to grant.
+
+        The caller hands each ``(engine, permits)`` to ``engine.flow`` on the engine.
+        """
+        with self.lock:
+            msgs = self.take_messages(max_messages, now)
+            if not msgs:
+                return msgs, []
+            self.record_received(msgs)
+            return msgs, self.core.count_consumed(msgs)
 
     def take_messages(self, max_messages: int, now: float) -> list[Message]:
         """Messages ready for the application; [] if none queued. Call with the lock held."""
@@ -466,12 +488,11 @@ class ConsumerHandle:
             if msgs:
                 return msgs
 
-    def grants(self, msgs: list[Message]) -> list[tuple[Any, int]]:
-        return self.core.count_consumed(msgs)
-
     def acknowledge(self, mid: MessageId) -> bool:
-        self.logic.acked(mid.segment_id, mid.entry_id, mid.batch_index)
-        return self.core.add_ack(mid)
+        """True when enough acknowledgements wait to be sent now (flush_acks_nowait)."""
+        with self.lock:
+            self.logic.acked(mid.segment_id, mid.entry_id, mid.batch_index)
+            return self.core.add_ack(mid)
 
     def acknowledge_cumulative(self, mid: MessageId) -> None:
         if self.options.subscription_type in ("shared", "key_shared"):
@@ -479,7 +500,12 @@ class ConsumerHandle:
                 "cumulative acknowledgement is not allowed on a "
                 f"{self.options.subscription_type} subscription"
             )
-        self.core.add_cumulative_ack(mid)
+        with self.lock:
+            self.core.add_cumulative_ack(mid)
+
+    def negative_acknowledge(self, message: Message, now: float) -> None:
+        with self.lock:
+            self.logic.negative_acknowledge(message, now)
 
 
 def _origin_topic(m: Message) -> str:
@@ -499,65 +525,61 @@ def _pattern_namespace(pattern: re.Pattern[str]) -> str:
 
 async def open_consumer(
     client: ClientEngine,
-    topic: str | list[str] | re.Pattern[str],
-    subscription: str,
+    options: ConsumerOptions,
     *,
     codecs: Any,
     lock: Any,
     notify: Callable[[], None],
-    subscription_type: str = "exclusive",
-    initial_position: str = "latest",
-    consumer_name: str = "",
-    priority: int = 0,
-    receiver_queue_size: int = 10_000,
+    producer_factory: Callable[[str], Any] | None = None,
     durable: bool = True,
     start_offset: int = -1,
-    ack_timeout: float = 0.0,
-    negative_ack_redelivery_delay: float = 1.0,
-    dead_letter_policy: DeadLetterPolicy | None = None,
-    pattern_auto_discovery_period: float = 60.0,
-    producer_factory: Callable[[str], Any] | None = None,
 ) -> ConsumerHandle:
-    """*engine*: subscribe to a topic, a list of topics, or a regex pattern of topics."""
-    if not subscription:
+    """*engine*: subscribe to a topic, a list of topics, or a regex pattern of topics.
+
+    ``notify()`` runs on the engine's thread whenever entries were queued;
+    ``producer_factory(topic)`` opens the producers of dead-lettering and retries.
+    """
+    o = options
+    if not o.subscription:
         raise InvalidArgument("subscription name must not be empty")
+    topic = o.topic
     pattern = topic if isinstance(topic, re.Pattern) else None
     topics: list[str] = (
         [topic] if isinstance(topic, str) else [] if isinstance(topic, re.Pattern) else list(topic)
     )
     if pattern is None and not topics:
         raise InvalidArgument("subscribe needs at least one topic")
-    options = SubscribeOptions(
+    subscribe = SubscribeOptions(
         topics[0] if topics else "",
-        subscription,
-        subscription_type,
-        initial_position,
-        consumer_name,
-        priority,
+        o.subscription,
+        o.subscription_type,
+        o.initial_position,
+        o.consumer_name,
+        o.priority,
         durable=durable,
         start_offset=start_offset,
-        receiver_queue_size=receiver_queue_size,
+        receiver_queue_size=o.receiver_queue_size,
     )
     # validate the type/position before touching the network
-    ConsumerEngine.validate(options)
+    ConsumerEngine.validate(subscribe)
     handle = ConsumerHandle(
         client,
-        subscription=subscription,
-        options=options,
+        subscription=o.subscription,
+        options=subscribe,
         codecs=codecs,
         lock=lock,
         notify=notify,
-        dead_letter=dead_letter_policy,
-        ack_timeout=ack_timeout,
-        negative_ack_delay=negative_ack_redelivery_delay,
+        dead_letter=o.dead_letter_policy,
+        ack_timeout=o.ack_timeout,
+        negative_ack_delay=o.negative_ack_redelivery_delay,
         pattern=pattern,
-        pattern_period=pattern_auto_discovery_period,
+        pattern_period=o.pattern_auto_discovery_period,
         producer_factory=producer_factory,
     )
     try:
         for t in topics:
             await handle.attach(t)
-        if dead_letter_policy is not None and dead_letter_policy.enable_retry:
+        if o.dead_letter_policy is not None and o.dead_letter_policy.enable_retry:
             for t in topics:
                 base = TopicName.parse(t).full
                 await handle.attach(handle.logic.retry_topic(base))
@@ -571,6 +593,32 @@ async def open_consumer(
         raise
     client.nursery.start_soon(handle.housekeeping)
     return handle
+
+
+async def open_reader(
+    client: ClientEngine,
+    options: ReaderOptions,
+    *,
+    codecs: Any,
+    lock: Any,
+    notify: Callable[[], None],
+) -> ConsumerHandle:
+    """*engine*: a consumer on a non-durable subscription of its own."""
+    initial, offset = options.start_position()
+    return await open_consumer(
+        client,
+        ConsumerOptions(
+            options.topic,
+            reader_subscription(),
+            initial_position=initial,
+            receiver_queue_size=options.receiver_queue_size,
+        ),
+        codecs=codecs,
+        lock=lock,
+        notify=notify,
+        durable=False,
+        start_offset=offset,
+    )
 
 
 def reader_subscription() -> str:

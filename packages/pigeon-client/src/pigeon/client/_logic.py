@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from pigeon.client._core import (
@@ -22,6 +21,7 @@ from pigeon.client._core import (
 )
 from pigeon.client._future import BatchState, MessageFuture
 from pigeon.client._message import Message
+from pigeon.client._options import DeadLetterPolicy
 from pigeon.core.batch import message_body_size
 from pigeon.core.errors import InvalidArgument
 
@@ -32,28 +32,6 @@ REAL_TOPIC = "REAL_TOPIC"
 RECONSUME_TIMES = "RECONSUMETIMES"
 DELAY_TIME = "DELAY_TIME"
 _MAX_SEQUENCE_ID = 2**63 - 1
-
-
-@dataclass(frozen=True)
-class DeadLetterPolicy:
-    """Where messages go that failed too often.
-
-    A message redelivered more than ``max_redeliver_count`` times (or reconsumed later
-    that often) is published to ``dead_letter_topic`` (default ``<topic>-<sub>-DLQ``) and
-    acknowledged instead of being handed to the application again.  With
-    ``retry_letter_topic`` (default ``<topic>-<sub>-RETRY`` when ``enable_retry`` is set)
-    ``consumer.reconsume_later(msg, delay)`` republishes a message there with a delay; the
-    consumer subscribes to the retry topic too.
-    """
-
-    max_redeliver_count: int
-    dead_letter_topic: str | None = None
-    retry_letter_topic: str | None = None
-    enable_retry: bool = False
-
-    def __post_init__(self) -> None:
-        if self.max_redeliver_count < 1:
-            raise InvalidArgument("max_redeliver_count must be at least 1")
 
 
 class ProducerLogic:

@@ -13,9 +13,9 @@
 
     asyncio.run(main())
 
-The trio engine runs in one background thread, started exactly as the sync face starts it
-(an internal :class:`pigeon.client._sync.Client`); the asyncio program needs no trio of its
-own and its event loop never blocks on the engine:
+The trio engine runs in one background thread, the same
+:class:`~pigeon.client._thread.EngineThread` the sync face runs it in; the asyncio program
+needs no trio of its own and its event loop never blocks on the engine:
 
 * an engine operation (lookup, subscribe, seek, flush, close, ...) is a task started in the
   engine's nursery with ``run_sync_soon``; its outcome comes back through
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import re
@@ -45,19 +46,21 @@ from typing import Any
 
 import trio
 
-from pigeon.client import _sync
-from pigeon.client import trio as trio_face
 from pigeon.client._core import message_id_of
+from pigeon.client._engine import ClientEngine
 from pigeon.client._handles import (
     ConsumerHandle,
     ProducerHandle,
+    codecs_of,
     deliver_time,
     open_consumer,
     open_producer,
-    reader_subscription,
+    open_reader,
 )
-from pigeon.client._logic import DeadLetterPolicy
 from pigeon.client._message import Message, MessageId
+from pigeon.client._options import ConsumerOptions, DeadLetterPolicy, ProducerOptions, ReaderOptions
+from pigeon.client._thread import EngineThread
+from pigeon.client.trio import producer_factory
 from pigeon.core import PluginManager
 from pigeon.core.errors import AlreadyClosed, ProducerQueueFull, Timeout
 
@@ -158,10 +161,10 @@ class Client:
         operation_timeout: float = 30.0,
         plugins: PluginManager | None = None,
     ) -> None:
-        self._sync = _sync.Client(service_url, operation_timeout=operation_timeout, plugins=plugins)
-        self.engine = self._sync.engine
-        self.plugins = self._sync.plugins
-        self.codecs = self._sync.codecs
+        self.engine = ClientEngine(service_url, operation_timeout=operation_timeout)
+        self.plugins = plugins or PluginManager()
+        self.codecs = codecs_of(self.plugins)
+        self.engine_thread = EngineThread(self.engine)
         self._closed = False
         self._producers: weakref.WeakSet[Producer] = weakref.WeakSet()
         self._receivers: weakref.WeakSet[_Receiving] = weakref.WeakSet()
@@ -200,7 +203,7 @@ class Client:
 
     def _soon(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` on the engine's thread soon (never blocks)."""
-        self._sync._soon(fn, *args)
+        self.engine_thread.soon(fn, *args)
 
     def _spawn(self, afn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         """Fire and forget: run ``afn(*args)`` in the engine's nursery, errors logged."""
@@ -238,10 +241,10 @@ class Client:
             pass
         finally:
             self._closed = True
-            self._sync._closed = True
+            self.engine_thread.closed = True
             for receiver in list(self._receivers):
                 receiver._mark_closed()
-        await asyncio.to_thread(self._sync._thread.join, 30)
+        await asyncio.to_thread(self.engine_thread.join, 30)
 
     async def create_topic(self, topic: str, partitions: int = 0) -> None:
         """Create a topic (``partitions > 0``: a partitioned topic)."""
@@ -266,25 +269,29 @@ class Client:
         routing_mode: str = "round_robin",
         message_router: Callable[[Any, int], int] | None = None,
     ) -> Producer:
-        producer = Producer(self, max_pending_messages, block_if_queue_full, send_timeout)
-
-        async def open_() -> ProducerHandle:
-            return await open_producer(
-                self.engine,
-                topic,
-                codecs=self.codecs,
-                lock=producer._lock,
-                producer_name=producer_name,
-                batching_max_messages=batching_max_messages,
-                batching_max_bytes=batching_max_bytes,
-                batching_max_delay_ms=batching_max_delay_ms,
-                compression=compression,
-                send_timeout=send_timeout,
-                routing_mode=routing_mode,
-                message_router=message_router,
-                submit=producer._submit,
-                start_timer=producer._start_timer,
-            )
+        options = ProducerOptions(
+            topic,
+            producer_name=producer_name,
+            batching_max_messages=batching_max_messages,
+            batching_max_bytes=batching_max_bytes,
+            batching_max_delay_ms=batching_max_delay_ms,
+            compression=compression,
+            send_timeout=send_timeout,
+            max_pending_messages=max_pending_messages,
+            block_if_queue_full=block_if_queue_full,
+            routing_mode=routing_mode,
+            message_router=message_router,
+        )
+        producer = Producer(self, options)
+        open_ = functools.partial(
+            open_producer,
+            self.engine,
+            options,
+            codecs=self.codecs,
+            lock=producer._lock,
+            submit=producer._submit,
+            start_timer=producer._start_timer,
+        )
 
         def orphan(handle: ProducerHandle) -> None:
             handle.closed = True
@@ -313,28 +320,29 @@ class Client:
         pattern_auto_discovery_period: float = 60.0,
     ) -> Consumer:
         """Subscribe to a topic, a list of topics, or a ``re.Pattern`` of topic names."""
+        options = ConsumerOptions(
+            topic,
+            subscription,
+            subscription_type=subscription_type,
+            initial_position=initial_position,
+            consumer_name=consumer_name,
+            priority=priority,
+            receiver_queue_size=receiver_queue_size,
+            ack_timeout=ack_timeout,
+            negative_ack_redelivery_delay=negative_ack_redelivery_delay,
+            dead_letter_policy=dead_letter_policy,
+            pattern_auto_discovery_period=pattern_auto_discovery_period,
+        )
         consumer = Consumer(self)
-
-        async def open_() -> ConsumerHandle:
-            return await open_consumer(
-                self.engine,
-                topic,
-                subscription,
-                codecs=self.codecs,
-                lock=consumer._lock,
-                notify=consumer._notify,
-                subscription_type=subscription_type,
-                initial_position=initial_position,
-                consumer_name=consumer_name,
-                priority=priority,
-                receiver_queue_size=receiver_queue_size,
-                ack_timeout=ack_timeout,
-                negative_ack_redelivery_delay=negative_ack_redelivery_delay,
-                dead_letter_policy=dead_letter_policy,
-                pattern_auto_discovery_period=pattern_auto_discovery_period,
-                producer_factory=self._sync._trio_client.create_producer,
-            )
-
+        open_ = functools.partial(
+            open_consumer,
+            self.engine,
+            options,
+            codecs=self.codecs,
+            lock=consumer._lock,
+            notify=consumer._notify,
+            producer_factory=producer_factory(self.engine, self.codecs),
+        )
         consumer._handle = await self._run(open_, shield=True, orphan=self._close_orphan)
         self._receivers.add(consumer)
         return consumer
@@ -348,23 +356,21 @@ class Client:
         receiver_queue_size: int = 10_000,
     ) -> Reader:
         """A reader from ``"earliest"``, ``"latest"`` or after a MessageId."""
-        initial, offset = trio_face.reader_start(start, start_message_id_inclusive)
+        options = ReaderOptions(
+            topic,
+            start,
+            start_message_id_inclusive=start_message_id_inclusive,
+            receiver_queue_size=receiver_queue_size,
+        )
         reader = Reader(self)
-
-        async def open_() -> ConsumerHandle:
-            return await open_consumer(
-                self.engine,
-                topic,
-                reader_subscription(),
-                codecs=self.codecs,
-                lock=reader._lock,
-                notify=reader._notify,
-                initial_position=initial,
-                receiver_queue_size=receiver_queue_size,
-                durable=False,
-                start_offset=offset,
-            )
-
+        open_ = functools.partial(
+            open_reader,
+            self.engine,
+            options,
+            codecs=self.codecs,
+            lock=reader._lock,
+            notify=reader._notify,
+        )
         reader._handle = await self._run(open_, shield=True, orphan=self._close_orphan)
         self._receivers.add(reader)
         return reader
@@ -382,14 +388,12 @@ class Producer:
 
     _handle: ProducerHandle
 
-    def __init__(
-        self, client: Client, max_pending: int, block_if_queue_full: bool, send_timeout: float
-    ) -> None:
+    def __init__(self, client: Client, options: ProducerOptions) -> None:
         self._client = client
         self._loop = asyncio.get_running_loop()
-        self._max_pending = max_pending
-        self._block = block_if_queue_full
-        self._send_timeout = send_timeout
+        self._max_pending = options.max_pending_messages
+        self._block = options.block_if_queue_full
+        self._send_timeout = options.send_timeout
         self._lock = threading.Lock()
         self._space = asyncio.Event()
 
@@ -610,12 +614,9 @@ class _Receiving:
             self._arrived.clear()  # before looking, so no wake-up is lost
             if h.closed:
                 raise AlreadyClosed("consumer is closed")
-            with self._lock:
-                msgs = h.take_messages(max_messages, _sync.trio_now(client._sync))
-                if msgs:
-                    h.record_received(msgs)
-                    grants = h.grants(msgs)
-                    break
+            msgs, grants = h.receive_nowait(max_messages, client.engine_thread.now())
+            if msgs:
+                break
             left = deadline - self._loop.time()
             if left <= 0:
                 raise Timeout(f"no message within {timeout}s")
@@ -683,22 +684,16 @@ class Consumer(_Receiving):
 
     async def acknowledge(self, message: Message | MessageId) -> None:
         """Acknowledge one message (sent to the broker in groups, every 100 ms)."""
-        mid = message_id_of(message)
-        with self._lock:
-            full = self._handle.acknowledge(mid)
-        if full:
+        if self._handle.acknowledge(message_id_of(message)):
             self._client._soon(self._handle.flush_acks_nowait)
 
     async def acknowledge_cumulative(self, message: Message | MessageId) -> None:
         """Acknowledge this message and every earlier one of its partition."""
-        mid = message_id_of(message)
-        with self._lock:
-            self._handle.acknowledge_cumulative(mid)
+        self._handle.acknowledge_cumulative(message_id_of(message))
 
     async def negative_acknowledge(self, message: Message) -> None:
         """Ask for this message again after ``negative_ack_redelivery_delay`` seconds."""
-        with self._lock:
-            self._handle.logic.negative_acknowledge(message, _sync.trio_now(self._client._sync))
+        self._handle.negative_acknowledge(message, self._client.engine_thread.now())
 
     async def reconsume_later(self, message: Message, delay: float) -> None:
         """Republish to the retry topic, delivered after ``delay`` seconds; acknowledge."""
@@ -723,8 +718,7 @@ class Reader(_Receiving):
 
     async def read_next(self, timeout: float | None = None) -> Message:
         msg = await self.receive(timeout)
-        with self._lock:
-            self._handle.acknowledge_cumulative(msg.message_id)
+        self._handle.acknowledge_cumulative(msg.message_id)
         return msg
 
     async def has_message_available(self) -> bool:
