@@ -505,27 +505,12 @@ class ProducerEngine(_Reconnecting):
         """Send ``batch`` on attachment ``epoch``; False if the connection is gone."""
         conn = self.conn
         assert conn is not None and self.link.can_send(epoch)
-
-        def on_receipt(result: Any, error: BaseException | None) -> None:
-            if self.link.on_result(epoch, batch, result, error):
-                log.info(
-                    "producer detached topic=%s sequence=%d error=%s",
-                    self.topic,
-                    batch.sequence_id,
-                    error,
-                )
-                self.reconnect_soon()
-            self._check_empty()
-
+        request = SendRequest(self, batch, epoch)
         try:
             conn.request_nowait(
                 "send",
-                {
-                    "producerId": self.producer_id,
-                    "sequenceId": batch.sequence_id,
-                    "numMessages": batch.num_messages,
-                },
-                on_receipt,
+                request.create_request(),
+                request,
                 payload=batch.payload,
                 expect="sendReceipt",
                 extract=_extract_receipt,
@@ -565,6 +550,54 @@ class ProducerEngine(_Reconnecting):
                 await self.engine.request(conn, "closeProducer", {"producerId": self.producer_id})
             except PigeonError:
                 pass
+
+
+class SendRequest:
+    """One ``send`` of a batch on one attachment (``epoch``) of its producer.
+
+    The connection calls it with the broker's answer; the producer's :class:`ProducerLink`
+    decides what the answer means (the batch is done, or the attachment is given up and the
+    batch waits to be resent after the re-attach).
+    """
+
+    __slots__ = ("batch", "epoch", "producer")
+
+    def __init__(self, producer: ProducerEngine, batch: PendingBatch, epoch: int) -> None:
+        self.producer = producer
+        self.batch = batch
+        self.epoch = epoch
+
+    def create_request(self) -> dict[str, Any]:
+        batch = self.batch
+        return {
+            "producerId": self.producer.producer_id,
+            "sequenceId": batch.sequence_id,
+            "numMessages": batch.num_messages,
+        }
+
+    def __call__(self, receipt: Any, error: BaseException | None) -> None:
+        if error is None:
+            self.handle_response(receipt)
+        else:
+            self.handle_error(error)
+
+    def handle_response(self, receipt: tuple[int, int, int, bool]) -> None:
+        self._outcome(receipt, None)
+
+    def handle_error(self, error: BaseException) -> None:
+        self._outcome(None, error)
+
+    def _outcome(self, receipt: Any, error: BaseException | None) -> None:
+        producer = self.producer
+        if producer.link.on_result(self.epoch, self.batch, receipt, error):
+            log.info(
+                "producer detached topic=%s sequence=%d error=%s",
+                producer.topic,
+                self.batch.sequence_id,
+                error,
+            )
+            producer.reconnect_soon()
+        producer._check_empty()
 
 
 def _extract_receipt(body: Any, payload: memoryview) -> tuple[int, int, int, bool]:

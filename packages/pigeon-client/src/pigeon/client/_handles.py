@@ -19,7 +19,7 @@ from typing import Any, cast
 
 import trio
 
-from pigeon.client._core import ConsumerCore, ProducerCore, Router, resolve_completions
+from pigeon.client._core import BatchCompletion, ConsumerCore, ProducerCore, Router
 from pigeon.client._engine import (
     ClientEngine,
     ConsumerEngine,
@@ -79,14 +79,14 @@ class ProducerHandle:
     def producer_name(self) -> str:
         return self.engines[0].producer_name
 
-    def callback_for(self, completions: list[Any], state: Any, partition: int) -> Any:
-        def on_done(result: Any, error: BaseException | None) -> None:
-            resolve_completions(completions, state, result, error, partition)
-            with self.lock:
-                self.outstanding -= len(completions)
-            self.on_space()
+    def callback_for(self, completions: list[Any], state: Any, partition: int) -> BatchCompletion:
+        return BatchCompletion(completions, state, partition, self.batch_done)
 
-        return on_done
+    def batch_done(self, count: int) -> None:
+        """*engine*: ``count`` messages got their receipt or failed: free their space."""
+        with self.lock:
+            self.outstanding -= count
+        self.on_space()
 
     def start_timer(self, index: int, generation: int) -> None:
         """*engine*: start the batching timer of partition ``index``'s batch."""

@@ -12,14 +12,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from pigeon.client._core import (
-    SLACK_PER_BATCH,
-    SLACK_PER_MESSAGE,
     ConsumerCore,
     ProducerCore,
     Router,
     normalize_message,
 )
-from pigeon.client._future import BatchState, MessageFuture
+from pigeon.client._future import MessageFuture
 from pigeon.client._message import Message
 from pigeon.client._options import DeadLetterPolicy
 from pigeon.core.batch import message_body_size
@@ -130,33 +128,24 @@ class ProducerLogic:
         else:
             value, key, properties = normalize_message(value, key, properties)
             body = message_body_size(value, key, properties, event_time)
-        core = self.cores[self.router.choose(key) if self.multi else 0]
-        if core.header_bytes + body > core.max_message_size:
-            core.check_fits(body)
-        completions = core.completions
-        n = len(completions)
-        if n and core.batch_bytes + body + SLACK_PER_MESSAGE > core.max_message_size:
-            self.seal(self.cores.index(core))
-            completions = core.completions  # sealing started a new list
-            n = 0
-        full = core.builder.add(value, key, properties, event_time)  # adds nothing if it raises
-        if n == 0:
-            core.generation += 1
-            state = core.state = BatchState(core.partition)
-            core.batch_bytes = core.header_bytes + SLACK_PER_BATCH
-        else:
-            state = core.state  # type: ignore[assignment]
-        future = MessageFuture(state, n)
-        completions.append(None)
-        core.batch_bytes += body + SLACK_PER_MESSAGE
+        index = self.router.choose(key) if self.multi else 0
+        core = self.cores[index]
+        core.check_fits(body)
+        if core.would_overflow(body):
+            self.seal(index)  # the broker refuses a batch over max_message_size
+        n = len(core)
+        full = core.add(value, key, properties, event_time, None, body)
+        future = MessageFuture(core.batch_state(), n)
         if full or self.max_delay <= 0:
-            self.seal(self.cores.index(core))
+            self.seal(index)
         elif n == 0:
-            self.start_timer(self.cores.index(core), core.generation)
+            self.start_timer(index, core.generation)
         return future
 
     def seal(self, index: int, *, deliver_at: int = 0) -> None:
-        batch = self.cores[index].seal(self._callback_factory(index), deliver_at=deliver_at)
+        """Seal partition ``index``'s batch and submit it: the one way a batch is sealed
+        (when full, before one that would not fit, on a delay, on a timer, on flush)."""
+        batch = self.cores[index].seal(self.callback_for, deliver_at=deliver_at)
         if batch is not None:
             self.router.batch_sealed(index)
             self.submit(self.engines[index], batch)
@@ -169,12 +158,8 @@ class ProducerLogic:
         if self.cores[index].generation == generation:
             self.seal(index)
 
-    # set by the face: (completions, state, partition) -> batch callback
+    #: set by the face: ``(completions, state, partition)`` -> the batch's receipt handler
     callback_for: Callable[[list[Any], Any, int], Any]
-
-    def _callback_factory(self, index: int) -> Callable[[list[Any], Any], Any]:
-        partition = self.cores[index].partition
-        return lambda completions, state: self.callback_for(completions, state, partition)
 
 
 class ConsumerLogic:

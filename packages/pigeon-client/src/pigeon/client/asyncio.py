@@ -57,7 +57,7 @@ from pigeon.client._handles import (
     open_producer,
     open_reader,
 )
-from pigeon.client._message import Message, MessageId
+from pigeon.client._message import Message, MessageId, receipt_message_id
 from pigeon.client._options import ConsumerOptions, DeadLetterPolicy, ProducerOptions, ReaderOptions
 from pigeon.client._thread import EngineThread
 from pigeon.client.trio import producer_factory
@@ -428,35 +428,12 @@ class Producer:
 
     def _callback_for(
         self, futures: list[asyncio.Future[MessageId]], state: Any, partition: int
-    ) -> Callable[[Any, BaseException | None], None]:
-        loop = self._loop
+    ) -> _BatchCompletion:
+        return _BatchCompletion(self, futures, partition)
 
-        def on_done(result: Any, error: BaseException | None) -> None:  # engine thread
-            with contextlib.suppress(RuntimeError):  # the event loop is closed
-                loop.call_soon_threadsafe(self._resolve_batch, futures, result, error, partition)
-
-        return on_done
-
-    def _resolve_batch(
-        self,
-        futures: list[asyncio.Future[MessageId]],
-        result: Any,
-        error: BaseException | None,
-        partition: int,
-    ) -> None:
-        if error is None:
-            seg, entry, offset, _duplicate = result
-            for i, f in enumerate(futures):
-                if not f.done():
-                    f.set_result(
-                        MessageId(seg, entry, i, partition, offset + i if offset >= 0 else -1)
-                    )
-        else:
-            for f in futures:
-                if not f.done():
-                    f.set_exception(error)
+    def _batch_done(self, count: int) -> None:
         h = self._handle
-        h.outstanding -= len(futures)
+        h.outstanding -= count
         if h.outstanding < self._max_pending:
             self._space.set()
 
@@ -572,6 +549,41 @@ class Producer:
                 h.closed = True
             self._space.set()
             await self._client._run(h.close, shield=True)
+
+
+class _BatchCompletion:
+    """The receipt handler of one sealed batch: called on the engine's thread, it resolves
+    the asyncio futures of the batch's messages on the loop's thread, with one
+    ``call_soon_threadsafe`` per batch."""
+
+    __slots__ = ("futures", "partition", "producer")
+
+    def __init__(
+        self, producer: Producer, futures: list[asyncio.Future[MessageId]], partition: int
+    ) -> None:
+        self.producer = producer
+        self.futures = futures
+        self.partition = partition
+
+    def __call__(self, receipt: Any, error: BaseException | None) -> None:  # engine thread
+        loop = self.producer._loop
+        with contextlib.suppress(RuntimeError):  # the event loop is closed
+            if error is None:
+                loop.call_soon_threadsafe(self.handle_response, receipt)
+            else:
+                loop.call_soon_threadsafe(self.handle_error, error)
+
+    def handle_response(self, receipt: tuple[int, int, int, bool]) -> None:  # loop thread
+        for i, f in enumerate(self.futures):
+            if not f.done():
+                f.set_result(receipt_message_id(receipt, i, self.partition))
+        self.producer._batch_done(len(self.futures))
+
+    def handle_error(self, error: BaseException) -> None:  # loop thread
+        for f in self.futures:
+            if not f.done():
+                f.set_exception(error)
+        self.producer._batch_done(len(self.futures))
 
 
 class _Receiving:
