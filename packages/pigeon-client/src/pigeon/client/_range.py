@@ -32,8 +32,9 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from pigeon.client._engine import ClientEngine, ConsumerEngine, ReceivedEntry, SubscribeOptions
-from pigeon.client._handles import reader_subscription
+from pigeon.client._consumer_engine import ConsumerEngine, SubscribeOptions
+from pigeon.client._consumer_handle import reader_subscription
+from pigeon.client._engine import ClientEngine, ReceivedEntry
 from pigeon.core.batch import unpack_entry_header
 from pigeon.core.errors import InvalidArgument, PigeonError, Timeout
 

@@ -18,18 +18,11 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from pigeon.client._consumer_handle import ConsumerHandle, open_consumer, open_reader
 from pigeon.client._core import ProducerCore, message_id_of
 from pigeon.client._engine import ClientEngine
 from pigeon.client._future import MessageFuture
-from pigeon.client._handles import (
-    ConsumerHandle,
-    ProducerHandle,
-    codecs_of,
-    deliver_time,
-    open_consumer,
-    open_producer,
-    open_reader,
-)
+from pigeon.client._handles import ProducerHandle, codecs_of, deliver_time, open_producer
 from pigeon.client._message import Message, MessageId
 from pigeon.client._options import ConsumerOptions, DeadLetterPolicy, ProducerOptions, ReaderOptions
 from pigeon.client._thread import EngineThread

@@ -18,10 +18,9 @@ The trio engine runs in one background thread, the same
 needs no trio of its own and its event loop never blocks on the engine:
 
 * an engine operation (lookup, subscribe, seek, flush, close, ...) is a task started in the
-  engine's nursery with ``run_sync_soon``; its outcome comes back through
-  ``loop.call_soon_threadsafe`` into an asyncio future.  Cancelling the awaiting asyncio
-  task cancels the engine task (closes excepted: they run to completion), and a producer
-  or consumer opened for a task that is no longer waiting is closed again.
+  engine's nursery and awaited through an asyncio future
+  (:mod:`pigeon.client._asyncio_bridge`); a producer or consumer opened for a task that is
+  no longer waiting is closed again.
 * a producer accumulates messages in the loop's thread (the batching timer is a
   ``loop.call_later``) and hands each sealed batch over with one ``run_sync_soon``; the
   receipt of a batch comes back with one ``call_soon_threadsafe`` that resolves the asyncio
@@ -44,19 +43,11 @@ import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-import trio
-
+from pigeon.client._asyncio_bridge import run_on_engine, spawn_on_engine
+from pigeon.client._consumer_handle import ConsumerHandle, open_consumer, open_reader
 from pigeon.client._core import message_id_of
 from pigeon.client._engine import ClientEngine
-from pigeon.client._handles import (
-    ConsumerHandle,
-    ProducerHandle,
-    codecs_of,
-    deliver_time,
-    open_consumer,
-    open_producer,
-    open_reader,
-)
+from pigeon.client._handles import ProducerHandle, codecs_of, deliver_time, open_producer
 from pigeon.client._message import Message, MessageId, receipt_message_id
 from pigeon.client._options import ConsumerOptions, DeadLetterPolicy, ProducerOptions, ReaderOptions
 from pigeon.client._thread import EngineThread
@@ -67,84 +58,6 @@ from pigeon.core.errors import AlreadyClosed, ProducerQueueFull, Timeout
 __all__ = ["Client", "Consumer", "DeadLetterPolicy", "Producer", "Reader"]
 
 log = logging.getLogger(__name__)
-
-
-class _EngineCall:
-    """One coroutine run in the engine's nursery for an awaiting asyncio task.
-
-    Its state changes (started, abandoned, finished) all happen on the engine's thread, so
-    they need no lock; the asyncio future is only touched on the loop's thread.
-    """
-
-    def __init__(
-        self,
-        client: Client,
-        loop: asyncio.AbstractEventLoop,
-        fut: asyncio.Future[Any],
-        afn: Callable[..., Awaitable[Any]],
-        args: tuple[Any, ...],
-        shield: bool,
-        orphan: Callable[[Any], None] | None,
-    ) -> None:
-        self.client = client
-        self.loop = loop
-        self.fut = fut
-        self.afn = afn
-        self.args = args
-        self.shield = shield
-        self.orphan = orphan
-        self.abandoned = False
-        self.scope: trio.CancelScope | None = None
-
-    # -- engine thread -----------------------------------------------------------------
-
-    def start(self) -> None:
-        try:
-            self.client.engine.nursery.start_soon(self._task)
-        except RuntimeError:  # the engine's nursery is closed: the client was closed
-            self._post(None, AlreadyClosed("client is closed"))
-
-    async def _task(self) -> None:
-        posted = False
-        try:
-            if self.abandoned and not self.shield:
-                return
-            with trio.CancelScope() as self.scope:
-                try:
-                    result = await self.afn(*self.args)
-                except Exception as exc:
-                    self._post(None, exc)
-                    posted = True
-                    return
-                self._post(result, None)
-                posted = True
-        finally:
-            if not posted and not self.abandoned:
-                # cancelled from outside: the engine is shutting down
-                self._post(None, AlreadyClosed("client is closed"))
-
-    def abandon(self) -> None:
-        """The asyncio task stopped waiting (it was cancelled)."""
-        self.abandoned = True
-        if self.scope is not None and not self.shield:
-            self.scope.cancel()
-
-    def _post(self, result: Any, error: BaseException | None) -> None:
-        with contextlib.suppress(RuntimeError):  # the event loop is closed: nobody waits
-            self.loop.call_soon_threadsafe(self._resolve, result, error)
-
-    # -- loop thread -------------------------------------------------------------------
-
-    def _resolve(self, result: Any, error: BaseException | None) -> None:
-        fut = self.fut
-        if fut.cancelled():
-            if error is None and self.orphan is not None:
-                self.orphan(result)
-            return
-        if error is not None:
-            fut.set_exception(error)
-        else:
-            fut.set_result(result)
 
 
 class Client:
@@ -185,21 +98,7 @@ class Client:
         """
         if self._closed:
             raise AlreadyClosed("client is closed")
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Any] = loop.create_future()
-        call = _EngineCall(self, loop, fut, afn, args, shield, orphan)
-        self._soon(call.start)
-        try:
-            return await fut
-        except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled():
-                # the outcome arrived, but the task was cancelled before it resumed
-                if fut.exception() is None and orphan is not None:
-                    orphan(fut.result())
-            else:
-                with contextlib.suppress(AlreadyClosed):
-                    self._soon(call.abandon)
-            raise
+        return await run_on_engine(self.engine_thread, afn, args, shield=shield, orphan=orphan)
 
     def _soon(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` on the engine's thread soon (never blocks)."""
@@ -208,18 +107,7 @@ class Client:
     def _spawn(self, afn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         """Fire and forget: run ``afn(*args)`` in the engine's nursery, errors logged."""
 
-        async def run() -> None:
-            try:
-                await afn(*args)
-            except Exception:
-                log.exception("background operation %s failed", getattr(afn, "__name__", afn))
-
-        def start() -> None:
-            with contextlib.suppress(RuntimeError):
-                self.engine.nursery.start_soon(run)
-
-        with contextlib.suppress(AlreadyClosed):
-            self._soon(start)
+        spawn_on_engine(self.engine_thread, afn, *args)
 
     # ------------------------------------------------------------------ public
 

@@ -19,19 +19,13 @@ from typing import Any
 
 import trio
 
+from pigeon.client._consumer_handle import ConsumerHandle, open_consumer, open_reader
 from pigeon.client._core import message_id_of
-from pigeon.client._engine import ClientEngine, PendingBatch, ProducerEngine
-from pigeon.client._handles import (
-    ConsumerHandle,
-    ProducerHandle,
-    codecs_of,
-    deliver_time,
-    open_consumer,
-    open_producer,
-    open_reader,
-)
+from pigeon.client._engine import ClientEngine, PendingBatch
+from pigeon.client._handles import ProducerHandle, codecs_of, deliver_time, open_producer
 from pigeon.client._message import Message, MessageId
 from pigeon.client._options import ConsumerOptions, DeadLetterPolicy, ProducerOptions, ReaderOptions
+from pigeon.client._producer_engine import ProducerEngine
 from pigeon.core import PluginManager
 from pigeon.core.codecs import CodecSet
 from pigeon.core.errors import AlreadyClosed, Timeout
