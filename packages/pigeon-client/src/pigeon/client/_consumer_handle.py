@@ -34,7 +34,13 @@ from pigeon.client._options import ConsumerOptions, ReaderOptions
 from pigeon.core import TopicName
 from pigeon.core.errors import InvalidArgument, NotSupported, PigeonError
 
-__all__ = ["ConsumerHandle", "open_consumer", "open_reader", "reader_subscription"]
+__all__ = [
+    "ConsumerFace",
+    "ConsumerHandle",
+    "open_consumer",
+    "open_reader",
+    "reader_subscription",
+]
 
 log = logging.getLogger(__name__)
 
@@ -335,6 +341,20 @@ class ConsumerHandle:
     def negative_acknowledge(self, message: Message, now: float) -> None:
         with self.lock:
             self.logic.negative_acknowledge(message, now)
+
+
+class ConsumerFace:
+    """What a Consumer of every face offers the same way (its ``_handle`` set on open)."""
+
+    _handle: ConsumerHandle
+
+    @property
+    def topic(self) -> str:
+        return self._handle.engines[0].topic if self._handle.engines else ""
+
+    @property
+    def subscription(self) -> str:
+        return self._handle.subscription
 
 
 def _origin_topic(m: Message) -> str:

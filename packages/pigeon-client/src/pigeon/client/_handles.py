@@ -26,7 +26,7 @@ from pigeon.core import PluginManager, TopicName
 from pigeon.core.codecs import Codec, CodecSet
 from pigeon.core.errors import InvalidArgument
 
-__all__ = ["ProducerHandle", "codecs_of", "deliver_time", "open_producer"]
+__all__ = ["ProducerFace", "ProducerHandle", "codecs_of", "deliver_time", "open_producer"]
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,20 @@ class ProducerHandle:
         """*engine*"""
         for e in self.engines:
             await e.close()
+
+
+class ProducerFace:
+    """What a Producer of every face offers the same way (its ``_handle`` set on open)."""
+
+    _handle: ProducerHandle
+
+    @property
+    def topic(self) -> str:
+        return self._handle.topic
+
+    @property
+    def producer_name(self) -> str:
+        return self._handle.producer_name
 
 
 async def open_producer(

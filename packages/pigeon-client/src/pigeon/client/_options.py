@@ -8,14 +8,33 @@ the engine (:mod:`pigeon.client._handles`) reads only these objects.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from pigeon.client._message import MessageId
 from pigeon.core.errors import InvalidArgument
 
-__all__ = ["ConsumerOptions", "DeadLetterPolicy", "ProducerOptions", "ReaderOptions"]
+__all__ = [
+    "ConsumerOptions",
+    "DeadLetterPolicy",
+    "ProducerOptions",
+    "ReaderOptions",
+    "options_from",
+]
+
+
+_Options = TypeVar("_Options")
+
+
+def options_from(options: type[_Options], arguments: Mapping[str, Any]) -> _Options:
+    """``options`` built from a face method's arguments (its ``locals()`` on entry).
+
+    Every field the method has a parameter for takes the argument; the others keep their
+    defaults (a test checks each keyword is a field with the same default).
+    """
+    names = getattr(options, "__dataclass_fields__")  # noqa: B009 - a dataclass type
+    return options(**{k: v for k, v in arguments.items() if k in names})
 
 
 @dataclass(frozen=True)

@@ -18,13 +18,25 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from pigeon.client._consumer_handle import ConsumerHandle, open_consumer, open_reader
+from pigeon.client._consumer_handle import ConsumerFace, ConsumerHandle, open_consumer, open_reader
 from pigeon.client._core import ProducerCore, message_id_of
 from pigeon.client._engine import ClientEngine
 from pigeon.client._future import MessageFuture
-from pigeon.client._handles import ProducerHandle, codecs_of, deliver_time, open_producer
+from pigeon.client._handles import (
+    ProducerFace,
+    ProducerHandle,
+    codecs_of,
+    deliver_time,
+    open_producer,
+)
 from pigeon.client._message import Message, MessageId
-from pigeon.client._options import ConsumerOptions, DeadLetterPolicy, ProducerOptions, ReaderOptions
+from pigeon.client._options import (
+    ConsumerOptions,
+    DeadLetterPolicy,
+    ProducerOptions,
+    ReaderOptions,
+    options_from,
+)
 from pigeon.client._thread import EngineThread
 from pigeon.client.trio import producer_factory
 from pigeon.core import PluginManager
@@ -97,19 +109,7 @@ class Client:
         routing_mode: str = "round_robin",
         message_router: Callable[[Any, int], int] | None = None,
     ) -> Producer:
-        options = ProducerOptions(
-            topic,
-            producer_name=producer_name,
-            batching_max_messages=batching_max_messages,
-            batching_max_bytes=batching_max_bytes,
-            batching_max_delay_ms=batching_max_delay_ms,
-            compression=compression,
-            send_timeout=send_timeout,
-            max_pending_messages=max_pending_messages,
-            block_if_queue_full=block_if_queue_full,
-            routing_mode=routing_mode,
-            message_router=message_router,
-        )
+        options = options_from(ProducerOptions, locals())
         producer = Producer(self.engine_thread, options)
         producer._handle = self.engine_thread.call(
             functools.partial(
@@ -142,19 +142,7 @@ class Client:
         pattern_auto_discovery_period: float = 60.0,
     ) -> Consumer:
         """Subscribe to a topic, a list of topics, or a ``re.Pattern`` of topic names."""
-        options = ConsumerOptions(
-            topic,
-            subscription,
-            subscription_type=subscription_type,
-            initial_position=initial_position,
-            consumer_name=consumer_name,
-            priority=priority,
-            receiver_queue_size=receiver_queue_size,
-            ack_timeout=ack_timeout,
-            negative_ack_redelivery_delay=negative_ack_redelivery_delay,
-            dead_letter_policy=dead_letter_policy,
-            pattern_auto_discovery_period=pattern_auto_discovery_period,
-        )
+        options = options_from(ConsumerOptions, locals())
         consumer = Consumer(self.engine_thread)
         consumer._handle = self.engine_thread.call(
             functools.partial(
@@ -178,12 +166,7 @@ class Client:
         receiver_queue_size: int = 10_000,
     ) -> Reader:
         """A reader from ``"earliest"``, ``"latest"`` or after a MessageId."""
-        options = ReaderOptions(
-            topic,
-            start,
-            start_message_id_inclusive=start_message_id_inclusive,
-            receiver_queue_size=receiver_queue_size,
-        )
+        options = options_from(ReaderOptions, locals())
         reader = Reader(self.engine_thread)
         reader._handle = self.engine_thread.call(
             functools.partial(
@@ -198,7 +181,7 @@ class Client:
         return reader
 
 
-class Producer:
+class Producer(ProducerFace):
     """Sends messages to a topic (every partition of a partitioned topic). Thread-safe."""
 
     _handle: ProducerHandle
@@ -210,14 +193,6 @@ class Producer:
         self._send_timeout = options.send_timeout
         self._lock = threading.Lock()
         self._space = threading.Condition(self._lock)
-
-    @property
-    def topic(self) -> str:
-        return self._handle.topic
-
-    @property
-    def producer_name(self) -> str:
-        return self._handle.producer_name
 
     @property
     def last_sequence_id(self) -> int:
@@ -415,19 +390,11 @@ class _Receiving:
             self._notify()
 
 
-class Consumer(_Receiving):
+class Consumer(ConsumerFace, _Receiving):
     """Receives messages of one subscription. Thread-safe."""
 
     def __enter__(self) -> Consumer:
         return self
-
-    @property
-    def topic(self) -> str:
-        return self._handle.engines[0].topic if self._handle.engines else ""
-
-    @property
-    def subscription(self) -> str:
-        return self._handle.subscription
 
     def __iter__(self) -> Iterator[Message]:
         while True:

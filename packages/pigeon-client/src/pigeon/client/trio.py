@@ -19,12 +19,24 @@ from typing import Any
 
 import trio
 
-from pigeon.client._consumer_handle import ConsumerHandle, open_consumer, open_reader
+from pigeon.client._consumer_handle import ConsumerFace, ConsumerHandle, open_consumer, open_reader
 from pigeon.client._core import message_id_of
 from pigeon.client._engine import ClientEngine, PendingBatch
-from pigeon.client._handles import ProducerHandle, codecs_of, deliver_time, open_producer
+from pigeon.client._handles import (
+    ProducerFace,
+    ProducerHandle,
+    codecs_of,
+    deliver_time,
+    open_producer,
+)
 from pigeon.client._message import Message, MessageId
-from pigeon.client._options import ConsumerOptions, DeadLetterPolicy, ProducerOptions, ReaderOptions
+from pigeon.client._options import (
+    ConsumerOptions,
+    DeadLetterPolicy,
+    ProducerOptions,
+    ReaderOptions,
+    options_from,
+)
 from pigeon.client._producer_engine import ProducerEngine
 from pigeon.core import PluginManager
 from pigeon.core.codecs import CodecSet
@@ -84,18 +96,7 @@ class Client:
         routing_mode: str = "round_robin",
         message_router: Callable[[Any, int], int] | None = None,
     ) -> Producer:
-        options = ProducerOptions(
-            topic,
-            producer_name=producer_name,
-            batching_max_messages=batching_max_messages,
-            batching_max_bytes=batching_max_bytes,
-            batching_max_delay_ms=batching_max_delay_ms,
-            compression=compression,
-            send_timeout=send_timeout,
-            max_pending_messages=max_pending_messages,
-            routing_mode=routing_mode,
-            message_router=message_router,
-        )
+        options = options_from(ProducerOptions, locals())
         return await open_trio_producer(self.engine, self.codecs, options)
 
     async def subscribe(
@@ -113,19 +114,7 @@ class Client:
         dead_letter_policy: DeadLetterPolicy | None = None,
         pattern_auto_discovery_period: float = 60.0,
     ) -> Consumer:
-        options = ConsumerOptions(
-            topic,
-            subscription,
-            subscription_type=subscription_type,
-            initial_position=initial_position,
-            consumer_name=consumer_name,
-            priority=priority,
-            receiver_queue_size=receiver_queue_size,
-            ack_timeout=ack_timeout,
-            negative_ack_redelivery_delay=negative_ack_redelivery_delay,
-            dead_letter_policy=dead_letter_policy,
-            pattern_auto_discovery_period=pattern_auto_discovery_period,
-        )
+        options = options_from(ConsumerOptions, locals())
         consumer = Consumer()
         consumer._handle = await open_consumer(
             self.engine,
@@ -145,12 +134,7 @@ class Client:
         start_message_id_inclusive: bool = False,
         receiver_queue_size: int = 10_000,
     ) -> Reader:
-        options = ReaderOptions(
-            topic,
-            start,
-            start_message_id_inclusive=start_message_id_inclusive,
-            receiver_queue_size=receiver_queue_size,
-        )
+        options = options_from(ReaderOptions, locals())
         reader = Reader()
         reader._handle = await open_reader(
             self.engine, options, codecs=self.codecs, lock=_NOLOCK, notify=reader._notify
@@ -187,7 +171,7 @@ def submit_now(engine: ProducerEngine, batch: PendingBatch) -> None:
     engine.submit(batch)
 
 
-class Producer:
+class Producer(ProducerFace):
     """Sends messages to a topic (all partitions of a partitioned topic)."""
 
     _handle: ProducerHandle
@@ -195,14 +179,6 @@ class Producer:
     def __init__(self, max_pending: int) -> None:
         self._max_pending = max_pending
         self._space = trio.Event()
-
-    @property
-    def topic(self) -> str:
-        return self._handle.topic
-
-    @property
-    def producer_name(self) -> str:
-        return self._handle.producer_name
 
     def _space_freed(self) -> None:
         self._space.set()
@@ -335,19 +311,11 @@ class _Receiving:
         await self.close()
 
 
-class Consumer(_Receiving):
+class Consumer(ConsumerFace, _Receiving):
     """Receives the messages of one subscription (on one or more topics)."""
 
     async def __aenter__(self) -> Consumer:
         return self
-
-    @property
-    def topic(self) -> str:
-        return self._handle.engines[0].topic if self._handle.engines else ""
-
-    @property
-    def subscription(self) -> str:
-        return self._handle.subscription
 
     async def acknowledge(self, message: Message | MessageId) -> None:
         if self._handle.acknowledge(message_id_of(message)):
