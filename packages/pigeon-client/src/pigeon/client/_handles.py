@@ -32,12 +32,10 @@ log = logging.getLogger(__name__)
 
 
 class ProducerHandle:
-    def __init__(
-        self, engine: ClientEngine, engines: list[ProducerEngine], logic: ProducerLogic, lock: Any
-    ):
+    def __init__(self, engine: ClientEngine, engines: list[ProducerEngine], lock: Any) -> None:
         self.client = engine
         self.engines = engines
-        self.logic = logic
+        self.logic: ProducerLogic  # set by open_producer
         self.lock = lock
         self.outstanding = 0
         self.closed = False
@@ -107,12 +105,15 @@ async def open_producer(
     lock: Any,
     submit: Callable[[Any, PendingBatch], None],
     start_timer: Callable[[int, int], None] | None = None,
+    callback_for: Callable[[list[Any], Any, int], Any] | None = None,
 ) -> ProducerHandle:
     """*engine*: look the topic up and attach one producer per partition.
 
     ``submit(engine, batch)`` hands a sealed batch to a partition's engine, from whatever
     thread seals it; ``start_timer(index, generation)`` starts a batching timer (default:
-    a task on the engine, :meth:`ProducerHandle.start_timer`).
+    a task on the engine, :meth:`ProducerHandle.start_timer`); ``callback_for(completions,
+    state, partition)`` makes a sealed batch's receipt handler (default:
+    :meth:`ProducerHandle.callback_for`).
     """
     o = options
     codec = codecs.by_name(o.compression)
@@ -146,17 +147,16 @@ async def open_producer(
         )
         for i, e in enumerate(engines)
     ]
-    logic = ProducerLogic(
+    handle = ProducerHandle(client, engines, lock)
+    handle.logic = ProducerLogic(
         engines,
         cores,
         router,
         max_delay=o.batching_max_delay_ms / 1000,
         submit=submit,
-        start_timer=lambda index, generation: None,
+        start_timer=start_timer or handle.start_timer,
     )
-    handle = ProducerHandle(client, engines, logic, lock)
-    logic.start_timer = start_timer or handle.start_timer
-    logic.callback_for = handle.callback_for
+    handle.logic.callback_for = callback_for or handle.callback_for
     return handle
 
 

@@ -179,15 +179,12 @@ class Client:
             lock=producer._lock,
             submit=producer._submit,
             start_timer=producer._start_timer,
+            # receipts resolve futures on the loop's thread, once per batch
+            callback_for=producer._callback_for,
         )
-
-        def orphan(handle: ProducerHandle) -> None:
-            handle.closed = True
-            self._spawn(handle.close)
-
-        handle: ProducerHandle = await self._run(open_, shield=True, orphan=orphan)
-        # receipts resolve futures on the loop's thread, once per batch (see _callback_for)
-        handle.logic.callback_for = producer._callback_for
+        handle: ProducerHandle = await self._run(
+            open_, shield=True, orphan=self._close_orphan_producer
+        )
         producer._handle = handle
         self._producers.add(producer)
         return producer
@@ -246,7 +243,13 @@ class Client:
         self._receivers.add(reader)
         return reader
 
+    def _close_orphan_producer(self, handle: ProducerHandle) -> None:
+        """A producer opened for a task that stopped waiting: close it again."""
+        handle.closed = True
+        self._spawn(handle.close)
+
     def _close_orphan(self, handle: ConsumerHandle) -> None:
+        """A consumer or reader opened for a task that stopped waiting: close it again."""
         self._spawn(handle.close)
 
 

@@ -200,13 +200,7 @@ class Producer(ProducerFace):
         deliver_after: float | None = None,
     ) -> MessageId:
         """Send and wait for the broker's receipt."""
-        done = trio.Event()
-        box: list[Any] = []
-
-        def complete(mid: MessageId | None, err: BaseException | None) -> None:
-            box.append((mid, err))
-            done.set()
-
+        receipt = _Receipt()
         await self.send_async(
             value,
             key=key,
@@ -214,13 +208,9 @@ class Producer(ProducerFace):
             event_time=event_time,
             deliver_at=deliver_at,
             deliver_after=deliver_after,
-            callback=complete,
+            callback=receipt,
         )
-        await done.wait()
-        mid, err = box[0]
-        if err is not None:
-            raise err
-        return mid  # type: ignore[no-any-return]
+        return await receipt.wait()
 
     async def send_async(
         self,
@@ -255,6 +245,29 @@ class Producer(ProducerFace):
         h.logic.seal_all()
         h.closed = True
         await h.close()
+
+
+class _Receipt:
+    """The send callback that ``Producer.send`` waits on."""
+
+    __slots__ = ("done", "error", "message_id")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.message_id: MessageId | None = None
+        self.error: BaseException | None = None
+
+    def __call__(self, message_id: MessageId | None, error: BaseException | None) -> None:
+        self.message_id = message_id
+        self.error = error
+        self.done.set()
+
+    async def wait(self) -> MessageId:
+        await self.done.wait()
+        if self.error is not None:
+            raise self.error
+        assert self.message_id is not None
+        return self.message_id
 
 
 class _Receiving:
