@@ -586,6 +586,6 @@ def test_client_close_with_open_producer_and_consumer(url: str) -> None:
         assert fut.done()
         await producer.close()  # no-ops after the client closed
         await consumer.close()
-        assert not client._sync._thread.is_alive()
+        assert not client.engine_thread.thread.is_alive()
 
     asyncio.run(main())

@@ -15,8 +15,8 @@ programs (``async with`` / ``await``), ``pigeon.client.asyncio`` for asyncio one
 
 from __future__ import annotations
 
-from pigeon.client._logic import DeadLetterPolicy
 from pigeon.client._message import Message, MessageId
+from pigeon.client._options import DeadLetterPolicy
 from pigeon.client._sync import Client, Consumer, Producer, Reader
 from pigeon.core.errors import (
     AlreadyClosed,

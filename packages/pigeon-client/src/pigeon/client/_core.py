@@ -20,28 +20,64 @@ from typing import Any
 
 from pigeon.client._engine import PendingBatch, ReceivedEntry
 from pigeon.client._future import BatchState
-from pigeon.client._message import Message, MessageId, split_entry
+from pigeon.client._message import Message, MessageId, receipt_message_id, split_entry
 from pigeon.core.batch import BatchBuilder, message_body_size, unpack_entry_header
 from pigeon.core.errors import InvalidArgument, MessageTooLarge, PigeonError
 
-__all__ = ["ConsumerCore", "ProducerCore", "normalize_message", "resolve_completions"]
+__all__ = ["BatchCompletion", "ConsumerCore", "ProducerCore", "normalize_message"]
 
 log = logging.getLogger(__name__)
 
 Completion = Any  # None | concurrent.futures.Future | Callable[[MessageId|None, exc|None], None]
 
 
-def resolve_completions(
-    completions: list[Completion],
-    state: BatchState | None,
-    result: Any,
-    error: BaseException | None,
-    partition: int,
-) -> None:
-    if state is not None:
-        state.resolve(result, error)
-    if error is not None:
-        for c in completions:
+class BatchCompletion:
+    """The receipt handler of one sealed batch (the trio and sync faces).
+
+    Called as the batch's callback ``(receipt, error)`` on the engine's thread, it resolves
+    every message's completion — the batch's shared :class:`BatchState` (MessageFutures),
+    a ``concurrent.futures.Future`` or an application callback — and then reports the
+    batch's messages done with ``done(count)`` (the producer's queue space).
+    """
+
+    __slots__ = ("completions", "done", "partition", "state")
+
+    def __init__(
+        self,
+        completions: list[Completion],
+        state: BatchState | None,
+        partition: int,
+        done: Callable[[int], None],
+    ) -> None:
+        self.completions = completions
+        self.state = state
+        self.partition = partition
+        self.done = done
+
+    def __call__(self, receipt: Any, error: BaseException | None) -> None:
+        if error is None:
+            self.handle_response(receipt)
+        else:
+            self.handle_error(error)
+        self.done(len(self.completions))
+
+    def handle_response(self, receipt: tuple[int, int, int, bool]) -> None:
+        if self.state is not None:
+            self.state.resolve(receipt, None)
+        for i, c in enumerate(self.completions):
+            if c is None:
+                continue
+            mid = receipt_message_id(receipt, i, self.partition)
+            if isinstance(c, concurrent.futures.Future):
+                if not c.done():
+                    c.set_result(mid)
+            else:
+                _call_back(c, mid, None)
+
+    def handle_error(self, error: BaseException) -> None:
+        if self.state is not None:
+            self.state.resolve(None, error)
+        for c in self.completions:
             if c is None:
                 continue
             if isinstance(c, concurrent.futures.Future):
@@ -49,17 +85,6 @@ def resolve_completions(
                     c.set_exception(error)
             else:
                 _call_back(c, None, error)
-        return
-    seg, entry, offset, _duplicate = result
-    for i, c in enumerate(completions):
-        if c is None:
-            continue
-        mid = MessageId(seg, entry, i, partition, offset + i if offset >= 0 else -1)
-        if isinstance(c, concurrent.futures.Future):
-            if not c.done():
-                c.set_result(mid)
-        else:
-            _call_back(c, mid, None)
 
 
 def _call_back(c: Callable[..., Any], mid: MessageId | None, error: BaseException | None) -> None:
@@ -187,11 +212,13 @@ class ProducerCore:
 
     def seal(
         self,
-        callback_factory: Callable[[list[Completion], BatchState | None], Any],
+        callback_for: Callable[[list[Completion], BatchState | None, int], Any],
         *,
         deliver_at: int = 0,
     ) -> PendingBatch | None:
         """The batch built so far, ready to submit; None if it is empty.
+
+        ``callback_for(completions, state, partition)`` makes the batch's receipt handler.
 
         Never raises: a batch that cannot be built (which checked input cannot cause)
         comes back with ``error`` set and fails its own messages only.
@@ -203,7 +230,7 @@ class ProducerCore:
         completions, self.completions = self.completions, []
         state, self.state = self.state, None
         self.batch_bytes = 0
-        callback = callback_factory(completions, state)
+        callback = callback_for(completions, state, self.partition)
         try:
             payload = self.builder.build(
                 sequence_id=seq, publish_time=int(time.time() * 1000), deliver_at=deliver_at

@@ -5,33 +5,32 @@ trio-side halves of producers and consumers.  The public faces (trio, sync, asyn
 top of it; the sync and asyncio faces run it in one background thread and hand work over
 per *batch*, never per message.
 
+The trio halves of producers (:mod:`pigeon.client._producer_engine`) and consumers
+(:mod:`pigeon.client._consumer_engine`) share the re-attach loop of :class:`Reconnecting`.
+
 Producer pipeline (as aiokafka splits it): the face's accumulator builds batches; the
-:class:`ProducerEngine` keeps every sent-but-unacknowledged batch in sequence order, sends
-it on the current connection (many in flight), and after a reconnect sends them all again
-under the same producer name so the broker drops the ones it already stored.
+:class:`~pigeon.client._producer_engine.ProducerEngine` keeps every sent-but-unacknowledged
+batch in sequence order, sends it on the current connection (many in flight), and after a
+reconnect sends them all again under the same producer name so the broker drops the ones it
+already stored.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
-import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import trio
 
-from pigeon.client._link import LinkState, ProducerLink
-from pigeon.core import TopicName
 from pigeon.core.errors import (
     AlreadyClosed,
     CodecError,
     ConnectionClosed,
     InvalidArgument,
-    MessageTooLarge,
     NotOwner,
     PigeonError,
     ProtocolError,
@@ -43,7 +42,11 @@ from pigeon.core.errors import (
 from pigeon.core.rpc import BrokerFrame, Connection, Request, connect_tcp, split_address
 from pigeon.core.runtime import WallClock
 
-__all__ = ["ClientEngine", "ConsumerEngine", "PendingBatch", "ProducerEngine", "ReceivedEntry"]
+if TYPE_CHECKING:
+    from pigeon.client._consumer_engine import ConsumerEngine
+    from pigeon.client._producer_engine import ProducerEngine
+
+__all__ = ["ClientEngine", "PendingBatch", "ReceivedEntry", "Reconnecting"]
 
 log = logging.getLogger(__name__)
 
@@ -306,7 +309,7 @@ _BACKOFF_MAX = 2.0
 _STABLE_AFTER = 1.0
 
 
-class _Reconnecting:
+class Reconnecting:
     """Shared re-attach loop of producers and consumers.
 
     While open, the owner is either attached or re-attaching: every failure of an attach
@@ -383,440 +386,3 @@ class _Reconnecting:
 
     def _fatal(self, exc: PigeonError) -> None:
         log.error("giving up %s error=%s", self.describe(), exc)
-
-
-class ProducerEngine(_Reconnecting):
-    """Trio half of a producer: moves batches as its :class:`ProducerLink` decides."""
-
-    def __init__(
-        self,
-        engine: ClientEngine,
-        topic: str,
-        *,
-        producer_name: str = "",
-        send_timeout: float = 30.0,
-    ) -> None:
-        self.engine = engine
-        self.topic = topic
-        self.producer_name = producer_name
-        self.send_timeout = send_timeout
-        self.producer_id = engine.next_id()
-        self.conn: Connection | None = None
-        self.closed = False
-        self.last_sequence_id = -1
-        self.link = ProducerLink()
-        self._reconnect = trio.Event()
-        self._no_pending = trio.Event()
-        self._no_pending.set()
-        self.failure: PigeonError | None = None
-        self.max_message_size = 5 * 1024 * 1024
-
-    async def start(self) -> None:
-        try:
-            await self.engine.attach(self._attach)
-        except BaseException:
-            conn = self.conn or self.engine._conns.get(self.engine.address)
-            if conn is not None and not conn.closed:
-                with contextlib.suppress(ConnectionClosed):
-                    conn.send_nowait("closeProducer", {"producerId": self.producer_id})
-            raise
-        self.engine.producers[self.producer_id] = self
-        self.engine.nursery.start_soon(self._keep_connected)
-        if math.isfinite(self.send_timeout) and self.send_timeout > 0:
-            self.engine.nursery.start_soon(self._expire_loop)
-
-    def describe(self) -> str:
-        return f"topic={self.topic} producer={self.producer_name or self.producer_id}"
-
-    def _is_attached(self) -> bool:
-        conn = self.conn
-        return self.link.state is LinkState.ATTACHED and conn is not None and not conn.closed
-
-    def _leave(self) -> None:
-        self.link.detach(self.link.epoch)
-
-    async def _attach(self) -> None:
-        epoch = self.link.begin_attach()
-        try:
-            address, full, _n = await self.engine.lookup(self.topic)
-            self.topic = full
-            conn = await self.engine.connection(address)
-            result = await self.engine.request(
-                conn,
-                "createProducer",
-                {
-                    "producerId": self.producer_id,
-                    "topic": full,
-                    "producerName": self.producer_name,
-                },
-                expect="producerCreated",
-            )
-        except BaseException:
-            self.link.attach_failed(epoch)
-            raise
-        self.producer_name = result["producerName"]
-        self.max_message_size = result["maxMessageSize"]
-        if self.last_sequence_id < 0:
-            self.last_sequence_id = result["lastSequenceId"]
-        self.conn = conn
-        batches = self.link.attach_succeeded(epoch)
-        if batches:
-            log.info(
-                "producer attached topic=%s producer=%s resending=%d",
-                self.topic,
-                self.producer_name,
-                len(batches),
-            )
-        for batch in batches or ():
-            if not self._send(batch, epoch):
-                break
-
-    def _fatal(self, exc: PigeonError) -> None:
-        super()._fatal(exc)
-        self.failure = exc
-        self.link.fail_all(exc)
-        self._check_empty()
-
-    def closed_by_broker(self, conn: Connection) -> None:
-        """The broker closed this producer on ``conn``: re-attach (resending what waits)."""
-        if conn is self.conn and self.link.detach(self.link.epoch):
-            log.info("producer closed by broker %s", self.describe())
-            self.reconnect_soon()
-
-    def submit(self, batch: PendingBatch) -> None:
-        """Send a sealed batch (engine thread). Its callback runs on the receipt."""
-        if self.closed or self.failure is not None:
-            batch.callback(None, self.failure or AlreadyClosed("producer is closed"))
-            return
-        refused = batch.error
-        if refused is None and len(batch.payload) > self.max_message_size:
-            refused = MessageTooLarge(
-                f"batch of {len(batch.payload)} bytes exceeds max_message_size "
-                f"{self.max_message_size}"
-            )
-        batch.created = trio.current_time()
-        if self._no_pending.is_set():
-            self._no_pending = trio.Event()
-        if self.link.submit(batch, refused):
-            self._send(batch, self.link.epoch)
-        self._check_empty()
-
-    def _send(self, batch: PendingBatch, epoch: int) -> bool:
-        """Send ``batch`` on attachment ``epoch``; False if the connection is gone."""
-        conn = self.conn
-        assert conn is not None and self.link.can_send(epoch)
-
-        def on_receipt(result: Any, error: BaseException | None) -> None:
-            if self.link.on_result(epoch, batch, result, error):
-                log.info(
-                    "producer detached topic=%s sequence=%d error=%s",
-                    self.topic,
-                    batch.sequence_id,
-                    error,
-                )
-                self.reconnect_soon()
-            self._check_empty()
-
-        try:
-            conn.request_nowait(
-                "send",
-                {
-                    "producerId": self.producer_id,
-                    "sequenceId": batch.sequence_id,
-                    "numMessages": batch.num_messages,
-                },
-                on_receipt,
-                payload=batch.payload,
-                expect="sendReceipt",
-                extract=_extract_receipt,
-            )
-        except ConnectionClosed:
-            if self.link.detach(epoch):
-                self.reconnect_soon()
-            return False
-        return True
-
-    def _check_empty(self) -> None:
-        if not self.link.pending:
-            self._no_pending.set()
-
-    async def _expire_loop(self) -> None:
-        while not self.closed:
-            await trio.sleep(min(1.0, self.send_timeout / 4))
-            if self.link.expire(trio.current_time() - self.send_timeout, self.send_timeout):
-                self._check_empty()
-
-    async def flush(self) -> None:
-        await self._no_pending.wait()
-
-    async def close(self) -> None:
-        if self.closed:
-            return
-        with trio.move_on_after(self.send_timeout if math.isfinite(self.send_timeout) else 30):
-            await self.flush()
-        self.closed = True
-        self._reconnect.set()
-        self.engine.producers.pop(self.producer_id, None)
-        self.link.fail_all(AlreadyClosed("producer closed before the message was acknowledged"))
-        self._check_empty()
-        conn = self.conn
-        if conn is not None and not conn.closed:
-            try:
-                await self.engine.request(conn, "closeProducer", {"producerId": self.producer_id})
-            except PigeonError:
-                pass
-
-
-def _extract_receipt(body: Any, payload: memoryview) -> tuple[int, int, int, bool]:
-    return (body.segmentId, body.entryId, body.firstOffset, body.duplicate)
-
-
-@dataclass
-class SubscribeOptions:
-    topic: str
-    subscription: str
-    subscription_type: str = "exclusive"
-    initial_position: str = "latest"
-    consumer_name: str = ""
-    priority: int = 0
-    durable: bool = True
-    start_offset: int = -1
-    receiver_queue_size: int = 10_000
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-_SUB_TYPE_WIRE = {
-    "exclusive": "exclusive",
-    "shared": "shared",
-    "failover": "failover",
-    "key_shared": "keyShared",
-}
-
-
-class ConsumerEngine(_Reconnecting):
-    """Trio half of a consumer: subscription, permits, pushes into ``sink``, acks."""
-
-    def __init__(
-        self,
-        engine: ClientEngine,
-        options: SubscribeOptions,
-        sink: Callable[[list[ReceivedEntry]], None],
-        *,
-        on_reconnect: Callable[[ConsumerEngine], None] | None = None,
-    ) -> None:
-        self.validate(options)
-        self.engine = engine
-        self.options = options
-        self.topic = options.topic
-        self.sink = sink
-        self.on_reconnect = on_reconnect
-        self.consumer_id = engine.next_id()
-        self.conn: Connection | None = None  # set once a subscribe succeeded on it
-        self.attached = False
-        self.closed = False
-        self.generation = 0
-        self._reconnect = trio.Event()
-        self.partition = TopicName.parse(options.topic).partition_index
-
-    @staticmethod
-    def validate(options: SubscribeOptions) -> None:
-        if options.subscription_type not in _SUB_TYPE_WIRE:
-            raise InvalidArgument(
-                f"subscription_type must be one of {', '.join(_SUB_TYPE_WIRE)}, "
-                f"got {options.subscription_type!r}"
-            )
-        if options.initial_position not in ("earliest", "latest"):
-            raise InvalidArgument(
-                f"initial_position must be 'earliest' or 'latest', got {options.initial_position!r}"
-            )
-
-    async def start(self) -> None:
-        self.engine.consumers[self.consumer_id] = self
-        try:
-            await self.engine.attach(self._attach)
-        except BaseException:
-            self.engine.consumers.pop(self.consumer_id, None)
-            raise
-        self.engine.nursery.start_soon(self._keep_connected)
-
-    def describe(self) -> str:
-        o = self.options
-        return (
-            f"topic={self.topic} sub={o.subscription} "
-            f"consumer={o.consumer_name or self.consumer_id}"
-        )
-
-    def _is_attached(self) -> bool:
-        conn = self.conn
-        return self.attached and conn is not None and not conn.closed
-
-    def _leave(self) -> None:
-        self.attached = False
-
-    def closed_by_broker(self, conn: Connection) -> None:
-        if conn is self.conn and self.attached:
-            log.info("consumer closed by broker %s", self.describe())
-            self.attached = False
-            self.reconnect_soon()
-
-    async def _attach(self) -> None:
-        """Subscribe; ``conn`` and ``attached`` are set only once the broker said yes."""
-        o = self.options
-        self.attached = False
-        address, full, _n = await self.engine.lookup(o.topic)
-        self.topic = full
-        conn = await self.engine.connection(address)
-        self.generation += 1
-        if self.generation > 1 and self.on_reconnect is not None:
-            self.on_reconnect(self)
-        try:
-            await self.engine.request(
-                conn,
-                "subscribe",
-                {
-                    "consumerId": self.consumer_id,
-                    "topic": full,
-                    "subscription": o.subscription,
-                    "subType": _SUB_TYPE_WIRE[o.subscription_type],
-                    "initialPosition": o.initial_position,
-                    "consumerName": o.consumer_name,
-                    "priority": o.priority,
-                    "durable": o.durable,
-                    "startOffset": o.start_offset,
-                },
-                expect="subscribed",
-            )
-        except BaseException:
-            # The subscribe may still take effect on the broker (a timeout): leave no
-            # consumer behind there, or the next subscribe of an exclusive subscription
-            # would find it busy.
-            if not conn.closed:
-                with contextlib.suppress(ConnectionClosed):
-                    conn.send_nowait("closeConsumer", {"consumerId": self.consumer_id})
-            raise
-        self.conn = conn
-        self.attached = True
-        if self.generation > 1:
-            log.info("consumer attached %s broker=%s:%s", self.describe(), *address)
-        self.flow(o.receiver_queue_size)
-
-    def flow(self, permits: int) -> None:
-        conn = self.conn
-        if permits > 0 and conn is not None and not conn.closed:
-            try:
-                conn.send_nowait("flow", {"consumerId": self.consumer_id, "permits": permits})
-            except ConnectionClosed:
-                pass
-
-    def ack_nowait(self, positions: list[tuple[int, int, int, int]], cumulative: bool) -> None:
-        """``positions``: (segment_id, entry_id, batch_index, offset) tuples."""
-        conn = self.conn
-        if not positions or conn is None or conn.closed:
-            return
-        try:
-            conn.send_nowait(
-                "ack",
-                {
-                    "consumerId": self.consumer_id,
-                    "ackType": "cumulative" if cumulative else "individual",
-                    "positions": [
-                        {"segmentId": s, "entryId": e, "batchIndex": b, "offset": o}
-                        for s, e, b, o in positions
-                    ],
-                },
-            )
-        except ConnectionClosed:
-            pass  # unacked messages are redelivered after the reconnect
-
-    async def ack(self, positions: list[tuple[int, int, int, int]], cumulative: bool) -> None:
-        conn = self.conn
-        if not positions:
-            return
-        if conn is None or conn.closed:
-            raise ConnectionClosed("consumer is not connected; acknowledgement not sent")
-        await self.engine.request(
-            conn,
-            "ack",
-            {
-                "consumerId": self.consumer_id,
-                "ackType": "cumulative" if cumulative else "individual",
-                "positions": [
-                    {"segmentId": s, "entryId": e, "batchIndex": b, "offset": o}
-                    for s, e, b, o in positions
-                ],
-            },
-        )
-
-    async def redeliver_unacknowledged(self) -> None:
-        conn = self.conn
-        if conn is not None and not conn.closed:
-            await self.engine.request(
-                conn, "redeliverUnacked", {"consumerId": self.consumer_id, "positions": []}
-            )
-
-    async def redeliver(self, positions: list[tuple[int, int]]) -> None:
-        """Ask the broker to redeliver these entries (nack / ack timeout)."""
-        conn = self.conn
-        if conn is None or conn.closed or not positions:
-            return
-        await self.engine.request(
-            conn,
-            "redeliverUnacked",
-            {
-                "consumerId": self.consumer_id,
-                "positions": [
-                    {"segmentId": s, "entryId": e, "batchIndex": -1} for s, e in positions
-                ],
-            },
-        )
-
-    async def seek(self, on_done: Callable[[], None] | None = None, **target: Any) -> None:
-        """Seek; ``on_done`` runs in the connection's reader as the answer arrives.
-
-        The broker answers before it pushes anything from the new position, so clearing
-        the local queue in ``on_done`` drops exactly the entries from before the seek.
-        """
-        conn = self.conn
-        if conn is None or conn.closed:
-            raise ConnectionClosed("consumer is not connected")
-
-        def answered(body: Any, payload: memoryview) -> None:
-            if on_done is not None:
-                on_done()
-
-        await self.engine.request(
-            conn, "seek", {"consumerId": self.consumer_id, **target}, extract=answered
-        )
-
-    async def last_message_id(self) -> dict[str, Any]:
-        conn = self.conn
-        if conn is None or conn.closed:
-            raise ConnectionClosed("consumer is not connected")
-        result: dict[str, Any] = await self.engine.request(
-            conn, "getLastMessageId", {"consumerId": self.consumer_id}, expect="lastMessageId"
-        )
-        return result
-
-    async def unsubscribe(self) -> None:
-        conn = self.conn
-        if conn is None or conn.closed:
-            raise ConnectionClosed("consumer is not connected")
-        await self.engine.request(conn, "unsubscribe", {"consumerId": self.consumer_id})
-        await self._detach()
-
-    async def _detach(self) -> None:
-        self.closed = True
-        self.attached = False
-        self._reconnect.set()
-        self.engine.consumers.pop(self.consumer_id, None)
-
-    async def close(self) -> None:
-        if self.closed:
-            return
-        conn = self.conn
-        await self._detach()
-        if conn is not None and not conn.closed:
-            try:
-                await self.engine.request(conn, "closeConsumer", {"consumerId": self.consumer_id})
-            except PigeonError:
-                pass

@@ -16,7 +16,7 @@ import threading
 from concurrent.futures._base import FINISHED, PENDING
 from typing import Any
 
-from pigeon.client._message import MessageId
+from pigeon.client._message import MessageId, receipt_message_id
 
 __all__ = ["BatchState", "MessageFuture"]
 
@@ -84,9 +84,7 @@ class MessageFuture(concurrent.futures.Future):  # type: ignore[type-arg]
         r = self._batch.receipt
         if r is None:
             return None
-        seg, entry, offset, _dup = r
-        i = self._index
-        return MessageId(seg, entry, i, self._batch.partition, offset + i if offset >= 0 else -1)
+        return receipt_message_id(r, self._index, self._batch.partition)
 
     @property
     def _exception(self) -> BaseException | None:  # type: ignore[override]

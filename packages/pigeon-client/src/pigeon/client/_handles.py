@@ -1,61 +1,41 @@
-"""Producer and consumer state shared by the faces, with engine-side housekeeping.
+"""Producer state shared by the faces: the engines of one producer and its batching logic.
 
-A *handle* owns the engines of one producer/consumer (one per partition or topic) and the
-face-independent logic.  Every method that touches shared state takes ``self.lock``
-(a ``threading.Lock`` for the sync face, a no-op for the trio face, whose callers are all
-on the engine's thread).  Methods marked *engine* run on the engine's trio thread.
+A *handle* owns the engines of one producer (one per partition) and the face-independent
+logic.  Every method that touches shared state takes ``self.lock`` (a ``threading.Lock``
+for the sync and asyncio faces, a no-op for the trio face, whose callers are all on the
+engine's thread).  Methods marked *engine* run on the engine's trio thread.  Consumers have
+theirs in :mod:`pigeon.client._consumer_handle`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import math
-import re
-import secrets
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import trio
 
-from pigeon.client._core import ConsumerCore, ProducerCore, Router, resolve_completions
-from pigeon.client._engine import (
-    ClientEngine,
-    ConsumerEngine,
-    PendingBatch,
-    ProducerEngine,
-    ReceivedEntry,
-    SubscribeOptions,
-)
-from pigeon.client._logic import (
-    DELAY_TIME,
-    REAL_TOPIC,
-    RECONSUME_TIMES,
-    ConsumerLogic,
-    DeadLetterPolicy,
-    ProducerLogic,
-    dead_letter_properties,
-    wall_ms,
-)
-from pigeon.client._message import Message, MessageId
-from pigeon.core import TopicName
-from pigeon.core.errors import InvalidArgument, NotSupported, PigeonError
+from pigeon.client._core import BatchCompletion, ProducerCore, Router
+from pigeon.client._engine import ClientEngine, PendingBatch
+from pigeon.client._logic import ProducerLogic, wall_ms
+from pigeon.client._options import ProducerOptions
+from pigeon.client._producer_engine import ProducerEngine
+from pigeon.core import PluginManager, TopicName
+from pigeon.core.codecs import Codec, CodecSet
+from pigeon.core.errors import InvalidArgument
 
-__all__ = ["ConsumerHandle", "ProducerHandle", "open_consumer", "open_producer"]
+__all__ = ["ProducerFace", "ProducerHandle", "codecs_of", "deliver_time", "open_producer"]
 
 log = logging.getLogger(__name__)
 
-_HOUSEKEEPING_INTERVAL = 0.1
-
 
 class ProducerHandle:
-    def __init__(
-        self, engine: ClientEngine, engines: list[ProducerEngine], logic: ProducerLogic, lock: Any
-    ):
+    def __init__(self, engine: ClientEngine, engines: list[ProducerEngine], lock: Any) -> None:
         self.client = engine
         self.engines = engines
-        self.logic = logic
+        self.logic: ProducerLogic  # set by open_producer
         self.lock = lock
         self.outstanding = 0
         self.closed = False
@@ -70,30 +50,25 @@ class ProducerHandle:
     def producer_name(self) -> str:
         return self.engines[0].producer_name
 
-    def callback_for(self, completions: list[Any], state: Any, partition: int) -> Any:
-        def on_done(result: Any, error: BaseException | None) -> None:
-            resolve_completions(completions, state, result, error, partition)
-            with self.lock:
-                self.outstanding -= len(completions)
-            self.on_space()
+    def callback_for(self, completions: list[Any], state: Any, partition: int) -> BatchCompletion:
+        return BatchCompletion(completions, state, partition, self.batch_done)
 
-        return on_done
+    def batch_done(self, count: int) -> None:
+        """*engine*: ``count`` messages got their receipt or failed: free their space."""
+        with self.lock:
+            self.outstanding -= count
+        self.on_space()
 
-    async def timer(
-        self, delay: float, index: int, generation: int, submit_direct: Callable[[Any, Any], None]
-    ) -> None:
+    def start_timer(self, index: int, generation: int) -> None:
+        """*engine*: start the batching timer of partition ``index``'s batch."""
+        self.client.nursery.start_soon(self.timer, index, generation)
+
+    async def timer(self, index: int, generation: int) -> None:
         """*engine*: seal partition ``index``'s batch after the batching delay."""
-        await trio.sleep(delay)
+        await trio.sleep(self.logic.max_delay)
         try:
             with self.lock:
-                core = self.logic.cores[index]
-                if core.generation != generation:
-                    return
-                batch = core.seal(self.logic._callback_factory(index))
-                if batch is not None:
-                    self.logic.router.batch_sealed(index)
-            if batch is not None:
-                submit_direct(self.engines[index], batch)
+                self.logic.timer_fired(index, generation)
         except Exception:  # seal fails only the batch's own messages; this is a bug
             log.exception("batching timer failed topic=%s", self.topic)
 
@@ -108,36 +83,51 @@ class ProducerHandle:
             await e.close()
 
 
+class ProducerFace:
+    """What a Producer of every face offers the same way (its ``_handle`` set on open)."""
+
+    _handle: ProducerHandle
+
+    @property
+    def topic(self) -> str:
+        return self._handle.topic
+
+    @property
+    def producer_name(self) -> str:
+        return self._handle.producer_name
+
+
 async def open_producer(
     client: ClientEngine,
-    topic: str,
+    options: ProducerOptions,
     *,
     codecs: Any,
     lock: Any,
-    producer_name: str,
-    batching_max_messages: int,
-    batching_max_bytes: int,
-    batching_max_delay_ms: float,
-    compression: str,
-    send_timeout: float,
-    routing_mode: str,
-    message_router: Callable[[Any, int], int] | None,
     submit: Callable[[Any, PendingBatch], None],
-    start_timer: Callable[[int, int], None],
+    start_timer: Callable[[int, int], None] | None = None,
+    callback_for: Callable[[list[Any], Any, int], Any] | None = None,
 ) -> ProducerHandle:
-    """*engine*: look the topic up and attach one producer per partition."""
-    codec = codecs.by_name(compression)
-    names = await client.partitioned_names(topic)
-    router = Router(routing_mode, len(names), message_router)
+    """*engine*: look the topic up and attach one producer per partition.
+
+    ``submit(engine, batch)`` hands a sealed batch to a partition's engine, from whatever
+    thread seals it; ``start_timer(index, generation)`` starts a batching timer (default:
+    a task on the engine, :meth:`ProducerHandle.start_timer`); ``callback_for(completions,
+    state, partition)`` makes a sealed batch's receipt handler (default:
+    :meth:`ProducerHandle.callback_for`).
+    """
+    o = options
+    codec = codecs.by_name(o.compression)
+    names = await client.partitioned_names(o.topic)
+    router = Router(o.routing_mode, len(names), o.message_router)
     engines = []
     try:
         for i, name in enumerate(names):
             pname = (
-                f"{producer_name}-partition-{i}"
-                if producer_name and len(names) > 1
-                else producer_name
+                f"{o.producer_name}-partition-{i}"
+                if o.producer_name and len(names) > 1
+                else o.producer_name
             )
-            e = ProducerEngine(client, name, producer_name=pname, send_timeout=send_timeout)
+            e = ProducerEngine(client, name, producer_name=pname, send_timeout=o.send_timeout)
             await e.start()
             engines.append(e)
     except BaseException:
@@ -150,24 +140,29 @@ async def open_producer(
             producer_name=e.producer_name,
             codec=codec,
             partition=i if len(engines) > 1 else -1,
-            max_messages=batching_max_messages,
-            max_bytes=batching_max_bytes,
+            max_messages=o.batching_max_messages,
+            max_bytes=o.batching_max_bytes,
             max_message_size=e.max_message_size,
             first_sequence_id=e.last_sequence_id + 1,
         )
         for i, e in enumerate(engines)
     ]
-    logic = ProducerLogic(
+    handle = ProducerHandle(client, engines, lock)
+    handle.logic = ProducerLogic(
         engines,
         cores,
         router,
-        max_delay=batching_max_delay_ms / 1000,
+        max_delay=o.batching_max_delay_ms / 1000,
         submit=submit,
-        start_timer=start_timer,
+        start_timer=start_timer or handle.start_timer,
     )
-    handle = ProducerHandle(client, engines, logic, lock)
-    logic.callback_for = handle.callback_for
+    handle.logic.callback_for = callback_for or handle.callback_for
     return handle
+
+
+def codecs_of(pm: PluginManager) -> CodecSet:
+    """The codecs the plugins registered."""
+    return CodecSet(cast(Codec, codec) for _name, codec in pm.codecs.items())
 
 
 def deliver_time(
@@ -199,379 +194,3 @@ def deliver_time(
     if not -(2**63) <= when < 2**63:
         raise InvalidArgument(f"deliver time {when} is out of range")
     return when
-
-
-# ------------------------------------------------------------------------- consumers
-
-
-class ConsumerHandle:
-    """Engines, queue and logic of one consumer (or reader)."""
-
-    def __init__(
-        self,
-        client: ClientEngine,
-        *,
-        subscription: str,
-        options: SubscribeOptions,
-        codecs: Any,
-        lock: Any,
-        notify: Callable[[], None],
-        dead_letter: DeadLetterPolicy | None,
-        ack_timeout: float,
-        negative_ack_delay: float,
-        pattern: re.Pattern[str] | None = None,
-        pattern_period: float = 60.0,
-        producer_factory: Callable[[str], Any] | None = None,
-    ) -> None:
-        self.client = client
-        self.subscription = subscription
-        self.options = options
-        self.lock = lock
-        self.notify = notify
-        self.core = ConsumerCore(codecs=codecs, receiver_queue_size=options.receiver_queue_size)
-        self.logic = ConsumerLogic(
-            self.core,
-            subscription=subscription,
-            dead_letter=dead_letter,
-            ack_timeout=ack_timeout,
-            negative_ack_delay=negative_ack_delay,
-        )
-        self.engines: list[ConsumerEngine] = []
-        self.pattern = pattern
-        self.pattern_period = pattern_period
-        self.closed = False
-        self._producers: dict[str, Any] = {}
-        self._producer_factory = producer_factory
-        self.last_received: dict[Any, int] = {}
-
-    # -- engine side -----------------------------------------------------------------
-
-    def _sink(self, entries: list[ReceivedEntry]) -> None:
-        with self.lock:
-            self.core.push(entries)
-        self.notify()
-
-    def _on_reconnect(self, engine: ConsumerEngine) -> None:
-        with self.lock:
-            resume = self.core.reset(engine)
-        if resume is not None and not engine.options.durable:
-            # a reader (non-durable cursor) goes on after what the application took,
-            # as Pulsar's does; a durable subscription goes on from its cursor
-            engine.options.start_offset = resume
-
-    async def attach(self, topic: str) -> None:
-        """*engine*: subscribe one more topic (all its partitions)."""
-        for name in await self.client.partitioned_names(topic):
-            if any(e.options.topic == name or e.topic == name for e in self.engines):
-                continue
-            opts = SubscribeOptions(**{**self.options.__dict__, "topic": name})
-            engine = ConsumerEngine(self.client, opts, self._sink, on_reconnect=self._on_reconnect)
-            await engine.start()
-            self.engines.append(engine)
-
-    async def housekeeping(self) -> None:
-        """*engine*: flush grouped acks, redeliver nacked/timed-out messages, dead-letter."""
-        next_scan = trio.current_time() + self.pattern_period
-        while not self.closed:
-            await trio.sleep(_HOUSEKEEPING_INTERVAL)
-            try:
-                self.flush_acks_nowait()
-                await self._redeliver_due()
-                await self._dead_letter()
-                if self.pattern is not None and trio.current_time() >= next_scan:
-                    next_scan = trio.current_time() + self.pattern_period
-                    await self.discover()
-            except PigeonError as exc:
-                log.warning("consumer housekeeping failed sub=%s error=%s", self.subscription, exc)
-
-    def flush_acks_nowait(self) -> None:
-        with self.lock:
-            groups = self.core.take_acks()
-        for engine, acks, cumulative in groups:
-            if acks:
-                engine.ack_nowait(acks, False)
-            if cumulative is not None:
-                engine.ack_nowait([cumulative], True)
-
-    async def flush_acks(self) -> None:
-        with self.lock:
-            groups = self.core.take_acks()
-        for engine, acks, cumulative in groups:
-            if acks:
-                await engine.ack(acks, False)
-            if cumulative is not None:
-                await engine.ack([cumulative], True)
-
-    async def _redeliver_due(self) -> None:
-        now = trio.current_time()
-        with self.lock:
-            due = self.logic.due_redeliveries(now)
-        by_engine: dict[Any, list[tuple[int, int]]] = {}
-        for m in due:
-            owner = self.core.owners.get(m._segment)
-            if owner is not None:
-                by_engine.setdefault(owner, []).append((m._segment, m._entry))
-        for engine, positions in by_engine.items():
-            await engine.redeliver(sorted(set(positions)))
-
-    async def redeliver_unacknowledged(self) -> None:
-        await self.flush_acks()  # what was acknowledged must not come back
-        for engine in self.engines:
-            await engine.redeliver_unacknowledged()
-
-    async def _dead_letter(self) -> None:
-        with self.lock:
-            dead, self.logic.dead = self.logic.dead, []
-        for m in dead:
-            topic = self.logic.dead_letter_topic(_origin_topic(m))
-            await self.publish(topic, m, dead_letter_properties(m), 0)
-            with self.lock:
-                self.core.add_ack(m.message_id)
-
-    async def publish(
-        self, topic: str, m: Message, properties: Mapping[str, str], deliver_at: int
-    ) -> None:
-        """*engine*: send a copy of ``m`` to ``topic`` and wait for the receipt."""
-        producer = self._producers.get(topic)
-        if producer is None:
-            if self._producer_factory is None:
-                raise NotSupported("this consumer cannot publish")
-            producer = self._producers[topic] = await self._producer_factory(topic)
-        await producer.send(
-            m.value,
-            key=m.key,
-            properties=dict(properties),
-            event_time=m.event_time,
-            deliver_at=deliver_at or None,
-        )
-
-    async def reconsume_later(self, m: Message, delay: float) -> None:
-        """*engine*: republish to the retry topic with a delay, then acknowledge."""
-        policy = self.logic.dead_letter
-        if policy is None or not policy.enable_retry:
-            raise NotSupported("reconsume_later needs dead_letter_policy with enable_retry=True")
-        base = _origin_topic(m)
-        props = dead_letter_properties(m)
-        times = int(m.properties.get(RECONSUME_TIMES, "0")) + 1
-        props[RECONSUME_TIMES] = str(times)
-        props[DELAY_TIME] = str(int(delay * 1000))
-        if times > policy.max_redeliver_count:
-            await self.publish(self.logic.dead_letter_topic(base), m, props, 0)
-        else:
-            await self.publish(
-                self.logic.retry_topic(base),
-                m,
-                props,
-                self.client.clock.now_ms() + int(delay * 1000),
-            )
-        with self.lock:
-            self.core.add_ack(m.message_id)
-
-    async def discover(self) -> None:
-        """*engine*: subscribe topics that newly match the pattern."""
-        assert self.pattern is not None
-        namespace = _pattern_namespace(self.pattern)
-        for name in await self.client.list_topics(namespace):
-            if self.pattern.fullmatch(name) and not self.closed:
-                await self.attach(name)
-
-    async def seek(
-        self, target: MessageId | None, offset: int | None, timestamp: int | None
-    ) -> None:
-        chosen = [x for x in (target, offset, timestamp) if x is not None]
-        if len(chosen) != 1:
-            raise InvalidArgument("seek takes exactly one of a MessageId, offset= or timestamp=")
-        if target is not None:
-            if not isinstance(target, MessageId):
-                raise InvalidArgument(f"cannot seek to {target!r}")
-            owner = self.core.owners.get(target.segment_id)
-            engines = [owner] if owner is not None else self.engines
-            if len(engines) != 1:
-                raise InvalidArgument("seek by MessageId needs a message this consumer received")
-            fields: dict[str, Any] = {
-                "position": {
-                    "segmentId": target.segment_id,
-                    "entryId": target.entry_id,
-                    "batchIndex": target.batch_index,
-                    "offset": target.offset,
-                }
-            }
-        elif offset is not None:
-            engines, fields = self.engines, {"offset": int(offset)}
-        else:
-            engines, fields = self.engines, {"timestamp": int(timestamp)}  # type: ignore[arg-type]
-        await self.flush_acks()  # an ack sent after the seek could undo it
-        for engine in engines:
-            await engine.seek(functools.partial(self._reset_locked, engine), **fields)
-            if not engine.options.durable and timestamp is None:
-                # a reader re-attaching before it took anything goes on from here
-                engine.options.start_offset = int(offset) if offset is not None else target.offset  # type: ignore[union-attr]
-
-    def _reset_locked(self, engine: Any) -> None:
-        with self.lock:
-            self.core.reset(engine)
-        with self.lock:
-            self.last_received.pop(engine, None)
-
-    async def has_message_available(self) -> bool:
-        with self.lock:
-            if self.core.messages or self.core.entries:
-                return True
-        for engine in self.engines:
-            info = await engine.last_message_id()
-            last = self.last_received.get(engine, info["markDeleteOffset"] - 1)
-            if info["offset"] > last:
-                return True
-        return False
-
-    def record_received(self, msgs: list[Message]) -> None:
-        owners = self.core.owners
-        for m in msgs[-1:] if len(self.engines) == 1 else msgs:
-            owner = owners.get(m._segment)
-            if owner is not None and m.offset > self.last_received.get(owner, -1):
-                self.last_received[owner] = m.offset
-
-    async def close(self) -> None:
-        """*engine*"""
-        try:
-            await self.flush_acks()
-        finally:
-            self.closed = True
-            for e in self.engines:
-                await e.close()
-            for p in self._producers.values():
-                with contextlib.suppress(PigeonError):
-                    await p.close()
-
-    async def unsubscribe(self) -> None:
-        self.closed = True
-        for e in self.engines:
-            await e.unsubscribe()
-        for p in self._producers.values():
-            with contextlib.suppress(PigeonError):
-                await p.close()
-
-    # -- face side (under lock) --------------------------------------------------------
-
-    def take_messages(self, max_messages: int, now: float) -> list[Message]:
-        """Messages ready for the application; [] if none queued. Call with the lock held."""
-        core = self.core
-        while True:
-            # Everything already received, up to max_messages, across entries.
-            while len(core.messages) < max_messages and core.expand_next():
-                pass
-            if not core.messages:
-                return []
-            msgs = self.logic.next_messages(max_messages, now)
-            if msgs:
-                return msgs
-
-    def grants(self, msgs: list[Message]) -> list[tuple[Any, int]]:
-        return self.core.count_consumed(msgs)
-
-    def acknowledge(self, mid: MessageId) -> bool:
-        self.logic.acked(mid.segment_id, mid.entry_id, mid.batch_index)
-        return self.core.add_ack(mid)
-
-    def acknowledge_cumulative(self, mid: MessageId) -> None:
-        if self.options.subscription_type in ("shared", "key_shared"):
-            raise NotSupported(
-                "cumulative acknowledgement is not allowed on a "
-                f"{self.options.subscription_type} subscription"
-            )
-        self.core.add_cumulative_ack(mid)
-
-
-def _origin_topic(m: Message) -> str:
-    """The topic a message was first published to (retry copies carry it)."""
-    return TopicName.parse(m.properties.get(REAL_TOPIC) or m.topic).base.full
-
-
-def _pattern_namespace(pattern: re.Pattern[str]) -> str:
-    text = pattern.pattern
-    m = re.match(r"^(?:persistent|non-persistent)://([^/]+)/([^/]+)/", text)
-    if not m:
-        raise InvalidArgument(
-            f"a topic pattern must start with persistent://tenant/namespace/ (got {text!r})"
-        )
-    return f"{m.group(1)}/{m.group(2)}"
-
-
-async def open_consumer(
-    client: ClientEngine,
-    topic: str | list[str] | re.Pattern[str],
-    subscription: str,
-    *,
-    codecs: Any,
-    lock: Any,
-    notify: Callable[[], None],
-    subscription_type: str = "exclusive",
-    initial_position: str = "latest",
-    consumer_name: str = "",
-    priority: int = 0,
-    receiver_queue_size: int = 10_000,
-    durable: bool = True,
-    start_offset: int = -1,
-    ack_timeout: float = 0.0,
-    negative_ack_redelivery_delay: float = 1.0,
-    dead_letter_policy: DeadLetterPolicy | None = None,
-    pattern_auto_discovery_period: float = 60.0,
-    producer_factory: Callable[[str], Any] | None = None,
-) -> ConsumerHandle:
-    """*engine*: subscribe to a topic, a list of topics, or a regex pattern of topics."""
-    if not subscription:
-        raise InvalidArgument("subscription name must not be empty")
-    pattern = topic if isinstance(topic, re.Pattern) else None
-    topics: list[str] = (
-        [topic] if isinstance(topic, str) else [] if isinstance(topic, re.Pattern) else list(topic)
-    )
-    if pattern is None and not topics:
-        raise InvalidArgument("subscribe needs at least one topic")
-    options = SubscribeOptions(
-        topics[0] if topics else "",
-        subscription,
-        subscription_type,
-        initial_position,
-        consumer_name,
-        priority,
-        durable=durable,
-        start_offset=start_offset,
-        receiver_queue_size=receiver_queue_size,
-    )
-    # validate the type/position before touching the network
-    ConsumerEngine.validate(options)
-    handle = ConsumerHandle(
-        client,
-        subscription=subscription,
-        options=options,
-        codecs=codecs,
-        lock=lock,
-        notify=notify,
-        dead_letter=dead_letter_policy,
-        ack_timeout=ack_timeout,
-        negative_ack_delay=negative_ack_redelivery_delay,
-        pattern=pattern,
-        pattern_period=pattern_auto_discovery_period,
-        producer_factory=producer_factory,
-    )
-    try:
-        for t in topics:
-            await handle.attach(t)
-        if dead_letter_policy is not None and dead_letter_policy.enable_retry:
-            for t in topics:
-                base = TopicName.parse(t).full
-                await handle.attach(handle.logic.retry_topic(base))
-        if pattern is not None:
-            await handle.discover()
-    except BaseException:
-        with trio.CancelScope(shield=True):
-            for e in handle.engines:
-                with contextlib.suppress(Exception):
-                    await e.close()
-        raise
-    client.nursery.start_soon(handle.housekeeping)
-    return handle
-
-
-def reader_subscription() -> str:
-    return f"reader-{secrets.token_hex(5)}"

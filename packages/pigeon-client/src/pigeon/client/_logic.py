@@ -9,19 +9,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from pigeon.client._core import (
-    SLACK_PER_BATCH,
-    SLACK_PER_MESSAGE,
     ConsumerCore,
     ProducerCore,
     Router,
     normalize_message,
 )
-from pigeon.client._future import BatchState, MessageFuture
+from pigeon.client._future import MessageFuture
 from pigeon.client._message import Message
+from pigeon.client._options import DeadLetterPolicy
 from pigeon.core.batch import message_body_size
 from pigeon.core.errors import InvalidArgument
 
@@ -32,28 +30,6 @@ REAL_TOPIC = "REAL_TOPIC"
 RECONSUME_TIMES = "RECONSUMETIMES"
 DELAY_TIME = "DELAY_TIME"
 _MAX_SEQUENCE_ID = 2**63 - 1
-
-
-@dataclass(frozen=True)
-class DeadLetterPolicy:
-    """Where messages go that failed too often.
-
-    A message redelivered more than ``max_redeliver_count`` times (or reconsumed later
-    that often) is published to ``dead_letter_topic`` (default ``<topic>-<sub>-DLQ``) and
-    acknowledged instead of being handed to the application again.  With
-    ``retry_letter_topic`` (default ``<topic>-<sub>-RETRY`` when ``enable_retry`` is set)
-    ``consumer.reconsume_later(msg, delay)`` republishes a message there with a delay; the
-    consumer subscribes to the retry topic too.
-    """
-
-    max_redeliver_count: int
-    dead_letter_topic: str | None = None
-    retry_letter_topic: str | None = None
-    enable_retry: bool = False
-
-    def __post_init__(self) -> None:
-        if self.max_redeliver_count < 1:
-            raise InvalidArgument("max_redeliver_count must be at least 1")
 
 
 class ProducerLogic:
@@ -152,33 +128,24 @@ class ProducerLogic:
         else:
             value, key, properties = normalize_message(value, key, properties)
             body = message_body_size(value, key, properties, event_time)
-        core = self.cores[self.router.choose(key) if self.multi else 0]
-        if core.header_bytes + body > core.max_message_size:
-            core.check_fits(body)
-        completions = core.completions
-        n = len(completions)
-        if n and core.batch_bytes + body + SLACK_PER_MESSAGE > core.max_message_size:
-            self.seal(self.cores.index(core))
-            completions = core.completions  # sealing started a new list
-            n = 0
-        full = core.builder.add(value, key, properties, event_time)  # adds nothing if it raises
-        if n == 0:
-            core.generation += 1
-            state = core.state = BatchState(core.partition)
-            core.batch_bytes = core.header_bytes + SLACK_PER_BATCH
-        else:
-            state = core.state  # type: ignore[assignment]
-        future = MessageFuture(state, n)
-        completions.append(None)
-        core.batch_bytes += body + SLACK_PER_MESSAGE
+        index = self.router.choose(key) if self.multi else 0
+        core = self.cores[index]
+        core.check_fits(body)
+        if core.would_overflow(body):
+            self.seal(index)  # the broker refuses a batch over max_message_size
+        n = len(core)
+        full = core.add(value, key, properties, event_time, None, body)
+        future = MessageFuture(core.batch_state(), n)
         if full or self.max_delay <= 0:
-            self.seal(self.cores.index(core))
+            self.seal(index)
         elif n == 0:
-            self.start_timer(self.cores.index(core), core.generation)
+            self.start_timer(index, core.generation)
         return future
 
     def seal(self, index: int, *, deliver_at: int = 0) -> None:
-        batch = self.cores[index].seal(self._callback_factory(index), deliver_at=deliver_at)
+        """Seal partition ``index``'s batch and submit it: the one way a batch is sealed
+        (when full, before one that would not fit, on a delay, on a timer, on flush)."""
+        batch = self.cores[index].seal(self.callback_for, deliver_at=deliver_at)
         if batch is not None:
             self.router.batch_sealed(index)
             self.submit(self.engines[index], batch)
@@ -191,12 +158,8 @@ class ProducerLogic:
         if self.cores[index].generation == generation:
             self.seal(index)
 
-    # set by the face: (completions, state, partition) -> batch callback
+    #: set by the face: ``(completions, state, partition)`` -> the batch's receipt handler
     callback_for: Callable[[list[Any], Any, int], Any]
-
-    def _callback_factory(self, index: int) -> Callable[[list[Any], Any], Any]:
-        partition = self.cores[index].partition
-        return lambda completions, state: self.callback_for(completions, state, partition)
 
 
 class ConsumerLogic:

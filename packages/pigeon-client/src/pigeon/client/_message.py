@@ -6,7 +6,19 @@ from typing import Any
 
 from pigeon.core.batch import ENTRY_HEADER_SIZE, decode_batch, unpack_entry_header
 
-__all__ = ["Message", "MessageId", "split_entry"]
+__all__ = ["Message", "MessageId", "receipt_message_id", "split_entry"]
+
+
+def receipt_message_id(
+    receipt: tuple[int, int, int, bool], index: int, partition: int
+) -> MessageId:
+    """The MessageId of message ``index`` of a batch the broker acknowledged with ``receipt``.
+
+    ``receipt`` is ``(segment_id, entry_id, first_offset, duplicate)``; a first offset
+    below 0 (the broker does not know it) leaves every offset unknown.
+    """
+    seg, entry, offset, _duplicate = receipt
+    return MessageId(seg, entry, index, partition, offset + index if offset >= 0 else -1)
 
 
 class MessageId:

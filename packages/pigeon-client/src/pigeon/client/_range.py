@@ -32,8 +32,9 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from pigeon.client._engine import ClientEngine, ConsumerEngine, ReceivedEntry, SubscribeOptions
-from pigeon.client._handles import reader_subscription
+from pigeon.client._consumer_engine import ConsumerEngine, SubscribeOptions
+from pigeon.client._consumer_handle import reader_subscription
+from pigeon.client._engine import ClientEngine, ReceivedEntry
 from pigeon.core.batch import unpack_entry_header
 from pigeon.core.errors import InvalidArgument, PigeonError, Timeout
 
@@ -128,7 +129,7 @@ async def _gather(
 
 def partition_topics(client: Client, topic: str) -> list[str]:
     """Full names of the partitions of ``topic`` (``[topic]`` if it is not partitioned)."""
-    names: list[str] = client._call(client.engine.partitioned_names, topic)
+    names: list[str] = client.engine_thread.call(client.engine.partitioned_names, topic)
     return names
 
 
@@ -147,7 +148,7 @@ def partition_offsets(client: Client, topics: str | Sequence[str]) -> dict[str, 
     retention has deleted the head. The partitions are asked concurrently.
     """
     names = _all_partitions(client, topics)
-    info = client._call(_gather, client.engine, names, None)
+    info = client.engine_thread.call(_gather, client.engine, names, None)
     return {t: (e, n) for t, (e, n, _) in info.items()}
 
 
@@ -157,7 +158,7 @@ def offsets_for_timestamp(
     """Per partition, the first offset published at or after ``timestamp_ms`` (ms since
     the epoch); the partition's next offset when everything is older."""
     names = _all_partitions(client, topics)
-    info = client._call(_gather, client.engine, names, int(timestamp_ms))
+    info = client.engine_thread.call(_gather, client.engine, names, int(timestamp_ms))
     return {t: at for t, (_e, _n, at) in info.items()}
 
 
@@ -220,7 +221,7 @@ class RangeReader:
 
     def open(self) -> RangeReader:
         if self.start < self.end:
-            self.client._call(self._open)
+            self.client.engine_thread.call(self._open)
             if self.first_available > self.start:
                 self.on_missing(self.topic, self.start, min(self.first_available, self.end))
         return self
@@ -238,7 +239,7 @@ class RangeReader:
         cursor, self._cursor = self._cursor, None
         if cursor is not None:
             try:
-                self.client._call(_drop_cursor, cursor)
+                self.client.engine_thread.call(_drop_cursor, cursor)
             except PigeonError as exc:
                 log.info("range reader cleanup failed topic=%s error=%s", self.topic, exc)
 
@@ -249,7 +250,7 @@ class RangeReader:
         if missing >= self.window // 2 or (target == self.end and missing > 0):
             cursor = self._cursor
             if cursor is not None:
-                self.client._soon(cursor.flow, missing)
+                self.client.engine_thread.soon(cursor.flow, missing)
             self._granted_to = target
 
     def __iter__(self) -> Iterator[ReceivedEntry]:
@@ -285,7 +286,7 @@ class RangeReader:
         detail = ""
         if cursor is not None:
             try:
-                info = self.client._call(cursor.last_message_id)
+                info = self.client.engine_thread.call(cursor.last_message_id)
                 detail = f"; the partition's last offset is {info['offset']}"
             except PigeonError:
                 pass

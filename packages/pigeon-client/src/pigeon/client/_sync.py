@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import math
 import re
 import threading
@@ -17,22 +18,27 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-import trio
-
-from pigeon.client import trio as trio_face
+from pigeon.client._consumer_handle import ConsumerFace, ConsumerHandle, open_consumer, open_reader
 from pigeon.client._core import ProducerCore, message_id_of
 from pigeon.client._engine import ClientEngine
 from pigeon.client._future import MessageFuture
 from pigeon.client._handles import (
-    ConsumerHandle,
+    ProducerFace,
     ProducerHandle,
+    codecs_of,
     deliver_time,
-    open_consumer,
     open_producer,
-    reader_subscription,
 )
-from pigeon.client._logic import DeadLetterPolicy
 from pigeon.client._message import Message, MessageId
+from pigeon.client._options import (
+    ConsumerOptions,
+    DeadLetterPolicy,
+    ProducerOptions,
+    ReaderOptions,
+    options_from,
+)
+from pigeon.client._thread import EngineThread
+from pigeon.client.trio import producer_factory
 from pigeon.core import PluginManager
 from pigeon.core.errors import AlreadyClosed, ProducerQueueFull, Timeout
 
@@ -56,54 +62,9 @@ class Client:
     ) -> None:
         self.engine = ClientEngine(service_url, operation_timeout=operation_timeout)
         self.plugins = plugins or PluginManager()
-        self.codecs = trio_face.codecs_of(self.plugins)
-        self._trio_client = trio_face.Client.__new__(trio_face.Client)
-        self._trio_client.engine = self.engine
-        self._trio_client.plugins = self.plugins
-        self._trio_client.codecs = self.codecs
-        self._token: trio.lowlevel.TrioToken | None = None
-        self._started = threading.Event()
-        self._error: BaseException | None = None
-        self._closed = False
+        self.codecs = codecs_of(self.plugins)
+        self.engine_thread = EngineThread(self.engine)
         self._producers: weakref.WeakSet[Producer] = weakref.WeakSet()
-        self._thread = threading.Thread(target=self._main, name="pigeon-client", daemon=True)
-        self._thread.start()
-        self._started.wait()
-        if self._error is not None:
-            raise self._error
-
-    def _main(self) -> None:
-        async def main() -> None:
-            self._token = trio.lowlevel.current_trio_token()
-            async with trio.open_nursery() as nursery:
-                await nursery.start(self.engine.run)
-                self._started.set()
-
-        try:
-            trio.run(main)
-        except BaseException as exc:  # reported to the constructor, or the run simply ended
-            self._error = exc
-        finally:
-            self._started.set()
-
-    # ------------------------------------------------------------------ bridging
-
-    def _call(self, afn: Callable[..., Any], *args: Any) -> Any:
-        if self._closed:
-            raise AlreadyClosed("client is closed")
-        try:
-            return trio.from_thread.run(afn, *args, trio_token=self._token)
-        except trio.RunFinishedError:
-            raise AlreadyClosed("client is closed") from None
-
-    def _soon(self, fn: Callable[..., Any], *args: Any) -> None:
-        assert self._token is not None
-        try:
-            self._token.run_sync_soon(fn, *args)
-        except trio.RunFinishedError:
-            raise AlreadyClosed("client is closed") from None
-
-    # ------------------------------------------------------------------ public
 
     def __enter__(self) -> Client:
         return self
@@ -112,24 +73,25 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        if self._closed:
+        thread = self.engine_thread
+        if thread.closed:
             return
         for producer in list(self._producers):
             with contextlib.suppress(Exception):
                 producer.close()
         try:
-            self._call(self.engine.aclose)
+            thread.call(self.engine.aclose)
         except Exception:
             pass
-        self._closed = True
-        self._thread.join(timeout=30)
+        thread.closed = True
+        thread.join(30)
 
     def create_topic(self, topic: str, partitions: int = 0) -> None:
         """Create a topic (``partitions > 0``: a partitioned topic)."""
-        self._call(self.engine.create_topic, topic, partitions)
+        self.engine_thread.call(self.engine.create_topic, topic, partitions)
 
     def list_topics(self, namespace: str = "public/default") -> list[str]:
-        result: list[str] = self._call(self.engine.list_topics, namespace)
+        result: list[str] = self.engine_thread.call(self.engine.list_topics, namespace)
         return result
 
     def create_producer(
@@ -147,29 +109,20 @@ class Client:
         routing_mode: str = "round_robin",
         message_router: Callable[[Any, int], int] | None = None,
     ) -> Producer:
-        producer = Producer(self, max_pending_messages, block_if_queue_full)
-
-        async def open_() -> ProducerHandle:
-            return await open_producer(
+        options = options_from(ProducerOptions, locals())
+        producer = Producer(self.engine_thread, options)
+        producer._handle = self.engine_thread.call(
+            functools.partial(
+                open_producer,
                 self.engine,
-                topic,
+                options,
                 codecs=self.codecs,
                 lock=producer._lock,
-                producer_name=producer_name,
-                batching_max_messages=batching_max_messages,
-                batching_max_bytes=batching_max_bytes,
-                batching_max_delay_ms=batching_max_delay_ms,
-                compression=compression,
-                send_timeout=send_timeout,
-                routing_mode=routing_mode,
-                message_router=message_router,
                 submit=producer._submit,
                 start_timer=producer._start_timer,
             )
-
-        producer._handle = self._call(open_)
+        )
         producer._handle.on_space = producer._space_freed
-        producer._send_timeout = send_timeout
         self._producers.add(producer)
         return producer
 
@@ -189,29 +142,19 @@ class Client:
         pattern_auto_discovery_period: float = 60.0,
     ) -> Consumer:
         """Subscribe to a topic, a list of topics, or a ``re.Pattern`` of topic names."""
-        consumer = Consumer(self)
-
-        async def open_() -> ConsumerHandle:
-            return await open_consumer(
+        options = options_from(ConsumerOptions, locals())
+        consumer = Consumer(self.engine_thread)
+        consumer._handle = self.engine_thread.call(
+            functools.partial(
+                open_consumer,
                 self.engine,
-                topic,
-                subscription,
+                options,
                 codecs=self.codecs,
                 lock=consumer._cond,
                 notify=consumer._notify,
-                subscription_type=subscription_type,
-                initial_position=initial_position,
-                consumer_name=consumer_name,
-                priority=priority,
-                receiver_queue_size=receiver_queue_size,
-                ack_timeout=ack_timeout,
-                negative_ack_redelivery_delay=negative_ack_redelivery_delay,
-                dead_letter_policy=dead_letter_policy,
-                pattern_auto_discovery_period=pattern_auto_discovery_period,
-                producer_factory=self._trio_client.create_producer,
+                producer_factory=producer_factory(self.engine, self.codecs),
             )
-
-        consumer._handle = self._call(open_)
+        )
         return consumer
 
     def create_reader(
@@ -223,47 +166,33 @@ class Client:
         receiver_queue_size: int = 10_000,
     ) -> Reader:
         """A reader from ``"earliest"``, ``"latest"`` or after a MessageId."""
-        initial, offset = trio_face.reader_start(start, start_message_id_inclusive)
-        reader = Reader(self)
-
-        async def open_() -> ConsumerHandle:
-            return await open_consumer(
+        options = options_from(ReaderOptions, locals())
+        reader = Reader(self.engine_thread)
+        reader._handle = self.engine_thread.call(
+            functools.partial(
+                open_reader,
                 self.engine,
-                topic,
-                reader_subscription(),
+                options,
                 codecs=self.codecs,
                 lock=reader._cond,
                 notify=reader._notify,
-                initial_position=initial,
-                receiver_queue_size=receiver_queue_size,
-                durable=False,
-                start_offset=offset,
             )
-
-        reader._handle = self._call(open_)
+        )
         return reader
 
 
-class Producer:
+class Producer(ProducerFace):
     """Sends messages to a topic (every partition of a partitioned topic). Thread-safe."""
 
     _handle: ProducerHandle
 
-    def __init__(self, client: Client, max_pending: int, block_if_queue_full: bool) -> None:
-        self._client = client
-        self._max_pending = max_pending
-        self._block = block_if_queue_full
+    def __init__(self, thread: EngineThread, options: ProducerOptions) -> None:
+        self._thread = thread
+        self._max_pending = options.max_pending_messages
+        self._block = options.block_if_queue_full
+        self._send_timeout = options.send_timeout
         self._lock = threading.Lock()
         self._space = threading.Condition(self._lock)
-        self._send_timeout = 30.0
-
-    @property
-    def topic(self) -> str:
-        return self._handle.topic
-
-    @property
-    def producer_name(self) -> str:
-        return self._handle.producer_name
 
     @property
     def last_sequence_id(self) -> int:
@@ -278,15 +207,10 @@ class Producer:
 
     # called with the lock held (from ProducerLogic), any thread
     def _submit(self, engine: Any, batch: Any) -> None:
-        self._client._soon(engine.submit, batch)
+        self._thread.soon(engine.submit, batch)
 
     def _start_timer(self, index: int, generation: int) -> None:
-        h = self._handle
-        self._client._soon(
-            lambda: h.client.nursery.start_soon(
-                h.timer, h.logic.max_delay, index, generation, lambda e, b: e.submit(b)
-            )
-        )
+        self._thread.soon(self._handle.start_timer, index, generation)
 
     def _space_freed(self) -> None:
         with self._lock:
@@ -388,7 +312,7 @@ class Producer:
         """Send what is batched and wait until every pending message is acknowledged."""
         with self._lock:
             self._handle.logic.seal_all()
-        self._client._call(self._handle.flush)
+        self._thread.call(self._handle.flush)
 
     def close(self) -> None:
         h = self._handle
@@ -400,7 +324,7 @@ class Producer:
             with self._lock:
                 h.closed = True
                 self._space.notify_all()
-            self._client._call(h.close)
+            self._thread.call(h.close)
 
 
 def _make_future(core: ProducerCore) -> MessageFuture:
@@ -410,8 +334,8 @@ def _make_future(core: ProducerCore) -> MessageFuture:
 class _Receiving:
     _handle: ConsumerHandle
 
-    def __init__(self, client: Client) -> None:
-        self._client = client
+    def __init__(self, thread: EngineThread) -> None:
+        self._thread = thread
         self._cond = threading.Condition()
 
     def _notify(self) -> None:
@@ -430,17 +354,15 @@ class _Receiving:
             while True:
                 if h.closed:
                     raise AlreadyClosed("consumer is closed")
-                msgs = h.take_messages(max_messages, trio_now(self._client))
+                msgs, grants = h.receive_nowait(max_messages, self._thread.now())
                 if msgs:
                     break
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise Timeout(f"no message within {timeout}s")
                 self._cond.wait(None if math.isinf(left) else min(left, 1.0))
-            h.record_received(msgs)
-            grants = h.grants(msgs)
         for engine, permits in grants:
-            self._client._soon(engine.flow, permits)
+            self._thread.soon(engine.flow, permits)
         return msgs
 
     def receive(self, timeout: float | None = None) -> Message:
@@ -455,38 +377,24 @@ class _Receiving:
         timestamp: int | None = None,
     ) -> None:
         """Move to a MessageId, a partition offset, or a publish time (ms since the epoch)."""
-        self._client._call(self._handle.seek, target, offset, timestamp)
+        self._thread.call(self._handle.seek, target, offset, timestamp)
 
     def close(self) -> None:
         h = self._handle
         if h.closed:
             return
         try:
-            self._client._call(h.close)
+            self._thread.call(h.close)
         finally:
             h.closed = True
             self._notify()
 
 
-def trio_now(client: Client) -> float:
-    # The ack-timeout/nack clocks are the engine's trio clock; read it without crossing
-    # threads: trio's default clock is time.perf_counter plus a per-run offset.
-    return time.perf_counter() + client.engine.clock_offset
-
-
-class Consumer(_Receiving):
+class Consumer(ConsumerFace, _Receiving):
     """Receives messages of one subscription. Thread-safe."""
 
     def __enter__(self) -> Consumer:
         return self
-
-    @property
-    def topic(self) -> str:
-        return self._handle.engines[0].topic if self._handle.engines else ""
-
-    @property
-    def subscription(self) -> str:
-        return self._handle.subscription
 
     def __iter__(self) -> Iterator[Message]:
         while True:
@@ -494,32 +402,26 @@ class Consumer(_Receiving):
 
     def acknowledge(self, message: Message | MessageId) -> None:
         """Acknowledge one message (sent to the broker in groups, every 100 ms)."""
-        mid = message_id_of(message)
-        with self._cond:
-            full = self._handle.acknowledge(mid)
-        if full:
-            self._client._soon(self._handle.flush_acks_nowait)
+        if self._handle.acknowledge(message_id_of(message)):
+            self._thread.soon(self._handle.flush_acks_nowait)
 
     def acknowledge_cumulative(self, message: Message | MessageId) -> None:
         """Acknowledge this message and every earlier one of its partition."""
-        mid = message_id_of(message)
-        with self._cond:
-            self._handle.acknowledge_cumulative(mid)
+        self._handle.acknowledge_cumulative(message_id_of(message))
 
     def negative_acknowledge(self, message: Message) -> None:
         """Ask for this message again after ``negative_ack_redelivery_delay`` seconds."""
-        with self._cond:
-            self._handle.logic.negative_acknowledge(message, trio_now(self._client))
+        self._handle.negative_acknowledge(message, self._thread.now())
 
     def reconsume_later(self, message: Message, delay: float) -> None:
         """Republish to the retry topic, delivered after ``delay`` seconds; acknowledge."""
-        self._client._call(self._handle.reconsume_later, message, delay)
+        self._thread.call(self._handle.reconsume_later, message, delay)
 
     def redeliver_unacknowledged_messages(self) -> None:
-        self._client._call(self._handle.redeliver_unacknowledged)
+        self._thread.call(self._handle.redeliver_unacknowledged)
 
     def unsubscribe(self) -> None:
-        self._client._call(self._handle.unsubscribe)
+        self._thread.call(self._handle.unsubscribe)
         self._notify()
 
 
@@ -531,10 +433,9 @@ class Reader(_Receiving):
 
     def read_next(self, timeout: float | None = None) -> Message:
         msg = self.receive(timeout)
-        with self._cond:
-            self._handle.acknowledge_cumulative(msg.message_id)
+        self._handle.acknowledge_cumulative(msg.message_id)
         return msg
 
     def has_message_available(self) -> bool:
-        result: bool = self._client._call(self._handle.has_message_available)
+        result: bool = self._thread.call(self._handle.has_message_available)
         return result

@@ -13,15 +13,14 @@
 
     asyncio.run(main())
 
-The trio engine runs in one background thread, started exactly as the sync face starts it
-(an internal :class:`pigeon.client._sync.Client`); the asyncio program needs no trio of its
-own and its event loop never blocks on the engine:
+The trio engine runs in one background thread, the same
+:class:`~pigeon.client._thread.EngineThread` the sync face runs it in; the asyncio program
+needs no trio of its own and its event loop never blocks on the engine:
 
 * an engine operation (lookup, subscribe, seek, flush, close, ...) is a task started in the
-  engine's nursery with ``run_sync_soon``; its outcome comes back through
-  ``loop.call_soon_threadsafe`` into an asyncio future.  Cancelling the awaiting asyncio
-  task cancels the engine task (closes excepted: they run to completion), and a producer
-  or consumer opened for a task that is no longer waiting is closed again.
+  engine's nursery and awaited through an asyncio future
+  (:mod:`pigeon.client._asyncio_bridge`); a producer or consumer opened for a task that is
+  no longer waiting is closed again.
 * a producer accumulates messages in the loop's thread (the batching timer is a
   ``loop.call_later``) and hands each sealed batch over with one ``run_sync_soon``; the
   receipt of a batch comes back with one ``call_soon_threadsafe`` that resolves the asyncio
@@ -35,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import re
@@ -43,105 +43,33 @@ import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-import trio
-
-from pigeon.client import _sync
-from pigeon.client import trio as trio_face
+from pigeon.client._asyncio_bridge import run_on_engine, spawn_on_engine
+from pigeon.client._consumer_handle import ConsumerFace, ConsumerHandle, open_consumer, open_reader
 from pigeon.client._core import message_id_of
+from pigeon.client._engine import ClientEngine
 from pigeon.client._handles import (
-    ConsumerHandle,
+    ProducerFace,
     ProducerHandle,
+    codecs_of,
     deliver_time,
-    open_consumer,
     open_producer,
-    reader_subscription,
 )
-from pigeon.client._logic import DeadLetterPolicy
-from pigeon.client._message import Message, MessageId
+from pigeon.client._message import Message, MessageId, receipt_message_id
+from pigeon.client._options import (
+    ConsumerOptions,
+    DeadLetterPolicy,
+    ProducerOptions,
+    ReaderOptions,
+    options_from,
+)
+from pigeon.client._thread import EngineThread
+from pigeon.client.trio import producer_factory
 from pigeon.core import PluginManager
 from pigeon.core.errors import AlreadyClosed, ProducerQueueFull, Timeout
 
 __all__ = ["Client", "Consumer", "DeadLetterPolicy", "Producer", "Reader"]
 
 log = logging.getLogger(__name__)
-
-
-class _EngineCall:
-    """One coroutine run in the engine's nursery for an awaiting asyncio task.
-
-    Its state changes (started, abandoned, finished) all happen on the engine's thread, so
-    they need no lock; the asyncio future is only touched on the loop's thread.
-    """
-
-    def __init__(
-        self,
-        client: Client,
-        loop: asyncio.AbstractEventLoop,
-        fut: asyncio.Future[Any],
-        afn: Callable[..., Awaitable[Any]],
-        args: tuple[Any, ...],
-        shield: bool,
-        orphan: Callable[[Any], None] | None,
-    ) -> None:
-        self.client = client
-        self.loop = loop
-        self.fut = fut
-        self.afn = afn
-        self.args = args
-        self.shield = shield
-        self.orphan = orphan
-        self.abandoned = False
-        self.scope: trio.CancelScope | None = None
-
-    # -- engine thread -----------------------------------------------------------------
-
-    def start(self) -> None:
-        try:
-            self.client.engine.nursery.start_soon(self._task)
-        except RuntimeError:  # the engine's nursery is closed: the client was closed
-            self._post(None, AlreadyClosed("client is closed"))
-
-    async def _task(self) -> None:
-        posted = False
-        try:
-            if self.abandoned and not self.shield:
-                return
-            with trio.CancelScope() as self.scope:
-                try:
-                    result = await self.afn(*self.args)
-                except Exception as exc:
-                    self._post(None, exc)
-                    posted = True
-                    return
-                self._post(result, None)
-                posted = True
-        finally:
-            if not posted and not self.abandoned:
-                # cancelled from outside: the engine is shutting down
-                self._post(None, AlreadyClosed("client is closed"))
-
-    def abandon(self) -> None:
-        """The asyncio task stopped waiting (it was cancelled)."""
-        self.abandoned = True
-        if self.scope is not None and not self.shield:
-            self.scope.cancel()
-
-    def _post(self, result: Any, error: BaseException | None) -> None:
-        with contextlib.suppress(RuntimeError):  # the event loop is closed: nobody waits
-            self.loop.call_soon_threadsafe(self._resolve, result, error)
-
-    # -- loop thread -------------------------------------------------------------------
-
-    def _resolve(self, result: Any, error: BaseException | None) -> None:
-        fut = self.fut
-        if fut.cancelled():
-            if error is None and self.orphan is not None:
-                self.orphan(result)
-            return
-        if error is not None:
-            fut.set_exception(error)
-        else:
-            fut.set_result(result)
 
 
 class Client:
@@ -158,10 +86,10 @@ class Client:
         operation_timeout: float = 30.0,
         plugins: PluginManager | None = None,
     ) -> None:
-        self._sync = _sync.Client(service_url, operation_timeout=operation_timeout, plugins=plugins)
-        self.engine = self._sync.engine
-        self.plugins = self._sync.plugins
-        self.codecs = self._sync.codecs
+        self.engine = ClientEngine(service_url, operation_timeout=operation_timeout)
+        self.plugins = plugins or PluginManager()
+        self.codecs = codecs_of(self.plugins)
+        self.engine_thread = EngineThread(self.engine)
         self._closed = False
         self._producers: weakref.WeakSet[Producer] = weakref.WeakSet()
         self._receivers: weakref.WeakSet[_Receiving] = weakref.WeakSet()
@@ -182,41 +110,16 @@ class Client:
         """
         if self._closed:
             raise AlreadyClosed("client is closed")
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Any] = loop.create_future()
-        call = _EngineCall(self, loop, fut, afn, args, shield, orphan)
-        self._soon(call.start)
-        try:
-            return await fut
-        except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled():
-                # the outcome arrived, but the task was cancelled before it resumed
-                if fut.exception() is None and orphan is not None:
-                    orphan(fut.result())
-            else:
-                with contextlib.suppress(AlreadyClosed):
-                    self._soon(call.abandon)
-            raise
+        return await run_on_engine(self.engine_thread, afn, args, shield=shield, orphan=orphan)
 
     def _soon(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` on the engine's thread soon (never blocks)."""
-        self._sync._soon(fn, *args)
+        self.engine_thread.soon(fn, *args)
 
     def _spawn(self, afn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         """Fire and forget: run ``afn(*args)`` in the engine's nursery, errors logged."""
 
-        async def run() -> None:
-            try:
-                await afn(*args)
-            except Exception:
-                log.exception("background operation %s failed", getattr(afn, "__name__", afn))
-
-        def start() -> None:
-            with contextlib.suppress(RuntimeError):
-                self.engine.nursery.start_soon(run)
-
-        with contextlib.suppress(AlreadyClosed):
-            self._soon(start)
+        spawn_on_engine(self.engine_thread, afn, *args)
 
     # ------------------------------------------------------------------ public
 
@@ -238,10 +141,10 @@ class Client:
             pass
         finally:
             self._closed = True
-            self._sync._closed = True
+            self.engine_thread.closed = True
             for receiver in list(self._receivers):
                 receiver._mark_closed()
-        await asyncio.to_thread(self._sync._thread.join, 30)
+        await asyncio.to_thread(self.engine_thread.join, 30)
 
     async def create_topic(self, topic: str, partitions: int = 0) -> None:
         """Create a topic (``partitions > 0``: a partitioned topic)."""
@@ -266,33 +169,22 @@ class Client:
         routing_mode: str = "round_robin",
         message_router: Callable[[Any, int], int] | None = None,
     ) -> Producer:
-        producer = Producer(self, max_pending_messages, block_if_queue_full, send_timeout)
-
-        async def open_() -> ProducerHandle:
-            return await open_producer(
-                self.engine,
-                topic,
-                codecs=self.codecs,
-                lock=producer._lock,
-                producer_name=producer_name,
-                batching_max_messages=batching_max_messages,
-                batching_max_bytes=batching_max_bytes,
-                batching_max_delay_ms=batching_max_delay_ms,
-                compression=compression,
-                send_timeout=send_timeout,
-                routing_mode=routing_mode,
-                message_router=message_router,
-                submit=producer._submit,
-                start_timer=producer._start_timer,
-            )
-
-        def orphan(handle: ProducerHandle) -> None:
-            handle.closed = True
-            self._spawn(handle.close)
-
-        handle: ProducerHandle = await self._run(open_, shield=True, orphan=orphan)
-        # receipts resolve futures on the loop's thread, once per batch (see _callback_for)
-        handle.logic.callback_for = producer._callback_for
+        options = options_from(ProducerOptions, locals())
+        producer = Producer(self, options)
+        open_ = functools.partial(
+            open_producer,
+            self.engine,
+            options,
+            codecs=self.codecs,
+            lock=producer._lock,
+            submit=producer._submit,
+            start_timer=producer._start_timer,
+            # receipts resolve futures on the loop's thread, once per batch
+            callback_for=producer._callback_for,
+        )
+        handle: ProducerHandle = await self._run(
+            open_, shield=True, orphan=self._close_orphan_producer
+        )
         producer._handle = handle
         self._producers.add(producer)
         return producer
@@ -313,28 +205,17 @@ class Client:
         pattern_auto_discovery_period: float = 60.0,
     ) -> Consumer:
         """Subscribe to a topic, a list of topics, or a ``re.Pattern`` of topic names."""
+        options = options_from(ConsumerOptions, locals())
         consumer = Consumer(self)
-
-        async def open_() -> ConsumerHandle:
-            return await open_consumer(
-                self.engine,
-                topic,
-                subscription,
-                codecs=self.codecs,
-                lock=consumer._lock,
-                notify=consumer._notify,
-                subscription_type=subscription_type,
-                initial_position=initial_position,
-                consumer_name=consumer_name,
-                priority=priority,
-                receiver_queue_size=receiver_queue_size,
-                ack_timeout=ack_timeout,
-                negative_ack_redelivery_delay=negative_ack_redelivery_delay,
-                dead_letter_policy=dead_letter_policy,
-                pattern_auto_discovery_period=pattern_auto_discovery_period,
-                producer_factory=self._sync._trio_client.create_producer,
-            )
-
+        open_ = functools.partial(
+            open_consumer,
+            self.engine,
+            options,
+            codecs=self.codecs,
+            lock=consumer._lock,
+            notify=consumer._notify,
+            producer_factory=producer_factory(self.engine, self.codecs),
+        )
         consumer._handle = await self._run(open_, shield=True, orphan=self._close_orphan)
         self._receivers.add(consumer)
         return consumer
@@ -348,32 +229,31 @@ class Client:
         receiver_queue_size: int = 10_000,
     ) -> Reader:
         """A reader from ``"earliest"``, ``"latest"`` or after a MessageId."""
-        initial, offset = trio_face.reader_start(start, start_message_id_inclusive)
+        options = options_from(ReaderOptions, locals())
         reader = Reader(self)
-
-        async def open_() -> ConsumerHandle:
-            return await open_consumer(
-                self.engine,
-                topic,
-                reader_subscription(),
-                codecs=self.codecs,
-                lock=reader._lock,
-                notify=reader._notify,
-                initial_position=initial,
-                receiver_queue_size=receiver_queue_size,
-                durable=False,
-                start_offset=offset,
-            )
-
+        open_ = functools.partial(
+            open_reader,
+            self.engine,
+            options,
+            codecs=self.codecs,
+            lock=reader._lock,
+            notify=reader._notify,
+        )
         reader._handle = await self._run(open_, shield=True, orphan=self._close_orphan)
         self._receivers.add(reader)
         return reader
 
+    def _close_orphan_producer(self, handle: ProducerHandle) -> None:
+        """A producer opened for a task that stopped waiting: close it again."""
+        handle.closed = True
+        self._spawn(handle.close)
+
     def _close_orphan(self, handle: ConsumerHandle) -> None:
+        """A consumer or reader opened for a task that stopped waiting: close it again."""
         self._spawn(handle.close)
 
 
-class Producer:
+class Producer(ProducerFace):
     """Sends messages to a topic (every partition of a partitioned topic).
 
     Messages are batched on the event loop's thread; the futures of a batch's messages are
@@ -382,24 +262,14 @@ class Producer:
 
     _handle: ProducerHandle
 
-    def __init__(
-        self, client: Client, max_pending: int, block_if_queue_full: bool, send_timeout: float
-    ) -> None:
+    def __init__(self, client: Client, options: ProducerOptions) -> None:
         self._client = client
         self._loop = asyncio.get_running_loop()
-        self._max_pending = max_pending
-        self._block = block_if_queue_full
-        self._send_timeout = send_timeout
+        self._max_pending = options.max_pending_messages
+        self._block = options.block_if_queue_full
+        self._send_timeout = options.send_timeout
         self._lock = threading.Lock()
         self._space = asyncio.Event()
-
-    @property
-    def topic(self) -> str:
-        return self._handle.topic
-
-    @property
-    def producer_name(self) -> str:
-        return self._handle.producer_name
 
     async def __aenter__(self) -> Producer:
         return self
@@ -424,35 +294,12 @@ class Producer:
 
     def _callback_for(
         self, futures: list[asyncio.Future[MessageId]], state: Any, partition: int
-    ) -> Callable[[Any, BaseException | None], None]:
-        loop = self._loop
+    ) -> _BatchCompletion:
+        return _BatchCompletion(self, futures, partition)
 
-        def on_done(result: Any, error: BaseException | None) -> None:  # engine thread
-            with contextlib.suppress(RuntimeError):  # the event loop is closed
-                loop.call_soon_threadsafe(self._resolve_batch, futures, result, error, partition)
-
-        return on_done
-
-    def _resolve_batch(
-        self,
-        futures: list[asyncio.Future[MessageId]],
-        result: Any,
-        error: BaseException | None,
-        partition: int,
-    ) -> None:
-        if error is None:
-            seg, entry, offset, _duplicate = result
-            for i, f in enumerate(futures):
-                if not f.done():
-                    f.set_result(
-                        MessageId(seg, entry, i, partition, offset + i if offset >= 0 else -1)
-                    )
-        else:
-            for f in futures:
-                if not f.done():
-                    f.set_exception(error)
+    def _batch_done(self, count: int) -> None:
         h = self._handle
-        h.outstanding -= len(futures)
+        h.outstanding -= count
         if h.outstanding < self._max_pending:
             self._space.set()
 
@@ -570,6 +417,41 @@ class Producer:
             await self._client._run(h.close, shield=True)
 
 
+class _BatchCompletion:
+    """The receipt handler of one sealed batch: called on the engine's thread, it resolves
+    the asyncio futures of the batch's messages on the loop's thread, with one
+    ``call_soon_threadsafe`` per batch."""
+
+    __slots__ = ("futures", "partition", "producer")
+
+    def __init__(
+        self, producer: Producer, futures: list[asyncio.Future[MessageId]], partition: int
+    ) -> None:
+        self.producer = producer
+        self.futures = futures
+        self.partition = partition
+
+    def __call__(self, receipt: Any, error: BaseException | None) -> None:  # engine thread
+        loop = self.producer._loop
+        with contextlib.suppress(RuntimeError):  # the event loop is closed
+            if error is None:
+                loop.call_soon_threadsafe(self.handle_response, receipt)
+            else:
+                loop.call_soon_threadsafe(self.handle_error, error)
+
+    def handle_response(self, receipt: tuple[int, int, int, bool]) -> None:  # loop thread
+        for i, f in enumerate(self.futures):
+            if not f.done():
+                f.set_result(receipt_message_id(receipt, i, self.partition))
+        self.producer._batch_done(len(self.futures))
+
+    def handle_error(self, error: BaseException) -> None:  # loop thread
+        for f in self.futures:
+            if not f.done():
+                f.set_exception(error)
+        self.producer._batch_done(len(self.futures))
+
+
 class _Receiving:
     _handle: ConsumerHandle
 
@@ -610,12 +492,9 @@ class _Receiving:
             self._arrived.clear()  # before looking, so no wake-up is lost
             if h.closed:
                 raise AlreadyClosed("consumer is closed")
-            with self._lock:
-                msgs = h.take_messages(max_messages, _sync.trio_now(client._sync))
-                if msgs:
-                    h.record_received(msgs)
-                    grants = h.grants(msgs)
-                    break
+            msgs, grants = h.receive_nowait(max_messages, client.engine_thread.now())
+            if msgs:
+                break
             left = deadline - self._loop.time()
             if left <= 0:
                 raise Timeout(f"no message within {timeout}s")
@@ -658,7 +537,7 @@ class _Receiving:
         self._arrived.set()
 
 
-class Consumer(_Receiving):
+class Consumer(ConsumerFace, _Receiving):
     """Receives the messages of one subscription (on one or more topics).
 
     ``async for msg in consumer:`` receives forever.
@@ -673,32 +552,18 @@ class Consumer(_Receiving):
     async def __anext__(self) -> Message:
         return await self.receive()
 
-    @property
-    def topic(self) -> str:
-        return self._handle.engines[0].topic if self._handle.engines else ""
-
-    @property
-    def subscription(self) -> str:
-        return self._handle.subscription
-
     async def acknowledge(self, message: Message | MessageId) -> None:
         """Acknowledge one message (sent to the broker in groups, every 100 ms)."""
-        mid = message_id_of(message)
-        with self._lock:
-            full = self._handle.acknowledge(mid)
-        if full:
+        if self._handle.acknowledge(message_id_of(message)):
             self._client._soon(self._handle.flush_acks_nowait)
 
     async def acknowledge_cumulative(self, message: Message | MessageId) -> None:
         """Acknowledge this message and every earlier one of its partition."""
-        mid = message_id_of(message)
-        with self._lock:
-            self._handle.acknowledge_cumulative(mid)
+        self._handle.acknowledge_cumulative(message_id_of(message))
 
     async def negative_acknowledge(self, message: Message) -> None:
         """Ask for this message again after ``negative_ack_redelivery_delay`` seconds."""
-        with self._lock:
-            self._handle.logic.negative_acknowledge(message, _sync.trio_now(self._client._sync))
+        self._handle.negative_acknowledge(message, self._client.engine_thread.now())
 
     async def reconsume_later(self, message: Message, delay: float) -> None:
         """Republish to the retry topic, delivered after ``delay`` seconds; acknowledge."""
@@ -723,8 +588,7 @@ class Reader(_Receiving):
 
     async def read_next(self, timeout: float | None = None) -> Message:
         msg = await self.receive(timeout)
-        with self._lock:
-            self._handle.acknowledge_cumulative(msg.message_id)
+        self._handle.acknowledge_cumulative(msg.message_id)
         return msg
 
     async def has_message_available(self) -> bool:

@@ -11,36 +11,40 @@ async with pigeon.client.trio.Client("pigeon://127.0.0.1:6650") as client:
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import re
-from collections.abc import Callable, Mapping
-from typing import Any, cast
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 import trio
 
+from pigeon.client._consumer_handle import ConsumerFace, ConsumerHandle, open_consumer, open_reader
 from pigeon.client._core import message_id_of
-from pigeon.client._engine import ClientEngine
+from pigeon.client._engine import ClientEngine, PendingBatch
 from pigeon.client._handles import (
-    ConsumerHandle,
+    ProducerFace,
     ProducerHandle,
+    codecs_of,
     deliver_time,
-    open_consumer,
     open_producer,
-    reader_subscription,
 )
-from pigeon.client._logic import DeadLetterPolicy
 from pigeon.client._message import Message, MessageId
+from pigeon.client._options import (
+    ConsumerOptions,
+    DeadLetterPolicy,
+    ProducerOptions,
+    ReaderOptions,
+    options_from,
+)
+from pigeon.client._producer_engine import ProducerEngine
 from pigeon.core import PluginManager
-from pigeon.core.codecs import Codec, CodecSet
-from pigeon.core.errors import AlreadyClosed, InvalidArgument, Timeout
+from pigeon.core.codecs import CodecSet
+from pigeon.core.errors import AlreadyClosed, Timeout
 
 __all__ = ["Client", "Consumer", "DeadLetterPolicy", "Producer", "Reader"]
 
 _NOLOCK = contextlib.nullcontext()
-
-
-def codecs_of(pm: PluginManager) -> CodecSet:
-    return CodecSet(cast(Codec, codec) for _name, codec in pm.codecs.items())
 
 
 class Client:
@@ -92,25 +96,8 @@ class Client:
         routing_mode: str = "round_robin",
         message_router: Callable[[Any, int], int] | None = None,
     ) -> Producer:
-        producer = Producer(max_pending_messages)
-        producer._handle = await open_producer(
-            self.engine,
-            topic,
-            codecs=self.codecs,
-            lock=_NOLOCK,
-            producer_name=producer_name,
-            batching_max_messages=batching_max_messages,
-            batching_max_bytes=batching_max_bytes,
-            batching_max_delay_ms=batching_max_delay_ms,
-            compression=compression,
-            send_timeout=send_timeout,
-            routing_mode=routing_mode,
-            message_router=message_router,
-            submit=lambda engine, batch: engine.submit(batch),
-            start_timer=producer._start_timer,
-        )
-        producer._handle.on_space = producer._space_freed
-        return producer
+        options = options_from(ProducerOptions, locals())
+        return await open_trio_producer(self.engine, self.codecs, options)
 
     async def subscribe(
         self,
@@ -127,24 +114,15 @@ class Client:
         dead_letter_policy: DeadLetterPolicy | None = None,
         pattern_auto_discovery_period: float = 60.0,
     ) -> Consumer:
+        options = options_from(ConsumerOptions, locals())
         consumer = Consumer()
         consumer._handle = await open_consumer(
             self.engine,
-            topic,
-            subscription,
+            options,
             codecs=self.codecs,
             lock=_NOLOCK,
             notify=consumer._notify,
-            subscription_type=subscription_type,
-            initial_position=initial_position,
-            consumer_name=consumer_name,
-            priority=priority,
-            receiver_queue_size=receiver_queue_size,
-            ack_timeout=ack_timeout,
-            negative_ack_redelivery_delay=negative_ack_redelivery_delay,
-            dead_letter_policy=dead_letter_policy,
-            pattern_auto_discovery_period=pattern_auto_discovery_period,
-            producer_factory=self.create_producer,
+            producer_factory=producer_factory(self.engine, self.codecs),
         )
         return consumer
 
@@ -156,34 +134,44 @@ class Client:
         start_message_id_inclusive: bool = False,
         receiver_queue_size: int = 10_000,
     ) -> Reader:
-        initial, offset = reader_start(start, start_message_id_inclusive)
+        options = options_from(ReaderOptions, locals())
         reader = Reader()
-        reader._handle = await open_consumer(
-            self.engine,
-            topic,
-            reader_subscription(),
-            codecs=self.codecs,
-            lock=_NOLOCK,
-            notify=reader._notify,
-            initial_position=initial,
-            receiver_queue_size=receiver_queue_size,
-            durable=False,
-            start_offset=offset,
+        reader._handle = await open_reader(
+            self.engine, options, codecs=self.codecs, lock=_NOLOCK, notify=reader._notify
         )
         return reader
 
 
-def reader_start(start: str | MessageId, inclusive: bool) -> tuple[str, int]:
-    if isinstance(start, MessageId):
-        if start.offset < 0:
-            raise InvalidArgument("a reader start MessageId must carry its offset")
-        return "earliest", start.offset + (0 if inclusive else 1)
-    if start not in ("earliest", "latest"):
-        raise InvalidArgument(f"start must be 'earliest', 'latest' or a MessageId, got {start!r}")
-    return start, -1
+async def open_trio_producer(
+    engine: ClientEngine, codecs: CodecSet, options: ProducerOptions
+) -> Producer:
+    """*engine*: a trio-face producer on ``engine``, from the engine's own thread."""
+    producer = Producer(options.max_pending_messages)
+    producer._handle = await open_producer(
+        engine, options, codecs=codecs, lock=_NOLOCK, submit=submit_now
+    )
+    producer._handle.on_space = producer._space_freed
+    return producer
 
 
-class Producer:
+def producer_factory(
+    engine: ClientEngine, codecs: CodecSet
+) -> Callable[[str], Awaitable[Producer]]:
+    """What a consumer of any face publishes dead letters and retries with: trio-face
+    producers with default options, opened on the engine's thread."""
+    return functools.partial(_open_default_producer, engine, codecs)
+
+
+async def _open_default_producer(engine: ClientEngine, codecs: CodecSet, topic: str) -> Producer:
+    return await open_trio_producer(engine, codecs, ProducerOptions(topic))
+
+
+def submit_now(engine: ProducerEngine, batch: PendingBatch) -> None:
+    """*engine*: hand a sealed batch to its partition's engine at once."""
+    engine.submit(batch)
+
+
+class Producer(ProducerFace):
     """Sends messages to a topic (all partitions of a partitioned topic)."""
 
     _handle: ProducerHandle
@@ -191,24 +179,6 @@ class Producer:
     def __init__(self, max_pending: int) -> None:
         self._max_pending = max_pending
         self._space = trio.Event()
-
-    @property
-    def topic(self) -> str:
-        return self._handle.topic
-
-    @property
-    def producer_name(self) -> str:
-        return self._handle.producer_name
-
-    def _start_timer(self, index: int, generation: int) -> None:
-        h = self._handle
-        h.client.nursery.start_soon(
-            h.timer,
-            h.logic.max_delay,
-            index,
-            generation,
-            lambda engine, batch: engine.submit(batch),
-        )
 
     def _space_freed(self) -> None:
         self._space.set()
@@ -230,13 +200,7 @@ class Producer:
         deliver_after: float | None = None,
     ) -> MessageId:
         """Send and wait for the broker's receipt."""
-        done = trio.Event()
-        box: list[Any] = []
-
-        def complete(mid: MessageId | None, err: BaseException | None) -> None:
-            box.append((mid, err))
-            done.set()
-
+        receipt = _Receipt()
         await self.send_async(
             value,
             key=key,
@@ -244,13 +208,9 @@ class Producer:
             event_time=event_time,
             deliver_at=deliver_at,
             deliver_after=deliver_after,
-            callback=complete,
+            callback=receipt,
         )
-        await done.wait()
-        mid, err = box[0]
-        if err is not None:
-            raise err
-        return mid  # type: ignore[no-any-return]
+        return await receipt.wait()
 
     async def send_async(
         self,
@@ -287,6 +247,29 @@ class Producer:
         await h.close()
 
 
+class _Receipt:
+    """The send callback that ``Producer.send`` waits on."""
+
+    __slots__ = ("done", "error", "message_id")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.message_id: MessageId | None = None
+        self.error: BaseException | None = None
+
+    def __call__(self, message_id: MessageId | None, error: BaseException | None) -> None:
+        self.message_id = message_id
+        self.error = error
+        self.done.set()
+
+    async def wait(self) -> MessageId:
+        await self.done.wait()
+        if self.error is not None:
+            raise self.error
+        assert self.message_id is not None
+        return self.message_id
+
+
 class _Receiving:
     _handle: ConsumerHandle
 
@@ -304,7 +287,7 @@ class _Receiving:
         while True:
             if h.closed:
                 raise AlreadyClosed("consumer is closed")
-            msgs = h.take_messages(max_messages, trio.current_time())
+            msgs, grants = h.receive_nowait(max_messages, trio.current_time())
             if msgs:
                 break
             if trio.current_time() >= deadline:
@@ -312,8 +295,7 @@ class _Receiving:
             self._arrived = trio.Event()
             with trio.move_on_at(deadline):
                 await self._arrived.wait()
-        h.record_received(msgs)
-        for engine, permits in h.grants(msgs):
+        for engine, permits in grants:
             engine.flow(permits)
         return msgs
 
@@ -342,19 +324,11 @@ class _Receiving:
         await self.close()
 
 
-class Consumer(_Receiving):
+class Consumer(ConsumerFace, _Receiving):
     """Receives the messages of one subscription (on one or more topics)."""
 
     async def __aenter__(self) -> Consumer:
         return self
-
-    @property
-    def topic(self) -> str:
-        return self._handle.engines[0].topic if self._handle.engines else ""
-
-    @property
-    def subscription(self) -> str:
-        return self._handle.subscription
 
     async def acknowledge(self, message: Message | MessageId) -> None:
         if self._handle.acknowledge(message_id_of(message)):
@@ -365,7 +339,7 @@ class Consumer(_Receiving):
 
     async def negative_acknowledge(self, message: Message) -> None:
         """Ask for this message again after ``negative_ack_redelivery_delay``."""
-        self._handle.logic.negative_acknowledge(message, trio.current_time())
+        self._handle.negative_acknowledge(message, trio.current_time())
 
     async def reconsume_later(self, message: Message, delay: float) -> None:
         """Republish to the retry topic (delivered after ``delay`` s) and acknowledge."""

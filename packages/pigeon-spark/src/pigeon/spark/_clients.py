@@ -27,7 +27,7 @@ def client_for(service_url: str) -> Client:
     key = (os.getpid(), service_url)
     with _lock:
         client = _clients.get(key)
-        if client is None or client._closed or not client._thread.is_alive():
+        if client is None or not client.engine_thread.alive():
             client = _clients[key] = Client(service_url)
         return client
 

@@ -1,0 +1,254 @@
+"""The admin REST API's small HTTP client (standard library only), under ``pigeon admin``.
+
+:class:`AdminClient` raises :class:`AdminError` carrying the HTTP status and the API's JSON
+error.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from pigeon.core import TopicName
+
+__all__ = ["API", "DEFAULT_URL", "AdminClient", "AdminError", "InvalidNamespace"]
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+API = "/admin/v2"
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class AdminError(Exception):
+    """The admin API answered with an error status (or could not be reached: status 0)."""
+
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        self.status = status
+        self.body = body
+        super().__init__(f"{status} {body.get('error', 'Error')}: {body.get('message', '')}")
+
+
+def _q(part: str) -> str:
+    return urllib.parse.quote(part, safe="")
+
+
+def topic_path(topic: str) -> str:
+    """``/admin/v2/topics/<domain>/<tenant>/<namespace>/<topic>`` for any topic spelling."""
+    t = TopicName.parse(topic)
+    return f"{API}/topics/{t.domain}/{_q(t.tenant)}/{_q(t.namespace)}/{_q(t.local)}"
+
+
+class InvalidNamespace(ValueError):
+    """A namespace argument that is not ``tenant/namespace``."""
+
+
+def namespace_path(namespace: str) -> str:
+    tenant, sep, ns = namespace.partition("/")
+    if not sep or not tenant or not ns or "/" in ns:
+        raise InvalidNamespace(f"namespace must look like tenant/namespace, got {namespace!r}")
+    return f"{API}/namespaces/{_q(tenant)}/{_q(ns)}"
+
+
+class AdminClient:
+    """Blocking client of one broker's admin API."""
+
+    def __init__(self, url: str = DEFAULT_URL, *, timeout: float = 30.0) -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, Any] | None = None,
+        body: Any = None,
+    ) -> Any:
+        """Call the API; the decoded JSON (text for non-JSON answers, None for 204)."""
+        url = self.url + path
+        query = {k: _param(v) for k, v in (params or {}).items() if v is not None}
+        if query:
+            url += "?" + urllib.parse.urlencode(query)
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {"Accept": "application/json"}
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        req = urllib.request.Request(url, data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                return _decode(resp.status, resp.headers.get("Content-Type", ""), resp.read())
+        except urllib.error.HTTPError as exc:
+            raw = exc.read()
+            try:
+                err = json.loads(raw)
+            except ValueError:
+                err = {"error": exc.reason or "HTTPError", "message": raw.decode(errors="replace")}
+            if not isinstance(err, dict):
+                err = {"error": "HTTPError", "message": str(err)}
+            raise AdminError(exc.code, err) from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise AdminError(
+                0, {"error": "ConnectionError", "message": f"cannot reach {self.url}: {reason}"}
+            ) from None
+
+    # -- cluster, tenants, namespaces ------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        return self.request("GET", f"{API}/cluster/health")  # type: ignore[no-any-return]
+
+    def tenants(self) -> list[str]:
+        return self.request("GET", f"{API}/tenants")  # type: ignore[no-any-return]
+
+    def tenant(self, tenant: str) -> dict[str, Any]:
+        return self.request("GET", f"{API}/tenants/{_q(tenant)}")  # type: ignore[no-any-return]
+
+    def create_tenant(
+        self, tenant: str, *, admin_roles: Sequence[str] = (), allowed_clusters: Sequence[str] = ()
+    ) -> dict[str, Any]:
+        body = {"admin_roles": list(admin_roles), "allowed_clusters": list(allowed_clusters)}
+        return self.request("PUT", f"{API}/tenants/{_q(tenant)}", body=body)  # type: ignore[no-any-return]
+
+    def delete_tenant(self, tenant: str) -> None:
+        self.request("DELETE", f"{API}/tenants/{_q(tenant)}")
+
+    def namespaces(self, tenant: str) -> list[str]:
+        return self.request("GET", f"{API}/namespaces/{_q(tenant)}")  # type: ignore[no-any-return]
+
+    def create_namespace(
+        self, namespace: str, policies: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        return self.request("PUT", namespace_path(namespace), body=policies or {})  # type: ignore[no-any-return]
+
+    def delete_namespace(self, namespace: str, *, force: bool = False) -> None:
+        self.request("DELETE", namespace_path(namespace), params={"force": force})
+
+    def policies(self, namespace: str) -> dict[str, Any]:
+        return self.request("GET", namespace_path(namespace) + "/policies")  # type: ignore[no-any-return]
+
+    def set_policies(self, namespace: str, changes: dict[str, Any]) -> dict[str, Any]:
+        return self.request("PATCH", namespace_path(namespace) + "/policies", body=changes)  # type: ignore[no-any-return]
+
+    def topics(self, namespace: str) -> list[str]:
+        return self.request("GET", namespace_path(namespace) + "/topics")  # type: ignore[no-any-return]
+
+    def bundles(self, namespace: str) -> list[dict[str, Any]]:
+        return self.request("GET", namespace_path(namespace) + "/bundles")  # type: ignore[no-any-return]
+
+    def unload_bundle(self, namespace: str, bundle: str) -> list[str]:
+        path = namespace_path(namespace) + f"/bundles/{_q(bundle)}/unload"
+        return self.request("POST", path)["unloaded"]  # type: ignore[no-any-return]
+
+    # -- topics ----------------------------------------------------------------------
+
+    def create_topic(self, topic: str, partitions: int = 0) -> dict[str, Any]:
+        return self.request("PUT", topic_path(topic), params={"partitions": partitions})  # type: ignore[no-any-return]
+
+    def topic(self, topic: str) -> dict[str, Any]:
+        return self.request("GET", topic_path(topic))  # type: ignore[no-any-return]
+
+    def delete_topic(self, topic: str, *, force: bool = False) -> None:
+        self.request("DELETE", topic_path(topic), params={"force": force})
+
+    def topic_stats(self, topic: str) -> dict[str, Any]:
+        return self.request("GET", topic_path(topic) + "/stats")  # type: ignore[no-any-return]
+
+    def internal_stats(self, topic: str) -> dict[str, Any]:
+        return self.request("GET", topic_path(topic) + "/internal-stats")  # type: ignore[no-any-return]
+
+    def unload_topic(self, topic: str) -> list[str]:
+        return self.request("POST", topic_path(topic) + "/unload")["unloaded"]  # type: ignore[no-any-return]
+
+    def loaded_topics(self) -> list[dict[str, Any]]:
+        return self.request("GET", f"{API}/broker-stats/topics")  # type: ignore[no-any-return]
+
+    # -- subscriptions ---------------------------------------------------------------
+
+    def _sub(self, topic: str, subscription: str) -> str:
+        return topic_path(topic) + f"/subscriptions/{_q(subscription)}"
+
+    def subscriptions(self, topic: str) -> list[str]:
+        return self.request("GET", topic_path(topic) + "/subscriptions")  # type: ignore[no-any-return]
+
+    def create_subscription(
+        self, topic: str, subscription: str, position: str = "latest"
+    ) -> dict[str, Any]:
+        path = self._sub(topic, subscription)
+        return self.request("PUT", path, params={"position": position})  # type: ignore[no-any-return]
+
+    def subscription(self, topic: str, subscription: str) -> dict[str, Any]:
+        return self.request("GET", self._sub(topic, subscription))  # type: ignore[no-any-return]
+
+    def delete_subscription(self, topic: str, subscription: str, *, force: bool = False) -> None:
+        self.request("DELETE", self._sub(topic, subscription), params={"force": force})
+
+    def reset_cursor(
+        self,
+        topic: str,
+        subscription: str,
+        *,
+        offset: int | None = None,
+        message_id: str | None = None,
+        timestamp: int | None = None,
+    ) -> list[dict[str, Any]]:
+        body = {
+            k: v
+            for k, v in (("offset", offset), ("message_id", message_id), ("timestamp", timestamp))
+            if v is not None
+        }
+        return self.request("POST", self._sub(topic, subscription) + "/reset-cursor", body=body)  # type: ignore[no-any-return]
+
+    def skip(self, topic: str, subscription: str, count: int) -> dict[str, Any]:
+        path = self._sub(topic, subscription) + "/skip"
+        return self.request("POST", path, body={"count": count})  # type: ignore[no-any-return]
+
+    def clear_backlog(self, topic: str, subscription: str) -> dict[str, Any]:
+        return self.request("POST", self._sub(topic, subscription) + "/clear-backlog")  # type: ignore[no-any-return]
+
+    def peek(self, topic: str, subscription: str, count: int = 1) -> list[dict[str, Any]]:
+        path = self._sub(topic, subscription) + "/peek"
+        return self.request("GET", path, params={"count": count})  # type: ignore[no-any-return]
+
+    # -- brokers, bookies, metrics ---------------------------------------------------
+
+    def brokers(self) -> list[dict[str, Any]]:
+        return self.request("GET", f"{API}/brokers")  # type: ignore[no-any-return]
+
+    def broker_load(self, broker: str) -> dict[str, Any]:
+        return self.request("GET", f"{API}/brokers/{_q(broker)}/load")  # type: ignore[no-any-return]
+
+    def broker_bundles(self, broker: str) -> list[dict[str, Any]]:
+        return self.request("GET", f"{API}/brokers/{_q(broker)}/bundles")  # type: ignore[no-any-return]
+
+    def throughput(self) -> list[dict[str, Any]]:
+        return self.request("GET", f"{API}/broker-stats/throughput")  # type: ignore[no-any-return]
+
+    def bookies(self) -> list[dict[str, Any]]:
+        return self.request("GET", f"{API}/bookies")  # type: ignore[no-any-return]
+
+    def bookie(self, address: str) -> dict[str, Any]:
+        return self.request("GET", f"{API}/bookies/{_q(address)}")  # type: ignore[no-any-return]
+
+    def metrics(self) -> str:
+        return str(self.request("GET", "/metrics"))
+
+    def this_broker(self) -> str:
+        """The id (host:port) of the broker serving this URL."""
+        return str(self.brokers()[0]["broker"])
+
+
+def _param(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _decode(status: int, content_type: str, raw: bytes) -> Any:
+    if status == 204 or not raw:
+        return None
+    if content_type.startswith("application/json"):
+        return json.loads(raw)
+    return raw.decode("utf-8", errors="replace")

@@ -1,0 +1,277 @@
+"""The trio half of a consumer: subscription, permits, pushed entries, acknowledgements.
+
+It re-subscribes after a lost connection (or a close by the broker) through the shared
+re-attach loop of :class:`~pigeon.client._engine.Reconnecting`; ``on_reconnect`` lets the
+consumer's queue drop what the broker will push again (a reader goes on after the last
+message the application took).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from pigeon.client._engine import ClientEngine, ReceivedEntry, Reconnecting
+from pigeon.core import TopicName
+from pigeon.core.errors import ConnectionClosed, InvalidArgument, PigeonError
+from pigeon.core.rpc import Connection
+
+__all__ = ["ConsumerEngine", "SubscribeOptions"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SubscribeOptions:
+    topic: str
+    subscription: str
+    subscription_type: str = "exclusive"
+    initial_position: str = "latest"
+    consumer_name: str = ""
+    priority: int = 0
+    durable: bool = True
+    start_offset: int = -1
+    receiver_queue_size: int = 10_000
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+_SUB_TYPE_WIRE = {
+    "exclusive": "exclusive",
+    "shared": "shared",
+    "failover": "failover",
+    "key_shared": "keyShared",
+}
+
+
+class ConsumerEngine(Reconnecting):
+    """Trio half of a consumer: subscription, permits, pushes into ``sink``, acks."""
+
+    def __init__(
+        self,
+        engine: ClientEngine,
+        options: SubscribeOptions,
+        sink: Callable[[list[ReceivedEntry]], None],
+        *,
+        on_reconnect: Callable[[ConsumerEngine], None] | None = None,
+    ) -> None:
+        self.validate(options)
+        self.engine = engine
+        self.options = options
+        self.topic = options.topic
+        self.sink = sink
+        self.on_reconnect = on_reconnect
+        self.consumer_id = engine.next_id()
+        self.conn: Connection | None = None  # set once a subscribe succeeded on it
+        self.attached = False
+        self.closed = False
+        self.generation = 0
+        self._reconnect = trio.Event()
+        self.partition = TopicName.parse(options.topic).partition_index
+
+    @staticmethod
+    def validate(options: SubscribeOptions) -> None:
+        if options.subscription_type not in _SUB_TYPE_WIRE:
+            raise InvalidArgument(
+                f"subscription_type must be one of {', '.join(_SUB_TYPE_WIRE)}, "
+                f"got {options.subscription_type!r}"
+            )
+        if options.initial_position not in ("earliest", "latest"):
+            raise InvalidArgument(
+                f"initial_position must be 'earliest' or 'latest', got {options.initial_position!r}"
+            )
+
+    async def start(self) -> None:
+        self.engine.consumers[self.consumer_id] = self
+        try:
+            await self.engine.attach(self._attach)
+        except BaseException:
+            self.engine.consumers.pop(self.consumer_id, None)
+            raise
+        self.engine.nursery.start_soon(self._keep_connected)
+
+    def describe(self) -> str:
+        o = self.options
+        return (
+            f"topic={self.topic} sub={o.subscription} "
+            f"consumer={o.consumer_name or self.consumer_id}"
+        )
+
+    def _is_attached(self) -> bool:
+        conn = self.conn
+        return self.attached and conn is not None and not conn.closed
+
+    def _leave(self) -> None:
+        self.attached = False
+
+    def closed_by_broker(self, conn: Connection) -> None:
+        if conn is self.conn and self.attached:
+            log.info("consumer closed by broker %s", self.describe())
+            self.attached = False
+            self.reconnect_soon()
+
+    async def _attach(self) -> None:
+        """Subscribe; ``conn`` and ``attached`` are set only once the broker said yes."""
+        o = self.options
+        self.attached = False
+        address, full, _n = await self.engine.lookup(o.topic)
+        self.topic = full
+        conn = await self.engine.connection(address)
+        self.generation += 1
+        if self.generation > 1 and self.on_reconnect is not None:
+            self.on_reconnect(self)
+        try:
+            await self.engine.request(
+                conn,
+                "subscribe",
+                {
+                    "consumerId": self.consumer_id,
+                    "topic": full,
+                    "subscription": o.subscription,
+                    "subType": _SUB_TYPE_WIRE[o.subscription_type],
+                    "initialPosition": o.initial_position,
+                    "consumerName": o.consumer_name,
+                    "priority": o.priority,
+                    "durable": o.durable,
+                    "startOffset": o.start_offset,
+                },
+                expect="subscribed",
+            )
+        except BaseException:
+            # The subscribe may still take effect on the broker (a timeout): leave no
+            # consumer behind there, or the next subscribe of an exclusive subscription
+            # would find it busy.
+            if not conn.closed:
+                with contextlib.suppress(ConnectionClosed):
+                    conn.send_nowait("closeConsumer", {"consumerId": self.consumer_id})
+            raise
+        self.conn = conn
+        self.attached = True
+        if self.generation > 1:
+            log.info("consumer attached %s broker=%s:%s", self.describe(), *address)
+        self.flow(o.receiver_queue_size)
+
+    def flow(self, permits: int) -> None:
+        conn = self.conn
+        if permits > 0 and conn is not None and not conn.closed:
+            try:
+                conn.send_nowait("flow", {"consumerId": self.consumer_id, "permits": permits})
+            except ConnectionClosed:
+                pass
+
+    def ack_nowait(self, positions: list[tuple[int, int, int, int]], cumulative: bool) -> None:
+        """``positions``: (segment_id, entry_id, batch_index, offset) tuples."""
+        conn = self.conn
+        if not positions or conn is None or conn.closed:
+            return
+        try:
+            conn.send_nowait(
+                "ack",
+                {
+                    "consumerId": self.consumer_id,
+                    "ackType": "cumulative" if cumulative else "individual",
+                    "positions": [
+                        {"segmentId": s, "entryId": e, "batchIndex": b, "offset": o}
+                        for s, e, b, o in positions
+                    ],
+                },
+            )
+        except ConnectionClosed:
+            pass  # unacked messages are redelivered after the reconnect
+
+    async def ack(self, positions: list[tuple[int, int, int, int]], cumulative: bool) -> None:
+        conn = self.conn
+        if not positions:
+            return
+        if conn is None or conn.closed:
+            raise ConnectionClosed("consumer is not connected; acknowledgement not sent")
+        await self.engine.request(
+            conn,
+            "ack",
+            {
+                "consumerId": self.consumer_id,
+                "ackType": "cumulative" if cumulative else "individual",
+                "positions": [
+                    {"segmentId": s, "entryId": e, "batchIndex": b, "offset": o}
+                    for s, e, b, o in positions
+                ],
+            },
+        )
+
+    async def redeliver_unacknowledged(self) -> None:
+        conn = self.conn
+        if conn is not None and not conn.closed:
+            await self.engine.request(
+                conn, "redeliverUnacked", {"consumerId": self.consumer_id, "positions": []}
+            )
+
+    async def redeliver(self, positions: list[tuple[int, int]]) -> None:
+        """Ask the broker to redeliver these entries (nack / ack timeout)."""
+        conn = self.conn
+        if conn is None or conn.closed or not positions:
+            return
+        await self.engine.request(
+            conn,
+            "redeliverUnacked",
+            {
+                "consumerId": self.consumer_id,
+                "positions": [
+                    {"segmentId": s, "entryId": e, "batchIndex": -1} for s, e in positions
+                ],
+            },
+        )
+
+    async def seek(self, on_done: Callable[[], None] | None = None, **target: Any) -> None:
+        """Seek; ``on_done`` runs in the connection's reader as the answer arrives.
+
+        The broker answers before it pushes anything from the new position, so clearing
+        the local queue in ``on_done`` drops exactly the entries from before the seek.
+        """
+        conn = self.conn
+        if conn is None or conn.closed:
+            raise ConnectionClosed("consumer is not connected")
+
+        def answered(body: Any, payload: memoryview) -> None:
+            if on_done is not None:
+                on_done()
+
+        await self.engine.request(
+            conn, "seek", {"consumerId": self.consumer_id, **target}, extract=answered
+        )
+
+    async def last_message_id(self) -> dict[str, Any]:
+        conn = self.conn
+        if conn is None or conn.closed:
+            raise ConnectionClosed("consumer is not connected")
+        result: dict[str, Any] = await self.engine.request(
+            conn, "getLastMessageId", {"consumerId": self.consumer_id}, expect="lastMessageId"
+        )
+        return result
+
+    async def unsubscribe(self) -> None:
+        conn = self.conn
+        if conn is None or conn.closed:
+            raise ConnectionClosed("consumer is not connected")
+        await self.engine.request(conn, "unsubscribe", {"consumerId": self.consumer_id})
+        await self._detach()
+
+    async def _detach(self) -> None:
+        self.closed = True
+        self.attached = False
+        self._reconnect.set()
+        self.engine.consumers.pop(self.consumer_id, None)
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        conn = self.conn
+        await self._detach()
+        if conn is not None and not conn.closed:
+            try:
+                await self.engine.request(conn, "closeConsumer", {"consumerId": self.consumer_id})
+            except PigeonError:
+                pass

@@ -1,0 +1,244 @@
+"""The trio half of a producer: sends sealed batches and re-attaches, as its link decides.
+
+The :class:`~pigeon.client._link.ProducerLink` keeps every sent-but-unacknowledged batch in
+sequence order; after a re-attach they are all sent again, in order, under the same producer
+name (the broker drops the ones it already stored), and no newer batch goes out on an old
+connection while the producer re-attaches.  Each send is a :class:`SendRequest`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from typing import Any
+
+import trio
+
+from pigeon.client._engine import ClientEngine, PendingBatch, Reconnecting
+from pigeon.client._link import LinkState, ProducerLink
+from pigeon.core.errors import AlreadyClosed, ConnectionClosed, MessageTooLarge, PigeonError
+from pigeon.core.rpc import Connection
+
+__all__ = ["ProducerEngine", "SendRequest"]
+
+log = logging.getLogger(__name__)
+
+
+class ProducerEngine(Reconnecting):
+    """Trio half of a producer: moves batches as its :class:`ProducerLink` decides."""
+
+    def __init__(
+        self,
+        engine: ClientEngine,
+        topic: str,
+        *,
+        producer_name: str = "",
+        send_timeout: float = 30.0,
+    ) -> None:
+        self.engine = engine
+        self.topic = topic
+        self.producer_name = producer_name
+        self.send_timeout = send_timeout
+        self.producer_id = engine.next_id()
+        self.conn: Connection | None = None
+        self.closed = False
+        self.last_sequence_id = -1
+        self.link = ProducerLink()
+        self._reconnect = trio.Event()
+        self._no_pending = trio.Event()
+        self._no_pending.set()
+        self.failure: PigeonError | None = None
+        self.max_message_size = 5 * 1024 * 1024
+
+    async def start(self) -> None:
+        try:
+            await self.engine.attach(self._attach)
+        except BaseException:
+            conn = self.conn or self.engine._conns.get(self.engine.address)
+            if conn is not None and not conn.closed:
+                with contextlib.suppress(ConnectionClosed):
+                    conn.send_nowait("closeProducer", {"producerId": self.producer_id})
+            raise
+        self.engine.producers[self.producer_id] = self
+        self.engine.nursery.start_soon(self._keep_connected)
+        if math.isfinite(self.send_timeout) and self.send_timeout > 0:
+            self.engine.nursery.start_soon(self._expire_loop)
+
+    def describe(self) -> str:
+        return f"topic={self.topic} producer={self.producer_name or self.producer_id}"
+
+    def _is_attached(self) -> bool:
+        conn = self.conn
+        return self.link.state is LinkState.ATTACHED and conn is not None and not conn.closed
+
+    def _leave(self) -> None:
+        self.link.detach(self.link.epoch)
+
+    async def _attach(self) -> None:
+        epoch = self.link.begin_attach()
+        try:
+            address, full, _n = await self.engine.lookup(self.topic)
+            self.topic = full
+            conn = await self.engine.connection(address)
+            result = await self.engine.request(
+                conn,
+                "createProducer",
+                {
+                    "producerId": self.producer_id,
+                    "topic": full,
+                    "producerName": self.producer_name,
+                },
+                expect="producerCreated",
+            )
+        except BaseException:
+            self.link.attach_failed(epoch)
+            raise
+        self.producer_name = result["producerName"]
+        self.max_message_size = result["maxMessageSize"]
+        if self.last_sequence_id < 0:
+            self.last_sequence_id = result["lastSequenceId"]
+        self.conn = conn
+        batches = self.link.attach_succeeded(epoch)
+        if batches:
+            log.info(
+                "producer attached topic=%s producer=%s resending=%d",
+                self.topic,
+                self.producer_name,
+                len(batches),
+            )
+        for batch in batches or ():
+            if not self._send(batch, epoch):
+                break
+
+    def _fatal(self, exc: PigeonError) -> None:
+        super()._fatal(exc)
+        self.failure = exc
+        self.link.fail_all(exc)
+        self._check_empty()
+
+    def closed_by_broker(self, conn: Connection) -> None:
+        """The broker closed this producer on ``conn``: re-attach (resending what waits)."""
+        if conn is self.conn and self.link.detach(self.link.epoch):
+            log.info("producer closed by broker %s", self.describe())
+            self.reconnect_soon()
+
+    def submit(self, batch: PendingBatch) -> None:
+        """Send a sealed batch (engine thread). Its callback runs on the receipt."""
+        if self.closed or self.failure is not None:
+            batch.callback(None, self.failure or AlreadyClosed("producer is closed"))
+            return
+        refused = batch.error
+        if refused is None and len(batch.payload) > self.max_message_size:
+            refused = MessageTooLarge(
+                f"batch of {len(batch.payload)} bytes exceeds max_message_size "
+                f"{self.max_message_size}"
+            )
+        batch.created = trio.current_time()
+        if self._no_pending.is_set():
+            self._no_pending = trio.Event()
+        if self.link.submit(batch, refused):
+            self._send(batch, self.link.epoch)
+        self._check_empty()
+
+    def _send(self, batch: PendingBatch, epoch: int) -> bool:
+        """Send ``batch`` on attachment ``epoch``; False if the connection is gone."""
+        conn = self.conn
+        assert conn is not None and self.link.can_send(epoch)
+        request = SendRequest(self, batch, epoch)
+        try:
+            conn.request_nowait(
+                "send",
+                request.create_request(),
+                request,
+                payload=batch.payload,
+                expect="sendReceipt",
+                extract=_extract_receipt,
+            )
+        except ConnectionClosed:
+            if self.link.detach(epoch):
+                self.reconnect_soon()
+            return False
+        return True
+
+    def _check_empty(self) -> None:
+        if not self.link.pending:
+            self._no_pending.set()
+
+    async def _expire_loop(self) -> None:
+        while not self.closed:
+            await trio.sleep(min(1.0, self.send_timeout / 4))
+            if self.link.expire(trio.current_time() - self.send_timeout, self.send_timeout):
+                self._check_empty()
+
+    async def flush(self) -> None:
+        await self._no_pending.wait()
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        with trio.move_on_after(self.send_timeout if math.isfinite(self.send_timeout) else 30):
+            await self.flush()
+        self.closed = True
+        self._reconnect.set()
+        self.engine.producers.pop(self.producer_id, None)
+        self.link.fail_all(AlreadyClosed("producer closed before the message was acknowledged"))
+        self._check_empty()
+        conn = self.conn
+        if conn is not None and not conn.closed:
+            try:
+                await self.engine.request(conn, "closeProducer", {"producerId": self.producer_id})
+            except PigeonError:
+                pass
+
+
+class SendRequest:
+    """One ``send`` of a batch on one attachment (``epoch``) of its producer.
+
+    The connection calls it with the broker's answer; the producer's :class:`ProducerLink`
+    decides what the answer means (the batch is done, or the attachment is given up and the
+    batch waits to be resent after the re-attach).
+    """
+
+    __slots__ = ("batch", "epoch", "producer")
+
+    def __init__(self, producer: ProducerEngine, batch: PendingBatch, epoch: int) -> None:
+        self.producer = producer
+        self.batch = batch
+        self.epoch = epoch
+
+    def create_request(self) -> dict[str, Any]:
+        batch = self.batch
+        return {
+            "producerId": self.producer.producer_id,
+            "sequenceId": batch.sequence_id,
+            "numMessages": batch.num_messages,
+        }
+
+    def __call__(self, receipt: Any, error: BaseException | None) -> None:
+        if error is None:
+            self.handle_response(receipt)
+        else:
+            self.handle_error(error)
+
+    def handle_response(self, receipt: tuple[int, int, int, bool]) -> None:
+        self._outcome(receipt, None)
+
+    def handle_error(self, error: BaseException) -> None:
+        self._outcome(None, error)
+
+    def _outcome(self, receipt: Any, error: BaseException | None) -> None:
+        producer = self.producer
+        if producer.link.on_result(self.epoch, self.batch, receipt, error):
+            log.info(
+                "producer detached topic=%s sequence=%d error=%s",
+                producer.topic,
+                self.batch.sequence_id,
+                error,
+            )
+            producer.reconnect_soon()
+        producer._check_empty()
+
+
+def _extract_receipt(body: Any, payload: memoryview) -> tuple[int, int, int, bool]:
+    return (body.segmentId, body.entryId, body.firstOffset, body.duplicate)

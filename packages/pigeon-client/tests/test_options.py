@@ -1,0 +1,79 @@
+"""The options dataclasses: what every face's keyword signature builds, in one place."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any
+
+import pytest
+
+import pigeon.client
+import pigeon.client.asyncio
+import pigeon.client.trio
+from pigeon.client import MessageId
+from pigeon.client._options import ConsumerOptions, ProducerOptions, ReaderOptions
+from pigeon.core.errors import InvalidArgument
+
+FACES = [pigeon.client.Client, pigeon.client.trio.Client, pigeon.client.asyncio.Client]
+
+
+def defaults(options: type[Any]) -> dict[str, Any]:
+    return {
+        f.name: f.default
+        for f in dataclasses.fields(options)
+        if f.default is not dataclasses.MISSING
+    }
+
+
+@pytest.mark.parametrize("face", FACES, ids=lambda c: c.__module__)
+@pytest.mark.parametrize(
+    ("method", "options"),
+    [
+        ("create_producer", ProducerOptions),
+        ("subscribe", ConsumerOptions),
+        ("create_reader", ReaderOptions),
+    ],
+)
+def test_every_face_keyword_is_an_option_with_the_same_default(
+    face: type[Any], method: str, options: type[Any]
+) -> None:
+    params = inspect.signature(getattr(face, method)).parameters
+    fields = defaults(options)
+    for name, param in params.items():
+        if name == "self" or param.default is inspect.Parameter.empty:
+            continue
+        assert name in fields, f"{face.__module__}.{method}({name}=) is no {options.__name__} field"
+        assert param.default == fields[name], (face.__module__, method, name)
+
+
+def test_only_the_trio_face_lacks_block_if_queue_full() -> None:
+    """The trio face's send always waits for space; the others offer the choice."""
+    have = {
+        face.__module__: "block_if_queue_full" in inspect.signature(face.create_producer).parameters
+        for face in FACES
+    }
+    assert have == {
+        "pigeon.client._sync": True,
+        "pigeon.client.trio": False,
+        "pigeon.client.asyncio": True,
+    }
+
+
+@pytest.mark.parametrize(
+    ("start", "inclusive", "expected"),
+    [
+        ("earliest", False, ("earliest", -1)),
+        ("latest", True, ("latest", -1)),
+        (MessageId(1, 2, 0, -1, 41), False, ("earliest", 42)),
+        (MessageId(1, 2, 0, -1, 41), True, ("earliest", 41)),
+    ],
+)
+def test_reader_start_position(start: Any, inclusive: bool, expected: tuple[str, int]) -> None:
+    assert ReaderOptions("t", start, inclusive).start_position() == expected
+
+
+@pytest.mark.parametrize("start", ["first", MessageId(1, 2), 7])
+def test_a_bad_reader_start_raises_when_the_options_are_built(start: Any) -> None:
+    with pytest.raises(InvalidArgument):
+        ReaderOptions("t", start)
