@@ -381,7 +381,8 @@ class SendPathModel(RuleBasedStateMachine):
     @precondition(lambda self: self.link.state.value == "detached")
     @rule()
     def attach(self) -> None:
-        from pigeon.broker._service import Producer, _ConnState
+        from pigeon.broker._service import _ConnState
+        from pigeon.broker._topic import Producer
 
         epoch = self.link.begin_attach()
         if self.conn is None or self.conn.closed:

@@ -32,7 +32,8 @@ import trio
 
 from pigeon.broker._ledger import SegmentInfo
 from pigeon.broker._policies import NamespacePolicies, TenantInfo, split_namespace
-from pigeon.broker._service import BrokerService, Topic
+from pigeon.broker._service import BrokerService
+from pigeon.broker._topic import Topic
 from pigeon.core import TopicName
 from pigeon.core.batch import ENTRY_HEADER_SIZE, decode_batch
 from pigeon.core.errors import (
