@@ -5,32 +5,39 @@ run and raises :mod:`pigeon.core.errors` classes for every expected failure (mis
 object, conflict, bad value); the HTTP layer (:mod:`pigeon.broker._admin`) only maps them
 to status codes.  Results are plain JSON-ready dicts.
 
-Clients are detached from a topic the way Pulsar does it: the broker forgets the producer
-or consumer and pushes ``closedByBroker``; the client then looks the topic up again and
-re-attaches (a consumer also drops the messages it had prefetched).  While a topic is
-being unloaded or deleted, opening it waits (the service's ``_opening`` event), so a
-re-attaching client never sees a half-closed topic.
-
-Ownership of namespaces by bundles and brokers is not built yet: a broker owns every
-namespace as one bundle covering the whole hash range (:data:`FULL_BUNDLE`), and
-unloading it closes that namespace's loaded topics on this broker.
+The lifecycle operations (unload a topic or a bundle, delete a topic, detach clients)
+are the broker core's, in :mod:`pigeon.broker._lifecycle`; they are re-exported here for
+the admin API.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
-import json
 import logging
 import os
 import resource
 import time
-from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import trio
 
-from pigeon.broker._ledger import SegmentInfo
+from pigeon.broker._lifecycle import (
+    FULL_BUNDLE,
+    broker_id,
+    bundle_of,
+    bundle_owner,
+    delete_topic,
+    disconnect,
+    ignore_missing,
+    namespace_bundles,
+    ownership_of,
+    require_namespace,
+    topic_exists,
+    topic_targets,
+    unload_bundle,
+    unload_topic,
+)
 from pigeon.broker._policies import NamespacePolicies, TenantInfo, split_namespace
 from pigeon.broker._service import BrokerService
 from pigeon.broker._topic import Topic
@@ -43,7 +50,6 @@ from pigeon.core.errors import (
     NodeExists,
     NoSuchNode,
     NotEmpty,
-    NotOwner,
     NotSupported,
     PigeonError,
     SubscriptionBusy,
@@ -52,14 +58,9 @@ from pigeon.core.errors import (
     TopicNotFound,
 )
 from pigeon.core.paths import (
-    OWNERSHIP_PATH,
     ROOT,
     cursor_path,
     cursors_path,
-    dedup_path,
-    ledger_path,
-    partitioned_topic_path,
-    segment_path,
 )
 
 if TYPE_CHECKING:
@@ -103,13 +104,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-FULL_RANGE = 1 << 32
-#: The one bundle of a namespace when the broker has no ownership (single-broker builds).
-FULL_BUNDLE = "0x00000000_0x100000000"
-#: How long closing a subscription may take before we go on regardless.
-CLOSE_TIMEOUT = 5.0
-#: Time limit of one bookie call made while deleting a topic (the bookie GC is the backstop).
-BOOKIE_CALL_TIMEOUT = 5.0
 MAX_PEEK = 1000
 POSITIONS = ("earliest", "latest")
 
@@ -146,140 +140,18 @@ def parse_message_id(text: str) -> tuple[int, int, int]:
     return seg, entry, index
 
 
-async def _require_namespace(service: BrokerService, namespace: str) -> None:
-    if not await service.policies.exists(namespace):
-        raise NoSuchNode(f"namespace {namespace!r} does not exist")
-
-
 async def _partitions(service: BrokerService, name: TopicName) -> int:
     return await service.partitions_of(name)
 
 
-async def _exists(service: BrokerService, name: TopicName) -> bool:
-    """Whether a topic (plain, partitioned, or a partition of a partitioned one) exists."""
-    if name.full in service.topics or await service.partitions_of(name):
-        return True
-    if name.partition_index >= 0 and await service.partitions_of(name.base) > name.partition_index:
-        return True
-    return name.persistent and bool(await service.store.exists(ledger_path(name)))
-
-
 async def _open(service: BrokerService, name: TopicName) -> Any:
     """A non-partitioned topic (or one partition) that exists, loaded on this broker."""
-    if not await _exists(service, name):
+    if not await topic_exists(service, name):
         raise TopicNotFound(f"topic {name} does not exist")
     return await service.get_topic(name)
 
 
-async def _targets(service: BrokerService, name: TopicName) -> list[TopicName]:
-    """The partitions of a partitioned topic, or the topic itself; TopicNotFound if none."""
-    n = await service.partitions_of(name)
-    if n:
-        return [name.partition(i) for i in range(n)]
-    if not await _exists(service, name):
-        raise TopicNotFound(f"topic {name} does not exist")
-    return [name]
-
-
-@contextlib.asynccontextmanager
-async def _exclusive(service: BrokerService, key: str) -> AsyncIterator[None]:
-    """Keep ``get_topic(key)`` waiting while we unload or delete the topic."""
-    while True:
-        opening = service._opening.get(key)
-        if opening is None:
-            break
-        await opening.wait()
-    ev = service._opening[key] = trio.Event()
-    try:
-        yield
-    finally:
-        if service._opening.get(key) is ev:
-            del service._opening[key]
-        ev.set()
-
-
 # ---------------------------------------------------------------------- clients
-
-
-def _disconnect(
-    service: BrokerService,
-    topic: Any,
-    reason: str,
-    *,
-    producers: bool = True,
-    subscription: str | None = None,
-    only: Any = None,
-) -> int:
-    """Detach producers and/or consumers of ``topic`` (of one subscription by name, or of
-    the subscription object ``only``); they reconnect on their own.
-
-    A detached producer stays registered on its connection, still pointing at the old
-    topic: the client sends on until it has re-attached, and those sends must fail with
-    a retriable error (the old topic's ledger is closed: ServiceUnavailable) so the client
-    resends them after re-attaching, not with "unknown producer id".  Re-attaching
-    replaces the registration.
-    """
-    count = 0
-    for conn, state in list(service._conns.items()):
-        if producers:
-            for pid, producer in list(state.producers.items()):
-                if producer.topic is not topic:
-                    continue
-                if topic.producers.get(producer.name) is producer:
-                    del topic.producers[producer.name]
-                count += 1
-                with contextlib.suppress(PigeonError):
-                    conn.send_nowait(
-                        "closedByBroker",
-                        {"producerId": pid, "isProducer": True, "reason": reason},
-                    )
-        for cid, (consumer, sub, t) in list(state.consumers.items()):
-            if t is not topic or (subscription is not None and sub.name != subscription):
-                continue
-            if only is not None and sub is not only:
-                continue
-            del state.consumers[cid]
-            sub.remove_consumer(consumer)
-            count += 1
-            with contextlib.suppress(PigeonError):
-                conn.send_nowait(
-                    "closedByBroker", {"consumerId": cid, "isProducer": False, "reason": reason}
-                )
-    return count
-
-
-def _active(topic: Any) -> bool:
-    return bool(topic.producers) or any(s.consumers for s in topic.subscriptions.values())
-
-
-async def _close_subscriptions(topic: Any, names: list[str] | None = None) -> None:
-    """Stop dispatch of the named (or all) subscriptions and wait until they persisted."""
-    subs = [s for n, s in list(topic.subscriptions.items()) if names is None or n in names]
-    for sub in subs:
-        sub.closed = True
-        if topic.persistent:
-            sub.wake()
-    if not topic.persistent:
-        for sub in subs:
-            topic.subscriptions.pop(sub.name, None)
-        return
-    with trio.move_on_after(CLOSE_TIMEOUT) as scope:
-        # A subscription's dispatch task leaves topic.subscriptions when it has stopped
-        # and persisted its cursor; there is no event to wait on.
-        while any(topic.subscriptions.get(s.name) is s for s in subs):  # noqa: ASYNC110
-            await trio.sleep(0.01)
-    if scope.cancelled_caught:
-        log.warning("subscriptions did not stop in time topic=%s", topic.name)
-    for sub in subs:
-        if topic.subscriptions.get(sub.name) is sub:
-            del topic.subscriptions[sub.name]
-
-
-async def _ignore_missing(coro: Any) -> None:
-    try:
-        await coro
-    except NoSuchNode:
-        pass
 
 
 # ---------------------------------------------------------------------- tenants, namespaces
@@ -318,14 +190,14 @@ async def create_namespace(
 
 async def list_topics(service: BrokerService, namespace: str) -> list[str]:
     split_namespace(namespace)
-    await _require_namespace(service, namespace)
+    await require_namespace(service, namespace)
     return await service.list_topics(namespace)
 
 
 async def delete_namespace(service: BrokerService, namespace: str, *, force: bool) -> list[str]:
     """Delete a namespace; with ``force`` its topics first (else NotEmpty if it has any)."""
     split_namespace(namespace)
-    await _require_namespace(service, namespace)
+    await require_namespace(service, namespace)
     topics = await service.list_topics(namespace)
     if topics and not force:
         raise NotEmpty(
@@ -352,8 +224,8 @@ async def tenant_info(service: BrokerService, tenant: str) -> dict[str, Any]:
 
 
 async def create_topic(service: BrokerService, name: TopicName, partitions: int) -> dict[str, Any]:
-    await _require_namespace(service, name.namespace_name)
-    if await _exists(service, name):
+    await require_namespace(service, name.namespace_name)
+    if await topic_exists(service, name):
         raise TopicExists(f"topic {name} already exists")
     await service.create_topic(name, partitions)
     log.info("topic created topic=%s partitions=%s", name, partitions)
@@ -362,7 +234,7 @@ async def create_topic(service: BrokerService, name: TopicName, partitions: int)
 
 async def topic_metadata(service: BrokerService, name: TopicName) -> dict[str, Any]:
     n = await service.partitions_of(name)
-    if not n and not await _exists(service, name):
+    if not n and not await topic_exists(service, name):
         raise TopicNotFound(f"topic {name} does not exist")
     names = [name.partition(i).full for i in range(n)] if n else [name.full]
     return {
@@ -371,106 +243,6 @@ async def topic_metadata(service: BrokerService, name: TopicName) -> dict[str, A
         "partitions": n,
         "loaded": sum(1 for t in names if t in service.topics),
     }
-
-
-async def delete_topic(service: BrokerService, name: TopicName, *, force: bool) -> None:
-    """Delete a topic and its data (segments on the bookies, cursors, dedup state).
-
-    Refused (SubscriptionBusy) while producers or consumers are attached, unless
-    ``force``: then they are detached first.  A client that re-attaches afterwards
-    creates the topic anew (topics are created on first use).
-    """
-    n = await service.partitions_of(name)
-    if n:
-        parts = [name.partition(i) for i in range(n)]
-        if not force:
-            for p in parts:
-                t = service.topics.get(p.full)
-                if t is not None and _active(t):
-                    raise SubscriptionBusy(
-                        f"topic {name} has connected producers or consumers; use force"
-                    )
-        for p in parts:
-            await _delete_one(service, p, force=True)
-        await _ignore_missing(service.store.delete(partitioned_topic_path(name)))
-        log.info("partitioned topic deleted topic=%s partitions=%s", name, n)
-        return
-    if not await _exists(service, name):
-        raise TopicNotFound(f"topic {name} does not exist")
-    if name.partition_index >= 0 and await service.partitions_of(name.base) > name.partition_index:
-        raise NotSupported(f"{name} is a partition of {name.base}: delete the partitioned topic")
-    await _delete_one(service, name, force=force)
-    log.info("topic deleted topic=%s", name)
-
-
-async def _delete_one(service: BrokerService, name: TopicName, *, force: bool) -> None:
-    async with _exclusive(service, name.full):
-        topic = service.topics.get(name.full)
-        if topic is not None:
-            if _active(topic) and not force:
-                raise SubscriptionBusy(
-                    f"topic {name} has connected producers or consumers; use force"
-                )
-            del service.topics[name.full]
-            topic.unloaded = True
-            _disconnect(service, topic, "topic deleted")
-            await _close_subscriptions(topic)
-            if topic.persistent:
-                await topic.ledger.close()
-        if name.persistent:
-            await _delete_data(service, name)
-
-
-async def _delete_data(service: BrokerService, name: TopicName) -> None:
-    store = service.store
-    stat = await store.get(ledger_path(name))
-    segments = (
-        [SegmentInfo(**s) for s in json.loads(stat.value).get("segments", [])] if stat else []
-    )
-    await _ignore_missing(store.delete(cursors_path(name), recursive=True))
-    await _ignore_missing(store.delete(dedup_path(name)))
-    for seg in segments:
-        await _ignore_missing(store.delete(segment_path(seg.id)))
-    if stat is not None:
-        await _ignore_missing(store.delete(ledger_path(name)))
-    client = service.policy.client
-    for seg in segments:
-        for address in seg.ensemble:
-            try:
-                with trio.fail_after(BOOKIE_CALL_TIMEOUT):
-                    await client.delete_segment(address, seg.id)
-            except (PigeonError, OSError, trio.TooSlowError) as exc:
-                log.info(
-                    "bookie delete deferred to GC segment=%s bookie=%s error=%s",
-                    seg.id,
-                    address,
-                    exc,
-                )
-
-
-async def unload_topic(service: BrokerService, name: TopicName) -> list[str]:
-    """Close the topic (or each loaded partition) on this broker; clients re-attach."""
-    targets = await _targets(service, name)
-    unloaded = []
-    for t in targets:
-        if await _unload_one(service, t):
-            unloaded.append(t.full)
-    return unloaded
-
-
-async def _unload_one(service: BrokerService, name: TopicName) -> bool:
-    async with _exclusive(service, name.full):
-        topic = service.topics.pop(name.full, None)
-        if topic is None:
-            return False
-        topic.unloaded = True
-        _disconnect(service, topic, "topic unloaded")
-        await _close_subscriptions(topic)
-        if topic.persistent:
-            await topic.ledger.close()
-            await topic.snapshot_dedup()
-    log.info("topic unloaded topic=%s", name)
-    return True
 
 
 # ---------------------------------------------------------------------- stats
@@ -574,7 +346,7 @@ async def topic_stats(
 ) -> dict[str, Any]:
     """Rates, counters, storage and per-subscription backlog (partitions summed up)."""
     n = await service.partitions_of(name)
-    targets = await _targets(service, name)
+    targets = await topic_targets(service, name)
     per: dict[str, dict[str, Any]] = {}
     for t in targets:
         topic = await service.get_topic(t)
@@ -699,7 +471,7 @@ async def _subscription(service: BrokerService, topic: Any, sub_name: str) -> An
 
 async def list_subscriptions(service: BrokerService, name: TopicName) -> list[str]:
     found: set[str] = set()
-    for t in await _targets(service, name):
+    for t in await topic_targets(service, name):
         topic = service.topics.get(t.full)
         if topic is not None:
             found.update(topic.subscriptions)
@@ -751,7 +523,7 @@ async def create_subscription(
 ) -> dict[str, Any]:
     """A durable subscription at ``position``: earliest, latest, an offset or a message id."""
     _check_subscription_name(sub_name)
-    targets = await _targets(service, name)
+    targets = await topic_targets(service, name)
     if len(targets) > 1 and position not in POSITIONS:
         raise InvalidArgument(
             "a partitioned topic's subscription starts at earliest or latest; "
@@ -775,7 +547,7 @@ async def delete_subscription(
 ) -> None:
     _check_subscription_name(sub_name)
     found = []
-    for t in await _targets(service, name):
+    for t in await topic_targets(service, name):
         topic = await service.get_topic(t)
         try:
             found.append((topic, await _subscription(service, topic, sub_name)))
@@ -793,12 +565,12 @@ async def delete_subscription(
         if topic.persistent:
             sub.store = None
             sub.wake()
-        _disconnect(service, topic, "subscription deleted", producers=False, only=sub)
+        disconnect(service, topic, "subscription deleted", producers=False, only=sub)
         if topic.persistent:
-            await _ignore_missing(service.store.delete(cursor_path(topic.name, sub_name)))
+            await ignore_missing(service.store.delete(cursor_path(topic.name, sub_name)))
         if topic.subscriptions.get(sub_name) is sub:
             del topic.subscriptions[sub_name]
-        _disconnect(service, topic, "subscription deleted", producers=False, only=sub)
+        disconnect(service, topic, "subscription deleted", producers=False, only=sub)
     log.info("subscription deleted topic=%s sub=%s", name, sub_name)
 
 
@@ -824,7 +596,7 @@ async def reset_cursor(
     given = [v for v in (offset, message_id, timestamp) if v is not None]
     if len(given) != 1:
         raise InvalidArgument("give exactly one of offset, message_id, timestamp")
-    targets = await _targets(service, name)
+    targets = await topic_targets(service, name)
     if len(targets) > 1 and timestamp is None:
         raise InvalidArgument(
             "reset a partitioned topic by timestamp, or reset one partition by offset or message id"
@@ -856,7 +628,7 @@ async def reset_cursor(
             await sub.seek_time(timestamp)
         # Right after the seek (no checkpoint in between): the consumers drop what they
         # prefetched from the old position when they re-attach.
-        _disconnect(service, topic, "cursor reset", producers=False, only=sub)
+        disconnect(service, topic, "cursor reset", producers=False, only=sub)
         await sub.flush()
         out.append(await _cursor_state(topic, sub))
     log.info(
@@ -892,7 +664,7 @@ async def skip(
     if count is not None and count < 0:
         raise InvalidArgument("count must not be negative")
     skipped = 0
-    for t in await _targets(service, name):
+    for t in await topic_targets(service, name):
         topic = await _persistent_topic(service, t)
         sub = await _subscription(service, topic, sub_name)
         before = sub.backlog()
@@ -925,7 +697,7 @@ async def peek(
     if not 1 <= count <= MAX_PEEK:
         raise InvalidArgument(f"count must be between 1 and {MAX_PEEK}")
     out: list[dict[str, Any]] = []
-    for t in await _targets(service, name):
+    for t in await topic_targets(service, name):
         topic = await _persistent_topic(service, t)
         sub = await _subscription(service, topic, sub_name)
         await _peek_one(service, topic, sub, count - len(out), out)
@@ -985,40 +757,8 @@ async def _peek_one(
 # ---------------------------------------------------------------------- brokers, bundles
 
 
-def broker_id(service: BrokerService) -> str:
-    if service.address is None:
-        return f"{service.config.host}:{service.config.port}"
-    return f"{service.address[0]}:{service.address[1]}"
-
-
-def _ownership(service: BrokerService) -> Any:
-    """The service's bundle ownership (None before it runs, or in builds without it)."""
-    return getattr(service, "ownership", None)
-
-
-def _bundle_ranges(count: int) -> list[str]:
-    """The bundles of a namespace split in ``count`` (``Ownership.bundle_of``'s ranges)."""
-    size = FULL_RANGE // count
-    out = []
-    for i in range(count):
-        start = i * size
-        end = FULL_RANGE if i == count - 1 else start + size
-        out.append(f"0x{start:08x}_0x{end:08x}")
-    return out
-
-
-def _namespace_bundles(service: BrokerService) -> list[str]:
-    ownership = _ownership(service)
-    return _bundle_ranges(ownership.bundles) if ownership is not None else [FULL_BUNDLE]
-
-
-def _bundle_of(service: BrokerService, name: TopicName) -> str:
-    ownership = _ownership(service)
-    return str(ownership.bundle_of(name)) if ownership is not None else FULL_BUNDLE
-
-
 async def _registered_brokers(service: BrokerService) -> dict[str, dict[str, Any]]:
-    ownership = _ownership(service)
+    ownership = ownership_of(service)
     found: dict[str, dict[str, Any]] = {}
     if ownership is not None:
         found = dict(await ownership.brokers())
@@ -1083,37 +823,23 @@ async def broker_load(
     }
 
 
-async def _bundle_owner(service: BrokerService, namespace: str, bundle: str) -> str | None:
-    if _ownership(service) is None:
-        return broker_id(service)
-    stat = await service.store.get(f"{OWNERSHIP_PATH}/{namespace}/{bundle}")
-    if stat is None:
-        return None
-    try:
-        doc = json.loads(stat.value)
-    except ValueError:
-        return None
-    address = doc.get("address") if isinstance(doc, dict) else None
-    return str(address) if address else None
-
-
 async def bundles(service: BrokerService, namespace: str) -> list[dict[str, Any]]:
     """The bundles of a namespace, each with its owner (None: unowned, assigned on lookup)."""
     split_namespace(namespace)
-    await _require_namespace(service, namespace)
+    await require_namespace(service, namespace)
     loaded: dict[str, int] = {}
     for t in service.topics.values():
         if t.name.namespace_name == namespace:
-            b = _bundle_of(service, t.name)
+            b = bundle_of(service, t.name)
             loaded[b] = loaded.get(b, 0) + 1
     return [
         {
             "namespace": namespace,
             "bundle": b,
-            "owner": await _bundle_owner(service, namespace, b),
+            "owner": await bundle_owner(service, namespace, b),
             "loaded_topics": loaded.get(b, 0),
         }
-        for b in _namespace_bundles(service)
+        for b in namespace_bundles(service)
     ]
 
 
@@ -1129,40 +855,6 @@ async def owned_bundles(service: BrokerService, broker: str) -> list[dict[str, A
                 if b["owner"] == broker:
                     out.append(b)
     return out
-
-
-async def unload_bundle(service: BrokerService, namespace: str, bundle: str) -> list[str]:
-    """Close the bundle's loaded topics here and give the bundle up; clients look the
-    topics up again (and the least-loaded broker takes the bundle)."""
-    split_namespace(namespace)
-    await _require_namespace(service, namespace)
-    if bundle not in _namespace_bundles(service):
-        raise NoSuchNode(
-            f"namespace {namespace} has no bundle {bundle!r} "
-            f"(it has {', '.join(_namespace_bundles(service))})"
-        )
-    owner = await _bundle_owner(service, namespace, bundle)
-    if owner is not None and owner != broker_id(service):
-        raise NotOwner(f"bundle {namespace}/{bundle} is owned by {owner}: ask that broker")
-    unloaded = []
-    ownership = _ownership(service)
-    path = f"{OWNERSHIP_PATH}/{namespace}/{bundle}"
-    if ownership is not None:
-        ownership.releasing.add(path)
-    try:
-        for key, topic in sorted(service.topics.items()):
-            if topic.name.namespace_name != namespace or _bundle_of(service, topic.name) != bundle:
-                continue
-            if await _unload_one(service, topic.name):
-                unloaded.append(key)
-        if ownership is not None and path in ownership.owned:
-            ownership.owned.discard(path)
-            await _ignore_missing(service.store.delete(path))
-    finally:
-        if ownership is not None:
-            ownership.releasing.discard(path)
-    log.info("bundle unloaded namespace=%s bundle=%s topics=%s", namespace, bundle, len(unloaded))
-    return unloaded
 
 
 # ---------------------------------------------------------------------- bookies, health

@@ -12,7 +12,7 @@ import contextlib
 import itertools
 import json
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +22,7 @@ from pigeon.broker._auditor import Auditor
 from pigeon.broker._config import BrokerConfig
 from pigeon.broker._dedup import Decision
 from pigeon.broker._ledger import LedgerConfig, ManagedLedger
+from pigeon.broker._lifecycle import close_all_topics, drop_all_topics, unload_topic
 from pigeon.broker._loadmanager import LoadManager
 from pigeon.broker._nonpersistent import NonPersistentSubscription, NonPersistentTopic
 from pigeon.broker._ownership import Ownership
@@ -69,11 +70,6 @@ _SUB_TYPES = {
     "failover": "failover",
     "keyShared": "keyShared",
 }
-
-
-async def _bounded(seconds: float, fn: Callable[[], Awaitable[Any]]) -> None:
-    with trio.move_on_after(seconds):
-        await fn()
 
 
 @dataclass(eq=False)
@@ -201,17 +197,7 @@ class BrokerService:
 
     async def _ownership_lost(self) -> None:
         """The metadata session expired: another broker may own our bundles now."""
-        conns = list(self._conns)
-        for conn in conns:
-            conn.close()  # clients reconnect through a new lookup
-        topics, self.topics = self.topics, {}
-        # at once, and 5 s for all: the new session waits for this (it took 5 s per
-        # topic one after the other, so a broker with a few topics stayed away ~20 s)
-        with trio.move_on_after(5):
-            async with trio.open_nursery() as nursery:
-                for topic in topics.values():
-                    if topic.persistent:
-                        nursery.start_soon(topic.ledger.close)
+        await drop_all_topics(self)
 
     async def _maintenance(self) -> None:
         """Message TTL, backlog-quota eviction and retention, every maintenance interval."""
@@ -225,8 +211,6 @@ class BrokerService:
                 # loaded here while its bundle went elsewhere: its clients would wait
                 # on it forever; unloading sends them to the owner
                 log.warning("topic loaded without its bundle: unloading topic=%s", topic.name)
-                from pigeon.broker._admin_ops import unload_topic
-
                 with contextlib.suppress(PigeonError):
                     await unload_topic(self, topic.name)
                 continue
@@ -248,18 +232,7 @@ class BrokerService:
 
     async def _close_topics(self) -> None:
         """Shutdown: every topic at once, each within 20 s."""
-
-        async def close(topic: Any) -> None:
-            async with trio.open_nursery() as nursery:
-                for sub in list(topic.subscriptions.values()):
-                    nursery.start_soon(_bounded, 5, sub.persist)
-            await _bounded(10, topic.ledger.close)
-            await _bounded(5, topic.snapshot_dedup)
-
-        async with trio.open_nursery() as nursery:
-            for topic in list(self.topics.values()):
-                if topic.persistent:
-                    nursery.start_soon(close, topic)
+        await close_all_topics(self)
 
     # ------------------------------------------------------------------ topics
 
@@ -324,8 +297,6 @@ class BrokerService:
     async def _drop_fenced(self, topic: Topic) -> None:
         """The topic's ledger was taken over by another broker: unload it here, so its
         clients look it up again and find the new owner."""
-        from pigeon.broker._admin_ops import unload_topic
-
         if self.topics.get(topic.name.full) is topic:
             with contextlib.suppress(PigeonError):
                 await unload_topic(self, topic.name)
