@@ -92,7 +92,7 @@ async def test_a_duplicate_waits_for_its_original_only_a_bounded_time(
     """Naming the original reads the log; when that is slow (bookies paused), the
     duplicate is answered without a position after DEDUP_LOOKUP_WAIT_S rather than
     holding back every later send of the producer (the client completes in order)."""
-    from pigeon.broker._service import DEDUP_LOOKUP_WAIT_S
+    from pigeon.broker._publish import DEDUP_LOOKUP_WAIT_S
 
     service = pigeon_standalone.service
     name = TopicName.parse(TOPIC)

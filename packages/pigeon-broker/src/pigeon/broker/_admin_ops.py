@@ -808,7 +808,7 @@ async def broker_load(
     return {
         "broker": broker,
         "topics": len(topics),
-        "connections": len(service._conns),
+        "connections": service.connections,
         "producers": sum(len(t.producers) for t in topics),
         "subscriptions": sum(len(t.subscriptions) for t in topics),
         "consumers": sum(len(s.consumers) for t in topics for s in t.subscriptions.values()),
@@ -925,6 +925,6 @@ async def cluster_health(service: BrokerService, http_url: str | None) -> dict[s
         "brokers": await brokers(service, http_url),
         "checks": checks,
         "topics": len(service.topics),
-        "connections": len(service._conns),
+        "connections": service.connections,
         "time": int(time.time() * 1000),
     }

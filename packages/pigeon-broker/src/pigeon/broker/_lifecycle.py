@@ -134,41 +134,11 @@ def disconnect(
     only: Any = None,
 ) -> int:
     """Detach producers and/or consumers of ``topic`` (of one subscription by name, or of
-    the subscription object ``only``); they reconnect on their own.
-
-    A detached producer stays registered on its connection, still pointing at the old
-    topic: the client sends on until it has re-attached, and those sends must fail with
-    a retriable error (the old topic's ledger is closed: ServiceUnavailable) so the client
-    resends them after re-attaching, not with "unknown producer id".  Re-attaching
-    replaces the registration.
-    """
-    count = 0
-    for conn, state in list(service._conns.items()):
-        if producers:
-            for pid, producer in list(state.producers.items()):
-                if producer.topic is not topic:
-                    continue
-                if topic.producers.get(producer.name) is producer:
-                    del topic.producers[producer.name]
-                count += 1
-                with contextlib.suppress(PigeonError):
-                    conn.send_nowait(
-                        "closedByBroker",
-                        {"producerId": pid, "isProducer": True, "reason": reason},
-                    )
-        for cid, (consumer, sub, t) in list(state.consumers.items()):
-            if t is not topic or (subscription is not None and sub.name != subscription):
-                continue
-            if only is not None and sub is not only:
-                continue
-            del state.consumers[cid]
-            sub.remove_consumer(consumer)
-            count += 1
-            with contextlib.suppress(PigeonError):
-                conn.send_nowait(
-                    "closedByBroker", {"consumerId": cid, "isProducer": False, "reason": reason}
-                )
-    return count
+    the subscription object ``only``) through the front doors that attached them; they
+    reconnect on their own (see :meth:`pigeon.broker._native.NativeProtocol.detach`)."""
+    return service.native.detach(
+        topic, reason, producers=producers, subscription=subscription, only=only
+    )
 
 
 def active(topic: Any) -> bool:
@@ -390,9 +360,7 @@ async def unload_bundle(service: BrokerService, namespace: str, bundle: str) -> 
 
 async def drop_all_topics(service: BrokerService) -> None:
     """The metadata session expired: another broker may own our bundles now."""
-    conns = list(service._conns)
-    for conn in conns:
-        conn.close()  # clients reconnect through a new lookup
+    service.native.close_all()  # clients reconnect through a new lookup
     topics, service.topics = service.topics, {}
     # at once, and 5 s for all: the new session waits for this (it took 5 s per
     # topic one after the other, so a broker with a few topics stayed away ~20 s)

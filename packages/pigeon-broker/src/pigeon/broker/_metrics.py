@@ -182,7 +182,7 @@ class _Collector:
             return CounterMetricFamily(name, doc, labels=labels)
 
         yield GaugeMetricFamily(
-            "pigeon_broker_connections", "Open client connections.", value=len(service._conns)
+            "pigeon_broker_connections", "Open client connections.", value=service.connections
         )
         yield GaugeMetricFamily(
             "pigeon_broker_topics", "Topics loaded on this broker.", value=len(topics)

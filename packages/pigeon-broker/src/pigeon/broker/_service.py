@@ -1,9 +1,11 @@
-"""The broker: serves producers and consumers over the PigeonMQ protocol.
+"""The broker core: the topic registry, lookups and the API the front doors call.
 
-Request handlers are synchronous (see :mod:`pigeon.core._rpc`); anything that waits —
-opening a topic, persisting a cursor — runs as a task in the connection's nursery.
-Produce requests never wait in a task: ``on_send`` appends to the managed ledger at once,
-so the order of requests on a connection is the order in the log.
+:class:`BrokerService` owns the loaded topics and knows no wire protocol: the native
+protocol's front door (:mod:`pigeon.broker._native`) and the admin API
+(:mod:`pigeon.broker._admin`) translate requests into its calls — create a producer,
+send, subscribe, ack, redeliver, seek, unsubscribe, close, lookup, stats.  Lifecycle
+operations (unload, delete, detach) are in :mod:`pigeon.broker._lifecycle`, publishing in
+:mod:`pigeon.broker._publish`, a topic's own state in :mod:`pigeon.broker._topic`.
 """
 
 from __future__ import annotations
@@ -12,37 +14,32 @@ import contextlib
 import itertools
 import json
 import logging
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
 
 from pigeon.broker._auditor import Auditor
 from pigeon.broker._config import BrokerConfig
-from pigeon.broker._dedup import Decision
-from pigeon.broker._ledger import LedgerConfig, ManagedLedger
+from pigeon.broker._ledger import LedgerConfig, ManagedLedger, Position
 from pigeon.broker._lifecycle import close_all_topics, drop_all_topics, unload_topic
 from pigeon.broker._loadmanager import LoadManager
+from pigeon.broker._native import NativeProtocol
 from pigeon.broker._nonpersistent import NonPersistentSubscription, NonPersistentTopic
 from pigeon.broker._ownership import Ownership
 from pigeon.broker._policies import PolicyStore
-from pigeon.broker._subscription import Consumer, Subscription
+from pigeon.broker._publish import Reply, fence_producer, publish
+from pigeon.broker._subscription import Consumer
 from pigeon.broker._topic import Producer, Topic, drop_reader
 from pigeon.core import TopicName
-from pigeon.core.batch import read_header
 from pigeon.core.codecs import GZIP, NONE, CodecSet
 from pigeon.core.errors import (
-    InternalError,
     InvalidArgument,
-    MessageTooLarge,
     NoSuchNode,
     NotOwner,
     NotSupported,
     PigeonError,
-    ProducerBlocked,
     ProducerBusy,
-    ServiceUnavailable,
     TopicExists,
     TopicNotFound,
 )
@@ -52,55 +49,14 @@ from pigeon.core.paths import (
     ledger_path,
     partitioned_topic_path,
 )
-from pigeon.core.rpc import BrokerFrame, Connection, Request, serve_tcp
+from pigeon.core.rpc import BrokerFrame, serve_tcp
 from pigeon.core.runtime import WallClock
 
 __all__ = ["BrokerService"]
 
 log = logging.getLogger(__name__)
 
-#: how long a duplicate's answer waits for its original to be named: the client
-#: completes its sends in order, so every later send of the producer waits too
-DEDUP_LOOKUP_WAIT_S = 2.0
 MAX_PARTITIONS = 4096
-
-_SUB_TYPES = {
-    "exclusive": "exclusive",
-    "shared": "shared",
-    "failover": "failover",
-    "keyShared": "keyShared",
-}
-
-
-@dataclass(eq=False)
-class _ConnState:
-    producers: dict[int, Producer] = field(default_factory=dict)
-    consumers: dict[int, tuple[Consumer, Subscription, Topic]] = field(default_factory=dict)
-    #: request ids of createProducer / subscribe still in progress, by (kind, id)
-    opening: dict[tuple[str, int], set[int]] = field(default_factory=dict)
-    #: of those, the ones whose producer or consumer the client closed meanwhile (it
-    #: gave up waiting): they must not add it when they finish
-    abandoned: set[int] = field(default_factory=set)
-
-    @contextlib.contextmanager
-    def open_request(self, kind: str, ident: int, request_id: int) -> Iterator[None]:
-        requests = self.opening.setdefault((kind, ident), set())
-        requests.add(request_id)
-        try:
-            yield
-        finally:
-            requests.discard(request_id)
-            if not requests:
-                del self.opening[(kind, ident)]
-            self.abandoned.discard(request_id)
-
-    def abandon(self, kind: str, ident: int) -> None:
-        """The client closed ``ident``: opens of it still in progress add nothing."""
-        self.abandoned.update(self.opening.get((kind, ident), ()))
-
-    def check_open(self, kind: str, ident: int, request_id: int) -> None:
-        if request_id in self.abandoned:
-            raise ServiceUnavailable(f"{kind} {ident} was closed by the client while opening")
 
 
 class BrokerService:
@@ -123,7 +79,8 @@ class BrokerService:
         #: Topic or NonPersistentTopic, branched on ``persistent``
         self.topics: dict[str, Any] = {}
         self._opening: dict[str, trio.Event] = {}
-        self._conns: dict[Connection, _ConnState] = {}
+        #: the native protocol's front door (port 6650)
+        self.native = NativeProtocol(self)
         self.nursery: trio.Nursery = None  # type: ignore[assignment]
         self.address: tuple[str, int] | None = None
         self._names = itertools.count()
@@ -134,6 +91,11 @@ class BrokerService:
         self.ownership: Ownership = None  # type: ignore[assignment]  # set by run()
         self.auditor: Auditor | None = None
         self.load_manager: LoadManager | None = None
+
+    @property
+    def connections(self) -> int:
+        """Open client connections (of every front door)."""
+        return len(self.native.conns)
 
     @property
     def service_url(self) -> str:
@@ -151,7 +113,7 @@ class BrokerService:
                 nursery.start_soon(self._maintenance)
                 self.address = await nursery.start(
                     lambda task_status: serve_tcp(
-                        self,
+                        self.native,
                         BrokerFrame,
                         host=self.config.host,
                         port=self.config.port,
@@ -189,7 +151,7 @@ class BrokerService:
     def load_report(self) -> dict[str, Any]:
         return {
             "topics": len(self.topics),
-            "connections": len(self._conns),
+            "connections": self.connections,
             "msgs_in": sum(
                 t.ledger.msgs_in if t.persistent else t.msgs_in for t in self.topics.values()
             ),
@@ -313,46 +275,7 @@ class BrokerService:
             return None
         return (p.ensemble_size, p.write_quorum, p.ack_quorum)
 
-    # ------------------------------------------------------------------ connections
-
-    def connection_opened(self, conn: Connection) -> None:
-        self._conns[conn] = _ConnState()
-
-    def connection_closed(self, conn: Connection) -> None:
-        state = self._conns.pop(conn, None)
-        if state is None:
-            return
-        for producer in state.producers.values():
-            if producer.topic.producers.get(producer.name) is producer:
-                del producer.topic.producers[producer.name]
-        for consumer, sub, topic in state.consumers.values():
-            sub.remove_consumer(consumer)
-            drop_reader(topic, sub)
-
-    def _state(self, conn: Connection) -> _ConnState:
-        state = self._conns.get(conn)
-        if state is None:
-            raise ServiceUnavailable("connection is closing")
-        return state
-
-    def _spawn(self, conn: Connection, request_id: int, fn: Any, *args: Any) -> None:
-        """Run ``fn`` in a task; its PigeonError becomes the request's error answer."""
-
-        async def runner() -> None:
-            try:
-                await fn(*args)
-            except PigeonError as exc:
-                conn.respond_error(request_id, exc)
-            except Exception as exc:
-                log.exception("request failed conn=%s", conn.name)
-                conn.respond_error(
-                    request_id, InternalError(f"internal error: {type(exc).__name__}: {exc}")
-                )
-
-        nursery = conn.nursery or self.nursery
-        nursery.start_soon(runner)
-
-    # ------------------------------------------------------------------ lookup
+    # ------------------------------------------------------------------ topics: the core API
 
     async def partitions_of(self, name: TopicName) -> int:
         """Partition count of a partitioned topic; 0 for a plain topic or a partition."""
@@ -363,19 +286,11 @@ class BrokerService:
             return 0
         return int(json.loads(stat.value)["partitions"])
 
-    def on_lookup(self, conn: Connection, req: Request) -> None:
-        name = TopicName.parse(str(req.body.topic))
-
-        async def lookup() -> None:
-            partitions = await self.partitions_of(name)
-            url = self.service_url if partitions else await self.ownership.lookup(name)
-            conn.respond(
-                req.request_id,
-                "lookupResult",
-                {"brokerUrl": url, "partitions": partitions, "topic": name.full},
-            )
-
-        self._spawn(conn, req.request_id, lookup)
+    async def lookup(self, name: TopicName) -> tuple[str, int]:
+        """(service URL of the broker that serves ``name``, its partition count)."""
+        partitions = await self.partitions_of(name)
+        url = self.service_url if partitions else await self.ownership.lookup(name)
+        return url, partitions
 
     async def create_topic(self, name: TopicName, partitions: int) -> None:
         """Create a topic; ``partitions > 0`` makes a partitioned one."""
@@ -391,16 +306,6 @@ class BrokerService:
             )
         else:
             await self.get_topic(name)
-
-    def on_createTopic(self, conn: Connection, req: Request) -> None:
-        name = TopicName.parse(str(req.body.topic))
-        partitions = req.body.partitions
-
-        async def create() -> None:
-            await self.create_topic(name, partitions)
-            conn.respond(req.request_id, "ok")
-
-        self._spawn(conn, req.request_id, create)
 
     async def list_topics(self, namespace: str) -> list[str]:
         tenant, _, ns = namespace.partition("/")
@@ -423,335 +328,87 @@ class BrokerService:
             or TopicName.parse(t).base.full not in partitioned
         )
 
-    def on_listTopics(self, conn: Connection, req: Request) -> None:
-        namespace = str(req.body.namespace)
+    # ------------------------------------------------------------------ producers: the core API
 
-        async def list_() -> None:
-            conn.respond(req.request_id, "topicList", {"topics": await self.list_topics(namespace)})
-
-        self._spawn(conn, req.request_id, list_)
-
-    # ------------------------------------------------------------------ producers
-
-    def on_createProducer(self, conn: Connection, req: Request) -> None:
-        name = TopicName.parse(str(req.body.topic))
-        producer_id = req.body.producerId
-        producer_name = str(req.body.producerName)
-        state = self._state(conn)
-        self._spawn(
-            conn,
-            req.request_id,
-            self._create_producer,
-            conn,
-            req.request_id,
-            state,
-            name,
-            producer_id,
-            producer_name,
-        )
-
-    async def _create_producer(
+    async def create_producer(
         self,
-        conn: Connection,
-        request_id: int,
-        state: _ConnState,
         name: TopicName,
-        producer_id: int,
         producer_name: str,
-    ) -> None:
-        with state.open_request("producer", producer_id, request_id):
-            await self._open_producer(conn, request_id, state, name, producer_id, producer_name)
+        *,
+        client: Any,
+        producer_id: int,
+        still_wanted: Callable[[], None],
+    ) -> Producer:
+        """Attach a producer (named here when ``producer_name`` is empty) to the topic.
 
-    async def _open_producer(
-        self,
-        conn: Connection,
-        request_id: int,
-        state: _ConnState,
-        name: TopicName,
-        producer_id: int,
-        producer_name: str,
-    ) -> None:
+        ``client`` is the front door's handle of the producer's client (a connection):
+        a name attached by another live client is ProducerBusy.  ``still_wanted`` is
+        called once the topic is open and raises if the client gave up meanwhile.
+        """
         topic = await self.get_topic(name)
-        state.check_open("producer", producer_id, request_id)
+        still_wanted()
         if not producer_name:
             port = self.address[1] if self.address else 0
             producer_name = (
-                f"{self.config.cluster_name}-{port}-{next(self._names)}-{id(conn) & 0xFFFF:x}"
+                f"{self.config.cluster_name}-{port}-{next(self._names)}-{id(client) & 0xFFFF:x}"
             )
         existing = topic.producers.get(producer_name)
-        if existing is not None and not existing.conn.closed and existing.conn is not conn:
+        if existing is not None and not existing.conn.closed and existing.conn is not client:
             raise ProducerBusy(f"producer {producer_name!r} is already connected to {name}")
-        producer = Producer(conn, producer_id, producer_name, topic)
+        producer = Producer(client, producer_id, producer_name, topic)
         topic.producers[producer_name] = producer
-        state.producers[producer_id] = producer
-        conn.respond(
-            request_id,
-            "producerCreated",
-            {
-                "producerName": producer_name,
-                "lastSequenceId": topic.dedup.pushed_sequence(producer_name),
-                "maxMessageSize": self.max_message_size(name),
-                "topic": name.full,
-            },
+        return producer
+
+    def send(
+        self,
+        producer: Producer,
+        payload: bytes | memoryview,
+        *,
+        num_messages: int,
+        sequence_id: int,
+        reply: Reply,
+        fence: Callable[[BaseException], None],
+        spawn: Callable[[Callable[[], Awaitable[None]]], None],
+    ) -> None:
+        """Store a batch (see :func:`pigeon.broker._publish.publish`)."""
+        publish(
+            self,
+            producer,
+            payload,
+            num_messages=num_messages,
+            sequence_id=sequence_id,
+            reply=reply,
+            fence=fence,
+            spawn=spawn,
         )
-
-    def on_send(self, conn: Connection, req: Request) -> None:
-        producer = self._state(conn).producers.get(req.body.producerId)
-        if producer is None:
-            raise InvalidArgument(f"unknown producer id {req.body.producerId}")
-        try:
-            self._send(conn, req, producer)
-        except PigeonError as exc:
-            # Refused here (too large, malformed, quota, ...): no later send of this
-            # producer may be stored before it re-attached, or a resend of this one
-            # (its answer lost with the connection) would be taken for a duplicate.
-            # The answer goes first, then the closedByBroker push.
-            conn.respond_error(req.request_id, exc)
-            self._fence_producer(conn, producer, exc)
-        except Exception as exc:
-            self._fence_producer(conn, producer, exc)
-            raise
-
-    def _send(self, conn: Connection, req: Request, producer: Producer) -> None:
-        body = req.body
-        payload = req.payload
-        policies = self.policies.cached(producer.topic.name.namespace_name)
-        limit = self.max_message_size(producer.topic.name)
-        if len(payload) > limit:
-            raise MessageTooLarge(f"batch of {len(payload)} bytes exceeds max_message_size {limit}")
-        header = read_header(payload)
-        n = body.numMessages
-        if header.num_messages != n or n == 0:
-            raise InvalidArgument(
-                f"send says {n} messages but its batch holds {header.num_messages}"
-            )
-        sequence_id = body.sequenceId
-        topic = producer.topic
-        if producer.fenced:
-            raise ServiceUnavailable(
-                f"producer {producer.name} lost a send and must re-attach before sending on"
-            )
-        dedup = topic.dedup
-        name = producer.name
-        request_id = req.request_id
-        producer_id = body.producerId
-
-        def answer(
-            receipt: Any, error: BaseException | None, duplicate: bool, why: str = ""
-        ) -> None:
-            if error is not None:
-                conn.respond_error(
-                    request_id,
-                    error if isinstance(error, PigeonError) else ServiceUnavailable(str(error)),
-                )
-                return
-            segment_id, entry_id, offset = receipt if receipt is not None else (-1, -1, -1)
-            fields = {
-                "producerId": producer_id,
-                "sequenceId": sequence_id,
-                "segmentId": segment_id,
-                "entryId": entry_id,
-                "firstOffset": offset,
-            }
-            if duplicate:
-                fields["duplicate"] = True
-                if receipt is None:
-                    log.info(
-                        "duplicate answered without its position topic=%s producer=%s"
-                        " sequence=%d count=%d why=%s",
-                        topic.name,
-                        name,
-                        sequence_id,
-                        n,
-                        why or "original not remembered",
-                    )
-            conn.respond(request_id, "sendReceipt", fields)
-
-        decision = dedup.check(name, sequence_id, n) if policies.deduplication else Decision.NEW
-        if decision is Decision.DUPLICATE:
-            receipt = dedup.receipt(name, sequence_id, n)
-            if receipt is None and topic.persistent and topic.may_find_original(name, sequence_id):
-                # stored before the state this broker recovered from: look it up (the
-                # client completes its sends in order whatever order answers come in)
-                async def look_up() -> None:
-                    found, why = None, "original not found in the log"
-                    try:
-                        with trio.move_on_after(DEDUP_LOOKUP_WAIT_S) as scope:
-                            found = await topic.original_receipt(name, sequence_id, n)
-                        if scope.cancelled_caught:
-                            why = f"original not found within {DEDUP_LOOKUP_WAIT_S}s"
-                    except PigeonError as exc:
-                        why = f"reading the log failed: {exc}"
-                    answer(found, None, True, why)
-
-                self._spawn(conn, request_id, look_up)
-                return
-            answer(receipt, None, True, "original not remembered, log not searched")
-            return
-        if decision is Decision.IN_FLIGHT:
-
-            def resent(receipt: Any, error: BaseException | None) -> None:
-                answer(receipt, error, True, "in-flight original batched differently")
-                if error is not None:
-                    # the original (sent on an earlier attachment) was not stored: this
-                    # attachment's later sends must not be stored before its resend
-                    self._fence_producer(conn, producer, error)
-
-            dedup.wait(name, sequence_id, n, resent)
-            return
-        if (
-            topic.persistent
-            and policies.backlog_quota_bytes >= 0
-            and policies.backlog_quota_policy == "producer_exception"
-            and topic.backlog_bytes() > policies.backlog_quota_bytes
-        ):
-            raise ProducerBlocked(
-                f"backlog of {topic.name} exceeds its quota of {policies.backlog_quota_bytes} bytes"
-            )
-
-        def done(result: Any, error: BaseException | None) -> None:
-            if error is not None:
-                dedup.failed(name, sequence_id, n, error, flight)
-                answer(None, error, False)
-                self._fence_producer(conn, producer, error)
-                return
-            dedup.persisted(name, sequence_id, n, result)
-            topic.confirm_sequence(result[0], result[1])
-            answer(result, None, False)
-
-        flight = dedup.pushed(name, sequence_id, n)
-        deliver_at = header.deliver_at
-        if topic.persistent and (
-            topic._held  # sends held earlier go first (a producer's order is the log's)
-            or (
-                policies.backlog_quota_bytes >= 0
-                and policies.backlog_quota_policy == "producer_request_hold"
-                and topic.backlog_bytes() > policies.backlog_quota_bytes
-            )
-        ):
-            payload_copy = bytes(payload)
-
-            def release() -> None:
-                if producer.fenced:
-                    # an earlier send of this producer failed meanwhile: storing this one
-                    # would make that one's resend look like a duplicate
-                    done(None, ServiceUnavailable(f"producer {name} must resend from a lost send"))
-                    return
-                self._append(topic, payload_copy, n, done, deliver_at)
-
-            topic.hold(release)
-            return
-        self._append(topic, payload, n, done, deliver_at)
 
     @staticmethod
-    def _append(topic: Any, payload: Any, n: int, done: Any, deliver_at: int) -> None:
-        """Append, turning a refusal (closed or unwritable ledger) into ``done``'s error."""
-        try:
-            topic.append(payload, n, done, deliver_at=deliver_at)
-        except PigeonError as exc:
-            done(None, exc)
+    def fence_producer(producer: Producer, error: BaseException) -> bool:
+        """Refuse the producer's sends until it re-attaches; False if it already was."""
+        return fence_producer(producer, error)
 
-    def _fence_producer(self, conn: Connection, producer: Producer, error: BaseException) -> None:
-        """A send of ``producer`` was not stored: refuse its later sends until it
-        re-attaches, so that it resends from the lost one on, in order."""
-        if producer.fenced:
-            return
-        producer.fenced = True
-        log.info(
-            "producer must re-attach topic=%s producer=%s error=%s",
-            producer.topic.name,
-            producer.name,
-            error,
-        )
-        if not conn.closed:
-            with contextlib.suppress(PigeonError):
-                conn.send_nowait(
-                    "closedByBroker",
-                    {
-                        "producerId": producer.producer_id,
-                        "isProducer": True,
-                        "reason": f"send not stored: {error}",
-                    },
-                )
-
-    def on_closeProducer(self, conn: Connection, req: Request) -> None:
-        state = self._state(conn)
-        state.abandon("producer", req.body.producerId)
-        producer = state.producers.pop(req.body.producerId, None)
-        if producer is not None and producer.topic.producers.get(producer.name) is producer:
+    @staticmethod
+    def close_producer(producer: Producer) -> None:
+        """Detach the producer from its topic (unless it re-attached meanwhile)."""
+        if producer.topic.producers.get(producer.name) is producer:
             del producer.topic.producers[producer.name]
-        conn.respond(req.request_id, "ok")
 
-    # ------------------------------------------------------------------ consumers
+    # ------------------------------------------------------------------ consumers: the core API
 
-    def on_subscribe(self, conn: Connection, req: Request) -> None:
-        b = req.body
-        name = TopicName.parse(str(b.topic))
-        sub_name = str(b.subscription)
-        if not sub_name:
-            raise InvalidArgument("subscription name must not be empty")
-        args = (
-            conn,
-            req.request_id,
-            self._state(conn),
-            name,
-            sub_name,
-            _SUB_TYPES[str(b.subType)],
-            str(b.initialPosition),
-            b.consumerId,
-            str(b.consumerName),
-            b.priority,
-            b.durable,
-            b.startOffset,
-        )
-        self._spawn(conn, req.request_id, self._subscribe, *args)
-
-    async def _subscribe(
+    async def subscribe(
         self,
-        conn: Connection,
-        request_id: int,
-        state: _ConnState,
         name: TopicName,
         sub_name: str,
         sub_type: str,
         initial_position: str,
-        consumer_id: int,
-        consumer_name: str,
-        priority: int,
+        *,
         durable: bool,
         start_offset: int,
-    ) -> None:
-        with state.open_request("consumer", consumer_id, request_id):
-            await self._open_consumer(
-                conn,
-                request_id,
-                state,
-                name,
-                sub_name,
-                sub_type,
-                initial_position,
-                consumer_id,
-                consumer_name,
-                priority,
-                durable,
-                start_offset,
-            )
-
-    async def _open_consumer(
-        self,
-        conn: Connection,
-        request_id: int,
-        state: _ConnState,
-        name: TopicName,
-        sub_name: str,
-        sub_type: str,
-        initial_position: str,
-        consumer_id: int,
-        consumer_name: str,
-        priority: int,
-        durable: bool,
-        start_offset: int,
-    ) -> None:
+        still_wanted: Callable[[], None],
+        consumer: Callable[[], Consumer],
+    ) -> tuple[Consumer, Any, Any]:
+        """Attach a consumer (built by ``consumer()``) to the subscription, opened on first
+        use; returns (consumer, subscription, topic)."""
         topic = await self.get_topic(name)
         sub = await topic.subscription(
             sub_name, sub_type, initial_position, durable=durable, start_offset=start_offset
@@ -760,141 +417,101 @@ class BrokerService:
             # unloaded (or the subscription stopped) while this subscribe waited: a
             # consumer added now would hang on a topic nobody serves
             raise NotOwner(f"{name} was unloaded here while subscribing; look it up again")
-        state.check_open("consumer", consumer_id, request_id)
-        consumer = Consumer(conn, consumer_id, consumer_name or f"consumer-{consumer_id}", priority)
-        sub.add_consumer(consumer, sub_type)
-        earlier = state.consumers.get(consumer_id)
-        if earlier is not None:  # subscribed again under the same id: the old one goes
-            earlier[1].remove_consumer(earlier[0])
-        state.consumers[consumer_id] = (consumer, sub, topic)
-        conn.respond(request_id, "subscribed", {"topic": name.full})
+        still_wanted()
+        attached = consumer()
+        sub.add_consumer(attached, sub_type)
+        return attached, sub, topic
 
-    def _consumer(self, conn: Connection, consumer_id: int) -> tuple[Consumer, Subscription, Any]:
-        found = self._state(conn).consumers.get(consumer_id)
-        if found is None:
-            raise InvalidArgument(f"unknown consumer id {consumer_id}")
-        return found
-
-    def on_flow(self, conn: Connection, req: Request) -> None:
-        consumer, sub, _ = self._consumer(conn, req.body.consumerId)
-        sub.flow(consumer, req.body.permits)
-
-    def on_ack(self, conn: Connection, req: Request) -> None:
-        b = req.body
-        consumer, sub, _ = self._consumer(conn, b.consumerId)
+    @staticmethod
+    def ack(
+        sub: Any,
+        consumer: Consumer,
+        positions: list[tuple[int, int, int, int]],
+        *,
+        cumulative: bool,
+    ) -> None:
+        """Acknowledge (segment id, entry id, offset, batch index) positions; an offset
+        below 0 names a message by its entry and batch index."""
         if isinstance(sub, NonPersistentSubscription):
-            conn.respond(req.request_id, "ok")
             return
-        positions = []
-        for p in b.positions:
-            offset = p.offset
+        acked = []
+        for segment_id, entry_id, offset, batch_index in positions:
             if offset < 0:
-                pending = sub.pending.get((p.segmentId, p.entryId))
+                pending = sub.pending.get((segment_id, entry_id))
                 if pending is None:
                     continue  # unknown message: nothing to acknowledge
-                offset = pending.first_offset + max(p.batchIndex, 0)
-            positions.append(((p.segmentId, p.entryId), offset))
-        if positions:
-            sub.ack(consumer, positions, str(b.ackType) == "cumulative")
-        conn.respond(req.request_id, "ok")
+                offset = pending.first_offset + max(batch_index, 0)
+            acked.append(((segment_id, entry_id), offset))
+        if acked:
+            sub.ack(consumer, acked, cumulative)
 
-    def on_redeliverUnacked(self, conn: Connection, req: Request) -> None:
-        b = req.body
-        consumer, sub, _ = self._consumer(conn, b.consumerId)
+    @staticmethod
+    def redeliver(sub: Any, consumer: Consumer, positions: list[tuple[int, int]]) -> None:
+        """Redeliver the consumer's unacknowledged entries (all of them for ``[]``)."""
         if isinstance(sub, NonPersistentSubscription):
-            conn.respond(req.request_id, "ok")
             return
-        positions = [(p.segmentId, p.entryId) for p in b.positions]
         sub.redeliver_unacked(consumer, positions or None)
-        conn.respond(req.request_id, "ok")
 
-    def on_closeConsumer(self, conn: Connection, req: Request) -> None:
-        state = self._state(conn)
-        state.abandon("consumer", req.body.consumerId)
-        found = state.consumers.pop(req.body.consumerId, None)
-        if found is None:
-            conn.respond(req.request_id, "ok")
-            return
-        consumer, sub, topic = found
+    @staticmethod
+    def detach_consumer(topic: Any, sub: Any, consumer: Consumer) -> None:
+        """The consumer's client went away."""
         sub.remove_consumer(consumer)
+        drop_reader(topic, sub)
 
-        async def close() -> None:
-            await sub.flush()
-            drop_reader(topic, sub)
-            conn.respond(req.request_id, "ok")
+    @staticmethod
+    async def close_consumer(topic: Any, sub: Any) -> None:
+        """After a consumer left: persist the cursor; a reader's cursor goes with its last
+        consumer."""
+        await sub.flush()
+        drop_reader(topic, sub)
 
-        self._spawn(conn, req.request_id, close)
-
-    def on_unsubscribe(self, conn: Connection, req: Request) -> None:
-        consumer, sub, topic = self._consumer(conn, req.body.consumerId)
+    @staticmethod
+    def check_unsubscribe(sub: Any, consumer: Consumer) -> None:
         if any(c is not consumer for c in sub.consumers):
             raise InvalidArgument(f"subscription {sub.name!r} has other consumers")
-        self._state(conn).consumers.pop(req.body.consumerId, None)
-        sub.remove_consumer(consumer)
 
-        async def unsubscribe() -> None:
-            await sub.delete()
-            topic.subscriptions.pop(sub.name, None)
-            conn.respond(req.request_id, "ok")
+    @staticmethod
+    async def unsubscribe(topic: Any, sub: Any) -> None:
+        """Delete the subscription (its last consumer has left)."""
+        await sub.delete()
+        topic.subscriptions.pop(sub.name, None)
 
-        self._spawn(conn, req.request_id, unsubscribe)
-
-    def on_seek(self, conn: Connection, req: Request) -> None:
-        b = req.body
-        _consumer, sub, _ = self._consumer(conn, b.consumerId)
+    @staticmethod
+    def seek(
+        sub: Any,
+        *,
+        offset: int | None = None,
+        timestamp: int | None = None,
+        position: tuple[Position, int] | None = None,
+    ) -> Awaitable[None]:
+        """Check a seek at once; returns what moves the cursor when awaited."""
         if isinstance(sub, NonPersistentSubscription):
             raise NotSupported("seek is not supported on non-persistent topics")
-        which = b.which()
-        if which == "offset":
-            coro: Any = sub.seek_offset(b.offset)
-        elif which == "timestamp":
-            coro = sub.seek_time(b.timestamp)
+        if offset is not None:
+            coro: Awaitable[None] = sub.seek_offset(offset)
+        elif timestamp is not None:
+            coro = sub.seek_time(timestamp)
         else:
-            if sub.ledger.index_of_segment(b.position.segmentId) is None:
+            assert position is not None
+            (segment_id, entry_id), batch_index = position
+            if sub.ledger.index_of_segment(segment_id) is None:
                 raise InvalidArgument(
-                    f"segment {b.position.segmentId} is not (or no longer) part of this topic"
+                    f"segment {segment_id} is not (or no longer) part of this topic"
                 )
-            coro = sub.seek_position(
-                (b.position.segmentId, b.position.entryId), b.position.batchIndex
-            )
+            coro = sub.seek_position((segment_id, entry_id), batch_index)
+        return coro
 
-        async def seek() -> None:
-            await coro
-            # Answer before anything from the new position can be pushed (no checkpoint
-            # in between): the client drops what it queued from before the seek.
-            conn.respond(req.request_id, "ok")
-            await sub.flush()
-
-        self._spawn(conn, req.request_id, seek)
-
-    def on_getLastMessageId(self, conn: Connection, req: Request) -> None:
-        _consumer, sub, topic = self._consumer(conn, req.body.consumerId)
+    @staticmethod
+    def last_message_id(topic: Any, sub: Any) -> tuple[Position, int, int]:
+        """(position of the last entry, last offset, the subscription's mark-delete offset)."""
         if isinstance(sub, NonPersistentSubscription):
-            conn.respond(
-                req.request_id,
-                "lastMessageId",
-                {
-                    "position": {"segmentId": -1, "entryId": -1, "batchIndex": -1},
-                    "offset": topic.next_offset - 1,
-                    "markDeleteOffset": topic.next_offset,
-                },
-            )
-            return
+            return (-1, -1), topic.next_offset - 1, topic.next_offset
         ledger = sub.ledger
-        seg_id, entry_id = ledger.last_position
-        conn.respond(
-            req.request_id,
-            "lastMessageId",
-            {
-                "position": {"segmentId": seg_id, "entryId": entry_id, "batchIndex": -1},
-                "offset": ledger.next_offset - 1,
-                "markDeleteOffset": sub.cursor.mark_delete,
-            },
-        )
+        return ledger.last_position, ledger.next_offset - 1, sub.cursor.mark_delete
 
     def stats(self) -> dict[str, Any]:
         return {
             "under_replicated_fragments": self.auditor.under_replicated if self.auditor else 0,
-            "connections": len(self._conns),
+            "connections": self.connections,
             "topics": {name: t.stats() for name, t in self.topics.items()},
         }
