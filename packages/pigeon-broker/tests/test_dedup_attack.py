@@ -268,6 +268,10 @@ class _ModelTopic:
         self.closed = False
         self.confirmed = -1  # index in the log of the last entry confirmed here
 
+    @property
+    def holding(self) -> bool:
+        return bool(self._held)
+
     def backlog_bytes(self) -> int:
         return 10_000 if self.model.over_quota else 0
 

@@ -283,7 +283,6 @@ async def _load_durable_subscriptions(service: BrokerService, topic: Any) -> Non
 def _one_topic_stats(monitor: BrokerMonitor | None, topic: Any) -> dict[str, Any]:
     rates = monitor.rates_of(topic.name.full) if monitor else None
     persistent = topic.persistent
-    source = topic.ledger if persistent else topic
     subs = {
         name: _sub_stats(monitor, topic, sub) for name, sub in sorted(topic.subscriptions.items())
     }
@@ -291,8 +290,8 @@ def _one_topic_stats(monitor: BrokerMonitor | None, topic: Any) -> dict[str, Any
         "topic": topic.name.full,
         "persistent": persistent,
         "partitions": 0,
-        "msgs_in": source.msgs_in,
-        "bytes_in": source.bytes_in,
+        "msgs_in": topic.msgs_in,
+        "bytes_in": topic.bytes_in,
         "msgs_out": sum(s["msgs_out"] for s in subs.values()),
         "bytes_out": sum(s["bytes_out"] for s in subs.values()),
         "msg_rate_in": round(rates.msg_rate_in, 3) if rates else 0.0,
@@ -301,12 +300,12 @@ def _one_topic_stats(monitor: BrokerMonitor | None, topic: Any) -> dict[str, Any
         "msg_throughput_out": round(rates.msg_throughput_out, 3) if rates else 0.0,
         "producers": len(topic.producers),
         "producer_names": sorted(topic.producers),
-        "next_offset": topic.ledger.next_offset if persistent else topic.next_offset,
+        "next_offset": topic.next_offset,
         "first_offset": topic.ledger.first_offset if persistent else topic.next_offset,
         "storage_size": sum(s.size for s in topic.ledger.segments) if persistent else 0,
         "segments": len(topic.ledger.segments) if persistent else 0,
         "backlog": max((s["backlog"] for s in subs.values()), default=0),
-        "backlog_bytes": topic.backlog_bytes() if persistent else 0,
+        "backlog_bytes": topic.backlog_bytes(),
         "corrupt_entries": topic.ledger.corrupt_entries if persistent else 0,
         "subscriptions": subs,
     }
@@ -812,7 +811,7 @@ async def broker_load(
         "producers": sum(len(t.producers) for t in topics),
         "subscriptions": sum(len(t.subscriptions) for t in topics),
         "consumers": sum(len(s.consumers) for t in topics for s in t.subscriptions.values()),
-        "msgs_in": sum(t.ledger.msgs_in if t.persistent else t.msgs_in for t in topics),
+        "msgs_in": sum(t.msgs_in for t in topics),
         "msg_rate_in": round(rates.msg_rate_in, 3) if rates else 0.0,
         "msg_throughput_in": round(rates.msg_throughput_in, 3) if rates else 0.0,
         "msg_rate_out": round(rates.msg_rate_out, 3) if rates else 0.0,

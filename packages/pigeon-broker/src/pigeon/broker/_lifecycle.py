@@ -217,8 +217,7 @@ async def _delete_one(service: BrokerService, name: TopicName, *, force: bool) -
             topic.unloaded = True
             disconnect(service, topic, "topic deleted")
             await close_subscriptions(topic)
-            if topic.persistent:
-                await topic.ledger.close()
+            await topic.close()
         if name.persistent:
             await _delete_data(service, name)
 
@@ -268,9 +267,8 @@ async def _unload_one(service: BrokerService, name: TopicName) -> bool:
         topic.unloaded = True
         disconnect(service, topic, "topic unloaded")
         await close_subscriptions(topic)
-        if topic.persistent:
-            await topic.ledger.close()
-            await topic.snapshot_dedup()
+        await topic.close()
+        await topic.snapshot_dedup()
     log.info("topic unloaded topic=%s", name)
     return True
 
@@ -367,8 +365,7 @@ async def drop_all_topics(service: BrokerService) -> None:
     with trio.move_on_after(5):
         async with trio.open_nursery() as nursery:
             for topic in topics.values():
-                if topic.persistent:
-                    nursery.start_soon(topic.ledger.close)
+                nursery.start_soon(topic.close)
 
 
 async def close_all_topics(service: BrokerService) -> None:
@@ -378,13 +375,12 @@ async def close_all_topics(service: BrokerService) -> None:
         async with trio.open_nursery() as nursery:
             for sub in list(topic.subscriptions.values()):
                 nursery.start_soon(_bounded, 5, sub.persist)
-        await _bounded(10, topic.ledger.close)
+        await _bounded(10, topic.close)
         await _bounded(5, topic.snapshot_dedup)
 
     async with trio.open_nursery() as nursery:
         for topic in list(service.topics.values()):
-            if topic.persistent:
-                nursery.start_soon(close, topic)
+            nursery.start_soon(close, topic)
 
 
 async def _bounded(seconds: float, fn: Callable[[], Awaitable[Any]]) -> None:

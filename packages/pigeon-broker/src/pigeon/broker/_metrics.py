@@ -173,7 +173,8 @@ class _Collector:
     def collect(self) -> Iterator[Metric]:
         service = self.monitor.service
         monitor = self.monitor
-        topics = list(service.topics.items())
+        # storage metrics read a persistent topic's ledger
+        topics: list[tuple[str, Any]] = list(service.topics.items())
 
         def gauge(name: str, doc: str, labels: list[str] | None = None) -> GaugeMetricFamily:
             return GaugeMetricFamily(name, doc, labels=labels)

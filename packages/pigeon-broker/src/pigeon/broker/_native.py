@@ -443,15 +443,15 @@ class NativeProtocol:
 
     def on_seek(self, conn: Connection, req: Request) -> None:
         b = req.body
-        _consumer, sub, _ = self._consumer(conn, b.consumerId)
+        _consumer, sub, topic = self._consumer(conn, b.consumerId)
         which = b.which()
         if which == "offset":
-            coro = self.core.seek(sub, offset=b.offset)
+            coro = self.core.seek(topic, sub, offset=b.offset)
         elif which == "timestamp":
-            coro = self.core.seek(sub, timestamp=b.timestamp)
+            coro = self.core.seek(topic, sub, timestamp=b.timestamp)
         else:
             p = b.position
-            coro = self.core.seek(sub, position=((p.segmentId, p.entryId), p.batchIndex))
+            coro = self.core.seek(topic, sub, position=((p.segmentId, p.entryId), p.batchIndex))
 
         async def seek() -> None:
             await coro

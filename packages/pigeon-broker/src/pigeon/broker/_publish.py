@@ -91,7 +91,7 @@ def publish(
     decision = dedup.check(name, sequence_id, n) if policies.deduplication else Decision.NEW
     if decision is Decision.DUPLICATE:
         receipt = dedup.receipt(name, sequence_id, n)
-        if receipt is None and topic.persistent and topic.may_find_original(name, sequence_id):
+        if receipt is None and topic.may_find_original(name, sequence_id):
             # stored before the state this broker recovered from: look it up (the
             # client completes its sends in order whatever order answers come in)
             async def look_up() -> None:
@@ -121,8 +121,7 @@ def publish(
         dedup.wait(name, sequence_id, n, resent)
         return
     if (
-        topic.persistent
-        and policies.backlog_quota_bytes >= 0
+        policies.backlog_quota_bytes >= 0
         and policies.backlog_quota_policy == "producer_exception"
         and topic.backlog_bytes() > policies.backlog_quota_bytes
     ):
@@ -142,8 +141,8 @@ def publish(
 
     flight = dedup.pushed(name, sequence_id, n)
     deliver_at = header.deliver_at
-    if topic.persistent and (
-        topic._held  # sends held earlier go first (a producer's order is the log's)
+    if (
+        topic.holding  # sends held earlier go first (a producer's order is the log's)
         or (
             policies.backlog_quota_bytes >= 0
             and policies.backlog_quota_policy == "producer_request_hold"

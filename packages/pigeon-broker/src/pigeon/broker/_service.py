@@ -25,19 +25,18 @@ from pigeon.broker._ledger import LedgerConfig, ManagedLedger, Position
 from pigeon.broker._lifecycle import close_all_topics, drop_all_topics, unload_topic
 from pigeon.broker._loadmanager import LoadManager
 from pigeon.broker._native import NativeProtocol
-from pigeon.broker._nonpersistent import NonPersistentSubscription, NonPersistentTopic
+from pigeon.broker._nonpersistent import NonPersistentTopic
 from pigeon.broker._ownership import Ownership
 from pigeon.broker._policies import PolicyStore
 from pigeon.broker._publish import Reply, fence_producer, publish
 from pigeon.broker._subscription import Consumer
-from pigeon.broker._topic import Producer, Topic, drop_reader
+from pigeon.broker._topic import Producer, Topic, TopicProtocol, drop_reader
 from pigeon.core import TopicName
 from pigeon.core.codecs import GZIP, NONE, CodecSet
 from pigeon.core.errors import (
     InvalidArgument,
     NoSuchNode,
     NotOwner,
-    NotSupported,
     PigeonError,
     ProducerBusy,
     TopicExists,
@@ -76,8 +75,8 @@ class BrokerService:
         self.store = store
         self.policy = policy
         self.bookies = bookies
-        #: Topic or NonPersistentTopic, branched on ``persistent``
-        self.topics: dict[str, Any] = {}
+        #: Topic or NonPersistentTopic (see TopicProtocol)
+        self.topics: dict[str, TopicProtocol] = {}
         self._opening: dict[str, trio.Event] = {}
         #: the native protocol's front door (port 6650)
         self.native = NativeProtocol(self)
@@ -152,9 +151,7 @@ class BrokerService:
         return {
             "topics": len(self.topics),
             "connections": self.connections,
-            "msgs_in": sum(
-                t.ledger.msgs_in if t.persistent else t.msgs_in for t in self.topics.values()
-            ),
+            "msgs_in": sum(t.msgs_in for t in self.topics.values()),
         }
 
     async def _ownership_lost(self) -> None:
@@ -175,8 +172,6 @@ class BrokerService:
                 log.warning("topic loaded without its bundle: unloading topic=%s", topic.name)
                 with contextlib.suppress(PigeonError):
                     await unload_topic(self, topic.name)
-                continue
-            if not topic.persistent:
                 continue
             try:
                 await topic.maintain(self.policies.cached(topic.name.namespace_name))
@@ -432,8 +427,6 @@ class BrokerService:
     ) -> None:
         """Acknowledge (segment id, entry id, offset, batch index) positions; an offset
         below 0 names a message by its entry and batch index."""
-        if isinstance(sub, NonPersistentSubscription):
-            return
         acked = []
         for segment_id, entry_id, offset, batch_index in positions:
             if offset < 0:
@@ -448,8 +441,6 @@ class BrokerService:
     @staticmethod
     def redeliver(sub: Any, consumer: Consumer, positions: list[tuple[int, int]]) -> None:
         """Redeliver the consumer's unacknowledged entries (all of them for ``[]``)."""
-        if isinstance(sub, NonPersistentSubscription):
-            return
         sub.redeliver_unacked(consumer, positions or None)
 
     @staticmethod
@@ -478,6 +469,7 @@ class BrokerService:
 
     @staticmethod
     def seek(
+        topic: TopicProtocol,
         sub: Any,
         *,
         offset: int | None = None,
@@ -485,29 +477,12 @@ class BrokerService:
         position: tuple[Position, int] | None = None,
     ) -> Awaitable[None]:
         """Check a seek at once; returns what moves the cursor when awaited."""
-        if isinstance(sub, NonPersistentSubscription):
-            raise NotSupported("seek is not supported on non-persistent topics")
-        if offset is not None:
-            coro: Awaitable[None] = sub.seek_offset(offset)
-        elif timestamp is not None:
-            coro = sub.seek_time(timestamp)
-        else:
-            assert position is not None
-            (segment_id, entry_id), batch_index = position
-            if sub.ledger.index_of_segment(segment_id) is None:
-                raise InvalidArgument(
-                    f"segment {segment_id} is not (or no longer) part of this topic"
-                )
-            coro = sub.seek_position((segment_id, entry_id), batch_index)
-        return coro
+        return topic.seek(sub, offset=offset, timestamp=timestamp, position=position)
 
     @staticmethod
-    def last_message_id(topic: Any, sub: Any) -> tuple[Position, int, int]:
+    def last_message_id(topic: TopicProtocol, sub: Any) -> tuple[Position, int, int]:
         """(position of the last entry, last offset, the subscription's mark-delete offset)."""
-        if isinstance(sub, NonPersistentSubscription):
-            return (-1, -1), topic.next_offset - 1, topic.next_offset
-        ledger = sub.ledger
-        return ledger.last_position, ledger.next_offset - 1, sub.cursor.mark_delete
+        return topic.last_message_id(sub)
 
     def stats(self) -> dict[str, Any]:
         return {

@@ -11,8 +11,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -23,14 +24,14 @@ from pigeon.broker._policies import NamespacePolicies
 from pigeon.broker._subscription import Subscription
 from pigeon.core import TopicName
 from pigeon.core.batch import ENTRY_HEADER_SIZE, read_header
-from pigeon.core.errors import CorruptEntry, NoSuchNode, NotOwner, PigeonError
+from pigeon.core.errors import CorruptEntry, InvalidArgument, NoSuchNode, NotOwner, PigeonError
 from pigeon.core.paths import cursor_path, dedup_path, segment_path
 
 if TYPE_CHECKING:
     from pigeon.broker._service import BrokerService
     from pigeon.core.rpc import Connection
 
-__all__ = ["Producer", "Topic", "drop_reader"]
+__all__ = ["Producer", "Topic", "TopicProtocol", "drop_reader"]
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,25 @@ class Topic:
         self.unloaded = False
 
     persistent = True
+
+    @property
+    def msgs_in(self) -> int:
+        return self.ledger.msgs_in
+
+    @property
+    def bytes_in(self) -> int:
+        return self.ledger.bytes_in
+
+    @property
+    def next_offset(self) -> int:
+        return self.ledger.next_offset
+
+    @property
+    def holding(self) -> bool:
+        return bool(self._held)
+
+    async def close(self) -> None:
+        await self.ledger.close()
 
     # ------------------------------------------------------------------ policies
 
@@ -403,6 +423,34 @@ class Topic:
             if self.subscriptions.get(sub.name) is sub and sub.closed:
                 del self.subscriptions[sub.name]
 
+    def seek(
+        self,
+        sub: Any,
+        *,
+        offset: int | None = None,
+        timestamp: int | None = None,
+        position: tuple[Position, int] | None = None,
+    ) -> Awaitable[None]:
+        """Check a seek of ``sub`` at once; returns what moves its cursor when awaited."""
+        if offset is not None:
+            coro: Awaitable[None] = sub.seek_offset(offset)
+        elif timestamp is not None:
+            coro = sub.seek_time(timestamp)
+        else:
+            assert position is not None
+            (segment_id, entry_id), batch_index = position
+            if sub.ledger.index_of_segment(segment_id) is None:
+                raise InvalidArgument(
+                    f"segment {segment_id} is not (or no longer) part of this topic"
+                )
+            coro = sub.seek_position((segment_id, entry_id), batch_index)
+        return coro
+
+    def last_message_id(self, sub: Any) -> tuple[Position, int, int]:
+        """(position of the last entry, last offset, ``sub``'s mark-delete offset)."""
+        ledger = self.ledger
+        return ledger.last_position, ledger.next_offset - 1, sub.cursor.mark_delete
+
     def stats(self) -> dict[str, Any]:
         return {
             "topic": self.name.full,
@@ -434,3 +482,69 @@ def drop_reader(topic: Any, sub: Any) -> None:
     if isinstance(sub, Subscription):
         sub.wake()
     del topic.subscriptions[sub.name]
+
+
+class TopicProtocol(Protocol):
+    """What the broker core asks of a topic, persistent (:class:`Topic`) or not
+    (:class:`~pigeon.broker._nonpersistent.NonPersistentTopic`): the core calls these
+    instead of branching on ``persistent``."""
+
+    name: TopicName
+    #: True for a topic with a log (``persistent://``); what the admin API reports
+    persistent: bool
+    #: set when the topic is unloaded or deleted here: nothing may attach to it then
+    unloaded: bool
+    producers: dict[str, Producer]
+    subscriptions: dict[str, Any]
+    dedup: Deduplication
+
+    @property
+    def msgs_in(self) -> int: ...
+
+    @property
+    def bytes_in(self) -> int: ...
+
+    @property
+    def next_offset(self) -> int: ...
+
+    @property
+    def holding(self) -> bool:
+        """Sends are held (producer_request_hold): later ones must wait behind them."""
+        ...
+
+    def backlog_bytes(self) -> int: ...
+
+    def hold(self, send: Any) -> None: ...
+
+    def append(
+        self, payload: bytes | memoryview, n: int, callback: Any, *, deliver_at: int = 0
+    ) -> None: ...
+
+    def confirm_sequence(self, segment_id: int, entry_id: int) -> None: ...
+
+    def may_find_original(self, name: str, first: int) -> bool: ...
+
+    async def original_receipt(self, name: str, first: int, count: int) -> Receipt | None: ...
+
+    async def subscription(
+        self, name: str, sub_type: str, initial_position: str, *, durable: bool, start_offset: int
+    ) -> Any: ...
+
+    def seek(
+        self,
+        sub: Any,
+        *,
+        offset: int | None = None,
+        timestamp: int | None = None,
+        position: tuple[Position, int] | None = None,
+    ) -> Awaitable[None]: ...
+
+    def last_message_id(self, sub: Any) -> tuple[Position, int, int]: ...
+
+    async def maintain(self, policies: NamespacePolicies) -> None: ...
+
+    async def snapshot_dedup(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def stats(self) -> dict[str, Any]: ...
