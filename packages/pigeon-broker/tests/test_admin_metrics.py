@@ -50,7 +50,9 @@ def _topic(name: str, msgs_in: int, bytes_in: int, subs: dict[str, Any]) -> Any:
 
 def test_rates_come_from_counter_differences() -> None:
     t = _topic("a", 100, 10_000, {"s": _sub(40, 4000)})
-    service = SimpleNamespace(topics={"persistent://public/default/a": t}, bookies=None, _conns={})
+    service = SimpleNamespace(
+        topics={"persistent://public/default/a": t}, bookies=None, connections=0
+    )
     monitor = BrokerMonitor(service)  # type: ignore[arg-type]
     monitor.sample(now=10.0)
     assert monitor.rates_of("persistent://public/default/a").msg_rate_in == 0.0

@@ -204,12 +204,12 @@ async def test_sends_held_when_the_topic_is_unloaded_are_answered_and_not_kept(
 
 # ------------------------------------------------------------------ model-based: the send path
 #
-# The real ``BrokerService.on_send`` (de-duplication, fencing, producer_request_hold) and
-# the client's real ``ProducerLink`` (attach, resend, receipts), over a model of the
-# network (answers in order per connection, lost with the connection) and of the ledger
-# (stores in order, fails a suffix, refuses while unwritable, closes with some of what was
-# pending stored but answered with an error), and of a topic unloaded (or its broker
-# killed) and loaded again from the de-duplication snapshot plus a replay of the log.
+# The real ``NativeProtocol.on_send`` over the core (de-duplication, fencing, producer_request_hold)
+# and the client's real ``ProducerLink`` (attach, resend, receipts), over a model of the network
+# (answers in order per connection, lost with the connection) and of the ledger (stores in order,
+# fails a suffix, refuses while unwritable, closes with some of what was pending stored but answered
+# with an error), and of a topic unloaded (or its broker killed) and loaded again from the
+# de-duplication snapshot plus a replay of the log.
 
 
 class _Policies:
@@ -268,6 +268,10 @@ class _ModelTopic:
         self.closed = False
         self.confirmed = -1  # index in the log of the last entry confirmed here
 
+    @property
+    def holding(self) -> bool:
+        return bool(self._held)
+
     def backlog_bytes(self) -> int:
         return 10_000 if self.model.over_quota else 0
 
@@ -304,10 +308,11 @@ class _ModelTopic:
 class SendPathModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
+        from pigeon.broker._native import NativeProtocol
         from pigeon.broker._service import BrokerService
 
         self.svc = BrokerService.__new__(BrokerService)
-        self.svc._conns = {}
+        self.door = NativeProtocol(self.svc)
         self.svc.policies = _Policies()
         self.svc.policies.value.backlog_quota_bytes = 1000
         self.svc.policies.value.backlog_quota_policy = "producer_request_hold"
@@ -344,7 +349,7 @@ class SendPathModel(RuleBasedStateMachine):
         rid = next(self.request_ids)
         self.requests[rid] = (epoch, batch)
         try:
-            self.svc.on_send(self.conn, _Req(rid, self.producer_id, batch))
+            self.door.on_send(self.conn, _Req(rid, self.producer_id, batch))
         except PigeonError as exc:  # Connection._handle answers it
             self.conn.respond_error(rid, exc)
 
@@ -381,18 +386,19 @@ class SendPathModel(RuleBasedStateMachine):
     @precondition(lambda self: self.link.state.value == "detached")
     @rule()
     def attach(self) -> None:
-        from pigeon.broker._service import Producer, _ConnState
+        from pigeon.broker._native import _ConnState
+        from pigeon.broker._topic import Producer
 
         epoch = self.link.begin_attach()
         if self.conn is None or self.conn.closed:
             self.conn = _Conn()
-            self.svc._conns[self.conn] = _ConnState()
+            self.door.conns[self.conn] = _ConnState()
         if self.topic.closed:
             self.link.attach_failed(epoch)
             return
         producer = Producer(self.conn, self.producer_id, "p", self.topic)  # type: ignore[arg-type]
         self.topic.producers["p"] = producer
-        self.svc._conns[self.conn].producers[self.producer_id] = producer
+        self.door.conns[self.conn].producers[self.producer_id] = producer
         for batch in self.link.attach_succeeded(epoch) or ():
             self._send(batch, epoch)
 
@@ -409,7 +415,7 @@ class SendPathModel(RuleBasedStateMachine):
         assert self.conn is not None
         self.conn.closed = True
         self.conn.outbox.clear()
-        self.svc.connection_closed(self.conn)  # type: ignore[arg-type]
+        self.door.connection_closed(self.conn)  # type: ignore[arg-type]
         self.link.detach(self.link.epoch)
 
     # ------------------------------------------------------------------ broker rules

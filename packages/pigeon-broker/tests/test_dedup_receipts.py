@@ -94,7 +94,7 @@ async def test_a_duplicate_whose_original_is_slow_to_find_is_refused_then_named(
     holding back every later send of the producer (the client completes in order), and
     rather than answered without the position it has (the 10-minute runs answered about
     a thousand so).  The search goes on, and the resend is named."""
-    from pigeon.broker._service import DEDUP_LOOKUP_WAIT_S
+    from pigeon.broker._publish import DEDUP_LOOKUP_WAIT_S
     from pigeon.core.errors import ServiceUnavailable
 
     service = pigeon_standalone.service

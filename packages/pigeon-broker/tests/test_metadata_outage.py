@@ -95,7 +95,7 @@ async def test_load_manager_requests_watch_survives_a_metadata_outage(
     requests watch of the load manager)."""
     from types import SimpleNamespace
 
-    from pigeon.broker import _admin_ops
+    from pigeon.broker import _lifecycle
     from pigeon.broker._loadmanager import LoadManager
     from pigeon.core.paths import UNLOAD_REQUESTS_PATH
 
@@ -109,7 +109,7 @@ async def test_load_manager_requests_watch_survives_a_metadata_outage(
         unloaded.append(f"{namespace}/{bundle}")
         return []
 
-    monkeypatch.setattr(_admin_ops, "unload_bundle", unload_bundle)
+    monkeypatch.setattr(_lifecycle, "unload_bundle", unload_bundle)
     service = SimpleNamespace(store=store, ownership=SimpleNamespace(address=address), config=None)
     manager = LoadManager(service)
     async with trio.open_nursery() as nursery:

@@ -118,7 +118,7 @@ async def test_batches_sent_while_reattaching_do_not_overtake_the_waiting_ones(
     batches meanwhile, they were stored first, and the older waiting batches, resent after
     the answer, were answered ``duplicate`` (lost)."""
     service = pigeon_standalone.service
-    real = service._create_producer
+    real = service.native._create_producer
     attaches = [0]
 
     async def slow_answer(conn: Any, request_id: int, *args: Any) -> None:
@@ -144,7 +144,7 @@ async def test_batches_sent_while_reattaching_do_not_overtake_the_waiting_ones(
         finally:
             del conn.respond
 
-    monkeypatch.setattr(service, "_create_producer", slow_answer)
+    monkeypatch.setattr(service.native, "_create_producer", slow_answer)
     acked: list[int] = []
     async with Client(pigeon_standalone.url) as client:
         producer = await client.create_producer("overtake", batching_max_messages=1)
@@ -202,7 +202,8 @@ _TRANSIENT = [
 
 
 def _fail_first(monkeypatch: pytest.MonkeyPatch, service: Any, name: str, error: Exception):
-    """Make ``service.<name>`` (an async handler) raise ``error`` the next 3 times."""
+    """Make ``service.<name>`` (an async handler of the native front door) raise
+    ``error`` the next 3 times."""
     real = getattr(service, name)
     left = [3]
 
@@ -224,7 +225,7 @@ async def test_producer_reattach_failures_are_retried(
     async with Client(pigeon_standalone.url) as client:
         producer = await client.create_producer("p-retry", batching_max_messages=1)
         await producer.send(b"before")
-        left = _fail_first(monkeypatch, service, "_create_producer", error)
+        left = _fail_first(monkeypatch, service.native, "_create_producer", error)
         await unload(service, "p-retry")
         with trio.fail_after(20):
             ids = [await producer.send(f"after-{i}".encode()) for i in range(3)]
@@ -254,7 +255,7 @@ async def test_consumer_resubscribes_after_failed_subscribes(
         first = await consumer.receive(timeout=5)
         assert first.value == b"before"
         await consumer.acknowledge(first)
-        left = _fail_first(monkeypatch, service, "_subscribe", error)
+        left = _fail_first(monkeypatch, service.native, "_subscribe", error)
         await unload(service, "c-retry")
         await producer.send(b"after")
         # (b"before" may come again: its acknowledgement may not have reached the broker)
@@ -276,7 +277,7 @@ async def test_exclusive_consumer_resubscribes_after_subscribes_that_timed_out(
     async with Client(pigeon_standalone.url, operation_timeout=2.0) as client:
         consumer = await client.subscribe("c-slow", "s", initial_position="earliest")
         producer = await client.create_producer("c-slow", batching_max_messages=1)
-        real = service._subscribe
+        real = service.native._subscribe
         delays = [3.0, 1.5]  # both answered after the client's operation timeout
 
         async def late(*args: Any, **kwargs: Any) -> Any:
@@ -284,7 +285,7 @@ async def test_exclusive_consumer_resubscribes_after_subscribes_that_timed_out(
                 await trio.sleep(delays.pop(0))
             return await real(*args, **kwargs)
 
-        monkeypatch.setattr(service, "_subscribe", late)
+        monkeypatch.setattr(service.native, "_subscribe", late)
         await unload(service, "c-slow")
         await producer.send(b"after")
         assert await receive_until(consumer, b"after")

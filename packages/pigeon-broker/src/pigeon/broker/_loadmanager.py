@@ -33,6 +33,7 @@ from typing import Any
 
 import trio
 
+from pigeon.broker import _lifecycle
 from pigeon.broker._watch import watch_forever
 from pigeon.core.errors import NoSuchNode, PigeonError
 from pigeon.core.metadata import EventType, lead_forever
@@ -247,8 +248,7 @@ class LoadManager:
     async def _serve_requests(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        from pigeon.broker._admin_ops import unload_bundle
-
+        unload_bundle = _lifecycle.unload_bundle
         path = f"{UNLOAD_REQUESTS_PATH}/{self.address}"
 
         async def watching(_first: bool) -> None:  # requests made while not watching

@@ -173,7 +173,8 @@ class _Collector:
     def collect(self) -> Iterator[Metric]:
         service = self.monitor.service
         monitor = self.monitor
-        topics = list(service.topics.items())
+        # storage metrics read a persistent topic's ledger
+        topics: list[tuple[str, Any]] = list(service.topics.items())
 
         def gauge(name: str, doc: str, labels: list[str] | None = None) -> GaugeMetricFamily:
             return GaugeMetricFamily(name, doc, labels=labels)
@@ -182,7 +183,7 @@ class _Collector:
             return CounterMetricFamily(name, doc, labels=labels)
 
         yield GaugeMetricFamily(
-            "pigeon_broker_connections", "Open client connections.", value=len(service._conns)
+            "pigeon_broker_connections", "Open client connections.", value=service.connections
         )
         yield GaugeMetricFamily(
             "pigeon_broker_topics", "Topics loaded on this broker.", value=len(topics)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from pigeon.broker._dedup import Deduplication
@@ -19,6 +20,9 @@ from pigeon.core.batch import pack_entry_header
 from pigeon.core.errors import ConsumerBusy, NotSupported, PigeonError, SubscriptionBusy
 
 if TYPE_CHECKING:
+    from pigeon.broker._dedup import Receipt
+    from pigeon.broker._ledger import Position
+    from pigeon.broker._policies import NamespacePolicies
     from pigeon.broker._subscription import Consumer
     from pigeon.core.runtime import WallClock
 
@@ -43,6 +47,8 @@ class NonPersistentSubscription:
         self.msgs_out = 0
         self.bytes_out = 0
         self.dropped = 0
+        #: entries handed out and not acknowledged: none, nothing is acknowledged here
+        self.pending: dict[Any, Any] = {}
 
     def add_consumer(self, consumer: Consumer, sub_type: str) -> None:
         if sub_type != self.type:
@@ -160,6 +166,47 @@ class NonPersistentTopic:
 
     def confirm_sequence(self, segment_id: int, entry_id: int) -> None:
         return None
+
+    # Nothing is stored: no backlog to hold sends for, no log to search or maintain.
+    @property
+    def holding(self) -> bool:
+        return False
+
+    def backlog_bytes(self) -> int:
+        return 0
+
+    def hold(self, send: Any) -> None:
+        send()
+
+    def may_find_original(self, name: str, first: int) -> bool:
+        return False
+
+    async def original_receipt(self, name: str, first: int, count: int) -> Receipt | None:
+        return None
+
+    async def maintain(self, policies: NamespacePolicies) -> None:
+        return None
+
+    async def snapshot_dedup(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    def seek(
+        self,
+        sub: Any,
+        *,
+        offset: int | None = None,
+        timestamp: int | None = None,
+        position: tuple[Position, int] | None = None,
+    ) -> Awaitable[None]:
+        raise NotSupported("seek is not supported on non-persistent topics")
+
+    def last_message_id(self, sub: Any) -> tuple[Position, int, int]:
+        """No position (nothing is stored); the last offset, and everything before the
+        next one counts as consumed."""
+        return (-1, -1), self.next_offset - 1, self.next_offset
 
     async def subscription(
         self, name: str, sub_type: str, initial_position: str, *, durable: bool, start_offset: int

@@ -1,9 +1,11 @@
-"""The broker: serves producers and consumers over the PigeonMQ protocol.
+"""The broker core: the topic registry, lookups and the API the front doors call.
 
-Request handlers are synchronous (see :mod:`pigeon.core._rpc`); anything that waits —
-opening a topic, persisting a cursor — runs as a task in the connection's nursery.
-Produce requests never wait in a task: ``on_send`` appends to the managed ledger at once,
-so the order of requests on a connection is the order in the log.
+:class:`BrokerService` owns the loaded topics and knows no wire protocol: the native
+protocol's front door (:mod:`pigeon.broker._native`) and the admin API
+(:mod:`pigeon.broker._admin`) translate requests into its calls — create a producer,
+send, subscribe, ack, redeliver, seek, unsubscribe, close, lookup, stats.  Lifecycle
+operations (unload, delete, detach) are in :mod:`pigeon.broker._lifecycle`, publishing in
+:mod:`pigeon.broker._publish`, a topic's own state in :mod:`pigeon.broker._topic`.
 """
 
 from __future__ import annotations
@@ -12,540 +14,48 @@ import contextlib
 import itertools
 import json
 import logging
-from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
 
 from pigeon.broker._auditor import Auditor
 from pigeon.broker._config import BrokerConfig
-from pigeon.broker._cursor import CursorState
-from pigeon.broker._dedup import Decision, Deduplication, Receipt
-from pigeon.broker._ledger import Entry, LedgerConfig, ManagedLedger, Position
+from pigeon.broker._ledger import LedgerConfig, ManagedLedger, Position
+from pigeon.broker._lifecycle import close_all_topics, drop_all_topics, unload_topic
 from pigeon.broker._loadmanager import LoadManager
-from pigeon.broker._nonpersistent import NonPersistentSubscription, NonPersistentTopic
+from pigeon.broker._native import NativeProtocol
+from pigeon.broker._nonpersistent import NonPersistentTopic
 from pigeon.broker._ownership import Ownership
-from pigeon.broker._policies import NamespacePolicies, PolicyStore
-from pigeon.broker._subscription import Consumer, Subscription
+from pigeon.broker._policies import PolicyStore
+from pigeon.broker._publish import Reply, fence_producer, publish
+from pigeon.broker._subscription import Consumer
+from pigeon.broker._topic import Producer, Topic, TopicProtocol, drop_reader
 from pigeon.core import TopicName
-from pigeon.core.batch import ENTRY_HEADER_SIZE, read_header
 from pigeon.core.codecs import GZIP, NONE, CodecSet
 from pigeon.core.errors import (
-    CorruptEntry,
-    InternalError,
     InvalidArgument,
-    MessageTooLarge,
     NoSuchNode,
     NotOwner,
-    NotSupported,
     PigeonError,
-    ProducerBlocked,
     ProducerBusy,
-    ServiceUnavailable,
     TopicExists,
     TopicNotFound,
 )
 from pigeon.core.paths import (
     LEDGERS_PATH,
     PARTITIONED_TOPICS_PATH,
-    cursor_path,
-    dedup_path,
     ledger_path,
     partitioned_topic_path,
-    segment_path,
 )
-from pigeon.core.rpc import BrokerFrame, Connection, Request, serve_tcp
+from pigeon.core.rpc import BrokerFrame, serve_tcp
 from pigeon.core.runtime import WallClock
 
 __all__ = ["BrokerService"]
 
 log = logging.getLogger(__name__)
 
-DEDUP_SNAPSHOT_ENTRIES = 100
-DEDUP_SNAPSHOT_SECONDS = 1.0
-#: how much of a topic's log may be read to name the original of a duplicate
-DEDUP_LOOKUP_MAX_BYTES = 256 << 20
-#: entries read at a time, backwards, to name the original of a duplicate
-DEDUP_LOOKUP_CHUNK = 256
-#: how long a duplicate's answer waits for its original to be named before it is
-#: refused (retriable): the client completes its sends in order, so every later send of
-#: the producer waits too
-DEDUP_LOOKUP_WAIT_S = 2.0
 MAX_PARTITIONS = 4096
-
-_SUB_TYPES = {
-    "exclusive": "exclusive",
-    "shared": "shared",
-    "failover": "failover",
-    "keyShared": "keyShared",
-}
-
-
-@dataclass(eq=False)
-class Producer:
-    conn: Connection
-    producer_id: int
-    name: str
-    topic: Topic
-    ready: bool = True
-    fenced: bool = False  # a send was not stored: refuse sends until it re-attaches
-
-
-class Topic:
-    """A persistent topic partition owned by this broker."""
-
-    def __init__(self, name: TopicName, ledger: ManagedLedger, service: BrokerService) -> None:
-        self.name = name
-        self.ledger = ledger
-        self.service = service
-        self.producers: dict[str, Producer] = {}
-        self.subscriptions: dict[str, Subscription] = {}
-        # De-duplication (pushed vs persisted sequence ids per producer name), its
-        # persisted part snapshotted to the metadata store and, after a crash or a
-        # move, completed by replaying the entries after the snapshot.
-        self.dedup = Deduplication()
-        self.dedup_path = dedup_path(name)
-        self._dedup_position: tuple[int, int] = (-1, -1)  # (segment id, entry id) covered
-        #: the dedup state remembers where the entries from here on are; the log before
-        #: it is read (backwards, once) only to name the original of a duplicate
-        self._dedup_indexed_from: tuple[int, int] | None = None
-        self._dedup_lookup_bytes = 0
-        self._dedup_searching = False  #: a search of the log for originals is running
-        self._dedup_waiters = 0  #: sends waiting for it
-        self._dedup_searched = trio.Event()  #: set (and replaced) after each chunk read
-        self._dedup_unsaved = 0
-        self._dedup_saving = False
-        self._dedup_saved_at = 0.0
-        self._held: list[Any] = []
-        self._opening_subs: dict[str, trio.Event] = {}
-        #: set when the topic is unloaded or deleted here: nothing may attach to it then
-        self.unloaded = False
-
-    persistent = True
-
-    # ------------------------------------------------------------------ policies
-
-    def backlog_bytes(self) -> int:
-        """Unacknowledged bytes of the slowest durable subscription (by segment sizes)."""
-        subs = [s for s in self.subscriptions.values() if s.durable]
-        if not subs:
-            return 0
-        return self.ledger.bytes_after(min(s.cursor.mark_delete for s in subs))
-
-    def hold(self, send: Any) -> None:
-        """producer_request_hold: keep the send (in order) until the backlog shrinks."""
-        self._held.append(send)
-        if len(self._held) == 1:
-            self.service.nursery.start_soon(self._release_held)
-
-    async def _release_held(self) -> None:
-        while self._held:
-            policies = self.service.policies.cached(self.name.namespace_name)
-            if (
-                self.ledger.closed  # unloaded: the sends fail (retriably), nothing waits on
-                or policies.backlog_quota_bytes < 0
-                or self.backlog_bytes() <= policies.backlog_quota_bytes
-            ):
-                held, self._held = self._held, []
-                for send in held:
-                    send()
-                return
-            await trio.sleep(0.05)
-
-    async def maintain(self, policies: NamespacePolicies) -> None:
-        now = self.service.clock.now_ms()
-        subs = [s for s in self.subscriptions.values() if s.durable]
-        if policies.message_ttl_s > 0 and subs:
-            pos = await self.ledger.position_for_time(now - int(policies.message_ttl_s * 1000))
-            npos = self.ledger.normalize(pos)
-            try:
-                cutoff = (
-                    (await self.ledger.read_one(npos)).first_offset
-                    if npos
-                    else self.ledger.next_offset
-                )
-            except CorruptEntry:  # on no replica intact: expire up to what follows it
-                assert npos is not None
-                cutoff = (await self.ledger.skip_damaged(npos)).end_offset
-            for sub in subs:
-                if sub.cursor.mark_delete < cutoff:
-                    log.info(
-                        "message ttl expired topic=%s sub=%s up_to=%s", self.name, sub.name, cutoff
-                    )
-                    sub.expire_before(cutoff)
-        if (
-            policies.backlog_quota_bytes >= 0
-            and policies.backlog_quota_policy == "consumer_backlog_eviction"
-            and subs
-        ):
-            keep_from = self.ledger.offset_keeping_bytes(policies.backlog_quota_bytes)
-            for sub in subs:
-                if sub.cursor.mark_delete < keep_from:
-                    log.info(
-                        "backlog evicted topic=%s sub=%s up_to=%s", self.name, sub.name, keep_from
-                    )
-                    sub.expire_before(keep_from)
-        # Without a durable subscription nothing counts as consumed: a topic nobody
-        # subscribed to keeps its data (readers and late subscribers can still read it).
-        consumed = min((s.cursor.mark_delete for s in subs), default=self.ledger.first_offset)
-        trimmed = await self.ledger.trim(
-            consumed, policies.retention_time_s, policies.retention_size_mb, now
-        )
-        for seg_id in trimmed:
-            try:
-                await self.service.store.delete(segment_path(seg_id))
-            except PigeonError:
-                pass
-            for address in self.ledger.last_trimmed_ensembles.get(seg_id, []):
-                try:
-                    await self.service.policy.client.delete_segment(address, seg_id)
-                except (PigeonError, OSError) as exc:
-                    log.info(
-                        "bookie delete deferred to GC segment=%s bookie=%s error=%s",
-                        seg_id,
-                        address,
-                        exc,
-                    )
-
-    def append(
-        self, payload: bytes | memoryview, n: int, callback: Any, *, deliver_at: int = 0
-    ) -> None:
-        self.ledger.append_nowait(payload, n, callback, deliver_at=deliver_at)
-
-    def corrupt_entry_policy(self) -> str:
-        """The corrupt-entry policy ("skip" or "fail"): the namespace's, else the broker's."""
-        policy = self.service.policies.cached(self.name.namespace_name).corrupt_entry_policy
-        return policy or self.service.config.corrupt_entry_policy
-
-    async def recover_dedup(self) -> None:
-        stat = await self.service.store.get(self.dedup_path)
-        start = self.ledger.start_position()
-        if stat is not None:
-            doc = json.loads(stat.value)
-            self.dedup.restore({k: int(v) for k, v in doc.get("producers", {}).items()})
-            seg_id, entry_id = doc.get("position", [-1, -1])
-            if seg_id >= 0:
-                start = (seg_id, entry_id + 1)
-        self._dedup_indexed_from = start
-        pos: tuple[int, int] | None = start
-        replayed = 0
-        while pos is not None:
-            try:
-                entries = await self.ledger.read(pos, max_entries=256)
-            except CorruptEntry:
-                # on no replica intact: its sequence ids are unknown (a resend of those
-                # messages is stored again, not dropped as a duplicate)
-                pos = (await self.ledger.skip_damaged(pos)).next
-                continue
-            if not entries:
-                break
-            self.dedup.replay(self._dedup_records(entries))
-            self._dedup_position = (entries[-1].segment_id, entries[-1].entry_id)
-            replayed += len(entries)
-            pos = self.ledger.next_position(entries[-1].position)
-        if replayed:
-            log.info("dedup state recovered topic=%s replayed_entries=%s", self.name, replayed)
-            await self.snapshot_dedup()
-
-    @staticmethod
-    def _dedup_records(entries: list[Entry]) -> list[tuple[str, int, int, Receipt]]:
-        out = []
-        for entry in entries:
-            header = read_header(memoryview(entry.data)[ENTRY_HEADER_SIZE:])
-            out.append(
-                (
-                    header.producer_name,
-                    header.sequence_id,
-                    header.num_messages,
-                    (entry.segment_id, entry.entry_id, entry.first_offset),
-                )
-            )
-        return out
-
-    def may_find_original(self, name: str, first: int) -> bool:
-        """Could :meth:`original_receipt` name a duplicate the dedup state does not?"""
-        return (
-            self._dedup_indexed_from is not None
-            and self._dedup_lookup_bytes < DEDUP_LOOKUP_MAX_BYTES
-            and not self.dedup.remembers_before(name, first)
-        )
-
-    async def original_receipt(self, name: str, first: int, count: int) -> Receipt | None:
-        """The position of a stored batch the dedup state does not remember (stored
-        before the snapshot this broker recovered from).  None when it cannot be named
-        (the log was trimmed, or the batch was stored under other sequence boundaries).
-
-        A background search reads the log backwards from where the recovery began,
-        :data:`DEDUP_LOOKUP_CHUNK` entries at a time, at most
-        :data:`DEDUP_LOOKUP_MAX_BYTES` per topic, for as long as anyone waits; a caller
-        that stops waiting (``on_send`` waits DEDUP_LOOKUP_WAIT_S) does not cancel the
-        chunk being read, so the resend that follows finds what it read."""
-        dedup = self.dedup
-        self._dedup_waiters += 1
-        try:
-            while True:
-                receipt = dedup.receipt(name, first, count)
-                if receipt is not None or not self.may_find_original(name, first):
-                    return receipt
-                searched = self._dedup_searched
-                if not self._dedup_searching:
-                    self._dedup_searching = True
-                    self.service.nursery.start_soon(self._search_log_backwards)
-                await searched.wait()
-        finally:
-            self._dedup_waiters -= 1
-
-    def _wake_dedup_waiters(self) -> None:
-        self._dedup_searched.set()
-        self._dedup_searched = trio.Event()
-
-    async def _search_log_backwards(self) -> None:
-        try:
-            while (
-                self._dedup_waiters > 0
-                and not self.unloaded
-                and self._dedup_indexed_from is not None
-                and self._dedup_lookup_bytes < DEDUP_LOOKUP_MAX_BYTES
-            ):
-                end = self._dedup_indexed_from
-                index = self.ledger.segment_index_before(end)
-                if index is None:
-                    self._dedup_indexed_from = None
-                    break
-                seg = self.ledger.segments[index]
-                stop = seg.last_entry_id + 1 if end[0] != seg.id else end[1]
-                start = max(0, stop - DEDUP_LOOKUP_CHUNK)
-                try:
-                    entries = await self._read_span(seg.id, start, stop)
-                except PigeonError as exc:
-                    log.info(
-                        "reading the log for originals of duplicates failed topic=%s error=%s",
-                        self.name,
-                        exc,
-                    )
-                    await trio.sleep(0.5)
-                    continue
-                self._dedup_lookup_bytes += sum(len(e.data) for e in entries)
-                self.dedup.remember_older(self._dedup_records(entries))
-                self._dedup_indexed_from = (seg.id, start)
-                self._wake_dedup_waiters()
-        finally:
-            self._dedup_searching = False
-            self._wake_dedup_waiters()
-
-    async def _read_span(self, segment_id: int, start: int, stop: int) -> list[Entry]:
-        """Entries ``start..stop-1`` of a segment (those no replica holds intact left
-        out)."""
-        out: list[Entry] = []
-        pos: Position = (segment_id, start)
-        while pos[1] < stop:
-            try:
-                entries = await self.ledger.read(pos, max_entries=stop - pos[1])
-            except CorruptEntry:
-                pos = (await self.ledger.skip_damaged(pos)).next
-                if pos[0] != segment_id:
-                    break
-                continue
-            entries = [e for e in entries if e.entry_id < stop]
-            if not entries:
-                break
-            out.extend(entries)
-            pos = (segment_id, entries[-1].entry_id + 1)
-        return out
-
-    def confirm_sequence(self, segment_id: int, entry_id: int) -> None:
-        """An entry is stored: the snapshot covers the log up to it."""
-        self._dedup_position = (segment_id, entry_id)
-        self._dedup_unsaved += 1
-        if not self._dedup_saving and (
-            self._dedup_unsaved >= DEDUP_SNAPSHOT_ENTRIES
-            or trio.current_time() - self._dedup_saved_at >= DEDUP_SNAPSHOT_SECONDS
-        ):
-            self._dedup_saving = True
-            self.service.nursery.start_soon(self.snapshot_dedup)
-
-    async def snapshot_dedup(self) -> None:
-        try:
-            self._dedup_unsaved = 0
-            self._dedup_saved_at = trio.current_time()
-            doc = json.dumps(
-                {"producers": self.dedup.persisted_map(), "position": list(self._dedup_position)}
-            ).encode()
-            store = self.service.store
-            try:
-                await store.set(self.dedup_path, doc)
-            except NoSuchNode:
-                await store.create(self.dedup_path, doc)
-        except PigeonError as exc:
-            log.warning("dedup snapshot failed topic=%s error=%s", self.name, exc)
-        finally:
-            self._dedup_saving = False
-
-    async def subscription(
-        self, name: str, sub_type: str, initial_position: str, *, durable: bool, start_offset: int
-    ) -> Subscription:
-        """The subscription ``name``, opened on first use (its cursor loaded or started).
-
-        Opening is single-flight: a caller arriving while another opens the same name
-        waits for it and gets the same object, so one cursor never has two dispatchers.
-        Raises NotOwner once the topic was unloaded (the caller looks it up again).
-        """
-        while True:
-            self._check_loaded()
-            sub = self.subscriptions.get(name)
-            if sub is not None:
-                return sub
-            opening = self._opening_subs.get(name)
-            if opening is None:
-                break
-            await opening.wait()
-        done = self._opening_subs[name] = trio.Event()
-        try:
-            return await self._open_subscription(
-                name, sub_type, initial_position, durable=durable, start_offset=start_offset
-            )
-        finally:
-            del self._opening_subs[name]
-            done.set()
-
-    def _check_loaded(self) -> None:
-        if self.unloaded:
-            raise NotOwner(f"{self.name} was unloaded here; look it up again")
-
-    async def _open_subscription(
-        self, name: str, sub_type: str, initial_position: str, *, durable: bool, start_offset: int
-    ) -> Subscription:
-        store = self.service.store
-        cursor: CursorState | None = None
-        path = cursor_path(self.name, name)
-        if durable:
-            stat = await store.get(path)
-            if stat is not None:
-                cursor = CursorState.from_json(stat.value)
-        created = cursor is None
-        if cursor is None:
-            if start_offset >= 0:
-                start = max(start_offset, self.ledger.first_offset)
-            elif initial_position == "earliest":
-                start = self.ledger.first_offset
-            else:
-                start = self.ledger.next_offset
-            cursor = CursorState(start)
-        sub = Subscription(
-            name,
-            sub_type,
-            self.ledger,
-            cursor,
-            durable=durable,
-            store=store,
-            persist_interval=self.service.config.cursor_persist_interval_ms / 1000,
-            clock=self.service.clock,
-            codecs=self.service.codecs,
-            corrupt_entry_policy=self.corrupt_entry_policy,
-        )
-        sub.read_position = await self.ledger.position_for_offset(cursor.mark_delete)
-        self._check_loaded()  # an unload meanwhile has closed every subscription it saw
-        self.subscriptions[name] = sub
-        self.service.nursery.start_soon(self._run_subscription, sub)
-        if created and durable:
-            sub._dirty = True
-            await sub.persist()
-        return sub
-
-    async def _run_subscription(self, sub: Subscription) -> None:
-        try:
-            await sub.run()
-        except Exception as exc:  # one subscription failing must not take the broker down
-            if isinstance(exc, PigeonError):
-                # e.g. bookies away: the consumers re-subscribe and go on from the cursor
-                log.warning(
-                    "subscription stopped topic=%s sub=%s error=%s", self.name, sub.name, exc
-                )
-            else:
-                log.exception("subscription failed topic=%s sub=%s", self.name, sub.name)
-            sub.closed = True
-            for consumer in list(sub.consumers):
-                with contextlib.suppress(PigeonError):
-                    consumer.conn.send_nowait(
-                        "closedByBroker",
-                        {
-                            "consumerId": consumer.consumer_id,
-                            "isProducer": False,
-                            "reason": str(exc),
-                        },
-                    )
-        finally:
-            if self.subscriptions.get(sub.name) is sub and sub.closed:
-                del self.subscriptions[sub.name]
-
-    def stats(self) -> dict[str, Any]:
-        return {
-            "topic": self.name.full,
-            "msgs_in": self.ledger.msgs_in,
-            "bytes_in": self.ledger.bytes_in,
-            "next_offset": self.ledger.next_offset,
-            "segments": len(self.ledger.segments),
-            "storage_size": sum(s.size for s in self.ledger.segments),
-            "producers": len(self.producers),
-            "subscriptions": {
-                name: {
-                    "type": sub.type,
-                    "consumers": len(sub.consumers),
-                    "backlog": sub.backlog(),
-                    "msgs_out": sub.msgs_out,
-                    "bytes_out": sub.bytes_out,
-                    "mark_delete_offset": sub.cursor.mark_delete,
-                }
-                for name, sub in self.subscriptions.items()
-            },
-        }
-
-
-def _drop_reader(topic: Any, sub: Any) -> None:
-    """A non-durable cursor (a reader's) lives only as long as its last consumer."""
-    if sub.durable or sub.consumers or topic.subscriptions.get(sub.name) is not sub:
-        return
-    sub.closed = True
-    if isinstance(sub, Subscription):
-        sub.wake()
-    del topic.subscriptions[sub.name]
-
-
-async def _bounded(seconds: float, fn: Callable[[], Awaitable[Any]]) -> None:
-    with trio.move_on_after(seconds):
-        await fn()
-
-
-@dataclass(eq=False)
-class _ConnState:
-    producers: dict[int, Producer] = field(default_factory=dict)
-    consumers: dict[int, tuple[Consumer, Subscription, Topic]] = field(default_factory=dict)
-    #: request ids of createProducer / subscribe still in progress, by (kind, id)
-    opening: dict[tuple[str, int], set[int]] = field(default_factory=dict)
-    #: of those, the ones whose producer or consumer the client closed meanwhile (it
-    #: gave up waiting): they must not add it when they finish
-    abandoned: set[int] = field(default_factory=set)
-
-    @contextlib.contextmanager
-    def open_request(self, kind: str, ident: int, request_id: int) -> Iterator[None]:
-        requests = self.opening.setdefault((kind, ident), set())
-        requests.add(request_id)
-        try:
-            yield
-        finally:
-            requests.discard(request_id)
-            if not requests:
-                del self.opening[(kind, ident)]
-            self.abandoned.discard(request_id)
-
-    def abandon(self, kind: str, ident: int) -> None:
-        """The client closed ``ident``: opens of it still in progress add nothing."""
-        self.abandoned.update(self.opening.get((kind, ident), ()))
-
-    def check_open(self, kind: str, ident: int, request_id: int) -> None:
-        if request_id in self.abandoned:
-            raise ServiceUnavailable(f"{kind} {ident} was closed by the client while opening")
 
 
 class BrokerService:
@@ -565,10 +75,11 @@ class BrokerService:
         self.store = store
         self.policy = policy
         self.bookies = bookies
-        #: Topic or NonPersistentTopic, branched on ``persistent``
-        self.topics: dict[str, Any] = {}
+        #: Topic or NonPersistentTopic (see TopicProtocol)
+        self.topics: dict[str, TopicProtocol] = {}
         self._opening: dict[str, trio.Event] = {}
-        self._conns: dict[Connection, _ConnState] = {}
+        #: the native protocol's front door (port 6650)
+        self.native = NativeProtocol(self)
         self.nursery: trio.Nursery = None  # type: ignore[assignment]
         self.address: tuple[str, int] | None = None
         self._names = itertools.count()
@@ -579,6 +90,11 @@ class BrokerService:
         self.ownership: Ownership = None  # type: ignore[assignment]  # set by run()
         self.auditor: Auditor | None = None
         self.load_manager: LoadManager | None = None
+
+    @property
+    def connections(self) -> int:
+        """Open client connections (of every front door)."""
+        return len(self.native.conns)
 
     @property
     def service_url(self) -> str:
@@ -596,7 +112,7 @@ class BrokerService:
                 nursery.start_soon(self._maintenance)
                 self.address = await nursery.start(
                     lambda task_status: serve_tcp(
-                        self,
+                        self.native,
                         BrokerFrame,
                         host=self.config.host,
                         port=self.config.port,
@@ -634,25 +150,13 @@ class BrokerService:
     def load_report(self) -> dict[str, Any]:
         return {
             "topics": len(self.topics),
-            "connections": len(self._conns),
-            "msgs_in": sum(
-                t.ledger.msgs_in if t.persistent else t.msgs_in for t in self.topics.values()
-            ),
+            "connections": self.connections,
+            "msgs_in": sum(t.msgs_in for t in self.topics.values()),
         }
 
     async def _ownership_lost(self) -> None:
         """The metadata session expired: another broker may own our bundles now."""
-        conns = list(self._conns)
-        for conn in conns:
-            conn.close()  # clients reconnect through a new lookup
-        topics, self.topics = self.topics, {}
-        # at once, and 5 s for all: the new session waits for this (it took 5 s per
-        # topic one after the other, so a broker with a few topics stayed away ~20 s)
-        with trio.move_on_after(5):
-            async with trio.open_nursery() as nursery:
-                for topic in topics.values():
-                    if topic.persistent:
-                        nursery.start_soon(topic.ledger.close)
+        await drop_all_topics(self)
 
     async def _maintenance(self) -> None:
         """Message TTL, backlog-quota eviction and retention, every maintenance interval."""
@@ -666,12 +170,8 @@ class BrokerService:
                 # loaded here while its bundle went elsewhere: its clients would wait
                 # on it forever; unloading sends them to the owner
                 log.warning("topic loaded without its bundle: unloading topic=%s", topic.name)
-                from pigeon.broker._admin_ops import unload_topic
-
                 with contextlib.suppress(PigeonError):
                     await unload_topic(self, topic.name)
-                continue
-            if not topic.persistent:
                 continue
             try:
                 await topic.maintain(self.policies.cached(topic.name.namespace_name))
@@ -689,18 +189,7 @@ class BrokerService:
 
     async def _close_topics(self) -> None:
         """Shutdown: every topic at once, each within 20 s."""
-
-        async def close(topic: Any) -> None:
-            async with trio.open_nursery() as nursery:
-                for sub in list(topic.subscriptions.values()):
-                    nursery.start_soon(_bounded, 5, sub.persist)
-            await _bounded(10, topic.ledger.close)
-            await _bounded(5, topic.snapshot_dedup)
-
-        async with trio.open_nursery() as nursery:
-            for topic in list(self.topics.values()):
-                if topic.persistent:
-                    nursery.start_soon(close, topic)
+        await close_all_topics(self)
 
     # ------------------------------------------------------------------ topics
 
@@ -765,8 +254,6 @@ class BrokerService:
     async def _drop_fenced(self, topic: Topic) -> None:
         """The topic's ledger was taken over by another broker: unload it here, so its
         clients look it up again and find the new owner."""
-        from pigeon.broker._admin_ops import unload_topic
-
         if self.topics.get(topic.name.full) is topic:
             with contextlib.suppress(PigeonError):
                 await unload_topic(self, topic.name)
@@ -783,46 +270,7 @@ class BrokerService:
             return None
         return (p.ensemble_size, p.write_quorum, p.ack_quorum)
 
-    # ------------------------------------------------------------------ connections
-
-    def connection_opened(self, conn: Connection) -> None:
-        self._conns[conn] = _ConnState()
-
-    def connection_closed(self, conn: Connection) -> None:
-        state = self._conns.pop(conn, None)
-        if state is None:
-            return
-        for producer in state.producers.values():
-            if producer.topic.producers.get(producer.name) is producer:
-                del producer.topic.producers[producer.name]
-        for consumer, sub, topic in state.consumers.values():
-            sub.remove_consumer(consumer)
-            _drop_reader(topic, sub)
-
-    def _state(self, conn: Connection) -> _ConnState:
-        state = self._conns.get(conn)
-        if state is None:
-            raise ServiceUnavailable("connection is closing")
-        return state
-
-    def _spawn(self, conn: Connection, request_id: int, fn: Any, *args: Any) -> None:
-        """Run ``fn`` in a task; its PigeonError becomes the request's error answer."""
-
-        async def runner() -> None:
-            try:
-                await fn(*args)
-            except PigeonError as exc:
-                conn.respond_error(request_id, exc)
-            except Exception as exc:
-                log.exception("request failed conn=%s", conn.name)
-                conn.respond_error(
-                    request_id, InternalError(f"internal error: {type(exc).__name__}: {exc}")
-                )
-
-        nursery = conn.nursery or self.nursery
-        nursery.start_soon(runner)
-
-    # ------------------------------------------------------------------ lookup
+    # ------------------------------------------------------------------ topics: the core API
 
     async def partitions_of(self, name: TopicName) -> int:
         """Partition count of a partitioned topic; 0 for a plain topic or a partition."""
@@ -833,19 +281,11 @@ class BrokerService:
             return 0
         return int(json.loads(stat.value)["partitions"])
 
-    def on_lookup(self, conn: Connection, req: Request) -> None:
-        name = TopicName.parse(str(req.body.topic))
-
-        async def lookup() -> None:
-            partitions = await self.partitions_of(name)
-            url = self.service_url if partitions else await self.ownership.lookup(name)
-            conn.respond(
-                req.request_id,
-                "lookupResult",
-                {"brokerUrl": url, "partitions": partitions, "topic": name.full},
-            )
-
-        self._spawn(conn, req.request_id, lookup)
+    async def lookup(self, name: TopicName) -> tuple[str, int]:
+        """(service URL of the broker that serves ``name``, its partition count)."""
+        partitions = await self.partitions_of(name)
+        url = self.service_url if partitions else await self.ownership.lookup(name)
+        return url, partitions
 
     async def create_topic(self, name: TopicName, partitions: int) -> None:
         """Create a topic; ``partitions > 0`` makes a partitioned one."""
@@ -861,16 +301,6 @@ class BrokerService:
             )
         else:
             await self.get_topic(name)
-
-    def on_createTopic(self, conn: Connection, req: Request) -> None:
-        name = TopicName.parse(str(req.body.topic))
-        partitions = req.body.partitions
-
-        async def create() -> None:
-            await self.create_topic(name, partitions)
-            conn.respond(req.request_id, "ok")
-
-        self._spawn(conn, req.request_id, create)
 
     async def list_topics(self, namespace: str) -> list[str]:
         tenant, _, ns = namespace.partition("/")
@@ -893,350 +323,87 @@ class BrokerService:
             or TopicName.parse(t).base.full not in partitioned
         )
 
-    def on_listTopics(self, conn: Connection, req: Request) -> None:
-        namespace = str(req.body.namespace)
+    # ------------------------------------------------------------------ producers: the core API
 
-        async def list_() -> None:
-            conn.respond(req.request_id, "topicList", {"topics": await self.list_topics(namespace)})
-
-        self._spawn(conn, req.request_id, list_)
-
-    # ------------------------------------------------------------------ producers
-
-    def on_createProducer(self, conn: Connection, req: Request) -> None:
-        name = TopicName.parse(str(req.body.topic))
-        producer_id = req.body.producerId
-        producer_name = str(req.body.producerName)
-        state = self._state(conn)
-        self._spawn(
-            conn,
-            req.request_id,
-            self._create_producer,
-            conn,
-            req.request_id,
-            state,
-            name,
-            producer_id,
-            producer_name,
-        )
-
-    async def _create_producer(
+    async def create_producer(
         self,
-        conn: Connection,
-        request_id: int,
-        state: _ConnState,
         name: TopicName,
-        producer_id: int,
         producer_name: str,
-    ) -> None:
-        with state.open_request("producer", producer_id, request_id):
-            await self._open_producer(conn, request_id, state, name, producer_id, producer_name)
+        *,
+        client: Any,
+        producer_id: int,
+        still_wanted: Callable[[], None],
+    ) -> Producer:
+        """Attach a producer (named here when ``producer_name`` is empty) to the topic.
 
-    async def _open_producer(
-        self,
-        conn: Connection,
-        request_id: int,
-        state: _ConnState,
-        name: TopicName,
-        producer_id: int,
-        producer_name: str,
-    ) -> None:
+        ``client`` is the front door's handle of the producer's client (a connection):
+        a name attached by another live client is ProducerBusy.  ``still_wanted`` is
+        called once the topic is open and raises if the client gave up meanwhile.
+        """
         topic = await self.get_topic(name)
-        state.check_open("producer", producer_id, request_id)
+        still_wanted()
         if not producer_name:
             port = self.address[1] if self.address else 0
             producer_name = (
-                f"{self.config.cluster_name}-{port}-{next(self._names)}-{id(conn) & 0xFFFF:x}"
+                f"{self.config.cluster_name}-{port}-{next(self._names)}-{id(client) & 0xFFFF:x}"
             )
         existing = topic.producers.get(producer_name)
-        if existing is not None and not existing.conn.closed and existing.conn is not conn:
+        if existing is not None and not existing.conn.closed and existing.conn is not client:
             raise ProducerBusy(f"producer {producer_name!r} is already connected to {name}")
-        producer = Producer(conn, producer_id, producer_name, topic)
+        producer = Producer(client, producer_id, producer_name, topic)
         topic.producers[producer_name] = producer
-        state.producers[producer_id] = producer
-        conn.respond(
-            request_id,
-            "producerCreated",
-            {
-                "producerName": producer_name,
-                "lastSequenceId": topic.dedup.pushed_sequence(producer_name),
-                "maxMessageSize": self.max_message_size(name),
-                "topic": name.full,
-            },
+        return producer
+
+    def send(
+        self,
+        producer: Producer,
+        payload: bytes | memoryview,
+        *,
+        num_messages: int,
+        sequence_id: int,
+        reply: Reply,
+        fence: Callable[[BaseException], None],
+        spawn: Callable[[Callable[[], Awaitable[None]]], None],
+    ) -> None:
+        """Store a batch (see :func:`pigeon.broker._publish.publish`)."""
+        publish(
+            self,
+            producer,
+            payload,
+            num_messages=num_messages,
+            sequence_id=sequence_id,
+            reply=reply,
+            fence=fence,
+            spawn=spawn,
         )
-
-    def on_send(self, conn: Connection, req: Request) -> None:
-        producer = self._state(conn).producers.get(req.body.producerId)
-        if producer is None:
-            raise InvalidArgument(f"unknown producer id {req.body.producerId}")
-        try:
-            self._send(conn, req, producer)
-        except PigeonError as exc:
-            # Refused here (too large, malformed, quota, ...): no later send of this
-            # producer may be stored before it re-attached, or a resend of this one
-            # (its answer lost with the connection) would be taken for a duplicate.
-            # The answer goes first, then the closedByBroker push.
-            conn.respond_error(req.request_id, exc)
-            self._fence_producer(conn, producer, exc)
-        except Exception as exc:
-            self._fence_producer(conn, producer, exc)
-            raise
-
-    def _send(self, conn: Connection, req: Request, producer: Producer) -> None:
-        body = req.body
-        payload = req.payload
-        policies = self.policies.cached(producer.topic.name.namespace_name)
-        limit = self.max_message_size(producer.topic.name)
-        if len(payload) > limit:
-            raise MessageTooLarge(f"batch of {len(payload)} bytes exceeds max_message_size {limit}")
-        header = read_header(payload)
-        n = body.numMessages
-        if header.num_messages != n or n == 0:
-            raise InvalidArgument(
-                f"send says {n} messages but its batch holds {header.num_messages}"
-            )
-        sequence_id = body.sequenceId
-        topic = producer.topic
-        if producer.fenced:
-            raise ServiceUnavailable(
-                f"producer {producer.name} lost a send and must re-attach before sending on"
-            )
-        dedup = topic.dedup
-        name = producer.name
-        request_id = req.request_id
-        producer_id = body.producerId
-
-        def answer(
-            receipt: Any, error: BaseException | None, duplicate: bool, why: str = ""
-        ) -> None:
-            if error is not None:
-                conn.respond_error(
-                    request_id,
-                    error if isinstance(error, PigeonError) else ServiceUnavailable(str(error)),
-                )
-                return
-            segment_id, entry_id, offset = receipt if receipt is not None else (-1, -1, -1)
-            fields = {
-                "producerId": producer_id,
-                "sequenceId": sequence_id,
-                "segmentId": segment_id,
-                "entryId": entry_id,
-                "firstOffset": offset,
-            }
-            if duplicate:
-                fields["duplicate"] = True
-                if receipt is None:
-                    log.info(
-                        "duplicate answered without its position topic=%s producer=%s"
-                        " sequence=%d count=%d why=%s",
-                        topic.name,
-                        name,
-                        sequence_id,
-                        n,
-                        why or "original not remembered",
-                    )
-            conn.respond(request_id, "sendReceipt", fields)
-
-        decision = dedup.check(name, sequence_id, n) if policies.deduplication else Decision.NEW
-        if decision is Decision.DUPLICATE:
-            receipt = dedup.receipt(name, sequence_id, n)
-            if receipt is None and topic.persistent and topic.may_find_original(name, sequence_id):
-                # stored before the state this broker recovered from: look it up (the
-                # client completes its sends in order whatever order answers come in)
-                async def look_up() -> None:
-                    found = None
-                    with trio.move_on_after(DEDUP_LOOKUP_WAIT_S) as scope:
-                        found = await topic.original_receipt(name, sequence_id, n)
-                    if scope.cancelled_caught:
-                        # not named yet (the log reads slowly): a retriable refusal, so
-                        # the client sends it again after re-attaching, while the search
-                        # goes on; never a receipt without the position it has
-                        log.info(
-                            "duplicate refused until its original is found topic=%s"
-                            " producer=%s sequence=%d",
-                            topic.name,
-                            name,
-                            sequence_id,
-                        )
-                        answer(
-                            None,
-                            ServiceUnavailable(
-                                f"the original of sequence {sequence_id} is still being"
-                                " looked for in the log; send it again"
-                            ),
-                            True,
-                        )
-                        return
-                    answer(found, None, True, "original not found in the log")
-
-                self._spawn(conn, request_id, look_up)
-                return
-            answer(receipt, None, True, "original not remembered, log not searched")
-            return
-        if decision is Decision.IN_FLIGHT:
-
-            def resent(receipt: Any, error: BaseException | None) -> None:
-                answer(receipt, error, True, "in-flight original batched differently")
-                if error is not None:
-                    # the original (sent on an earlier attachment) was not stored: this
-                    # attachment's later sends must not be stored before its resend
-                    self._fence_producer(conn, producer, error)
-
-            dedup.wait(name, sequence_id, n, resent)
-            return
-        if (
-            topic.persistent
-            and policies.backlog_quota_bytes >= 0
-            and policies.backlog_quota_policy == "producer_exception"
-            and topic.backlog_bytes() > policies.backlog_quota_bytes
-        ):
-            raise ProducerBlocked(
-                f"backlog of {topic.name} exceeds its quota of {policies.backlog_quota_bytes} bytes"
-            )
-
-        def done(result: Any, error: BaseException | None) -> None:
-            if error is not None:
-                dedup.failed(name, sequence_id, n, error, flight)
-                answer(None, error, False)
-                self._fence_producer(conn, producer, error)
-                return
-            dedup.persisted(name, sequence_id, n, result)
-            topic.confirm_sequence(result[0], result[1])
-            answer(result, None, False)
-
-        flight = dedup.pushed(name, sequence_id, n)
-        deliver_at = header.deliver_at
-        if topic.persistent and (
-            topic._held  # sends held earlier go first (a producer's order is the log's)
-            or (
-                policies.backlog_quota_bytes >= 0
-                and policies.backlog_quota_policy == "producer_request_hold"
-                and topic.backlog_bytes() > policies.backlog_quota_bytes
-            )
-        ):
-            payload_copy = bytes(payload)
-
-            def release() -> None:
-                if producer.fenced:
-                    # an earlier send of this producer failed meanwhile: storing this one
-                    # would make that one's resend look like a duplicate
-                    done(None, ServiceUnavailable(f"producer {name} must resend from a lost send"))
-                    return
-                self._append(topic, payload_copy, n, done, deliver_at)
-
-            topic.hold(release)
-            return
-        self._append(topic, payload, n, done, deliver_at)
 
     @staticmethod
-    def _append(topic: Any, payload: Any, n: int, done: Any, deliver_at: int) -> None:
-        """Append, turning a refusal (closed or unwritable ledger) into ``done``'s error."""
-        try:
-            topic.append(payload, n, done, deliver_at=deliver_at)
-        except PigeonError as exc:
-            done(None, exc)
+    def fence_producer(producer: Producer, error: BaseException) -> bool:
+        """Refuse the producer's sends until it re-attaches; False if it already was."""
+        return fence_producer(producer, error)
 
-    def _fence_producer(self, conn: Connection, producer: Producer, error: BaseException) -> None:
-        """A send of ``producer`` was not stored: refuse its later sends until it
-        re-attaches, so that it resends from the lost one on, in order."""
-        if producer.fenced:
-            return
-        producer.fenced = True
-        log.info(
-            "producer must re-attach topic=%s producer=%s error=%s",
-            producer.topic.name,
-            producer.name,
-            error,
-        )
-        if not conn.closed:
-            with contextlib.suppress(PigeonError):
-                conn.send_nowait(
-                    "closedByBroker",
-                    {
-                        "producerId": producer.producer_id,
-                        "isProducer": True,
-                        "reason": f"send not stored: {error}",
-                    },
-                )
-
-    def on_closeProducer(self, conn: Connection, req: Request) -> None:
-        state = self._state(conn)
-        state.abandon("producer", req.body.producerId)
-        producer = state.producers.pop(req.body.producerId, None)
-        if producer is not None and producer.topic.producers.get(producer.name) is producer:
+    @staticmethod
+    def close_producer(producer: Producer) -> None:
+        """Detach the producer from its topic (unless it re-attached meanwhile)."""
+        if producer.topic.producers.get(producer.name) is producer:
             del producer.topic.producers[producer.name]
-        conn.respond(req.request_id, "ok")
 
-    # ------------------------------------------------------------------ consumers
+    # ------------------------------------------------------------------ consumers: the core API
 
-    def on_subscribe(self, conn: Connection, req: Request) -> None:
-        b = req.body
-        name = TopicName.parse(str(b.topic))
-        sub_name = str(b.subscription)
-        if not sub_name:
-            raise InvalidArgument("subscription name must not be empty")
-        args = (
-            conn,
-            req.request_id,
-            self._state(conn),
-            name,
-            sub_name,
-            _SUB_TYPES[str(b.subType)],
-            str(b.initialPosition),
-            b.consumerId,
-            str(b.consumerName),
-            b.priority,
-            b.durable,
-            b.startOffset,
-        )
-        self._spawn(conn, req.request_id, self._subscribe, *args)
-
-    async def _subscribe(
+    async def subscribe(
         self,
-        conn: Connection,
-        request_id: int,
-        state: _ConnState,
         name: TopicName,
         sub_name: str,
         sub_type: str,
         initial_position: str,
-        consumer_id: int,
-        consumer_name: str,
-        priority: int,
+        *,
         durable: bool,
         start_offset: int,
-    ) -> None:
-        with state.open_request("consumer", consumer_id, request_id):
-            await self._open_consumer(
-                conn,
-                request_id,
-                state,
-                name,
-                sub_name,
-                sub_type,
-                initial_position,
-                consumer_id,
-                consumer_name,
-                priority,
-                durable,
-                start_offset,
-            )
-
-    async def _open_consumer(
-        self,
-        conn: Connection,
-        request_id: int,
-        state: _ConnState,
-        name: TopicName,
-        sub_name: str,
-        sub_type: str,
-        initial_position: str,
-        consumer_id: int,
-        consumer_name: str,
-        priority: int,
-        durable: bool,
-        start_offset: int,
-    ) -> None:
+        still_wanted: Callable[[], None],
+        consumer: Callable[[], Consumer],
+    ) -> tuple[Consumer, Any, Any]:
+        """Attach a consumer (built by ``consumer()``) to the subscription, opened on first
+        use; returns (consumer, subscription, topic)."""
         topic = await self.get_topic(name)
         sub = await topic.subscription(
             sub_name, sub_type, initial_position, durable=durable, start_offset=start_offset
@@ -1245,141 +412,81 @@ class BrokerService:
             # unloaded (or the subscription stopped) while this subscribe waited: a
             # consumer added now would hang on a topic nobody serves
             raise NotOwner(f"{name} was unloaded here while subscribing; look it up again")
-        state.check_open("consumer", consumer_id, request_id)
-        consumer = Consumer(conn, consumer_id, consumer_name or f"consumer-{consumer_id}", priority)
-        sub.add_consumer(consumer, sub_type)
-        earlier = state.consumers.get(consumer_id)
-        if earlier is not None:  # subscribed again under the same id: the old one goes
-            earlier[1].remove_consumer(earlier[0])
-        state.consumers[consumer_id] = (consumer, sub, topic)
-        conn.respond(request_id, "subscribed", {"topic": name.full})
+        still_wanted()
+        attached = consumer()
+        sub.add_consumer(attached, sub_type)
+        return attached, sub, topic
 
-    def _consumer(self, conn: Connection, consumer_id: int) -> tuple[Consumer, Subscription, Any]:
-        found = self._state(conn).consumers.get(consumer_id)
-        if found is None:
-            raise InvalidArgument(f"unknown consumer id {consumer_id}")
-        return found
-
-    def on_flow(self, conn: Connection, req: Request) -> None:
-        consumer, sub, _ = self._consumer(conn, req.body.consumerId)
-        sub.flow(consumer, req.body.permits)
-
-    def on_ack(self, conn: Connection, req: Request) -> None:
-        b = req.body
-        consumer, sub, _ = self._consumer(conn, b.consumerId)
-        if isinstance(sub, NonPersistentSubscription):
-            conn.respond(req.request_id, "ok")
-            return
-        positions = []
-        for p in b.positions:
-            offset = p.offset
+    @staticmethod
+    def ack(
+        sub: Any,
+        consumer: Consumer,
+        positions: list[tuple[int, int, int, int]],
+        *,
+        cumulative: bool,
+    ) -> None:
+        """Acknowledge (segment id, entry id, offset, batch index) positions; an offset
+        below 0 names a message by its entry and batch index."""
+        acked = []
+        for segment_id, entry_id, offset, batch_index in positions:
             if offset < 0:
-                pending = sub.pending.get((p.segmentId, p.entryId))
+                pending = sub.pending.get((segment_id, entry_id))
                 if pending is None:
                     continue  # unknown message: nothing to acknowledge
-                offset = pending.first_offset + max(p.batchIndex, 0)
-            positions.append(((p.segmentId, p.entryId), offset))
-        if positions:
-            sub.ack(consumer, positions, str(b.ackType) == "cumulative")
-        conn.respond(req.request_id, "ok")
+                offset = pending.first_offset + max(batch_index, 0)
+            acked.append(((segment_id, entry_id), offset))
+        if acked:
+            sub.ack(consumer, acked, cumulative)
 
-    def on_redeliverUnacked(self, conn: Connection, req: Request) -> None:
-        b = req.body
-        consumer, sub, _ = self._consumer(conn, b.consumerId)
-        if isinstance(sub, NonPersistentSubscription):
-            conn.respond(req.request_id, "ok")
-            return
-        positions = [(p.segmentId, p.entryId) for p in b.positions]
+    @staticmethod
+    def redeliver(sub: Any, consumer: Consumer, positions: list[tuple[int, int]]) -> None:
+        """Redeliver the consumer's unacknowledged entries (all of them for ``[]``)."""
         sub.redeliver_unacked(consumer, positions or None)
-        conn.respond(req.request_id, "ok")
 
-    def on_closeConsumer(self, conn: Connection, req: Request) -> None:
-        state = self._state(conn)
-        state.abandon("consumer", req.body.consumerId)
-        found = state.consumers.pop(req.body.consumerId, None)
-        if found is None:
-            conn.respond(req.request_id, "ok")
-            return
-        consumer, sub, topic = found
+    @staticmethod
+    def detach_consumer(topic: Any, sub: Any, consumer: Consumer) -> None:
+        """The consumer's client went away."""
         sub.remove_consumer(consumer)
+        drop_reader(topic, sub)
 
-        async def close() -> None:
-            await sub.flush()
-            _drop_reader(topic, sub)
-            conn.respond(req.request_id, "ok")
+    @staticmethod
+    async def close_consumer(topic: Any, sub: Any) -> None:
+        """After a consumer left: persist the cursor; a reader's cursor goes with its last
+        consumer."""
+        await sub.flush()
+        drop_reader(topic, sub)
 
-        self._spawn(conn, req.request_id, close)
-
-    def on_unsubscribe(self, conn: Connection, req: Request) -> None:
-        consumer, sub, topic = self._consumer(conn, req.body.consumerId)
+    @staticmethod
+    def check_unsubscribe(sub: Any, consumer: Consumer) -> None:
         if any(c is not consumer for c in sub.consumers):
             raise InvalidArgument(f"subscription {sub.name!r} has other consumers")
-        self._state(conn).consumers.pop(req.body.consumerId, None)
-        sub.remove_consumer(consumer)
 
-        async def unsubscribe() -> None:
-            await sub.delete()
-            topic.subscriptions.pop(sub.name, None)
-            conn.respond(req.request_id, "ok")
+    @staticmethod
+    async def unsubscribe(topic: Any, sub: Any) -> None:
+        """Delete the subscription (its last consumer has left)."""
+        await sub.delete()
+        topic.subscriptions.pop(sub.name, None)
 
-        self._spawn(conn, req.request_id, unsubscribe)
+    @staticmethod
+    def seek(
+        topic: TopicProtocol,
+        sub: Any,
+        *,
+        offset: int | None = None,
+        timestamp: int | None = None,
+        position: tuple[Position, int] | None = None,
+    ) -> Awaitable[None]:
+        """Check a seek at once; returns what moves the cursor when awaited."""
+        return topic.seek(sub, offset=offset, timestamp=timestamp, position=position)
 
-    def on_seek(self, conn: Connection, req: Request) -> None:
-        b = req.body
-        _consumer, sub, _ = self._consumer(conn, b.consumerId)
-        if isinstance(sub, NonPersistentSubscription):
-            raise NotSupported("seek is not supported on non-persistent topics")
-        which = b.which()
-        if which == "offset":
-            coro: Any = sub.seek_offset(b.offset)
-        elif which == "timestamp":
-            coro = sub.seek_time(b.timestamp)
-        else:
-            if sub.ledger.index_of_segment(b.position.segmentId) is None:
-                raise InvalidArgument(
-                    f"segment {b.position.segmentId} is not (or no longer) part of this topic"
-                )
-            coro = sub.seek_position(
-                (b.position.segmentId, b.position.entryId), b.position.batchIndex
-            )
-
-        async def seek() -> None:
-            await coro
-            # Answer before anything from the new position can be pushed (no checkpoint
-            # in between): the client drops what it queued from before the seek.
-            conn.respond(req.request_id, "ok")
-            await sub.flush()
-
-        self._spawn(conn, req.request_id, seek)
-
-    def on_getLastMessageId(self, conn: Connection, req: Request) -> None:
-        _consumer, sub, topic = self._consumer(conn, req.body.consumerId)
-        if isinstance(sub, NonPersistentSubscription):
-            conn.respond(
-                req.request_id,
-                "lastMessageId",
-                {
-                    "position": {"segmentId": -1, "entryId": -1, "batchIndex": -1},
-                    "offset": topic.next_offset - 1,
-                    "markDeleteOffset": topic.next_offset,
-                },
-            )
-            return
-        ledger = sub.ledger
-        seg_id, entry_id = ledger.last_position
-        conn.respond(
-            req.request_id,
-            "lastMessageId",
-            {
-                "position": {"segmentId": seg_id, "entryId": entry_id, "batchIndex": -1},
-                "offset": ledger.next_offset - 1,
-                "markDeleteOffset": sub.cursor.mark_delete,
-            },
-        )
+    @staticmethod
+    def last_message_id(topic: TopicProtocol, sub: Any) -> tuple[Position, int, int]:
+        """(position of the last entry, last offset, the subscription's mark-delete offset)."""
+        return topic.last_message_id(sub)
 
     def stats(self) -> dict[str, Any]:
         return {
             "under_replicated_fragments": self.auditor.under_replicated if self.auditor else 0,
-            "connections": len(self._conns),
+            "connections": self.connections,
             "topics": {name: t.stats() for name, t in self.topics.items()},
         }

@@ -1,0 +1,384 @@
+"""The admin REST API's request and answer models and path parameter types (pydantic),
+which make its OpenAPI document (see :mod:`pigeon.broker._admin`)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import Path, Query
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.json_schema import SkipJsonSchema
+
+__all__ = [
+    "Bookie",
+    "BrokerInfo",
+    "BrokerLoad",
+    "Bundle",
+    "CursorPosition",
+    "Domain",
+    "ERRORS",
+    "Force",
+    "Health",
+    "InternalStats",
+    "LoadedTopic",
+    "NamePart",
+    "POSITION",
+    "PeekedMessage",
+    "Policies",
+    "PoliciesChange",
+    "ResetCursor",
+    "Skip",
+    "Skipped",
+    "SubName",
+    "SubscriptionStatsOut",
+    "Tenant",
+    "TenantOut",
+    "ThroughputSample",
+    "TopicMetadata",
+    "TopicStats",
+    "Unloaded",
+]
+
+
+_NAME = r"^[A-Za-z0-9_.\-=:]+$"
+NamePart = Annotated[str, Path(pattern=_NAME, max_length=255)]
+Domain = Annotated[Literal["persistent", "non-persistent"], Path(description="Topic domain.")]
+#: segment:entry[:index] as peek shows it
+MESSAGE_ID = r"^[0-9]{1,18}:[0-9]{1,18}(:[0-9]{1,9})?$"
+#: no "/", no control character, not "." or ".." (they are metadata path components)
+_C, _D = r"[^\x00-\x1f\x7f/]", r"[^\x00-\x1f\x7f/.]"
+SUB_NAME = rf"^({_D}{_C}*|\.{_D}{_C}*|\.\.{_C}+)$"
+SubName = Annotated[
+    str, Path(min_length=1, max_length=255, pattern=SUB_NAME, description="Subscription name.")
+]
+POSITION = r"^(earliest|latest|[0-9]{1,18}|[0-9]{1,18}:[0-9]{1,18}(:[0-9]{1,9})?)$"
+Force = Annotated[
+    bool, Query(description="Detach connected producers/consumers (or delete contents) first.")
+]
+MAX_SECONDS = 10 * 365 * 86400.0
+#: largest integer every JSON client represents exactly
+MAX_INT = 2**53
+#: every request body: unknown fields are refused, and so are NaN and ±Infinity (Python's
+#: JSON parser accepts ``NaN``, ``Infinity`` and ``1e999``; none is a valid value here)
+_INPUT = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class ErrorBody(BaseModel):
+    error: str = Field(description="Error class, e.g. TopicNotFound.")
+    message: str
+    code: int | None = Field(None, description="PigeonMQ wire code of the error class.")
+    retriable: bool = False
+    detail: list[dict[str, Any]] | None = Field(None, description="Validation errors (422).")
+
+
+class Tenant(BaseModel):
+    model_config = _INPUT
+    admin_roles: list[str] = Field(default_factory=list)
+    allowed_clusters: list[str] = Field(default_factory=list)
+
+
+class TenantOut(Tenant):
+    tenant: str
+
+
+class Policies(BaseModel):
+    """Namespace policies (see ``pigeon.broker._policies.NamespacePolicies``)."""
+
+    retention_time_s: float = Field(description="-1 forever, 0 delete once consumed.")
+    retention_size_mb: float = Field(description="-1 no size limit.")
+    message_ttl_s: float = Field(description="0 off.")
+    backlog_quota_bytes: int = Field(description="-1 no quota.")
+    backlog_quota_policy: Literal[
+        "producer_request_hold", "producer_exception", "consumer_backlog_eviction"
+    ]
+    deduplication: bool
+    ensemble_size: int | None
+    write_quorum: int | None
+    ack_quorum: int | None
+    max_message_size: int | None
+    corrupt_entry_policy: Literal["skip", "fail"] | None = Field(
+        None, description="At an entry no replica holds intact; null: the broker's setting."
+    )
+
+
+class PoliciesChange(BaseModel):
+    """Any subset of the policies; fields left out keep their value (or the default).
+
+    ``null`` means "the broker's default" for the replication settings and the size
+    limit; for the other fields it is the same as leaving the field out.
+    """
+
+    model_config = _INPUT
+    # "X | SkipJsonSchema[None]": the document says X (null is not part of the API), and
+    # the constraints sit on X so that they appear in the document.
+    retention_time_s: Annotated[float, Field(ge=-1, le=MAX_SECONDS)] | SkipJsonSchema[None] = None
+    retention_size_mb: Annotated[float, Field(ge=-1, le=1e12)] | SkipJsonSchema[None] = None
+    message_ttl_s: Annotated[float, Field(ge=0, le=MAX_SECONDS)] | SkipJsonSchema[None] = None
+    backlog_quota_bytes: Annotated[int, Field(ge=-1, le=MAX_INT)] | SkipJsonSchema[None] = None
+    backlog_quota_policy: (
+        Literal["producer_request_hold", "producer_exception", "consumer_backlog_eviction"]
+        | SkipJsonSchema[None]
+    ) = None
+    deduplication: bool | SkipJsonSchema[None] = None
+    ensemble_size: Annotated[int, Field(ge=1, le=64)] | None = Field(
+        None, description="null: the broker's default"
+    )
+    write_quorum: Annotated[int, Field(ge=1, le=64)] | None = None
+    ack_quorum: Annotated[int, Field(ge=1, le=64)] | None = None
+    max_message_size: Annotated[int, Field(ge=1, le=2**31)] | None = None
+    corrupt_entry_policy: Literal["skip", "fail"] | None = Field(
+        None, description="skip (go on past a damaged entry) or fail; null: the broker's"
+    )
+
+    def changes(self) -> dict[str, Any]:
+        nullable = {
+            "ensemble_size",
+            "write_quorum",
+            "ack_quorum",
+            "max_message_size",
+            "corrupt_entry_policy",
+        }
+        return {
+            k: v
+            for k, v in self.model_dump(exclude_unset=True).items()
+            if v is not None or k in nullable
+        }
+
+
+class TopicMetadata(BaseModel):
+    topic: str
+    persistent: bool
+    partitions: int = Field(description="0 for a non-partitioned topic.")
+    loaded: int = Field(description="Partitions (or 1 for the topic) loaded on this broker.")
+
+
+class SubscriptionStats(BaseModel):
+    name: str
+    type: str
+    durable: bool
+    consumers: int
+    backlog: int = Field(description="Unacknowledged messages.")
+    backlog_bytes: int
+    mark_delete_offset: int | None
+    msgs_out: int
+    bytes_out: int
+    msg_rate_out: float
+    msg_throughput_out: float
+    delayed: int
+    dropped: int
+    consumer_names: list[str]
+    lost_messages: int = Field(
+        0, description="Messages skipped because no replica holds their entry intact."
+    )
+    read_error: str | None = Field(
+        None, description="Why delivery is stopped (corrupt_entry_policy 'fail'); null: it is not."
+    )
+
+
+class SubscriptionStatsOut(SubscriptionStats):
+    topic: str
+
+
+class TopicSummary(BaseModel):
+    topic: str
+    persistent: bool
+    partitions: int
+    msgs_in: int
+    bytes_in: int
+    msgs_out: int
+    bytes_out: int
+    msg_rate_in: float
+    msg_throughput_in: float = Field(description="Bytes per second.")
+    msg_rate_out: float
+    msg_throughput_out: float
+    producers: int
+    producer_names: list[str]
+    next_offset: int | None
+    first_offset: int | None
+    storage_size: int = Field(description="Bytes in the topic's segments.")
+    segments: int
+    backlog: int = Field(description="Largest subscription backlog (messages).")
+    backlog_bytes: int
+    corrupt_entries: int = Field(
+        0, description="Entries found on no replica intact (damaged or lost) since loaded."
+    )
+
+
+class LoadedTopic(TopicSummary):
+    subscription_count: int
+
+
+class TopicStats(TopicSummary):
+    subscriptions: dict[str, SubscriptionStats]
+    partition_stats: dict[str, TopicStats] | None = None
+
+
+class Segment(BaseModel):
+    id: int
+    first_offset: int
+    entries: int
+    last_entry_id: int
+    size: int
+    state: str
+    ensemble: list[str]
+    ctime: float
+    last_publish_time: int
+
+
+class CursorInternal(BaseModel):
+    mark_delete_offset: int
+    acked_ranges: list[list[int]]
+    read_position: list[int] | None
+    pending_entries: int
+    durable: bool
+
+
+class CacheStats(BaseModel):
+    hits: int
+    misses: int
+    bytes: int
+
+
+class InternalStats(BaseModel):
+    topic: str
+    persistent: bool
+    next_offset: int
+    first_offset: int | None = None
+    last_position: list[int] | None = None
+    segments: list[Segment]
+    cursors: dict[str, CursorInternal]
+    cache: CacheStats | None
+
+
+class ResetCursor(BaseModel):
+    """Exactly one of ``offset``, ``message_id`` (``segment:entry[:index]``), ``timestamp``."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        allow_inf_nan=False,
+        json_schema_extra={"minProperties": 1, "maxProperties": 1},
+    )
+    offset: Annotated[int, Field(ge=0, le=MAX_INT)] | SkipJsonSchema[None] = None
+    message_id: Annotated[str, Field(pattern=MESSAGE_ID)] | SkipJsonSchema[None] = None
+    timestamp: Annotated[int, Field(ge=0, le=MAX_INT)] | SkipJsonSchema[None] = Field(
+        None, description="Publish time, ms since the epoch."
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ResetCursor:
+        if sum(v is not None for v in (self.offset, self.message_id, self.timestamp)) != 1:
+            raise ValueError("give exactly one of offset, message_id, timestamp")
+        return self
+
+
+class CursorPosition(BaseModel):
+    topic: str
+    subscription: str
+    mark_delete_offset: int
+    backlog: int
+
+
+class Skip(BaseModel):
+    model_config = _INPUT
+    count: int = Field(ge=0, le=MAX_INT, description="Messages to acknowledge.")
+
+
+class Skipped(BaseModel):
+    topic: str
+    subscription: str
+    skipped: int
+
+
+class PeekedMessage(BaseModel):
+    topic: str
+    message_id: str = Field(description="segment:entry:index")
+    offset: int
+    publish_time: int
+    event_time: int | None
+    producer_name: str
+    sequence_id: int
+    key: str | None
+    key_encoding: Literal["utf-8", "base64"]
+    properties: dict[str, str]
+    value: str | None
+    value_encoding: Literal["utf-8", "base64"]
+    size: int
+    redelivery_count: int
+
+
+class BrokerInfo(BaseModel):
+    broker: str = Field(description="host:port of its client listener")
+    service_url: str | None
+    http_url: str | None
+    cluster: str
+    pid: int | None
+
+
+class BrokerLoad(BaseModel):
+    """This broker's live load; for another broker, its last load report (fewer fields)."""
+
+    broker: str
+    topics: int | None
+    connections: int | None
+    msgs_in: int | None
+    producers: int | None = None
+    subscriptions: int | None = None
+    consumers: int | None = None
+    msg_rate_in: float | None = None
+    msg_throughput_in: float | None = None
+    msg_rate_out: float | None = None
+    msg_throughput_out: float | None = None
+    cpu_seconds: float | None = None
+    max_rss_bytes: int | None = None
+    bundles: int | None = None
+
+
+class Bundle(BaseModel):
+    namespace: str
+    bundle: str = Field(description="0xSTART_0xEND of the topic-name hash range")
+    owner: str | None = Field(description="The owning broker; null: assigned at next lookup")
+    loaded_topics: int
+
+
+class Unloaded(BaseModel):
+    unloaded: list[str]
+
+
+class Bookie(BaseModel):
+    address: str
+    read_only: bool
+    read_only_reason: str | None
+    free_disk_bytes: int | None
+    total_disk_bytes: int | None
+    disk_used_bytes: int | None
+    write_bytes_per_s: float | None
+    read_bytes_per_s: float | None
+    segments: int | None
+    reported_at: float | None
+
+
+class Health(BaseModel):
+    status: Literal["ok", "degraded", "unhealthy"]
+    cluster: str
+    brokers: list[BrokerInfo]
+    checks: dict[str, dict[str, Any]]
+    topics: int
+    connections: int
+    time: int
+
+
+class ThroughputSample(BaseModel):
+    time: int
+    msg_rate_in: float
+    msg_throughput_in: float
+    msg_rate_out: float
+    msg_throughput_out: float
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorBody, "description": "A value is out of its domain."},
+    404: {"model": ErrorBody, "description": "No such object."},
+    409: {"model": ErrorBody, "description": "Conflict: exists, not empty, or busy."},
+    422: {"model": ErrorBody, "description": "The request does not match the schema."},
+    503: {"model": ErrorBody, "description": "Metadata store or bookies unavailable."},
+}

@@ -1,0 +1,387 @@
+"""Admin operations on tenants, namespaces and topics, and topic statistics.
+
+Part of the admin API's operations (see :mod:`pigeon.broker._admin_ops`): they raise
+:mod:`pigeon.core.errors` classes for every expected failure and return plain JSON-ready
+dicts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+from pigeon.broker._lifecycle import delete_topic, require_namespace, topic_exists, topic_targets
+from pigeon.broker._policies import NamespacePolicies, TenantInfo, split_namespace
+from pigeon.broker._service import BrokerService
+from pigeon.core import TopicName
+from pigeon.core.errors import (
+    InvalidArgument,
+    InvalidTopicName,
+    NodeExists,
+    NotEmpty,
+    NotSupported,
+    TopicExists,
+    TopicNotFound,
+)
+from pigeon.core.paths import cursors_path
+
+if TYPE_CHECKING:
+    from pigeon.broker._metrics import BrokerMonitor
+
+__all__ = [
+    "check_subscription_name",
+    "open_topic",
+    "create_namespace",
+    "create_tenant",
+    "create_topic",
+    "delete_namespace",
+    "delete_tenant",
+    "internal_stats",
+    "list_namespaces",
+    "list_topics",
+    "loaded_topics_stats",
+    "parse_message_id",
+    "tenant_info",
+    "topic_metadata",
+    "topic_name",
+    "topic_stats",
+]
+
+log = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------- names & checks
+
+
+def topic_name(domain: str, tenant: str, namespace: str, topic: str) -> TopicName:
+    """The topic a ``/topics/{domain}/{tenant}/{namespace}/{topic}`` URL names."""
+    if domain not in ("persistent", "non-persistent"):
+        raise InvalidTopicName(f"domain must be persistent or non-persistent, got {domain!r}")
+    return TopicName.parse(f"{domain}://{tenant}/{namespace}/{topic}")
+
+
+def check_subscription_name(name: str) -> None:
+    if not name or "/" in name or name in (".", "..") or any(ord(c) < 32 for c in name):
+        raise InvalidArgument(f"invalid subscription name {name!r}")
+
+
+def parse_message_id(text: str) -> tuple[int, int, int]:
+    """``segment:entry`` or ``segment:entry:batch_index`` (as ``peek`` shows them)."""
+    parts = text.split(":")
+    try:
+        if len(parts) not in (2, 3):
+            raise ValueError
+        seg, entry = int(parts[0]), int(parts[1])
+        index = int(parts[2]) if len(parts) == 3 else 0
+    except ValueError:
+        raise InvalidArgument(
+            f"message id must look like segment:entry[:index], got {text!r}"
+        ) from None
+    if seg < 0 or entry < 0 or index < 0:
+        raise InvalidArgument(f"message id {text!r} has a negative part")
+    return seg, entry, index
+
+
+async def _partitions(service: BrokerService, name: TopicName) -> int:
+    return await service.partitions_of(name)
+
+
+async def open_topic(service: BrokerService, name: TopicName) -> Any:
+    """A non-partitioned topic (or one partition) that exists, loaded on this broker."""
+    if not await topic_exists(service, name):
+        raise TopicNotFound(f"topic {name} does not exist")
+    return await service.get_topic(name)
+
+
+# ---------------------------------------------------------------------- clients
+
+
+# ---------------------------------------------------------------------- tenants, namespaces
+
+
+async def create_tenant(
+    service: BrokerService, tenant: str, info: dict[str, Any]
+) -> dict[str, Any]:
+    try:
+        await service.policies.create_tenant(tenant, TenantInfo(**info))
+    except NodeExists:
+        raise NodeExists(f"tenant {tenant!r} already exists") from None
+    return {"tenant": tenant, **info}
+
+
+async def delete_tenant(service: BrokerService, tenant: str) -> None:
+    await service.policies.delete_tenant(tenant)
+
+
+async def list_namespaces(service: BrokerService, tenant: str) -> list[str]:
+    await service.policies.get_tenant(tenant)  # NoSuchNode when missing
+    return sorted(await service.policies.namespaces(tenant))
+
+
+async def create_namespace(
+    service: BrokerService, namespace: str, policies: dict[str, Any]
+) -> NamespacePolicies:
+    split_namespace(namespace)
+    created = NamespacePolicies.from_dict(policies)
+    try:
+        await service.policies.create_namespace(namespace, created)
+    except NodeExists:
+        raise NodeExists(f"namespace {namespace!r} already exists") from None
+    return created
+
+
+async def list_topics(service: BrokerService, namespace: str) -> list[str]:
+    split_namespace(namespace)
+    await require_namespace(service, namespace)
+    return await service.list_topics(namespace)
+
+
+async def delete_namespace(service: BrokerService, namespace: str, *, force: bool) -> list[str]:
+    """Delete a namespace; with ``force`` its topics first (else NotEmpty if it has any)."""
+    split_namespace(namespace)
+    await require_namespace(service, namespace)
+    topics = await service.list_topics(namespace)
+    if topics and not force:
+        raise NotEmpty(
+            f"namespace {namespace!r} still has {len(topics)} topic(s); delete them or use force"
+        )
+    for t in topics:
+        with contextlib.suppress(TopicNotFound):
+            await delete_topic(service, TopicName.parse(t), force=True)
+    await service.policies.delete_namespace(namespace)
+    log.info("namespace deleted namespace=%s topics=%s", namespace, len(topics))
+    return topics
+
+
+async def tenant_info(service: BrokerService, tenant: str) -> dict[str, Any]:
+    info = await service.policies.get_tenant(tenant)
+    return {
+        "tenant": tenant,
+        "admin_roles": info.admin_roles,
+        "allowed_clusters": info.allowed_clusters,
+    }
+
+
+# ---------------------------------------------------------------------- topics
+
+
+async def create_topic(service: BrokerService, name: TopicName, partitions: int) -> dict[str, Any]:
+    await require_namespace(service, name.namespace_name)
+    if await topic_exists(service, name):
+        raise TopicExists(f"topic {name} already exists")
+    await service.create_topic(name, partitions)
+    log.info("topic created topic=%s partitions=%s", name, partitions)
+    return await topic_metadata(service, name)
+
+
+async def topic_metadata(service: BrokerService, name: TopicName) -> dict[str, Any]:
+    n = await service.partitions_of(name)
+    if not n and not await topic_exists(service, name):
+        raise TopicNotFound(f"topic {name} does not exist")
+    names = [name.partition(i).full for i in range(n)] if n else [name.full]
+    return {
+        "topic": name.full,
+        "persistent": name.persistent,
+        "partitions": n,
+        "loaded": sum(1 for t in names if t in service.topics),
+    }
+
+
+# ---------------------------------------------------------------------- stats
+
+
+def _sub_stats(monitor: BrokerMonitor | None, topic: Any, sub: Any) -> dict[str, Any]:
+    rates = monitor.rates_of_subscription(topic.name.full, sub.name) if monitor else None
+    persistent = topic.persistent
+    return {
+        "name": sub.name,
+        "type": sub.type,
+        "durable": bool(sub.durable),
+        "consumers": len(sub.consumers),
+        "backlog": sub.backlog(),
+        "backlog_bytes": topic.ledger.bytes_after(sub.cursor.mark_delete) if persistent else 0,
+        "mark_delete_offset": sub.cursor.mark_delete if persistent else None,
+        "msgs_out": sub.msgs_out,
+        "bytes_out": sub.bytes_out,
+        "msg_rate_out": round(rates.msg_rate_out, 3) if rates else 0.0,
+        "msg_throughput_out": round(rates.msg_throughput_out, 3) if rates else 0.0,
+        "delayed": sub.delayed_count if persistent else 0,
+        "dropped": 0 if persistent else sub.dropped,
+        "consumer_names": [c.name for c in sub.consumers],
+        "lost_messages": sub.lost_messages if persistent else 0,
+        "read_error": sub.read_error if persistent else None,
+    }
+
+
+async def _load_durable_subscriptions(service: BrokerService, topic: Any) -> None:
+    """Load the cursors of subscriptions no consumer attached to since the topic loaded."""
+    if not topic.persistent:
+        return
+    for sub_name in await service.store.children(cursors_path(topic.name)):
+        if sub_name not in topic.subscriptions:
+            await topic.subscription(sub_name, "exclusive", "latest", durable=True, start_offset=-1)
+
+
+def _one_topic_stats(monitor: BrokerMonitor | None, topic: Any) -> dict[str, Any]:
+    rates = monitor.rates_of(topic.name.full) if monitor else None
+    persistent = topic.persistent
+    subs = {
+        name: _sub_stats(monitor, topic, sub) for name, sub in sorted(topic.subscriptions.items())
+    }
+    return {
+        "topic": topic.name.full,
+        "persistent": persistent,
+        "partitions": 0,
+        "msgs_in": topic.msgs_in,
+        "bytes_in": topic.bytes_in,
+        "msgs_out": sum(s["msgs_out"] for s in subs.values()),
+        "bytes_out": sum(s["bytes_out"] for s in subs.values()),
+        "msg_rate_in": round(rates.msg_rate_in, 3) if rates else 0.0,
+        "msg_throughput_in": round(rates.msg_throughput_in, 3) if rates else 0.0,
+        "msg_rate_out": round(rates.msg_rate_out, 3) if rates else 0.0,
+        "msg_throughput_out": round(rates.msg_throughput_out, 3) if rates else 0.0,
+        "producers": len(topic.producers),
+        "producer_names": sorted(topic.producers),
+        "next_offset": topic.next_offset,
+        "first_offset": topic.ledger.first_offset if persistent else topic.next_offset,
+        "storage_size": sum(s.size for s in topic.ledger.segments) if persistent else 0,
+        "segments": len(topic.ledger.segments) if persistent else 0,
+        "backlog": max((s["backlog"] for s in subs.values()), default=0),
+        "backlog_bytes": topic.backlog_bytes(),
+        "corrupt_entries": topic.ledger.corrupt_entries if persistent else 0,
+        "subscriptions": subs,
+    }
+
+
+_SUMMED = (
+    "msgs_in",
+    "bytes_in",
+    "msgs_out",
+    "bytes_out",
+    "msg_rate_in",
+    "msg_throughput_in",
+    "msg_rate_out",
+    "msg_throughput_out",
+    "producers",
+    "storage_size",
+    "segments",
+    "backlog_bytes",
+    "corrupt_entries",
+)
+_SUB_SUMMED = (
+    "consumers",
+    "backlog",
+    "backlog_bytes",
+    "msgs_out",
+    "bytes_out",
+    "msg_rate_out",
+    "msg_throughput_out",
+    "delayed",
+    "dropped",
+    "lost_messages",
+)
+
+
+async def topic_stats(
+    service: BrokerService, monitor: BrokerMonitor | None, name: TopicName
+) -> dict[str, Any]:
+    """Rates, counters, storage and per-subscription backlog (partitions summed up)."""
+    n = await service.partitions_of(name)
+    targets = await topic_targets(service, name)
+    per: dict[str, dict[str, Any]] = {}
+    for t in targets:
+        topic = await service.get_topic(t)
+        await _load_durable_subscriptions(service, topic)
+        per[t.full] = _one_topic_stats(monitor, topic)
+    if not n:
+        return per[name.full]
+    total: dict[str, Any] = {"topic": name.full, "persistent": name.persistent, "partitions": n}
+    for key in _SUMMED:
+        total[key] = sum(p[key] for p in per.values())
+    total["producer_names"] = sorted({x for p in per.values() for x in p["producer_names"]})
+    total["next_offset"] = total["first_offset"] = None
+    subs: dict[str, dict[str, Any]] = {}
+    for p in per.values():
+        for sname, s in p["subscriptions"].items():
+            agg = subs.get(sname)
+            if agg is None:
+                subs[sname] = {
+                    **s,
+                    "mark_delete_offset": None,
+                    "consumer_names": list(s["consumer_names"]),
+                }
+                continue
+            for key in _SUB_SUMMED:
+                agg[key] += s[key]
+            agg["consumer_names"] += s["consumer_names"]
+    total["subscriptions"] = dict(sorted(subs.items()))
+    total["backlog"] = max((s["backlog"] for s in subs.values()), default=0)
+    total["partition_stats"] = per
+    return total
+
+
+async def internal_stats(service: BrokerService, name: TopicName) -> dict[str, Any]:
+    """The managed ledger's segments and each cursor's state (one topic or partition)."""
+    if await service.partitions_of(name):
+        raise NotSupported(f"{name} is partitioned: ask for one partition ({name}-partition-<i>)")
+    topic = await open_topic(service, name)
+    if not topic.persistent:
+        return {
+            "topic": name.full,
+            "persistent": False,
+            "next_offset": topic.next_offset,
+            "segments": [],
+            "cursors": {},
+            "cache": None,
+        }
+    await _load_durable_subscriptions(service, topic)
+    ledger = topic.ledger
+    cursors = {}
+    for sname, sub in sorted(topic.subscriptions.items()):
+        cursors[sname] = {
+            "mark_delete_offset": sub.cursor.mark_delete,
+            "acked_ranges": [list(r) for r in sub.cursor.acked.ranges()],
+            "read_position": list(sub.read_position) if sub.read_position else None,
+            "pending_entries": len(sub.pending),
+            "durable": bool(sub.durable),
+        }
+    return {
+        "topic": name.full,
+        "persistent": True,
+        "next_offset": ledger.next_offset,
+        "first_offset": ledger.first_offset,
+        "last_position": list(ledger.last_position),
+        "segments": [
+            {
+                "id": s.id,
+                "first_offset": s.first_offset,
+                "entries": s.entries,
+                "last_entry_id": s.last_entry_id,
+                "size": s.size,
+                "state": s.state,
+                "ensemble": list(s.ensemble),
+                "ctime": s.ctime,
+                "last_publish_time": s.last_publish_time,
+            }
+            for s in ledger.segments
+        ],
+        "cursors": cursors,
+        "cache": {
+            "hits": ledger.cache.hits,
+            "misses": ledger.cache.misses,
+            "bytes": ledger.cache.bytes,
+        },
+    }
+
+
+def loaded_topics_stats(
+    service: BrokerService, monitor: BrokerMonitor | None
+) -> list[dict[str, Any]]:
+    """Summary of every topic loaded on this broker (for the dashboard): no I/O."""
+    out = []
+    for _name, topic in sorted(service.topics.items()):
+        s = _one_topic_stats(monitor, topic)
+        s["subscription_count"] = len(s.pop("subscriptions"))
+        out.append(s)
+    return out

@@ -1,0 +1,388 @@
+"""The lifecycle of loaded topics and owned bundles: unload, delete, detach.
+
+These are broker-core operations, called by the front doors (the admin API through
+:mod:`pigeon.broker._admin_ops`), by the service itself (a fenced ledger, a topic loaded
+without its bundle) and by the load manager (an unload request).  Errors are
+:mod:`pigeon.core.errors` classes; nothing here knows a wire protocol.
+
+Clients are detached from a topic the way Pulsar does it: the broker forgets the producer
+or consumer and pushes ``closedByBroker``; the client then looks the topic up again and
+re-attaches (a consumer also drops the messages it had prefetched).  While a topic is
+being unloaded or deleted, opening it waits (the service's ``_opening`` event), so a
+re-attaching client never sees a half-closed topic.
+
+In builds without ownership a broker owns every namespace as one bundle covering the
+whole hash range (:data:`FULL_BUNDLE`), and unloading it closes that namespace's loaded
+topics on this broker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from pigeon.broker._ledger import SegmentInfo
+from pigeon.broker._policies import split_namespace
+from pigeon.core import TopicName
+from pigeon.core.errors import (
+    NoSuchNode,
+    NotOwner,
+    NotSupported,
+    PigeonError,
+    SubscriptionBusy,
+    TopicNotFound,
+)
+from pigeon.core.paths import (
+    OWNERSHIP_PATH,
+    cursors_path,
+    dedup_path,
+    ledger_path,
+    partitioned_topic_path,
+    segment_path,
+)
+
+if TYPE_CHECKING:
+    from pigeon.broker._service import BrokerService
+
+__all__ = [
+    "FULL_BUNDLE",
+    "active",
+    "broker_id",
+    "bundle_of",
+    "bundle_owner",
+    "bundle_ranges",
+    "close_subscriptions",
+    "close_all_topics",
+    "delete_topic",
+    "drop_all_topics",
+    "disconnect",
+    "exclusive",
+    "ignore_missing",
+    "namespace_bundles",
+    "ownership_of",
+    "require_namespace",
+    "topic_targets",
+    "topic_exists",
+    "unload_bundle",
+    "unload_topic",
+]
+
+log = logging.getLogger(__name__)
+
+FULL_RANGE = 1 << 32
+#: The one bundle of a namespace when the broker has no ownership (single-broker builds).
+FULL_BUNDLE = "0x00000000_0x100000000"
+#: How long closing a subscription may take before we go on regardless.
+CLOSE_TIMEOUT = 5.0
+#: Time limit of one bookie call made while deleting a topic (the bookie GC is the backstop).
+BOOKIE_CALL_TIMEOUT = 5.0
+
+
+async def require_namespace(service: BrokerService, namespace: str) -> None:
+    if not await service.policies.exists(namespace):
+        raise NoSuchNode(f"namespace {namespace!r} does not exist")
+
+
+async def topic_exists(service: BrokerService, name: TopicName) -> bool:
+    """Whether a topic (plain, partitioned, or a partition of a partitioned one) exists."""
+    if name.full in service.topics or await service.partitions_of(name):
+        return True
+    if name.partition_index >= 0 and await service.partitions_of(name.base) > name.partition_index:
+        return True
+    return name.persistent and bool(await service.store.exists(ledger_path(name)))
+
+
+async def topic_targets(service: BrokerService, name: TopicName) -> list[TopicName]:
+    """The partitions of a partitioned topic, or the topic itself; TopicNotFound if none."""
+    n = await service.partitions_of(name)
+    if n:
+        return [name.partition(i) for i in range(n)]
+    if not await topic_exists(service, name):
+        raise TopicNotFound(f"topic {name} does not exist")
+    return [name]
+
+
+@contextlib.asynccontextmanager
+async def exclusive(service: BrokerService, key: str) -> AsyncIterator[None]:
+    """Keep ``get_topic(key)`` waiting while we unload or delete the topic."""
+    while True:
+        opening = service._opening.get(key)
+        if opening is None:
+            break
+        await opening.wait()
+    ev = service._opening[key] = trio.Event()
+    try:
+        yield
+    finally:
+        if service._opening.get(key) is ev:
+            del service._opening[key]
+        ev.set()
+
+
+def disconnect(
+    service: BrokerService,
+    topic: Any,
+    reason: str,
+    *,
+    producers: bool = True,
+    subscription: str | None = None,
+    only: Any = None,
+) -> int:
+    """Detach producers and/or consumers of ``topic`` (of one subscription by name, or of
+    the subscription object ``only``) through the front doors that attached them; they
+    reconnect on their own (see :meth:`pigeon.broker._native.NativeProtocol.detach`)."""
+    return service.native.detach(
+        topic, reason, producers=producers, subscription=subscription, only=only
+    )
+
+
+def active(topic: Any) -> bool:
+    return bool(topic.producers) or any(s.consumers for s in topic.subscriptions.values())
+
+
+async def close_subscriptions(topic: Any, names: list[str] | None = None) -> None:
+    """Stop dispatch of the named (or all) subscriptions and wait until they persisted."""
+    subs = [s for n, s in list(topic.subscriptions.items()) if names is None or n in names]
+    for sub in subs:
+        sub.closed = True
+        if topic.persistent:
+            sub.wake()
+    if not topic.persistent:
+        for sub in subs:
+            topic.subscriptions.pop(sub.name, None)
+        return
+    with trio.move_on_after(CLOSE_TIMEOUT) as scope:
+        # A subscription's dispatch task leaves topic.subscriptions when it has stopped
+        # and persisted its cursor; there is no event to wait on.
+        while any(topic.subscriptions.get(s.name) is s for s in subs):  # noqa: ASYNC110
+            await trio.sleep(0.01)
+    if scope.cancelled_caught:
+        log.warning("subscriptions did not stop in time topic=%s", topic.name)
+    for sub in subs:
+        if topic.subscriptions.get(sub.name) is sub:
+            del topic.subscriptions[sub.name]
+
+
+async def ignore_missing(coro: Any) -> None:
+    try:
+        await coro
+    except NoSuchNode:
+        pass
+
+
+async def delete_topic(service: BrokerService, name: TopicName, *, force: bool) -> None:
+    """Delete a topic and its data (segments on the bookies, cursors, dedup state).
+
+    Refused (SubscriptionBusy) while producers or consumers are attached, unless
+    ``force``: then they are detached first.  A client that re-attaches afterwards
+    creates the topic anew (topics are created on first use).
+    """
+    n = await service.partitions_of(name)
+    if n:
+        parts = [name.partition(i) for i in range(n)]
+        if not force:
+            for p in parts:
+                t = service.topics.get(p.full)
+                if t is not None and active(t):
+                    raise SubscriptionBusy(
+                        f"topic {name} has connected producers or consumers; use force"
+                    )
+        for p in parts:
+            await _delete_one(service, p, force=True)
+        await ignore_missing(service.store.delete(partitioned_topic_path(name)))
+        log.info("partitioned topic deleted topic=%s partitions=%s", name, n)
+        return
+    if not await topic_exists(service, name):
+        raise TopicNotFound(f"topic {name} does not exist")
+    if name.partition_index >= 0 and await service.partitions_of(name.base) > name.partition_index:
+        raise NotSupported(f"{name} is a partition of {name.base}: delete the partitioned topic")
+    await _delete_one(service, name, force=force)
+    log.info("topic deleted topic=%s", name)
+
+
+async def _delete_one(service: BrokerService, name: TopicName, *, force: bool) -> None:
+    async with exclusive(service, name.full):
+        topic = service.topics.get(name.full)
+        if topic is not None:
+            if active(topic) and not force:
+                raise SubscriptionBusy(
+                    f"topic {name} has connected producers or consumers; use force"
+                )
+            del service.topics[name.full]
+            topic.unloaded = True
+            disconnect(service, topic, "topic deleted")
+            await close_subscriptions(topic)
+            await topic.close()
+        if name.persistent:
+            await _delete_data(service, name)
+
+
+async def _delete_data(service: BrokerService, name: TopicName) -> None:
+    store = service.store
+    stat = await store.get(ledger_path(name))
+    segments = (
+        [SegmentInfo(**s) for s in json.loads(stat.value).get("segments", [])] if stat else []
+    )
+    await ignore_missing(store.delete(cursors_path(name), recursive=True))
+    await ignore_missing(store.delete(dedup_path(name)))
+    for seg in segments:
+        await ignore_missing(store.delete(segment_path(seg.id)))
+    if stat is not None:
+        await ignore_missing(store.delete(ledger_path(name)))
+    client = service.policy.client
+    for seg in segments:
+        for address in seg.ensemble:
+            try:
+                with trio.fail_after(BOOKIE_CALL_TIMEOUT):
+                    await client.delete_segment(address, seg.id)
+            except (PigeonError, OSError, trio.TooSlowError) as exc:
+                log.info(
+                    "bookie delete deferred to GC segment=%s bookie=%s error=%s",
+                    seg.id,
+                    address,
+                    exc,
+                )
+
+
+async def unload_topic(service: BrokerService, name: TopicName) -> list[str]:
+    """Close the topic (or each loaded partition) on this broker; clients re-attach."""
+    targets = await topic_targets(service, name)
+    unloaded = []
+    for t in targets:
+        if await _unload_one(service, t):
+            unloaded.append(t.full)
+    return unloaded
+
+
+async def _unload_one(service: BrokerService, name: TopicName) -> bool:
+    async with exclusive(service, name.full):
+        topic = service.topics.pop(name.full, None)
+        if topic is None:
+            return False
+        topic.unloaded = True
+        disconnect(service, topic, "topic unloaded")
+        await close_subscriptions(topic)
+        await topic.close()
+        await topic.snapshot_dedup()
+    log.info("topic unloaded topic=%s", name)
+    return True
+
+
+def broker_id(service: BrokerService) -> str:
+    if service.address is None:
+        return f"{service.config.host}:{service.config.port}"
+    return f"{service.address[0]}:{service.address[1]}"
+
+
+def ownership_of(service: BrokerService) -> Any:
+    """The service's bundle ownership (None before it runs, or in builds without it)."""
+    return getattr(service, "ownership", None)
+
+
+def bundle_ranges(count: int) -> list[str]:
+    """The bundles of a namespace split in ``count`` (``Ownership.bundle_of``'s ranges)."""
+    size = FULL_RANGE // count
+    out = []
+    for i in range(count):
+        start = i * size
+        end = FULL_RANGE if i == count - 1 else start + size
+        out.append(f"0x{start:08x}_0x{end:08x}")
+    return out
+
+
+def namespace_bundles(service: BrokerService) -> list[str]:
+    ownership = ownership_of(service)
+    return bundle_ranges(ownership.bundles) if ownership is not None else [FULL_BUNDLE]
+
+
+def bundle_of(service: BrokerService, name: TopicName) -> str:
+    ownership = ownership_of(service)
+    return str(ownership.bundle_of(name)) if ownership is not None else FULL_BUNDLE
+
+
+async def bundle_owner(service: BrokerService, namespace: str, bundle: str) -> str | None:
+    if ownership_of(service) is None:
+        return broker_id(service)
+    stat = await service.store.get(f"{OWNERSHIP_PATH}/{namespace}/{bundle}")
+    if stat is None:
+        return None
+    try:
+        doc = json.loads(stat.value)
+    except ValueError:
+        return None
+    address = doc.get("address") if isinstance(doc, dict) else None
+    return str(address) if address else None
+
+
+async def unload_bundle(service: BrokerService, namespace: str, bundle: str) -> list[str]:
+    """Close the bundle's loaded topics here and give the bundle up; clients look the
+    topics up again (and the least-loaded broker takes the bundle)."""
+    split_namespace(namespace)
+    await require_namespace(service, namespace)
+    if bundle not in namespace_bundles(service):
+        raise NoSuchNode(
+            f"namespace {namespace} has no bundle {bundle!r} "
+            f"(it has {', '.join(namespace_bundles(service))})"
+        )
+    owner = await bundle_owner(service, namespace, bundle)
+    if owner is not None and owner != broker_id(service):
+        raise NotOwner(f"bundle {namespace}/{bundle} is owned by {owner}: ask that broker")
+    unloaded = []
+    ownership = ownership_of(service)
+    path = f"{OWNERSHIP_PATH}/{namespace}/{bundle}"
+    if ownership is not None:
+        ownership.releasing.add(path)
+    try:
+        for key, topic in sorted(service.topics.items()):
+            if topic.name.namespace_name != namespace or bundle_of(service, topic.name) != bundle:
+                continue
+            if await _unload_one(service, topic.name):
+                unloaded.append(key)
+        if ownership is not None and path in ownership.owned:
+            ownership.owned.discard(path)
+            await ignore_missing(service.store.delete(path))
+    finally:
+        if ownership is not None:
+            ownership.releasing.discard(path)
+    log.info("bundle unloaded namespace=%s bundle=%s topics=%s", namespace, bundle, len(unloaded))
+    return unloaded
+
+
+# ---------------------------------------------------------------------- every topic
+
+
+async def drop_all_topics(service: BrokerService) -> None:
+    """The metadata session expired: another broker may own our bundles now."""
+    service.native.close_all()  # clients reconnect through a new lookup
+    topics, service.topics = service.topics, {}
+    # at once, and 5 s for all: the new session waits for this (it took 5 s per
+    # topic one after the other, so a broker with a few topics stayed away ~20 s)
+    with trio.move_on_after(5):
+        async with trio.open_nursery() as nursery:
+            for topic in topics.values():
+                nursery.start_soon(topic.close)
+
+
+async def close_all_topics(service: BrokerService) -> None:
+    """Shutdown: every topic at once, each within 20 s."""
+
+    async def close(topic: Any) -> None:
+        async with trio.open_nursery() as nursery:
+            for sub in list(topic.subscriptions.values()):
+                nursery.start_soon(_bounded, 5, sub.persist)
+        await _bounded(10, topic.close)
+        await _bounded(5, topic.snapshot_dedup)
+
+    async with trio.open_nursery() as nursery:
+        for topic in list(service.topics.values()):
+            nursery.start_soon(close, topic)
+
+
+async def _bounded(seconds: float, fn: Callable[[], Awaitable[Any]]) -> None:
+    with trio.move_on_after(seconds):
+        await fn()

@@ -1,0 +1,476 @@
+"""The native front door: the PigeonMQ Cap'n Proto protocol (port 6650) over the broker
+core.
+
+Each ``on_<request>`` handler only translates: it reads the request, calls the core
+(:class:`~pigeon.broker._service.BrokerService`) and turns the result or the error into
+the answer.  What a connection attached (producers and consumers by their client ids)
+is kept here, per connection.
+
+Request handlers are synchronous (see :mod:`pigeon.core._rpc`); anything that waits —
+opening a topic, persisting a cursor — runs as a task in the connection's nursery.
+Produce requests never wait in a task: ``on_send`` hands the batch to the core at once,
+so the order of requests on a connection is the order in the log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pigeon.broker._subscription import Consumer
+from pigeon.broker._topic import Producer
+from pigeon.core import TopicName
+from pigeon.core.errors import (
+    InternalError,
+    InvalidArgument,
+    PigeonError,
+    ServiceUnavailable,
+)
+from pigeon.core.rpc import Connection, Request
+
+if TYPE_CHECKING:
+    from pigeon.broker._service import BrokerService
+
+__all__ = ["NativeProtocol"]
+
+log = logging.getLogger(__name__)
+
+_SUB_TYPES = {
+    "exclusive": "exclusive",
+    "shared": "shared",
+    "failover": "failover",
+    "keyShared": "keyShared",
+}
+
+
+@dataclass(eq=False)
+class _ConnState:
+    producers: dict[int, Producer] = field(default_factory=dict)
+    consumers: dict[int, tuple[Consumer, Any, Any]] = field(default_factory=dict)
+    #: request ids of createProducer / subscribe still in progress, by (kind, id)
+    opening: dict[tuple[str, int], set[int]] = field(default_factory=dict)
+    #: of those, the ones whose producer or consumer the client closed meanwhile (it
+    #: gave up waiting): they must not add it when they finish
+    abandoned: set[int] = field(default_factory=set)
+
+    @contextlib.contextmanager
+    def open_request(self, kind: str, ident: int, request_id: int) -> Iterator[None]:
+        requests = self.opening.setdefault((kind, ident), set())
+        requests.add(request_id)
+        try:
+            yield
+        finally:
+            requests.discard(request_id)
+            if not requests:
+                del self.opening[(kind, ident)]
+            self.abandoned.discard(request_id)
+
+    def abandon(self, kind: str, ident: int) -> None:
+        """The client closed ``ident``: opens of it still in progress add nothing."""
+        self.abandoned.update(self.opening.get((kind, ident), ()))
+
+    def check_open(self, kind: str, ident: int, request_id: int) -> None:
+        if request_id in self.abandoned:
+            raise ServiceUnavailable(f"{kind} {ident} was closed by the client while opening")
+
+
+class NativeProtocol:
+    """The handler :func:`pigeon.core.rpc.serve_tcp` calls for each request."""
+
+    def __init__(self, core: BrokerService) -> None:
+        self.core = core
+        self.conns: dict[Connection, _ConnState] = {}
+
+    # ------------------------------------------------------------------ connections
+
+    def connection_opened(self, conn: Connection) -> None:
+        self.conns[conn] = _ConnState()
+
+    def connection_closed(self, conn: Connection) -> None:
+        state = self.conns.pop(conn, None)
+        if state is None:
+            return
+        for producer in state.producers.values():
+            self.core.close_producer(producer)
+        for consumer, sub, topic in state.consumers.values():
+            self.core.detach_consumer(topic, sub, consumer)
+
+    def close_all(self) -> None:
+        """Close every connection (clients reconnect through a new lookup)."""
+        for conn in list(self.conns):
+            conn.close()
+
+    def detach(
+        self,
+        topic: Any,
+        reason: str,
+        *,
+        producers: bool = True,
+        subscription: str | None = None,
+        only: Any = None,
+    ) -> int:
+        """Detach producers and/or consumers of ``topic`` (of one subscription by name, or
+        of the subscription object ``only``) and push ``closedByBroker``; they reconnect
+        on their own.
+
+        A detached producer stays registered on its connection, still pointing at the
+        old topic: the client sends on until it has re-attached, and those sends must
+        fail with a retriable error (the old topic's ledger is closed:
+        ServiceUnavailable) so the client resends them after re-attaching, not with
+        "unknown producer id".  Re-attaching replaces the registration.
+        """
+        count = 0
+        for conn, state in list(self.conns.items()):
+            if producers:
+                for pid, producer in list(state.producers.items()):
+                    if producer.topic is not topic:
+                        continue
+                    self.core.close_producer(producer)
+                    count += 1
+                    with contextlib.suppress(PigeonError):
+                        conn.send_nowait(
+                            "closedByBroker",
+                            {"producerId": pid, "isProducer": True, "reason": reason},
+                        )
+            for cid, (consumer, sub, t) in list(state.consumers.items()):
+                if t is not topic or (subscription is not None and sub.name != subscription):
+                    continue
+                if only is not None and sub is not only:
+                    continue
+                del state.consumers[cid]
+                sub.remove_consumer(consumer)
+                count += 1
+                with contextlib.suppress(PigeonError):
+                    conn.send_nowait(
+                        "closedByBroker",
+                        {"consumerId": cid, "isProducer": False, "reason": reason},
+                    )
+        return count
+
+    def _state(self, conn: Connection) -> _ConnState:
+        state = self.conns.get(conn)
+        if state is None:
+            raise ServiceUnavailable("connection is closing")
+        return state
+
+    def _spawn(self, conn: Connection, request_id: int, fn: Any, *args: Any) -> None:
+        """Run ``fn`` in a task; its PigeonError becomes the request's error answer."""
+
+        async def runner() -> None:
+            try:
+                await fn(*args)
+            except PigeonError as exc:
+                conn.respond_error(request_id, exc)
+            except Exception as exc:
+                log.exception("request failed conn=%s", conn.name)
+                conn.respond_error(
+                    request_id, InternalError(f"internal error: {type(exc).__name__}: {exc}")
+                )
+
+        nursery = conn.nursery or self.core.nursery
+        nursery.start_soon(runner)
+
+    # ------------------------------------------------------------------ topics
+
+    def on_lookup(self, conn: Connection, req: Request) -> None:
+        name = TopicName.parse(str(req.body.topic))
+
+        async def lookup() -> None:
+            url, partitions = await self.core.lookup(name)
+            conn.respond(
+                req.request_id,
+                "lookupResult",
+                {"brokerUrl": url, "partitions": partitions, "topic": name.full},
+            )
+
+        self._spawn(conn, req.request_id, lookup)
+
+    def on_createTopic(self, conn: Connection, req: Request) -> None:
+        name = TopicName.parse(str(req.body.topic))
+        partitions = req.body.partitions
+
+        async def create() -> None:
+            await self.core.create_topic(name, partitions)
+            conn.respond(req.request_id, "ok")
+
+        self._spawn(conn, req.request_id, create)
+
+    def on_listTopics(self, conn: Connection, req: Request) -> None:
+        namespace = str(req.body.namespace)
+
+        async def list_() -> None:
+            topics = await self.core.list_topics(namespace)
+            conn.respond(req.request_id, "topicList", {"topics": topics})
+
+        self._spawn(conn, req.request_id, list_)
+
+    # ------------------------------------------------------------------ producers
+
+    def on_createProducer(self, conn: Connection, req: Request) -> None:
+        name = TopicName.parse(str(req.body.topic))
+        producer_id = req.body.producerId
+        producer_name = str(req.body.producerName)
+        state = self._state(conn)
+        self._spawn(
+            conn,
+            req.request_id,
+            self._create_producer,
+            conn,
+            req.request_id,
+            state,
+            name,
+            producer_id,
+            producer_name,
+        )
+
+    async def _create_producer(
+        self,
+        conn: Connection,
+        request_id: int,
+        state: _ConnState,
+        name: TopicName,
+        producer_id: int,
+        producer_name: str,
+    ) -> None:
+        with state.open_request("producer", producer_id, request_id):
+            producer = await self.core.create_producer(
+                name,
+                producer_name,
+                client=conn,
+                producer_id=producer_id,
+                still_wanted=lambda: state.check_open("producer", producer_id, request_id),
+            )
+            state.producers[producer_id] = producer
+            conn.respond(
+                request_id,
+                "producerCreated",
+                {
+                    "producerName": producer.name,
+                    "lastSequenceId": producer.topic.dedup.pushed_sequence(producer.name),
+                    "maxMessageSize": self.core.max_message_size(name),
+                    "topic": name.full,
+                },
+            )
+
+    def on_send(self, conn: Connection, req: Request) -> None:
+        producer = self._state(conn).producers.get(req.body.producerId)
+        if producer is None:
+            raise InvalidArgument(f"unknown producer id {req.body.producerId}")
+        body = req.body
+        request_id = req.request_id
+        producer_id = body.producerId
+        sequence_id = body.sequenceId
+
+        def reply(receipt: Any, error: BaseException | None, duplicate: bool) -> None:
+            if error is not None:
+                conn.respond_error(
+                    request_id,
+                    error if isinstance(error, PigeonError) else ServiceUnavailable(str(error)),
+                )
+                return
+            segment_id, entry_id, offset = receipt if receipt is not None else (-1, -1, -1)
+            fields = {
+                "producerId": producer_id,
+                "sequenceId": sequence_id,
+                "segmentId": segment_id,
+                "entryId": entry_id,
+                "firstOffset": offset,
+            }
+            if duplicate:
+                fields["duplicate"] = True
+            conn.respond(request_id, "sendReceipt", fields)
+
+        try:
+            self.core.send(
+                producer,
+                req.payload,
+                num_messages=body.numMessages,
+                sequence_id=sequence_id,
+                reply=reply,
+                fence=lambda error: self._fence_producer(conn, producer, error),
+                spawn=lambda fn: self._spawn(conn, request_id, fn),
+            )
+        except PigeonError as exc:
+            # Refused here (too large, malformed, quota, ...): no later send of this
+            # producer may be stored before it re-attached, or a resend of this one
+            # (its answer lost with the connection) would be taken for a duplicate.
+            # The answer goes first, then the closedByBroker push.
+            conn.respond_error(request_id, exc)
+            self._fence_producer(conn, producer, exc)
+        except Exception as exc:
+            self._fence_producer(conn, producer, exc)
+            raise
+
+    def _fence_producer(self, conn: Connection, producer: Producer, error: BaseException) -> None:
+        """A send of ``producer`` was not stored: the core refuses its later sends until
+        it re-attaches; tell the client so (``closedByBroker``)."""
+        if not self.core.fence_producer(producer, error):
+            return
+        if not conn.closed:
+            with contextlib.suppress(PigeonError):
+                conn.send_nowait(
+                    "closedByBroker",
+                    {
+                        "producerId": producer.producer_id,
+                        "isProducer": True,
+                        "reason": f"send not stored: {error}",
+                    },
+                )
+
+    def on_closeProducer(self, conn: Connection, req: Request) -> None:
+        state = self._state(conn)
+        state.abandon("producer", req.body.producerId)
+        producer = state.producers.pop(req.body.producerId, None)
+        if producer is not None:
+            self.core.close_producer(producer)
+        conn.respond(req.request_id, "ok")
+
+    # ------------------------------------------------------------------ consumers
+
+    def on_subscribe(self, conn: Connection, req: Request) -> None:
+        b = req.body
+        name = TopicName.parse(str(b.topic))
+        sub_name = str(b.subscription)
+        if not sub_name:
+            raise InvalidArgument("subscription name must not be empty")
+        args = (
+            conn,
+            req.request_id,
+            self._state(conn),
+            name,
+            sub_name,
+            _SUB_TYPES[str(b.subType)],
+            str(b.initialPosition),
+            b.consumerId,
+            str(b.consumerName),
+            b.priority,
+            b.durable,
+            b.startOffset,
+        )
+        self._spawn(conn, req.request_id, self._subscribe, *args)
+
+    async def _subscribe(
+        self,
+        conn: Connection,
+        request_id: int,
+        state: _ConnState,
+        name: TopicName,
+        sub_name: str,
+        sub_type: str,
+        initial_position: str,
+        consumer_id: int,
+        consumer_name: str,
+        priority: int,
+        durable: bool,
+        start_offset: int,
+    ) -> None:
+        with state.open_request("consumer", consumer_id, request_id):
+            consumer, sub, topic = await self.core.subscribe(
+                name,
+                sub_name,
+                sub_type,
+                initial_position,
+                durable=durable,
+                start_offset=start_offset,
+                still_wanted=lambda: state.check_open("consumer", consumer_id, request_id),
+                consumer=lambda: Consumer(
+                    conn, consumer_id, consumer_name or f"consumer-{consumer_id}", priority
+                ),
+            )
+            earlier = state.consumers.get(consumer_id)
+            if earlier is not None:  # subscribed again under the same id: the old one goes
+                earlier[1].remove_consumer(earlier[0])
+            state.consumers[consumer_id] = (consumer, sub, topic)
+            conn.respond(request_id, "subscribed", {"topic": name.full})
+
+    def _consumer(self, conn: Connection, consumer_id: int) -> tuple[Consumer, Any, Any]:
+        found = self._state(conn).consumers.get(consumer_id)
+        if found is None:
+            raise InvalidArgument(f"unknown consumer id {consumer_id}")
+        return found
+
+    def on_flow(self, conn: Connection, req: Request) -> None:
+        consumer, sub, _ = self._consumer(conn, req.body.consumerId)
+        sub.flow(consumer, req.body.permits)
+
+    def on_ack(self, conn: Connection, req: Request) -> None:
+        b = req.body
+        consumer, sub, _ = self._consumer(conn, b.consumerId)
+        self.core.ack(
+            sub,
+            consumer,
+            [(p.segmentId, p.entryId, p.offset, p.batchIndex) for p in b.positions],
+            cumulative=str(b.ackType) == "cumulative",
+        )
+        conn.respond(req.request_id, "ok")
+
+    def on_redeliverUnacked(self, conn: Connection, req: Request) -> None:
+        b = req.body
+        consumer, sub, _ = self._consumer(conn, b.consumerId)
+        self.core.redeliver(sub, consumer, [(p.segmentId, p.entryId) for p in b.positions])
+        conn.respond(req.request_id, "ok")
+
+    def on_closeConsumer(self, conn: Connection, req: Request) -> None:
+        state = self._state(conn)
+        state.abandon("consumer", req.body.consumerId)
+        found = state.consumers.pop(req.body.consumerId, None)
+        if found is None:
+            conn.respond(req.request_id, "ok")
+            return
+        consumer, sub, topic = found
+        sub.remove_consumer(consumer)
+
+        async def close() -> None:
+            await self.core.close_consumer(topic, sub)
+            conn.respond(req.request_id, "ok")
+
+        self._spawn(conn, req.request_id, close)
+
+    def on_unsubscribe(self, conn: Connection, req: Request) -> None:
+        consumer, sub, topic = self._consumer(conn, req.body.consumerId)
+        self.core.check_unsubscribe(sub, consumer)
+        self._state(conn).consumers.pop(req.body.consumerId, None)
+        sub.remove_consumer(consumer)
+
+        async def unsubscribe() -> None:
+            await self.core.unsubscribe(topic, sub)
+            conn.respond(req.request_id, "ok")
+
+        self._spawn(conn, req.request_id, unsubscribe)
+
+    def on_seek(self, conn: Connection, req: Request) -> None:
+        b = req.body
+        _consumer, sub, topic = self._consumer(conn, b.consumerId)
+        which = b.which()
+        if which == "offset":
+            coro = self.core.seek(topic, sub, offset=b.offset)
+        elif which == "timestamp":
+            coro = self.core.seek(topic, sub, timestamp=b.timestamp)
+        else:
+            p = b.position
+            coro = self.core.seek(topic, sub, position=((p.segmentId, p.entryId), p.batchIndex))
+
+        async def seek() -> None:
+            await coro
+            # Answer before anything from the new position can be pushed (no checkpoint
+            # in between): the client drops what it queued from before the seek.
+            conn.respond(req.request_id, "ok")
+            await sub.flush()
+
+        self._spawn(conn, req.request_id, seek)
+
+    def on_getLastMessageId(self, conn: Connection, req: Request) -> None:
+        _consumer, sub, topic = self._consumer(conn, req.body.consumerId)
+        (seg_id, entry_id), last_offset, mark_delete = self.core.last_message_id(topic, sub)
+        conn.respond(
+            req.request_id,
+            "lastMessageId",
+            {
+                "position": {"segmentId": seg_id, "entryId": entry_id, "batchIndex": -1},
+                "offset": last_offset,
+                "markDeleteOffset": mark_delete,
+            },
+        )
