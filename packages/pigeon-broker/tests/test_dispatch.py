@@ -235,6 +235,37 @@ def test_key_shared_newcomer_waits_until_earlier_dispatches_are_acknowledged() -
     assert {x.consumer.name for x in out} == {"b"}
 
 
+def test_key_shared_newcomer_waits_for_an_earlier_message_of_its_key_below_its_join() -> None:
+    # A message below the newcomer's join offset that was never dispatched (here delayed;
+    # also one held for another newcomer) is not a replay: while an earlier message of
+    # its key is held by another consumer it must wait (found by TestKeyShared).
+    d = dispatcher("keyShared")
+    a = FakeConsumer(1, "a")
+    d.add_consumer(a, "keyShared")
+    d.flow(a, 100)
+    b = FakeConsumer(2, "b")
+    d.add_consumer(b, "keyShared")  # only to pick a key that will move to b
+    key = next(k for k in (f"k{i}".encode() for i in range(64)) if d.owner_of(k) is b)
+    d.remove_consumer(b)
+    log = [
+        FakeEntry((1, 0), 0, 1, keys=(key,)),
+        FakeEntry((1, 1), 1, 1, NOW + 50, keys=(key,)),
+        FakeEntry((1, 2), 2, 1, keys=(b"other",)),
+    ]
+    assert [x.entry.position for x in d.deliver(log, NOW)] == [(1, 0), (1, 2)]
+    b = FakeConsumer(3, "b")
+    d.add_consumer(b, "keyShared")
+    d.flow(b, 100)
+    assert b.join_offset == 3 and d.owner_of(key) is b
+    d.release_due(NOW + 50)
+    assert d.take_redeliveries(10) == [(1, 1)]
+    assert d.deliver(log[1:2], NOW + 50) == []  # offset 0 of its key is still on a
+    assert d.statistics().held == 1
+    d.ack([((1, 0), 0)], cumulative=False)
+    assert d.take_redeliveries(10) == [(1, 1)]
+    assert [x.consumer for x in d.deliver(log[1:2], NOW + 50)] == [b]
+
+
 def test_key_shared_redelivers_what_a_consumer_asks_for_again() -> None:
     d = dispatcher("keyShared")
     a = FakeConsumer(1, "a")

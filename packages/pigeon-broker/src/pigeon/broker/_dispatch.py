@@ -27,7 +27,8 @@ State, all keyed by entry position ``(segment id, entry id)``:
 * **key_shared**: a consistent-hash ring (``RING_POINTS`` per consumer name, CRC-32 of
   each key); the parts of an entry pending on each consumer; entries *held* for a
   recently joined consumer, which gets nothing read after its arrival until the
-  mark-delete offset passes everything dispatched before it; and a *stall*: when the
+  mark-delete offset passes everything dispatched before it, nor anything earlier while
+  an earlier message of its key is out on another consumer or held; and a *stall*: when the
   consumer of any key in an entry cannot take it, dispatch waits instead of letting
   later keys overtake.
 
@@ -180,6 +181,7 @@ class Dispatcher(Generic[C, E]):
         self._ks_pending: dict[Position, dict[C, set[int]]] = {}
         self._ks_held: set[Position] = set()
         self._ks_span: dict[Position, tuple[int, int]] = {}  # (first offset, messages)
+        self._ks_hashes: dict[Position, list[int]] = {}  # key hash of each message
 
     # ------------------------------------------------------------------ consumers
 
@@ -426,6 +428,9 @@ class Dispatcher(Generic[C, E]):
             if p is not None:
                 self._redeliver_offsets[pos] = (p.first_offset, p.count)
             self._requeue_counted(pos)
+        if self.type == "keyShared":
+            # what the consumer held no longer blocks its keys elsewhere
+            self._release_held()
 
     def expire_before(self, offset: int) -> None:
         """Acknowledge everything below ``offset`` (message TTL, backlog eviction)."""
@@ -445,6 +450,7 @@ class Dispatcher(Generic[C, E]):
         self._ks_pending.clear()
         self._ks_held.clear()
         self._ks_span.clear()
+        self._ks_hashes.clear()
         self._redeliver.clear()
         self._delayed.clear()
         self.redeliveries.clear()
@@ -489,6 +495,9 @@ class Dispatcher(Generic[C, E]):
                 c.join_offset = None
         for pos in sorted(self._ks_held):
             heapq.heappush(self._redeliver, pos)
+            if pos not in self._ks_pending:
+                self._ks_span.pop(pos, None)
+                self._ks_hashes.pop(pos, None)
         self._ks_held.clear()
 
     def _ks_give_back(self, consumer: C, pos: Position) -> None:
@@ -498,7 +507,9 @@ class Dispatcher(Generic[C, E]):
             parts.pop(consumer, None)
             if not parts:
                 del self._ks_pending[pos]
-                self._ks_span.pop(pos, None)
+                if pos not in self._ks_held:
+                    self._ks_span.pop(pos, None)
+                    self._ks_hashes.pop(pos, None)
 
     def _deliver_key_shared(self, entries: Sequence[E], now: int) -> list[Delivery[C, E]]:
         out: list[Delivery[C, E]] = []
@@ -520,15 +531,16 @@ class Dispatcher(Generic[C, E]):
             for part in self._ks_pending.get(pos, {}).values():
                 skip |= part
             keys = self.keys_of(entry) if self.keys_of is not None else [None] * n
+            hashes = [zlib.crc32(key or b"") % HASH_RANGE for key in keys]
             groups: dict[C, list[int]] = {}
-            owners: dict[bytes | None, C] = {}
+            owners: dict[int, C] = {}
             for i in range(n):
                 if i in skip:
                     continue
-                key = keys[i]
-                c = owners.get(key)
+                h = hashes[i]
+                c = owners.get(h)
                 if c is None:
-                    c = owners[key] = self._owner(zlib.crc32(key or b"") % HASH_RANGE)
+                    c = owners[h] = self._owner(h)
                 groups.setdefault(c, []).append(i)
             if any(c.permits <= 0 or c.closed for c in groups):
                 # Order per key: wait for the consumer rather than skip ahead.
@@ -541,19 +553,70 @@ class Dispatcher(Generic[C, E]):
                 if (
                     c.join_offset is not None
                     and md < c.join_offset
-                    and first + idx[-1] >= c.join_offset
+                    and (
+                        first + idx[-1] >= c.join_offset or self._ks_blocked(c, first, idx, hashes)
+                    )
                 ):
                     self._ks_held.add(pos)
+                    self._ks_span.setdefault(pos, (first, n))
+                    self._ks_hashes[pos] = hashes
                     continue
                 c.permits -= len(idx)
                 c.pending.add(pos)
                 self._ks_pending.setdefault(pos, {}).setdefault(c, set()).update(idx)
                 self._ks_span[pos] = (first, n)
+                self._ks_hashes[pos] = hashes
                 self.max_dispatched = max(self.max_dispatched, first + idx[-1])
                 chosen = set(idx)
                 others = [i for i in range(n) if i not in chosen]
                 out.append(Delivery(c, entry, others, self.redeliveries.get(pos, 0)))
         return out
+
+    def _ks_blocked(self, consumer: C, first: int, idx: list[int], hashes: list[int]) -> bool:
+        """A recently joined ``consumer`` would get messages ``idx`` of the entry at offset
+        ``first``, all below its join offset: does another consumer hold an earlier message
+        of one of their keys (same hash), or is one held, not yet dispatched?
+
+        Below the join offset a message is not necessarily a replay of something the
+        earlier consumers gave back: it may never have been dispatched (delayed, or held
+        for another newcomer) while an earlier message of its key is still out or held.
+        """
+        wanted = {hashes[i]: first + i for i in reversed(idx)}  # hash: its first offset
+        last = max(wanted.values())
+        for pos in self._ks_held:
+            span = self._ks_span.get(pos)
+            their = self._ks_hashes.get(pos)
+            if span is None or their is None or span[0] >= last:
+                continue
+            out: set[int] = set()
+            for part in self._ks_pending.get(pos, {}).values():
+                out |= part
+            for j, h in enumerate(their):
+                before = wanted.get(h)
+                if (
+                    before is not None
+                    and span[0] + j < before
+                    and j not in out
+                    and not self.cursor.is_acked(span[0] + j)
+                ):
+                    return True
+        for pos, parts in self._ks_pending.items():
+            span = self._ks_span.get(pos)
+            their = self._ks_hashes.get(pos)
+            if span is None or their is None or span[0] >= last:
+                continue
+            for c, part in parts.items():
+                if c is consumer:
+                    continue
+                for j in part:
+                    before = wanted.get(their[j])
+                    if (
+                        before is not None
+                        and span[0] + j < before
+                        and not self.cursor.is_acked(span[0] + j)
+                    ):
+                        return True
+        return False
 
     def _ks_settle(self, positions: list[Position]) -> None:
         for pos in positions:
@@ -573,7 +636,9 @@ class Dispatcher(Generic[C, E]):
                     c.pending.discard(pos)
             if not parts:
                 del self._ks_pending[pos]
-                del self._ks_span[pos]
+                if pos not in self._ks_held:
+                    del self._ks_span[pos]
+                    self._ks_hashes.pop(pos, None)
                 # the count goes with the entry, not with a part: other parts may be
                 # waiting to be delivered again
                 if self.cursor.all_acked(first, n):
