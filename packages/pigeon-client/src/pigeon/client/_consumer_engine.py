@@ -163,23 +163,25 @@ class ConsumerEngine(Reconnecting):
             except ConnectionClosed:
                 pass
 
+    def _ack_fields(
+        self, positions: list[tuple[int, int, int, int]], cumulative: bool
+    ) -> dict[str, Any]:
+        return {
+            "consumerId": self.consumer_id,
+            "ackType": "cumulative" if cumulative else "individual",
+            "positions": [
+                {"segmentId": s, "entryId": e, "batchIndex": b, "offset": o}
+                for s, e, b, o in positions
+            ],
+        }
+
     def ack_nowait(self, positions: list[tuple[int, int, int, int]], cumulative: bool) -> None:
         """``positions``: (segment_id, entry_id, batch_index, offset) tuples."""
         conn = self.conn
         if not positions or conn is None or conn.closed:
             return
         try:
-            conn.send_nowait(
-                "ack",
-                {
-                    "consumerId": self.consumer_id,
-                    "ackType": "cumulative" if cumulative else "individual",
-                    "positions": [
-                        {"segmentId": s, "entryId": e, "batchIndex": b, "offset": o}
-                        for s, e, b, o in positions
-                    ],
-                },
-            )
+            conn.send_nowait("ack", self._ack_fields(positions, cumulative))
         except ConnectionClosed:
             pass  # unacked messages are redelivered after the reconnect
 
@@ -189,18 +191,7 @@ class ConsumerEngine(Reconnecting):
             return
         if conn is None or conn.closed:
             raise ConnectionClosed("consumer is not connected; acknowledgement not sent")
-        await self.engine.request(
-            conn,
-            "ack",
-            {
-                "consumerId": self.consumer_id,
-                "ackType": "cumulative" if cumulative else "individual",
-                "positions": [
-                    {"segmentId": s, "entryId": e, "batchIndex": b, "offset": o}
-                    for s, e, b, o in positions
-                ],
-            },
-        )
+        await self.engine.request(conn, "ack", self._ack_fields(positions, cumulative))
 
     async def redeliver_unacknowledged(self) -> None:
         conn = self.conn
