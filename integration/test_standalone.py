@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from _standalone import Standalone, clean_env, pigeon_command
+from _standalone import Standalone, clean_env, free_ports, pigeon_command
 from _wire import RawConnection, frame_bytes
 
 from pigeon.client import Client, Consumer, Message, MessageId, Timeout
@@ -503,6 +503,57 @@ def run_cli(
         f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
     )
     return result
+
+
+def test_a_second_instance_on_taken_ports_says_so_in_one_line(
+    standalone: Standalone, tmp_path: Any
+) -> None:
+    """A second ``pigeon standalone`` on ports another one holds exits 2 with one line
+    naming the server and the address (it printed a 100-line exception group)."""
+    bookie_port, broker_port = free_ports(2)
+    for args, server, port in (
+        (["--bookie-port", str(standalone.bookie_port)], "pigeon-bookie", standalone.bookie_port),
+        (
+            ["--port", str(standalone.port), "--bookie-port", str(bookie_port)],
+            "pigeon-broker",
+            standalone.port,
+        ),
+        (
+            [
+                "--port",
+                str(broker_port),
+                "--bookie-port",
+                str(bookie_port),
+                "--http-port",
+                str(standalone.http_port),
+            ],
+            "admin API",
+            standalone.http_port,
+        ),
+    ):
+        result = subprocess.run(
+            [
+                *pigeon_command(),
+                "--log-level",
+                "ERROR",
+                "standalone",
+                "--data-dir",
+                str(tmp_path / server),
+                "--http-port",
+                "-1",
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=clean_env(),
+            check=False,
+        )
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.strip().splitlines() == [
+            f"error: ConfigError: {server} cannot listen on 127.0.0.1:{port}: address already"
+            " in use (is another instance running? pick another port)"
+        ]
 
 
 def test_cli_produce_then_consume(standalone: Standalone) -> None:

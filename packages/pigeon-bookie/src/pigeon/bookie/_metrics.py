@@ -12,6 +12,8 @@ from typing import Any
 
 import trio
 
+from pigeon.core.rpc import listen_tcp
+
 __all__ = ["render_metrics", "serve_metrics"]
 
 log = logging.getLogger(__name__)
@@ -123,7 +125,7 @@ async def serve_metrics(
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``GET /metrics`` over HTTP/1.1 (one response per connection)."""
-    listeners = await trio.open_tcp_listeners(port, host=host)
+    listeners = await listen_tcp(port, host, "metrics")
     sockname = listeners[0].socket.getsockname()
 
     async def handle(stream: trio.SocketStream) -> None:

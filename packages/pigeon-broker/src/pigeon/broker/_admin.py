@@ -33,7 +33,7 @@ import functools
 import logging
 from http import HTTPStatus
 from pathlib import Path as FsPath
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import trio
 from fastapi import APIRouter, Body, FastAPI, Path, Query, Request
@@ -80,6 +80,7 @@ from pigeon.core.errors import (
     InvalidArgument,
     PigeonError,
 )
+from pigeon.core.rpc import listen_error
 
 __all__ = ["http_status", "make_app", "serve_admin"]
 
@@ -562,9 +563,15 @@ async def serve_admin(
     monitor = _monitor(app)
     async with trio.open_nursery() as nursery:
         await nursery.start(monitor.run)
-        binds: list[str] = await nursery.start(
-            functools.partial(serve, app, _hypercorn_config(host, port))  # type: ignore[arg-type]
-        )
+        try:
+            binds: list[str] = await nursery.start(
+                functools.partial(serve, app, _hypercorn_config(host, port))  # type: ignore[arg-type]
+            )
+        except* OSError as group:  # hypercorn binds the socket itself
+            leaf: BaseException = group
+            while isinstance(leaf, BaseExceptionGroup):
+                leaf = leaf.exceptions[0]
+            raise listen_error(cast(OSError, leaf), "admin API", host, port) from None
         bound_host, _, bound_port = binds[0].removeprefix("http://").rpartition(":")
         address = (bound_host.strip("[]"), int(bound_port))
         app.state.http_url = f"http://{binds[0].removeprefix('http://')}"

@@ -32,12 +32,24 @@ def setup_logging(level: str = "INFO") -> None:
     root.setLevel(level.upper())
 
 
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for e in exc.exceptions for leaf in _leaves(e)]
+    return [exc]
+
+
 class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> object:
+        """A PigeonError (also one a task raised inside a nursery: an exception group
+        of nothing else) is one line on stderr and exit status 2, not a traceback."""
         try:
             return super().invoke(ctx)
-        except PigeonError as exc:
-            click.echo(f"error: {type(exc).__name__}: {exc}", err=True)
+        except (PigeonError, BaseExceptionGroup) as exc:
+            errors = _leaves(exc)
+            if not all(isinstance(e, PigeonError) for e in errors):
+                raise
+            for line in dict.fromkeys(f"error: {type(e).__name__}: {e}" for e in errors):
+                click.echo(line, err=True)
             sys.exit(2)
 
 

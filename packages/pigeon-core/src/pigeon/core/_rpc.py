@@ -34,6 +34,7 @@ Bad input, by how much of it can be trusted:
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import logging
 from collections import deque
@@ -61,6 +62,7 @@ from pigeon.core._schema import (
     frame_role,
 )
 from pigeon.core.errors import (
+    ConfigError,
     ConnectionClosed,
     CorruptFrame,
     InternalError,
@@ -73,7 +75,15 @@ from pigeon.core.errors import (
     error_from_code,
 )
 
-__all__ = ["Connection", "Request", "connect_tcp", "serve_tcp", "split_address"]
+__all__ = [
+    "Connection",
+    "Request",
+    "connect_tcp",
+    "listen_error",
+    "listen_tcp",
+    "serve_tcp",
+    "split_address",
+]
 
 log = logging.getLogger(__name__)
 
@@ -739,6 +749,25 @@ class _HandshakeHandler:
                 hook(conn)
 
 
+def listen_error(exc: OSError, what: str, host: str, port: int) -> ConfigError:
+    """The one-line error of a port that cannot be had (another process holds it, a
+    host that is not this machine's)."""
+    reason = (exc.strerror or str(exc)).lower()
+    hint = " (is another instance running? pick another port)"
+    if exc.errno != errno.EADDRINUSE:
+        hint = ""
+    return ConfigError(f"{what} cannot listen on {host}:{port}: {reason}{hint}")
+
+
+async def listen_tcp(port: int, host: str, what: str) -> list[trio.SocketListener]:
+    """``trio.open_tcp_listeners``, with a port that cannot be had as one ConfigError
+    naming ``what`` and the address (see :func:`listen_error`), not a bare OSError."""
+    try:
+        return await trio.open_tcp_listeners(port, host=host)
+    except OSError as exc:
+        raise listen_error(exc, what, host, port) from exc
+
+
 async def serve_tcp(
     service: Any,
     frame_type: Any,
@@ -781,7 +810,7 @@ async def serve_tcp(
                 await trio.sleep_forever()
             finally:
                 network.unlisten(*bound)
-    listeners = await trio.open_tcp_listeners(port, host=host)
+    listeners = await listen_tcp(port, host, server_name)
     sockname = listeners[0].socket.getsockname()
     bound = (sockname[0], sockname[1])
     async with trio.open_nursery() as nursery:

@@ -16,7 +16,15 @@ A server runs ``serve_tcp(service, BrokerFrame, port=6650)`` (started with
 from __future__ import annotations
 
 from pigeon.core._framing import DEFAULT_MAX_FRAME_SIZE
-from pigeon.core._rpc import Connection, Request, connect_tcp, serve_tcp, split_address
+from pigeon.core._rpc import (
+    Connection,
+    Request,
+    connect_tcp,
+    listen_error,
+    listen_tcp,
+    serve_tcp,
+    split_address,
+)
 from pigeon.core._schema import PROTOCOL_VERSION, BookieFrame, BrokerFrame
 
 __all__ = [
@@ -27,6 +35,8 @@ __all__ = [
     "Connection",
     "Request",
     "connect_tcp",
+    "listen_error",
+    "listen_tcp",
     "serve_tcp",
     "split_address",
 ]
