@@ -21,8 +21,8 @@ from _wire import RawConnection, frame_bytes
 
 from pigeon.client import Client, Consumer, MessageId, Timeout
 from pigeon.core import PluginManager
-from pigeon.core._batch import BatchBuilder
 from pigeon.core._codecs import CodecSet
+from pigeon.core.batch import BatchBuilder
 
 pytestmark = pytest.mark.integration
 

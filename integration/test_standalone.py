@@ -26,10 +26,10 @@ from _wire import RawConnection, frame_bytes
 
 from pigeon.client import Client, Consumer, Message, MessageId, Timeout
 from pigeon.core import PluginManager
-from pigeon.core._batch import BatchBuilder
 from pigeon.core._codecs import CodecSet
 from pigeon.core._framing import DEFAULT_MAX_FRAME_SIZE, build_message, encode_frame
 from pigeon.core._schema import BrokerFrame
+from pigeon.core.batch import BatchBuilder
 from pigeon.core.errors import (
     CorruptFrame,
     FrameTooLarge,

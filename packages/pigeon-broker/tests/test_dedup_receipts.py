@@ -10,10 +10,10 @@ import trio
 
 from pigeon.broker._admin_ops import unload_topic
 from pigeon.core import TopicName
-from pigeon.core._batch import encode_batch
 from pigeon.core._codecs import NONE
 from pigeon.core._rpc import connect_tcp
 from pigeon.core._schema import BrokerFrame
+from pigeon.core.batch import encode_batch
 
 TOPIC = "persistent://public/default/dedup-receipts"
 PRODUCER = "receipts-producer"

@@ -19,11 +19,11 @@ import trio
 
 from pigeon.client.trio import Client, Consumer
 from pigeon.core import PluginManager
-from pigeon.core._batch import BatchBuilder
 from pigeon.core._codecs import CodecSet
 from pigeon.core._memnet import MemoryNetwork
 from pigeon.core._rpc import connect_tcp
 from pigeon.core._schema import BrokerFrame
+from pigeon.core.batch import BatchBuilder
 from pigeon.core.errors import MessageTooLarge, ProducerBlocked, Timeout
 from pigeon.core.testing import InProcessStandalone
 

@@ -27,7 +27,6 @@ from hypothesis import strategies as st
 from test_admin_support import AdminStandalone, running
 
 from pigeon.client import Client
-from pigeon.core._batch import encode_batch
 from pigeon.core._codecs import NONE
 from pigeon.core._framing import (
     FrameDecoder,
@@ -37,6 +36,7 @@ from pigeon.core._framing import (
     sniff_foreign_protocol,
 )
 from pigeon.core._schema import PROTOCOL_VERSION, BrokerFrame
+from pigeon.core.batch import encode_batch
 from pigeon.core.errors import InternalError, PigeonError
 
 FUZZ_EXAMPLES = os.environ.get("PIGEON_FUZZ_EXAMPLES")

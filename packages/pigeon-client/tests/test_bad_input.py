@@ -28,8 +28,8 @@ from hypothesis import strategies as st
 from pigeon.client import Client as SyncClient
 from pigeon.client.asyncio import Client as AsyncioClient
 from pigeon.client.trio import Client as TrioClient
-from pigeon.core._batch import BatchBuilder
 from pigeon.core._codecs import NONE
+from pigeon.core.batch import BatchBuilder
 from pigeon.core.errors import InvalidArgument, MessageTooLarge, Timeout
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "integration"))

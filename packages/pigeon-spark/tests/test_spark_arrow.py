@@ -11,9 +11,9 @@ pa = pytest.importorskip("pyarrow")
 
 from pigeon.client import MessageId  # noqa: E402
 from pigeon.core import PluginManager  # noqa: E402
-from pigeon.core._batch import encode_batch  # noqa: E402
 from pigeon.core._codecs import CodecSet  # noqa: E402
 from pigeon.core._entry import pack_entry_header  # noqa: E402
+from pigeon.core.batch import encode_batch  # noqa: E402
 from pigeon.spark._arrow import arrow_schema, record_batches  # noqa: E402
 
 CODECS = CodecSet(codec for _name, codec in PluginManager().codecs.items())

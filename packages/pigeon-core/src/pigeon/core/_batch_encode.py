@@ -1,0 +1,287 @@
+"""Encode a batch (:func:`encode_batch`, and the encoder behind :class:`BatchBuilder`).
+
+Writes the byte layout documented in :mod:`pigeon.core._batch`: the columns are packed
+with ``struct`` and joined with ``b"".join`` (the values straight into the entry, one
+copy), then compressed as a whole by the codec. No I/O.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping, Sequence
+from itertools import accumulate, chain, repeat
+from operator import is_not, methodcaller
+from typing import Final
+
+from pigeon.core._batch import (
+    _INT32_MAX,
+    _INT64_MAX,
+    _INT64_MIN,
+    _U32,
+    _UINT32_MAX,
+    _UINT64_MAX,
+    FORMAT_VERSION,
+    _BatchHeaderSchema,
+    _check_int,
+    _check_producer_name,
+)
+from pigeon.core._codecs import Codec
+from pigeon.core.errors import InvalidArgument, MessageTooLarge
+
+__all__ = ["encode_batch"]
+
+_ZEROS: Final = tuple(b"\0" * i for i in range(8))
+_EMPTY_PROPS: Final[Mapping[str, str]] = {}
+_values_of: Final = methodcaller("values")
+_BIT_CHARS: Final = bytes.maketrans(b"\0\1", b"01")
+
+
+def _offsets(ends: Sequence[int]) -> bytes:
+    """``ends`` (n+1 non-decreasing ints from 0) as int32 little-endian."""
+    return struct.pack(f"<{len(ends)}i", *ends)
+
+
+def _encode_texts(texts: list[str], what: str) -> tuple[bytes, list[int]]:
+    """UTF-8 data and end offsets (n+1, from 0) of a list of str."""
+    try:
+        joined = "".join(texts)
+        if joined.isascii():  # O(1) in CPython; then characters are bytes
+            return joined.encode("ascii"), list(accumulate(map(len, texts), initial=0))
+        encoded = list(map(str.encode, texts))
+    except TypeError:
+        raise InvalidArgument(f"{what} must be str") from None
+    except UnicodeEncodeError as exc:
+        raise InvalidArgument(f"{what} is not encodable as UTF-8: {exc}") from None
+    return b"".join(encoded), list(accumulate(map(len, encoded), initial=0))
+
+
+def _key_bytes(key: str | bytes | None) -> bytes:
+    if key is None:
+        return b""
+    if isinstance(key, str):
+        return key.encode()
+    return key
+
+
+def _encode_keys(keys: Sequence[str | bytes | None], n: int) -> tuple[bytes, bytes, bytes]:
+    """Key offsets, validity bitmap and data of ``n`` keys (at least one not None)."""
+    nulls = keys.count(None)
+    ends: list[int] | None = None
+    try:
+        if nulls == 0:
+            full, rest = divmod(n, 8)
+            validity = b"\xff" * full + (bytes(((1 << rest) - 1,)) if rest else b"")
+            try:
+                data = b"".join(keys)  # type: ignore[arg-type]  # all bytes-like?
+            except TypeError:
+                try:
+                    data, ends = _encode_texts(keys, "keys")  # type: ignore[arg-type]
+                except InvalidArgument:  # str mixed with bytes
+                    keys = list(map(_key_bytes, keys))
+                    data = b"".join(keys)  # type: ignore[arg-type]
+        else:
+            # One '0'/'1' char per message, message 0 last: int(.., 2) puts message i at
+            # bit i, and to_bytes(.., "little") gives Arrow's LSB-first bitmap.
+            bits = bytes(map(is_not, keys, repeat(None))).translate(_BIT_CHARS)[::-1]
+            validity = int(bits, 2).to_bytes((n + 7) >> 3, "little")
+            keys = list(map(_key_bytes, keys))
+            data = b"".join(keys)  # type: ignore[arg-type]
+    except TypeError:
+        raise InvalidArgument("keys must be str, bytes or None") from None
+    except UnicodeEncodeError as exc:
+        raise InvalidArgument(f"key is not encodable as UTF-8: {exc}") from None
+    if len(data) > _INT32_MAX:
+        raise MessageTooLarge(f"keys of the batch total {len(data)} bytes (max {_INT32_MAX})")
+    if ends is None:
+        ends = list(accumulate(map(len, keys), initial=0))  # type: ignore[arg-type]
+    if ends[-1] != len(data):
+        raise InvalidArgument("keys must be str, bytes or None")
+    return _offsets(ends), validity, data
+
+
+def _encode_properties(
+    props: Sequence[Mapping[str, str]],
+) -> tuple[bytes, bytes, bytes, bytes, bytes, int]:
+    """Offsets (n+1), key offsets (m+1), value offsets (m+1), key data, value data, m."""
+    try:
+        counts = list(accumulate(map(len, props), initial=0))
+        names = list(chain.from_iterable(props))
+        texts = list(chain.from_iterable(map(_values_of, props)))
+    except (TypeError, AttributeError):
+        raise InvalidArgument("properties must be mappings of str to str (or None)") from None
+    m = counts[-1]
+    if len(names) != m or len(texts) != m:
+        raise InvalidArgument("properties changed while the batch was built")
+    kdata, kends = _encode_texts(names, "property names")
+    vdata, vends = _encode_texts(texts, "property values")
+    if max(len(kdata), len(vdata), m) > _INT32_MAX:
+        raise MessageTooLarge("properties of the batch exceed int32 offsets")
+    return _offsets(counts), _offsets(kends), _offsets(vends), kdata, vdata, m
+
+
+def _encode(
+    values: Sequence[bytes],
+    value_ends: Sequence[int] | None,
+    keys: Sequence[str | bytes | None] | None,
+    properties: Sequence[Mapping[str, str]] | None,
+    event_times: Sequence[int] | None,
+    *,
+    producer_name: str,
+    sequence_id: int,
+    publish_time: int,
+    deliver_at: int,
+    schema_version: int,
+    codec: Codec,
+) -> bytes:
+    n = len(values)
+    if n == 0:
+        raise InvalidArgument("a batch needs at least one message")
+    _check_int("sequence_id", sequence_id, 0, _UINT64_MAX - n + 1)
+    _check_int("publish_time", publish_time, _INT64_MIN, _INT64_MAX)
+    _check_int("deliver_at", deliver_at, _INT64_MIN, _INT64_MAX)
+    _check_int("schema_version", schema_version, 0, _UINT32_MAX)
+    if not isinstance(codec, Codec):
+        raise InvalidArgument(f"codec must be a Codec, got {codec!r}")
+
+    if value_ends is None:
+        try:
+            value_ends = list(accumulate(map(len, values), initial=0))
+        except TypeError:
+            raise InvalidArgument("message values must be bytes-like") from None
+    values_length = value_ends[-1]
+    if values_length > _INT32_MAX:
+        raise MessageTooLarge(f"values of the batch total {values_length} bytes (max {_INT32_MAX})")
+    voff = _offsets(value_ends)
+
+    et = b""
+    if event_times is not None and any(event_times):
+        try:
+            et = struct.pack(f"<{n}q", *event_times)
+        except struct.error:
+            raise InvalidArgument("event times must be ints (ms since the epoch)") from None
+
+    koff = kvalid = kdata = b""
+    if keys is not None and keys.count(None) != n:
+        koff, kvalid, kdata = _encode_keys(keys, n)
+
+    poff = pkoff = pvoff = pkdata = pvdata = b""
+    m = 0
+    if properties is not None and any(properties):
+        poff, pkoff, pvoff, pkdata, pvdata, m = _encode_properties(properties)
+
+    # The values are joined straight into the entry (codec none) or the body: one copy.
+    columns: tuple[tuple[int, Sequence[bytes]], ...] = (
+        (len(et), (et,)),
+        (len(voff), (voff,)),
+        (len(koff), (koff,)),
+        (len(kvalid), (kvalid,)),
+        (len(poff), (poff,)),
+        (len(pkoff), (pkoff,)),
+        (len(pvoff), (pvoff,)),
+        (values_length, values),
+        (len(kdata), (kdata,)),
+        (len(pkdata), (pkdata,)),
+        (len(pvdata), (pvdata,)),
+    )
+    parts: list[bytes] = [b"", b""]  # slots for the length prefix and the header
+    pos = 0
+    for size, chunks in columns:
+        if size:
+            pad = -pos & 7
+            if pad:
+                parts.append(_ZEROS[pad])
+                pos += pad
+            parts.extend(chunks)
+            pos += size
+    if pos > _UINT32_MAX:
+        raise MessageTooLarge(f"batch body of {pos} bytes is over 4 GiB")
+
+    body_length = pos
+    if codec.id != 0:
+        body = _join(parts, pos)
+        parts = [b"", b"", codec.compress(body)]
+        del body
+        body_length = len(parts[2])
+        if body_length > _UINT32_MAX:
+            raise MessageTooLarge(f"compressed batch body of {body_length} bytes is over 4 GiB")
+
+    h = _BatchHeaderSchema.new_message()
+    h.formatVersion = FORMAT_VERSION
+    h.producerName = producer_name
+    h.sequenceId = sequence_id
+    h.numMessages = n
+    h.codec = codec.id
+    h.uncompressedSize = pos
+    h.bodyLength = body_length
+    h.publishTime = publish_time
+    h.deliverAtTime = deliver_at
+    h.schemaVersion = schema_version
+    h.valuesLength = values_length
+    if koff:
+        h.hasKeys = True
+        h.keysLength = len(kdata)
+    if et:
+        h.hasEventTimes = True
+    if poff:
+        h.hasProperties = True
+        h.propertyEntries = m
+        h.propertyKeysLength = len(pkdata)
+        h.propertyValuesLength = len(pvdata)
+    raw = h.to_bytes()
+    parts[0] = _U32.pack(len(raw))
+    parts[1] = raw
+    return _join(parts, 4 + len(raw) + body_length)
+
+
+def _join(parts: list[bytes], expected: int) -> bytes:
+    try:
+        out = b"".join(parts)
+    except TypeError:
+        raise InvalidArgument("message values must be bytes-like") from None
+    if len(out) != expected:  # e.g. a memoryview whose items are not bytes
+        raise InvalidArgument("message values must be bytes, bytearray or byte memoryviews")
+    return out
+
+
+def encode_batch(
+    values: Sequence[bytes],
+    *,
+    keys: Sequence[str | bytes | None] | None = None,
+    properties: Sequence[Mapping[str, str] | None] | None = None,
+    event_times: Sequence[int] | None = None,
+    producer_name: str,
+    sequence_id: int,
+    publish_time: int,
+    codec: Codec,
+    deliver_at: int = 0,
+    schema_version: int = 0,
+) -> bytes:
+    """Encode one batch (the functional form of :class:`BatchBuilder`).
+
+    ``keys``, ``properties`` and ``event_times``, when given, have one item per value
+    (``None`` / ``None`` / ``0`` for "not set"). Raises :class:`InvalidArgument` for bad
+    input and :class:`MessageTooLarge` when a column outgrows the format's int32 offsets.
+    """
+    n = len(values)
+    _check_producer_name(producer_name)
+    for name, col in (("keys", keys), ("properties", properties), ("event_times", event_times)):
+        if col is not None and len(col) != n:
+            raise InvalidArgument(f"{name} has {len(col)} items for {n} values")
+    props: Sequence[Mapping[str, str]] | None = None
+    if properties is not None:
+        props = [_EMPTY_PROPS if p is None else p for p in properties]
+    if keys is not None and not isinstance(keys, list):
+        keys = list(keys)
+    return _encode(
+        values,
+        None,
+        keys,
+        props,
+        event_times,
+        producer_name=producer_name,
+        sequence_id=sequence_id,
+        publish_time=publish_time,
+        deliver_at=deliver_at,
+        schema_version=schema_version,
+        codec=codec,
+    )
