@@ -43,7 +43,7 @@ def test_codes_are_unique() -> None:
 
 def test_reusing_a_code_is_refused_at_class_creation() -> None:
     with pytest.raises(TypeError, match="TopicNotFound"):
-        type("Dup", (PigeonError,), {"code": errors.TopicNotFound.code})
+        type("Dup", (PigeonError,), {}, code=errors.TopicNotFound.code)
 
 
 @pytest.mark.parametrize("cls", ERROR_CLASSES, ids=lambda c: c.__name__)

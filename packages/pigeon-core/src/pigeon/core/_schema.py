@@ -148,22 +148,10 @@ def _items_check(element: Any, list_schema: Any) -> _Check | None:
     return check
 
 
-def _list_check(name: str, field: Any, element: Any, list_schema: Any) -> _Check:
-    items_check = _items_check(element, list_schema)
-
-    def check(reader: Any) -> None:
-        items = _read(reader, name, field)
-        if items_check is not None:
-            try:
-                items_check(items)
-            except _Bad as bad:
-                bad.path.insert(0, name)
-                raise
-
-    return check
-
-
 def _nested_check(name: str, field: Any, inner: _Check | None) -> _Check:
+    """Read field ``name`` (a text, data, struct, group or list: a pointer to follow)
+    and run ``inner`` on what it holds; a failure names the field in its path."""
+
     def check(reader: Any) -> None:
         value = _read(reader, name, field)
         if inner is not None:
@@ -190,7 +178,7 @@ def _field_check(name: str, field: Any) -> _Check | None:
     if kind == "struct":
         return _nested_check(name, field, _struct_check(field.schema))
     if kind == "list":
-        return _list_check(name, field, slot_type.list.elementType, field.schema)
+        return _nested_check(name, field, _items_check(slot_type.list.elementType, field.schema))
     return None  # void, bool, numbers: always decode; anyPointer, interface: not used
 
 

@@ -1,7 +1,8 @@
 """The one error tree of PigeonMQ.
 
 Every error a node can report to a peer is a subclass of :class:`PigeonError` with a
-unique numeric wire ``code`` and a ``retriable`` flag.  A server encodes an error as
+unique numeric wire ``code`` and a ``retriable`` flag, both given in its class statement
+(``class TopicNotFound(PigeonError, code=300)``).  A server encodes an error as
 ``(code, message)`` on the wire; the receiving side rebuilds the same class with
 :func:`error_from_code`, so ``except TopicNotFound`` works the same in the broker, the
 client and the tests.  Unknown codes (a newer peer) come back as plain
@@ -75,14 +76,21 @@ class PigeonError(Exception):
     retriable: ClassVar[bool] = False
     _by_code: ClassVar[dict[int, type[PigeonError]]] = {}
 
-    def __init_subclass__(cls, **kwargs: object) -> None:
+    def __init_subclass__(
+        cls, *, code: int | None = None, retriable: bool | None = None, **kwargs: object
+    ) -> None:
+        """``class TopicNotFound(PigeonError, code=300)``: every error class of the tree
+        names its own wire code (a class without one rebuilds as its parent), and may
+        change ``retriable``; otherwise it inherits its parent's."""
         super().__init_subclass__(**kwargs)
-        code = cls.__dict__.get("code")
+        if retriable is not None:
+            cls.retriable = retriable
         if code is None:
             return
         other = PigeonError._by_code.get(code)
         if other is not None and other is not cls:
             raise TypeError(f"wire code {code} used by both {other.__name__} and {cls.__name__}")
+        cls.code = code
         PigeonError._by_code[code] = cls
 
     def __init__(self, message: str = "", *, code: int | None = None) -> None:
@@ -108,100 +116,69 @@ def error_from_code(code: int, message: str) -> PigeonError:
 # --- 1xx: protocol and transport -------------------------------------------------
 
 
-class ProtocolError(PigeonError):
+class ProtocolError(PigeonError, code=100):
     """The peer broke the protocol; the connection is closed."""
 
-    code = 100
 
-
-class CorruptFrame(ProtocolError):
+class CorruptFrame(ProtocolError, code=101):
     """A frame could not be decoded (bad length, bad Cap'n Proto, garbage bytes)."""
 
-    code = 101
 
-
-class FrameTooLarge(ProtocolError):
+class FrameTooLarge(ProtocolError, code=102):
     """A frame is larger than the configured ``max_frame_size``."""
 
-    code = 102
 
-
-class UnknownMessageType(ProtocolError):
+class UnknownMessageType(ProtocolError, code=103):
     """A request of a type this node does not serve."""
 
-    code = 103
 
-
-class ProtocolVersionMismatch(ProtocolError):
+class ProtocolVersionMismatch(ProtocolError, code=104):
     """The ``connect`` handshake named a protocol version this node does not speak."""
 
-    code = 104
 
-
-class ConnectionClosed(PigeonError):
+class ConnectionClosed(PigeonError, code=110, retriable=True):
     """The connection went away while a call was in flight."""
 
-    code = 110
-    retriable = True
 
-
-class Timeout(PigeonError):
+class Timeout(PigeonError, code=111, retriable=True):
     """An operation did not finish in its time limit."""
 
-    code = 111
-    retriable = True
 
-
-class ServiceUnavailable(PigeonError):
+class ServiceUnavailable(PigeonError, code=112, retriable=True):
     """The node is starting, stopping, or cannot reach what it needs."""
 
-    code = 112
-    retriable = True
 
-
-class AlreadyClosed(PigeonError):
+class AlreadyClosed(PigeonError, code=113):
     """The producer, consumer or client was closed."""
 
-    code = 113
 
-
-class InternalError(PigeonError):
+class InternalError(PigeonError, code=120):
     """The node failed while handling a request: a bug, logged there with its traceback.
 
     Not retried: the same request would fail the same way.
     """
 
-    code = 120
-
 
 # --- 2xx: client input -----------------------------------------------------------
 
 
-class InvalidArgument(PigeonError):
+class InvalidArgument(PigeonError, code=200):
     """A request carried a value out of its domain."""
 
-    code = 200
 
-
-class InvalidTopicName(InvalidArgument):
+class InvalidTopicName(InvalidArgument, code=201):
     """A topic name that does not parse (see ``pigeon.core.TopicName``)."""
 
-    code = 201
 
-
-class MessageTooLarge(InvalidArgument):
+class MessageTooLarge(InvalidArgument, code=202):
     """A message or batch over the broker's ``max_message_size``."""
 
-    code = 202
 
-
-class NotSupported(InvalidArgument):
+class NotSupported(InvalidArgument, code=203):
     """The operation is not allowed here (e.g. cumulative ack on a shared subscription)."""
 
-    code = 203
 
-
-class MalformedRequest(InvalidArgument):
+class MalformedRequest(InvalidArgument, code=204):
     """A frame that decodes, but whose request body does not: a pointer out of bounds,
     text that is not UTF-8, an enum value or union member this node does not know.
 
@@ -209,193 +186,130 @@ class MalformedRequest(InvalidArgument):
     request kind and the field.
     """
 
-    code = 204
 
-
-class ProducerQueueFull(PigeonError):
+class ProducerQueueFull(PigeonError, code=210, retriable=True):
     """The producer's pending queue is full and ``block_if_queue_full`` is off."""
 
-    code = 210
-    retriable = True
 
-
-class ProducerBlocked(PigeonError):
+class ProducerBlocked(PigeonError, code=211):
     """The broker refuses publishes: the backlog quota (producer_exception) is exceeded.
 
     Not retried by the client: the application decides whether to wait and send again.
     """
 
-    code = 211
-
 
 # --- 3xx: topics, producers, subscriptions ----------------------------------------
 
 
-class TopicNotFound(PigeonError):
-    code = 300
+class TopicNotFound(PigeonError, code=300):
+    """The topic does not exist."""
 
 
-class SubscriptionNotFound(PigeonError):
-    code = 301
+class SubscriptionNotFound(PigeonError, code=301):
+    """The topic has no subscription of that name."""
 
 
-class TopicExists(PigeonError):
-    code = 305
+class TopicExists(PigeonError, code=305):
+    """A topic of that name exists already."""
 
 
-class NotOwner(PigeonError):
+class NotOwner(PigeonError, code=306, retriable=True):
     """This broker does not own the topic's bundle; look the topic up again."""
 
-    code = 306
-    retriable = True
 
-
-class ProducerBusy(PigeonError):
+class ProducerBusy(PigeonError, code=302, retriable=True):
     """A producer with the same name is already connected to the topic."""
 
-    code = 302
-    retriable = True
 
-
-class ConsumerBusy(PigeonError):
+class ConsumerBusy(PigeonError, code=303, retriable=True):
     """An exclusive subscription already has a consumer."""
 
-    code = 303
-    retriable = True
 
-
-class SubscriptionBusy(PigeonError):
+class SubscriptionBusy(PigeonError, code=304):
     """The subscription exists with another type."""
-
-    code = 304
 
 
 # --- 4xx: storage ----------------------------------------------------------------
 
 
-class StorageError(PigeonError):
+class StorageError(PigeonError, code=400, retriable=True):
     """An I/O error on a bookie."""
 
-    code = 400
-    retriable = True
+
+class SegmentNotFound(StorageError, code=401, retriable=False):
+    """The bookie holds no segment of that id (never written, or deleted)."""
 
 
-class SegmentNotFound(StorageError):
-    code = 401
-    retriable = False
-
-
-class SegmentFenced(StorageError):
+class SegmentFenced(StorageError, code=402, retriable=False):
     """The segment was fenced: the old writer may not append any more."""
 
-    code = 402
-    retriable = False
 
-
-class EntryNotFound(StorageError):
+class EntryNotFound(StorageError, code=403, retriable=False):
     """The entry is past the last add confirmed, or was never written."""
 
-    code = 403
-    retriable = False
 
-
-class InvalidEntryId(StorageError):
+class InvalidEntryId(StorageError, code=404, retriable=False):
     """An add whose entry id is not the next one of the segment."""
 
-    code = 404
-    retriable = False
 
-
-class CorruptEntry(StorageError):
+class CorruptEntry(StorageError, code=405, retriable=False):
     """A stored entry failed its checksum; it is never returned."""
 
-    code = 405
-    retriable = False
 
-
-class BookieReadOnly(StorageError):
+class BookieReadOnly(StorageError, code=406, retriable=True):
     """The bookie is read-only (disk full or an I/O error); write elsewhere."""
 
-    code = 406
-    retriable = True
 
-
-class DataDirLocked(StorageError):
+class DataDirLocked(StorageError, code=407, retriable=False):
     """The data directory is in use by a running bookie (its LOCK is held)."""
 
-    code = 407
-    retriable = False
 
-
-class NotEnoughBookies(StorageError):
+class NotEnoughBookies(StorageError, code=408, retriable=True):
     """Too few writable bookies are reachable to store an entry on the ack quorum; the
     write is refused (nothing was stored) and succeeds when bookies return."""
 
-    code = 408
-    retriable = True
 
-
-class CodecError(PigeonError):
+class CodecError(PigeonError, code=410):
     """A compressed body could not be decoded."""
 
-    code = 410
 
-
-class UnknownCodec(CodecError):
+class UnknownCodec(CodecError, code=411):
     """A batch names a codec that is not registered on this node."""
-
-    code = 411
 
 
 # --- 5xx: metadata ---------------------------------------------------------------
 
 
-class MetadataError(PigeonError):
-    code = 500
-    retriable = True
+class MetadataError(PigeonError, code=500, retriable=True):
+    """The metadata store failed or could not be reached."""
 
 
-class NoSuchNode(MetadataError):
-    code = 501
-    retriable = False
+class NoSuchNode(MetadataError, code=501, retriable=False):
+    """The metadata node does not exist."""
 
 
-class NodeExists(MetadataError):
-    code = 502
-    retriable = False
+class NodeExists(MetadataError, code=502, retriable=False):
+    """A metadata node exists already at that path."""
 
 
-class BadVersion(MetadataError):
+class BadVersion(MetadataError, code=503, retriable=False):
     """A compare-and-set lost: the node's version is not the expected one."""
 
-    code = 503
-    retriable = False
 
-
-class NotEmpty(MetadataError):
+class NotEmpty(MetadataError, code=504, retriable=False):
     """Delete of a node that still has children."""
 
-    code = 504
-    retriable = False
 
-
-class SessionExpired(MetadataError):
+class SessionExpired(MetadataError, code=505, retriable=False):
     """The metadata session expired; its ephemeral nodes are gone."""
-
-    code = 505
-    retriable = False
 
 
 # --- 6xx: configuration and plugins ----------------------------------------------
 
 
-class ConfigError(PigeonError):
+class ConfigError(PigeonError, code=600):
     """A bad configuration value; the message names the key."""
 
-    code = 600
 
-
-class PluginError(PigeonError):
+class PluginError(PigeonError, code=601):
     """A plugin is missing or failed to register."""
-
-    code = 601
