@@ -7,7 +7,15 @@ from typing import ClassVar
 
 import pytest
 
-from pigeon.core._codecs import GZIP, GZIP_LEVEL, NONE, RESERVED_IDS, Codec, CodecSet
+from pigeon.core._codecs import (
+    GZIP,
+    GZIP_LEVEL,
+    NONE,
+    RESERVED_IDS,
+    Codec,
+    CodecSet,
+    checked_decompress,
+)
 from pigeon.core._plugins import PluginManager
 from pigeon.core.errors import CodecError, InvalidArgument, PluginError, UnknownCodec
 from pigeon.core.testing import CodecContract
@@ -50,6 +58,26 @@ def test_gzip_refuses_trailing_data() -> None:
     packed = GZIP.compress(b"abc")
     with pytest.raises(CodecError, match="trailing"):
         GZIP.decompress(packed + b"junk", 3)
+
+
+def test_checked_decompress_keeps_a_library_to_the_contract() -> None:
+    def inflate(data: bytes | memoryview, size: int) -> bytes:
+        if data == b"lib":
+            raise ValueError("bad magic")
+        if data == b"own":
+            raise CodecError("odd: frame declares 7 bytes")
+        return bytes(data)
+
+    decompress = checked_decompress("odd", inflate, (ValueError,))
+    assert decompress(b"abc", 3) == b"abc"
+    with pytest.raises(CodecError, match=r"odd: corrupt data \(bad magic\)"):
+        decompress(b"lib", 3)
+    with pytest.raises(CodecError, match="frame declares 7 bytes"):
+        decompress(b"own", 3)
+    with pytest.raises(CodecError, match="odd: decompressed 3 bytes, expected 4"):
+        decompress(b"abc", 4)
+    with pytest.raises(TypeError):  # not a library error: a bug, not bad input
+        checked_decompress("odd", inflate, (ValueError,))(None, 0)  # type: ignore[arg-type]
 
 
 def test_none_compress_does_not_copy_bytes() -> None:

@@ -18,7 +18,7 @@ import lz4.frame
 import pluggy
 
 from pigeon.core import Registry
-from pigeon.core.codecs import Codec
+from pigeon.core.codecs import Codec, checked_decompress
 from pigeon.core.errors import CodecError
 
 __all__ = ["LZ4", "pigeon_codecs"]
@@ -33,20 +33,16 @@ def compress(data: bytes | memoryview) -> bytes:
     )
 
 
-def decompress(data: bytes | memoryview, uncompressed_size: int) -> bytes:
-    try:
-        info = lz4.frame.get_frame_info(data)
-        declared = info["content_size"]
-        if not declared and uncompressed_size:
-            raise CodecError("lz4: frame does not declare its content size")
-        if declared != uncompressed_size:
-            raise CodecError(f"lz4: frame declares {declared} bytes, expected {uncompressed_size}")
-        out = lz4.frame.decompress(data)
-    except (RuntimeError, ValueError, KeyError) as exc:
-        raise CodecError(f"lz4: corrupt data ({exc})") from None
-    if not isinstance(out, bytes) or len(out) != uncompressed_size:
-        raise CodecError(f"lz4: decompressed {len(out)} bytes, expected {uncompressed_size}")
-    return out
+def _inflate(data: bytes | memoryview, uncompressed_size: int) -> bytes:
+    declared = lz4.frame.get_frame_info(data)["content_size"]
+    if not declared and uncompressed_size:
+        raise CodecError("lz4: frame does not declare its content size")
+    if declared != uncompressed_size:
+        raise CodecError(f"lz4: frame declares {declared} bytes, expected {uncompressed_size}")
+    return lz4.frame.decompress(data)  # type: ignore[no-any-return]
+
+
+decompress = checked_decompress("lz4", _inflate, (RuntimeError, ValueError, KeyError))
 
 
 #: The codec, as registered under the name ``lz4``.

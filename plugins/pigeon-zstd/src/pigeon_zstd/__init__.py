@@ -18,7 +18,7 @@ import pluggy
 import zstandard
 
 from pigeon.core import Registry
-from pigeon.core.codecs import Codec
+from pigeon.core.codecs import Codec, checked_decompress
 from pigeon.core.errors import CodecError
 
 __all__ = ["LEVEL", "ZSTD", "pigeon_codecs"]
@@ -55,17 +55,14 @@ def compress(data: bytes | memoryview) -> bytes:
     return _compressor().compress(data)
 
 
-def decompress(data: bytes | memoryview, uncompressed_size: int) -> bytes:
-    try:
-        declared = zstandard.frame_content_size(data)
-        if declared not in (-1, uncompressed_size):
-            raise CodecError(f"zstd: frame declares {declared} bytes, expected {uncompressed_size}")
-        out = _decompressor().decompress(data, max_output_size=uncompressed_size)
-    except zstandard.ZstdError as exc:
-        raise CodecError(f"zstd: corrupt data ({exc})") from None
-    if len(out) != uncompressed_size:
-        raise CodecError(f"zstd: decompressed {len(out)} bytes, expected {uncompressed_size}")
-    return out
+def _inflate(data: bytes | memoryview, uncompressed_size: int) -> bytes:
+    declared = zstandard.frame_content_size(data)
+    if declared not in (-1, uncompressed_size):
+        raise CodecError(f"zstd: frame declares {declared} bytes, expected {uncompressed_size}")
+    return _decompressor().decompress(data, max_output_size=uncompressed_size)
+
+
+decompress = checked_decompress("zstd", _inflate, (zstandard.ZstdError,))
 
 
 #: The codec, as registered under the name ``zstd``.

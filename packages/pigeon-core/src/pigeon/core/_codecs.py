@@ -33,7 +33,15 @@ from typing import Any
 
 from pigeon.core.errors import CodecError, InvalidArgument, PluginError, UnknownCodec
 
-__all__ = ["GZIP", "GZIP_LEVEL", "NONE", "RESERVED_IDS", "Codec", "CodecSet"]
+__all__ = [
+    "GZIP",
+    "GZIP_LEVEL",
+    "NONE",
+    "RESERVED_IDS",
+    "Codec",
+    "CodecSet",
+    "checked_decompress",
+]
 
 #: Wire ids reserved for the codecs PigeonMQ knows by name.
 RESERVED_IDS: dict[str, int] = {"none": 0, "gzip": 1, "lz4": 2, "zstd": 3}
@@ -82,6 +90,29 @@ class Codec:
         return f"Codec(name={self.name!r}, id={self.id})"
 
 
+def checked_decompress(
+    name: str,
+    inflate: Callable[[bytes | memoryview, int], bytes],
+    errors: tuple[type[Exception], ...],
+) -> Callable[[bytes | memoryview, int], bytes]:
+    """The ``decompress`` of codec ``name`` around ``inflate(data, uncompressed_size)``,
+    kept to the contract: an exception of ``errors`` (what the compression library raises
+    on bad input) becomes ``CodecError("<name>: corrupt data (...)")``, and a result that
+    is not exactly ``uncompressed_size`` bytes is a :class:`~pigeon.core.errors.CodecError`
+    too.  ``inflate`` may raise CodecError itself (a frame that declares another size)."""
+
+    def decompress(data: bytes | memoryview, uncompressed_size: int) -> bytes:
+        try:
+            out = inflate(data, uncompressed_size)
+        except errors as exc:
+            raise CodecError(f"{name}: corrupt data ({exc})") from None
+        if not isinstance(out, bytes) or len(out) != uncompressed_size:
+            raise CodecError(f"{name}: decompressed {len(out)} bytes, expected {uncompressed_size}")
+        return out
+
+    return decompress
+
+
 # -- none --------------------------------------------------------------------------------
 
 
@@ -106,24 +137,19 @@ def _gzip_compress(data: bytes | memoryview) -> bytes:
     return zlib.compress(data, GZIP_LEVEL, wbits=_GZIP_WBITS)
 
 
-def _gzip_decompress(data: bytes | memoryview, uncompressed_size: int) -> bytes:
+def _gzip_inflate(data: bytes | memoryview, uncompressed_size: int) -> bytes:
     d = zlib.decompressobj(wbits=_GZIP_WBITS)
-    try:
-        # One byte more than expected: a longer stream shows up as a size mismatch
-        # instead of an unbounded allocation.
-        out = d.decompress(data, uncompressed_size + 1)
-    except zlib.error as exc:
-        raise CodecError(f"gzip: corrupt data ({exc})") from None
+    # One byte more than expected: a longer stream shows up as a size mismatch instead of
+    # an unbounded allocation.
+    out = d.decompress(data, uncompressed_size + 1)
     if not d.eof:
         raise CodecError("gzip: truncated data or longer than the declared size")
     if d.unused_data:
         raise CodecError(f"gzip: {len(d.unused_data)} bytes of trailing data")
-    if len(out) != uncompressed_size:
-        raise CodecError(f"gzip: decompressed {len(out)} bytes, expected {uncompressed_size}")
     return out
 
 
-GZIP = Codec("gzip", 1, _gzip_compress, _gzip_decompress)
+GZIP = Codec("gzip", 1, _gzip_compress, checked_decompress("gzip", _gzip_inflate, (zlib.error,)))
 
 
 # -- lookup ------------------------------------------------------------------------------
