@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -16,16 +15,6 @@ from pigeon.core import PluginManager
 from pigeon.core._cli import make_cli
 
 hookimpl = pluggy.HookimplMarker("pigeon")
-
-
-@pytest.fixture(autouse=True)
-def _keep_root_logger() -> Iterator[None]:
-    """The CLI configures the root logger; give the rest of the session its own back."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 @pytest.fixture
@@ -43,6 +32,30 @@ def test_help_lists_commands_from_every_package(runner: CliRunner) -> None:
     commands = result.output.split("Commands:")[1]
     listed = {line.split()[0] for line in commands.strip().splitlines() if line.strip()}
     assert {"standalone", "broker", "bookie", "produce", "consume", "perf", "plugins"} <= listed
+
+
+def test_a_command_logs_in_key_value_lines_and_gives_the_root_logger_back(
+    runner: CliRunner,
+) -> None:
+    class LoggingPlugin:
+        @hookimpl
+        def pigeon_cli_commands(self, group: click.Group) -> None:
+            @group.command("say")
+            def say() -> None:
+                root = logging.getLogger()
+                assert root.level == logging.WARNING
+                assert len(root.handlers) == 1
+                logging.getLogger("pigeon.test").warning("said")
+                logging.getLogger("pigeon.test").info("not shown")
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    pm = PluginManager(load_entry_points=False, extra_plugins=(LoggingPlugin(),))
+    result = runner.invoke(make_cli(pm), ["--log-level", "warning", "say"])
+    assert result.exit_code == 0, result.output
+    assert "level=WARNING logger=pigeon.test msg='said'" in result.output
+    assert "not shown" not in result.output
+    assert (root.handlers, root.level) == (handlers, level)
 
 
 def test_disabled_plugin_commands_disappear(runner: CliRunner) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 
 import click
 
@@ -24,12 +25,21 @@ class _KeyValueFormatter(logging.Formatter):
         return base
 
 
-def setup_logging(level: str = "INFO") -> None:
+def setup_logging(level: str = "INFO") -> Callable[[], None]:
+    """Send every log record to stderr as one ``key=value`` line from ``level`` up; return
+    the function that puts the root logger back as it was."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_KeyValueFormatter())
     root = logging.getLogger()
+    handlers, old_level = root.handlers[:], root.level
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+    def restore() -> None:
+        root.handlers[:] = handlers
+        root.setLevel(old_level)
+
+    return restore
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
@@ -67,7 +77,8 @@ def make_cli(plugins: PluginManager | None = None) -> click.Group:
     @click.pass_context
     def cli(ctx: click.Context, log_level: str) -> None:
         """PigeonMQ: distributed messaging and streaming."""
-        setup_logging(log_level)
+        # the root logger is the command's while it runs, the caller's again after
+        ctx.call_on_close(setup_logging(log_level))
         ctx.obj = pm
 
     @cli.command("plugins")
