@@ -30,6 +30,13 @@ __all__ = ["ENV_PREFIX", "load_config"]
 ENV_PREFIX = "PIGEON_"
 T = TypeVar("T")
 
+#: numeric field types: what the error says is expected, and the values refused before
+#: conversion (a bool is no number; ``int(2.5)`` would silently truncate)
+_NUMBERS: dict[type, tuple[str, type | tuple[type, ...]]] = {
+    int: ("an integer", (bool, float)),
+    float: ("a number", bool),
+}
+
 
 def _convert(key: str, value: Any, tp: Any, source: str) -> Any:
     def bad(expected: str) -> ConfigError:
@@ -54,20 +61,14 @@ def _convert(key: str, value: Any, tp: Any, source: str) -> Any:
         if isinstance(value, str) and value.lower() in ("0", "false", "no", "off"):
             return False
         raise bad("a boolean")
-    if tp is int:
-        if isinstance(value, bool | float):  # int(2.5) would silently truncate
-            raise bad("an integer")
+    if tp in _NUMBERS:
+        expected, refused = _NUMBERS[tp]
+        if isinstance(value, refused):
+            raise bad(expected)
         try:
-            return int(value)
+            return tp(value)
         except (TypeError, ValueError):
-            raise bad("an integer") from None
-    if tp is float:
-        if isinstance(value, bool):
-            raise bad("a number")
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise bad("a number") from None
+            raise bad(expected) from None
     if tp is str:
         if not isinstance(value, str):
             raise bad("a string")
