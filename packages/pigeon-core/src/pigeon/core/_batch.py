@@ -113,46 +113,6 @@ def _align8(x: int) -> int:
     return (x + 7) & ~7
 
 
-def _layout(
-    n: int,
-    *,
-    has_event_times: bool,
-    has_keys: bool,
-    has_properties: bool,
-    property_entries: int,
-    values_length: int,
-    keys_length: int,
-    property_keys_length: int,
-    property_values_length: int,
-) -> tuple[list[int], int]:
-    """Start of every column in the uncompressed body (absent ones have size 0) and the
-    body size. Order: event times, value offsets, key offsets, key validity, property
-    offsets, property key offsets, property value offsets, values, keys, property keys,
-    property values."""
-    m1 = property_entries + 1
-    sizes = (
-        8 * n if has_event_times else 0,
-        4 * (n + 1),
-        4 * (n + 1) if has_keys else 0,
-        (n + 7) >> 3 if has_keys else 0,
-        4 * (n + 1) if has_properties else 0,
-        4 * m1 if has_properties else 0,
-        4 * m1 if has_properties else 0,
-        values_length,
-        keys_length,
-        property_keys_length,
-        property_values_length,
-    )
-    starts = []
-    pos = 0
-    for size in sizes:
-        if size:
-            pos = _align8(pos)
-        starts.append(pos)
-        pos += size
-    return starts, pos
-
-
 # -- header ------------------------------------------------------------------------------
 
 
@@ -198,17 +158,33 @@ class BatchHeader:
         return self.sequence_id + self.num_messages - 1
 
     def layout(self) -> tuple[list[int], int]:
-        return _layout(
-            self.num_messages,
-            has_event_times=self.has_event_times,
-            has_keys=self.has_keys,
-            has_properties=self.has_properties,
-            property_entries=self.property_entries,
-            values_length=self.values_length,
-            keys_length=self.keys_length,
-            property_keys_length=self.property_keys_length,
-            property_values_length=self.property_values_length,
+        """Start of every column in the uncompressed body (absent ones have size 0) and
+        the body size. Order: event times, value offsets, key offsets, key validity,
+        property offsets, property key offsets, property value offsets, values, keys,
+        property keys, property values."""
+        n = self.num_messages
+        m1 = self.property_entries + 1
+        sizes = (
+            8 * n if self.has_event_times else 0,
+            4 * (n + 1),
+            4 * (n + 1) if self.has_keys else 0,
+            (n + 7) >> 3 if self.has_keys else 0,
+            4 * (n + 1) if self.has_properties else 0,
+            4 * m1 if self.has_properties else 0,
+            4 * m1 if self.has_properties else 0,
+            self.values_length,
+            self.keys_length,
+            self.property_keys_length,
+            self.property_values_length,
         )
+        starts = []
+        pos = 0
+        for size in sizes:
+            if size:
+                pos = _align8(pos)
+            starts.append(pos)
+            pos += size
+        return starts, pos
 
 
 def _as_bytes_view(data: bytes | bytearray | memoryview) -> memoryview:

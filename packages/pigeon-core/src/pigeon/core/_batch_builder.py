@@ -276,7 +276,7 @@ def message_body_size(
     vlen = len(value) if type(value) is bytes else _byte_length(value, "message value")
     if type(event_time) is not int and not isinstance(event_time, int):
         raise InvalidArgument(f"event_time must be an int (ms), not {type(event_time).__name__}")
-    # The column layout of _layout() for one message, unrolled: this runs once per message.
+    # BatchHeader.layout() for one message, unrolled: this runs once per message.
     pos = 8  # value offsets
     if event_time:
         if not _INT64_MIN <= event_time <= _INT64_MAX:
