@@ -1,15 +1,14 @@
-"""The plugin manager, and the hookspecs' documentation and coverage (datasette style)."""
+"""The plugin manager: built-ins and entry-point plugins registered through the hooks,
+registries, disabled plugins."""
 
 from __future__ import annotations
 
 import importlib.metadata
-import inspect
-from typing import Any
 
 import pluggy
 import pytest
 
-from pigeon.core import PluginManager, Registry, hookspecs
+from pigeon.core import PluginManager, Registry
 from pigeon.core._codecs import GZIP, NONE, Codec
 from pigeon.core._replication import QuorumPolicy
 from pigeon.core.errors import PluginError
@@ -137,45 +136,3 @@ def test_disabled_argument_beats_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # ------------------------------------------------------------------ hookspec docs
-
-
-def _hookspecs() -> list[tuple[str, Any]]:
-    return [
-        (name, fn)
-        for name, fn in inspect.getmembers(hookspecs, inspect.isfunction)
-        if name.startswith("pigeon_")
-    ]
-
-
-def _ids(value: object) -> str:
-    return value if isinstance(value, str) else ""
-
-
-def test_hookspecs_exist() -> None:
-    assert len(_hookspecs()) >= 4
-    # every pigeon_ function is a real hookspec, not a forgotten helper
-    for name, fn in _hookspecs():
-        assert hasattr(fn, "pigeon_spec"), name
-
-
-@pytest.mark.parametrize(("name", "fn"), _hookspecs(), ids=_ids)
-def test_hookspec_is_documented(name: str, fn: Any) -> None:
-    doc = inspect.getdoc(fn)
-    assert doc, f"hook {name} has no docstring"
-    for param in inspect.signature(fn).parameters:
-        assert f":param {param}:" in doc, f"hook {name} does not document {param!r}"
-    assert "called" in doc.lower(), f"hook {name} does not say when it is called"
-    assert "firstresult" in doc, f"hook {name} does not say whether it is firstresult"
-
-
-@pytest.mark.parametrize(("name", "fn"), _hookspecs(), ids=_ids)
-def test_hookspec_is_implemented(name: str, fn: Any) -> None:
-    pm = PluginManager(disabled=set())
-    impls = getattr(pm.pm.hook, name).get_hookimpls()
-    assert impls, f"no built-in or installed plugin implements {name}"
-
-
-def test_no_plugin_implements_an_unknown_hook() -> None:
-    """A typo in a hookimpl name (pigeon_codec instead of pigeon_codecs) is caught."""
-    pm = PluginManager(disabled=set())
-    pm.pm.check_pending()
