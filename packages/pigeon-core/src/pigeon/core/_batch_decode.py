@@ -56,7 +56,8 @@ class DecodedBatch:
     ``properties_offsets`` / ``property_keys_offsets`` / ``property_values_offsets``
     (``memoryview`` of format ``'i'``), ``event_times`` (format ``'q'``), and the byte
     views ``values_data``, ``keys_validity``, ``keys_data``, ``property_keys_data``,
-    ``property_values_data``. Absent columns are ``None``.
+    ``property_values_data``. Absent columns are ``None``; ``has_keys``,
+    ``has_event_times`` and ``has_properties`` (the header's flags) say which are there.
 
     With codec ``none`` these views (and the batch) refer to the buffer given to
     :func:`decode_batch`; with a compressing codec, to the decompressed body. Offsets are
@@ -82,6 +83,9 @@ class DecodedBatch:
         "_voff",
         "_voff_abs",
         "event_times",
+        "has_event_times",
+        "has_keys",
+        "has_properties",
         "header",
         "keys_data",
         "keys_offsets",
@@ -100,6 +104,9 @@ class DecodedBatch:
         """Build from ``buf`` holding the uncompressed body at ``body_start`` (checked)."""
         self.header = header
         n = self.num_messages = header.num_messages
+        self.has_keys = header.has_keys
+        self.has_event_times = header.has_event_times
+        self.has_properties = header.has_properties
         self._buf = buf
         starts, total = header.layout()
         body = memoryview(buf)[body_start : body_start + total]
@@ -153,18 +160,6 @@ class DecodedBatch:
 
     def __len__(self) -> int:
         return self.num_messages
-
-    @property
-    def has_keys(self) -> bool:
-        return self.header.has_keys
-
-    @property
-    def has_event_times(self) -> bool:
-        return self.header.has_event_times
-
-    @property
-    def has_properties(self) -> bool:
-        return self.header.has_properties
 
     def __repr__(self) -> str:
         h = self.header
