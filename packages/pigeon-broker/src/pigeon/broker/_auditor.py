@@ -19,7 +19,7 @@ from typing import Any
 
 import trio
 
-from pigeon.broker._ledger import SegmentInfo
+from pigeon.broker._ledger_state import SegmentInfo
 from pigeon.core.errors import BadVersion, PigeonError
 from pigeon.core.metadata import lead_forever
 from pigeon.core.paths import AUDITOR_PATH, BOOKIES_PATH, LEDGERS_PATH

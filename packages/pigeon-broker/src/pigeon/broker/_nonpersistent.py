@@ -21,7 +21,7 @@ from pigeon.core.errors import ConsumerBusy, NotSupported, PigeonError, Subscrip
 
 if TYPE_CHECKING:
     from pigeon.broker._dedup import Receipt
-    from pigeon.broker._ledger import Position
+    from pigeon.broker._ledger_state import Position
     from pigeon.broker._policies import NamespacePolicies
     from pigeon.broker._subscription import Consumer
     from pigeon.core.runtime import WallClock

@@ -29,7 +29,8 @@ import trio
 
 from pigeon.broker._cursor import CursorState
 from pigeon.broker._dispatch import Delivery, Dispatcher, Pending
-from pigeon.broker._ledger import Entry, ManagedLedger, Position
+from pigeon.broker._ledger import ManagedLedger
+from pigeon.broker._ledger_state import Entry, Position
 from pigeon.core.batch import ENTRY_HEADER_SIZE, decode_batch
 from pigeon.core.errors import (
     CorruptEntry,

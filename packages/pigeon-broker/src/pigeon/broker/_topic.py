@@ -19,7 +19,8 @@ import trio
 
 from pigeon.broker._cursor import CursorState
 from pigeon.broker._dedup import Deduplication, Receipt
-from pigeon.broker._ledger import Entry, ManagedLedger, Position
+from pigeon.broker._ledger import ManagedLedger
+from pigeon.broker._ledger_state import Entry, Position
 from pigeon.broker._policies import NamespacePolicies
 from pigeon.broker._subscription import Subscription
 from pigeon.core import TopicName
