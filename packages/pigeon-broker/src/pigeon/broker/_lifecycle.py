@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from pigeon.broker._ledger import SegmentInfo
+from pigeon.broker._ledger_state import SegmentInfo
 from pigeon.broker._policies import split_namespace
 from pigeon.core import TopicName
 from pigeon.core.errors import (
@@ -136,8 +136,9 @@ def disconnect(
     """Detach producers and/or consumers of ``topic`` (of one subscription by name, or of
     the subscription object ``only``) through the front doors that attached them; they
     reconnect on their own (see :meth:`pigeon.broker._native.NativeProtocol.detach`)."""
-    return service.native.detach(
-        topic, reason, producers=producers, subscription=subscription, only=only
+    return sum(
+        door.detach(topic, reason, producers=producers, subscription=subscription, only=only)
+        for door in service.front_doors
     )
 
 
@@ -335,20 +336,12 @@ async def unload_bundle(service: BrokerService, namespace: str, bundle: str) -> 
     unloaded = []
     ownership = ownership_of(service)
     path = f"{OWNERSHIP_PATH}/{namespace}/{bundle}"
-    if ownership is not None:
-        ownership.releasing.add(path)
-    try:
+    async with ownership.release(path) if ownership is not None else contextlib.nullcontext():
         for key, topic in sorted(service.topics.items()):
             if topic.name.namespace_name != namespace or bundle_of(service, topic.name) != bundle:
                 continue
             if await _unload_one(service, topic.name):
                 unloaded.append(key)
-        if ownership is not None and path in ownership.owned:
-            ownership.owned.discard(path)
-            await ignore_missing(service.store.delete(path))
-    finally:
-        if ownership is not None:
-            ownership.releasing.discard(path)
     log.info("bundle unloaded namespace=%s bundle=%s topics=%s", namespace, bundle, len(unloaded))
     return unloaded
 
@@ -358,7 +351,8 @@ async def unload_bundle(service: BrokerService, namespace: str, bundle: str) -> 
 
 async def drop_all_topics(service: BrokerService) -> None:
     """The metadata session expired: another broker may own our bundles now."""
-    service.native.close_all()  # clients reconnect through a new lookup
+    for door in service.front_doors:
+        door.close_all()  # clients reconnect through a new lookup
     topics, service.topics = service.topics, {}
     # at once, and 5 s for all: the new session waits for this (it took 5 s per
     # topic one after the other, so a broker with a few topics stayed away ~20 s)

@@ -98,6 +98,10 @@ class NativeProtocol:
         for consumer, sub, topic in state.consumers.values():
             self.core.detach_consumer(topic, sub, consumer)
 
+    @property
+    def connections(self) -> int:
+        return len(self.conns)
+
     def close_all(self) -> None:
         """Close every connection (clients reconnect through a new lookup)."""
         for conn in list(self.conns):

@@ -15,13 +15,14 @@ import itertools
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
 from pigeon.broker._auditor import Auditor
 from pigeon.broker._config import BrokerConfig
-from pigeon.broker._ledger import LedgerConfig, ManagedLedger, Position
+from pigeon.broker._ledger import ManagedLedger
+from pigeon.broker._ledger_state import LedgerConfig, Position
 from pigeon.broker._lifecycle import close_all_topics, drop_all_topics, unload_topic
 from pigeon.broker._loadmanager import LoadManager
 from pigeon.broker._native import NativeProtocol
@@ -51,11 +52,32 @@ from pigeon.core.paths import (
 from pigeon.core.rpc import BrokerFrame, serve_tcp
 from pigeon.core.runtime import WallClock
 
-__all__ = ["BrokerService"]
+__all__ = ["BrokerService", "FrontDoor"]
 
 log = logging.getLogger(__name__)
 
 MAX_PARTITIONS = 4096
+
+
+class FrontDoor(Protocol):
+    """What the core asks of a front door (the native protocol; Kafka's, later)."""
+
+    def detach(
+        self, topic: Any, reason: str, *, producers: bool, subscription: str | None, only: Any
+    ) -> int:
+        """Detach the producers and/or consumers it attached to ``topic`` (all of them,
+        those of the subscription named ``subscription``, or of the object ``only``) and
+        tell their clients to re-attach; returns how many."""
+        ...
+
+    def close_all(self) -> None:
+        """Close every connection (clients reconnect through a new lookup)."""
+        ...
+
+    @property
+    def connections(self) -> int:
+        """Open client connections."""
+        ...
 
 
 class BrokerService:
@@ -80,6 +102,9 @@ class BrokerService:
         self._opening: dict[str, trio.Event] = {}
         #: the native protocol's front door (port 6650)
         self.native = NativeProtocol(self)
+        #: every front door: the core detaches clients and closes connections through
+        #: these, never naming one
+        self.front_doors: list[FrontDoor] = [self.native]
         self.nursery: trio.Nursery = None  # type: ignore[assignment]
         self.address: tuple[str, int] | None = None
         self._names = itertools.count()
@@ -94,7 +119,7 @@ class BrokerService:
     @property
     def connections(self) -> int:
         """Open client connections (of every front door)."""
-        return len(self.native.conns)
+        return sum(door.connections for door in self.front_doors)
 
     @property
     def service_url(self) -> str:
