@@ -11,7 +11,13 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
-from pigeon.broker._lifecycle import delete_topic, require_namespace, topic_exists, topic_targets
+from pigeon.broker._lifecycle import (
+    delete_topic,
+    open_existing_topic,
+    require_namespace,
+    topic_exists,
+    topic_targets,
+)
 from pigeon.broker._policies import NamespacePolicies, TenantInfo, split_namespace
 from pigeon.broker._service import BrokerService
 from pigeon.core import TopicName
@@ -24,14 +30,12 @@ from pigeon.core.errors import (
     TopicExists,
     TopicNotFound,
 )
-from pigeon.core.paths import cursors_path
 
 if TYPE_CHECKING:
     from pigeon.broker._metrics import BrokerMonitor
 
 __all__ = [
     "check_subscription_name",
-    "open_topic",
     "create_namespace",
     "create_tenant",
     "create_topic",
@@ -85,13 +89,6 @@ def parse_message_id(text: str) -> tuple[int, int, int]:
 
 async def _partitions(service: BrokerService, name: TopicName) -> int:
     return await service.partitions_of(name)
-
-
-async def open_topic(service: BrokerService, name: TopicName) -> Any:
-    """A non-partitioned topic (or one partition) that exists, loaded on this broker."""
-    if not await topic_exists(service, name):
-        raise TopicNotFound(f"topic {name} does not exist")
-    return await service.get_topic(name)
 
 
 # ---------------------------------------------------------------------- clients
@@ -214,15 +211,6 @@ def _sub_stats(monitor: BrokerMonitor | None, topic: Any, sub: Any) -> dict[str,
     }
 
 
-async def _load_durable_subscriptions(service: BrokerService, topic: Any) -> None:
-    """Load the cursors of subscriptions no consumer attached to since the topic loaded."""
-    if not topic.persistent:
-        return
-    for sub_name in await service.store.children(cursors_path(topic.name)):
-        if sub_name not in topic.subscriptions:
-            await topic.subscription(sub_name, "exclusive", "latest", durable=True, start_offset=-1)
-
-
 def _one_topic_stats(monitor: BrokerMonitor | None, topic: Any) -> dict[str, Any]:
     rates = monitor.rates_of(topic.name.full) if monitor else None
     persistent = topic.persistent
@@ -244,12 +232,9 @@ def _one_topic_stats(monitor: BrokerMonitor | None, topic: Any) -> dict[str, Any
         "producers": len(topic.producers),
         "producer_names": sorted(topic.producers),
         "next_offset": topic.next_offset,
-        "first_offset": topic.ledger.first_offset if persistent else topic.next_offset,
-        "storage_size": sum(s.size for s in topic.ledger.segments) if persistent else 0,
-        "segments": len(topic.ledger.segments) if persistent else 0,
+        **topic.storage_stats(),
         "backlog": max((s["backlog"] for s in subs.values()), default=0),
         "backlog_bytes": topic.backlog_bytes(),
-        "corrupt_entries": topic.ledger.corrupt_entries if persistent else 0,
         "subscriptions": subs,
     }
 
@@ -292,7 +277,7 @@ async def topic_stats(
     per: dict[str, dict[str, Any]] = {}
     for t in targets:
         topic = await service.get_topic(t)
-        await _load_durable_subscriptions(service, topic)
+        await topic.load_subscriptions()
         per[t.full] = _one_topic_stats(monitor, topic)
     if not n:
         return per[name.full]
@@ -325,7 +310,7 @@ async def internal_stats(service: BrokerService, name: TopicName) -> dict[str, A
     """The managed ledger's segments and each cursor's state (one topic or partition)."""
     if await service.partitions_of(name):
         raise NotSupported(f"{name} is partitioned: ask for one partition ({name}-partition-<i>)")
-    topic = await open_topic(service, name)
+    topic = await open_existing_topic(service, name)
     if not topic.persistent:
         return {
             "topic": name.full,
@@ -335,7 +320,7 @@ async def internal_stats(service: BrokerService, name: TopicName) -> dict[str, A
             "cursors": {},
             "cache": None,
         }
-    await _load_durable_subscriptions(service, topic)
+    await topic.load_subscriptions()
     ledger = topic.ledger
     cursors = {}
     for sname, sub in sorted(topic.subscriptions.items()):

@@ -56,16 +56,17 @@ __all__ = [
     "bundle_of",
     "bundle_owner",
     "bundle_ranges",
-    "close_subscriptions",
     "close_all_topics",
     "delete_topic",
     "drop_all_topics",
     "disconnect",
     "exclusive",
     "ignore_missing",
+    "open_existing_topic",
     "namespace_bundles",
     "ownership_of",
     "require_namespace",
+    "subscription_names",
     "topic_targets",
     "topic_exists",
     "unload_bundle",
@@ -77,8 +78,6 @@ log = logging.getLogger(__name__)
 FULL_RANGE = 1 << 32
 #: The one bundle of a namespace when the broker has no ownership (single-broker builds).
 FULL_BUNDLE = "0x00000000_0x100000000"
-#: How long closing a subscription may take before we go on regardless.
-CLOSE_TIMEOUT = 5.0
 #: Time limit of one bookie call made while deleting a topic (the bookie GC is the backstop).
 BOOKIE_CALL_TIMEOUT = 5.0
 
@@ -95,6 +94,24 @@ async def topic_exists(service: BrokerService, name: TopicName) -> bool:
     if name.partition_index >= 0 and await service.partitions_of(name.base) > name.partition_index:
         return True
     return name.persistent and bool(await service.store.exists(ledger_path(name)))
+
+
+async def open_existing_topic(service: BrokerService, name: TopicName) -> Any:
+    """A non-partitioned topic (or one partition) that exists, loaded on this broker."""
+    if not await topic_exists(service, name):
+        raise TopicNotFound(f"topic {name} does not exist")
+    return await service.get_topic(name)
+
+
+async def subscription_names(service: BrokerService, name: TopicName) -> set[str]:
+    """The subscriptions of a topic or partition: those loaded here and the stored cursors."""
+    found: set[str] = set()
+    topic = service.topics.get(name.full)
+    if topic is not None:
+        found.update(topic.subscriptions)
+    if name.persistent:
+        found.update(await service.store.children(cursors_path(name)))
+    return found
 
 
 async def topic_targets(service: BrokerService, name: TopicName) -> list[TopicName]:
@@ -146,29 +163,6 @@ def active(topic: Any) -> bool:
     return bool(topic.producers) or any(s.consumers for s in topic.subscriptions.values())
 
 
-async def close_subscriptions(topic: Any, names: list[str] | None = None) -> None:
-    """Stop dispatch of the named (or all) subscriptions and wait until they persisted."""
-    subs = [s for n, s in list(topic.subscriptions.items()) if names is None or n in names]
-    for sub in subs:
-        sub.closed = True
-        if topic.persistent:
-            sub.wake()
-    if not topic.persistent:
-        for sub in subs:
-            topic.subscriptions.pop(sub.name, None)
-        return
-    with trio.move_on_after(CLOSE_TIMEOUT) as scope:
-        # A subscription's dispatch task leaves topic.subscriptions when it has stopped
-        # and persisted its cursor; there is no event to wait on.
-        while any(topic.subscriptions.get(s.name) is s for s in subs):  # noqa: ASYNC110
-            await trio.sleep(0.01)
-    if scope.cancelled_caught:
-        log.warning("subscriptions did not stop in time topic=%s", topic.name)
-    for sub in subs:
-        if topic.subscriptions.get(sub.name) is sub:
-            del topic.subscriptions[sub.name]
-
-
 async def ignore_missing(coro: Any) -> None:
     try:
         await coro
@@ -217,7 +211,7 @@ async def _delete_one(service: BrokerService, name: TopicName, *, force: bool) -
             del service.topics[name.full]
             topic.unloaded = True
             disconnect(service, topic, "topic deleted")
-            await close_subscriptions(topic)
+            await topic.close_subscriptions()
             await topic.close()
         if name.persistent:
             await _delete_data(service, name)
@@ -267,7 +261,7 @@ async def _unload_one(service: BrokerService, name: TopicName) -> bool:
             return False
         topic.unloaded = True
         disconnect(service, topic, "topic unloaded")
-        await close_subscriptions(topic)
+        await topic.close_subscriptions()
         await topic.close()
         await topic.snapshot_dedup()
     log.info("topic unloaded topic=%s", name)

@@ -17,13 +17,20 @@ from typing import TYPE_CHECKING, Any
 from pigeon.broker._dedup import Deduplication
 from pigeon.core import TopicName
 from pigeon.core.batch import pack_entry_header
-from pigeon.core.errors import ConsumerBusy, NotSupported, PigeonError, SubscriptionBusy
+from pigeon.core.errors import (
+    ConsumerBusy,
+    NotSupported,
+    PigeonError,
+    SubscriptionBusy,
+    SubscriptionNotFound,
+)
 
 if TYPE_CHECKING:
     from pigeon.broker._dedup import Receipt
     from pigeon.broker._ledger_state import Position
     from pigeon.broker._policies import NamespacePolicies
     from pigeon.broker._subscription import Consumer
+    from pigeon.broker._topic import Topic
     from pigeon.core.runtime import WallClock
 
 __all__ = ["NonPersistentSubscription", "NonPersistentTopic"]
@@ -192,6 +199,33 @@ class NonPersistentTopic:
 
     async def close(self) -> None:
         return None
+
+    # Nothing stored: no cursors to load or persist, no storage to report.
+    def as_persistent(self) -> Topic:
+        raise NotSupported(f"{self.name} is non-persistent: its subscriptions have no cursor")
+
+    async def find_subscription(self, name: str) -> NonPersistentSubscription:
+        sub = self.subscriptions.get(name)
+        if sub is None:
+            raise SubscriptionNotFound(f"subscription {name!r} does not exist on {self.name}")
+        return sub
+
+    async def load_subscriptions(self) -> None:
+        return None
+
+    async def close_subscriptions(self, names: list[str] | None = None) -> None:
+        for name, sub in list(self.subscriptions.items()):
+            if names is None or name in names:
+                sub.closed = True
+                del self.subscriptions[name]
+
+    def storage_stats(self) -> dict[str, int]:
+        return {
+            "first_offset": self.next_offset,
+            "storage_size": 0,
+            "segments": 0,
+            "corrupt_entries": 0,
+        }
 
     def seek(
         self,

@@ -31,7 +31,8 @@ from pigeon.broker._ownership import Ownership
 from pigeon.broker._policies import PolicyStore
 from pigeon.broker._publish import Reply, fence_producer, publish
 from pigeon.broker._subscription import Consumer
-from pigeon.broker._topic import Producer, Topic, TopicProtocol, drop_reader
+from pigeon.broker._topic import Producer, Topic, drop_reader
+from pigeon.broker._topic_protocol import TopicProtocol
 from pigeon.core import TopicName
 from pigeon.core.codecs import GZIP, NONE, CodecSet
 from pigeon.core.errors import (
