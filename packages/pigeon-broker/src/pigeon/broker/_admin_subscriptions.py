@@ -6,13 +6,13 @@ Part of the admin API's operations (see :mod:`pigeon.broker._admin_ops`).
 from __future__ import annotations
 
 import base64
+import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
 from pigeon.broker._admin_topics import check_subscription_name, parse_message_id, topic_stats
 from pigeon.broker._lifecycle import (
     disconnect,
-    ignore_missing,
     open_existing_topic,
     subscription_names,
     topic_targets,
@@ -28,7 +28,6 @@ from pigeon.core.errors import (
     SubscriptionBusy,
     SubscriptionNotFound,
 )
-from pigeon.core.paths import cursor_path
 
 if TYPE_CHECKING:
     from pigeon.broker._metrics import BrokerMonitor
@@ -123,9 +122,7 @@ async def create_subscription(
         )
     topics = [await _persistent_topic(service, t) for t in targets]
     for topic in topics:
-        if sub_name in topic.subscriptions or await service.store.exists(
-            cursor_path(topic.name, sub_name)
-        ):
+        if await topic.has_subscription(sub_name):
             raise NodeExists(f"subscription {sub_name!r} already exists on {topic.name}")
     for topic in topics:
         initial, start = await _start_offset(topic, position)
@@ -150,19 +147,10 @@ async def delete_subscription(
     if not force and any(sub.consumers for _t, sub in found):
         raise SubscriptionBusy(f"subscription {sub_name!r} has connected consumers; use force")
     for topic, sub in found:
-        # Stop the subscription from persisting before its node goes, so nothing re-creates
-        # the cursor; a consumer that re-attaches before the node is gone joins the closed
-        # subscription and is detached once more below, then subscribes afresh.
-        sub.closed = True
-        if topic.persistent:
-            sub.store = None
-            sub.wake()
-        disconnect(service, topic, "subscription deleted", producers=False, only=sub)
-        if topic.persistent:
-            await ignore_missing(service.store.delete(cursor_path(topic.name, sub_name)))
-        if topic.subscriptions.get(sub_name) is sub:
-            del topic.subscriptions[sub_name]
-        disconnect(service, topic, "subscription deleted", producers=False, only=sub)
+        detach = functools.partial(
+            disconnect, service, topic, "subscription deleted", producers=False, only=sub
+        )
+        await topic.delete_subscription(sub, detach)
     log.info("subscription deleted topic=%s sub=%s", name, sub_name)
 
 

@@ -190,24 +190,18 @@ async def topic_metadata(service: BrokerService, name: TopicName) -> dict[str, A
 
 def _sub_stats(monitor: BrokerMonitor | None, topic: Any, sub: Any) -> dict[str, Any]:
     rates = monitor.rates_of_subscription(topic.name.full, sub.name) if monitor else None
-    persistent = topic.persistent
     return {
         "name": sub.name,
         "type": sub.type,
         "durable": bool(sub.durable),
         "consumers": len(sub.consumers),
         "backlog": sub.backlog(),
-        "backlog_bytes": topic.ledger.bytes_after(sub.cursor.mark_delete) if persistent else 0,
-        "mark_delete_offset": sub.cursor.mark_delete if persistent else None,
         "msgs_out": sub.msgs_out,
         "bytes_out": sub.bytes_out,
         "msg_rate_out": round(rates.msg_rate_out, 3) if rates else 0.0,
         "msg_throughput_out": round(rates.msg_throughput_out, 3) if rates else 0.0,
-        "delayed": sub.delayed_count if persistent else 0,
-        "dropped": 0 if persistent else sub.dropped,
         "consumer_names": [c.name for c in sub.consumers],
-        "lost_messages": sub.lost_messages if persistent else 0,
-        "read_error": sub.read_error if persistent else None,
+        **sub.storage_stats(),
     }
 
 
@@ -311,53 +305,8 @@ async def internal_stats(service: BrokerService, name: TopicName) -> dict[str, A
     if await service.partitions_of(name):
         raise NotSupported(f"{name} is partitioned: ask for one partition ({name}-partition-<i>)")
     topic = await open_existing_topic(service, name)
-    if not topic.persistent:
-        return {
-            "topic": name.full,
-            "persistent": False,
-            "next_offset": topic.next_offset,
-            "segments": [],
-            "cursors": {},
-            "cache": None,
-        }
     await topic.load_subscriptions()
-    ledger = topic.ledger
-    cursors = {}
-    for sname, sub in sorted(topic.subscriptions.items()):
-        cursors[sname] = {
-            "mark_delete_offset": sub.cursor.mark_delete,
-            "acked_ranges": [list(r) for r in sub.cursor.acked.ranges()],
-            "read_position": list(sub.read_position) if sub.read_position else None,
-            "pending_entries": len(sub.pending),
-            "durable": bool(sub.durable),
-        }
-    return {
-        "topic": name.full,
-        "persistent": True,
-        "next_offset": ledger.next_offset,
-        "first_offset": ledger.first_offset,
-        "last_position": list(ledger.last_position),
-        "segments": [
-            {
-                "id": s.id,
-                "first_offset": s.first_offset,
-                "entries": s.entries,
-                "last_entry_id": s.last_entry_id,
-                "size": s.size,
-                "state": s.state,
-                "ensemble": list(s.ensemble),
-                "ctime": s.ctime,
-                "last_publish_time": s.last_publish_time,
-            }
-            for s in ledger.segments
-        ],
-        "cursors": cursors,
-        "cache": {
-            "hits": ledger.cache.hits,
-            "misses": ledger.cache.misses,
-            "bytes": ledger.cache.bytes,
-        },
-    }
+    return {"topic": name.full, "persistent": topic.persistent, **topic.internal_stats()}
 
 
 def loaded_topics_stats(

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections import deque
+from typing import Any
 
 import trio
 
@@ -221,6 +222,33 @@ class ManagedLedger(LedgerWrites, LedgerReads):
             except Exception:
                 log.exception("append callback failed topic=%s", self.topic)
         self._new_entries.set()
+
+    def internal_stats(self) -> dict[str, Any]:
+        """The ledger's offsets, segments and cache (the admin API's internal stats)."""
+        return {
+            "next_offset": self.next_offset,
+            "first_offset": self.first_offset,
+            "last_position": list(self.last_position),
+            "segments": [
+                {
+                    "id": s.id,
+                    "first_offset": s.first_offset,
+                    "entries": s.entries,
+                    "last_entry_id": s.last_entry_id,
+                    "size": s.size,
+                    "state": s.state,
+                    "ensemble": list(s.ensemble),
+                    "ctime": s.ctime,
+                    "last_publish_time": s.last_publish_time,
+                }
+                for s in self.segments
+            ],
+            "cache": {
+                "hits": self.cache.hits,
+                "misses": self.cache.misses,
+                "bytes": self.cache.bytes,
+            },
+        }
 
     # ------------------------------------------------------------------ retention
 

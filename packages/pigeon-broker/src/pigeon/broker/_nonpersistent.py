@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from pigeon.broker._dedup import Deduplication
@@ -36,6 +36,15 @@ if TYPE_CHECKING:
 __all__ = ["NonPersistentSubscription", "NonPersistentTopic"]
 
 log = logging.getLogger(__name__)
+
+#: what a subscription without a cursor reports of one (see storage_stats)
+_NO_CURSOR: dict[str, Any] = {
+    "backlog_bytes": 0,
+    "mark_delete_offset": None,
+    "delayed": 0,
+    "lost_messages": 0,
+    "read_error": None,
+}
 
 #: A consumer whose connection has more than this many unsent bytes is "not keeping up".
 SLOW_CONSUMER_BYTES = 4 * 1024 * 1024
@@ -142,6 +151,10 @@ class NonPersistentSubscription:
     def backlog(self) -> int:
         return 0
 
+    def storage_stats(self) -> dict[str, Any]:
+        """No cursor, nothing stored: only what was dropped."""
+        return {**_NO_CURSOR, "dropped": self.dropped}
+
 
 class NonPersistentTopic:
     persistent = False
@@ -218,6 +231,18 @@ class NonPersistentTopic:
             if names is None or name in names:
                 sub.closed = True
                 del self.subscriptions[name]
+
+    def internal_stats(self) -> dict[str, Any]:
+        return {"next_offset": self.next_offset, "segments": [], "cursors": {}, "cache": None}
+
+    async def delete_subscription(
+        self, sub: NonPersistentSubscription, detach: Callable[[], object]
+    ) -> None:
+        sub.closed = True
+        detach()
+        if self.subscriptions.get(sub.name) is sub:
+            del self.subscriptions[sub.name]
+        detach()
 
     def storage_stats(self) -> dict[str, int]:
         return {

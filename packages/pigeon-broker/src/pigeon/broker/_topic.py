@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -116,6 +116,12 @@ class Topic:
 
     def as_persistent(self) -> Topic:
         return self
+
+    def internal_stats(self) -> dict[str, Any]:
+        return {
+            **self.ledger.internal_stats(),
+            "cursors": {n: s.cursor_stats() for n, s in sorted(self.subscriptions.items())},
+        }
 
     def storage_stats(self) -> dict[str, int]:
         ledger = self.ledger
@@ -445,6 +451,29 @@ class Topic:
         for sub in subs:
             if self.subscriptions.get(sub.name) is sub:
                 del self.subscriptions[sub.name]
+
+    async def delete_subscription(self, sub: Subscription, detach: Callable[[], object]) -> None:
+        """Delete ``sub`` and its cursor; ``detach()`` detaches its consumers.
+
+        The subscription stops persisting before its node goes, so nothing re-creates the
+        cursor; a consumer that re-attaches before the node is gone joins the closed
+        subscription and is detached once more, then subscribes afresh.
+        """
+        sub.closed = True
+        sub.store = None
+        sub.wake()
+        detach()
+        with contextlib.suppress(NoSuchNode):
+            await self.service.store.delete(cursor_path(self.name, sub.name))
+        if self.subscriptions.get(sub.name) is sub:
+            del self.subscriptions[sub.name]
+        detach()
+
+    async def has_subscription(self, name: str) -> bool:
+        """Whether the subscription ``name`` is loaded here or has a stored cursor."""
+        return name in self.subscriptions or await self.service.store.exists(
+            cursor_path(self.name, name)
+        )
 
     def _check_loaded(self) -> None:
         if self.unloaded:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pigeon.broker._dedup import Deduplication, Receipt
@@ -91,6 +91,14 @@ class TopicProtocol(Protocol):
 
     async def close_subscriptions(self, names: list[str] | None = None) -> None:
         """Stop the named (or all) subscriptions (persisting their cursors) and drop them."""
+        ...
+
+    async def delete_subscription(self, sub: Any, detach: Callable[[], object]) -> None:
+        """Delete ``sub`` (and its cursor); ``detach()`` detaches its consumers."""
+        ...
+
+    def internal_stats(self) -> dict[str, Any]:
+        """``next_offset``, ``segments``, ``cursors`` and ``cache`` in detail."""
         ...
 
     def storage_stats(self) -> dict[str, int]:
