@@ -148,7 +148,7 @@ async def delete_subscription(
         raise SubscriptionBusy(f"subscription {sub_name!r} has connected consumers; use force")
     for topic, sub in found:
         detach = functools.partial(
-            disconnect, service, topic, "subscription deleted", producers=False, only=sub
+            disconnect, service, topic, "subscription deleted", subscription=sub
         )
         await topic.delete_subscription(sub, detach)
     log.info("subscription deleted topic=%s sub=%s", name, sub_name)
@@ -208,7 +208,7 @@ async def reset_cursor(
             await sub.seek_time(timestamp)
         # Right after the seek (no checkpoint in between): the consumers drop what they
         # prefetched from the old position when they re-attach.
-        disconnect(service, topic, "cursor reset", producers=False, only=sub)
+        disconnect(service, topic, "cursor reset", subscription=sub)
         await sub.flush()
         out.append(await _cursor_state(topic, sub))
     log.info(

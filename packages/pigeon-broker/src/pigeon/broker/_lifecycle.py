@@ -21,13 +21,15 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from pigeon.broker._ledger_state import SegmentInfo
 from pigeon.broker._policies import split_namespace
+from pigeon.broker._singleflight import claimed
 from pigeon.core import TopicName
 from pigeon.core.errors import (
     NoSuchNode,
@@ -124,38 +126,17 @@ async def topic_targets(service: BrokerService, name: TopicName) -> list[TopicNa
     return [name]
 
 
-@contextlib.asynccontextmanager
-async def exclusive(service: BrokerService, key: str) -> AsyncIterator[None]:
+def exclusive(service: BrokerService, key: str) -> AbstractAsyncContextManager[None]:
     """Keep ``get_topic(key)`` waiting while we unload or delete the topic."""
-    while True:
-        opening = service._opening.get(key)
-        if opening is None:
-            break
-        await opening.wait()
-    ev = service._opening[key] = trio.Event()
-    try:
-        yield
-    finally:
-        if service._opening.get(key) is ev:
-            del service._opening[key]
-        ev.set()
+    return claimed(service._opening, key)
 
 
-def disconnect(
-    service: BrokerService,
-    topic: Any,
-    reason: str,
-    *,
-    producers: bool = True,
-    subscription: str | None = None,
-    only: Any = None,
-) -> int:
-    """Detach producers and/or consumers of ``topic`` (of one subscription by name, or of
-    the subscription object ``only``) through the front doors that attached them; they
+def disconnect(service: BrokerService, topic: Any, reason: str, *, subscription: Any = None) -> int:
+    """Detach the producers and consumers of ``topic`` (only the consumers of
+    ``subscription``, given one) through the front doors that attached them; they
     reconnect on their own (see :meth:`pigeon.broker._native.NativeProtocol.detach`)."""
     return sum(
-        door.detach(topic, reason, producers=producers, subscription=subscription, only=only)
-        for door in service.front_doors
+        door.detach(topic, reason, subscription=subscription) for door in service.front_doors
     )
 
 

@@ -15,13 +15,12 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from pigeon.broker._dedup import Deduplication
+from pigeon.broker._dispatch import joined_type
 from pigeon.core import TopicName
 from pigeon.core.batch import pack_entry_header
 from pigeon.core.errors import (
-    ConsumerBusy,
     NotSupported,
     PigeonError,
-    SubscriptionBusy,
     SubscriptionNotFound,
 )
 
@@ -31,6 +30,7 @@ if TYPE_CHECKING:
     from pigeon.broker._policies import NamespacePolicies
     from pigeon.broker._subscription import Consumer
     from pigeon.broker._topic import Topic
+    from pigeon.broker._topic_protocol import SeekTarget
     from pigeon.core.runtime import WallClock
 
 __all__ = ["NonPersistentSubscription", "NonPersistentTopic"]
@@ -67,12 +67,7 @@ class NonPersistentSubscription:
         self.pending: dict[Any, Any] = {}
 
     def add_consumer(self, consumer: Consumer, sub_type: str) -> None:
-        if sub_type != self.type:
-            if self.consumers:
-                raise SubscriptionBusy(f"subscription {self.name!r} is {self.type}, not {sub_type}")
-            self.type = sub_type
-        if self.type == "exclusive" and self.consumers:
-            raise ConsumerBusy(f"exclusive subscription {self.name!r} already has a consumer")
+        self.type = joined_type(self.name, self.type, sub_type, self.consumers)
         self.consumers.append(consumer)
         self.consumers.sort(key=lambda c: (-c.priority, c.name, c.consumer_id))
 
@@ -252,14 +247,7 @@ class NonPersistentTopic:
             "corrupt_entries": 0,
         }
 
-    def seek(
-        self,
-        sub: Any,
-        *,
-        offset: int | None = None,
-        timestamp: int | None = None,
-        position: tuple[Position, int] | None = None,
-    ) -> Awaitable[None]:
+    def seek(self, sub: Any, target: SeekTarget) -> Awaitable[None]:
         raise NotSupported("seek is not supported on non-persistent topics")
 
     def last_message_id(self, sub: Any) -> tuple[Position, int, int]:

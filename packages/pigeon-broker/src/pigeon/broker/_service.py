@@ -11,6 +11,7 @@ operations (unload, delete, detach) are in :mod:`pigeon.broker._lifecycle`, publ
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import logging
@@ -30,9 +31,10 @@ from pigeon.broker._nonpersistent import NonPersistentTopic
 from pigeon.broker._ownership import Ownership
 from pigeon.broker._policies import PolicyStore
 from pigeon.broker._publish import Reply, fence_producer, publish
+from pigeon.broker._singleflight import open_once
 from pigeon.broker._subscription import Consumer
 from pigeon.broker._topic import Producer, Topic, drop_reader
-from pigeon.broker._topic_protocol import TopicProtocol
+from pigeon.broker._topic_protocol import SeekTarget, TopicProtocol
 from pigeon.core import TopicName
 from pigeon.core.codecs import GZIP, NONE, CodecSet
 from pigeon.core.errors import (
@@ -63,12 +65,10 @@ MAX_PARTITIONS = 4096
 class FrontDoor(Protocol):
     """What the core asks of a front door (the native protocol; Kafka's, later)."""
 
-    def detach(
-        self, topic: Any, reason: str, *, producers: bool, subscription: str | None, only: Any
-    ) -> int:
-        """Detach the producers and/or consumers it attached to ``topic`` (all of them,
-        those of the subscription named ``subscription``, or of the object ``only``) and
-        tell their clients to re-attach; returns how many."""
+    def detach(self, topic: Any, reason: str, *, subscription: Any) -> int:
+        """Detach the producers and consumers it attached to ``topic`` (only the consumers
+        of ``subscription``, given one) and tell their clients to re-attach; returns how
+        many."""
         ...
 
     def close_all(self) -> None:
@@ -227,55 +227,52 @@ class BrokerService:
             if np_topic is None:
                 np_topic = self.topics[key] = NonPersistentTopic(name, self.clock)
             return np_topic
-        while True:
+
+        def loaded() -> TopicProtocol | None:
             topic = self.topics.get(key)
-            if topic is not None:
-                if not self.ownership.owns(name):
-                    raise NotOwner(f"{name} is no longer served by this broker")
-                return topic
-            opening = self._opening.get(key)
-            if opening is None:
-                break
-            await opening.wait()
-        ev = self._opening[key] = trio.Event()
-        try:
-            if await self.partitions_of(name):
-                raise InvalidArgument(
-                    f"{name} is a partitioned topic: use its partitions ({name}-partition-<i>)"
-                )
-            try:
-                await self.policies.get(name.namespace_name)
-            except NoSuchNode:
-                raise TopicNotFound(
-                    f"namespace {name.namespace_name} of topic {name} does not exist"
-                ) from None
-            if not create and await self.store.get(ledger_path(name)) is None:
-                raise TopicNotFound(f"topic {name} does not exist")
-            await self.ownership.acquire(name)
-            ledger = ManagedLedger(
-                name,
-                store=self.store,
-                policy=self.policy,
-                bookies=self.bookies,
-                nursery=self.nursery,
-                config=LedgerConfig(
-                    max_entries_per_segment=self.config.segment_max_entries,
-                    max_segment_bytes=self.config.segment_max_bytes,
-                    max_segment_age_s=self.config.segment_max_age_s,
-                    cache_max_bytes=self.config.cache_max_bytes,
-                ),
-                quorum=lambda: self._quorum_of(name),
-                clock=self.clock,
-            )
-            await ledger.open()
-            topic = Topic(name, ledger, self)
-            ledger.on_fenced = lambda: self.nursery.start_soon(self._drop_fenced, topic)
-            await topic.recover_dedup()
-            self.topics[key] = topic
+            if topic is not None and not self.ownership.owns(name):
+                raise NotOwner(f"{name} is no longer served by this broker")
             return topic
-        finally:
-            del self._opening[key]
-            ev.set()
+
+        open_ = functools.partial(self._load_topic, name, create=create)
+        return await open_once(self._opening, key, loaded, open_)
+
+    async def _load_topic(self, name: TopicName, *, create: bool) -> Topic:
+        """Open the persistent topic ``name`` here (single-flight: see get_topic)."""
+        if await self.partitions_of(name):
+            raise InvalidArgument(
+                f"{name} is a partitioned topic: use its partitions ({name}-partition-<i>)"
+            )
+        try:
+            await self.policies.get(name.namespace_name)
+        except NoSuchNode:
+            raise TopicNotFound(
+                f"namespace {name.namespace_name} of topic {name} does not exist"
+            ) from None
+        if not create and await self.store.get(ledger_path(name)) is None:
+            raise TopicNotFound(f"topic {name} does not exist")
+        await self.ownership.acquire(name)
+        ledger = ManagedLedger(
+            name,
+            store=self.store,
+            policy=self.policy,
+            bookies=self.bookies,
+            nursery=self.nursery,
+            config=LedgerConfig(
+                max_entries_per_segment=self.config.segment_max_entries,
+                max_segment_bytes=self.config.segment_max_bytes,
+                max_segment_age_s=self.config.segment_max_age_s,
+                cache_max_bytes=self.config.cache_max_bytes,
+            ),
+            quorum=lambda: self._quorum_of(name),
+            clock=self.clock,
+        )
+        await ledger.open()
+        topic = Topic(name, ledger, self)
+        ledger.on_fenced = lambda: self.nursery.start_soon(self._drop_fenced, topic)
+        await topic.recover_dedup()
+        self.topics[name.full] = topic
+        return topic
 
     async def _drop_fenced(self, topic: Topic) -> None:
         """The topic's ledger was taken over by another broker: unload it here, so its
@@ -494,16 +491,9 @@ class BrokerService:
         topic.subscriptions.pop(sub.name, None)
 
     @staticmethod
-    def seek(
-        topic: TopicProtocol,
-        sub: Any,
-        *,
-        offset: int | None = None,
-        timestamp: int | None = None,
-        position: tuple[Position, int] | None = None,
-    ) -> Awaitable[None]:
+    def seek(topic: TopicProtocol, sub: Any, target: SeekTarget) -> Awaitable[None]:
         """Check a seek at once; returns what moves the cursor when awaited."""
-        return topic.seek(sub, offset=offset, timestamp=timestamp, position=position)
+        return topic.seek(sub, target)
 
     @staticmethod
     def last_message_id(topic: TopicProtocol, sub: Any) -> tuple[Position, int, int]:

@@ -9,6 +9,7 @@ appends through it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -22,7 +23,9 @@ from pigeon.broker._dedup import Deduplication, Receipt
 from pigeon.broker._ledger import ManagedLedger
 from pigeon.broker._ledger_state import Entry, Position
 from pigeon.broker._policies import NamespacePolicies
+from pigeon.broker._singleflight import open_once
 from pigeon.broker._subscription import Subscription
+from pigeon.broker._topic_protocol import SeekTarget
 from pigeon.core import TopicName
 from pigeon.core.batch import ENTRY_HEADER_SIZE, read_header
 from pigeon.core.errors import (
@@ -399,23 +402,20 @@ class Topic:
         waits for it and gets the same object, so one cursor never has two dispatchers.
         Raises NotOwner once the topic was unloaded (the caller looks it up again).
         """
-        while True:
+
+        def loaded() -> Subscription | None:
             self._check_loaded()
-            sub = self.subscriptions.get(name)
-            if sub is not None:
-                return sub
-            opening = self._opening_subs.get(name)
-            if opening is None:
-                break
-            await opening.wait()
-        done = self._opening_subs[name] = trio.Event()
-        try:
-            return await self._open_subscription(
-                name, sub_type, initial_position, durable=durable, start_offset=start_offset
-            )
-        finally:
-            del self._opening_subs[name]
-            done.set()
+            return self.subscriptions.get(name)
+
+        open_ = functools.partial(
+            self._open_subscription,
+            name,
+            sub_type,
+            initial_position,
+            durable=durable,
+            start_offset=start_offset,
+        )
+        return await open_once(self._opening_subs, name, loaded, open_)
 
     async def find_subscription(self, name: str) -> Subscription:
         """The subscription ``name``, its stored cursor loaded if no consumer attached to
@@ -545,22 +545,15 @@ class Topic:
             if self.subscriptions.get(sub.name) is sub and sub.closed:
                 del self.subscriptions[sub.name]
 
-    def seek(
-        self,
-        sub: Any,
-        *,
-        offset: int | None = None,
-        timestamp: int | None = None,
-        position: tuple[Position, int] | None = None,
-    ) -> Awaitable[None]:
+    def seek(self, sub: Any, target: SeekTarget) -> Awaitable[None]:
         """Check a seek of ``sub`` at once; returns what moves its cursor when awaited."""
-        if offset is not None:
-            coro: Awaitable[None] = sub.seek_offset(offset)
-        elif timestamp is not None:
-            coro = sub.seek_time(timestamp)
+        if target.offset is not None:
+            coro: Awaitable[None] = sub.seek_offset(target.offset)
+        elif target.timestamp is not None:
+            coro = sub.seek_time(target.timestamp)
         else:
-            assert position is not None
-            (segment_id, entry_id), batch_index = position
+            assert target.position is not None
+            (segment_id, entry_id), batch_index = target.position
             if sub.ledger.index_of_segment(segment_id) is None:
                 raise InvalidArgument(
                     f"segment {segment_id} is not (or no longer) part of this topic"

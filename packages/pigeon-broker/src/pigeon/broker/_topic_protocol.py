@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pigeon.broker._dedup import Deduplication, Receipt
@@ -13,7 +14,17 @@ if TYPE_CHECKING:
     from pigeon.broker._policies import NamespacePolicies
     from pigeon.broker._topic import Producer, Topic
 
-__all__ = ["TopicProtocol"]
+__all__ = ["SeekTarget", "TopicProtocol"]
+
+
+@dataclass(frozen=True, slots=True)
+class SeekTarget:
+    """Where a seek moves a cursor: to an offset, a publish time or a message (its
+    entry's position and its index in the batch); exactly one is set."""
+
+    offset: int | None = None
+    timestamp: int | None = None
+    position: tuple[Position, int] | None = None
 
 
 class TopicProtocol(Protocol):
@@ -62,14 +73,7 @@ class TopicProtocol(Protocol):
         self, name: str, sub_type: str, initial_position: str, *, durable: bool, start_offset: int
     ) -> Any: ...
 
-    def seek(
-        self,
-        sub: Any,
-        *,
-        offset: int | None = None,
-        timestamp: int | None = None,
-        position: tuple[Position, int] | None = None,
-    ) -> Awaitable[None]: ...
+    def seek(self, sub: Any, target: SeekTarget) -> Awaitable[None]: ...
 
     def last_message_id(self, sub: Any) -> tuple[Position, int, int]: ...
 
