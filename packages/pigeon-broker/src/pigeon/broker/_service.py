@@ -30,7 +30,7 @@ from pigeon.broker._native import NativeProtocol
 from pigeon.broker._nonpersistent import NonPersistentTopic
 from pigeon.broker._ownership import Ownership
 from pigeon.broker._policies import PolicyStore
-from pigeon.broker._publish import Reply, fence_producer, publish
+from pigeon.broker._publish import fence_producer, publish
 from pigeon.broker._singleflight import open_once
 from pigeon.broker._subscription import Consumer
 from pigeon.broker._topic import Producer, Topic, drop_reader
@@ -377,28 +377,9 @@ class BrokerService:
         topic.producers[producer_name] = producer
         return producer
 
-    def send(
-        self,
-        producer: Producer,
-        payload: bytes | memoryview,
-        *,
-        num_messages: int,
-        sequence_id: int,
-        reply: Reply,
-        fence: Callable[[BaseException], None],
-        spawn: Callable[[Callable[[], Awaitable[None]]], None],
-    ) -> None:
-        """Store a batch (see :func:`pigeon.broker._publish.publish`)."""
-        publish(
-            self,
-            producer,
-            payload,
-            num_messages=num_messages,
-            sequence_id=sequence_id,
-            reply=reply,
-            fence=fence,
-            spawn=spawn,
-        )
+    #: ``send(producer, payload, *, num_messages, sequence_id, reply, fence, spawn)``:
+    #: store a batch, or answer it as a duplicate (:func:`pigeon.broker._publish.publish`)
+    send = publish
 
     @staticmethod
     def fence_producer(producer: Producer, error: BaseException) -> bool:
