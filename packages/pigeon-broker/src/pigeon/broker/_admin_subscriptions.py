@@ -6,16 +6,17 @@ Part of the admin API's operations (see :mod:`pigeon.broker._admin_ops`).
 from __future__ import annotations
 
 import base64
+import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
-from pigeon.broker._admin_topics import (
-    check_subscription_name,
-    open_topic,
-    parse_message_id,
-    topic_stats,
+from pigeon.broker._admin_topics import check_subscription_name, parse_message_id, topic_stats
+from pigeon.broker._lifecycle import (
+    disconnect,
+    open_existing_topic,
+    subscription_names,
+    topic_targets,
 )
-from pigeon.broker._lifecycle import disconnect, ignore_missing, topic_targets
 from pigeon.broker._service import BrokerService
 from pigeon.broker._topic import Topic
 from pigeon.core import TopicName
@@ -24,11 +25,9 @@ from pigeon.core.errors import (
     EntryNotFound,
     InvalidArgument,
     NodeExists,
-    NotSupported,
     SubscriptionBusy,
     SubscriptionNotFound,
 )
-from pigeon.core.paths import cursor_path, cursors_path
 
 if TYPE_CHECKING:
     from pigeon.broker._metrics import BrokerMonitor
@@ -56,34 +55,19 @@ POSITIONS = ("earliest", "latest")
 
 
 async def _persistent_topic(service: BrokerService, name: TopicName) -> Topic:
-    topic = await open_topic(service, name)
-    if not topic.persistent:
-        raise NotSupported(f"{name} is non-persistent: its subscriptions have no cursor")
-    assert isinstance(topic, Topic)
+    topic: Topic = (await open_existing_topic(service, name)).as_persistent()
     return topic
 
 
-async def _subscription(service: BrokerService, topic: Any, sub_name: str) -> Any:
-    """The named subscription of a loaded topic (loading a durable cursor if need be)."""
+async def _subscription(topic: Any, sub_name: str) -> Any:
     check_subscription_name(sub_name)
-    sub = topic.subscriptions.get(sub_name)
-    if sub is not None:
-        return sub
-    if topic.persistent and await service.store.exists(cursor_path(topic.name, sub_name)):
-        return await topic.subscription(
-            sub_name, "exclusive", "latest", durable=True, start_offset=-1
-        )
-    raise SubscriptionNotFound(f"subscription {sub_name!r} does not exist on {topic.name}")
+    return await topic.find_subscription(sub_name)
 
 
 async def list_subscriptions(service: BrokerService, name: TopicName) -> list[str]:
     found: set[str] = set()
     for t in await topic_targets(service, name):
-        topic = service.topics.get(t.full)
-        if topic is not None:
-            found.update(topic.subscriptions)
-        if t.persistent:
-            found.update(await service.store.children(cursors_path(t)))
+        found.update(await subscription_names(service, t))
     return sorted(found)
 
 
@@ -138,9 +122,7 @@ async def create_subscription(
         )
     topics = [await _persistent_topic(service, t) for t in targets]
     for topic in topics:
-        if sub_name in topic.subscriptions or await service.store.exists(
-            cursor_path(topic.name, sub_name)
-        ):
+        if await topic.has_subscription(sub_name):
             raise NodeExists(f"subscription {sub_name!r} already exists on {topic.name}")
     for topic in topics:
         initial, start = await _start_offset(topic, position)
@@ -157,7 +139,7 @@ async def delete_subscription(
     for t in await topic_targets(service, name):
         topic = await service.get_topic(t)
         try:
-            found.append((topic, await _subscription(service, topic, sub_name)))
+            found.append((topic, await _subscription(topic, sub_name)))
         except SubscriptionNotFound:
             continue
     if not found:
@@ -165,19 +147,10 @@ async def delete_subscription(
     if not force and any(sub.consumers for _t, sub in found):
         raise SubscriptionBusy(f"subscription {sub_name!r} has connected consumers; use force")
     for topic, sub in found:
-        # Stop the subscription from persisting before its node goes, so nothing re-creates
-        # the cursor; a consumer that re-attaches before the node is gone joins the closed
-        # subscription and is detached once more below, then subscribes afresh.
-        sub.closed = True
-        if topic.persistent:
-            sub.store = None
-            sub.wake()
-        disconnect(service, topic, "subscription deleted", producers=False, only=sub)
-        if topic.persistent:
-            await ignore_missing(service.store.delete(cursor_path(topic.name, sub_name)))
-        if topic.subscriptions.get(sub_name) is sub:
-            del topic.subscriptions[sub_name]
-        disconnect(service, topic, "subscription deleted", producers=False, only=sub)
+        detach = functools.partial(
+            disconnect, service, topic, "subscription deleted", subscription=sub
+        )
+        await topic.delete_subscription(sub, detach)
     log.info("subscription deleted topic=%s sub=%s", name, sub_name)
 
 
@@ -211,7 +184,7 @@ async def reset_cursor(
     subs = []
     for t in targets:
         topic = await _persistent_topic(service, t)
-        subs.append((topic, await _subscription(service, topic, sub_name)))
+        subs.append((topic, await _subscription(topic, sub_name)))
     position = None
     if message_id is not None:
         seg, entry, index = parse_message_id(message_id)
@@ -235,7 +208,7 @@ async def reset_cursor(
             await sub.seek_time(timestamp)
         # Right after the seek (no checkpoint in between): the consumers drop what they
         # prefetched from the old position when they re-attach.
-        disconnect(service, topic, "cursor reset", producers=False, only=sub)
+        disconnect(service, topic, "cursor reset", subscription=sub)
         await sub.flush()
         out.append(await _cursor_state(topic, sub))
     log.info(
@@ -273,7 +246,7 @@ async def skip(
     skipped = 0
     for t in await topic_targets(service, name):
         topic = await _persistent_topic(service, t)
-        sub = await _subscription(service, topic, sub_name)
+        sub = await _subscription(topic, sub_name)
         before = sub.backlog()
         target = topic.ledger.next_offset if count is None else _skip_target(sub, count)
         if target > sub.cursor.mark_delete:
@@ -306,7 +279,7 @@ async def peek(
     out: list[dict[str, Any]] = []
     for t in await topic_targets(service, name):
         topic = await _persistent_topic(service, t)
-        sub = await _subscription(service, topic, sub_name)
+        sub = await _subscription(topic, sub_name)
         await _peek_one(service, topic, sub, count - len(out), out)
         if len(out) >= count:
             break

@@ -11,7 +11,13 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
-from pigeon.broker._lifecycle import delete_topic, require_namespace, topic_exists, topic_targets
+from pigeon.broker._lifecycle import (
+    delete_topic,
+    open_existing_topic,
+    require_namespace,
+    topic_exists,
+    topic_targets,
+)
 from pigeon.broker._policies import NamespacePolicies, TenantInfo, split_namespace
 from pigeon.broker._service import BrokerService
 from pigeon.core import TopicName
@@ -24,14 +30,12 @@ from pigeon.core.errors import (
     TopicExists,
     TopicNotFound,
 )
-from pigeon.core.paths import cursors_path
 
 if TYPE_CHECKING:
     from pigeon.broker._metrics import BrokerMonitor
 
 __all__ = [
     "check_subscription_name",
-    "open_topic",
     "create_namespace",
     "create_tenant",
     "create_topic",
@@ -85,13 +89,6 @@ def parse_message_id(text: str) -> tuple[int, int, int]:
 
 async def _partitions(service: BrokerService, name: TopicName) -> int:
     return await service.partitions_of(name)
-
-
-async def open_topic(service: BrokerService, name: TopicName) -> Any:
-    """A non-partitioned topic (or one partition) that exists, loaded on this broker."""
-    if not await topic_exists(service, name):
-        raise TopicNotFound(f"topic {name} does not exist")
-    return await service.get_topic(name)
 
 
 # ---------------------------------------------------------------------- clients
@@ -193,34 +190,19 @@ async def topic_metadata(service: BrokerService, name: TopicName) -> dict[str, A
 
 def _sub_stats(monitor: BrokerMonitor | None, topic: Any, sub: Any) -> dict[str, Any]:
     rates = monitor.rates_of_subscription(topic.name.full, sub.name) if monitor else None
-    persistent = topic.persistent
     return {
         "name": sub.name,
         "type": sub.type,
         "durable": bool(sub.durable),
         "consumers": len(sub.consumers),
         "backlog": sub.backlog(),
-        "backlog_bytes": topic.ledger.bytes_after(sub.cursor.mark_delete) if persistent else 0,
-        "mark_delete_offset": sub.cursor.mark_delete if persistent else None,
         "msgs_out": sub.msgs_out,
         "bytes_out": sub.bytes_out,
         "msg_rate_out": round(rates.msg_rate_out, 3) if rates else 0.0,
         "msg_throughput_out": round(rates.msg_throughput_out, 3) if rates else 0.0,
-        "delayed": sub.delayed_count if persistent else 0,
-        "dropped": 0 if persistent else sub.dropped,
         "consumer_names": [c.name for c in sub.consumers],
-        "lost_messages": sub.lost_messages if persistent else 0,
-        "read_error": sub.read_error if persistent else None,
+        **sub.storage_stats(),
     }
-
-
-async def _load_durable_subscriptions(service: BrokerService, topic: Any) -> None:
-    """Load the cursors of subscriptions no consumer attached to since the topic loaded."""
-    if not topic.persistent:
-        return
-    for sub_name in await service.store.children(cursors_path(topic.name)):
-        if sub_name not in topic.subscriptions:
-            await topic.subscription(sub_name, "exclusive", "latest", durable=True, start_offset=-1)
 
 
 def _one_topic_stats(monitor: BrokerMonitor | None, topic: Any) -> dict[str, Any]:
@@ -244,12 +226,9 @@ def _one_topic_stats(monitor: BrokerMonitor | None, topic: Any) -> dict[str, Any
         "producers": len(topic.producers),
         "producer_names": sorted(topic.producers),
         "next_offset": topic.next_offset,
-        "first_offset": topic.ledger.first_offset if persistent else topic.next_offset,
-        "storage_size": sum(s.size for s in topic.ledger.segments) if persistent else 0,
-        "segments": len(topic.ledger.segments) if persistent else 0,
+        **topic.storage_stats(),
         "backlog": max((s["backlog"] for s in subs.values()), default=0),
         "backlog_bytes": topic.backlog_bytes(),
-        "corrupt_entries": topic.ledger.corrupt_entries if persistent else 0,
         "subscriptions": subs,
     }
 
@@ -292,7 +271,7 @@ async def topic_stats(
     per: dict[str, dict[str, Any]] = {}
     for t in targets:
         topic = await service.get_topic(t)
-        await _load_durable_subscriptions(service, topic)
+        await topic.load_subscriptions()
         per[t.full] = _one_topic_stats(monitor, topic)
     if not n:
         return per[name.full]
@@ -325,54 +304,9 @@ async def internal_stats(service: BrokerService, name: TopicName) -> dict[str, A
     """The managed ledger's segments and each cursor's state (one topic or partition)."""
     if await service.partitions_of(name):
         raise NotSupported(f"{name} is partitioned: ask for one partition ({name}-partition-<i>)")
-    topic = await open_topic(service, name)
-    if not topic.persistent:
-        return {
-            "topic": name.full,
-            "persistent": False,
-            "next_offset": topic.next_offset,
-            "segments": [],
-            "cursors": {},
-            "cache": None,
-        }
-    await _load_durable_subscriptions(service, topic)
-    ledger = topic.ledger
-    cursors = {}
-    for sname, sub in sorted(topic.subscriptions.items()):
-        cursors[sname] = {
-            "mark_delete_offset": sub.cursor.mark_delete,
-            "acked_ranges": [list(r) for r in sub.cursor.acked.ranges()],
-            "read_position": list(sub.read_position) if sub.read_position else None,
-            "pending_entries": len(sub.pending),
-            "durable": bool(sub.durable),
-        }
-    return {
-        "topic": name.full,
-        "persistent": True,
-        "next_offset": ledger.next_offset,
-        "first_offset": ledger.first_offset,
-        "last_position": list(ledger.last_position),
-        "segments": [
-            {
-                "id": s.id,
-                "first_offset": s.first_offset,
-                "entries": s.entries,
-                "last_entry_id": s.last_entry_id,
-                "size": s.size,
-                "state": s.state,
-                "ensemble": list(s.ensemble),
-                "ctime": s.ctime,
-                "last_publish_time": s.last_publish_time,
-            }
-            for s in ledger.segments
-        ],
-        "cursors": cursors,
-        "cache": {
-            "hits": ledger.cache.hits,
-            "misses": ledger.cache.misses,
-            "bytes": ledger.cache.bytes,
-        },
-    }
+    topic = await open_existing_topic(service, name)
+    await topic.load_subscriptions()
+    return {"topic": name.full, "persistent": topic.persistent, **topic.internal_stats()}
 
 
 def loaded_topics_stats(

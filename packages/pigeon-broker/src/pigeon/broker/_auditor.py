@@ -19,14 +19,28 @@ from typing import Any
 
 import trio
 
-from pigeon.broker._ledger import SegmentInfo
+from pigeon.broker._ledger_state import SegmentInfo
 from pigeon.core.errors import BadVersion, PigeonError
 from pigeon.core.metadata import lead_forever
 from pigeon.core.paths import AUDITOR_PATH, BOOKIES_PATH, LEDGERS_PATH
 
-__all__ = ["Auditor"]
+__all__ = ["Auditor", "read_bookies"]
 
 log = logging.getLogger(__name__)
+
+
+async def read_bookies(store: Any) -> dict[str, dict[str, Any]]:
+    """The registered bookies and the document each registered (``{}`` when it is empty
+    or not JSON: the bookie is registered all the same)."""
+    found: dict[str, dict[str, Any]] = {}
+    for name in await store.children(BOOKIES_PATH):
+        stat = await store.get(f"{BOOKIES_PATH}/{name}")
+        if stat is not None:
+            try:
+                found[name] = json.loads(stat.value) if stat.value else {}
+            except ValueError:
+                found[name] = {}
+    return found
 
 
 class Auditor:
@@ -70,17 +84,6 @@ class Auditor:
 
     # ------------------------------------------------------------------ one pass
 
-    async def _bookies(self) -> dict[str, dict[str, Any]]:
-        found: dict[str, dict[str, Any]] = {}
-        for name in await self.store.children(BOOKIES_PATH):
-            stat = await self.store.get(f"{BOOKIES_PATH}/{name}")
-            if stat is not None:
-                try:
-                    found[name] = json.loads(stat.value) if stat.value else {}
-                except ValueError:
-                    found[name] = {}
-        return found
-
     async def _ledger_paths(self) -> list[str]:
         paths: list[str] = []
         for domain in await self.store.children(LEDGERS_PATH):
@@ -92,7 +95,7 @@ class Auditor:
 
     async def check_once(self) -> int:
         """One audit pass; returns the under-replicated fragments left."""
-        bookies = await self._bookies()
+        bookies = await read_bookies(self.store)
         now = trio.current_time()
         alive = set(bookies)
         for address in list(self._missing_since):

@@ -59,6 +59,7 @@ __all__ = [
     "Dispatcher",
     "Pending",
     "Position",
+    "joined_type",
 ]
 
 Position = tuple[int, int]
@@ -67,6 +68,19 @@ Position = tuple[int, int]
 HASH_RANGE = 65536
 #: key_shared: points per consumer on the hash ring
 RING_POINTS = 64
+
+
+def joined_type(name: str, current: str, requested: str, consumers: Sequence[object]) -> str:
+    """The type of subscription ``name`` once a consumer asking for ``requested`` joins
+    it: one without consumers takes the type asked for.  SubscriptionBusy or
+    ConsumerBusy when the consumer cannot join."""
+    if requested != current:
+        if consumers:
+            raise SubscriptionBusy(f"subscription {name!r} is {current}, not {requested}")
+        current = requested
+    if current == "exclusive" and consumers:
+        raise ConsumerBusy(f"exclusive subscription {name!r} already has a consumer")
+    return current
 
 
 class DispatchEntry(Protocol):
@@ -186,12 +200,7 @@ class Dispatcher(Generic[C, E]):
     # ------------------------------------------------------------------ consumers
 
     def add_consumer(self, consumer: C, sub_type: str) -> None:
-        if sub_type != self.type:
-            if self.consumers:
-                raise SubscriptionBusy(f"subscription {self.name!r} is {self.type}, not {sub_type}")
-            self.type = sub_type
-        if self.type == "exclusive" and self.consumers:
-            raise ConsumerBusy(f"exclusive subscription {self.name!r} already has a consumer")
+        self.type = joined_type(self.name, self.type, sub_type, self.consumers)
         previous = self.active_consumer() if self.type == "failover" else None
         if (
             self.type == "keyShared"

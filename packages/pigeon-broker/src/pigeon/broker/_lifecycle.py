@@ -21,13 +21,15 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
 import trio
 
-from pigeon.broker._ledger import SegmentInfo
+from pigeon.broker._ledger_state import SegmentInfo
 from pigeon.broker._policies import split_namespace
+from pigeon.broker._singleflight import claimed
 from pigeon.core import TopicName
 from pigeon.core.errors import (
     NoSuchNode,
@@ -56,16 +58,17 @@ __all__ = [
     "bundle_of",
     "bundle_owner",
     "bundle_ranges",
-    "close_subscriptions",
     "close_all_topics",
     "delete_topic",
     "drop_all_topics",
     "disconnect",
     "exclusive",
     "ignore_missing",
+    "open_existing_topic",
     "namespace_bundles",
     "ownership_of",
     "require_namespace",
+    "subscription_names",
     "topic_targets",
     "topic_exists",
     "unload_bundle",
@@ -77,8 +80,6 @@ log = logging.getLogger(__name__)
 FULL_RANGE = 1 << 32
 #: The one bundle of a namespace when the broker has no ownership (single-broker builds).
 FULL_BUNDLE = "0x00000000_0x100000000"
-#: How long closing a subscription may take before we go on regardless.
-CLOSE_TIMEOUT = 5.0
 #: Time limit of one bookie call made while deleting a topic (the bookie GC is the backstop).
 BOOKIE_CALL_TIMEOUT = 5.0
 
@@ -97,6 +98,24 @@ async def topic_exists(service: BrokerService, name: TopicName) -> bool:
     return name.persistent and bool(await service.store.exists(ledger_path(name)))
 
 
+async def open_existing_topic(service: BrokerService, name: TopicName) -> Any:
+    """A non-partitioned topic (or one partition) that exists, loaded on this broker."""
+    if not await topic_exists(service, name):
+        raise TopicNotFound(f"topic {name} does not exist")
+    return await service.get_topic(name)
+
+
+async def subscription_names(service: BrokerService, name: TopicName) -> set[str]:
+    """The subscriptions of a topic or partition: those loaded here and the stored cursors."""
+    found: set[str] = set()
+    topic = service.topics.get(name.full)
+    if topic is not None:
+        found.update(topic.subscriptions)
+    if name.persistent:
+        found.update(await service.store.children(cursors_path(name)))
+    return found
+
+
 async def topic_targets(service: BrokerService, name: TopicName) -> list[TopicName]:
     """The partitions of a partitioned topic, or the topic itself; TopicNotFound if none."""
     n = await service.partitions_of(name)
@@ -107,65 +126,22 @@ async def topic_targets(service: BrokerService, name: TopicName) -> list[TopicNa
     return [name]
 
 
-@contextlib.asynccontextmanager
-async def exclusive(service: BrokerService, key: str) -> AsyncIterator[None]:
+def exclusive(service: BrokerService, key: str) -> AbstractAsyncContextManager[None]:
     """Keep ``get_topic(key)`` waiting while we unload or delete the topic."""
-    while True:
-        opening = service._opening.get(key)
-        if opening is None:
-            break
-        await opening.wait()
-    ev = service._opening[key] = trio.Event()
-    try:
-        yield
-    finally:
-        if service._opening.get(key) is ev:
-            del service._opening[key]
-        ev.set()
+    return claimed(service._opening, key)
 
 
-def disconnect(
-    service: BrokerService,
-    topic: Any,
-    reason: str,
-    *,
-    producers: bool = True,
-    subscription: str | None = None,
-    only: Any = None,
-) -> int:
-    """Detach producers and/or consumers of ``topic`` (of one subscription by name, or of
-    the subscription object ``only``) through the front doors that attached them; they
+def disconnect(service: BrokerService, topic: Any, reason: str, *, subscription: Any = None) -> int:
+    """Detach the producers and consumers of ``topic`` (only the consumers of
+    ``subscription``, given one) through the front doors that attached them; they
     reconnect on their own (see :meth:`pigeon.broker._native.NativeProtocol.detach`)."""
-    return service.native.detach(
-        topic, reason, producers=producers, subscription=subscription, only=only
+    return sum(
+        door.detach(topic, reason, subscription=subscription) for door in service.front_doors
     )
 
 
 def active(topic: Any) -> bool:
     return bool(topic.producers) or any(s.consumers for s in topic.subscriptions.values())
-
-
-async def close_subscriptions(topic: Any, names: list[str] | None = None) -> None:
-    """Stop dispatch of the named (or all) subscriptions and wait until they persisted."""
-    subs = [s for n, s in list(topic.subscriptions.items()) if names is None or n in names]
-    for sub in subs:
-        sub.closed = True
-        if topic.persistent:
-            sub.wake()
-    if not topic.persistent:
-        for sub in subs:
-            topic.subscriptions.pop(sub.name, None)
-        return
-    with trio.move_on_after(CLOSE_TIMEOUT) as scope:
-        # A subscription's dispatch task leaves topic.subscriptions when it has stopped
-        # and persisted its cursor; there is no event to wait on.
-        while any(topic.subscriptions.get(s.name) is s for s in subs):  # noqa: ASYNC110
-            await trio.sleep(0.01)
-    if scope.cancelled_caught:
-        log.warning("subscriptions did not stop in time topic=%s", topic.name)
-    for sub in subs:
-        if topic.subscriptions.get(sub.name) is sub:
-            del topic.subscriptions[sub.name]
 
 
 async def ignore_missing(coro: Any) -> None:
@@ -216,7 +192,7 @@ async def _delete_one(service: BrokerService, name: TopicName, *, force: bool) -
             del service.topics[name.full]
             topic.unloaded = True
             disconnect(service, topic, "topic deleted")
-            await close_subscriptions(topic)
+            await topic.close_subscriptions()
             await topic.close()
         if name.persistent:
             await _delete_data(service, name)
@@ -266,7 +242,7 @@ async def _unload_one(service: BrokerService, name: TopicName) -> bool:
             return False
         topic.unloaded = True
         disconnect(service, topic, "topic unloaded")
-        await close_subscriptions(topic)
+        await topic.close_subscriptions()
         await topic.close()
         await topic.snapshot_dedup()
     log.info("topic unloaded topic=%s", name)
@@ -335,20 +311,12 @@ async def unload_bundle(service: BrokerService, namespace: str, bundle: str) -> 
     unloaded = []
     ownership = ownership_of(service)
     path = f"{OWNERSHIP_PATH}/{namespace}/{bundle}"
-    if ownership is not None:
-        ownership.releasing.add(path)
-    try:
+    async with ownership.release(path) if ownership is not None else contextlib.nullcontext():
         for key, topic in sorted(service.topics.items()):
             if topic.name.namespace_name != namespace or bundle_of(service, topic.name) != bundle:
                 continue
             if await _unload_one(service, topic.name):
                 unloaded.append(key)
-        if ownership is not None and path in ownership.owned:
-            ownership.owned.discard(path)
-            await ignore_missing(service.store.delete(path))
-    finally:
-        if ownership is not None:
-            ownership.releasing.discard(path)
     log.info("bundle unloaded namespace=%s bundle=%s topics=%s", namespace, bundle, len(unloaded))
     return unloaded
 
@@ -358,7 +326,8 @@ async def unload_bundle(service: BrokerService, namespace: str, bundle: str) -> 
 
 async def drop_all_topics(service: BrokerService) -> None:
     """The metadata session expired: another broker may own our bundles now."""
-    service.native.close_all()  # clients reconnect through a new lookup
+    for door in service.front_doors:
+        door.close_all()  # clients reconnect through a new lookup
     topics, service.topics = service.topics, {}
     # at once, and 5 s for all: the new session waits for this (it took 5 s per
     # topic one after the other, so a broker with a few topics stayed away ~20 s)

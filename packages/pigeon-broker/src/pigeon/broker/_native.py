@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from pigeon.broker._subscription import Consumer
 from pigeon.broker._topic import Producer
+from pigeon.broker._topic_protocol import SeekTarget
 from pigeon.core import TopicName
 from pigeon.core.errors import (
     InternalError,
@@ -98,23 +99,19 @@ class NativeProtocol:
         for consumer, sub, topic in state.consumers.values():
             self.core.detach_consumer(topic, sub, consumer)
 
+    @property
+    def connections(self) -> int:
+        return len(self.conns)
+
     def close_all(self) -> None:
         """Close every connection (clients reconnect through a new lookup)."""
         for conn in list(self.conns):
             conn.close()
 
-    def detach(
-        self,
-        topic: Any,
-        reason: str,
-        *,
-        producers: bool = True,
-        subscription: str | None = None,
-        only: Any = None,
-    ) -> int:
-        """Detach producers and/or consumers of ``topic`` (of one subscription by name, or
-        of the subscription object ``only``) and push ``closedByBroker``; they reconnect
-        on their own.
+    def detach(self, topic: Any, reason: str, *, subscription: Any = None) -> int:
+        """Detach the producers and consumers of ``topic`` (only the consumers of
+        ``subscription``, given one) and push ``closedByBroker``; they reconnect on their
+        own.
 
         A detached producer stays registered on its connection, still pointing at the
         old topic: the client sends on until it has re-attached, and those sends must
@@ -124,7 +121,7 @@ class NativeProtocol:
         """
         count = 0
         for conn, state in list(self.conns.items()):
-            if producers:
+            if subscription is None:
                 for pid, producer in list(state.producers.items()):
                     if producer.topic is not topic:
                         continue
@@ -136,9 +133,7 @@ class NativeProtocol:
                             {"producerId": pid, "isProducer": True, "reason": reason},
                         )
             for cid, (consumer, sub, t) in list(state.consumers.items()):
-                if t is not topic or (subscription is not None and sub.name != subscription):
-                    continue
-                if only is not None and sub is not only:
+                if t is not topic or (subscription is not None and sub is not subscription):
                     continue
                 del state.consumers[cid]
                 sub.remove_consumer(consumer)
@@ -173,6 +168,15 @@ class NativeProtocol:
         nursery = conn.nursery or self.core.nursery
         nursery.start_soon(runner)
 
+    def _spawn_ok(self, conn: Connection, request_id: int, fn: Any, *args: Any) -> None:
+        """:meth:`_spawn` ``fn``, answering ``ok`` once it returned."""
+
+        async def then_ok() -> None:
+            await fn(*args)
+            conn.respond(request_id, "ok")
+
+        self._spawn(conn, request_id, then_ok)
+
     # ------------------------------------------------------------------ topics
 
     def on_lookup(self, conn: Connection, req: Request) -> None:
@@ -190,13 +194,7 @@ class NativeProtocol:
 
     def on_createTopic(self, conn: Connection, req: Request) -> None:
         name = TopicName.parse(str(req.body.topic))
-        partitions = req.body.partitions
-
-        async def create() -> None:
-            await self.core.create_topic(name, partitions)
-            conn.respond(req.request_id, "ok")
-
-        self._spawn(conn, req.request_id, create)
+        self._spawn_ok(conn, req.request_id, self.core.create_topic, name, req.body.partitions)
 
     def on_listTopics(self, conn: Connection, req: Request) -> None:
         namespace = str(req.body.namespace)
@@ -422,36 +420,27 @@ class NativeProtocol:
             return
         consumer, sub, topic = found
         sub.remove_consumer(consumer)
-
-        async def close() -> None:
-            await self.core.close_consumer(topic, sub)
-            conn.respond(req.request_id, "ok")
-
-        self._spawn(conn, req.request_id, close)
+        self._spawn_ok(conn, req.request_id, self.core.close_consumer, topic, sub)
 
     def on_unsubscribe(self, conn: Connection, req: Request) -> None:
         consumer, sub, topic = self._consumer(conn, req.body.consumerId)
         self.core.check_unsubscribe(sub, consumer)
         self._state(conn).consumers.pop(req.body.consumerId, None)
         sub.remove_consumer(consumer)
-
-        async def unsubscribe() -> None:
-            await self.core.unsubscribe(topic, sub)
-            conn.respond(req.request_id, "ok")
-
-        self._spawn(conn, req.request_id, unsubscribe)
+        self._spawn_ok(conn, req.request_id, self.core.unsubscribe, topic, sub)
 
     def on_seek(self, conn: Connection, req: Request) -> None:
         b = req.body
         _consumer, sub, topic = self._consumer(conn, b.consumerId)
         which = b.which()
         if which == "offset":
-            coro = self.core.seek(topic, sub, offset=b.offset)
+            target = SeekTarget(offset=b.offset)
         elif which == "timestamp":
-            coro = self.core.seek(topic, sub, timestamp=b.timestamp)
+            target = SeekTarget(timestamp=b.timestamp)
         else:
             p = b.position
-            coro = self.core.seek(topic, sub, position=((p.segmentId, p.entryId), p.batchIndex))
+            target = SeekTarget(position=((p.segmentId, p.entryId), p.batchIndex))
+        coro = self.core.seek(topic, sub, target)
 
         async def seek() -> None:
             await coro

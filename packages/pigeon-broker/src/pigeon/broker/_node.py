@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import Any
 
 import trio
 
+from pigeon.broker._auditor import read_bookies
 from pigeon.broker._config import BrokerConfig
 from pigeon.broker._service import BrokerService
 from pigeon.broker._watch import watch_forever
@@ -47,16 +47,7 @@ class BookieDirectory:
             return 0.0
 
     async def refresh(self) -> None:
-        found: dict[str, dict[str, Any]] = {}
-        for name in await self.store.children(BOOKIES_PATH):
-            stat = await self.store.get(f"{BOOKIES_PATH}/{name}")
-            if stat is None:
-                continue
-            try:
-                found[name] = json.loads(stat.value) if stat.value else {}
-            except ValueError:
-                found[name] = {}
-        self._bookies = found
+        self._bookies = await read_bookies(self.store)
         self.changed.set()
         self.changed = trio.Event()
 

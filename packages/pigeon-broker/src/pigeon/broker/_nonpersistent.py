@@ -11,24 +11,40 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from pigeon.broker._dedup import Deduplication
+from pigeon.broker._dispatch import joined_type
 from pigeon.core import TopicName
 from pigeon.core.batch import pack_entry_header
-from pigeon.core.errors import ConsumerBusy, NotSupported, PigeonError, SubscriptionBusy
+from pigeon.core.errors import (
+    NotSupported,
+    PigeonError,
+    SubscriptionNotFound,
+)
 
 if TYPE_CHECKING:
     from pigeon.broker._dedup import Receipt
-    from pigeon.broker._ledger import Position
+    from pigeon.broker._ledger_state import Position
     from pigeon.broker._policies import NamespacePolicies
     from pigeon.broker._subscription import Consumer
+    from pigeon.broker._topic import Topic
+    from pigeon.broker._topic_protocol import SeekTarget
     from pigeon.core.runtime import WallClock
 
 __all__ = ["NonPersistentSubscription", "NonPersistentTopic"]
 
 log = logging.getLogger(__name__)
+
+#: what a subscription without a cursor reports of one (see storage_stats)
+_NO_CURSOR: dict[str, Any] = {
+    "backlog_bytes": 0,
+    "mark_delete_offset": None,
+    "delayed": 0,
+    "lost_messages": 0,
+    "read_error": None,
+}
 
 #: A consumer whose connection has more than this many unsent bytes is "not keeping up".
 SLOW_CONSUMER_BYTES = 4 * 1024 * 1024
@@ -51,12 +67,7 @@ class NonPersistentSubscription:
         self.pending: dict[Any, Any] = {}
 
     def add_consumer(self, consumer: Consumer, sub_type: str) -> None:
-        if sub_type != self.type:
-            if self.consumers:
-                raise SubscriptionBusy(f"subscription {self.name!r} is {self.type}, not {sub_type}")
-            self.type = sub_type
-        if self.type == "exclusive" and self.consumers:
-            raise ConsumerBusy(f"exclusive subscription {self.name!r} already has a consumer")
+        self.type = joined_type(self.name, self.type, sub_type, self.consumers)
         self.consumers.append(consumer)
         self.consumers.sort(key=lambda c: (-c.priority, c.name, c.consumer_id))
 
@@ -135,6 +146,10 @@ class NonPersistentSubscription:
     def backlog(self) -> int:
         return 0
 
+    def storage_stats(self) -> dict[str, Any]:
+        """No cursor, nothing stored: only what was dropped."""
+        return {**_NO_CURSOR, "dropped": self.dropped}
+
 
 class NonPersistentTopic:
     persistent = False
@@ -193,14 +208,46 @@ class NonPersistentTopic:
     async def close(self) -> None:
         return None
 
-    def seek(
-        self,
-        sub: Any,
-        *,
-        offset: int | None = None,
-        timestamp: int | None = None,
-        position: tuple[Position, int] | None = None,
-    ) -> Awaitable[None]:
+    # Nothing stored: no cursors to load or persist, no storage to report.
+    def as_persistent(self) -> Topic:
+        raise NotSupported(f"{self.name} is non-persistent: its subscriptions have no cursor")
+
+    async def find_subscription(self, name: str) -> NonPersistentSubscription:
+        sub = self.subscriptions.get(name)
+        if sub is None:
+            raise SubscriptionNotFound(f"subscription {name!r} does not exist on {self.name}")
+        return sub
+
+    async def load_subscriptions(self) -> None:
+        return None
+
+    async def close_subscriptions(self, names: list[str] | None = None) -> None:
+        for name, sub in list(self.subscriptions.items()):
+            if names is None or name in names:
+                sub.closed = True
+                del self.subscriptions[name]
+
+    def internal_stats(self) -> dict[str, Any]:
+        return {"next_offset": self.next_offset, "segments": [], "cursors": {}, "cache": None}
+
+    async def delete_subscription(
+        self, sub: NonPersistentSubscription, detach: Callable[[], object]
+    ) -> None:
+        sub.closed = True
+        detach()
+        if self.subscriptions.get(sub.name) is sub:
+            del self.subscriptions[sub.name]
+        detach()
+
+    def storage_stats(self) -> dict[str, int]:
+        return {
+            "first_offset": self.next_offset,
+            "storage_size": 0,
+            "segments": 0,
+            "corrupt_entries": 0,
+        }
+
+    def seek(self, sub: Any, target: SeekTarget) -> Awaitable[None]:
         raise NotSupported("seek is not supported on non-persistent topics")
 
     def last_message_id(self, sub: Any) -> tuple[Position, int, int]:

@@ -37,7 +37,7 @@ import json
 import logging
 import secrets
 import zlib
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import trio
@@ -348,6 +348,21 @@ class Ownership:
             self.owned.add(path)
             self.acquired_at[path] = trio.current_time()
             log.info("bundle acquired bundle=%s rounds=%d", path, claim.rounds)
+
+    @contextlib.asynccontextmanager
+    async def release(self, path: str) -> AsyncIterator[None]:
+        """Give the bundle ``path`` up: while the body runs (closing its topics here) none
+        of its topics may be acquired here; afterwards, if it was owned, it is not any
+        more and its node is deleted (the least-loaded broker takes it on a lookup)."""
+        self.releasing.add(path)
+        try:
+            yield
+            if path in self.owned:
+                self.owned.discard(path)
+                with contextlib.suppress(NoSuchNode):
+                    await self.store.delete(path)
+        finally:
+            self.releasing.discard(path)
 
     def held_for(self, path: str) -> float:
         """Seconds since this broker acquired the owned bundle ``path``."""

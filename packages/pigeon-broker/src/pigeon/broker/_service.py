@@ -11,26 +11,30 @@ operations (unload, delete, detach) are in :mod:`pigeon.broker._lifecycle`, publ
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
 from pigeon.broker._auditor import Auditor
 from pigeon.broker._config import BrokerConfig
-from pigeon.broker._ledger import LedgerConfig, ManagedLedger, Position
+from pigeon.broker._ledger import ManagedLedger
+from pigeon.broker._ledger_state import LedgerConfig, Position
 from pigeon.broker._lifecycle import close_all_topics, drop_all_topics, unload_topic
 from pigeon.broker._loadmanager import LoadManager
 from pigeon.broker._native import NativeProtocol
 from pigeon.broker._nonpersistent import NonPersistentTopic
 from pigeon.broker._ownership import Ownership
 from pigeon.broker._policies import PolicyStore
-from pigeon.broker._publish import Reply, fence_producer, publish
+from pigeon.broker._publish import fence_producer, publish
+from pigeon.broker._singleflight import open_once
 from pigeon.broker._subscription import Consumer
-from pigeon.broker._topic import Producer, Topic, TopicProtocol, drop_reader
+from pigeon.broker._topic import Producer, Topic, drop_reader
+from pigeon.broker._topic_protocol import SeekTarget, TopicProtocol
 from pigeon.core import TopicName
 from pigeon.core.codecs import GZIP, NONE, CodecSet
 from pigeon.core.errors import (
@@ -51,11 +55,30 @@ from pigeon.core.paths import (
 from pigeon.core.rpc import BrokerFrame, serve_tcp
 from pigeon.core.runtime import WallClock
 
-__all__ = ["BrokerService"]
+__all__ = ["BrokerService", "FrontDoor"]
 
 log = logging.getLogger(__name__)
 
 MAX_PARTITIONS = 4096
+
+
+class FrontDoor(Protocol):
+    """What the core asks of a front door (the native protocol; Kafka's, later)."""
+
+    def detach(self, topic: Any, reason: str, *, subscription: Any) -> int:
+        """Detach the producers and consumers it attached to ``topic`` (only the consumers
+        of ``subscription``, given one) and tell their clients to re-attach; returns how
+        many."""
+        ...
+
+    def close_all(self) -> None:
+        """Close every connection (clients reconnect through a new lookup)."""
+        ...
+
+    @property
+    def connections(self) -> int:
+        """Open client connections."""
+        ...
 
 
 class BrokerService:
@@ -80,6 +103,9 @@ class BrokerService:
         self._opening: dict[str, trio.Event] = {}
         #: the native protocol's front door (port 6650)
         self.native = NativeProtocol(self)
+        #: every front door: the core detaches clients and closes connections through
+        #: these, never naming one
+        self.front_doors: list[FrontDoor] = [self.native]
         self.nursery: trio.Nursery = None  # type: ignore[assignment]
         self.address: tuple[str, int] | None = None
         self._names = itertools.count()
@@ -94,7 +120,7 @@ class BrokerService:
     @property
     def connections(self) -> int:
         """Open client connections (of every front door)."""
-        return len(self.native.conns)
+        return sum(door.connections for door in self.front_doors)
 
     @property
     def service_url(self) -> str:
@@ -201,55 +227,52 @@ class BrokerService:
             if np_topic is None:
                 np_topic = self.topics[key] = NonPersistentTopic(name, self.clock)
             return np_topic
-        while True:
+
+        def loaded() -> TopicProtocol | None:
             topic = self.topics.get(key)
-            if topic is not None:
-                if not self.ownership.owns(name):
-                    raise NotOwner(f"{name} is no longer served by this broker")
-                return topic
-            opening = self._opening.get(key)
-            if opening is None:
-                break
-            await opening.wait()
-        ev = self._opening[key] = trio.Event()
-        try:
-            if await self.partitions_of(name):
-                raise InvalidArgument(
-                    f"{name} is a partitioned topic: use its partitions ({name}-partition-<i>)"
-                )
-            try:
-                await self.policies.get(name.namespace_name)
-            except NoSuchNode:
-                raise TopicNotFound(
-                    f"namespace {name.namespace_name} of topic {name} does not exist"
-                ) from None
-            if not create and await self.store.get(ledger_path(name)) is None:
-                raise TopicNotFound(f"topic {name} does not exist")
-            await self.ownership.acquire(name)
-            ledger = ManagedLedger(
-                name,
-                store=self.store,
-                policy=self.policy,
-                bookies=self.bookies,
-                nursery=self.nursery,
-                config=LedgerConfig(
-                    max_entries_per_segment=self.config.segment_max_entries,
-                    max_segment_bytes=self.config.segment_max_bytes,
-                    max_segment_age_s=self.config.segment_max_age_s,
-                    cache_max_bytes=self.config.cache_max_bytes,
-                ),
-                quorum=lambda: self._quorum_of(name),
-                clock=self.clock,
-            )
-            await ledger.open()
-            topic = Topic(name, ledger, self)
-            ledger.on_fenced = lambda: self.nursery.start_soon(self._drop_fenced, topic)
-            await topic.recover_dedup()
-            self.topics[key] = topic
+            if topic is not None and not self.ownership.owns(name):
+                raise NotOwner(f"{name} is no longer served by this broker")
             return topic
-        finally:
-            del self._opening[key]
-            ev.set()
+
+        open_ = functools.partial(self._load_topic, name, create=create)
+        return await open_once(self._opening, key, loaded, open_)
+
+    async def _load_topic(self, name: TopicName, *, create: bool) -> Topic:
+        """Open the persistent topic ``name`` here (single-flight: see get_topic)."""
+        if await self.partitions_of(name):
+            raise InvalidArgument(
+                f"{name} is a partitioned topic: use its partitions ({name}-partition-<i>)"
+            )
+        try:
+            await self.policies.get(name.namespace_name)
+        except NoSuchNode:
+            raise TopicNotFound(
+                f"namespace {name.namespace_name} of topic {name} does not exist"
+            ) from None
+        if not create and await self.store.get(ledger_path(name)) is None:
+            raise TopicNotFound(f"topic {name} does not exist")
+        await self.ownership.acquire(name)
+        ledger = ManagedLedger(
+            name,
+            store=self.store,
+            policy=self.policy,
+            bookies=self.bookies,
+            nursery=self.nursery,
+            config=LedgerConfig(
+                max_entries_per_segment=self.config.segment_max_entries,
+                max_segment_bytes=self.config.segment_max_bytes,
+                max_segment_age_s=self.config.segment_max_age_s,
+                cache_max_bytes=self.config.cache_max_bytes,
+            ),
+            quorum=lambda: self._quorum_of(name),
+            clock=self.clock,
+        )
+        await ledger.open()
+        topic = Topic(name, ledger, self)
+        ledger.on_fenced = lambda: self.nursery.start_soon(self._drop_fenced, topic)
+        await topic.recover_dedup()
+        self.topics[name.full] = topic
+        return topic
 
     async def _drop_fenced(self, topic: Topic) -> None:
         """The topic's ledger was taken over by another broker: unload it here, so its
@@ -354,28 +377,9 @@ class BrokerService:
         topic.producers[producer_name] = producer
         return producer
 
-    def send(
-        self,
-        producer: Producer,
-        payload: bytes | memoryview,
-        *,
-        num_messages: int,
-        sequence_id: int,
-        reply: Reply,
-        fence: Callable[[BaseException], None],
-        spawn: Callable[[Callable[[], Awaitable[None]]], None],
-    ) -> None:
-        """Store a batch (see :func:`pigeon.broker._publish.publish`)."""
-        publish(
-            self,
-            producer,
-            payload,
-            num_messages=num_messages,
-            sequence_id=sequence_id,
-            reply=reply,
-            fence=fence,
-            spawn=spawn,
-        )
+    #: ``send(producer, payload, *, num_messages, sequence_id, reply, fence, spawn)``:
+    #: store a batch, or answer it as a duplicate (:func:`pigeon.broker._publish.publish`)
+    send = publish
 
     @staticmethod
     def fence_producer(producer: Producer, error: BaseException) -> bool:
@@ -468,16 +472,9 @@ class BrokerService:
         topic.subscriptions.pop(sub.name, None)
 
     @staticmethod
-    def seek(
-        topic: TopicProtocol,
-        sub: Any,
-        *,
-        offset: int | None = None,
-        timestamp: int | None = None,
-        position: tuple[Position, int] | None = None,
-    ) -> Awaitable[None]:
+    def seek(topic: TopicProtocol, sub: Any, target: SeekTarget) -> Awaitable[None]:
         """Check a seek at once; returns what moves the cursor when awaited."""
-        return topic.seek(sub, offset=offset, timestamp=timestamp, position=position)
+        return topic.seek(sub, target)
 
     @staticmethod
     def last_message_id(topic: TopicProtocol, sub: Any) -> tuple[Position, int, int]:

@@ -29,7 +29,8 @@ import trio
 
 from pigeon.broker._cursor import CursorState
 from pigeon.broker._dispatch import Delivery, Dispatcher, Pending
-from pigeon.broker._ledger import Entry, ManagedLedger, Position
+from pigeon.broker._ledger import ManagedLedger
+from pigeon.broker._ledger_state import Entry, Position
 from pigeon.core.batch import ENTRY_HEADER_SIZE, decode_batch
 from pigeon.core.errors import (
     CorruptEntry,
@@ -531,6 +532,27 @@ class Subscription:
             )
         except PigeonError:
             pass  # connection closing: the consumer's removal requeues its pending entries
+
+    def storage_stats(self) -> dict[str, Any]:
+        """The cursor and what it holds back, as the admin API reports them."""
+        return {
+            "backlog_bytes": self.ledger.bytes_after(self.cursor.mark_delete),
+            "mark_delete_offset": self.cursor.mark_delete,
+            "delayed": self.delayed_count,
+            "dropped": 0,
+            "lost_messages": self.lost_messages,
+            "read_error": self.read_error,
+        }
+
+    def cursor_stats(self) -> dict[str, Any]:
+        """The cursor's state in detail (the admin API's internal stats)."""
+        return {
+            "mark_delete_offset": self.cursor.mark_delete,
+            "acked_ranges": [list(r) for r in self.cursor.acked.ranges()],
+            "read_position": list(self.read_position) if self.read_position else None,
+            "pending_entries": len(self.pending),
+            "durable": bool(self.durable),
+        }
 
     def backlog(self) -> int:
         return max(

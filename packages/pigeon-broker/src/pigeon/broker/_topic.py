@@ -9,33 +9,46 @@ appends through it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from pigeon.broker._cursor import CursorState
 from pigeon.broker._dedup import Deduplication, Receipt
-from pigeon.broker._ledger import Entry, ManagedLedger, Position
+from pigeon.broker._ledger import ManagedLedger
+from pigeon.broker._ledger_state import Entry, Position
 from pigeon.broker._policies import NamespacePolicies
+from pigeon.broker._singleflight import open_once
 from pigeon.broker._subscription import Subscription
+from pigeon.broker._topic_protocol import SeekTarget
 from pigeon.core import TopicName
 from pigeon.core.batch import ENTRY_HEADER_SIZE, read_header
-from pigeon.core.errors import CorruptEntry, InvalidArgument, NoSuchNode, NotOwner, PigeonError
-from pigeon.core.paths import cursor_path, dedup_path, segment_path
+from pigeon.core.errors import (
+    CorruptEntry,
+    InvalidArgument,
+    NoSuchNode,
+    NotOwner,
+    PigeonError,
+    SubscriptionNotFound,
+)
+from pigeon.core.paths import cursor_path, cursors_path, dedup_path, segment_path
 
 if TYPE_CHECKING:
     from pigeon.broker._service import BrokerService
     from pigeon.core.rpc import Connection
 
-__all__ = ["Producer", "Topic", "TopicProtocol", "drop_reader"]
+__all__ = ["Producer", "Topic", "drop_reader"]
 
 log = logging.getLogger(__name__)
 
 DEDUP_SNAPSHOT_ENTRIES = 100
+#: how long closing subscriptions may take before the topic goes on regardless
+CLOSE_TIMEOUT = 5.0
 DEDUP_SNAPSHOT_SECONDS = 1.0
 #: how much of a topic's log may be read to name the original of a duplicate
 DEDUP_LOOKUP_MAX_BYTES = 256 << 20
@@ -103,6 +116,24 @@ class Topic:
 
     async def close(self) -> None:
         await self.ledger.close()
+
+    def as_persistent(self) -> Topic:
+        return self
+
+    def internal_stats(self) -> dict[str, Any]:
+        return {
+            **self.ledger.internal_stats(),
+            "cursors": {n: s.cursor_stats() for n, s in sorted(self.subscriptions.items())},
+        }
+
+    def storage_stats(self) -> dict[str, int]:
+        ledger = self.ledger
+        return {
+            "first_offset": ledger.first_offset,
+            "storage_size": sum(s.size for s in ledger.segments),
+            "segments": len(ledger.segments),
+            "corrupt_entries": ledger.corrupt_entries,
+        }
 
     # ------------------------------------------------------------------ policies
 
@@ -371,23 +402,78 @@ class Topic:
         waits for it and gets the same object, so one cursor never has two dispatchers.
         Raises NotOwner once the topic was unloaded (the caller looks it up again).
         """
-        while True:
+
+        def loaded() -> Subscription | None:
             self._check_loaded()
-            sub = self.subscriptions.get(name)
-            if sub is not None:
-                return sub
-            opening = self._opening_subs.get(name)
-            if opening is None:
-                break
-            await opening.wait()
-        done = self._opening_subs[name] = trio.Event()
-        try:
-            return await self._open_subscription(
-                name, sub_type, initial_position, durable=durable, start_offset=start_offset
+            return self.subscriptions.get(name)
+
+        open_ = functools.partial(
+            self._open_subscription,
+            name,
+            sub_type,
+            initial_position,
+            durable=durable,
+            start_offset=start_offset,
+        )
+        return await open_once(self._opening_subs, name, loaded, open_)
+
+    async def find_subscription(self, name: str) -> Subscription:
+        """The subscription ``name``, its stored cursor loaded if no consumer attached to
+        it since the topic loaded; SubscriptionNotFound if it has none."""
+        sub = self.subscriptions.get(name)
+        if sub is not None:
+            return sub
+        if await self.service.store.exists(cursor_path(self.name, name)):
+            return await self.subscription(
+                name, "exclusive", "latest", durable=True, start_offset=-1
             )
-        finally:
-            del self._opening_subs[name]
-            done.set()
+        raise SubscriptionNotFound(f"subscription {name!r} does not exist on {self.name}")
+
+    async def load_subscriptions(self) -> None:
+        """Load the cursors of subscriptions no consumer attached to since the topic loaded."""
+        for name in await self.service.store.children(cursors_path(self.name)):
+            if name not in self.subscriptions:
+                await self.subscription(name, "exclusive", "latest", durable=True, start_offset=-1)
+
+    async def close_subscriptions(self, names: list[str] | None = None) -> None:
+        """Stop dispatch of the named (or all) subscriptions and wait until they persisted."""
+        subs = [s for n, s in list(self.subscriptions.items()) if names is None or n in names]
+        for sub in subs:
+            sub.closed = True
+            sub.wake()
+        with trio.move_on_after(CLOSE_TIMEOUT) as scope:
+            # A subscription's dispatch task leaves self.subscriptions when it has stopped
+            # and persisted its cursor; there is no event to wait on.
+            while any(self.subscriptions.get(s.name) is s for s in subs):  # noqa: ASYNC110
+                await trio.sleep(0.01)
+        if scope.cancelled_caught:
+            log.warning("subscriptions did not stop in time topic=%s", self.name)
+        for sub in subs:
+            if self.subscriptions.get(sub.name) is sub:
+                del self.subscriptions[sub.name]
+
+    async def delete_subscription(self, sub: Subscription, detach: Callable[[], object]) -> None:
+        """Delete ``sub`` and its cursor; ``detach()`` detaches its consumers.
+
+        The subscription stops persisting before its node goes, so nothing re-creates the
+        cursor; a consumer that re-attaches before the node is gone joins the closed
+        subscription and is detached once more, then subscribes afresh.
+        """
+        sub.closed = True
+        sub.store = None
+        sub.wake()
+        detach()
+        with contextlib.suppress(NoSuchNode):
+            await self.service.store.delete(cursor_path(self.name, sub.name))
+        if self.subscriptions.get(sub.name) is sub:
+            del self.subscriptions[sub.name]
+        detach()
+
+    async def has_subscription(self, name: str) -> bool:
+        """Whether the subscription ``name`` is loaded here or has a stored cursor."""
+        return name in self.subscriptions or await self.service.store.exists(
+            cursor_path(self.name, name)
+        )
 
     def _check_loaded(self) -> None:
         if self.unloaded:
@@ -459,22 +545,15 @@ class Topic:
             if self.subscriptions.get(sub.name) is sub and sub.closed:
                 del self.subscriptions[sub.name]
 
-    def seek(
-        self,
-        sub: Any,
-        *,
-        offset: int | None = None,
-        timestamp: int | None = None,
-        position: tuple[Position, int] | None = None,
-    ) -> Awaitable[None]:
+    def seek(self, sub: Any, target: SeekTarget) -> Awaitable[None]:
         """Check a seek of ``sub`` at once; returns what moves its cursor when awaited."""
-        if offset is not None:
-            coro: Awaitable[None] = sub.seek_offset(offset)
-        elif timestamp is not None:
-            coro = sub.seek_time(timestamp)
+        if target.offset is not None:
+            coro: Awaitable[None] = sub.seek_offset(target.offset)
+        elif target.timestamp is not None:
+            coro = sub.seek_time(target.timestamp)
         else:
-            assert position is not None
-            (segment_id, entry_id), batch_index = position
+            assert target.position is not None
+            (segment_id, entry_id), batch_index = target.position
             if sub.ledger.index_of_segment(segment_id) is None:
                 raise InvalidArgument(
                     f"segment {segment_id} is not (or no longer) part of this topic"
@@ -518,69 +597,3 @@ def drop_reader(topic: Any, sub: Any) -> None:
     if isinstance(sub, Subscription):
         sub.wake()
     del topic.subscriptions[sub.name]
-
-
-class TopicProtocol(Protocol):
-    """What the broker core asks of a topic, persistent (:class:`Topic`) or not
-    (:class:`~pigeon.broker._nonpersistent.NonPersistentTopic`): the core calls these
-    instead of branching on ``persistent``."""
-
-    name: TopicName
-    #: True for a topic with a log (``persistent://``); what the admin API reports
-    persistent: bool
-    #: set when the topic is unloaded or deleted here: nothing may attach to it then
-    unloaded: bool
-    producers: dict[str, Producer]
-    subscriptions: dict[str, Any]
-    dedup: Deduplication
-
-    @property
-    def msgs_in(self) -> int: ...
-
-    @property
-    def bytes_in(self) -> int: ...
-
-    @property
-    def next_offset(self) -> int: ...
-
-    @property
-    def holding(self) -> bool:
-        """Sends are held (producer_request_hold): later ones must wait behind them."""
-        ...
-
-    def backlog_bytes(self) -> int: ...
-
-    def hold(self, send: Any) -> None: ...
-
-    def append(
-        self, payload: bytes | memoryview, n: int, callback: Any, *, deliver_at: int = 0
-    ) -> None: ...
-
-    def confirm_sequence(self, segment_id: int, entry_id: int) -> None: ...
-
-    def may_find_original(self, name: str, first: int) -> bool: ...
-
-    async def original_receipt(self, name: str, first: int, count: int) -> Receipt | None: ...
-
-    async def subscription(
-        self, name: str, sub_type: str, initial_position: str, *, durable: bool, start_offset: int
-    ) -> Any: ...
-
-    def seek(
-        self,
-        sub: Any,
-        *,
-        offset: int | None = None,
-        timestamp: int | None = None,
-        position: tuple[Position, int] | None = None,
-    ) -> Awaitable[None]: ...
-
-    def last_message_id(self, sub: Any) -> tuple[Position, int, int]: ...
-
-    async def maintain(self, policies: NamespacePolicies) -> None: ...
-
-    async def snapshot_dedup(self) -> None: ...
-
-    async def close(self) -> None: ...
-
-    def stats(self) -> dict[str, Any]: ...
