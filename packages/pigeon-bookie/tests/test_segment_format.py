@@ -24,17 +24,15 @@ from pigeon.bookie._segment import (
     TAIL,
     IdRanges,
     ReadFn,
-    collect_entries,
     crc32c,
     decode_meta,
     encode_file_header,
     encode_meta,
     encode_record_header,
-    locate_record,
     parse_record_header,
     scan_records,
-    scan_tail,
 )
+from pigeon.bookie._segment_scan import collect_entries, locate_record, scan_tail
 
 SEG = 0xABCDEF
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import trio
 
-import pigeon.bookie._storage as storage_mod
+import pigeon.bookie._storage_commit as commit_mod
 from pigeon.bookie._segment import FILE_HEADER_SIZE, RECORD_HEADER_SIZE, encode_record_header
 from pigeon.bookie._storage import SegmentStore
 from pigeon.core.errors import (
@@ -503,7 +503,7 @@ async def test_fsync_error_fails_the_waiting_adds(
     async with open_store(tmp_path) as store:
         await fill(store, 1, 1)
         monkeypatch.setattr(
-            storage_mod, "_fsync_many", lambda fds, d: OSError(errno.EIO, "I/O error")
+            commit_mod, "fsync_many", lambda fds, d: OSError(errno.EIO, "I/O error")
         )
         with pytest.raises(BookieReadOnly):
             await store.add_entry(1, 1, b"x")

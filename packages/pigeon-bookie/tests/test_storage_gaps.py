@@ -20,12 +20,10 @@ from pigeon.bookie._segment import (
     RECORD_HEADER_SIZE,
     IdRanges,
     ReadFn,
-    collect_entries,
-    dense_positions,
     encode_file_header,
     encode_record_header,
-    scan_tail,
 )
+from pigeon.bookie._segment_scan import collect_entries, dense_positions, scan_tail
 from pigeon.bookie._storage import SegmentStore
 from pigeon.core.errors import CorruptEntry, EntryNotFound, InvalidEntryId, SegmentNotFound
 
