@@ -17,14 +17,16 @@ commit), :mod:`~pigeon.bookie._storage_writes` (appends); this module puts them 
 with the lifecycle, fencing, deletion and the queries.
 
 Write path (trio thread, per entry): one ``os.pwritev`` of ``[header, payload]`` at the
-known end of the file, then an append to the in-memory position list (a skipped id
-gets a zero-length span there; a jump over more than the dense window restarts it).
-Durability is the flusher's job (group commit): every flush round takes the set of
-files written since the previous round and ``fdatasync``\\ s each once, in worker
-threads, while new appends go on into the next round.  Under ``always`` an add returns
-after the round covering it; under ``interval`` rounds run every ``fsync_interval_ms``
-and adds return after the write; under ``never`` only :meth:`SegmentStore.sync`, a
-fence and shutdown fsync.
+known end of the file (the payload is the caller's buffer as it is: the memoryview of a
+received frame is written without a copy, see :mod:`~pigeon.bookie._storage_writes`),
+then an append to the in-memory position list (a skipped id gets a zero-length span
+there; a jump over more than the dense window restarts it).  Durability is the
+flusher's job (group commit): every flush round takes the set of files written since
+the previous round and ``fdatasync``\\ s each once, in worker threads, while new
+appends go on into the next round.  Under ``always`` an add returns after the round
+covering it; under ``interval`` rounds run every ``fsync_interval_ms`` and adds return
+after the write; under ``never`` only :meth:`SegmentStore.sync`, a fence and shutdown
+fsync.
 
 Read path: the entries' positions come from the in-memory dense position list (the
 recent entries of each segment) or from the sparse index plus a forward scan; the file

@@ -102,21 +102,19 @@ def pwritev_all(fd: int, bufs: list[Buffer], offset: int, total: int) -> None:
         pending[0] = memoryview(pending[0])[n:]
 
 
-def as_buffer(data: Buffer) -> bytes:
-    """The payload as ``bytes`` (the CRC32C binding takes nothing else); no copy for
-    ``bytes`` or a memoryview spanning a whole ``bytes`` object."""
+def as_buffer(data: Buffer) -> Buffer:
+    """``data`` as a buffer of bytes the store can checksum and write as it is: ``bytes``
+    and a flat memoryview of bytes unchanged (no copy: a received frame's payload goes
+    to the file as the view it arrived in), any other contiguous buffer as a view."""
     if type(data) is bytes:
         return data
     try:
-        mv = memoryview(data)
+        view = data if type(data) is memoryview else memoryview(data)
     except TypeError:
         raise InvalidArgument(f"entry data must be bytes-like, not {type(data).__name__}")
-    if not mv.c_contiguous:
+    if not view.c_contiguous:
         raise InvalidArgument("entry data must be a contiguous buffer")
-    obj = mv.obj
-    if type(obj) is bytes and mv.nbytes == len(obj):
-        return obj
-    return mv.tobytes()
+    return view if view.ndim == 1 and view.format == "B" else view.cast("B")
 
 
 def check_segment_id(segment_id: int) -> None:

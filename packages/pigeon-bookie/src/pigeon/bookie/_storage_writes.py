@@ -1,9 +1,11 @@
 """The write path of a segment store.
 
 Per add, in the trio thread: one ``os.pwritev`` of the record headers and the payloads
-as separate buffers at the known end of the file, then an append to the in-memory
-position list (a skipped id gets a zero-length span there; a jump over more than the
-dense window restarts it).  Durability is the group commit's
+as separate buffers (the payloads are the caller's memoryviews of the received frames,
+written as they are: the kernel copies them into the page cache; only a payload under
+64 KiB is copied once more, for its checksum) at the known end of the file, then an
+append to the in-memory position list (a skipped id gets a zero-length span there; a
+jump over more than the dense window restarts it).  Durability is the group commit's
 (:mod:`pigeon.bookie._storage_commit`).
 """
 
