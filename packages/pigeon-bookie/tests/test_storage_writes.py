@@ -1,19 +1,26 @@
-"""The write path of the segment store (pigeon.bookie._storage_writes): payloads reach
-the data file as the buffers they arrived in."""
+"""The write path of the segment store (pigeon.bookie._storage_writes): single and
+batched adds, recovery adds, write errors; payloads reach the data file as the buffers
+they arrived in."""
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_storage import files, open_store
+from test_storage import check_all, files, fill, open_store, payload
 
 import pigeon.bookie._storage_state as state_mod
 from pigeon.bookie._segment import crc32c
 from pigeon.bookie._storage_state import pwritev_all
+from pigeon.core.errors import (
+    BookieReadOnly,
+    InvalidArgument,
+    InvalidEntryId,
+)
 
 #: payload sizes on either side of the size above which a view's checksum is taken in
 #: place (64 KiB), empty included
@@ -107,3 +114,87 @@ def test_short_writes_and_more_buffers_than_iov_max_are_finished(
         os.close(fd)
     assert path.read_bytes()[10:] == b"".join(views)
     assert len(calls) > 3
+
+
+async def test_accepts_buffers(tmp_path: Path) -> None:
+    async with open_store(tmp_path) as store:
+        raw = b"0123456789"
+        await store.add_entry(1, 0, bytearray(raw))
+        await store.add_entry(1, 1, memoryview(raw)[2:5])
+        await store.add_entry(1, 2, memoryview(raw))
+        assert [p for _, p in store.read_entries(1, 0, 2)] == [raw, b"234", raw]
+        with pytest.raises(InvalidArgument):
+            await store.add_entry(1, 3, memoryview(raw)[::2])
+        with pytest.raises(InvalidArgument):
+            await store.add_entry(1, 3, "text")  # type: ignore[arg-type]
+        assert store.last_entry_id(1) == 2
+
+
+async def test_entry_ids_must_increase(tmp_path: Path) -> None:
+    """Ids may skip (striping, a replacement bookie) but never go back or repeat."""
+    async with open_store(tmp_path) as store:
+        await store.add_entry(1, 0, b"a")
+        with pytest.raises(InvalidEntryId):
+            await store.add_entry(1, 0, b"a")  # duplicate
+        await store.add_entry(1, 1, b"b")
+        with pytest.raises(InvalidEntryId):
+            await store.add_entry(1, 0, b"z")  # below the last
+        with pytest.raises(InvalidEntryId):
+            await store.add_entry(1, -1, b"b")
+        with pytest.raises(InvalidArgument):
+            await store.add_entry(-5, 0, b"b")
+        await store.add_entry(1, 3, b"d")  # a gap: entry 2 is not stored here
+        with pytest.raises(InvalidEntryId):
+            await store.add_entry(1, 2, b"c")  # a skipped id cannot be filled in later
+        assert [p for _, p in store.read_entries(1, 0, 9)] == [b"a", b"b", b"d"]
+        assert store.last_entry_id(1) == 3
+
+
+async def test_batched_adds(tmp_path: Path) -> None:
+    async with open_store(tmp_path, index_interval_bytes=500) as store:
+        await store.add_entries(4, 0, [payload(4, i) for i in range(1500)], lac=3)
+        await store.add_entries(4, 1500, [])
+        with pytest.raises(InvalidEntryId):
+            await store.add_entries(4, 1499, [b"x"])
+        await store.add_entries(4, 1500, [payload(4, 1500)])
+        check_all(store, 4, 1501)
+        assert store.read_lac(4) == 3
+    async with open_store(tmp_path, index_interval_bytes=500) as store:
+        check_all(store, 4, 1501)
+
+
+async def test_recovery_adds(tmp_path: Path) -> None:
+    async with open_store(tmp_path) as store:
+        await fill(store, 1, 3)
+        await store.fence(1)
+        # BookKeeper's recovery adds pass the fence and are idempotent for equal bytes.
+        await store.add_entry(1, 2, payload(1, 2), recovery=True)
+        with pytest.raises(InvalidEntryId):
+            await store.add_entry(1, 2, b"other bytes", recovery=True)
+        await store.add_entry(1, 3, payload(1, 3), recovery=True)
+        check_all(store, 1, 4)
+
+
+async def test_write_error_turns_the_bookie_read_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with open_store(tmp_path) as store:
+        await fill(store, 1, 3)
+        real = os.pwritev
+
+        def full(fd: int, bufs: list[bytes], offset: int) -> int:
+            real(fd, [bytes(b) for b in bufs][:1], offset)  # a partial record lands
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(os, "pwritev", full)
+        with pytest.raises(BookieReadOnly):
+            await store.add_entry(1, 3, b"x" * 100)
+        monkeypatch.undo()
+        assert store.statistics().read_only
+        with pytest.raises(BookieReadOnly):
+            await store.add_entry(1, 3, b"x" * 100)
+        check_all(store, 1, 3)  # reads go on
+        assert store.segment_info(1).size_bytes == files(tmp_path, 1)["log"].stat().st_size
+    async with open_store(tmp_path) as store:  # a restart clears the read-only state
+        await fill(store, 1, 1, start=3)
+        check_all(store, 1, 4)
