@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import Any
 
@@ -134,36 +135,21 @@ def test_collect_entries_stops_before_damage() -> None:
 def test_collect_entries_resyncs_over_lost_header() -> None:
     data, starts = build(10)
     data[starts[0] : starts[0] + 40] = bytes(40)
-    read = reader(data)
-    out, corrupt, ok = collect_entries(
-        read, SEG, FILE_HEADER_SIZE, 0, len(data), 0, 9, max_bytes=1 << 20, max_count=99
+    collect = functools.partial(
+        collect_entries,
+        reader(data),
+        SEG,
+        FILE_HEADER_SIZE,
+        0,
+        len(data),
+        max_bytes=1 << 20,
+        max_count=99,
     )
+    out, corrupt, ok = collect(0, 9)
     assert (out, corrupt, ok) == ([], -1, False)  # exact start required by default
-    out, corrupt, ok = collect_entries(
-        read,
-        SEG,
-        FILE_HEADER_SIZE,
-        0,
-        len(data),
-        0,
-        9,
-        max_bytes=1 << 20,
-        max_count=99,
-        exact_start=False,
-    )
+    out, corrupt, ok = collect(0, 9, exact_start=False)
     assert (out, corrupt, ok) == ([], 0, True)
-    out, corrupt, ok = collect_entries(
-        read,
-        SEG,
-        FILE_HEADER_SIZE,
-        0,
-        len(data),
-        3,
-        9,
-        max_bytes=1 << 20,
-        max_count=99,
-        exact_start=False,
-    )
+    out, corrupt, ok = collect(3, 9, exact_start=False)
     assert [i for i, _ in out] == list(range(3, 10))
 
 

@@ -62,7 +62,7 @@ class StoreWrites(StoreCommit, StoreRecovery, StoreReads):
         self,
         segment_id: int,
         entry_id: int,
-        data: bytes | bytearray | memoryview,
+        data: Buffer,
         *,
         lac: int = -1,
         recovery: bool = False,
@@ -108,13 +108,7 @@ class StoreWrites(StoreCommit, StoreRecovery, StoreReads):
         return self._durability(seg)
 
     async def add_entry(
-        self,
-        segment_id: int,
-        entry_id: int,
-        data: bytes | bytearray | memoryview,
-        *,
-        lac: int = -1,
-        recovery: bool = False,
+        self, segment_id: int, entry_id: int, data: Buffer, *, lac: int = -1, recovery: bool = False
     ) -> None:
         """:meth:`append`, then wait until the entry is durable per the fsync policy.
 
@@ -128,7 +122,7 @@ class StoreWrites(StoreCommit, StoreRecovery, StoreReads):
         self,
         segment_id: int,
         first_entry_id: int,
-        entries: Sequence[bytes | bytearray | memoryview],
+        entries: Sequence[Buffer],
         *,
         lac: int = -1,
         recovery: bool = False,
