@@ -19,6 +19,20 @@ from pigeon.bookie._segment import (
 from pigeon.bookie._segment_scan import collect_entries, locate_record, scan_tail
 
 
+def collect(
+    data: bytes | bytearray, first: int, last: int, **kw: Any
+) -> tuple[list[int], int, bool]:
+    """:func:`collect_entries` over ``data`` from its first record: the ids read (their
+    payloads checked), the corrupt id, and whether the start was right."""
+    kw.setdefault("max_bytes", 1 << 20)
+    kw.setdefault("max_count", 1000)
+    out, corrupt, ok = collect_entries(
+        reader(data), SEG, FILE_HEADER_SIZE, 0, len(data), first, last, **kw
+    )
+    assert all(p == payload(i) for i, p in out)
+    return [i for i, _ in out], corrupt, ok
+
+
 def build_with_gaps(ids: list[int]) -> tuple[bytearray, dict[int, int]]:
     """A data file with entries ``ids`` (ids skip), and where each record starts."""
     data = bytearray(encode_file_header(SEG))
@@ -80,28 +94,13 @@ def test_collect_entries_limits() -> None:
     read = reader(data)
     end = len(data)
 
-    def collect(first: int, last: int, **kw: int) -> tuple[list[int], int, bool]:
-        out, corrupt, ok = collect_entries(
-            read,
-            SEG,
-            FILE_HEADER_SIZE,
-            0,
-            end,
-            first,
-            last,
-            max_bytes=kw.get("max_bytes", 1 << 20),
-            max_count=kw.get("max_count", 1000),
-        )
-        assert all(p == payload(i) for i, p in out)
-        return [i for i, _ in out], corrupt, ok
-
-    assert collect(0, 39)[0] == list(range(40))
-    assert collect(5, 9)[0] == [5, 6, 7, 8, 9]
-    assert collect(5, 100)[0] == list(range(5, 40))
-    assert collect(5, 39, max_count=3)[0] == [5, 6, 7]
-    assert collect(5, 39, max_bytes=1)[0] == [5]  # always one entry
+    assert collect(data, 0, 39)[0] == list(range(40))
+    assert collect(data, 5, 9)[0] == [5, 6, 7, 8, 9]
+    assert collect(data, 5, 100)[0] == list(range(5, 40))
+    assert collect(data, 5, 39, max_count=3)[0] == [5, 6, 7]
+    assert collect(data, 5, 39, max_bytes=1)[0] == [5]  # always one entry
     sizes = [len(payload(i)) for i in range(40)]
-    assert collect(0, 39, max_bytes=sizes[0] + sizes[1])[0] == [0, 1]
+    assert collect(data, 0, 39, max_bytes=sizes[0] + sizes[1])[0] == [0, 1]
     # starting at a known position
     out, corrupt, ok = collect_entries(
         read, SEG, starts[10], 10, end, 12, 13, max_bytes=1 << 20, max_count=10
@@ -118,39 +117,17 @@ def test_collect_entries_stops_before_damage() -> None:
     data, starts = build(10)
     assert payload(5)
     data[starts[5] + RECORD_HEADER_SIZE] ^= 1
-    read = reader(data)
-
-    def collect(first: int) -> tuple[list[int], int]:
-        out, corrupt, ok = collect_entries(
-            read, SEG, FILE_HEADER_SIZE, 0, len(data), first, 9, max_bytes=1 << 20, max_count=99
-        )
-        assert ok
-        return [i for i, _ in out], corrupt
-
-    assert collect(0) == ([0, 1, 2, 3, 4], -1)
-    assert collect(5) == ([], 5)
-    assert collect(6) == ([6, 7, 8, 9], -1)
+    assert collect(data, 0, 9) == ([0, 1, 2, 3, 4], -1, True)
+    assert collect(data, 5, 9) == ([], 5, True)
+    assert collect(data, 6, 9) == ([6, 7, 8, 9], -1, True)
 
 
 def test_collect_entries_resyncs_over_lost_header() -> None:
     data, starts = build(10)
     data[starts[0] : starts[0] + 40] = bytes(40)
-    collect = functools.partial(
-        collect_entries,
-        reader(data),
-        SEG,
-        FILE_HEADER_SIZE,
-        0,
-        len(data),
-        max_bytes=1 << 20,
-        max_count=99,
-    )
-    out, corrupt, ok = collect(0, 9)
-    assert (out, corrupt, ok) == ([], -1, False)  # exact start required by default
-    out, corrupt, ok = collect(0, 9, exact_start=False)
-    assert (out, corrupt, ok) == ([], 0, True)
-    out, corrupt, ok = collect(3, 9, exact_start=False)
-    assert [i for i, _ in out] == list(range(3, 10))
+    assert collect(data, 0, 9) == ([], -1, False)  # exact start required by default
+    assert collect(data, 0, 9, exact_start=False) == ([], 0, True)
+    assert collect(data, 3, 9, exact_start=False)[0] == list(range(3, 10))
 
 
 def test_scan_tail_names_what_the_torn_tail_held() -> None:
@@ -250,32 +227,15 @@ def test_scan_tail_with_gaps() -> None:
 def test_collect_entries_with_gaps() -> None:
     ids = [0, 2, 3, 7, 8, 20]
     data, where = build_with_gaps(ids)
-    read = reader(data)
 
-    def collect(first: int, last: int, **kw: Any) -> tuple[list[int], int, bool]:
-        out, corrupt, ok = collect_entries(
-            read,
-            SEG,
-            FILE_HEADER_SIZE,
-            0,
-            len(data),
-            first,
-            last,
-            max_bytes=kw.get("max_bytes", 1 << 20),
-            max_count=kw.get("max_count", 100),
-            exact_start=False,
-        )
-        assert all(p == payload(i) for i, p in out)
-        return [i for i, _ in out], corrupt, ok
-
-    assert collect(0, 100) == (ids, -1, True)
-    assert collect(2, 7) == ([2, 3, 7], -1, True)
-    assert collect(1, 7) == ([], -1, True)  # not stored
-    assert collect(9, 19) == ([], -1, True)
-    assert collect(3, 100, max_count=2) == ([3, 7], -1, True)
+    collect_all = functools.partial(collect, data, exact_start=False)
+    assert collect_all(0, 100) == (ids, -1, True)
+    assert collect_all(2, 7) == ([2, 3, 7], -1, True)
+    assert collect_all(1, 7) == ([], -1, True)  # not stored
+    assert collect_all(9, 19) == ([], -1, True)
+    assert collect_all(3, 100, max_count=2) == ([3, 7], -1, True)
     # a damaged header: the ids it may have covered are corrupt, not skipped
     data[where[7] + 2] ^= 1
-    read = reader(data)
-    assert collect(2, 100) == ([2, 3], -1, True)
-    assert collect(4, 100) == ([], 4, True)
-    assert collect(8, 100) == ([8, 20], -1, True)
+    assert collect_all(2, 100) == ([2, 3], -1, True)
+    assert collect_all(4, 100) == ([], 4, True)
+    assert collect_all(8, 100) == ([8, 20], -1, True)
