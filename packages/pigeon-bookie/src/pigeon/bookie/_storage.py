@@ -67,9 +67,7 @@ import time
 
 import trio
 
-from pigeon.bookie._segment import (
-    encode_meta,
-)
+from pigeon.bookie._segment import encode_meta
 from pigeon.bookie._storage_commit import AppendWaiter
 from pigeon.bookie._storage_state import (
     FsyncPolicy,
@@ -81,10 +79,7 @@ from pigeon.bookie._storage_state import (
     logger,
 )
 from pigeon.bookie._storage_writes import StoreWrites
-from pigeon.core.errors import (
-    SegmentNotFound,
-    StorageError,
-)
+from pigeon.core.errors import SegmentNotFound, StorageError
 
 __all__ = ["AppendWaiter", "FsyncPolicy", "SegmentInfo", "SegmentStore", "StoreStatistics"]
 

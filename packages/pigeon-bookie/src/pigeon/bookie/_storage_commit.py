@@ -15,16 +15,8 @@ from collections.abc import Callable
 
 import trio
 
-from pigeon.bookie._storage_state import (
-    Round,
-    SegmentState,
-    StoreBase,
-)
-from pigeon.core.errors import (
-    BookieReadOnly,
-    SegmentNotFound,
-    StorageError,
-)
+from pigeon.bookie._storage_state import Round, SegmentState, StoreBase
+from pigeon.core.errors import BookieReadOnly, SegmentNotFound, StorageError
 
 __all__ = ["AppendWaiter", "StoreCommit", "fsync_many"]
 

@@ -18,17 +18,8 @@ from collections.abc import Callable
 import trio
 
 from pigeon.bookie._segment_scan import collect_entries
-from pigeon.bookie._storage_state import (
-    SegmentState,
-    StoreBase,
-    logger,
-    pread,
-)
-from pigeon.core.errors import (
-    CorruptEntry,
-    EntryNotFound,
-    InvalidArgument,
-)
+from pigeon.bookie._storage_state import SegmentState, StoreBase, logger, pread
+from pigeon.core.errors import CorruptEntry, EntryNotFound, InvalidArgument
 
 __all__ = ["READ_AHEAD_BYTES", "StoreReads"]
 

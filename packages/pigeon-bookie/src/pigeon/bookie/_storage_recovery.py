@@ -43,11 +43,7 @@ from pigeon.bookie._storage_state import (
     pread,
     pwritev_all,
 )
-from pigeon.core.errors import (
-    BookieReadOnly,
-    InvalidEntryId,
-    StorageError,
-)
+from pigeon.core.errors import BookieReadOnly, InvalidEntryId, StorageError
 
 __all__ = ["StoreRecovery"]
 

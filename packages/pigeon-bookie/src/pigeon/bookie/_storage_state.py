@@ -27,17 +27,8 @@ from pigeon.bookie._index import (
     SparseIndex,
     decode_checkpoints,
 )
-from pigeon.bookie._segment import (
-    FILE_HEADER_SIZE,
-    Buffer,
-    IdRanges,
-)
-from pigeon.core.errors import (
-    BookieReadOnly,
-    InvalidArgument,
-    SegmentNotFound,
-    ServiceUnavailable,
-)
+from pigeon.bookie._segment import FILE_HEADER_SIZE, Buffer, IdRanges
+from pigeon.core.errors import BookieReadOnly, InvalidArgument, SegmentNotFound, ServiceUnavailable
 
 __all__ = [
     "logger",
