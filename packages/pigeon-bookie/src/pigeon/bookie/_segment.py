@@ -72,8 +72,9 @@ __all__ = [
 Buffer = bytes | bytearray | memoryview
 
 _crc32c_bytes: Final[Callable[[bytes], int]] = google_crc32c.value
-#: below this size, copying a view to ``bytes`` for google_crc32c costs less than a
-#: ctypes call (measured: 2 us a call; a copy of 64 KiB takes about 5 us)
+#: below this size, copying a view to ``bytes`` for google_crc32c costs no more than
+#: the ctypes call (about 2 us of overhead; measured, copy + CRC and the ctypes call
+#: both take about 5.5 us at 64 KiB, 10 and 7 us at 128 KiB, 120 and 68 us at 1 MiB)
 _VIEW_CRC_MIN: Final = 64 * 1024
 
 
