@@ -5,27 +5,21 @@ Time runs on trio's MockClock (``autojump_clock``): hours pass in no time.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import test_storage
 import trio
 
 from pigeon.bookie import SegmentCollector, SegmentStore
 from pigeon.core.errors import MetadataError
 from pigeon.core.paths import SEGMENTS_PATH, segment_path
 
-
-@asynccontextmanager
-async def open_store(path: Path, **kw: Any) -> AsyncIterator[SegmentStore]:
-    store = SegmentStore(path, fsync="never", **kw)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(store.run)
-        yield store
-        nursery.cancel_scope.cancel()
+#: a running store on a data directory (no fsync: these tests stop it cleanly)
+open_store = functools.partial(test_storage.open_store, fsync="never")
 
 
 def files_bytes(path: Path) -> int:

@@ -15,7 +15,8 @@ import pytest
 import trio
 
 import pigeon.bookie._service as service_mod
-import pigeon.bookie._storage as storage_mod
+import pigeon.bookie._storage_commit as commit_mod
+import pigeon.bookie._storage_reads as reads_mod
 from pigeon.bookie import BookieConfig, BookieServer, SegmentStore
 from pigeon.bookie._service import DiskSpacePolicy
 from pigeon.core._bookie_client import BookieClient
@@ -149,13 +150,13 @@ async def test_large_reads_run_in_a_worker_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     where: list[bool] = []
-    real = storage_mod.collect_entries
+    real = reads_mod.collect_entries
 
     def spy(*args: Any, **kwargs: Any) -> Any:
         where.append(threading.current_thread() is threading.main_thread())
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(storage_mod, "collect_entries", spy)
+    monkeypatch.setattr(reads_mod, "collect_entries", spy)
     store = SegmentStore(tmp_path / "bookie", inline_read_bytes=64 << 10)
     async with running(tmp_path, store=store, read_max_bytes=3 << 20) as (_, client, addr):
         await pipelined_adds(client, addr, 1, list(range(40)))
@@ -251,7 +252,7 @@ async def test_an_io_error_keeps_the_bookie_read_only(
     async with running(tmp_path) as (server, client, addr):
         await client.add_entry(addr, 1, 0, -1, b"a")
         monkeypatch.setattr(
-            storage_mod, "_fsync_many", lambda fds, d: OSError(errno.EIO, "I/O error")
+            commit_mod, "fsync_many", lambda fds, d: OSError(errno.EIO, "I/O error")
         )
         with pytest.raises(BookieReadOnly):
             await client.add_entry(addr, 1, 1, 0, b"b")

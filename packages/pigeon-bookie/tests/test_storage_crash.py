@@ -18,6 +18,7 @@ import pytest
 import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_storage import open_store
 
 import pigeon.bookie._storage as storage_mod
 from pigeon.bookie._storage import SegmentStore
@@ -36,17 +37,8 @@ def run_store(path: Path, fn: Any, **kw: Any) -> Any:
 
 
 async def _with_store(path: Path, fn: Any, kw: dict[str, Any]) -> Any:
-    kw = dict(kw)
-    dense_window = kw.pop("dense_window", None)
-    store = SegmentStore(path, **kw)
-    if dense_window is not None:
-        store._dense_window = dense_window
-    async with trio.open_nursery() as nursery:
-        await nursery.start(store.run)
-        try:
-            return await fn(store)
-        finally:
-            nursery.cancel_scope.cancel()
+    async with open_store(path, **kw) as store:
+        return await fn(store)
 
 
 def readable(store: SegmentStore, expected: dict[int, bytes]) -> set[int]:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 import random
 import tempfile
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -14,17 +12,11 @@ import pytest
 import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_storage import open_store
 
 from pigeon.bookie._segment import (
     FILE_HEADER_SIZE,
     RECORD_HEADER_SIZE,
-    IdRanges,
-    ReadFn,
-    collect_entries,
-    dense_positions,
-    encode_file_header,
-    encode_record_header,
-    scan_tail,
 )
 from pigeon.bookie._storage import SegmentStore
 from pigeon.core.errors import CorruptEntry, EntryNotFound, InvalidEntryId, SegmentNotFound
@@ -41,18 +33,6 @@ def striped(n: int, ensemble: int = 3, quorum: int = 2, bookie: int = 1) -> list
     """The ids bookie ``bookie`` stores of entries 0..n-1: entry i goes to the
     ``quorum`` bookies starting at i mod ``ensemble``."""
     return [i for i in range(n) if (bookie - i) % ensemble < quorum]
-
-
-@asynccontextmanager
-async def open_store(path: Path, **kw: Any) -> AsyncIterator[SegmentStore]:
-    dense_window = kw.pop("dense_window", None)
-    store = SegmentStore(path, **kw)
-    if dense_window is not None:
-        store._dense_window = dense_window
-    async with trio.open_nursery() as nursery:
-        await nursery.start(store.run)
-        yield store
-        nursery.cancel_scope.cancel()
 
 
 def log_file(path: Path, segment_id: int = SEG) -> Path:
@@ -225,100 +205,6 @@ async def test_first_add_may_be_any_id_and_empty_file_is_removed(tmp_path: Path)
 
 
 # ------------------------------------------------------------------ format level
-
-
-def build(ids: list[int]) -> tuple[bytearray, dict[int, int]]:
-    data = bytearray(encode_file_header(SEG))
-    where = {}
-    for i in ids:
-        where[i] = len(data)
-        data += encode_record_header(SEG, i, i - 1, payload(i)) + payload(i)
-    return data, where
-
-
-def reader(data: bytes | bytearray) -> ReadFn:
-    frozen = bytes(data)
-    return lambda pos, n: frozen[pos : pos + n]
-
-
-def test_scan_tail_with_gaps() -> None:
-    ids = [3, 4, 9, 10, 11, 40]
-    data, where = build(ids)
-    scan = scan_tail(
-        reader(data), SEG, FILE_HEADER_SIZE, 0, len(data), interval=1, last_checkpoint=16
-    )
-    assert scan.next_id == 41 and scan.records == 6 and not scan.corrupt
-    assert scan.base == 0 and len(scan.starts) == 41
-    for i in range(41):  # skipped ids point at the next record: a zero-length span
-        nxt = min(j for j in ids if j >= i)
-        assert scan.starts[i] == where[nxt]
-    # bounded dense positions
-    scan = scan_tail(
-        reader(data),
-        SEG,
-        FILE_HEADER_SIZE,
-        0,
-        len(data),
-        interval=1,
-        last_checkpoint=16,
-        max_dense=5,
-    )
-    assert scan.base == 36 and list(scan.starts) == [where[40]] * 5
-    # damage over entry 10's header: 10 lost; 5..8 are plain gaps, not corrupt
-    data[where[10] + 1] ^= 1
-    scan = scan_tail(
-        reader(data), SEG, FILE_HEADER_SIZE, 0, len(data), interval=1, last_checkpoint=16
-    )
-    assert scan.corrupt == {10}
-    assert scan.next_id == 41
-
-
-def test_collect_entries_with_gaps() -> None:
-    ids = [0, 2, 3, 7, 8, 20]
-    data, where = build(ids)
-    read = reader(data)
-
-    def collect(first: int, last: int, **kw: Any) -> tuple[list[int], int, bool]:
-        out, corrupt, ok = collect_entries(
-            read,
-            SEG,
-            FILE_HEADER_SIZE,
-            0,
-            len(data),
-            first,
-            last,
-            max_bytes=kw.get("max_bytes", 1 << 20),
-            max_count=kw.get("max_count", 100),
-            exact_start=False,
-        )
-        assert all(p == payload(i) for i, p in out)
-        return ids_of(out), corrupt, ok
-
-    assert collect(0, 100) == (ids, -1, True)
-    assert collect(2, 7) == ([2, 3, 7], -1, True)
-    assert collect(1, 7) == ([], -1, True)  # not stored
-    assert collect(9, 19) == ([], -1, True)
-    assert collect(3, 100, max_count=2) == ([3, 7], -1, True)
-    # a damaged header: the ids it may have covered are corrupt, not skipped
-    data[where[7] + 2] ^= 1
-    read = reader(data)
-    assert collect(2, 100) == ([2, 3], -1, True)
-    assert collect(4, 100) == ([], 4, True)
-    assert collect(8, 100) == ([8, 20], -1, True)
-
-
-def test_id_ranges() -> None:
-    r = IdRanges([5, 1, 2, 3])
-    r.add_range(10, 1_000_000_000)
-    r.add_range(4, 4)  # joins 1..5
-    assert r.ranges() == [(1, 5), (10, 1_000_000_000)]
-    assert 3 in r and 7 not in r and 999_999_999 in r and 0 not in r
-    assert len(r) == 5 + 1_000_000_000 - 9
-    assert r.below(12).ranges() == [(1, 5), (10, 11)]
-    assert IdRanges([1, 2]) == {1, 2} and IdRanges() == set() and not IdRanges()
-    r.add_range(6, 9)
-    assert r.ranges() == [(1, 1_000_000_000)]
-    assert list(dense_positions([2, 5], [100, 200], 0, 6)) == [100, 100, 100, 200, 200, 200]
 
 
 # ------------------------------------------------------------------ fuzz

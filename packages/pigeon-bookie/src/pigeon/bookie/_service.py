@@ -524,31 +524,29 @@ class BookieServer:
         conn.respond(req.request_id, "segmentState", _state(info))
 
     def on_fence(self, conn: Connection, req: Request) -> None:
-        self._spawn(conn, self._fence, conn, req.request_id, req.body.segmentId)
-
-    async def _fence(self, conn: Connection, request_id: int, segment_id: int) -> None:
-        try:
-            await self.store.fence(segment_id)
-            conn.respond(request_id, "segmentState", _state(self.store.segment_info(segment_id)))
-        except PigeonError as exc:
-            conn.respond_error(request_id, exc)
-        except OSError as exc:
-            conn.respond_error(request_id, StorageError(f"fence failed: {exc}"))
-        except Exception as exc:
-            log.exception("fence failed segment=%d", segment_id)
-            conn.respond_error(request_id, InternalError(f"internal error fencing: {exc!r}"))
+        self._spawn(conn, self._segment_op, conn, req.request_id, req.body.segmentId, "fence")
 
     def on_deleteSegment(self, conn: Connection, req: Request) -> None:
-        self._spawn(conn, self._delete, conn, req.request_id, req.body.segmentId)
+        self._spawn(conn, self._segment_op, conn, req.request_id, req.body.segmentId, "delete")
 
-    async def _delete(self, conn: Connection, request_id: int, segment_id: int) -> None:
+    async def _segment_op(
+        self, conn: Connection, request_id: int, segment_id: int, op: Literal["fence", "delete"]
+    ) -> None:
+        """Fence (answered with the segment's state) or delete (answered ``ok``) in a task
+        of the connection; every failure is answered with a typed error."""
         try:
-            await self.store.delete_segment(segment_id)
-            conn.respond(request_id, "ok")
+            if op == "fence":
+                await self.store.fence(segment_id)
+                info = self.store.segment_info(segment_id)
+                conn.respond(request_id, "segmentState", _state(info))
+            else:
+                await self.store.delete_segment(segment_id)
+                conn.respond(request_id, "ok")
         except PigeonError as exc:
             conn.respond_error(request_id, exc)
         except OSError as exc:
-            conn.respond_error(request_id, StorageError(f"delete failed: {exc}"))
+            conn.respond_error(request_id, StorageError(f"{op} failed: {exc}"))
         except Exception as exc:
-            log.exception("delete failed segment=%d", segment_id)
-            conn.respond_error(request_id, InternalError(f"internal error deleting: {exc!r}"))
+            log.exception("%s failed segment=%d", op, segment_id)
+            doing = {"fence": "fencing", "delete": "deleting"}[op]
+            conn.respond_error(request_id, InternalError(f"internal error {doing}: {exc!r}"))

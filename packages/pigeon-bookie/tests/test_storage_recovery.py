@@ -1,24 +1,27 @@
-"""Damaged segment files: what a starting store says about them, and repairs.
+"""Recovery and repair (pigeon.bookie._storage_recovery): damaged segment files, what
+a starting store says about them and does with them, and repairs.
 
 Damage is made the way an operator or a failing disk makes it: the data file of a
-stopped store is truncated, or a bit in it is flipped; then the store starts again.
+stopped store is truncated, or a bit in it is flipped, or its index is lost; then the
+store starts again.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import random
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
+import test_storage
+from test_storage import check_all, files, fill
 
-from pigeon.bookie._segment import RECORD_HEADER_SIZE
+from pigeon.bookie._segment import FILE_HEADER_SIZE, RECORD_HEADER_SIZE, encode_record_header
 from pigeon.bookie._storage import SegmentStore
-from pigeon.core.errors import CorruptEntry, EntryNotFound, InvalidEntryId
+from pigeon.core.errors import CorruptEntry, EntryNotFound, InvalidEntryId, StorageError
 
 LOGGER = "pigeon.bookie._storage"
 
@@ -27,16 +30,8 @@ def payload(entry_id: int, size: int = 500) -> bytes:
     return random.Random(entry_id).randbytes(size)
 
 
-@asynccontextmanager
-async def open_store(path: Path, **kw: Any) -> AsyncIterator[SegmentStore]:
-    dense_window = kw.pop("dense_window", None)
-    store = SegmentStore(path, fsync="never", **kw)
-    if dense_window is not None:
-        store._dense_window = dense_window
-    async with trio.open_nursery() as nursery:
-        await nursery.start(store.run)
-        yield store
-        nursery.cancel_scope.cancel()
+#: a running store on a data directory (no fsync: these tests stop it cleanly)
+open_store = functools.partial(test_storage.open_store, fsync="never")
 
 
 def log_file(path: Path, segment_id: int = 1) -> Path:
@@ -217,3 +212,119 @@ async def test_a_segment_of_damaged_records_is_kept_not_deleted(
     assert "dropped_entries=0..4 (5 records, 5 whole but failing their checksum)" in (
         line.getMessage()
     )
+
+
+# ----------------------------------------------------------------------------- more damage
+
+
+async def test_torn_tail_is_truncated(tmp_path: Path) -> None:
+    async with open_store(tmp_path) as store:
+        await fill(store, 1, 10)
+        size = store.segment_info(1).size_bytes
+    log = files(tmp_path, 1)["log"]
+    p = test_storage.payload(1, 10, 5000)
+    with log.open("ab") as f:  # a record whose write was cut short
+        f.write(encode_record_header(1, 10, 9, p) + p[:1234])
+    async with open_store(tmp_path) as store:
+        assert store.last_entry_id(1) == 9
+        assert log.stat().st_size == size
+        await fill(store, 1, 5, start=10)
+    with log.open("ab") as f:  # garbage after the last record
+        f.write(os.urandom(777))
+    async with open_store(tmp_path) as store:
+        assert store.last_entry_id(1) == 14
+        check_all(store, 1, 15)
+
+
+async def test_bad_checksum_of_the_last_record_is_a_torn_tail(tmp_path: Path) -> None:
+    async with open_store(tmp_path) as store:
+        await fill(store, 1, 10)
+    log = files(tmp_path, 1)["log"]
+    data = bytearray(log.read_bytes())
+    data[-1] ^= 0xFF
+    log.write_bytes(data)
+    async with open_store(tmp_path) as store:
+        assert store.last_entry_id(1) == 8
+        check_all(store, 1, 9)
+
+
+@pytest.mark.parametrize("interval", [64 << 10, 100])
+async def test_bit_rot_in_the_middle_is_reported_never_returned(
+    tmp_path: Path, interval: int
+) -> None:
+    """With a large index interval recovery scans (and flags) the damage; with a small
+    one the damage is before the last checkpoint and found by the read."""
+    starts = await write(tmp_path, 10, index_interval_bytes=interval)
+    flip(tmp_path, starts[5] + RECORD_HEADER_SIZE + 100, 0x08)
+    async with open_store(tmp_path, index_interval_bytes=interval) as store:
+        assert store.last_entry_id(1) == 9  # nothing was truncated
+        with pytest.raises(CorruptEntry):
+            store.read_entries(1, 5, 9)
+        with pytest.raises(CorruptEntry):
+            await store.read_entries_async(1, 5, 5)
+        assert [i for i, _ in store.read_entries(1, 0, 9)] == [0, 1, 2, 3, 4]
+        assert [i for i, _ in store.read_entries(1, 6, 9)] == [6, 7, 8, 9]
+        assert store.statistics().corrupt_entries_detected == 2
+        await store.add_entry(1, 10, b"more")  # the segment stays writable
+    async with open_store(tmp_path, index_interval_bytes=interval) as store:
+        assert [i for i, _ in store.read_entries(1, 6, 10)] == [6, 7, 8, 9, 10]
+
+
+@pytest.mark.parametrize("interval", [64 << 10, 100])
+async def test_damaged_header_in_the_middle(tmp_path: Path, interval: int) -> None:
+    starts = await write(tmp_path, 10, index_interval_bytes=interval)
+    data = bytearray(log_file(tmp_path).read_bytes())
+    data[starts[5] : starts[5] + 8] = b"\xff" * 8
+    data[starts[0] + 3] ^= 1  # and entry 0's header
+    log_file(tmp_path).write_bytes(data)
+    async with open_store(tmp_path, index_interval_bytes=interval) as store:
+        assert store.last_entry_id(1) == 9
+        for bad in (0, 5):
+            with pytest.raises(CorruptEntry):
+                store.read_entries(1, bad, bad)
+        assert [i for i, _ in store.read_entries(1, 1, 9)] == [1, 2, 3, 4]
+        assert store.read_entries(1, 6, 9) == [(i, payload(i)) for i in range(6, 10)]
+
+
+async def test_missing_or_damaged_index_is_rebuilt(tmp_path: Path) -> None:
+    async with open_store(tmp_path, index_interval_bytes=700) as store:
+        await fill(store, 1, 100)
+    idx = files(tmp_path, 1)["idx"]
+    original = idx.read_bytes()
+    assert len(original) > 16 * 20
+    idx.unlink()
+    async with open_store(tmp_path, index_interval_bytes=700, dense_window=2) as store:
+        check_all(store, 1, 100)
+    assert idx.read_bytes() == original  # the same checkpoints, found again
+    idx.write_bytes(b"garbage" * 10)
+    async with open_store(tmp_path, index_interval_bytes=700, dense_window=2) as store:
+        check_all(store, 1, 100)
+    assert idx.read_bytes() == original
+    # scribbled checkpoints in the middle: detected when used, the read still works
+    damaged = bytearray(original)
+    for off in range(16 + 5 * 16, 16 + 15 * 16, 7):
+        damaged[off] ^= 0x5A
+    idx.write_bytes(damaged)
+    async with open_store(tmp_path, index_interval_bytes=700, dense_window=2) as store:
+        for i in range(100):
+            assert store.read_entries(1, i, i) == [(i, test_storage.payload(1, i))]
+
+
+async def test_empty_segment_of_a_crashed_first_add_is_removed(tmp_path: Path) -> None:
+    async with open_store(tmp_path) as store:
+        await fill(store, 1, 1)
+    log = files(tmp_path, 1)["log"]
+    log.write_bytes(log.read_bytes()[: FILE_HEADER_SIZE + 20])  # entry 0 torn
+    async with open_store(tmp_path) as store:
+        assert store.segments() == []
+        await fill(store, 1, 3)  # the id can be written afresh
+        check_all(store, 1, 3)
+    assert not (tmp_path / "segments" / "stray.txt").exists()
+
+
+async def test_data_dir_is_locked(tmp_path: Path) -> None:
+    async with open_store(tmp_path):
+        with pytest.raises(StorageError, match="in use"):
+            await SegmentStore(tmp_path).run()
+    async with open_store(tmp_path):  # released on exit
+        pass

@@ -1,0 +1,414 @@
+"""The in-memory state of a :class:`~pigeon.bookie.SegmentStore` and of each open
+segment, the names of its files and the raw I/O helpers its parts share.
+
+:class:`StoreBase` holds the configuration and the state; the store's concerns are
+layered on it in their own modules (:mod:`~pigeon.bookie._storage_reads`,
+:mod:`~pigeon.bookie._storage_recovery`, :mod:`~pigeon.bookie._storage_commit`,
+:mod:`~pigeon.bookie._storage_writes`) and put together in
+:mod:`~pigeon.bookie._storage`.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, Literal
+
+import trio
+
+from pigeon.bookie._index import (
+    INDEX_HEADER_SIZE,
+    INDEX_RECORD_SIZE,
+    SparseIndex,
+    decode_checkpoints,
+)
+from pigeon.bookie._segment import FILE_HEADER_SIZE, Buffer, IdRanges
+from pigeon.core.errors import BookieReadOnly, InvalidArgument, SegmentNotFound, ServiceUnavailable
+
+__all__ = [
+    "logger",
+    "IOV_MAX",
+    "MAX_ENTRY_ID",
+    "MAX_SEGMENT_ID",
+    "SEGMENTS_DIR",
+    "STORE_FORMAT",
+    "TAIL_CHECKPOINTS",
+    "Counters",
+    "FsyncPolicy",
+    "Round",
+    "SegmentInfo",
+    "SegmentState",
+    "StoreBase",
+    "StoreStatistics",
+    "as_buffer",
+    "check_segment_id",
+    "file_name",
+    "pread",
+    "pwritev_all",
+]
+
+#: one logger for the whole store, whichever module of it logs (log filters name it)
+logger = logging.getLogger("pigeon.bookie._storage")
+
+
+FsyncPolicy = Literal["always", "interval", "never"]
+
+STORE_FORMAT: Final = b"pigeon-segment-store 1\n"
+SEGMENTS_DIR: Final = "segments"
+MAX_SEGMENT_ID: Final = (1 << 64) - 1
+MAX_ENTRY_ID: Final = (1 << 63) - 1
+IOV_MAX: Final = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024)
+#: index checkpoints read from the end of an index file when a segment is recovered
+TAIL_CHECKPOINTS: Final = 64
+
+
+def file_name(segment_id: int, suffix: str) -> str:
+    return f"{segment_id:016x}{suffix}"
+
+
+def pread(fd: int, pos: int, n: int) -> bytes:
+    return os.pread(fd, n, pos)
+
+
+def pwritev_all(fd: int, bufs: list[Buffer], offset: int, total: int) -> None:
+    """Write all of ``bufs`` (``total`` bytes) at ``offset``, retrying short writes,
+    at most IOV_MAX buffers a call."""
+    if len(bufs) <= IOV_MAX and os.pwritev(fd, bufs, offset) == total:
+        return  # the usual case: one syscall
+    pending: list[Buffer] = list(bufs)
+    while pending:
+        batch = pending[:IOV_MAX]
+        n = os.pwritev(fd, batch, offset)
+        offset += n
+        if n == sum(len(b) for b in batch):
+            del pending[: len(batch)]
+            continue
+        while n >= len(pending[0]):
+            n -= len(pending.pop(0))
+        pending[0] = memoryview(pending[0])[n:]
+
+
+def as_buffer(data: Buffer) -> Buffer:
+    """``data`` as a buffer of bytes the store can checksum and write as it is: ``bytes``
+    and a flat memoryview of bytes unchanged (no copy: a received frame's payload goes
+    to the file as the view it arrived in), any other contiguous buffer as a view."""
+    if type(data) is bytes:
+        return data
+    try:
+        view = data if type(data) is memoryview else memoryview(data)
+    except TypeError:
+        raise InvalidArgument(f"entry data must be bytes-like, not {type(data).__name__}")
+    if not view.c_contiguous:
+        raise InvalidArgument("entry data must be a contiguous buffer")
+    return view if view.ndim == 1 and view.format == "B" else view.cast("B")
+
+
+def check_segment_id(segment_id: int) -> None:
+    if not 0 <= segment_id <= MAX_SEGMENT_ID:
+        raise InvalidArgument(f"segment id out of range: {segment_id}")
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentInfo:
+    """State of one stored segment."""
+
+    segment_id: int
+    #: highest entry id stored (-1: none).  Ids below it may be absent: a bookie of a
+    #: striped ensemble stores only some entries, a replacement bookie starts mid-segment
+    last_entry_id: int
+    #: highest last-add-confirmed the writer piggybacked on an add (-1: none)
+    lac: int
+    #: fenced segments refuse adds (except recovery adds)
+    fenced: bool
+    #: size of the data file in bytes
+    size_bytes: int
+    #: ``last_entry_id + 1``: the entry ids the segment spans (the entries stored when
+    #: ids are contiguous from 0; an upper bound when they skip)
+    entry_count: int
+    #: entries known (from recovery) to be damaged; reading them raises CorruptEntry
+    corrupt_entries: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStatistics:
+    """Counters since the store started, and its current size."""
+
+    segments: int
+    entries_written: int
+    #: record bytes appended (headers included)
+    bytes_written: int
+    entries_read: int
+    #: payload bytes returned by reads
+    bytes_read: int
+    #: fsync/fdatasync calls (data files, directory, meta files)
+    fsyncs: int
+    flush_rounds: int
+    #: bytes of all segment files (data, index, meta)
+    disk_usage_bytes: int
+    #: damaged entries found by reads (each read of a damaged entry counts)
+    corrupt_entries_detected: int
+    read_only: bool
+    #: why the store is read-only ("" when writable)
+    read_only_reason: str = ""
+    #: wall time spent in group-commit fsync rounds (divide by flush_rounds: latency)
+    flush_seconds: float = 0.0
+    #: entries known to be damaged now (found at start or by reads, not repaired since)
+    damaged_entries: int = 0
+    #: segments whose torn tail was truncated when the store started
+    torn_tails: int = 0
+    #: entries the store dropped with torn tails at start (intact headers counted)
+    torn_entries: int = 0
+    #: damaged entries rewritten from a good copy (recovery adds)
+    repaired_entries: int = 0
+
+
+class Counters:
+    __slots__ = (
+        "bytes_read",
+        "bytes_written",
+        "corrupt",
+        "entries_read",
+        "entries_written",
+        "flush_rounds",
+        "flush_seconds",
+        "fsyncs",
+        "repaired",
+        "torn_entries",
+        "torn_tails",
+        "verified_bytes",
+    )
+
+    def __init__(self) -> None:
+        self.entries_written = self.bytes_written = 0
+        self.entries_read = self.bytes_read = 0
+        self.fsyncs = self.flush_rounds = self.corrupt = 0
+        self.flush_seconds = 0.0
+        self.torn_tails = self.torn_entries = self.verified_bytes = self.repaired = 0
+
+
+class SegmentState:
+    """In-memory state of one segment; mutated only from the trio thread."""
+
+    __slots__ = (
+        "base",
+        "closed",
+        "corrupt",
+        "deleted",
+        "end",
+        "fd",
+        "fenced",
+        "id",
+        "idle",
+        "idx_count",
+        "idx_fd",
+        "lac",
+        "last_cp_pos",
+        "meta_lock",
+        "meta_size",
+        "next_id",
+        "refs",
+        "sparse",
+        "starts",
+        "touched",
+    )
+
+    def __init__(
+        self,
+        segment_id: int,
+        fd: int,
+        idx_fd: int,
+        *,
+        base: int = 0,
+        starts: array[int] | None = None,
+        next_id: int = 0,
+        end: int = FILE_HEADER_SIZE,
+        lac: int = -1,
+        fenced: bool = False,
+        corrupt: IdRanges | None = None,
+        last_cp_pos: int = FILE_HEADER_SIZE,
+        idx_count: int = 0,
+        meta_size: int = 0,
+    ) -> None:
+        self.id = segment_id
+        self.fd = fd
+        self.idx_fd = idx_fd
+        #: entry id of ``starts[0]``; ``starts[i]`` is where entry ``base + i`` starts
+        self.base = base
+        self.starts: array[int] = starts if starts is not None else array("q")
+        self.next_id = next_id
+        #: end of the data written (the next record goes here)
+        self.end = end
+        self.lac = lac
+        self.fenced = fenced
+        #: entries that cannot be returned (damaged, or lost with damaged bytes)
+        self.corrupt: IdRanges = corrupt if corrupt is not None else IdRanges()
+        self.last_cp_pos = last_cp_pos
+        #: checkpoints stored in the index file
+        self.idx_count = idx_count
+        self.meta_size = meta_size
+        self.sparse: SparseIndex | None = None
+        self.meta_lock: trio.Lock | None = None
+        #: worker threads using the file descriptors; they are closed only at 0
+        self.refs = 0
+        self.idle: trio.Event | None = None
+        self.closed = False  #: file descriptors closed
+        self.deleted = False
+        #: trio clock time of the last add, fence or creation (during recovery: the
+        #: wall clock mtime of the segment's files, converted when the store starts)
+        self.touched = 0.0
+
+    def acquire(self) -> None:
+        self.refs += 1
+
+    def release(self) -> None:
+        self.refs -= 1
+        if self.refs == 0 and self.idle is not None:
+            self.idle.set()
+
+    async def wait_idle(self) -> None:
+        while self.refs:
+            self.idle = trio.Event()
+            await self.idle.wait()
+
+    def disk_usage(self) -> int:
+        return self.end + INDEX_HEADER_SIZE + self.idx_count * INDEX_RECORD_SIZE + self.meta_size
+
+
+class Round:
+    """One group commit: the segments written since the previous round."""
+
+    __slots__ = ("callbacks", "done", "error", "segments")
+
+    def __init__(self) -> None:
+        self.segments: dict[int, SegmentState] = {}
+        self.done = trio.Event()
+        self.error: OSError | None = None
+        self.callbacks: list[Callable[[], object]] = []
+
+    def finish(self) -> None:
+        self.done.set()
+        callbacks, self.callbacks = self.callbacks, []
+        for cb in callbacks:
+            try:
+                cb()
+            except Exception:
+                logger.exception("append callback failed")
+
+
+class StoreBase:
+    """Configuration and state of a store (see :class:`~pigeon.bookie.SegmentStore`),
+    and what every part of it uses: the running check, the segment lookup, the
+    read-only state and the sparse index of a segment."""
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        *,
+        fsync: FsyncPolicy = "always",
+        fsync_interval_ms: float = 5.0,
+        index_interval_bytes: int = 64 * 1024,
+        inline_read_bytes: int = 256 * 1024,
+        flush_threads: int = 4,
+        verify_tail_bytes: int = 1 << 20,
+    ) -> None:
+        if fsync not in ("always", "interval", "never"):
+            raise InvalidArgument(f"fsync must be 'always', 'interval' or 'never', not {fsync!r}")
+        if fsync_interval_ms <= 0:
+            raise InvalidArgument("fsync_interval_ms must be > 0")
+        if index_interval_bytes < 1:
+            raise InvalidArgument("index_interval_bytes must be >= 1")
+        if flush_threads < 1:
+            raise InvalidArgument("flush_threads must be >= 1")
+        if verify_tail_bytes < 0:
+            raise InvalidArgument("verify_tail_bytes must be >= 0")
+        self._root = Path(data_dir)
+        self._dir = self._root / SEGMENTS_DIR
+        self._policy: FsyncPolicy = fsync
+        self._interval = fsync_interval_ms / 1000.0
+        self._index_interval = index_interval_bytes
+        self._inline_read = inline_read_bytes
+        self._flush_threads = flush_threads
+        self._verify_tail = verify_tail_bytes
+        #: dense positions kept per segment: beyond 2x this, the oldest half is dropped
+        #: (reads of older entries go through the sparse index)
+        self._dense_window = 1 << 16
+        #: size of the windows the read path reads the data files in
+        self._read_chunk = 128 << 10
+        self._state: Literal["new", "starting", "running", "closing", "closed"] = "new"
+        self._segments: dict[int, SegmentState] = {}
+        self._lock_fd = -1
+        self._dir_fd = -1
+        self._dir_dirty = False
+        #: why the store refuses writes (None: writable)
+        self._read_only: str | None = None
+        #: the read-only state lasts until a restart (an I/O error other than a full disk)
+        self._read_only_sticky = False
+        self._collecting = Round()
+        self._flush_wanted = trio.Event()
+        self._counters = Counters()
+
+    def _check_running(self) -> None:
+        if self._state != "running":
+            raise ServiceUnavailable(f"segment store is {self._state}")
+
+    def _get(self, segment_id: int) -> SegmentState:
+        self._check_running()
+        seg = self._segments.get(segment_id)
+        if seg is None:
+            raise SegmentNotFound(f"segment={segment_id} not found")
+        return seg
+
+    def _io_failed(self, what: str, exc: OSError) -> BookieReadOnly:
+        """An I/O error on the write path: the bookie turns read-only (as BookKeeper
+        does) so that writers move to other bookies.
+
+        A full disk (ENOSPC/EDQUOT from a write) is cleared by :meth:`set_read_only`
+        once space is back; any other error, and any failed fsync (after which the page
+        cache cannot be trusted), lasts until the store restarts.
+        """
+        reason = f"{what}: {exc.strerror or exc}"
+        disk_full = exc.errno in (errno.ENOSPC, errno.EDQUOT) and what != "fsync"
+        if self._read_only is None or (not disk_full and not self._read_only_sticky):
+            self._read_only = reason
+            level = logging.WARNING if disk_full else logging.ERROR
+            logger.log(level, "bookie turns read-only reason=%s", reason)
+        self._read_only_sticky = self._read_only_sticky or not disk_full
+        return BookieReadOnly(reason)
+
+    @property
+    def read_only(self) -> str | None:
+        """Why the store refuses adds (BookieReadOnly), or None when it is writable."""
+        return self._read_only
+
+    def set_read_only(self, reason: str | None) -> bool:
+        """Refuse adds from now on (``reason``), or accept them again (None).
+
+        The service calls it when free disk space crosses its threshold.  Going
+        writable again does not undo a read-only state caused by an I/O error other
+        than a full disk (that lasts until a restart); returns whether the store is
+        writable afterwards.
+        """
+        if reason is not None:
+            if self._read_only is None:
+                self._read_only = reason
+                logger.warning("bookie turns read-only reason=%s", reason)
+        elif self._read_only is not None and not self._read_only_sticky:
+            logger.info("bookie writable again (was: %s)", self._read_only)
+            self._read_only = None
+        return self._read_only is None
+
+    def _sparse_index(self, seg: SegmentState) -> SparseIndex:
+        """The segment's checkpoints, read from its index file on first use."""
+        if seg.sparse is None:
+            try:
+                buf = os.pread(seg.idx_fd, seg.idx_count * INDEX_RECORD_SIZE, INDEX_HEADER_SIZE)
+            except OSError as exc:
+                logger.warning("index unreadable segment=%d error=%s", seg.id, exc)
+                buf = b""
+            seg.sparse = SparseIndex(*decode_checkpoints(buf), next_id=seg.next_id, end=seg.end)
+        return seg.sparse
