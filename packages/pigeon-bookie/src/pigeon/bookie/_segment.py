@@ -39,14 +39,12 @@ makes of the records scanned (recovery, reads, repair) is in
 
 from __future__ import annotations
 
-import ctypes
 import struct
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
 from typing import Final
 
-import google_crc32c
+import crc32c as _crc32c
 
 __all__ = [
     "FILE_HEADER_SIZE",
@@ -71,73 +69,10 @@ __all__ = [
 #: file as memoryviews of the frame, never copied into a ``bytes`` of their own.
 Buffer = bytes | bytearray | memoryview
 
-_crc32c_bytes: Final[Callable[[bytes], int]] = google_crc32c.value
-#: below this size, copying a view to ``bytes`` for google_crc32c costs no more than
-#: the ctypes call (about 2 us of overhead; measured, copy + CRC and the ctypes call
-#: both take about 5.5 us at 64 KiB, 10 and 7 us at 128 KiB, 120 and 68 us at 1 MiB)
-_VIEW_CRC_MIN: Final = 64 * 1024
-
-
-class _PyBuffer(ctypes.Structure):
-    """CPython's ``Py_buffer`` (the stable buffer ABI, Python 3.11+)."""
-
-    _fields_ = [
-        ("buf", ctypes.c_void_p),
-        ("obj", ctypes.c_void_p),
-        ("len", ctypes.c_ssize_t),
-        ("itemsize", ctypes.c_ssize_t),
-        ("readonly", ctypes.c_int),
-        ("ndim", ctypes.c_int),
-        ("format", ctypes.c_char_p),
-        ("shape", ctypes.c_void_p),
-        ("strides", ctypes.c_void_p),
-        ("suboffsets", ctypes.c_void_p),
-        ("internal", ctypes.c_void_p),
-    ]
-
-
-def _load_view_crc() -> Callable[[Buffer], int] | None:
-    """CRC32C of any contiguous buffer without copying it, through the libcrc32c that
-    google_crc32c bundles (its Python binding takes ``bytes`` only); None when that
-    library is not there (a source build links it elsewhere: views are copied then)."""
-    libs = Path(google_crc32c.__file__).parent.parent / "google_crc32c.libs"
-    found = sorted(libs.glob("libcrc32c*.so*")) if libs.is_dir() else []
-    if not found:
-        return None
-    try:
-        lib = ctypes.CDLL(str(found[0]))
-        value = lib.crc32c_value
-    except (OSError, AttributeError):
-        return None
-    value.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    value.restype = ctypes.c_uint32
-    get = ctypes.pythonapi.PyObject_GetBuffer
-    get.argtypes = [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
-    release = ctypes.pythonapi.PyBuffer_Release
-    release.argtypes = [ctypes.POINTER(_PyBuffer)]
-    release.restype = None
-
-    def view_crc(data: Buffer) -> int:
-        view = _PyBuffer()
-        get(data, ctypes.byref(view), 0)  # PyBUF_SIMPLE: raises unless contiguous
-        try:
-            return int(value(view.buf, view.len))
-        finally:
-            release(ctypes.byref(view))
-
-    return view_crc
-
-
-_crc32c_view: Final = _load_view_crc()
-
-
-def crc32c(data: Buffer) -> int:
-    """CRC32C (Castagnoli) of ``data``; a large memoryview or bytearray is not copied."""
-    if type(data) is bytes:
-        return _crc32c_bytes(data)
-    if _crc32c_view is not None and len(data) >= _VIEW_CRC_MIN:
-        return _crc32c_view(data)
-    return _crc32c_bytes(bytes(data))
+#: CRC32C (Castagnoli) of any contiguous buffer, hardware-accelerated where the CPU has
+#: it (the crc32c package reads the buffer in place: a memoryview of a received frame is
+#: checksummed without being copied)
+crc32c: Final[Callable[[Buffer], int]] = _crc32c.crc32c
 
 
 FILE_MAGIC: Final = b"PGNLOG\x00\x01"
