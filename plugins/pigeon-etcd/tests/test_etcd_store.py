@@ -15,12 +15,12 @@ import pytest
 import trio
 from pigeon_etcd import EtcdMetadataStore
 from pigeon_etcd._plan import Keys, decode_value, encode_value
-from servers import EtcdServer, etcd_server
 
 from pigeon.core import PluginManager
 from pigeon.core.errors import ConfigError, CorruptFrame, InvalidArgument, MetadataError
 from pigeon.core.metadata import EventType, MetadataStore, Op, Stat, WatchEvent
 from pigeon.core.testing import ExpireSession, MetadataStoreContract, MetadataStoreFactory
+from pigeon.core.testing.servers import EtcdServer, etcd_server
 
 WAIT = 20.0
 SESSION_TIMEOUT = 3.0

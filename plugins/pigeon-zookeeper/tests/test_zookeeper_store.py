@@ -14,7 +14,6 @@ import pytest
 import trio
 from pigeon_zookeeper import ZooKeeperMetadataStore
 from pigeon_zookeeper._plan import Layout, NodeInfo, Snapshot, decode_entry, encode_entry, plan
-from servers import ZooKeeperServer, zookeeper_server
 
 from pigeon.core import PluginManager
 from pigeon.core.errors import (
@@ -28,6 +27,7 @@ from pigeon.core.errors import (
 )
 from pigeon.core.metadata import Create, EventType, MetadataStore, NeedRead, Op, Stat, WatchEvent
 from pigeon.core.testing import ExpireSession, MetadataStoreContract, MetadataStoreFactory
+from pigeon.core.testing.servers import ZooKeeperServer, zookeeper_server
 
 WAIT = 20.0
 SESSION_TIMEOUT = 4.0

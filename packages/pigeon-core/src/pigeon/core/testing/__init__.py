@@ -11,6 +11,12 @@ offers the **contract suites** every backend runs against itself:
 
 and the ``pigeon_standalone`` fixture: broker + bookie + embedded metadata in the test's
 trio run over an in-memory network (pair it with ``autojump_clock`` for virtual time).
+
+Test helpers that start real servers as child processes live in
+:mod:`pigeon.core.testing.servers`: ZooKeeper and etcd (``zookeeper_server``,
+``etcd_server``), a ``pigeon standalone`` process (``Standalone``) and free loopback
+ports.  Import them from there; they are plain classes and context managers, usable from
+any fixture.
 """
 
 from __future__ import annotations
