@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from pigeon.core.metadata._election import LeaderElection, Lock, lead_forever
 from pigeon.core.metadata._embedded import EmbeddedMetadataStore, EmbeddedStoreStatistics
+from pigeon.core.metadata._lifecycle import StoreLifecycle
 from pigeon.core.metadata._plan import (
     Create,
     Delete,
@@ -81,6 +82,7 @@ __all__ = [
     "Snapshot",
     "StaleRead",
     "Stat",
+    "StoreLifecycle",
     "TransactionalMetadataStore",
     "WatchEvent",
     "WatchHub",
