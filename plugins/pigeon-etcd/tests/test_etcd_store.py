@@ -6,9 +6,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from functools import partial
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,76 +17,18 @@ from pigeon_etcd._plan import Keys, decode_value, encode_value
 from pigeon.core import PluginManager
 from pigeon.core.errors import ConfigError, CorruptFrame, InvalidArgument, MetadataError
 from pigeon.core.metadata import EventType, MetadataStore, Op, Stat, WatchEvent
-from pigeon.core.testing import ExpireSession, MetadataStoreContract, MetadataStoreFactory
+from pigeon.core.testing import MetadataStoreContract, kill_ephemeral_owner
+from pigeon.core.testing import running_store as running
 from pigeon.core.testing.servers import EtcdServer, etcd_server
 
 WAIT = 20.0
 SESSION_TIMEOUT = 3.0
 
 
-@asynccontextmanager
-async def running(store: EtcdMetadataStore) -> AsyncIterator[EtcdMetadataStore]:
-    async with trio.open_nursery() as nursery:
-        await nursery.start(store.run)
-        yield store
-        nursery.cancel_scope.cancel()
-
-
-OWNER_SCRIPT = """
-import sys, trio
-from pigeon.core import PluginManager
-
-async def main():
-    store = PluginManager().metadata_stores.get(sys.argv[1].split(":")[0])(sys.argv[1])
-    async with trio.open_nursery() as nursery:
-        await nursery.start(store.run)
-        await store.create(sys.argv[2], b"owner", ephemeral=True)
-        print("ready", flush=True)
-        await trio.sleep_forever()
-
-trio.run(main)
-"""
-
-
-async def run_owner_and_kill_it(url: str, path: str) -> None:
-    """Run a store in a child process, let it create an ephemeral node, kill it (-9)."""
-    async with trio.open_nursery() as nursery:
-        proc = await nursery.start(
-            partial(
-                trio.run_process,
-                [sys.executable, "-c", OWNER_SCRIPT, url, path],
-                stdout=subprocess.PIPE,
-                check=False,
-            )
-        )
-        output = b""
-        with trio.fail_after(WAIT):
-            while b"ready" not in output:
-                chunk = await proc.stdout.receive_some()
-                assert chunk, "the owner process exited early"
-                output += chunk
-        proc.kill()
-    assert proc.returncode == -9
-
-
 class TestEtcdContract(MetadataStoreContract):
     @pytest.fixture
-    def metadata_store_factory(self, etcd: EtcdServer) -> MetadataStoreFactory:
-        @asynccontextmanager
-        async def factory() -> AsyncIterator[MetadataStore]:
-            store = EtcdMetadataStore(etcd.address, "/contract", session_timeout=SESSION_TIMEOUT)
-            async with running(store):
-                yield store
-
-        return factory
-
-    @pytest.fixture
-    def expire_session(self) -> ExpireSession:
-        async def expire(store: MetadataStore) -> None:
-            assert isinstance(store, EtcdMetadataStore)
-            await store.expire_session()
-
-        return expire
+    def new_metadata_store(self, etcd: EtcdServer) -> Callable[[], MetadataStore]:
+        return lambda: EtcdMetadataStore(etcd.address, "/contract", session_timeout=SESSION_TIMEOUT)
 
 
 # --- plugin registration and URLs -------------------------------------------------------
@@ -161,17 +101,6 @@ def test_from_url_errors(url: str) -> None:
         EtcdMetadataStore.from_url(url)
 
 
-async def test_not_running_store_refuses_calls() -> None:
-    store = EtcdMetadataStore("127.0.0.1:1", "/x")
-    with pytest.raises(MetadataError, match="not running"):
-        await store.get("/x")
-    with pytest.raises(MetadataError, match="not running"):
-        await store.create("/x", b"")
-    with pytest.raises(MetadataError, match="not running"):
-        async with store.watch("/x"):
-            pass
-
-
 async def test_unreachable_server_fails_run() -> None:
     store = EtcdMetadataStore("127.0.0.1:1", "/x", request_timeout=0.5)
     with trio.fail_after(WAIT), pytest.raises(MetadataError, match="did not answer"):
@@ -209,7 +138,7 @@ async def test_crashed_owner_loses_its_nodes_after_the_ttl(etcd: EtcdServer) -> 
         running(EtcdMetadataStore(etcd.address, prefix)) as observer,
         observer.watch("/svc", prefix=True) as events,
     ):
-        await run_owner_and_kill_it(etcd.url(prefix, session_timeout=2), "/svc/a")
+        await kill_ephemeral_owner(etcd.url(prefix, session_timeout=2), "/svc/a")
         with trio.fail_after(WAIT):
             seen = [await anext(events) for _ in range(3)]
         assert [(e.type, e.path) for e in seen] == [

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -26,85 +23,32 @@ from pigeon.core.errors import (
     SessionExpired,
 )
 from pigeon.core.metadata import Create, EventType, MetadataStore, NeedRead, Op, Stat, WatchEvent
-from pigeon.core.testing import ExpireSession, MetadataStoreContract, MetadataStoreFactory
+from pigeon.core.testing import (
+    MetadataStoreContract,
+    MetadataStoreFactory,
+    kill_ephemeral_owner,
+    store_factory,
+)
+from pigeon.core.testing import running_store as running
 from pigeon.core.testing.servers import ZooKeeperServer, zookeeper_server
 
 WAIT = 20.0
 SESSION_TIMEOUT = 4.0
 
 
-@asynccontextmanager
-async def running(store: ZooKeeperMetadataStore) -> AsyncIterator[ZooKeeperMetadataStore]:
-    async with trio.open_nursery() as nursery:
-        await nursery.start(store.run)
-        yield store
-        nursery.cancel_scope.cancel()
-
-
-def store_factory(server: ZooKeeperServer, chroot: str = "/contract") -> MetadataStoreFactory:
-    @asynccontextmanager
-    async def factory() -> AsyncIterator[MetadataStore]:
-        store = ZooKeeperMetadataStore(server.address, chroot, session_timeout=SESSION_TIMEOUT)
-        async with running(store):
-            yield store
-
-    return factory
+def new_store(server: ZooKeeperServer, chroot: str = "/contract") -> ZooKeeperMetadataStore:
+    return ZooKeeperMetadataStore(server.address, chroot, session_timeout=SESSION_TIMEOUT)
 
 
 @pytest.fixture
 def metadata_store_factory_zk(zookeeper: ZooKeeperServer) -> MetadataStoreFactory:
-    return store_factory(zookeeper)
-
-
-OWNER_SCRIPT = """
-import sys, trio
-from pigeon.core import PluginManager
-
-async def main():
-    store = PluginManager().metadata_stores.get(sys.argv[1].split(":")[0])(sys.argv[1])
-    async with trio.open_nursery() as nursery:
-        await nursery.start(store.run)
-        await store.create(sys.argv[2], b"owner", ephemeral=True)
-        print("ready", flush=True)
-        await trio.sleep_forever()
-
-trio.run(main)
-"""
-
-
-async def run_owner_and_kill_it(url: str, path: str) -> None:
-    """Run a store in a child process, let it create an ephemeral node, kill it (-9)."""
-    async with trio.open_nursery() as nursery:
-        proc = await nursery.start(
-            partial(
-                trio.run_process,
-                [sys.executable, "-c", OWNER_SCRIPT, url, path],
-                stdout=subprocess.PIPE,
-                check=False,
-            )
-        )
-        output = b""
-        with trio.fail_after(WAIT):
-            while b"ready" not in output:
-                chunk = await proc.stdout.receive_some()
-                assert chunk, "the owner process exited early"
-                output += chunk
-        proc.kill()
-    assert proc.returncode == -9
+    return store_factory(partial(new_store, zookeeper))
 
 
 class TestZooKeeperContract(MetadataStoreContract):
     @pytest.fixture
-    def metadata_store_factory(self, zookeeper: ZooKeeperServer) -> MetadataStoreFactory:
-        return store_factory(zookeeper)
-
-    @pytest.fixture
-    def expire_session(self) -> ExpireSession:
-        async def expire(store: MetadataStore) -> None:
-            assert isinstance(store, ZooKeeperMetadataStore)
-            await store.expire_session()
-
-        return expire
+    def new_metadata_store(self, zookeeper: ZooKeeperServer) -> Callable[[], MetadataStore]:
+        return partial(new_store, zookeeper)
 
 
 # --- plugin registration and URLs -------------------------------------------------------
@@ -165,17 +109,6 @@ def test_from_url_errors(url: str) -> None:
         ZooKeeperMetadataStore.from_url(url)
 
 
-async def test_not_running_store_refuses_calls() -> None:
-    store = ZooKeeperMetadataStore("127.0.0.1:1", "/x")
-    with pytest.raises(MetadataError, match="not running"):
-        await store.get("/x")
-    with pytest.raises(MetadataError, match="not running"):
-        await store.create("/x", b"")
-    with pytest.raises(MetadataError, match="not running"):
-        async with store.watch("/x"):
-            pass
-
-
 async def test_unreachable_server_fails_run() -> None:
     store = ZooKeeperMetadataStore("127.0.0.1:1", "/x", connect_timeout=0.5)
     with trio.fail_after(WAIT), pytest.raises(MetadataError, match="cannot connect"):
@@ -189,8 +122,7 @@ async def test_watchers_follow_the_log_across_buckets_and_trimming(
     zookeeper: ZooKeeperServer,
 ) -> None:
     chroot = f"/buckets-{uuid.uuid4().hex[:8]}"
-    writer = ZooKeeperMetadataStore(zookeeper.address, chroot, session_timeout=SESSION_TIMEOUT)
-    reader = ZooKeeperMetadataStore(zookeeper.address, chroot, session_timeout=SESSION_TIMEOUT)
+    writer, reader = new_store(zookeeper, chroot), new_store(zookeeper, chroot)
     writer.log_bucket_size = reader.log_bucket_size = 4
     writer.log_retention = 0.0
     async with running(writer), running(reader), reader.watch("/n") as events:
@@ -257,7 +189,7 @@ async def test_crashed_owner_nodes_reported_after_session_timeout(
         metadata_store_factory_zk() as observer,
         observer.watch(base, prefix=True) as events,
     ):
-        await run_owner_and_kill_it(zookeeper.url("/contract", session_timeout=1), f"{base}/a")
+        await kill_ephemeral_owner(zookeeper.url("/contract", session_timeout=1), f"{base}/a")
         with trio.fail_after(WAIT):
             seen = [await anext(events) for _ in range(3)]
         assert [(e.type, e.path) for e in seen] == [

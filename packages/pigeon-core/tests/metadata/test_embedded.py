@@ -7,8 +7,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -26,36 +25,15 @@ from pigeon.core.metadata import (
     WatchEvent,
 )
 from pigeon.core.testing import MetadataStoreContract
-from pigeon.core.testing._metadata_suite import ExpireSession, MetadataStoreFactory
+from pigeon.core.testing import running_store as running
 
 WAIT = 20.0
 
 
-@asynccontextmanager
-async def running(store: EmbeddedMetadataStore) -> AsyncIterator[EmbeddedMetadataStore]:
-    async with trio.open_nursery() as nursery:
-        await nursery.start(store.run)
-        yield store
-        nursery.cancel_scope.cancel()
-
-
 class TestEmbeddedContract(MetadataStoreContract):
     @pytest.fixture
-    def metadata_store_factory(self, tmp_path: Path) -> MetadataStoreFactory:
-        @asynccontextmanager
-        async def factory() -> AsyncIterator[MetadataStore]:
-            async with running(EmbeddedMetadataStore(tmp_path)) as store:
-                yield store
-
-        return factory
-
-    @pytest.fixture
-    def expire_session(self) -> ExpireSession:
-        async def expire(store: MetadataStore) -> None:
-            assert isinstance(store, EmbeddedMetadataStore)
-            await store.expire_session()
-
-        return expire
+    def new_metadata_store(self, tmp_path: Path) -> Callable[[], MetadataStore]:
+        return lambda: EmbeddedMetadataStore(tmp_path)
 
 
 # --- persistence ----------------------------------------------------------------------
@@ -286,17 +264,6 @@ async def test_watch_ends_with_error_when_store_closes(tmp_path: Path) -> None:
 
 
 # --- misc -----------------------------------------------------------------------------------------
-
-
-async def test_not_running_store_refuses_calls(tmp_path: Path) -> None:
-    store = EmbeddedMetadataStore(tmp_path)
-    with pytest.raises(MetadataError, match="not running"):
-        await store.get("/x")
-    with pytest.raises(MetadataError, match="not running"):
-        await store.create("/x", b"")
-    with pytest.raises(MetadataError, match="not running"):
-        async with store.watch("/x"):
-            pass
 
 
 async def test_run_twice_at_once_refused(tmp_path: Path) -> None:

@@ -4,7 +4,9 @@ Load it with ``-p pigeon.core.testing`` (the monorepo does so in its root config
 offers the **contract suites** every backend runs against itself:
 
 * :class:`MetadataStoreContract` — subclass it in a test module and provide a
-  ``metadata_store`` fixture (and ``metadata_store_factory`` for multi-session tests).
+  ``new_metadata_store`` fixture (a callable building a store that is not running yet);
+  :func:`running_store`, :func:`store_factory`, :func:`next_event`, :func:`wait_event`
+  and :func:`kill_ephemeral_owner` help a backend's own tests.
 * :class:`CodecContract` — subclass it and provide a ``codec`` fixture.
 * :class:`ReplicationPolicyContract` — subclass it and provide a ``make_policy`` fixture;
   it runs real in-process bookies (needs ``pigeon-bookie``).
@@ -23,19 +25,33 @@ from __future__ import annotations
 
 from pigeon.core.testing._cluster import InProcessStandalone, pigeon_standalone
 from pigeon.core.testing._codec_suite import CodecContract
-from pigeon.core.testing._metadata_suite import (
+from pigeon.core.testing._metadata_helpers import (
+    QUIET,
+    WAIT,
     ExpireSession,
-    MetadataStoreContract,
     MetadataStoreFactory,
+    kill_ephemeral_owner,
+    next_event,
+    running_store,
+    store_factory,
+    wait_event,
 )
+from pigeon.core.testing._metadata_suite import MetadataStoreContract
 from pigeon.core.testing._replication_suite import ReplicationPolicyContract
 
 __all__ = [
+    "QUIET",
+    "WAIT",
     "CodecContract",
     "ExpireSession",
     "InProcessStandalone",
     "MetadataStoreContract",
     "MetadataStoreFactory",
     "ReplicationPolicyContract",
+    "kill_ephemeral_owner",
+    "next_event",
     "pigeon_standalone",
+    "running_store",
+    "store_factory",
+    "wait_event",
 ]
