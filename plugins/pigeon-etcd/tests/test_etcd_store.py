@@ -30,6 +30,10 @@ class TestEtcdContract(MetadataStoreContract):
     def new_metadata_store(self, etcd: EtcdServer) -> Callable[[], MetadataStore]:
         return lambda: EtcdMetadataStore(etcd.address, "/contract", session_timeout=SESSION_TIMEOUT)
 
+    @pytest.fixture
+    def metadata_store_url(self, etcd: EtcdServer) -> str:
+        return etcd.url("/contract", session_timeout=SESSION_TIMEOUT)
+
 
 # --- plugin registration and URLs -------------------------------------------------------
 
@@ -53,16 +57,6 @@ def test_plugin_import_does_not_load_grpc() -> None:
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == "[] None"
-
-
-async def test_store_from_registry_runs(etcd: EtcdServer) -> None:
-    factory = PluginManager().metadata_stores.get("etcd")
-    store = factory(etcd.url("/registry", session_timeout=3))  # type: ignore[operator]
-    assert isinstance(store, EtcdMetadataStore)
-    async with running(store):
-        await store.create("/hello", b"world")
-        assert await store.get("/hello") == Stat(b"world", 0, False)
-        await store.delete("/hello")
 
 
 @pytest.mark.parametrize(

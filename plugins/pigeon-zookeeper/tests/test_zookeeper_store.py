@@ -50,6 +50,10 @@ class TestZooKeeperContract(MetadataStoreContract):
     def new_metadata_store(self, zookeeper: ZooKeeperServer) -> Callable[[], MetadataStore]:
         return partial(new_store, zookeeper)
 
+    @pytest.fixture
+    def metadata_store_url(self, zookeeper: ZooKeeperServer) -> str:
+        return zookeeper.url("/contract", session_timeout=SESSION_TIMEOUT)
+
 
 # --- plugin registration and URLs -------------------------------------------------------
 
@@ -59,16 +63,6 @@ def test_registered_through_entry_point() -> None:
     assert "zookeeper" in pm.plugin_names()
     assert "zk" in pm.metadata_stores
     assert pm.metadata_stores.get("zk") == ZooKeeperMetadataStore.from_url
-
-
-async def test_store_from_registry_runs(zookeeper: ZooKeeperServer) -> None:
-    factory = PluginManager().metadata_stores.get("zk")
-    store = factory(zookeeper.url("/registry", session_timeout=4))  # type: ignore[operator]
-    assert isinstance(store, ZooKeeperMetadataStore)
-    async with running(store):
-        await store.create("/hello", b"world")
-        assert await store.get("/hello") == Stat(b"world", 0, False)
-        await store.delete("/hello")
 
 
 @pytest.mark.parametrize(

@@ -35,6 +35,10 @@ class TestEmbeddedContract(MetadataStoreContract):
     def new_metadata_store(self, tmp_path: Path) -> Callable[[], MetadataStore]:
         return lambda: EmbeddedMetadataStore(tmp_path)
 
+    @pytest.fixture
+    def metadata_store_url(self, tmp_path: Path) -> str:
+        return f"embedded://{tmp_path}"
+
 
 # --- persistence ----------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 import trio
 
+from pigeon.core import PluginManager
 from pigeon.core.errors import (
     BadVersion,
     InvalidArgument,
@@ -42,6 +43,7 @@ from pigeon.core.testing._metadata_helpers import (
     WAIT,
     ExpireSession,
     MetadataStoreFactory,
+    running_store,
     store_factory,
 )
 from pigeon.core.testing._metadata_sessions import SessionContract
@@ -57,6 +59,12 @@ class MetadataStoreContract(SessionContract):
         self, new_metadata_store: Callable[[], MetadataStore]
     ) -> MetadataStoreFactory:
         return store_factory(new_metadata_store)
+
+    @pytest.fixture
+    def metadata_store_url(self) -> str:
+        """The metadata URL of a store on the backend's data (``zk://...``); the tests
+        that need one are skipped for a backend without URLs (an in-memory test one)."""
+        pytest.skip("this backend has no metadata URL")
 
     @pytest.fixture
     def expire_session(self) -> ExpireSession:
@@ -87,7 +95,21 @@ class MetadataStoreContract(SessionContract):
             except NoSuchNode:
                 pass
 
-    # --- basic reads and writes -------------------------------------------------------
+    # --- building and running ---------------------------------------------------------
+
+    async def test_the_url_builds_the_store_through_the_plugin_registry(
+        self, new_metadata_store: Callable[[], MetadataStore], metadata_store_url: str, root: str
+    ) -> None:
+        kind = type(new_metadata_store())
+        registry = PluginManager().metadata_stores  # with the installed "pigeon" entry points
+        build = registry.get(metadata_store_url.partition(":")[0])
+        assert callable(build) and build == getattr(kind, "from_url", None)
+        store = build(metadata_store_url)
+        assert isinstance(store, kind)
+        async with running_store(store):
+            await store.create(f"{root}/hello", b"world")
+            assert await store.get(f"{root}/hello") == Stat(b"world", 0, False)
+            await store.delete(f"{root}/hello")
 
     async def test_a_store_that_is_not_running_refuses_calls(
         self, new_metadata_store: Callable[[], MetadataStore]
@@ -104,6 +126,8 @@ class MetadataStoreContract(SessionContract):
         with pytest.raises(MetadataError, match="not running"):
             async with store.watch("/x"):
                 pass
+
+    # --- basic reads and writes -------------------------------------------------------
 
     async def test_create_and_get(self, metadata_store: MetadataStore, root: str) -> None:
         path = f"{root}/node"
