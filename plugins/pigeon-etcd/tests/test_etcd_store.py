@@ -6,7 +6,8 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from pigeon_etcd._plan import Keys, decode_value, encode_value
 from pigeon.core import PluginManager
 from pigeon.core.errors import ConfigError, CorruptFrame, InvalidArgument, MetadataError
 from pigeon.core.metadata import EventType, MetadataStore, Op, Stat, WatchEvent
-from pigeon.core.testing import MetadataStoreContract, kill_ephemeral_owner
+from pigeon.core.testing import MetadataStoreContract, ServerRestart, kill_ephemeral_owner
 from pigeon.core.testing import running_store as running
 from pigeon.core.testing.servers import EtcdServer, etcd_server
 
@@ -33,6 +34,14 @@ class TestEtcdContract(MetadataStoreContract):
     @pytest.fixture
     def metadata_store_url(self, etcd: EtcdServer) -> str:
         return etcd.url("/contract", session_timeout=SESSION_TIMEOUT)
+
+    @pytest.fixture
+    def restartable_server(self, tmp_path: Path) -> Iterator[ServerRestart]:
+        with etcd_server(tmp_path / "etcd") as server:
+            yield (
+                lambda: EtcdMetadataStore(server.address, "/restart", session_timeout=8.0),
+                partial(server.restart, kill=True, downtime=0.5),
+            )
 
 
 # --- plugin registration and URLs -------------------------------------------------------
@@ -145,28 +154,6 @@ async def test_crashed_owner_loses_its_nodes_after_the_ttl(etcd: EtcdServer) -> 
 
 
 # --- server restarts ----------------------------------------------------------------------------
-
-
-async def test_store_survives_etcd_restart(tmp_path: Path) -> None:
-    with etcd_server(tmp_path / "etcd") as server:
-        store = EtcdMetadataStore(server.address, "/restart", session_timeout=8.0)
-        async with running(store), store.watch("/r", prefix=True) as events:
-            await store.create("/r/eph", b"mine", ephemeral=True)
-            await store.create("/r/kept", b"1")
-            with trio.fail_after(WAIT):
-                assert (await anext(events)).path == "/r"
-                assert (await anext(events)).path == "/r/eph"
-                assert (await anext(events)).path == "/r/kept"
-            lease = store.lease_id
-            await trio.to_thread.run_sync(lambda: server.restart(kill=True, downtime=0.5))
-            with trio.fail_after(WAIT):
-                # calls made right after the restart wait for etcd (wait_for_ready)
-                assert await store.set("/r/kept", b"2") == 1
-                assert await anext(events) == WatchEvent(EventType.CHANGED, "/r/kept", b"2", 1)
-            assert store.session_alive and store.lease_id == lease
-            assert await store.get("/r/eph") == Stat(b"mine", 0, True)
-            await store.create("/r/new", b"", ephemeral=True)
-            assert await store.children("/r") == ["eph", "kept", "new"]
 
 
 async def test_watch_resumes_without_loss_after_restart(tmp_path: Path) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 
@@ -26,6 +26,7 @@ from pigeon.core.metadata import Create, EventType, MetadataStore, NeedRead, Op,
 from pigeon.core.testing import (
     MetadataStoreContract,
     MetadataStoreFactory,
+    ServerRestart,
     kill_ephemeral_owner,
     store_factory,
 )
@@ -53,6 +54,14 @@ class TestZooKeeperContract(MetadataStoreContract):
     @pytest.fixture
     def metadata_store_url(self, zookeeper: ZooKeeperServer) -> str:
         return zookeeper.url("/contract", session_timeout=SESSION_TIMEOUT)
+
+    @pytest.fixture
+    def restartable_server(self, tmp_path: Path) -> Iterator[ServerRestart]:
+        with zookeeper_server(tmp_path / "zk") as server:
+            yield (
+                lambda: ZooKeeperMetadataStore(server.address, "/restart", session_timeout=8.0),
+                partial(server.restart, kill=True, downtime=0.5),
+            )
 
 
 # --- plugin registration and URLs -------------------------------------------------------
@@ -195,28 +204,6 @@ async def test_crashed_owner_nodes_reported_after_session_timeout(
 
 
 # --- server restarts ----------------------------------------------------------------------------
-
-
-async def test_store_survives_zookeeper_restart(tmp_path: Path) -> None:
-    with zookeeper_server(tmp_path / "zk") as server:
-        store = ZooKeeperMetadataStore(server.address, "/restart", session_timeout=8.0)
-        async with running(store), store.watch("/r", prefix=True) as events:
-            await store.create("/r/eph", b"mine", ephemeral=True)
-            await store.create("/r/kept", b"1")
-            with trio.fail_after(WAIT):
-                assert (await anext(events)).path == "/r"
-                assert (await anext(events)).path == "/r/eph"
-                assert (await anext(events)).path == "/r/kept"
-            session = store.session_id
-            await trio.to_thread.run_sync(lambda: server.restart(kill=True, downtime=0.5))
-            with trio.fail_after(WAIT):
-                # calls made right after the restart wait for the reconnect
-                assert await store.set("/r/kept", b"2") == 1
-                assert await anext(events) == WatchEvent(EventType.CHANGED, "/r/kept", b"2", 1)
-            assert store.session_alive and store.session_id == session
-            assert await store.get("/r/eph") == Stat(b"mine", 0, True)
-            await store.create("/r/new", b"", ephemeral=True)
-            assert sorted(await store.children("/r")) == ["eph", "kept", "new"]
 
 
 async def test_call_during_outage_waits_for_the_server(tmp_path: Path) -> None:

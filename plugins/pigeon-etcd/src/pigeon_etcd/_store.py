@@ -163,6 +163,11 @@ class EtcdMetadataStore(StoreLifecycle, TransactionalMetadataStore[Snapshot, Pla
         return f"<EtcdMetadataStore {self.target}{self.prefix} lease={self._lease}>"
 
     @property
+    def session_id(self) -> str | None:
+        """The session's lease id in hex while the session is alive."""
+        return f"{self._lease:x}" if self._lease is not None and self._session_alive else None
+
+    @property
     def lease_id(self) -> int | None:
         """The session's lease while the session is alive."""
         return self._lease if self._session_alive else None

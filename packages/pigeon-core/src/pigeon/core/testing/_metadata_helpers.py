@@ -19,6 +19,7 @@ __all__ = [
     "WAIT",
     "ExpireSession",
     "MetadataStoreFactory",
+    "ServerRestart",
     "kill_ephemeral_owner",
     "next_event",
     "running_store",
@@ -28,6 +29,8 @@ __all__ = [
 
 MetadataStoreFactory = Callable[[], AbstractAsyncContextManager[MetadataStore]]
 ExpireSession = Callable[[MetadataStore], Awaitable[None]]
+#: ``(new_store, restart)``: a not-running store on a server, and a blocking restart of it
+ServerRestart = tuple[Callable[[], MetadataStore], Callable[[], object]]
 S = TypeVar("S", bound=MetadataStore)
 
 #: Upper bound of every wait in the suite.

@@ -18,8 +18,10 @@ from pigeon.core.testing._metadata_helpers import (
     D,
     ExpireSession,
     MetadataStoreFactory,
+    ServerRestart,
     U,
     next_event,
+    running_store,
     wait_event,
 )
 
@@ -231,6 +233,30 @@ class SessionContract:
         await expire_session(metadata_store)
         with trio.fail_after(WAIT):
             await metadata_store.wait_session_expired()
+
+    # --- server restarts ------------------------------------------------------------------
+
+    async def test_store_survives_a_server_restart(self, restartable_server: ServerRestart) -> None:
+        """Calls made right after the restart wait for the server; the session, its
+        ephemeral nodes and the watches go on."""
+        new_store, restart = restartable_server
+        store = new_store()
+        async with running_store(store), store.watch("/r", prefix=True) as events:
+            await store.create("/r/eph", b"mine", ephemeral=True)
+            await store.create("/r/kept", b"1")
+            assert (await next_event(events)).path == "/r"
+            assert (await next_event(events)).path == "/r/eph"
+            assert (await next_event(events)).path == "/r/kept"
+            session = getattr(store, "session_id", None)
+            await trio.to_thread.run_sync(restart)
+            with trio.fail_after(WAIT):
+                assert await store.set("/r/kept", b"2") == 1
+            assert await next_event(events) == WatchEvent(U, "/r/kept", b"2", 1)
+            assert getattr(store, "session_alive", True)  # the stores that say so
+            assert getattr(store, "session_id", None) == session
+            assert await store.get("/r/eph") == Stat(b"mine", 0, True)
+            await store.create("/r/new", b"", ephemeral=True)
+            assert await store.children("/r") == ["eph", "kept", "new"]
 
     # --- leader election ---------------------------------------------------------------
 

@@ -43,6 +43,7 @@ from pigeon.core.testing._metadata_helpers import (
     WAIT,
     ExpireSession,
     MetadataStoreFactory,
+    ServerRestart,
     running_store,
     store_factory,
 )
@@ -65,6 +66,13 @@ class MetadataStoreContract(SessionContract):
         """The metadata URL of a store on the backend's data (``zk://...``); the tests
         that need one are skipped for a backend without URLs (an in-memory test one)."""
         pytest.skip("this backend has no metadata URL")
+
+    @pytest.fixture
+    def restartable_server(self) -> ServerRestart:
+        """``(new_store, restart)`` on a server of the test's own: ``restart()`` kills it
+        (-9) and starts it again on the same data; the tests that need it are skipped for
+        a backend without a server (embedded)."""
+        pytest.skip("this backend has no server to restart")
 
     @pytest.fixture
     def expire_session(self) -> ExpireSession:
