@@ -146,20 +146,6 @@ async def test_watchers_follow_the_log_across_buckets_and_trimming(
         assert position is not None and position[0] >= 3
 
 
-async def test_own_ephemeral_nodes_deleted_on_close_with_versions(
-    metadata_store_factory_zk: MetadataStoreFactory,
-) -> None:
-    path = f"/pigeon-tests/{uuid.uuid4().hex[:8]}/eph"
-    async with metadata_store_factory_zk() as observer:
-        async with observer.watch(path) as events:
-            async with metadata_store_factory_zk() as owner:
-                await owner.create(path, b"a", ephemeral=True)
-                await owner.set(path, b"b")
-            with trio.fail_after(WAIT):
-                seen = [await anext(events) for _ in range(3)]
-        assert seen[-1] == WatchEvent(EventType.DELETED, path, None, 1)
-
-
 async def test_expired_session_nodes_logged_by_reaper(
     metadata_store_factory_zk: MetadataStoreFactory,
 ) -> None:

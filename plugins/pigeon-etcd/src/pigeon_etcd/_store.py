@@ -46,6 +46,7 @@ import trio
 from pigeon.core.errors import InvalidArgument, MetadataError, PigeonError, SessionExpired
 from pigeon.core.metadata import (
     DEFAULT_WATCH_BUFFER,
+    MetadataStoreStatistics,
     NeedRead,
     StaleRead,
     Stat,
@@ -84,12 +85,8 @@ _CHANNEL_OPTIONS = [
 
 
 @dataclass(frozen=True)
-class EtcdStoreStatistics:
-    running: bool
+class EtcdStoreStatistics(MetadataStoreStatistics):
     lease_id: int | None
-    session_alive: bool
-    watchers: int
-    buffered_events: int
 
 
 class EtcdMetadataStore(StoreLifecycle, TransactionalMetadataStore[Snapshot, Plan]):
@@ -173,14 +170,7 @@ class EtcdMetadataStore(StoreLifecycle, TransactionalMetadataStore[Snapshot, Pla
         return self._lease if self._session_alive else None
 
     def statistics(self) -> EtcdStoreStatistics:
-        stats = [hub.statistics() for hub in self._hubs.values()]
-        return EtcdStoreStatistics(
-            running=self._channel is not None,
-            lease_id=self.lease_id,
-            session_alive=self._session_alive,
-            watchers=sum(s.watchers for s in stats),
-            buffered_events=sum(s.buffered_events for s in stats),
-        )
+        return self._statistics(EtcdStoreStatistics, self._hubs.values(), lease_id=self.lease_id)
 
     # --- calls -----------------------------------------------------------------------------
 
@@ -409,30 +399,18 @@ class EtcdMetadataStore(StoreLifecycle, TransactionalMetadataStore[Snapshot, Pla
 
     def _txn_request(self, compares: list[Compare], writes: list[Write]) -> Any:
         rpc = self._rpc
+        equal, less = rpc.Compare.EQUAL, rpc.Compare.LESS
         pb_compares = []
         for compare in compares:
             if compare.kind == "mod":
-                pb = rpc.Compare(
-                    result=rpc.Compare.EQUAL,
-                    target=rpc.Compare.MOD,
-                    key=compare.key,
-                    mod_revision=compare.value,
-                )
+                pb = rpc.Compare(result=equal, target=rpc.Compare.MOD, key=compare.key)
+                pb.mod_revision = compare.value
             elif compare.kind == "version":
-                pb = rpc.Compare(
-                    result=rpc.Compare.EQUAL,
-                    target=rpc.Compare.VERSION,
-                    key=compare.key,
-                    version=compare.value,
-                )
+                pb = rpc.Compare(result=equal, target=rpc.Compare.VERSION, key=compare.key)
+                pb.version = compare.value
             else:  # every key in the range has version < 1: there is none
-                pb = rpc.Compare(
-                    result=rpc.Compare.LESS,
-                    target=rpc.Compare.VERSION,
-                    key=compare.key,
-                    range_end=compare.range_end,
-                    version=1,
-                )
+                pb = rpc.Compare(result=less, target=rpc.Compare.VERSION, key=compare.key)
+                pb.range_end, pb.version = compare.range_end, 1
             pb_compares.append(pb)
         ops = []
         for write in writes:

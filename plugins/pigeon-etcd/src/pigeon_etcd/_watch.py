@@ -31,6 +31,16 @@ def _depth(path: str) -> int:
     return 0 if path == "/" else path.count("/")
 
 
+def _previous_version(event: Any) -> int:
+    """The version the node had before ``event`` (from etcd's ``prev_kv``), or -1."""
+    if event.HasField("prev_kv") and event.prev_kv.value:
+        try:
+            return decode_value(event.prev_kv.value)[1]
+        except MetadataError:
+            pass
+    return -1
+
+
 def convert_events(keys: Keys, events: list[Any]) -> list[WatchEvent]:
     """etcd watch events (``mvccpb.Event``) → :class:`WatchEvent`, deletions of one
     revision deepest first."""
@@ -51,14 +61,9 @@ def convert_events(keys: Keys, events: list[Any]) -> list[WatchEvent]:
         if event.type == 1:  # DELETE
             if run and kv.mod_revision != run_revision:
                 flush()
-            version = -1
-            if event.HasField("prev_kv") and event.prev_kv.value:
-                try:
-                    version = decode_value(event.prev_kv.value)[1]
-                except MetadataError:
-                    pass
             run_revision = kv.mod_revision
-            run.append((_depth(path), WatchEvent(EventType.DELETED, path, None, version)))
+            deleted = WatchEvent(EventType.DELETED, path, None, _previous_version(event))
+            run.append((_depth(path), deleted))
             continue
         flush()
         try:
@@ -69,13 +74,7 @@ def convert_events(keys: Keys, events: list[Any]) -> list[WatchEvent]:
         if kv.create_revision == kv.mod_revision and path != "/":  # the root always exists
             out.append(WatchEvent(EventType.CREATED, path, value, version))
         elif version == 0:  # deleted and created again within one transaction
-            old = -1
-            if event.HasField("prev_kv") and event.prev_kv.value:
-                try:
-                    old = decode_value(event.prev_kv.value)[1]
-                except MetadataError:
-                    pass
-            out.append(WatchEvent(EventType.DELETED, path, None, old))
+            out.append(WatchEvent(EventType.DELETED, path, None, _previous_version(event)))
             out.append(WatchEvent(EventType.CREATED, path, value, version))
         else:
             out.append(WatchEvent(EventType.CHANGED, path, value, version))

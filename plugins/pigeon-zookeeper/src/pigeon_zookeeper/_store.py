@@ -63,6 +63,7 @@ from pigeon.core.metadata import (
     Create,
     Delete,
     EventType,
+    MetadataStoreStatistics,
     NeedRead,
     Op,
     StaleRead,
@@ -102,13 +103,8 @@ _REAP_CHUNK = 200
 
 
 @dataclass(frozen=True)
-class ZooKeeperStoreStatistics:
-    running: bool
+class ZooKeeperStoreStatistics(MetadataStoreStatistics):
     connected: bool
-    session_id: str | None
-    session_alive: bool
-    watchers: int
-    buffered_events: int
     #: (bucket, entry) of the next change-log entry the watchers will read, or None
     log_position: tuple[int, int] | None
 
@@ -192,14 +188,10 @@ class ZooKeeperMetadataStore(ChangeLog, TransactionalMetadataStore[Snapshot, Pla
         return self._sid if self._session_alive else None
 
     def statistics(self) -> ZooKeeperStoreStatistics:
-        hub = self._hub.statistics()
-        return ZooKeeperStoreStatistics(
-            running=self._zk is not None,
+        return self._statistics(
+            ZooKeeperStoreStatistics,
+            [self._hub],
             connected=self._connected,
-            session_id=self.session_id,
-            session_alive=self._session_alive,
-            watchers=hub.watchers,
-            buffered_events=hub.buffered_events,
             log_position=self._cursor,
         )
 

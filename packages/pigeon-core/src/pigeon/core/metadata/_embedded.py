@@ -58,7 +58,7 @@ import trio
 
 from pigeon.core.errors import ConfigError, InvalidArgument, MetadataError, SessionExpired
 from pigeon.core.metadata import _sqlite as db
-from pigeon.core.metadata._lifecycle import StoreLifecycle
+from pigeon.core.metadata._lifecycle import MetadataStoreStatistics, StoreLifecycle
 from pigeon.core.metadata._store import (
     DEFAULT_WATCH_BUFFER,
     MetadataStore,
@@ -86,12 +86,8 @@ _BUSY_MAX_DELAY = 0.05
 
 
 @dataclass(frozen=True)
-class EmbeddedStoreStatistics:
-    running: bool
-    session_id: str | None
-    session_alive: bool
-    watchers: int
-    buffered_events: int
+class EmbeddedStoreStatistics(MetadataStoreStatistics):
+    #: the newest change-log entry the watchers were given
     last_change_seq: int
 
 
@@ -178,14 +174,8 @@ class EmbeddedMetadataStore(StoreLifecycle, MetadataStore):
         return self._session_id
 
     def statistics(self) -> EmbeddedStoreStatistics:
-        hub = self._hub.statistics()
-        return EmbeddedStoreStatistics(
-            running=self._conn is not None,
-            session_id=self._session_id,
-            session_alive=self._session_alive,
-            watchers=hub.watchers,
-            buffered_events=hub.buffered_events,
-            last_change_seq=self._last_seq,
+        return self._statistics(
+            EmbeddedStoreStatistics, [self._hub], last_change_seq=self._last_seq
         )
 
     # --- lifecycle ----------------------------------------------------------------

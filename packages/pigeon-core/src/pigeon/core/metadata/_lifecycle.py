@@ -10,26 +10,46 @@
 * the session state: :attr:`~StoreLifecycle.session_alive`,
   :meth:`~StoreLifecycle.wait_session_expired`, and ``_session_started()`` /
   ``_mark_session_ended()`` for the backend to call;
+* ``_statistics(kind, hubs, **extra)``: a :class:`MetadataStoreStatistics` (subclass);
 * ``_soon(fn, *args)``: run ``fn`` in the trio thread, callable from the threads of a
   client library (kazoo, gRPC); a no-op once the trio run has finished.
 
-A backend calls ``_init_lifecycle()`` from its ``__init__`` and supplies ``_running()``,
-``_open()``, ``_background()`` and ``_close()``.
+A backend calls ``_init_lifecycle()`` from its ``__init__`` and supplies ``session_id``,
+``_running()``, ``_open()``, ``_background()`` and ``_close()``.
 """
 
 from __future__ import annotations
 
 import abc
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import trio
 
 from pigeon.core.errors import MetadataError
+from pigeon.core.metadata._store import WatchHub
 
-__all__ = ["StoreLifecycle"]
+__all__ = ["MetadataStoreStatistics", "StoreLifecycle"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MetadataStoreStatistics:
+    """What every store's ``statistics()`` says; backends add fields of their own."""
+
+    running: bool
+    #: the session's id while it is alive (the embedded store: its last session's)
+    session_id: str | None
+    session_alive: bool
+    watchers: int
+    #: events delivered to watchers and not read yet
+    buffered_events: int
+
+
+_Stats = TypeVar("_Stats", bound=MetadataStoreStatistics)
 
 
 class StoreLifecycle(abc.ABC):
@@ -87,7 +107,24 @@ class StoreLifecycle(abc.ABC):
         except trio.RunFinishedError:
             pass
 
+    def _statistics(self, kind: type[_Stats], hubs: Iterable[WatchHub], **extra: Any) -> _Stats:
+        """``kind(...)`` with the common fields filled in (watchers summed over ``hubs``)."""
+        stats = [hub.statistics() for hub in hubs]
+        return kind(
+            running=self._running(),
+            session_id=self.session_id,
+            session_alive=self._session_alive,
+            watchers=sum(s.watchers for s in stats),
+            buffered_events=sum(s.buffered_events for s in stats),
+            **extra,
+        )
+
     # --- the session -------------------------------------------------------------------
+
+    @property
+    @abc.abstractmethod
+    def session_id(self) -> str | None:
+        """The session's id (its form is the backend's)."""
 
     @property
     def session_alive(self) -> bool:

@@ -182,8 +182,10 @@ class SessionContract:
                     await owner.create(f"{root}/kept", b"persistent")
                     assert await next_event(events) == WatchEvent(C, path, b"owner", 0)
                     assert await observer.get(path) == Stat(b"owner", 0, True)
-                deleted = await next_event(events)
-                assert (deleted.type, deleted.path) == (D, path)
+                    assert await owner.set(path, b"owner2") == 1
+                    assert await next_event(events) == WatchEvent(U, path, b"owner2", 1)
+                # the deletion says which version went
+                assert await next_event(events) == WatchEvent(D, path, None, 1)
             assert await observer.get(path) is None
             assert await observer.get(f"{root}/kept") == Stat(b"persistent", 0, False)
 
