@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import sqlite3
-import subprocess
-import sys
 import textwrap
 import time
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 
 import pytest
@@ -24,7 +21,7 @@ from pigeon.core.metadata import (
     Stat,
     WatchEvent,
 )
-from pigeon.core.testing import MetadataStoreContract
+from pigeon.core.testing import MetadataStoreContract, run_until_ready_and_kill
 from pigeon.core.testing import running_store as running
 
 WAIT = 20.0
@@ -87,24 +84,7 @@ async def test_writes_survive_kill_9(tmp_path: Path) -> None:
         trio.run(main)
         """
     )
-    async with trio.open_nursery() as nursery:
-        proc = await nursery.start(
-            partial(
-                trio.run_process,
-                [sys.executable, "-c", script, str(tmp_path)],
-                stdout=subprocess.PIPE,
-                check=False,
-            )
-        )
-        assert proc.stdout is not None
-        output = b""
-        with trio.fail_after(WAIT):
-            while b"ready" not in output:
-                chunk = await proc.stdout.receive_some()
-                assert chunk, "the child exited early"
-                output += chunk
-        proc.kill()  # SIGKILL: no cleanup at all
-    assert proc.returncode == -9
+    await run_until_ready_and_kill(script, str(tmp_path))
 
     async with running(EmbeddedMetadataStore(tmp_path, session_timeout=0.3)) as store:
         assert await store.get("/durable") == Stat(b"50", 50, False)

@@ -27,15 +27,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from pigeon.core.errors import (
-    BadVersion,
-    InvalidArgument,
-    MetadataError,
-    NodeExists,
-    NoSuchNode,
-    NotEmpty,
-    SessionExpired,
-)
+from pigeon.core import errors
 from pigeon.core.metadata._store import SEQUENCE_DIGITS, EventType, Op, OpKind, parent_path
 
 log = logging.getLogger(__name__)
@@ -97,7 +89,7 @@ def connect(db_path: str) -> sqlite3.Connection:
     try:
         return sqlite3.connect(db_path, timeout=0.0, isolation_level=None)
     except sqlite3.Error as exc:
-        raise MetadataError(f"cannot open metadata database {db_path}: {exc}") from exc
+        raise errors.MetadataError(f"cannot open metadata database {db_path}: {exc}") from exc
 
 
 def configure(conn: sqlite3.Connection, db_path: str) -> None:
@@ -112,7 +104,7 @@ def create_schema(conn: sqlite3.Connection, db_path: str) -> int:
     """Create what is missing (refusing a newer schema); return the newest change seq."""
     (found,) = conn.execute("PRAGMA user_version").fetchall()[0]
     if found > SCHEMA_VERSION:
-        raise MetadataError(
+        raise errors.MetadataError(
             f"metadata database {db_path} has schema version {found}; "
             f"this PigeonMQ knows {SCHEMA_VERSION}"
         )
@@ -232,10 +224,10 @@ def _version(conn: sqlite3.Connection, path: str, expected: int | None) -> int:
     ``expected`` (when given)."""
     rows = conn.execute("SELECT version FROM nodes WHERE path = ?", (path,)).fetchall()
     if not rows:
-        raise NoSuchNode(path)
+        raise errors.NoSuchNode(path)
     current = int(rows[0][0])
     if expected is not None and expected != current:
-        raise BadVersion(f"{path}: version is {current}, expected {expected}")
+        raise errors.BadVersion(f"{path}: version is {current}, expected {expected}")
     return current
 
 
@@ -272,21 +264,21 @@ def create(
     the live session (None: expired)."""
     wall = time.time()
     if path == "/" and not sequential:
-        raise NodeExists("/")
+        raise errors.NodeExists("/")
     parent = parent_path(path + "0" if sequential else path)
     if not ephemeral:
         owner = None
     elif owner is None:
-        raise SessionExpired(_EXPIRED)
+        raise errors.SessionExpired(_EXPIRED)
     elif not conn.execute("SELECT 1 FROM sessions WHERE id = ?", (owner,)).fetchall():
-        raise SessionExpired("the metadata session was expired by another process")
+        raise errors.SessionExpired("the metadata session was expired by another process")
     _ensure_parents(conn, parent, wall)
     if sequential:
         (counter,) = conn.execute("SELECT cseq FROM nodes WHERE path = ?", (parent,)).fetchall()[0]
         conn.execute("UPDATE nodes SET cseq = cseq + 1 WHERE path = ?", (parent,))
         path = f"{path}{counter:0{SEQUENCE_DIGITS}d}"
     if conn.execute("SELECT 1 FROM nodes WHERE path = ?", (path,)).fetchall():
-        raise NodeExists(path)
+        raise errors.NodeExists(path)
     conn.execute(
         "INSERT INTO nodes (path, parent, value, version, owner, ctime, mtime)"
         " VALUES (?, ?, ?, 0, ?, ?, ?)",
@@ -303,7 +295,7 @@ def _ensure_parents(conn: sqlite3.Connection, parent: str, wall: float) -> None:
         rows = conn.execute("SELECT owner FROM nodes WHERE path = ?", (node,)).fetchall()
         if rows:
             if rows[0][0] is not None:
-                raise InvalidArgument(f"{node!r} is ephemeral and cannot have children")
+                raise errors.InvalidArgument(f"{node!r} is ephemeral and cannot have children")
             break
         missing.append(node)
         node = parent_path(node)  # the root always exists: this ends
@@ -329,12 +321,12 @@ def set_value(conn: sqlite3.Connection, path: str, value: bytes, version: int | 
 
 def delete(conn: sqlite3.Connection, path: str, version: int | None, recursive: bool) -> None:
     if path == "/":
-        raise InvalidArgument("the root node cannot be deleted")
+        raise errors.InvalidArgument("the root node cannot be deleted")
     current = _version(conn, path, version)
     wall = time.time()
     if conn.execute("SELECT 1 FROM nodes WHERE parent = ? LIMIT 1", (path,)).fetchall():
         if not recursive:
-            raise NotEmpty(path)
+            raise errors.NotEmpty(path)
         # every path below `path` sorts between `path/` and `path0` ('0' follows '/');
         # descending order puts each child before its parent.
         low, high = path + "/", path + "0"

@@ -22,6 +22,7 @@ __all__ = [
     "ServerRestart",
     "kill_ephemeral_owner",
     "next_event",
+    "run_until_ready_and_kill",
     "running_store",
     "store_factory",
     "wait_event",
@@ -96,11 +97,17 @@ trio.run(main)
 async def kill_ephemeral_owner(url: str, path: str) -> None:
     """Run the store of ``url`` in a child process, let it create the ephemeral node
     ``path``, and kill the process (SIGKILL): its session ends only by timing out."""
+    await run_until_ready_and_kill(_OWNER_SCRIPT, url, path)
+
+
+async def run_until_ready_and_kill(script: str, *args: str) -> None:
+    """Run the Python ``script`` (with ``args``) in a child process until it prints
+    ``ready``, then kill it with SIGKILL: no cleanup of any kind runs."""
     async with trio.open_nursery() as nursery:
         proc = await nursery.start(
             partial(
                 trio.run_process,
-                [sys.executable, "-c", _OWNER_SCRIPT, url, path],
+                [sys.executable, "-c", script, *args],
                 stdout=subprocess.PIPE,
                 check=False,
             )
@@ -109,7 +116,7 @@ async def kill_ephemeral_owner(url: str, path: str) -> None:
         with trio.fail_after(WAIT):
             while b"ready" not in output:
                 chunk = await proc.stdout.receive_some()
-                assert chunk, "the owner process exited early"
+                assert chunk, "the child process exited early"
                 output += chunk
         proc.kill()
     assert proc.returncode == -9
