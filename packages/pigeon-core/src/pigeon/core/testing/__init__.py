@@ -11,6 +11,7 @@ offers the **contract suites** every backend runs against itself:
 * :class:`ReplicationPolicyContract` — subclass it and provide a ``make_policy`` fixture;
   it runs real in-process bookies (needs ``pigeon-bookie``).
 
+:func:`check_exports` checks a plugin's ``__all__`` as ``pigeon.core``'s own test does;
 and the ``pigeon_standalone`` fixture: broker + bookie + embedded metadata in the test's
 trio run over an in-memory network (pair it with ``autojump_clock`` for virtual time).
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 from pigeon.core.testing._cluster import InProcessStandalone, pigeon_standalone
 from pigeon.core.testing._codec_suite import CodecContract
+from pigeon.core.testing._exports import check_exports
 from pigeon.core.testing._metadata_helpers import (
     QUIET,
     WAIT,
@@ -51,6 +53,7 @@ __all__ = [
     "MetadataStoreFactory",
     "ReplicationPolicyContract",
     "ServerRestart",
+    "check_exports",
     "kill_ephemeral_owner",
     "next_event",
     "pigeon_standalone",
