@@ -13,7 +13,8 @@ offers the **contract suites** every backend runs against itself:
 
 :func:`check_exports` checks a plugin's ``__all__`` as ``pigeon.core``'s own test does;
 and the ``pigeon_standalone`` fixture: broker + bookie + embedded metadata in the test's
-trio run over an in-memory network (pair it with ``autojump_clock`` for virtual time).
+trio run over an in-memory network (pair it with ``autojump_clock`` for virtual time);
+:func:`in_process_standalone` is the same as a context manager, with broker options.
 
 Test helpers that start real servers as child processes live in
 :mod:`pigeon.core.testing.servers`: ZooKeeper and etcd (``zookeeper_server``,
@@ -24,7 +25,11 @@ any fixture.
 
 from __future__ import annotations
 
-from pigeon.core.testing._cluster import InProcessStandalone, pigeon_standalone
+from pigeon.core.testing._cluster import (
+    InProcessStandalone,
+    in_process_standalone,
+    pigeon_standalone,
+)
 from pigeon.core.testing._codec_suite import CodecContract
 from pigeon.core.testing._exports import check_exports
 from pigeon.core.testing._metadata_helpers import (
@@ -54,6 +59,7 @@ __all__ = [
     "ReplicationPolicyContract",
     "ServerRestart",
     "check_exports",
+    "in_process_standalone",
     "kill_ephemeral_owner",
     "next_event",
     "pigeon_standalone",
