@@ -131,16 +131,19 @@ class Layout:
         return f"Layout({self.chroot!r})"
 
     def node(self, path: str) -> str:
+        """The znode of the user's node ``path``."""
         return self.tree if path == "/" else self.tree + path
 
     def seq(self, parent: str) -> str:
-        return f"{self.seq_dir}/{urllib.parse.quote(parent, safe='')}"
+        """The counter znode of ``parent``'s sequential children."""
+        return f"{self.seq_dir}/{_quote(parent)}"
 
     def session(self, sid: str) -> str:
         return f"{self.sessions}/{sid}"
 
     def index(self, sid: str, path: str) -> str:
-        return f"{self.sessions}/{sid}/{urllib.parse.quote(path, safe='')}"
+        """The entry of ``path`` in the index of session ``sid``'s ephemeral nodes."""
+        return f"{self.session(sid)}/{_quote(path)}"
 
     def alive_marker(self, sid: str) -> str:
         return f"{self.alive}/{sid}"
@@ -154,6 +157,11 @@ class Layout:
 
     def entry(self, bucket: int, seq: int) -> str:
         return f"{self.entry_prefix(bucket)}{seq:010d}"
+
+
+def _quote(path: str) -> str:
+    """A node path as one znode name."""
+    return urllib.parse.quote(path, safe="")
 
 
 def sid_hex(session_id: int) -> str:
