@@ -30,10 +30,13 @@ import socket
 import subprocess
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
+from pigeon.core.metadata import MetadataStore
+from pigeon.core.testing._metadata_helpers import ServerRestart
 from pigeon.core.testing._process import HOST, POLL, free_port, log_tail, send_signal
 
 __all__ = [
@@ -104,6 +107,12 @@ class _Server:
         path is ZooKeeper's chroot, etcd's key prefix)."""
         query = "&".join(f"{k}={v}" for k, v in options.items())
         return f"{self.scheme}://{self.address}{path}" + (f"?{query}" if query else "")
+
+    def restartable(self, new_store: Callable[[str], MetadataStore]) -> ServerRestart:
+        """``(stores, restart)`` for the contract suite's ``restartable_server``: stores
+        made by ``new_store(address)``; ``restart()`` kills the server (-9) and starts it
+        again on the same data after half a second."""
+        return (lambda: new_store(self.address)), partial(self.restart, kill=True, downtime=0.5)
 
     def log_tail(self, lines: int = 40) -> str:
         return log_tail(self.log_path, lines)
