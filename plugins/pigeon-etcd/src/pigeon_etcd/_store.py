@@ -43,24 +43,8 @@ from typing import Any
 
 import trio
 
+from pigeon.core import metadata
 from pigeon.core.errors import InvalidArgument, MetadataError, PigeonError, SessionExpired
-from pigeon.core.metadata import (
-    DEFAULT_WATCH_BUFFER,
-    MetadataStoreStatistics,
-    NeedRead,
-    StaleRead,
-    Stat,
-    StoreLifecycle,
-    TransactionalMetadataStore,
-    Watcher,
-    WatchEvent,
-    WatchHub,
-    WriteOp,
-    check_timeout,
-    first_reads,
-    parse_server_url,
-    validate_path,
-)
 from pigeon_etcd._plan import Compare, Keys, NodeInfo, Plan, Snapshot, Write, decode_value, plan
 from pigeon_etcd._watch import WatchStream, convert_events
 
@@ -85,11 +69,13 @@ _CHANNEL_OPTIONS = [
 
 
 @dataclass(frozen=True)
-class EtcdStoreStatistics(MetadataStoreStatistics):
+class EtcdStoreStatistics(metadata.MetadataStoreStatistics):
     lease_id: int | None
 
 
-class EtcdMetadataStore(StoreLifecycle, TransactionalMetadataStore[Snapshot, Plan]):
+class EtcdMetadataStore(
+    metadata.StoreLifecycle, metadata.TransactionalMetadataStore[Snapshot, Plan]
+):
     """:class:`~pigeon.core.metadata.MetadataStore` on etcd v3 (3.4 or later).
 
     :param target: ``host:port`` of an etcd member (or a gRPC target such as
@@ -110,16 +96,16 @@ class EtcdMetadataStore(StoreLifecycle, TransactionalMetadataStore[Snapshot, Pla
         *,
         session_timeout: float = 10.0,
         request_timeout: float = 30.0,
-        watch_buffer: int = DEFAULT_WATCH_BUFFER,
+        watch_buffer: int = metadata.DEFAULT_WATCH_BUFFER,
     ) -> None:
         if not target:
             raise InvalidArgument("etcd metadata store needs a target host:port")
         if not prefix or prefix == "/":
             raise InvalidArgument("the etcd key prefix must not be empty or '/'")
         self.target = target
-        self.prefix = validate_path(prefix)
-        self.session_timeout = check_timeout(session_timeout, "session_timeout")
-        self.request_timeout = check_timeout(request_timeout, "request_timeout")
+        self.prefix = metadata.validate_path(prefix)
+        self.session_timeout = metadata.check_timeout(session_timeout, "session_timeout")
+        self.request_timeout = metadata.check_timeout(request_timeout, "request_timeout")
         self.watch_buffer = watch_buffer
         self._keys = Keys(self.prefix.encode())
         self._channel: Any = None
@@ -128,7 +114,7 @@ class EtcdMetadataStore(StoreLifecycle, TransactionalMetadataStore[Snapshot, Pla
         self._rpc: Any = None
         self._grpc: Any = None
         self._stream: WatchStream | None = None
-        self._hubs: dict[int, WatchHub] = {}
+        self._hubs: dict[int, metadata.WatchHub] = {}
         self._next_watch_id = 0
         self._lease: int | None = None
         self._ttl = max(1, math.ceil(self.session_timeout))
@@ -142,7 +128,7 @@ class EtcdMetadataStore(StoreLifecycle, TransactionalMetadataStore[Snapshot, Pla
         The prefix defaults to ``/pigeon``.  Options (seconds): ``session_timeout`` (10),
         ``request_timeout`` (30).
         """
-        parsed = parse_server_url(
+        parsed = metadata.parse_server_url(
             url,
             scheme="etcd",
             server="etcd",
@@ -346,24 +332,24 @@ class EtcdMetadataStore(StoreLifecycle, TransactionalMetadataStore[Snapshot, Pla
 
     # --- reads ----------------------------------------------------------------------------------
 
-    async def get(self, path: str) -> Stat | None:
-        validate_path(path)
+    async def get(self, path: str) -> metadata.Stat | None:
+        metadata.validate_path(path)
         self._require()
         response = await self._range(self._keys.node(path))
         if not response.kvs:
-            return Stat(b"", 0, False) if path == "/" else None
+            return metadata.Stat(b"", 0, False) if path == "/" else None
         kv = response.kvs[0]
         value, version, ctime, mtime = decode_value(kv.value)
-        return Stat(value, version, kv.lease != 0, ctime, mtime)
+        return metadata.Stat(value, version, kv.lease != 0, ctime, mtime)
 
     async def children(self, path: str) -> list[str]:
-        validate_path(path)
+        metadata.validate_path(path)
         self._require()
         start, end = self._keys.children(path)
         response = await self._range(start, end, keys_only=True)
         return sorted(kv.key[len(start) :].decode() for kv in response.kvs)
 
-    async def _read(self, need: NeedRead, snap: Snapshot) -> None:
+    async def _read(self, need: metadata.NeedRead, snap: Snapshot) -> None:
         keys = self._keys
         items: list[tuple[str, str, Any]] = []
         for path in need.nodes:
@@ -432,14 +418,14 @@ class EtcdMetadataStore(StoreLifecycle, TransactionalMetadataStore[Snapshot, Pla
     def _new_snapshot(self) -> Snapshot:
         return Snapshot()
 
-    def _first_reads(self, ops: Sequence[WriteOp]) -> NeedRead:
-        return first_reads(ops, children_of_deletes=True)
+    def _first_reads(self, ops: Sequence[metadata.WriteOp]) -> metadata.NeedRead:
+        return metadata.first_reads(ops, children_of_deletes=True)
 
-    def _plan(self, ops: Sequence[WriteOp], snapshot: Snapshot) -> Plan:
+    def _plan(self, ops: Sequence[metadata.WriteOp], snapshot: Snapshot) -> Plan:
         lease = self._lease if self._session_alive else None
         return plan(self._keys, ops, snapshot, lease, time.time())
 
-    async def _commit_plan(self, ops: Sequence[WriteOp], the_plan: Plan) -> list[object]:
+    async def _commit_plan(self, ops: Sequence[metadata.WriteOp], the_plan: Plan) -> list[object]:
         if the_plan.size() > MAX_REQUEST_BYTES:
             raise InvalidArgument(
                 f"metadata write of ~{the_plan.size()} bytes is too large for etcd"
@@ -452,7 +438,7 @@ class EtcdMetadataStore(StoreLifecycle, TransactionalMetadataStore[Snapshot, Pla
         request = self._txn_request(the_plan.compares, the_plan.writes)
         response = await self._unary(self._kv.Txn, request, "metadata write")
         if not response.succeeded:  # something the plan read changed: again
-            raise StaleRead("an etcd compare failed")
+            raise metadata.StaleRead("an etcd compare failed")
         return the_plan.results
 
     # --- watches --------------------------------------------------------------------------------
@@ -464,7 +450,7 @@ class EtcdMetadataStore(StoreLifecycle, TransactionalMetadataStore[Snapshot, Pla
     def _failed_from_thread(self, wid: int, reason: str) -> None:
         self._soon(self._fail, wid, reason)
 
-    def _deliver(self, wid: int, events: list[WatchEvent]) -> None:
+    def _deliver(self, wid: int, events: list[metadata.WatchEvent]) -> None:
         hub = self._hubs.get(wid)
         if hub is not None:
             for event in events:
@@ -476,14 +462,14 @@ class EtcdMetadataStore(StoreLifecycle, TransactionalMetadataStore[Snapshot, Pla
             hub.fail_all(reason)
 
     @asynccontextmanager
-    async def _watch(self, path: str, prefix: bool) -> AsyncIterator[Watcher]:
+    async def _watch(self, path: str, prefix: bool) -> AsyncIterator[metadata.Watcher]:
         await trio.lowlevel.checkpoint()
         self._require()
         revision = (await self._range(self._keys.nodes, count_only=True)).header.revision
         stream = self._stream
         assert stream is not None
         # one hub per watcher: its etcd watch covers exactly what it subscribed to
-        hub = WatchHub(self.watch_buffer)
+        hub = metadata.WatchHub(self.watch_buffer)
         watcher = hub.subscribe(path, prefix=prefix)
         wid = self._next_watch_id = self._next_watch_id + 1
         self._hubs[wid] = hub

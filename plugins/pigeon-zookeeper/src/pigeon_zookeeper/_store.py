@@ -57,26 +57,9 @@ from kazoo.exceptions import (
 from kazoo.protocol.states import ZnodeStat
 from kazoo.retry import KazooRetry
 
+from pigeon.core import metadata
 from pigeon.core.errors import InvalidArgument, MetadataError, NoSuchNode, SessionExpired
-from pigeon.core.metadata import (
-    DEFAULT_WATCH_BUFFER,
-    Create,
-    Delete,
-    EventType,
-    MetadataStoreStatistics,
-    NeedRead,
-    Op,
-    StaleRead,
-    Stat,
-    TransactionalMetadataStore,
-    WatchEvent,
-    WatchHub,
-    WriteOp,
-    check_timeout,
-    first_reads,
-    parse_server_url,
-    validate_path,
-)
+from pigeon.core.metadata import EventType, WatchEvent
 from pigeon_zookeeper._bridge import first_error, stop_quietly
 from pigeon_zookeeper._changelog import DELETE_CHUNK, ChangeLog
 from pigeon_zookeeper._plan import (
@@ -103,13 +86,13 @@ _REAP_CHUNK = 200
 
 
 @dataclass(frozen=True)
-class ZooKeeperStoreStatistics(MetadataStoreStatistics):
+class ZooKeeperStoreStatistics(metadata.MetadataStoreStatistics):
     connected: bool
     #: (bucket, entry) of the next change-log entry the watchers will read, or None
     log_position: tuple[int, int] | None
 
 
-class ZooKeeperMetadataStore(ChangeLog, TransactionalMetadataStore[Snapshot, Plan]):
+class ZooKeeperMetadataStore(ChangeLog, metadata.TransactionalMetadataStore[Snapshot, Plan]):
     """:class:`~pigeon.core.metadata.MetadataStore` on ZooKeeper (3.5 or later).
 
     :param hosts: ``host:port[,host:port...]``.
@@ -131,20 +114,20 @@ class ZooKeeperMetadataStore(ChangeLog, TransactionalMetadataStore[Snapshot, Pla
         session_timeout: float = 10.0,
         connect_timeout: float = 15.0,
         request_timeout: float = 30.0,
-        watch_buffer: int = DEFAULT_WATCH_BUFFER,
+        watch_buffer: int = metadata.DEFAULT_WATCH_BUFFER,
     ) -> None:
         if not hosts:
             raise InvalidArgument("ZooKeeper metadata store needs hosts")
         if chroot == "/" or not chroot:
             raise InvalidArgument("the ZooKeeper chroot must not be '/'")
         self.hosts = hosts
-        self.chroot = validate_path(chroot)
-        self.session_timeout = check_timeout(session_timeout, "session_timeout")
-        self.connect_timeout = check_timeout(connect_timeout, "connect_timeout")
-        self.request_timeout = check_timeout(request_timeout, "request_timeout")
+        self.chroot = metadata.validate_path(chroot)
+        self.session_timeout = metadata.check_timeout(session_timeout, "session_timeout")
+        self.connect_timeout = metadata.check_timeout(connect_timeout, "connect_timeout")
+        self.request_timeout = metadata.check_timeout(request_timeout, "request_timeout")
         self.watch_buffer = watch_buffer
         self._layout = Layout(self.chroot)
-        self._hub = WatchHub(watch_buffer)
+        self._hub = metadata.WatchHub(watch_buffer)
         self._zk = None
         self._connected = False
         self._state_changed = trio.Event()
@@ -168,7 +151,7 @@ class ZooKeeperMetadataStore(ChangeLog, TransactionalMetadataStore[Snapshot, Pla
         The chroot defaults to ``/pigeon``.  Options (seconds): ``session_timeout``
         (10), ``connect_timeout`` (15), ``request_timeout`` (30).
         """
-        parsed = parse_server_url(
+        parsed = metadata.parse_server_url(
             url,
             scheme="zk",
             server="ZooKeeper",
@@ -249,7 +232,7 @@ class ZooKeeperMetadataStore(ChangeLog, TransactionalMetadataStore[Snapshot, Pla
         return self._zk is not None
 
     async def _open(self) -> None:
-        self._hub = WatchHub(self.watch_buffer)
+        self._hub = metadata.WatchHub(self.watch_buffer)
         self._closing = False
         self._cursor = None
         self._bucket = None
@@ -377,7 +360,7 @@ class ZooKeeperMetadataStore(ChangeLog, TransactionalMetadataStore[Snapshot, Pla
             if self._zk is zk:
                 await self._start_client()
 
-    async def _read(self, need: NeedRead, snap: Snapshot) -> None:
+    async def _read(self, need: metadata.NeedRead, snap: Snapshot) -> None:
         lay = self._layout
         calls: list[tuple[str, tuple[Any, ...]]] = []
         keys: list[tuple[str, Any]] = []
@@ -412,15 +395,15 @@ class ZooKeeperMetadataStore(ChangeLog, TransactionalMetadataStore[Snapshot, Pla
                 snap.index[key] = result is not None
         more -= snap.nodes.keys()
         if more:  # the planner will want the children next: read them now
-            await self._read(NeedRead(nodes=more), snap)
+            await self._read(metadata.NeedRead(nodes=more), snap)
 
     def _new_snapshot(self) -> Snapshot:
         return Snapshot()
 
-    def _plan(self, ops: Sequence[WriteOp], snapshot: Snapshot) -> Plan:
+    def _plan(self, ops: Sequence[metadata.WriteOp], snapshot: Snapshot) -> Plan:
         return plan(self._layout, ops, snapshot, self._sid if self._session_alive else None)
 
-    async def _commit_plan(self, ops: Sequence[WriteOp], the_plan: Plan) -> list[object]:
+    async def _commit_plan(self, ops: Sequence[metadata.WriteOp], the_plan: Plan) -> list[object]:
         if the_plan.size() > MAX_REQUEST_BYTES:
             raise InvalidArgument(
                 f"metadata write of ~{the_plan.size()} bytes is too large for ZooKeeper"
@@ -430,7 +413,7 @@ class ZooKeeperMetadataStore(ChangeLog, TransactionalMetadataStore[Snapshot, Pla
             outcome = await self._commit(the_plan.ops, the_plan.events)
         except KazooException as exc:
             if isinstance(exc, SessionExpiredError) and any(
-                isinstance(op, Create | Op) and op.ephemeral for op in ops
+                isinstance(op, metadata.Create | metadata.Op) and op.ephemeral for op in ops
             ):
                 raise SessionExpired("the ZooKeeper session expired") from exc
             raise self._error(exc, "metadata write") from exc
@@ -447,24 +430,24 @@ class ZooKeeperMetadataStore(ChangeLog, TransactionalMetadataStore[Snapshot, Pla
             raise self._error(outcome.error, "metadata write")
         if isinstance(outcome.error, SessionExpiredError | ConnectionClosedError):
             raise self._error(outcome.error, "metadata write")
-        raise StaleRead(repr(outcome.error))  # something the plan read changed: again
+        raise metadata.StaleRead(repr(outcome.error))  # something the plan read changed: again
 
     # --- reads ----------------------------------------------------------------------------
 
-    async def get(self, path: str) -> Stat | None:
-        validate_path(path)
+    async def get(self, path: str) -> metadata.Stat | None:
+        metadata.validate_path(path)
         try:
             value, stat = await self._call("get", self._layout.node(path))
         except NoNodeError:
             return None
         except KazooException as exc:
             raise self._error(exc, f"get {path}") from exc
-        return Stat(
+        return metadata.Stat(
             bytes(value), stat.version, stat.ephemeralOwner != 0, stat.ctime / 1e3, stat.mtime / 1e3
         )
 
     async def children(self, path: str) -> list[str]:
-        validate_path(path)
+        metadata.validate_path(path)
         try:
             names = await self._call("get_children", self._layout.node(path))
         except NoNodeError:
@@ -476,9 +459,9 @@ class ZooKeeperMetadataStore(ChangeLog, TransactionalMetadataStore[Snapshot, Pla
     # --- writes ---------------------------------------------------------------------------
 
     async def _delete_tree(self, path: str, version: int | None) -> None:
-        ops = [Delete(path, version, recursive=True)]
+        ops = [metadata.Delete(path, version, recursive=True)]
         for _attempt in range(self.max_attempts):
-            the_plan = await self._plan_reading(ops, first_reads(ops))
+            the_plan = await self._plan_reading(ops, metadata.first_reads(ops))
             if the_plan.size() > MAX_REQUEST_BYTES or len(the_plan.ops) > 4 * DELETE_CHUNK:
                 await self._delete_in_chunks(path, version)
                 return
@@ -503,7 +486,7 @@ class ZooKeeperMetadataStore(ChangeLog, TransactionalMetadataStore[Snapshot, Pla
         for i in range(0, len(leaves), DELETE_CHUNK):
             chunk = leaves[i : i + DELETE_CHUNK]
             try:
-                await self._transact([Op.delete(leaf) for leaf in chunk])
+                await self._transact([metadata.Op.delete(leaf) for leaf in chunk])
             except MetadataError:  # someone else deleted some: one by one
                 for leaf in chunk:
                     try:
