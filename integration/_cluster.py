@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from _standalone import HOST, clean_env, free_ports, port_open, server_command
+from pigeon.core.testing.servers import HOST, clean_env, free_ports, port_open, server_command
 
 __all__ = ["Cluster", "Node"]
 

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
+from pigeon.core.testing.servers import Standalone
+
 _HERE = str(Path(__file__).parent)
 if _HERE not in sys.path:  # helpers import as top-level modules, whatever the import mode
     sys.path.insert(0, _HERE)
-
-from _standalone import Standalone  # noqa: E402
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -14,10 +14,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from _standalone import Standalone
 from test_admin_standalone import start_with_http
 
 from pigeon.client import Client
+from pigeon.core.testing.servers import Standalone
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from _standalone import HOST, Standalone, clean_env, free_ports, pigeon_command
+
+from pigeon.core.testing.servers import HOST, Standalone, clean_env, free_ports, pigeon_command
 
 pytestmark = pytest.mark.integration
 

@@ -27,10 +27,7 @@ from pigeon.core.errors import (
     EntryNotFound,
     InvalidEntryId,
 )
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from _standalone import clean_env, free_ports, pigeon_command
+from pigeon.core.testing.servers import clean_env, free_ports, pigeon_command
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 from _cluster import Cluster
-from servers import etcd_server, zookeeper_server
 
 from pigeon.client import Client, Timeout
+from pigeon.core.testing.servers import etcd_server, zookeeper_server
 
 pytestmark = pytest.mark.integration
 

@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 from _cluster import Cluster
-from _standalone import HOST, Standalone
 
 from pigeon.bookie._segment import FILE_HEADER_SIZE, REC, RECORD_HEADER_SIZE, scan_records
 from pigeon.client import Client, Timeout
+from pigeon.core.testing.servers import HOST, Standalone
 
 pytestmark = pytest.mark.integration
 

@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 import trio
-from _standalone import Standalone
 
 import pigeon.client.asyncio as asyncio_face
 import pigeon.client.trio as trio_face
 from pigeon.client import Client as SyncClient
 from pigeon.client import Timeout
 from pigeon.core.errors import NotSupported
+from pigeon.core.testing.servers import Standalone
 
 pytestmark = pytest.mark.integration
 

@@ -16,13 +16,14 @@ import threading
 import time
 
 import pytest
-from _standalone import READY_TIMEOUT, Standalone
 from _wire import RawConnection, frame_bytes
 
 from pigeon.client import Client, Consumer, MessageId, Timeout
 from pigeon.core import PluginManager
 from pigeon.core._codecs import CodecSet
 from pigeon.core.batch import BatchBuilder
+from pigeon.core.testing.servers import STANDALONE_READY_TIMEOUT as READY_TIMEOUT
+from pigeon.core.testing.servers import Standalone
 
 pytestmark = pytest.mark.integration
 

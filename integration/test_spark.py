@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _standalone import Standalone
 
 from pigeon.client import Client, MessageId
 from pigeon.client._range import partition_offsets
+from pigeon.core.testing.servers import Standalone
 
 pyspark = pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")

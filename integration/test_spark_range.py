@@ -10,7 +10,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from _standalone import Standalone
 
 from pigeon.client import Client
 from pigeon.client._engine import ReceivedEntry
@@ -21,6 +20,7 @@ from pigeon.client._range import (
     read_range,
 )
 from pigeon.core._entry import unpack_entry_header
+from pigeon.core.testing.servers import Standalone
 
 pytestmark = pytest.mark.integration
 

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from _standalone import Standalone, clean_env, free_ports, pigeon_command
 from _wire import RawConnection, frame_bytes
 
 from pigeon.client import Client, Consumer, Message, MessageId, Timeout
@@ -39,6 +38,7 @@ from pigeon.core.errors import (
     ProtocolVersionMismatch,
     UnknownMessageType,
 )
+from pigeon.core.testing.servers import Standalone, clean_env, free_ports, pigeon_command
 
 pytestmark = pytest.mark.integration
 

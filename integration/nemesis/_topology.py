@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from _cluster import Node
-from _standalone import free_ports
-from servers import EtcdServer, ZooKeeperServer
+
+from pigeon.core.testing.servers import EtcdServer, ZooKeeperServer, free_ports
 
 from ._proxy import Proxy, ProxyHub
 

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import re
-import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,9 +28,7 @@ from pigeon.core.errors import (
     ProducerQueueFull,
     UnknownCodec,
 )
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "integration"))
-from _standalone import Standalone
+from pigeon.core.testing.servers import Standalone
 
 pytestmark = pytest.mark.integration
 

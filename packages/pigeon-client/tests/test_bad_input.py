@@ -14,10 +14,8 @@ asyncio faces against one real ``pigeon standalone`` process for the module.
 from __future__ import annotations
 
 import asyncio
-import sys
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,9 +29,7 @@ from pigeon.client.trio import Client as TrioClient
 from pigeon.core._codecs import NONE
 from pigeon.core.batch import BatchBuilder
 from pigeon.core.errors import InvalidArgument, MessageTooLarge, Timeout
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "integration"))
-from _standalone import Standalone
+from pigeon.core.testing.servers import Standalone
 
 MB = 1024 * 1024
 OP_TIMEOUT = 10.0

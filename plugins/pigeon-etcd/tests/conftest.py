@@ -1,16 +1,12 @@
-"""A real etcd for the whole test session (``integration/servers.py``)."""
+"""A real etcd for the whole test session (``pigeon.core.testing.servers``)."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "integration"))
-
-from servers import EtcdServer, etcd_server
+from pigeon.core.testing.servers import EtcdServer, etcd_server
 
 
 @pytest.fixture(scope="session")

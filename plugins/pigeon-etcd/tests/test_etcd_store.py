@@ -6,8 +6,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 
@@ -15,90 +14,41 @@ import pytest
 import trio
 from pigeon_etcd import EtcdMetadataStore
 from pigeon_etcd._plan import Keys, decode_value, encode_value
-from servers import EtcdServer, etcd_server
 
 from pigeon.core import PluginManager
 from pigeon.core.errors import ConfigError, CorruptFrame, InvalidArgument, MetadataError
 from pigeon.core.metadata import EventType, MetadataStore, Op, Stat, WatchEvent
-from pigeon.core.testing import ExpireSession, MetadataStoreContract, MetadataStoreFactory
+from pigeon.core.testing import MetadataStoreContract, ServerRestart, kill_ephemeral_owner
+from pigeon.core.testing import running_store as running
+from pigeon.core.testing.servers import EtcdServer, etcd_server
 
 WAIT = 20.0
 SESSION_TIMEOUT = 3.0
 
 
-@asynccontextmanager
-async def running(store: EtcdMetadataStore) -> AsyncIterator[EtcdMetadataStore]:
-    async with trio.open_nursery() as nursery:
-        await nursery.start(store.run)
-        yield store
-        nursery.cancel_scope.cancel()
-
-
-OWNER_SCRIPT = """
-import sys, trio
-from pigeon.core import PluginManager
-
-async def main():
-    store = PluginManager().metadata_stores.get(sys.argv[1].split(":")[0])(sys.argv[1])
-    async with trio.open_nursery() as nursery:
-        await nursery.start(store.run)
-        await store.create(sys.argv[2], b"owner", ephemeral=True)
-        print("ready", flush=True)
-        await trio.sleep_forever()
-
-trio.run(main)
-"""
-
-
-async def run_owner_and_kill_it(url: str, path: str) -> None:
-    """Run a store in a child process, let it create an ephemeral node, kill it (-9)."""
-    async with trio.open_nursery() as nursery:
-        proc = await nursery.start(
-            partial(
-                trio.run_process,
-                [sys.executable, "-c", OWNER_SCRIPT, url, path],
-                stdout=subprocess.PIPE,
-                check=False,
-            )
-        )
-        output = b""
-        with trio.fail_after(WAIT):
-            while b"ready" not in output:
-                chunk = await proc.stdout.receive_some()
-                assert chunk, "the owner process exited early"
-                output += chunk
-        proc.kill()
-    assert proc.returncode == -9
-
-
 class TestEtcdContract(MetadataStoreContract):
     @pytest.fixture
-    def metadata_store_factory(self, etcd: EtcdServer) -> MetadataStoreFactory:
-        @asynccontextmanager
-        async def factory() -> AsyncIterator[MetadataStore]:
-            store = EtcdMetadataStore(etcd.address, "/contract", session_timeout=SESSION_TIMEOUT)
-            async with running(store):
-                yield store
-
-        return factory
+    def new_metadata_store(self, etcd: EtcdServer) -> Callable[[], MetadataStore]:
+        return lambda: EtcdMetadataStore(etcd.address, "/contract", session_timeout=SESSION_TIMEOUT)
 
     @pytest.fixture
-    def expire_session(self) -> ExpireSession:
-        async def expire(store: MetadataStore) -> None:
-            assert isinstance(store, EtcdMetadataStore)
-            await store.expire_session()
+    def metadata_store_url(self, etcd: EtcdServer) -> str:
+        return etcd.url("/contract", session_timeout=SESSION_TIMEOUT)
 
-        return expire
+    @pytest.fixture
+    def restartable_server(self, tmp_path: Path) -> Iterator[ServerRestart]:
+        with etcd_server(tmp_path / "etcd") as server:
+            yield server.restartable(
+                partial(EtcdMetadataStore, prefix="/restart", session_timeout=8.0)
+            )
 
 
 # --- plugin registration and URLs -------------------------------------------------------
 
 
 def test_registered_through_entry_point() -> None:
-    pm = PluginManager()  # loads the installed "pigeon" entry points
-    assert "etcd" in pm.plugin_names()
-    assert "etcd" in pm.metadata_stores
-    assert pm.metadata_stores.get("etcd") == EtcdMetadataStore.from_url
+    """(The contract checks that ``etcd://`` URLs reach EtcdMetadataStore.from_url.)"""
+    assert "etcd" in PluginManager().plugin_names()  # the installed "pigeon" entry points
 
 
 def test_plugin_import_does_not_load_grpc() -> None:
@@ -113,16 +63,6 @@ def test_plugin_import_does_not_load_grpc() -> None:
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == "[] None"
-
-
-async def test_store_from_registry_runs(etcd: EtcdServer) -> None:
-    factory = PluginManager().metadata_stores.get("etcd")
-    store = factory(etcd.url("/registry", session_timeout=3))  # type: ignore[operator]
-    assert isinstance(store, EtcdMetadataStore)
-    async with running(store):
-        await store.create("/hello", b"world")
-        assert await store.get("/hello") == Stat(b"world", 0, False)
-        await store.delete("/hello")
 
 
 @pytest.mark.parametrize(
@@ -159,17 +99,6 @@ def test_from_url_options() -> None:
 def test_from_url_errors(url: str) -> None:
     with pytest.raises(ConfigError):
         EtcdMetadataStore.from_url(url)
-
-
-async def test_not_running_store_refuses_calls() -> None:
-    store = EtcdMetadataStore("127.0.0.1:1", "/x")
-    with pytest.raises(MetadataError, match="not running"):
-        await store.get("/x")
-    with pytest.raises(MetadataError, match="not running"):
-        await store.create("/x", b"")
-    with pytest.raises(MetadataError, match="not running"):
-        async with store.watch("/x"):
-            pass
 
 
 async def test_unreachable_server_fails_run() -> None:
@@ -209,7 +138,7 @@ async def test_crashed_owner_loses_its_nodes_after_the_ttl(etcd: EtcdServer) -> 
         running(EtcdMetadataStore(etcd.address, prefix)) as observer,
         observer.watch("/svc", prefix=True) as events,
     ):
-        await run_owner_and_kill_it(etcd.url(prefix, session_timeout=2), "/svc/a")
+        await kill_ephemeral_owner(etcd.url(prefix, session_timeout=2), "/svc/a")
         with trio.fail_after(WAIT):
             seen = [await anext(events) for _ in range(3)]
         assert [(e.type, e.path) for e in seen] == [
@@ -222,28 +151,6 @@ async def test_crashed_owner_loses_its_nodes_after_the_ttl(etcd: EtcdServer) -> 
 
 
 # --- server restarts ----------------------------------------------------------------------------
-
-
-async def test_store_survives_etcd_restart(tmp_path: Path) -> None:
-    with etcd_server(tmp_path / "etcd") as server:
-        store = EtcdMetadataStore(server.address, "/restart", session_timeout=8.0)
-        async with running(store), store.watch("/r", prefix=True) as events:
-            await store.create("/r/eph", b"mine", ephemeral=True)
-            await store.create("/r/kept", b"1")
-            with trio.fail_after(WAIT):
-                assert (await anext(events)).path == "/r"
-                assert (await anext(events)).path == "/r/eph"
-                assert (await anext(events)).path == "/r/kept"
-            lease = store.lease_id
-            await trio.to_thread.run_sync(lambda: server.restart(kill=True, downtime=0.5))
-            with trio.fail_after(WAIT):
-                # calls made right after the restart wait for etcd (wait_for_ready)
-                assert await store.set("/r/kept", b"2") == 1
-                assert await anext(events) == WatchEvent(EventType.CHANGED, "/r/kept", b"2", 1)
-            assert store.session_alive and store.lease_id == lease
-            assert await store.get("/r/eph") == Stat(b"mine", 0, True)
-            await store.create("/r/new", b"", ephemeral=True)
-            assert await store.children("/r") == ["eph", "kept", "new"]
 
 
 async def test_watch_resumes_without_loss_after_restart(tmp_path: Path) -> None:

@@ -1,16 +1,12 @@
-"""A real ZooKeeper for the whole test session (``integration/servers.py``)."""
+"""A real ZooKeeper for the whole test session (``pigeon.core.testing.servers``)."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "integration"))
-
-from servers import ZooKeeperServer, zookeeper_server
+from pigeon.core.testing.servers import ZooKeeperServer, zookeeper_server
 
 
 @pytest.fixture(scope="session")

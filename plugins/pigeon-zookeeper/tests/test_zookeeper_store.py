@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 
@@ -14,7 +11,6 @@ import pytest
 import trio
 from pigeon_zookeeper import ZooKeeperMetadataStore
 from pigeon_zookeeper._plan import Layout, NodeInfo, Snapshot, decode_entry, encode_entry, plan
-from servers import ZooKeeperServer, zookeeper_server
 
 from pigeon.core import PluginManager
 from pigeon.core.errors import (
@@ -27,104 +23,52 @@ from pigeon.core.errors import (
     SessionExpired,
 )
 from pigeon.core.metadata import Create, EventType, MetadataStore, NeedRead, Op, Stat, WatchEvent
-from pigeon.core.testing import ExpireSession, MetadataStoreContract, MetadataStoreFactory
+from pigeon.core.testing import (
+    MetadataStoreContract,
+    MetadataStoreFactory,
+    ServerRestart,
+    kill_ephemeral_owner,
+    store_factory,
+)
+from pigeon.core.testing import running_store as running
+from pigeon.core.testing.servers import ZooKeeperServer, zookeeper_server
 
 WAIT = 20.0
 SESSION_TIMEOUT = 4.0
 
 
-@asynccontextmanager
-async def running(store: ZooKeeperMetadataStore) -> AsyncIterator[ZooKeeperMetadataStore]:
-    async with trio.open_nursery() as nursery:
-        await nursery.start(store.run)
-        yield store
-        nursery.cancel_scope.cancel()
-
-
-def store_factory(server: ZooKeeperServer, chroot: str = "/contract") -> MetadataStoreFactory:
-    @asynccontextmanager
-    async def factory() -> AsyncIterator[MetadataStore]:
-        store = ZooKeeperMetadataStore(server.address, chroot, session_timeout=SESSION_TIMEOUT)
-        async with running(store):
-            yield store
-
-    return factory
+def new_store(server: ZooKeeperServer, chroot: str = "/contract") -> ZooKeeperMetadataStore:
+    return ZooKeeperMetadataStore(server.address, chroot, session_timeout=SESSION_TIMEOUT)
 
 
 @pytest.fixture
 def metadata_store_factory_zk(zookeeper: ZooKeeperServer) -> MetadataStoreFactory:
-    return store_factory(zookeeper)
-
-
-OWNER_SCRIPT = """
-import sys, trio
-from pigeon.core import PluginManager
-
-async def main():
-    store = PluginManager().metadata_stores.get(sys.argv[1].split(":")[0])(sys.argv[1])
-    async with trio.open_nursery() as nursery:
-        await nursery.start(store.run)
-        await store.create(sys.argv[2], b"owner", ephemeral=True)
-        print("ready", flush=True)
-        await trio.sleep_forever()
-
-trio.run(main)
-"""
-
-
-async def run_owner_and_kill_it(url: str, path: str) -> None:
-    """Run a store in a child process, let it create an ephemeral node, kill it (-9)."""
-    async with trio.open_nursery() as nursery:
-        proc = await nursery.start(
-            partial(
-                trio.run_process,
-                [sys.executable, "-c", OWNER_SCRIPT, url, path],
-                stdout=subprocess.PIPE,
-                check=False,
-            )
-        )
-        output = b""
-        with trio.fail_after(WAIT):
-            while b"ready" not in output:
-                chunk = await proc.stdout.receive_some()
-                assert chunk, "the owner process exited early"
-                output += chunk
-        proc.kill()
-    assert proc.returncode == -9
+    return store_factory(partial(new_store, zookeeper))
 
 
 class TestZooKeeperContract(MetadataStoreContract):
     @pytest.fixture
-    def metadata_store_factory(self, zookeeper: ZooKeeperServer) -> MetadataStoreFactory:
-        return store_factory(zookeeper)
+    def new_metadata_store(self, zookeeper: ZooKeeperServer) -> Callable[[], MetadataStore]:
+        return partial(new_store, zookeeper)
 
     @pytest.fixture
-    def expire_session(self) -> ExpireSession:
-        async def expire(store: MetadataStore) -> None:
-            assert isinstance(store, ZooKeeperMetadataStore)
-            await store.expire_session()
+    def metadata_store_url(self, zookeeper: ZooKeeperServer) -> str:
+        return zookeeper.url("/contract", session_timeout=SESSION_TIMEOUT)
 
-        return expire
+    @pytest.fixture
+    def restartable_server(self, tmp_path: Path) -> Iterator[ServerRestart]:
+        with zookeeper_server(tmp_path / "zk") as server:
+            yield server.restartable(
+                partial(ZooKeeperMetadataStore, chroot="/restart", session_timeout=8.0)
+            )
 
 
 # --- plugin registration and URLs -------------------------------------------------------
 
 
 def test_registered_through_entry_point() -> None:
-    pm = PluginManager()  # loads the installed "pigeon" entry points
-    assert "zookeeper" in pm.plugin_names()
-    assert "zk" in pm.metadata_stores
-    assert pm.metadata_stores.get("zk") == ZooKeeperMetadataStore.from_url
-
-
-async def test_store_from_registry_runs(zookeeper: ZooKeeperServer) -> None:
-    factory = PluginManager().metadata_stores.get("zk")
-    store = factory(zookeeper.url("/registry", session_timeout=4))  # type: ignore[operator]
-    assert isinstance(store, ZooKeeperMetadataStore)
-    async with running(store):
-        await store.create("/hello", b"world")
-        assert await store.get("/hello") == Stat(b"world", 0, False)
-        await store.delete("/hello")
+    """(The contract checks that ``zk://`` URLs reach ZooKeeperMetadataStore.from_url.)"""
+    assert "zookeeper" in PluginManager().plugin_names()  # the installed "pigeon" entry points
 
 
 @pytest.mark.parametrize(
@@ -165,17 +109,6 @@ def test_from_url_errors(url: str) -> None:
         ZooKeeperMetadataStore.from_url(url)
 
 
-async def test_not_running_store_refuses_calls() -> None:
-    store = ZooKeeperMetadataStore("127.0.0.1:1", "/x")
-    with pytest.raises(MetadataError, match="not running"):
-        await store.get("/x")
-    with pytest.raises(MetadataError, match="not running"):
-        await store.create("/x", b"")
-    with pytest.raises(MetadataError, match="not running"):
-        async with store.watch("/x"):
-            pass
-
-
 async def test_unreachable_server_fails_run() -> None:
     store = ZooKeeperMetadataStore("127.0.0.1:1", "/x", connect_timeout=0.5)
     with trio.fail_after(WAIT), pytest.raises(MetadataError, match="cannot connect"):
@@ -189,8 +122,7 @@ async def test_watchers_follow_the_log_across_buckets_and_trimming(
     zookeeper: ZooKeeperServer,
 ) -> None:
     chroot = f"/buckets-{uuid.uuid4().hex[:8]}"
-    writer = ZooKeeperMetadataStore(zookeeper.address, chroot, session_timeout=SESSION_TIMEOUT)
-    reader = ZooKeeperMetadataStore(zookeeper.address, chroot, session_timeout=SESSION_TIMEOUT)
+    writer, reader = new_store(zookeeper, chroot), new_store(zookeeper, chroot)
     writer.log_bucket_size = reader.log_bucket_size = 4
     writer.log_retention = 0.0
     async with running(writer), running(reader), reader.watch("/n") as events:
@@ -209,20 +141,6 @@ async def test_watchers_follow_the_log_across_buckets_and_trimming(
             assert (await anext(events)).value == b"after trim"
         position = reader.statistics().log_position
         assert position is not None and position[0] >= 3
-
-
-async def test_own_ephemeral_nodes_deleted_on_close_with_versions(
-    metadata_store_factory_zk: MetadataStoreFactory,
-) -> None:
-    path = f"/pigeon-tests/{uuid.uuid4().hex[:8]}/eph"
-    async with metadata_store_factory_zk() as observer:
-        async with observer.watch(path) as events:
-            async with metadata_store_factory_zk() as owner:
-                await owner.create(path, b"a", ephemeral=True)
-                await owner.set(path, b"b")
-            with trio.fail_after(WAIT):
-                seen = [await anext(events) for _ in range(3)]
-        assert seen[-1] == WatchEvent(EventType.DELETED, path, None, 1)
 
 
 async def test_expired_session_nodes_logged_by_reaper(
@@ -257,7 +175,7 @@ async def test_crashed_owner_nodes_reported_after_session_timeout(
         metadata_store_factory_zk() as observer,
         observer.watch(base, prefix=True) as events,
     ):
-        await run_owner_and_kill_it(zookeeper.url("/contract", session_timeout=1), f"{base}/a")
+        await kill_ephemeral_owner(zookeeper.url("/contract", session_timeout=1), f"{base}/a")
         with trio.fail_after(WAIT):
             seen = [await anext(events) for _ in range(3)]
         assert [(e.type, e.path) for e in seen] == [
@@ -269,28 +187,6 @@ async def test_crashed_owner_nodes_reported_after_session_timeout(
 
 
 # --- server restarts ----------------------------------------------------------------------------
-
-
-async def test_store_survives_zookeeper_restart(tmp_path: Path) -> None:
-    with zookeeper_server(tmp_path / "zk") as server:
-        store = ZooKeeperMetadataStore(server.address, "/restart", session_timeout=8.0)
-        async with running(store), store.watch("/r", prefix=True) as events:
-            await store.create("/r/eph", b"mine", ephemeral=True)
-            await store.create("/r/kept", b"1")
-            with trio.fail_after(WAIT):
-                assert (await anext(events)).path == "/r"
-                assert (await anext(events)).path == "/r/eph"
-                assert (await anext(events)).path == "/r/kept"
-            session = store.session_id
-            await trio.to_thread.run_sync(lambda: server.restart(kill=True, downtime=0.5))
-            with trio.fail_after(WAIT):
-                # calls made right after the restart wait for the reconnect
-                assert await store.set("/r/kept", b"2") == 1
-                assert await anext(events) == WatchEvent(EventType.CHANGED, "/r/kept", b"2", 1)
-            assert store.session_alive and store.session_id == session
-            assert await store.get("/r/eph") == Stat(b"mine", 0, True)
-            await store.create("/r/new", b"", ephemeral=True)
-            assert sorted(await store.children("/r")) == ["eph", "kept", "new"]
 
 
 async def test_call_during_outage_waits_for_the_server(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +26,7 @@ from pigeon.core.metadata import (
     Snapshot,
     StaleRead,
     Stat,
+    StoreLifecycle,
     TransactionalMetadataStore,
     Watcher,
     WatchEvent,
@@ -223,52 +224,48 @@ class MemoryServer:
         on_expired()
 
 
-class MemoryStore(TransactionalMetadataStore[TreeSnapshot, MemoryPlan]):
+class MemoryStore(StoreLifecycle, TransactionalMetadataStore[TreeSnapshot, MemoryPlan]):
     """A store on a :class:`MemoryServer`: the transactional hooks, sessions, watches."""
 
     session_timeout = 10.0
 
     def __init__(self, server: MemoryServer) -> None:
         self.server = server
-        self.running = False
         self._sid: str | None = None
-        self._session_ended = trio.Event()
-        self._session_ended.set()
+        self._init_lifecycle()
         self._hub = WatchHub(self.watch_buffer)
         self.reads = 0
 
     # --- lifecycle and sessions ------------------------------------------------------------
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        self.running = True
+    def _running(self) -> bool:
+        return self._hub in self.server.hubs
+
+    async def _open(self) -> None:
         self.server.hubs.append(self._hub)
         await self.new_session()
-        try:
-            task_status.started()
-            await trio.sleep_forever()
-        finally:
-            if self._sid is not None:
-                self.server.end_session(self._sid)
+
+    def _background(self) -> Sequence[Callable[[], Awaitable[None]]]:
+        return [trio.sleep_forever]
+
+    async def _close(self) -> None:
+        await trio.lowlevel.checkpoint()
+        if self._sid is not None:
+            self.server.end_session(self._sid)
+        if self._running():
             self.server.hubs.remove(self._hub)
-            self._hub.fail_all("metadata store closed")
-            self.running = False
+        self._hub.fail_all("metadata store closed")
 
     @property
-    def session_alive(self) -> bool:
-        return not self._session_ended.is_set()
-
-    def _expired(self) -> None:
-        self._session_ended.set()
-
-    async def wait_session_expired(self) -> None:
-        await self._session_ended.wait()
+    def session_id(self) -> str | None:
+        return self._sid if self._session_alive else None
 
     async def new_session(self) -> None:
         await trio.lowlevel.checkpoint()
         if self._sid is not None:
             self.server.end_session(self._sid)
-        self._session_ended = trio.Event()
-        self._sid = self.server.start_session(self._expired)
+        self._sid = self.server.start_session(self._mark_session_ended)
+        self._session_started()
 
     async def expire_session(self) -> None:
         await trio.lowlevel.checkpoint()
@@ -278,7 +275,7 @@ class MemoryStore(TransactionalMetadataStore[TreeSnapshot, MemoryPlan]):
     # --- reads ---------------------------------------------------------------------------------
 
     def _require(self) -> None:
-        if not self.running:
+        if not self._running():
             raise MetadataError(f"{self!r} is not running")
 
     async def get(self, path: str) -> Stat | None:

@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import sqlite3
-import subprocess
-import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from functools import partial
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,37 +21,20 @@ from pigeon.core.metadata import (
     Stat,
     WatchEvent,
 )
-from pigeon.core.testing import MetadataStoreContract
-from pigeon.core.testing._metadata_suite import ExpireSession, MetadataStoreFactory
+from pigeon.core.testing import MetadataStoreContract, run_until_ready_and_kill
+from pigeon.core.testing import running_store as running
 
 WAIT = 20.0
 
 
-@asynccontextmanager
-async def running(store: EmbeddedMetadataStore) -> AsyncIterator[EmbeddedMetadataStore]:
-    async with trio.open_nursery() as nursery:
-        await nursery.start(store.run)
-        yield store
-        nursery.cancel_scope.cancel()
-
-
 class TestEmbeddedContract(MetadataStoreContract):
     @pytest.fixture
-    def metadata_store_factory(self, tmp_path: Path) -> MetadataStoreFactory:
-        @asynccontextmanager
-        async def factory() -> AsyncIterator[MetadataStore]:
-            async with running(EmbeddedMetadataStore(tmp_path)) as store:
-                yield store
-
-        return factory
+    def new_metadata_store(self, tmp_path: Path) -> Callable[[], MetadataStore]:
+        return lambda: EmbeddedMetadataStore(tmp_path)
 
     @pytest.fixture
-    def expire_session(self) -> ExpireSession:
-        async def expire(store: MetadataStore) -> None:
-            assert isinstance(store, EmbeddedMetadataStore)
-            await store.expire_session()
-
-        return expire
+    def metadata_store_url(self, tmp_path: Path) -> str:
+        return f"embedded://{tmp_path}"
 
 
 # --- persistence ----------------------------------------------------------------------
@@ -105,24 +84,7 @@ async def test_writes_survive_kill_9(tmp_path: Path) -> None:
         trio.run(main)
         """
     )
-    async with trio.open_nursery() as nursery:
-        proc = await nursery.start(
-            partial(
-                trio.run_process,
-                [sys.executable, "-c", script, str(tmp_path)],
-                stdout=subprocess.PIPE,
-                check=False,
-            )
-        )
-        assert proc.stdout is not None
-        output = b""
-        with trio.fail_after(WAIT):
-            while b"ready" not in output:
-                chunk = await proc.stdout.receive_some()
-                assert chunk, "the child exited early"
-                output += chunk
-        proc.kill()  # SIGKILL: no cleanup at all
-    assert proc.returncode == -9
+    await run_until_ready_and_kill(script, str(tmp_path))
 
     async with running(EmbeddedMetadataStore(tmp_path, session_timeout=0.3)) as store:
         assert await store.get("/durable") == Stat(b"50", 50, False)
@@ -286,17 +248,6 @@ async def test_watch_ends_with_error_when_store_closes(tmp_path: Path) -> None:
 
 
 # --- misc -----------------------------------------------------------------------------------------
-
-
-async def test_not_running_store_refuses_calls(tmp_path: Path) -> None:
-    store = EmbeddedMetadataStore(tmp_path)
-    with pytest.raises(MetadataError, match="not running"):
-        await store.get("/x")
-    with pytest.raises(MetadataError, match="not running"):
-        await store.create("/x", b"")
-    with pytest.raises(MetadataError, match="not running"):
-        async with store.watch("/x"):
-            pass
 
 
 async def test_run_twice_at_once_refused(tmp_path: Path) -> None:

@@ -4,8 +4,8 @@ re-planning when another writer comes between, giving up."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 
 import pytest
 import trio
@@ -13,37 +13,18 @@ from memory_backend import MemoryServer, MemoryStore
 
 from pigeon.core.errors import InvalidArgument, MetadataError, NoSuchNode, SessionExpired
 from pigeon.core.metadata import MetadataStore, Op, Stat
-from pigeon.core.testing import ExpireSession, MetadataStoreContract, MetadataStoreFactory
+from pigeon.core.testing import MetadataStoreContract, running_store
 
 
-@asynccontextmanager
-async def running(server: MemoryServer) -> AsyncIterator[MemoryStore]:
-    store = MemoryStore(server)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(store.run)
-        yield store
-        nursery.cancel_scope.cancel()
+def running(server: MemoryServer) -> AbstractAsyncContextManager[MemoryStore]:
+    return running_store(MemoryStore(server))
 
 
 class TestMemoryContract(MetadataStoreContract):
     @pytest.fixture
-    def metadata_store_factory(self) -> MetadataStoreFactory:
+    def new_metadata_store(self) -> Callable[[], MetadataStore]:
         server = MemoryServer()
-
-        @asynccontextmanager
-        async def factory() -> AsyncIterator[MetadataStore]:
-            async with running(server) as store:
-                yield store
-
-        return factory
-
-    @pytest.fixture
-    def expire_session(self) -> ExpireSession:
-        async def expire(store: MetadataStore) -> None:
-            assert isinstance(store, MemoryStore)
-            await store.expire_session()
-
-        return expire
+        return lambda: MemoryStore(server)
 
 
 async def test_arguments_are_checked_before_anything_is_read() -> None:
@@ -66,14 +47,6 @@ async def test_arguments_are_checked_before_anything_is_read() -> None:
             await store.multi([Op.create("/p"), Op.create("/e", ephemeral=True)])
         assert store.reads == 0
         assert await store.get("/p") is None
-
-
-async def test_a_store_that_is_not_running_refuses_writes() -> None:
-    store = MemoryStore(MemoryServer())
-    with pytest.raises(MetadataError, match="not running"):
-        await store.set("/a", b"")
-    with pytest.raises(MetadataError, match="not running"):
-        await store.multi([Op.check("/")])
 
 
 async def test_a_write_another_writer_came_between_is_read_and_planned_again() -> None:

@@ -6,7 +6,7 @@ Threading
     waits on etcd.  Every call has ``wait_for_ready`` and a deadline of
     ``request_timeout``, so calls made while etcd restarts wait for it (bounded) rather
     than fail at once.  Watches share one gRPC Watch stream per store, read by one
-    thread (:class:`_WatchStream`); lease keepalives run in ``trio.to_thread``.
+    thread (:class:`~pigeon_etcd._watch.WatchStream`); lease keepalives run in ``trio.to_thread``.
 
 Data model
     See :mod:`pigeon_etcd._plan`: one key per node under ``P/n``, a child index under
@@ -18,12 +18,8 @@ Data model
 Watches
     Each ``watch()`` is one etcd watch on the node's key (or its subtree's key range)
     starting at the revision after the one current when it was established, with
-    ``prev_kv`` (for the version of deleted nodes).  Events are mapped from etcd's:
-    a PUT that created the key → ``CREATED``, another PUT → ``CHANGED``, a DELETE →
-    ``DELETED``; deletions within one revision are reported deepest first, so a recursive
-    delete reports children before parents.  If the stream breaks (etcd restarted), the
-    watch is re-created from the revision after the last event delivered: nothing is lost
-    or repeated unless etcd compacted that revision away, which fails the watcher.
+    ``prev_kv`` (for the version of deleted nodes); :mod:`pigeon_etcd._watch` runs the
+    stream and maps the events.
 
 Sessions
     A session is an etcd lease with TTL ``ceil(session_timeout)``; ephemeral nodes are
@@ -37,51 +33,20 @@ Sessions
 
 from __future__ import annotations
 
-import collections
 import logging
 import math
-import queue
-import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import trio
 
-from pigeon.core.errors import (
-    ConfigError,
-    InvalidArgument,
-    MetadataError,
-    SessionExpired,
-)
-from pigeon.core.metadata import (
-    DEFAULT_WATCH_BUFFER,
-    EventType,
-    NeedRead,
-    StaleRead,
-    Stat,
-    TransactionalMetadataStore,
-    Watcher,
-    WatchEvent,
-    WatchHub,
-    WriteOp,
-    check_timeout,
-    first_reads,
-    parse_server_url,
-    validate_path,
-)
-from pigeon_etcd._plan import (
-    Compare,
-    Keys,
-    NodeInfo,
-    Plan,
-    Snapshot,
-    Write,
-    decode_value,
-    plan,
-)
+from pigeon.core import metadata
+from pigeon.core.errors import InvalidArgument, MetadataError, PigeonError, SessionExpired
+from pigeon_etcd._plan import Compare, Keys, NodeInfo, Plan, Snapshot, Write, decode_value, plan
+from pigeon_etcd._watch import WatchStream, convert_events
 
 __all__ = ["EtcdMetadataStore", "EtcdStoreStatistics"]
 
@@ -104,207 +69,13 @@ _CHANNEL_OPTIONS = [
 
 
 @dataclass(frozen=True)
-class EtcdStoreStatistics:
-    running: bool
+class EtcdStoreStatistics(metadata.MetadataStoreStatistics):
     lease_id: int | None
-    session_alive: bool
-    watchers: int
-    buffered_events: int
 
 
-def _depth(path: str) -> int:
-    return 0 if path == "/" else path.count("/")
-
-
-def convert_events(keys: Keys, events: list[Any]) -> list[WatchEvent]:
-    """etcd watch events (``mvccpb.Event``) → :class:`WatchEvent`, deletions of one
-    revision deepest first."""
-    out: list[WatchEvent] = []
-    run: list[tuple[int, WatchEvent]] = []
-    run_revision = -1
-
-    def flush() -> None:
-        run.sort(key=lambda item: -item[0])  # stable: deepest first
-        out.extend(event for _, event in run)
-        run.clear()
-
-    for event in events:
-        kv = event.kv
-        path = keys.path_of(kv.key)
-        if path is None:
-            continue
-        if event.type == 1:  # DELETE
-            if run and kv.mod_revision != run_revision:
-                flush()
-            version = -1
-            if event.HasField("prev_kv") and event.prev_kv.value:
-                try:
-                    version = decode_value(event.prev_kv.value)[1]
-                except MetadataError:
-                    pass
-            run_revision = kv.mod_revision
-            run.append((_depth(path), WatchEvent(EventType.DELETED, path, None, version)))
-            continue
-        flush()
-        try:
-            value, version, _, _ = decode_value(kv.value)
-        except MetadataError:
-            log.warning("etcd metadata: %r is not a node written by PigeonMQ", kv.key)
-            continue
-        if kv.create_revision == kv.mod_revision and path != "/":  # the root always exists
-            out.append(WatchEvent(EventType.CREATED, path, value, version))
-        elif version == 0:  # deleted and created again within one transaction
-            old = -1
-            if event.HasField("prev_kv") and event.prev_kv.value:
-                try:
-                    old = decode_value(event.prev_kv.value)[1]
-                except MetadataError:
-                    pass
-            out.append(WatchEvent(EventType.DELETED, path, None, old))
-            out.append(WatchEvent(EventType.CREATED, path, value, version))
-        else:
-            out.append(WatchEvent(EventType.CHANGED, path, value, version))
-    flush()
-    return out
-
-
-class _Watch:
-    __slots__ = ("etcd_id", "key", "next_revision", "range_end")
-
-    def __init__(self, key: bytes, range_end: bytes, start_revision: int) -> None:
-        self.key = key
-        self.range_end = range_end
-        self.next_revision = start_revision
-        self.etcd_id: int | None = None
-
-
-class _WatchStream:
-    """All watches of one store on one gRPC Watch stream, read by one thread.
-
-    ``on_events(wid, events)`` and ``on_failed(wid, reason)`` are called from that
-    thread, in stream order.  A broken stream is reopened (``wait_for_ready``: it waits
-    for etcd) and every watch re-created from the revision after its last event.
-    """
-
-    def __init__(
-        self,
-        stub: Any,
-        rpc: Any,
-        on_events: Callable[[int, list[Any]], None],
-        on_failed: Callable[[int, str], None],
-    ) -> None:
-        self._stub = stub
-        self._rpc = rpc
-        self._on_events = on_events
-        self._on_failed = on_failed
-        self._lock = threading.Lock()
-        self._watches: dict[int, _Watch] = {}
-        self._queue: queue.Queue[Any] | None = None
-        self._pending: collections.deque[int] = collections.deque()
-        self._by_etcd: dict[int, int] = {}
-        self._closed = threading.Event()
-        self._call: Any = None
-        self._thread = threading.Thread(target=self._run, name="pigeon-etcd-watch", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def add(self, wid: int, key: bytes, range_end: bytes, start_revision: int) -> None:
-        with self._lock:
-            self._watches[wid] = _Watch(key, range_end, start_revision)
-            if self._queue is not None:
-                self._send_create(wid)
-
-    def cancel(self, wid: int) -> None:
-        with self._lock:
-            watch = self._watches.pop(wid, None)
-            if watch is not None and watch.etcd_id is not None and self._queue is not None:
-                self._queue.put(self._cancel_request(watch.etcd_id))
-
-    def close(self, timeout: float = 5.0) -> None:
-        self._closed.set()
-        with self._lock:
-            if self._queue is not None:
-                self._queue.put(None)
-            call = self._call
-        if call is not None:
-            call.cancel()
-        self._thread.join(timeout)
-
-    def _cancel_request(self, etcd_id: int) -> Any:
-        return self._rpc.WatchRequest(cancel_request=self._rpc.WatchCancelRequest(watch_id=etcd_id))
-
-    def _send_create(self, wid: int) -> None:  # with the lock held
-        watch = self._watches[wid]
-        assert self._queue is not None
-        self._pending.append(wid)
-        create = self._rpc.WatchCreateRequest(
-            key=watch.key, start_revision=watch.next_revision, prev_kv=True
-        )
-        if watch.range_end:
-            create.range_end = watch.range_end
-        self._queue.put(self._rpc.WatchRequest(create_request=create))
-
-    def _run(self) -> None:
-        backoff = 0.05
-        while not self._closed.is_set():
-            requests: queue.Queue[Any] = queue.Queue()
-            with self._lock:
-                self._queue = requests
-                self._pending.clear()
-                self._by_etcd.clear()
-                for wid, watch in self._watches.items():
-                    watch.etcd_id = None
-                    self._send_create(wid)
-                call = self._call = self._stub.Watch(iter(requests.get, None), wait_for_ready=True)
-            try:
-                for response in call:
-                    backoff = 0.05
-                    self._handle(response)
-            except Exception as exc:  # grpc.RpcError: the stream broke (or we closed it)
-                if not self._closed.is_set():
-                    log.debug("etcd watch stream broke: %r", exc)
-            with self._lock:
-                self._queue = None
-            requests.put(None)
-            if self._closed.wait(backoff):
-                return
-            backoff = min(backoff * 2, 1.0)
-
-    def _handle(self, response: Any) -> None:
-        failed: str | None = None
-        with self._lock:
-            if response.created:
-                wid_created = self._pending.popleft() if self._pending else None
-                watch = self._watches.get(wid_created) if wid_created is not None else None
-                if watch is None:  # cancelled before etcd created it
-                    if self._queue is not None and not response.canceled:
-                        self._queue.put(self._cancel_request(response.watch_id))
-                    return
-                assert wid_created is not None
-                watch.etcd_id = response.watch_id
-                self._by_etcd[response.watch_id] = wid_created
-            wid = self._by_etcd.get(response.watch_id)
-            watch = self._watches.get(wid) if wid is not None else None
-            if wid is None or watch is None:
-                return
-            if response.compact_revision or response.canceled:
-                self._watches.pop(wid, None)
-                self._by_etcd.pop(response.watch_id, None)
-                failed = (
-                    f"etcd compacted revision {watch.next_revision}: watch events lost"
-                    if response.compact_revision
-                    else f"etcd cancelled the watch ({response.cancel_reason or 'no reason'})"
-                )
-            elif response.events:
-                watch.next_revision = response.events[-1].kv.mod_revision + 1
-        if failed is not None:
-            self._on_failed(wid, failed)
-        elif response.events:
-            self._on_events(wid, list(response.events))
-
-
-class EtcdMetadataStore(TransactionalMetadataStore[Snapshot, Plan]):
+class EtcdMetadataStore(
+    metadata.StoreLifecycle, metadata.TransactionalMetadataStore[Snapshot, Plan]
+):
     """:class:`~pigeon.core.metadata.MetadataStore` on etcd v3 (3.4 or later).
 
     :param target: ``host:port`` of an etcd member (or a gRPC target such as
@@ -325,32 +96,29 @@ class EtcdMetadataStore(TransactionalMetadataStore[Snapshot, Plan]):
         *,
         session_timeout: float = 10.0,
         request_timeout: float = 30.0,
-        watch_buffer: int = DEFAULT_WATCH_BUFFER,
+        watch_buffer: int = metadata.DEFAULT_WATCH_BUFFER,
     ) -> None:
         if not target:
             raise InvalidArgument("etcd metadata store needs a target host:port")
         if not prefix or prefix == "/":
             raise InvalidArgument("the etcd key prefix must not be empty or '/'")
         self.target = target
-        self.prefix = validate_path(prefix)
-        self.session_timeout = check_timeout(session_timeout, "session_timeout")
-        self.request_timeout = check_timeout(request_timeout, "request_timeout")
+        self.prefix = metadata.validate_path(prefix)
+        self.session_timeout = metadata.check_timeout(session_timeout, "session_timeout")
+        self.request_timeout = metadata.check_timeout(request_timeout, "request_timeout")
         self.watch_buffer = watch_buffer
         self._keys = Keys(self.prefix.encode())
-        self._token: trio.lowlevel.TrioToken | None = None
         self._channel: Any = None
         self._kv: Any = None
         self._lease_stub: Any = None
         self._rpc: Any = None
         self._grpc: Any = None
-        self._stream: _WatchStream | None = None
-        self._hubs: dict[int, WatchHub] = {}
+        self._stream: WatchStream | None = None
+        self._hubs: dict[int, metadata.WatchHub] = {}
         self._next_watch_id = 0
         self._lease: int | None = None
         self._ttl = max(1, math.ceil(self.session_timeout))
-        self._session_alive = False
-        self._session_ended = trio.Event()
-        self._session_ended.set()
+        self._init_lifecycle()
         self._keepalive_wake = trio.Event()
 
     @classmethod
@@ -360,7 +128,7 @@ class EtcdMetadataStore(TransactionalMetadataStore[Snapshot, Plan]):
         The prefix defaults to ``/pigeon``.  Options (seconds): ``session_timeout`` (10),
         ``request_timeout`` (30).
         """
-        parsed = parse_server_url(
+        parsed = metadata.parse_server_url(
             url,
             scheme="etcd",
             server="etcd",
@@ -372,43 +140,25 @@ class EtcdMetadataStore(TransactionalMetadataStore[Snapshot, Plan]):
         target = parsed.hosts[0]
         if len(parsed.hosts) > 1:  # gRPC's static address list (IP addresses only)
             target = "ipv4:" + ",".join(parsed.hosts)
-        try:
-            return cls(target, parsed.path, **parsed.options)
-        except InvalidArgument as exc:
-            raise ConfigError(f"metadata URL {url!r}: {exc}") from None
+        return parsed.build(cls, target)
 
     def __repr__(self) -> str:
         return f"<EtcdMetadataStore {self.target}{self.prefix} lease={self._lease}>"
+
+    @property
+    def session_id(self) -> str | None:
+        """The session's lease id in hex while the session is alive."""
+        return f"{self._lease:x}" if self._lease is not None and self._session_alive else None
 
     @property
     def lease_id(self) -> int | None:
         """The session's lease while the session is alive."""
         return self._lease if self._session_alive else None
 
-    @property
-    def session_alive(self) -> bool:
-        return self._session_alive
-
     def statistics(self) -> EtcdStoreStatistics:
-        stats = [hub.statistics() for hub in self._hubs.values()]
-        return EtcdStoreStatistics(
-            running=self._channel is not None,
-            lease_id=self.lease_id,
-            session_alive=self._session_alive,
-            watchers=sum(s.watchers for s in stats),
-            buffered_events=sum(s.buffered_events for s in stats),
-        )
+        return self._statistics(EtcdStoreStatistics, self._hubs.values(), lease_id=self.lease_id)
 
     # --- calls -----------------------------------------------------------------------------
-
-    def _soon(self, fn: Callable[..., object], *args: object) -> None:
-        token = self._token
-        if token is None:
-            return
-        try:
-            token.run_sync_soon(fn, *args)
-        except trio.RunFinishedError:
-            pass
 
     def _require(self) -> None:
         if self._channel is None:
@@ -431,7 +181,7 @@ class EtcdMetadataStore(TransactionalMetadataStore[Snapshot, Plan]):
         except self._grpc.FutureCancelledError:
             raise MetadataError(f"{what}: the etcd call was cancelled") from None
 
-    def _error(self, exc: Any, what: str) -> MetadataError:
+    def _error(self, exc: Any, what: str) -> PigeonError:
         code = exc.code() if hasattr(exc, "code") else None
         details = exc.details() if hasattr(exc, "details") else str(exc)
         status = self._grpc.StatusCode
@@ -453,18 +203,18 @@ class EtcdMetadataStore(TransactionalMetadataStore[Snapshot, Plan]):
 
     # --- lifecycle ---------------------------------------------------------------------------
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        if self._channel is not None:
-            raise MetadataError(f"{self!r} is already running")
+    def _running(self) -> bool:
+        return self._channel is not None
+
+    async def _open(self) -> None:
         from pigeon_etcd import _grpc
 
         self._grpc = _grpc.grpc
         self._rpc = _grpc.rpc
-        self._token = trio.lowlevel.current_trio_token()
         self._channel = _grpc.grpc.insecure_channel(self.target, options=_CHANNEL_OPTIONS)
         self._kv = _grpc.rpc.KVStub(self._channel)
         self._lease_stub = _grpc.rpc.LeaseStub(self._channel)
-        self._stream = _WatchStream(
+        self._stream = WatchStream(
             _grpc.rpc.WatchStub(self._channel),
             _grpc.rpc,
             self._events_from_thread,
@@ -472,14 +222,10 @@ class EtcdMetadataStore(TransactionalMetadataStore[Snapshot, Plan]):
         )
         self._stream.start()
         self._hubs = {}
-        try:
-            await self._grant()
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._keepalive_loop)
-                task_status.started()
-        finally:
-            with trio.CancelScope(shield=True):
-                await self._close()
+        await self._grant()
+
+    def _background(self) -> Sequence[Callable[[], Awaitable[None]]]:
+        return [self._keepalive_loop]
 
     async def _close(self) -> None:
         if self._channel is None:
@@ -504,10 +250,6 @@ class EtcdMetadataStore(TransactionalMetadataStore[Snapshot, Plan]):
 
     # --- sessions -------------------------------------------------------------------------------
 
-    def _mark_session_ended(self) -> None:
-        self._session_alive = False
-        self._session_ended.set()
-
     async def _grant(self) -> None:
         response = await self._unary(
             self._lease_stub.LeaseGrant,
@@ -518,8 +260,7 @@ class EtcdMetadataStore(TransactionalMetadataStore[Snapshot, Plan]):
             raise MetadataError(f"etcd refused a lease: {response.error}")
         self._lease = response.ID
         self._ttl = max(1, response.TTL)
-        self._session_alive = True
-        self._session_ended = trio.Event()
+        self._session_started()
         self._keepalive_wake.set()
         log.debug("%r: session started (ttl %ss)", self, self._ttl)
 
@@ -573,9 +314,6 @@ class EtcdMetadataStore(TransactionalMetadataStore[Snapshot, Plan]):
                 self._keepalive_wake = trio.Event()
                 await self._keepalive_wake.wait()
 
-    async def wait_session_expired(self) -> None:
-        await self._session_ended.wait()
-
     async def new_session(self) -> None:
         self._require()
         if self._session_alive and self._lease is not None:
@@ -594,24 +332,24 @@ class EtcdMetadataStore(TransactionalMetadataStore[Snapshot, Plan]):
 
     # --- reads ----------------------------------------------------------------------------------
 
-    async def get(self, path: str) -> Stat | None:
-        validate_path(path)
+    async def get(self, path: str) -> metadata.Stat | None:
+        metadata.validate_path(path)
         self._require()
         response = await self._range(self._keys.node(path))
         if not response.kvs:
-            return Stat(b"", 0, False) if path == "/" else None
+            return metadata.Stat(b"", 0, False) if path == "/" else None
         kv = response.kvs[0]
         value, version, ctime, mtime = decode_value(kv.value)
-        return Stat(value, version, kv.lease != 0, ctime, mtime)
+        return metadata.Stat(value, version, kv.lease != 0, ctime, mtime)
 
     async def children(self, path: str) -> list[str]:
-        validate_path(path)
+        metadata.validate_path(path)
         self._require()
         start, end = self._keys.children(path)
         response = await self._range(start, end, keys_only=True)
         return sorted(kv.key[len(start) :].decode() for kv in response.kvs)
 
-    async def _read(self, need: NeedRead, snap: Snapshot) -> None:
+    async def _read(self, need: metadata.NeedRead, snap: Snapshot) -> None:
         keys = self._keys
         items: list[tuple[str, str, Any]] = []
         for path in need.nodes:
@@ -647,30 +385,18 @@ class EtcdMetadataStore(TransactionalMetadataStore[Snapshot, Plan]):
 
     def _txn_request(self, compares: list[Compare], writes: list[Write]) -> Any:
         rpc = self._rpc
+        equal, less = rpc.Compare.EQUAL, rpc.Compare.LESS
         pb_compares = []
         for compare in compares:
             if compare.kind == "mod":
-                pb = rpc.Compare(
-                    result=rpc.Compare.EQUAL,
-                    target=rpc.Compare.MOD,
-                    key=compare.key,
-                    mod_revision=compare.value,
-                )
+                pb = rpc.Compare(result=equal, target=rpc.Compare.MOD, key=compare.key)
+                pb.mod_revision = compare.value
             elif compare.kind == "version":
-                pb = rpc.Compare(
-                    result=rpc.Compare.EQUAL,
-                    target=rpc.Compare.VERSION,
-                    key=compare.key,
-                    version=compare.value,
-                )
+                pb = rpc.Compare(result=equal, target=rpc.Compare.VERSION, key=compare.key)
+                pb.version = compare.value
             else:  # every key in the range has version < 1: there is none
-                pb = rpc.Compare(
-                    result=rpc.Compare.LESS,
-                    target=rpc.Compare.VERSION,
-                    key=compare.key,
-                    range_end=compare.range_end,
-                    version=1,
-                )
+                pb = rpc.Compare(result=less, target=rpc.Compare.VERSION, key=compare.key)
+                pb.range_end, pb.version = compare.range_end, 1
             pb_compares.append(pb)
         ops = []
         for write in writes:
@@ -692,14 +418,14 @@ class EtcdMetadataStore(TransactionalMetadataStore[Snapshot, Plan]):
     def _new_snapshot(self) -> Snapshot:
         return Snapshot()
 
-    def _first_reads(self, ops: Sequence[WriteOp]) -> NeedRead:
-        return first_reads(ops, children_of_deletes=True)
+    def _first_reads(self, ops: Sequence[metadata.WriteOp]) -> metadata.NeedRead:
+        return metadata.first_reads(ops, children_of_deletes=True)
 
-    def _plan(self, ops: Sequence[WriteOp], snapshot: Snapshot) -> Plan:
+    def _plan(self, ops: Sequence[metadata.WriteOp], snapshot: Snapshot) -> Plan:
         lease = self._lease if self._session_alive else None
         return plan(self._keys, ops, snapshot, lease, time.time())
 
-    async def _commit_plan(self, ops: Sequence[WriteOp], the_plan: Plan) -> list[object]:
+    async def _commit_plan(self, ops: Sequence[metadata.WriteOp], the_plan: Plan) -> list[object]:
         if the_plan.size() > MAX_REQUEST_BYTES:
             raise InvalidArgument(
                 f"metadata write of ~{the_plan.size()} bytes is too large for etcd"
@@ -712,7 +438,7 @@ class EtcdMetadataStore(TransactionalMetadataStore[Snapshot, Plan]):
         request = self._txn_request(the_plan.compares, the_plan.writes)
         response = await self._unary(self._kv.Txn, request, "metadata write")
         if not response.succeeded:  # something the plan read changed: again
-            raise StaleRead("an etcd compare failed")
+            raise metadata.StaleRead("an etcd compare failed")
         return the_plan.results
 
     # --- watches --------------------------------------------------------------------------------
@@ -724,7 +450,7 @@ class EtcdMetadataStore(TransactionalMetadataStore[Snapshot, Plan]):
     def _failed_from_thread(self, wid: int, reason: str) -> None:
         self._soon(self._fail, wid, reason)
 
-    def _deliver(self, wid: int, events: list[WatchEvent]) -> None:
+    def _deliver(self, wid: int, events: list[metadata.WatchEvent]) -> None:
         hub = self._hubs.get(wid)
         if hub is not None:
             for event in events:
@@ -736,14 +462,14 @@ class EtcdMetadataStore(TransactionalMetadataStore[Snapshot, Plan]):
             hub.fail_all(reason)
 
     @asynccontextmanager
-    async def _watch(self, path: str, prefix: bool) -> AsyncIterator[Watcher]:
+    async def _watch(self, path: str, prefix: bool) -> AsyncIterator[metadata.Watcher]:
         await trio.lowlevel.checkpoint()
         self._require()
         revision = (await self._range(self._keys.nodes, count_only=True)).header.revision
         stream = self._stream
         assert stream is not None
         # one hub per watcher: its etcd watch covers exactly what it subscribed to
-        hub = WatchHub(self.watch_buffer)
+        hub = metadata.WatchHub(self.watch_buffer)
         watcher = hub.subscribe(path, prefix=prefix)
         wid = self._next_watch_id = self._next_watch_id + 1
         self._hubs[wid] = hub

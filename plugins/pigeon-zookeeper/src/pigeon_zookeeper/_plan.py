@@ -117,43 +117,33 @@ def decode_entry(data: bytes) -> list[WatchEvent]:
         raise CorruptFrame(f"metadata log entry: {exc}") from None
 
 
-@dataclass(frozen=True)
 class Layout:
-    """Znode paths of one store's chroot."""
+    """Znode paths of one store's chroot (the layout in the module docstring)."""
 
-    chroot: str
+    __slots__ = ("alive", "chroot", "log", "seq_dir", "sessions", "tree")
 
-    @property
-    def tree(self) -> str:
-        return f"{self.chroot}/tree"
+    def __init__(self, chroot: str) -> None:
+        self.chroot = chroot
+        self.tree, self.log, self.seq_dir = f"{chroot}/tree", f"{chroot}/log", f"{chroot}/seq"
+        self.sessions, self.alive = f"{chroot}/sessions", f"{chroot}/alive"
 
-    @property
-    def log(self) -> str:
-        return f"{self.chroot}/log"
-
-    @property
-    def seq_dir(self) -> str:
-        return f"{self.chroot}/seq"
-
-    @property
-    def sessions(self) -> str:
-        return f"{self.chroot}/sessions"
-
-    @property
-    def alive(self) -> str:
-        return f"{self.chroot}/alive"
+    def __repr__(self) -> str:
+        return f"Layout({self.chroot!r})"
 
     def node(self, path: str) -> str:
+        """The znode of the user's node ``path``."""
         return self.tree if path == "/" else self.tree + path
 
     def seq(self, parent: str) -> str:
-        return f"{self.seq_dir}/{urllib.parse.quote(parent, safe='')}"
+        """The counter znode of ``parent``'s sequential children."""
+        return f"{self.seq_dir}/{_quote(parent)}"
 
     def session(self, sid: str) -> str:
         return f"{self.sessions}/{sid}"
 
     def index(self, sid: str, path: str) -> str:
-        return f"{self.sessions}/{sid}/{urllib.parse.quote(path, safe='')}"
+        """The entry of ``path`` in the index of session ``sid``'s ephemeral nodes."""
+        return f"{self.session(sid)}/{_quote(path)}"
 
     def alive_marker(self, sid: str) -> str:
         return f"{self.alive}/{sid}"
@@ -162,10 +152,16 @@ class Layout:
         return f"{self.log}/{bucket:010d}"
 
     def entry_prefix(self, bucket: int) -> str:
-        return f"{self.log}/{bucket:010d}/e-"
+        """The path ZooKeeper appends an entry's sequence number to."""
+        return f"{self.bucket(bucket)}/e-"
 
     def entry(self, bucket: int, seq: int) -> str:
-        return f"{self.log}/{bucket:010d}/e-{seq:010d}"
+        return f"{self.entry_prefix(bucket)}{seq:010d}"
+
+
+def _quote(path: str) -> str:
+    """A node path as one znode name."""
+    return urllib.parse.quote(path, safe="")
 
 
 def sid_hex(session_id: int) -> str:

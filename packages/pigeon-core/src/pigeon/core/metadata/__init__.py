@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from pigeon.core.metadata._election import LeaderElection, Lock, lead_forever
 from pigeon.core.metadata._embedded import EmbeddedMetadataStore, EmbeddedStoreStatistics
+from pigeon.core.metadata._lifecycle import MetadataStoreStatistics, StoreLifecycle
 from pigeon.core.metadata._plan import (
     Create,
     Delete,
@@ -71,6 +72,7 @@ __all__ = [
     "lead_forever",
     "Lock",
     "MetadataStore",
+    "MetadataStoreStatistics",
     "NeedRead",
     "NodeView",
     "Op",
@@ -81,6 +83,7 @@ __all__ = [
     "Snapshot",
     "StaleRead",
     "Stat",
+    "StoreLifecycle",
     "TransactionalMetadataStore",
     "WatchEvent",
     "WatchHub",

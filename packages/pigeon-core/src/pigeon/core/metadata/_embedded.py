@@ -4,20 +4,9 @@ For standalone deployments and tests: ``pigeon broker --metadata embedded:///var
 Several processes on one machine may open the same directory (a bookie and a broker);
 SQLite's file locking serialises their writes.
 
-Database layout (``<dir>/metadata.db``, WAL journal, ``synchronous=FULL``, schema
-version in ``PRAGMA user_version``)::
-
-    nodes(path TEXT PK, parent TEXT, value BLOB, version INT,
-          owner TEXT NULL   -- session id of an ephemeral node, NULL if persistent
-          ctime REAL, mtime REAL,   -- wall clock
-          cseq INT)         -- next sequential counter for this node's children
-    sessions(id TEXT PK, heartbeat REAL, timeout REAL, pid INT, started REAL)
-    changes(seq INT PK AUTOINCREMENT, ts REAL, kind INT, path TEXT, value BLOB, version INT)
-
-The root ``/`` is a row of ``nodes`` (its parent is ``''``).  Every write transaction
-appends one ``changes`` row per node it creates, changes or deletes, in the order it
-does so; ``seq`` is therefore the global commit order (writers are serialised and an
-AUTOINCREMENT rolled back with its transaction leaves no gap).
+The database (``<dir>/metadata.db``) and every transaction on it are in
+:mod:`pigeon.core.metadata._sqlite`; this module runs them and serves sessions and
+watches.
 
 Threading choice
     All SQLite calls run directly on the trio thread, on one connection per store, each
@@ -60,37 +49,26 @@ import sqlite3
 import time
 import urllib.parse
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import trio
 
-from pigeon.core.errors import (
-    BadVersion,
-    ConfigError,
-    InvalidArgument,
-    MetadataError,
-    NodeExists,
-    NoSuchNode,
-    NotEmpty,
-    SessionExpired,
-)
+from pigeon.core.errors import ConfigError, InvalidArgument, MetadataError, SessionExpired
+from pigeon.core.metadata import _sqlite as db
+from pigeon.core.metadata._lifecycle import MetadataStoreStatistics, StoreLifecycle
 from pigeon.core.metadata._store import (
     DEFAULT_WATCH_BUFFER,
-    SEQUENCE_DIGITS,
-    EventType,
     MetadataStore,
     Op,
-    OpKind,
     Stat,
     Watcher,
     WatchEvent,
     WatchHub,
     check_timeout,
     check_value,
-    parent_path,
     validate_create,
     validate_ops,
     validate_path,
@@ -102,69 +80,18 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-DB_NAME = "metadata.db"
-SCHEMA_VERSION = 1
-
-_SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS nodes (
-        path TEXT PRIMARY KEY,
-        parent TEXT NOT NULL,
-        value BLOB NOT NULL,
-        version INTEGER NOT NULL,
-        owner TEXT,
-        ctime REAL NOT NULL,
-        mtime REAL NOT NULL,
-        cseq INTEGER NOT NULL DEFAULT 0
-    )""",
-    "CREATE INDEX IF NOT EXISTS nodes_by_parent ON nodes(parent)",
-    "CREATE INDEX IF NOT EXISTS nodes_by_owner ON nodes(owner) WHERE owner IS NOT NULL",
-    """CREATE TABLE IF NOT EXISTS sessions (
-        id TEXT PRIMARY KEY,
-        heartbeat REAL NOT NULL,
-        timeout REAL NOT NULL,
-        pid INTEGER NOT NULL,
-        started REAL NOT NULL
-    )""",
-    """CREATE TABLE IF NOT EXISTS changes (
-        seq INTEGER PRIMARY KEY AUTOINCREMENT,
-        ts REAL NOT NULL,
-        kind INTEGER NOT NULL,
-        path TEXT NOT NULL,
-        value BLOB,
-        version INTEGER NOT NULL
-    )""",
-)
-
-_CREATED, _CHANGED, _DELETED = 1, 2, 3
-_EVENT_TYPES = {
-    _CREATED: EventType.CREATED,
-    _CHANGED: EventType.CHANGED,
-    _DELETED: EventType.DELETED,
-}
-
 _PUMP_BATCH = 1000
 _BUSY_FIRST_DELAY = 0.001
 _BUSY_MAX_DELAY = 0.05
 
 
-def _is_busy(exc: sqlite3.Error) -> bool:
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is None:
-        return "locked" in str(exc) or "busy" in str(exc)
-    return (code & 0xFF) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
-
-
 @dataclass(frozen=True)
-class EmbeddedStoreStatistics:
-    running: bool
-    session_id: str | None
-    session_alive: bool
-    watchers: int
-    buffered_events: int
+class EmbeddedStoreStatistics(MetadataStoreStatistics):
+    #: the newest change-log entry the watchers were given
     last_change_seq: int
 
 
-class EmbeddedMetadataStore(MetadataStore):
+class EmbeddedMetadataStore(StoreLifecycle, MetadataStore):
     """:class:`MetadataStore` kept in a local SQLite database.
 
     :param path: a directory (created if missing; the database is ``metadata.db``
@@ -197,7 +124,7 @@ class EmbeddedMetadataStore(MetadataStore):
         if location.endswith(".db") or os.path.isfile(location):
             self.db_path = location
         else:
-            self.db_path = os.path.join(location, DB_NAME)
+            self.db_path = os.path.join(location, db.DB_NAME)
         self.session_timeout = check_timeout(session_timeout, "session_timeout")
         self.poll_interval = check_timeout(poll_interval, "poll_interval")
         self.busy_timeout = check_timeout(busy_timeout, "busy_timeout")
@@ -206,9 +133,7 @@ class EmbeddedMetadataStore(MetadataStore):
         self._conn: sqlite3.Connection | None = None
         self._last_seq = 0
         self._session_id: str | None = None
-        self._session_alive = False
-        self._session_ended = trio.Event()
-        self._session_ended.set()
+        self._init_lifecycle()
         self._last_beat = 0.0
 
     @classmethod
@@ -248,73 +173,25 @@ class EmbeddedMetadataStore(MetadataStore):
         """Id of the current session (``None`` before the first ``run``)."""
         return self._session_id
 
-    @property
-    def session_alive(self) -> bool:
-        return self._session_alive
-
     def statistics(self) -> EmbeddedStoreStatistics:
-        hub = self._hub.statistics()
-        return EmbeddedStoreStatistics(
-            running=self._conn is not None,
-            session_id=self._session_id,
-            session_alive=self._session_alive,
-            watchers=hub.watchers,
-            buffered_events=hub.buffered_events,
-            last_change_seq=self._last_seq,
+        return self._statistics(
+            EmbeddedStoreStatistics, [self._hub], last_change_seq=self._last_seq
         )
 
     # --- lifecycle ----------------------------------------------------------------
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        if self._conn is not None:
-            raise MetadataError(f"{self!r} is already running")
-        self._conn = self._connect()
+    def _running(self) -> bool:
+        return self._conn is not None
+
+    async def _open(self) -> None:
+        self._conn = db.connect(self.db_path)
         self._hub = WatchHub(self.watch_buffer)
-        try:
-            await self._call(self._setup_sync, write=False)
-            await self._call(self._schema_sync, write=True)
-            await self.new_session()
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._keepalive_loop)
-                nursery.start_soon(self._poll_loop)
-                task_status.started()
-        finally:
-            with trio.CancelScope(shield=True):
-                await self._close()
+        await self._call(db.configure, self.db_path, write=False)
+        self._last_seq = await self._call(db.create_schema, self.db_path, write=True)
+        await self.new_session()
 
-    def _connect(self) -> sqlite3.Connection:
-        directory = os.path.dirname(self.db_path)
-        if directory:
-            os.makedirs(directory, exist_ok=True)
-        try:
-            return sqlite3.connect(self.db_path, timeout=0.0, isolation_level=None)
-        except sqlite3.Error as exc:
-            raise MetadataError(f"cannot open metadata database {self.db_path}: {exc}") from exc
-
-    def _setup_sync(self, conn: sqlite3.Connection) -> None:
-        mode = conn.execute("PRAGMA journal_mode=WAL").fetchall()[0][0]
-        if str(mode).lower() != "wal":
-            log.warning("metadata database %s: journal_mode is %s, not wal", self.db_path, mode)
-        conn.execute("PRAGMA synchronous=FULL")
-
-    def _schema_sync(self, conn: sqlite3.Connection) -> None:
-        (found,) = conn.execute("PRAGMA user_version").fetchall()[0]
-        if found > SCHEMA_VERSION:
-            raise MetadataError(
-                f"metadata database {self.db_path} has schema version {found}; "
-                f"this PigeonMQ knows {SCHEMA_VERSION}"
-            )
-        for statement in _SCHEMA:
-            conn.execute(statement)
-        if found < SCHEMA_VERSION:
-            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        now = time.time()
-        conn.execute(
-            "INSERT OR IGNORE INTO nodes (path, parent, value, version, owner, ctime, mtime)"
-            " VALUES ('/', '', x'', 0, NULL, ?, ?)",
-            (now, now),
-        )
-        self._last_seq = self._max_seq(conn)
+    def _background(self) -> Sequence[Callable[[], Awaitable[None]]]:
+        return [self._keepalive_loop, self._poll_loop]
 
     async def _close(self) -> None:
         conn = self._conn
@@ -322,7 +199,7 @@ class EmbeddedMetadataStore(MetadataStore):
             return
         try:
             if self._session_alive and self._session_id is not None:
-                await self._call(self._end_session_sync, self._session_id, write=True)
+                await self._call(db.delete_session, self._session_id, time.time(), write=True)
         except MetadataError as exc:
             log.warning("%r: could not remove the session on close: %s", self, exc)
         finally:
@@ -333,9 +210,6 @@ class EmbeddedMetadataStore(MetadataStore):
             self._conn = None
             conn.close()
 
-    def _end_session_sync(self, conn: sqlite3.Connection, session_id: str) -> None:
-        self._delete_session_sync(conn, session_id, time.time())
-
     def _require_conn(self) -> sqlite3.Connection:
         if self._conn is None:
             raise MetadataError(f"{self!r} is not running")
@@ -343,30 +217,22 @@ class EmbeddedMetadataStore(MetadataStore):
 
     # --- sessions -------------------------------------------------------------------
 
-    async def wait_session_expired(self) -> None:
-        await self._session_ended.wait()
-
     async def new_session(self) -> None:
         def start(conn: sqlite3.Connection) -> tuple[str | None, str]:
             wall = time.time()
             old = self._session_id if self._session_alive else None
             if old is not None:
-                self._delete_session_sync(conn, old, wall)
-            self._reap_sync(conn, wall, keep=None)
+                db.delete_session(conn, old, wall)
+            self._reap(conn, wall, keep=None)
             new = uuid.uuid4().hex
-            conn.execute(
-                "INSERT INTO sessions (id, heartbeat, timeout, pid, started)"
-                " VALUES (?, ?, ?, ?, ?)",
-                (new, wall, self.session_timeout, os.getpid(), wall),
-            )
+            db.add_session(conn, new, self.session_timeout, wall)
             return old, new
 
         old, new = await self._call(start, write=True)
         if old is not None:
             self._mark_session_ended("replaced by a new session")
         self._session_id = new
-        self._session_alive = True
-        self._session_ended = trio.Event()
+        self._session_started()
         self._last_beat = trio.current_time()
         log.debug("%r: session started", self)
 
@@ -379,17 +245,11 @@ class EmbeddedMetadataStore(MetadataStore):
         def expire(conn: sqlite3.Connection) -> bool:
             if not self._session_alive or self._session_id != session or session is None:
                 return False
-            self._delete_session_sync(conn, session, time.time())
+            db.delete_session(conn, session, time.time())
             return True
 
         if await self._call(expire, write=True):
             self._mark_session_ended("expired on request")
-
-    def _mark_session_ended(self, reason: str) -> None:
-        if self._session_alive:
-            log.info("%r: session ended: %s", self, reason)
-        self._session_alive = False
-        self._session_ended.set()
 
     async def _keepalive_loop(self) -> None:
         while True:
@@ -409,16 +269,17 @@ class EmbeddedMetadataStore(MetadataStore):
                 silent = now - self._last_beat
                 if silent > self.session_timeout:
                     ended = f"no keepalive for {silent:.3f}s (timeout {self.session_timeout}s)"
-                else:
-                    cur = conn.execute(
-                        "UPDATE sessions SET heartbeat = ? WHERE id = ?", (wall, session)
-                    )
-                    if cur.rowcount == 0:
-                        ended = "removed by another process as stale"
+                elif not db.heartbeat(conn, session, wall):
+                    ended = "removed by another process as stale"
                 if ended is not None:
-                    self._delete_session_sync(conn, session, wall)
-            self._reap_sync(conn, wall, keep=session)
-            self._trim_sync(conn, wall)
+                    db.delete_session(conn, session, wall)
+            self._reap(conn, wall, keep=session)
+            db.trim(
+                conn,
+                wall,
+                keep_rows=self._changelog_keep_rows,
+                retention=self._changelog_retention,
+            )
             return session, now, ended
 
         session, now, ended = await self._call(tick, write=True)
@@ -429,41 +290,9 @@ class EmbeddedMetadataStore(MetadataStore):
         else:
             self._mark_session_ended(ended)
 
-    def _delete_session_sync(self, conn: sqlite3.Connection, session: str, wall: float) -> None:
-        rows = conn.execute(
-            "SELECT path, version FROM nodes WHERE owner = ? ORDER BY path DESC", (session,)
-        ).fetchall()
-        conn.execute("DELETE FROM nodes WHERE owner = ?", (session,))
-        for path, version in rows:
-            self._log(conn, _DELETED, path, None, version, wall)
-        conn.execute("DELETE FROM sessions WHERE id = ?", (session,))
-
-    def _reap_sync(self, conn: sqlite3.Connection, wall: float, *, keep: str | None) -> None:
-        stale = conn.execute(
-            "SELECT id FROM sessions WHERE id != ? AND heartbeat + timeout < ?",
-            (keep or "", wall),
-        ).fetchall()
-        for (session,) in stale:
-            log.info("%r: removing stale session %s and its ephemeral nodes", self, session)
-            self._delete_session_sync(conn, session, wall)
-        orphans = conn.execute(
-            "SELECT path, version FROM nodes WHERE owner IS NOT NULL"
-            " AND owner NOT IN (SELECT id FROM sessions) ORDER BY path DESC"
-        ).fetchall()
-        for path, version in orphans:
-            conn.execute("DELETE FROM nodes WHERE path = ?", (path,))
-            self._log(conn, _DELETED, path, None, version, wall)
-
-    def _trim_sync(self, conn: sqlite3.Connection, wall: float) -> None:
-        newest = self._max_seq(conn)
-        cut = newest - max(1, self._changelog_keep_rows) + 1
-        rows = conn.execute(
-            "SELECT seq FROM changes WHERE ts >= ? ORDER BY seq LIMIT 1",
-            (wall - self._changelog_retention,),
-        ).fetchall()
-        if rows:
-            cut = min(cut, rows[0][0])
-        conn.execute("DELETE FROM changes WHERE seq < ?", (cut,))
+    def _reap(self, conn: sqlite3.Connection, wall: float, *, keep: str | None) -> None:
+        for session in db.reap(conn, wall, keep=keep):
+            log.info("%r: removed stale session %s and its ephemeral nodes", self, session)
 
     # --- database access ------------------------------------------------------------
 
@@ -489,7 +318,7 @@ class EmbeddedMetadataStore(MetadataStore):
                 self._pump()
                 return result
             except sqlite3.Error as exc:
-                if not _is_busy(exc):
+                if not db.is_busy(exc):
                     raise MetadataError(f"metadata database {self.db_path}: {exc}") from exc
                 if trio.current_time() >= deadline:
                     raise MetadataError(
@@ -497,25 +326,6 @@ class EmbeddedMetadataStore(MetadataStore):
                     ) from exc
             await trio.sleep(delay)
             delay = min(delay * 2, _BUSY_MAX_DELAY)
-
-    @staticmethod
-    def _log(
-        conn: sqlite3.Connection,
-        kind: int,
-        path: str,
-        value: bytes | None,
-        version: int,
-        wall: float,
-    ) -> None:
-        conn.execute(
-            "INSERT INTO changes (ts, kind, path, value, version) VALUES (?, ?, ?, ?, ?)",
-            (wall, kind, path, value, version),
-        )
-
-    @staticmethod
-    def _max_seq(conn: sqlite3.Connection) -> int:
-        rows = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'changes'").fetchall()
-        return int(rows[0][0]) if rows else 0
 
     # --- watches ---------------------------------------------------------------------
 
@@ -526,14 +336,10 @@ class EmbeddedMetadataStore(MetadataStore):
             return
         try:
             if not self._hub:
-                self._last_seq = self._max_seq(conn)
+                self._last_seq = db.max_seq(conn)
                 return
             while self._hub:
-                rows = conn.execute(
-                    "SELECT seq, kind, path, value, version FROM changes"
-                    " WHERE seq > ? ORDER BY seq LIMIT ?",
-                    (self._last_seq, _PUMP_BATCH),
-                ).fetchall()
+                rows = db.changes_after(conn, self._last_seq, _PUMP_BATCH)
                 if not rows:
                     return
                 if rows[0][0] != self._last_seq + 1:
@@ -541,11 +347,11 @@ class EmbeddedMetadataStore(MetadataStore):
                     self._hub.fail_all(
                         "metadata watch fell behind the change log; changes were missed"
                     )
-                    self._last_seq = self._max_seq(conn)
+                    self._last_seq = db.max_seq(conn)
                     return
                 for seq, kind, path, value, version in rows:
                     self._last_seq = seq
-                    self._hub.dispatch(WatchEvent(_EVENT_TYPES[kind], path, value, version))
+                    self._hub.dispatch(WatchEvent(db.EVENT_TYPES[kind], path, value, version))
                 if len(rows) < _PUMP_BATCH:
                     return
         except sqlite3.Error as exc:  # the poller tries again
@@ -578,7 +384,7 @@ class EmbeddedMetadataStore(MetadataStore):
 
     async def get(self, path: str) -> Stat | None:
         validate_path(path)
-        rows = await self._call(_select_node, path, write=False)
+        rows = await self._call(db.select_node, path, write=False)
         if not rows:
             return None
         value, version, owner, ctime, mtime = rows[0]
@@ -586,7 +392,7 @@ class EmbeddedMetadataStore(MetadataStore):
 
     async def children(self, path: str) -> list[str]:
         validate_path(path)
-        rows = await self._call(_select_children, path, write=False)
+        rows = await self._call(db.select_children, path, write=False)
         start = 1 if path == "/" else len(path) + 1
         return sorted(child[start:] for (child,) in rows)
 
@@ -599,151 +405,28 @@ class EmbeddedMetadataStore(MetadataStore):
         if ephemeral and not self._session_alive and self._conn is not None:
             await trio.lowlevel.checkpoint()
             raise SessionExpired("the metadata session expired; call new_session()")
-        return await self._call(self._create_sync, path, value, ephemeral, sequential, write=True)
+        return await self._call(
+            db.create, path, value, ephemeral, sequential, self._owner(), write=True
+        )
 
     async def set(self, path: str, value: bytes, *, version: int | None = None) -> int:
         validate_path(path)
         value = check_value(value)
-        return await self._call(self._set_sync, path, value, version, write=True)
+        return await self._call(db.set_value, path, value, version, write=True)
 
     async def delete(
         self, path: str, *, version: int | None = None, recursive: bool = False
     ) -> None:
         validate_path(path)
-        await self._call(self._delete_sync, path, version, recursive, write=True)
+        await self._call(db.delete, path, version, recursive, write=True)
 
     async def multi(self, ops: list[Op]) -> list[object]:
         ops = validate_ops(ops)
         if not ops:
             await trio.lowlevel.checkpoint()
             return []
-        return await self._call(self._multi_sync, ops, write=True)
+        return await self._call(db.multi, ops, self._owner(), write=True)
 
-    def _multi_sync(self, conn: sqlite3.Connection, ops: Iterable[Op]) -> list[object]:
-        results: list[object] = []
-        for op in ops:
-            if op.kind is OpKind.CREATE:
-                results.append(self._create_sync(conn, op.path, op.value, op.ephemeral, False))
-            elif op.kind is OpKind.SET:
-                results.append(self._set_sync(conn, op.path, op.value, op.version))
-            elif op.kind is OpKind.DELETE:
-                self._delete_sync(conn, op.path, op.version, False)
-                results.append(None)
-            else:
-                rows = _select_node(conn, op.path)
-                if not rows:
-                    raise NoSuchNode(op.path)
-                if op.version is not None and rows[0][1] != op.version:
-                    raise BadVersion(f"{op.path}: version is {rows[0][1]}, expected {op.version}")
-                results.append(None)
-        return results
-
-    def _create_sync(
-        self,
-        conn: sqlite3.Connection,
-        path: str,
-        value: bytes,
-        ephemeral: bool,
-        sequential: bool,
-    ) -> str:
-        wall = time.time()
-        if path == "/" and not sequential:
-            raise NodeExists("/")
-        parent = parent_path(path + "0" if sequential else path)
-        owner: str | None = None
-        if ephemeral:
-            owner = self._session_id
-            if not self._session_alive or owner is None:
-                raise SessionExpired("the metadata session expired; call new_session()")
-            if not conn.execute("SELECT 1 FROM sessions WHERE id = ?", (owner,)).fetchall():
-                raise SessionExpired("the metadata session was expired by another process")
-        self._ensure_parents(conn, parent, wall)
-        if sequential:
-            (counter,) = conn.execute(
-                "SELECT cseq FROM nodes WHERE path = ?", (parent,)
-            ).fetchall()[0]
-            conn.execute("UPDATE nodes SET cseq = cseq + 1 WHERE path = ?", (parent,))
-            path = f"{path}{counter:0{SEQUENCE_DIGITS}d}"
-        if conn.execute("SELECT 1 FROM nodes WHERE path = ?", (path,)).fetchall():
-            raise NodeExists(path)
-        conn.execute(
-            "INSERT INTO nodes (path, parent, value, version, owner, ctime, mtime)"
-            " VALUES (?, ?, ?, 0, ?, ?, ?)",
-            (path, parent, value, owner, wall, wall),
-        )
-        self._log(conn, _CREATED, path, value, 0, wall)
-        return path
-
-    def _ensure_parents(self, conn: sqlite3.Connection, parent: str, wall: float) -> None:
-        missing: list[str] = []
-        node = parent
-        while True:
-            rows = conn.execute("SELECT owner FROM nodes WHERE path = ?", (node,)).fetchall()
-            if rows:
-                if rows[0][0] is not None:
-                    raise InvalidArgument(f"{node!r} is ephemeral and cannot have children")
-                break
-            missing.append(node)
-            node = parent_path(node)  # the root always exists: this ends
-        for node in reversed(missing):
-            conn.execute(
-                "INSERT INTO nodes (path, parent, value, version, owner, ctime, mtime)"
-                " VALUES (?, ?, x'', 0, NULL, ?, ?)",
-                (node, parent_path(node), wall, wall),
-            )
-            self._log(conn, _CREATED, node, b"", 0, wall)
-
-    def _set_sync(
-        self, conn: sqlite3.Connection, path: str, value: bytes, version: int | None
-    ) -> int:
-        rows = conn.execute("SELECT version FROM nodes WHERE path = ?", (path,)).fetchall()
-        if not rows:
-            raise NoSuchNode(path)
-        current = rows[0][0]
-        if version is not None and version != current:
-            raise BadVersion(f"{path}: version is {current}, expected {version}")
-        wall = time.time()
-        conn.execute(
-            "UPDATE nodes SET value = ?, version = ?, mtime = ? WHERE path = ?",
-            (value, current + 1, wall, path),
-        )
-        self._log(conn, _CHANGED, path, value, current + 1, wall)
-        return int(current) + 1
-
-    def _delete_sync(
-        self, conn: sqlite3.Connection, path: str, version: int | None, recursive: bool
-    ) -> None:
-        if path == "/":
-            raise InvalidArgument("the root node cannot be deleted")
-        rows = conn.execute("SELECT version FROM nodes WHERE path = ?", (path,)).fetchall()
-        if not rows:
-            raise NoSuchNode(path)
-        current = rows[0][0]
-        if version is not None and version != current:
-            raise BadVersion(f"{path}: version is {current}, expected {version}")
-        wall = time.time()
-        if conn.execute("SELECT 1 FROM nodes WHERE parent = ? LIMIT 1", (path,)).fetchall():
-            if not recursive:
-                raise NotEmpty(path)
-            # every path below `path` sorts between `path/` and `path0` ('0' follows '/');
-            # descending order puts each child before its parent.
-            low, high = path + "/", path + "0"
-            below = conn.execute(
-                "SELECT path, version FROM nodes WHERE path > ? AND path < ? ORDER BY path DESC",
-                (low, high),
-            ).fetchall()
-            conn.execute("DELETE FROM nodes WHERE path > ? AND path < ?", (low, high))
-            for child, child_version in below:
-                self._log(conn, _DELETED, child, None, child_version, wall)
-        conn.execute("DELETE FROM nodes WHERE path = ?", (path,))
-        self._log(conn, _DELETED, path, None, current, wall)
-
-
-def _select_node(conn: sqlite3.Connection, path: str) -> list[Any]:
-    return conn.execute(
-        "SELECT value, version, owner, ctime, mtime FROM nodes WHERE path = ?", (path,)
-    ).fetchall()
-
-
-def _select_children(conn: sqlite3.Connection, path: str) -> list[Any]:
-    return conn.execute("SELECT path FROM nodes WHERE parent = ?", (path,)).fetchall()
+    def _owner(self) -> str | None:
+        """The owner of ephemeral nodes created now: the live session, or None."""
+        return self._session_id if self._session_alive else None

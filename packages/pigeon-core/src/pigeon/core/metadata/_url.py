@@ -9,13 +9,16 @@ under which the store keeps everything, and options in seconds.  Every mistake i
 from __future__ import annotations
 
 import urllib.parse
-from collections.abc import Collection
-from dataclasses import dataclass
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import TypeVar
 
 from pigeon.core.errors import ConfigError, InvalidArgument
 from pigeon.core.metadata._store import validate_path
 
 __all__ = ["ServerURL", "parse_server_url"]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,16 @@ class ServerURL:
     path: str
     #: option → seconds
     options: dict[str, float]
+    #: the URL itself, for messages
+    url: str = field(default="", compare=False)
+
+    def build(self, store: Callable[..., T], *args: object) -> T:
+        """``store(*args, path, **options)``: a bad value (``InvalidArgument``) is a
+        :class:`~pigeon.core.errors.ConfigError` naming the URL."""
+        try:
+            return store(*args, self.path, **self.options)
+        except InvalidArgument as exc:
+            raise ConfigError(f"metadata URL {self.url!r}: {exc}") from None
 
 
 def parse_server_url(
@@ -74,4 +87,4 @@ def parse_server_url(
             values[key] = float(value)
         except ValueError:
             raise ConfigError(f"metadata URL {url!r}: {key} must be a number") from None
-    return ServerURL(tuple(hosts), path, values)
+    return ServerURL(tuple(hosts), path, values, url)

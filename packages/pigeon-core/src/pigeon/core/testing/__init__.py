@@ -4,32 +4,67 @@ Load it with ``-p pigeon.core.testing`` (the monorepo does so in its root config
 offers the **contract suites** every backend runs against itself:
 
 * :class:`MetadataStoreContract` — subclass it in a test module and provide a
-  ``metadata_store`` fixture (and ``metadata_store_factory`` for multi-session tests).
+  ``new_metadata_store`` fixture (a callable building a store that is not running yet);
+  :func:`running_store`, :func:`store_factory`, :func:`next_event`, :func:`wait_event`
+  and :func:`kill_ephemeral_owner` help a backend's own tests.
 * :class:`CodecContract` — subclass it and provide a ``codec`` fixture.
 * :class:`ReplicationPolicyContract` — subclass it and provide a ``make_policy`` fixture;
   it runs real in-process bookies (needs ``pigeon-bookie``).
 
+:func:`check_exports` checks a plugin's ``__all__`` as ``pigeon.core``'s own test does;
 and the ``pigeon_standalone`` fixture: broker + bookie + embedded metadata in the test's
-trio run over an in-memory network (pair it with ``autojump_clock`` for virtual time).
+trio run over an in-memory network (pair it with ``autojump_clock`` for virtual time);
+:func:`in_process_standalone` is the same as a context manager, with broker options.
+
+Test helpers that start real servers as child processes live in
+:mod:`pigeon.core.testing.servers`: ZooKeeper and etcd (``zookeeper_server``,
+``etcd_server``), a ``pigeon standalone`` process (``Standalone``) and free loopback
+ports.  Import them from there; they are plain classes and context managers, usable from
+any fixture.
 """
 
 from __future__ import annotations
 
-from pigeon.core.testing._cluster import InProcessStandalone, pigeon_standalone
-from pigeon.core.testing._codec_suite import CodecContract
-from pigeon.core.testing._metadata_suite import (
-    ExpireSession,
-    MetadataStoreContract,
-    MetadataStoreFactory,
+from pigeon.core.testing._cluster import (
+    InProcessStandalone,
+    in_process_standalone,
+    pigeon_standalone,
 )
+from pigeon.core.testing._codec_suite import CodecContract
+from pigeon.core.testing._exports import check_exports
+from pigeon.core.testing._metadata_helpers import (
+    QUIET,
+    WAIT,
+    ExpireSession,
+    MetadataStoreFactory,
+    ServerRestart,
+    kill_ephemeral_owner,
+    next_event,
+    run_until_ready_and_kill,
+    running_store,
+    store_factory,
+    wait_event,
+)
+from pigeon.core.testing._metadata_suite import MetadataStoreContract
 from pigeon.core.testing._replication_suite import ReplicationPolicyContract
 
 __all__ = [
+    "QUIET",
+    "WAIT",
     "CodecContract",
     "ExpireSession",
     "InProcessStandalone",
     "MetadataStoreContract",
     "MetadataStoreFactory",
     "ReplicationPolicyContract",
+    "ServerRestart",
+    "check_exports",
+    "in_process_standalone",
+    "kill_ephemeral_owner",
+    "next_event",
     "pigeon_standalone",
+    "run_until_ready_and_kill",
+    "running_store",
+    "store_factory",
+    "wait_event",
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ import trio
 
 from pigeon.core._memnet import MemoryNetwork
 
-__all__ = ["InProcessStandalone", "pigeon_standalone"]
+__all__ = ["InProcessStandalone", "in_process_standalone", "pigeon_standalone"]
 
 
 @dataclass
@@ -34,21 +35,31 @@ class InProcessStandalone:
         return str(self.service.service_url)
 
 
-@pytest.fixture
-async def pigeon_standalone(tmp_path: Path) -> AsyncIterator[InProcessStandalone]:
-    """A broker + bookie + embedded metadata store in this trio run (see module doc)."""
+@asynccontextmanager
+async def in_process_standalone(
+    data_dir: Path, **broker_options: Any
+) -> AsyncIterator[InProcessStandalone]:
+    """A broker + bookie + embedded metadata store in this trio run, its data under
+    ``data_dir``; ``broker_options`` change the broker's test defaults (``BrokerConfig``
+    fields, e.g. ``segment_max_entries=2``)."""
     from pigeon.bookie import BookieConfig
     from pigeon.broker import BrokerConfig, run_standalone
 
     network = MemoryNetwork()
-    broker_config = BrokerConfig(
-        port=0, http_port=-1, maintenance_interval_s=1.0, cursor_persist_interval_ms=50
-    )
+    options = {"http_port": -1, "maintenance_interval_s": 1.0, "cursor_persist_interval_ms": 50}
+    broker_config = BrokerConfig(port=0, **(options | broker_options))
     bookie_config = BookieConfig(port=0, fsync="never")
     with network.installed():
         async with trio.open_nursery() as nursery:
             service = await nursery.start(
-                functools.partial(run_standalone, tmp_path / "pigeon", broker_config, bookie_config)
+                functools.partial(run_standalone, data_dir, broker_config, bookie_config)
             )
-            yield InProcessStandalone(service, network, tmp_path / "pigeon")
+            yield InProcessStandalone(service, network, data_dir)
             nursery.cancel_scope.cancel()
+
+
+@pytest.fixture
+async def pigeon_standalone(tmp_path: Path) -> AsyncIterator[InProcessStandalone]:
+    """A broker + bookie + embedded metadata store in this trio run (see module doc)."""
+    async with in_process_standalone(tmp_path / "pigeon") as standalone:
+        yield standalone

@@ -11,19 +11,26 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import IO
 
-__all__ = ["Standalone", "clean_env", "free_ports", "pigeon_command", "server_command"]
+from pigeon.core.testing._process import HOST, POLL, free_ports, port_open, send_signal
 
-HOST = "127.0.0.1"
-READY_TIMEOUT = 20.0
+__all__ = [
+    "STANDALONE_READY_TIMEOUT",
+    "Standalone",
+    "StandaloneError",
+    "clean_env",
+    "pigeon_command",
+    "server_command",
+]
+
+#: Longest wait for ``pigeon standalone`` to accept connections.
+STANDALONE_READY_TIMEOUT = 20.0
 STOP_TIMEOUT = 15.0
-_POLL = 0.05
 
 
 def pigeon_command() -> list[str]:
@@ -53,28 +60,6 @@ def clean_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIGEON_")}
     env["PYTHONUNBUFFERED"] = "1"
     return env
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct TCP ports that were free on 127.0.0.1 a moment ago."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((HOST, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def port_open(port: int, timeout: float = 0.5) -> bool:
-    try:
-        with socket.create_connection((HOST, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
 
 
 class StandaloneError(AssertionError):
@@ -148,7 +133,7 @@ class Standalone:
             cmd += ["--fsync", self.fsync]
         return cmd + list(self.extra_args)
 
-    def start(self, timeout: float = READY_TIMEOUT) -> Standalone:
+    def start(self, timeout: float = STANDALONE_READY_TIMEOUT) -> Standalone:
         """Start on fresh free ports (retrying if another process took one meanwhile)."""
         assert not self.running, "standalone is already running"
         for attempt in range(3):
@@ -161,7 +146,7 @@ class Standalone:
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def restart(self, timeout: float = READY_TIMEOUT) -> Standalone:
+    def restart(self, timeout: float = STANDALONE_READY_TIMEOUT) -> Standalone:
         """Start again on the same data directory and ports (after kill9/terminate)."""
         assert self.port, "restart() needs a previous start()"
         if self.running:
@@ -187,7 +172,7 @@ class Standalone:
         )
         self.wait_ready(timeout)
 
-    def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
+    def wait_ready(self, timeout: float = STANDALONE_READY_TIMEOUT) -> None:
         """Poll a TCP connect to the broker port until it succeeds (bounded)."""
         deadline = time.monotonic() + timeout
         while True:
@@ -207,15 +192,13 @@ class Standalone:
                     f"pigeon standalone not ready on port {self.port} after {timeout}s; log:\n"
                     + self.log_tail()
                 )
-            time.sleep(_POLL)
+            time.sleep(POLL)
 
     def kill9(self) -> None:
         """SIGKILL the server (by PID) and reap it."""
         if self.proc is None:
             return
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.proc.pid, signal.SIGKILL)
+        send_signal(self.proc, signal.SIGKILL)
         try:
             self.proc.wait(timeout=STOP_TIMEOUT)
         except subprocess.TimeoutExpired:
@@ -228,9 +211,7 @@ class Standalone:
         Raises if it does not exit within ``timeout`` (it is then killed).
         """
         assert self.proc is not None, "standalone was never started"
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.proc.pid, signal.SIGTERM)
+        send_signal(self.proc, signal.SIGTERM)
         try:
             code = self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -30,8 +30,14 @@ import socket
 import subprocess
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
+
+from pigeon.core.metadata import MetadataStore
+from pigeon.core.testing._metadata_helpers import ServerRestart
+from pigeon.core.testing._process import HOST, POLL, free_port, log_tail, send_signal
 
 __all__ = [
     "READY_TIMEOUT",
@@ -40,29 +46,18 @@ __all__ = [
     "ServerError",
     "ZooKeeperServer",
     "etcd_server",
-    "free_port",
     "zookeeper_server",
 ]
 
-HOST = "127.0.0.1"
 #: Longest wait for a server to answer after it was launched.
 READY_TIMEOUT = 30.0
 #: Longest wait for a server to exit after SIGTERM (then it gets SIGKILL).
 STOP_TIMEOUT = 10.0
-_POLL = 0.05
-
 ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
 
 
 class ServerError(RuntimeError):
     """A test server is missing, did not start, or did not stop."""
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
 
 
 def _require(path: str | None, what: str, package: str) -> str:
@@ -78,6 +73,8 @@ class _Server:
     """One server process with a data directory, a port and a log file."""
 
     name = "server"
+    #: the scheme of the metadata store URL that reaches this server
+    scheme = "server"
 
     def __init__(self, directory: Path) -> None:
         self.directory = Path(directory)
@@ -105,12 +102,20 @@ class _Server:
     def address(self) -> str:
         return f"{HOST}:{self.port}"
 
+    def url(self, path: str = "/pigeon", **options: object) -> str:
+        """``SCHEME://127.0.0.1:PORT/path?option=value...`` for the metadata store (the
+        path is ZooKeeper's chroot, etcd's key prefix)."""
+        query = "&".join(f"{k}={v}" for k, v in options.items())
+        return f"{self.scheme}://{self.address}{path}" + (f"?{query}" if query else "")
+
+    def restartable(self, new_store: Callable[[str], MetadataStore]) -> ServerRestart:
+        """``(stores, restart)`` for the contract suite's ``restartable_server``: stores
+        made by ``new_store(address)``; ``restart()`` kills the server (-9) and starts it
+        again on the same data after half a second."""
+        return (lambda: new_store(self.address)), partial(self.restart, kill=True, downtime=0.5)
+
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
+        return log_tail(self.log_path, lines)
 
     def start(self) -> _Server:
         """Launch the server and return once it answers (at most :data:`READY_TIMEOUT`)."""
@@ -142,7 +147,7 @@ class _Server:
                 raise ServerError(
                     f"{self.name} did not become ready in {READY_TIMEOUT}s; log:\n{self.log_tail()}"
                 )
-            time.sleep(_POLL)
+            time.sleep(POLL)
 
     def stop(self, *, kill: bool = False) -> None:
         """Stop the server by PID: SIGTERM (SIGKILL if ``kill``), wait, SIGKILL if it
@@ -151,13 +156,11 @@ class _Server:
         if proc is None:
             return
         if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGKILL if kill else signal.SIGTERM)
+            send_signal(proc, signal.SIGKILL if kill else signal.SIGTERM)
             try:
                 proc.wait(timeout=STOP_TIMEOUT)
             except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(proc.pid, signal.SIGKILL)
+                send_signal(proc, signal.SIGKILL)
                 try:
                     proc.wait(timeout=STOP_TIMEOUT)
                 except subprocess.TimeoutExpired:
@@ -184,17 +187,13 @@ class ZooKeeperServer(_Server):
     so that sessions may be as short as 1 s (ZooKeeper allows 2 to 20 ticks)."""
 
     name = "ZooKeeper"
+    scheme = "zk"
 
     def __init__(self, directory: Path, *, tick_time_ms: int = 500) -> None:
         super().__init__(directory)
         self.tick_time_ms = tick_time_ms
         self.data_dir = self.directory / "data"
         self.conf_dir = self.directory / "conf"
-
-    def url(self, chroot: str = "/pigeon", **options: object) -> str:
-        """``zk://127.0.0.1:PORT/chroot?option=value...`` for the metadata store."""
-        query = "&".join(f"{k}={v}" for k, v in options.items())
-        return f"zk://{self.address}{chroot}" + (f"?{query}" if query else "")
 
     def _command(self) -> list[str]:
         java = _require(shutil.which("java"), "java", "default-jre-headless")
@@ -241,17 +240,13 @@ class EtcdServer(_Server):
     """A single-member etcd 3.4 (Debian ``etcd-server``)."""
 
     name = "etcd"
+    scheme = "etcd"
 
     def __init__(self, directory: Path) -> None:
         super().__init__(directory)
         self.peer_port = free_port()
         self.metrics_port = free_port()
         self.data_dir = self.directory / "data"
-
-    def url(self, prefix: str = "/pigeon", **options: object) -> str:
-        """``etcd://127.0.0.1:PORT/prefix?option=value...`` for the metadata store."""
-        query = "&".join(f"{k}={v}" for k, v in options.items())
-        return f"etcd://{self.address}{prefix}" + (f"?{query}" if query else "")
 
     def _command(self) -> list[str]:
         etcd = _require(shutil.which("etcd"), "etcd", "etcd-server")
@@ -291,23 +286,25 @@ class EtcdServer(_Server):
             return False
 
 
+_S = TypeVar("_S", bound=_Server)
+
+
 @contextlib.contextmanager
-def zookeeper_server(directory: Path, *, tick_time_ms: int = 500) -> Iterator[ZooKeeperServer]:
+def _running(server: _S) -> Iterator[_S]:
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+def zookeeper_server(
+    directory: Path, *, tick_time_ms: int = 500
+) -> contextlib.AbstractContextManager[ZooKeeperServer]:
     """A started :class:`ZooKeeperServer` in ``directory``; stopped on exit."""
-    server = ZooKeeperServer(directory, tick_time_ms=tick_time_ms)
-    try:
-        server.start()
-        yield server
-    finally:
-        server.stop()
+    return _running(ZooKeeperServer(directory, tick_time_ms=tick_time_ms))
 
 
-@contextlib.contextmanager
-def etcd_server(directory: Path) -> Iterator[EtcdServer]:
+def etcd_server(directory: Path) -> contextlib.AbstractContextManager[EtcdServer]:
     """A started :class:`EtcdServer` in ``directory``; stopped on exit."""
-    server = EtcdServer(directory)
-    try:
-        server.start()
-        yield server
-    finally:
-        server.stop()
+    return _running(EtcdServer(directory))

@@ -1,0 +1,61 @@
+"""Test helpers that start real servers as child processes, on free loopback ports.
+
+* :class:`ZooKeeperServer` / :func:`zookeeper_server` and :class:`EtcdServer` /
+  :func:`etcd_server`: a metadata server in a temporary directory (``url()`` gives the
+  metadata store URL that reaches it); a missing binary raises :class:`ServerError`
+  naming the Debian package to install.
+* :class:`Standalone`: one ``pigeon standalone`` process that can be killed (-9),
+  terminated and restarted on the same data directory and ports.
+* :func:`free_port`, :func:`free_ports`, :func:`port_open`, :func:`clean_env`,
+  :func:`pigeon_command` and :func:`server_command` for tests that start processes of
+  their own.
+
+Every wait is bounded and fails with the tail of the server's log; every server is
+stopped by its PID, never by name::
+
+    from pigeon.core.testing.servers import zookeeper_server
+
+    with zookeeper_server(tmp_path / "zk") as zk:
+        store = ZooKeeperMetadataStore.from_url(zk.url("/pigeon"))
+"""
+
+from __future__ import annotations
+
+from pigeon.core.testing._metadata_servers import (
+    READY_TIMEOUT,
+    STOP_TIMEOUT,
+    EtcdServer,
+    ServerError,
+    ZooKeeperServer,
+    etcd_server,
+    zookeeper_server,
+)
+from pigeon.core.testing._process import HOST, free_port, free_ports, port_open
+from pigeon.core.testing._standalone import (
+    STANDALONE_READY_TIMEOUT,
+    Standalone,
+    StandaloneError,
+    clean_env,
+    pigeon_command,
+    server_command,
+)
+
+__all__ = [
+    "HOST",
+    "READY_TIMEOUT",
+    "STANDALONE_READY_TIMEOUT",
+    "STOP_TIMEOUT",
+    "EtcdServer",
+    "ServerError",
+    "Standalone",
+    "StandaloneError",
+    "ZooKeeperServer",
+    "clean_env",
+    "etcd_server",
+    "free_port",
+    "free_ports",
+    "pigeon_command",
+    "port_open",
+    "server_command",
+    "zookeeper_server",
+]
