@@ -2,6 +2,7 @@
 
     python -m bench                       # standard scenario (30 s produce, 1 GiB catch-up)
     python -m bench --duration 10 --backlog-mb 256 --no-docs
+    python -m bench --scenario cluster --duration 10 --baseline HEAD~3   # before/after
 
 Results are data, not tests: JSON goes to bench/results/, a markdown table (with the exact
 command and the machine) replaces the "Standard scenario" section of docs/benchmarks.md.
@@ -426,16 +427,42 @@ def main() -> None:
         "cluster: 3 bookies beside a standalone (all: every one)",
     )
     parser.add_argument("--codecs", nargs="*", default=["none", "gzip", "lz4", "zstd"])
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="run the scenario on commit REV and on the working tree, alternating, and"
+        " print both and their ratio (see bench/baseline.py; implies --no-docs)",
+    )
+    parser.add_argument("--rounds", type=int, default=4, help="runs per side with --baseline")
+    parser.add_argument("--json", type=Path, help="write the results here, not in bench/results/")
     args = parser.parse_args()
     command = ("python -m bench " + " ".join(sys.argv[1:])).strip()
+    written: dict[str, Any] = {}  # every scenario's results, for --json
+
+    def save(name: str, results: dict[str, Any]) -> None:
+        """Into bench/results/, or (a child run of --baseline) all into --json's file."""
+        if args.json:
+            written.update(results)
+            args.json.write_text(json.dumps(written, indent=2))
+            return
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        out = RESULTS / f"{name}-{time.strftime('%Y%m%dT%H%M%S')}.json"
+        out.write_text(json.dumps(results, indent=2))
+        print(f"results: {out.relative_to(ROOT)}", file=sys.stderr)
+
+    if args.baseline:
+        from bench.baseline import compare
+
+        child = ["--scenario", args.scenario, "--duration", str(args.duration)]
+        child += ["--backlog-mb", str(args.backlog_mb), "--codecs", *args.codecs]
+        cmp = compare(args, child)
+        save("baseline", {**cmp, "machine": machine(), "command": command})
+        return
     if args.scenario in ("cluster", "all"):
         cl = cluster_scenario(args)
         cl["machine"] = machine()
         cl["command"] = command
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / f"cluster-{time.strftime('%Y%m%dT%H%M%S')}.json").write_text(
-            json.dumps(cl, indent=2)
-        )
+        save("cluster", cl)
         section = render_cluster(cl, command)
         print(section)
         if not args.no_docs:
@@ -446,10 +473,7 @@ def main() -> None:
         small = small_and_codecs(args)
         small["machine"] = machine()
         small["command"] = command
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / f"small-{time.strftime('%Y%m%dT%H%M%S')}.json").write_text(
-            json.dumps(small, indent=2)
-        )
+        save("small", small)
         section = render_small(small, command)
         print(section)
         if not args.no_docs:
@@ -459,14 +483,11 @@ def main() -> None:
     results = standard(args)
     results["machine"] = machine()
     results["command"] = command
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"standard-{time.strftime('%Y%m%dT%H%M%S')}.json"
-    out.write_text(json.dumps(results, indent=2))
+    save("standard", results)
     section = render(results, command)
     print(section)
     if not args.no_docs:
         write_doc(section)
-    print(f"results: {out.relative_to(ROOT)}", file=sys.stderr)
     _ = shutil
 
 
