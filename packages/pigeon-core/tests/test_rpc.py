@@ -415,6 +415,62 @@ async def test_large_payload_is_not_joined_with_small_frames() -> None:
     assert frames[1][capnp_message_size(frames[1]) :] == big
 
 
+def _socket_stream_pair(max_send: int | None = None) -> tuple[trio.SocketStream, Any, list[Any]]:
+    """A TCP-like stream pair whose sending end records each sendmsg's buffers (and
+    writes at most ``max_send`` bytes per call, as a full socket buffer does)."""
+    a, b = trio.socket.socketpair()
+    calls: list[Any] = []
+    real = a.sendmsg
+
+    async def sendmsg(buffers: list[Any]) -> int:
+        calls.append(list(buffers))
+        if max_send is not None:
+            buffers = [memoryview(b"".join(bytes(x) for x in buffers))[:max_send]]
+        return await real(buffers)
+
+    a.sendmsg = sendmsg  # type: ignore[method-assign]
+    return trio.SocketStream(a), trio.SocketStream(b), calls
+
+
+async def _receive_frames(stream: trio.abc.Stream, n: int) -> list[bytes | bytearray]:
+    decoder = FrameDecoder()
+    frames: list[bytes | bytearray] = []
+    with trio.fail_after(TIMEOUT):
+        while len(frames) < n:
+            decoder.feed(await stream.receive_some(1 << 20))
+            frames.extend(decoder.frames())
+    return frames
+
+
+async def test_tcp_frame_goes_out_in_one_vectored_write_without_copying_its_payload() -> None:
+    a, b, calls = _socket_stream_pair()
+    client = Connection(a, BookieFrame, name="client")
+    payload = memoryview(b"p" * 1000)
+    client.send_nowait("addEntry", {"segmentId": 1, "entryId": 0}, payload=payload)
+    async with b, trio.open_nursery() as nursery:
+        await nursery.start(client.run)
+        (frame,) = await _receive_frames(b, 1)
+        nursery.cancel_scope.cancel()
+    # one call for the length prefix + message and the payload, which is not copied
+    assert len(calls) == 1
+    assert len(calls[0]) == 2 and calls[0][1] is payload
+    assert frame[capnp_message_size(frame) :] == payload
+
+
+async def test_tcp_partial_vectored_writes_resume_where_they_stopped() -> None:
+    a, b, calls = _socket_stream_pair(max_send=1000)
+    client = Connection(a, BookieFrame, name="client")
+    payloads = [bytes([i]) * (i * 700) for i in range(1, 8)]
+    for i, payload in enumerate(payloads):
+        client.send_nowait("addEntry", {"segmentId": 1, "entryId": i}, payload=payload)
+    async with b, trio.open_nursery() as nursery:
+        await nursery.start(client.run)
+        frames = await _receive_frames(b, len(payloads))
+        nursery.cancel_scope.cancel()
+    assert [f[capnp_message_size(f) :] for f in frames] == payloads
+    assert len(calls) > len(payloads)  # the writes were cut, and resumed
+
+
 # ------------------------------------------------------------------ TCP: handshake
 
 

@@ -3,7 +3,8 @@
 pycapnp's own RPC needs asyncio, so nodes talk through this instead:
 
 * one :class:`Connection` per TCP stream, with one reader task that parses frames and
-  resolves waiters and one writer task that coalesces queued frames into large writes;
+  resolves waiters and one writer task that writes queued frames in large writes (one
+  vectored ``sendmsg`` of their buffers on TCP: a payload is never copied to be sent);
 * request ids, so that many requests are in flight per connection (pipelining);
 * answers are either the expected struct or an ``error`` carrying a typed
   :mod:`pigeon.core.errors` code;
@@ -13,7 +14,9 @@ pycapnp's own RPC needs asyncio, so nodes talk through this instead:
 
 Handlers are plain synchronous methods ``on_<kind>(conn, req)`` called by the reader task
 while the Cap'n Proto reader in ``req.body`` is valid; work that must wait starts a task
-in ``conn.nursery`` after copying what it needs out of the body.
+in ``conn.nursery`` after copying what it needs out of the body.  ``req.payload`` (a
+read-only memoryview) stays valid after the call: each frame is a buffer of its own that
+nothing reuses, so a payload is stored or forwarded by reference, not copied.
 
 Bad input, by how much of it can be trusted:
 
@@ -49,6 +52,7 @@ from pigeon.core._framing import (
     FrameDecoder,
     build_message,
     capnp_message_size,
+    consume_buffers,
     encode_frame,
     http_refusal,
     sniff_foreign_protocol,
@@ -98,6 +102,9 @@ _SNIFF_BYTES = 16
 #: how long a refused peer may keep sending before the socket is closed (see _linger)
 _LINGER_S = 0.5
 _JOIN_LIMIT = 64 * 1024
+#: buffers and bytes of one vectored write (Linux takes at most 1024 buffers per call)
+_MAX_IOV = 512
+_MAX_WRITE = 4 * 1024 * 1024
 _HIGH_WATER = 8 * 1024 * 1024
 
 
@@ -109,7 +116,8 @@ def _default_extract(body: Any, payload: memoryview) -> Any:
 
 @dataclass(slots=True)
 class Request:
-    """One incoming frame on the serving side, valid during the handler call."""
+    """One incoming frame on the serving side; ``body`` is valid during the handler call,
+    ``payload`` as long as it is referenced."""
 
     request_id: int
     kind: str
@@ -363,6 +371,9 @@ class Connection:
 
     async def _write_loop(self) -> None:
         out = self._out
+        # A TCP stream writes the queued buffers with one sendmsg (a vectored write: no
+        # copy); other streams (the in-memory network, TLS) take joined small parts.
+        sendmsg = self.stream.socket.sendmsg if isinstance(self.stream, trio.SocketStream) else None
         while True:
             if not out:
                 if self._closed:
@@ -370,31 +381,21 @@ class Connection:
                 self._out_ready = trio.Event()
                 await self._out_ready.wait()
                 continue
-            small: list[Any] = []
-            small_bytes = 0
-            big: Any = None
-            while out:
-                part = out[0]
-                if len(part) >= _JOIN_LIMIT:
-                    if not small:
-                        big = out.popleft()
-                        self._out_bytes -= len(big)
-                    break
-                out.popleft()
-                self._out_bytes -= len(part)
-                small.append(part)
-                small_bytes += len(part)
-                if small_bytes >= 4 * _JOIN_LIMIT:
-                    break
-            data = big if big is not None else (b"".join(small) if len(small) > 1 else small[0])
+            parts = _take_vector(out) if sendmsg is not None else _take_joined(out)
+            size = sum(map(len, parts))
+            self._out_bytes -= size
             try:
-                await self.stream.send_all(data)
+                if sendmsg is not None:
+                    while parts:
+                        parts = consume_buffers(parts, await sendmsg(parts))
+                else:
+                    await self.stream.send_all(parts[0])
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 self.close(ConnectionClosed(f"connection {self.name} lost: {exc}"))
                 with contextlib.suppress(Exception):
                     await self.stream.aclose()
                 return
-            self.bytes_out += len(data)
+            self.bytes_out += size
             if self._out_bytes <= _HIGH_WATER // 2:
                 self._drained.set()
 
@@ -466,8 +467,9 @@ class Connection:
         )
         log.warning("not a PigeonMQ server conn=%s received=%r", self.name, foreign)
 
-    def _dispatch(self, frame: bytes) -> None:
-        view = memoryview(frame)
+    def _dispatch(self, frame: bytes | bytearray) -> None:
+        # The frame is the decoder's no more: a handler may keep views of its payload.
+        view = memoryview(frame).toreadonly()
         size = capnp_message_size(view)
         payload = view[size:]
         try:
@@ -571,6 +573,32 @@ class Connection:
             exc.message,
         )
         self.respond_error(request_id, exc)
+
+
+def _take_vector(out: deque[Any]) -> list[Any]:
+    """The queued buffers for one vectored write (at most _MAX_IOV of them, about
+    _MAX_WRITE bytes), taken off ``out``."""
+    parts: list[Any] = []
+    size = 0
+    while out and len(parts) < _MAX_IOV and size < _MAX_WRITE:
+        part = out.popleft()
+        parts.append(part)
+        size += len(part)
+    return parts
+
+
+def _take_joined(out: deque[Any]) -> list[Any]:
+    """One buffer for one plain write, taken off ``out``: a large part alone, else the
+    small parts up to the next large one joined (up to 4 * _JOIN_LIMIT bytes)."""
+    if len(out[0]) >= _JOIN_LIMIT:
+        return [out.popleft()]
+    small: list[Any] = []
+    size = 0
+    while out and len(out[0]) < _JOIN_LIMIT and size < 4 * _JOIN_LIMIT:
+        part = out.popleft()
+        small.append(part)
+        size += len(part)
+    return [b"".join(small) if len(small) > 1 else small[0]]
 
 
 def _is_traversal_limit(exc: Exception) -> bool:
