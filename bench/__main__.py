@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import platform
-import shutil
 import socket
 import subprocess
 import sys
@@ -39,6 +38,30 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def wait_for_port(proc: subprocess.Popen[bytes], port: int, what: str, log: str) -> None:
+    """Wait (30 s at most) until ``proc`` accepts connections on ``port``."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited during start; see {log}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{what} did not start within 30 s")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Terminate ``proc``; kill it if it has not exited 20 s later."""
+    proc.terminate()
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 class Standalone:
@@ -77,25 +100,12 @@ class Standalone:
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError("standalone exited during start; see standalone.log")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-                return self
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError("standalone did not start within 30 s")
+        wait_for_port(self.proc, self.port, "standalone", "standalone.log")
+        return self
 
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            stop(self.proc)
         self.log.close()
 
 
@@ -131,16 +141,7 @@ class Cluster:
             [str(pigeon), "--log-level", "WARNING", *args], stdout=out, stderr=subprocess.STDOUT
         )
         self.procs.append(proc)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{args[0]} exited during start; see {log}")
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError(f"{args[0]} did not start within 30 s")
+        wait_for_port(proc, port, args[0], log)
 
     def __enter__(self) -> Cluster:
         for i in range(self.n):
@@ -186,11 +187,7 @@ class Cluster:
         for proc in reversed(self.procs):
             proc.terminate()
         for proc in self.procs:
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc)
 
 
 def cluster_scenario(args: argparse.Namespace) -> dict[str, Any]:
@@ -458,37 +455,31 @@ def main() -> None:
         cmp = compare(args, child)
         save("baseline", {**cmp, "machine": machine(), "command": command})
         return
-    if args.scenario in ("cluster", "all"):
-        cl = cluster_scenario(args)
-        cl["machine"] = machine()
-        cl["command"] = command
-        save("cluster", cl)
-        section = render_cluster(cl, command)
+    for name in ("cluster", "small", "standard"):
+        if args.scenario not in (name, "all"):
+            continue
+        run, render_section, markers, title = SCENARIOS[name]
+        results = run(args)
+        results["machine"] = machine()
+        results["command"] = command
+        save(name, results)
+        section = render_section(results, command)
         print(section)
         if not args.no_docs:
-            write_doc(section, CLUSTER_BEGIN, CLUSTER_END, "3-bookie cluster")
-        if args.scenario == "cluster":
-            return
-    if args.scenario in ("small", "all"):
-        small = small_and_codecs(args)
-        small["machine"] = machine()
-        small["command"] = command
-        save("small", small)
-        section = render_small(small, command)
-        print(section)
-        if not args.no_docs:
-            write_doc(section, SMALL_BEGIN, SMALL_END, "Small messages and codecs")
-        if args.scenario == "small":
-            return
-    results = standard(args)
-    results["machine"] = machine()
-    results["command"] = command
-    save("standard", results)
-    section = render(results, command)
-    print(section)
-    if not args.no_docs:
-        write_doc(section)
-    _ = shutil
+            write_doc(section, *markers, title)
+
+
+#: scenario -> (run, render, the markers of its docs/benchmarks.md section, its title)
+SCENARIOS: dict[str, tuple[Any, Any, tuple[str, str], str]] = {
+    "cluster": (cluster_scenario, render_cluster, (CLUSTER_BEGIN, CLUSTER_END), "3-bookie cluster"),
+    "small": (
+        small_and_codecs,
+        render_small,
+        (SMALL_BEGIN, SMALL_END),
+        "Small messages and codecs",
+    ),
+    "standard": (standard, render, (BEGIN, END), "Standard scenario"),
+}
 
 
 if __name__ == "__main__":

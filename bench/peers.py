@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import socket
 import statistics
 import struct
 import subprocess
@@ -32,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.__main__ import Standalone, free_port
+from bench.__main__ import Standalone, free_port, stop, wait_for_port
 
 SAMPLE_EVERY = 64
 STAMP = struct.Struct("<q")
@@ -92,27 +91,17 @@ class Proc:
         self.proc = subprocess.Popen(
             self.argv(), stdout=self.log, stderr=subprocess.STDOUT, cwd=self.dir
         )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited during start; see {self.name}.log")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-                time.sleep(0.3)
-                return self
-            except OSError:
-                time.sleep(0.1)
-        self.__exit__()
-        raise RuntimeError(f"{self.name} did not start within 30 s")
+        try:
+            wait_for_port(self.proc, self.port, self.name, f"{self.name}.log")
+        except RuntimeError:
+            self.__exit__()
+            raise
+        time.sleep(0.3)
+        return self
 
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            stop(self.proc)
             self.proc = None
         self.log.close()
 

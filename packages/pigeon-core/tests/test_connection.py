@@ -145,12 +145,15 @@ async def read_until_eof(stream: trio.abc.Stream) -> list[tuple[int, str, Any]]:
             if not data:
                 return out
             decoder.feed(data)
-            for frame in decoder.frames():
-                size = capnp_message_size(frame)
-                with BrokerFrame.from_bytes(frame[:size]) as msg:
-                    kind = msg.which()
-                    code = (msg.error.code, str(msg.error.message)) if kind == "error" else None
-                    out.append((msg.requestId, kind, code))
+            out.extend(map(summary, decoder.frames()))
+
+
+def summary(frame: bytes | bytearray) -> tuple[int, str, Any]:
+    """A received frame's (requestId, kind, (error code, message) or None)."""
+    with BrokerFrame.from_bytes(frame[: capnp_message_size(frame)]) as msg:
+        kind = msg.which()
+        error = (msg.error.code, str(msg.error.message)) if kind == "error" else None
+        return msg.requestId, kind, error
 
 
 # ------------------------------------------------------------------ Connection

@@ -16,16 +16,9 @@ in ``pigeon/core/schema/protocol.capnp``.
 
 from __future__ import annotations
 
+from pigeon.core._connection import Connection, Request
 from pigeon.core._framing import DEFAULT_MAX_FRAME_SIZE
-from pigeon.core._rpc import (
-    Connection,
-    Request,
-    connect_tcp,
-    listen_error,
-    listen_tcp,
-    serve_tcp,
-    split_address,
-)
+from pigeon.core._rpc import connect_tcp, listen_error, listen_tcp, serve_tcp, split_address
 from pigeon.core._schema import PROTOCOL_VERSION, BookieFrame, BrokerFrame
 
 __all__ = [
