@@ -223,11 +223,7 @@ def render_cluster(results: dict[str, Any], command: str) -> str:
     sa, cl = results["standalone"], results["cluster"]
     return "\n".join(
         [
-            CLUSTER_BEGIN,
-            f"Run on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine: {machine()}.",
-            "",
-            f"Command: `{command}`",
-            "",
+            *section_head(CLUSTER_BEGIN, command),
             "| setup (1 producer, 1 KiB, batching on, acked, fsync=always) | result | target |",
             "|---|---|---|",
             f"| standalone (1 bookie) | **{sa['mb_per_s']} MB/s** ({sa['msg_per_s']:,.0f} msg/s) | — |",
@@ -330,23 +326,43 @@ def small_and_codecs(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
-def fill_backlog(url: str, topic: str, n: int) -> dict[str, Any]:
+def fill_backlog(url: str, topic: str, n: int, *, deadline: float = float("inf")) -> dict[str, Any]:
+    """``n`` 1 KiB messages (fewer if ``deadline``, a time.monotonic(), comes first),
+    after a subscription that retains them for the catch-up read."""
     from pigeon.client import Client
 
     payload = os.urandom(1024)
     start = time.perf_counter()
+    sent = 0
     with Client(url) as client:
-        # create the subscription first so the backlog is retained for it
         client.subscribe(topic, "perf-sub", initial_position="earliest").close()
         with client.create_producer(
             topic, batching_max_messages=1000, batching_max_bytes=1 << 20
         ) as p:
             send = p.send_async
-            for _ in range(n):
-                send(payload)
+            while sent < n and time.monotonic() < deadline:
+                chunk = min(1000, n - sent)
+                for _ in range(chunk):
+                    send(payload)
+                sent += chunk
             p.flush()
     secs = time.perf_counter() - start
-    return {"messages": n, "seconds": round(secs, 2), "mb_per_s": round(n * 1024 / secs / 1e6, 1)}
+    return {
+        "messages": sent,
+        "seconds": round(secs, 2),
+        "mb_per_s": round(sent * 1024 / secs / 1e6, 1),
+    }
+
+
+def section_head(begin: str, command: str) -> list[str]:
+    """The first lines of a docs/benchmarks.md section: when, where, which command."""
+    return [
+        begin,
+        f"Run on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine: {machine()}.",
+        "",
+        f"Command: `{command}`",
+        "",
+    ]
 
 
 def render(results: dict[str, Any], command: str) -> str:
@@ -354,11 +370,7 @@ def render(results: dict[str, Any], command: str) -> str:
     c = results["consume_backlog"]
     f = results["backlog_fill"]
     lines = [
-        BEGIN,
-        f"Run on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine: {machine()}.",
-        "",
-        f"Command: `{command}`",
-        "",
+        *section_head(BEGIN, command),
         "| scenario | result | target |",
         "|---|---|---|",
         f"| produce, 1 producer, 1 KiB messages, batching on, acked (fsync=always), {p['seconds']} s | "
@@ -377,11 +389,7 @@ def render_small(results: dict[str, Any], command: str) -> str:
     p = results["produce_100b"]
     c = results["consume_100b"]
     lines = [
-        SMALL_BEGIN,
-        f"Run on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine: {machine()}.",
-        "",
-        f"Command: `{command}`",
-        "",
+        *section_head(SMALL_BEGIN, command),
         "| scenario | result | target |",
         "|---|---|---|",
         f"| sync API producer, 100-byte messages, batching on | **{p['msg_per_s']:,.0f} msg/s** ({p['mb_per_s']} MB/s) | ≥ 300,000 msg/s |",

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.__main__ import Standalone, free_port, stop, wait_for_port
+from bench.__main__ import Standalone, fill_backlog, free_port, stop, wait_for_port
 
 SAMPLE_EVERY = 64
 STAMP = struct.Struct("<q")
@@ -833,23 +833,8 @@ async def _nats_paced(
 
 
 def _fill_pigeon(url: str, topic: str, n: int, deadline: float) -> int:
-    from pigeon.client import Client
-
-    payload = os.urandom(1024)
-    sent = 0
-    with Client(url) as client:
-        # the subscription first, so the backlog is retained for it
-        client.subscribe(topic, "perf-sub", initial_position="earliest").close()
-        with client.create_producer(
-            topic, batching_max_messages=1000, batching_max_bytes=1 << 20
-        ) as p:
-            send = p.send_async
-            while sent < n and time.monotonic() < deadline:
-                for _ in range(min(1000, n - sent)):
-                    send(payload)
-                sent += min(1000, n - sent)
-            p.flush()
-    return sent
+    messages: int = fill_backlog(url, topic, n, deadline=deadline)["messages"]
+    return messages
 
 
 def _read_pigeon(url: str, topic: str, n: int, deadline: float) -> dict:

@@ -12,8 +12,9 @@ from typing import Any
 
 import trio
 
+from pigeon.core._connection import Connection
 from pigeon.core._framing import DEFAULT_MAX_FRAME_SIZE
-from pigeon.core._rpc import Connection, connect_tcp, split_address
+from pigeon.core._rpc import connect_tcp, split_address
 from pigeon.core._schema import BookieFrame
 from pigeon.core.errors import ConnectionClosed, ServiceUnavailable
 

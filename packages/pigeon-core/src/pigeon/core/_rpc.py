@@ -33,15 +33,7 @@ from pigeon.core.errors import (
     Timeout,
 )
 
-__all__ = [
-    "Connection",
-    "Request",
-    "connect_tcp",
-    "listen_error",
-    "listen_tcp",
-    "serve_tcp",
-    "split_address",
-]
+__all__ = ["connect_tcp", "listen_error", "listen_tcp", "serve_tcp", "split_address"]
 
 log = logging.getLogger(__name__)
 
