@@ -31,7 +31,7 @@ from pigeon.core.errors import (
     Timeout,
 )
 
-__all__ = ["QuorumWriter", "fail_in_order"]
+__all__ = ["QuorumWriter", "WriterBase", "fail_in_order"]
 
 #: the replication layer's one logger (its modules share the name)
 log = logging.getLogger("pigeon.core._replication")
@@ -51,7 +51,45 @@ class _InFlight:
         return len(self.acked_by)
 
 
-class QuorumWriter:
+class WriterBase:
+    """What every segment writer shares: its entries in flight by id, the event set
+    while none is, and how it stops (:meth:`close`: no more adds; :meth:`abort`: every
+    entry in flight fails too).  A subclass says how it fails (``_fail``)."""
+
+    def __init__(self) -> None:
+        self.closed = False
+        self._idle = trio.Event()
+        self._idle.set()
+        self._in_flight: dict[int, Any] = {}
+        self._failed: BaseException | None = None
+
+    @property
+    def pending(self) -> int:
+        return len(self._in_flight)
+
+    @property
+    def failed(self) -> BaseException | None:
+        return self._failed
+
+    def abort(self, error: BaseException) -> None:
+        """Stop the writer: every entry still in flight is called back with ``error``
+        (its fate is settled by recovering the segment), and no later add is taken."""
+        self.closed = True
+        self._fail(error)
+
+    def close(self) -> None:
+        """No more adds (the segment is being closed); stops pending ensemble changes."""
+        self.closed = True
+
+    async def wait_idle(self) -> None:
+        """Wait until no entry is in flight (all acknowledged, or the writer failed)."""
+        await self._idle.wait()
+
+    def _fail(self, error: BaseException) -> None:
+        raise NotImplementedError
+
+
+class QuorumWriter(WriterBase):
     """Appends entries to one segment. Only one writer may ever exist per segment."""
 
     def __init__(
@@ -66,6 +104,7 @@ class QuorumWriter:
         replace_bookie: ReplaceBookie | None = None,
         nursery: trio.Nursery | None = None,
     ) -> None:
+        super().__init__()
         self.client = client
         self.segment_id = segment_id
         self.ensemble = list(ensemble)
@@ -75,16 +114,12 @@ class QuorumWriter:
         self._down: set[int] = set()
         self._backfill: dict[int, dict[int, bytes | memoryview]] = {}
         self.ensemble_changes = 0
-        self.closed = False
-        self._idle = trio.Event()
-        self._idle.set()
         self.write_quorum = write_quorum
         self.ack_quorum = ack_quorum
         self.next_entry_id = 0
         self.lac = -1
         self.bytes_written = 0
         self._in_flight: dict[int, _InFlight] = {}
-        self._failed: BaseException | None = None
         self._conns: list[Any] = []
         self._watching = False
         #: an add a bookie leaves unanswered this long counts as that bookie failing
@@ -116,28 +151,6 @@ class QuorumWriter:
                             trio.current_time() - flight.sent_at,
                         )
                         conn.abort(Timeout(f"bookie {self.ensemble[index]} did not answer"))
-
-    @property
-    def pending(self) -> int:
-        return len(self._in_flight)
-
-    def abort(self, error: BaseException) -> None:
-        """Stop the writer: every entry still in flight is called back with ``error``
-        (its fate is settled by recovering the segment), and no later add is taken."""
-        self.closed = True
-        self._fail(error)
-
-    def close(self) -> None:
-        """No more adds (the segment is being closed); stops pending ensemble changes."""
-        self.closed = True
-
-    async def wait_idle(self) -> None:
-        """Wait until no entry is in flight (all acknowledged, or the writer failed)."""
-        await self._idle.wait()
-
-    @property
-    def failed(self) -> BaseException | None:
-        return self._failed
 
     def _targets(self, entry_id: int) -> list[int]:
         e = len(self.ensemble)

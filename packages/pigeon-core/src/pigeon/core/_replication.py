@@ -25,7 +25,7 @@ from pigeon.core._policy import (
     ReplicationPolicy,
     SegmentWriter,
 )
-from pigeon.core._quorum_writer import QuorumWriter, fail_in_order
+from pigeon.core._quorum_writer import QuorumWriter, WriterBase, fail_in_order
 from pigeon.core._replica_reads import UNANSWERED, ReplicaRepairs, read_replicas, read_striped
 from pigeon.core.errors import (
     ConfigError,
@@ -42,6 +42,7 @@ __all__ = [
     "QuorumPolicy",
     "QuorumWriter",
     "ReplicaRepairs",
+    "WriterBase",
     "fail_in_order",
     "read_replicas",
     "read_striped",
