@@ -188,6 +188,15 @@ def incomplete(reps: list[dict[str, Any]], system: str) -> int:
     )
 
 
+def ratio_table_head(first: str, systems: list[str], peers: list[str]) -> list[str]:
+    """The header of a table with a column per system, then PigeonMQ's ratio to each peer."""
+    return [
+        f"| {first} | " + " | ".join(NAMES[s] for s in systems) + " | "
+        + " | ".join(f"PigeonMQ / {SHORT[s]}" for s in peers) + " |",
+        "|---|" + "---|" * (len(systems) + len(peers)),
+    ]  # fmt: skip
+
+
 def render(res: dict[str, Any], command: str) -> str:
     reps = res["repetitions"]
     systems = [s for s in res["systems"]]
@@ -218,9 +227,7 @@ def render(res: dict[str, Any], command: str) -> str:
         "",
         "### Max produce throughput (batching on, every message acknowledged)",
         "",
-        "| scenario | " + " | ".join(NAMES[s] for s in systems) + " | "
-        + " | ".join(f"PigeonMQ / {SHORT[s]}" for s in peers) + " |",
-        "|---|" + "---|" * (len(systems) + len(peers)),
+        *ratio_table_head("scenario", systems, peers),
     ]  # fmt: skip
     rows = [
         ("produce_1k", "1 KiB messages, 1 producer, msg/s", "msg_per_s"),
@@ -315,9 +322,7 @@ def render(res: dict[str, Any], command: str) -> str:
             "limit (backlog not filled in time, or not read in time): the rate is then over "
             "what was stored or read.",
             "",
-            "| measure | " + " | ".join(NAMES[s] for s in systems) + " | "
-            + " | ".join(f"PigeonMQ / {SHORT[s]}" for s in peers) + " |",
-            "|---|" + "---|" * (len(systems) + len(peers)),
+            *ratio_table_head("measure", systems, peers),
         ]  # fmt: skip
 
         def cmark(s: str) -> str:
