@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -109,26 +110,23 @@ class Standalone:
         self.log.close()
 
 
+@dataclass
 class Cluster:
-    """3 bookies + 1 broker on a shared embedded metadata store (real processes)."""
+    """3 bookies + 1 broker on a shared embedded metadata store (real processes), with
+    the broker's ensemble size and write and ack quorums."""
 
-    def __init__(
-        self,
-        root: Path,
-        *,
-        bookies: int = 3,
-        ensemble: int = 3,
-        qw: int = 2,
-        qa: int = 2,
-        replication: str = "quorum",
-    ):
-        self.root = root
-        self.n = bookies
-        self.quorum = (ensemble, qw, qa)
-        self.replication = replication
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.port = free_port()
-        self.metadata = f"embedded://{root / 'metadata'}?session_timeout=5"
+    root: Path
+    bookies: int = 3
+    ensemble: int = 3
+    qw: int = 2
+    qa: int = 2
+    replication: str = "quorum"
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    port: int = field(default_factory=free_port)
+
+    @property
+    def metadata(self) -> str:
+        return f"embedded://{self.root / 'metadata'}?session_timeout=5"
 
     @property
     def url(self) -> str:
@@ -144,7 +142,7 @@ class Cluster:
         wait_for_port(proc, port, args[0], log)
 
     def __enter__(self) -> Cluster:
-        for i in range(self.n):
+        for i in range(self.bookies):
             port = free_port()
             self._start(
                 [
@@ -162,8 +160,10 @@ class Cluster:
                 f"bookie-{i}.log",
             )
         config = self.root / "broker.toml"
-        e, w, a = self.quorum
-        config.write_text(f"[broker]\nensemble_size = {e}\nwrite_quorum = {w}\nack_quorum = {a}\n")
+        config.write_text(
+            f"[broker]\nensemble_size = {self.ensemble}\nwrite_quorum = {self.qw}\n"
+            f"ack_quorum = {self.qa}\n"
+        )
         self._start(
             [
                 "broker",
