@@ -39,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.__main__ import DOC, RESULTS, ROOT, machine, write_doc
+from bench.catchup import catchup
+from bench.latency import latency
 from bench.peers import (
     CATCHUP_LIMIT,
     FILL_LIMIT,
@@ -46,8 +48,6 @@ from bench.peers import (
     SERVERS,
     SUSTAINED,
     TAIL_LIMIT,
-    catchup,
-    latency,
     produce_many,
     rabbitmq_status,
 )
