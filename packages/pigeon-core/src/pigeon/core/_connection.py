@@ -349,7 +349,8 @@ class Connection:
         out = self._out
         # A TCP stream writes the queued buffers with one sendmsg (a vectored write: no
         # copy); other streams (the in-memory network, TLS) take joined small parts.
-        sendmsg = self.stream.socket.sendmsg if isinstance(self.stream, trio.SocketStream) else None
+        sock = self.stream.socket if isinstance(self.stream, trio.SocketStream) else None
+        sendmsg = getattr(sock, "sendmsg", None)  # (Windows sockets have none)
         while True:
             if not out:
                 if self._closed:
