@@ -2,6 +2,7 @@
 
     python -m bench                       # standard scenario (30 s produce, 1 GiB catch-up)
     python -m bench --duration 10 --backlog-mb 256 --no-docs
+    python -m bench --scenario cluster --duration 10 --baseline HEAD~3   # before/after
 
 Results are data, not tests: JSON goes to bench/results/, a markdown table (with the exact
 command and the machine) replaces the "Standard scenario" section of docs/benchmarks.md.
@@ -14,12 +15,12 @@ import argparse
 import json
 import os
 import platform
-import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,30 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def wait_for_port(proc: subprocess.Popen[bytes], port: int, what: str, log: str) -> None:
+    """Wait (30 s at most) until ``proc`` accepts connections on ``port``."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited during start; see {log}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{what} did not start within 30 s")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Terminate ``proc``; kill it if it has not exited 20 s later."""
+    proc.terminate()
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 class Standalone:
@@ -76,48 +101,32 @@ class Standalone:
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError("standalone exited during start; see standalone.log")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-                return self
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError("standalone did not start within 30 s")
+        wait_for_port(self.proc, self.port, "standalone", "standalone.log")
+        return self
 
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            stop(self.proc)
         self.log.close()
 
 
+@dataclass
 class Cluster:
-    """3 bookies + 1 broker on a shared embedded metadata store (real processes)."""
+    """3 bookies + 1 broker on a shared embedded metadata store (real processes), with
+    the broker's ensemble size and write and ack quorums."""
 
-    def __init__(
-        self,
-        root: Path,
-        *,
-        bookies: int = 3,
-        ensemble: int = 3,
-        qw: int = 2,
-        qa: int = 2,
-        replication: str = "quorum",
-    ):
-        self.root = root
-        self.n = bookies
-        self.quorum = (ensemble, qw, qa)
-        self.replication = replication
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.port = free_port()
-        self.metadata = f"embedded://{root / 'metadata'}?session_timeout=5"
+    root: Path
+    bookies: int = 3
+    ensemble: int = 3
+    qw: int = 2
+    qa: int = 2
+    replication: str = "quorum"
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    port: int = field(default_factory=free_port)
+
+    @property
+    def metadata(self) -> str:
+        return f"embedded://{self.root / 'metadata'}?session_timeout=5"
 
     @property
     def url(self) -> str:
@@ -130,19 +139,10 @@ class Cluster:
             [str(pigeon), "--log-level", "WARNING", *args], stdout=out, stderr=subprocess.STDOUT
         )
         self.procs.append(proc)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{args[0]} exited during start; see {log}")
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError(f"{args[0]} did not start within 30 s")
+        wait_for_port(proc, port, args[0], log)
 
     def __enter__(self) -> Cluster:
-        for i in range(self.n):
+        for i in range(self.bookies):
             port = free_port()
             self._start(
                 [
@@ -160,8 +160,10 @@ class Cluster:
                 f"bookie-{i}.log",
             )
         config = self.root / "broker.toml"
-        e, w, a = self.quorum
-        config.write_text(f"[broker]\nensemble_size = {e}\nwrite_quorum = {w}\nack_quorum = {a}\n")
+        config.write_text(
+            f"[broker]\nensemble_size = {self.ensemble}\nwrite_quorum = {self.qw}\n"
+            f"ack_quorum = {self.qa}\n"
+        )
         self._start(
             [
                 "broker",
@@ -185,11 +187,7 @@ class Cluster:
         for proc in reversed(self.procs):
             proc.terminate()
         for proc in self.procs:
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc)
 
 
 def cluster_scenario(args: argparse.Namespace) -> dict[str, Any]:
@@ -225,11 +223,7 @@ def render_cluster(results: dict[str, Any], command: str) -> str:
     sa, cl = results["standalone"], results["cluster"]
     return "\n".join(
         [
-            CLUSTER_BEGIN,
-            f"Run on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine: {machine()}.",
-            "",
-            f"Command: `{command}`",
-            "",
+            *section_head(CLUSTER_BEGIN, command),
             "| setup (1 producer, 1 KiB, batching on, acked, fsync=always) | result | target |",
             "|---|---|---|",
             f"| standalone (1 bookie) | **{sa['mb_per_s']} MB/s** ({sa['msg_per_s']:,.0f} msg/s) | — |",
@@ -332,23 +326,43 @@ def small_and_codecs(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
-def fill_backlog(url: str, topic: str, n: int) -> dict[str, Any]:
+def fill_backlog(url: str, topic: str, n: int, *, deadline: float = float("inf")) -> dict[str, Any]:
+    """``n`` 1 KiB messages (fewer if ``deadline``, a time.monotonic(), comes first),
+    after a subscription that retains them for the catch-up read."""
     from pigeon.client import Client
 
     payload = os.urandom(1024)
     start = time.perf_counter()
+    sent = 0
     with Client(url) as client:
-        # create the subscription first so the backlog is retained for it
         client.subscribe(topic, "perf-sub", initial_position="earliest").close()
         with client.create_producer(
             topic, batching_max_messages=1000, batching_max_bytes=1 << 20
         ) as p:
             send = p.send_async
-            for _ in range(n):
-                send(payload)
+            while sent < n and time.monotonic() < deadline:
+                chunk = min(1000, n - sent)
+                for _ in range(chunk):
+                    send(payload)
+                sent += chunk
             p.flush()
     secs = time.perf_counter() - start
-    return {"messages": n, "seconds": round(secs, 2), "mb_per_s": round(n * 1024 / secs / 1e6, 1)}
+    return {
+        "messages": sent,
+        "seconds": round(secs, 2),
+        "mb_per_s": round(sent * 1024 / secs / 1e6, 1),
+    }
+
+
+def section_head(begin: str, command: str) -> list[str]:
+    """The first lines of a docs/benchmarks.md section: when, where, which command."""
+    return [
+        begin,
+        f"Run on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine: {machine()}.",
+        "",
+        f"Command: `{command}`",
+        "",
+    ]
 
 
 def render(results: dict[str, Any], command: str) -> str:
@@ -356,11 +370,7 @@ def render(results: dict[str, Any], command: str) -> str:
     c = results["consume_backlog"]
     f = results["backlog_fill"]
     lines = [
-        BEGIN,
-        f"Run on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine: {machine()}.",
-        "",
-        f"Command: `{command}`",
-        "",
+        *section_head(BEGIN, command),
         "| scenario | result | target |",
         "|---|---|---|",
         f"| produce, 1 producer, 1 KiB messages, batching on, acked (fsync=always), {p['seconds']} s | "
@@ -379,11 +389,7 @@ def render_small(results: dict[str, Any], command: str) -> str:
     p = results["produce_100b"]
     c = results["consume_100b"]
     lines = [
-        SMALL_BEGIN,
-        f"Run on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine: {machine()}.",
-        "",
-        f"Command: `{command}`",
-        "",
+        *section_head(SMALL_BEGIN, command),
         "| scenario | result | target |",
         "|---|---|---|",
         f"| sync API producer, 100-byte messages, batching on | **{p['msg_per_s']:,.0f} msg/s** ({p['mb_per_s']} MB/s) | ≥ 300,000 msg/s |",
@@ -426,48 +432,62 @@ def main() -> None:
         "cluster: 3 bookies beside a standalone (all: every one)",
     )
     parser.add_argument("--codecs", nargs="*", default=["none", "gzip", "lz4", "zstd"])
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="run the scenario on commit REV and on the working tree, alternating, and"
+        " print both and their ratio (see bench/baseline.py; implies --no-docs)",
+    )
+    parser.add_argument("--rounds", type=int, default=4, help="runs per side with --baseline")
+    parser.add_argument("--json", type=Path, help="write the results here, not in bench/results/")
     args = parser.parse_args()
     command = ("python -m bench " + " ".join(sys.argv[1:])).strip()
-    if args.scenario in ("cluster", "all"):
-        cl = cluster_scenario(args)
-        cl["machine"] = machine()
-        cl["command"] = command
+    written: dict[str, Any] = {}  # every scenario's results, for --json
+
+    def save(name: str, results: dict[str, Any]) -> None:
+        """Into bench/results/, or (a child run of --baseline) all into --json's file."""
+        if args.json:
+            written.update(results)
+            args.json.write_text(json.dumps(written, indent=2))
+            return
         RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / f"cluster-{time.strftime('%Y%m%dT%H%M%S')}.json").write_text(
-            json.dumps(cl, indent=2)
-        )
-        section = render_cluster(cl, command)
+        out = RESULTS / f"{name}-{time.strftime('%Y%m%dT%H%M%S')}.json"
+        out.write_text(json.dumps(results, indent=2))
+        print(f"results: {out.relative_to(ROOT)}", file=sys.stderr)
+
+    if args.baseline:
+        from bench.baseline import compare
+
+        child = ["--scenario", args.scenario, "--duration", str(args.duration)]
+        child += ["--backlog-mb", str(args.backlog_mb), "--codecs", *args.codecs]
+        cmp = compare(args, child)
+        save("baseline", {**cmp, "machine": machine(), "command": command})
+        return
+    for name in ("cluster", "small", "standard"):
+        if args.scenario not in (name, "all"):
+            continue
+        run, render_section, markers, title = SCENARIOS[name]
+        results = run(args)
+        results["machine"] = machine()
+        results["command"] = command
+        save(name, results)
+        section = render_section(results, command)
         print(section)
         if not args.no_docs:
-            write_doc(section, CLUSTER_BEGIN, CLUSTER_END, "3-bookie cluster")
-        if args.scenario == "cluster":
-            return
-    if args.scenario in ("small", "all"):
-        small = small_and_codecs(args)
-        small["machine"] = machine()
-        small["command"] = command
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / f"small-{time.strftime('%Y%m%dT%H%M%S')}.json").write_text(
-            json.dumps(small, indent=2)
-        )
-        section = render_small(small, command)
-        print(section)
-        if not args.no_docs:
-            write_doc(section, SMALL_BEGIN, SMALL_END, "Small messages and codecs")
-        if args.scenario == "small":
-            return
-    results = standard(args)
-    results["machine"] = machine()
-    results["command"] = command
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"standard-{time.strftime('%Y%m%dT%H%M%S')}.json"
-    out.write_text(json.dumps(results, indent=2))
-    section = render(results, command)
-    print(section)
-    if not args.no_docs:
-        write_doc(section)
-    print(f"results: {out.relative_to(ROOT)}", file=sys.stderr)
-    _ = shutil
+            write_doc(section, *markers, title)
+
+
+#: scenario -> (run, render, the markers of its docs/benchmarks.md section, its title)
+SCENARIOS: dict[str, tuple[Any, Any, tuple[str, str], str]] = {
+    "cluster": (cluster_scenario, render_cluster, (CLUSTER_BEGIN, CLUSTER_END), "3-bookie cluster"),
+    "small": (
+        small_and_codecs,
+        render_small,
+        (SMALL_BEGIN, SMALL_END),
+        "Small messages and codecs",
+    ),
+    "standard": (standard, render, (BEGIN, END), "Standard scenario"),
+}
 
 
 if __name__ == "__main__":

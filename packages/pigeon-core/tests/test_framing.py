@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+import tracemalloc
 
 import pytest
 from hypothesis import given, settings
@@ -13,6 +14,7 @@ from pigeon.core._framing import (
     FrameDecoder,
     build_message,
     capnp_message_size,
+    consume_buffers,
     encode_frame,
 )
 from pigeon.core._schema import BookieFrame, BrokerFrame
@@ -291,3 +293,58 @@ def test_feed_between_partial_iterations() -> None:
     got.extend(it)
     got.extend(decoder.frames())
     assert got == [f[4:] for f in frames]
+
+
+def test_large_frame_is_assembled_once_in_a_buffer_of_its_own() -> None:
+    """A 4 MiB frame arriving in 64 KiB chunks costs the frame's bytes once: chunks are
+    copied straight into a buffer of its exact size, not appended to a growing buffer
+    and then sliced out (and copied again) when complete."""
+    msg = build_message(BookieFrame, 9, "addEntry", {"segmentId": 1, "entryId": 2, "lac": 1})
+    payload = bytes(range(256)) * (16 * 1024)
+    stream = _frame_bytes(msg, payload)
+    chunks = [stream[i : i + 65536] for i in range(0, len(stream), 65536)]
+    decoder = FrameDecoder()
+    got = []
+    tracemalloc.start()
+    try:
+        for chunk in chunks:
+            decoder.feed(chunk)
+            got.extend(decoder.frames())
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    (frame,) = got
+    assert _split(frame) == (msg, payload)
+    assert peak < len(stream) + 512 * 1024, peak  # the frame, plus small change
+
+
+def test_frames_are_independent_of_later_input() -> None:
+    """A frame (and a view of it) is never reused by the decoder: later input, small or
+    large, whole or cut, leaves the frames already yielded as they were."""
+    big = _frame_bytes(_lookup(1, "t"), b"b" * 100_000)
+    small = _frame_bytes(_lookup(2, "t"), b"s" * 10)
+    stream = big + small + big + small
+    decoder = FrameDecoder()
+    views = []
+    for i in range(0, len(stream), 30_000):
+        decoder.feed(stream[i : i + 30_000])
+        views.extend(memoryview(f) for f in decoder.frames())
+    assert [bytes(v) for v in views] == [big[4:], small[4:], big[4:], small[4:]]
+
+
+@given(
+    sizes=st.lists(st.integers(min_value=0, max_value=50), max_size=8),
+    data=st.data(),
+)
+def test_consume_buffers_leaves_exactly_the_unsent_bytes(
+    sizes: list[int], data: st.DataObject
+) -> None:
+    buffers = [bytes([i]) * size for i, size in enumerate(sizes)]
+    whole = b"".join(buffers)
+    sent = data.draw(st.integers(min_value=0, max_value=len(whole)))
+    rest = consume_buffers(list(buffers), sent)
+    assert b"".join(bytes(b) for b in rest) == whole[sent:]
+    # untouched buffers are the same objects (no copy); at most the first is a view
+    assert all(
+        a is b for a, b in zip(rest[1:], buffers[len(buffers) - len(rest) + 1 :], strict=True)
+    )

@@ -22,6 +22,27 @@ def test_quorum_sizes_are_validated() -> None:
         QuorumPolicy(None, ensemble_size=2, write_quorum=3, ack_quorum=1)  # type: ignore[arg-type]
 
 
+async def _striped_segment(
+    bookies: Any, client: Any, segment_id: int, n: int
+) -> tuple[QuorumPolicy, list[str], list[bytes]]:
+    """A closed segment of ``n`` entries written with E=3, Qw=2, Qa=2 (no bookie holds
+    every entry): the policy, the ensemble and the entries."""
+    from pigeon.core.testing._replication_suite import _write
+
+    policy = QuorumPolicy(client, ensemble_size=3, write_quorum=2, ack_quorum=2)
+    ensemble = policy.choose_ensemble(bookies.addresses)
+    writer = await policy.create_writer(segment_id, ensemble)
+    payloads = [f"entry-{i}".encode() * 10 for i in range(n)]
+    await _write(writer, payloads)
+    writer.close()
+    return policy, ensemble, payloads
+
+
+def _holders(ensemble: list[str], entry: int) -> list[str]:
+    """The bookies of ``ensemble`` that hold ``entry`` with Qw=2."""
+    return [ensemble[(entry + k) % len(ensemble)] for k in range(2)]
+
+
 async def test_a_stalled_bookie_is_replaced_and_writes_go_on(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -68,15 +89,10 @@ async def test_a_striped_range_is_read_in_one_call_even_with_a_bookie_down(
     """E=3, Qw=2: no bookie holds every entry, yet a range read returns the whole range
     at once (it read one entry per round trip before: a consumer catching up after a
     fault managed ~50 entries/s), and with one bookie gone the other two cover it."""
-    from pigeon.core.testing._replication_suite import _cluster, _ReadOrder, _write
+    from pigeon.core.testing._replication_suite import _cluster, _ReadOrder
 
     async with _cluster(tmp_path, 3) as (bookies, client):
-        policy = QuorumPolicy(client, ensemble_size=3, write_quorum=2, ack_quorum=2)
-        ensemble = policy.choose_ensemble(bookies.addresses)
-        writer = await policy.create_writer(31, ensemble)
-        payloads = [f"entry-{i}".encode() * 10 for i in range(300)]
-        await _write(writer, payloads)
-        writer.close()
+        policy, ensemble, payloads = await _striped_segment(bookies, client, 31, 300)
         order = _ReadOrder(client)
         got = await policy.read(31, ensemble, 5, 299)
         assert [bytes(d) for _e, d in got] == payloads[5:]
@@ -89,15 +105,10 @@ async def test_a_striped_range_is_read_in_one_call_even_with_a_bookie_down(
 
 
 async def test_a_striped_read_refills_a_bookie_that_lost_its_tail(tmp_path: Any) -> None:
-    from pigeon.core.testing._replication_suite import _cluster, _write, segment_file
+    from pigeon.core.testing._replication_suite import _cluster, segment_file
 
     async with _cluster(tmp_path, 3) as (bookies, client):
-        policy = QuorumPolicy(client, ensemble_size=3, write_quorum=2, ack_quorum=2)
-        ensemble = policy.choose_ensemble(bookies.addresses)
-        writer = await policy.create_writer(32, ensemble)
-        payloads = [f"entry-{i}".encode() * 10 for i in range(60)]
-        await _write(writer, payloads)
-        writer.close()
+        policy, ensemble, payloads = await _striped_segment(bookies, client, 32, 60)
         lossy = ensemble[0]
         before = (await client.segment_info(lossy, 32))["last_entry_id"]
 
@@ -113,10 +124,7 @@ async def test_a_striped_read_refills_a_bookie_that_lost_its_tail(tmp_path: Any)
         assert [bytes(d) for _e, d in got] == payloads[cut + 5 :]
         assert (await client.segment_info(lossy, 32))["last_entry_id"] == before
         held = await client.read_entries(lossy, 32, 0, 59)
-        e = len(ensemble)
-        assert [i for i, _d in held] == [
-            i for i in range(60) if lossy in [ensemble[(i + k) % e] for k in range(2)]
-        ]
+        assert [i for i, _d in held] == [i for i in range(60) if lossy in _holders(ensemble, i)]
 
 
 async def test_reads_pass_over_a_bookie_that_does_not_answer(
@@ -128,16 +136,11 @@ async def test_reads_pass_over_a_bookie_that_does_not_answer(
     for it (a consumer or a de-duplication lookup stalled for the whole pause)."""
     import trio
 
-    from pigeon.core.testing._replication_suite import _cluster, _ReadOrder, _write
+    from pigeon.core.testing._replication_suite import _cluster, _ReadOrder
 
-    monkeypatch.setattr("pigeon.core._replication.READ_TIMEOUT_S", 0.5)
+    monkeypatch.setattr("pigeon.core._replica_reads.READ_TIMEOUT_S", 0.5)
     async with _cluster(tmp_path, 3) as (bookies, client):
-        policy = QuorumPolicy(client, ensemble_size=3, write_quorum=2, ack_quorum=2)
-        ensemble = policy.choose_ensemble(bookies.addresses)
-        writer = await policy.create_writer(33, ensemble)
-        payloads = [f"entry-{i}".encode() * 10 for i in range(60)]
-        await _write(writer, payloads)
-        writer.close()
+        policy, ensemble, payloads = await _striped_segment(bookies, client, 33, 60)
         order = _ReadOrder(client)
         silent = ensemble[0]
         bookies.pause(silent)
@@ -174,7 +177,7 @@ async def test_recovery_does_not_wait_per_entry_on_a_bookie_that_stops_answering
         e = len(ensemble)
         # a writer died with 300 entries unconfirmed (LAC -1); `lacking` got only 0-9
         for entry in range(300):
-            for bookie in [ensemble[(entry + k) % e] for k in range(2)]:
+            for bookie in _holders(ensemble, entry):
                 if bookie != lacking or entry < 10:
                     await client.add_entry(bookie, 41, entry, -1, b"e%d" % entry)
 
@@ -182,11 +185,11 @@ async def test_recovery_does_not_wait_per_entry_on_a_bookie_that_stops_answering
         assert await policy.recover(41, ensemble) == 299
         held = await client.read_entries(lacking, 41, 0, 299)
         assert [bytes(d) for _i, d in held] == [
-            b"e%d" % i for i in range(300) if lacking in [ensemble[(i + k) % e] for k in range(2)]
+            b"e%d" % i for i in range(300) if lacking in _holders(ensemble, i)
         ]
 
         for entry in range(300, 600):  # a second segment of the same shape
-            for bookie in [ensemble[(entry + k) % e] for k in range(2)]:
+            for bookie in _holders(ensemble, entry):
                 if bookie != lacking:
                     await client.add_entry(bookie, 42, entry - 300, -1, b"f%d" % entry)
         original = replication._read_tail

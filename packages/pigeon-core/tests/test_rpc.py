@@ -1,4 +1,6 @@
-"""The RPC layer: Connection over memory streams, serve_tcp/connect_tcp over loopback."""
+"""The RPC layer over loopback: the connect handshake, serve_tcp/connect_tcp, bad bytes.
+
+Connection itself is tested in test_connection.py, whose test service this file shares."""
 
 from __future__ import annotations
 
@@ -10,410 +12,15 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from test_connection import TIMEOUT, LookupService, raw_frame, read_until_eof
 
-from pigeon.core._framing import FrameDecoder, build_message, capnp_message_size, encode_frame
-from pigeon.core._rpc import Connection, Request, connect_tcp, serve_tcp
-from pigeon.core._schema import PROTOCOL_VERSION, BookieFrame, BrokerFrame
+from pigeon.core._rpc import connect_tcp, serve_tcp
+from pigeon.core._schema import PROTOCOL_VERSION, BrokerFrame
 from pigeon.core.errors import (
     ConnectionClosed,
-    PigeonError,
     ProtocolError,
     ProtocolVersionMismatch,
-    SegmentNotFound,
-    UnknownMessageType,
 )
-
-TIMEOUT = 5.0
-
-
-class CountingStream(trio.abc.Stream):
-    """Wraps a stream and records every send_all call."""
-
-    def __init__(self, inner: trio.abc.Stream) -> None:
-        self.inner = inner
-        self.sends: list[int] = []
-
-    async def send_all(self, data: Any) -> None:
-        self.sends.append(len(data))
-        await self.inner.send_all(data)
-
-    async def wait_send_all_might_not_block(self) -> None:
-        await self.inner.wait_send_all_might_not_block()
-
-    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-        return await self.inner.receive_some(max_bytes)
-
-    async def send_eof(self) -> None:  # pragma: no cover - not used by Connection
-        await self.inner.send_eof()  # type: ignore[attr-defined]
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-
-class Recorder:
-    """A client-side handler recording server pushes."""
-
-    def __init__(self) -> None:
-        self.pushes: list[tuple[int, int, bytes]] = []
-        self.got_push = trio.Event()
-
-    def on_message(self, conn: Connection, req: Request) -> None:
-        self.pushes.append((req.request_id, req.body.consumerId, bytes(req.payload)))
-        self.got_push.set()
-
-
-class LookupService:
-    """Answers lookups with the topic it was asked for; other requests as configured."""
-
-    def __init__(self) -> None:
-        self.held: list[tuple[Connection, int, str]] = []
-        self.hold = 0  # answer in reverse order once this many lookups are held
-        self.never_answer = False
-        self.got_request = trio.Event()
-        self.opened: list[Connection] = []
-        self.closed: list[Connection] = []
-
-    def on_lookup(self, conn: Connection, req: Request) -> None:
-        topic = str(req.body.topic)
-        self.got_request.set()
-        if self.never_answer:
-            return
-        if self.hold:
-            self.held.append((conn, req.request_id, topic))
-            if len(self.held) == self.hold:
-                for c, rid, t in reversed(self.held):
-                    c.respond(rid, "lookupResult", {"topic": t, "partitions": len(t)})
-                self.held.clear()
-            return
-        conn.respond(req.request_id, "lookupResult", {"topic": topic, "partitions": 0})
-
-    def on_createProducer(self, conn: Connection, req: Request) -> None:
-        raise SegmentNotFound(f"segment {req.body.producerId} is gone")
-
-    def on_closeProducer(self, conn: Connection, req: Request) -> None:
-        raise ValueError("boom")
-
-    def on_send(self, conn: Connection, req: Request) -> None:
-        # echoes the payload length back, proving the payload arrived whole
-        conn.respond(
-            req.request_id,
-            "sendReceipt",
-            {"producerId": req.body.producerId, "entryId": len(req.payload)},
-            payload=bytes(req.payload),
-        )
-
-    def connection_opened(self, conn: Connection) -> None:
-        self.opened.append(conn)
-
-    def connection_closed(self, conn: Connection) -> None:
-        self.closed.append(conn)
-
-
-@asynccontextmanager
-async def conn_pair(
-    service: Any = None,
-    client_handler: Any = None,
-    *,
-    frame_type: Any = BrokerFrame,
-    client_stream_wrapper: Any = None,
-) -> AsyncIterator[tuple[Connection, Connection]]:
-    a, b = trio.testing.memory_stream_pair()
-    client_stream = client_stream_wrapper(a) if client_stream_wrapper else a
-    client = Connection(client_stream, frame_type, handler=client_handler, name="client")
-    server = Connection(b, frame_type, handler=service, name="server")
-    async with trio.open_nursery() as nursery:
-        await nursery.start(server.run)
-        await nursery.start(client.run)
-        yield client, server
-        nursery.cancel_scope.cancel()
-
-
-def _raw_frame(kind: str, fields: Any, request_id: int, frame_type: Any = BrokerFrame) -> bytes:
-    message = build_message(frame_type, request_id, kind, fields)
-    return b"".join(bytes(p) for p in encode_frame(message))
-
-
-async def _read_until_eof(stream: trio.abc.Stream) -> list[tuple[int, str, Any]]:
-    """Every frame the peer sends until it closes: (requestId, kind, error code or None)."""
-    decoder = FrameDecoder()
-    out: list[tuple[int, str, Any]] = []
-    with trio.fail_after(TIMEOUT):
-        while True:
-            try:
-                data = await stream.receive_some(65536)
-            except trio.BrokenResourceError:
-                return out
-            if not data:
-                return out
-            decoder.feed(data)
-            for frame in decoder.frames():
-                size = capnp_message_size(frame)
-                with BrokerFrame.from_bytes(frame[:size]) as msg:
-                    kind = msg.which()
-                    code = (msg.error.code, str(msg.error.message)) if kind == "error" else None
-                    out.append((msg.requestId, kind, code))
-
-
-# ------------------------------------------------------------------ Connection
-
-
-async def test_request_response() -> None:
-    async with conn_pair(LookupService()) as (client, _server):
-        with trio.fail_after(TIMEOUT):
-            result = await client.request("lookup", {"topic": "t1"}, expect="lookupResult")
-        assert result["topic"] == "t1"
-
-
-async def test_ping_is_answered_without_a_handler() -> None:
-    async with conn_pair(None) as (client, _server):
-        with trio.fail_after(TIMEOUT):
-            assert await client.request("ping", None, expect="ok") is None
-
-
-async def test_pipelined_requests_matched_by_id_when_answered_out_of_order() -> None:
-    service = LookupService()
-    service.hold = 20
-    async with conn_pair(service) as (client, _server):
-        results: dict[int, dict[str, Any]] = {}
-
-        async def ask(i: int) -> None:
-            results[i] = await client.request(
-                "lookup", {"topic": f"topic-{i:0{i % 5 + 1}d}"}, expect="lookupResult"
-            )
-
-        with trio.fail_after(TIMEOUT):
-            async with trio.open_nursery() as nursery:
-                for i in range(20):
-                    nursery.start_soon(ask, i)
-    assert len(results) == 20
-    for i, r in results.items():
-        topic = f"topic-{i:0{i % 5 + 1}d}"
-        assert r["topic"] == topic
-        assert r["partitions"] == len(topic)
-
-
-async def test_request_nowait_callbacks_all_fire() -> None:
-    async with conn_pair(LookupService()) as (client, _server):
-        got: dict[str, Any] = {}
-        done = trio.Event()
-
-        def cb(result: Any, error: BaseException | None) -> None:
-            assert error is None
-            got[result["topic"]] = result
-            if len(got) == 100:
-                done.set()
-
-        ids = [client.request_nowait("lookup", {"topic": f"t{i}"}, cb) for i in range(100)]
-        assert len(set(ids)) == 100 and 0 not in ids
-        with trio.fail_after(TIMEOUT):
-            await done.wait()
-        assert set(got) == {f"t{i}" for i in range(100)}
-
-
-async def test_typed_error_travels() -> None:
-    async with conn_pair(LookupService()) as (client, server):
-        with trio.fail_after(TIMEOUT), pytest.raises(SegmentNotFound) as info:
-            await client.request("createProducer", {"producerId": 42, "topic": "t"})
-        assert info.value.message == "segment 42 is gone"
-        assert info.value.wire_code == SegmentNotFound.code
-        # the connection is still usable
-        with trio.fail_after(TIMEOUT):
-            assert (await client.request("lookup", {"topic": "t"}))["topic"] == "t"
-        assert not server.closed
-
-
-async def test_handler_crash_becomes_an_error_answer() -> None:
-    async with conn_pair(LookupService()) as (client, _server):
-        with trio.fail_after(TIMEOUT), pytest.raises(PigeonError, match="boom"):
-            await client.request("closeProducer", {"producerId": 1})
-        with trio.fail_after(TIMEOUT):
-            assert (await client.request("lookup", {"topic": "t"}))["topic"] == "t"
-
-
-async def test_unserved_message_type_gets_unknown_message_type() -> None:
-    async with conn_pair(LookupService()) as (client, server):
-        with trio.fail_after(TIMEOUT), pytest.raises(UnknownMessageType, match="subscribe"):
-            await client.request("subscribe", {"consumerId": 1, "topic": "t"})
-        with trio.fail_after(TIMEOUT):
-            assert (await client.request("lookup", {"topic": "t"}))["topic"] == "t"
-        assert not server.closed and not client.closed
-
-
-async def test_unknown_union_member_gets_unknown_message_type() -> None:
-    """A newer peer sends a message kind this schema does not know: that request gets
-    UnknownMessageType and the connection keeps working."""
-    a, b = trio.testing.memory_stream_pair()
-    server = Connection(b, BrokerFrame, handler=LookupService(), name="server")
-    message = bytearray(build_message(BrokerFrame, 5, "ping", None))
-    # root struct data section: requestId (word 0), then the union discriminant (u16)
-    struct.pack_into("<H", message, 24, 999)
-    decoder = FrameDecoder()
-
-    async def next_frame() -> tuple[int, str, Any]:
-        while True:
-            for frame in decoder.frames():
-                with BrokerFrame.from_bytes(frame) as msg:
-                    kind = msg.which()
-                    return msg.requestId, kind, msg.error.code if kind == "error" else None
-            decoder.feed(await a.receive_some(65536))
-
-    async with trio.open_nursery() as nursery:
-        await nursery.start(server.run)
-        with trio.fail_after(TIMEOUT):
-            await a.send_all(struct.pack("<I", len(message)) + message)
-            assert await next_frame() == (5, "error", UnknownMessageType.code)
-            await a.send_all(_raw_frame("lookup", {"topic": "t"}, 6))
-            assert await next_frame() == (6, "lookupResult", None)
-        assert not server.closed
-        nursery.cancel_scope.cancel()
-
-
-async def test_wrong_answer_kind_is_a_protocol_error() -> None:
-    async with conn_pair(LookupService()) as (client, _server):
-        with trio.fail_after(TIMEOUT), pytest.raises(ProtocolError, match="lookupResult"):
-            await client.request("lookup", {"topic": "t"}, expect="connected")
-
-
-async def test_server_push_reaches_client_handler() -> None:
-    recorder = Recorder()
-    async with conn_pair(LookupService(), recorder) as (_client, server):
-        server.send_nowait(
-            "message",
-            {"consumerId": 77, "entries": [{"segmentId": 1, "entryId": 2, "size": 5}]},
-            payload=b"hello",
-        )
-        with trio.fail_after(TIMEOUT):
-            await recorder.got_push.wait()
-        assert recorder.pushes == [(0, 77, b"hello")]
-
-
-async def test_push_without_handler_method_does_not_break_connection() -> None:
-    async with conn_pair(LookupService(), Recorder()) as (client, server):
-        server.send_nowait("closedByBroker", {"producerId": 1, "reason": "x"})
-        with trio.fail_after(TIMEOUT):
-            assert (await client.request("lookup", {"topic": "t"}))["topic"] == "t"
-
-
-async def test_payload_round_trip_large_and_small() -> None:
-    service = LookupService()
-    async with conn_pair(service) as (client, _server):
-        for size in (0, 1, 1000, 300_000):
-            payload = bytes(range(256)) * (size // 256) + b"z" * (size % 256)
-
-            def extract(body: Any, p: memoryview) -> tuple[int, bytes]:
-                return body.entryId, bytes(p)
-
-            with trio.fail_after(TIMEOUT):
-                entry_id, echoed = await client.request(
-                    "send",
-                    {"producerId": 3},
-                    payload=payload,
-                    expect="sendReceipt",
-                    extract=extract,
-                )
-            assert entry_id == size
-            assert echoed == payload
-
-
-async def test_peer_dies_mid_call_fails_pending_requests() -> None:
-    service = LookupService()
-    service.never_answer = True
-    a, b = trio.testing.memory_stream_pair()
-    client = Connection(a, BrokerFrame, name="client")
-    server = Connection(b, BrokerFrame, handler=service, name="server")
-    errors: list[BaseException] = []
-
-    async def call(i: int) -> None:
-        try:
-            await client.request("lookup", {"topic": f"t{i}"})
-        except ConnectionClosed as exc:
-            errors.append(exc)
-
-    with trio.fail_after(TIMEOUT):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(client.run)
-            async with trio.open_nursery() as server_nursery:
-                await server_nursery.start(server.run)
-                for i in range(5):
-                    nursery.start_soon(call, i)
-                await service.got_request.wait()
-                server_nursery.cancel_scope.cancel()  # the server dies
-    assert len(errors) == 5
-    assert client.closed
-    with pytest.raises(ConnectionClosed):
-        await client.request("lookup", {"topic": "late"})
-
-
-async def test_stream_broken_while_writing_fails_pending_requests() -> None:
-    a, b = trio.testing.memory_stream_pair()
-    client = Connection(a, BrokerFrame, name="client")
-    with trio.fail_after(TIMEOUT):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(client.run)
-            await b.aclose()  # peer closes before we even write
-            with pytest.raises(ConnectionClosed):
-                await client.request("lookup", {"topic": "t"})
-
-
-async def test_close_flushes_queued_frames() -> None:
-    recorder = Recorder()
-    async with conn_pair(LookupService(), recorder) as (client, server):
-        for i in range(10):
-            server.send_nowait("message", {"consumerId": i})
-        server.close()
-        with trio.fail_after(TIMEOUT):
-            await client.closed_event.wait()
-    assert [p[1] for p in recorder.pushes] == list(range(10))
-
-
-async def test_write_coalescing_few_send_all_calls() -> None:
-    a, b = trio.testing.memory_stream_pair()
-    counting = CountingStream(a)
-    server_service = LookupService()
-    client = Connection(counting, BrokerFrame, name="client")
-    server = Connection(b, BrokerFrame, handler=server_service, name="server")
-    got: list[str] = []
-    done = trio.Event()
-
-    def cb(result: Any, error: BaseException | None) -> None:
-        got.append(result["topic"])
-        if len(got) == 500:
-            done.set()
-
-    # queue 500 small frames before the writer task has run at all
-    for i in range(500):
-        client.request_nowait("lookup", {"topic": f"t{i}"}, cb)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(server.run)
-        await nursery.start(client.run)
-        with trio.fail_after(TIMEOUT):
-            await done.wait()
-        nursery.cancel_scope.cancel()
-    assert sorted(got) == sorted(f"t{i}" for i in range(500))
-    assert len(counting.sends) <= 3, counting.sends
-    assert sum(counting.sends) > 500 * 40
-
-
-async def test_large_payload_is_not_joined_with_small_frames() -> None:
-    a, b = trio.testing.memory_stream_pair()
-    counting = CountingStream(a)
-    client = Connection(counting, BookieFrame, name="client")
-    big = b"x" * 200_000
-    client.send_nowait("ping")
-    client.send_nowait("addEntry", {"segmentId": 1, "entryId": 0}, payload=big)
-    decoder = FrameDecoder()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(client.run)
-        frames: list[bytes] = []
-        with trio.fail_after(TIMEOUT):
-            while len(frames) < 2:
-                decoder.feed(await b.receive_some(1 << 20))
-                frames.extend(decoder.frames())
-        nursery.cancel_scope.cancel()
-    # the big payload went out as its own write, not copied into a joined buffer
-    assert 200_000 in counting.sends
-    assert frames[1][capnp_message_size(frames[1]) :] == big
-
 
 # ------------------------------------------------------------------ TCP: handshake
 
@@ -459,10 +66,8 @@ async def test_tcp_wrong_protocol_version_is_refused_and_closed() -> None:
             await connect_tcp(host, port, BrokerFrame, nursery, protocol_version=99)
         # the same over a raw socket: an error answer, then the server hangs up
         stream = await trio.open_tcp_stream(host, port)
-        await stream.send_all(
-            _raw_frame("connect", {"protocolVersion": 99, "clientName": "old"}, 1)
-        )
-        frames = await _read_until_eof(stream)
+        await stream.send_all(raw_frame("connect", {"protocolVersion": 99, "clientName": "old"}, 1))
+        frames = await read_until_eof(stream)
         assert frames == [(1, "error", (ProtocolVersionMismatch.code, frames[0][2][1]))]
         await stream.aclose()
     assert service.opened == []
@@ -472,8 +77,8 @@ async def test_tcp_first_frame_not_connect_closes_connection() -> None:
     service = LookupService()
     async with tcp_server(service) as (_nursery, (host, port)):
         stream = await trio.open_tcp_stream(host, port)
-        await stream.send_all(_raw_frame("lookup", {"topic": "t"}, 1))
-        frames = await _read_until_eof(stream)  # times out if the server keeps it open
+        await stream.send_all(raw_frame("lookup", {"topic": "t"}, 1))
+        frames = await read_until_eof(stream)  # times out if the server keeps it open
         await stream.aclose()
     assert len(frames) == 1
     request_id, kind, (code, message) = frames[0]
@@ -497,7 +102,7 @@ def _garbage_cases() -> list[Any]:
             id="garbage-pointer",
         ),
         pytest.param(struct.pack("<I", 10_000_000), True, id="oversize"),
-        pytest.param(_raw_frame("connect", {"protocolVersion": 1}, 1)[:20], False, id="truncated"),
+        pytest.param(raw_frame("connect", {"protocolVersion": 1}, 1)[:20], False, id="truncated"),
     ]
 
 
@@ -510,7 +115,7 @@ async def test_tcp_bad_bytes_close_only_that_connection(junk: bytes, server_clos
             bad = await trio.open_tcp_stream(host, port)
             await bad.send_all(junk)
             if server_closes:
-                frames = await _read_until_eof(bad)
+                frames = await read_until_eof(bad)
                 assert all(kind == "error" for _rid, kind, _err in frames)
             await bad.aclose()
             # the other client is untouched, and the server still accepts new ones

@@ -15,11 +15,11 @@ import capnp  # type: ignore[import-untyped]
 import pytest
 import trio
 import trio.testing
+from test_connection import summary
 
 from pigeon.core._framing import (
     FrameDecoder,
     build_message,
-    capnp_message_size,
     encode_frame,
     sniff_foreign_protocol,
 )
@@ -84,12 +84,7 @@ async def _answers(stream: trio.abc.Stream, count: int) -> list[tuple[int, str, 
             data = await stream.receive_some(65536)
             assert data, f"connection closed after {out}"
             decoder.feed(data)
-            for frame in decoder.frames():
-                size = capnp_message_size(frame)
-                with BrokerFrame.from_bytes(frame[:size]) as msg:
-                    kind = msg.which()
-                    err = (msg.error.code, str(msg.error.message)) if kind == "error" else None
-                    out.append((msg.requestId, kind, err))
+            out.extend(map(summary, decoder.frames()))
     return out
 
 
@@ -389,11 +384,8 @@ async def _handshake_exchange(frames: list[bytes]) -> tuple[list[tuple[int, str,
                     closed = True
                     break
                 decoder.feed(data)
-                for frame in decoder.frames():
-                    with BrokerFrame.from_bytes(frame[: capnp_message_size(frame)]) as msg:
-                        kind = msg.which()
-                        err = msg.error.code if kind == "error" else None
-                        out.append((msg.requestId, kind, err))
+                for request_id, kind, error in map(summary, decoder.frames()):
+                    out.append((request_id, kind, error and error[0]))
         await stream.aclose()
     return out, closed
 

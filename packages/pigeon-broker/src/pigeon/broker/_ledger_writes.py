@@ -186,7 +186,8 @@ class LedgerWrites(LedgerState):
         self.next_offset += num_messages
         now = max(self.clock.now_ms(), self.last_publish_time)
         self.last_publish_time = now
-        data = pack_entry_header(num_messages, offset, now, deliver_at) + bytes(payload)
+        # One copy: the tail cache serves the entry whole; the writer sends this object.
+        data = pack_entry_header(num_messages, offset, now, deliver_at) + payload
         append = _Append(data, num_messages, offset, callback, time.perf_counter())
         self._pending.append(append)
         if not self._rolling and self._writer is not None:

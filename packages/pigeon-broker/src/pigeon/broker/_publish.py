@@ -58,7 +58,8 @@ def publish(
     entry is stored); ``fence(error)`` when a send of the producer was not stored (its
     later sends are refused until it re-attaches); ``spawn(fn)`` runs a task that
     belongs to the request (looking up a duplicate's original).  A send refused at once
-    raises (the caller answers it and fences the producer).
+    raises (the caller answers it and fences the producer).  ``payload`` is kept by
+    reference until it is appended (a held send): the caller must not reuse its buffer.
     """
     policies = service.policies.cached(producer.topic.name.namespace_name)
     limit = service.max_message_size(producer.topic.name)
@@ -165,7 +166,6 @@ def publish(
             and topic.backlog_bytes() > policies.backlog_quota_bytes
         )
     ):
-        payload_copy = bytes(payload)
 
         def release() -> None:
             if producer.fenced:
@@ -173,7 +173,8 @@ def publish(
                 # would make that one's resend look like a duplicate
                 done(None, ServiceUnavailable(f"producer {name} must resend from a lost send"))
                 return
-            _append(topic, payload_copy, n, done, deliver_at)
+            # the payload is the received frame's (a buffer nothing reuses): kept, not copied
+            _append(topic, payload, n, done, deliver_at)
 
         topic.hold(release)
         return

@@ -12,8 +12,9 @@ from typing import Any
 
 import trio
 
+from pigeon.core._connection import Connection
 from pigeon.core._framing import DEFAULT_MAX_FRAME_SIZE
-from pigeon.core._rpc import Connection, connect_tcp, split_address
+from pigeon.core._rpc import connect_tcp, split_address
 from pigeon.core._schema import BookieFrame
 from pigeon.core.errors import ConnectionClosed, ServiceUnavailable
 
@@ -45,14 +46,18 @@ def _extract_read(body: Any, payload: memoryview) -> list[tuple[int, memoryview]
     return out
 
 
+#: the keys of a segment state (see BookieClient.fence) -> the SegmentState fields
+_STATE_FIELDS = {
+    "segment_id": "segmentId",
+    "last_entry_id": "lastEntryId",
+    "lac": "lac",
+    "fenced": "fenced",
+    "size_bytes": "sizeBytes",
+}
+
+
 def _extract_state(body: Any, payload: memoryview) -> dict[str, Any]:
-    return {
-        "segment_id": body.segmentId,
-        "last_entry_id": body.lastEntryId,
-        "lac": body.lac,
-        "fenced": body.fenced,
-        "size_bytes": body.sizeBytes,
-    }
+    return {key: getattr(body, name) for key, name in _STATE_FIELDS.items()}
 
 
 class BookieClient:
@@ -226,23 +231,19 @@ class BookieClient:
         return result
 
     async def fence(self, address: str, segment_id: int) -> dict[str, Any]:
-        conn = await self.connection(address)
-        result: dict[str, Any] = await conn.request(
-            "fence", {"segmentId": segment_id}, expect="segmentState", extract=_extract_state
-        )
-        return result
+        return await self._segment_state(address, "fence", segment_id)
 
     async def read_lac(self, address: str, segment_id: int) -> dict[str, Any]:
-        conn = await self.connection(address)
-        result: dict[str, Any] = await conn.request(
-            "readLac", {"segmentId": segment_id}, expect="segmentState", extract=_extract_state
-        )
-        return result
+        return await self._segment_state(address, "readLac", segment_id)
 
     async def segment_info(self, address: str, segment_id: int) -> dict[str, Any]:
+        return await self._segment_state(address, "segmentInfo", segment_id)
+
+    async def _segment_state(self, address: str, kind: str, segment_id: int) -> dict[str, Any]:
+        """A request answered with the segment's state (see :func:`_extract_state`)."""
         conn = await self.connection(address)
         result: dict[str, Any] = await conn.request(
-            "segmentInfo", {"segmentId": segment_id}, expect="segmentState", extract=_extract_state
+            kind, {"segmentId": segment_id}, expect="segmentState", extract=_extract_state
         )
         return result
 

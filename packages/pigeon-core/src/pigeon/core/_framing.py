@@ -25,6 +25,7 @@ __all__ = [
     "FrameDecoder",
     "build_message",
     "capnp_message_size",
+    "consume_buffers",
     "encode_frame",
     "http_refusal",
     "sniff_foreign_protocol",
@@ -35,6 +36,8 @@ _U32 = struct.Struct("<I")
 _U32_BE = struct.Struct(">I")
 _I16_BE = struct.Struct(">hh")
 _MAX_SEGMENTS = 512
+#: frames at least this large are assembled in a buffer of their own (see FrameDecoder)
+ASSEMBLE_SIZE = 64 * 1024
 _HTTP_METHODS = (b"GET ", b"POST ", b"PUT ", b"HEAD ", b"DELETE ", b"PATCH ", b"OPTIONS ")
 _HTTP_OTHER = (b"CONNECT ", b"TRACE ", b"PRI * HTTP/2")
 #: highest Kafka API key we recognise as one (ApiVersions is 18; 2024's keys stay < 80)
@@ -65,6 +68,20 @@ def encode_frame(message: bytes, payload: bytes | memoryview | None = None) -> l
     if payload is None or len(payload) == 0:
         return [_U32.pack(len(message)) + message]
     return [_U32.pack(len(message) + len(payload)) + message, payload]
+
+
+def consume_buffers(buffers: list[Any], sent: int) -> list[Any]:
+    """What is left of ``buffers`` once their first ``sent`` bytes are written (a
+    vectored write may write fewer bytes than it was given): the buffers not written at
+    all, after a view of the rest of one that was partly written (no copy)."""
+    i = 0
+    while i < len(buffers) and sent >= len(buffers[i]):
+        sent -= len(buffers[i])
+        i += 1
+    rest = buffers[i:]
+    if sent:
+        rest[0] = memoryview(rest[0])[sent:]
+    return rest
 
 
 def _fill(builder: Any, fields: dict[str, Any]) -> None:
@@ -102,44 +119,92 @@ class FrameDecoder:
     """Accumulates received bytes and yields complete frames.
 
     ``feed`` takes whatever the transport delivered; ``frames`` yields each complete frame
-    as ``bytes`` (the frame body without its length prefix).  A frame announcing more than
+    (the frame body without its length prefix) as an object of its own that the decoder
+    never touches again, so that memoryviews of it stay valid as long as they are held:
+    a payload can be stored or forwarded by reference.  A frame announcing more than
     ``max_frame_size`` bytes raises :class:`FrameTooLarge` as soon as its prefix arrives,
     before the body is buffered.
+
+    Copies (DESIGN §12): each frame is copied once out of what was received.  ``feed``
+    keeps a ``bytes`` chunk by reference and a frame that arrived whole is sliced out of
+    it (``bytes``, aligned for Cap'n Proto); a frame of at least ``ASSEMBLE_SIZE`` bytes
+    that arrives over several chunks is assembled in a ``bytearray`` of its exact size,
+    allocated when its prefix is read, each chunk copied straight into it.  Only the start
+    of a small frame that a chunk cut is copied twice.
     """
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
         self.max_frame_size = max_frame_size
-        self._buf = bytearray()
+        # Bytes not yet framed, from _pos on: a view of a fed ``bytes`` chunk (kept by
+        # reference: it is immutable) or a bytearray of the decoder's own.
+        self._buf: bytearray | memoryview = memoryview(b"")
         self._pos = 0
+        self._frame: bytearray | None = None  # a large frame being assembled
+        self._filled = 0  # bytes of _frame received so far
 
     @property
     def buffered(self) -> int:
-        return len(self._buf) - self._pos
+        """Bytes received and not yet yielded as frames."""
+        return len(self._buf) - self._pos + self._filled
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
-        if self._pos and self._pos >= len(self._buf) // 2:
+        # bytes are kept by reference; a caller may reuse another buffer: copy that
+        view = memoryview(data if isinstance(data, bytes) else bytes(data))
+        frame = self._frame
+        if frame is not None:
+            take = min(len(view), len(frame) - self._filled)
+            frame[self._filled : self._filled + take] = view[:take]
+            self._filled += take
+            view = view[take:]
+            if not view:
+                return
+        if self._pos >= len(self._buf):  # nothing pending: frame the chunk in place
+            self._buf, self._pos = view, 0
+            return
+        if not isinstance(self._buf, bytearray):  # a frame's start that the chunk cut
+            self._buf = bytearray(self._buf[self._pos :])
+            self._pos = 0
+        elif self._pos and self._pos >= len(self._buf) // 2:
             del self._buf[: self._pos]
             self._pos = 0
-        self._buf += data
+        self._buf += view
 
-    def frames(self) -> Iterator[bytes]:
-        buf = self._buf
-        while True:
-            avail = len(buf) - self._pos
-            if avail < 4:
-                return
-            length = _U32.unpack_from(buf, self._pos)[0]
-            if length > self.max_frame_size:
-                raise FrameTooLarge(
-                    f"frame of {length} bytes exceeds max_frame_size {self.max_frame_size}"
-                )
-            if length < 8:
-                raise CorruptFrame(f"frame of {length} bytes is too short")
-            if avail < 4 + length:
-                return
-            start = self._pos + 4
-            self._pos = start + length
-            yield bytes(buf[start : self._pos])
+    def frames(self) -> Iterator[bytes | bytearray]:
+        while (frame := self._next_frame()) is not None:
+            yield frame
+
+    def _next_frame(self) -> bytes | bytearray | None:
+        frame = self._frame
+        if frame is not None:
+            if self._filled < len(frame):
+                return None
+            self._frame = None
+            self._filled = 0
+            return frame
+        buf, pos = self._buf, self._pos
+        avail = len(buf) - pos
+        if avail < 4:
+            return None
+        length = _U32.unpack_from(buf, pos)[0]
+        if length > self.max_frame_size:
+            raise FrameTooLarge(
+                f"frame of {length} bytes exceeds max_frame_size {self.max_frame_size}"
+            )
+        if length < 8:
+            raise CorruptFrame(f"frame of {length} bytes is too short")
+        start = pos + 4
+        end = start + length
+        if avail >= 4 + length:
+            self._pos = end
+            with memoryview(buf) as view:  # released at once: a bytearray can grow again
+                return bytes(view[start:end])
+        if length >= ASSEMBLE_SIZE:
+            frame = bytearray(length)
+            have = avail - 4
+            frame[:have] = buf[start:]
+            self._frame, self._filled = frame, have
+            self._buf, self._pos = memoryview(b""), 0
+        return None
 
     def at_frame_boundary(self) -> bool:
         return self.buffered == 0

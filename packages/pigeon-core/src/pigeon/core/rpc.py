@@ -9,22 +9,16 @@ A server runs ``serve_tcp(service, BrokerFrame, port=6650)`` (started with
 ``nursery.start``, it reports its ``(host, port)``), where ``service`` has one synchronous
 ``on_<kind>(conn, req)`` method per request kind and answers with
 ``conn.respond(req.request_id, ...)``.  The frame layout is documented in
-:mod:`pigeon.core._framing`, the connection's behaviour (handshake, bad input) in
-:mod:`pigeon.core._rpc`, and the messages in ``pigeon/core/schema/protocol.capnp``.
+:mod:`pigeon.core._framing`, the connection's behaviour (bad input) in
+:mod:`pigeon.core._connection`, the handshake in :mod:`pigeon.core._rpc`, and the messages
+in ``pigeon/core/schema/protocol.capnp``.
 """
 
 from __future__ import annotations
 
+from pigeon.core._connection import Connection, Request
 from pigeon.core._framing import DEFAULT_MAX_FRAME_SIZE
-from pigeon.core._rpc import (
-    Connection,
-    Request,
-    connect_tcp,
-    listen_error,
-    listen_tcp,
-    serve_tcp,
-    split_address,
-)
+from pigeon.core._rpc import connect_tcp, listen_error, listen_tcp, serve_tcp, split_address
 from pigeon.core._schema import PROTOCOL_VERSION, BookieFrame, BrokerFrame
 
 __all__ = [

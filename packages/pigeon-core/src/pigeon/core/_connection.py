@@ -1,0 +1,582 @@
+"""One framed, pipelined connection: :class:`Connection` (see :mod:`pigeon.core._rpc`
+for the RPC layer it belongs to: handshake, connecting, serving).
+
+A reader task parses frames and resolves waiters by request id; a writer task writes the
+queued frames in large writes: on TCP one vectored ``sendmsg`` of up to 512 buffers, so a
+payload is never copied to be sent; on other streams (the in-memory network, TLS) small
+frames joined and a large payload written as it is.
+
+Handlers are plain synchronous methods ``on_<kind>(conn, req)`` called by the reader task
+while the Cap'n Proto reader in ``req.body`` is valid; work that must wait starts a task
+in ``conn.nursery`` after copying what it needs out of the body.  ``req.payload`` (a
+read-only memoryview) stays valid after the call: each frame is a buffer of its own that
+nothing reuses, so a payload is stored or forwarded by reference, not copied.
+
+Bad input, by how much of it can be trusted:
+
+* a frame that does not decode (length prefix, segment table, root pointer): the stream
+  can no longer be trusted; an ``error`` push (:class:`CorruptFrame`) and the connection
+  is closed, with one WARNING line.  When the very first bytes are another protocol
+  (HTTP, TLS, Kafka: :func:`~pigeon.core._framing.sniff_foreign_protocol`) the line and
+  the error say so, and an HTTP client gets a ``400`` it can show;
+* a frame that decodes but whose body does not (a bit-flipped pointer, an enum value this
+  node does not know, text that is not UTF-8): every such field is read *before* the
+  handler runs (:class:`~pigeon.core._schema.BodyChecker`), so the handler never starts;
+  only that request is answered :class:`MalformedRequest` (one WARNING line, no
+  traceback) and the connection keeps serving;
+* a handler that raises a :class:`PigeonError` answers with it; anything else is a bug
+  of ours: logged with its traceback and answered :class:`InternalError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from pigeon.core._framing import (
+    DEFAULT_MAX_FRAME_SIZE,
+    FrameDecoder,
+    build_message,
+    capnp_message_size,
+    consume_buffers,
+    encode_frame,
+    http_refusal,
+    sniff_foreign_protocol,
+)
+from pigeon.core._schema import body_checker, decode_error_reason, frame_role
+from pigeon.core.errors import (
+    ConnectionClosed,
+    CorruptFrame,
+    InternalError,
+    MalformedRequest,
+    PigeonError,
+    ProtocolError,
+    UnknownMessageType,
+    error_from_code,
+)
+
+__all__ = ["Connection", "Extract", "ReplyCallback", "Request"]
+
+#: the RPC layer's one logger: connection and handshake lines share its name
+log = logging.getLogger("pigeon.core._rpc")
+
+#: Callback of a request: ``callback(result, error)`` — exactly one is not None/unset.
+ReplyCallback = Callable[[Any, BaseException | None], None]
+#: Turns an answer's body (valid only during the call) into a Python value.
+Extract = Callable[[Any, memoryview], Any]
+
+_RECEIVE_SIZE = 256 * 1024
+#: bytes of a connection's start kept to tell which protocol a wrong client speaks
+_SNIFF_BYTES = 16
+#: how long a refused peer may keep sending before the socket is closed (see _linger)
+_LINGER_S = 0.5
+_JOIN_LIMIT = 64 * 1024
+#: buffers and bytes of one vectored write (Linux takes at most 1024 buffers per call)
+_MAX_IOV = 512
+_MAX_WRITE = 4 * 1024 * 1024
+_HIGH_WATER = 8 * 1024 * 1024
+
+
+def _default_extract(body: Any, payload: memoryview) -> Any:
+    if body is None:
+        return None
+    return body.to_dict()
+
+
+@dataclass(slots=True)
+class Request:
+    """One incoming frame on the serving side; ``body`` is valid during the handler call,
+    ``payload`` as long as it is referenced."""
+
+    request_id: int
+    kind: str
+    body: Any
+    payload: memoryview
+
+
+@dataclass(slots=True)
+class _Pending:
+    expect: str | None
+    extract: Extract
+    callback: ReplyCallback
+
+
+class Connection:
+    """One framed, pipelined connection.
+
+    ``frame_type`` is the root struct (``BrokerFrame`` or ``BookieFrame``).  ``handler``
+    receives incoming requests (serving side) and pushes (client side) through methods
+    named ``on_<kind>``.  ``serving`` is true on the accepting side: it answers a client
+    of another protocol (e.g. HTTP) in that protocol where it can.
+    """
+
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        frame_type: Any,
+        *,
+        handler: Any = None,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        name: str = "",
+        serving: bool = False,
+    ) -> None:
+        self.stream = stream
+        self.frame_type = frame_type
+        self.serving = serving
+        self._checker = body_checker(frame_type)
+        self.handler = handler
+        self.max_frame_size = max_frame_size
+        self.name = name
+        self.peer_name = ""
+        self.peer_version = 0
+        self.nursery: trio.Nursery | None = None
+        self._ids = itertools.count(1)
+        self._pending: dict[int, _Pending] = {}
+        self._out: deque[Any] = deque()
+        self._out_bytes = 0
+        self._out_ready = trio.Event()
+        self._drained = trio.Event()
+        self._closed = False
+        self._close_reason: BaseException | None = None
+        self.closed_event = trio.Event()
+        self._writer_done = trio.Event()
+        self._reader_scope = trio.CancelScope()
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.frames_in = 0
+        self._head = b""  # the first bytes received, for sniff_foreign_protocol
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the reader and writer until the connection ends."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self.nursery = nursery
+                nursery.start_soon(self._writer)
+                task_status.started()
+                with self._reader_scope:
+                    await self._reader()
+                # The reader ended: flush what is queued (bounded), then stop the writer.
+                self._closed = True
+                self._out_ready.set()
+                with trio.move_on_after(1.0):
+                    await self._writer_done.wait()
+                if self.serving and isinstance(self._close_reason, ProtocolError):
+                    await self._linger()
+                nursery.cancel_scope.cancel()
+        finally:
+            self._shutdown(self._close_reason or ConnectionClosed(f"connection {self.name} closed"))
+            with trio.CancelScope(shield=True), contextlib.suppress(Exception):
+                await self.stream.aclose()
+
+    async def _linger(self) -> None:
+        """After refusing a peer's bytes: half-close, and read (and drop) what it still
+        sends for a moment.  Closing a socket with unread input resets the connection,
+        and the reset can destroy our error answer before the peer has read it."""
+        with trio.move_on_after(_LINGER_S), contextlib.suppress(Exception):
+            await self.stream.send_eof()  # type: ignore[attr-defined]
+            for _ in range(64):  # bounded: at most 64 reads
+                if not await self.stream.receive_some(_RECEIVE_SIZE):
+                    break
+
+    def abort(self, reason: BaseException) -> None:
+        """End the connection now (the peer stopped answering): nothing queued is
+        written, and every pending request is called back with ``reason``."""
+        if self._close_reason is None:
+            self._close_reason = reason
+        self._closed = True
+        self._out_ready.set()
+        if self.nursery is not None:
+            self.nursery.cancel_scope.cancel()
+        else:
+            self._reader_scope.cancel()
+
+    def close(self, reason: BaseException | None = None) -> None:
+        """Close soon: queued frames are still written, then the stream ends."""
+        if self._close_reason is None:
+            self._close_reason = reason or ConnectionClosed(f"connection {self.name} closed")
+        self._closed = True
+        self._out_ready.set()
+
+    def _shutdown(self, reason: BaseException) -> None:
+        self._closed = True
+        pending, self._pending = self._pending, {}
+        for p in pending.values():
+            exc = reason if isinstance(reason, PigeonError) else ConnectionClosed(str(reason))
+            with contextlib.suppress(Exception):
+                p.callback(None, exc)
+        self._drained.set()
+        self.closed_event.set()
+        hook = getattr(self.handler, "connection_closed", None)
+        if hook is not None:
+            try:
+                hook(self)
+            except Exception:
+                log.exception("connection_closed handler failed conn=%s", self.name)
+
+    # ------------------------------------------------------------------ sending
+
+    @property
+    def outgoing_bytes(self) -> int:
+        return self._out_bytes
+
+    def _enqueue_bytes(self, data: bytes) -> None:
+        """Queue bytes that are not a frame (an answer in a foreign client's protocol)."""
+        self._out.append(data)
+        self._out_bytes += len(data)
+        self._out_ready.set()
+
+    def _enqueue(self, message: bytes, payload: bytes | memoryview | None) -> None:
+        if self._closed:
+            raise ConnectionClosed(f"connection {self.name} is closed")
+        for part in encode_frame(message, payload):
+            self._out.append(part)
+            self._out_bytes += len(part)
+        self._out_ready.set()
+
+    def send_nowait(
+        self,
+        kind: str,
+        fields: dict[str, Any] | None = None,
+        payload: bytes | memoryview | None = None,
+        *,
+        request_id: int = 0,
+    ) -> None:
+        """Queue one frame (a push, an answer, or a request that wants no answer)."""
+        self._enqueue(build_message(self.frame_type, request_id, kind, fields), payload)
+
+    def send_raw_nowait(self, message: bytes, payload: bytes | memoryview | None = None) -> None:
+        """Queue a frame whose Cap'n Proto message the caller built."""
+        self._enqueue(message, payload)
+
+    def respond(
+        self,
+        request_id: int,
+        kind: str,
+        fields: dict[str, Any] | None = None,
+        payload: bytes | memoryview | None = None,
+    ) -> None:
+        if request_id == 0 or self._closed:
+            return
+        self.send_nowait(kind, fields, payload, request_id=request_id)
+
+    def respond_error(self, request_id: int, exc: PigeonError) -> None:
+        if request_id == 0 or self._closed:
+            return
+        self.send_nowait(
+            "error", {"code": exc.wire_code, "message": exc.message}, request_id=request_id
+        )
+
+    def request_nowait(
+        self,
+        kind: str,
+        fields: dict[str, Any] | None,
+        callback: ReplyCallback,
+        *,
+        payload: bytes | memoryview | None = None,
+        expect: str | None = None,
+        extract: Extract = _default_extract,
+    ) -> int:
+        """Send a request; ``callback(result, error)`` runs in the reader task on its answer."""
+        request_id = next(self._ids)
+        message = build_message(self.frame_type, request_id, kind, fields)
+        self._enqueue(message, payload)
+        self._pending[request_id] = _Pending(expect, extract, callback)
+        return request_id
+
+    async def request(
+        self,
+        kind: str,
+        fields: dict[str, Any] | None = None,
+        *,
+        payload: bytes | memoryview | None = None,
+        expect: str | None = None,
+        extract: Extract = _default_extract,
+    ) -> Any:
+        """Send a request and wait for its answer; raises the typed error the peer sent."""
+        done = trio.Event()
+        box: list[Any] = []
+
+        def callback(result: Any, error: BaseException | None) -> None:
+            box.append((result, error))
+            done.set()
+
+        request_id = self.request_nowait(
+            kind, fields, callback, payload=payload, expect=expect, extract=extract
+        )
+        try:
+            await done.wait()
+        except BaseException:
+            self._pending.pop(request_id, None)
+            raise
+        result, error = box[0]
+        if error is not None:
+            raise error
+        return result
+
+    async def wait_writable(self, high_water: int = _HIGH_WATER) -> None:
+        """Wait until the queue of unsent bytes is below ``high_water`` (backpressure)."""
+        while self._out_bytes > high_water and not self._closed:
+            if self._drained.is_set():
+                self._drained = trio.Event()  # shared by every waiter; the writer sets it
+            await self._drained.wait()
+        if self._closed:
+            raise ConnectionClosed(f"connection {self.name} is closed")
+
+    async def _writer(self) -> None:
+        try:
+            await self._write_loop()
+        finally:
+            self._writer_done.set()
+            if self._closed:
+                # close() was called and the queue is flushed (or the stream broke): stop
+                # reading too, so that the stream ends instead of waiting for the peer.
+                self._reader_scope.cancel()
+
+    async def _write_loop(self) -> None:
+        out = self._out
+        # A TCP stream writes the queued buffers with one sendmsg (a vectored write: no
+        # copy); other streams (the in-memory network, TLS) take joined small parts.
+        sock = self.stream.socket if isinstance(self.stream, trio.SocketStream) else None
+        sendmsg = getattr(sock, "sendmsg", None)  # (Windows sockets have none)
+        while True:
+            if not out:
+                if self._closed:
+                    return
+                self._out_ready = trio.Event()
+                await self._out_ready.wait()
+                continue
+            parts = _take_vector(out) if sendmsg is not None else _take_joined(out)
+            size = sum(map(len, parts))
+            self._out_bytes -= size
+            try:
+                if sendmsg is not None:
+                    while parts:
+                        parts = consume_buffers(parts, await sendmsg(parts))
+                else:
+                    await self.stream.send_all(parts[0])
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                self.close(ConnectionClosed(f"connection {self.name} lost: {exc}"))
+                with contextlib.suppress(Exception):
+                    await self.stream.aclose()
+                return
+            self.bytes_out += size
+            if self._out_bytes <= _HIGH_WATER // 2:
+                self._drained.set()
+
+    # ------------------------------------------------------------------ receiving
+
+    async def _reader(self) -> None:
+        decoder = FrameDecoder(self.max_frame_size)
+        stream = self.stream
+        try:
+            while True:
+                try:
+                    data = await stream.receive_some(_RECEIVE_SIZE)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                    self._close_reason = self._close_reason or ConnectionClosed(
+                        f"connection {self.name} lost: {exc}"
+                    )
+                    return
+                if not data:
+                    return
+                if len(self._head) < _SNIFF_BYTES:
+                    self._head += bytes(data[: _SNIFF_BYTES - len(self._head)])
+                    # Another protocol may wait for our answer before sending enough bytes
+                    # to make a frame (a short TLS ClientHello): look before framing.
+                    foreign = sniff_foreign_protocol(self._head) if not self.frames_in else None
+                    if foreign is not None:
+                        self._foreign_peer(foreign)
+                        return
+                self.bytes_in += len(data)
+                decoder.feed(data)
+                for frame in decoder.frames():
+                    self.frames_in += 1
+                    self._dispatch(frame)
+                if self._closed:
+                    return
+        except ProtocolError as exc:
+            foreign = sniff_foreign_protocol(self._head) if self.frames_in <= 1 else None
+            if foreign is not None:
+                self._foreign_peer(foreign)
+                return
+            log.warning("protocol error conn=%s error=%s", self.name, exc)
+            self._close_reason = exc
+            with contextlib.suppress(ConnectionClosed):
+                self.send_nowait("error", {"code": exc.wire_code, "message": exc.message})
+
+    def _foreign_peer(self, foreign: str) -> None:
+        """The first bytes from the peer were ``foreign`` (another protocol): say so once."""
+        role = frame_role(self.frame_type)
+        if self.serving:
+            log.warning(
+                "not a PigeonMQ client conn=%s received=%r port=%s: closing",
+                self.name,
+                foreign,
+                role,
+            )
+            text = f"This port speaks the PigeonMQ {role} protocol; it received {foreign}."
+            self._close_reason = ProtocolError(text)
+            if foreign == "an HTTP request":
+                if role == "broker":
+                    text += (
+                        " Clients connect with a pigeon:// URL; the admin REST API is on the"
+                        " broker's HTTP port (http_port, 8080 by default)."
+                    )
+                with contextlib.suppress(ConnectionClosed):
+                    self._enqueue_bytes(http_refusal(text))
+            return
+        self._close_reason = ProtocolError(
+            f"the server answered with {foreign}, not the PigeonMQ {role} protocol:"
+            " is it the right address (not an HTTP or admin port)?"
+        )
+        log.warning("not a PigeonMQ server conn=%s received=%r", self.name, foreign)
+
+    def _dispatch(self, frame: bytes | bytearray) -> None:
+        # The frame is the decoder's no more: a handler may keep views of its payload.
+        view = memoryview(frame).toreadonly()
+        size = capnp_message_size(view)
+        payload = view[size:]
+        try:
+            ctx = self.frame_type.from_bytes(frame[:size] if payload else frame)
+            msg = ctx.__enter__()
+        except Exception as exc:
+            raise CorruptFrame(f"undecodable frame: {decode_error_reason(exc)}") from None
+        try:
+            try:
+                request_id = msg.requestId
+            except Exception as exc:
+                raise CorruptFrame(f"undecodable frame: {decode_error_reason(exc)}") from None
+            pending = self._pending.pop(request_id, None) if request_id else None
+            try:
+                kind = msg.which()
+            except Exception:
+                # A union member this schema does not know (a newer peer): refuse this one
+                # frame and keep the connection.
+                unknown = UnknownMessageType("message type unknown to this node")
+                if pending is not None:
+                    pending.callback(None, unknown)
+                else:
+                    self.respond_error(request_id, unknown)
+                return
+            if pending is not None:
+                self._resolve(pending, kind, msg, payload)
+            else:
+                self._handle(request_id, kind, msg, payload)
+        finally:
+            ctx.__exit__(None, None, None)
+
+    def _resolve(self, pending: _Pending, kind: str, msg: Any, payload: memoryview) -> None:
+        if kind == "error":
+            try:
+                err = self._checker.body(msg, kind)
+                error = error_from_code(err.code, err.message)
+            except MalformedRequest as exc:
+                error = CorruptFrame(f"undecodable error answer: {exc.message}")
+            pending.callback(None, error)
+            return
+        if pending.expect is not None and kind != pending.expect:
+            pending.callback(
+                None, ProtocolError(f"expected {pending.expect!r} answer, got {kind!r}")
+            )
+            return
+        body = getattr(msg, kind) if kind not in ("ok", "ping") else None
+        try:
+            result = pending.extract(body, payload)
+        except Exception as exc:
+            pending.callback(None, CorruptFrame(f"bad {kind!r} answer: {exc}"))
+            return
+        pending.callback(result, None)
+
+    def _handle(self, request_id: int, kind: str, msg: Any, payload: memoryview) -> None:
+        if kind == "ping":
+            self.respond(request_id, "ok")
+            return
+        method = getattr(self.handler, "on_" + kind, None) if self.handler is not None else None
+        if method is None and kind != "error":
+            self.respond_error(request_id, UnknownMessageType(f"{kind!r} is not served here"))
+            return
+        try:
+            # Serving: every field is read before the handler runs, so a malformed request
+            # has no effect at all.  A client trusts the server it dialled with its pushes
+            # (a message push of many entries would pay for the check): it reads lazily
+            # and only checks the body when the handler failed (below).
+            body = self._checker.body(msg, kind, check=self.serving or method is None)
+        except MalformedRequest as exc:
+            self._malformed(request_id, kind, exc)
+            return
+        if method is None:
+            log.warning("peer error conn=%s code=%s message=%s", self.name, body.code, body.message)
+            return
+        try:
+            method(self, Request(request_id, kind, body, payload))
+        except PigeonError as exc:
+            # Also a ProtocolError raised by a handler (e.g. a corrupt batch): it answers
+            # the request; a handler that wants the connection gone calls conn.close().
+            self.respond_error(request_id, exc)
+        except Exception as exc:
+            bad = None if self.serving else self._checker.check(msg, kind)
+            if bad is None and _is_traversal_limit(exc):  # checked, then read once more
+                bad = MalformedRequest(f"malformed {kind}: {exc}")
+            if bad is not None:
+                self._malformed(request_id, kind, bad)
+                return
+            log.exception("handler failed conn=%s kind=%s", self.name, kind)
+            self.respond_error(
+                request_id,
+                InternalError(f"internal error handling {kind}: {type(exc).__name__}: {exc}"),
+            )
+
+    def _malformed(self, request_id: int, kind: str, exc: MalformedRequest) -> None:
+        """One line, no traceback: the peer's bytes are wrong, not our code."""
+        log.warning(
+            "malformed request conn=%s peer=%s kind=%s request_id=%d error=%s",
+            self.name,
+            self.peer_name or "?",
+            kind,
+            request_id,
+            exc.message,
+        )
+        self.respond_error(request_id, exc)
+
+
+def _take_vector(out: deque[Any]) -> list[Any]:
+    """The queued buffers for one vectored write (at most _MAX_IOV of them, about
+    _MAX_WRITE bytes), taken off ``out``."""
+    parts: list[Any] = []
+    size = 0
+    while out and len(parts) < _MAX_IOV and size < _MAX_WRITE:
+        part = out.popleft()
+        parts.append(part)
+        size += len(part)
+    return parts
+
+
+def _take_joined(out: deque[Any]) -> list[Any]:
+    """One buffer for one plain write, taken off ``out``: a large part alone, else the
+    small parts up to the next large one joined (up to 4 * _JOIN_LIMIT bytes)."""
+    if len(out[0]) >= _JOIN_LIMIT:
+        return [out.popleft()]
+    small: list[Any] = []
+    size = 0
+    while out and len(out[0]) < _JOIN_LIMIT and size < 4 * _JOIN_LIMIT:
+        part = out.popleft()
+        small.append(part)
+        size += len(part)
+    return [b"".join(small) if len(small) > 1 else small[0]]
+
+
+def _is_traversal_limit(exc: Exception) -> bool:
+    return "traversal limit" in str(exc) and type(exc).__name__ == "KjException"
