@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from admin_support import AdminStandalone
 from prometheus_client.parser import text_string_to_metric_families
-from test_admin_support import AdminStandalone, running
 
 from pigeon.broker._admin import http_status
 from pigeon.client import Client
@@ -17,11 +17,6 @@ from pigeon.core import errors
 
 API = "/admin/v2"
 T = f"{API}/topics/persistent/public/default"
-
-
-@pytest.fixture(scope="module")
-def admin_standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AdminStandalone]:
-    yield from running(tmp_path_factory)
 
 
 @pytest.mark.parametrize(
@@ -268,3 +263,14 @@ def test_rates_show_up_in_stats(admin_standalone: AdminStandalone) -> None:
     assert s.http_call("GET", f"{API}/brokers/{load}/load")[1]["topics"] >= 1
     samples = s.http_call("GET", f"{API}/broker-stats/throughput")[1]
     assert any(x["msg_rate_in"] > 0 for x in samples)
+
+
+def test_support_server_answers_and_stops_cleanly(tmp_path: Path) -> None:
+    server = AdminStandalone(tmp_path / "data").start()
+    try:
+        status, body, _ = server.http_call("GET", "/admin/v2/cluster/health")
+        assert status == 200
+        assert body["status"] == "ok"
+        assert body["brokers"][0]["service_url"] == server.service_url
+    finally:
+        server.stop()

@@ -14,19 +14,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from admin_support import AdminStandalone
 from click.testing import CliRunner, Result
-from test_admin_support import AdminStandalone, running
 
 from pigeon.client import Client, MessageId
 from pigeon.client._admin_cli import admin_cmd, parse_time
 from pigeon.core import TopicName
 
 NS = "public/default"
-
-
-@pytest.fixture(scope="module")
-def admin_standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AdminStandalone]:
-    yield from running(tmp_path_factory)
 
 
 def admin(server: AdminStandalone, *args: str, code: int = 0) -> Result:

@@ -17,6 +17,7 @@ import trio
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from standalone_support import PREFIX, consume_all, set_backlog_quota
 
 from pigeon.broker._dedup import Decision, Deduplication
 from pigeon.client._link import ProducerLink
@@ -24,23 +25,6 @@ from pigeon.client.trio import Client
 from pigeon.core import TopicName
 from pigeon.core._batch import read_header
 from pigeon.core.errors import PigeonError, ServiceUnavailable
-
-NS = "public/default"
-PREFIX = "persistent://public/default/"
-
-
-async def _read_all(client: Client, topic: str, n: int) -> list[Any]:
-    consumer = await client.subscribe(topic, "check", initial_position="earliest")
-    out: list[Any] = []
-    with trio.move_on_after(30):
-        while len(out) < n:
-            out.extend(await consumer.batch_receive(n - len(out)))
-    with trio.move_on_after(1):
-        while True:
-            out.extend(await consumer.batch_receive(100))
-    await consumer.close()
-    return out
-
 
 # ------------------------------------------------------------------ producer_request_hold
 
@@ -56,9 +40,7 @@ async def test_a_send_after_a_held_one_is_not_stored_before_it(
     and de-duplication's persisted sequence jumped over A (which was still in flight)."""
     service = pigeon_standalone.service
     topic_name = PREFIX + "hold-order"
-    await service.policies.set(
-        NS, {"backlog_quota_bytes": 1000, "backlog_quota_policy": "producer_request_hold"}
-    )
+    await set_backlog_quota(pigeon_standalone, 1000, "producer_request_hold")
     async with Client(pigeon_standalone.url) as client:
         producer = await client.create_producer(
             topic_name, batching_max_messages=1, send_timeout=60
@@ -83,7 +65,7 @@ async def test_a_send_after_a_held_one_is_not_stored_before_it(
         with trio.fail_after(30):
             await producer.flush()
         assert [a[2] for a in answers] == [None, None]
-        got = await _read_all(client, topic_name, 3)
+        got = await consume_all(client, topic_name, 3)
         assert [m.value for m in got] == [b"m0", b"A", b"B"], "B overtook the held A"
 
 
@@ -99,9 +81,7 @@ async def test_a_held_send_refused_on_release_is_not_acknowledged_by_a_later_one
     position -1 -- acknowledged, never stored."""
     service = pigeon_standalone.service
     topic_name = PREFIX + "hold-refused"
-    await service.policies.set(
-        NS, {"backlog_quota_bytes": 1000, "backlog_quota_policy": "producer_request_hold"}
-    )
+    await set_backlog_quota(pigeon_standalone, 1000, "producer_request_hold")
     async with Client(pigeon_standalone.url) as client:
         producer = await client.create_producer(
             topic_name, batching_max_messages=1, send_timeout=60
@@ -134,7 +114,7 @@ async def test_a_held_send_refused_on_release_is_not_acknowledged_by_a_later_one
             await producer.flush()
         assert refused, "the refusal was never exercised"
         assert sorted(a[0] for a in answers if a[2] is None) == ["A", "B"]
-        got = await _read_all(client, topic_name, 3)
+        got = await consume_all(client, topic_name, 3)
         values = [m.value for m in got]
         assert b"A" in values, "A was acknowledged but never stored"
         assert values == [b"m0", b"A", b"B"]
@@ -175,9 +155,7 @@ async def test_sends_held_when_the_topic_is_unloaded_are_answered_and_not_kept(
 
     service = pigeon_standalone.service
     topic_name = PREFIX + "hold-unload"
-    await service.policies.set(
-        NS, {"backlog_quota_bytes": 1000, "backlog_quota_policy": "producer_request_hold"}
-    )
+    await set_backlog_quota(pigeon_standalone, 1000, "producer_request_hold")
     async with Client(pigeon_standalone.url) as client:
         producer = await client.create_producer(
             topic_name, batching_max_messages=1, send_timeout=60
@@ -198,7 +176,7 @@ async def test_sends_held_when_the_topic_is_unloaded_are_answered_and_not_kept(
         with trio.fail_after(30):
             await producer.flush()
         assert [e for _m, e in answers] == [None]
-        got = await _read_all(client, topic_name, 2)
+        got = await consume_all(client, topic_name, 2)
         assert [m.value for m in got] == [b"m0", b"A"]
 
 

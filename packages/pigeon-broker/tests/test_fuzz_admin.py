@@ -16,23 +16,20 @@ derandomized).
 from __future__ import annotations
 
 import json
-import logging
 import os
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import hypothesis
 import pytest
+from admin_support import AdminStandalone, ErrorLines
 from hypothesis import strategies as st
-from test_admin_support import AdminStandalone, running
 
 from pigeon.broker._admin import make_app
 from pigeon.broker._admin_ops import FULL_BUNDLE
-from pigeon.client import Client
 
 FUZZ_EXAMPLES = os.environ.get("PIGEON_FUZZ_EXAMPLES")
 MAX_EXAMPLES = int(FUZZ_EXAMPLES or 8)
@@ -192,43 +189,15 @@ def call(base_url: str, method: str, url: str, body: bytes | None) -> tuple[int,
 
 
 @pytest.fixture(scope="module")
-def admin_standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AdminStandalone]:
-    yield from running(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
 def known(admin_standalone: AdminStandalone) -> dict[str, str]:
     """Seed a topic with messages and a subscription; path values that exist."""
     server = admin_standalone
-    with Client(server.service_url) as client, client.create_producer("fz") as producer:
-        for i in range(3):
-            producer.send(f"value-{i}".encode(), key="k")
-    T = "/admin/v2/topics/persistent/public/default/fz"
-    assert server.http_call("PUT", T + "/subscriptions/s?position=earliest")[0] == 201
+    server.seed_topic("fz", "s")
     assert server.http_call("PUT", "/admin/v2/tenants/fzt")[0] == 201
     assert server.http_call("PUT", "/admin/v2/namespaces/fzt/fzns")[0] == 201
     _, brokers, _ = server.http_call("GET", "/admin/v2/brokers")
     _, bookies, _ = server.http_call("GET", "/admin/v2/bookies")
     return {**KEEP, "broker": brokers[0]["broker"], "bookie": bookies[0]["address"]}
-
-
-class ErrorLines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.ERROR)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
-@pytest.fixture
-def error_lines() -> Iterator[ErrorLines]:
-    handler = ErrorLines()
-    logging.getLogger("pigeon").addHandler(handler)
-    try:
-        yield handler
-    finally:
-        logging.getLogger("pigeon").removeHandler(handler)
 
 
 # ------------------------------------------------------------------ tests

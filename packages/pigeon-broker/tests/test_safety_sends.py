@@ -4,26 +4,13 @@ and stored once, in order; its receipt names where it is; offsets stay dense."""
 
 from __future__ import annotations
 
-import trio
+from standalone_support import consume_all
 
 from pigeon.client.trio import Client
 from pigeon.core import TopicName
 from pigeon.core.errors import ServiceUnavailable
 
 TOPIC = "persistent://public/default/safety"
-
-
-async def _read_all(client: Client, topic: str, n: int) -> list:
-    consumer = await client.subscribe(topic, "check", initial_position="earliest")
-    out: list = []
-    with trio.move_on_after(30):
-        while len(out) < n:
-            out.extend(await consumer.batch_receive(n - len(out)))
-    with trio.move_on_after(1):
-        while True:
-            out.extend(await consumer.batch_receive(100))
-    await consumer.close()
-    return out
 
 
 async def test_a_refused_append_is_resent_and_stored_not_answered_as_duplicate(
@@ -50,7 +37,7 @@ async def test_a_refused_append_is_resent_and_stored_not_answered_as_duplicate(
         ids = [await producer.send(f"m{i}".encode()) for i in range(1, 6)]
         assert refused, "the refusal was never exercised"
         assert all(i.segment_id >= 0 and i.entry_id >= 0 for i in ids), ids
-        got = await _read_all(client, TOPIC, 6)
+        got = await consume_all(client, TOPIC, 6)
         assert [m.value for m in got] == [f"m{i}".encode() for i in range(6)]
         assert [m.offset for m in got] == list(range(6)), "offsets must stay dense"
         assert [m.message_id for m in got[1:]] == ids
@@ -80,7 +67,7 @@ async def test_a_lost_write_with_later_sends_in_flight_keeps_order_and_loses_not
         await producer.flush()
         assert len(answers) == 40
         assert [e for _m, e in answers if e is not None] == []
-        got = await _read_all(client, TOPIC + "-2", 41)
+        got = await consume_all(client, TOPIC + "-2", 41)
         values = [m.value for m in got]
         assert values == [b"warm-up"] + [f"x{i}".encode() for i in range(40)]
         assert [m.offset for m in got] == list(range(41))

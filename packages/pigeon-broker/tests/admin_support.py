@@ -1,25 +1,28 @@
 """A standalone (broker + bookie + embedded metadata) with its admin server, run by trio on a
 background thread, so synchronous tests (click's CliRunner, HTTP clients, schemathesis)
-can talk to it over loopback and still reach into the broker with :meth:`call`."""
+can talk to it over loopback and still reach into the broker with :meth:`call`.
+
+The ``admin_standalone`` fixture (``conftest.py``) runs one per test module."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
 import json
+import logging
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 import trio
 
 from pigeon.bookie import BookieConfig
 from pigeon.broker import BrokerConfig, BrokerService, run_standalone
 from pigeon.broker._admin import serve_admin
+from pigeon.client import Client
 
 START_TIMEOUT = 30.0
 
@@ -100,6 +103,16 @@ class AdminStandalone:
     def call_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
         return trio.from_thread.run_sync(fn, *args, trio_token=self._token)
 
+    def seed_topic(self, topic: str, subscription: str) -> None:
+        """Three messages (key ``k``) on ``topic`` of ``public/default``, and
+        ``subscription`` on it at the earliest (none of them acknowledged)."""
+        with Client(self.service_url) as client, client.create_producer(topic) as producer:
+            for i in range(3):
+                producer.send(f"value-{i}".encode(), key="k")
+        path = f"/admin/v2/topics/persistent/public/default/{topic}/subscriptions/{subscription}"
+        status, _, _ = self.http_call("PUT", path + "?position=earliest")
+        assert status == 201
+
     def http_call(
         self,
         method: str,
@@ -125,21 +138,13 @@ class AdminStandalone:
         return status, payload.decode("utf-8", errors="replace"), rh
 
 
-def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AdminStandalone]:
-    """Body of each module's ``admin_standalone`` fixture (one server per module)."""
-    server = AdminStandalone(tmp_path_factory.mktemp("admin") / "data").start()
-    try:
-        yield server
-    finally:
-        server.stop()
+class ErrorLines(logging.Handler):
+    """Every ERROR line, and every line with a traceback, of the broker and bookie."""
 
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
 
-def test_support_server_answers_and_stops_cleanly(tmp_path: Path) -> None:
-    server = AdminStandalone(tmp_path / "data").start()
-    try:
-        status, body, _ = server.http_call("GET", "/admin/v2/cluster/health")
-        assert status == 200
-        assert body["status"] == "ok"
-        assert body["brokers"][0]["service_url"] == server.service_url
-    finally:
-        server.stop()
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno >= logging.ERROR or record.exc_info:
+            self.records.append(record)

@@ -7,21 +7,12 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
+from standalone_support import PREFIX, drain
 
-from pigeon.client.trio import Client, Consumer
-from pigeon.core.errors import NotSupported, Timeout
+from pigeon.client.trio import Client
+from pigeon.core.errors import NotSupported
 
-PREFIX = "persistent://public/default/"
 NP = "non-persistent://public/default/"
-
-
-async def drain(consumer: Consumer, idle: float = 2.0) -> list:
-    out: list = []
-    while True:
-        try:
-            out.extend(await consumer.batch_receive(1000, timeout=idle))
-        except Timeout:
-            return out
 
 
 # ----------------------------------------------------------------------------- partitions

@@ -6,73 +6,18 @@ with trio's autojump ``MockClock``, so waits cost no real time.
 
 from __future__ import annotations
 
-import contextlib
 import random
-import threading
 from collections import defaultdict
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
 import trio
+from standalone_support import drain, produce, real_time_limit, receive_n, values
 
 from pigeon.client.trio import Client, Consumer
 from pigeon.core.errors import ConsumerBusy, NotSupported, Timeout
 
 # ----------------------------------------------------------------------------- helpers
-
-
-@contextlib.contextmanager
-def real_time_limit(seconds: float) -> Iterator[None]:
-    """Cancel the block after ``seconds`` of *real* time (a busy loop stops virtual time)."""
-    token = trio.lowlevel.current_trio_token()
-    scope = trio.CancelScope()
-
-    def fire() -> None:
-        with contextlib.suppress(trio.RunFinishedError):
-            token.run_sync_soon(scope.cancel)
-
-    timer = threading.Timer(seconds, fire)
-    timer.daemon = True
-    timer.start()
-    try:
-        with scope:
-            yield
-    finally:
-        timer.cancel()
-    if scope.cancelled_caught:
-        raise AssertionError(f"still running after {seconds}s of real time (hang or busy loop)")
-
-
-async def receive_n(consumer: Consumer, n: int, within: float = 30.0) -> list:
-    out: list = []
-    with trio.move_on_after(within):
-        while len(out) < n:
-            out.extend(await consumer.batch_receive(n - len(out)))
-    assert len(out) == n, f"received {len(out)} of {n} messages within {within}s"
-    return out
-
-
-async def drain(consumer: Consumer, idle: float = 2.0) -> list:
-    """Everything that arrives until nothing came for ``idle`` (virtual) seconds."""
-    out: list = []
-    while True:
-        try:
-            out.extend(await consumer.batch_receive(1000, timeout=idle))
-        except Timeout:
-            return out
-
-
-async def produce(client: Client, topic: str, values: list[bytes], **kw) -> list:
-    """One message per entry (batching_max_messages=1), awaited in order."""
-    producer = await client.create_producer(topic, batching_max_messages=1)
-    ids = [await producer.send(v, **kw) for v in values]
-    await producer.close()
-    return ids
-
-
-def values(msgs: list) -> list[bytes]:
-    return [m.value for m in msgs]
 
 
 # ----------------------------------------------------------------------------- exclusive

@@ -12,20 +12,11 @@ import time
 import pytest
 import trio
 
-from pigeon.client.trio import Client, Consumer
+from pigeon.client.trio import Client
 from pigeon.core.errors import InvalidArgument, Timeout
 
 #: delays are whole milliseconds of wall time; allow for rounding and float noise
 EPS = 0.01
-
-
-async def drain(consumer: Consumer, idle: float = 2.0) -> list:
-    out: list = []
-    while True:
-        try:
-            out.extend(await consumer.batch_receive(1000, timeout=idle))
-        except Timeout:
-            return out
 
 
 @pytest.mark.parametrize("sub_type", ["shared", "key_shared"])

@@ -4,45 +4,14 @@ from __future__ import annotations
 
 import pytest
 import trio
+from standalone_support import PREFIX, drain, produce, receive_n, values
 
 from pigeon.client import DeadLetterPolicy
-from pigeon.client.trio import Client, Consumer
+from pigeon.client.trio import Client
 from pigeon.core.errors import Timeout
 
 #: delays are whole milliseconds of wall time; allow for rounding and float noise
 EPS = 0.01
-
-TOPIC_PREFIX = "persistent://public/default/"
-
-
-async def receive_n(consumer: Consumer, n: int, within: float = 30.0) -> list:
-    out: list = []
-    with trio.move_on_after(within):
-        while len(out) < n:
-            out.extend(await consumer.batch_receive(n - len(out)))
-    assert len(out) == n, f"received {len(out)} of {n} messages within {within}s"
-    return out
-
-
-async def drain(consumer: Consumer, idle: float = 2.0) -> list:
-    out: list = []
-    while True:
-        try:
-            out.extend(await consumer.batch_receive(1000, timeout=idle))
-        except Timeout:
-            return out
-
-
-async def produce(client: Client, topic: str, values: list[bytes]) -> list:
-    producer = await client.create_producer(topic, batching_max_messages=1)
-    ids = [await producer.send(v) for v in values]
-    await producer.close()
-    return ids
-
-
-def values(msgs: list) -> list[bytes]:
-    return [m.value for m in msgs]
-
 
 SENT = [f"m{i}".encode() for i in range(10)]
 
@@ -220,11 +189,11 @@ async def test_dead_letter_after_max_redeliveries(pigeon_standalone, autojump_cl
         dead = await dlq.receive(timeout=10)
         assert dead.value == b"poison" and dead.key == "p"
         assert dead.properties["ORIGIN_MESSAGE_ID"] == str(poison_id)
-        assert dead.properties["REAL_TOPIC"] == TOPIC_PREFIX + "jobs"
+        assert dead.properties["REAL_TOPIC"] == PREFIX + "jobs"
         assert dead.properties["a"] == "1"
-        assert dead.topic == TOPIC_PREFIX + "jobs-w-DLQ"
+        assert dead.topic == PREFIX + "jobs-w-DLQ"
         assert await drain(consumer, idle=20) == [], "a dead-lettered message came back"
-        sub = pigeon_standalone.service.topics[TOPIC_PREFIX + "jobs"].subscriptions["w"]
+        sub = pigeon_standalone.service.topics[PREFIX + "jobs"].subscriptions["w"]
         assert sub.backlog() == 0, "the dead-lettered message is acknowledged on the original"
         await dlq.close()
         await consumer.close()
@@ -251,7 +220,7 @@ async def test_dead_letter_topic_can_be_named(pigeon_standalone, autojump_clock)
             await consumer.receive(timeout=10)
         dead = await dlq.receive(timeout=10)
         assert dead.value == b"bad"
-        assert dead.properties["REAL_TOPIC"] == TOPIC_PREFIX + "named-dlq"
+        assert dead.properties["REAL_TOPIC"] == PREFIX + "named-dlq"
         await dlq.close()
         await consumer.close()
 
@@ -275,9 +244,9 @@ async def test_reconsume_later_delivers_through_the_retry_topic_after_the_delay(
         m = await consumer.receive(timeout=5)
         assert trio.current_time() - start >= 10.0 - EPS
         assert m.value == b"again"
-        assert m.topic == TOPIC_PREFIX + "later-r-RETRY"
+        assert m.topic == PREFIX + "later-r-RETRY"
         assert m.properties["RECONSUMETIMES"] == "1"
-        assert m.properties["REAL_TOPIC"] == TOPIC_PREFIX + "later"
+        assert m.properties["REAL_TOPIC"] == PREFIX + "later"
         assert m.properties["ORIGIN_MESSAGE_ID"] == str(first_id)
         await consumer.acknowledge(m)
         assert await drain(consumer, idle=20) == [], "the original came back after reconsume_later"
@@ -302,7 +271,7 @@ async def test_reconsume_later_past_max_count_goes_to_dlq(pigeon_standalone, aut
         await consumer.reconsume_later(m, 1.0)  # third time: over max_redeliver_count
         dead = await dlq.receive(timeout=10)
         assert dead.value == b"again"
-        assert dead.properties["REAL_TOPIC"] == TOPIC_PREFIX + "orders"
+        assert dead.properties["REAL_TOPIC"] == PREFIX + "orders"
         assert dead.properties["ORIGIN_MESSAGE_ID"] == str(first_id)
         assert await drain(consumer, idle=20) == []
         await dlq.close()

@@ -7,96 +7,30 @@ two-entry segments, so trimming is visible in ``ledger.segments``.
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import threading
 import time
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import pytest
 import trio
+from standalone_support import (
+    NS,
+    PREFIX,
+    drain,
+    produce,
+    raw_sends,
+    read_all,
+    real_time_limit,
+    receive_n,
+    set_backlog_quota,
+)
 
-from pigeon.client.trio import Client, Consumer
+from pigeon.client.trio import Client
 from pigeon.core import PluginManager
 from pigeon.core._batch import BatchBuilder
 from pigeon.core._codecs import CodecSet
-from pigeon.core._memnet import MemoryNetwork
-from pigeon.core._rpc import connect_tcp
-from pigeon.core._schema import BrokerFrame
-from pigeon.core.errors import MessageTooLarge, ProducerBlocked, Timeout
+from pigeon.core.errors import MessageTooLarge, ProducerBlocked
 from pigeon.core.testing import InProcessStandalone
 
-NS = "public/default"
-PREFIX = "persistent://public/default/"
-
-
 # ----------------------------------------------------------------------------- helpers
-
-
-@contextlib.contextmanager
-def real_time_limit(seconds: float) -> Iterator[None]:
-    """Cancel the block after ``seconds`` of *real* time (a busy loop stops virtual time)."""
-    token = trio.lowlevel.current_trio_token()
-    scope = trio.CancelScope()
-
-    def fire() -> None:
-        with contextlib.suppress(trio.RunFinishedError):
-            token.run_sync_soon(scope.cancel)
-
-    timer = threading.Timer(seconds, fire)
-    timer.daemon = True
-    timer.start()
-    try:
-        with scope:
-            yield
-    finally:
-        timer.cancel()
-    if scope.cancelled_caught:
-        raise AssertionError(f"still running after {seconds}s of real time (hang or busy loop)")
-
-
-@pytest.fixture
-async def small_segments(tmp_path: Path) -> AsyncIterator[InProcessStandalone]:
-    """Like ``pigeon_standalone``, with segments of two entries."""
-    from pigeon.bookie import BookieConfig
-    from pigeon.broker import BrokerConfig, run_standalone
-
-    network = MemoryNetwork()
-    broker_config = BrokerConfig(
-        port=0, maintenance_interval_s=1.0, cursor_persist_interval_ms=50, segment_max_entries=2
-    )
-    bookie_config = BookieConfig(port=0, fsync="never")
-    with network.installed():
-        async with trio.open_nursery() as nursery:
-            service = await nursery.start(
-                functools.partial(run_standalone, tmp_path / "pigeon", broker_config, bookie_config)
-            )
-            yield InProcessStandalone(service, network, tmp_path / "pigeon")
-            nursery.cancel_scope.cancel()
-
-
-async def drain(consumer: Consumer, idle: float = 2.0) -> list:
-    out: list = []
-    while True:
-        try:
-            out.extend(await consumer.batch_receive(1000, timeout=idle))
-        except Timeout:
-            return out
-
-
-async def produce(client: Client, topic: str, values: list[bytes]) -> list:
-    producer = await client.create_producer(topic, batching_max_messages=1)
-    ids = [await producer.send(v) for v in values]
-    await producer.close()
-    return ids
-
-
-async def read_all(client: Client, topic: str) -> list:
-    reader = await client.create_reader(topic, "earliest")
-    out = await drain(reader, idle=1.0)
-    await reader.close()
-    return out
 
 
 def ledger(cluster: InProcessStandalone, topic: str):
@@ -105,11 +39,7 @@ def ledger(cluster: InProcessStandalone, topic: str):
 
 async def consume_and_ack(client: Client, topic: str, n: int, sub: str = "s") -> None:
     consumer = await client.subscribe(topic, sub, initial_position="earliest")
-    got: list = []
-    with trio.move_on_after(30):
-        while len(got) < n:
-            got.extend(await consumer.batch_receive(n - len(got)))
-    assert len(got) == n
+    got = await receive_n(consumer, n)
     await consumer.acknowledge_cumulative(got[-1])
     await consumer.close()
 
@@ -228,9 +158,7 @@ async def test_without_ttl_old_messages_stay(pigeon_standalone, autojump_clock):
 
 async def test_backlog_quota_producer_exception(pigeon_standalone, autojump_clock):
     cluster = pigeon_standalone
-    await cluster.service.policies.set(
-        NS, {"backlog_quota_bytes": 1000, "backlog_quota_policy": "producer_exception"}
-    )
+    await set_backlog_quota(cluster, 1000, "producer_exception")
     with real_time_limit(5):
         async with Client(cluster.url) as client:
             consumer = await client.subscribe("quota-ex", "s", initial_position="earliest")
@@ -254,9 +182,7 @@ async def test_backlog_quota_producer_exception(pigeon_standalone, autojump_cloc
 
 async def test_backlog_quota_producer_request_hold(pigeon_standalone, autojump_clock):
     cluster = pigeon_standalone
-    await cluster.service.policies.set(
-        NS, {"backlog_quota_bytes": 1000, "backlog_quota_policy": "producer_request_hold"}
-    )
+    await set_backlog_quota(cluster, 1000, "producer_request_hold")
     with real_time_limit(30):
         async with Client(cluster.url) as client:
             consumer = await client.subscribe("quota-hold", "s", initial_position="earliest")
@@ -304,9 +230,7 @@ async def test_backlog_quota_consumer_eviction_advances_the_slow_cursor(
         led = ledger(cluster, "evict")
         size = next(s.size for s in led.segments if s.state == "closed")
         quota = int(2.5 * size)
-        await cluster.service.policies.set(
-            NS, {"backlog_quota_bytes": quota, "backlog_quota_policy": "consumer_backlog_eviction"}
-        )
+        await set_backlog_quota(cluster, quota, "consumer_backlog_eviction")
         await trio.sleep(3)  # maintenance
         topic = cluster.service.topics[PREFIX + "evict"]
         sub = topic.subscriptions["slow"]
@@ -325,9 +249,7 @@ async def test_backlog_eviction_drops_only_what_is_over_the_quota(
 ):
     """Ten 300-byte messages against a 2000-byte quota: the newest messages that fit stay."""
     cluster = pigeon_standalone
-    await cluster.service.policies.set(
-        NS, {"backlog_quota_bytes": 2000, "backlog_quota_policy": "consumer_backlog_eviction"}
-    )
+    await set_backlog_quota(cluster, 2000, "consumer_backlog_eviction")
     async with Client(cluster.url) as client:
         await (await client.subscribe("evict-one-seg", "slow")).close()
         await produce(client, "evict-one-seg", [f"{i}".encode() * 300 for i in range(10)])
@@ -354,35 +276,18 @@ def _batch(values: list[bytes], producer_name: str, sequence_id: int) -> bytes:
     return builder.build(sequence_id=sequence_id, publish_time=int(time.time() * 1000))
 
 
-async def _raw_sends(url: str, topic: str, sends: list[tuple[int, bytes]]) -> list[dict]:
+async def _raw_sends(
+    cluster: InProcessStandalone, topic: str, sends: list[tuple[int, bytes]]
+) -> list[dict]:
     """Send (sequence id, value) batches over a raw protocol connection; the receipts."""
-    host, port = url[len("pigeon://") :].rsplit(":", 1)
-    async with trio.open_nursery() as nursery:
-        conn, _info = await connect_tcp(host, int(port), BrokerFrame, nursery)
-        created = await conn.request(
-            "createProducer",
-            {"producerId": 1, "topic": topic, "producerName": "raw-producer"},
-            expect="producerCreated",
-        )
-        receipts = []
-        for seq, value in sends:
-            receipts.append(
-                await conn.request(
-                    "send",
-                    {"producerId": 1, "sequenceId": seq, "numMessages": 1},
-                    payload=_batch([value], created["producerName"], seq),
-                    expect="sendReceipt",
-                )
-            )
-        conn.close()
-        nursery.cancel_scope.cancel()
-    return receipts
+    batches = [(seq, 1, _batch([value], "raw-producer", seq)) for seq, value in sends]
+    return await raw_sends(cluster.url, topic, "raw-producer", batches)
 
 
 async def test_deduplication_stores_a_resent_sequence_once(pigeon_standalone, autojump_clock):
     async with Client(pigeon_standalone.url) as client:
         receipts = await _raw_sends(
-            pigeon_standalone.url, "dedup-on", [(0, b"a"), (1, b"b"), (0, b"a"), (1, b"b")]
+            pigeon_standalone, "dedup-on", [(0, b"a"), (1, b"b"), (0, b"a"), (1, b"b")]
         )
         assert [bool(r.get("duplicate")) for r in receipts] == [False, False, True, True]
         assert [m.value for m in await read_all(client, "dedup-on")] == [b"a", b"b"]
@@ -394,7 +299,7 @@ async def test_without_deduplication_a_resent_sequence_is_stored_again(
     await pigeon_standalone.service.policies.set(NS, {"deduplication": False})
     async with Client(pigeon_standalone.url) as client:
         receipts = await _raw_sends(
-            pigeon_standalone.url, "dedup-off", [(0, b"a"), (1, b"b"), (0, b"a")]
+            pigeon_standalone, "dedup-off", [(0, b"a"), (1, b"b"), (0, b"a")]
         )
         assert not any(r.get("duplicate") for r in receipts)
         assert [m.value for m in await read_all(client, "dedup-off")] == [b"a", b"b", b"a"]

@@ -2,66 +2,17 @@
 
 from __future__ import annotations
 
-import functools
 import re
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 import trio
+from standalone_support import PREFIX, drain, produce, values
 
 from pigeon.client import MessageId
-from pigeon.client.trio import Client, Consumer
-from pigeon.core._memnet import MemoryNetwork
+from pigeon.client.trio import Client
 from pigeon.core.errors import InvalidArgument, Timeout
-from pigeon.core.testing import InProcessStandalone
 
-PREFIX = "persistent://public/default/"
 VALUES = [f"value-{i:02d}".encode() for i in range(10)]
-
-
-async def drain(consumer: Consumer, idle: float = 2.0) -> list:
-    out: list = []
-    while True:
-        try:
-            out.extend(await consumer.batch_receive(1000, timeout=idle))
-        except Timeout:
-            return out
-
-
-async def produce(client: Client, topic: str, values: list[bytes]) -> list:
-    producer = await client.create_producer(topic, batching_max_messages=1)
-    ids = [await producer.send(v) for v in values]
-    await producer.close()
-    return ids
-
-
-def vals(msgs: list) -> list[bytes]:
-    return [m.value for m in msgs]
-
-
-@pytest.fixture
-async def small_segments(tmp_path: Path) -> AsyncIterator[InProcessStandalone]:
-    """Like ``pigeon_standalone``, with segments of two entries (frequent rollovers)."""
-    from pigeon.bookie import BookieConfig
-    from pigeon.broker import BrokerConfig, run_standalone
-
-    network = MemoryNetwork()
-    broker_config = BrokerConfig(
-        port=0, maintenance_interval_s=1.0, cursor_persist_interval_ms=50, segment_max_entries=2
-    )
-    with network.installed():
-        async with trio.open_nursery() as nursery:
-            service = await nursery.start(
-                functools.partial(
-                    run_standalone,
-                    tmp_path / "pigeon",
-                    broker_config,
-                    BookieConfig(port=0, fsync="never"),
-                )
-            )
-            yield InProcessStandalone(service, network, tmp_path / "pigeon")
-            nursery.cancel_scope.cancel()
 
 
 # ----------------------------------------------------------------------------- readers
@@ -73,8 +24,8 @@ async def test_reader_from_earliest_and_latest(pigeon_standalone, autojump_clock
         earliest = await client.create_reader("r1", "earliest")
         latest = await client.create_reader("r1", "latest")
         await produce(client, "r1", VALUES[5:])
-        assert vals(await drain(earliest)) == VALUES
-        assert vals(await drain(latest)) == VALUES[5:]
+        assert values(await drain(earliest)) == VALUES
+        assert values(await drain(latest)) == VALUES[5:]
         await earliest.close()
         await latest.close()
 
@@ -83,12 +34,12 @@ async def test_reader_from_a_message_id_exclusive_and_inclusive(pigeon_standalon
     async with Client(pigeon_standalone.url) as client:
         ids = await produce(client, "r2", VALUES)
         after = await client.create_reader("r2", ids[3])
-        assert vals(await drain(after)) == VALUES[4:]
+        assert values(await drain(after)) == VALUES[4:]
         inclusive = await client.create_reader("r2", ids[3], start_message_id_inclusive=True)
-        assert vals(await drain(inclusive)) == VALUES[3:]
+        assert values(await drain(inclusive)) == VALUES[3:]
         # a MessageId that went through (de)serialisation works the same
         restored = MessageId.deserialize(ids[6].serialize())
-        assert vals(await drain(await client.create_reader("r2", restored))) == VALUES[7:]
+        assert values(await drain(await client.create_reader("r2", restored))) == VALUES[7:]
         with pytest.raises(InvalidArgument):
             await client.create_reader("r2", "middle")
         for r in (after, inclusive):
@@ -102,7 +53,7 @@ async def test_read_next_and_has_message_available(pigeon_standalone, autojump_c
         got = []
         while await reader.has_message_available():
             got.append(await reader.read_next(timeout=5))
-        assert vals(got) == VALUES[:4]
+        assert values(got) == VALUES[:4]
         assert not await reader.has_message_available()
         with pytest.raises(Timeout):
             await reader.read_next(timeout=2)
@@ -134,23 +85,23 @@ async def test_consumer_seek_by_message_id_offset_and_timestamp(pigeon_standalon
             await producer.send(v)
             await trio.sleep(0.01)
         got = await drain(consumer)
-        assert vals(got) == VALUES
+        assert values(got) == VALUES
         await consumer.acknowledge_cumulative(got[-1])
 
         await consumer.seek(got[4].message_id)
-        assert vals(await drain(consumer)) == VALUES[4:]
+        assert values(await drain(consumer)) == VALUES[4:]
 
         await consumer.seek(offset=7)
-        assert vals(await drain(consumer)) == VALUES[7:]
+        assert values(await drain(consumer)) == VALUES[7:]
 
         await consumer.seek(offset=0)
         again = await drain(consumer)
-        assert vals(again) == VALUES, "seek back to an acknowledged offset redelivers"
+        assert values(again) == VALUES, "seek back to an acknowledged offset redelivers"
 
         ts = got[6].publish_time
         await consumer.seek(timestamp=ts)
         expected = [m.value for m in got if m.publish_time >= ts]
-        assert vals(await drain(consumer)) == expected and expected[0] <= VALUES[6]
+        assert values(await drain(consumer)) == expected and expected[0] <= VALUES[6]
 
         await consumer.seek(timestamp=got[-1].publish_time + 60_000)
         assert await drain(consumer) == []
@@ -167,7 +118,7 @@ async def test_seek_is_durable_for_the_subscription(pigeon_standalone, autojump_
         await consumer.seek(offset=8)
         await consumer.close()
         consumer = await client.subscribe("seek-durable", "s")
-        assert vals(await drain(consumer)) == VALUES[8:]
+        assert values(await drain(consumer)) == VALUES[8:]
         await consumer.close()
 
 
@@ -175,9 +126,9 @@ async def test_reader_seek(pigeon_standalone, autojump_clock):
     async with Client(pigeon_standalone.url) as client:
         ids = await produce(client, "reader-seek", VALUES)
         reader = await client.create_reader("reader-seek", "earliest")
-        assert vals(await drain(reader)) == VALUES
+        assert values(await drain(reader)) == VALUES
         await reader.seek(ids[2])
-        assert vals(await drain(reader)) == VALUES[2:]
+        assert values(await drain(reader)) == VALUES[2:]
         await reader.seek(offset=9)
         assert (await reader.read_next(timeout=5)).value == VALUES[9]
         await reader.close()
@@ -197,10 +148,10 @@ async def test_offsets_and_message_ids_still_point_right_after_segment_rollovers
             assert (first.value, first.offset) == (VALUES[k + 1], k + 1), f"reader after {ids[k]}"
             await reader.close()
         consumer = await client.subscribe("rolled", "s", initial_position="earliest")
-        assert vals(await drain(consumer)) == VALUES
+        assert values(await drain(consumer)) == VALUES
         for k in (2, 5, 8):
             await consumer.seek(offset=k)
-            assert vals(await drain(consumer)) == VALUES[k:], f"seek(offset={k})"
+            assert values(await drain(consumer)) == VALUES[k:], f"seek(offset={k})"
         await consumer.close()
 
 
@@ -213,14 +164,14 @@ async def test_initial_position_earliest_and_latest(pigeon_standalone, autojump_
         early = await client.subscribe("pos", "early", initial_position="earliest")
         late = await client.subscribe("pos", "late")  # latest is the default
         await produce(client, "pos", VALUES[3:5])
-        assert vals(await drain(early)) == VALUES[:5]
-        assert vals(await drain(late)) == VALUES[3:5]
+        assert values(await drain(early)) == VALUES[:5]
+        assert values(await drain(late)) == VALUES[3:5]
         await early.close()
         await late.close()
         # an existing subscription resumes at its cursor, whatever initial_position says
         await produce(client, "pos", VALUES[5:6])
         late = await client.subscribe("pos", "late", initial_position="earliest")
-        assert vals(await drain(late)) == VALUES[3:6]
+        assert values(await drain(late)) == VALUES[3:6]
         await late.close()
 
 
@@ -233,7 +184,7 @@ async def test_multi_topic_subscription(pigeon_standalone, autojump_clock):
         await produce(client, "orders", [b"o1", b"o2"])
         await produce(client, "refunds", [b"r1"])
         got = await drain(consumer)
-        assert sorted(vals(got)) == [b"o1", b"o2", b"r1"]
+        assert sorted(values(got)) == [b"o1", b"o2", b"r1"]
         assert {m.topic for m in got} == {PREFIX + "orders", PREFIX + "refunds"}
         for m in got:
             await consumer.acknowledge(m)
@@ -253,7 +204,7 @@ async def test_pattern_subscription_picks_up_new_topics(pigeon_standalone, autoj
             initial_position="earliest",
             pattern_auto_discovery_period=5,
         )
-        assert vals(await drain(consumer, idle=1)) == [b"a0"]
+        assert values(await drain(consumer, idle=1)) == [b"a0"]
         await client.create_topic("sensor-b")
         start = trio.current_time()
         await produce(client, "sensor-b", [b"b0"])
