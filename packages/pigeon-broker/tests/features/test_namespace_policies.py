@@ -143,14 +143,13 @@ async def test_message_ttl_keeps_messages_younger_than_the_ttl(pigeon_standalone
         await consumer.close()
 
 
-async def test_without_ttl_old_messages_stay(pigeon_standalone, autojump_clock):
-    async with Client(pigeon_standalone.url) as client:
-        await (await client.subscribe("no-ttl", "s")).close()
-        await produce(client, "no-ttl", [b"old"])
-        await trio.sleep(30)
-        consumer = await client.subscribe("no-ttl", "s")
-        assert [m.value for m in await drain(consumer)] == [b"old"]
-        await consumer.close()
+async def test_without_ttl_old_messages_stay(client, autojump_clock):
+    await (await client.subscribe("no-ttl", "s")).close()
+    await produce(client, "no-ttl", [b"old"])
+    await trio.sleep(30)
+    consumer = await client.subscribe("no-ttl", "s")
+    assert [m.value for m in await drain(consumer)] == [b"old"]
+    await consumer.close()
 
 
 # ----------------------------------------------------------------------------- backlog quota
@@ -284,68 +283,61 @@ async def _raw_sends(
     return await raw_sends(cluster.url, topic, "raw-producer", batches)
 
 
-async def test_deduplication_stores_a_resent_sequence_once(pigeon_standalone, autojump_clock):
-    async with Client(pigeon_standalone.url) as client:
-        receipts = await _raw_sends(
-            pigeon_standalone, "dedup-on", [(0, b"a"), (1, b"b"), (0, b"a"), (1, b"b")]
-        )
-        assert [bool(r.get("duplicate")) for r in receipts] == [False, False, True, True]
-        assert [m.value for m in await read_all(client, "dedup-on")] == [b"a", b"b"]
+async def test_deduplication_stores_a_resent_sequence_once(
+    pigeon_standalone, client, autojump_clock
+):
+    receipts = await _raw_sends(
+        pigeon_standalone, "dedup-on", [(0, b"a"), (1, b"b"), (0, b"a"), (1, b"b")]
+    )
+    assert [bool(r.get("duplicate")) for r in receipts] == [False, False, True, True]
+    assert [m.value for m in await read_all(client, "dedup-on")] == [b"a", b"b"]
 
 
 async def test_without_deduplication_a_resent_sequence_is_stored_again(
-    pigeon_standalone, autojump_clock
+    pigeon_standalone, client, autojump_clock
 ):
     await pigeon_standalone.service.policies.set(NS, {"deduplication": False})
-    async with Client(pigeon_standalone.url) as client:
-        receipts = await _raw_sends(
-            pigeon_standalone, "dedup-off", [(0, b"a"), (1, b"b"), (0, b"a")]
-        )
-        assert not any(r.get("duplicate") for r in receipts)
-        assert [m.value for m in await read_all(client, "dedup-off")] == [b"a", b"b", b"a"]
+    receipts = await _raw_sends(pigeon_standalone, "dedup-off", [(0, b"a"), (1, b"b"), (0, b"a")])
+    assert not any(r.get("duplicate") for r in receipts)
+    assert [m.value for m in await read_all(client, "dedup-off")] == [b"a", b"b", b"a"]
 
 
-async def test_named_producer_resumes_after_its_last_stored_sequence(
-    pigeon_standalone, autojump_clock
-):
-    async with Client(pigeon_standalone.url) as client:
-        p = await client.create_producer("named", producer_name="ingest-1", batching_max_messages=1)
-        for v in VALUES[:3]:
-            await p.send(v)
-        await p.close()
-        p = await client.create_producer("named", producer_name="ingest-1", batching_max_messages=1)
-        assert p._handle.engines[0].last_sequence_id == 2
-        await p.send(VALUES[3])
-        await p.close()
-        assert [m.value for m in await read_all(client, "named")] == VALUES[:4]
+async def test_named_producer_resumes_after_its_last_stored_sequence(client, autojump_clock):
+    p = await client.create_producer("named", producer_name="ingest-1", batching_max_messages=1)
+    for v in VALUES[:3]:
+        await p.send(v)
+    await p.close()
+    p = await client.create_producer("named", producer_name="ingest-1", batching_max_messages=1)
+    assert p._handle.engines[0].last_sequence_id == 2
+    await p.send(VALUES[3])
+    await p.close()
+    assert [m.value for m in await read_all(client, "named")] == VALUES[:4]
 
 
 # ----------------------------------------------------------------------------- size limit
 
 
-async def test_max_message_size_policy(pigeon_standalone, autojump_clock):
+async def test_max_message_size_policy(pigeon_standalone, client, autojump_clock):
     await pigeon_standalone.service.policies.set(NS, {"max_message_size": 1000})
-    async with Client(pigeon_standalone.url) as client:
-        producer = await client.create_producer("sized-msgs", batching_max_messages=1)
-        with pytest.raises(MessageTooLarge):
-            await producer.send(b"x" * 2000)
-        await producer.send(b"y" * 500)
-        await producer.close()
-        assert [m.value for m in await read_all(client, "sized-msgs")] == [b"y" * 500]
+    producer = await client.create_producer("sized-msgs", batching_max_messages=1)
+    with pytest.raises(MessageTooLarge):
+        await producer.send(b"x" * 2000)
+    await producer.send(b"y" * 500)
+    await producer.close()
+    assert [m.value for m in await read_all(client, "sized-msgs")] == [b"y" * 500]
 
 
 async def test_messages_under_the_policy_limit_are_not_refused_because_of_batching(
-    pigeon_standalone, autojump_clock
+    pigeon_standalone, client, autojump_clock
 ):
     await pigeon_standalone.service.policies.set(NS, {"max_message_size": 1000})
-    async with Client(pigeon_standalone.url) as client:
-        producer = await client.create_producer("batched-msgs", batching_max_delay_ms=100)
-        errors: list = []
-        for i in range(3):
-            await producer.send_async(
-                f"{i}".encode() * 400, callback=lambda mid, err: errors.append(err)
-            )
-        await producer.flush()
-        await producer.close()
-        assert errors == [None, None, None]
-        assert len(await read_all(client, "batched-msgs")) == 3
+    producer = await client.create_producer("batched-msgs", batching_max_delay_ms=100)
+    errors: list = []
+    for i in range(3):
+        await producer.send_async(
+            f"{i}".encode() * 400, callback=lambda mid, err: errors.append(err)
+        )
+    await producer.flush()
+    await producer.close()
+    assert errors == [None, None, None]
+    assert len(await read_all(client, "batched-msgs")) == 3
