@@ -16,7 +16,7 @@ from typing import Any
 
 import trio
 
-from pigeon.client.trio import Client, Consumer
+from pigeon.client.trio import Client, Consumer, Producer
 from pigeon.core._memnet import MemoryNetwork
 from pigeon.core._rpc import connect_tcp
 from pigeon.core._schema import BrokerFrame
@@ -65,6 +65,25 @@ async def produce(client: Client, topic: str, values: list[bytes], **send: Any) 
     ids = [await producer.send(v, **send) for v in values]
     await producer.close()
     return ids
+
+
+async def subscribe_and_produce(
+    client: Client, topic: str, sent: list[bytes], **subscribe: Any
+) -> tuple[Consumer, list[Any]]:
+    """A consumer of a new subscription ``s`` of ``topic`` from the earliest (``subscribe``:
+    its other options), then ``sent`` produced (:func:`produce`) and received."""
+    consumer = await client.subscribe(topic, "s", initial_position="earliest", **subscribe)
+    await produce(client, topic, sent)
+    return consumer, await receive_n(consumer, len(sent))
+
+
+async def consumer_and_producer(
+    client: Client, topic: str, **subscribe: Any
+) -> tuple[Consumer, Producer]:
+    """A consumer of subscription ``s`` of ``topic`` (``subscribe``: its options), then a
+    producer with the default batching."""
+    consumer = await client.subscribe(topic, "s", **subscribe)
+    return consumer, await client.create_producer(topic)
 
 
 async def receive_n(consumer: Consumer, n: int, within: float = 30.0) -> list[Any]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import trio
-from standalone_support import PREFIX, drain, produce, receive_n, values
+from standalone_support import PREFIX, drain, produce, subscribe_and_produce, values
 
 from pigeon.broker._cursor import CursorState
 from pigeon.broker._lifecycle import unload_topic
@@ -21,15 +21,9 @@ SENT = [f"m{i}".encode() for i in range(10)]
 async def test_a_nacked_message_stays_in_the_backlog_and_is_redelivered_after_the_delay(
     pigeon_standalone, client, autojump_clock
 ):
-    consumer = await client.subscribe(
-        "sub-nack",
-        "s",
-        subscription_type="shared",
-        initial_position="earliest",
-        negative_ack_redelivery_delay=5.0,
+    consumer, (a, b, c) = await subscribe_and_produce(
+        client, "sub-nack", SENT[:3], subscription_type="shared", negative_ack_redelivery_delay=5.0
     )
-    await produce(client, "sub-nack", SENT[:3])
-    a, b, c = await receive_n(consumer, 3)
     sub = pigeon_standalone.service.topics[PREFIX + "sub-nack"].subscriptions["s"]
     await consumer.acknowledge(a)
     await consumer.acknowledge(c)
@@ -52,9 +46,7 @@ async def test_the_cursor_is_persisted_and_a_reloaded_topic_resumes_from_it(
 ):
     service = pigeon_standalone.service
     name = TopicName.parse("sub-persist")
-    consumer = await client.subscribe("sub-persist", "s", initial_position="earliest")
-    await produce(client, "sub-persist", SENT)
-    got = await receive_n(consumer, 10)
+    consumer, got = await subscribe_and_produce(client, "sub-persist", SENT)
     await consumer.acknowledge_cumulative(got[4])
     await trio.sleep(1)  # past the persist interval (50 ms in the fixture)
     stat = await service.store.get(cursor_path(name, "s"))

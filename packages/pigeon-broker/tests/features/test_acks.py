@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import trio
-from standalone_support import PREFIX, drain, produce, receive_n, values
+from standalone_support import PREFIX, drain, produce, receive_n, subscribe_and_produce, values
 
 from pigeon.client import DeadLetterPolicy
 from pigeon.core.errors import Timeout
@@ -19,9 +19,7 @@ SENT = [f"m{i}".encode() for i in range(10)]
 
 
 async def test_individual_acks_survive_a_resubscribe(client, autojump_clock):
-    consumer = await client.subscribe("ind", "s", initial_position="earliest")
-    await produce(client, "ind", SENT)
-    got = await receive_n(consumer, 10)
+    consumer, got = await subscribe_and_produce(client, "ind", SENT)
     for m in got[::2]:
         await consumer.acknowledge(m)
     await consumer.close()
@@ -32,9 +30,7 @@ async def test_individual_acks_survive_a_resubscribe(client, autojump_clock):
 
 
 async def test_cumulative_ack_covers_everything_before(client, autojump_clock):
-    consumer = await client.subscribe("cum", "s", initial_position="earliest")
-    await produce(client, "cum", SENT)
-    got = await receive_n(consumer, 10)
+    consumer, got = await subscribe_and_produce(client, "cum", SENT)
     await consumer.acknowledge(got[8])
     await consumer.acknowledge_cumulative(got[3])
     await consumer.close()
@@ -45,9 +41,7 @@ async def test_cumulative_ack_covers_everything_before(client, autojump_clock):
 
 
 async def test_after_a_dropped_connection_only_unacked_messages_come_back(client, autojump_clock):
-    consumer = await client.subscribe("drop", "s", initial_position="earliest")
-    await produce(client, "drop", SENT)
-    got = await receive_n(consumer, 10)
+    consumer, got = await subscribe_and_produce(client, "drop", SENT)
     for m in got[:6]:
         await consumer.acknowledge(m)
     await trio.sleep(1)  # grouped acks go out within 100 ms
@@ -63,15 +57,9 @@ async def test_after_a_dropped_connection_only_unacked_messages_come_back(client
 
 
 async def test_negative_ack_redelivers_only_that_message_after_its_delay(client, autojump_clock):
-    consumer = await client.subscribe(
-        "nack-one",
-        "s",
-        subscription_type="shared",
-        initial_position="earliest",
-        negative_ack_redelivery_delay=20.0,
+    consumer, (a, b, c) = await subscribe_and_produce(
+        client, "nack-one", SENT[:3], subscription_type="shared", negative_ack_redelivery_delay=20.0
     )
-    await produce(client, "nack-one", SENT[:3])
-    a, b, c = await receive_n(consumer, 3)
     await consumer.acknowledge(a)
     await consumer.negative_acknowledge(b)
     await consumer.acknowledge(c)
@@ -112,15 +100,9 @@ async def test_negative_ack_on_key_shared_redelivers_the_message(client, autojum
 
 
 async def test_ack_timeout_redelivers_unacked_messages(client, autojump_clock):
-    consumer = await client.subscribe(
-        "ack-timeout",
-        "s",
-        subscription_type="shared",
-        initial_position="earliest",
-        ack_timeout=10.0,
+    consumer, got = await subscribe_and_produce(
+        client, "ack-timeout", SENT[:3], subscription_type="shared", ack_timeout=10.0
     )
-    await produce(client, "ack-timeout", SENT[:3])
-    got = await receive_n(consumer, 3)
     start = trio.current_time()
     await consumer.acknowledge(got[1])
     with pytest.raises(Timeout):

@@ -11,6 +11,7 @@ import time
 
 import pytest
 import trio
+from standalone_support import consumer_and_producer
 
 from pigeon.core.errors import InvalidArgument, Timeout
 
@@ -22,8 +23,7 @@ EPS = 0.01
 async def test_deliver_after_holds_the_message_on_shared_subscriptions(
     client, autojump_clock, sub_type
 ):
-    consumer = await client.subscribe("later", "s", subscription_type=sub_type)
-    producer = await client.create_producer("later")
+    consumer, producer = await consumer_and_producer(client, "later", subscription_type=sub_type)
     start = trio.current_time()
     await producer.send(b"in 30s", key="k", deliver_after=30)
     await producer.send(b"in 10s", key="k", deliver_after=10)
@@ -45,8 +45,7 @@ async def test_deliver_after_holds_the_message_on_shared_subscriptions(
 
 
 async def test_deliver_at_an_absolute_time(client, autojump_clock):
-    consumer = await client.subscribe("at", "s", subscription_type="shared")
-    producer = await client.create_producer("at")
+    consumer, producer = await consumer_and_producer(client, "at", subscription_type="shared")
     start = trio.current_time()
     due = int(time.time() * 1000) + 20_000
     await producer.send(b"at due", deliver_at=due)
@@ -60,8 +59,7 @@ async def test_deliver_at_an_absolute_time(client, autojump_clock):
 
 
 async def test_deliver_at_in_the_past_is_delivered_at_once(client, autojump_clock):
-    consumer = await client.subscribe("past", "s", subscription_type="shared")
-    producer = await client.create_producer("past")
+    consumer, producer = await consumer_and_producer(client, "past", subscription_type="shared")
     start = trio.current_time()
     await producer.send(b"late", deliver_at=int(time.time() * 1000) - 60_000)
     assert (await consumer.receive(timeout=5)).value == b"late"
@@ -72,8 +70,7 @@ async def test_deliver_at_in_the_past_is_delivered_at_once(client, autojump_cloc
 
 @pytest.mark.parametrize("sub_type", ["exclusive", "failover"])
 async def test_exclusive_and_failover_ignore_the_delay(client, autojump_clock, sub_type):
-    consumer = await client.subscribe("ignored", "s", subscription_type=sub_type)
-    producer = await client.create_producer("ignored")
+    consumer, producer = await consumer_and_producer(client, "ignored", subscription_type=sub_type)
     start = trio.current_time()
     await producer.send(b"delayed", deliver_after=3600)
     assert (await consumer.receive(timeout=5)).value == b"delayed"
@@ -85,8 +82,7 @@ async def test_exclusive_and_failover_ignore_the_delay(client, autojump_clock, s
 async def test_a_delayed_message_redelivered_after_a_consumer_leaves_keeps_its_delay(
     client, autojump_clock
 ):
-    a = await client.subscribe("delay-handover", "s", subscription_type="shared")
-    producer = await client.create_producer("delay-handover")
+    a, producer = await consumer_and_producer(client, "delay-handover", subscription_type="shared")
     start = trio.current_time()
     await producer.send(b"later", deliver_after=20)
     await a.close()  # nothing was delivered yet; the delay is the broker's business
@@ -108,8 +104,9 @@ async def test_deliver_at_and_deliver_after_together_are_refused(client, autojum
 
 async def test_deliver_after_counts_from_the_send_later_in_the_run(client, autojump_clock):
     """deliver_after sent a minute (virtual) into the run must still wait its delay."""
-    consumer = await client.subscribe("later-in-run", "s", subscription_type="shared")
-    producer = await client.create_producer("later-in-run")
+    consumer, producer = await consumer_and_producer(
+        client, "later-in-run", subscription_type="shared"
+    )
     await trio.sleep(60)
     start = trio.current_time()
     await producer.send(b"in 10s", deliver_after=10)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import trio
+from standalone_support import consumer_and_producer
 
 from pigeon.core.errors import Timeout
 
@@ -26,8 +27,7 @@ async def test_negative_ack_redelivers_after_the_delay(client, autojump_clock):
 
 
 async def test_delayed_message_is_held_until_due(client, autojump_clock):
-    consumer = await client.subscribe("later", "s", subscription_type="shared")
-    producer = await client.create_producer("later")
+    consumer, producer = await consumer_and_producer(client, "later", subscription_type="shared")
     start = trio.current_time()
     await producer.send(b"in an hour", deliver_after=3600)
     await producer.send(b"now")
