@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import json
 import logging
+import os
 import threading
 import urllib.error
 import urllib.request
@@ -17,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import hypothesis
 import trio
 
 from pigeon.bookie import BookieConfig
@@ -148,3 +150,17 @@ class ErrorLines(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         if record.levelno >= logging.ERROR or record.exc_info:
             self.records.append(record)
+
+
+def fuzz_settings(variable: str, default: int) -> hypothesis.settings:
+    """Hypothesis settings of a fuzz run against the standalone: ``default`` examples,
+    derandomized, unless the environment variable ``variable`` asks for a number (then
+    randomized); no deadline, no example database, no health check."""
+    examples = os.environ.get(variable)
+    return hypothesis.settings(
+        max_examples=int(examples or default),
+        deadline=None,
+        derandomize=examples is None,
+        database=None,
+        suppress_health_check=list(hypothesis.HealthCheck),
+    )

@@ -11,22 +11,20 @@ Hypothesis strategy per operation and each operation is a parametrized test here
 
 from __future__ import annotations
 
-import os
 from types import SimpleNamespace
 from typing import Any
 
 import hypothesis
 import pytest
 import schemathesis
-from admin_support import AdminStandalone
+from admin_support import AdminStandalone, fuzz_settings
 from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from pigeon.broker._admin import make_app
 
 #: PIGEON_ADMIN_FUZZ_EXAMPLES=200 for a longer, randomized run (default: 12, derandomized)
-FUZZ_EXAMPLES = os.environ.get("PIGEON_ADMIN_FUZZ_EXAMPLES")
-MAX_EXAMPLES = int(FUZZ_EXAMPLES or 12)
+FUZZ = fuzz_settings("PIGEON_ADMIN_FUZZ_EXAMPLES", 12)
 
 
 def _operations() -> list[Any]:
@@ -77,13 +75,7 @@ def test_operation_conforms_and_never_fails_with_5xx(
     excluded = [positive_data_acceptance] if operation.label in CROSS_FIELD_RULES else []
 
     @hypothesis.given(case=operation.as_strategy(generation_mode=mode))
-    @hypothesis.settings(
-        max_examples=MAX_EXAMPLES,
-        deadline=None,
-        derandomize=FUZZ_EXAMPLES is None,
-        database=None,
-        suppress_health_check=list(hypothesis.HealthCheck),
-    )
+    @FUZZ
     def run(case: schemathesis.Case) -> None:
         case.call_and_validate(base_url=seeded.url, excluded_checks=excluded)
 

@@ -16,7 +16,6 @@ derandomized).
 from __future__ import annotations
 
 import json
-import os
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -25,14 +24,13 @@ from typing import Any
 
 import hypothesis
 import pytest
-from admin_support import AdminStandalone, ErrorLines
+from admin_support import AdminStandalone, ErrorLines, fuzz_settings
 from hypothesis import strategies as st
 
 from pigeon.broker._admin import make_app
 from pigeon.broker._admin_ops import FULL_BUNDLE
 
-FUZZ_EXAMPLES = os.environ.get("PIGEON_FUZZ_EXAMPLES")
-MAX_EXAMPLES = int(FUZZ_EXAMPLES or 8)
+FUZZ = fuzz_settings("PIGEON_FUZZ_EXAMPLES", 8)
 
 DOCUMENT = make_app(SimpleNamespace()).openapi()  # type: ignore[arg-type]
 OPERATIONS = sorted(
@@ -220,13 +218,7 @@ def test_hostile_input_never_gets_a_5xx(
     op: dict[str, Any],
 ) -> None:
     @hypothesis.given(request=requests(method, path, op, known))
-    @hypothesis.settings(
-        max_examples=MAX_EXAMPLES,
-        deadline=None,
-        derandomize=FUZZ_EXAMPLES is None,
-        database=None,
-        suppress_health_check=list(hypothesis.HealthCheck),
-    )
+    @FUZZ
     def run(request: tuple[str, bytes | None]) -> None:
         url, body = request
         status, payload, ctype = call(admin_standalone.url, method, url, body)

@@ -14,7 +14,6 @@ bytes).  Messages produced before the fuzz are all read back after it.
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import struct
 import time
@@ -22,7 +21,7 @@ from typing import Any
 
 import hypothesis
 import pytest
-from admin_support import AdminStandalone, ErrorLines
+from admin_support import AdminStandalone, ErrorLines, fuzz_settings
 from hypothesis import strategies as st
 
 from pigeon.client import Client
@@ -38,14 +37,7 @@ from pigeon.core._framing import (
 from pigeon.core._schema import PROTOCOL_VERSION, BrokerFrame
 from pigeon.core.errors import InternalError, PigeonError
 
-FUZZ_EXAMPLES = os.environ.get("PIGEON_FUZZ_EXAMPLES")
-FUZZ = hypothesis.settings(
-    max_examples=int(FUZZ_EXAMPLES or 60),
-    deadline=None,
-    derandomize=FUZZ_EXAMPLES is None,
-    database=None,
-    suppress_health_check=list(hypothesis.HealthCheck),
-)
+FUZZ = fuzz_settings("PIGEON_FUZZ_EXAMPLES", 60)
 TOPIC = "persistent://public/default/fz"
 PROTECTED = "persistent://public/default/protected"
 #: request ids: fuzzed frames in [2**16, 2**20]; a few bit flips never make the probe's
