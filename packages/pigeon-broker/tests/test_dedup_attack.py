@@ -28,6 +28,15 @@ from pigeon.core.errors import PigeonError, ServiceUnavailable
 # ------------------------------------------------------------------ producer_request_hold
 
 
+async def _holding_producer(cluster: Any, client: Any, topic_name: str) -> tuple[Any, Any]:
+    """producer_request_hold over 1000 bytes of backlog; a producer (one message per
+    entry, 60 s send timeout) that has stored ``m0``, and the broker's topic."""
+    await set_backlog_quota(cluster, 1000, "producer_request_hold")
+    producer = await client.create_producer(topic_name, batching_max_messages=1, send_timeout=60)
+    await producer.send(b"m0")
+    return producer, cluster.service.topics[TopicName.parse(topic_name).full]
+
+
 async def test_a_send_after_a_held_one_is_not_stored_before_it(
     pigeon_standalone, client: Any, autojump_clock: Any
 ) -> None:
@@ -37,12 +46,8 @@ async def test_a_send_after_a_held_one_is_not_stored_before_it(
 
     Before the fix: B was appended at once and A 50 ms later: the log had B before A,
     and de-duplication's persisted sequence jumped over A (which was still in flight)."""
-    service = pigeon_standalone.service
     topic_name = PREFIX + "hold-order"
-    await set_backlog_quota(pigeon_standalone, 1000, "producer_request_hold")
-    producer = await client.create_producer(topic_name, batching_max_messages=1, send_timeout=60)
-    await producer.send(b"m0")
-    topic = service.topics[TopicName.parse(topic_name).full]
+    producer, topic = await _holding_producer(pigeon_standalone, client, topic_name)
     sends = []
 
     def backlog_bytes() -> int:
@@ -75,12 +80,8 @@ async def test_a_held_send_refused_on_release_is_not_acknowledged_by_a_later_one
     Before the fix: the released B was appended although A had just failed (and the
     producer been fenced): persisted moved past A, A's resend was answered duplicate with
     position -1 -- acknowledged, never stored."""
-    service = pigeon_standalone.service
     topic_name = PREFIX + "hold-refused"
-    await set_backlog_quota(pigeon_standalone, 1000, "producer_request_hold")
-    producer = await client.create_producer(topic_name, batching_max_messages=1, send_timeout=60)
-    await producer.send(b"m0")
-    topic = service.topics[TopicName.parse(topic_name).full]
+    producer, topic = await _holding_producer(pigeon_standalone, client, topic_name)
     backlog = [10_000]
     topic.backlog_bytes = lambda: backlog[0]
     ledger = topic.ledger
@@ -148,10 +149,7 @@ async def test_sends_held_when_the_topic_is_unloaded_are_answered_and_not_kept(
 
     service = pigeon_standalone.service
     topic_name = PREFIX + "hold-unload"
-    await set_backlog_quota(pigeon_standalone, 1000, "producer_request_hold")
-    producer = await client.create_producer(topic_name, batching_max_messages=1, send_timeout=60)
-    await producer.send(b"m0")
-    old = service.topics[TopicName.parse(topic_name).full]
+    producer, old = await _holding_producer(pigeon_standalone, client, topic_name)
     old.backlog_bytes = lambda: 10_000
     answers: list[Any] = []
     await producer.send_async(b"A", callback=lambda m, e: answers.append((m, e)))

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import trio
@@ -18,6 +20,17 @@ from pigeon.client.trio import Client, Consumer
 from pigeon.core.errors import ConsumerBusy, NotSupported, Timeout
 
 # ----------------------------------------------------------------------------- helpers
+
+
+def key_shared(client: Client, topic: str) -> Callable[..., Awaitable[Consumer]]:
+    """``await sub("c1", **options)``: consumer ``c1`` of the key_shared subscription ``s``."""
+
+    async def sub(name: str, **options: Any) -> Consumer:
+        return await client.subscribe(
+            topic, "s", subscription_type="key_shared", consumer_name=name, **options
+        )
+
+    return sub
 
 
 # ----------------------------------------------------------------------------- exclusive
@@ -226,10 +239,7 @@ async def test_key_shared_new_consumer_waits_for_earlier_messages_to_be_acked(
 ):
     keys = [f"k{i}" for i in range(20)]
 
-    async def sub(name: str) -> Consumer:
-        return await client.subscribe(
-            "ks-join", "s", subscription_type="key_shared", consumer_name=name
-        )
+    sub = key_shared(client, "ks-join")
 
     producer = await client.create_producer("ks-join", batching_max_messages=1)
     c1 = await sub("c1")
@@ -271,16 +281,10 @@ async def test_key_shared_waiting_for_a_consumer_reads_nothing_again(
     instead of reading the entries it cannot send over and over (a busy loop that would
     also keep the mock clock from ever advancing)."""
 
-    async def sub(name: str, queue: int) -> Consumer:
-        return await client.subscribe(
-            "ks-wait",
-            "s",
-            subscription_type="key_shared",
-            consumer_name=name,
-            receiver_queue_size=queue,
-        )
+    sub = key_shared(client, "ks-wait")
 
-    c1, c2 = await sub("c1", 1), await sub("c2", 1000)
+    c1 = await sub("c1", receiver_queue_size=1)
+    c2 = await sub("c2", receiver_queue_size=1000)
     subscription = pigeon_standalone.service.topics[
         "persistent://public/default/ks-wait"
     ].subscriptions["s"]
@@ -484,10 +488,7 @@ async def test_key_shared_consumer_leaving_while_its_keys_are_held_strands_nothi
     leaves before its wait is over: every message must still reach someone."""
     keys = [f"k{i}" for i in range(20)]
 
-    async def sub(name: str) -> Consumer:
-        return await client.subscribe(
-            "ks-hold", "s", subscription_type="key_shared", consumer_name=name
-        )
+    sub = key_shared(client, "ks-hold")
 
     producer = await client.create_producer("ks-hold", batching_max_messages=1)
     c1 = await sub("c1")
@@ -526,10 +527,7 @@ async def test_key_shared_redelivery_into_a_shared_batch_loses_nothing(client, a
     that redelivered part and leaves: its own original part must still be redelivered."""
     keys = [f"k{i}" for i in range(20)]
 
-    async def sub(name: str) -> Consumer:
-        return await client.subscribe(
-            "ks-batch", "s", subscription_type="key_shared", consumer_name=name
-        )
+    sub = key_shared(client, "ks-batch")
 
     c1, c2 = await sub("c1"), await sub("c2")
     producer = await client.create_producer(
