@@ -6,6 +6,7 @@ The ``admin_standalone`` fixture (``conftest.py``) runs one per test module."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -14,7 +15,7 @@ import os
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,18 @@ class AdminStandalone:
 
     def call_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
         return trio.from_thread.run_sync(fn, *args, trio_token=self._token)
+
+    @contextlib.contextmanager
+    def consumer(self, topic: str, subscription: str, **options: Any) -> Iterator[Any]:
+        """A consumer (the synchronous client) of ``subscription`` of ``topic`` from the
+        earliest; ``options`` go to ``subscribe``."""
+        with (
+            Client(self.service_url) as client,
+            client.subscribe(
+                topic, subscription, initial_position="earliest", **options
+            ) as consumer,
+        ):
+            yield consumer
 
     def seed_topic(self, topic: str, subscription: str) -> None:
         """Three messages (key ``k``) on ``topic`` of ``public/default``, and

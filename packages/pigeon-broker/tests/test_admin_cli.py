@@ -427,12 +427,7 @@ def test_skip_counts_only_unacknowledged_messages(
 ) -> None:
     s = admin_standalone
     topic, _ids = ten_messages
-    with (
-        Client(s.service_url) as client,
-        client.subscribe(
-            topic, "gaps", initial_position="earliest", subscription_type="shared"
-        ) as consumer,
-    ):
+    with s.consumer(topic, "gaps", subscription_type="shared") as consumer:
         got = {m.value: m for m in (consumer.receive(timeout=10) for _ in range(10))}
         for v in (b"m1", b"m2", b"m5"):  # individually acknowledged
             consumer.acknowledge(got[v])
@@ -451,10 +446,7 @@ def test_reset_redelivers_to_a_connected_consumer(
 ) -> None:
     s = admin_standalone
     topic, _ids = ten_messages
-    with (
-        Client(s.service_url) as client,
-        client.subscribe(topic, "live", initial_position="earliest") as consumer,
-    ):
+    with s.consumer(topic, "live") as consumer:
         for i in range(10):
             msg = consumer.receive(timeout=10)
             assert msg.value == f"m{i}".encode()

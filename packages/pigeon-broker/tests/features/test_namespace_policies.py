@@ -23,7 +23,7 @@ from standalone_support import (
     set_backlog_quota,
 )
 
-from pigeon.client.trio import Client
+from pigeon.client.trio import Client, Consumer, Producer
 from pigeon.core import PluginManager
 from pigeon.core._batch import BatchBuilder
 from pigeon.core._codecs import CodecSet
@@ -155,66 +155,71 @@ async def test_without_ttl_old_messages_stay(client, autojump_clock):
 # ----------------------------------------------------------------------------- backlog quota
 
 
-async def test_backlog_quota_producer_exception(pigeon_standalone, autojump_clock):
-    cluster = pigeon_standalone
-    await set_backlog_quota(cluster, 1000, "producer_exception")
+async def _quota_of_1000_bytes(
+    cluster: InProcessStandalone, client: Client, topic: str, policy: str, send_timeout: float
+) -> tuple[Consumer, Producer]:
+    """A backlog quota of 1000 bytes with ``policy``; a consumer of ``topic`` from the
+    earliest, and a producer (one message per entry) giving up after ``send_timeout``."""
+    await set_backlog_quota(cluster, 1000, policy)
+    consumer = await client.subscribe(topic, "s", initial_position="earliest")
+    producer = await client.create_producer(
+        topic, batching_max_messages=1, send_timeout=send_timeout
+    )
+    return consumer, producer
+
+
+async def test_backlog_quota_producer_exception(pigeon_standalone, client, autojump_clock):
+    consumer, producer = await _quota_of_1000_bytes(
+        pigeon_standalone, client, "quota-ex", "producer_exception", send_timeout=20
+    )
     with real_time_limit(5):
-        async with Client(cluster.url) as client:
-            consumer = await client.subscribe("quota-ex", "s", initial_position="earliest")
-            producer = await client.create_producer(
-                "quota-ex", batching_max_messages=1, send_timeout=20
-            )
-            stored = 0
-            with pytest.raises(ProducerBlocked):
-                for _ in range(10):
-                    await producer.send(b"x" * 300)
-                    stored += 1
-            assert 2 <= stored <= 4, stored
-            got = await drain(consumer)
-            assert len(got) == stored, "the refused message was stored"
-            await consumer.acknowledge_cumulative(got[-1])
-            await trio.sleep(1)
-            await producer.send(b"after the backlog drained")  # accepted again
-            await producer.close()
-            await consumer.close()
+        stored = 0
+        with pytest.raises(ProducerBlocked):
+            for _ in range(10):
+                await producer.send(b"x" * 300)
+                stored += 1
+        assert 2 <= stored <= 4, stored
+        got = await drain(consumer)
+        assert len(got) == stored, "the refused message was stored"
+        await consumer.acknowledge_cumulative(got[-1])
+        await trio.sleep(1)
+        await producer.send(b"after the backlog drained")  # accepted again
+        await producer.close()
+        await consumer.close()
 
 
-async def test_backlog_quota_producer_request_hold(pigeon_standalone, autojump_clock):
-    cluster = pigeon_standalone
-    await set_backlog_quota(cluster, 1000, "producer_request_hold")
+async def test_backlog_quota_producer_request_hold(pigeon_standalone, client, autojump_clock):
+    consumer, producer = await _quota_of_1000_bytes(
+        pigeon_standalone, client, "quota-hold", "producer_request_hold", send_timeout=60
+    )
     with real_time_limit(30):
-        async with Client(cluster.url) as client:
-            consumer = await client.subscribe("quota-hold", "s", initial_position="earliest")
-            producer = await client.create_producer(
-                "quota-hold", batching_max_messages=1, send_timeout=60
-            )
 
-            async def send(value: bytes, done: trio.Event) -> None:
-                await producer.send(value)
-                done.set()
+        async def send(value: bytes, done: trio.Event) -> None:
+            await producer.send(value)
+            done.set()
 
-            async with trio.open_nursery() as nursery:
-                accepted = 0
-                for i in range(10):
-                    done = trio.Event()
-                    nursery.start_soon(send, f"{i}".encode() * 300, done)
-                    with trio.move_on_after(5):
-                        await done.wait()
-                    if not done.is_set():
-                        break  # held: the backlog is over the quota
-                    accepted += 1
-                assert 2 <= accepted <= 4, accepted
-                assert not done.is_set(), "no send was held although the backlog exceeds the quota"
-                got = await drain(consumer, idle=1.0)
-                assert len(got) == accepted, "the held message was stored before the backlog shrank"
-                held_at = trio.current_time()
-                await consumer.acknowledge_cumulative(got[-1])
-                with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            accepted = 0
+            for i in range(10):
+                done = trio.Event()
+                nursery.start_soon(send, f"{i}".encode() * 300, done)
+                with trio.move_on_after(5):
                     await done.wait()
-                assert trio.current_time() - held_at < 5
-            assert [m.value for m in await drain(consumer)] == [f"{accepted}".encode() * 300]
-            await producer.close()
-            await consumer.close()
+                if not done.is_set():
+                    break  # held: the backlog is over the quota
+                accepted += 1
+            assert 2 <= accepted <= 4, accepted
+            assert not done.is_set(), "no send was held although the backlog exceeds the quota"
+            got = await drain(consumer, idle=1.0)
+            assert len(got) == accepted, "the held message was stored before the backlog shrank"
+            held_at = trio.current_time()
+            await consumer.acknowledge_cumulative(got[-1])
+            with trio.fail_after(10):
+                await done.wait()
+            assert trio.current_time() - held_at < 5
+        assert [m.value for m in await drain(consumer)] == [f"{accepted}".encode() * 300]
+        await producer.close()
+        await consumer.close()
 
 
 async def test_backlog_quota_consumer_eviction_advances_the_slow_cursor(
