@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import trio
 from standalone_support import PREFIX, drain, produce, receive_n, subscribe_and_produce, values
 
 from pigeon.client import DeadLetterPolicy
+from pigeon.client.trio import Client, Consumer
 from pigeon.core.errors import Timeout
 
 #: delays are whole milliseconds of wall time; allow for rounding and float noise
@@ -128,14 +131,23 @@ async def test_without_ack_timeout_unacked_messages_are_not_redelivered(client, 
 # ----------------------------------------------------------------------------- dead letters
 
 
+async def _shared_with_dead_letters(
+    client: Client, topic: str, sub: str, policy: DeadLetterPolicy, **options: Any
+) -> Consumer:
+    """A consumer of the shared subscription ``sub`` with the dead letter ``policy``."""
+    return await client.subscribe(
+        topic, sub, subscription_type="shared", dead_letter_policy=policy, **options
+    )
+
+
 async def test_dead_letter_after_max_redeliveries(pigeon_standalone, client, autojump_clock):
     dlq = await client.subscribe("jobs-w-DLQ", "audit", initial_position="earliest")
-    consumer = await client.subscribe(
+    consumer = await _shared_with_dead_letters(
+        client,
         "jobs",
         "w",
-        subscription_type="shared",
+        DeadLetterPolicy(max_redeliver_count=2),
         negative_ack_redelivery_delay=1.0,
-        dead_letter_policy=DeadLetterPolicy(max_redeliver_count=2),
     )
     producer = await client.create_producer("jobs", batching_max_messages=1)
     poison_id = await producer.send(b"poison", key="p", properties={"a": "1"})
@@ -169,12 +181,12 @@ async def test_dead_letter_after_max_redeliveries(pigeon_standalone, client, aut
 
 async def test_dead_letter_topic_can_be_named(client, autojump_clock):
     dlq = await client.subscribe("graveyard", "audit", initial_position="earliest")
-    consumer = await client.subscribe(
+    consumer = await _shared_with_dead_letters(
+        client,
         "named-dlq",
         "w",
-        subscription_type="shared",
+        DeadLetterPolicy(max_redeliver_count=1, dead_letter_topic="graveyard"),
         negative_ack_redelivery_delay=1.0,
-        dead_letter_policy=DeadLetterPolicy(max_redeliver_count=1, dead_letter_topic="graveyard"),
     )
     await produce(client, "named-dlq", [b"bad"])
     for _ in range(2):
@@ -192,11 +204,8 @@ async def test_dead_letter_topic_can_be_named(client, autojump_clock):
 async def test_reconsume_later_delivers_through_the_retry_topic_after_the_delay(
     client, autojump_clock
 ):
-    consumer = await client.subscribe(
-        "later",
-        "r",
-        subscription_type="shared",
-        dead_letter_policy=DeadLetterPolicy(max_redeliver_count=2, enable_retry=True),
+    consumer = await _shared_with_dead_letters(
+        client, "later", "r", DeadLetterPolicy(max_redeliver_count=2, enable_retry=True)
     )
     first_id = (await produce(client, "later", [b"again"]))[0]
     m = await consumer.receive(timeout=10)
@@ -218,11 +227,8 @@ async def test_reconsume_later_delivers_through_the_retry_topic_after_the_delay(
 
 async def test_reconsume_later_past_max_count_goes_to_dlq(client, autojump_clock):
     dlq = await client.subscribe("orders-r-DLQ", "audit", initial_position="earliest")
-    consumer = await client.subscribe(
-        "orders",
-        "r",
-        subscription_type="shared",
-        dead_letter_policy=DeadLetterPolicy(max_redeliver_count=2, enable_retry=True),
+    consumer = await _shared_with_dead_letters(
+        client, "orders", "r", DeadLetterPolicy(max_redeliver_count=2, enable_retry=True)
     )
     first_id = (await produce(client, "orders", [b"again"]))[0]
     m = await consumer.receive(timeout=10)
@@ -242,11 +248,8 @@ async def test_reconsume_later_past_max_count_goes_to_dlq(client, autojump_clock
 
 async def test_reconsume_later_delay_holds_after_virtual_time_has_passed(client, autojump_clock):
     """The same delay, asked for a minute (virtual) into the run, must still hold."""
-    consumer = await client.subscribe(
-        "later2",
-        "r",
-        subscription_type="shared",
-        dead_letter_policy=DeadLetterPolicy(max_redeliver_count=5, enable_retry=True),
+    consumer = await _shared_with_dead_letters(
+        client, "later2", "r", DeadLetterPolicy(max_redeliver_count=5, enable_retry=True)
     )
     await produce(client, "later2", [b"again"])
     m = await consumer.receive(timeout=10)

@@ -16,7 +16,7 @@ import pytest
 import trio
 from standalone_support import drain, produce, real_time_limit, receive_n, values
 
-from pigeon.client.trio import Client, Consumer
+from pigeon.client.trio import Client, Consumer, Producer
 from pigeon.core.errors import ConsumerBusy, NotSupported, Timeout
 
 # ----------------------------------------------------------------------------- helpers
@@ -31,6 +31,21 @@ def key_shared(client: Client, topic: str) -> Callable[..., Awaitable[Consumer]]
         )
 
     return sub
+
+
+KEYS = [f"k{i}" for i in range(20)]
+
+
+async def _c1_holds_every_key(client: Client, topic: str) -> tuple[Any, Producer, Consumer, list]:
+    """Consumer ``c1`` of the key_shared subscription ``s`` received message ``<key>:0``
+    of every key of KEYS, and holds them unacknowledged; (``key_shared`` of the topic,
+    the producer, c1, what c1 received)."""
+    sub = key_shared(client, topic)
+    producer = await client.create_producer(topic, batching_max_messages=1)
+    c1 = await sub("c1")
+    for k in KEYS:
+        await producer.send(f"{k}:0".encode(), key=k)
+    return sub, producer, c1, await receive_n(c1, len(KEYS))
 
 
 # ----------------------------------------------------------------------------- exclusive
@@ -237,27 +252,19 @@ async def test_key_shared_sends_each_key_to_one_consumer_in_order(client, autoju
 async def test_key_shared_new_consumer_waits_for_earlier_messages_to_be_acked(
     client, autojump_clock
 ):
-    keys = [f"k{i}" for i in range(20)]
-
-    sub = key_shared(client, "ks-join")
-
-    producer = await client.create_producer("ks-join", batching_max_messages=1)
-    c1 = await sub("c1")
-    for k in keys:
-        await producer.send(f"{k}:0".encode(), key=k)
-    first = await receive_n(c1, 20)
+    sub, producer, c1, first = await _c1_holds_every_key(client, "ks-join")
     c2 = await sub("c2")
-    for k in keys:
+    for k in KEYS:
         await producer.send(f"{k}:1".encode(), key=k)
-    to_c1 = await drain(c1, idle=1.0)  # keys c1 keeps flow on
+    to_c1 = await drain(c1, idle=1.0)  # KEYS c1 keeps flow on
     assert await drain(c2, idle=5.0) == [], (
         "c2 got a key's message before its earlier one was acked"
     )
     for m in first:
         await c1.acknowledge(m)
     to_c2 = await drain(c2)
-    assert to_c2, "c2 got none of the keys"
-    assert sorted(values(to_c1 + to_c2)) == sorted(f"{k}:1".encode() for k in keys)
+    assert to_c2, "c2 got none of the KEYS"
+    assert sorted(values(to_c1 + to_c2)) == sorted(f"{k}:1".encode() for k in KEYS)
     assert not {m.key for m in to_c1} & {m.key for m in to_c2}
     await producer.close()
     await c1.close()
@@ -486,21 +493,14 @@ async def test_key_shared_consumer_leaving_while_its_keys_are_held_strands_nothi
 ):
     """c2 joins while c1 holds unacked messages (c2's new messages wait), c3 joins, c2
     leaves before its wait is over: every message must still reach someone."""
-    keys = [f"k{i}" for i in range(20)]
-
-    sub = key_shared(client, "ks-hold")
-
-    producer = await client.create_producer("ks-hold", batching_max_messages=1)
-    c1 = await sub("c1")
-    for k in keys:
-        await producer.send(f"{k}:0".encode(), key=k)
-    first = await receive_n(c1, 20)  # held unacked by c1
+    # c1 holds the first message of every key unacknowledged
+    sub, producer, c1, first = await _c1_holds_every_key(client, "ks-hold")
     c2 = await sub("c2")
-    for k in keys:
+    for k in KEYS:
         await producer.send(f"{k}:1".encode(), key=k)
     c3 = await sub("c3")
     got = await drain(c2, idle=1.0)
-    assert got == [], "c2 got messages before c1 acked the earlier ones of their keys"
+    assert got == [], "c2 got messages before c1 acked the earlier ones of their KEYS"
     await c2.close()
     for m in first:
         await c1.acknowledge(m)
@@ -514,9 +514,9 @@ async def test_key_shared_consumer_leaving_while_its_keys_are_held_strands_nothi
             for m in msgs:
                 await c.acknowledge(m)
             rest.extend(msgs)
-    missing = sorted({f"{k}:1".encode() for k in keys} - set(values(rest)))
+    missing = sorted({f"{k}:1".encode() for k in KEYS} - set(values(rest)))
     assert not missing, f"never delivered: {missing}"
-    assert sorted(values(rest)) == sorted(f"{k}:1".encode() for k in keys)
+    assert sorted(values(rest)) == sorted(f"{k}:1".encode() for k in KEYS)
     for c in (c1, c3):
         await c.close()
     await producer.close()
