@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ from typing import Any
 import trio
 
 from pigeon.client.trio import Client, Consumer, Producer
+from pigeon.core._batch import encode_batch
+from pigeon.core._codecs import NONE
 from pigeon.core._memnet import MemoryNetwork
 from pigeon.core._rpc import connect_tcp
 from pigeon.core._schema import BrokerFrame
@@ -136,6 +139,17 @@ async def set_backlog_quota(cluster: InProcessStandalone, quota_bytes: int, poli
 
 
 # ------------------------------------------------------------------ raw protocol
+
+
+def batch_of(values: list[bytes], producer_name: str, sequence_id: int) -> bytes:
+    """One uncompressed batch of ``values`` as producer ``producer_name`` sends it."""
+    return encode_batch(
+        values,
+        producer_name=producer_name,
+        sequence_id=sequence_id,
+        publish_time=int(time.time() * 1000),
+        codec=NONE,
+    )
 
 
 async def raw_sends(

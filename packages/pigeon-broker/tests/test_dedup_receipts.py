@@ -4,28 +4,18 @@ were answered with position (-1, -1))."""
 
 from __future__ import annotations
 
-import time
-
 import trio
-from standalone_support import raw_sends
+from standalone_support import batch_of, raw_sends
 
 from pigeon.broker._admin_ops import unload_topic
 from pigeon.core import TopicName
-from pigeon.core._batch import encode_batch
-from pigeon.core._codecs import NONE
 
 TOPIC = "persistent://public/default/dedup-receipts"
 PRODUCER = "receipts-producer"
 
 
 def _batch(sequence_id: int, n: int) -> bytes:
-    return encode_batch(
-        [f"m{sequence_id + i}".encode() for i in range(n)],
-        producer_name=PRODUCER,
-        sequence_id=sequence_id,
-        publish_time=int(time.time() * 1000),
-        codec=NONE,
-    )
+    return batch_of([f"m{sequence_id + i}".encode() for i in range(n)], PRODUCER, sequence_id)
 
 
 async def _sends(url: str, batches: list[tuple[int, int]]) -> list[dict]:

@@ -7,13 +7,12 @@ two-entry segments, so trimming is visible in ``ledger.segments``.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import trio
 from standalone_support import (
     NS,
     PREFIX,
+    batch_of,
     drain,
     produce,
     raw_sends,
@@ -24,9 +23,6 @@ from standalone_support import (
 )
 
 from pigeon.client.trio import Client, Consumer, Producer
-from pigeon.core import PluginManager
-from pigeon.core._batch import BatchBuilder
-from pigeon.core._codecs import CodecSet
 from pigeon.core.errors import MessageTooLarge, ProducerBlocked
 from pigeon.core.testing import InProcessStandalone
 
@@ -268,23 +264,11 @@ async def test_backlog_eviction_drops_only_what_is_over_the_quota(
 # ----------------------------------------------------------------------------- dedup
 
 
-def _batch(values: list[bytes], producer_name: str, sequence_id: int) -> bytes:
-    builder = BatchBuilder(
-        producer_name=producer_name,
-        codec=CodecSet.from_registry(PluginManager().codecs).by_name("none"),
-        max_messages=len(values),
-        max_bytes=1 << 30,
-    )
-    for v in values:
-        builder.add(v)
-    return builder.build(sequence_id=sequence_id, publish_time=int(time.time() * 1000))
-
-
 async def _raw_sends(
     cluster: InProcessStandalone, topic: str, sends: list[tuple[int, bytes]]
 ) -> list[dict]:
     """Send (sequence id, value) batches over a raw protocol connection; the receipts."""
-    batches = [(seq, 1, _batch([value], "raw-producer", seq)) for seq, value in sends]
+    batches = [(seq, 1, batch_of([value], "raw-producer", seq)) for seq, value in sends]
     return await raw_sends(cluster.url, topic, "raw-producer", batches)
 
 
