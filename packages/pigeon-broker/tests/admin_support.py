@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import hypothesis
+import pytest
 import trio
 
 from pigeon.bookie import BookieConfig
@@ -153,16 +154,21 @@ class AdminStandalone:
         return status, payload.decode("utf-8", errors="replace"), rh
 
 
-class ErrorLines(logging.Handler):
-    """Every ERROR line, and every line with a traceback, of the broker and bookie."""
+class ErrorLines:
+    """The ERROR lines, and the lines with a traceback, that the broker and bookie
+    (``pigeon.*`` loggers) wrote while the test set up and ran, as ``caplog`` caught them."""
 
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
+    def __init__(self, caplog: pytest.LogCaptureFixture) -> None:
+        self._caplog = caplog
 
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.levelno >= logging.ERROR or record.exc_info:
-            self.records.append(record)
+    @property
+    def records(self) -> list[logging.LogRecord]:
+        return [
+            r
+            for when in ("setup", "call")
+            for r in self._caplog.get_records(when)
+            if r.name.partition(".")[0] == "pigeon" and (r.levelno >= logging.ERROR or r.exc_info)
+        ]
 
 
 def fuzz_settings(variable: str, default: int) -> hypothesis.settings:

@@ -7,7 +7,6 @@ server on a background thread) and ``ledger_fakes`` (a ManagedLedger's world in 
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -35,12 +34,6 @@ def admin_standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Admin
 
 
 @pytest.fixture
-def error_lines() -> Iterator[ErrorLines]:
+def error_lines(caplog: pytest.LogCaptureFixture) -> ErrorLines:
     """What the ``pigeon`` loggers report as errors while the test runs."""
-    handler = ErrorLines()
-    logger = logging.getLogger("pigeon")
-    logger.addHandler(handler)
-    try:
-        yield handler
-    finally:
-        logger.removeHandler(handler)
+    return ErrorLines(caplog)
