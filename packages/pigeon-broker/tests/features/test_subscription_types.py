@@ -256,14 +256,14 @@ async def test_key_shared_new_consumer_waits_for_earlier_messages_to_be_acked(
     c2 = await sub("c2")
     for k in KEYS:
         await producer.send(f"{k}:1".encode(), key=k)
-    to_c1 = await drain(c1, idle=1.0)  # KEYS c1 keeps flow on
+    to_c1 = await drain(c1, idle=1.0)  # keys c1 keeps flow on
     assert await drain(c2, idle=5.0) == [], (
         "c2 got a key's message before its earlier one was acked"
     )
     for m in first:
         await c1.acknowledge(m)
     to_c2 = await drain(c2)
-    assert to_c2, "c2 got none of the KEYS"
+    assert to_c2, "c2 got none of the keys"
     assert sorted(values(to_c1 + to_c2)) == sorted(f"{k}:1".encode() for k in KEYS)
     assert not {m.key for m in to_c1} & {m.key for m in to_c2}
     await producer.close()
@@ -500,7 +500,7 @@ async def test_key_shared_consumer_leaving_while_its_keys_are_held_strands_nothi
         await producer.send(f"{k}:1".encode(), key=k)
     c3 = await sub("c3")
     got = await drain(c2, idle=1.0)
-    assert got == [], "c2 got messages before c1 acked the earlier ones of their KEYS"
+    assert got == [], "c2 got messages before c1 acked the earlier ones of their keys"
     await c2.close()
     for m in first:
         await c1.acknowledge(m)
