@@ -18,11 +18,11 @@ from typing import Any
 import trio
 
 from pigeon.client.trio import Client, Consumer, Producer
-from pigeon.core._batch import encode_batch
-from pigeon.core._codecs import NONE
 from pigeon.core._memnet import MemoryNetwork
 from pigeon.core._rpc import connect_tcp
 from pigeon.core._schema import BrokerFrame
+from pigeon.core.batch import encode_batch
+from pigeon.core.codecs import NONE
 from pigeon.core.errors import Timeout
 from pigeon.core.testing import InProcessStandalone
 
