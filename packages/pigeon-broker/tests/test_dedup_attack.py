@@ -336,8 +336,8 @@ class SendPathModel(RuleBasedStateMachine):
     def send_new(self, count: int) -> None:
         from types import SimpleNamespace
 
-        from pigeon.core._batch import encode_batch
         from pigeon.core._codecs import NONE
+        from pigeon.core.batch import encode_batch
 
         first = self.next_seq
         self.next_seq += count

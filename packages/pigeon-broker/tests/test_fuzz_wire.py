@@ -25,7 +25,6 @@ from admin_support import AdminStandalone, ErrorLines, fuzz_settings
 from hypothesis import strategies as st
 
 from pigeon.client import Client
-from pigeon.core._batch import encode_batch
 from pigeon.core._codecs import NONE
 from pigeon.core._framing import (
     FrameDecoder,
@@ -35,6 +34,7 @@ from pigeon.core._framing import (
     sniff_foreign_protocol,
 )
 from pigeon.core._schema import PROTOCOL_VERSION, BrokerFrame
+from pigeon.core.batch import encode_batch
 from pigeon.core.errors import InternalError, PigeonError
 
 FUZZ = fuzz_settings("PIGEON_FUZZ_EXAMPLES", 60)
