@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from admin_support import AdminStandalone
 from prometheus_client.parser import text_string_to_metric_families
-from test_admin_support import AdminStandalone, running
 
 from pigeon.broker._admin import http_status
 from pigeon.client import Client
@@ -17,11 +17,6 @@ from pigeon.core import errors
 
 API = "/admin/v2"
 T = f"{API}/topics/persistent/public/default"
-
-
-@pytest.fixture(scope="module")
-def admin_standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AdminStandalone]:
-    yield from running(tmp_path_factory)
 
 
 @pytest.mark.parametrize(
@@ -58,44 +53,36 @@ def test_openapi_document_lists_every_endpoint(admin_standalone: AdminStandalone
     t = "/admin/v2/topics/{domain}/{tenant}/{namespace}/{topic}"
     s = t + "/subscriptions/{subscription}"
     ns = "/admin/v2/namespaces/{tenant}/{namespace}"
-    expected = {
-        ("GET", "/admin/v2/cluster/health"),
-        ("GET", "/admin/v2/tenants"),
-        ("PUT", "/admin/v2/tenants/{tenant}"),
-        ("GET", "/admin/v2/tenants/{tenant}"),
-        ("DELETE", "/admin/v2/tenants/{tenant}"),
-        ("GET", "/admin/v2/namespaces/{tenant}"),
-        ("PUT", ns),
-        ("DELETE", ns),
-        ("GET", ns + "/policies"),
-        ("PATCH", ns + "/policies"),
-        ("GET", ns + "/topics"),
-        ("GET", ns + "/bundles"),
-        ("POST", ns + "/bundles/{bundle}/unload"),
-        ("PUT", t),
-        ("GET", t),
-        ("DELETE", t),
-        ("GET", t + "/stats"),
-        ("GET", t + "/internal-stats"),
-        ("POST", t + "/unload"),
-        ("GET", t + "/subscriptions"),
-        ("PUT", s),
-        ("GET", s),
-        ("DELETE", s),
-        ("POST", s + "/reset-cursor"),
-        ("POST", s + "/skip"),
-        ("POST", s + "/clear-backlog"),
-        ("GET", s + "/peek"),
-        ("GET", "/admin/v2/brokers"),
-        ("GET", "/admin/v2/brokers/{broker}/load"),
-        ("GET", "/admin/v2/brokers/{broker}/bundles"),
-        ("GET", "/admin/v2/broker-stats/topics"),
-        ("GET", "/admin/v2/broker-stats/throughput"),
-        ("GET", "/admin/v2/bookies"),
-        ("GET", "/admin/v2/bookies/{bookie}"),
-        ("GET", "/metrics"),
+    expected = {  # path: its methods
+        "/admin/v2/cluster/health": "GET",
+        "/admin/v2/tenants": "GET",
+        "/admin/v2/tenants/{tenant}": "PUT GET DELETE",
+        "/admin/v2/namespaces/{tenant}": "GET",
+        ns: "PUT DELETE",
+        ns + "/policies": "GET PATCH",
+        ns + "/topics": "GET",
+        ns + "/bundles": "GET",
+        ns + "/bundles/{bundle}/unload": "POST",
+        t: "PUT GET DELETE",
+        t + "/stats": "GET",
+        t + "/internal-stats": "GET",
+        t + "/unload": "POST",
+        t + "/subscriptions": "GET",
+        s: "PUT GET DELETE",
+        s + "/reset-cursor": "POST",
+        s + "/skip": "POST",
+        s + "/clear-backlog": "POST",
+        s + "/peek": "GET",
+        "/admin/v2/brokers": "GET",
+        "/admin/v2/brokers/{broker}/load": "GET",
+        "/admin/v2/brokers/{broker}/bundles": "GET",
+        "/admin/v2/broker-stats/topics": "GET",
+        "/admin/v2/broker-stats/throughput": "GET",
+        "/admin/v2/bookies": "GET",
+        "/admin/v2/bookies/{bookie}": "GET",
+        "/metrics": "GET",
     }
-    assert routes == expected
+    assert routes == {(m, p) for p, ms in expected.items() for m in ms.split()}
     # every admin operation documents its JSON errors
     for path, item in doc["paths"].items():
         if path.startswith(API):
@@ -268,3 +255,14 @@ def test_rates_show_up_in_stats(admin_standalone: AdminStandalone) -> None:
     assert s.http_call("GET", f"{API}/brokers/{load}/load")[1]["topics"] >= 1
     samples = s.http_call("GET", f"{API}/broker-stats/throughput")[1]
     assert any(x["msg_rate_in"] > 0 for x in samples)
+
+
+def test_support_server_answers_and_stops_cleanly(tmp_path: Path) -> None:
+    server = AdminStandalone(tmp_path / "data").start()
+    try:
+        status, body, _ = server.http_call("GET", "/admin/v2/cluster/health")
+        assert status == 200
+        assert body["status"] == "ok"
+        assert body["brokers"][0]["service_url"] == server.service_url
+    finally:
+        server.stop()

@@ -14,19 +14,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from admin_support import AdminStandalone
 from click.testing import CliRunner, Result
-from test_admin_support import AdminStandalone, running
 
 from pigeon.client import Client, MessageId
 from pigeon.client._admin_cli import admin_cmd, parse_time
 from pigeon.core import TopicName
 
 NS = "public/default"
-
-
-@pytest.fixture(scope="module")
-def admin_standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AdminStandalone]:
-    yield from running(tmp_path_factory)
 
 
 def admin(server: AdminStandalone, *args: str, code: int = 0) -> Result:
@@ -432,12 +427,7 @@ def test_skip_counts_only_unacknowledged_messages(
 ) -> None:
     s = admin_standalone
     topic, _ids = ten_messages
-    with (
-        Client(s.service_url) as client,
-        client.subscribe(
-            topic, "gaps", initial_position="earliest", subscription_type="shared"
-        ) as consumer,
-    ):
+    with s.consumer(topic, "gaps", subscription_type="shared") as consumer:
         got = {m.value: m for m in (consumer.receive(timeout=10) for _ in range(10))}
         for v in (b"m1", b"m2", b"m5"):  # individually acknowledged
             consumer.acknowledge(got[v])
@@ -456,10 +446,7 @@ def test_reset_redelivers_to_a_connected_consumer(
 ) -> None:
     s = admin_standalone
     topic, _ids = ten_messages
-    with (
-        Client(s.service_url) as client,
-        client.subscribe(topic, "live", initial_position="earliest") as consumer,
-    ):
+    with s.consumer(topic, "live") as consumer:
         for i in range(10):
             msg = consumer.receive(timeout=10)
             assert msg.value == f"m{i}".encode()

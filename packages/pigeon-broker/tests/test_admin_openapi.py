@@ -11,29 +11,20 @@ Hypothesis strategy per operation and each operation is a parametrized test here
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import hypothesis
 import pytest
 import schemathesis
+from admin_support import AdminStandalone, fuzz_settings
 from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
-from test_admin_support import AdminStandalone, running
 
 from pigeon.broker._admin import make_app
-from pigeon.client import Client
 
 #: PIGEON_ADMIN_FUZZ_EXAMPLES=200 for a longer, randomized run (default: 12, derandomized)
-FUZZ_EXAMPLES = os.environ.get("PIGEON_ADMIN_FUZZ_EXAMPLES")
-MAX_EXAMPLES = int(FUZZ_EXAMPLES or 12)
-
-
-@pytest.fixture(scope="module")
-def admin_standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AdminStandalone]:
-    yield from running(tmp_path_factory)
+FUZZ = fuzz_settings("PIGEON_ADMIN_FUZZ_EXAMPLES", 12)
 
 
 def _operations() -> list[Any]:
@@ -49,13 +40,7 @@ OPERATIONS = _operations()
 @pytest.fixture(scope="module")
 def seeded(admin_standalone: AdminStandalone) -> AdminStandalone:
     """Some data for generated requests to find: a topic ``0`` with messages, a cursor."""
-    with Client(admin_standalone.service_url) as client, client.create_producer("0") as producer:
-        for i in range(3):
-            producer.send(f"value-{i}".encode(), key="k")
-    status, _, _ = admin_standalone.http_call(
-        "PUT", "/admin/v2/topics/persistent/public/default/0/subscriptions/0?position=earliest"
-    )
-    assert status == 201
+    admin_standalone.seed_topic("0", "0")
     return admin_standalone
 
 
@@ -90,13 +75,7 @@ def test_operation_conforms_and_never_fails_with_5xx(
     excluded = [positive_data_acceptance] if operation.label in CROSS_FIELD_RULES else []
 
     @hypothesis.given(case=operation.as_strategy(generation_mode=mode))
-    @hypothesis.settings(
-        max_examples=MAX_EXAMPLES,
-        deadline=None,
-        derandomize=FUZZ_EXAMPLES is None,
-        database=None,
-        suppress_health_check=list(hypothesis.HealthCheck),
-    )
+    @FUZZ
     def run(case: schemathesis.Case) -> None:
         case.call_and_validate(base_url=seeded.url, excluded_checks=excluded)
 

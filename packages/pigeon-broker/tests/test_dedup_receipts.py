@@ -4,54 +4,23 @@ were answered with position (-1, -1))."""
 
 from __future__ import annotations
 
-import time
-
 import trio
+from standalone_support import batch_of, raw_sends
 
 from pigeon.broker._admin_ops import unload_topic
 from pigeon.core import TopicName
-from pigeon.core._codecs import NONE
-from pigeon.core._rpc import connect_tcp
-from pigeon.core._schema import BrokerFrame
-from pigeon.core.batch import encode_batch
 
 TOPIC = "persistent://public/default/dedup-receipts"
 PRODUCER = "receipts-producer"
 
 
 def _batch(sequence_id: int, n: int) -> bytes:
-    return encode_batch(
-        [f"m{sequence_id + i}".encode() for i in range(n)],
-        producer_name=PRODUCER,
-        sequence_id=sequence_id,
-        publish_time=int(time.time() * 1000),
-        codec=NONE,
-    )
+    return batch_of([f"m{sequence_id + i}".encode() for i in range(n)], PRODUCER, sequence_id)
 
 
 async def _sends(url: str, batches: list[tuple[int, int]]) -> list[dict]:
     """Send (first sequence id, count) batches as producer PRODUCER; their receipts."""
-    host, port = url[len("pigeon://") :].rsplit(":", 1)
-    async with trio.open_nursery() as nursery:
-        conn, _info = await connect_tcp(host, int(port), BrokerFrame, nursery)
-        await conn.request(
-            "createProducer",
-            {"producerId": 1, "topic": TOPIC, "producerName": PRODUCER},
-            expect="producerCreated",
-        )
-        receipts = []
-        for seq, n in batches:
-            receipts.append(
-                await conn.request(
-                    "send",
-                    {"producerId": 1, "sequenceId": seq, "numMessages": n},
-                    payload=_batch(seq, n),
-                    expect="sendReceipt",
-                )
-            )
-        conn.close()
-        nursery.cancel_scope.cancel()
-    return receipts
+    return await raw_sends(url, TOPIC, PRODUCER, [(seq, n, _batch(seq, n)) for seq, n in batches])
 
 
 def _where(receipt: dict) -> tuple[int, int, int]:

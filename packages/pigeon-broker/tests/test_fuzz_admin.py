@@ -16,26 +16,21 @@ derandomized).
 from __future__ import annotations
 
 import json
-import logging
-import os
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import hypothesis
 import pytest
+from admin_support import AdminStandalone, ErrorLines, fuzz_settings
 from hypothesis import strategies as st
-from test_admin_support import AdminStandalone, running
 
 from pigeon.broker._admin import make_app
 from pigeon.broker._admin_ops import FULL_BUNDLE
-from pigeon.client import Client
 
-FUZZ_EXAMPLES = os.environ.get("PIGEON_FUZZ_EXAMPLES")
-MAX_EXAMPLES = int(FUZZ_EXAMPLES or 8)
+FUZZ = fuzz_settings("PIGEON_FUZZ_EXAMPLES", 8)
 
 DOCUMENT = make_app(SimpleNamespace()).openapi()  # type: ignore[arg-type]
 OPERATIONS = sorted(
@@ -192,43 +187,15 @@ def call(base_url: str, method: str, url: str, body: bytes | None) -> tuple[int,
 
 
 @pytest.fixture(scope="module")
-def admin_standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AdminStandalone]:
-    yield from running(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
 def known(admin_standalone: AdminStandalone) -> dict[str, str]:
     """Seed a topic with messages and a subscription; path values that exist."""
     server = admin_standalone
-    with Client(server.service_url) as client, client.create_producer("fz") as producer:
-        for i in range(3):
-            producer.send(f"value-{i}".encode(), key="k")
-    T = "/admin/v2/topics/persistent/public/default/fz"
-    assert server.http_call("PUT", T + "/subscriptions/s?position=earliest")[0] == 201
+    server.seed_topic("fz", "s")
     assert server.http_call("PUT", "/admin/v2/tenants/fzt")[0] == 201
     assert server.http_call("PUT", "/admin/v2/namespaces/fzt/fzns")[0] == 201
     _, brokers, _ = server.http_call("GET", "/admin/v2/brokers")
     _, bookies, _ = server.http_call("GET", "/admin/v2/bookies")
     return {**KEEP, "broker": brokers[0]["broker"], "bookie": bookies[0]["address"]}
-
-
-class ErrorLines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.ERROR)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
-@pytest.fixture
-def error_lines() -> Iterator[ErrorLines]:
-    handler = ErrorLines()
-    logging.getLogger("pigeon").addHandler(handler)
-    try:
-        yield handler
-    finally:
-        logging.getLogger("pigeon").removeHandler(handler)
 
 
 # ------------------------------------------------------------------ tests
@@ -251,13 +218,7 @@ def test_hostile_input_never_gets_a_5xx(
     op: dict[str, Any],
 ) -> None:
     @hypothesis.given(request=requests(method, path, op, known))
-    @hypothesis.settings(
-        max_examples=MAX_EXAMPLES,
-        deadline=None,
-        derandomize=FUZZ_EXAMPLES is None,
-        database=None,
-        suppress_health_check=list(hypothesis.HealthCheck),
-    )
+    @FUZZ
     def run(request: tuple[str, bytes | None]) -> None:
         url, body = request
         status, payload, ctype = call(admin_standalone.url, method, url, body)

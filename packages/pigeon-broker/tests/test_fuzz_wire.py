@@ -14,17 +14,15 @@ bytes).  Messages produced before the fuzz are all read back after it.
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import struct
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import hypothesis
 import pytest
+from admin_support import AdminStandalone, ErrorLines, fuzz_settings
 from hypothesis import strategies as st
-from test_admin_support import AdminStandalone, running
 
 from pigeon.client import Client
 from pigeon.core._codecs import NONE
@@ -39,14 +37,7 @@ from pigeon.core._schema import PROTOCOL_VERSION, BrokerFrame
 from pigeon.core.batch import encode_batch
 from pigeon.core.errors import InternalError, PigeonError
 
-FUZZ_EXAMPLES = os.environ.get("PIGEON_FUZZ_EXAMPLES")
-FUZZ = hypothesis.settings(
-    max_examples=int(FUZZ_EXAMPLES or 60),
-    deadline=None,
-    derandomize=FUZZ_EXAMPLES is None,
-    database=None,
-    suppress_health_check=list(hypothesis.HealthCheck),
-)
+FUZZ = fuzz_settings("PIGEON_FUZZ_EXAMPLES", 60)
 TOPIC = "persistent://public/default/fz"
 PROTECTED = "persistent://public/default/protected"
 #: request ids: fuzzed frames in [2**16, 2**20]; a few bit flips never make the probe's
@@ -195,42 +186,14 @@ class RawConnection:
         self.frames.clear()
 
 
-class ErrorLines(logging.Handler):
-    """Every ERROR line, and every line with a traceback, of the broker and bookie."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.levelno >= logging.ERROR or record.exc_info:
-            self.records.append(record)
-
-
 @pytest.fixture(scope="module")
-def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AdminStandalone]:
-    yield from running(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def protected(standalone: AdminStandalone) -> list[bytes]:
+def protected(admin_standalone: AdminStandalone) -> list[bytes]:
     """Messages acknowledged before the fuzz; they must all be readable after it."""
     values = [f"protected-{i}".encode() for i in range(20)]
-    with Client(standalone.service_url) as client, client.create_producer(PROTECTED) as p:
+    with Client(admin_standalone.service_url) as client, client.create_producer(PROTECTED) as p:
         for value in values:
             p.send(value)
     return values
-
-
-@pytest.fixture
-def error_lines() -> Iterator[ErrorLines]:
-    handler = ErrorLines()
-    logger = logging.getLogger("pigeon")
-    logger.addHandler(handler)
-    try:
-        yield handler
-    finally:
-        logger.removeHandler(handler)
 
 
 def _address(standalone: AdminStandalone) -> tuple[str, int]:
@@ -306,21 +269,28 @@ def check_protected(standalone: AdminStandalone, values: list[bytes]) -> None:
     assert got == values
 
 
-def test_bit_flipped_requests_of_every_kind(
+def assert_unharmed(
     standalone: AdminStandalone, protected: list[bytes], error_lines: ErrorLines
 ) -> None:
-    @FUZZ
-    @hypothesis.given(data=flipped_requests(keep_prefix=True))
-    def run(data: bytes) -> None:
-        exchange(standalone, data)
-
-    run()
+    """No error was logged, and the messages stored before the fuzz are all readable."""
     assert not error_lines.records, [r.getMessage() for r in error_lines.records]
     check_protected(standalone, protected)
 
 
+def test_bit_flipped_requests_of_every_kind(
+    admin_standalone: AdminStandalone, protected: list[bytes], error_lines: ErrorLines
+) -> None:
+    @FUZZ
+    @hypothesis.given(data=flipped_requests(keep_prefix=True))
+    def run(data: bytes) -> None:
+        exchange(admin_standalone, data)
+
+    run()
+    assert_unharmed(admin_standalone, protected, error_lines)
+
+
 def test_bit_flips_anywhere_random_bytes_and_truncated_frames(
-    standalone: AdminStandalone, protected: list[bytes], error_lines: ErrorLines
+    admin_standalone: AdminStandalone, protected: list[bytes], error_lines: ErrorLines
 ) -> None:
     @st.composite
     def truncated(draw: st.DrawFn) -> bytes:
@@ -337,15 +307,14 @@ def test_bit_flips_anywhere_random_bytes_and_truncated_frames(
     @FUZZ
     @hypothesis.given(data=flipped_requests(keep_prefix=False) | truncated() | junk | framed_junk)
     def run(data: bytes) -> None:
-        exchange(standalone, data)
+        exchange(admin_standalone, data)
 
     run()
-    assert not error_lines.records, [r.getMessage() for r in error_lines.records]
-    check_protected(standalone, protected)
+    assert_unharmed(admin_standalone, protected, error_lines)
 
 
 def test_unknown_subscription_type_is_a_typed_error(
-    standalone: AdminStandalone, error_lines: ErrorLines, caplog: pytest.LogCaptureFixture
+    admin_standalone: AdminStandalone, error_lines: ErrorLines, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The reported case: a subscribe whose subType is not one of the four."""
     caplog.set_level(logging.INFO)
@@ -356,7 +325,7 @@ def test_unknown_subscription_type_is_a_typed_error(
     (at,) = [i for i in range(len(good)) if good[i] != marked[i]]
     data = bytearray(marked)
     data[at] = 4  # one past keyShared
-    conn = RawConnection(_address(standalone))
+    conn = RawConnection(_address(admin_standalone))
     try:
         conn.attach()
         conn.send(struct.pack("<I", len(data)) + bytes(data))

@@ -1,5 +1,5 @@
 """Hostile tests of ManagedLedger's write side (issue #12): precise interleavings with the
-scripted writer/policy of ``test_ledger_writes``, and a random-program test over the same
+scripted writer/policy of ``ledger_fakes``, and a random-program test over the same
 fakes (appends, acks, writer failures, bookies dying and returning, metadata hiccups,
 size-based rollovers, close and takeover).
 
@@ -12,6 +12,7 @@ of waiting; and the ledger is writable again by itself once the bookies are back
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 from typing import Any
@@ -21,20 +22,19 @@ import trio
 import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_ledger_writes import (
+from ledger_fakes import (
     Cluster,
-    MemoryStore,
-    Results,
+    ListingStore,
     ScriptedPolicy,
     ScriptedWriter,
-    _append,
-    _log,
-    _settle,
+    ledger_world,
+    log_entries,
+    log_offsets,
+    open_ledger,
+    settle,
 )
 
 from pigeon.broker._ledger import LedgerConfig, ManagedLedger
-from pigeon.core import TopicName
-from pigeon.core._entry import ENTRY_HEADER_SIZE, unpack_entry_header
 from pigeon.core.errors import (
     ConnectionClosed,
     PigeonError,
@@ -44,15 +44,6 @@ from pigeon.core.errors import (
 )
 
 # ------------------------------------------------------------------ fakes
-
-
-class Store(MemoryStore):
-    async def children(self, path: str) -> list[str]:
-        await trio.lowlevel.checkpoint()
-        prefix = path.rstrip("/") + "/"
-        return sorted(
-            {p[len(prefix) :].split("/", 1)[0] for p in self.nodes if p.startswith(prefix)}
-        )
 
 
 class FencingWriter(ScriptedWriter):
@@ -96,41 +87,6 @@ class RecoveringPolicy(ScriptedPolicy):
         return await super().recover(segment_id, ensemble, **kw)
 
 
-async def _open(
-    nursery: trio.Nursery,
-    cluster: Cluster,
-    policy: ScriptedPolicy,
-    store: MemoryStore,
-    config: LedgerConfig | None = None,
-) -> ManagedLedger:
-    ledger = ManagedLedger(
-        TopicName.parse("t"),
-        store=store,
-        policy=policy,
-        bookies=cluster.bookies,
-        nursery=nursery,
-        config=config,
-    )
-    await ledger.open()
-    return ledger
-
-
-async def _log_entries(ledger: ManagedLedger) -> list[tuple[int, int, int, int, bytes]]:
-    """(segment, entry, first offset, count, payload) of every entry, in log order."""
-    out = []
-    pos: tuple[int, int] | None = ledger.start_position()
-    while pos is not None:
-        entries = await ledger.read(pos, max_entries=100)
-        if not entries:
-            break
-        for e in entries:
-            h = unpack_entry_header(e.data)
-            payload = bytes(e.data)[ENTRY_HEADER_SIZE:]
-            out.append((e.segment_id, e.entry_id, h.first_offset, h.num_messages, payload))
-        pos = ledger.next_position(entries[-1].position)
-    return out
-
-
 # ------------------------------------------------------------------ interleavings
 
 
@@ -146,41 +102,39 @@ async def test_appends_get_a_retriable_error_when_the_failed_segment_cannot_be_r
     Before the fix: the rollover retried the recovery forever while ``_writer`` was still
     set, so ``unavailable`` was never set and no pending append failed: producers waited
     (and every new append was queued, unbounded) for as long as the bookies were away."""
-    cluster = Cluster(["b1", "b2", "b3"])
-    policy = RecoveringPolicy(cluster)
-    store = Store()
-    results = Results()
-    async with trio.open_nursery() as nursery:
-        ledger = await _open(nursery, cluster, policy, store)
-        _append(ledger, results, 0)
-        cluster.writers[-1].store(0)
-        _append(ledger, results, 1)  # in the failing segment: its fate needs recovery
-        cluster.dead |= {"b2", "b3"}
-        cluster.writers[-1].fail(ConnectionClosed("b2 and b3 are gone"))
-        _append(ledger, results, 2)  # in no segment yet
+    async with ledger_world(RecoveringPolicy, store=ListingStore) as world:
+        ledger = await world.open()
+        world.append(ledger, 0)
+        world.writer.store(0)
+        world.append(ledger, 1)  # in the failing segment: its fate needs recovery
+        world.cluster.dead |= {"b2", "b3"}
+        world.writer.fail(ConnectionClosed("b2 and b3 are gone"))
+        world.append(ledger, 2)  # in no segment yet
         await trio.sleep(30)
-        assert 2 in results.answers, "an append in no segment waited 30 s for a dead cluster"
-        assert isinstance(results.errors()[2], PigeonError) and results.errors()[2].retriable
+        assert 2 in world.results.answers, "an append in no segment waited 30 s for a dead cluster"
+        assert (
+            isinstance(world.results.errors()[2], PigeonError)
+            and world.results.errors()[2].retriable
+        )
         with pytest.raises(PigeonError) as refused:
-            _append(ledger, results, 3)
+            world.append(ledger, 3)
         assert refused.value.retriable
         # the bookies return: recovery settles append 1 and writes go on by themselves
-        cluster.dead.clear()
+        world.cluster.dead.clear()
         for _ in range(120):
             if ledger.unavailable is None and not ledger._rolling:
                 break
             await trio.sleep(0.5)
         assert ledger.unavailable is None, "not writable 60 s after the bookies returned"
-        _append(ledger, results, 4)
-        cluster.writers[-1].store(100)
-        await _settle()
-        results.check_once()
-        ok = results.ok()
+        world.append(ledger, 4)
+        world.writer.store(100)
+        await settle()
+        world.results.check_once()
+        ok = world.results.ok()
         assert 1 not in ok or ok[1][2] == 2
-        offsets = [o for o, _n in await _log(ledger)]
+        offsets = await log_offsets(ledger)
         assert offsets == list(range(0, 2 * len(offsets), 2)), offsets
         assert ok[4][2] == offsets[-1]
-        nursery.cancel_scope.cancel()
 
 
 async def test_recovery_below_the_acknowledged_entries_does_not_cut_them_off(
@@ -193,32 +147,27 @@ async def test_recovery_below_the_acknowledged_entries_does_not_cut_them_off(
 
     Before the fix: the segment was closed at the recovered end; acknowledged entries
     vanished from the log and their offsets became a hole."""
-    cluster = Cluster(["b1", "b2", "b3"])
-    policy = ScriptedPolicy(cluster)
-    store = Store()
-    results = Results()
-    async with trio.open_nursery() as nursery:
-        ledger = await _open(nursery, cluster, policy, store)
+    async with ledger_world(store=ListingStore) as world:
+        ledger = await world.open()
         for i in range(4):
-            _append(ledger, results, i)
-        w1 = cluster.writers[-1]
+            world.append(ledger, i)
+        w1 = world.writer
         w1.store(2)  # 0..2 acknowledged
         seg = w1.segment_id
-        del cluster.segments[seg][2]  # ... and the copies of entry 2 are lost
+        del world.cluster.segments[seg][2]  # ... and the copies of entry 2 are lost
         w1.fail(StorageError("bookie failed"))
-        await _settle()
-        cluster.writers[-1].store(100)
-        await _settle()
-        results.check_once()
-        ok = results.ok()
+        await settle()
+        world.writer.store(100)
+        await settle()
+        world.results.check_once()
+        ok = world.results.ok()
         assert set(ok) == {0, 1, 2, 3}
-        doc = json.loads(store.nodes[ledger.path].value)
+        doc = json.loads(world.store.nodes[ledger.path].value)
         first = next(s for s in doc["segments"] if s["id"] == seg)
         assert first["last_entry_id"] >= 2, "an acknowledged entry was cut off the segment"
         # the offsets a consumer sees are dense: the next segment starts after entry 2
         second = next(s for s in doc["segments"] if s["id"] != seg)
         assert second["first_offset"] == ok[3][2] == 6
-        nursery.cancel_scope.cancel()
 
 
 async def test_close_during_a_rollover_leaves_no_open_segment_behind(
@@ -226,25 +175,18 @@ async def test_close_during_a_rollover_leaves_no_open_segment_behind(
 ) -> None:
     """close() while a size-based rollover is opening the next segment: the ledger must
     end with its last segment closed (nobody writes to it) and no writer left open."""
-    cluster = Cluster(["b1", "b2", "b3"])
-    policy = ScriptedPolicy(cluster)
-    store = Store()
-    results = Results()
-    async with trio.open_nursery() as nursery:
-        ledger = await _open(
-            nursery, cluster, policy, store, LedgerConfig(max_entries_per_segment=2)
-        )
-        _append(ledger, results, 0)
-        _append(ledger, results, 1)  # the segment is full: a rollover starts
-        cluster.writers[-1].store(1)
+    async with ledger_world(store=ListingStore) as world:
+        ledger = await world.open(config=LedgerConfig(max_entries_per_segment=2))
+        world.append(ledger, 0)
+        world.append(ledger, 1)  # the segment is full: a rollover starts
+        world.writer.store(1)
         await ledger.close()
-        await _settle()
-        results.check_once()
-        assert set(results.ok()) == {0, 1}
-        doc = json.loads(store.nodes[ledger.path].value)
+        await settle()
+        world.results.check_once()
+        assert set(world.results.ok()) == {0, 1}
+        doc = json.loads(world.store.nodes[ledger.path].value)
         assert all(s["state"] == "closed" for s in doc["segments"]), doc["segments"]
-        assert all(w.closed for w in cluster.writers), "a writer was left open after close"
-        nursery.cancel_scope.cancel()
+        assert all(w.closed for w in world.cluster.writers), "a writer was left open after close"
 
 
 async def test_close_while_a_rollover_cannot_finish_answers_every_append_once(
@@ -253,31 +195,26 @@ async def test_close_while_a_rollover_cannot_finish_answers_every_append_once(
     """close() gives up waiting for a rollover stuck on recovery (bookies away): every
     pending append is answered once, and the stuck rollover does not open a segment
     after the close once the bookies return."""
-    cluster = Cluster(["b1", "b2", "b3"])
-    policy = RecoveringPolicy(cluster)
-    store = Store()
-    results = Results()
-    async with trio.open_nursery() as nursery:
-        ledger = await _open(nursery, cluster, policy, store)
-        _append(ledger, results, 0)
-        _append(ledger, results, 1)
-        w1 = cluster.writers[-1]
+    async with ledger_world(RecoveringPolicy, store=ListingStore) as world:
+        ledger = await world.open()
+        world.append(ledger, 0)
+        world.append(ledger, 1)
+        w1 = world.writer
         w1.store(1, ack=False)
-        cluster.dead |= {"b2", "b3"}
+        world.cluster.dead |= {"b2", "b3"}
         w1.fail(ConnectionClosed("b2 and b3 are gone"))
         await trio.sleep(1)
         await ledger.close()
-        cluster.dead.clear()
+        world.cluster.dead.clear()
         await trio.sleep(30)
-        results.check_once()
-        assert set(results.answers) == {0, 1}
-        doc = json.loads(store.nodes[ledger.path].value)
+        world.results.check_once()
+        assert set(world.results.answers) == {0, 1}
+        doc = json.loads(world.store.nodes[ledger.path].value)
         opened_after_close = [s for s in doc["segments"] if s["id"] != w1.segment_id]
         assert opened_after_close == [], "a segment was opened after the ledger was closed"
         # the next owner finds what the bookies hold, densely
-        other = await _open(nursery, cluster, policy, store)
-        assert [o for o, _n in await _log(other)] == [0, 2]
-        nursery.cancel_scope.cancel()
+        other = await world.open()
+        assert await log_offsets(other) == [0, 2]
 
 
 class SlowRecoveryPolicy(ScriptedPolicy):
@@ -296,27 +233,22 @@ async def test_a_rollover_that_outlives_close_opens_no_segment_after_it(
     """close() stops waiting for a rollover whose recovery is slow (10 s): when the
     recovery ends later, the rollover must not open (and leave open, with a live writer)
     a new segment of a ledger that is closed, possibly owned by another broker by then."""
-    cluster = Cluster(["b1", "b2", "b3"])
-    policy = SlowRecoveryPolicy(cluster)
-    store = Store()
-    results = Results()
-    async with trio.open_nursery() as nursery:
-        ledger = await _open(nursery, cluster, policy, store)
-        _append(ledger, results, 0)
-        w1 = cluster.writers[-1]
+    async with ledger_world(SlowRecoveryPolicy, store=ListingStore) as world:
+        ledger = await world.open()
+        world.append(ledger, 0)
+        w1 = world.writer
         w1.store(0, ack=False)
         w1.fail(StorageError("bookie failed"))
         await trio.sleep(1)
         await ledger.close()  # gives up after 10 s; recovery ends at 15 s
         await trio.sleep(30)
-        results.check_once()
-        assert set(results.answers) == {0}
-        doc = json.loads(store.nodes[ledger.path].value)
+        world.results.check_once()
+        assert set(world.results.answers) == {0}
+        doc = json.loads(world.store.nodes[ledger.path].value)
         assert [s["id"] for s in doc["segments"]] == [w1.segment_id], (
             "a segment was opened after the ledger was closed"
         )
-        assert all(w.closed for w in cluster.writers), "a writer was left open after close"
-        nursery.cancel_scope.cancel()
+        assert all(w.closed for w in world.cluster.writers), "a writer was left open after close"
 
 
 # ------------------------------------------------------------------ random programs
@@ -347,7 +279,7 @@ class _Run:
     def __init__(self) -> None:
         self.cluster = Cluster(list(BOOKIES))
         self.policy = RecoveringPolicy(self.cluster)
-        self.store = Store()
+        self.store = ListingStore()
         self.answers: dict[int, list[tuple[Any, Any]]] = {}
         self.order: list[int] = []  # appends in the order they were answered
         self.appended: dict[int, tuple[bytes, int]] = {}  # i -> (payload, count)
@@ -383,9 +315,16 @@ async def _run_program(actions: list[tuple[str, Any]], max_entries: int) -> None
     run = _Run()
     cluster, store = run.cluster, run.store
     async with trio.open_nursery() as nursery:
-        ledger = await _open(
-            nursery, cluster, run.policy, store, LedgerConfig(max_entries_per_segment=max_entries)
+        # the broker (re)opening the topic
+        reopen = functools.partial(
+            open_ledger,
+            nursery,
+            store,
+            run.policy,
+            cluster.bookies,
+            LedgerConfig(max_entries_per_segment=max_entries),
         )
+        ledger = await reopen()
         run.ledgers.append(ledger)
         for kind, arg in actions:
             writers = run.open_writers()
@@ -428,25 +367,13 @@ async def _run_program(actions: list[tuple[str, Any]], max_entries: int) -> None
                 if kind == "reload":
                     await ledger.close()
                 try:
-                    ledger = await _open(
-                        nursery,
-                        cluster,
-                        run.policy,
-                        store,
-                        LedgerConfig(max_entries_per_segment=max_entries),
-                    )
+                    ledger = await reopen()
                 except PigeonError as exc:
                     assert exc.retriable, f"open failed with a non-retriable error: {exc!r}"
                     # the bookies or the metadata are away: try again when they are back
                     cluster.dead.clear()
                     store.fail_sets = 0
-                    ledger = await _open(
-                        nursery,
-                        cluster,
-                        run.policy,
-                        store,
-                        LedgerConfig(max_entries_per_segment=max_entries),
-                    )
+                    ledger = await reopen()
                 run.ledgers.append(ledger)
             await trio.lowlevel.checkpoint()
         # everything comes back: every append is answered, the ledger is writable
@@ -462,13 +389,7 @@ async def _run_program(actions: list[tuple[str, Any]], max_entries: int) -> None
                 if not pending and ledger.closed:
                     # it lost the ledger to a later opener (the old owner won the race):
                     # the broker opens the topic again
-                    ledger = await _open(
-                        nursery,
-                        cluster,
-                        run.policy,
-                        store,
-                        LedgerConfig(max_entries_per_segment=max_entries),
-                    )
+                    ledger = await reopen()
                     run.ledgers.append(ledger)
                 if not pending and not ledger._rolling and ledger.unavailable is None:
                     break
@@ -485,14 +406,14 @@ async def _run_program(actions: list[tuple[str, Any]], max_entries: int) -> None
         await _check_log(ledger, run)
         # a takeover finds the same log
         await ledger.close()
-        other = await _open(nursery, cluster, run.policy, store)
+        other = await open_ledger(nursery, store, run.policy, cluster.bookies)
         await _check_log(other, run)
         nursery.cancel_scope.cancel()
 
 
 async def _check_log(ledger: ManagedLedger, run: _Run) -> None:
     ok = {i: a[0][0] for i, a in run.answers.items() if a[0][1] is None}
-    entries = await _log_entries(ledger)
+    entries = await log_entries(ledger)
     # offsets of the log are dense from 0 (after a takeover, a new owner may start above
     # offsets the old one handed out to appends that were never stored: subscriptions
     # pass over such a gap, nobody waits on it; never below them)
@@ -573,36 +494,25 @@ async def test_an_old_owner_with_no_segment_left_cannot_erase_the_new_owners_seg
     segment) as trimmed by A, so B's segment did not count as "unknown": A overwrote the
     ledger's metadata with its own segment, and B's acknowledged messages were gone from
     the log."""
-    cluster = Cluster(["b1", "b2", "b3"])
-    policy = RecoveringPolicy(cluster)
-    store = Store()
-    results = Results()
     a_sees = ["b1"]
-    async with trio.open_nursery() as nursery:
-        a = ManagedLedger(
-            TopicName.parse("t"),
-            store=store,
-            policy=policy,
-            bookies=lambda: a_sees,
-            nursery=nursery,
-        )
-        await a.open()  # no segment: too few bookies for A
+    async with ledger_world(RecoveringPolicy, store=ListingStore) as world:
+        # no segment: too few bookies for A
+        a = await open_ledger(world.nursery, world.store, world.policy, lambda: a_sees)
         assert a.unavailable is not None and not a.segments
-        b = await _open(nursery, cluster, policy, store)
+        b = await world.open()
         for i in range(3):
-            _append(b, results, i)
-        cluster.writers[-1].store(10)
-        await _settle()
-        assert sorted(results.ok()) == [0, 1, 2]
+            world.append(b, i)
+        world.writer.store(10)
+        await settle()
+        assert sorted(world.results.ok()) == [0, 1, 2]
         a_sees[:] = ["b1", "b2", "b3"]  # A's next attempt can open a segment
         await trio.sleep(5)
-        results.check_once()
-        other = await _open(nursery, cluster, policy, store)
-        assert [o for o, _n in await _log(other)] == [0, 2, 4], (
+        world.results.check_once()
+        other = await world.open()
+        assert await log_offsets(other) == [0, 2, 4], (
             "acknowledged messages of the new owner are gone from the log"
         )
         assert a.closed, "the old owner did not notice it lost the ledger"
-        nursery.cancel_scope.cancel()
 
 
 class PausedBookiesPolicy(RecoveringPolicy):
@@ -627,25 +537,20 @@ async def test_appends_fail_within_seconds_when_recovery_times_out_on_paused_boo
     waits 5 s for their fence answers.  An append in no segment must get its retriable
     error within about 15 s (the producer's send timeout is 30 s), not after as many
     attempts as a fast failure makes in that time."""
-    cluster = Cluster(["b1", "b2", "b3"])
-    policy = PausedBookiesPolicy(cluster)
-    policy.paused = {"b2", "b3"}
-    store = Store()
-    results = Results()
-    async with trio.open_nursery() as nursery:
-        ledger = await _open(nursery, cluster, policy, store)
-        _append(ledger, results, 0)
-        cluster.writers[-1].fail(ConnectionClosed("b2 and b3 stalled"))
-        _append(ledger, results, 1)
+    async with ledger_world(PausedBookiesPolicy, store=ListingStore) as world:
+        world.policy.paused = {"b2", "b3"}
+        ledger = await world.open()
+        world.append(ledger, 0)
+        world.writer.fail(ConnectionClosed("b2 and b3 stalled"))
+        world.append(ledger, 1)
         await trio.sleep(16)
-        assert 1 in results.answers, "an append waited 16 s for paused bookies"
-        policy.paused = set()
+        assert 1 in world.results.answers, "an append waited 16 s for paused bookies"
+        world.policy.paused = set()
         await trio.sleep(30)
-        cluster.writers[-1].store(100)
-        await _settle()
-        results.check_once()
+        world.writer.store(100)
+        await settle()
+        world.results.check_once()
         assert ledger.unavailable is None
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_rollover_cancelled_with_its_nursery_answers_every_append_once(
@@ -654,28 +559,23 @@ async def test_a_rollover_cancelled_with_its_nursery_answers_every_append_once(
     """The broker shuts down (its nursery is cancelled) in the middle of a rollover:
     every pending append is answered once, with a retriable error, and the segment is
     left open for the next owner's recovery."""
-    cluster = Cluster(["b1", "b2", "b3"])
-    policy = SlowRecoveryPolicy(cluster)
-    store = Store()
-    results = Results()
-    async with trio.open_nursery() as outer:
+    async with ledger_world(SlowRecoveryPolicy, store=ListingStore) as world:
         async with trio.open_nursery() as nursery:
-            ledger = await _open(nursery, cluster, policy, store)
+            ledger = await world.open(nursery)
             for i in range(3):
-                _append(ledger, results, i)
-            cluster.writers[-1].store(0)
-            cluster.writers[-1].store(1, ack=False)
-            cluster.writers[-1].fail(StorageError("bookie failed"))
-            _append(ledger, results, 3)
+                world.append(ledger, i)
+            world.writer.store(0)
+            world.writer.store(1, ack=False)
+            world.writer.fail(StorageError("bookie failed"))
+            world.append(ledger, 3)
             await trio.sleep(2)  # the rollover is recovering the segment
             nursery.cancel_scope.cancel()
-        results.check_once()
-        assert set(results.answers) == {0, 1, 2, 3}
-        assert set(results.ok()) == {0}
-        assert all(e.retriable for e in results.errors().values())
-        other = await _open(outer, cluster, policy, store)
-        assert [o for o, _n in await _log(other)] == [0, 2]
-        outer.cancel_scope.cancel()
+        world.results.check_once()
+        assert set(world.results.answers) == {0, 1, 2, 3}
+        assert set(world.results.ok()) == {0}
+        assert all(e.retriable for e in world.results.errors().values())
+        other = await world.open()
+        assert await log_offsets(other) == [0, 2]
 
 
 async def test_an_ensemble_change_that_fails_on_metadata_does_not_quarantine_its_choice(
@@ -690,25 +590,21 @@ async def test_an_ensemble_change_that_fails_on_metadata_does_not_quarantine_its
     the retry quarantined b4 (the bookie at the failed index now) and found no spare:
     the ensemble change stalled for the quarantine (entries under-replicated meanwhile,
     failing with Qw == Qa)."""
-    cluster = Cluster(["b1", "b2", "b3", "b4"])
-    policy = ScriptedPolicy(cluster)
-    store = Store()
-    async with trio.open_nursery() as nursery:
-        ledger = await _open(nursery, cluster, policy, store)
+    async with ledger_world(bookies=["b1", "b2", "b3", "b4"], store=ListingStore) as world:
+        ledger = await world.open()
         seg = ledger.segments[-1]
         index = seg.ensemble.index("b3") if "b3" in seg.ensemble else 2
         failed = seg.ensemble[index]
-        spare = next(b for b in cluster.registered if b not in seg.ensemble)
-        store.fail_sets = 1
+        spare = next(b for b in world.cluster.registered if b not in seg.ensemble)
+        world.store.fail_sets = 1
         with pytest.raises(PigeonError):
             await ledger._replace_bookie(seg, index, 0)
         assert seg.ensemble[index] == failed, "a failed change left its choice in the ensemble"
         address = await ledger._replace_bookie(seg, index, 0)
         assert address == spare
-        doc = json.loads(store.nodes[ledger.path].value)
+        doc = json.loads(world.store.nodes[ledger.path].value)
         assert doc["segments"][-1]["ensemble"] == seg.ensemble
         assert spare not in ledger._quarantine, "the healthy spare was quarantined"
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_late_ensemble_change_does_not_rewrite_a_closed_segment(
@@ -718,34 +614,29 @@ async def test_a_late_ensemble_change_does_not_rewrite_a_closed_segment(
     segment is closed by a rollover: once a spare appears, the change must not record a
     fragment in the closed segment (its entries are on the old bookies; readers would be
     sent to a bookie that holds none of them)."""
-    cluster = Cluster(["b1", "b2", "b3"])
-    policy = ScriptedPolicy(cluster)
     replacers: list[Any] = []
-    create = policy.create_writer
+    async with ledger_world(store=ListingStore) as world:
+        create = world.policy.create_writer
 
-    async def create_writer(segment_id: int, ensemble: Any, **kw: Any) -> ScriptedWriter:
-        replacers.append(kw["replace_bookie"])
-        return await create(segment_id, ensemble, **kw)
+        async def create_writer(segment_id: int, ensemble: Any, **kw: Any) -> ScriptedWriter:
+            replacers.append(kw["replace_bookie"])
+            return await create(segment_id, ensemble, **kw)
 
-    policy.create_writer = create_writer  # type: ignore[method-assign]
-    store = Store()
-    results = Results()
-    async with trio.open_nursery() as nursery:
-        ledger = await _open(nursery, cluster, policy, store)
+        world.policy.create_writer = create_writer  # type: ignore[method-assign]
+        ledger = await world.open()
         for i in range(3):
-            _append(ledger, results, i)
-        w1 = cluster.writers[-1]
+            world.append(ledger, i)
+        w1 = world.writer
         w1.store(1)  # 0, 1 acknowledged; 2 in flight
         seg_id = w1.segment_id
-        cluster.dead.add("b3")
+        world.cluster.dead.add("b3")
         w1.fail(ConnectionClosed("b3 is gone"))  # the rollover closes the segment
-        await _settle()
-        before = json.loads(store.nodes[ledger.path].value)["segments"][0]
+        await settle()
+        before = json.loads(world.store.nodes[ledger.path].value)["segments"][0]
         assert before["id"] == seg_id and before["state"] == "closed"
-        cluster.registered.append("b4")  # a spare appears; the old change goes on
+        world.cluster.registered.append("b4")  # a spare appears; the old change goes on
         with contextlib.suppress(PigeonError):
             await replacers[0](2, 3)
-        after = json.loads(store.nodes[ledger.path].value)["segments"][0]
+        after = json.loads(world.store.nodes[ledger.path].value)["segments"][0]
         assert after["fragments"] == before["fragments"], "a closed segment got a new fragment"
         assert after["ensemble"] == before["ensemble"]
-        nursery.cancel_scope.cancel()

@@ -354,6 +354,14 @@ ExpireSession = Callable[[MetadataStore], Awaitable[None]]
 TOPIC = TopicName.parse("persistent://public/default/orders")
 
 
+async def _owner_of_topic(store: Any) -> Ownership:
+    """This broker (``URL``) registered on ``store`` and owning ``TOPIC``."""
+    owner = Ownership(store, URL, "127.0.0.1:6650")
+    await owner.register()
+    await owner.acquire(TOPIC)
+    return owner
+
+
 class OwnershipContract:
     """Ownership across broker restarts, against a real metadata store: subclass it with
     ``metadata_store_factory`` and ``expire_session`` fixtures, as for
@@ -385,9 +393,7 @@ class OwnershipContract:
         self, metadata_store_factory: MetadataStoreFactory, expire_session: ExpireSession
     ) -> None:
         async with metadata_store_factory() as old_store, metadata_store_factory() as store:
-            old = Ownership(old_store, URL, "127.0.0.1:6650")
-            await old.register()
-            await old.acquire(TOPIC)
+            await _owner_of_topic(old_store)  # the old run of this broker
             flaky = FlakyStore(store)
 
             async def old_run_expires() -> None:
@@ -410,9 +416,7 @@ class OwnershipContract:
         async with metadata_store_factory() as store:
             new = Ownership(store, URL, "127.0.0.1:6650")
             async with metadata_store_factory() as old_store:
-                old = Ownership(old_store, URL, "127.0.0.1:6650")
-                await old.register()
-                await old.acquire(TOPIC)
+                await _owner_of_topic(old_store)  # the old run of this broker
                 await new.register()
                 await new.acquire(TOPIC)
                 assert new.takeovers == 2 and new.owns(TOPIC)
@@ -450,10 +454,8 @@ class OwnershipContract:
             metadata_store_factory() as other_store,
             metadata_store_factory() as store,
         ):
-            old = Ownership(old_store, URL, "127.0.0.1:6650")
+            await _owner_of_topic(old_store)  # the old run of this broker
             other = Ownership(other_store, OTHER, "127.0.0.1:6651")
-            await old.register()
-            await old.acquire(TOPIC)
             flaky = FlakyStore(store)
 
             async def old_expires_and_other_claims() -> None:

@@ -31,78 +31,76 @@ def _slow_cursor_reads(service, delay: float) -> None:  # type: ignore[no-untype
 
 
 async def test_consumers_subscribing_at_once_share_one_subscription(
-    pigeon_standalone, autojump_clock
+    pigeon_standalone, client, autojump_clock
 ):
     service = pigeon_standalone.service
-    async with Client(pigeon_standalone.url) as client:
-        producer = await client.create_producer(TOPIC, batching_max_messages=1)
-        _slow_cursor_reads(service, 1.0)
-        consumers = []
+    producer = await client.create_producer(TOPIC, batching_max_messages=1)
+    _slow_cursor_reads(service, 1.0)
+    consumers = []
 
-        async def subscribe(i: int) -> None:
-            consumers.append(
-                await client.subscribe(
-                    TOPIC,
-                    "s",
-                    subscription_type="shared",
-                    initial_position="earliest",
-                    consumer_name=f"c{i}",
-                )
+    async def subscribe(i: int) -> None:
+        consumers.append(
+            await client.subscribe(
+                TOPIC,
+                "s",
+                subscription_type="shared",
+                initial_position="earliest",
+                consumer_name=f"c{i}",
             )
+        )
 
-        async with trio.open_nursery() as nursery:
-            for i in range(3):
-                nursery.start_soon(subscribe, i)
-        topic = service.topics[TopicName.parse(TOPIC).full]
-        sub = topic.subscriptions["s"]
-        assert sorted(c.name for c in sub.consumers) == ["c0", "c1", "c2"]
-        for i in range(30):
-            await producer.send(f"m{i}".encode())
-        got: list[bytes] = []
-        with trio.move_on_after(30):
-            while len(got) < 30:
-                for c in consumers:
-                    with trio.move_on_after(0.2):
-                        for m in await c.batch_receive(30):
-                            got.append(m.value)
-                            await c.acknowledge(m)
-        assert sorted(got) == sorted(f"m{i}".encode() for i in range(30))
-        with trio.fail_after(10):  # every acknowledgement reaches the one subscription
-            while sub.backlog():  # noqa: ASYNC110
-                await trio.sleep(0.05)
+    async with trio.open_nursery() as nursery:
+        for i in range(3):
+            nursery.start_soon(subscribe, i)
+    topic = service.topics[TopicName.parse(TOPIC).full]
+    sub = topic.subscriptions["s"]
+    assert sorted(c.name for c in sub.consumers) == ["c0", "c1", "c2"]
+    for i in range(30):
+        await producer.send(f"m{i}".encode())
+    got: list[bytes] = []
+    with trio.move_on_after(30):
+        while len(got) < 30:
+            for c in consumers:
+                with trio.move_on_after(0.2):
+                    for m in await c.batch_receive(30):
+                        got.append(m.value)
+                        await c.acknowledge(m)
+    assert sorted(got) == sorted(f"m{i}".encode() for i in range(30))
+    with trio.fail_after(10):  # every acknowledgement reaches the one subscription
+        while sub.backlog():  # noqa: ASYNC110
+            await trio.sleep(0.05)
 
 
 async def test_a_subscribe_that_waited_through_an_unload_attaches_to_the_reloaded_topic(
-    pigeon_standalone, autojump_clock
+    pigeon_standalone, client, autojump_clock
 ):
     service = pigeon_standalone.service
     name = TopicName.parse(TOPIC)
-    async with Client(pigeon_standalone.url) as client:
-        producer = await client.create_producer(TOPIC, batching_max_messages=1)
-        await producer.send(b"before")
-        _slow_cursor_reads(service, 2.0)
-        consumer = None
+    producer = await client.create_producer(TOPIC, batching_max_messages=1)
+    await producer.send(b"before")
+    _slow_cursor_reads(service, 2.0)
+    consumer = None
 
-        async def subscribe() -> None:
-            nonlocal consumer
-            consumer = await client.subscribe(TOPIC, "s", initial_position="earliest")
+    async def subscribe() -> None:
+        nonlocal consumer
+        consumer = await client.subscribe(TOPIC, "s", initial_position="earliest")
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(subscribe)
-            await trio.sleep(0.5)  # the subscribe now waits for the cursor
-            first = service.topics[name.full]
-            assert await unload_topic(service, name) == [name.full]
-        assert consumer is not None
-        assert first.subscriptions.get("s") is None or not first.subscriptions["s"].consumers
-        topic = service.topics[name.full]
-        assert topic is not first
-        assert [c.name for c in topic.subscriptions["s"].consumers]
-        await producer.send(b"after")
-        got: list[bytes] = []
-        with trio.move_on_after(30):
-            while len(got) < 2:
-                got.extend(m.value for m in await consumer.batch_receive(2 - len(got)))
-        assert got == [b"before", b"after"]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(subscribe)
+        await trio.sleep(0.5)  # the subscribe now waits for the cursor
+        first = service.topics[name.full]
+        assert await unload_topic(service, name) == [name.full]
+    assert consumer is not None
+    assert first.subscriptions.get("s") is None or not first.subscriptions["s"].consumers
+    topic = service.topics[name.full]
+    assert topic is not first
+    assert [c.name for c in topic.subscriptions["s"].consumers]
+    await producer.send(b"after")
+    got: list[bytes] = []
+    with trio.move_on_after(30):
+        while len(got) < 2:
+            got.extend(m.value for m in await consumer.batch_receive(2 - len(got)))
+    assert got == [b"before", b"after"]
 
 
 async def test_a_subscribe_the_client_gave_up_on_leaves_no_consumer_behind(

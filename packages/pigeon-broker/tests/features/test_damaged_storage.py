@@ -8,7 +8,6 @@ cleanly, its segment's data file truncated or a bit in it flipped, and it starts
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -18,13 +17,13 @@ from typing import Any
 
 import pytest
 import trio
+from standalone_support import standalone_on
 
 from pigeon.bookie._segment import FILE_HEADER_SIZE, REC, RECORD_HEADER_SIZE, scan_records
 from pigeon.broker._admin_ops import skip, topic_stats
 from pigeon.broker._metrics import BrokerMonitor
 from pigeon.client.trio import Client, Consumer
 from pigeon.core import TopicName
-from pigeon.core._memnet import MemoryNetwork
 from pigeon.core.errors import Timeout
 
 TOPIC = "persistent://public/default/damaged"
@@ -35,27 +34,9 @@ ENTRIES = 50
 
 @asynccontextmanager
 async def standalone(root: Path, **config: Any) -> AsyncIterator[Any]:
-    """A standalone (broker + bookie + embedded metadata) on ``root``, stopped cleanly
-    (topics closed) when the block ends."""
-    from pigeon.bookie import BookieConfig
-    from pigeon.broker import BrokerConfig, run_standalone
-
-    broker_config = BrokerConfig(
-        port=0,
-        http_port=-1,
-        maintenance_interval_s=1.0,
-        cursor_persist_interval_ms=50,
-        **config,
-    )
-    with MemoryNetwork().installed():
-        async with trio.open_nursery() as nursery:
-            service = await nursery.start(
-                functools.partial(
-                    run_standalone, root, broker_config, BookieConfig(port=0, fsync="never")
-                )
-            )
-            yield service
-            nursery.cancel_scope.cancel()
+    """The broker service of a standalone on ``root`` (``standalone_on``)."""
+    async with standalone_on(root, **config) as cluster:
+        yield cluster.service
 
 
 def value(i: int) -> bytes:
@@ -106,6 +87,14 @@ async def stats(service: Any) -> dict[str, Any]:
     return await topic_stats(service, None, TopicName.parse(TOPIC))
 
 
+def flip_a_bit_of_entry(root: Path, entry_id: int) -> None:
+    """One bit of the entry's record flipped on disk, as a failing disk does."""
+    path, starts = records(root)
+    data = bytearray(path.read_bytes())
+    data[starts[entry_id] + RECORD_HEADER_SIZE + 30] ^= 0x04
+    path.write_bytes(data)
+
+
 async def write_and_stop(root: Path) -> None:
     async with standalone(root) as service, Client(service.service_url) as client:
         await produce(client, [value(i) for i in range(ENTRIES * PER_ENTRY)])
@@ -152,10 +141,7 @@ async def test_bit_flip_is_skipped_by_default_and_reported(
 ) -> None:
     root = tmp_path / "pigeon"
     await write_and_stop(root)
-    path, starts = records(root)
-    data = bytearray(path.read_bytes())
-    data[starts[20] + RECORD_HEADER_SIZE + 30] ^= 0x04
-    path.write_bytes(data)
+    flip_a_bit_of_entry(root, 20)
     caplog.set_level(logging.INFO)
     async with standalone(root) as service, Client(service.service_url) as client:
         consumer = await client.subscribe(TOPIC, "fresh", initial_position="earliest")
@@ -184,10 +170,7 @@ async def test_fail_policy_stops_delivery_at_the_damage_without_a_crash_loop(
 ) -> None:
     root = tmp_path / "pigeon"
     await write_and_stop(root)
-    path, starts = records(root)
-    data = bytearray(path.read_bytes())
-    data[starts[20] + RECORD_HEADER_SIZE + 30] ^= 0x04
-    path.write_bytes(data)
+    flip_a_bit_of_entry(root, 20)
     async with (
         standalone(root, corrupt_entry_policy="fail") as service,
         Client(service.service_url) as client,

@@ -1,12 +1,17 @@
 """A standalone (broker + bookie + embedded metadata) with its admin server, run by trio on a
 background thread, so synchronous tests (click's CliRunner, HTTP clients, schemathesis)
-can talk to it over loopback and still reach into the broker with :meth:`call`."""
+can talk to it over loopback and still reach into the broker with :meth:`call`.
+
+The ``admin_standalone`` fixture (``conftest.py``) runs one per test module."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
+import logging
+import os
 import threading
 import urllib.error
 import urllib.request
@@ -14,12 +19,14 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import hypothesis
 import pytest
 import trio
 
 from pigeon.bookie import BookieConfig
 from pigeon.broker import BrokerConfig, BrokerService, run_standalone
 from pigeon.broker._admin import serve_admin
+from pigeon.client import Client
 
 START_TIMEOUT = 30.0
 
@@ -100,6 +107,28 @@ class AdminStandalone:
     def call_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
         return trio.from_thread.run_sync(fn, *args, trio_token=self._token)
 
+    @contextlib.contextmanager
+    def consumer(self, topic: str, subscription: str, **options: Any) -> Iterator[Any]:
+        """A consumer (the synchronous client) of ``subscription`` of ``topic`` from the
+        earliest; ``options`` go to ``subscribe``."""
+        with (
+            Client(self.service_url) as client,
+            client.subscribe(
+                topic, subscription, initial_position="earliest", **options
+            ) as consumer,
+        ):
+            yield consumer
+
+    def seed_topic(self, topic: str, subscription: str) -> None:
+        """Three messages (key ``k``) on ``topic`` of ``public/default``, and
+        ``subscription`` on it at the earliest (none of them acknowledged)."""
+        with Client(self.service_url) as client, client.create_producer(topic) as producer:
+            for i in range(3):
+                producer.send(f"value-{i}".encode(), key="k")
+        path = f"/admin/v2/topics/persistent/public/default/{topic}/subscriptions/{subscription}"
+        status, _, _ = self.http_call("PUT", path + "?position=earliest")
+        assert status == 201
+
     def http_call(
         self,
         method: str,
@@ -125,21 +154,32 @@ class AdminStandalone:
         return status, payload.decode("utf-8", errors="replace"), rh
 
 
-def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AdminStandalone]:
-    """Body of each module's ``admin_standalone`` fixture (one server per module)."""
-    server = AdminStandalone(tmp_path_factory.mktemp("admin") / "data").start()
-    try:
-        yield server
-    finally:
-        server.stop()
+class ErrorLines:
+    """The ERROR lines, and the lines with a traceback, that the broker and bookie
+    (``pigeon.*`` loggers) wrote while the test set up and ran, as ``caplog`` caught them."""
+
+    def __init__(self, caplog: pytest.LogCaptureFixture) -> None:
+        self._caplog = caplog
+
+    @property
+    def records(self) -> list[logging.LogRecord]:
+        return [
+            r
+            for when in ("setup", "call")
+            for r in self._caplog.get_records(when)
+            if r.name.partition(".")[0] == "pigeon" and (r.levelno >= logging.ERROR or r.exc_info)
+        ]
 
 
-def test_support_server_answers_and_stops_cleanly(tmp_path: Path) -> None:
-    server = AdminStandalone(tmp_path / "data").start()
-    try:
-        status, body, _ = server.http_call("GET", "/admin/v2/cluster/health")
-        assert status == 200
-        assert body["status"] == "ok"
-        assert body["brokers"][0]["service_url"] == server.service_url
-    finally:
-        server.stop()
+def fuzz_settings(variable: str, default: int) -> hypothesis.settings:
+    """Hypothesis settings of a fuzz run against the standalone: ``default`` examples,
+    derandomized, unless the environment variable ``variable`` asks for a number (then
+    randomized); no deadline, no example database, no health check."""
+    examples = os.environ.get(variable)
+    return hypothesis.settings(
+        max_examples=int(examples or default),
+        deadline=None,
+        derandomize=examples is None,
+        database=None,
+        suppress_health_check=list(hypothesis.HealthCheck),
+    )

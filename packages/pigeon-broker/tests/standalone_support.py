@@ -1,0 +1,204 @@
+"""Helpers for tests that run a standalone in the test's own trio run (``pigeon_standalone``
+or :func:`standalone_on`) and talk to it through the real client: produce, receive, drain,
+read back; a raw protocol producer; a real-time limit for virtual-time tests.
+
+The ``client`` fixture (``conftest.py``) is a client connected to ``pigeon_standalone``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from pigeon.client.trio import Client, Consumer, Producer
+from pigeon.core._memnet import MemoryNetwork
+from pigeon.core._rpc import connect_tcp
+from pigeon.core._schema import BrokerFrame
+from pigeon.core.batch import encode_batch
+from pigeon.core.codecs import NONE
+from pigeon.core.errors import Timeout
+from pigeon.core.testing import InProcessStandalone
+
+NS = "public/default"
+PREFIX = "persistent://public/default/"
+
+
+@contextlib.asynccontextmanager
+async def standalone_on(root: Path, **broker_config: Any) -> AsyncIterator[InProcessStandalone]:
+    """A standalone (broker + bookie + embedded metadata) on ``root`` over an in-memory
+    network, as ``pigeon_standalone`` runs it but with ``broker_config`` on top (e.g.
+    ``segment_max_entries=2``); stopped cleanly (topics closed) when the block ends."""
+    from pigeon.bookie import BookieConfig
+    from pigeon.broker import BrokerConfig, run_standalone
+
+    settings: dict[str, Any] = {
+        "port": 0,
+        "http_port": -1,
+        "maintenance_interval_s": 1.0,
+        "cursor_persist_interval_ms": 50,
+    }
+    network = MemoryNetwork()
+    with network.installed():
+        async with trio.open_nursery() as nursery:
+            service = await nursery.start(
+                functools.partial(
+                    run_standalone,
+                    root,
+                    BrokerConfig(**(settings | broker_config)),
+                    BookieConfig(port=0, fsync="never"),
+                )
+            )
+            yield InProcessStandalone(service, network, root)
+            nursery.cancel_scope.cancel()
+
+
+# ------------------------------------------------------------------ through the client
+
+
+async def produce(client: Client, topic: str, values: list[bytes], **send: Any) -> list[Any]:
+    """One message per entry (batching_max_messages=1), each send awaited; their ids."""
+    producer = await client.create_producer(topic, batching_max_messages=1)
+    ids = [await producer.send(v, **send) for v in values]
+    await producer.close()
+    return ids
+
+
+async def subscribe_and_produce(
+    client: Client, topic: str, sent: list[bytes], **subscribe: Any
+) -> tuple[Consumer, list[Any]]:
+    """A consumer of a new subscription ``s`` of ``topic`` from the earliest (``subscribe``:
+    its other options), then ``sent`` produced (:func:`produce`) and received."""
+    consumer = await client.subscribe(topic, "s", initial_position="earliest", **subscribe)
+    await produce(client, topic, sent)
+    return consumer, await receive_n(consumer, len(sent))
+
+
+async def consumer_and_producer(
+    client: Client, topic: str, **subscribe: Any
+) -> tuple[Consumer, Producer]:
+    """A consumer of subscription ``s`` of ``topic`` (``subscribe``: its options), then a
+    producer with the default batching."""
+    consumer = await client.subscribe(topic, "s", **subscribe)
+    return consumer, await client.create_producer(topic)
+
+
+async def receive_n(consumer: Consumer, n: int, within: float = 30.0) -> list[Any]:
+    """Exactly ``n`` messages, received within ``within`` (virtual) seconds."""
+    out: list[Any] = []
+    with trio.move_on_after(within):
+        while len(out) < n:
+            out.extend(await consumer.batch_receive(n - len(out)))
+    assert len(out) == n, f"received {len(out)} of {n} messages within {within}s"
+    return out
+
+
+async def drain(consumer: Consumer, idle: float = 2.0) -> list[Any]:
+    """Everything that arrives until nothing came for ``idle`` (virtual) seconds."""
+    out: list[Any] = []
+    while True:
+        try:
+            out.extend(await consumer.batch_receive(1000, timeout=idle))
+        except Timeout:
+            return out
+
+
+def values(msgs: list[Any]) -> list[bytes]:
+    return [m.value for m in msgs]
+
+
+async def read_all(client: Client, topic: str) -> list[Any]:
+    """Every message of ``topic`` still stored, through a reader from the earliest."""
+    reader = await client.create_reader(topic, "earliest")
+    out = await drain(reader, idle=1.0)
+    await reader.close()
+    return out
+
+
+async def consume_all(client: Client, topic: str, n: int, sub: str = "check") -> list[Any]:
+    """At least ``n`` messages of ``topic`` (and whatever follows within a second),
+    through a new subscription ``sub`` from the earliest."""
+    consumer = await client.subscribe(topic, sub, initial_position="earliest")
+    out = await receive_n(consumer, n)
+    out += await drain(consumer, idle=1.0)
+    await consumer.close()
+    return out
+
+
+async def set_backlog_quota(cluster: InProcessStandalone, quota_bytes: int, policy: str) -> None:
+    """The default namespace's backlog quota and what happens above it."""
+    await cluster.service.policies.set(
+        NS, {"backlog_quota_bytes": quota_bytes, "backlog_quota_policy": policy}
+    )
+
+
+# ------------------------------------------------------------------ raw protocol
+
+
+def batch_of(values: list[bytes], producer_name: str, sequence_id: int) -> bytes:
+    """One uncompressed batch of ``values`` as producer ``producer_name`` sends it."""
+    return encode_batch(
+        values,
+        producer_name=producer_name,
+        sequence_id=sequence_id,
+        publish_time=int(time.time() * 1000),
+        codec=NONE,
+    )
+
+
+async def raw_sends(
+    url: str, topic: str, producer_name: str, sends: Sequence[tuple[int, int, bytes]]
+) -> list[dict[str, Any]]:
+    """Send (sequence id, message count, batch) over a raw protocol connection as
+    producer ``producer_name``; the receipts, in order."""
+    host, port = url[len("pigeon://") :].rsplit(":", 1)
+    async with trio.open_nursery() as nursery:
+        conn, _info = await connect_tcp(host, int(port), BrokerFrame, nursery)
+        await conn.request(
+            "createProducer",
+            {"producerId": 1, "topic": topic, "producerName": producer_name},
+            expect="producerCreated",
+        )
+        receipts = [
+            await conn.request(
+                "send",
+                {"producerId": 1, "sequenceId": seq, "numMessages": n},
+                payload=payload,
+                expect="sendReceipt",
+            )
+            for seq, n, payload in sends
+        ]
+        conn.close()
+        nursery.cancel_scope.cancel()
+    return receipts
+
+
+# ------------------------------------------------------------------ real time
+
+
+@contextlib.contextmanager
+def real_time_limit(seconds: float) -> Iterator[None]:
+    """Cancel the block after ``seconds`` of *real* time (a busy loop stops virtual time)."""
+    token = trio.lowlevel.current_trio_token()
+    scope = trio.CancelScope()
+
+    def fire() -> None:
+        with contextlib.suppress(trio.RunFinishedError):
+            token.run_sync_soon(scope.cancel)
+
+    timer = threading.Timer(seconds, fire)
+    timer.daemon = True
+    timer.start()
+    try:
+        with scope:
+            yield
+    finally:
+        timer.cancel()
+    if scope.cancelled_caught:
+        raise AssertionError(f"still running after {seconds}s of real time (hang or busy loop)")

@@ -1,0 +1,74 @@
+"""``pigeon.broker._subscription``: what a subscription keeps for its consumers, through the
+real client and an in-process standalone in virtual time: unacknowledged messages stay in
+its backlog and come back, its cursor is persisted and survives the topic being reloaded,
+and expiring moves it on."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+from standalone_support import PREFIX, drain, produce, subscribe_and_produce, values
+
+from pigeon.broker._cursor import CursorState
+from pigeon.broker._lifecycle import unload_topic
+from pigeon.core import TopicName
+from pigeon.core.errors import Timeout
+from pigeon.core.paths import cursor_path
+
+SENT = [f"m{i}".encode() for i in range(10)]
+
+
+async def test_a_nacked_message_stays_in_the_backlog_and_is_redelivered_after_the_delay(
+    pigeon_standalone, client, autojump_clock
+):
+    consumer, (a, b, c) = await subscribe_and_produce(
+        client, "sub-nack", SENT[:3], subscription_type="shared", negative_ack_redelivery_delay=5.0
+    )
+    sub = pigeon_standalone.service.topics[PREFIX + "sub-nack"].subscriptions["s"]
+    await consumer.acknowledge(a)
+    await consumer.acknowledge(c)
+    await consumer.negative_acknowledge(b)
+    await trio.sleep(1)  # the acks reach the broker
+    assert sub.backlog() == 1, "only the nacked message is left to deliver"
+    with pytest.raises(Timeout):
+        await consumer.receive(timeout=3.5)
+    again = await consumer.receive(timeout=5)
+    assert (again.value, again.redelivery_count) == (b.value, 1)
+    await consumer.acknowledge(again)
+    await trio.sleep(1)
+    assert sub.backlog() == 0
+    assert await drain(consumer) == [], "an acknowledged message came back"
+    await consumer.close()
+
+
+async def test_the_cursor_is_persisted_and_a_reloaded_topic_resumes_from_it(
+    pigeon_standalone, client, autojump_clock
+):
+    service = pigeon_standalone.service
+    name = TopicName.parse("sub-persist")
+    consumer, got = await subscribe_and_produce(client, "sub-persist", SENT)
+    await consumer.acknowledge_cumulative(got[4])
+    await trio.sleep(1)  # past the persist interval (50 ms in the fixture)
+    stat = await service.store.get(cursor_path(name, "s"))
+    assert stat is not None, "the cursor was never written to the metadata store"
+    assert CursorState.from_json(stat.value).mark_delete == 5
+    await consumer.close()
+    assert await unload_topic(service, name) == [name.full]
+    assert name.full not in service.topics
+    consumer = await client.subscribe("sub-persist", "s", initial_position="earliest")
+    assert values(await drain(consumer)) == SENT[5:], "the reloaded topic lost the cursor"
+    await consumer.close()
+
+
+async def test_expiring_acknowledges_the_older_messages_for_every_consumer(
+    pigeon_standalone, client, autojump_clock
+):
+    await (await client.subscribe("sub-expire", "s")).close()
+    await produce(client, "sub-expire", SENT)
+    sub = pigeon_standalone.service.topics[PREFIX + "sub-expire"].subscriptions["s"]
+    assert sub.backlog() == 10
+    sub.expire_before(7)
+    assert sub.backlog() == 3
+    consumer = await client.subscribe("sub-expire", "s")
+    assert values(await drain(consumer)) == SENT[7:]
+    await consumer.close()
