@@ -34,61 +34,45 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import math
-import re
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from pigeon.client._asyncio_bridge import run_on_engine, spawn_on_engine
-from pigeon.client._consumer_handle import ConsumerFace, ConsumerHandle, open_consumer, open_reader
+from pigeon.client._consumer_handle import ConsumerFace, ConsumerHandle
 from pigeon.client._core import message_id_of
-from pigeon.client._engine import ClientEngine
-from pigeon.client._handles import (
-    ProducerFace,
-    ProducerHandle,
-    codecs_of,
-    deliver_time,
-    open_producer,
-)
+from pigeon.client._face import ClientBase
+from pigeon.client._handles import ProducerFace, ProducerHandle, deliver_time
 from pigeon.client._message import Message, MessageId, receipt_message_id
 from pigeon.client._options import (
     ConsumerOptions,
     DeadLetterPolicy,
-    ProducerOptions,
+    QueueingProducerOptions,
     ReaderOptions,
-    options_from,
+    takes_options,
 )
 from pigeon.client._thread import EngineThread
-from pigeon.client.trio import producer_factory
-from pigeon.core import PluginManager
+from pigeon.client.trio import open_face
 from pigeon.core.errors import AlreadyClosed, ProducerQueueFull, Timeout
 
 __all__ = ["Client", "Consumer", "DeadLetterPolicy", "Producer", "Reader"]
 
 log = logging.getLogger(__name__)
 
+_Face = TypeVar("_Face", bound="Producer | _Receiving")
 
-class Client:
+
+class Client(ClientBase):
     """A PigeonMQ client for asyncio programs; an async context manager.
 
     Constructing it starts the engine thread (no network I/O yet).  Every object it makes
     belongs to the event loop it was made in.
     """
 
-    def __init__(
-        self,
-        service_url: str,
-        *,
-        operation_timeout: float = 30.0,
-        plugins: PluginManager | None = None,
-    ) -> None:
-        self.engine = ClientEngine(service_url, operation_timeout=operation_timeout)
-        self.plugins = plugins or PluginManager()
-        self.codecs = codecs_of(self.plugins)
+    def _start(self) -> None:
         self.engine_thread = EngineThread(self.engine)
         self._closed = False
         self._producers: weakref.WeakSet[Producer] = weakref.WeakSet()
@@ -154,103 +138,36 @@ class Client:
         result: list[str] = await self._run(self.engine.list_topics, namespace)
         return result
 
-    async def create_producer(
-        self,
-        topic: str,
-        *,
-        producer_name: str = "",
-        batching_max_messages: int = 1000,
-        batching_max_bytes: int = 128 * 1024,
-        batching_max_delay_ms: float = 5.0,
-        compression: str = "none",
-        send_timeout: float = 30.0,
-        max_pending_messages: int = 100_000,
-        block_if_queue_full: bool = True,
-        routing_mode: str = "round_robin",
-        message_router: Callable[[Any, int], int] | None = None,
-    ) -> Producer:
-        options = options_from(ProducerOptions, locals())
-        producer = Producer(self, options)
-        open_ = functools.partial(
-            open_producer,
-            self.engine,
-            options,
-            codecs=self.codecs,
-            lock=producer._lock,
-            submit=producer._submit,
-            start_timer=producer._start_timer,
-            # receipts resolve futures on the loop's thread, once per batch
-            callback_for=producer._callback_for,
-        )
-        handle: ProducerHandle = await self._run(
-            open_, shield=True, orphan=self._close_orphan_producer
-        )
-        producer._handle = handle
+    @takes_options(QueueingProducerOptions)
+    async def create_producer(self, options: QueueingProducerOptions) -> Producer:
+        producer = await self._open(Producer(self, options), options)
         self._producers.add(producer)
         return producer
 
-    async def subscribe(
-        self,
-        topic: str | list[str] | re.Pattern[str],
-        subscription: str,
-        *,
-        subscription_type: str = "exclusive",
-        initial_position: str = "latest",
-        consumer_name: str = "",
-        priority: int = 0,
-        receiver_queue_size: int = 10_000,
-        ack_timeout: float = 0.0,
-        negative_ack_redelivery_delay: float = 1.0,
-        dead_letter_policy: DeadLetterPolicy | None = None,
-        pattern_auto_discovery_period: float = 60.0,
-    ) -> Consumer:
+    @takes_options(ConsumerOptions)
+    async def subscribe(self, options: ConsumerOptions) -> Consumer:
         """Subscribe to a topic, a list of topics, or a ``re.Pattern`` of topic names."""
-        options = options_from(ConsumerOptions, locals())
-        consumer = Consumer(self)
-        open_ = functools.partial(
-            open_consumer,
-            self.engine,
-            options,
-            codecs=self.codecs,
-            lock=consumer._lock,
-            notify=consumer._notify,
-            producer_factory=producer_factory(self.engine, self.codecs),
-        )
-        consumer._handle = await self._run(open_, shield=True, orphan=self._close_orphan)
+        consumer = await self._open(Consumer(self), options)
         self._receivers.add(consumer)
         return consumer
 
-    async def create_reader(
-        self,
-        topic: str,
-        start: str | MessageId = "earliest",
-        *,
-        start_message_id_inclusive: bool = False,
-        receiver_queue_size: int = 10_000,
-    ) -> Reader:
+    @takes_options(ReaderOptions)
+    async def create_reader(self, options: ReaderOptions) -> Reader:
         """A reader from ``"earliest"``, ``"latest"`` or after a MessageId."""
-        options = options_from(ReaderOptions, locals())
-        reader = Reader(self)
-        open_ = functools.partial(
-            open_reader,
-            self.engine,
-            options,
-            codecs=self.codecs,
-            lock=reader._lock,
-            notify=reader._notify,
-        )
-        reader._handle = await self._run(open_, shield=True, orphan=self._close_orphan)
+        reader = await self._open(Reader(self), options)
         self._receivers.add(reader)
         return reader
 
-    def _close_orphan_producer(self, handle: ProducerHandle) -> None:
-        """A producer opened for a task that stopped waiting: close it again."""
-        handle.closed = True
-        self._spawn(handle.close)
+    async def _open(self, face: _Face, options: Any) -> _Face:
+        opened: _Face = await self._run(
+            open_face, face, self.engine, self.codecs, options, shield=True, orphan=self._orphan
+        )
+        return opened
 
-    def _close_orphan(self, handle: ConsumerHandle) -> None:
-        """A consumer or reader opened for a task that stopped waiting: close it again."""
-        self._spawn(handle.close)
+    def _orphan(self, face: Producer | _Receiving) -> None:
+        """A producer or consumer opened for a task that stopped waiting: close it again."""
+        face._handle.closed = True
+        self._spawn(face._handle.close)
 
 
 class Producer(ProducerFace):
@@ -262,7 +179,7 @@ class Producer(ProducerFace):
 
     _handle: ProducerHandle
 
-    def __init__(self, client: Client, options: ProducerOptions) -> None:
+    def __init__(self, client: Client, options: QueueingProducerOptions) -> None:
         self._client = client
         self._loop = asyncio.get_running_loop()
         self._max_pending = options.max_pending_messages

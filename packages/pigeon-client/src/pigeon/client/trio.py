@@ -10,57 +10,36 @@ async with pigeon.client.trio.Client("pigeon://127.0.0.1:6650") as client:
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
-import re
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import trio
 
 from pigeon.client._consumer_handle import ConsumerFace, ConsumerHandle, open_consumer, open_reader
 from pigeon.client._core import message_id_of
-from pigeon.client._engine import ClientEngine, PendingBatch
-from pigeon.client._handles import (
-    ProducerFace,
-    ProducerHandle,
-    codecs_of,
-    deliver_time,
-    open_producer,
-)
+from pigeon.client._engine import ClientEngine
+from pigeon.client._face import ClientBase
+from pigeon.client._handles import NOLOCK, ProducerFace, ProducerHandle, deliver_time, open_producer
 from pigeon.client._message import Message, MessageId
 from pigeon.client._options import (
     ConsumerOptions,
     DeadLetterPolicy,
     ProducerOptions,
     ReaderOptions,
-    options_from,
+    takes_options,
 )
-from pigeon.client._producer_engine import ProducerEngine
-from pigeon.core import PluginManager
 from pigeon.core.codecs import CodecSet
 from pigeon.core.errors import AlreadyClosed, Timeout
 
 __all__ = ["Client", "Consumer", "DeadLetterPolicy", "Producer", "Reader"]
 
-_NOLOCK = contextlib.nullcontext()
 
-
-class Client:
+class Client(ClientBase):
     """A connection to a PigeonMQ cluster; a trio async context manager."""
 
-    def __init__(
-        self,
-        service_url: str,
-        *,
-        operation_timeout: float = 30.0,
-        plugins: PluginManager | None = None,
-    ) -> None:
-        self.engine = ClientEngine(service_url, operation_timeout=operation_timeout)
-        self.plugins = plugins or PluginManager()
-        self.codecs = codecs_of(self.plugins)
-        self._nursery_cm: Any = None
+    _nursery_cm: Any = None
 
     async def __aenter__(self) -> Client:
         self._nursery_cm = trio.open_nursery()
@@ -82,93 +61,50 @@ class Client:
     async def list_topics(self, namespace: str = "public/default") -> list[str]:
         return await self.engine.list_topics(namespace)
 
-    async def create_producer(
-        self,
-        topic: str,
-        *,
-        producer_name: str = "",
-        batching_max_messages: int = 1000,
-        batching_max_bytes: int = 128 * 1024,
-        batching_max_delay_ms: float = 5.0,
-        compression: str = "none",
-        send_timeout: float = 30.0,
-        max_pending_messages: int = 100_000,
-        routing_mode: str = "round_robin",
-        message_router: Callable[[Any, int], int] | None = None,
-    ) -> Producer:
-        options = options_from(ProducerOptions, locals())
-        return await open_trio_producer(self.engine, self.codecs, options)
+    @takes_options(ProducerOptions)
+    async def create_producer(self, options: ProducerOptions) -> Producer:
+        return await open_face(Producer(options), self.engine, self.codecs, options)
 
-    async def subscribe(
-        self,
-        topic: str | list[str] | re.Pattern[str],
-        subscription: str,
-        *,
-        subscription_type: str = "exclusive",
-        initial_position: str = "latest",
-        consumer_name: str = "",
-        priority: int = 0,
-        receiver_queue_size: int = 10_000,
-        ack_timeout: float = 0.0,
-        negative_ack_redelivery_delay: float = 1.0,
-        dead_letter_policy: DeadLetterPolicy | None = None,
-        pattern_auto_discovery_period: float = 60.0,
-    ) -> Consumer:
-        options = options_from(ConsumerOptions, locals())
-        consumer = Consumer()
-        consumer._handle = await open_consumer(
-            self.engine,
+    @takes_options(ConsumerOptions)
+    async def subscribe(self, options: ConsumerOptions) -> Consumer:
+        return await open_face(Consumer(), self.engine, self.codecs, options)
+
+    @takes_options(ReaderOptions)
+    async def create_reader(self, options: ReaderOptions) -> Reader:
+        return await open_face(Reader(), self.engine, self.codecs, options)
+
+
+_Face = TypeVar("_Face", bound="ProducerFace | _Receiving")
+
+
+async def open_face(face: _Face, engine: ClientEngine, codecs: CodecSet, options: Any) -> _Face:
+    """*engine*: open what ``options`` describe (producer, consumer or reader options) as
+    ``face``'s handle; ``face`` is a Producer, Consumer or Reader of any face, whose lock and
+    hooks the handle takes.  Consumers publish dead letters and retries through trio-face
+    producers."""
+    f: Any = face
+    if isinstance(options, ProducerOptions):
+        f._handle = await open_producer(engine, options, codecs=codecs, face=f)
+    elif isinstance(options, ReaderOptions):
+        f._handle = await open_reader(
+            engine, options, codecs=codecs, lock=f._lock, notify=f._notify
+        )
+    else:
+        f._handle = await open_consumer(
+            engine,
             options,
-            codecs=self.codecs,
-            lock=_NOLOCK,
-            notify=consumer._notify,
-            producer_factory=producer_factory(self.engine, self.codecs),
+            codecs=codecs,
+            lock=f._lock,
+            notify=f._notify,
+            producer_factory=functools.partial(_open_default_producer, engine, codecs),
         )
-        return consumer
-
-    async def create_reader(
-        self,
-        topic: str,
-        start: str | MessageId = "earliest",
-        *,
-        start_message_id_inclusive: bool = False,
-        receiver_queue_size: int = 10_000,
-    ) -> Reader:
-        options = options_from(ReaderOptions, locals())
-        reader = Reader()
-        reader._handle = await open_reader(
-            self.engine, options, codecs=self.codecs, lock=_NOLOCK, notify=reader._notify
-        )
-        return reader
-
-
-async def open_trio_producer(
-    engine: ClientEngine, codecs: CodecSet, options: ProducerOptions
-) -> Producer:
-    """*engine*: a trio-face producer on ``engine``, from the engine's own thread."""
-    producer = Producer(options.max_pending_messages)
-    producer._handle = await open_producer(
-        engine, options, codecs=codecs, lock=_NOLOCK, submit=submit_now
-    )
-    producer._handle.on_space = producer._space_freed
-    return producer
-
-
-def producer_factory(
-    engine: ClientEngine, codecs: CodecSet
-) -> Callable[[str], Awaitable[Producer]]:
-    """What a consumer of any face publishes dead letters and retries with: trio-face
-    producers with default options, opened on the engine's thread."""
-    return functools.partial(_open_default_producer, engine, codecs)
+    return face
 
 
 async def _open_default_producer(engine: ClientEngine, codecs: CodecSet, topic: str) -> Producer:
-    return await open_trio_producer(engine, codecs, ProducerOptions(topic))
-
-
-def submit_now(engine: ProducerEngine, batch: PendingBatch) -> None:
-    """*engine*: hand a sealed batch to its partition's engine at once."""
-    engine.submit(batch)
+    """*engine*: a producer with default options, for a consumer's dead letters and retries."""
+    options = ProducerOptions(topic)
+    return await open_face(Producer(options), engine, codecs, options)
 
 
 class Producer(ProducerFace):
@@ -176,8 +112,8 @@ class Producer(ProducerFace):
 
     _handle: ProducerHandle
 
-    def __init__(self, max_pending: int) -> None:
-        self._max_pending = max_pending
+    def __init__(self, options: ProducerOptions) -> None:
+        self._max_pending = options.max_pending_messages
         self._space = trio.Event()
 
     def _space_freed(self) -> None:
@@ -272,6 +208,7 @@ class _Receipt:
 
 class _Receiving:
     _handle: ConsumerHandle
+    _lock = NOLOCK
 
     def __init__(self) -> None:
         self._arrived = trio.Event()
