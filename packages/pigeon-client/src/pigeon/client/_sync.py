@@ -178,33 +178,30 @@ class Producer(ProducerFace):
         back on shared subscriptions until then.
         """
         h = self._handle
+        fut: MessageFuture
         if deliver_at is None and deliver_after is None and sequence_id is None:
             with self._lock:
                 if h.closed or h.outstanding >= self._max_pending:
-                    fut = self._add_slow(value, key, properties, event_time, 0, None)
+                    self._wait_for_space()
+                    fut = h.logic.add(value, key, properties, event_time, 0, None, _make_future)
                 else:
                     fut = h.logic.add_plain(value, key, properties, event_time)
-                    h.outstanding += 1
-            if callback is not None:
-                fut.add_done_callback(callback)
-            return fut
-        when = deliver_time(deliver_at, deliver_after)
-        with self._lock:
-            fut = self._add_slow(value, key, properties, event_time, when, sequence_id)
+                h.outstanding += 1
+        else:
+            when = deliver_time(deliver_at, deliver_after)
+            with self._lock:
+                self._wait_for_space()
+                fut = h.logic.add(
+                    value, key, properties, event_time, when, None, _make_future, sequence_id
+                )
+                h.outstanding += 1
         if callback is not None:
             fut.add_done_callback(callback)
         return fut
 
-    def _add_slow(
-        self,
-        value: bytes,
-        key: str | bytes | None,
-        properties: Mapping[str, str] | None,
-        event_time: int,
-        when: int,
-        sequence_id: int | None,
-    ) -> MessageFuture:
-        """Under the lock: wait for queue space (or fail), then add with every option."""
+    def _wait_for_space(self) -> None:
+        """Under the lock: wait for queue space, or fail (closed, full and not blocking,
+        or still full after ``send_timeout``)."""
         h = self._handle
         if h.closed:
             raise AlreadyClosed("producer is closed")
@@ -219,11 +216,6 @@ class Producer(ProducerFace):
                 if left <= 0 or h.closed:
                     raise Timeout("producer queue stayed full")
                 self._space.wait(left)
-        fut: MessageFuture = h.logic.add(
-            value, key, properties, event_time, when, None, _make_future, sequence_id
-        )
-        h.outstanding += 1
-        return fut
 
     def flush(self) -> None:
         """Send what is batched and wait until every pending message is acknowledged."""
