@@ -97,7 +97,8 @@ class ProducerLogic:
             self.seal(index)
         if make_completion is not None:
             completion = make_completion(core)
-        full = core.add(value, key, properties, event_time, completion, body)
+        full = core.builder.add(value, key, properties, event_time)  # adds nothing if it raises
+        core.added(completion, body)
         if deliver_at:
             self.seal(index, deliver_at=deliver_at)
         elif full or self.max_delay <= 0:
@@ -131,7 +132,8 @@ class ProducerLogic:
         if core.would_overflow(body):
             self.seal(index)  # the broker refuses a batch over max_message_size
         n = len(core)
-        full = core.add(value, key, properties, event_time, None, body)
+        full = core.builder.add(value, key, properties, event_time)
+        core.added(None, body)
         future = MessageFuture(core.batch_state(), n)
         if full or self.max_delay <= 0:
             self.seal(index)
