@@ -42,9 +42,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 from pigeon.client._asyncio_bridge import run_on_engine, spawn_on_engine
-from pigeon.client._consumer_handle import ConsumerFace, ConsumerHandle
-from pigeon.client._core import message_id_of
-from pigeon.client._face import ClientBase
+from pigeon.client._face import AsyncConsumer, AsyncReader, AsyncReceiving, ClientBase
 from pigeon.client._handles import ProducerFace, ProducerHandle, deliver_time
 from pigeon.client._message import Message, MessageId, receipt_message_id
 from pigeon.client._options import (
@@ -369,8 +367,10 @@ class _BatchCompletion:
         self.producer._batch_done(len(self.futures))
 
 
-class _Receiving:
-    _handle: ConsumerHandle
+class _Receiving(AsyncReceiving):
+    """How an asyncio-face consumer or reader reaches the engine (through the client's
+    bridge) and waits: the engine queues entries and wakes the loop (``_notify``); the
+    loop's thread splits them into messages."""
 
     def __init__(self, client: Client) -> None:
         self._client = client
@@ -393,75 +393,37 @@ class _Receiving:
         self._wake_pending = False
         self._arrived.set()
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+    async def _engine(self, afn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+        return await self._client._run(afn, *args)
 
-    async def batch_receive(
-        self,
-        max_messages: int = 1000,
-        timeout: float | None = None,
-    ) -> list[Message]:
-        """Up to ``max_messages`` messages, at least one; raises Timeout after ``timeout`` s."""
-        h = self._handle
-        client = self._client
-        deadline = self._loop.time() + (timeout if timeout is not None else math.inf)
-        while True:
-            self._arrived.clear()  # before looking, so no wake-up is lost
-            if h.closed:
-                raise AlreadyClosed("consumer is closed")
-            msgs, grants = h.receive_nowait(max_messages, client.engine_thread.now())
-            if msgs:
-                break
-            left = deadline - self._loop.time()
-            if left <= 0:
-                raise Timeout(f"no message within {timeout}s")
-            try:
-                async with asyncio.timeout(None if math.isinf(left) else left):
-                    await self._arrived.wait()
-            except TimeoutError:
-                pass  # look once more, then raise Timeout
-        for engine, permits in grants:
-            with contextlib.suppress(AlreadyClosed):
-                client._soon(engine.flow, permits)
-        return msgs
+    def _soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        self._client._soon(fn, *args)
 
-    async def receive(self, timeout: float | None = None) -> Message:
-        """The next message; raises pigeon.client.Timeout after ``timeout`` seconds."""
-        return (await self.batch_receive(1, timeout))[0]
+    async def _close_handle(self) -> None:
+        if not self._client._closed:
+            await self._client._run(self._handle.close, shield=True)
 
-    async def seek(
-        self,
-        target: MessageId | None = None,
-        *,
-        offset: int | None = None,
-        timestamp: int | None = None,
-    ) -> None:
-        """Move to a MessageId, a partition offset, or a publish time (ms since the epoch)."""
-        await self._client._run(self._handle.seek, target, offset, timestamp)
+    def _now(self) -> float:
+        return self._client.engine_thread.now()
 
-    async def close(self) -> None:
-        h = self._handle
-        if h.closed:
-            return
-        try:
-            if not self._client._closed:
-                await self._client._run(h.close, shield=True)
-        finally:
-            self._mark_closed()
+    def _clock(self) -> float:
+        return self._loop.time()
 
-    def _mark_closed(self) -> None:
-        self._handle.closed = True
-        self._arrived.set()
+    def _arm(self) -> None:
+        self._arrived.clear()
+
+    async def _wait_until(self, deadline: float) -> None:
+        left = deadline - self._loop.time()
+        with contextlib.suppress(TimeoutError):  # look once more, then raise Timeout
+            async with asyncio.timeout(None if math.isinf(left) else left):
+                await self._arrived.wait()
 
 
-class Consumer(ConsumerFace, _Receiving):
+class Consumer(_Receiving, AsyncConsumer):
     """Receives the messages of one subscription (on one or more topics).
 
     ``async for msg in consumer:`` receives forever.
     """
-
-    async def __aenter__(self) -> Consumer:
-        return self
 
     def __aiter__(self) -> Consumer:
         return self
@@ -469,45 +431,6 @@ class Consumer(ConsumerFace, _Receiving):
     async def __anext__(self) -> Message:
         return await self.receive()
 
-    async def acknowledge(self, message: Message | MessageId) -> None:
-        """Acknowledge one message (sent to the broker in groups, every 100 ms)."""
-        if self._handle.acknowledge(message_id_of(message)):
-            self._client._soon(self._handle.flush_acks_nowait)
 
-    async def acknowledge_cumulative(self, message: Message | MessageId) -> None:
-        """Acknowledge this message and every earlier one of its partition."""
-        self._handle.acknowledge_cumulative(message_id_of(message))
-
-    async def negative_acknowledge(self, message: Message) -> None:
-        """Ask for this message again after ``negative_ack_redelivery_delay`` seconds."""
-        self._handle.negative_acknowledge(message, self._client.engine_thread.now())
-
-    async def reconsume_later(self, message: Message, delay: float) -> None:
-        """Republish to the retry topic, delivered after ``delay`` seconds; acknowledge."""
-        await self._client._run(self._handle.reconsume_later, message, delay)
-
-    async def redeliver_unacknowledged_messages(self) -> None:
-        """Have the broker send again every message received but not acknowledged."""
-        await self._client._run(self._handle.redeliver_unacknowledged)
-
-    async def unsubscribe(self) -> None:
-        try:
-            await self._client._run(self._handle.unsubscribe)
-        finally:
-            self._arrived.set()
-
-
-class Reader(_Receiving):
+class Reader(_Receiving, AsyncReader):
     """Reads a topic from a position, without a durable subscription."""
-
-    async def __aenter__(self) -> Reader:
-        return self
-
-    async def read_next(self, timeout: float | None = None) -> Message:
-        msg = await self.receive(timeout)
-        self._handle.acknowledge_cumulative(msg.message_id)
-        return msg
-
-    async def has_message_available(self) -> bool:
-        result: bool = await self._client._run(self._handle.has_message_available)
-        return result

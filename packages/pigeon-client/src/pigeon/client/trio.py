@@ -11,18 +11,16 @@ async with pigeon.client.trio.Client("pigeon://127.0.0.1:6650") as client:
 from __future__ import annotations
 
 import functools
-import math
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import trio
 
-from pigeon.client._consumer_handle import ConsumerFace, ConsumerHandle, open_consumer, open_reader
-from pigeon.client._core import message_id_of
+from pigeon.client._consumer_handle import open_consumer, open_reader
 from pigeon.client._engine import ClientEngine
-from pigeon.client._face import ClientBase
+from pigeon.client._face import AsyncConsumer, AsyncReader, AsyncReceiving, ClientBase
 from pigeon.client._handles import NOLOCK, ProducerFace, ProducerHandle, deliver_time, open_producer
-from pigeon.client._message import Message, MessageId
+from pigeon.client._message import MessageId
 from pigeon.client._options import (
     ConsumerOptions,
     DeadLetterPolicy,
@@ -31,7 +29,7 @@ from pigeon.client._options import (
     takes_options,
 )
 from pigeon.core.codecs import CodecSet
-from pigeon.core.errors import AlreadyClosed, Timeout
+from pigeon.core.errors import AlreadyClosed
 
 __all__ = ["Client", "Consumer", "DeadLetterPolicy", "Producer", "Reader"]
 
@@ -206,8 +204,10 @@ class _Receipt:
         return self.message_id
 
 
-class _Receiving:
-    _handle: ConsumerHandle
+class _Receiving(AsyncReceiving):
+    """How a trio-face consumer or reader reaches the engine and waits: directly, in the
+    caller's trio run."""
+
     _lock = NOLOCK
 
     def __init__(self) -> None:
@@ -216,89 +216,31 @@ class _Receiving:
     def _notify(self) -> None:
         self._arrived.set()
 
-    async def batch_receive(
-        self, max_messages: int = 1000, timeout: float | None = None
-    ) -> list[Message]:
-        h = self._handle
-        deadline = trio.current_time() + (timeout if timeout is not None else math.inf)
-        while True:
-            if h.closed:
-                raise AlreadyClosed("consumer is closed")
-            msgs, grants = h.receive_nowait(max_messages, trio.current_time())
-            if msgs:
-                break
-            if trio.current_time() >= deadline:
-                raise Timeout(f"no message within {timeout}s")
-            self._arrived = trio.Event()
-            with trio.move_on_at(deadline):
-                await self._arrived.wait()
-        for engine, permits in grants:
-            engine.flow(permits)
-        return msgs
+    async def _engine(self, afn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+        return await afn(*args)
 
-    async def receive(self, timeout: float | None = None) -> Message:
-        """The next message; raises Timeout after ``timeout`` seconds."""
-        return (await self.batch_receive(1, timeout))[0]
+    def _soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        fn(*args)
 
-    async def seek(
-        self,
-        target: MessageId | None = None,
-        *,
-        offset: int | None = None,
-        timestamp: int | None = None,
-    ) -> None:
-        """Move the subscription to a MessageId, a partition offset or a publish time (ms)."""
-        await self._handle.seek(target, offset, timestamp)
+    async def _close_handle(self) -> None:
+        await self._handle.close()
 
-    async def close(self) -> None:
-        h = self._handle
-        if h.closed:
-            return
-        await h.close()
-        self._arrived.set()
+    def _now(self) -> float:
+        return trio.current_time()
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+    _clock = _now
+
+    def _arm(self) -> None:
+        self._arrived = trio.Event()
+
+    async def _wait_until(self, deadline: float) -> None:
+        with trio.move_on_at(deadline):
+            await self._arrived.wait()
 
 
-class Consumer(ConsumerFace, _Receiving):
+class Consumer(_Receiving, AsyncConsumer):
     """Receives the messages of one subscription (on one or more topics)."""
 
-    async def __aenter__(self) -> Consumer:
-        return self
 
-    async def acknowledge(self, message: Message | MessageId) -> None:
-        if self._handle.acknowledge(message_id_of(message)):
-            self._handle.flush_acks_nowait()
-
-    async def acknowledge_cumulative(self, message: Message | MessageId) -> None:
-        self._handle.acknowledge_cumulative(message_id_of(message))
-
-    async def negative_acknowledge(self, message: Message) -> None:
-        """Ask for this message again after ``negative_ack_redelivery_delay``."""
-        self._handle.negative_acknowledge(message, trio.current_time())
-
-    async def reconsume_later(self, message: Message, delay: float) -> None:
-        """Republish to the retry topic (delivered after ``delay`` s) and acknowledge."""
-        await self._handle.reconsume_later(message, delay)
-
-    async def redeliver_unacknowledged_messages(self) -> None:
-        await self._handle.redeliver_unacknowledged()
-
-    async def unsubscribe(self) -> None:
-        await self._handle.unsubscribe()
-
-
-class Reader(_Receiving):
+class Reader(_Receiving, AsyncReader):
     """Reads a topic from a position without a durable subscription."""
-
-    async def __aenter__(self) -> Reader:
-        return self
-
-    async def read_next(self, timeout: float | None = None) -> Message:
-        msg = await self.receive(timeout)
-        self._handle.acknowledge_cumulative(msg.message_id)
-        return msg
-
-    async def has_message_available(self) -> bool:
-        return await self._handle.has_message_available()
