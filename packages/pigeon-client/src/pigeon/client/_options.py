@@ -12,8 +12,8 @@ from __future__ import annotations
 import functools
 import inspect
 import re
-from collections.abc import Callable
-from dataclasses import KW_ONLY, dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import KW_ONLY, dataclass, fields
 from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 from pigeon.client._message import MessageId
@@ -25,6 +25,9 @@ __all__ = [
     "ProducerOptions",
     "QueueingProducerOptions",
     "ReaderOptions",
+    "SendOptions",
+    "SequencedSendOptions",
+    "TimedSendOptions",
     "takes_options",
 ]
 
@@ -162,3 +165,43 @@ class ReaderOptions:
                 f"start must be 'earliest', 'latest' or a MessageId, got {start!r}"
             )
         return start, -1
+
+
+@dataclass(frozen=True)
+class SendOptions:
+    """One message as the trio face's ``Producer.send`` takes it.
+
+    ``send`` is built on ``send_async``, whose signature each face writes out (it is the
+    hot path: no options object is built per message there).
+    """
+
+    value: bytes
+    _: KW_ONLY
+    key: str | bytes | None = None
+    properties: Mapping[str, str] | None = None
+    event_time: int = 0
+    deliver_at: int | None = None
+    deliver_after: float | None = None
+
+    def send_async_keywords(self) -> dict[str, Any]:
+        """The keywords of the face's ``send_async`` for this message (all but ``value``
+        and ``timeout``)."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name not in ("value", "timeout")
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimedSendOptions(SendOptions):
+    """The asyncio face's: how long ``send`` waits for the receipt."""
+
+    timeout: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SequencedSendOptions(TimedSendOptions):
+    """The sync face's: with an explicit sequence id (see ``ProducerLogic.add``)."""
+
+    sequence_id: int | None = None

@@ -26,6 +26,7 @@ from pigeon.client._options import (
     ConsumerOptions,
     QueueingProducerOptions,
     ReaderOptions,
+    SequencedSendOptions,
     takes_options,
 )
 from pigeon.client._thread import EngineThread
@@ -133,32 +134,14 @@ class Producer(ProducerFace):
         with self._lock:
             self._space.notify_all()
 
-    def send(
-        self,
-        value: bytes,
-        *,
-        key: str | bytes | None = None,
-        properties: Mapping[str, str] | None = None,
-        event_time: int = 0,
-        deliver_at: int | None = None,
-        deliver_after: float | None = None,
-        timeout: float | None = None,
-        sequence_id: int | None = None,
-    ) -> MessageId:
+    @takes_options(SequencedSendOptions)
+    def send(self, message: SequencedSendOptions) -> MessageId:
         """Send one message and wait for the broker's receipt."""
-        fut = self.send_async(
-            value,
-            key=key,
-            properties=properties,
-            event_time=event_time,
-            deliver_at=deliver_at,
-            deliver_after=deliver_after,
-            sequence_id=sequence_id,
-        )
+        fut = self.send_async(message.value, **message.send_async_keywords())
         try:
-            return fut.result(timeout)
+            return fut.result(message.timeout)
         except concurrent.futures.TimeoutError:
-            raise Timeout(f"no receipt within {timeout}s") from None
+            raise Timeout(f"no receipt within {message.timeout}s") from None
 
     def send_async(
         self,

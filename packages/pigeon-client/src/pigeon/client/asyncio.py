@@ -50,6 +50,7 @@ from pigeon.client._options import (
     DeadLetterPolicy,
     QueueingProducerOptions,
     ReaderOptions,
+    TimedSendOptions,
     takes_options,
 )
 from pigeon.client._thread import EngineThread
@@ -220,17 +221,8 @@ class Producer(ProducerFace):
 
     # -- public ------------------------------------------------------------------------
 
-    async def send(
-        self,
-        value: bytes,
-        *,
-        key: str | bytes | None = None,
-        properties: Mapping[str, str] | None = None,
-        event_time: int = 0,
-        deliver_at: int | None = None,
-        deliver_after: float | None = None,
-        timeout: float | None = None,
-    ) -> MessageId:
+    @takes_options(TimedSendOptions)
+    async def send(self, message: TimedSendOptions) -> MessageId:
         """Send one message and wait for the broker's receipt.
 
         If the pending queue is full and ``block_if_queue_full`` is set, wait for space
@@ -238,19 +230,12 @@ class Producer(ProducerFace):
         """
         if self._block:
             await self._wait_for_space()
-        fut = self.send_async(
-            value,
-            key=key,
-            properties=properties,
-            event_time=event_time,
-            deliver_at=deliver_at,
-            deliver_after=deliver_after,
-        )
+        fut = self.send_async(message.value, **message.send_async_keywords())
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(message.timeout):
                 return await fut
         except TimeoutError:
-            raise Timeout(f"no receipt within {timeout}s") from None
+            raise Timeout(f"no receipt within {message.timeout}s") from None
 
     async def _wait_for_space(self) -> None:
         h = self._handle

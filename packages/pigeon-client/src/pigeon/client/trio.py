@@ -26,6 +26,7 @@ from pigeon.client._options import (
     DeadLetterPolicy,
     ProducerOptions,
     ReaderOptions,
+    SendOptions,
     takes_options,
 )
 from pigeon.core.codecs import CodecSet
@@ -123,27 +124,11 @@ class Producer(ProducerFace):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def send(
-        self,
-        value: bytes,
-        *,
-        key: str | bytes | None = None,
-        properties: Mapping[str, str] | None = None,
-        event_time: int = 0,
-        deliver_at: int | None = None,
-        deliver_after: float | None = None,
-    ) -> MessageId:
+    @takes_options(SendOptions)
+    async def send(self, message: SendOptions) -> MessageId:
         """Send and wait for the broker's receipt."""
         receipt = _Receipt()
-        await self.send_async(
-            value,
-            key=key,
-            properties=properties,
-            event_time=event_time,
-            deliver_at=deliver_at,
-            deliver_after=deliver_after,
-            callback=receipt,
-        )
+        await self.send_async(message.value, **message.send_async_keywords(), callback=receipt)
         return await receipt.wait()
 
     async def send_async(
