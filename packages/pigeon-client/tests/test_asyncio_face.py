@@ -9,11 +9,12 @@ generous bounds that a slow machine can weaken but not break.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +43,8 @@ OP_TIMEOUT = 10.0
 @pytest.fixture(scope="module")
 def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     base = tmp_path_factory.mktemp("asyncio-face")
-    server = Standalone(base / "data", log_dir=base, fsync=None).start()
-    try:
-        yield server.url
-    finally:
-        server.close()
+    with contextlib.closing(Standalone(base / "data", log_dir=base, fsync=None).start()) as s:
+        yield s.url
 
 
 def topic_name(prefix: str = "t") -> str:
@@ -283,19 +281,27 @@ def test_reader(url: str) -> None:
     run(scenario, url)
 
 
+@contextlib.asynccontextmanager
+async def shared_with_one(
+    client: Client, topic: str, value: bytes, **options: Any
+) -> AsyncIterator[Consumer]:
+    """A shared subscription from the earliest message, with ``options``, and one message
+    sent to its topic."""
+    async with await client.subscribe(
+        topic, "s", subscription_type="shared", initial_position="earliest", **options
+    ) as consumer:
+        async with await client.create_producer(topic, send_timeout=5) as producer:
+            await producer.send(value)
+        yield consumer
+
+
 def test_negative_ack_redelivery(url: str) -> None:
     topic = topic_name()
 
     async def scenario(client: Client) -> None:
-        async with await client.subscribe(
-            topic,
-            "s",
-            subscription_type="shared",
-            initial_position="earliest",
-            negative_ack_redelivery_delay=0.2,
+        async with shared_with_one(
+            client, topic, b"again", negative_ack_redelivery_delay=0.2
         ) as consumer:
-            async with await client.create_producer(topic) as producer:
-                await producer.send(b"again")
             first = await consumer.receive(timeout=5)
             assert first.redelivery_count == 0
             await consumer.negative_acknowledge(first)
@@ -313,16 +319,9 @@ def test_ack_timeout_redelivers(url: str) -> None:
     topic = topic_name()
 
     async def scenario(client: Client) -> None:
-        async with await client.subscribe(
-            topic,
-            "s",
-            subscription_type="shared",
-            initial_position="earliest",
-            ack_timeout=0.3,
-            priority=1,
+        async with shared_with_one(
+            client, topic, b"forgotten", ack_timeout=0.3, priority=1
         ) as consumer:
-            async with await client.create_producer(topic, send_timeout=5) as producer:
-                await producer.send(b"forgotten")
             first = await consumer.receive(timeout=5)
             start = time.monotonic()
             again = await consumer.receive(timeout=5)  # never acknowledged: sent again
