@@ -294,16 +294,7 @@ class ConsumerCore:
             entry = self.entries.popleft()
             src = entry.source
             self.owners[entry.segment_id] = src
-            msgs = split_entry(
-                entry.data,
-                segment_id=entry.segment_id,
-                entry_id=entry.entry_id,
-                partition=src.partition,
-                topic=src.topic,
-                redelivery_count=entry.redelivery_count,
-                acked_indexes=entry.acked_indexes,
-                codecs=self.codecs,
-            )
+            msgs = split_entry(entry, src.partition, src.topic, self.codecs)
             if msgs:
                 self._consumed(src, len(msgs))
                 self.messages.extend(msgs)
