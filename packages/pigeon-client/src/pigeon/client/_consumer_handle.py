@@ -56,16 +56,17 @@ class ConsumerHandle:
         options: SubscribeOptions,
         *,
         codecs: Any,
-        lock: Any,
-        notify: Callable[[], None],
+        face: Any,
         producer_factory: Callable[[str], Any] | None = None,
     ) -> None:
         """``consumer``: what the application asked for; ``options``: the subscription of
-        each engine (its topic replaced by the engine's own)."""
+        each engine (its topic replaced by the engine's own); ``face``: the Consumer or
+        Reader of any face, whose ``_lock`` the handle takes and whose ``_notify()`` it
+        calls on the engine's thread whenever entries were queued."""
         self.client = client
         self.options = options
-        self.lock = lock
-        self.notify = notify
+        self.lock = face._lock
+        self.notify: Callable[[], None] = face._notify
         self.core = ConsumerCore(codecs=codecs, receiver_queue_size=options.receiver_queue_size)
         self.logic = ConsumerLogic(
             self.core,
@@ -377,15 +378,14 @@ async def open_consumer(
     options: ConsumerOptions,
     *,
     codecs: Any,
-    lock: Any,
-    notify: Callable[[], None],
+    face: Any,
     producer_factory: Callable[[str], Any] | None = None,
     durable: bool = True,
     start_offset: int = -1,
 ) -> ConsumerHandle:
     """*engine*: subscribe to a topic, a list of topics, or a regex pattern of topics.
 
-    ``notify()`` runs on the engine's thread whenever entries were queued;
+    ``face`` gives the handle its lock and wake-up (see :class:`ConsumerHandle`);
     ``producer_factory(topic)`` opens the producers of dead-lettering and retries.
     """
     o = options
@@ -415,8 +415,7 @@ async def open_consumer(
         o,
         subscribe,
         codecs=codecs,
-        lock=lock,
-        notify=notify,
+        face=face,
         producer_factory=producer_factory,
     )
     try:
@@ -439,12 +438,7 @@ async def open_consumer(
 
 
 async def open_reader(
-    client: ClientEngine,
-    options: ReaderOptions,
-    *,
-    codecs: Any,
-    lock: Any,
-    notify: Callable[[], None],
+    client: ClientEngine, options: ReaderOptions, *, codecs: Any, face: Any
 ) -> ConsumerHandle:
     """*engine*: a consumer on a non-durable subscription of its own."""
     initial, offset = options.start_position()
@@ -457,8 +451,7 @@ async def open_reader(
             receiver_queue_size=options.receiver_queue_size,
         ),
         codecs=codecs,
-        lock=lock,
-        notify=notify,
+        face=face,
         durable=False,
         start_offset=offset,
     )

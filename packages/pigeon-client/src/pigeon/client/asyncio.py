@@ -47,12 +47,12 @@ from pigeon.client._handles import ProducerFace, ProducerHandle, deliver_time
 from pigeon.client._message import Message, MessageId, receipt_message_id
 from pigeon.client._options import (
     ConsumerOptions,
-    DeadLetterPolicy,
     QueueingProducerOptions,
     ReaderOptions,
     TimedSendOptions,
     takes_options,
 )
+from pigeon.client._options import DeadLetterPolicy as DeadLetterPolicy  # re-exported
 from pigeon.client._thread import EngineThread
 from pigeon.client.trio import open_face
 from pigeon.core.errors import AlreadyClosed, ProducerQueueFull, Timeout

@@ -23,12 +23,12 @@ from pigeon.client._handles import NOLOCK, ProducerFace, ProducerHandle, deliver
 from pigeon.client._message import MessageId
 from pigeon.client._options import (
     ConsumerOptions,
-    DeadLetterPolicy,
     ProducerOptions,
     ReaderOptions,
     SendOptions,
     takes_options,
 )
+from pigeon.client._options import DeadLetterPolicy as DeadLetterPolicy  # re-exported
 from pigeon.core.codecs import CodecSet
 from pigeon.core.errors import AlreadyClosed
 
@@ -79,23 +79,17 @@ _Face = TypeVar("_Face", bound="ProducerFace | _Receiving")
 async def open_face(face: _Face, engine: ClientEngine, codecs: CodecSet, options: Any) -> _Face:
     """*engine*: open what ``options`` describe (producer, consumer or reader options) as
     ``face``'s handle; ``face`` is a Producer, Consumer or Reader of any face, whose lock and
-    hooks the handle takes.  Consumers publish dead letters and retries through trio-face
-    producers."""
+    hooks (``_notify`` for consumers and readers) the handle takes.  Consumers publish dead
+    letters and retries through trio-face producers."""
     f: Any = face
     if isinstance(options, ProducerOptions):
         f._handle = await open_producer(engine, options, codecs=codecs, face=f)
     elif isinstance(options, ReaderOptions):
-        f._handle = await open_reader(
-            engine, options, codecs=codecs, lock=f._lock, notify=f._notify
-        )
+        f._handle = await open_reader(engine, options, codecs=codecs, face=f)
     else:
+        dead_letters = functools.partial(_open_default_producer, engine, codecs)
         f._handle = await open_consumer(
-            engine,
-            options,
-            codecs=codecs,
-            lock=f._lock,
-            notify=f._notify,
-            producer_factory=functools.partial(_open_default_producer, engine, codecs),
+            engine, options, codecs=codecs, face=f, producer_factory=dead_letters
         )
     return face
 
