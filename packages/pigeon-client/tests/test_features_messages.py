@@ -30,11 +30,18 @@ async def drain(consumer: Consumer, idle: float = 1.0) -> list:
     return out
 
 
-async def send_all(producer: Producer, values: list[bytes], **options: Any) -> None:
-    """Queue ``values`` (each with ``options``), then flush."""
+async def send_batched(
+    client: Client, topic: str, values: list[bytes], batch: int, codec: str = "none", **options: Any
+) -> Producer:
+    """A producer of ``batch``-message batches (no batching delay to speak of) that sent
+    ``values`` (each with ``options``) and flushed them."""
+    producer = await client.create_producer(
+        topic, compression=codec, batching_max_messages=batch, batching_max_delay_ms=1000
+    )
     for value in values:
         await producer.send_async(value, **options)
     await producer.flush()
+    return producer
 
 
 # ----------------------------------------------------------------------------- metadata
@@ -83,12 +90,11 @@ async def test_message_fields(pigeon_standalone):
 async def test_batched_messages_have_their_own_ids_and_offsets(pigeon_standalone, autojump_clock):
     async with Client(pigeon_standalone.url) as client:
         consumer = await client.subscribe("batched", "s")
-        producer = await client.create_producer(
-            "batched", batching_max_messages=4, batching_max_delay_ms=1000
-        )
         results: list = []
         values = [f"b{i}".encode() for i in range(8)]
-        await send_all(producer, values, callback=lambda mid, err: results.append(mid))
+        producer = await send_batched(
+            client, "batched", values, 4, callback=lambda mid, err: results.append(mid)
+        )
         got = await drain(consumer)
         assert [m.value for m in got] == values
         assert [m.offset for m in got] == list(range(8))
@@ -108,10 +114,7 @@ async def test_acknowledging_part_of_a_batch_redelivers_only_the_rest(
 ):
     async with Client(pigeon_standalone.url) as client:
         consumer = await client.subscribe("partial", "s", initial_position="earliest")
-        producer = await client.create_producer(
-            "partial", batching_max_messages=4, batching_max_delay_ms=1000
-        )
-        await send_all(producer, [f"p{i}".encode() for i in range(4)])
+        producer = await send_batched(client, "partial", [f"p{i}".encode() for i in range(4)], 4)
         got = await drain(consumer)
         assert len({m.message_id.entry_id for m in got}) == 1
         await consumer.acknowledge(got[0])
@@ -134,10 +137,9 @@ async def test_every_codec_round_trips(pigeon_standalone, autojump_clock, codec)
     values = [(f"message {i} " * 50).encode() for i in range(20)]
     async with Client(pigeon_standalone.url) as client:
         consumer = await client.subscribe(topic, "s")
-        producer = await client.create_producer(
-            topic, compression=codec, batching_max_messages=20, batching_max_delay_ms=1000
+        producer = await send_batched(
+            client, topic, values, 20, codec, key="k", properties={"codec": codec}
         )
-        await send_all(producer, values, key="k", properties={"codec": codec})
         got = await drain(consumer)
         assert [m.value for m in got] == values
         assert all(m.key == "k" and m.properties == {"codec": codec} for m in got)
