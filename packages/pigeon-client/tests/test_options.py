@@ -85,3 +85,37 @@ def test_reader_start_position(start: Any, inclusive: bool, expected: tuple[str,
 def test_a_bad_reader_start_raises_when_the_options_are_built(start: Any) -> None:
     with pytest.raises(InvalidArgument):
         ReaderOptions("t", start)
+
+
+MESSAGE = ["value", "key", "properties", "event_time", "deliver_at", "deliver_after"]
+
+
+@pytest.mark.parametrize(
+    ("producer", "extra"),
+    [
+        (pigeon.client.Producer, ["timeout", "sequence_id"]),
+        (pigeon.client.trio.Producer, []),
+        (pigeon.client.asyncio.Producer, ["timeout"]),
+    ],
+    ids=lambda x: getattr(x, "__module__", ""),
+)
+def test_each_face_send_takes_the_message_and_its_own_keywords(
+    producer: type[Any], extra: list[str]
+) -> None:
+    params = inspect.signature(producer.send).parameters
+    assert list(params) == ["self", *MESSAGE, *extra]
+    assert [p.kind for p in params.values()][2:] == [inspect.Parameter.KEYWORD_ONLY] * (
+        len(MESSAGE) - 1 + len(extra)
+    )
+
+
+@pytest.mark.parametrize(
+    "face", [*FACES, pigeon.client.Producer, pigeon.client.trio.Producer], ids=str
+)
+def test_methods_built_from_options_are_awaitable_exactly_on_the_async_faces(
+    face: type[Any],
+) -> None:
+    is_async = face.__module__ != "pigeon.client._sync"
+    for name in ("create_producer", "subscribe", "create_reader", "send"):
+        if hasattr(face, name):
+            assert inspect.iscoroutinefunction(getattr(face, name)) is is_async, name
