@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import math
 import threading
 import weakref
@@ -59,7 +58,6 @@ from pigeon.core.errors import AlreadyClosed, ProducerQueueFull, Timeout
 
 __all__ = ["Client", "Consumer", "DeadLetterPolicy", "Producer", "Reader"]
 
-log = logging.getLogger(__name__)
 
 _Face = TypeVar("_Face", bound="Producer | _Receiving")
 
