@@ -9,10 +9,11 @@ generous bounds that a slow machine can weaken but not break.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -38,11 +39,8 @@ OP_TIMEOUT = 10.0
 @pytest.fixture(scope="module")
 def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     base = tmp_path_factory.mktemp("asyncio-face")
-    server = Standalone(base / "data", log_dir=base, fsync=None).start()
-    try:
-        yield server.url
-    finally:
-        server.close()
+    with contextlib.closing(Standalone(base / "data", log_dir=base, fsync=None).start()) as s:
+        yield s.url
 
 
 def topic_name(prefix: str = "t") -> str:
@@ -70,6 +68,18 @@ async def receive_n(consumer: Consumer, n: int, within: float = 10.0) -> list[Me
         except Timeout:
             pass
     return out
+
+
+def scenario(test: Callable[[Client, str], Awaitable[None]]) -> Callable[[str], None]:
+    """A test written as ``async def test_x(client, topic)``: run as an asyncio program
+    (see :func:`run`) with a fresh client and a topic name of its own."""
+
+    def run_test(url: str) -> None:
+        run(lambda client: test(client, topic_name()), url)
+
+    run_test.__name__ = run_test.__qualname__ = test.__name__
+    run_test.__doc__ = test.__doc__
+    return run_test
 
 
 class Ticker:
@@ -104,39 +114,35 @@ class Ticker:
 # ----------------------------------------------------------------------------- producing
 
 
-def test_round_trip_with_keys_properties_and_futures(url: str) -> None:
-    topic = topic_name()
+@scenario
+async def test_round_trip_with_keys_properties_and_futures(client: Client, topic: str) -> None:
+    async with await client.subscribe(topic, "sub", initial_position="earliest") as consumer:
+        async with await client.create_producer(topic, producer_name="p-rt") as producer:
+            assert producer.topic == f"persistent://public/default/{topic}"
+            assert producer.producer_name == "p-rt"
+            first = await producer.send(b"a", key="k1", properties={"x": "1"}, event_time=7)
+            called: list[asyncio.Future[MessageId]] = []
+            fut = producer.send_async(b"b", key=b"k2", callback=called.append)
+            assert isinstance(fut, asyncio.Future)
+            await producer.flush()
+            assert fut.done() and called == [fut]
+            second = fut.result()
+        assert isinstance(first, MessageId) and isinstance(second, MessageId)
+        assert second.offset == first.offset + 1
 
-    async def scenario(client: Client) -> None:
-        async with await client.subscribe(topic, "sub", initial_position="earliest") as consumer:
-            async with await client.create_producer(topic, producer_name="p-rt") as producer:
-                assert producer.topic == f"persistent://public/default/{topic}"
-                assert producer.producer_name == "p-rt"
-                first = await producer.send(b"a", key="k1", properties={"x": "1"}, event_time=7)
-                called: list[asyncio.Future[MessageId]] = []
-                fut = producer.send_async(b"b", key=b"k2", callback=called.append)
-                assert isinstance(fut, asyncio.Future)
-                await producer.flush()
-                assert fut.done() and called == [fut]
-                second = fut.result()
-            assert isinstance(first, MessageId) and isinstance(second, MessageId)
-            assert second.offset == first.offset + 1
+        msgs = await receive_n(consumer, 2)
+        assert [m.value for m in msgs] == [b"a", b"b"]
+        assert [m.key for m in msgs] == ["k1", "k2"]
+        assert msgs[0].properties == {"x": "1"} and msgs[0].event_time == 7
+        assert [m.message_id for m in msgs] == [first, second]
+        for m in msgs:
+            await consumer.acknowledge(m)
+        assert consumer.subscription == "sub"
 
-            msgs = await receive_n(consumer, 2)
-            assert [m.value for m in msgs] == [b"a", b"b"]
-            assert [m.key for m in msgs] == ["k1", "k2"]
-            assert msgs[0].properties == {"x": "1"} and msgs[0].event_time == 7
-            assert [m.message_id for m in msgs] == [first, second]
-            for m in msgs:
-                await consumer.acknowledge(m)
-            assert consumer.subscription == "sub"
-
-        # acknowledged before close: a new consumer on the subscription gets nothing
-        async with await client.subscribe(topic, "sub") as again:
-            with pytest.raises(Timeout):
-                await again.receive(timeout=0.3)
-
-    run(scenario, url)
+    # acknowledged before close: a new consumer on the subscription gets nothing
+    async with await client.subscribe(topic, "sub") as again:
+        with pytest.raises(Timeout):
+            await again.receive(timeout=0.3)
 
 
 def test_many_concurrent_sends(url: str) -> None:
@@ -194,140 +200,117 @@ def test_partitioned_topic_and_routing(url: str) -> None:
     run(scenario, url)
 
 
-def test_delayed_delivery(url: str) -> None:
-    topic = topic_name()
-
-    async def scenario(client: Client) -> None:
-        async with await client.subscribe(
-            topic, "s", subscription_type="shared", initial_position="earliest"
-        ) as consumer:
-            async with await client.create_producer(topic) as producer:
-                start = time.monotonic()
-                await producer.send(b"later", deliver_after=0.5)
-                await producer.send(b"at", deliver_at=int(time.time() * 1000) + 500)
-                await producer.send(b"now")
-            assert (await consumer.receive(timeout=5)).value == b"now"
-            later = {(await consumer.receive(timeout=5)).value for _ in range(2)}
-            assert later == {b"later", b"at"}
-            assert time.monotonic() - start >= 0.45
-            with pytest.raises(InvalidArgument):
-                await producer.send(b"x", deliver_at=1, deliver_after=1)
-
-    run(scenario, url)
-
-
-def test_queue_full_and_closed_errors(url: str) -> None:
-    topic = topic_name()
-
-    async def scenario(client: Client) -> None:
-        producer = await client.create_producer(
-            topic, max_pending_messages=1, block_if_queue_full=False, batching_max_delay_ms=50
-        )
-        fut = producer.send_async(b"1")
-        with pytest.raises(ProducerQueueFull):
-            producer.send_async(b"2")
-        await producer.flush()
-        assert isinstance(fut.result(), MessageId)
-        producer.send_async(b"3")  # space again
-        await producer.close()
-        with pytest.raises(AlreadyClosed):
-            producer.send_async(b"4")
-        with pytest.raises(AlreadyClosed):
-            await producer.send(b"4")
-        with pytest.raises(UnknownCodec):
-            await client.create_producer(topic, compression="no-such-codec")
+@scenario
+async def test_delayed_delivery(client: Client, topic: str) -> None:
+    async with await client.subscribe(
+        topic, "s", subscription_type="shared", initial_position="earliest"
+    ) as consumer:
+        async with await client.create_producer(topic) as producer:
+            start = time.monotonic()
+            await producer.send(b"later", deliver_after=0.5)
+            await producer.send(b"at", deliver_at=int(time.time() * 1000) + 500)
+            await producer.send(b"now")
+        assert (await consumer.receive(timeout=5)).value == b"now"
+        later = {(await consumer.receive(timeout=5)).value for _ in range(2)}
+        assert later == {b"later", b"at"}
+        assert time.monotonic() - start >= 0.45
         with pytest.raises(InvalidArgument):
-            await client.subscribe(topic, "s", subscription_type="no-such-type")
-        async with await client.subscribe(topic, "shared", subscription_type="shared") as c:
-            with pytest.raises(NotSupported):
-                await c.acknowledge_cumulative(MessageId(1, 0))
-
-    run(scenario, url)
+            await producer.send(b"x", deliver_at=1, deliver_after=1)
 
 
-def test_blocking_send_waits_for_space(url: str) -> None:
-    topic = topic_name()
+@scenario
+async def test_queue_full_and_closed_errors(client: Client, topic: str) -> None:
+    producer = await client.create_producer(
+        topic, max_pending_messages=1, block_if_queue_full=False, batching_max_delay_ms=50
+    )
+    fut = producer.send_async(b"1")
+    with pytest.raises(ProducerQueueFull):
+        producer.send_async(b"2")
+    await producer.flush()
+    assert isinstance(fut.result(), MessageId)
+    producer.send_async(b"3")  # space again
+    await producer.close()
+    with pytest.raises(AlreadyClosed):
+        producer.send_async(b"4")
+    with pytest.raises(AlreadyClosed):
+        await producer.send(b"4")
+    with pytest.raises(UnknownCodec):
+        await client.create_producer(topic, compression="no-such-codec")
+    with pytest.raises(InvalidArgument):
+        await client.subscribe(topic, "s", subscription_type="no-such-type")
+    async with await client.subscribe(topic, "shared", subscription_type="shared") as c:
+        with pytest.raises(NotSupported):
+            await c.acknowledge_cumulative(MessageId(1, 0))
 
-    async def scenario(client: Client) -> None:
-        async with await client.create_producer(topic, max_pending_messages=5) as producer:
-            ids = await asyncio.gather(*(producer.send(b"%d" % i) for i in range(50)))
-        assert [i.offset for i in ids] == sorted(i.offset for i in ids)
-        assert len({i.offset for i in ids}) == 50
 
-    run(scenario, url)
+@scenario
+async def test_blocking_send_waits_for_space(client: Client, topic: str) -> None:
+    async with await client.create_producer(topic, max_pending_messages=5) as producer:
+        ids = await asyncio.gather(*(producer.send(b"%d" % i) for i in range(50)))
+    assert [i.offset for i in ids] == sorted(i.offset for i in ids)
+    assert len({i.offset for i in ids}) == 50
 
 
 # ----------------------------------------------------------------------------- consuming
 
 
-def test_reader(url: str) -> None:
-    topic = topic_name()
-
-    async def scenario(client: Client) -> None:
-        async with await client.create_producer(topic) as producer:
-            ids = [await producer.send(b"%d" % i) for i in range(5)]
-        async with await client.create_reader(topic, "earliest") as reader:
-            got = [await reader.read_next(timeout=5) for _ in range(5)]
-            assert [m.value for m in got] == [b"%d" % i for i in range(5)]
-            assert not await reader.has_message_available()
-        async with await client.create_reader(topic, ids[1]) as reader:
-            assert await reader.has_message_available()
-            assert (await reader.read_next(timeout=5)).value == b"2"
-        async with await client.create_reader(topic, ids[1], start_message_id_inclusive=True) as r:
-            assert (await r.read_next(timeout=5)).value == b"1"
-
-    run(scenario, url)
+@scenario
+async def test_reader(client: Client, topic: str) -> None:
+    async with await client.create_producer(topic) as producer:
+        ids = [await producer.send(b"%d" % i) for i in range(5)]
+    async with await client.create_reader(topic, "earliest") as reader:
+        got = [await reader.read_next(timeout=5) for _ in range(5)]
+        assert [m.value for m in got] == [b"%d" % i for i in range(5)]
+        assert not await reader.has_message_available()
+    async with await client.create_reader(topic, ids[1]) as reader:
+        assert await reader.has_message_available()
+        assert (await reader.read_next(timeout=5)).value == b"2"
+    async with await client.create_reader(topic, ids[1], start_message_id_inclusive=True) as r:
+        assert (await r.read_next(timeout=5)).value == b"1"
 
 
-def test_negative_ack_redelivery(url: str) -> None:
-    topic = topic_name()
-
-    async def scenario(client: Client) -> None:
-        async with await client.subscribe(
-            topic,
-            "s",
-            subscription_type="shared",
-            initial_position="earliest",
-            negative_ack_redelivery_delay=0.2,
-        ) as consumer:
-            async with await client.create_producer(topic) as producer:
-                await producer.send(b"again")
-            first = await consumer.receive(timeout=5)
-            assert first.redelivery_count == 0
-            await consumer.negative_acknowledge(first)
-            second = await consumer.receive(timeout=5)
-            assert second.value == b"again" and second.redelivery_count >= 1
-            await consumer.acknowledge(second)
-            await consumer.redeliver_unacknowledged_messages()
-            with pytest.raises(Timeout):
-                await consumer.receive(timeout=0.3)
-
-    run(scenario, url)
+@contextlib.asynccontextmanager
+async def shared_with_one(
+    client: Client, topic: str, value: bytes, **options: Any
+) -> AsyncIterator[Consumer]:
+    """A shared subscription from the earliest message, with ``options``, and one message
+    sent to its topic."""
+    async with await client.subscribe(
+        topic, "s", subscription_type="shared", initial_position="earliest", **options
+    ) as consumer:
+        async with await client.create_producer(topic, send_timeout=5) as producer:
+            await producer.send(value)
+        yield consumer
 
 
-def test_ack_timeout_redelivers(url: str) -> None:
-    topic = topic_name()
+@scenario
+async def test_negative_ack_redelivery(client: Client, topic: str) -> None:
+    async with shared_with_one(
+        client, topic, b"again", negative_ack_redelivery_delay=0.2
+    ) as consumer:
+        first = await consumer.receive(timeout=5)
+        assert first.redelivery_count == 0
+        await consumer.negative_acknowledge(first)
+        second = await consumer.receive(timeout=5)
+        assert second.value == b"again" and second.redelivery_count >= 1
+        await consumer.acknowledge(second)
+        await consumer.redeliver_unacknowledged_messages()
+        with pytest.raises(Timeout):
+            await consumer.receive(timeout=0.3)
 
-    async def scenario(client: Client) -> None:
-        async with await client.subscribe(
-            topic,
-            "s",
-            subscription_type="shared",
-            initial_position="earliest",
-            ack_timeout=0.3,
-            priority=1,
-        ) as consumer:
-            async with await client.create_producer(topic, send_timeout=5) as producer:
-                await producer.send(b"forgotten")
-            first = await consumer.receive(timeout=5)
-            start = time.monotonic()
-            again = await consumer.receive(timeout=5)  # never acknowledged: sent again
-            assert again.value == b"forgotten" and again.redelivery_count >= 1
-            assert time.monotonic() - start >= 0.2
-            assert again.message_id == first.message_id
-            await consumer.acknowledge(again)
 
-    run(scenario, url)
+@scenario
+async def test_ack_timeout_redelivers(client: Client, topic: str) -> None:
+    async with shared_with_one(
+        client, topic, b"forgotten", ack_timeout=0.3, priority=1
+    ) as consumer:
+        first = await consumer.receive(timeout=5)
+        start = time.monotonic()
+        again = await consumer.receive(timeout=5)  # never acknowledged: sent again
+        assert again.value == b"forgotten" and again.redelivery_count >= 1
+        assert time.monotonic() - start >= 0.2
+        assert again.message_id == first.message_id
+        await consumer.acknowledge(again)
 
 
 def test_dead_letter_and_reconsume_later(url: str) -> None:
@@ -379,42 +362,34 @@ def test_dead_letter_and_reconsume_later(url: str) -> None:
     run(scenario, url)
 
 
-def test_seek_and_cumulative_ack(url: str) -> None:
-    topic = topic_name()
-
-    async def scenario(client: Client) -> None:
-        async with await client.subscribe(topic, "s", initial_position="earliest") as consumer:
-            async with await client.create_producer(topic) as producer:
-                for i in range(5):
-                    producer.send_async(b"%d" % i)
-            msgs = [await consumer.receive(timeout=5) for _ in range(5)]
-            await consumer.acknowledge_cumulative(msgs[-1])
-            await consumer.seek(offset=msgs[0].offset)
-            assert (await consumer.receive(timeout=2)).value == b"0"
-            await consumer.seek(msgs[2].message_id)
-            assert (await consumer.receive(timeout=2)).value == b"2"
-            await consumer.seek(timestamp=0)
-            assert (await consumer.receive(timeout=2)).value == b"0"
-
-    run(scenario, url)
-
-
-def test_seek_arguments(url: str) -> None:
-    topic = topic_name()
-
-    async def scenario(client: Client) -> None:
+@scenario
+async def test_seek_and_cumulative_ack(client: Client, topic: str) -> None:
+    async with await client.subscribe(topic, "s", initial_position="earliest") as consumer:
         async with await client.create_producer(topic) as producer:
-            mid = await producer.send(b"x")
-        async with await client.create_reader(topic, "latest") as reader:
-            with pytest.raises(InvalidArgument):
-                await reader.seek()
-            with pytest.raises(InvalidArgument):
-                await reader.seek(mid, offset=0)
-            with pytest.raises(Timeout):
-                await reader.read_next(timeout=0.2)
-            await reader.seek(offset=0)  # completes; what arrives after is racy (see above)
+            for i in range(5):
+                producer.send_async(b"%d" % i)
+        msgs = [await consumer.receive(timeout=5) for _ in range(5)]
+        await consumer.acknowledge_cumulative(msgs[-1])
+        await consumer.seek(offset=msgs[0].offset)
+        assert (await consumer.receive(timeout=2)).value == b"0"
+        await consumer.seek(msgs[2].message_id)
+        assert (await consumer.receive(timeout=2)).value == b"2"
+        await consumer.seek(timestamp=0)
+        assert (await consumer.receive(timeout=2)).value == b"0"
 
-    run(scenario, url)
+
+@scenario
+async def test_seek_arguments(client: Client, topic: str) -> None:
+    async with await client.create_producer(topic) as producer:
+        mid = await producer.send(b"x")
+    async with await client.create_reader(topic, "latest") as reader:
+        with pytest.raises(InvalidArgument):
+            await reader.seek()
+        with pytest.raises(InvalidArgument):
+            await reader.seek(mid, offset=0)
+        with pytest.raises(Timeout):
+            await reader.read_next(timeout=0.2)
+        await reader.seek(offset=0)  # completes; what arrives after is racy (see above)
 
 
 def test_list_and_pattern_subscriptions(url: str) -> None:
@@ -440,112 +415,96 @@ def test_list_and_pattern_subscriptions(url: str) -> None:
 # ----------------------------------------------------------------------------- the loop
 
 
-def test_receive_timeout_does_not_block_the_loop(url: str) -> None:
-    topic = topic_name()
-
-    async def scenario(client: Client) -> None:
-        async with await client.subscribe(topic, "s") as consumer:
-            async with Ticker() as ticker:
-                start = time.monotonic()
-                with pytest.raises(Timeout):
-                    await consumer.receive(timeout=1.0)
-                elapsed = time.monotonic() - start
-            assert 0.9 <= elapsed < 5
-            # a blocked loop would show one gap of about a second and a handful of ticks
-            assert ticker.max_gap < 0.5, ticker.max_gap
-            assert ticker.ticks >= 10
-
+@scenario
+async def test_receive_timeout_does_not_block_the_loop(client: Client, topic: str) -> None:
+    async with await client.subscribe(topic, "s") as consumer:
+        async with Ticker() as ticker:
+            start = time.monotonic()
             with pytest.raises(Timeout):
-                await consumer.batch_receive(10, timeout=0)
+                await consumer.receive(timeout=1.0)
+            elapsed = time.monotonic() - start
+        assert 0.9 <= elapsed < 5
+        # a blocked loop would show one gap of about a second and a handful of ticks
+        assert ticker.max_gap < 0.5, ticker.max_gap
+        assert ticker.ticks >= 10
 
-    run(scenario, url)
-
-
-def test_slow_receive_lets_other_tasks_run(url: str) -> None:
-    topic = topic_name()
-
-    async def scenario(client: Client) -> None:
-        async with (
-            await client.subscribe(topic, "s") as consumer,
-            await client.create_producer(topic) as producer,
-        ):
-
-            async def produce_later() -> None:
-                await asyncio.sleep(0.5)
-                await producer.send(b"late")
-
-            async with Ticker() as ticker:
-                sender = asyncio.create_task(produce_later())
-                msg = await consumer.receive(timeout=10)
-                await sender
-            assert msg.value == b"late"
-            assert ticker.max_gap < 0.4 and ticker.ticks >= 5
-
-    run(scenario, url)
+        with pytest.raises(Timeout):
+            await consumer.batch_receive(10, timeout=0)
 
 
-def test_cancelled_receive_leaves_consumer_usable(url: str) -> None:
-    topic = topic_name()
+@scenario
+async def test_slow_receive_lets_other_tasks_run(client: Client, topic: str) -> None:
+    async with (
+        await client.subscribe(topic, "s") as consumer,
+        await client.create_producer(topic) as producer,
+    ):
 
-    async def scenario(client: Client) -> None:
-        async with await client.subscribe(topic, "s", initial_position="earliest") as consumer:
-            pending = asyncio.create_task(consumer.receive())
-            await asyncio.sleep(0.2)
-            pending.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await pending
-            with pytest.raises(TimeoutError):
-                await asyncio.wait_for(consumer.receive(), 0.1)
+        async def produce_later() -> None:
+            await asyncio.sleep(0.5)
+            await producer.send(b"late")
 
-            async with await client.create_producer(topic) as producer:
-                await producer.send(b"1")
-                await producer.send(b"2")
-            # nothing was taken by the cancelled receives
-            assert [m.value for m in await receive_n(consumer, 2)] == [b"1", b"2"]
-
-            # close wakes a pending receive with AlreadyClosed
-            waiting = asyncio.create_task(consumer.receive())
-            await asyncio.sleep(0.1)
-            await consumer.close()
-            with pytest.raises(AlreadyClosed):
-                await waiting
-
-    run(scenario, url)
+        async with Ticker() as ticker:
+            sender = asyncio.create_task(produce_later())
+            msg = await consumer.receive(timeout=10)
+            await sender
+        assert msg.value == b"late"
+        assert ticker.max_gap < 0.4 and ticker.ticks >= 5
 
 
-def test_cancelled_subscribe_leaves_no_consumer_behind(url: str) -> None:
-    topic = topic_name()
+@scenario
+async def test_cancelled_receive_leaves_consumer_usable(client: Client, topic: str) -> None:
+    async with await client.subscribe(topic, "s", initial_position="earliest") as consumer:
+        pending = asyncio.create_task(consumer.receive())
+        await asyncio.sleep(0.2)
+        pending.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await pending
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(consumer.receive(), 0.1)
 
-    async def scenario(client: Client) -> None:
-        await client.create_topic(topic)
-        # cancel at different points of the exchange with the engine and the broker
-        for delay in (0, 0.0002, 0.0005, 0.001, 0.002, 0.004, 0.008):
-            for opening in (
-                lambda: client.subscribe(topic, "excl"),
-                lambda: client.create_producer(topic),
-            ):
-                task: asyncio.Future[Any] = asyncio.ensure_future(opening())
-                await asyncio.sleep(delay)
-                task.cancel()
-                try:
-                    opened = await task
-                except (asyncio.CancelledError, ConsumerBusy):
-                    continue  # cancelled; or the last orphan is still being closed
-                await opened.close()  # finished before the cancel arrived
-        # exclusive: a consumer left attached would make this fail with ConsumerBusy
-        deadline = time.monotonic() + 5
-        while True:
-            try:
-                consumer = await client.subscribe(topic, "excl")
-                break
-            except PigeonError:
-                assert time.monotonic() < deadline, "an orphaned consumer stayed attached"
-                await asyncio.sleep(0.05)
-        await consumer.close()
         async with await client.create_producer(topic) as producer:
-            await producer.send(b"still fine")
+            await producer.send(b"1")
+            await producer.send(b"2")
+        # nothing was taken by the cancelled receives
+        assert [m.value for m in await receive_n(consumer, 2)] == [b"1", b"2"]
 
-    run(scenario, url)
+        # close wakes a pending receive with AlreadyClosed
+        waiting = asyncio.create_task(consumer.receive())
+        await asyncio.sleep(0.1)
+        await consumer.close()
+        with pytest.raises(AlreadyClosed):
+            await waiting
+
+
+@scenario
+async def test_cancelled_subscribe_leaves_no_consumer_behind(client: Client, topic: str) -> None:
+    await client.create_topic(topic)
+    # cancel at different points of the exchange with the engine and the broker
+    for delay in (0, 0.0002, 0.0005, 0.001, 0.002, 0.004, 0.008):
+        for opening in (
+            lambda: client.subscribe(topic, "excl"),
+            lambda: client.create_producer(topic),
+        ):
+            task: asyncio.Future[Any] = asyncio.ensure_future(opening())
+            await asyncio.sleep(delay)
+            task.cancel()
+            try:
+                opened = await task
+            except (asyncio.CancelledError, ConsumerBusy):
+                continue  # cancelled; or the last orphan is still being closed
+            await opened.close()  # finished before the cancel arrived
+    # exclusive: a consumer left attached would make this fail with ConsumerBusy
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            consumer = await client.subscribe(topic, "excl")
+            break
+        except PigeonError:
+            assert time.monotonic() < deadline, "an orphaned consumer stayed attached"
+            await asyncio.sleep(0.05)
+    await consumer.close()
+    async with await client.create_producer(topic) as producer:
+        await producer.send(b"still fine")
 
 
 def test_two_clients_in_one_program(url: str) -> None:

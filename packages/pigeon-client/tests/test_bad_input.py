@@ -14,6 +14,7 @@ asyncio faces against one real ``pigeon standalone`` process for the module.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -115,14 +116,11 @@ def topic_name() -> str:
 
 
 async def _trio_read_all(client: TrioClient, topic: str) -> list[bytes]:
-    reader = await client.create_reader(topic, "earliest")
     out: list[bytes] = []
-    while True:
-        try:
-            out.extend(m.value for m in await reader.batch_receive(100, timeout=1.0))
-        except Timeout:
-            break
-    await reader.close()
+    async with await client.create_reader(topic, "earliest") as reader:
+        with contextlib.suppress(Timeout):  # nothing more within a second: all read
+            while True:
+                out.extend(m.value for m in await reader.batch_receive(100, timeout=1.0))
     return out
 
 
@@ -203,11 +201,8 @@ async def test_values_keys_and_properties_changed_after_the_call_do_not_reach_th
 @pytest.fixture(scope="module")
 def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     base = tmp_path_factory.mktemp("bad-input")
-    server = Standalone(base / "data", log_dir=base, fsync=None).start()
-    try:
-        yield server.url
-    finally:
-        server.close()
+    with contextlib.closing(Standalone(base / "data", log_dir=base, fsync=None).start()) as s:
+        yield s.url
 
 
 def _sync_read_all(client: SyncClient, topic: str) -> list[bytes]:

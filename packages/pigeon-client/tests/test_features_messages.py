@@ -6,12 +6,14 @@ compared with the wall clock; everything else is in virtual time.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from typing import Any
 
 import pytest
 
 from pigeon.client import MessageId
-from pigeon.client.trio import Client, Consumer
+from pigeon.client.trio import Client, Consumer, Producer
 from pigeon.core import PluginManager
 from pigeon.core.errors import Timeout, UnknownCodec
 
@@ -20,12 +22,26 @@ CODECS = ["none", "gzip", "lz4", "zstd"]
 
 
 async def drain(consumer: Consumer, idle: float = 1.0) -> list:
+    """Every message that arrives until none came for ``idle`` seconds."""
     out: list = []
-    while True:
-        try:
+    with contextlib.suppress(Timeout):
+        while True:
             out.extend(await consumer.batch_receive(1000, timeout=idle))
-        except Timeout:
-            return out
+    return out
+
+
+async def send_batched(
+    client: Client, topic: str, values: list[bytes], batch: int, codec: str = "none", **options: Any
+) -> Producer:
+    """A producer of ``batch``-message batches (no batching delay to speak of) that sent
+    ``values`` (each with ``options``) and flushed them."""
+    producer = await client.create_producer(
+        topic, compression=codec, batching_max_messages=batch, batching_max_delay_ms=1000
+    )
+    for value in values:
+        await producer.send_async(value, **options)
+    await producer.flush()
+    return producer
 
 
 # ----------------------------------------------------------------------------- metadata
@@ -74,17 +90,13 @@ async def test_message_fields(pigeon_standalone):
 async def test_batched_messages_have_their_own_ids_and_offsets(pigeon_standalone, autojump_clock):
     async with Client(pigeon_standalone.url) as client:
         consumer = await client.subscribe("batched", "s")
-        producer = await client.create_producer(
-            "batched", batching_max_messages=4, batching_max_delay_ms=1000
-        )
         results: list = []
-        for i in range(8):
-            await producer.send_async(
-                f"b{i}".encode(), callback=lambda mid, err: results.append(mid)
-            )
-        await producer.flush()
+        values = [f"b{i}".encode() for i in range(8)]
+        producer = await send_batched(
+            client, "batched", values, 4, callback=lambda mid, err: results.append(mid)
+        )
         got = await drain(consumer)
-        assert [m.value for m in got] == [f"b{i}".encode() for i in range(8)]
+        assert [m.value for m in got] == values
         assert [m.offset for m in got] == list(range(8))
         assert [m.message_id.batch_index for m in got] == [0, 1, 2, 3, 0, 1, 2, 3]
         assert len({(m.message_id.segment_id, m.message_id.entry_id) for m in got}) == 2
@@ -102,12 +114,7 @@ async def test_acknowledging_part_of_a_batch_redelivers_only_the_rest(
 ):
     async with Client(pigeon_standalone.url) as client:
         consumer = await client.subscribe("partial", "s", initial_position="earliest")
-        producer = await client.create_producer(
-            "partial", batching_max_messages=4, batching_max_delay_ms=1000
-        )
-        for i in range(4):
-            await producer.send_async(f"p{i}".encode())
-        await producer.flush()
+        producer = await send_batched(client, "partial", [f"p{i}".encode() for i in range(4)], 4)
         got = await drain(consumer)
         assert len({m.message_id.entry_id for m in got}) == 1
         await consumer.acknowledge(got[0])
@@ -130,12 +137,9 @@ async def test_every_codec_round_trips(pigeon_standalone, autojump_clock, codec)
     values = [(f"message {i} " * 50).encode() for i in range(20)]
     async with Client(pigeon_standalone.url) as client:
         consumer = await client.subscribe(topic, "s")
-        producer = await client.create_producer(
-            topic, compression=codec, batching_max_messages=20, batching_max_delay_ms=1000
+        producer = await send_batched(
+            client, topic, values, 20, codec, key="k", properties={"codec": codec}
         )
-        for v in values:
-            await producer.send_async(v, key="k", properties={"codec": codec})
-        await producer.flush()
         got = await drain(consumer)
         assert [m.value for m in got] == values
         assert all(m.key == "k" and m.properties == {"codec": codec} for m in got)

@@ -44,6 +44,18 @@ class Recorder:
 
         return PendingBatch(seq, n, b"", callback)
 
+    def outcomes(self) -> list[tuple[int, type]]:
+        """(sequence id, type of the error or NoneType) of each completed batch, in order."""
+        return [(seq, type(e)) for seq, _r, e in self.done]
+
+
+def attached() -> tuple[Recorder, ProducerLink, int]:
+    """A recorder and a link attached (its epoch)."""
+    link = ProducerLink()
+    epoch = link.begin_attach()
+    link.attach_succeeded(epoch)
+    return Recorder(), link, epoch
+
 
 def test_nothing_is_sent_before_the_attach_and_everything_waiting_goes_first() -> None:
     rec = Recorder()
@@ -60,10 +72,7 @@ def test_nothing_is_sent_before_the_attach_and_everything_waiting_goes_first() -
 
 
 def test_a_retriable_error_detaches_and_the_reattach_resends_all_from_the_oldest() -> None:
-    rec = Recorder()
-    link = ProducerLink()
-    epoch = link.begin_attach()
-    link.attach_succeeded(epoch)
+    rec, link, epoch = attached()
     batches = [rec.batch(i) for i in range(3)]
     assert all(link.submit(b) for b in batches)
     # The broker could not store batch 0: it may not have stored 1 and 2 either.
@@ -80,10 +89,7 @@ def test_a_retriable_error_detaches_and_the_reattach_resends_all_from_the_oldest
 
 
 def test_receipts_complete_batches_in_order() -> None:
-    rec = Recorder()
-    link = ProducerLink()
-    epoch = link.begin_attach()
-    link.attach_succeeded(epoch)
+    rec, link, epoch = attached()
     b0, b1, b2 = rec.batch(0), rec.batch(1), rec.batch(2)
     for b in (b0, b1, b2):
         link.submit(b)
@@ -93,19 +99,12 @@ def test_receipts_complete_batches_in_order() -> None:
     assert [seq for seq, _r, _e in rec.done] == [0, 1]
     link.on_result(epoch, b1, (1, 1, 1, True), None)  # a duplicate receipt: ignored
     link.on_result(epoch, b2, None, MessageTooLarge("too big"))  # refused for good
-    assert [(seq, type(e)) for seq, _r, e in rec.done] == [
-        (0, type(None)),
-        (1, type(None)),
-        (2, MessageTooLarge),
-    ]
+    assert rec.outcomes() == [(0, type(None)), (1, type(None)), (2, MessageTooLarge)]
     assert len(link) == 0
 
 
 def test_a_receipt_from_a_left_attachment_still_counts_and_is_not_resent() -> None:
-    rec = Recorder()
-    link = ProducerLink()
-    epoch = link.begin_attach()
-    link.attach_succeeded(epoch)
+    rec, link, epoch = attached()
     b0, b1 = rec.batch(0), rec.batch(1)
     link.submit(b0)
     link.submit(b1)
@@ -118,10 +117,7 @@ def test_a_receipt_from_a_left_attachment_still_counts_and_is_not_resent() -> No
 
 
 def test_a_permanent_refusal_counts_whichever_attachment_brings_it() -> None:
-    rec = Recorder()
-    link = ProducerLink()
-    epoch = link.begin_attach()
-    link.attach_succeeded(epoch)
+    rec, link, epoch = attached()
     b0, b1 = rec.batch(0), rec.batch(1)
     link.submit(b0)
     link.submit(b1)
@@ -129,10 +125,7 @@ def test_a_permanent_refusal_counts_whichever_attachment_brings_it() -> None:
     link.on_result(epoch, b0, None, InvalidArgument("corrupt batch"))
     link.on_result(epoch, b1, (1, 0, 1, False), None)
     # Batch 1 is stored: sending 0 again would be answered "duplicate" (a loss).
-    assert [(seq, type(e)) for seq, _r, e in rec.done] == [
-        (0, InvalidArgument),
-        (1, type(None)),
-    ]
+    assert rec.outcomes() == [(0, InvalidArgument), (1, type(None))]
     assert link.attach_succeeded(link.begin_attach()) == []
 
 
@@ -148,37 +141,27 @@ def test_closed_by_broker_while_reattaching_concerns_the_left_attachment() -> No
 
 
 def test_expiry_and_fail_all_keep_the_order_and_keep_receipts() -> None:
-    rec = Recorder()
-    link = ProducerLink()
-    epoch = link.begin_attach()
-    link.attach_succeeded(epoch)
+    rec, link, epoch = attached()
     batches = [rec.batch(i) for i in range(4)]
     for t, b in enumerate(batches):
         b.created = float(t)
         link.submit(b)
     link.on_result(epoch, batches[2], (1, 2, 2, False), None)
     assert link.expire(before=1.5, timeout=10.0) == 2  # 0 and 1 time out
-    assert [(seq, type(e)) for seq, _r, e in rec.done] == [
-        (0, Timeout),
-        (1, Timeout),
-        (2, type(None)),
-    ]
+    assert rec.outcomes() == [(0, Timeout), (1, Timeout), (2, type(None))]
     link.fail_all(ConnectionClosed("closed"))
-    assert [(seq, type(e)) for seq, _r, e in rec.done][-1] == (3, ConnectionClosed)
+    assert rec.outcomes()[-1] == (3, ConnectionClosed)
     assert len(link) == 0
 
 
 def test_a_refused_batch_fails_in_its_turn_without_being_sent() -> None:
-    rec = Recorder()
-    link = ProducerLink()
-    epoch = link.begin_attach()
-    link.attach_succeeded(epoch)
+    rec, link, epoch = attached()
     b0, b1 = rec.batch(0), rec.batch(1)
     assert link.submit(b0) is True
     assert link.submit(b1, refused=MessageTooLarge("over the limit")) is False
     assert rec.done == []  # waits for the older batch
     link.on_result(epoch, b0, (1, 0, 0, False), None)
-    assert [(seq, type(e)) for seq, _r, e in rec.done] == [(0, type(None)), (1, MessageTooLarge)]
+    assert rec.outcomes() == [(0, type(None)), (1, MessageTooLarge)]
 
 
 # ------------------------------------------------------------------ model-based

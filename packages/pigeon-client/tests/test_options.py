@@ -12,7 +12,12 @@ import pigeon.client
 import pigeon.client.asyncio
 import pigeon.client.trio
 from pigeon.client import MessageId
-from pigeon.client._options import ConsumerOptions, ProducerOptions, ReaderOptions
+from pigeon.client._options import (
+    ConsumerOptions,
+    ProducerOptions,
+    QueueingProducerOptions,
+    ReaderOptions,
+)
 from pigeon.core.errors import InvalidArgument
 
 FACES = [pigeon.client.Client, pigeon.client.trio.Client, pigeon.client.asyncio.Client]
@@ -39,6 +44,8 @@ def test_every_face_keyword_is_an_option_with_the_same_default(
     face: type[Any], method: str, options: type[Any]
 ) -> None:
     params = inspect.signature(getattr(face, method)).parameters
+    if options is ProducerOptions and face is not pigeon.client.trio.Client:
+        options = QueueingProducerOptions
     fields = defaults(options)
     for name, param in params.items():
         if name == "self" or param.default is inspect.Parameter.empty:
@@ -70,10 +77,45 @@ def test_only_the_trio_face_lacks_block_if_queue_full() -> None:
     ],
 )
 def test_reader_start_position(start: Any, inclusive: bool, expected: tuple[str, int]) -> None:
-    assert ReaderOptions("t", start, inclusive).start_position() == expected
+    options = ReaderOptions("t", start, start_message_id_inclusive=inclusive)
+    assert options.start_position() == expected
 
 
 @pytest.mark.parametrize("start", ["first", MessageId(1, 2), 7])
 def test_a_bad_reader_start_raises_when_the_options_are_built(start: Any) -> None:
     with pytest.raises(InvalidArgument):
         ReaderOptions("t", start)
+
+
+MESSAGE = ["value", "key", "properties", "event_time", "deliver_at", "deliver_after"]
+
+
+@pytest.mark.parametrize(
+    ("producer", "extra"),
+    [
+        (pigeon.client.Producer, ["timeout", "sequence_id"]),
+        (pigeon.client.trio.Producer, []),
+        (pigeon.client.asyncio.Producer, ["timeout"]),
+    ],
+    ids=lambda x: getattr(x, "__module__", ""),
+)
+def test_each_face_send_takes_the_message_and_its_own_keywords(
+    producer: type[Any], extra: list[str]
+) -> None:
+    params = inspect.signature(producer.send).parameters
+    assert list(params) == ["self", *MESSAGE, *extra]
+    assert [p.kind for p in params.values()][2:] == [inspect.Parameter.KEYWORD_ONLY] * (
+        len(MESSAGE) - 1 + len(extra)
+    )
+
+
+@pytest.mark.parametrize(
+    "face", [*FACES, pigeon.client.Producer, pigeon.client.trio.Producer], ids=str
+)
+def test_methods_built_from_options_are_awaitable_exactly_on_the_async_faces(
+    face: type[Any],
+) -> None:
+    is_async = face.__module__ != "pigeon.client._sync"
+    for name in ("create_producer", "subscribe", "create_reader", "send"):
+        if hasattr(face, name):
+            assert inspect.iscoroutinefunction(getattr(face, name)) is is_async, name

@@ -1,4 +1,10 @@
-"""``pigeon admin``'s root command group, its settings and its output helpers."""
+"""``pigeon admin``'s root command group, its settings and its output helpers.
+
+The command modules use it as ``from pigeon.client import _admin_base as cli``: commands
+that only show what one API call returns are added with :func:`show`, deletions with
+:func:`delete`; the others are click functions printing through :func:`emit` and
+:func:`done`.
+"""
 
 from __future__ import annotations
 
@@ -22,7 +28,7 @@ from pigeon.core.errors import InvalidTopicName
 
 
 @dataclass
-class _Settings:
+class Settings:
     url: str
     json: bool
     timeout: float
@@ -31,21 +37,21 @@ class _Settings:
         return AdminClient(self.url, timeout=self.timeout)
 
 
-def _settings() -> _Settings:
+def settings() -> Settings:
     ctx = click.get_current_context()
-    settings = ctx.find_object(_Settings)
+    settings = ctx.find_object(Settings)
     assert settings is not None
     return settings
 
 
 def _set_json(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
     if value:
-        settings = ctx.find_object(_Settings)
+        settings = ctx.find_object(Settings)
         if settings is not None:
             settings.json = True
 
 
-def _json_flag(f: F) -> F:
+def json_flag(f: F) -> F:
     return click.option(
         "--json",
         "as_json",
@@ -56,7 +62,7 @@ def _json_flag(f: F) -> F:
     )(f)
 
 
-def _fmt(value: Any) -> str:
+def fmt(value: Any) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
@@ -66,23 +72,24 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def _table(rows: Iterable[dict[str, Any]], columns: Sequence[str]) -> str:
+def table(rows: Iterable[dict[str, Any]], columns: Sequence[str]) -> str:
     cells = [[c.upper() for c in columns]]
-    cells += [[_fmt(r.get(c)) for c in columns] for r in rows]
+    cells += [[fmt(r.get(c)) for c in columns] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
     return "\n".join(
         "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in cells
     )
 
 
-def _kv(doc: dict[str, Any], skip: Iterable[str] = ()) -> str:
+def kv(doc: dict[str, Any], skip: Iterable[str] = (), *, width: int = 0) -> str:
+    """One ``key  value`` line per key (but ``skip``), the keys padded to one width."""
     keys = [k for k in doc if k not in set(skip)]
-    width = max((len(k) for k in keys), default=0)
-    return "\n".join(f"{k.ljust(width)}  {_fmt(doc[k])}" for k in keys)
+    width = max([width, *(len(k) for k in keys)])
+    return "\n".join(f"{k.ljust(width)}  {fmt(doc[k])}" for k in keys)
 
 
-def _emit(result: Any, human: Callable[[Any], str] | None = None) -> None:
-    if _settings().json:
+def emit(result: Any, human: Callable[[Any], str] | None = None) -> None:
+    if settings().json:
         click.echo(json.dumps(result, indent=2, sort_keys=False))
     elif human is not None:
         text = human(result)
@@ -92,20 +99,20 @@ def _emit(result: Any, human: Callable[[Any], str] | None = None) -> None:
         for x in result:
             click.echo(x)
     elif isinstance(result, dict):
-        click.echo(_kv(result))
+        click.echo(kv(result))
     elif result is not None:
         click.echo(result)
 
 
-def _done(message: str, result: Any = None) -> None:
+def done(message: str, result: Any = None) -> None:
     """Confirm a change: the JSON result with --json, else a one-line message."""
-    if _settings().json:
+    if settings().json:
         click.echo(json.dumps(result if result is not None else {"ok": True}, indent=2))
     else:
         click.echo(message)
 
 
-class _AdminGroup(click.Group):
+class AdminGroup(click.Group):
     """Turns AdminError into exit code 1 with the JSON error on stderr."""
 
     def invoke(self, ctx: click.Context) -> Any:
@@ -118,17 +125,77 @@ class _AdminGroup(click.Group):
             raise click.UsageError(str(exc), ctx) from None
 
 
-def _group(name: str, help_text: str) -> Callable[[F], click.Group]:
-    def wrap(f: F) -> click.Group:
-        return click.group(name, cls=_AdminGroup, help=help_text)(f)
+def group(name: str, help_text: str) -> click.Group:
+    """A subcommand group of ``pigeon admin`` (added by :mod:`pigeon.client._admin_cli`)."""
+    return AdminGroup(name, help=help_text)
 
-    return wrap
+
+BUNDLE_COLUMNS = ["namespace", "bundle", "owner", "loaded_topics"]
+
+
+def table_of(columns: Sequence[str]) -> Callable[[Iterable[dict[str, Any]]], str]:
+    """A human form of a list of rows: a table of ``columns``."""
+    return lambda rows: table(rows, columns)
+
+
+def show(
+    group: click.Group,
+    name: str,
+    help_text: str,
+    fetch: Callable[..., Any],
+    *arguments: str | click.Argument,
+    human: Callable[[Any], str] | None = None,
+) -> None:
+    """Add ``group name ARGUMENTS... [--json]``: it prints what ``fetch(client, *values)``
+    returns (``human(result)`` unless --json), ``values`` those of the arguments (a name
+    or a click.Argument) in order."""
+    params: list[click.Parameter] = [
+        a if isinstance(a, click.Argument) else click.Argument([a]) for a in arguments
+    ]
+
+    def show(**values: Any) -> None:
+        emit(fetch(settings().client(), *(values[p.name or ""] for p in params)), human)
+
+    _add(group, name, help_text, params, show)
+
+
+def delete(
+    group: click.Group,
+    help_text: str,
+    call: Callable[..., Any],
+    *arguments: str,
+    force: str | None = None,
+) -> None:
+    """Add ``group delete ARGUMENTS... [--force] [--json]``: it calls ``call(client,
+    *values)`` (with ``force=`` when ``force`` is the option's help) and confirms
+    ``<last argument> <its value> deleted``."""
+    params: list[click.Parameter] = [click.Argument([a]) for a in arguments]
+    if force is not None:
+        params.append(click.Option(["--force"], is_flag=True, help=force))
+
+    def delete(**values: Any) -> None:
+        flags = {"force": values["force"]} if force is not None else {}
+        call(settings().client(), *(values[a] for a in arguments), **flags)
+        done(f"{arguments[-1]} {values[arguments[-1]]} deleted")
+
+    _add(group, "delete", help_text, params, delete)
+
+
+def _add(
+    group: click.Group,
+    name: str,
+    help_text: str,
+    params: list[click.Parameter],
+    callback: Callable[..., None],
+) -> None:
+    command = click.Command(name, callback=callback, params=list(params), help=help_text)
+    group.add_command(json_flag(command))
 
 
 # ---------------------------------------------------------------------- commands
 
 
-@click.group("admin", cls=_AdminGroup)
+@click.group("admin", cls=AdminGroup)
 @click.option(
     "--url",
     default=DEFAULT_URL,
@@ -141,4 +208,4 @@ def _group(name: str, help_text: str) -> Callable[[F], click.Group]:
 @click.pass_context
 def admin_cmd(ctx: click.Context, url: str, as_json: bool, timeout: float) -> None:
     """Inspect and change a PigeonMQ cluster through a broker's admin API."""
-    ctx.obj = _Settings(url, as_json, timeout)
+    ctx.obj = Settings(url, as_json, timeout)

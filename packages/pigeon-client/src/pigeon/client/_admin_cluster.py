@@ -10,29 +10,25 @@ from typing import Any
 
 import click
 
-from pigeon.client._admin_base import (
-    _done,
-    _emit,
-    _fmt,
-    _group,
-    _json_flag,
-    _settings,
-    _table,
-    admin_cmd,
+from pigeon.client import _admin_base as cli
+from pigeon.client._admin_client import AdminClient
+
+subscriptions_cmd = cli.group("subscriptions", "Subscriptions: create, reset, skip, peek.")
+cli.show(
+    subscriptions_cmd,
+    "list",
+    "List the subscriptions of TOPIC.",
+    AdminClient.subscriptions,
+    "topic",
 )
-
-
-@_group("subscriptions", "Subscriptions: create, reset, skip, peek.")
-def subscriptions_cmd() -> None:
-    pass
-
-
-@subscriptions_cmd.command("list")
-@click.argument("topic")
-@_json_flag
-def subscriptions_list(topic: str) -> None:
-    """List the subscriptions of TOPIC."""
-    _emit(_settings().client().subscriptions(topic))
+cli.show(
+    subscriptions_cmd,
+    "get",
+    "Backlog, consumers and rates of one subscription.",
+    AdminClient.subscription,
+    "topic",
+    "subscription",
+)
 
 
 @subscriptions_cmd.command("create")
@@ -44,34 +40,24 @@ def subscriptions_list(topic: str) -> None:
     show_default=True,
     help="earliest, latest, an offset, or a message id segment:entry[:index].",
 )
-@_json_flag
+@cli.json_flag
 def subscriptions_create(topic: str, subscription: str, position: str) -> None:
     """Create a durable subscription at a position."""
-    result = _settings().client().create_subscription(topic, subscription, position)
-    _done(
+    result = cli.settings().client().create_subscription(topic, subscription, position)
+    cli.done(
         f"subscription {subscription} created on {result['topic']} (backlog {result['backlog']})",
         result,
     )
 
 
-@subscriptions_cmd.command("get")
-@click.argument("topic")
-@click.argument("subscription")
-@_json_flag
-def subscriptions_get(topic: str, subscription: str) -> None:
-    """Backlog, consumers and rates of one subscription."""
-    _emit(_settings().client().subscription(topic, subscription))
-
-
-@subscriptions_cmd.command("delete")
-@click.argument("topic")
-@click.argument("subscription")
-@click.option("--force", is_flag=True, help="Detach connected consumers first.")
-@_json_flag
-def subscriptions_delete(topic: str, subscription: str, force: bool) -> None:
-    """Delete SUBSCRIPTION (refused while consumers are attached, unless --force)."""
-    _settings().client().delete_subscription(topic, subscription, force=force)
-    _done(f"subscription {subscription} deleted")
+cli.delete(
+    subscriptions_cmd,
+    "Delete SUBSCRIPTION (refused while consumers are attached, unless --force).",
+    AdminClient.delete_subscription,
+    "topic",
+    "subscription",
+    force="Detach connected consumers first.",
+)
 
 
 _RELATIVE = re.compile(r"^-?(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)$")
@@ -109,7 +95,7 @@ def parse_time(text: str, *, now_ms: int | None = None) -> int:
 @click.option(
     "--time", "when", help="Publish time: ms since the epoch, ISO 8601, or 10m/2h/1d ago."
 )
-@_json_flag
+@cli.json_flag
 def subscriptions_reset(
     topic: str, subscription: str, offset: int | None, message_id: str | None, when: str | None
 ) -> None:
@@ -118,15 +104,15 @@ def subscriptions_reset(
         raise click.UsageError("give exactly one of --offset, --message-id, --time")
     timestamp = parse_time(when) if when is not None else None
     result = (
-        _settings()
+        cli.settings()
         .client()
         .reset_cursor(
             topic, subscription, offset=offset, message_id=message_id, timestamp=timestamp
         )
     )
-    _emit(
+    cli.emit(
         result,
-        lambda rows: _table(rows, ["topic", "subscription", "mark_delete_offset", "backlog"]),
+        lambda rows: cli.table(rows, ["topic", "subscription", "mark_delete_offset", "backlog"]),
     )
 
 
@@ -135,25 +121,25 @@ def subscriptions_reset(
 @click.argument("subscription")
 @click.argument("count", required=False, type=click.IntRange(min=0))
 @click.option("--all", "skip_all", is_flag=True, help="Skip the whole backlog.")
-@_json_flag
+@cli.json_flag
 def subscriptions_skip(topic: str, subscription: str, count: int | None, skip_all: bool) -> None:
     """Acknowledge the next COUNT messages (or --all) without delivering them."""
     if (count is None) == (not skip_all):
         raise click.UsageError("give COUNT or --all")
-    client = _settings().client()
+    client = cli.settings().client()
     result = (
         client.clear_backlog(topic, subscription)
         if skip_all
         else client.skip(topic, subscription, count or 0)
     )
-    _done(f"skipped {result['skipped']} message(s)", result)
+    cli.done(f"skipped {result['skipped']} message(s)", result)
 
 
 @subscriptions_cmd.command("peek")
 @click.argument("topic")
 @click.argument("subscription")
 @click.option("--count", "-n", default=1, show_default=True, type=click.IntRange(1, 1000))
-@_json_flag
+@cli.json_flag
 def subscriptions_peek(topic: str, subscription: str, count: int) -> None:
     """Show the next unacknowledged messages without consuming them."""
 
@@ -164,105 +150,84 @@ def subscriptions_peek(topic: str, subscription: str, count: int) -> None:
             if m["key"] is not None:
                 head += f"  key={m['key']}"
             if m["properties"]:
-                head += f"  properties={_fmt(m['properties'])}"
+                head += f"  properties={cli.fmt(m['properties'])}"
             value = m["value"] if m["value_encoding"] == "utf-8" else f"base64:{m['value']}"
             out.append(f"{head}\n  {value}")
         return "\n".join(out) if out else "(no unacknowledged messages)"
 
-    _emit(_settings().client().peek(topic, subscription, count), human)
+    cli.emit(cli.settings().client().peek(topic, subscription, count), human)
 
 
 # -- brokers, bookies, metrics
 
 
-@_group("brokers", "Brokers, their load and bundles.")
-def brokers_cmd() -> None:
-    pass
-
-
-@brokers_cmd.command("list")
-@_json_flag
-def brokers_list() -> None:
-    """List the brokers."""
-    _emit(
-        _settings().client().brokers(),
-        lambda rows: _table(rows, ["broker", "service_url", "http_url", "cluster"]),
-    )
+brokers_cmd = cli.group("brokers", "Brokers, their load and bundles.")
+cli.show(
+    brokers_cmd,
+    "list",
+    "List the brokers.",
+    AdminClient.brokers,
+    human=cli.table_of(["broker", "service_url", "http_url", "cluster"]),
+)
+cli.show(
+    brokers_cmd,
+    "throughput",
+    "Broker-wide rates, one sample per second (last 5 minutes).",
+    AdminClient.throughput,
+    human=lambda rows: cli.table(
+        rows[-20:],
+        ["time", "msg_rate_in", "msg_rate_out", "msg_throughput_in", "msg_throughput_out"],
+    ),
+)
 
 
 @brokers_cmd.command("load")
 @click.argument("broker", required=False)
-@_json_flag
+@cli.json_flag
 def brokers_load(broker: str | None) -> None:
     """Load of BROKER (host:port; default: the one answering)."""
-    client = _settings().client()
-    _emit(client.broker_load(broker or client.this_broker()))
+    client = cli.settings().client()
+    cli.emit(client.broker_load(broker or client.this_broker()))
 
 
 @brokers_cmd.command("bundles")
 @click.argument("broker", required=False)
-@_json_flag
+@cli.json_flag
 def brokers_bundles(broker: str | None) -> None:
     """Bundles owned by BROKER (default: the one answering)."""
-    client = _settings().client()
-    _emit(
+    client = cli.settings().client()
+    cli.emit(
         client.broker_bundles(broker or client.this_broker()),
-        lambda rows: _table(rows, ["namespace", "bundle", "owner", "loaded_topics"]),
+        cli.table_of(cli.BUNDLE_COLUMNS),
     )
 
 
-@brokers_cmd.command("throughput")
-@_json_flag
-def brokers_throughput() -> None:
-    """Broker-wide rates, one sample per second (last 5 minutes)."""
-    _emit(
-        _settings().client().throughput(),
-        lambda rows: _table(
-            rows[-20:],
-            ["time", "msg_rate_in", "msg_rate_out", "msg_throughput_in", "msg_throughput_out"],
-        ),
-    )
+bookies_cmd = cli.group("bookies", "Bookies: state and disk.")
+cli.show(
+    bookies_cmd,
+    "list",
+    "List the bookies: state, disk, rates.",
+    AdminClient.bookies,
+    human=cli.table_of(
+        [
+            "address",
+            "read_only",
+            "free_disk_bytes",
+            "disk_used_bytes",
+            "write_bytes_per_s",
+            "read_bytes_per_s",
+            "segments",
+        ]
+    ),
+)
+cli.show(bookies_cmd, "get", "Show one bookie.", AdminClient.bookie, "address")
 
 
-@_group("bookies", "Bookies: state and disk.")
-def bookies_cmd() -> None:
-    pass
-
-
-@bookies_cmd.command("list")
-@_json_flag
-def bookies_list() -> None:
-    """List the bookies: state, disk, rates."""
-    _emit(
-        _settings().client().bookies(),
-        lambda rows: _table(
-            rows,
-            [
-                "address",
-                "read_only",
-                "free_disk_bytes",
-                "disk_used_bytes",
-                "write_bytes_per_s",
-                "read_bytes_per_s",
-                "segments",
-            ],
-        ),
-    )
-
-
-@bookies_cmd.command("get")
-@click.argument("address")
-@_json_flag
-def bookies_get(address: str) -> None:
-    """Show one bookie."""
-    _emit(_settings().client().bookie(address))
-
-
-@admin_cmd.command("metrics")
+@cli.admin_cmd.command("metrics")
 @click.option("--grep", "pattern", help="Only lines containing this text (HELP/TYPE omitted).")
 def metrics_cmd(pattern: str | None) -> None:
     """Print the broker's Prometheus metrics."""
-    text = _settings().client().metrics()
+    text = cli.settings().client().metrics()
     if pattern:
         text = "\n".join(
             line for line in text.splitlines() if pattern in line and not line.startswith("#")

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -25,6 +26,7 @@ __all__ = ["EngineCall", "run_on_engine", "spawn_on_engine"]
 log = logging.getLogger(__name__)
 
 
+@dataclass(eq=False)
 class EngineCall:
     """One coroutine run in the engine's nursery for an awaiting asyncio task.
 
@@ -32,25 +34,15 @@ class EngineCall:
     they need no lock; the asyncio future is only touched on the loop's thread.
     """
 
-    def __init__(
-        self,
-        thread: EngineThread,
-        loop: asyncio.AbstractEventLoop,
-        fut: asyncio.Future[Any],
-        afn: Callable[..., Awaitable[Any]],
-        args: tuple[Any, ...],
-        shield: bool,
-        orphan: Callable[[Any], None] | None,
-    ) -> None:
-        self.thread = thread
-        self.loop = loop
-        self.fut = fut
-        self.afn = afn
-        self.args = args
-        self.shield = shield
-        self.orphan = orphan
-        self.abandoned = False
-        self.scope: trio.CancelScope | None = None
+    thread: EngineThread
+    loop: asyncio.AbstractEventLoop
+    fut: asyncio.Future[Any]
+    afn: Callable[..., Awaitable[Any]]
+    args: tuple[Any, ...]
+    shield: bool
+    orphan: Callable[[Any], None] | None
+    abandoned: bool = False
+    scope: trio.CancelScope | None = None
 
     # -- engine thread -----------------------------------------------------------------
 

@@ -24,6 +24,12 @@ _URL = click.option(
     envvar="PIGEON_SERVICE_URL",
     help="Broker to connect to.",
 )
+_INITIAL_POSITION = click.option(
+    "--initial-position",
+    default="earliest",
+    show_default=True,
+    type=click.Choice(["earliest", "latest"]),
+)
 
 
 def _props(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -84,12 +90,7 @@ def produce_cmd(
     show_default=True,
     type=click.Choice(["exclusive", "shared", "failover", "key_shared"]),
 )
-@click.option(
-    "--initial-position",
-    default="earliest",
-    show_default=True,
-    type=click.Choice(["earliest", "latest"]),
-)
+@_INITIAL_POSITION
 @click.option(
     "--num-messages",
     "-n",
@@ -186,49 +187,16 @@ def perf_cmd() -> None:
 @click.option("--compression", default="none", show_default=True)
 @click.option("--json-out", type=click.Path(dir_okay=False), help="Write the result as JSON here.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress line.")
-def perf_produce(
-    topic: str,
-    service_url: str,
-    size: int,
-    rate: float,
-    duration: float,
-    producers: int,
-    batch_max_messages: int,
-    batch_max_bytes: int,
-    batch_delay_ms: float,
-    max_pending: int,
-    compression: str,
-    json_out: str | None,
-    quiet: bool,
-) -> None:
+def perf_produce(json_out: str | None, quiet: bool, **options: Any) -> None:
     """Produce SIZE-byte messages to TOPIC; report msg/s, MB/s and publish latency."""
-    result = run_perf_produce(
-        service_url,
-        topic,
-        size=size,
-        rate=rate,
-        duration=duration,
-        producers=producers,
-        batch_max_messages=batch_max_messages,
-        batch_max_bytes=batch_max_bytes,
-        batch_delay_ms=batch_delay_ms,
-        max_pending=max_pending,
-        compression=compression,
-        progress=not quiet,
-    )
-    _report(result, json_out)
+    _report(run_perf_produce(progress=not quiet, **options), json_out)
 
 
 @perf_cmd.command("consume")
 @click.argument("topic", default="perf")
 @_URL
 @click.option("--subscription", default="perf-sub", show_default=True)
-@click.option(
-    "--initial-position",
-    default="earliest",
-    show_default=True,
-    type=click.Choice(["earliest", "latest"]),
-)
+@_INITIAL_POSITION
 @click.option(
     "--duration", "-d", default=30.0, show_default=True, help="Stop after this many seconds."
 )
@@ -248,31 +216,14 @@ def perf_produce(
 @click.option("--receiver-queue-size", default=20_000, show_default=True)
 @click.option("--json-out", type=click.Path(dir_okay=False), help="Write the result as JSON here.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress line.")
-def perf_consume(
-    topic: str,
-    service_url: str,
-    subscription: str,
-    initial_position: str,
-    duration: float,
-    max_messages: int,
-    idle_timeout: float,
-    receiver_queue_size: int,
-    json_out: str | None,
-    quiet: bool,
-) -> None:
+def perf_consume(json_out: str | None, quiet: bool, **options: Any) -> None:
     """Consume TOPIC, acknowledging cumulatively; report msg/s and MB/s."""
-    result = run_perf_consume(
-        service_url,
-        topic,
-        subscription=subscription,
-        initial_position=initial_position,
-        duration=duration,
-        max_messages=max_messages,
-        idle_timeout=idle_timeout,
-        receiver_queue_size=receiver_queue_size,
-        progress=not quiet,
-    )
-    _report(result, json_out)
+    _report(run_perf_consume(progress=not quiet, **options), json_out)
+
+
+def _progress(line: str) -> None:
+    """Overwrite the progress line on stderr."""
+    print(f"\r{line}   ", end="", file=sys.stderr, flush=True)
 
 
 def _report(result: dict[str, Any], json_out: str | None) -> None:
@@ -367,12 +318,7 @@ def run_perf_produce(
             if progress and now - last_report >= 1.0:
                 total = sum(sent)
                 r = (total - last_count) / (now - last_report)
-                print(
-                    f"\rproduced {total:,} msgs  {r:,.0f} msg/s  {r * size / 1e6:,.1f} MB/s   ",
-                    end="",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                _progress(f"produced {total:,} msgs  {r:,.0f} msg/s  {r * size / 1e6:,.1f} MB/s")
                 last_report, last_count = now, total
         stop.set()
         for t in threads:
@@ -449,12 +395,7 @@ def run_perf_consume(
             end_at = time.perf_counter()
             if progress and end_at - last_report >= 1.0:
                 r = (count - last_count) / (end_at - last_report)
-                print(
-                    f"\rconsumed {count:,} msgs  {r:,.0f} msg/s   ",
-                    end="",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                _progress(f"consumed {count:,} msgs  {r:,.0f} msg/s")
                 last_report, last_count = end_at, count
             if max_messages and count >= max_messages:
                 break

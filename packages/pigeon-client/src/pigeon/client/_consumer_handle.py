@@ -13,7 +13,7 @@ import functools
 import logging
 import re
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import trio
@@ -26,7 +26,6 @@ from pigeon.client._logic import (
     REAL_TOPIC,
     RECONSUME_TIMES,
     ConsumerLogic,
-    DeadLetterPolicy,
     dead_letter_properties,
 )
 from pigeon.client._message import Message, MessageId
@@ -53,39 +52,41 @@ class ConsumerHandle:
     def __init__(
         self,
         client: ClientEngine,
-        *,
-        subscription: str,
+        consumer: ConsumerOptions,
         options: SubscribeOptions,
+        *,
         codecs: Any,
-        lock: Any,
-        notify: Callable[[], None],
-        dead_letter: DeadLetterPolicy | None,
-        ack_timeout: float,
-        negative_ack_delay: float,
-        pattern: re.Pattern[str] | None = None,
-        pattern_period: float = 60.0,
+        face: Any,
         producer_factory: Callable[[str], Any] | None = None,
     ) -> None:
+        """``consumer``: what the application asked for; ``options``: the subscription of
+        each engine (its topic replaced by the engine's own); ``face``: the Consumer or
+        Reader of any face, whose ``_lock`` the handle takes and whose ``_notify()`` it
+        calls on the engine's thread whenever entries were queued."""
         self.client = client
-        self.subscription = subscription
         self.options = options
-        self.lock = lock
-        self.notify = notify
+        self.lock = face._lock
+        self.notify: Callable[[], None] = face._notify
         self.core = ConsumerCore(codecs=codecs, receiver_queue_size=options.receiver_queue_size)
         self.logic = ConsumerLogic(
             self.core,
-            subscription=subscription,
-            dead_letter=dead_letter,
-            ack_timeout=ack_timeout,
-            negative_ack_delay=negative_ack_delay,
+            subscription=consumer.subscription,
+            dead_letter=consumer.dead_letter_policy,
+            ack_timeout=consumer.ack_timeout,
+            negative_ack_delay=consumer.negative_ack_redelivery_delay,
         )
         self.engines: list[ConsumerEngine] = []
-        self.pattern = pattern
-        self.pattern_period = pattern_period
+        topic = consumer.topic
+        self.pattern = topic if isinstance(topic, re.Pattern) else None
+        self.pattern_period = consumer.pattern_auto_discovery_period
         self.closed = False
         self._producers: dict[str, Any] = {}
         self._producer_factory = producer_factory
         self.last_received: dict[Any, int] = {}
+
+    @property
+    def subscription(self) -> str:
+        return self.options.subscription
 
     # -- engine side -----------------------------------------------------------------
 
@@ -279,17 +280,17 @@ class ConsumerHandle:
         try:
             await self.flush_acks()
         finally:
-            self.closed = True
-            for e in self.engines:
-                await e.close()
-            for p in self._producers.values():
-                with contextlib.suppress(PigeonError):
-                    await p.close()
+            await self._detach(ConsumerEngine.close)
 
     async def unsubscribe(self) -> None:
+        await self._detach(ConsumerEngine.unsubscribe)
+
+    async def _detach(self, how: Callable[[ConsumerEngine], Awaitable[None]]) -> None:
+        """*engine*: close or unsubscribe every engine, then close the dead-letter and retry
+        producers."""
         self.closed = True
         for e in self.engines:
-            await e.unsubscribe()
+            await how(e)
         for p in self._producers.values():
             with contextlib.suppress(PigeonError):
                 await p.close()
@@ -377,26 +378,24 @@ async def open_consumer(
     options: ConsumerOptions,
     *,
     codecs: Any,
-    lock: Any,
-    notify: Callable[[], None],
+    face: Any,
     producer_factory: Callable[[str], Any] | None = None,
     durable: bool = True,
     start_offset: int = -1,
 ) -> ConsumerHandle:
     """*engine*: subscribe to a topic, a list of topics, or a regex pattern of topics.
 
-    ``notify()`` runs on the engine's thread whenever entries were queued;
+    ``face`` gives the handle its lock and wake-up (see :class:`ConsumerHandle`);
     ``producer_factory(topic)`` opens the producers of dead-lettering and retries.
     """
     o = options
     if not o.subscription:
         raise InvalidArgument("subscription name must not be empty")
     topic = o.topic
-    pattern = topic if isinstance(topic, re.Pattern) else None
     topics: list[str] = (
         [topic] if isinstance(topic, str) else [] if isinstance(topic, re.Pattern) else list(topic)
     )
-    if pattern is None and not topics:
+    if not isinstance(topic, re.Pattern) and not topics:
         raise InvalidArgument("subscribe needs at least one topic")
     subscribe = SubscribeOptions(
         topics[0] if topics else "",
@@ -413,16 +412,10 @@ async def open_consumer(
     ConsumerEngine.validate(subscribe)
     handle = ConsumerHandle(
         client,
-        subscription=o.subscription,
-        options=subscribe,
+        o,
+        subscribe,
         codecs=codecs,
-        lock=lock,
-        notify=notify,
-        dead_letter=o.dead_letter_policy,
-        ack_timeout=o.ack_timeout,
-        negative_ack_delay=o.negative_ack_redelivery_delay,
-        pattern=pattern,
-        pattern_period=o.pattern_auto_discovery_period,
+        face=face,
         producer_factory=producer_factory,
     )
     try:
@@ -432,7 +425,7 @@ async def open_consumer(
             for t in topics:
                 base = TopicName.parse(t).full
                 await handle.attach(handle.logic.retry_topic(base))
-        if pattern is not None:
+        if handle.pattern is not None:
             await handle.discover()
     except BaseException:
         with trio.CancelScope(shield=True):
@@ -445,12 +438,7 @@ async def open_consumer(
 
 
 async def open_reader(
-    client: ClientEngine,
-    options: ReaderOptions,
-    *,
-    codecs: Any,
-    lock: Any,
-    notify: Callable[[], None],
+    client: ClientEngine, options: ReaderOptions, *, codecs: Any, face: Any
 ) -> ConsumerHandle:
     """*engine*: a consumer on a non-durable subscription of its own."""
     initial, offset = options.start_position()
@@ -463,8 +451,7 @@ async def open_reader(
             receiver_queue_size=options.receiver_queue_size,
         ),
         codecs=codecs,
-        lock=lock,
-        notify=notify,
+        face=face,
         durable=False,
         start_offset=offset,
     )

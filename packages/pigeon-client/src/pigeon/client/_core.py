@@ -187,25 +187,12 @@ class ProducerCore:
             and self.batch_bytes + body + SLACK_PER_MESSAGE > self.max_message_size
         )
 
-    def add(
-        self,
-        value: bytes,
-        key: str | bytes | None,
-        properties: Mapping[str, str] | None,
-        event_time: int,
-        completion: Completion,
-        body: int,
-    ) -> bool:
-        """Add one checked message; True when the batch is full and should be sealed."""
-        full = self.builder.add(value, key, properties, event_time)  # adds nothing if it raises
+    def added(self, completion: Completion, body: int) -> None:
+        """Account for a checked message of ``body`` bytes just added to :attr:`builder`
+        (whose ``add`` says whether the batch is full)."""
         if not self.completions:
             self.generation += 1
         self.completions.append(completion)
-        self.grow(body)
-        return full
-
-    def grow(self, body: int) -> None:
-        """Account for a message of ``body`` bytes just added to the builder."""
         if not self.batch_bytes:
             self.batch_bytes = self.header_bytes + SLACK_PER_BATCH
         self.batch_bytes += body + SLACK_PER_MESSAGE
@@ -307,16 +294,7 @@ class ConsumerCore:
             entry = self.entries.popleft()
             src = entry.source
             self.owners[entry.segment_id] = src
-            msgs = split_entry(
-                entry.data,
-                segment_id=entry.segment_id,
-                entry_id=entry.entry_id,
-                partition=src.partition,
-                topic=src.topic,
-                redelivery_count=entry.redelivery_count,
-                acked_indexes=entry.acked_indexes,
-                codecs=self.codecs,
-            )
+            msgs = split_entry(entry, src.partition, src.topic, self.codecs)
             if msgs:
                 self._consumed(src, len(msgs))
                 self.messages.extend(msgs)

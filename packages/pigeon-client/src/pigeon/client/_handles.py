@@ -26,9 +26,12 @@ from pigeon.core import PluginManager, TopicName
 from pigeon.core.codecs import Codec, CodecSet
 from pigeon.core.errors import InvalidArgument
 
-__all__ = ["ProducerFace", "ProducerHandle", "codecs_of", "deliver_time", "open_producer"]
+__all__ = ["NOLOCK", "ProducerFace", "ProducerHandle", "codecs_of", "deliver_time", "open_producer"]
 
 log = logging.getLogger(__name__)
+
+#: The lock of a producer or consumer whose callers are all on the engine's thread.
+NOLOCK = contextlib.nullcontext()
 
 
 class ProducerHandle:
@@ -84,9 +87,16 @@ class ProducerHandle:
 
 
 class ProducerFace:
-    """What a Producer of every face offers the same way (its ``_handle`` set on open)."""
+    """What a Producer of every face offers the same way (its ``_handle`` set on open), and
+    the lock and hooks :func:`open_producer` gives its handle.
+
+    The defaults are those of a producer used on the engine's own thread (the trio face's):
+    no lock, a sealed batch handed to its partition's engine at once, the batching timer a
+    task of the engine, receipts resolved by :class:`~pigeon.client._core.BatchCompletion`.
+    """
 
     _handle: ProducerHandle
+    _lock: Any = NOLOCK
 
     @property
     def topic(self) -> str:
@@ -96,24 +106,31 @@ class ProducerFace:
     def producer_name(self) -> str:
         return self._handle.producer_name
 
+    # -- hooks of ProducerLogic, called with the lock held ------------------------------
+
+    def _submit(self, engine: ProducerEngine, batch: PendingBatch) -> None:
+        """Hand a sealed batch to its partition's engine."""
+        engine.submit(batch)
+
+    def _start_timer(self, index: int, generation: int) -> None:
+        """Start the batching timer of partition ``index``'s batch."""
+        self._handle.start_timer(index, generation)
+
+    def _callback_for(self, completions: list[Any], state: Any, partition: int) -> Any:
+        """The receipt handler of a sealed batch."""
+        return self._handle.callback_for(completions, state, partition)
+
+    def _space_freed(self) -> None:
+        """*engine*: messages got their receipts; there is room in the queue again."""
+
 
 async def open_producer(
-    client: ClientEngine,
-    options: ProducerOptions,
-    *,
-    codecs: Any,
-    lock: Any,
-    submit: Callable[[Any, PendingBatch], None],
-    start_timer: Callable[[int, int], None] | None = None,
-    callback_for: Callable[[list[Any], Any, int], Any] | None = None,
+    client: ClientEngine, options: ProducerOptions, *, codecs: Any, face: ProducerFace
 ) -> ProducerHandle:
     """*engine*: look the topic up and attach one producer per partition.
 
-    ``submit(engine, batch)`` hands a sealed batch to a partition's engine, from whatever
-    thread seals it; ``start_timer(index, generation)`` starts a batching timer (default:
-    a task on the engine, :meth:`ProducerHandle.start_timer`); ``callback_for(completions,
-    state, partition)`` makes a sealed batch's receipt handler (default:
-    :meth:`ProducerHandle.callback_for`).
+    The handle takes ``face``'s lock and hooks (see :class:`ProducerFace`): ``_submit``
+    runs on whatever thread seals a batch, ``_space_freed`` on the engine's.
     """
     o = options
     codec = codecs.by_name(o.compression)
@@ -147,16 +164,17 @@ async def open_producer(
         )
         for i, e in enumerate(engines)
     ]
-    handle = ProducerHandle(client, engines, lock)
+    handle = ProducerHandle(client, engines, face._lock)
     handle.logic = ProducerLogic(
         engines,
         cores,
         router,
         max_delay=o.batching_max_delay_ms / 1000,
-        submit=submit,
-        start_timer=start_timer or handle.start_timer,
+        submit=face._submit,
+        start_timer=face._start_timer,
     )
-    handle.logic.callback_for = callback_for or handle.callback_for
+    handle.logic.callback_for = face._callback_for
+    handle.on_space = face._space_freed
     return handle
 
 

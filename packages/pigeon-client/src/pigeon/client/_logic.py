@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from pigeon.client._core import (
@@ -32,26 +33,22 @@ DELAY_TIME = "DELAY_TIME"
 _MAX_SEQUENCE_ID = 2**63 - 1
 
 
+@dataclass(eq=False)
 class ProducerLogic:
     """Routing and batching over one accumulator per partition."""
 
-    def __init__(
-        self,
-        engines: list[Any],
-        cores: list[ProducerCore],
-        router: Router,
-        *,
-        max_delay: float,
-        submit: Callable[[Any, Any], None],
-        start_timer: Callable[[int, int], None],
-    ) -> None:
-        self.engines = engines
-        self.cores = cores
-        self.router = router
-        self.max_delay = max_delay
-        self.submit = submit
-        self.start_timer = start_timer
-        self.multi = len(cores) > 1
+    engines: list[Any]
+    cores: list[ProducerCore]
+    router: Router
+    _: KW_ONLY
+    max_delay: float
+    submit: Callable[[Any, Any], None]
+    start_timer: Callable[[int, int], None]
+    #: set by open_producer: ``(completions, state, partition)`` -> the batch's receipt handler
+    callback_for: Callable[[list[Any], Any, int], Any] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.multi = len(self.cores) > 1
 
     def add(
         self,
@@ -100,7 +97,8 @@ class ProducerLogic:
             self.seal(index)
         if make_completion is not None:
             completion = make_completion(core)
-        full = core.add(value, key, properties, event_time, completion, body)
+        full = core.builder.add(value, key, properties, event_time)  # adds nothing if it raises
+        core.added(completion, body)
         if deliver_at:
             self.seal(index, deliver_at=deliver_at)
         elif full or self.max_delay <= 0:
@@ -134,7 +132,8 @@ class ProducerLogic:
         if core.would_overflow(body):
             self.seal(index)  # the broker refuses a batch over max_message_size
         n = len(core)
-        full = core.add(value, key, properties, event_time, None, body)
+        full = core.builder.add(value, key, properties, event_time)
+        core.added(None, body)
         future = MessageFuture(core.batch_state(), n)
         if full or self.max_delay <= 0:
             self.seal(index)
@@ -158,30 +157,20 @@ class ProducerLogic:
         if self.cores[index].generation == generation:
             self.seal(index)
 
-    #: set by the face: ``(completions, state, partition)`` -> the batch's receipt handler
-    callback_for: Callable[[list[Any], Any, int], Any]
 
-
+@dataclass(eq=False)
 class ConsumerLogic:
     """Received entries to messages, with dead-lettering, nacks and ack timeouts."""
 
-    def __init__(
-        self,
-        core: ConsumerCore,
-        *,
-        subscription: str,
-        dead_letter: DeadLetterPolicy | None = None,
-        ack_timeout: float = 0.0,
-        negative_ack_delay: float = 1.0,
-    ) -> None:
-        self.core = core
-        self.subscription = subscription
-        self.dead_letter = dead_letter
-        self.ack_timeout = ack_timeout
-        self.negative_ack_delay = negative_ack_delay
-        self.dead: list[Message] = []
-        self.nacked: list[tuple[float, Message]] = []
-        self.unacked: dict[tuple[int, int, int], tuple[float, Message]] = {}
+    core: ConsumerCore
+    _: KW_ONLY
+    subscription: str
+    dead_letter: DeadLetterPolicy | None = None
+    ack_timeout: float = 0.0
+    negative_ack_delay: float = 1.0
+    dead: list[Message] = field(default_factory=list)
+    nacked: list[tuple[float, Message]] = field(default_factory=list)
+    unacked: dict[tuple[int, int, int], tuple[float, Message]] = field(default_factory=dict)
 
     def next_messages(self, max_messages: int, now: float) -> list[Message]:
         """Messages for the application (may be empty if all were dead-lettered)."""

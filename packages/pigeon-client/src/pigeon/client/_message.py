@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from pigeon.core.batch import ENTRY_HEADER_SIZE, decode_batch, unpack_entry_header
+
+if TYPE_CHECKING:
+    from pigeon.client._engine import ReceivedEntry
 
 __all__ = ["Message", "MessageId", "receipt_message_id", "split_entry"]
 
@@ -102,51 +106,22 @@ class MessageId:
         return cls(*parts)
 
 
+@dataclass(slots=True, eq=False, repr=False)
 class Message:
     """One received message. ``message_id`` is built on first use."""
 
-    __slots__ = (
-        "_entry",
-        "_index",
-        "_partition",
-        "_segment",
-        "event_time",
-        "key",
-        "offset",
-        "properties",
-        "publish_time",
-        "redelivery_count",
-        "topic",
-        "value",
-    )
-
-    def __init__(
-        self,
-        value: bytes,
-        key: str | None,
-        properties: dict[str, str],
-        event_time: int,
-        publish_time: int,
-        segment: int,
-        entry: int,
-        index: int,
-        partition: int,
-        offset: int,
-        redelivery_count: int,
-        topic: str,
-    ) -> None:
-        self.value = value
-        self.key = key
-        self.properties = properties
-        self.event_time = event_time
-        self.publish_time = publish_time
-        self._segment = segment
-        self._entry = entry
-        self._index = index
-        self._partition = partition
-        self.offset = offset
-        self.redelivery_count = redelivery_count
-        self.topic = topic
+    value: bytes
+    key: str | None
+    properties: dict[str, str]
+    event_time: int
+    publish_time: int
+    _segment: int
+    _entry: int
+    _index: int
+    _partition: int
+    offset: int
+    redelivery_count: int
+    topic: str
 
     @property
     def message_id(self) -> MessageId:
@@ -166,18 +141,10 @@ class Message:
         )
 
 
-def split_entry(
-    data: bytes | memoryview,
-    *,
-    segment_id: int,
-    entry_id: int,
-    partition: int,
-    topic: str,
-    redelivery_count: int,
-    acked_indexes: Any,
-    codecs: Any,
-) -> list[Message]:
-    """All messages of one stored entry, minus the batch indexes already acknowledged."""
+def split_entry(entry: ReceivedEntry, partition: int, topic: str, codecs: Any) -> list[Message]:
+    """All messages of one received entry (of ``topic``, partition ``partition``), minus
+    the batch indexes already acknowledged."""
+    data = entry.data
     header = unpack_entry_header(data)
     batch = decode_batch(memoryview(data)[ENTRY_HEADER_SIZE:], codecs)
     n = batch.num_messages
@@ -188,8 +155,8 @@ def split_entry(
     props = batch.all_properties() if batch.has_properties else None
     times = batch.event_times if batch.has_event_times else None
     empty: dict[str, str] = {}
-    if acked_indexes:
-        skip = set(acked_indexes)
+    if entry.acked_indexes:
+        skip = set(entry.acked_indexes)
         indexes: Any = [i for i in range(n) if i not in skip]
     else:
         indexes = range(n)
@@ -200,12 +167,12 @@ def split_entry(
             props[i] if props is not None else empty,
             times[i] if times is not None else 0,
             publish,
-            segment_id,
-            entry_id,
+            entry.segment_id,
+            entry.entry_id,
             i,
             partition,
             first + i,
-            redelivery_count,
+            entry.redelivery_count,
             topic,
         )
         for i in indexes

@@ -1,16 +1,20 @@
 """The options of producers, consumers and readers, with Pulsar's names in snake_case.
 
-Every face's ``create_producer`` / ``subscribe`` / ``create_reader`` keeps its keyword
-signature and builds one of these in a single call; what opens the producer or consumer on
-the engine (:mod:`pigeon.client._handles`) reads only these objects.
+Each options class's constructor *is* the keyword signature of the faces'
+``create_producer`` / ``subscribe`` / ``create_reader``: a face writes the method as
+``method(self, options)`` under :func:`takes_options`, which gives it the class's
+parameters, defaults and annotations.  What opens the producer or consumer on the engine
+(:mod:`pigeon.client._handles`) reads only these objects.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from dataclasses import KW_ONLY, dataclass, fields
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 from pigeon.client._message import MessageId
 from pigeon.core.errors import InvalidArgument
@@ -19,22 +23,51 @@ __all__ = [
     "ConsumerOptions",
     "DeadLetterPolicy",
     "ProducerOptions",
+    "QueueingProducerOptions",
     "ReaderOptions",
-    "options_from",
+    "SendOptions",
+    "SequencedSendOptions",
+    "TimedSendOptions",
+    "takes_options",
 ]
 
+_O = TypeVar("_O")
+_S = TypeVar("_S")
+_R = TypeVar("_R")
+_P = ParamSpec("_P")
 
-_Options = TypeVar("_Options")
 
+def takes_options(
+    options: Callable[_P, _O],
+) -> Callable[[Callable[[_S, _O], _R]], Callable[Concatenate[_S, _P], _R]]:
+    """Give a face method ``method(self, options)`` the signature of the options class.
 
-def options_from(options: type[_Options], arguments: Mapping[str, Any]) -> _Options:
-    """``options`` built from a face method's arguments (its ``locals()`` on entry).
-
-    Every field the method has a parameter for takes the argument; the others keep their
-    defaults (a test checks each keyword is a field with the same default).
+    The method is called with the options built from the caller's arguments (an ``async``
+    method builds them when awaited, as a coroutine would); ``inspect.signature`` shows
+    the options' parameters, so every face offers one signature, written once.
     """
-    names = getattr(options, "__dataclass_fields__")  # noqa: B009 - a dataclass type
-    return options(**{k: v for k, v in arguments.items() if k in names})
+    parameters = list(inspect.signature(options).parameters.values())
+
+    def decorate(method: Callable[[_S, _O], _R]) -> Callable[Concatenate[_S, _P], _R]:
+        call: Any = method
+        face: Any
+        if inspect.iscoroutinefunction(method):
+
+            async def face(self: Any, *args: Any, **kwargs: Any) -> Any:
+                return await call(self, options(*args, **kwargs))
+
+        else:
+
+            def face(self: Any, *args: Any, **kwargs: Any) -> Any:
+                return call(self, options(*args, **kwargs))
+
+        functools.update_wrapper(face, method)
+        own = inspect.signature(method)
+        self_parameter = next(iter(own.parameters.values()))
+        face.__signature__ = own.replace(parameters=[self_parameter, *parameters])
+        return cast(Callable[Concatenate[_S, _P], _R], face)
+
+    return decorate
 
 
 @dataclass(frozen=True)
@@ -61,10 +94,11 @@ class DeadLetterPolicy:
 
 @dataclass(frozen=True)
 class ProducerOptions:
-    """A producer's options (``block_if_queue_full`` is not offered by the trio face,
-    whose ``send`` always waits for space)."""
+    """A producer's options, as the trio face takes them (its ``send`` always waits for
+    space in the queue)."""
 
     topic: str
+    _: KW_ONLY
     producer_name: str = ""
     batching_max_messages: int = 1000
     batching_max_bytes: int = 128 * 1024
@@ -72,9 +106,17 @@ class ProducerOptions:
     compression: str = "none"
     send_timeout: float = 30.0
     max_pending_messages: int = 100_000
-    block_if_queue_full: bool = True
     routing_mode: str = "round_robin"
     message_router: Callable[[Any, int], int] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class QueueingProducerOptions(ProducerOptions):
+    """The sync and asyncio faces' producer options: with a full queue, a send waits for
+    space (at most ``send_timeout``) or, without ``block_if_queue_full``, raises
+    ProducerQueueFull."""
+
+    block_if_queue_full: bool = True
 
 
 @dataclass(frozen=True)
@@ -83,6 +125,7 @@ class ConsumerOptions:
 
     topic: str | list[str] | re.Pattern[str]
     subscription: str
+    _: KW_ONLY
     subscription_type: str = "exclusive"
     initial_position: str = "latest"
     consumer_name: str = ""
@@ -103,6 +146,7 @@ class ReaderOptions:
 
     topic: str
     start: str | MessageId = "earliest"
+    _: KW_ONLY
     start_message_id_inclusive: bool = False
     receiver_queue_size: int = 10_000
 
@@ -121,3 +165,43 @@ class ReaderOptions:
                 f"start must be 'earliest', 'latest' or a MessageId, got {start!r}"
             )
         return start, -1
+
+
+@dataclass(frozen=True)
+class SendOptions:
+    """One message as the trio face's ``Producer.send`` takes it.
+
+    ``send`` is built on ``send_async``, whose signature each face writes out (it is the
+    hot path: no options object is built per message there).
+    """
+
+    value: bytes
+    _: KW_ONLY
+    key: str | bytes | None = None
+    properties: Mapping[str, str] | None = None
+    event_time: int = 0
+    deliver_at: int | None = None
+    deliver_after: float | None = None
+
+    def send_async_keywords(self) -> dict[str, Any]:
+        """The keywords of the face's ``send_async`` for this message (all but ``value``
+        and ``timeout``)."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name not in ("value", "timeout")
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimedSendOptions(SendOptions):
+    """The asyncio face's: how long ``send`` waits for the receipt."""
+
+    timeout: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SequencedSendOptions(TimedSendOptions):
+    """The sync face's: with an explicit sequence id (see ``ProducerLogic.add``)."""
+
+    sequence_id: int | None = None

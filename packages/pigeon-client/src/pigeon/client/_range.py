@@ -28,6 +28,7 @@ import logging
 import queue
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING
 
 import trio
@@ -168,6 +169,7 @@ def _raise_missing(topic: str, first: int, end: int) -> None:
     )
 
 
+@dataclass(eq=False)
 class RangeReader:
     """Iterates the stored entries holding offsets ``[start, end)`` of one partition.
 
@@ -178,29 +180,23 @@ class RangeReader:
     retention deleted ``[start, first_available)``).
     """
 
-    def __init__(
-        self,
-        client: Client,
-        topic: str,
-        start: int,
-        end: int,
-        *,
-        window: int,
-        idle_timeout: float,
-        on_missing: MissingCallback,
-    ) -> None:
-        self.client = client
-        self.topic = topic
-        self.start = start
-        self.end = end
-        self.window = window
-        self.idle_timeout = idle_timeout
-        self.on_missing = on_missing
-        self.first_available = start
-        self._queue: queue.SimpleQueue[list[ReceivedEntry]] = queue.SimpleQueue()
-        self._cursor: ConsumerEngine | None = None
-        self._granted_to = start
-        self._closed = False
+    client: Client
+    topic: str
+    start: int
+    end: int
+    _: KW_ONLY
+    window: int
+    idle_timeout: float
+    on_missing: MissingCallback
+    _queue: queue.SimpleQueue[list[ReceivedEntry]] = field(
+        init=False, default_factory=queue.SimpleQueue
+    )
+    _cursor: ConsumerEngine | None = field(init=False, default=None)
+    _closed: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        self.first_available = self.start
+        self._granted_to = self.start
 
     # -- engine side
 

@@ -9,43 +9,36 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import functools
 import math
-import re
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
-from pigeon.client._consumer_handle import ConsumerFace, ConsumerHandle, open_consumer, open_reader
+from pigeon.client._consumer_handle import ConsumerFace, ConsumerHandle
 from pigeon.client._core import ProducerCore, message_id_of
-from pigeon.client._engine import ClientEngine
+from pigeon.client._face import ClientBase
 from pigeon.client._future import MessageFuture
-from pigeon.client._handles import (
-    ProducerFace,
-    ProducerHandle,
-    codecs_of,
-    deliver_time,
-    open_producer,
-)
+from pigeon.client._handles import ProducerFace, ProducerHandle, deliver_time
 from pigeon.client._message import Message, MessageId
 from pigeon.client._options import (
     ConsumerOptions,
-    DeadLetterPolicy,
-    ProducerOptions,
+    QueueingProducerOptions,
     ReaderOptions,
-    options_from,
+    SequencedSendOptions,
+    takes_options,
 )
 from pigeon.client._thread import EngineThread
-from pigeon.client.trio import producer_factory
-from pigeon.core import PluginManager
+from pigeon.client.trio import open_face
 from pigeon.core.errors import AlreadyClosed, ProducerQueueFull, Timeout
 
 __all__ = ["Client", "Consumer", "Producer", "Reader"]
 
+_Face = TypeVar("_Face")
 
-class Client:
+
+class Client(ClientBase):
     """A PigeonMQ client whose calls block the calling thread. Thread-safe.
 
     >>> with Client("pigeon://127.0.0.1:6650") as client:  # doctest: +SKIP
@@ -53,16 +46,7 @@ class Client:
     ...         producer.send(b"hello")
     """
 
-    def __init__(
-        self,
-        service_url: str,
-        *,
-        operation_timeout: float = 30.0,
-        plugins: PluginManager | None = None,
-    ) -> None:
-        self.engine = ClientEngine(service_url, operation_timeout=operation_timeout)
-        self.plugins = plugins or PluginManager()
-        self.codecs = codecs_of(self.plugins)
+    def _start(self) -> None:
         self.engine_thread = EngineThread(self.engine)
         self._producers: weakref.WeakSet[Producer] = weakref.WeakSet()
 
@@ -94,91 +78,25 @@ class Client:
         result: list[str] = self.engine_thread.call(self.engine.list_topics, namespace)
         return result
 
-    def create_producer(
-        self,
-        topic: str,
-        *,
-        producer_name: str = "",
-        batching_max_messages: int = 1000,
-        batching_max_bytes: int = 128 * 1024,
-        batching_max_delay_ms: float = 5.0,
-        compression: str = "none",
-        send_timeout: float = 30.0,
-        max_pending_messages: int = 100_000,
-        block_if_queue_full: bool = True,
-        routing_mode: str = "round_robin",
-        message_router: Callable[[Any, int], int] | None = None,
-    ) -> Producer:
-        options = options_from(ProducerOptions, locals())
-        producer = Producer(self.engine_thread, options)
-        producer._handle = self.engine_thread.call(
-            functools.partial(
-                open_producer,
-                self.engine,
-                options,
-                codecs=self.codecs,
-                lock=producer._lock,
-                submit=producer._submit,
-                start_timer=producer._start_timer,
-            )
-        )
-        producer._handle.on_space = producer._space_freed
+    @takes_options(QueueingProducerOptions)
+    def create_producer(self, options: QueueingProducerOptions) -> Producer:
+        producer = self._open(Producer(self.engine_thread, options), options)
         self._producers.add(producer)
         return producer
 
-    def subscribe(
-        self,
-        topic: str | list[str] | re.Pattern[str],
-        subscription: str,
-        *,
-        subscription_type: str = "exclusive",
-        initial_position: str = "latest",
-        consumer_name: str = "",
-        priority: int = 0,
-        receiver_queue_size: int = 10_000,
-        ack_timeout: float = 0.0,
-        negative_ack_redelivery_delay: float = 1.0,
-        dead_letter_policy: DeadLetterPolicy | None = None,
-        pattern_auto_discovery_period: float = 60.0,
-    ) -> Consumer:
+    @takes_options(ConsumerOptions)
+    def subscribe(self, options: ConsumerOptions) -> Consumer:
         """Subscribe to a topic, a list of topics, or a ``re.Pattern`` of topic names."""
-        options = options_from(ConsumerOptions, locals())
-        consumer = Consumer(self.engine_thread)
-        consumer._handle = self.engine_thread.call(
-            functools.partial(
-                open_consumer,
-                self.engine,
-                options,
-                codecs=self.codecs,
-                lock=consumer._cond,
-                notify=consumer._notify,
-                producer_factory=producer_factory(self.engine, self.codecs),
-            )
-        )
-        return consumer
+        return self._open(Consumer(self.engine_thread), options)
 
-    def create_reader(
-        self,
-        topic: str,
-        start: str | MessageId = "earliest",
-        *,
-        start_message_id_inclusive: bool = False,
-        receiver_queue_size: int = 10_000,
-    ) -> Reader:
+    @takes_options(ReaderOptions)
+    def create_reader(self, options: ReaderOptions) -> Reader:
         """A reader from ``"earliest"``, ``"latest"`` or after a MessageId."""
-        options = options_from(ReaderOptions, locals())
-        reader = Reader(self.engine_thread)
-        reader._handle = self.engine_thread.call(
-            functools.partial(
-                open_reader,
-                self.engine,
-                options,
-                codecs=self.codecs,
-                lock=reader._cond,
-                notify=reader._notify,
-            )
-        )
-        return reader
+        return self._open(Reader(self.engine_thread), options)
+
+    def _open(self, face: _Face, options: Any) -> _Face:
+        opened: _Face = self.engine_thread.call(open_face, face, self.engine, self.codecs, options)
+        return opened
 
 
 class Producer(ProducerFace):
@@ -186,7 +104,7 @@ class Producer(ProducerFace):
 
     _handle: ProducerHandle
 
-    def __init__(self, thread: EngineThread, options: ProducerOptions) -> None:
+    def __init__(self, thread: EngineThread, options: QueueingProducerOptions) -> None:
         self._thread = thread
         self._max_pending = options.max_pending_messages
         self._block = options.block_if_queue_full
@@ -216,32 +134,14 @@ class Producer(ProducerFace):
         with self._lock:
             self._space.notify_all()
 
-    def send(
-        self,
-        value: bytes,
-        *,
-        key: str | bytes | None = None,
-        properties: Mapping[str, str] | None = None,
-        event_time: int = 0,
-        deliver_at: int | None = None,
-        deliver_after: float | None = None,
-        timeout: float | None = None,
-        sequence_id: int | None = None,
-    ) -> MessageId:
+    @takes_options(SequencedSendOptions)
+    def send(self, message: SequencedSendOptions) -> MessageId:
         """Send one message and wait for the broker's receipt."""
-        fut = self.send_async(
-            value,
-            key=key,
-            properties=properties,
-            event_time=event_time,
-            deliver_at=deliver_at,
-            deliver_after=deliver_after,
-            sequence_id=sequence_id,
-        )
+        fut = self.send_async(message.value, **message.send_async_keywords())
         try:
-            return fut.result(timeout)
+            return fut.result(message.timeout)
         except concurrent.futures.TimeoutError:
-            raise Timeout(f"no receipt within {timeout}s") from None
+            raise Timeout(f"no receipt within {message.timeout}s") from None
 
     def send_async(
         self,
@@ -261,33 +161,30 @@ class Producer(ProducerFace):
         back on shared subscriptions until then.
         """
         h = self._handle
+        fut: MessageFuture
         if deliver_at is None and deliver_after is None and sequence_id is None:
             with self._lock:
                 if h.closed or h.outstanding >= self._max_pending:
-                    fut = self._add_slow(value, key, properties, event_time, 0, None)
+                    self._wait_for_space()
+                    fut = h.logic.add(value, key, properties, event_time, 0, None, _make_future)
                 else:
                     fut = h.logic.add_plain(value, key, properties, event_time)
-                    h.outstanding += 1
-            if callback is not None:
-                fut.add_done_callback(callback)
-            return fut
-        when = deliver_time(deliver_at, deliver_after)
-        with self._lock:
-            fut = self._add_slow(value, key, properties, event_time, when, sequence_id)
+                h.outstanding += 1
+        else:
+            when = deliver_time(deliver_at, deliver_after)
+            with self._lock:
+                self._wait_for_space()
+                fut = h.logic.add(
+                    value, key, properties, event_time, when, None, _make_future, sequence_id
+                )
+                h.outstanding += 1
         if callback is not None:
             fut.add_done_callback(callback)
         return fut
 
-    def _add_slow(
-        self,
-        value: bytes,
-        key: str | bytes | None,
-        properties: Mapping[str, str] | None,
-        event_time: int,
-        when: int,
-        sequence_id: int | None,
-    ) -> MessageFuture:
-        """Under the lock: wait for queue space (or fail), then add with every option."""
+    def _wait_for_space(self) -> None:
+        """Under the lock: wait for queue space, or fail (closed, full and not blocking,
+        or still full after ``send_timeout``)."""
         h = self._handle
         if h.closed:
             raise AlreadyClosed("producer is closed")
@@ -302,11 +199,6 @@ class Producer(ProducerFace):
                 if left <= 0 or h.closed:
                     raise Timeout("producer queue stayed full")
                 self._space.wait(left)
-        fut: MessageFuture = h.logic.add(
-            value, key, properties, event_time, when, None, _make_future, sequence_id
-        )
-        h.outstanding += 1
-        return fut
 
     def flush(self) -> None:
         """Send what is batched and wait until every pending message is acknowledged."""
@@ -336,11 +228,11 @@ class _Receiving:
 
     def __init__(self, thread: EngineThread) -> None:
         self._thread = thread
-        self._cond = threading.Condition()
+        self._lock = threading.Condition()
 
     def _notify(self) -> None:
-        with self._cond:
-            self._cond.notify_all()
+        with self._lock:
+            self._lock.notify_all()
 
     def __exit__(self, *exc: object) -> None:
         self.close()
@@ -350,7 +242,7 @@ class _Receiving:
     ) -> list[Message]:
         h = self._handle
         deadline = time.monotonic() + (timeout if timeout is not None else math.inf)
-        with self._cond:
+        with self._lock:
             while True:
                 if h.closed:
                     raise AlreadyClosed("consumer is closed")
@@ -360,7 +252,7 @@ class _Receiving:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise Timeout(f"no message within {timeout}s")
-                self._cond.wait(None if math.isinf(left) else min(left, 1.0))
+                self._lock.wait(None if math.isinf(left) else min(left, 1.0))
         for engine, permits in grants:
             self._thread.soon(engine.flow, permits)
         return msgs

@@ -34,61 +34,42 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import logging
 import math
-import re
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from pigeon.client._asyncio_bridge import run_on_engine, spawn_on_engine
-from pigeon.client._consumer_handle import ConsumerFace, ConsumerHandle, open_consumer, open_reader
-from pigeon.client._core import message_id_of
-from pigeon.client._engine import ClientEngine
-from pigeon.client._handles import (
-    ProducerFace,
-    ProducerHandle,
-    codecs_of,
-    deliver_time,
-    open_producer,
-)
+from pigeon.client._face import AsyncConsumer, AsyncReader, AsyncReceiving, ClientBase
+from pigeon.client._handles import ProducerFace, ProducerHandle, deliver_time
 from pigeon.client._message import Message, MessageId, receipt_message_id
 from pigeon.client._options import (
     ConsumerOptions,
-    DeadLetterPolicy,
-    ProducerOptions,
+    QueueingProducerOptions,
     ReaderOptions,
-    options_from,
+    TimedSendOptions,
+    takes_options,
 )
+from pigeon.client._options import DeadLetterPolicy as DeadLetterPolicy  # re-exported
 from pigeon.client._thread import EngineThread
-from pigeon.client.trio import producer_factory
-from pigeon.core import PluginManager
+from pigeon.client.trio import open_face
 from pigeon.core.errors import AlreadyClosed, ProducerQueueFull, Timeout
 
 __all__ = ["Client", "Consumer", "DeadLetterPolicy", "Producer", "Reader"]
 
-log = logging.getLogger(__name__)
+
+_Face = TypeVar("_Face", bound="Producer | _Receiving")
 
 
-class Client:
+class Client(ClientBase):
     """A PigeonMQ client for asyncio programs; an async context manager.
 
     Constructing it starts the engine thread (no network I/O yet).  Every object it makes
     belongs to the event loop it was made in.
     """
 
-    def __init__(
-        self,
-        service_url: str,
-        *,
-        operation_timeout: float = 30.0,
-        plugins: PluginManager | None = None,
-    ) -> None:
-        self.engine = ClientEngine(service_url, operation_timeout=operation_timeout)
-        self.plugins = plugins or PluginManager()
-        self.codecs = codecs_of(self.plugins)
+    def _start(self) -> None:
         self.engine_thread = EngineThread(self.engine)
         self._closed = False
         self._producers: weakref.WeakSet[Producer] = weakref.WeakSet()
@@ -154,103 +135,36 @@ class Client:
         result: list[str] = await self._run(self.engine.list_topics, namespace)
         return result
 
-    async def create_producer(
-        self,
-        topic: str,
-        *,
-        producer_name: str = "",
-        batching_max_messages: int = 1000,
-        batching_max_bytes: int = 128 * 1024,
-        batching_max_delay_ms: float = 5.0,
-        compression: str = "none",
-        send_timeout: float = 30.0,
-        max_pending_messages: int = 100_000,
-        block_if_queue_full: bool = True,
-        routing_mode: str = "round_robin",
-        message_router: Callable[[Any, int], int] | None = None,
-    ) -> Producer:
-        options = options_from(ProducerOptions, locals())
-        producer = Producer(self, options)
-        open_ = functools.partial(
-            open_producer,
-            self.engine,
-            options,
-            codecs=self.codecs,
-            lock=producer._lock,
-            submit=producer._submit,
-            start_timer=producer._start_timer,
-            # receipts resolve futures on the loop's thread, once per batch
-            callback_for=producer._callback_for,
-        )
-        handle: ProducerHandle = await self._run(
-            open_, shield=True, orphan=self._close_orphan_producer
-        )
-        producer._handle = handle
+    @takes_options(QueueingProducerOptions)
+    async def create_producer(self, options: QueueingProducerOptions) -> Producer:
+        producer = await self._open(Producer(self, options), options)
         self._producers.add(producer)
         return producer
 
-    async def subscribe(
-        self,
-        topic: str | list[str] | re.Pattern[str],
-        subscription: str,
-        *,
-        subscription_type: str = "exclusive",
-        initial_position: str = "latest",
-        consumer_name: str = "",
-        priority: int = 0,
-        receiver_queue_size: int = 10_000,
-        ack_timeout: float = 0.0,
-        negative_ack_redelivery_delay: float = 1.0,
-        dead_letter_policy: DeadLetterPolicy | None = None,
-        pattern_auto_discovery_period: float = 60.0,
-    ) -> Consumer:
+    @takes_options(ConsumerOptions)
+    async def subscribe(self, options: ConsumerOptions) -> Consumer:
         """Subscribe to a topic, a list of topics, or a ``re.Pattern`` of topic names."""
-        options = options_from(ConsumerOptions, locals())
-        consumer = Consumer(self)
-        open_ = functools.partial(
-            open_consumer,
-            self.engine,
-            options,
-            codecs=self.codecs,
-            lock=consumer._lock,
-            notify=consumer._notify,
-            producer_factory=producer_factory(self.engine, self.codecs),
-        )
-        consumer._handle = await self._run(open_, shield=True, orphan=self._close_orphan)
+        consumer = await self._open(Consumer(self), options)
         self._receivers.add(consumer)
         return consumer
 
-    async def create_reader(
-        self,
-        topic: str,
-        start: str | MessageId = "earliest",
-        *,
-        start_message_id_inclusive: bool = False,
-        receiver_queue_size: int = 10_000,
-    ) -> Reader:
+    @takes_options(ReaderOptions)
+    async def create_reader(self, options: ReaderOptions) -> Reader:
         """A reader from ``"earliest"``, ``"latest"`` or after a MessageId."""
-        options = options_from(ReaderOptions, locals())
-        reader = Reader(self)
-        open_ = functools.partial(
-            open_reader,
-            self.engine,
-            options,
-            codecs=self.codecs,
-            lock=reader._lock,
-            notify=reader._notify,
-        )
-        reader._handle = await self._run(open_, shield=True, orphan=self._close_orphan)
+        reader = await self._open(Reader(self), options)
         self._receivers.add(reader)
         return reader
 
-    def _close_orphan_producer(self, handle: ProducerHandle) -> None:
-        """A producer opened for a task that stopped waiting: close it again."""
-        handle.closed = True
-        self._spawn(handle.close)
+    async def _open(self, face: _Face, options: Any) -> _Face:
+        opened: _Face = await self._run(
+            open_face, face, self.engine, self.codecs, options, shield=True, orphan=self._orphan
+        )
+        return opened
 
-    def _close_orphan(self, handle: ConsumerHandle) -> None:
-        """A consumer or reader opened for a task that stopped waiting: close it again."""
-        self._spawn(handle.close)
+    def _orphan(self, face: Producer | _Receiving) -> None:
+        """A producer or consumer opened for a task that stopped waiting: close it again."""
+        face._handle.closed = True
+        self._spawn(face._handle.close)
 
 
 class Producer(ProducerFace):
@@ -262,7 +176,7 @@ class Producer(ProducerFace):
 
     _handle: ProducerHandle
 
-    def __init__(self, client: Client, options: ProducerOptions) -> None:
+    def __init__(self, client: Client, options: QueueingProducerOptions) -> None:
         self._client = client
         self._loop = asyncio.get_running_loop()
         self._max_pending = options.max_pending_messages
@@ -305,17 +219,8 @@ class Producer(ProducerFace):
 
     # -- public ------------------------------------------------------------------------
 
-    async def send(
-        self,
-        value: bytes,
-        *,
-        key: str | bytes | None = None,
-        properties: Mapping[str, str] | None = None,
-        event_time: int = 0,
-        deliver_at: int | None = None,
-        deliver_after: float | None = None,
-        timeout: float | None = None,
-    ) -> MessageId:
+    @takes_options(TimedSendOptions)
+    async def send(self, message: TimedSendOptions) -> MessageId:
         """Send one message and wait for the broker's receipt.
 
         If the pending queue is full and ``block_if_queue_full`` is set, wait for space
@@ -323,19 +228,12 @@ class Producer(ProducerFace):
         """
         if self._block:
             await self._wait_for_space()
-        fut = self.send_async(
-            value,
-            key=key,
-            properties=properties,
-            event_time=event_time,
-            deliver_at=deliver_at,
-            deliver_after=deliver_after,
-        )
+        fut = self.send_async(message.value, **message.send_async_keywords())
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(message.timeout):
                 return await fut
         except TimeoutError:
-            raise Timeout(f"no receipt within {timeout}s") from None
+            raise Timeout(f"no receipt within {message.timeout}s") from None
 
     async def _wait_for_space(self) -> None:
         h = self._handle
@@ -452,8 +350,10 @@ class _BatchCompletion:
         self.producer._batch_done(len(self.futures))
 
 
-class _Receiving:
-    _handle: ConsumerHandle
+class _Receiving(AsyncReceiving):
+    """How an asyncio-face consumer or reader reaches the engine (through the client's
+    bridge) and waits: the engine queues entries and wakes the loop (``_notify``); the
+    loop's thread splits them into messages."""
 
     def __init__(self, client: Client) -> None:
         self._client = client
@@ -476,75 +376,37 @@ class _Receiving:
         self._wake_pending = False
         self._arrived.set()
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+    async def _engine(self, afn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+        return await self._client._run(afn, *args)
 
-    async def batch_receive(
-        self,
-        max_messages: int = 1000,
-        timeout: float | None = None,
-    ) -> list[Message]:
-        """Up to ``max_messages`` messages, at least one; raises Timeout after ``timeout`` s."""
-        h = self._handle
-        client = self._client
-        deadline = self._loop.time() + (timeout if timeout is not None else math.inf)
-        while True:
-            self._arrived.clear()  # before looking, so no wake-up is lost
-            if h.closed:
-                raise AlreadyClosed("consumer is closed")
-            msgs, grants = h.receive_nowait(max_messages, client.engine_thread.now())
-            if msgs:
-                break
-            left = deadline - self._loop.time()
-            if left <= 0:
-                raise Timeout(f"no message within {timeout}s")
-            try:
-                async with asyncio.timeout(None if math.isinf(left) else left):
-                    await self._arrived.wait()
-            except TimeoutError:
-                pass  # look once more, then raise Timeout
-        for engine, permits in grants:
-            with contextlib.suppress(AlreadyClosed):
-                client._soon(engine.flow, permits)
-        return msgs
+    def _soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        self._client._soon(fn, *args)
 
-    async def receive(self, timeout: float | None = None) -> Message:
-        """The next message; raises pigeon.client.Timeout after ``timeout`` seconds."""
-        return (await self.batch_receive(1, timeout))[0]
+    async def _close_handle(self) -> None:
+        if not self._client._closed:
+            await self._client._run(self._handle.close, shield=True)
 
-    async def seek(
-        self,
-        target: MessageId | None = None,
-        *,
-        offset: int | None = None,
-        timestamp: int | None = None,
-    ) -> None:
-        """Move to a MessageId, a partition offset, or a publish time (ms since the epoch)."""
-        await self._client._run(self._handle.seek, target, offset, timestamp)
+    def _now(self) -> float:
+        return self._client.engine_thread.now()
 
-    async def close(self) -> None:
-        h = self._handle
-        if h.closed:
-            return
-        try:
-            if not self._client._closed:
-                await self._client._run(h.close, shield=True)
-        finally:
-            self._mark_closed()
+    def _clock(self) -> float:
+        return self._loop.time()
 
-    def _mark_closed(self) -> None:
-        self._handle.closed = True
-        self._arrived.set()
+    def _arm(self) -> None:
+        self._arrived.clear()
+
+    async def _wait_until(self, deadline: float) -> None:
+        left = deadline - self._loop.time()
+        with contextlib.suppress(TimeoutError):  # look once more, then raise Timeout
+            async with asyncio.timeout(None if math.isinf(left) else left):
+                await self._arrived.wait()
 
 
-class Consumer(ConsumerFace, _Receiving):
+class Consumer(_Receiving, AsyncConsumer):
     """Receives the messages of one subscription (on one or more topics).
 
     ``async for msg in consumer:`` receives forever.
     """
-
-    async def __aenter__(self) -> Consumer:
-        return self
 
     def __aiter__(self) -> Consumer:
         return self
@@ -552,45 +414,6 @@ class Consumer(ConsumerFace, _Receiving):
     async def __anext__(self) -> Message:
         return await self.receive()
 
-    async def acknowledge(self, message: Message | MessageId) -> None:
-        """Acknowledge one message (sent to the broker in groups, every 100 ms)."""
-        if self._handle.acknowledge(message_id_of(message)):
-            self._client._soon(self._handle.flush_acks_nowait)
 
-    async def acknowledge_cumulative(self, message: Message | MessageId) -> None:
-        """Acknowledge this message and every earlier one of its partition."""
-        self._handle.acknowledge_cumulative(message_id_of(message))
-
-    async def negative_acknowledge(self, message: Message) -> None:
-        """Ask for this message again after ``negative_ack_redelivery_delay`` seconds."""
-        self._handle.negative_acknowledge(message, self._client.engine_thread.now())
-
-    async def reconsume_later(self, message: Message, delay: float) -> None:
-        """Republish to the retry topic, delivered after ``delay`` seconds; acknowledge."""
-        await self._client._run(self._handle.reconsume_later, message, delay)
-
-    async def redeliver_unacknowledged_messages(self) -> None:
-        """Have the broker send again every message received but not acknowledged."""
-        await self._client._run(self._handle.redeliver_unacknowledged)
-
-    async def unsubscribe(self) -> None:
-        try:
-            await self._client._run(self._handle.unsubscribe)
-        finally:
-            self._arrived.set()
-
-
-class Reader(_Receiving):
+class Reader(_Receiving, AsyncReader):
     """Reads a topic from a position, without a durable subscription."""
-
-    async def __aenter__(self) -> Reader:
-        return self
-
-    async def read_next(self, timeout: float | None = None) -> Message:
-        msg = await self.receive(timeout)
-        self._handle.acknowledge_cumulative(msg.message_id)
-        return msg
-
-    async def has_message_available(self) -> bool:
-        result: bool = await self._client._run(self._handle.has_message_available)
-        return result

@@ -10,57 +10,35 @@ async with pigeon.client.trio.Client("pigeon://127.0.0.1:6650") as client:
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import math
-import re
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
-from pigeon.client._consumer_handle import ConsumerFace, ConsumerHandle, open_consumer, open_reader
-from pigeon.client._core import message_id_of
-from pigeon.client._engine import ClientEngine, PendingBatch
-from pigeon.client._handles import (
-    ProducerFace,
-    ProducerHandle,
-    codecs_of,
-    deliver_time,
-    open_producer,
-)
-from pigeon.client._message import Message, MessageId
+from pigeon.client._consumer_handle import open_consumer, open_reader
+from pigeon.client._engine import ClientEngine
+from pigeon.client._face import AsyncConsumer, AsyncReader, AsyncReceiving, ClientBase
+from pigeon.client._handles import NOLOCK, ProducerFace, ProducerHandle, deliver_time, open_producer
+from pigeon.client._message import MessageId
 from pigeon.client._options import (
     ConsumerOptions,
-    DeadLetterPolicy,
     ProducerOptions,
     ReaderOptions,
-    options_from,
+    SendOptions,
+    takes_options,
 )
-from pigeon.client._producer_engine import ProducerEngine
-from pigeon.core import PluginManager
+from pigeon.client._options import DeadLetterPolicy as DeadLetterPolicy  # re-exported
 from pigeon.core.codecs import CodecSet
-from pigeon.core.errors import AlreadyClosed, Timeout
+from pigeon.core.errors import AlreadyClosed
 
 __all__ = ["Client", "Consumer", "DeadLetterPolicy", "Producer", "Reader"]
 
-_NOLOCK = contextlib.nullcontext()
 
-
-class Client:
+class Client(ClientBase):
     """A connection to a PigeonMQ cluster; a trio async context manager."""
 
-    def __init__(
-        self,
-        service_url: str,
-        *,
-        operation_timeout: float = 30.0,
-        plugins: PluginManager | None = None,
-    ) -> None:
-        self.engine = ClientEngine(service_url, operation_timeout=operation_timeout)
-        self.plugins = plugins or PluginManager()
-        self.codecs = codecs_of(self.plugins)
-        self._nursery_cm: Any = None
+    _nursery_cm: Any = None
 
     async def __aenter__(self) -> Client:
         self._nursery_cm = trio.open_nursery()
@@ -82,93 +60,44 @@ class Client:
     async def list_topics(self, namespace: str = "public/default") -> list[str]:
         return await self.engine.list_topics(namespace)
 
-    async def create_producer(
-        self,
-        topic: str,
-        *,
-        producer_name: str = "",
-        batching_max_messages: int = 1000,
-        batching_max_bytes: int = 128 * 1024,
-        batching_max_delay_ms: float = 5.0,
-        compression: str = "none",
-        send_timeout: float = 30.0,
-        max_pending_messages: int = 100_000,
-        routing_mode: str = "round_robin",
-        message_router: Callable[[Any, int], int] | None = None,
-    ) -> Producer:
-        options = options_from(ProducerOptions, locals())
-        return await open_trio_producer(self.engine, self.codecs, options)
+    @takes_options(ProducerOptions)
+    async def create_producer(self, options: ProducerOptions) -> Producer:
+        return await open_face(Producer(options), self.engine, self.codecs, options)
 
-    async def subscribe(
-        self,
-        topic: str | list[str] | re.Pattern[str],
-        subscription: str,
-        *,
-        subscription_type: str = "exclusive",
-        initial_position: str = "latest",
-        consumer_name: str = "",
-        priority: int = 0,
-        receiver_queue_size: int = 10_000,
-        ack_timeout: float = 0.0,
-        negative_ack_redelivery_delay: float = 1.0,
-        dead_letter_policy: DeadLetterPolicy | None = None,
-        pattern_auto_discovery_period: float = 60.0,
-    ) -> Consumer:
-        options = options_from(ConsumerOptions, locals())
-        consumer = Consumer()
-        consumer._handle = await open_consumer(
-            self.engine,
-            options,
-            codecs=self.codecs,
-            lock=_NOLOCK,
-            notify=consumer._notify,
-            producer_factory=producer_factory(self.engine, self.codecs),
+    @takes_options(ConsumerOptions)
+    async def subscribe(self, options: ConsumerOptions) -> Consumer:
+        return await open_face(Consumer(), self.engine, self.codecs, options)
+
+    @takes_options(ReaderOptions)
+    async def create_reader(self, options: ReaderOptions) -> Reader:
+        return await open_face(Reader(), self.engine, self.codecs, options)
+
+
+_Face = TypeVar("_Face", bound="ProducerFace | _Receiving")
+
+
+async def open_face(face: _Face, engine: ClientEngine, codecs: CodecSet, options: Any) -> _Face:
+    """*engine*: open what ``options`` describe (producer, consumer or reader options) as
+    ``face``'s handle; ``face`` is a Producer, Consumer or Reader of any face, whose lock and
+    hooks (``_notify`` for consumers and readers) the handle takes.  Consumers publish dead
+    letters and retries through trio-face producers."""
+    f: Any = face
+    if isinstance(options, ProducerOptions):
+        f._handle = await open_producer(engine, options, codecs=codecs, face=f)
+    elif isinstance(options, ReaderOptions):
+        f._handle = await open_reader(engine, options, codecs=codecs, face=f)
+    else:
+        dead_letters = functools.partial(_open_default_producer, engine, codecs)
+        f._handle = await open_consumer(
+            engine, options, codecs=codecs, face=f, producer_factory=dead_letters
         )
-        return consumer
-
-    async def create_reader(
-        self,
-        topic: str,
-        start: str | MessageId = "earliest",
-        *,
-        start_message_id_inclusive: bool = False,
-        receiver_queue_size: int = 10_000,
-    ) -> Reader:
-        options = options_from(ReaderOptions, locals())
-        reader = Reader()
-        reader._handle = await open_reader(
-            self.engine, options, codecs=self.codecs, lock=_NOLOCK, notify=reader._notify
-        )
-        return reader
-
-
-async def open_trio_producer(
-    engine: ClientEngine, codecs: CodecSet, options: ProducerOptions
-) -> Producer:
-    """*engine*: a trio-face producer on ``engine``, from the engine's own thread."""
-    producer = Producer(options.max_pending_messages)
-    producer._handle = await open_producer(
-        engine, options, codecs=codecs, lock=_NOLOCK, submit=submit_now
-    )
-    producer._handle.on_space = producer._space_freed
-    return producer
-
-
-def producer_factory(
-    engine: ClientEngine, codecs: CodecSet
-) -> Callable[[str], Awaitable[Producer]]:
-    """What a consumer of any face publishes dead letters and retries with: trio-face
-    producers with default options, opened on the engine's thread."""
-    return functools.partial(_open_default_producer, engine, codecs)
+    return face
 
 
 async def _open_default_producer(engine: ClientEngine, codecs: CodecSet, topic: str) -> Producer:
-    return await open_trio_producer(engine, codecs, ProducerOptions(topic))
-
-
-def submit_now(engine: ProducerEngine, batch: PendingBatch) -> None:
-    """*engine*: hand a sealed batch to its partition's engine at once."""
-    engine.submit(batch)
+    """*engine*: a producer with default options, for a consumer's dead letters and retries."""
+    options = ProducerOptions(topic)
+    return await open_face(Producer(options), engine, codecs, options)
 
 
 class Producer(ProducerFace):
@@ -176,8 +105,8 @@ class Producer(ProducerFace):
 
     _handle: ProducerHandle
 
-    def __init__(self, max_pending: int) -> None:
-        self._max_pending = max_pending
+    def __init__(self, options: ProducerOptions) -> None:
+        self._max_pending = options.max_pending_messages
         self._space = trio.Event()
 
     def _space_freed(self) -> None:
@@ -189,27 +118,11 @@ class Producer(ProducerFace):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def send(
-        self,
-        value: bytes,
-        *,
-        key: str | bytes | None = None,
-        properties: Mapping[str, str] | None = None,
-        event_time: int = 0,
-        deliver_at: int | None = None,
-        deliver_after: float | None = None,
-    ) -> MessageId:
+    @takes_options(SendOptions)
+    async def send(self, message: SendOptions) -> MessageId:
         """Send and wait for the broker's receipt."""
         receipt = _Receipt()
-        await self.send_async(
-            value,
-            key=key,
-            properties=properties,
-            event_time=event_time,
-            deliver_at=deliver_at,
-            deliver_after=deliver_after,
-            callback=receipt,
-        )
+        await self.send_async(message.value, **message.send_async_keywords(), callback=receipt)
         return await receipt.wait()
 
     async def send_async(
@@ -270,8 +183,11 @@ class _Receipt:
         return self.message_id
 
 
-class _Receiving:
-    _handle: ConsumerHandle
+class _Receiving(AsyncReceiving):
+    """How a trio-face consumer or reader reaches the engine and waits: directly, in the
+    caller's trio run."""
+
+    _lock = NOLOCK
 
     def __init__(self) -> None:
         self._arrived = trio.Event()
@@ -279,89 +195,31 @@ class _Receiving:
     def _notify(self) -> None:
         self._arrived.set()
 
-    async def batch_receive(
-        self, max_messages: int = 1000, timeout: float | None = None
-    ) -> list[Message]:
-        h = self._handle
-        deadline = trio.current_time() + (timeout if timeout is not None else math.inf)
-        while True:
-            if h.closed:
-                raise AlreadyClosed("consumer is closed")
-            msgs, grants = h.receive_nowait(max_messages, trio.current_time())
-            if msgs:
-                break
-            if trio.current_time() >= deadline:
-                raise Timeout(f"no message within {timeout}s")
-            self._arrived = trio.Event()
-            with trio.move_on_at(deadline):
-                await self._arrived.wait()
-        for engine, permits in grants:
-            engine.flow(permits)
-        return msgs
+    async def _engine(self, afn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+        return await afn(*args)
 
-    async def receive(self, timeout: float | None = None) -> Message:
-        """The next message; raises Timeout after ``timeout`` seconds."""
-        return (await self.batch_receive(1, timeout))[0]
+    def _soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        fn(*args)
 
-    async def seek(
-        self,
-        target: MessageId | None = None,
-        *,
-        offset: int | None = None,
-        timestamp: int | None = None,
-    ) -> None:
-        """Move the subscription to a MessageId, a partition offset or a publish time (ms)."""
-        await self._handle.seek(target, offset, timestamp)
+    async def _close_handle(self) -> None:
+        await self._handle.close()
 
-    async def close(self) -> None:
-        h = self._handle
-        if h.closed:
-            return
-        await h.close()
-        self._arrived.set()
+    def _now(self) -> float:
+        return trio.current_time()
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+    _clock = _now
+
+    def _arm(self) -> None:
+        self._arrived = trio.Event()
+
+    async def _wait_until(self, deadline: float) -> None:
+        with trio.move_on_at(deadline):
+            await self._arrived.wait()
 
 
-class Consumer(ConsumerFace, _Receiving):
+class Consumer(_Receiving, AsyncConsumer):
     """Receives the messages of one subscription (on one or more topics)."""
 
-    async def __aenter__(self) -> Consumer:
-        return self
 
-    async def acknowledge(self, message: Message | MessageId) -> None:
-        if self._handle.acknowledge(message_id_of(message)):
-            self._handle.flush_acks_nowait()
-
-    async def acknowledge_cumulative(self, message: Message | MessageId) -> None:
-        self._handle.acknowledge_cumulative(message_id_of(message))
-
-    async def negative_acknowledge(self, message: Message) -> None:
-        """Ask for this message again after ``negative_ack_redelivery_delay``."""
-        self._handle.negative_acknowledge(message, trio.current_time())
-
-    async def reconsume_later(self, message: Message, delay: float) -> None:
-        """Republish to the retry topic (delivered after ``delay`` s) and acknowledge."""
-        await self._handle.reconsume_later(message, delay)
-
-    async def redeliver_unacknowledged_messages(self) -> None:
-        await self._handle.redeliver_unacknowledged()
-
-    async def unsubscribe(self) -> None:
-        await self._handle.unsubscribe()
-
-
-class Reader(_Receiving):
+class Reader(_Receiving, AsyncReader):
     """Reads a topic from a position without a durable subscription."""
-
-    async def __aenter__(self) -> Reader:
-        return self
-
-    async def read_next(self, timeout: float | None = None) -> Message:
-        msg = await self.receive(timeout)
-        self._handle.acknowledge_cumulative(msg.message_id)
-        return msg
-
-    async def has_message_available(self) -> bool:
-        return await self._handle.has_message_available()

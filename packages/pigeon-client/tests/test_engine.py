@@ -1,5 +1,7 @@
-"""Producers and consumers re-attach until they succeed, and lose nothing acknowledged
-(issue #12, mechanisms 3 and 4), against an in-process standalone in virtual time.
+"""The engine's re-attach loop (``_engine.Reconnecting``, run by the producer and consumer
+engines): producers and consumers re-attach until they succeed, and lose nothing
+acknowledged (issue #12, mechanisms 3 and 4), against an in-process standalone in virtual
+time.
 
 * A topic unloaded again and again under a producer that keeps sending: every
   acknowledged message is stored once, in order (the old client sent new batches on the

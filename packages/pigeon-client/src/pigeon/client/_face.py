@@ -1,0 +1,180 @@
+"""What the faces share: the Client's engine, plugins and codecs (all three faces), and
+the Consumer and Reader methods of the two async faces (trio and asyncio).
+
+A face's Client adds its calling convention (a blocking call into the engine's thread, an
+awaited asyncio bridge, or a plain ``await`` in the caller's trio run); its
+``create_producer`` / ``subscribe`` / ``create_reader`` take their options' signatures
+(:func:`pigeon.client._options.takes_options`) and open through one engine-side function,
+:func:`pigeon.client.trio.open_face`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any, Self
+
+from pigeon.client._consumer_handle import ConsumerFace, ConsumerHandle
+from pigeon.client._core import message_id_of
+from pigeon.client._engine import ClientEngine
+from pigeon.client._handles import codecs_of
+from pigeon.client._message import Message, MessageId
+from pigeon.core import PluginManager
+from pigeon.core.errors import AlreadyClosed, Timeout
+
+__all__ = ["AsyncConsumer", "AsyncReader", "AsyncReceiving", "ClientBase"]
+
+
+class ClientBase:
+    """The engine (not connected yet), the plugins and the codecs they registered."""
+
+    def __init__(
+        self,
+        service_url: str,
+        *,
+        operation_timeout: float = 30.0,
+        plugins: PluginManager | None = None,
+    ) -> None:
+        self.engine = ClientEngine(service_url, operation_timeout=operation_timeout)
+        self.plugins = plugins or PluginManager()
+        self.codecs = codecs_of(self.plugins)
+        self._start()
+
+    def _start(self) -> None:
+        """The face's own start, once the engine exists (the sync and asyncio faces start
+        the engine's thread here)."""
+
+
+class AsyncReceiving:
+    """The receiving half of the trio and asyncio faces' Consumer and Reader.
+
+    The face supplies, in a class before this one, how it reaches the engine
+    (``_engine``, ``_soon``, ``_close_handle``), its clocks (``_now``: the engine's, for
+    ack timeouts and nacks; ``_clock``: the one receive deadlines are on) and how it
+    waits for messages (``_arm`` before looking, ``_wait_until`` a deadline); its
+    ``_notify`` sets ``_arrived``.
+    """
+
+    _handle: ConsumerHandle
+    _arrived: Any  # a trio.Event or an asyncio.Event
+
+    async def _engine(self, afn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+        raise NotImplementedError
+
+    def _soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        raise NotImplementedError
+
+    async def _close_handle(self) -> None:
+        raise NotImplementedError
+
+    def _now(self) -> float:
+        raise NotImplementedError
+
+    def _clock(self) -> float:
+        raise NotImplementedError
+
+    def _arm(self) -> None:
+        raise NotImplementedError
+
+    async def _wait_until(self, deadline: float) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def batch_receive(
+        self,
+        max_messages: int = 1000,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> list[Message]:
+        """Up to ``max_messages`` messages, at least one; raises Timeout after ``timeout`` s."""
+        h = self._handle
+        deadline = self._clock() + (timeout if timeout is not None else math.inf)
+        while True:
+            self._arm()  # before looking, so no wake-up is lost
+            if h.closed:
+                raise AlreadyClosed("consumer is closed")
+            msgs, grants = h.receive_nowait(max_messages, self._now())
+            if msgs:
+                break
+            if self._clock() >= deadline:
+                raise Timeout(f"no message within {timeout}s")
+            await self._wait_until(deadline)
+        for engine, permits in grants:
+            with contextlib.suppress(AlreadyClosed):
+                self._soon(engine.flow, permits)
+        return msgs
+
+    async def receive(self, timeout: float | None = None) -> Message:  # noqa: ASYNC109
+        """The next message; raises pigeon.client.Timeout after ``timeout`` seconds."""
+        return (await self.batch_receive(1, timeout))[0]
+
+    async def seek(
+        self,
+        target: MessageId | None = None,
+        *,
+        offset: int | None = None,
+        timestamp: int | None = None,
+    ) -> None:
+        """Move to a MessageId, a partition offset, or a publish time (ms since the epoch)."""
+        await self._engine(self._handle.seek, target, offset, timestamp)
+
+    async def close(self) -> None:
+        if self._handle.closed:
+            return
+        try:
+            await self._close_handle()
+        finally:
+            self._mark_closed()
+
+    def _mark_closed(self) -> None:
+        self._handle.closed = True
+        self._arrived.set()
+
+
+class AsyncConsumer(ConsumerFace, AsyncReceiving):
+    """What the trio and asyncio faces' Consumers offer (see :class:`AsyncReceiving`)."""
+
+    async def acknowledge(self, message: Message | MessageId) -> None:
+        """Acknowledge one message (sent to the broker in groups, every 100 ms)."""
+        if self._handle.acknowledge(message_id_of(message)):
+            self._soon(self._handle.flush_acks_nowait)
+
+    async def acknowledge_cumulative(self, message: Message | MessageId) -> None:
+        """Acknowledge this message and every earlier one of its partition."""
+        self._handle.acknowledge_cumulative(message_id_of(message))
+
+    async def negative_acknowledge(self, message: Message) -> None:
+        """Ask for this message again after ``negative_ack_redelivery_delay`` seconds."""
+        self._handle.negative_acknowledge(message, self._now())
+
+    async def reconsume_later(self, message: Message, delay: float) -> None:
+        """Republish to the retry topic, delivered after ``delay`` seconds; acknowledge."""
+        await self._engine(self._handle.reconsume_later, message, delay)
+
+    async def redeliver_unacknowledged_messages(self) -> None:
+        """Have the broker send again every message received but not acknowledged."""
+        await self._engine(self._handle.redeliver_unacknowledged)
+
+    async def unsubscribe(self) -> None:
+        try:
+            await self._engine(self._handle.unsubscribe)
+        finally:
+            self._arrived.set()
+
+
+class AsyncReader(AsyncReceiving):
+    """What the trio and asyncio faces' Readers offer (see :class:`AsyncReceiving`)."""
+
+    async def read_next(self, timeout: float | None = None) -> Message:  # noqa: ASYNC109
+        msg = await self.receive(timeout)
+        self._handle.acknowledge_cumulative(msg.message_id)
+        return msg
+
+    async def has_message_available(self) -> bool:
+        result: bool = await self._engine(self._handle.has_message_available)
+        return result
