@@ -264,28 +264,9 @@ def record_batches(
     yields them); ``topic`` and ``partition`` fill the columns of the same names.
     """
     schema = arrow_schema(include_properties)
-    group: list[_Decoded] = []
-    rows = size = 0
-    for entry in entries:
-        d = _decode(entry, codecs)
-        group.append(d)
-        rows += d.batch.num_messages
-        size += d.batch.header.values_length + d.batch.header.keys_length
-        if rows >= max_rows or size >= max_bytes:
-            rb = _build(
-                group,
-                topic=topic,
-                partition=partition,
-                start=start,
-                end=end,
-                schema=schema,
-                include_properties=include_properties,
-            )
-            if rb is not None:
-                yield rb
-            group, rows, size = [], 0, 0
-    if group:
-        rb = _build(
+
+    def build(group: list[_Decoded]) -> pa.RecordBatch | None:
+        return _build(
             group,
             topic=topic,
             partition=partition,
@@ -294,5 +275,17 @@ def record_batches(
             schema=schema,
             include_properties=include_properties,
         )
-        if rb is not None:
-            yield rb
+
+    group: list[_Decoded] = []
+    rows = size = 0
+    for entry in entries:
+        d = _decode(entry, codecs)
+        group.append(d)
+        rows += d.batch.num_messages
+        size += d.batch.header.values_length + d.batch.header.keys_length
+        if rows >= max_rows or size >= max_bytes:
+            if (rb := build(group)) is not None:
+                yield rb
+            group, rows, size = [], 0, 0
+    if group and (rb := build(group)) is not None:
+        yield rb

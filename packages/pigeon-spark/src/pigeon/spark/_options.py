@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -181,18 +181,25 @@ class SourceOptions:
         return f"{m.group(1)}/{m.group(2)}"
 
 
-def parse_source_options(
-    options: Mapping[str, str], *, mode: Literal["any", "batch", "stream"] = "any"
-) -> SourceOptions:
-    """Validate the options of a read (``mode``: which kind, if known yet)."""
+def _begin(
+    options: Mapping[str, str], allowed: Collection[str], other_side: str
+) -> tuple[dict[str, str], list[str], str]:
+    """Canonical options, the problems found so far, and the service URL of one read/write."""
     check_names(options)
     opts = _canonical(options)
     problems: list[str] = []
     url = _service_url(opts, problems)
-
-    extra = sorted(k for k in opts if k not in _SOURCE and k not in _SPARK)
+    extra = sorted(k for k in opts if k not in allowed and k not in _SPARK)
     if extra:
-        problems.append(f"option(s) {', '.join(extra)} only apply to writing")
+        problems.append(f"option(s) {', '.join(extra)} only apply to {other_side}")
+    return opts, problems, url
+
+
+def parse_source_options(
+    options: Mapping[str, str], *, mode: Literal["any", "batch", "stream"] = "any"
+) -> SourceOptions:
+    """Validate the options of a read (``mode``: which kind, if known yet)."""
+    opts, problems, url = _begin(options, _SOURCE, "writing")
 
     chosen = [k for k in ("topic", "topics", "topicsPattern") if k in opts]
     topics: tuple[str, ...] = ()
@@ -275,13 +282,7 @@ class SinkOptions:
 
 def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     """Validate the options of a write (batch or streaming)."""
-    check_names(options)
-    opts = _canonical(options)
-    problems: list[str] = []
-    url = _service_url(opts, problems)
-    extra = sorted(k for k in opts if k not in _SINK and k not in _SPARK)
-    if extra:
-        problems.append(f"option(s) {', '.join(extra)} only apply to reading")
+    opts, problems, url = _begin(options, _SINK, "reading")
     topic = _topic(opts["topic"], "topic", problems) if "topic" in opts else None
     order = opts.get("writeOrder", "input").strip().lower()
     if order not in ("input", "sorted"):
