@@ -27,6 +27,11 @@ UNIT_PATHS = [*sorted(glob.glob("packages/*/tests")), "plugins"]
 METADATA_BACKENDS = ["embedded", "zookeeper", "etcd"]
 #: replication policy -> the pytest id of its cluster test parameter
 REPLICATION_POLICIES = {"quorum": "quorum", "leader-follower": "lf"}
+#: the sources mypy checks in strict mode
+TYPED_SOURCES = [
+    f"packages/pigeon-{name}/src/pigeon/{name}" for name in ("core", "client", "broker", "spark")
+]
+SPARK_TESTS = ["integration/test_spark.py", "integration/test_spark_range.py"]
 
 
 @nox.session(venv_backend="none")
@@ -106,29 +111,15 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def lint(session: nox.Session) -> None:
-    """ruff over the tree, mypy strict over core, client and broker."""
+    """ruff over the tree, mypy strict over core, client, broker and spark."""
     session.run("ruff", "check", ".")
-    session.run(
-        "mypy",
-        "packages/pigeon-core/src/pigeon/core",
-        "packages/pigeon-client/src/pigeon/client",
-        "packages/pigeon-broker/src/pigeon/broker",
-        "packages/pigeon-spark/src/pigeon/spark",
-    )
+    session.run("mypy", *TYPED_SOURCES)
 
 
 @nox.session(venv_backend="none")
 def spark(session: nox.Session) -> None:
     """The Spark connector against a real standalone and local[2] Spark."""
-    session.run(
-        "python",
-        "-m",
-        "pytest",
-        "-q",
-        "integration/test_spark.py",
-        "integration/test_spark_range.py",
-        *session.posargs,
-    )
+    session.run("python", "-m", "pytest", "-q", *SPARK_TESTS, *session.posargs)
 
 
 @nox.session(venv_backend="none")
