@@ -21,6 +21,28 @@ __all__ = ["Cluster", "Node"]
 READY_TIMEOUT = 20.0
 
 
+def bookie_args(metadata: str, port: int, data_dir: Path, *extra: str) -> list[str]:
+    """``pigeon bookie`` arguments for a node on ``port`` storing in ``data_dir``."""
+    return ["--metadata", metadata, "--port", str(port), "--data-dir", str(data_dir), *extra]
+
+
+def broker_args(
+    metadata: str, port: int, http_port: int, replication: str, *extra: str
+) -> list[str]:
+    """``pigeon broker`` arguments for a node on ``port`` (admin API on ``http_port``)."""
+    return [
+        "--metadata",
+        metadata,
+        "--port",
+        str(port),
+        "--http-port",
+        str(http_port),
+        "--replication",
+        replication,
+        *extra,
+    ]
+
+
 class Node:
     """One ``pigeon bookie`` or ``pigeon broker`` process."""
 
@@ -96,7 +118,7 @@ class Cluster:
         data = self.root / f"bookie-{i}"
         node = Node(
             "bookie",
-            ["--metadata", self.metadata, "--port", str(port), "--data-dir", str(data), *extra],
+            bookie_args(self.metadata, port, data, *extra),
             port,
             self.root / f"bookie-{i}.log",
         )
@@ -108,17 +130,7 @@ class Cluster:
         i = len(self.brokers)
         node = Node(
             "broker",
-            [
-                "--metadata",
-                self.metadata,
-                "--port",
-                str(port),
-                "--http-port",
-                str(http_port),
-                "--replication",
-                self.replication,
-                *extra,
-            ],
+            broker_args(self.metadata, port, http_port, self.replication, *extra),
             port,
             self.root / f"broker-{i}.log",
         )

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from _cluster import Node
+from _cluster import Node, bookie_args, broker_args
 
 from pigeon.core.testing.servers import EtcdServer, ZooKeeperServer, free_ports
 
@@ -99,16 +99,9 @@ class Topology:
         proxy = self.inbound[name] = self.hub.add(name, port)
         config = self.root / f"{name}.toml"
         config.write_text(f'[bookie]\nadvertised_address = "{proxy.address}"\n')
-        args = [
-            "--metadata",
-            self._metadata_url(name),
-            "--port",
-            str(port),
-            "--data-dir",
-            str(self.root / name),
-            "--config",
-            str(config),
-        ]
+        args = bookie_args(
+            self._metadata_url(name), port, self.root / name, "--config", str(config)
+        )
         node = self.nodes[name] = Node("bookie", args, port, self.root / f"{name}.log")
         node.start()
 
@@ -116,18 +109,9 @@ class Topology:
         port, http_port = free_ports(2)
         self.inbound[name] = self.hub.add(name, port)
         self.http_ports[name] = http_port
-        args = [
-            "--metadata",
-            self._metadata_url(name),
-            "--port",
-            str(port),
-            "--http-port",
-            str(http_port),
-            "--replication",
-            self.replication,
-            "--config",
-            str(config),
-        ]
+        args = broker_args(
+            self._metadata_url(name), port, http_port, self.replication, "--config", str(config)
+        )
         node = self.nodes[name] = Node("broker", args, port, self.root / f"{name}.log")
         node.start()
 
