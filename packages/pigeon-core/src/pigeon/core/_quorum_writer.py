@@ -85,6 +85,11 @@ class WriterBase:
         """Wait until no entry is in flight (all acknowledged, or the writer failed)."""
         await self._idle.wait()
 
+    def _busy(self) -> None:
+        """An entry is in flight: :meth:`wait_idle` waits from now on."""
+        if self._idle.is_set():
+            self._idle = trio.Event()
+
     def _fail(self, error: BaseException) -> None:
         raise NotImplementedError
 
@@ -163,8 +168,7 @@ class QuorumWriter(WriterBase):
         entry_id = self.next_entry_id
         self.next_entry_id += 1
         self._in_flight[entry_id] = _InFlight(callback, data, trio.current_time())
-        if self._idle.is_set():
-            self._idle = trio.Event()
+        self._busy()
         if not self._watching and self.nursery is not None:
             self._watching = True
             self.nursery.start_soon(self._watch_stalls)
