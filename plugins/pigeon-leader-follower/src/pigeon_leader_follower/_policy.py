@@ -285,30 +285,16 @@ class LeaderFollowerWriter(WriterBase):
 
     async def _change_ensemble(self, index: int) -> None:
         failed = self.ensemble[index]
-        delay = 0.2
-        while True:
-            first = self.lac + 1
-            try:
-                assert self.replace_bookie is not None
-                address = await self.replace_bookie(index, first)
-                await self.client.connection(address)
-                break
-            except (PigeonError, OSError) as exc:
-                if self._failed is not None or self.closed:
-                    return
-                log.warning(
-                    "ensemble change pending segment=%s bookie=%s error=%s",
-                    self.segment_id,
-                    failed,
-                    exc,
-                )
-                # write on with the others while the ack quorum holds
-                self._mark_down(index, exc)
-                self._resend_pending()
-                await trio.sleep(delay)
-                delay = min(delay * 2, 2.0)
-        if self._failed is not None:
+
+        def write_on(error: BaseException) -> None:
+            """Write on with the others while the ack quorum holds."""
+            self._mark_down(index, error)
+            self._resend_pending()
+
+        found = await self._replacement(index, write_on)
+        if found is None or self._failed is not None:
             return
+        address, _conn, first = found
         self.ensemble[index] = address
         self._sync_from = first
         self._changing.discard(index)

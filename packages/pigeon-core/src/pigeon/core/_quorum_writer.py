@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,8 +53,16 @@ class _InFlight:
 
 class WriterBase:
     """What every segment writer shares: its entries in flight by id, the event set
-    while none is, and how it stops (:meth:`close`: no more adds; :meth:`abort`: every
-    entry in flight fails too).  A subclass says how it fails (``_fail``)."""
+    while none is, how it stops (:meth:`close`: no more adds; :meth:`abort`: every
+    entry in flight fails too) and how it finds a replacement for a failed bookie
+    (:meth:`_replacement`).  A subclass says how it fails (``_fail``)."""
+
+    # set by a subclass that replaces bookies (:meth:`_replacement` reads them)
+    client: BookieClient
+    segment_id: int
+    ensemble: list[str]
+    lac: int
+    replace_bookie: ReplaceBookie | None
 
     def __init__(self) -> None:
         self.closed = False
@@ -92,6 +100,36 @@ class WriterBase:
 
     def _fail(self, error: BaseException) -> None:
         raise NotImplementedError
+
+    async def _replacement(
+        self, index: int, write_on: Callable[[BaseException], None]
+    ) -> tuple[str, Any, int] | None:
+        """BookKeeper's ensemble change, up to a connected newcomer: ask
+        ``replace_bookie`` for a bookie in place of ``ensemble[index]`` from the first
+        entry not yet acknowledged on, and connect to it.  While none can be had,
+        ``write_on(error)`` lets the writer go on without the failed bookie (its entries
+        are under-replicated until the change) and the request is retried with backoff.
+        Returns (address, connection, first entry), or None once the writer failed or
+        was closed."""
+        delay = 0.2
+        while True:
+            first = self.lac + 1
+            try:
+                assert self.replace_bookie is not None
+                address = await self.replace_bookie(index, first)
+                return address, await self.client.connection(address), first
+            except (PigeonError, OSError) as exc:
+                if self._failed is not None or self.closed:
+                    return None
+                log.warning(
+                    "ensemble change pending segment=%s bookie=%s error=%s",
+                    self.segment_id,
+                    self.ensemble[index],
+                    exc,
+                )
+                write_on(exc)
+                await trio.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
 
 class QuorumWriter(WriterBase):
@@ -255,27 +293,11 @@ class QuorumWriter(WriterBase):
 
     async def _change_ensemble(self, index: int) -> None:
         failed = self.ensemble[index]
-        delay = 0.2
-        while True:
-            try:
-                assert self.replace_bookie is not None
-                address = await self.replace_bookie(index, self.lac + 1)
-                conn = await self.client.connection(address)
-                break
-            except (PigeonError, OSError) as exc:
-                if self._failed is not None or self.closed:
-                    return
-                # No spare bookie yet: write on with the others while the ack quorum
-                # holds (entries are under-replicated until the change), and try again.
-                log.warning(
-                    "ensemble change pending segment=%s bookie=%s error=%s",
-                    self.segment_id,
-                    failed,
-                    exc,
-                )
-                self._count_down(index, exc)
-                await trio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+        # No spare bookie yet: write on with the others while the ack quorum holds.
+        found = await self._replacement(index, functools.partial(self._count_down, index))
+        if found is None:
+            return
+        address, conn, _first = found
         self.ensemble[index] = address
         self._conns[index] = conn
         self._changing.discard(index)
