@@ -101,13 +101,10 @@ class LeaderFollowerWriter(WriterBase):
         self.next_entry_id = 0
         self.lac = -1
         self.bytes_written = 0
-        self.ensemble_changes = 0
         self.leader_changes = 0
         self._conn: Any = None
         self._gen = 0  # answers from a leader replaced since are ignored
         self._electing = False
-        self._changing: set[int] = set()
-        self._down: set[int] = set()
         self._sync_from = 0  # first entry of the current fragment
         self._syncing = 0
         self._last_data: bytes | memoryview | None = None
@@ -284,8 +281,6 @@ class LeaderFollowerWriter(WriterBase):
             )
 
     async def _change_ensemble(self, index: int) -> None:
-        failed = self.ensemble[index]
-
         def write_on(error: BaseException) -> None:
             """Write on with the others while the ack quorum holds."""
             self._mark_down(index, error)
@@ -295,18 +290,8 @@ class LeaderFollowerWriter(WriterBase):
         if found is None or self._failed is not None:
             return
         address, _conn, first = found
-        self.ensemble[index] = address
         self._sync_from = first
-        self._changing.discard(index)
-        self._down.discard(index)
-        self.ensemble_changes += 1
-        log.info(
-            "ensemble changed segment=%s replaced=%s with=%s from_entry=%s",
-            self.segment_id,
-            failed,
-            address,
-            first,
-        )
+        self._take_in(index, address, first)
         if self._electing:
             return  # the new leader gets everything pending, followers included
         if any(not f.acked for f in self._in_flight.values()):

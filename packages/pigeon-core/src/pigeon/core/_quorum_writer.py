@@ -70,6 +70,11 @@ class WriterBase:
         self._idle.set()
         self._in_flight: dict[int, Any] = {}
         self._failed: BaseException | None = None
+        #: indexes of the ensemble being replaced, and of those down with no
+        #: replacement yet
+        self._changing: set[int] = set()
+        self._down: set[int] = set()
+        self.ensemble_changes = 0
 
     @property
     def pending(self) -> int:
@@ -131,6 +136,20 @@ class WriterBase:
                 await trio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
+    def _take_in(self, index: int, address: str, from_entry: int) -> None:
+        """The newcomer ``address`` holds ``ensemble[index]``'s place from now on."""
+        failed, self.ensemble[index] = self.ensemble[index], address
+        self._changing.discard(index)
+        self._down.discard(index)
+        self.ensemble_changes += 1
+        log.info(
+            "ensemble changed segment=%s replaced=%s with=%s from_entry=%s",
+            self.segment_id,
+            failed,
+            address,
+            from_entry,
+        )
+
 
 class QuorumWriter(WriterBase):
     """Appends entries to one segment. Only one writer may ever exist per segment."""
@@ -153,10 +172,7 @@ class QuorumWriter(WriterBase):
         self.ensemble = list(ensemble)
         self.replace_bookie = replace_bookie
         self.nursery = nursery
-        self._changing: set[int] = set()
-        self._down: set[int] = set()
         self._backfill: dict[int, dict[int, bytes | memoryview]] = {}
-        self.ensemble_changes = 0
         self.write_quorum = write_quorum
         self.ack_quorum = ack_quorum
         self.next_entry_id = 0
@@ -292,24 +308,13 @@ class QuorumWriter(WriterBase):
         return isinstance(error, OSError)
 
     async def _change_ensemble(self, index: int) -> None:
-        failed = self.ensemble[index]
         # No spare bookie yet: write on with the others while the ack quorum holds.
         found = await self._replacement(index, functools.partial(self._count_down, index))
         if found is None:
             return
         address, conn, _first = found
-        self.ensemble[index] = address
         self._conns[index] = conn
-        self._changing.discard(index)
-        self._down.discard(index)
-        self.ensemble_changes += 1
-        log.info(
-            "ensemble changed segment=%s replaced=%s with=%s from_entry=%s",
-            self.segment_id,
-            failed,
-            address,
-            self.lac + 1,
-        )
+        self._take_in(index, address, self.lac + 1)
         # Every entry of the new fragment (all still in flight: above the LAC) must be on
         # the new bookie, also those the failed one had acknowledged before it died.
         for entry_id, data in sorted(self._backfill.pop(index, {}).items()):
