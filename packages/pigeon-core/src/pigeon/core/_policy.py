@@ -105,17 +105,11 @@ class ReplicationPolicy(Protocol):
         """The bookie client the policy talks through (the broker deletes segments and
         the auditor copies entries with it too)."""
 
-    @property
-    def ensemble_size(self) -> int:
-        """Default E: bookies per segment."""
-
-    @property
-    def write_quorum(self) -> int:
-        """Default Qw: copies written of each entry."""
-
-    @property
-    def ack_quorum(self) -> int:
-        """Default Qa: copies acknowledged before an entry is."""
+    #: the defaults of a segment: E bookies in its ensemble, Qw copies written of each
+    #: entry, Qa copies acknowledged before the entry is
+    ensemble_size: int
+    write_quorum: int
+    ack_quorum: int
 
     def choose_ensemble(
         self, bookies: Sequence[str], ensemble_size: int | None = None
