@@ -240,6 +240,11 @@ class _World:
         #: chosen among the first E bookies; the others are spares
         self.ensemble: list[str] = policy.choose_ensemble(bookies.addresses[: policy.ensemble_size])
 
+    def holders(self, entry: int, write_quorum: int) -> list[str]:
+        """The bookies of the ensemble that hold ``entry`` when it was written with
+        ``write_quorum``."""
+        return [self.ensemble[(entry + k) % len(self.ensemble)] for k in range(write_quorum)]
+
     def spare(self, *, hold: bool = False) -> _Spare:
         """A ``replace_bookie`` with the first bookie outside the ensemble."""
         spare = next(a for a in self.bookies.addresses if a not in self.ensemble)
