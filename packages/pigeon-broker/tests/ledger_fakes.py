@@ -25,7 +25,6 @@ import trio
 from pigeon.broker._ledger import LedgerConfig, ManagedLedger
 from pigeon.core import TopicName
 from pigeon.core._entry import ENTRY_HEADER_SIZE, unpack_entry_header
-from pigeon.core._replication import PolicyBase
 from pigeon.core.errors import (
     BadVersion,
     ConnectionClosed,
@@ -33,6 +32,7 @@ from pigeon.core.errors import (
     NodeExists,
     NoSuchNode,
 )
+from pigeon.core.replication import PolicyBase, WriterBase
 
 BOOKIES = ("b1", "b2", "b3")
 
@@ -105,27 +105,22 @@ class Cluster:
         return list(self.registered)
 
 
-class ScriptedWriter:
-    """A segment writer whose adds complete only when the test says so."""
+class ScriptedWriter(WriterBase):
+    """A segment writer whose adds complete only when the test says so (or it is told to
+    :meth:`fail`); closing, aborting and waiting are :class:`WriterBase`'s."""
 
     def __init__(self, cluster: Cluster, segment_id: int, ensemble: list[str], qw: int) -> None:
+        super().__init__()
         self.cluster = cluster
         self.segment_id = segment_id
         self.ensemble = ensemble
         self.write_quorum = qw
-        self.flights: dict[int, tuple[bytes, Callable[[int, Any], None]]] = {}
+        #: entry id -> (data, callback) of the entries not yet acknowledged
+        self.flights: dict[int, tuple[bytes, Callable[[int, Any], None]]] = self._in_flight
         self.next_entry_id = 0
         self.bytes_written = 0
         self.lac = -1
-        self.failed: BaseException | None = None
-        self.closed = False
-        self._idle = trio.Event()
-        self._idle.set()
         cluster.segments[segment_id] = {}
-
-    @property
-    def pending(self) -> int:
-        return len(self.flights)
 
     def add_nowait(self, data: bytes, callback: Callable[[int, Any], None]) -> int:
         if self.failed is not None:
@@ -134,7 +129,7 @@ class ScriptedWriter:
         self.next_entry_id += 1
         self.flights[eid] = (bytes(data), callback)
         self.bytes_written += len(data)
-        self._idle = trio.Event() if self._idle.is_set() else self._idle
+        self._busy()
         return eid
 
     def store(self, upto: int, *, ack: bool = True) -> None:
@@ -151,21 +146,15 @@ class ScriptedWriter:
             self._idle.set()
 
     def fail(self, error: BaseException) -> None:
-        self.failed = error
-        flights, self.flights = self.flights, {}
+        """Every entry in flight fails with ``error``, in order, and so does every later add."""
+        self._failed = error
+        flights = dict(self.flights)
+        self.flights.clear()
         self._idle.set()
         for eid in sorted(flights):
             flights[eid][1](eid, error)
 
-    def abort(self, error: BaseException) -> None:
-        self.closed = True
-        self.fail(error)
-
-    def close(self) -> None:
-        self.closed = True
-
-    async def wait_idle(self) -> None:
-        await self._idle.wait()
+    _fail = fail
 
 
 class ScriptedPolicy(PolicyBase):

@@ -49,10 +49,9 @@ from pigeon.core.replication import (
     PolicyBase,
     ReplaceBookie,
     WriteCallback,
+    WriterBase,
     add_entry_timeout,
     fail_in_order,
-    read_replicas,
-    recover_segment,
 )
 
 __all__ = ["LeaderFollowerPolicy", "LeaderFollowerWriter"]
@@ -75,7 +74,7 @@ def _replaceable(error: BaseException) -> bool:
     return isinstance(error, OSError)
 
 
-class LeaderFollowerWriter:
+class LeaderFollowerWriter(WriterBase):
     """Appends entries to one segment through its leader. One writer per segment."""
 
     def __init__(
@@ -89,6 +88,7 @@ class LeaderFollowerWriter:
         nursery: trio.Nursery | None = None,
         bookie_load: BookieLoad | None = None,
     ) -> None:
+        super().__init__()
         self.client = client
         self.segment_id = segment_id
         self.ensemble = list(ensemble)
@@ -101,21 +101,14 @@ class LeaderFollowerWriter:
         self.next_entry_id = 0
         self.lac = -1
         self.bytes_written = 0
-        self.ensemble_changes = 0
         self.leader_changes = 0
-        self.closed = False
         self._conn: Any = None
         self._gen = 0  # answers from a leader replaced since are ignored
         self._electing = False
-        self._changing: set[int] = set()
-        self._down: set[int] = set()
         self._sync_from = 0  # first entry of the current fragment
         self._syncing = 0
         self._last_data: bytes | memoryview | None = None
         self._in_flight: dict[int, _Flight] = {}
-        self._failed: BaseException | None = None
-        self._idle = trio.Event()
-        self._idle.set()
         self._watching = False
 
     async def open(self) -> None:
@@ -147,34 +140,8 @@ class LeaderFollowerWriter:
     # ------------------------------------------------------------------ state
 
     @property
-    def pending(self) -> int:
-        return len(self._in_flight)
-
-    @property
-    def failed(self) -> BaseException | None:
-        return self._failed
-
-    @property
     def leader_address(self) -> str:
         return self.ensemble[self.leader]
-
-    def abort(self, error: BaseException) -> None:
-        """Stop the writer: every entry still in flight is called back with ``error``
-        (its fate is settled by recovering the segment), and no later add is taken."""
-        self.closed = True
-        self._fail(error)
-
-    def close(self) -> None:
-        """No more adds (the segment is being closed); stops pending ensemble changes."""
-        self.closed = True
-
-    async def wait_idle(self) -> None:
-        """Wait until nothing is in flight (all acknowledged, or the writer failed)."""
-        await self._idle.wait()
-
-    def _busy(self) -> None:
-        if self._idle.is_set():
-            self._idle = trio.Event()
 
     def _maybe_idle(self) -> None:
         if (not self._in_flight and not self._syncing) or self._failed is not None:
@@ -314,43 +281,17 @@ class LeaderFollowerWriter:
             )
 
     async def _change_ensemble(self, index: int) -> None:
-        failed = self.ensemble[index]
-        delay = 0.2
-        while True:
-            first = self.lac + 1
-            try:
-                assert self.replace_bookie is not None
-                address = await self.replace_bookie(index, first)
-                await self.client.connection(address)
-                break
-            except (PigeonError, OSError) as exc:
-                if self._failed is not None or self.closed:
-                    return
-                log.warning(
-                    "ensemble change pending segment=%s bookie=%s error=%s",
-                    self.segment_id,
-                    failed,
-                    exc,
-                )
-                # write on with the others while the ack quorum holds
-                self._mark_down(index, exc)
-                self._resend_pending()
-                await trio.sleep(delay)
-                delay = min(delay * 2, 2.0)
-        if self._failed is not None:
+        def write_on(error: BaseException) -> None:
+            """Write on with the others while the ack quorum holds."""
+            self._mark_down(index, error)
+            self._resend_pending()
+
+        found = await self._replacement(index, write_on)
+        if found is None or self._failed is not None:
             return
-        self.ensemble[index] = address
+        address, _conn, first = found
         self._sync_from = first
-        self._changing.discard(index)
-        self._down.discard(index)
-        self.ensemble_changes += 1
-        log.info(
-            "ensemble changed segment=%s replaced=%s with=%s from_entry=%s",
-            self.segment_id,
-            failed,
-            address,
-            first,
-        )
+        self._take_in(index, address, first)
         if self._electing:
             return  # the new leader gets everything pending, followers included
         if any(not f.acked for f in self._in_flight.values()):
@@ -474,76 +415,21 @@ class LeaderFollowerPolicy(PolicyBase):
 
     name = "leader-follower"
 
-    async def create_writer(
+    def new_writer(
         self,
         segment_id: int,
         ensemble: Sequence[str],
         *,
         write_quorum: int | None = None,
-        ack_quorum: int | None = None,
-        replace_bookie: ReplaceBookie | None = None,
-        nursery: trio.Nursery | None = None,
+        **options: Any,
     ) -> LeaderFollowerWriter:
-        writer = LeaderFollowerWriter(
-            self.client,
-            segment_id,
-            ensemble,
-            ack_quorum=ack_quorum or self.ack_quorum,
-            replace_bookie=replace_bookie,
-            nursery=nursery,
-            bookie_load=self.bookie_load,
-        )
-        await writer.open()
-        return writer
-
-    async def read(
-        self,
-        segment_id: int,
-        ensemble: Sequence[str],
-        first: int,
-        last: int,
-        *,
-        max_bytes: int = 8 << 20,
-        max_count: int = 10_000,
-        write_quorum: int | None = None,
-        repair: bool = False,
-    ) -> list[tuple[int, memoryview]]:
-        """Entries ``first..last`` (fewer if limits hit) from the first replica holding
-        ``first`` intact (every replica holds every entry, bar one that is catching up);
-        with ``repair``, damaged or missing copies found on the way are rewritten from
-        the good one (:func:`pigeon.core.replication.read_replicas`)."""
-        n = len(ensemble)
-        members = list(ensemble)
-        return await read_replicas(
-            self.client,
-            segment_id,
-            [ensemble[(first + k) % n] for k in range(n)],
-            first,
-            last,
-            max_bytes=max_bytes,
-            max_count=max_count,
-            write_set=lambda entry: members,
-            repairs=self.repairs if repair else None,
+        """The leader-follower writer (connected by :meth:`PolicyBase.create_writer`);
+        ``write_quorum`` is passed over: every replica holds every entry."""
+        return LeaderFollowerWriter(
+            self.client, segment_id, ensemble, bookie_load=self.bookie_load, **options
         )
 
-    async def recover(
-        self,
-        segment_id: int,
-        ensemble: Sequence[str],
-        *,
-        ack_quorum: int | None = None,
-        write_quorum: int | None = None,
-        first_entry: int = 0,
-    ) -> int:
-        """Fence every replica, read forward, copy the tail to every replica lacking it;
-        the last entry id (-1 if empty)."""
-        members = list(ensemble)
-        return await recover_segment(
-            self.client,
-            segment_id,
-            members,
-            write_set=lambda entry: members,
-            write_quorum=len(members),
-            ack_quorum=min(ack_quorum or self.ack_quorum, len(members)),
-            first_entry=first_entry,
-        )
+    def segment_write_quorum(self, ensemble: Sequence[str], write_quorum: int | None) -> int:
+        """Every replica holds every entry: reads and recovery (:class:`PolicyBase`'s) see
+        an ensemble with ``Qw = E``."""
+        return len(ensemble)

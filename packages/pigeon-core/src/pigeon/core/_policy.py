@@ -11,7 +11,7 @@ itself.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypedDict, Unpack, runtime_checkable
 
 if TYPE_CHECKING:
     import trio
@@ -20,10 +20,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BookieLoad",
+    "ReadOptions",
+    "RecoverOptions",
     "ReplaceBookie",
     "ReplicationPolicy",
     "SegmentWriter",
     "WriteCallback",
+    "WriterOptions",
 ]
 
 #: ``callback(entry_id, error)`` of one add: ``error`` is None once the entry is
@@ -102,17 +105,11 @@ class ReplicationPolicy(Protocol):
         """The bookie client the policy talks through (the broker deletes segments and
         the auditor copies entries with it too)."""
 
-    @property
-    def ensemble_size(self) -> int:
-        """Default E: bookies per segment."""
-
-    @property
-    def write_quorum(self) -> int:
-        """Default Qw: copies written of each entry."""
-
-    @property
-    def ack_quorum(self) -> int:
-        """Default Qa: copies acknowledged before an entry is."""
+    #: the defaults of a segment: E bookies in its ensemble, Qw copies written of each
+    #: entry, Qa copies acknowledged before the entry is
+    ensemble_size: int
+    write_quorum: int
+    ack_quorum: int
 
     def choose_ensemble(
         self, bookies: Sequence[str], ensemble_size: int | None = None
@@ -121,17 +118,9 @@ class ReplicationPolicy(Protocol):
         when there are too few)."""
 
     async def create_writer(
-        self,
-        segment_id: int,
-        ensemble: Sequence[str],
-        *,
-        write_quorum: int | None = None,
-        ack_quorum: int | None = None,
-        replace_bookie: ReplaceBookie | None = None,
-        nursery: trio.Nursery | None = None,
+        self, segment_id: int, ensemble: Sequence[str], **options: Unpack[WriterOptions]
     ) -> SegmentWriter:
-        """A connected writer of a new segment.  ``replace_bookie`` is called when a
-        bookie of the ensemble fails; the writer's background work runs in ``nursery``."""
+        """A connected writer of a new segment (see :class:`WriterOptions`)."""
 
     async def read(
         self,
@@ -139,27 +128,61 @@ class ReplicationPolicy(Protocol):
         ensemble: Sequence[str],
         first: int,
         last: int,
-        *,
-        max_bytes: int = 8 << 20,
-        max_count: int = 10_000,
-        write_quorum: int | None = None,
-        repair: bool = False,
+        **options: Unpack[ReadOptions],
     ) -> list[tuple[int, memoryview]]:
         """Entries ``first..last`` of the fragment ``ensemble`` holds, in order (fewer when
-        a limit is hit): a damaged or missing copy is passed over for an intact one and,
-        with ``repair``, rewritten from it.  When every replica answered and none holds
-        ``first`` intact: CorruptEntry (a copy is damaged) or EntryNotFound; when some did
-        not answer, a retriable error."""
+        a limit of :class:`ReadOptions` is hit): a damaged or missing copy is passed over
+        for an intact one and, with ``repair``, rewritten from it.  When every replica
+        answered and none holds ``first`` intact: CorruptEntry (a copy is damaged) or
+        EntryNotFound; when some did not answer, a retriable error."""
 
     async def recover(
-        self,
-        segment_id: int,
-        ensemble: Sequence[str],
-        *,
-        ack_quorum: int | None = None,
-        write_quorum: int | None = None,
-        first_entry: int = 0,
+        self, segment_id: int, ensemble: Sequence[str], **options: Unpack[RecoverOptions]
     ) -> int:
         """Fence a segment whose writer is gone, re-replicate its tail and return its last
         entry id (-1: empty).  ``ensemble`` is the last fragment's, which starts at
-        ``first_entry``."""
+        ``first_entry`` (:class:`RecoverOptions`)."""
+
+
+# The keyword options of the policy's methods, each of which may be left out.  A policy
+# spells them out as keyword-only parameters with the defaults given here; a quorum left
+# out or None is the policy's own.
+
+
+class WriterOptions(TypedDict, total=False):
+    """Of :meth:`ReplicationPolicy.create_writer`."""
+
+    #: Qw of the segment
+    write_quorum: int | None
+    #: Qa of the segment
+    ack_quorum: int | None
+    #: called when a bookie of the ensemble fails (None: no bookie is replaced)
+    replace_bookie: ReplaceBookie | None
+    #: where the writer's background work runs (ensemble changes, stall watch)
+    nursery: trio.Nursery | None
+
+
+class ReadOptions(TypedDict, total=False):
+    """Of :meth:`ReplicationPolicy.read`."""
+
+    #: bytes of payload a read returns at most, bar a first entry larger alone (default
+    #: 8 MiB)
+    max_bytes: int
+    #: return this many entries at most (default 10 000)
+    max_count: int
+    #: Qw the fragment was written with
+    write_quorum: int | None
+    #: rewrite the damaged or missing copies passed over from the intact one (default
+    #: False; only for segments no writer appends to any more)
+    repair: bool
+
+
+class RecoverOptions(TypedDict, total=False):
+    """Of :meth:`ReplicationPolicy.recover`."""
+
+    #: Qa the fragment was written with
+    ack_quorum: int | None
+    #: Qw the fragment was written with
+    write_quorum: int | None
+    #: the fragment's first entry: every entry before it was acknowledged (default 0)
+    first_entry: int

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,8 +53,16 @@ class _InFlight:
 
 class WriterBase:
     """What every segment writer shares: its entries in flight by id, the event set
-    while none is, and how it stops (:meth:`close`: no more adds; :meth:`abort`: every
-    entry in flight fails too).  A subclass says how it fails (``_fail``)."""
+    while none is, how it stops (:meth:`close`: no more adds; :meth:`abort`: every
+    entry in flight fails too) and how it finds a replacement for a failed bookie
+    (:meth:`_replacement`).  A subclass says how it fails (``_fail``)."""
+
+    # set by a subclass that replaces bookies (:meth:`_replacement` reads them)
+    client: BookieClient
+    segment_id: int
+    ensemble: list[str]
+    lac: int
+    replace_bookie: ReplaceBookie | None
 
     def __init__(self) -> None:
         self.closed = False
@@ -62,6 +70,11 @@ class WriterBase:
         self._idle.set()
         self._in_flight: dict[int, Any] = {}
         self._failed: BaseException | None = None
+        #: indexes of the ensemble being replaced, and of those down with no
+        #: replacement yet
+        self._changing: set[int] = set()
+        self._down: set[int] = set()
+        self.ensemble_changes = 0
 
     @property
     def pending(self) -> int:
@@ -85,8 +98,57 @@ class WriterBase:
         """Wait until no entry is in flight (all acknowledged, or the writer failed)."""
         await self._idle.wait()
 
+    def _busy(self) -> None:
+        """An entry is in flight: :meth:`wait_idle` waits from now on."""
+        if self._idle.is_set():
+            self._idle = trio.Event()
+
     def _fail(self, error: BaseException) -> None:
         raise NotImplementedError
+
+    async def _replacement(
+        self, index: int, write_on: Callable[[BaseException], None]
+    ) -> tuple[str, Any, int] | None:
+        """BookKeeper's ensemble change, up to a connected newcomer: ask
+        ``replace_bookie`` for a bookie in place of ``ensemble[index]`` from the first
+        entry not yet acknowledged on, and connect to it.  While none can be had,
+        ``write_on(error)`` lets the writer go on without the failed bookie (its entries
+        are under-replicated until the change) and the request is retried with backoff.
+        Returns (address, connection, first entry), or None once the writer failed or
+        was closed."""
+        delay = 0.2
+        while True:
+            first = self.lac + 1
+            try:
+                assert self.replace_bookie is not None
+                address = await self.replace_bookie(index, first)
+                return address, await self.client.connection(address), first
+            except (PigeonError, OSError) as exc:
+                if self._failed is not None or self.closed:
+                    return None
+                log.warning(
+                    "ensemble change pending segment=%s bookie=%s error=%s",
+                    self.segment_id,
+                    self.ensemble[index],
+                    exc,
+                )
+                write_on(exc)
+                await trio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    def _take_in(self, index: int, address: str, from_entry: int) -> None:
+        """The newcomer ``address`` holds ``ensemble[index]``'s place from now on."""
+        failed, self.ensemble[index] = self.ensemble[index], address
+        self._changing.discard(index)
+        self._down.discard(index)
+        self.ensemble_changes += 1
+        log.info(
+            "ensemble changed segment=%s replaced=%s with=%s from_entry=%s",
+            self.segment_id,
+            failed,
+            address,
+            from_entry,
+        )
 
 
 class QuorumWriter(WriterBase):
@@ -110,10 +172,7 @@ class QuorumWriter(WriterBase):
         self.ensemble = list(ensemble)
         self.replace_bookie = replace_bookie
         self.nursery = nursery
-        self._changing: set[int] = set()
-        self._down: set[int] = set()
         self._backfill: dict[int, dict[int, bytes | memoryview]] = {}
-        self.ensemble_changes = 0
         self.write_quorum = write_quorum
         self.ack_quorum = ack_quorum
         self.next_entry_id = 0
@@ -163,8 +222,7 @@ class QuorumWriter(WriterBase):
         entry_id = self.next_entry_id
         self.next_entry_id += 1
         self._in_flight[entry_id] = _InFlight(callback, data, trio.current_time())
-        if self._idle.is_set():
-            self._idle = trio.Event()
+        self._busy()
         if not self._watching and self.nursery is not None:
             self._watching = True
             self.nursery.start_soon(self._watch_stalls)
@@ -250,40 +308,13 @@ class QuorumWriter(WriterBase):
         return isinstance(error, OSError)
 
     async def _change_ensemble(self, index: int) -> None:
-        failed = self.ensemble[index]
-        delay = 0.2
-        while True:
-            try:
-                assert self.replace_bookie is not None
-                address = await self.replace_bookie(index, self.lac + 1)
-                conn = await self.client.connection(address)
-                break
-            except (PigeonError, OSError) as exc:
-                if self._failed is not None or self.closed:
-                    return
-                # No spare bookie yet: write on with the others while the ack quorum
-                # holds (entries are under-replicated until the change), and try again.
-                log.warning(
-                    "ensemble change pending segment=%s bookie=%s error=%s",
-                    self.segment_id,
-                    failed,
-                    exc,
-                )
-                self._count_down(index, exc)
-                await trio.sleep(delay)
-                delay = min(delay * 2, 2.0)
-        self.ensemble[index] = address
+        # No spare bookie yet: write on with the others while the ack quorum holds.
+        found = await self._replacement(index, functools.partial(self._count_down, index))
+        if found is None:
+            return
+        address, conn, _first = found
         self._conns[index] = conn
-        self._changing.discard(index)
-        self._down.discard(index)
-        self.ensemble_changes += 1
-        log.info(
-            "ensemble changed segment=%s replaced=%s with=%s from_entry=%s",
-            self.segment_id,
-            failed,
-            address,
-            self.lac + 1,
-        )
+        self._take_in(index, address, self.lac + 1)
         # Every entry of the new fragment (all still in flight: above the LAC) must be on
         # the new bookie, also those the failed one had acknowledged before it died.
         for entry_id, data in sorted(self._backfill.pop(index, {}).items()):

@@ -48,10 +48,10 @@ async def read_replicas(
     first: int,
     last: int,
     *,
-    max_bytes: int = 8 << 20,
-    max_count: int = 10_000,
     write_set: Callable[[int], Sequence[str]] | None = None,
     repairs: ReplicaRepairs | None = None,
+    max_bytes: int = 8 << 20,
+    max_count: int = 10_000,
 ) -> list[tuple[int, memoryview]]:
     """Entries ``first..last`` (fewer if limits hit) from the first of ``replicas``
     (bookies that should all hold ``first``) that has ``first`` intact.

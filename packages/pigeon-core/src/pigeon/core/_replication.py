@@ -71,8 +71,11 @@ class OpeningWriter(SegmentWriter, Protocol):
 
 class PolicyBase:
     """What every replication policy shares: its sizes, checked, the choice of an
-    ensemble (the least loaded writable bookies when loads are known, else in order)
-    and the repair of damaged copies found by reads (:class:`ReplicaRepairs`)."""
+    ensemble (the least loaded writable bookies when loads are known, else in order),
+    reads and recovery of a fragment whose entry ``i`` is on the ``Qw`` bookies from
+    ``ensemble[i % E]`` on (a policy says its ``Qw`` with :meth:`segment_write_quorum`
+    and its writer with :meth:`new_writer`) and the repair of damaged copies found by
+    reads (:class:`ReplicaRepairs`)."""
 
     name = ""
 
@@ -158,17 +161,10 @@ class PolicyBase:
         ``write_quorum``, ``ack_quorum``, ``replace_bookie`` and ``nursery``."""
         raise NotImplementedError
 
-
-class QuorumPolicy(PolicyBase):
-    """Factory of segment writers/readers with the quorum protocol."""
-
-    name = "quorum"
-
-    def new_writer(self, segment_id: int, ensemble: Sequence[str], **options: Any) -> QuorumWriter:
-        # read here, at each new writer, so that a test may shorten it (monkeypatch)
-        return QuorumWriter(
-            self.client, segment_id, ensemble, add_timeout=ADD_ENTRY_TIMEOUT_S, **options
-        )
+    def segment_write_quorum(self, ensemble: Sequence[str], write_quorum: int | None) -> int:
+        """Qw of a fragment of ``ensemble`` written with ``write_quorum`` (None: the
+        policy's): entry ``i`` is on the Qw bookies from ``ensemble[i % E]`` on."""
+        return min(write_quorum or self.write_quorum, len(ensemble))
 
     async def read(
         self,
@@ -186,7 +182,7 @@ class QuorumPolicy(PolicyBase):
         entry's write set that has ``first`` intact; see :func:`read_replicas` for the
         errors and for ``repair``."""
         e = len(ensemble)
-        qw = min(write_quorum or self.write_quorum, e)
+        qw = self.segment_write_quorum(ensemble, write_quorum)
         repairs = self.repairs if repair else None
         if qw < e and last > first:
             got = await read_striped(
@@ -218,10 +214,10 @@ class QuorumPolicy(PolicyBase):
             order,
             first,
             last,
-            max_bytes=max_bytes,
-            max_count=max_count,
             write_set=lambda entry: [ensemble[(entry + k) % e] for k in range(qw)],
             repairs=repairs,
+            max_bytes=max_bytes,
+            max_count=max_count,
         )
 
     async def recover(
@@ -229,25 +225,36 @@ class QuorumPolicy(PolicyBase):
         segment_id: int,
         ensemble: Sequence[str],
         *,
+        first_entry: int = 0,
         ack_quorum: int | None = None,
         write_quorum: int | None = None,
-        first_entry: int = 0,
     ) -> int:
-        """Fence the segment, read forward past the LAC and re-replicate what is found;
-        return the last entry id (-1 if empty).  ``ensemble`` is the segment's last
-        fragment's, which starts at ``first_entry`` (every entry before it was
-        acknowledged)."""
+        """Fence the segment, read forward past the LAC and re-replicate what is found
+        (:func:`recover_segment`); return the last entry id (-1 if empty).  ``ensemble``
+        is the segment's last fragment's, which starts at ``first_entry`` (every entry
+        before it was acknowledged)."""
         e = len(ensemble)
-        qw = min(write_quorum or self.write_quorum, e)
-        qa = min(ack_quorum or self.ack_quorum, qw)
+        qw = self.segment_write_quorum(ensemble, write_quorum)
         return await recover_segment(
             self.client,
             segment_id,
             ensemble,
             write_set=lambda entry: [ensemble[(entry + k) % e] for k in range(qw)],
             write_quorum=qw,
-            ack_quorum=qa,
+            ack_quorum=min(ack_quorum or self.ack_quorum, qw),
             first_entry=first_entry,
+        )
+
+
+class QuorumPolicy(PolicyBase):
+    """Factory of segment writers/readers with the quorum protocol."""
+
+    name = "quorum"
+
+    def new_writer(self, segment_id: int, ensemble: Sequence[str], **options: Any) -> QuorumWriter:
+        # read here, at each new writer, so that a test may shorten it (monkeypatch)
+        return QuorumWriter(
+            self.client, segment_id, ensemble, add_timeout=ADD_ENTRY_TIMEOUT_S, **options
         )
 
 

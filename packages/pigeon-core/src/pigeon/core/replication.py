@@ -3,10 +3,14 @@ building blocks a policy plugin uses.
 
 * :class:`ReplicationPolicy` and :class:`SegmentWriter` — the protocols the broker's
   managed ledger and auditor are written against; a policy registered through
-  ``pigeon_replication_policies`` follows them (it need not inherit from anything).
+  ``pigeon_replication_policies`` follows them (it need not inherit from anything);
+  :class:`WriterOptions`, :class:`ReadOptions` and :class:`RecoverOptions` are the
+  keyword options of its methods.
 * :class:`PolicyBase` — what the shipped policies share (quorum sizes, the choice of an
-  ensemble, :class:`ReplicaRepairs` of damaged copies); :class:`QuorumPolicy` and its
-  :class:`QuorumWriter` — BookKeeper's protocol.
+  ensemble, reads and recovery of a fragment given its Qw, :class:`ReplicaRepairs` of
+  damaged copies) and :class:`WriterBase` what their writers do (close, abort, wait
+  until idle); :class:`QuorumPolicy` and its :class:`QuorumWriter` — BookKeeper's
+  protocol.
 * :class:`BookieClient` — the connections to bookies a policy is built with.
 * :func:`read_replicas`, :func:`read_striped`, :func:`recover_segment`,
   :func:`fail_in_order` — reads that pass over damaged copies, fence-and-recover of a
@@ -22,10 +26,13 @@ from pigeon.core import _replication
 from pigeon.core._bookie_client import BookieClient
 from pigeon.core._policy import (
     BookieLoad,
+    ReadOptions,
+    RecoverOptions,
     ReplaceBookie,
     ReplicationPolicy,
     SegmentWriter,
     WriteCallback,
+    WriterOptions,
 )
 from pigeon.core._replication import (
     PolicyBase,
@@ -45,12 +52,15 @@ __all__ = [
     "PolicyBase",
     "QuorumPolicy",
     "QuorumWriter",
+    "ReadOptions",
+    "RecoverOptions",
     "ReplaceBookie",
     "ReplicaRepairs",
     "ReplicationPolicy",
     "SegmentWriter",
     "WriteCallback",
     "WriterBase",
+    "WriterOptions",
     "add_entry_timeout",
     "fail_in_order",
     "read_replicas",

@@ -173,11 +173,20 @@ async def _write(writer: Any, payloads: list[bytes]) -> list[int]:
     return done
 
 
-async def _read_all(policy: Any, segment_id: int, ensemble: list[str], last: int) -> list[bytes]:
+async def _read_all(
+    policy: Any,
+    segment_id: int,
+    ensemble: list[str],
+    last: int,
+    *,
+    first: int = 0,
+    write_quorum: int | None = None,
+) -> list[bytes]:
+    """Entries ``first..last`` read through the policy, checked to come in order."""
     out: list[bytes] = []
-    entry = 0
+    entry = first
     while entry <= last:
-        got = await policy.read(segment_id, ensemble, entry, last)
+        got = await policy.read(segment_id, ensemble, entry, last, write_quorum=write_quorum)
         assert got, f"no entries from {entry}"
         for eid, data in got:
             assert eid == entry, f"expected entry {entry}, got {eid}"
@@ -189,20 +198,142 @@ async def _read_all(policy: Any, segment_id: int, ensemble: list[str], last: int
 async def _read_all_from(
     policy: Any, segment_id: int, bookie: str, first: int, last: int
 ) -> list[bytes]:
-    out: list[bytes] = []
-    entry = first
-    while entry <= last:
-        got = await policy.read(segment_id, [bookie], entry, last, write_quorum=1)
-        assert got, f"no entries from {entry}"
-        for eid, data in got:
-            assert eid == entry, f"expected entry {entry}, got {eid}"
-            out.append(bytes(data))
-            entry += 1
-    return out
+    """Entries ``first..last`` as ``bookie`` alone holds them."""
+    return await _read_all(policy, segment_id, [bookie], last, first=first, write_quorum=1)
+
+
+class _Spare:
+    """A ``replace_bookie`` that puts the spare bookie in the failed one's place and
+    records each fragment as ``(first entry, ensemble)``; with ``hold`` it answers only
+    once :attr:`go` is set."""
+
+    def __init__(self, spare: str, ensemble: list[str], *, hold: bool = False) -> None:
+        self.spare = spare
+        self.fragments: list[tuple[int, list[str]]] = [(0, list(ensemble))]
+        self.changed = trio.Event()
+        self.go = trio.Event()
+        if not hold:
+            self.go.set()
+
+    async def __call__(self, index: int, first_entry: int) -> str:
+        new = list(self.fragments[-1][1])
+        new[index] = self.spare
+        self.fragments.append((first_entry, new))
+        self.changed.set()
+        if not self.go.is_set():
+            await self.go.wait()
+        return self.spare
+
+
+class _World:
+    """One test's bookies, client, policy, the ensemble of its segment and a nursery for
+    the writers' background work."""
+
+    def __init__(
+        self, bookies: BookieSet, client: BookieClient, policy: Any, nursery: trio.Nursery
+    ) -> None:
+        self.bookies = bookies
+        self.client = client
+        self.policy = policy
+        self.nursery = nursery
+        self.segment = next(_segment_ids)
+        #: chosen among the first E bookies; the others are spares
+        self.ensemble: list[str] = policy.choose_ensemble(bookies.addresses[: policy.ensemble_size])
+
+    def holders(self, entry: int, write_quorum: int) -> list[str]:
+        """The bookies of the ensemble that hold ``entry`` when it was written with
+        ``write_quorum``."""
+        return [self.ensemble[(entry + k) % len(self.ensemble)] for k in range(write_quorum)]
+
+    def spare(self, *, hold: bool = False) -> _Spare:
+        """A ``replace_bookie`` with the first bookie outside the ensemble."""
+        spare = next(a for a in self.bookies.addresses if a not in self.ensemble)
+        return _Spare(spare, self.ensemble, hold=hold)
+
+    async def writer(self, replace: Any = None) -> Any:
+        """A writer of the segment; with ``replace`` (a ``replace_bookie``) it replaces a
+        failed bookie, its background work running in the world's nursery."""
+        if replace is None:
+            return await self.policy.create_writer(self.segment, self.ensemble)
+        return await self.policy.create_writer(
+            self.segment, self.ensemble, replace_bookie=replace, nursery=self.nursery
+        )
+
+    async def written(self, payloads: list[bytes]) -> Any:
+        """A closed writer that stored ``payloads`` as entries 0...."""
+        writer = await self.writer()
+        await _write(writer, payloads)
+        writer.close()
+        return writer
+
+    async def read_all(self, last: int) -> list[bytes]:
+        return await _read_all(self.policy, self.segment, self.ensemble, last)
+
+    async def wait_held(self, bookie: str, first: int, expected: list[bytes]) -> None:
+        """Wait until ``bookie`` alone holds ``expected`` as entries ``first...``."""
+        got: list[bytes] = []
+        last = first + len(expected) - 1
+        with trio.fail_after(10):
+            while got != expected:
+                try:
+                    got = await _read_all_from(self.policy, self.segment, bookie, first, last)
+                except PigeonError:
+                    await trio.sleep(0.02)
+
+
+@contextlib.asynccontextmanager
+async def _world(
+    tmp_path: Path, make_policy: Any, bookies: int, quorums: tuple[int, int, int]
+) -> AsyncIterator[_World]:
+    """``bookies`` bookies and a policy with ``quorums`` = (E, Qw, Qa)."""
+    e, qw, qa = quorums
+    async with _cluster(tmp_path, bookies) as (bookie_set, client):
+        policy = make_policy(client, ensemble_size=e, write_quorum=qw, ack_quorum=qa)
+        async with trio.open_nursery() as nursery:
+            yield _World(bookie_set, client, policy, nursery)
+            nursery.cancel_scope.cancel()
+
+
+async def _closed_and_watched(w: _World) -> tuple[list[bytes], _ReadOrder]:
+    """Twenty entries stored and their writer closed; the client's reads watched from
+    now on."""
+    payloads = [b"entry-%d " % i * 40 for i in range(20)]
+    await w.written(payloads)
+    return payloads, _ReadOrder(w.client)
+
+
+#: what :func:`_lose_one` writes: ten entries before the loss, ten while the bookie is
+#: being replaced, ten after
+_LOSE_ONE = [b"before"] * 10 + [b"after"] * 10 + [b"later"] * 10
+
+
+async def _lose_one(w: _World, index: int) -> tuple[_Spare, list[list[int]]]:
+    """Write :data:`_LOSE_ONE` with a writer that replaces failed bookies by the spare,
+    stopping ``ensemble[index]`` after the first ten entries and waiting for its
+    replacement after the next ten: the ``replace_bookie`` and the ids of each ten."""
+    replace = w.spare()
+    writer = await w.writer(replace)
+    ids = [await _write(writer, _LOSE_ONE[:10])]
+    await w.bookies.stop(w.ensemble[index])
+    # the ack quorum (2 of 3) keeps writes going while the change happens
+    ids.append(await _write(writer, _LOSE_ONE[10:20]))
+    with trio.fail_after(10):
+        await replace.changed.wait()
+    ids.append(await _write(writer, _LOSE_ONE[20:]))
+    return replace, ids
+
+
+def _flip(segment: int, entry: int) -> Any:
+    """Damage done to a stopped bookie: one payload byte of ``entry`` flipped."""
+    return lambda d: flip_payload_byte(segment_file(d, segment), entry, segment)
 
 
 class ReplicationPolicyContract:
     """What every replication policy guarantees (see the module docstring)."""
+
+    @pytest.fixture
+    def make_policy(self) -> Any:  # pragma: no cover - provided by the subclass
+        raise NotImplementedError
 
     async def test_the_policy_and_its_writers_follow_the_protocols(
         self, make_policy: Any, tmp_path: Path
@@ -210,11 +341,9 @@ class ReplicationPolicyContract:
         """The broker's ledger finds what it uses: :class:`pigeon.core.ReplicationPolicy`
         and :class:`pigeon.core.SegmentWriter` (mypy checks the signatures of the built-in
         quorum policy; this checks any policy has every member)."""
-        async with _cluster(tmp_path, 2) as (bookies, client):
-            policy = make_policy(client, ensemble_size=2, write_quorum=2, ack_quorum=2)
-            assert isinstance(policy, ReplicationPolicy)
-            ensemble = policy.choose_ensemble(bookies.addresses)
-            writer = await policy.create_writer(next(_segment_ids), ensemble)
+        async with _world(tmp_path, make_policy, 2, (2, 2, 2)) as w:
+            assert isinstance(w.policy, ReplicationPolicy)
+            writer = await w.writer()
             assert isinstance(writer, SegmentWriter)
             assert (writer.next_entry_id, writer.lac, writer.pending) == (0, -1, 0)
             assert await _write(writer, [b"a", b"bc"]) == [0, 1]
@@ -226,116 +355,77 @@ class ReplicationPolicyContract:
     async def test_a_damaged_copy_is_read_from_another_replica_and_repaired(
         self, make_policy: Any, tmp_path: Path
     ) -> None:
-        async with _cluster(tmp_path, 3) as (bookies, client):
-            policy = make_policy(client, ensemble_size=3, write_quorum=2, ack_quorum=2)
-            ensemble = policy.choose_ensemble(bookies.addresses)
-            segment = next(_segment_ids)
-            writer = await policy.create_writer(segment, ensemble)
-            payloads = [b"entry-%d " % i * 40 for i in range(20)]
-            await _write(writer, payloads)
-            writer.close()
-            order = _ReadOrder(client)
-            entry = 7
-            damaged = await order.first_asked(policy, segment, ensemble, entry)
-            await bookies.restart(
-                damaged,
-                lambda d: flip_payload_byte(segment_file(d, segment), entry, segment),
-            )
+        async with _world(tmp_path, make_policy, 3, (3, 2, 2)) as w:
+            payloads, order = await _closed_and_watched(w)
+            segment, entry = w.segment, 7
+            damaged = await order.first_asked(w.policy, segment, w.ensemble, entry)
+            await w.bookies.restart(damaged, _flip(segment, entry))
             with pytest.raises(CorruptEntry):  # the bookie refuses its damaged copy
-                await client.read_entries(damaged, segment, entry, entry)
-            got = await policy.read(segment, ensemble, entry, entry, repair=True)
+                await w.client.read_entries(damaged, segment, entry, entry)
+            got = await w.policy.read(segment, w.ensemble, entry, entry, repair=True)
             assert [(e, bytes(d)) for e, d in got] == [(entry, payloads[entry])]
             assert order.asked[0] == damaged  # it was asked first, and passed over
             # the damaged copy was rewritten from the good one
-            got = await client.read_entries(damaged, segment, entry, entry)
+            got = await w.client.read_entries(damaged, segment, entry, entry)
             assert [(e, bytes(d)) for e, d in got] == [(entry, payloads[entry])]
-            assert await _read_all(policy, segment, ensemble, 19) == payloads
+            assert await w.read_all(19) == payloads
 
     async def test_a_truncated_copy_is_refilled_from_another_replica(
         self, make_policy: Any, tmp_path: Path
     ) -> None:
-        async with _cluster(tmp_path, 3) as (bookies, client):
-            policy = make_policy(client, ensemble_size=3, write_quorum=3, ack_quorum=2)
-            ensemble = policy.choose_ensemble(bookies.addresses)
-            segment = next(_segment_ids)
-            writer = await policy.create_writer(segment, ensemble)
-            payloads = [b"entry-%d " % i * 40 for i in range(20)]
-            await _write(writer, payloads)
-            writer.close()
-            order = _ReadOrder(client)
-            damaged = await order.first_asked(policy, segment, ensemble, 12)
+        async with _world(tmp_path, make_policy, 3, (3, 3, 2)) as w:
+            payloads, order = await _closed_and_watched(w)
+            damaged = await order.first_asked(w.policy, w.segment, w.ensemble, 12)
 
             def truncate(data_dir: Path) -> None:
-                path = segment_file(data_dir, segment)
+                path = segment_file(data_dir, w.segment)
                 size = path.stat().st_size
                 with path.open("r+b") as f:  # entries 12..19 and part of 11
                     f.truncate(size - 8 * (40 + len(payloads[15])) - 10)
 
-            await bookies.restart(damaged, truncate)
-            assert (await client.segment_info(damaged, segment))["last_entry_id"] == 10
-            got = await policy.read(segment, ensemble, 12, 19, repair=True)
+            await w.bookies.restart(damaged, truncate)
+            assert (await w.client.segment_info(damaged, w.segment))["last_entry_id"] == 10
+            got = await w.policy.read(w.segment, w.ensemble, 12, 19, repair=True)
             assert [bytes(d) for _e, d in got] == payloads[12:]
             assert order.asked[0] == damaged
             # 11 (before the read) and 12..19 (read) were appended to the damaged copy
-            assert (await client.segment_info(damaged, segment))["last_entry_id"] == 19
-            got = await client.read_entries(damaged, segment, 0, 19)
+            assert (await w.client.segment_info(damaged, w.segment))["last_entry_id"] == 19
+            got = await w.client.read_entries(damaged, w.segment, 0, 19)
             assert [bytes(d) for _e, d in got] == payloads
 
     async def test_an_entry_damaged_on_every_replica_is_a_clear_error(
         self, make_policy: Any, tmp_path: Path
     ) -> None:
-        async with _cluster(tmp_path, 2) as (bookies, client):
-            policy = make_policy(client, ensemble_size=2, write_quorum=2, ack_quorum=2)
-            ensemble = policy.choose_ensemble(bookies.addresses)
-            segment = next(_segment_ids)
-            writer = await policy.create_writer(segment, ensemble)
-            await _write(writer, [b"x" * 100] * 5)
-            writer.close()
-            for address in list(ensemble):
-                await bookies.restart(
-                    address, lambda d: flip_payload_byte(segment_file(d, segment), 3, segment)
-                )
+        async with _world(tmp_path, make_policy, 2, (2, 2, 2)) as w:
+            await w.written([b"x" * 100] * 5)
+            for address in list(w.ensemble):
+                await w.bookies.restart(address, _flip(w.segment, 3))
             with pytest.raises(CorruptEntry) as info:
-                await policy.read(segment, ensemble, 3, 4, repair=True)
-            assert all(address in str(info.value) for address in ensemble)
-            assert [e for e, _d in await policy.read(segment, ensemble, 4, 4)] == [4]
-
-    @pytest.fixture
-    def make_policy(self) -> Any:  # pragma: no cover - provided by the subclass
-        raise NotImplementedError
+                await w.policy.read(w.segment, w.ensemble, 3, 4, repair=True)
+            assert all(address in str(info.value) for address in w.ensemble)
+            assert [e for e, _d in await w.policy.read(w.segment, w.ensemble, 4, 4)] == [4]
 
     async def test_entries_are_acknowledged_in_order_and_read_back(
         self, make_policy: Any, tmp_path: Path
     ) -> None:
-        async with _cluster(tmp_path, 3) as (bookies, client):
-            policy = make_policy(client, ensemble_size=3, write_quorum=2, ack_quorum=2)
-            ensemble = policy.choose_ensemble(bookies.addresses)
-            segment = next(_segment_ids)
-            writer = await policy.create_writer(segment, ensemble)
+        async with _world(tmp_path, make_policy, 3, (3, 2, 2)) as w:
             payloads = [f"entry-{i}".encode() * (i + 1) for i in range(50)]
-            assert await _write(writer, payloads) == list(range(50))
-            assert await _read_all(policy, segment, ensemble, 49) == payloads
+            assert await _write(await w.writer(), payloads) == list(range(50))
+            assert await w.read_all(49) == payloads
 
     async def test_a_single_bookie_ensemble_works(self, make_policy: Any, tmp_path: Path) -> None:
-        async with _cluster(tmp_path, 1) as (bookies, client):
-            policy = make_policy(client, ensemble_size=1, write_quorum=1, ack_quorum=1)
-            ensemble = policy.choose_ensemble(bookies.addresses)
-            segment = next(_segment_ids)
-            writer = await policy.create_writer(segment, ensemble)
-            assert await _write(writer, [b"a", b"b", b"c"]) == [0, 1, 2]
-            assert await _read_all(policy, segment, ensemble, 2) == [b"a", b"b", b"c"]
-            assert await policy.recover(segment, ensemble) == 2
+        async with _world(tmp_path, make_policy, 1, (1, 1, 1)) as w:
+            assert await _write(await w.writer(), [b"a", b"b", b"c"]) == [0, 1, 2]
+            assert await w.read_all(2) == [b"a", b"b", b"c"]
+            assert await w.policy.recover(w.segment, w.ensemble) == 2
 
     async def test_recovery_fences_the_old_writer_and_finds_the_last_entry(
         self, make_policy: Any, tmp_path: Path
     ) -> None:
-        async with _cluster(tmp_path, 3) as (bookies, client):
-            policy = make_policy(client, ensemble_size=3, write_quorum=3, ack_quorum=2)
-            ensemble = policy.choose_ensemble(bookies.addresses)
-            segment = next(_segment_ids)
-            writer = await policy.create_writer(segment, ensemble)
+        async with _world(tmp_path, make_policy, 3, (3, 3, 2)) as w:
+            writer = await w.writer()
             await _write(writer, [b"a", b"b", b"c"])
-            assert await policy.recover(segment, ensemble) == 2
+            assert await w.policy.recover(w.segment, w.ensemble) == 2
             with pytest.raises(PigeonError):
                 await _write(writer, [b"late"])
 
@@ -344,186 +434,84 @@ class ReplicationPolicyContract:
     ) -> None:
         # unanswered fences are given up only after this long: recovery must not wait
         monkeypatch.setattr("pigeon.core._replication.RECOVERY_OP_TIMEOUT_S", 600.0)
-        async with _cluster(tmp_path, 3) as (bookies, client):
-            policy = make_policy(client, ensemble_size=3, write_quorum=3, ack_quorum=2)
-            ensemble = policy.choose_ensemble(bookies.addresses)
-            segment = next(_segment_ids)
-            writer = await policy.create_writer(segment, ensemble)
-            await _write(writer, [b"a", b"b", b"c"])
-            for paused in ensemble:  # whichever bookie it is (a leader too)
-                bookies.pause(paused)
+        async with _world(tmp_path, make_policy, 3, (3, 3, 2)) as w:
+            await _write(await w.writer(), [b"a", b"b", b"c"])
+            for paused in w.ensemble:  # whichever bookie it is (a leader too)
+                w.bookies.pause(paused)
                 with trio.fail_after(60):
-                    assert await policy.recover(segment, ensemble) == 2
-                bookies.resume(paused)
+                    assert await w.policy.recover(w.segment, w.ensemble) == 2
+                w.bookies.resume(paused)
 
     async def test_a_failed_bookie_is_replaced_without_failing_writes(
         self, make_policy: Any, tmp_path: Path
     ) -> None:
-        async with _cluster(tmp_path, 4) as (bookies, client):
-            policy = make_policy(client, ensemble_size=3, write_quorum=3, ack_quorum=2)
-            ensemble = policy.choose_ensemble(bookies.addresses[:3])
-            spare = bookies.addresses[3]
-            segment = next(_segment_ids)
-            fragments: list[tuple[int, list[str]]] = [(0, list(ensemble))]
-
-            changed = trio.Event()
-
-            async def replace(index: int, first_entry: int) -> str:
-                new = list(fragments[-1][1])
-                new[index] = spare
-                fragments.append((first_entry, new))
-                changed.set()
-                return spare
-
-            async with trio.open_nursery() as nursery:
-                writer = await policy.create_writer(
-                    segment, ensemble, replace_bookie=replace, nursery=nursery
-                )
-                await _write(writer, [b"before"] * 10)
-                await bookies.stop(ensemble[1])
-                # the ack quorum (2 of 3) keeps writes going while the change happens
-                await _write(writer, [b"after"] * 10)
-                with trio.fail_after(10):
-                    await changed.wait()
-                await _write(writer, [b"later"] * 10)
-                assert len(fragments) == 2 and spare in fragments[-1][1]
-                first_after = fragments[-1][0]
-                assert first_after <= 20
-                # the new bookie alone ends up holding every entry of the new fragment
-                # (those acknowledged while it was being connected are copied to it)
-                expected = ([b"before"] * 10 + [b"after"] * 10 + [b"later"] * 10)[first_after:]
-                got: list[bytes] = []
-                with trio.fail_after(10):
-                    while got != expected:
-                        try:
-                            got = await _read_all_from(policy, segment, spare, first_after, 29)
-                        except PigeonError:
-                            await trio.sleep(0.02)
-                nursery.cancel_scope.cancel()
+        async with _world(tmp_path, make_policy, 4, (3, 3, 2)) as w:
+            replace, _ids = await _lose_one(w, 1)
+            assert len(replace.fragments) == 2 and replace.spare in replace.fragments[-1][1]
+            first_after = replace.fragments[-1][0]
+            assert first_after <= 20
+            # the new bookie alone ends up holding every entry of the new fragment
+            # (those acknowledged while it was being connected are copied to it)
+            await w.wait_held(replace.spare, first_after, _LOSE_ONE[first_after:])
 
     async def test_ack_quorum_holds_with_one_bookie_down(
         self, make_policy: Any, tmp_path: Path
     ) -> None:
-        async with _cluster(tmp_path, 3) as (bookies, client):
-            policy = make_policy(client, ensemble_size=3, write_quorum=3, ack_quorum=2)
-            ensemble = policy.choose_ensemble(bookies.addresses)
-            segment = next(_segment_ids)
+        async def no_spare(index: int, first_entry: int) -> str:
+            raise PigeonError("no spare bookie")
 
-            async def no_spare(index: int, first_entry: int) -> str:
-                raise PigeonError("no spare bookie")
-
-            async with trio.open_nursery() as nursery:
-                writer = await policy.create_writer(
-                    segment, ensemble, replace_bookie=no_spare, nursery=nursery
-                )
-                await bookies.stop(ensemble[2])
-                assert await _write(writer, [b"x"] * 5) == list(range(5))
-                nursery.cancel_scope.cancel()
+        async with _world(tmp_path, make_policy, 3, (3, 3, 2)) as w:
+            writer = await w.writer(no_spare)
+            await w.bookies.stop(w.ensemble[2])
+            assert await _write(writer, [b"x"] * 5) == list(range(5))
 
     async def test_writes_go_on_when_the_first_bookie_of_the_ensemble_dies(
         self, make_policy: Any, tmp_path: Path
     ) -> None:
         # with leader-follower the first bookie leads: a new leader is elected
-        async with _cluster(tmp_path, 4) as (bookies, client):
-            policy = make_policy(client, ensemble_size=3, write_quorum=3, ack_quorum=2)
-            ensemble = policy.choose_ensemble(bookies.addresses[:3])
-            spare = bookies.addresses[3]
-            segment = next(_segment_ids)
-            fragments: list[tuple[int, list[str]]] = [(0, list(ensemble))]
-
-            changed = trio.Event()
-
-            async def replace(index: int, first_entry: int) -> str:
-                new = list(fragments[-1][1])
-                new[index] = spare
-                fragments.append((first_entry, new))
-                changed.set()
-                return spare
-
-            async with trio.open_nursery() as nursery:
-                writer = await policy.create_writer(
-                    segment, ensemble, replace_bookie=replace, nursery=nursery
-                )
-                assert await _write(writer, [b"before"] * 10) == list(range(10))
-                await bookies.stop(ensemble[0])
-                assert await _write(writer, [b"after"] * 10) == list(range(10, 20))
-                with trio.fail_after(10):
-                    await changed.wait()
-                assert await _write(writer, [b"later"] * 10) == list(range(20, 30))
-                first_after, final = fragments[-1]
-                assert ensemble[0] not in final and spare in final
-                expected = [b"before"] * 10 + [b"after"] * 10 + [b"later"] * 10
-                # every bookie of the new fragment ends up holding all of its entries
-                for bookie in final:
-                    got: list[bytes] = []
-                    with trio.fail_after(10):
-                        while got != expected[first_after:]:
-                            try:
-                                got = await _read_all_from(policy, segment, bookie, first_after, 29)
-                            except PigeonError:
-                                await trio.sleep(0.02)
-                # and everything reads back through the policy, fragment by fragment
-                assert await _read_all(policy, segment, final, 29) == expected
-                nursery.cancel_scope.cancel()
+        async with _world(tmp_path, make_policy, 4, (3, 3, 2)) as w:
+            replace, ids = await _lose_one(w, 0)
+            assert ids == [list(range(10)), list(range(10, 20)), list(range(20, 30))]
+            first_after, final = replace.fragments[-1]
+            assert w.ensemble[0] not in final and replace.spare in final
+            # every bookie of the new fragment ends up holding all of its entries
+            for bookie in final:
+                await w.wait_held(bookie, first_after, _LOSE_ONE[first_after:])
+            # and everything reads back through the policy, fragment by fragment
+            assert await _read_all(w.policy, w.segment, final, 29) == _LOSE_ONE
 
     async def test_recovery_copies_the_tail_everywhere_and_ends_at_a_gap(
         self, make_policy: Any, tmp_path: Path
     ) -> None:
-        async with _cluster(tmp_path, 3) as (bookies, client):
-            policy = make_policy(client, ensemble_size=3, write_quorum=3, ack_quorum=2)
-            ensemble = policy.choose_ensemble(bookies.addresses)
-            first = ensemble[0]
-            segment = next(_segment_ids)
+        async with _world(tmp_path, make_policy, 3, (3, 3, 2)) as w:
             # a writer died mid-replication: entries 0-3 on every bookie (LAC 2), entry 4
             # reached one bookie (it may have been acknowledged: it is recovered), entry 5
             # none (so 6, on one bookie, cannot have been acknowledged: 5 never was)
-            for entry in range(4):
-                for bookie in ensemble:
-                    await client.add_entry(bookie, segment, entry, entry - 1, b"e%d" % entry)
-            await client.add_entry(first, segment, 4, 2, b"e4")
-            await client.add_entry(first, segment, 6, 2, b"e6")
-            assert await policy.recover(segment, ensemble) == 4
-            for bookie in ensemble:
-                got = await _read_all_from(policy, segment, bookie, 0, 4)
+            stored = [(entry, bookie) for entry in range(4) for bookie in w.ensemble]
+            for entry, bookie in stored:
+                await w.client.add_entry(bookie, w.segment, entry, entry - 1, b"e%d" % entry)
+            await w.client.add_entry(w.ensemble[0], w.segment, 4, 2, b"e4")
+            await w.client.add_entry(w.ensemble[0], w.segment, 6, 2, b"e6")
+            assert await w.policy.recover(w.segment, w.ensemble) == 4
+            for bookie in w.ensemble:
+                got = await _read_all_from(w.policy, w.segment, bookie, 0, 4)
                 assert got == [b"e0", b"e1", b"e2", b"e3", b"e4"]
 
     async def test_a_late_replacement_gets_the_entries_acknowledged_meanwhile(
         self, make_policy: Any, tmp_path: Path
     ) -> None:
-        async with _cluster(tmp_path, 4) as (bookies, client):
-            policy = make_policy(client, ensemble_size=3, write_quorum=3, ack_quorum=2)
-            ensemble = policy.choose_ensemble(bookies.addresses[:3])
-            spare = bookies.addresses[3]
-            segment = next(_segment_ids)
-            firsts: list[int] = []
-            asked = trio.Event()
-            go = trio.Event()
-
-            async def replace(index: int, first_entry: int) -> str:
-                firsts.append(first_entry)
-                asked.set()
-                await go.wait()  # the spare is found only after more writes
-                return spare
-
-            async with trio.open_nursery() as nursery:
-                writer = await policy.create_writer(
-                    segment, ensemble, replace_bookie=replace, nursery=nursery
-                )
-                await _write(writer, [b"before"] * 5)
-                await bookies.stop(ensemble[2])
-                assert await _write(writer, [b"meanwhile"]) == [5]  # the loss is noticed
-                with trio.fail_after(10):
-                    await asked.wait()
-                # acknowledged by the two others while no replacement is known yet
-                assert await _write(writer, [b"meanwhile"] * 9) == list(range(6, 15))
-                go.set()
-                expected = ([b"before"] * 5 + [b"meanwhile"] * 10)[firsts[-1] :]
-                assert expected, f"the change started late: at entry {firsts[-1]}"
-                got: list[bytes] = []
-                with trio.fail_after(10):
-                    while got != expected:
-                        try:
-                            got = await _read_all_from(policy, segment, spare, firsts[-1], 14)
-                        except PigeonError:
-                            await trio.sleep(0.02)
-                nursery.cancel_scope.cancel()
+        async with _world(tmp_path, make_policy, 4, (3, 3, 2)) as w:
+            replace = w.spare(hold=True)  # the spare is found only after more writes
+            writer = await w.writer(replace)
+            await _write(writer, [b"before"] * 5)
+            await w.bookies.stop(w.ensemble[2])
+            assert await _write(writer, [b"meanwhile"]) == [5]  # the loss is noticed
+            with trio.fail_after(10):
+                await replace.changed.wait()
+            # acknowledged by the two others while no replacement is known yet
+            assert await _write(writer, [b"meanwhile"] * 9) == list(range(6, 15))
+            replace.go.set()
+            first = replace.fragments[-1][0]
+            expected = ([b"before"] * 5 + [b"meanwhile"] * 10)[first:]
+            assert expected, f"the change started late: at entry {first}"
+            await w.wait_held(replace.spare, first, expected)
