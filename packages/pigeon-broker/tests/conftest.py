@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-from admin_support import AdminStandalone, ErrorLines
+from admin_support import AdminStandalone
 
 from pigeon.client.trio import Client
 from pigeon.core.testing import InProcessStandalone
+from pigeon.core.testing.fuzz import ErrorLines
 
 
 @pytest.fixture
