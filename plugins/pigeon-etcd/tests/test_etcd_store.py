@@ -6,8 +6,6 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable, Iterator
-from functools import partial
 from pathlib import Path
 
 import pytest
@@ -18,7 +16,7 @@ from pigeon_etcd._plan import Keys, decode_value, encode_value
 from pigeon.core import PluginManager
 from pigeon.core.errors import ConfigError, CorruptFrame, InvalidArgument, MetadataError
 from pigeon.core.metadata import EventType, MetadataStore, Op, Stat, WatchEvent
-from pigeon.core.testing import MetadataStoreContract, ServerRestart, kill_ephemeral_owner
+from pigeon.core.testing import MetadataServerContract, kill_ephemeral_owner
 from pigeon.core.testing import running_store as running
 from pigeon.core.testing.servers import EtcdServer, etcd_server
 
@@ -26,21 +24,15 @@ WAIT = 20.0
 SESSION_TIMEOUT = 3.0
 
 
-class TestEtcdContract(MetadataStoreContract):
-    @pytest.fixture
-    def new_metadata_store(self, etcd: EtcdServer) -> Callable[[], MetadataStore]:
-        return lambda: EtcdMetadataStore(etcd.address, "/contract", session_timeout=SESSION_TIMEOUT)
+class TestEtcdContract(MetadataServerContract):
+    session_timeout = SESSION_TIMEOUT
 
     @pytest.fixture
-    def metadata_store_url(self, etcd: EtcdServer) -> str:
-        return etcd.url("/contract", session_timeout=SESSION_TIMEOUT)
+    def metadata_server(self, etcd: EtcdServer) -> EtcdServer:
+        return etcd
 
-    @pytest.fixture
-    def restartable_server(self, tmp_path: Path) -> Iterator[ServerRestart]:
-        with etcd_server(tmp_path / "etcd") as server:
-            yield server.restartable(
-                partial(EtcdMetadataStore, prefix="/restart", session_timeout=8.0)
-            )
+    def store_at(self, address: str, path: str, session_timeout: float) -> MetadataStore:
+        return EtcdMetadataStore(address, path, session_timeout=session_timeout)
 
 
 # --- plugin registration and URLs -------------------------------------------------------

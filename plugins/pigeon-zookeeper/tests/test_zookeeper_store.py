@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 
@@ -24,9 +23,8 @@ from pigeon.core.errors import (
 )
 from pigeon.core.metadata import Create, EventType, MetadataStore, NeedRead, Op, Stat, WatchEvent
 from pigeon.core.testing import (
-    MetadataStoreContract,
+    MetadataServerContract,
     MetadataStoreFactory,
-    ServerRestart,
     kill_ephemeral_owner,
     store_factory,
 )
@@ -46,21 +44,15 @@ def metadata_store_factory_zk(zookeeper: ZooKeeperServer) -> MetadataStoreFactor
     return store_factory(partial(new_store, zookeeper))
 
 
-class TestZooKeeperContract(MetadataStoreContract):
-    @pytest.fixture
-    def new_metadata_store(self, zookeeper: ZooKeeperServer) -> Callable[[], MetadataStore]:
-        return partial(new_store, zookeeper)
+class TestZooKeeperContract(MetadataServerContract):
+    session_timeout = SESSION_TIMEOUT
 
     @pytest.fixture
-    def metadata_store_url(self, zookeeper: ZooKeeperServer) -> str:
-        return zookeeper.url("/contract", session_timeout=SESSION_TIMEOUT)
+    def metadata_server(self, zookeeper: ZooKeeperServer) -> ZooKeeperServer:
+        return zookeeper
 
-    @pytest.fixture
-    def restartable_server(self, tmp_path: Path) -> Iterator[ServerRestart]:
-        with zookeeper_server(tmp_path / "zk") as server:
-            yield server.restartable(
-                partial(ZooKeeperMetadataStore, chroot="/restart", session_timeout=8.0)
-            )
+    def store_at(self, address: str, path: str, session_timeout: float) -> MetadataStore:
+        return ZooKeeperMetadataStore(address, path, session_timeout=session_timeout)
 
 
 # --- plugin registration and URLs -------------------------------------------------------

@@ -7,6 +7,9 @@ offers the **contract suites** every backend runs against itself:
   ``new_metadata_store`` fixture (a callable building a store that is not running yet);
   :func:`running_store`, :func:`store_factory`, :func:`next_event`, :func:`wait_event`
   and :func:`kill_ephemeral_owner` help a backend's own tests.
+  :class:`MetadataServerContract` is the same for a backend on a real server of
+  :mod:`pigeon.core.testing.servers`: provide a ``metadata_server`` fixture and a
+  ``store_at`` method.
 * :class:`CodecContract` — subclass it and provide a ``codec`` fixture.
 * :class:`ReplicationPolicyContract` — subclass it and provide a ``make_policy`` fixture;
   it runs real in-process bookies (needs ``pigeon-bookie``).
@@ -45,7 +48,7 @@ from pigeon.core.testing._metadata_helpers import (
     store_factory,
     wait_event,
 )
-from pigeon.core.testing._metadata_suite import MetadataStoreContract
+from pigeon.core.testing._metadata_suite import MetadataServerContract, MetadataStoreContract
 from pigeon.core.testing._replication_suite import ReplicationPolicyContract
 
 __all__ = [
@@ -54,6 +57,7 @@ __all__ = [
     "CodecContract",
     "ExpireSession",
     "InProcessStandalone",
+    "MetadataServerContract",
     "MetadataStoreContract",
     "MetadataStoreFactory",
     "ReplicationPolicyContract",
