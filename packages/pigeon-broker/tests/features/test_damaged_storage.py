@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 import trio
-from standalone_support import standalone_on
 
 from pigeon.bookie.testing import RECORD_HEADER_SIZE, record_starts
 from pigeon.broker._admin_ops import skip, topic_stats
@@ -25,6 +24,7 @@ from pigeon.broker._metrics import BrokerMonitor
 from pigeon.client.trio import Client, Consumer
 from pigeon.core import TopicName
 from pigeon.core.errors import Timeout
+from pigeon.core.testing import in_process_standalone
 
 TOPIC = "persistent://public/default/damaged"
 NS = "public/default"
@@ -34,8 +34,8 @@ ENTRIES = 50
 
 @asynccontextmanager
 async def standalone(root: Path, **config: Any) -> AsyncIterator[Any]:
-    """The broker service of a standalone on ``root`` (``standalone_on``)."""
-    async with standalone_on(root, **config) as cluster:
+    """The broker service of a standalone on ``root`` (``in_process_standalone``)."""
+    async with in_process_standalone(root, **config) as cluster:
         yield cluster.service
 
 
