@@ -1,7 +1,7 @@
 """Helpers for tests that run a standalone in the test's own trio run (``pigeon_standalone``
 or :func:`pigeon.core.testing.in_process_standalone`) and talk to it through the real
-client: produce, receive, drain, read back; a raw protocol producer; a real-time limit for
-virtual-time tests.
+client: produce, receive (``receive_n`` and ``drain`` come from :mod:`pigeon.core.testing`),
+read back; a raw protocol producer; a real-time limit for virtual-time tests.
 
 The ``client`` fixture (``conftest.py``) is a client connected to ``pigeon_standalone``.
 """
@@ -21,8 +21,7 @@ from pigeon.core._rpc import connect_tcp
 from pigeon.core._schema import BrokerFrame
 from pigeon.core.batch import encode_batch
 from pigeon.core.codecs import NONE
-from pigeon.core.errors import Timeout
-from pigeon.core.testing import InProcessStandalone
+from pigeon.core.testing import InProcessStandalone, drain, receive_n
 
 NS = "public/default"
 PREFIX = "persistent://public/default/"
@@ -56,26 +55,6 @@ async def consumer_and_producer(
     producer with the default batching."""
     consumer = await client.subscribe(topic, "s", **subscribe)
     return consumer, await client.create_producer(topic)
-
-
-async def receive_n(consumer: Consumer, n: int, within: float = 30.0) -> list[Any]:
-    """Exactly ``n`` messages, received within ``within`` (virtual) seconds."""
-    out: list[Any] = []
-    with trio.move_on_after(within):
-        while len(out) < n:
-            out.extend(await consumer.batch_receive(n - len(out)))
-    assert len(out) == n, f"received {len(out)} of {n} messages within {within}s"
-    return out
-
-
-async def drain(consumer: Consumer, idle: float = 2.0) -> list[Any]:
-    """Everything that arrives until nothing came for ``idle`` (virtual) seconds."""
-    out: list[Any] = []
-    while True:
-        try:
-            out.extend(await consumer.batch_receive(1000, timeout=idle))
-        except Timeout:
-            return out
 
 
 def values(msgs: list[Any]) -> list[bytes]:

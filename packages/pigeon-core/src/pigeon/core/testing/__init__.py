@@ -17,7 +17,8 @@ offers the **contract suites** every backend runs against itself:
 :func:`check_exports` checks a plugin's ``__all__`` as ``pigeon.core``'s own test does;
 and the ``pigeon_standalone`` fixture: broker + bookie + embedded metadata in the test's
 trio run over an in-memory network (pair it with ``autojump_clock`` for virtual time);
-:func:`in_process_standalone` is the same as a context manager, with broker options.
+:func:`in_process_standalone` is the same as a context manager, with broker options;
+:func:`receive_n` and :func:`drain` receive from a consumer of the trio client.
 
 Test helpers that start real servers as child processes live in
 :mod:`pigeon.core.testing.servers`: ZooKeeper and etcd (``zookeeper_server``,
@@ -30,8 +31,10 @@ from __future__ import annotations
 
 from pigeon.core.testing._cluster import (
     InProcessStandalone,
+    drain,
     in_process_standalone,
     pigeon_standalone,
+    receive_n,
 )
 from pigeon.core.testing._codec_suite import CodecContract
 from pigeon.core.testing._exports import check_exports
@@ -63,10 +66,12 @@ __all__ = [
     "ReplicationPolicyContract",
     "ServerRestart",
     "check_exports",
+    "drain",
     "in_process_standalone",
     "kill_ephemeral_owner",
     "next_event",
     "pigeon_standalone",
+    "receive_n",
     "run_until_ready_and_kill",
     "running_store",
     "store_factory",
