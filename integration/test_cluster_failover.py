@@ -46,7 +46,7 @@ def etcd(tmp_path_factory: pytest.TempPathFactory):
 
 def embedded_url(tmp_path: Path) -> str:
     """The URL of an embedded metadata store in ``tmp_path`` (the processes share it)."""
-    return embedded_url(tmp_path)
+    return f"embedded://{tmp_path / 'metadata'}?session_timeout={SESSION_TIMEOUT}"
 
 
 @contextlib.contextmanager
@@ -115,6 +115,13 @@ class History:
         self.failed = 0
         self.lock = threading.Lock()
 
+    def wait_acked(self, count: int, *, within: float) -> None:
+        """Until ``count`` sends are acknowledged, or ``within`` seconds passed (the
+        caller asserts what it needs)."""
+        deadline = time.monotonic() + within
+        while len(self.acked) < count and time.monotonic() < deadline:
+            time.sleep(0.05)
+
     def check(self, received: list[int]) -> None:
         missing = self.acked - set(received)
         assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {sorted(missing)[:5]}"
@@ -174,17 +181,13 @@ def test_killing_the_owning_broker_loses_no_acknowledged_message(cluster: Cluste
     with Client(cluster.service_url, operation_timeout=OP_TIMEOUT) as client:
         owner = owner_of(client, "failover")
         thread = produce_in_background(client, "failover", history, stop)
-        deadline = time.monotonic() + 20
-        while len(history.acked) < 1000 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        history.wait_acked(1000, within=20)
         acked_before = len(history.acked)
         assert acked_before >= 1000, "production did not start"
         victim = next(b for b in cluster.brokers if b.address == owner)
         victim.kill9()
         # production carries on through the other broker once the session expired
-        deadline = time.monotonic() + 30
-        while len(history.acked) < acked_before + 2000 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        history.wait_acked(acked_before + 2000, within=30)
         stop.set()
         thread.join(60)
         assert len(history.acked) >= acked_before + 2000, "production did not resume"
@@ -245,25 +248,19 @@ def test_killing_a_bookie_of_three_keeps_production_going(replicated_cluster: Cl
     stop = threading.Event()
     with Client(cluster.service_url, operation_timeout=OP_TIMEOUT) as client:
         thread = produce_in_background(client, "replicated", history, stop)
-        deadline = time.monotonic() + 20
-        while len(history.acked) < 1000 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        history.wait_acked(1000, within=20)
         assert len(history.acked) >= 1000, "production did not start"
         # the bookie with the lowest address: with leader-follower it leads the segment
         # (ensembles of idle bookies are chosen by address), so a new leader is elected
         min(cluster.bookies, key=lambda b: b.address).kill9()
         before = len(history.acked)
         # Qa = 2 of the two survivors: acknowledged writes go on at once...
-        deadline = time.monotonic() + 20
-        while len(history.acked) < before + 1000 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        history.wait_acked(before + 1000, within=20)
         assert len(history.acked) >= before + 1000, "production stalled after a bookie died"
         # ...and a replacement bookie joins the ensemble (ensemble change)
         cluster.add_bookie()
         middle = len(history.acked)
-        deadline = time.monotonic() + 20
-        while len(history.acked) < middle + 1000 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        history.wait_acked(middle + 1000, within=20)
         stop.set()
         thread.join(60)
         assert history.failed == 0, f"{history.failed} sends failed"
@@ -328,14 +325,10 @@ def test_restarting_the_metadata_server_keeps_the_cluster_going(
         Client(cluster.service_url, operation_timeout=OP_TIMEOUT) as client,
     ):
         thread = produce_in_background(client, "through-restart", history, stop)
-        deadline = time.monotonic() + 20
-        while len(history.acked) < 500 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        history.wait_acked(500, within=20)
         server.restart(kill=True)
         before = len(history.acked)
-        deadline = time.monotonic() + 30
-        while len(history.acked) < before + 1000 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        history.wait_acked(before + 1000, within=30)
         stop.set()
         thread.join(60)
         assert len(history.acked) >= before + 1000, "production did not carry on"

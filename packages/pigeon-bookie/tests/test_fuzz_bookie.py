@@ -129,12 +129,6 @@ def bookie(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BookieThread]:
         server.stop()
 
 
-@pytest.fixture
-def error_lines(caplog: pytest.LogCaptureFixture) -> ErrorLines:
-    """What the ``pigeon`` loggers report as errors while the test runs."""
-    return ErrorLines(caplog)
-
-
 def check_protected(bookie: BookieThread) -> None:
     conn = connect(bookie.address)
     try:

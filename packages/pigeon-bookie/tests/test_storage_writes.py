@@ -177,13 +177,14 @@ async def test_recovery_adds(tmp_path: Path) -> None:
 async def test_write_error_turns_the_bookie_read_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    real = os.pwritev
+
+    def full(fd: int, bufs: list[bytes], offset: int) -> int:
+        real(fd, [bytes(b) for b in bufs][:1], offset)  # a partial record lands
+        raise OSError(errno.ENOSPC, "No space left on device")
+
     async with open_store(tmp_path) as store:
         await fill(store, 1, 3)
-        real = os.pwritev
-
-        def full(fd: int, bufs: list[bytes], offset: int) -> int:
-            real(fd, [bytes(b) for b in bufs][:1], offset)  # a partial record lands
-            raise OSError(errno.ENOSPC, "No space left on device")
 
         monkeypatch.setattr(os, "pwritev", full)
         await add_fails_read_only(store, 1, 3)

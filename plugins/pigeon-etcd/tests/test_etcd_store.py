@@ -15,7 +15,7 @@ from pigeon_etcd._plan import Keys, decode_value, encode_value
 
 from pigeon.core import PluginManager
 from pigeon.core.errors import ConfigError, CorruptFrame, InvalidArgument, MetadataError
-from pigeon.core.metadata import EventType, MetadataStore, Op, Stat, WatchEvent
+from pigeon.core.metadata import EventType, Op, Stat, WatchEvent
 from pigeon.core.testing import MetadataServerContract, kill_ephemeral_owner
 from pigeon.core.testing import running_store as running
 from pigeon.core.testing.servers import EtcdServer, etcd_server
@@ -25,14 +25,9 @@ SESSION_TIMEOUT = 3.0
 
 
 class TestEtcdContract(MetadataServerContract):
+    server_fixture = "etcd"
+    store_class = EtcdMetadataStore
     session_timeout = SESSION_TIMEOUT
-
-    @pytest.fixture
-    def metadata_server(self, etcd: EtcdServer) -> EtcdServer:
-        return etcd
-
-    def store_at(self, address: str, path: str, session_timeout: float) -> MetadataStore:
-        return EtcdMetadataStore(address, path, session_timeout=session_timeout)
 
 
 # --- plugin registration and URLs -------------------------------------------------------

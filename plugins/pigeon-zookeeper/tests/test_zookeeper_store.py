@@ -21,7 +21,7 @@ from pigeon.core.errors import (
     NotEmpty,
     SessionExpired,
 )
-from pigeon.core.metadata import Create, EventType, MetadataStore, NeedRead, Op, Stat, WatchEvent
+from pigeon.core.metadata import Create, EventType, NeedRead, Op, Stat, WatchEvent
 from pigeon.core.testing import (
     MetadataServerContract,
     MetadataStoreFactory,
@@ -45,14 +45,9 @@ def metadata_store_factory_zk(zookeeper: ZooKeeperServer) -> MetadataStoreFactor
 
 
 class TestZooKeeperContract(MetadataServerContract):
+    server_fixture = "zookeeper"
+    store_class = ZooKeeperMetadataStore
     session_timeout = SESSION_TIMEOUT
-
-    @pytest.fixture
-    def metadata_server(self, zookeeper: ZooKeeperServer) -> ZooKeeperServer:
-        return zookeeper
-
-    def store_at(self, address: str, path: str, session_timeout: float) -> MetadataStore:
-        return ZooKeeperMetadataStore(address, path, session_timeout=session_timeout)
 
 
 # --- plugin registration and URLs -------------------------------------------------------

@@ -8,8 +8,7 @@ offers the **contract suites** every backend runs against itself:
   :func:`running_store`, :func:`store_factory`, :func:`next_event`, :func:`wait_event`
   and :func:`kill_ephemeral_owner` help a backend's own tests.
   :class:`MetadataServerContract` is the same for a backend on a real server of
-  :mod:`pigeon.core.testing.servers`: provide a ``metadata_server`` fixture and a
-  ``store_at`` method.
+  :mod:`pigeon.core.testing.servers`: name the server's fixture and the store class.
 * :class:`CodecContract` — subclass it and provide a ``codec`` fixture.
 * :class:`ReplicationPolicyContract` — subclass it and provide a ``make_policy`` fixture;
   it runs real in-process bookies (needs ``pigeon-bookie``).
@@ -18,7 +17,9 @@ offers the **contract suites** every backend runs against itself:
 and the ``pigeon_standalone`` fixture: broker + bookie + embedded metadata in the test's
 trio run over an in-memory network (pair it with ``autojump_clock`` for virtual time);
 :func:`in_process_standalone` is the same as a context manager, with broker options;
-:func:`receive_n` and :func:`drain` receive from a consumer of the trio client.
+:func:`receive_n` and :func:`drain` receive from a consumer of the trio client; the
+``error_lines`` fixture collects the ERROR lines and tracebacks of the ``pigeon`` loggers
+(:class:`pigeon.core.testing.fuzz.ErrorLines`).
 
 Test helpers that start real servers as child processes live in
 :mod:`pigeon.core.testing.servers`: ZooKeeper and etcd (``zookeeper_server``,
@@ -53,6 +54,7 @@ from pigeon.core.testing._metadata_helpers import (
 )
 from pigeon.core.testing._metadata_suite import MetadataServerContract, MetadataStoreContract
 from pigeon.core.testing._replication_suite import ReplicationPolicyContract
+from pigeon.core.testing.fuzz import error_lines
 
 __all__ = [
     "QUIET",
@@ -67,6 +69,7 @@ __all__ = [
     "ServerRestart",
     "check_exports",
     "drain",
+    "error_lines",
     "in_process_standalone",
     "kill_ephemeral_owner",
     "next_event",

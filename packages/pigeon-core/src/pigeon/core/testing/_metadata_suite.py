@@ -11,9 +11,9 @@ Subclass :class:`MetadataStoreContract` in a test module (its name must start wi
             ...
 
 A backend on a real server of :mod:`pigeon.core.testing.servers` (ZooKeeper, etcd)
-subclasses :class:`MetadataServerContract` instead: it provides a ``metadata_server``
-fixture (the running server the tests share) and a ``store_at`` method, and the suite
-builds ``new_metadata_store``, ``metadata_store_url`` and ``restartable_server`` from them.
+subclasses :class:`MetadataServerContract` instead: it names the fixture of the running
+server the tests share and its store class, and the suite builds ``new_metadata_store``,
+``metadata_store_url`` and ``restartable_server`` from them.
 
 The suite runs them (``metadata_store_factory``: ``async with factory() as store:``
 yields a running store and closes it on exit; ``metadata_store``: one running store).
@@ -28,10 +28,11 @@ happen, which wait :data:`QUIET` seconds.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import trio
@@ -425,32 +426,35 @@ class MetadataServerContract(MetadataStoreContract):
     ZooKeeperServer`, an :class:`~pigeon.core.testing.servers.EtcdServer`)::
 
         class TestMyStore(MetadataServerContract):
+            server_fixture = "zookeeper"  # the fixture of the running server, shared
+            store_class = MyStore  # MyStore(address, path, session_timeout=...)
             session_timeout = 4.0
-
-            @pytest.fixture
-            def metadata_server(self, zookeeper: ZooKeeperServer) -> ZooKeeperServer:
-                return zookeeper  # running, shared by the tests
-
-            def store_at(self, address: str, path: str, session_timeout: float) -> MetadataStore:
-                return MyStore(address, path, session_timeout=session_timeout)
 
     The stores of the suite live below ``/contract``; the restart tests start a server
     of the same kind of their own, its stores below ``/restart``."""
 
+    #: the name of the fixture that gives the running server the tests share
+    server_fixture: ClassVar[str]
+    #: the backend's store, called ``store_class(address, path, session_timeout=...)``
+    #: (``path``: the chroot, the key prefix); it must not be running yet
+    store_class: ClassVar[Any]
     #: the session timeout of the stores on the shared server, in seconds
-    session_timeout = 4.0
+    session_timeout: ClassVar[float] = 4.0
     #: the session timeout of the stores on a server the restart tests kill
-    restart_session_timeout = 8.0
+    restart_session_timeout: ClassVar[float] = 8.0
 
-    def store_at(self, address: str, path: str, session_timeout: float) -> MetadataStore:
-        """A store (not running yet) on the server at ``address``, below ``path`` (the
-        chroot, the key prefix)."""
-        raise NotImplementedError
+    @pytest.fixture
+    def metadata_server(self, request: pytest.FixtureRequest) -> Any:
+        return request.getfixturevalue(self.server_fixture)
 
     @pytest.fixture
     def new_metadata_store(self, metadata_server: Any) -> Callable[[], MetadataStore]:
-        address = metadata_server.address
-        return lambda: self.store_at(address, "/contract", self.session_timeout)
+        return functools.partial(
+            self.store_class,
+            metadata_server.address,
+            "/contract",
+            session_timeout=self.session_timeout,
+        )
 
     @pytest.fixture
     def metadata_store_url(self, metadata_server: Any) -> str:
@@ -460,5 +464,7 @@ class MetadataServerContract(MetadataStoreContract):
     def restartable_server(self, metadata_server: Any, tmp_path: Path) -> Iterator[ServerRestart]:
         with _running(type(metadata_server)(tmp_path / metadata_server.name)) as server:
             yield server.restartable(
-                lambda address: self.store_at(address, "/restart", self.restart_session_timeout)
+                lambda address: self.store_class(
+                    address, "/restart", session_timeout=self.restart_session_timeout
+                )
             )

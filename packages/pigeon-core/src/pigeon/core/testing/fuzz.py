@@ -12,7 +12,8 @@ synchronous hypothesis tests.
 * :func:`check_exchange`: after hostile bytes, every answer is a valid one or a typed
   error (never an internal one) and a probe request is still answered, unless the server
   hung up after saying why (or is still waiting for the rest of a frame);
-  :class:`ErrorLines`: the ERROR lines and tracebacks the ``pigeon`` loggers wrote.
+  :class:`ErrorLines`: the ERROR lines and tracebacks the ``pigeon`` loggers wrote (the
+  ``error_lines`` fixture of the ``pigeon.core.testing`` plugin).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ __all__ = [
     "Request",
     "ServerThread",
     "check_exchange",
+    "error_lines",
     "flipped_frames",
     "frame_bytes",
     "fuzz_settings",
@@ -96,6 +98,12 @@ class ErrorLines:
 
     def assert_none(self) -> None:
         assert not self.records, [r.getMessage() for r in self.records]
+
+
+@pytest.fixture
+def error_lines(caplog: pytest.LogCaptureFixture) -> ErrorLines:
+    """What the ``pigeon`` loggers report as errors while the test sets up and runs."""
+    return ErrorLines(caplog)
 
 
 class ServerThread:
