@@ -13,11 +13,11 @@ ids are far (in bits) from the protected one, so that no few bit flips reach it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import hypothesis
 import pytest
 import trio
 
@@ -32,6 +32,7 @@ from pigeon.core.testing.fuzz import (
     flipped_frames,
     fuzz_settings,
     hostile_bytes,
+    run_fuzz,
 )
 
 FUZZ = fuzz_settings("PIGEON_FUZZ_EXAMPLES", 60)
@@ -157,12 +158,8 @@ def exchange(bookie: BookieThread, data: bytes) -> None:
 
 
 def test_bit_flipped_requests_of_every_kind(bookie: BookieThread, error_lines: ErrorLines) -> None:
-    @FUZZ
-    @hypothesis.given(data=flipped_frames(BookieFrame, REQUESTS, keep_prefix=True))
-    def run(data: bytes) -> None:
-        exchange(bookie, data)
-
-    run()
+    hostile = flipped_frames(BookieFrame, REQUESTS, keep_prefix=True)
+    run_fuzz(FUZZ, hostile, functools.partial(exchange, bookie))
     error_lines.assert_none()
     check_protected(bookie)
 
@@ -170,11 +167,6 @@ def test_bit_flipped_requests_of_every_kind(bookie: BookieThread, error_lines: E
 def test_bit_flips_anywhere_random_bytes_and_truncated_frames(
     bookie: BookieThread, error_lines: ErrorLines
 ) -> None:
-    @FUZZ
-    @hypothesis.given(data=hostile_bytes(BookieFrame, REQUESTS))
-    def run(data: bytes) -> None:
-        exchange(bookie, data)
-
-    run()
+    run_fuzz(FUZZ, hostile_bytes(BookieFrame, REQUESTS), functools.partial(exchange, bookie))
     error_lines.assert_none()
     check_protected(bookie)

@@ -13,11 +13,11 @@ bytes).  Messages produced before the fuzz are all read back after it.
 
 from __future__ import annotations
 
+import functools
 import logging
 import struct
 import time
 
-import hypothesis
 import pytest
 from admin_support import AdminStandalone
 
@@ -34,6 +34,7 @@ from pigeon.core.testing.fuzz import (
     flipped_frames,
     fuzz_settings,
     hostile_bytes,
+    run_fuzz,
 )
 
 FUZZ = fuzz_settings("PIGEON_FUZZ_EXAMPLES", 60)
@@ -179,24 +180,16 @@ def assert_unharmed(
 def test_bit_flipped_requests_of_every_kind(
     admin_standalone: AdminStandalone, protected: list[bytes], error_lines: ErrorLines
 ) -> None:
-    @FUZZ
-    @hypothesis.given(data=flipped_frames(BrokerFrame, REQUESTS, keep_prefix=True))
-    def run(data: bytes) -> None:
-        exchange(admin_standalone, data)
-
-    run()
+    hostile = flipped_frames(BrokerFrame, REQUESTS, keep_prefix=True)
+    run_fuzz(FUZZ, hostile, functools.partial(exchange, admin_standalone))
     assert_unharmed(admin_standalone, protected, error_lines)
 
 
 def test_bit_flips_anywhere_random_bytes_and_truncated_frames(
     admin_standalone: AdminStandalone, protected: list[bytes], error_lines: ErrorLines
 ) -> None:
-    @FUZZ
-    @hypothesis.given(data=hostile_bytes(BrokerFrame, REQUESTS))
-    def run(data: bytes) -> None:
-        exchange(admin_standalone, data)
-
-    run()
+    hostile = hostile_bytes(BrokerFrame, REQUESTS)
+    run_fuzz(FUZZ, hostile, functools.partial(exchange, admin_standalone))
     assert_unharmed(admin_standalone, protected, error_lines)
 
 

@@ -53,22 +53,24 @@ def test_plugin_import_does_not_load_grpc() -> None:
 
 
 @pytest.mark.parametrize(
-    ("url", "target", "prefix"),
+    ("url", "expected"),
     [
-        ("etcd://127.0.0.1:2379/pigeon", "127.0.0.1:2379", "/pigeon"),
-        ("etcd://10.0.0.1:1,10.0.0.2:2/x/y", "ipv4:10.0.0.1:1,10.0.0.2:2", "/x/y"),
-        ("etcd://etcd1", "etcd1:2379", "/pigeon"),
-        ("etcd://etcd1:2379/", "etcd1:2379", "/pigeon"),
+        ("etcd://127.0.0.1:2379/pigeon", {"target": "127.0.0.1:2379", "prefix": "/pigeon"}),
+        (
+            "etcd://10.0.0.1:1,10.0.0.2:2/x/y",
+            {"target": "ipv4:10.0.0.1:1,10.0.0.2:2", "prefix": "/x/y"},
+        ),
+        ("etcd://etcd1", {"target": "etcd1:2379", "prefix": "/pigeon"}),
+        ("etcd://etcd1:2379/", {"target": "etcd1:2379", "prefix": "/pigeon"}),
+        (
+            "etcd://h:1/p?session_timeout=2.5&request_timeout=4",
+            {"session_timeout": 2.5, "request_timeout": 4},
+        ),
     ],
 )
-def test_from_url(url: str, target: str, prefix: str) -> None:
+def test_from_url(url: str, expected: dict[str, object]) -> None:
     store = EtcdMetadataStore.from_url(url)
-    assert (store.target, store.prefix) == (target, prefix)
-
-
-def test_from_url_options() -> None:
-    store = EtcdMetadataStore.from_url("etcd://h:1/p?session_timeout=2.5&request_timeout=4")
-    assert (store.session_timeout, store.request_timeout) == (2.5, 4)
+    assert {name: getattr(store, name) for name in expected} == expected
 
 
 @pytest.mark.parametrize(

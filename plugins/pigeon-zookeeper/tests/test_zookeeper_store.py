@@ -59,24 +59,21 @@ def test_registered_through_entry_point() -> None:
 
 
 @pytest.mark.parametrize(
-    ("url", "hosts", "chroot"),
+    ("url", "expected"),
     [
-        ("zk://127.0.0.1:2181/pigeon", "127.0.0.1:2181", "/pigeon"),
-        ("zk://a:1,b:2/x/y", "a:1,b:2", "/x/y"),
-        ("zk://zk1", "zk1:2181", "/pigeon"),
-        ("zk://zk1:2181/", "zk1:2181", "/pigeon"),
+        ("zk://127.0.0.1:2181/pigeon", {"hosts": "127.0.0.1:2181", "chroot": "/pigeon"}),
+        ("zk://a:1,b:2/x/y", {"hosts": "a:1,b:2", "chroot": "/x/y"}),
+        ("zk://zk1", {"hosts": "zk1:2181", "chroot": "/pigeon"}),
+        ("zk://zk1:2181/", {"hosts": "zk1:2181", "chroot": "/pigeon"}),
+        (
+            "zk://h:1/c?session_timeout=2.5&connect_timeout=3&request_timeout=4",
+            {"session_timeout": 2.5, "connect_timeout": 3, "request_timeout": 4},
+        ),
     ],
 )
-def test_from_url(url: str, hosts: str, chroot: str) -> None:
+def test_from_url(url: str, expected: dict[str, object]) -> None:
     store = ZooKeeperMetadataStore.from_url(url)
-    assert (store.hosts, store.chroot) == (hosts, chroot)
-
-
-def test_from_url_options() -> None:
-    store = ZooKeeperMetadataStore.from_url(
-        "zk://h:1/c?session_timeout=2.5&connect_timeout=3&request_timeout=4"
-    )
-    assert (store.session_timeout, store.connect_timeout, store.request_timeout) == (2.5, 3, 4)
+    assert {name: getattr(store, name) for name in expected} == expected
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ synchronous hypothesis tests.
 * :class:`RawConnection`: a blocking socket speaking frames, to send bytes no real client
   would; :func:`frame_bytes` builds one valid frame.
 * :func:`flipped_frames` and :func:`hostile_bytes`: hypothesis strategies of bit-flipped
-  valid requests, truncated frames and random bytes.
+  valid requests, truncated frames and random bytes; :func:`run_fuzz` sends each example.
 * :func:`check_exchange`: after hostile bytes, every answer is a valid one or a typed
   error (never an internal one) and a probe request is still answered, unless the server
   hung up after saying why (or is still waiting for the rest of a frame);
@@ -54,6 +54,7 @@ __all__ = [
     "frame_bytes",
     "fuzz_settings",
     "hostile_bytes",
+    "run_fuzz",
     "server_waits",
 ]
 
@@ -337,3 +338,19 @@ def hostile_bytes(frame_type: Any, requests: Sequence[Request]) -> st.SearchStra
     return (
         flipped_frames(frame_type, requests, keep_prefix=False) | truncated() | junk | framed_junk
     )
+
+
+def run_fuzz(
+    settings: hypothesis.settings,
+    strategy: st.SearchStrategy[bytes],
+    exchange: Callable[[bytes], None],
+) -> None:
+    """``exchange(data)`` for every example ``data`` of ``strategy``, with ``settings``
+    (:func:`fuzz_settings`); the first failing example is shrunk and raised."""
+
+    @settings
+    @hypothesis.given(data=strategy)
+    def run(data: bytes) -> None:
+        exchange(data)
+
+    run()
