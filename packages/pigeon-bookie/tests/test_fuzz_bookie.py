@@ -23,19 +23,9 @@ import trio
 
 from pigeon.bookie import BookieConfig, BookieServer
 from pigeon.core._schema import PROTOCOL_VERSION, BookieFrame
-from pigeon.core.testing.fuzz import (
-    ErrorLines,
-    RawConnection,
-    Request,
-    ServerThread,
-    check_exchange,
-    flipped_frames,
-    fuzz_settings,
-    hostile_bytes,
-    run_fuzz,
-)
+from pigeon.core.testing import fuzz
 
-FUZZ = fuzz_settings("PIGEON_FUZZ_EXAMPLES", 60)
+FUZZ = fuzz.fuzz_settings("PIGEON_FUZZ_EXAMPLES", 60)
 GIB = 1 << 30
 PROTECTED = 0x5A5A5A5A  # many bits away from every id below
 READ, FENCE, DELETE, ADD = 0x1100, 0x2200, 0x4400, 0x8800
@@ -48,7 +38,7 @@ def entry(segment_id: int, entry_id: int) -> bytes:
 
 
 #: a valid request of every kind the bookie serves; (kind, fields, payload)
-REQUESTS: list[Request] = [
+REQUESTS: list[fuzz.Request] = [
     ("ping", None, None),
     ("connect", {"protocolVersion": PROTOCOL_VERSION, "clientName": "again"}, None),
     ("addEntry", {"segmentId": ADD, "entryId": 0, "lac": -1}, entry(ADD, 0)),
@@ -84,16 +74,16 @@ def _read_body(msg: Any, payload: bytes) -> Any:
     return (msg.readResponse.to_dict() if msg.which() == "readResponse" else None, payload)
 
 
-def connect(address: tuple[str, int]) -> RawConnection:
+def connect(address: tuple[str, int]) -> fuzz.RawConnection:
     """A raw connection to the bookie, past its handshake."""
-    conn = RawConnection(address, BookieFrame, _read_body)
+    conn = fuzz.RawConnection(address, BookieFrame, _read_body)
     fields = {"protocolVersion": PROTOCOL_VERSION, "clientName": "fz"}
     conn.request("connect", {**fields, "frameType": "BookieFrame"}, 1)
     conn.frames.clear()
     return conn
 
 
-class BookieThread(ServerThread):
+class BookieThread(fuzz.ServerThread):
     """A bookie in its own trio run on a background thread (sync tests talk to it)."""
 
     def __init__(self, data_dir: Path) -> None:
@@ -152,21 +142,27 @@ def exchange(bookie: BookieThread, data: bytes) -> None:
     conn = connect(bookie.address)
     try:
         probe = ("segmentInfo", {"segmentId": READ})
-        check_exchange(conn, data, probe, PROBE_ID, answers=ANSWERS, probe_answer="segmentState")
+        fuzz.check_exchange(
+            conn, data, probe, PROBE_ID, answers=ANSWERS, probe_answer="segmentState"
+        )
     finally:
         conn.close()
 
 
-def test_bit_flipped_requests_of_every_kind(bookie: BookieThread, error_lines: ErrorLines) -> None:
-    hostile = flipped_frames(BookieFrame, REQUESTS, keep_prefix=True)
-    run_fuzz(FUZZ, hostile, functools.partial(exchange, bookie))
+def test_bit_flipped_requests_of_every_kind(
+    bookie: BookieThread, error_lines: fuzz.ErrorLines
+) -> None:
+    hostile = fuzz.flipped_frames(BookieFrame, REQUESTS, keep_prefix=True)
+    fuzz.run_fuzz(FUZZ, hostile, functools.partial(exchange, bookie))
     error_lines.assert_none()
     check_protected(bookie)
 
 
 def test_bit_flips_anywhere_random_bytes_and_truncated_frames(
-    bookie: BookieThread, error_lines: ErrorLines
+    bookie: BookieThread, error_lines: fuzz.ErrorLines
 ) -> None:
-    run_fuzz(FUZZ, hostile_bytes(BookieFrame, REQUESTS), functools.partial(exchange, bookie))
+    fuzz.run_fuzz(
+        FUZZ, fuzz.hostile_bytes(BookieFrame, REQUESTS), functools.partial(exchange, bookie)
+    )
     error_lines.assert_none()
     check_protected(bookie)
