@@ -20,6 +20,7 @@ from typing import IO, Any
 import pytest
 import trio
 
+from pigeon.bookie.testing import pipelined_adds
 from pigeon.core._bookie_client import BookieClient
 from pigeon.core.errors import (
     ConnectionClosed,
@@ -213,26 +214,6 @@ class Writer:
                 return
 
 
-async def pipelined(
-    client: BookieClient, address: str, segment_id: int, ids: list[int]
-) -> dict[int, BaseException | None]:
-    """Add every id of ``ids`` at once on one connection; each outcome."""
-    conn = await client.connection(address)
-    results: dict[int, BaseException | None] = {}
-    done = trio.Event()
-    for eid in ids:
-
-        def callback(result: Any, error: BaseException | None, eid: int = eid) -> None:
-            results[eid] = error
-            if len(results) == len(ids):
-                done.set()
-
-        client.add_entry_nowait(conn, segment_id, eid, eid - 1, payload(segment_id, eid), callback)
-    with trio.fail_after(30):
-        await done.wait()
-    return results
-
-
 async def read_all(
     client: BookieClient, address: str, segment_id: int, first: int, last: int
 ) -> list[int]:
@@ -323,7 +304,8 @@ async def test_damaged_files_never_yield_wrong_data(bookie: BookieProcess) -> No
         await nursery.start(client.run)
         for seg in (1, 2, 3):
             ids = [i for i in range(n) if seg != 3 or i % 3 != 2]  # 3 is striped
-            results = await pipelined(client, bookie.address, seg, ids)
+            with trio.fail_after(30):
+                results = await pipelined_adds(client, bookie.address, seg, ids, payload)
             assert all(err is None for err in results.values()), results
         nursery.cancel_scope.cancel()
     client.close()

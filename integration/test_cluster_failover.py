@@ -13,9 +13,11 @@ killed with SIGKILL in the middle of production.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -42,6 +44,39 @@ def etcd(tmp_path_factory: pytest.TempPathFactory):
         yield server
 
 
+def embedded_url(tmp_path: Path) -> str:
+    """The URL of an embedded metadata store in ``tmp_path`` (the processes share it)."""
+    return f"embedded://{tmp_path / 'metadata'}?session_timeout={SESSION_TIMEOUT}"
+
+
+@contextlib.contextmanager
+def started_cluster(
+    tmp_path: Path,
+    metadata_url: str,
+    replication: str = "quorum",
+    *,
+    bookies: int = 1,
+    brokers: int = 1,
+    broker_config: str = "",
+) -> Iterator[Cluster]:
+    """``bookies`` bookies, then ``brokers`` brokers with the ``[broker]`` lines
+    ``broker_config`` (in ``tmp_path / "broker.toml"``); every process killed on exit."""
+    args: list[str] = []
+    if broker_config:
+        config = tmp_path / "broker.toml"
+        config.write_text("[broker]\n" + broker_config)
+        args = ["--config", str(config)]
+    cluster = Cluster(tmp_path, metadata_url, replication)
+    try:
+        for _ in range(bookies):
+            cluster.add_bookie()
+        for _ in range(brokers):
+            cluster.add_broker(*args)
+        yield cluster
+    finally:
+        cluster.kill_all()
+
+
 @pytest.fixture(params=["embedded", "zookeeper", "etcd"])
 def metadata_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh metadata namespace per test on the backend the test is parametrized with."""
@@ -52,7 +87,7 @@ def metadata_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         )
     if request.param == "etcd":
         return str(request.getfixturevalue("etcd").url(chroot, session_timeout=SESSION_TIMEOUT))
-    return f"embedded://{tmp_path / 'metadata'}?session_timeout={SESSION_TIMEOUT}"
+    return embedded_url(tmp_path)
 
 
 @pytest.fixture(
@@ -65,17 +100,11 @@ def replication(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def cluster(tmp_path: Path, metadata_url: str, replication: str):
     """Two bookies, every entry on both (E = Qw = Qa = 2), two brokers."""
-    config = tmp_path / "broker.toml"
-    config.write_text("[broker]\nensemble_size = 2\nwrite_quorum = 2\nack_quorum = 2\n")
-    c = Cluster(tmp_path, metadata_url, replication)
-    try:
-        c.add_bookie()
-        c.add_bookie()
-        c.add_broker("--config", str(config))
-        c.add_broker("--config", str(config))
+    quorums = "ensemble_size = 2\nwrite_quorum = 2\nack_quorum = 2\n"
+    with started_cluster(
+        tmp_path, metadata_url, replication, bookies=2, brokers=2, broker_config=quorums
+    ) as c:
         yield c
-    finally:
-        c.kill_all()
 
 
 class History:
@@ -85,6 +114,13 @@ class History:
         self.acked: set[int] = set()
         self.failed = 0
         self.lock = threading.Lock()
+
+    def wait_acked(self, count: int, *, within: float) -> None:
+        """Until ``count`` sends are acknowledged, or ``within`` seconds passed (the
+        caller asserts what it needs)."""
+        deadline = time.monotonic() + within
+        while len(self.acked) < count and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def check(self, received: list[int]) -> None:
         missing = self.acked - set(received)
@@ -145,17 +181,13 @@ def test_killing_the_owning_broker_loses_no_acknowledged_message(cluster: Cluste
     with Client(cluster.service_url, operation_timeout=OP_TIMEOUT) as client:
         owner = owner_of(client, "failover")
         thread = produce_in_background(client, "failover", history, stop)
-        deadline = time.monotonic() + 20
-        while len(history.acked) < 1000 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        history.wait_acked(1000, within=20)
         acked_before = len(history.acked)
         assert acked_before >= 1000, "production did not start"
         victim = next(b for b in cluster.brokers if b.address == owner)
         victim.kill9()
         # production carries on through the other broker once the session expired
-        deadline = time.monotonic() + 30
-        while len(history.acked) < acked_before + 2000 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        history.wait_acked(acked_before + 2000, within=30)
         stop.set()
         thread.join(60)
         assert len(history.acked) >= acked_before + 2000, "production did not resume"
@@ -202,16 +234,12 @@ def test_whole_cluster_restart_keeps_data_and_cursors(cluster: Cluster) -> None:
 
 @pytest.fixture
 def replicated_cluster(tmp_path: Path, metadata_url: str, replication: str):
-    config = tmp_path / "broker.toml"
-    config.write_text("[broker]\nensemble_size = 3\nwrite_quorum = 3\nack_quorum = 2\n")
-    c = Cluster(tmp_path, metadata_url, replication)
-    try:
-        for _ in range(3):
-            c.add_bookie()
-        c.add_broker("--config", str(config))
+    """Three bookies, every entry on all three, acknowledged by two; one broker."""
+    quorums = "ensemble_size = 3\nwrite_quorum = 3\nack_quorum = 2\n"
+    with started_cluster(
+        tmp_path, metadata_url, replication, bookies=3, broker_config=quorums
+    ) as c:
         yield c
-    finally:
-        c.kill_all()
 
 
 def test_killing_a_bookie_of_three_keeps_production_going(replicated_cluster: Cluster) -> None:
@@ -220,25 +248,19 @@ def test_killing_a_bookie_of_three_keeps_production_going(replicated_cluster: Cl
     stop = threading.Event()
     with Client(cluster.service_url, operation_timeout=OP_TIMEOUT) as client:
         thread = produce_in_background(client, "replicated", history, stop)
-        deadline = time.monotonic() + 20
-        while len(history.acked) < 1000 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        history.wait_acked(1000, within=20)
         assert len(history.acked) >= 1000, "production did not start"
         # the bookie with the lowest address: with leader-follower it leads the segment
         # (ensembles of idle bookies are chosen by address), so a new leader is elected
         min(cluster.bookies, key=lambda b: b.address).kill9()
         before = len(history.acked)
         # Qa = 2 of the two survivors: acknowledged writes go on at once...
-        deadline = time.monotonic() + 20
-        while len(history.acked) < before + 1000 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        history.wait_acked(before + 1000, within=20)
         assert len(history.acked) >= before + 1000, "production stalled after a bookie died"
         # ...and a replacement bookie joins the ensemble (ensemble change)
         cluster.add_bookie()
         middle = len(history.acked)
-        deadline = time.monotonic() + 20
-        while len(history.acked) < middle + 1000 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        history.wait_acked(middle + 1000, within=20)
         stop.set()
         thread.join(60)
         assert history.failed == 0, f"{history.failed} sends failed"
@@ -248,53 +270,46 @@ def test_killing_a_bookie_of_three_keeps_production_going(replicated_cluster: Cl
 def test_auditor_re_replicates_what_a_lost_bookie_held(tmp_path: Path, replication: str) -> None:
     """After the grace period the data of a dead bookie is copied to another bookie: the
     two remaining original replicas can then die too and everything is still readable."""
-    config = tmp_path / "broker.toml"
-    config.write_text(
-        "[broker]\nensemble_size = 3\nwrite_quorum = 3\nack_quorum = 2\n"
+    config = (
+        "ensemble_size = 3\nwrite_quorum = 3\nack_quorum = 2\n"
         "segment_max_entries = 20\nauditor_grace_period_s = 1.0\nauditor_interval_s = 0.5\n"
     )
-    cluster = Cluster(
-        tmp_path,
-        f"embedded://{tmp_path / 'metadata'}?session_timeout={SESSION_TIMEOUT}",
-        replication,
-    )
-    try:
-        for _ in range(3):
-            cluster.add_bookie()
-        cluster.add_broker("--config", str(config))
-        with Client(cluster.service_url, operation_timeout=OP_TIMEOUT) as client:
-            with client.create_producer("audited", batching_max_messages=10) as producer:
-                for i in range(600):
-                    producer.send_async(str(i).encode())
-                producer.flush()
-            lost = cluster.bookies[1]
-            lost.kill9()
-            cluster.add_bookie()  # the spare the auditor copies to
-            deadline = time.monotonic() + 60
-            broker_log = tmp_path / "broker-0.log"
-            while time.monotonic() < deadline:
-                if "under-replicated fragments=0" in broker_log.read_text(errors="replace"):
+    with (
+        started_cluster(
+            tmp_path, embedded_url(tmp_path), replication, bookies=3, broker_config=config
+        ) as cluster,
+        Client(cluster.service_url, operation_timeout=OP_TIMEOUT) as client,
+    ):
+        with client.create_producer("audited", batching_max_messages=10) as producer:
+            for i in range(600):
+                producer.send_async(str(i).encode())
+            producer.flush()
+        lost = cluster.bookies[1]
+        lost.kill9()
+        cluster.add_bookie()  # the spare the auditor copies to
+        deadline = time.monotonic() + 60
+        broker_log = tmp_path / "broker-0.log"
+        while time.monotonic() < deadline:
+            if "under-replicated fragments=0" in broker_log.read_text(errors="replace"):
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError("auditor did not finish:\n" + cluster.brokers[0].log_tail())
+        assert "re-replicated segment=" in broker_log.read_text(errors="replace")
+        # Only the copy made by the auditor is left for the entries of closed segments
+        # that lived on the lost bookie and the two others.
+        cluster.bookies[0].kill9()
+        cluster.bookies[2].kill9()
+        got: list[int] = []
+        with client.create_reader("audited", "earliest") as reader:
+            while len(got) < 600:
+                try:
+                    got.append(int(reader.read_next(timeout=10).value))
+                except Timeout:
                     break
-                time.sleep(0.2)
-            else:
-                raise AssertionError("auditor did not finish:\n" + cluster.brokers[0].log_tail())
-            assert "re-replicated segment=" in broker_log.read_text(errors="replace")
-            # Only the copy made by the auditor is left for the entries of closed segments
-            # that lived on the lost bookie and the two others.
-            cluster.bookies[0].kill9()
-            cluster.bookies[2].kill9()
-            got: list[int] = []
-            with client.create_reader("audited", "earliest") as reader:
-                while len(got) < 600:
-                    try:
-                        got.append(int(reader.read_next(timeout=10).value))
-                    except Timeout:
-                        break
-            # the open segment (still on the dead bookies) may hold the last few
-            assert got == list(range(len(got)))
-            assert len(got) >= 580, f"only {len(got)} of 600 readable from the copy"
-    finally:
-        cluster.kill_all()
+        # the open segment (still on the dead bookies) may hold the last few
+        assert got == list(range(len(got)))
+        assert len(got) >= 580, f"only {len(got)} of 600 readable from the copy"
 
 
 @pytest.mark.parametrize("backend", ["zookeeper", "etcd"])
@@ -303,48 +318,36 @@ def test_restarting_the_metadata_server_keeps_the_cluster_going(
 ) -> None:
     server = request.getfixturevalue(backend)
     url = server.url(f"/t{uuid.uuid4().hex[:12]}", session_timeout=10)
-    cluster = Cluster(tmp_path, url, replication)
     history = History()
     stop = threading.Event()
-    try:
-        cluster.add_bookie()
-        cluster.add_broker()
-        with Client(cluster.service_url, operation_timeout=OP_TIMEOUT) as client:
-            thread = produce_in_background(client, "through-restart", history, stop)
-            deadline = time.monotonic() + 20
-            while len(history.acked) < 500 and time.monotonic() < deadline:
-                time.sleep(0.05)
-            server.restart(kill=True)
-            before = len(history.acked)
-            deadline = time.monotonic() + 30
-            while len(history.acked) < before + 1000 and time.monotonic() < deadline:
-                time.sleep(0.05)
-            stop.set()
-            thread.join(60)
-            assert len(history.acked) >= before + 1000, "production did not carry on"
-            # new metadata work after the restart: a new topic needs ownership + a ledger
-            with client.create_producer("after-restart") as producer:
-                producer.send(b"ok", timeout=OP_TIMEOUT)
-            history.check(read_all(client, "through-restart"))
-    finally:
-        cluster.kill_all()
+    with (
+        started_cluster(tmp_path, url, replication) as cluster,
+        Client(cluster.service_url, operation_timeout=OP_TIMEOUT) as client,
+    ):
+        thread = produce_in_background(client, "through-restart", history, stop)
+        history.wait_acked(500, within=20)
+        server.restart(kill=True)
+        before = len(history.acked)
+        history.wait_acked(before + 1000, within=30)
+        stop.set()
+        thread.join(60)
+        assert len(history.acked) >= before + 1000, "production did not carry on"
+        # new metadata work after the restart: a new topic needs ownership + a ledger
+        with client.create_producer("after-restart") as producer:
+            producer.send(b"ok", timeout=OP_TIMEOUT)
+        history.check(read_all(client, "through-restart"))
 
 
 def test_load_manager_sheds_bundles_to_an_idle_broker(tmp_path: Path) -> None:
-    config = tmp_path / "broker.toml"
-    config.write_text("[broker]\nload_manager_interval_s = 0.5\n")
-    cluster = Cluster(
-        tmp_path, f"embedded://{tmp_path / 'metadata'}?session_timeout={SESSION_TIMEOUT}"
-    )
-    try:
-        cluster.add_bookie()
-        first = cluster.add_broker("--config", str(config))
+    config = "load_manager_interval_s = 0.5\n"
+    with started_cluster(tmp_path, embedded_url(tmp_path), broker_config=config) as cluster:
+        (first,) = cluster.brokers
         topics = [f"load-{i}" for i in range(16)]
         with Client(cluster.service_url, operation_timeout=OP_TIMEOUT) as client:
             for t in topics:
                 with client.create_producer(t) as producer:
                     producer.send(b"x")
-        second = cluster.add_broker("--config", str(config))
+        second = cluster.add_broker("--config", str(tmp_path / "broker.toml"))
         deadline = time.monotonic() + 30
         owners: set[str] = set()
         while time.monotonic() < deadline:
@@ -363,5 +366,3 @@ def test_load_manager_sheds_bundles_to_an_idle_broker(tmp_path: Path) -> None:
                 with client.subscribe(t, "check", initial_position="earliest") as consumer:
                     values = {consumer.receive(timeout=10).value for _ in range(2)}
                     assert values >= {b"x"}
-    finally:
-        cluster.kill_all()

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from _cluster import Cluster
 
-from pigeon.bookie._segment import FILE_HEADER_SIZE, REC, RECORD_HEADER_SIZE, scan_records
+from pigeon.bookie.testing import RECORD_HEADER_SIZE, record_starts
 from pigeon.client import Client, Timeout
 from pigeon.core.testing.servers import HOST, Standalone
 
@@ -81,19 +81,6 @@ def read_with_reader(url: str, n: int, *, topic: str = TOPIC) -> list[bytes]:
     return out
 
 
-def records(path: Path) -> dict[int, int]:
-    """Where each entry's record starts in a segment data file."""
-    data = path.read_bytes()
-    segment_id = int(path.stem, 16)
-    return {
-        eid: pos
-        for kind, eid, pos, *_ in scan_records(
-            lambda at, n: data[at : at + n], segment_id, FILE_HEADER_SIZE, len(data), 0
-        )
-        if kind == REC
-    }
-
-
 def segment_files(bookie_dir: Path) -> list[Path]:
     return sorted((bookie_dir / "segments").glob("*.log"), key=lambda p: p.stat().st_size)
 
@@ -110,7 +97,7 @@ def test_standalone_restarted_on_damaged_segments(
     produce(server.url, ENTRIES * PER_ENTRY)
     assert server.terminate() == 0  # a clean stop: the segment is closed in metadata
     (path,) = segment_files(server.data_dir / "bookie")[-1:]
-    starts = records(path)
+    starts = record_starts(path)
     assert sorted(starts) == list(range(ENTRIES))
     data = bytearray(path.read_bytes())
     data[starts[5] + RECORD_HEADER_SIZE + 333] ^= 0x08  # bit rot in entry 5
@@ -164,7 +151,7 @@ def test_a_damaged_replica_is_read_around_and_repaired(tmp_path: Path, replicati
             data = bytearray(path.read_bytes())
             # every entry this bookie holds but the last (a damaged last record is
             # a torn tail: truncated at start, then refilled by reads just the same)
-            for pos in sorted(records(path).values())[:-1]:
+            for pos in sorted(record_starts(path).values())[:-1]:
                 data[pos + RECORD_HEADER_SIZE + 7] ^= 0x20
                 flipped += 1
             path.write_bytes(data)

@@ -8,17 +8,16 @@ frames).  Waits are bounded; timing checks only use generous wall-clock bounds.
 
 from __future__ import annotations
 
-import concurrent.futures
 import os
 import random
 import signal
-import threading
 import time
 
 import pytest
+from _produce import OP_TIMEOUT, BackgroundProducer, Sent, read_all
 from _wire import RawConnection, frame_bytes
 
-from pigeon.client import Client, Consumer, MessageId, Timeout
+from pigeon.client import Client, Timeout
 from pigeon.core import PluginManager
 from pigeon.core._codecs import CodecSet
 from pigeon.core.batch import BatchBuilder
@@ -26,26 +25,6 @@ from pigeon.core.testing.servers import STANDALONE_READY_TIMEOUT as READY_TIMEOU
 from pigeon.core.testing.servers import Standalone
 
 pytestmark = pytest.mark.integration
-
-OP_TIMEOUT = 10.0
-
-
-def drain(consumer: Consumer, idle: float = 1.0, limit: int = 100_000) -> list:
-    out: list = []
-    while len(out) < limit:
-        try:
-            out.extend(consumer.batch_receive(1000, timeout=idle))
-        except Timeout:
-            return out
-    raise AssertionError(f"more than {limit} messages kept arriving")
-
-
-def read_all(client: Client, topic: str) -> list:
-    reader = client.create_reader(topic, "earliest")
-    try:
-        return drain(reader)
-    finally:
-        reader.close()
 
 
 def test_delayed_delivery_survives_a_broker_kill9(standalone: Standalone) -> None:
@@ -164,45 +143,9 @@ def test_sends_in_flight_at_a_kill9_are_stored_exactly_once(standalone: Standalo
     assert got == [f"{i:05d}".encode() for i in range(n)]
 
 
-class _Load(threading.Thread):
-    """Sequence-numbered sends (``send_async``) until stopped; keeps every future."""
-
-    def __init__(self, url: str, topic: str) -> None:
-        super().__init__(name="paused-load", daemon=True)
-        self.url, self.topic = url, topic
-        self.stop = threading.Event()
-        self.sent: list[tuple[bytes, concurrent.futures.Future[MessageId]]] = []
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            with (
-                Client(self.url, operation_timeout=OP_TIMEOUT) as client,
-                client.create_producer(
-                    self.topic, batching_max_messages=20, batching_max_delay_ms=1, send_timeout=5
-                ) as producer,
-            ):
-                for i in range(1_000_000):
-                    if self.stop.is_set():
-                        break
-                    value = f"p-{i:07d}".encode()
-                    self.sent.append((value, producer.send_async(value)))
-                    if i % 20 == 19:  # at most ~20 in flight: a pause does not pile up sends
-                        concurrent.futures.wait([f for _, f in self.sent[-20:]], timeout=15)
-        except BaseException as exc:  # reported by the test
-            self.error = exc
-
-    def acknowledged(self) -> dict[MessageId, bytes]:
-        return {f.result(): v for v, f in list(self.sent) if f.done() and f.exception() is None}
-
-    def wait_acknowledged(self, count: int, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while len(self.acknowledged()) < count:
-            assert self.error is None, f"producer failed: {self.error!r}"
-            assert time.monotonic() < deadline, (
-                f"only {len(self.acknowledged())} of {count} sends acknowledged"
-            )
-            time.sleep(0.02)
+def numbered(i: int) -> Sent:
+    """A value that sorts in sending order, with neither key nor properties."""
+    return Sent(f"p-{i:07d}".encode(), None, {})
 
 
 def test_paused_then_killed_standalone_loses_nothing_acknowledged(
@@ -212,7 +155,12 @@ def test_paused_then_killed_standalone_loses_nothing_acknowledged(
     ``--fsync always``: every acknowledged message is read back, intact, once."""
     rng = random.Random(12)  # seeded: a failure replays with the same pauses
     topic = "paused"
-    load = _Load(standalone.url, topic)
+    load = BackgroundProducer(
+        standalone.url,
+        topic,
+        send_timeout=5,
+        message=lambda i: Sent(f"p-{i:07d}".encode(), None, {}),
+    )
     load.start()
     try:
         load.wait_acknowledged(200)
@@ -226,11 +174,9 @@ def test_paused_then_killed_standalone_loses_nothing_acknowledged(
         assert load.is_alive(), "the load must still be running when the server dies"
         standalone.kill9()
     finally:
-        load.stop.set()
-        load.join(30)
-    assert not load.is_alive(), "the producer did not stop"
+        load.stop_and_join()
     assert load.error is None, f"producer failed: {load.error!r}"
-    acknowledged = load.acknowledged()
+    acknowledged = {mid: s.value for s, mid in load.acknowledged()}
     assert len(acknowledged) >= 500
 
     standalone.restart()

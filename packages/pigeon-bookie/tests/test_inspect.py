@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,16 +13,6 @@ from click.testing import CliRunner, Result
 from pigeon.bookie import SegmentStore, inspect_data_dir
 from pigeon.bookie._segment import RECORD_HEADER_SIZE, encode_record_header
 from pigeon.core._cli import make_cli
-
-
-@pytest.fixture(autouse=True)
-def _keep_root_logger() -> Iterator[None]:
-    """The CLI configures the root logger; give the rest of the session its own back."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 def inspect(path: Path, *args: str) -> Result:

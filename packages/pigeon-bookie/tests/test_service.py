@@ -19,6 +19,7 @@ import pigeon.bookie._storage_commit as commit_mod
 import pigeon.bookie._storage_reads as reads_mod
 from pigeon.bookie import BookieConfig, BookieServer, SegmentStore
 from pigeon.bookie._service import DiskSpacePolicy
+from pigeon.bookie.testing import pipelined_adds
 from pigeon.core._bookie_client import BookieClient
 from pigeon.core.errors import (
     BookieReadOnly,
@@ -62,33 +63,13 @@ async def running(
                 nursery.cancel_scope.cancel()
 
 
-async def pipelined_adds(
-    client: BookieClient, address: str, segment_id: int, ids: list[int], *, lac: int = -1
-) -> dict[int, BaseException | None]:
-    """Send every add at once on one connection; the outcome of each."""
-    conn = await client.connection(address)
-    results: dict[int, BaseException | None] = {}
-    done = trio.Event()
-
-    for eid in ids:
-
-        def callback(result: Any, error: BaseException | None, eid: int = eid) -> None:
-            results[eid] = error
-            if len(results) == len(ids):
-                done.set()
-
-        client.add_entry_nowait(conn, segment_id, eid, lac, payload(segment_id, eid), callback)
-    await done.wait()
-    return results
-
-
 async def test_pipelined_adds_reads_fence_and_delete(tmp_path: Path) -> None:
     async with running(tmp_path) as (server, client, addr):
-        results = await pipelined_adds(client, addr, 1, list(range(200)))
+        results = await pipelined_adds(client, addr, 1, list(range(200)), payload, lac=-1)
         assert all(err is None for err in results.values())
         # striped: this bookie holds only some ids of segment 2
         ids = [i for i in range(60) if i % 3 != 2]
-        results = await pipelined_adds(client, addr, 2, ids, lac=0)
+        results = await pipelined_adds(client, addr, 2, ids, payload, lac=0)
         assert all(err is None for err in results.values())
         got = await client.read_entries(addr, 1, 0, 199)
         assert [(i, bytes(d)) for i, d in got] == [(i, payload(1, i)) for i in range(200)]
@@ -159,7 +140,7 @@ async def test_large_reads_run_in_a_worker_thread(
     monkeypatch.setattr(reads_mod, "collect_entries", spy)
     store = SegmentStore(tmp_path / "bookie", inline_read_bytes=64 << 10)
     async with running(tmp_path, store=store, read_max_bytes=3 << 20) as (_, client, addr):
-        await pipelined_adds(client, addr, 1, list(range(40)))
+        await pipelined_adds(client, addr, 1, list(range(40)), payload, lac=-1)
         big = [bytes([i]) * 100_000 for i in range(40)]
         for i, data in enumerate(big):
             await client.add_entry(addr, 2, i, i - 1, data)

@@ -1,6 +1,7 @@
 """SegmentStore (pigeon.bookie._storage): the store as a whole (round trips, restarts,
 fencing, deletion, statistics, its lifecycle), and the helpers the other storage tests
-share (``open_store``, ``payload``, ``files``, ``fill``, ``check_all``).
+share (``open_store``, ``payload``, ``files``, ``fill``, ``check_all``,
+``add_fails_read_only``).
 
 The parts of the store have their own tests: test_storage_writes, test_storage_reads,
 test_storage_commit, test_storage_recovery; test_storage_gaps (ids that skip) and
@@ -20,6 +21,7 @@ import trio
 from pigeon.bookie._segment import FILE_HEADER_SIZE, RECORD_HEADER_SIZE
 from pigeon.bookie._storage import SegmentStore
 from pigeon.core.errors import (
+    BookieReadOnly,
     InvalidArgument,
     SegmentFenced,
     SegmentNotFound,
@@ -53,6 +55,13 @@ def files(path: Path, segment_id: int) -> dict[str, Path]:
 async def fill(store: SegmentStore, segment_id: int, n: int, start: int = 0) -> None:
     for i in range(start, start + n):
         await store.add_entry(segment_id, i, payload(segment_id, i), lac=i - 1)
+
+
+async def add_fails_read_only(store: SegmentStore, segment_id: int, entry_id: int) -> None:
+    """An add of entry ``entry_id`` is refused with BookieReadOnly: the store is read-only."""
+    with pytest.raises(BookieReadOnly):
+        await store.add_entry(segment_id, entry_id, b"x" * 100)
+    assert store.statistics().read_only
 
 
 def check_all(store: SegmentStore, segment_id: int, n: int) -> None:

@@ -11,13 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_storage import check_all, files, fill, open_store, payload
+from test_storage import add_fails_read_only, check_all, files, fill, open_store, payload
 
 import pigeon.bookie._storage_state as state_mod
 from pigeon.bookie._segment import crc32c
 from pigeon.bookie._storage_state import pwritev_all
 from pigeon.core.errors import (
-    BookieReadOnly,
     InvalidArgument,
     InvalidEntryId,
 )
@@ -178,21 +177,19 @@ async def test_recovery_adds(tmp_path: Path) -> None:
 async def test_write_error_turns_the_bookie_read_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    real = os.pwritev
+
+    def full(fd: int, bufs: list[bytes], offset: int) -> int:
+        real(fd, [bytes(b) for b in bufs][:1], offset)  # a partial record lands
+        raise OSError(errno.ENOSPC, "No space left on device")
+
     async with open_store(tmp_path) as store:
         await fill(store, 1, 3)
-        real = os.pwritev
-
-        def full(fd: int, bufs: list[bytes], offset: int) -> int:
-            real(fd, [bytes(b) for b in bufs][:1], offset)  # a partial record lands
-            raise OSError(errno.ENOSPC, "No space left on device")
 
         monkeypatch.setattr(os, "pwritev", full)
-        with pytest.raises(BookieReadOnly):
-            await store.add_entry(1, 3, b"x" * 100)
+        await add_fails_read_only(store, 1, 3)
         monkeypatch.undo()
-        assert store.statistics().read_only
-        with pytest.raises(BookieReadOnly):
-            await store.add_entry(1, 3, b"x" * 100)
+        await add_fails_read_only(store, 1, 3)
         check_all(store, 1, 3)  # reads go on
         assert store.segment_info(1).size_bytes == files(tmp_path, 1)["log"].stat().st_size
     async with open_store(tmp_path) as store:  # a restart clears the read-only state

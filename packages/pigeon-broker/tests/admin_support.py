@@ -10,83 +10,40 @@ import contextlib
 import dataclasses
 import functools
 import json
-import logging
-import os
-import threading
 import urllib.error
 import urllib.request
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import hypothesis
-import pytest
 import trio
 
 from pigeon.bookie import BookieConfig
 from pigeon.broker import BrokerConfig, BrokerService, run_standalone
 from pigeon.broker._admin import serve_admin
 from pigeon.client import Client
+from pigeon.core.testing.fuzz import ServerThread
 
-START_TIMEOUT = 30.0
 
-
-class AdminStandalone:
+class AdminStandalone(ServerThread):
     def __init__(self, data_dir: Path) -> None:
+        super().__init__("admin-standalone")
         self.data_dir = data_dir
         self.service: BrokerService | None = None
         self.http: tuple[str, int] | None = None
-        self._token: trio.lowlevel.TrioToken | None = None
-        self._cancel: trio.CancelScope | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="admin-standalone", daemon=True)
 
-    # ------------------------------------------------------------------ lifecycle
-
-    def start(self) -> AdminStandalone:
-        self._thread.start()
-        if not self._ready.wait(START_TIMEOUT):
-            raise AssertionError("standalone did not start in time")
-        if self._error is not None:
-            raise AssertionError(f"standalone failed to start: {self._error!r}") from self._error
-        return self
-
-    def stop(self) -> None:
-        if self._token is not None and self._cancel is not None and self._thread.is_alive():
-            try:
-                trio.from_thread.run_sync(self._cancel.cancel, trio_token=self._token)
-            except trio.RunFinishedError:
-                pass
-        self._thread.join(START_TIMEOUT)
-        assert not self._thread.is_alive(), "standalone did not stop"
-        if self._error is not None:
-            raise AssertionError(f"standalone crashed: {self._error!r}") from self._error
-
-    def _run(self) -> None:
-        try:
-            trio.run(self._main)
-        except BaseException as exc:  # reported by start()/stop()
-            self._error = exc
-        finally:
-            self._ready.set()
-
-    async def _main(self) -> None:
+    async def serve(self, nursery: trio.Nursery) -> None:
         options: dict[str, Any] = {"maintenance_interval_s": 0.5, "cursor_persist_interval_ms": 20}
         if "http_port" in {f.name for f in dataclasses.fields(BrokerConfig)}:
             options["http_port"] = -1  # this helper serves the admin API itself (bound port)
         broker_config = BrokerConfig(port=0, **options)
         bookie_config = BookieConfig(port=0, fsync="never")
-        async with trio.open_nursery() as nursery:
-            self._cancel = nursery.cancel_scope
-            self.service = await nursery.start(
-                functools.partial(run_standalone, self.data_dir, broker_config, bookie_config)
-            )
-            self.http = await nursery.start(
-                functools.partial(serve_admin, self.service, host="127.0.0.1", port=0)
-            )
-            self._token = trio.lowlevel.current_trio_token()
-            self._ready.set()
+        self.service = await nursery.start(
+            functools.partial(run_standalone, self.data_dir, broker_config, bookie_config)
+        )
+        self.http = await nursery.start(
+            functools.partial(serve_admin, self.service, host="127.0.0.1", port=0)
+        )
 
     # ------------------------------------------------------------------ access
 
@@ -99,13 +56,6 @@ class AdminStandalone:
     def service_url(self) -> str:
         assert self.service is not None
         return self.service.service_url
-
-    def call(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
-        """Run ``await fn(*args)`` in the server's trio run (e.g. to look at its state)."""
-        return trio.from_thread.run(fn, *args, trio_token=self._token)
-
-    def call_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return trio.from_thread.run_sync(fn, *args, trio_token=self._token)
 
     @contextlib.contextmanager
     def consumer(self, topic: str, subscription: str, **options: Any) -> Iterator[Any]:
@@ -152,34 +102,3 @@ class AdminStandalone:
         if ctype.startswith("application/json") and payload:
             return status, json.loads(payload), rh
         return status, payload.decode("utf-8", errors="replace"), rh
-
-
-class ErrorLines:
-    """The ERROR lines, and the lines with a traceback, that the broker and bookie
-    (``pigeon.*`` loggers) wrote while the test set up and ran, as ``caplog`` caught them."""
-
-    def __init__(self, caplog: pytest.LogCaptureFixture) -> None:
-        self._caplog = caplog
-
-    @property
-    def records(self) -> list[logging.LogRecord]:
-        return [
-            r
-            for when in ("setup", "call")
-            for r in self._caplog.get_records(when)
-            if r.name.partition(".")[0] == "pigeon" and (r.levelno >= logging.ERROR or r.exc_info)
-        ]
-
-
-def fuzz_settings(variable: str, default: int) -> hypothesis.settings:
-    """Hypothesis settings of a fuzz run against the standalone: ``default`` examples,
-    derandomized, unless the environment variable ``variable`` asks for a number (then
-    randomized); no deadline, no example database, no health check."""
-    examples = os.environ.get(variable)
-    return hypothesis.settings(
-        max_examples=int(examples or default),
-        deadline=None,
-        derandomize=examples is None,
-        database=None,
-        suppress_health_check=list(hypothesis.HealthCheck),
-    )

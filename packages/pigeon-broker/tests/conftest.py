@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-from admin_support import AdminStandalone, ErrorLines
+from admin_support import AdminStandalone
 
 from pigeon.client.trio import Client
 from pigeon.core.testing import InProcessStandalone
@@ -31,9 +31,3 @@ def admin_standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Admin
         yield server
     finally:
         server.stop()
-
-
-@pytest.fixture
-def error_lines(caplog: pytest.LogCaptureFixture) -> ErrorLines:
-    """What the ``pigeon`` loggers report as errors while the test runs."""
-    return ErrorLines(caplog)

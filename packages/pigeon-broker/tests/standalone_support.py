@@ -1,5 +1,6 @@
 """Helpers for tests that run a standalone in the test's own trio run (``pigeon_standalone``
-or :func:`standalone_on`) and talk to it through the real client: produce, receive, drain,
+or :func:`pigeon.core.testing.in_process_standalone`) and talk to it through the real
+client: produce, receive (``receive_n`` and ``drain`` come from :mod:`pigeon.core.testing`),
 read back; a raw protocol producer; a real-time limit for virtual-time tests.
 
 The ``client`` fixture (``conftest.py``) is a client connected to ``pigeon_standalone``.
@@ -8,55 +9,22 @@ The ``client`` fixture (``conftest.py``) is a client connected to ``pigeon_stand
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import trio
 
 from pigeon.client.trio import Client, Consumer, Producer
-from pigeon.core._memnet import MemoryNetwork
 from pigeon.core._rpc import connect_tcp
 from pigeon.core._schema import BrokerFrame
 from pigeon.core.batch import encode_batch
 from pigeon.core.codecs import NONE
-from pigeon.core.errors import Timeout
-from pigeon.core.testing import InProcessStandalone
+from pigeon.core.testing import InProcessStandalone, drain, receive_n
 
 NS = "public/default"
 PREFIX = "persistent://public/default/"
-
-
-@contextlib.asynccontextmanager
-async def standalone_on(root: Path, **broker_config: Any) -> AsyncIterator[InProcessStandalone]:
-    """A standalone (broker + bookie + embedded metadata) on ``root`` over an in-memory
-    network, as ``pigeon_standalone`` runs it but with ``broker_config`` on top (e.g.
-    ``segment_max_entries=2``); stopped cleanly (topics closed) when the block ends."""
-    from pigeon.bookie import BookieConfig
-    from pigeon.broker import BrokerConfig, run_standalone
-
-    settings: dict[str, Any] = {
-        "port": 0,
-        "http_port": -1,
-        "maintenance_interval_s": 1.0,
-        "cursor_persist_interval_ms": 50,
-    }
-    network = MemoryNetwork()
-    with network.installed():
-        async with trio.open_nursery() as nursery:
-            service = await nursery.start(
-                functools.partial(
-                    run_standalone,
-                    root,
-                    BrokerConfig(**(settings | broker_config)),
-                    BookieConfig(port=0, fsync="never"),
-                )
-            )
-            yield InProcessStandalone(service, network, root)
-            nursery.cancel_scope.cancel()
 
 
 # ------------------------------------------------------------------ through the client
@@ -87,26 +55,6 @@ async def consumer_and_producer(
     producer with the default batching."""
     consumer = await client.subscribe(topic, "s", **subscribe)
     return consumer, await client.create_producer(topic)
-
-
-async def receive_n(consumer: Consumer, n: int, within: float = 30.0) -> list[Any]:
-    """Exactly ``n`` messages, received within ``within`` (virtual) seconds."""
-    out: list[Any] = []
-    with trio.move_on_after(within):
-        while len(out) < n:
-            out.extend(await consumer.batch_receive(n - len(out)))
-    assert len(out) == n, f"received {len(out)} of {n} messages within {within}s"
-    return out
-
-
-async def drain(consumer: Consumer, idle: float = 2.0) -> list[Any]:
-    """Everything that arrives until nothing came for ``idle`` (virtual) seconds."""
-    out: list[Any] = []
-    while True:
-        try:
-            out.extend(await consumer.batch_receive(1000, timeout=idle))
-        except Timeout:
-            return out
 
 
 def values(msgs: list[Any]) -> list[bytes]:

@@ -17,11 +17,12 @@ from typing import Any
 import hypothesis
 import pytest
 import schemathesis
-from admin_support import AdminStandalone, fuzz_settings
+from admin_support import AdminStandalone
 from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from pigeon.broker._admin import make_app
+from pigeon.core.testing.fuzz import fuzz_settings
 
 #: PIGEON_ADMIN_FUZZ_EXAMPLES=200 for a longer, randomized run (default: 12, derandomized)
 FUZZ = fuzz_settings("PIGEON_ADMIN_FUZZ_EXAMPLES", 12)

@@ -13,29 +13,29 @@ bytes).  Messages produced before the fuzz are all read back after it.
 
 from __future__ import annotations
 
+import functools
 import logging
-import socket
 import struct
 import time
-from typing import Any
 
-import hypothesis
 import pytest
-from admin_support import AdminStandalone, ErrorLines, fuzz_settings
-from hypothesis import strategies as st
+from admin_support import AdminStandalone
 
 from pigeon.client import Client
 from pigeon.core._codecs import NONE
-from pigeon.core._framing import (
-    FrameDecoder,
-    build_message,
-    capnp_message_size,
-    encode_frame,
-    sniff_foreign_protocol,
-)
+from pigeon.core._framing import build_message
 from pigeon.core._schema import PROTOCOL_VERSION, BrokerFrame
 from pigeon.core.batch import encode_batch
-from pigeon.core.errors import InternalError, PigeonError
+from pigeon.core.testing.fuzz import (
+    ErrorLines,
+    RawConnection,
+    Request,
+    check_exchange,
+    flipped_frames,
+    fuzz_settings,
+    hostile_bytes,
+    run_fuzz,
+)
 
 FUZZ = fuzz_settings("PIGEON_FUZZ_EXAMPLES", 60)
 TOPIC = "persistent://public/default/fz"
@@ -72,8 +72,8 @@ def _batch(sequence_id: int) -> bytes:
 
 
 #: a valid request of every kind the broker serves, on a connection whose producer and
-#: consumer are both id 1 (see RawConnection.attach); (kind, fields, payload)
-REQUESTS: list[tuple[str, dict[str, Any] | None, bytes | None]] = [
+#: consumer are both id 1 (see attach); (kind, fields, payload)
+REQUESTS: list[Request] = [
     ("ping", None, None),
     ("connect", {"protocolVersion": PROTOCOL_VERSION, "clientName": "again"}, None),
     ("lookup", {"topic": TOPIC}, None),
@@ -115,75 +115,21 @@ def test_every_request_kind_is_fuzzed() -> None:
     assert {kind for kind, _f, _p in REQUESTS} == served
 
 
-def _frame(kind: str, fields: Any, request_id: int, payload: bytes | None = None) -> bytes:
-    message = build_message(BrokerFrame, request_id, kind, fields)
-    return b"".join(bytes(p) for p in encode_frame(message, payload))
-
-
-class RawConnection:
-    """A blocking socket speaking frames, to send bytes no real client would."""
-
-    def __init__(self, address: tuple[str, int]) -> None:
-        self.sock = socket.create_connection(address, timeout=10)
-        self.decoder = FrameDecoder()
-        self.frames: list[tuple[int, str, int | None]] = []
-        self.closed = False
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def send(self, data: bytes) -> None:
-        self.sock.sendall(data)
-
-    def _receive(self, timeout: float) -> bool:
-        self.sock.settimeout(timeout)
-        try:
-            data = self.sock.recv(65536)
-        except TimeoutError:
-            return False
-        except OSError:
-            data = b""
-        if not data:
-            self.closed = True
-            return False
-        self.decoder.feed(data)
-        for frame in self.decoder.frames():
-            size = capnp_message_size(frame)
-            with BrokerFrame.from_bytes(frame[:size]) as msg:
-                kind = msg.which()
-                code = msg.error.code if kind == "error" else None
-                self.frames.append((msg.requestId, kind, code))
-        return True
-
-    def wait_for(self, request_id: int, timeout: float = 10.0) -> tuple[int, str, int | None]:
-        deadline = time.monotonic() + timeout
-        while True:
-            for frame in self.frames:
-                if frame[0] == request_id:
-                    return frame
-            left = deadline - time.monotonic()
-            if self.closed or left <= 0:
-                raise TimeoutError(f"no answer to {request_id}: {self.frames}")
-            self._receive(left)
-
-    def request(self, kind: str, fields: Any, request_id: int) -> tuple[int, str, int | None]:
-        self.send(_frame(kind, fields, request_id))
-        answer = self.wait_for(request_id)
-        assert answer[1] != "error", (kind, answer)
-        return answer
-
-    def attach(self) -> None:
-        """Handshake, producer 1 and consumer 1 on the fuzz topic, with permits."""
-        self.request(
-            "connect",
-            {"protocolVersion": PROTOCOL_VERSION, "clientName": "fz", "frameType": "BrokerFrame"},
-            1,
-        )
-        self.request("createProducer", {"producerId": 1, "topic": TOPIC}, 2)
-        sub = {"consumerId": 1, "topic": TOPIC, "subscription": "s", "subType": "shared"}
-        self.request("subscribe", {**sub, "initialPosition": "earliest", "durable": True}, 3)
-        self.send(_frame("flow", {"consumerId": 1, "permits": 1000}, 0))
-        self.frames.clear()
+def attach(address: tuple[str, int]) -> RawConnection:
+    """A raw connection past its handshake, with producer 1 and consumer 1 on the fuzz
+    topic, and permits."""
+    conn = RawConnection(address, BrokerFrame)
+    conn.request(
+        "connect",
+        {"protocolVersion": PROTOCOL_VERSION, "clientName": "fz", "frameType": "BrokerFrame"},
+        1,
+    )
+    conn.request("createProducer", {"producerId": 1, "topic": TOPIC}, 2)
+    sub = {"consumerId": 1, "topic": TOPIC, "subscription": "s", "subType": "shared"}
+    conn.request("subscribe", {**sub, "initialPosition": "earliest", "durable": True}, 3)
+    conn.send(conn.frame("flow", {"consumerId": 1, "permits": 1000}, 0))
+    conn.frames.clear()
+    return conn
 
 
 @pytest.fixture(scope="module")
@@ -204,58 +150,12 @@ def _address(standalone: AdminStandalone) -> tuple[str, int]:
 
 def exchange(standalone: AdminStandalone, data: bytes) -> None:
     """Send ``data`` after attaching, then a lookup; check everything that came back."""
-    conn = RawConnection(_address(standalone))
+    conn = attach(_address(standalone))
     try:
-        conn.attach()
-        conn.send(data)
-        probe_frame = _frame("lookup", {"topic": TOPIC}, PROBE_ID)
-        waits = server_waits(data + probe_frame)
-        if not conn.closed:
-            try:
-                conn.send(probe_frame)
-            except OSError:
-                conn.closed = True
-        try:
-            probe = conn.wait_for(PROBE_ID, timeout=0.05 if waits else 10.0)
-        except TimeoutError:
-            probe = None
-        for request_id, kind, code in conn.frames:
-            assert kind in ANSWERS, kind
-            if kind == "error":
-                assert code in PigeonError._by_code, f"untyped error code {code}"
-                assert code != InternalError.code, f"internal error answering {request_id}"
-        if probe is not None:
-            assert probe[1] == "lookupResult", probe  # still serving valid requests
-        elif conn.closed:  # the broker hung up: it said why first, unless not our protocol
-            said_why = any(kind == "error" for _rid, kind, _c in conn.frames)
-            assert said_why or sniff_foreign_protocol(data) is not None, conn.frames
-        else:  # neither answered nor closed: only while a frame is incomplete
-            assert waits, f"probe unanswered: {conn.frames}"
+        probe = ("lookup", {"topic": TOPIC})
+        check_exchange(conn, data, probe, PROBE_ID, answers=ANSWERS, probe_answer="lookupResult")
     finally:
         conn.close()
-
-
-def server_waits(data: bytes) -> bool:
-    """Whether a server framing ``data`` is left waiting for the rest of a frame (a
-    mutated length prefix promised more bytes than were sent)."""
-    decoder = FrameDecoder()
-    decoder.feed(data)
-    try:
-        for _frame_bytes in decoder.frames():
-            pass
-    except PigeonError:
-        return False  # it refuses the stream instead
-    return decoder.buffered > 0
-
-
-@st.composite
-def flipped_requests(draw: st.DrawFn, *, keep_prefix: bool) -> bytes:
-    kind, fields, payload = draw(st.sampled_from(REQUESTS))
-    frame = bytearray(_frame(kind, fields, draw(st.integers(2**16, 2**20)), payload))
-    for _ in range(draw(st.integers(1, 3))):
-        at = draw(st.integers(4 if keep_prefix else 0, len(frame) - 1))
-        frame[at] ^= 1 << draw(st.integers(0, 7))
-    return bytes(frame)
 
 
 def check_protected(standalone: AdminStandalone, values: list[bytes]) -> None:
@@ -273,43 +173,23 @@ def assert_unharmed(
     standalone: AdminStandalone, protected: list[bytes], error_lines: ErrorLines
 ) -> None:
     """No error was logged, and the messages stored before the fuzz are all readable."""
-    assert not error_lines.records, [r.getMessage() for r in error_lines.records]
+    error_lines.assert_none()
     check_protected(standalone, protected)
 
 
 def test_bit_flipped_requests_of_every_kind(
     admin_standalone: AdminStandalone, protected: list[bytes], error_lines: ErrorLines
 ) -> None:
-    @FUZZ
-    @hypothesis.given(data=flipped_requests(keep_prefix=True))
-    def run(data: bytes) -> None:
-        exchange(admin_standalone, data)
-
-    run()
+    hostile = flipped_frames(BrokerFrame, REQUESTS, keep_prefix=True)
+    run_fuzz(FUZZ, hostile, functools.partial(exchange, admin_standalone))
     assert_unharmed(admin_standalone, protected, error_lines)
 
 
 def test_bit_flips_anywhere_random_bytes_and_truncated_frames(
     admin_standalone: AdminStandalone, protected: list[bytes], error_lines: ErrorLines
 ) -> None:
-    @st.composite
-    def truncated(draw: st.DrawFn) -> bytes:
-        kind, fields, payload = draw(st.sampled_from(REQUESTS))
-        frame = _frame(kind, fields, draw(st.integers(2**16, 2**20)), payload)
-        cut = draw(st.integers(5, len(frame) - 1))
-        if draw(st.booleans()):
-            return struct.pack("<I", cut - 4) + frame[4:cut]  # a short Cap'n Proto message
-        return frame[:cut]
-
-    junk = st.binary(min_size=1, max_size=200)
-    framed_junk = junk.map(lambda b: struct.pack("<I", len(b)) + b)
-
-    @FUZZ
-    @hypothesis.given(data=flipped_requests(keep_prefix=False) | truncated() | junk | framed_junk)
-    def run(data: bytes) -> None:
-        exchange(admin_standalone, data)
-
-    run()
+    hostile = hostile_bytes(BrokerFrame, REQUESTS)
+    run_fuzz(FUZZ, hostile, functools.partial(exchange, admin_standalone))
     assert_unharmed(admin_standalone, protected, error_lines)
 
 
@@ -325,12 +205,11 @@ def test_unknown_subscription_type_is_a_typed_error(
     (at,) = [i for i in range(len(good)) if good[i] != marked[i]]
     data = bytearray(marked)
     data[at] = 4  # one past keyShared
-    conn = RawConnection(_address(admin_standalone))
+    conn = attach(_address(admin_standalone))
     try:
-        conn.attach()
         conn.send(struct.pack("<I", len(data)) + bytes(data))
-        assert conn.wait_for(9)[1:] == ("error", 204)  # MalformedRequest
-        conn.send(_frame("lookup", {"topic": TOPIC}, 10))
+        assert conn.wait_for(9)[1:3] == ("error", 204)  # MalformedRequest
+        conn.send(conn.frame("lookup", {"topic": TOPIC}, 10))
         assert conn.wait_for(10)[1] == "lookupResult"
     finally:
         conn.close()

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from pigeon.core import TopicName
 from pigeon.core.errors import MetadataError, NotOwner
 from pigeon.core.metadata import EmbeddedMetadataStore, EventType, MetadataStore
 from pigeon.core.paths import BROKER_SESSIONS_PATH, BROKERS_PATH
+from pigeon.core.testing import ExpireSession, MetadataStoreFactory, store_factory
 
 URL = "pigeon://127.0.0.1:6650"
 OTHER = "pigeon://127.0.0.1:6651"
@@ -348,9 +348,6 @@ class FlakyStore:
         return await self._op("delete", *args, **kwargs)
 
 
-MetadataStoreFactory = Callable[[], Any]
-ExpireSession = Callable[[MetadataStore], Awaitable[None]]
-
 TOPIC = TopicName.parse("persistent://public/default/orders")
 
 
@@ -567,21 +564,10 @@ class OwnershipContract:
                 await Ownership(b_store, URL, "127.0.0.1:6650").run(lambda: None)
 
 
-@asynccontextmanager
-async def running(store: EmbeddedMetadataStore) -> AsyncIterator[EmbeddedMetadataStore]:
-    async with trio.open_nursery() as nursery:
-        await nursery.start(store.run)
-        yield store
-        nursery.cancel_scope.cancel()
-
-
 class TestOwnershipEmbedded(OwnershipContract):
     @pytest.fixture
     def metadata_store_factory(self, tmp_path: Path) -> MetadataStoreFactory:
-        def factory() -> Any:
-            return running(EmbeddedMetadataStore(tmp_path))
-
-        return factory
+        return store_factory(lambda: EmbeddedMetadataStore(tmp_path))
 
     @pytest.fixture
     def expire_session(self) -> ExpireSession:

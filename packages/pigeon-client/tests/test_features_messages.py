@@ -6,28 +6,19 @@ compared with the wall clock; everything else is in virtual time.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from typing import Any
 
 import pytest
 
 from pigeon.client import MessageId
-from pigeon.client.trio import Client, Consumer, Producer
+from pigeon.client.trio import Client, Producer
 from pigeon.core import PluginManager
-from pigeon.core.errors import Timeout, UnknownCodec
+from pigeon.core.errors import UnknownCodec
+from pigeon.core.testing import drain
 
 PREFIX = "persistent://public/default/"
 CODECS = ["none", "gzip", "lz4", "zstd"]
-
-
-async def drain(consumer: Consumer, idle: float = 1.0) -> list:
-    """Every message that arrives until none came for ``idle`` seconds."""
-    out: list = []
-    with contextlib.suppress(Timeout):
-        while True:
-            out.extend(await consumer.batch_receive(1000, timeout=idle))
-    return out
 
 
 async def send_batched(
@@ -95,7 +86,7 @@ async def test_batched_messages_have_their_own_ids_and_offsets(pigeon_standalone
         producer = await send_batched(
             client, "batched", values, 4, callback=lambda mid, err: results.append(mid)
         )
-        got = await drain(consumer)
+        got = await drain(consumer, idle=1.0)
         assert [m.value for m in got] == values
         assert [m.offset for m in got] == list(range(8))
         assert [m.message_id.batch_index for m in got] == [0, 1, 2, 3, 0, 1, 2, 3]
@@ -115,13 +106,13 @@ async def test_acknowledging_part_of_a_batch_redelivers_only_the_rest(
     async with Client(pigeon_standalone.url) as client:
         consumer = await client.subscribe("partial", "s", initial_position="earliest")
         producer = await send_batched(client, "partial", [f"p{i}".encode() for i in range(4)], 4)
-        got = await drain(consumer)
+        got = await drain(consumer, idle=1.0)
         assert len({m.message_id.entry_id for m in got}) == 1
         await consumer.acknowledge(got[0])
         await consumer.acknowledge(got[2])
         await consumer.close()
         consumer = await client.subscribe("partial", "s")
-        again = await drain(consumer)
+        again = await drain(consumer, idle=1.0)
         assert [m.value for m in again] == [b"p1", b"p3"]
         assert [m.message_id.batch_index for m in again] == [1, 3]
         await producer.close()
@@ -140,7 +131,7 @@ async def test_every_codec_round_trips(pigeon_standalone, autojump_clock, codec)
         producer = await send_batched(
             client, topic, values, 20, codec, key="k", properties={"codec": codec}
         )
-        got = await drain(consumer)
+        got = await drain(consumer, idle=1.0)
         assert [m.value for m in got] == values
         assert all(m.key == "k" and m.properties == {"codec": codec} for m in got)
         stored = pigeon_standalone.service.topics[PREFIX + topic].ledger.bytes_in

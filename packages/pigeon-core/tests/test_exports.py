@@ -28,6 +28,8 @@ PACKAGES = [
     "pigeon.core.rpc",
     "pigeon.core.runtime",
     "pigeon.core.testing",
+    "pigeon.core.testing.fuzz",
+    "pigeon.core.testing.servers",
     "pigeon.bookie",
     "pigeon.bookie.testing",
     "pigeon.broker",
@@ -35,7 +37,7 @@ PACKAGES = [
     "pigeon.client.ranges",
 ]
 #: public modules that define their names themselves (no private module behind them)
-SELF_CONTAINED = {"pigeon.core.paths", "pigeon.bookie.testing"}
+SELF_CONTAINED = {"pigeon.core.paths", "pigeon.core.testing.fuzz", "pigeon.bookie.testing"}
 
 
 def _private_modules_imported_by(pkg: ModuleType) -> set[str]:

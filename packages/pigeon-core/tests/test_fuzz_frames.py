@@ -14,7 +14,6 @@ Examples are bounded so the module runs in a few seconds; each example is its ow
 from __future__ import annotations
 
 import logging
-import os
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from pigeon.core._framing import (
@@ -36,16 +35,10 @@ from pigeon.core._framing import (
 from pigeon.core._rpc import Connection, Request
 from pigeon.core._schema import PROTOCOL_VERSION, BookieFrame, BrokerFrame
 from pigeon.core.errors import InternalError, PigeonError
+from pigeon.core.testing.fuzz import fuzz_settings
 
 #: PIGEON_FUZZ_EXAMPLES=2000 for a longer, randomized run (default: 150, derandomized)
-FUZZ_EXAMPLES = os.environ.get("PIGEON_FUZZ_EXAMPLES")
-FUZZ = settings(
-    max_examples=int(FUZZ_EXAMPLES or 150),
-    deadline=None,
-    derandomize=FUZZ_EXAMPLES is None,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
+FUZZ = fuzz_settings("PIGEON_FUZZ_EXAMPLES", 150)
 
 POSITION = {"segmentId": 3, "entryId": 7, "batchIndex": 2, "batchSize": 5, "offset": 40}
 

@@ -6,8 +6,6 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable, Iterator
-from functools import partial
 from pathlib import Path
 
 import pytest
@@ -17,8 +15,8 @@ from pigeon_etcd._plan import Keys, decode_value, encode_value
 
 from pigeon.core import PluginManager
 from pigeon.core.errors import ConfigError, CorruptFrame, InvalidArgument, MetadataError
-from pigeon.core.metadata import EventType, MetadataStore, Op, Stat, WatchEvent
-from pigeon.core.testing import MetadataStoreContract, ServerRestart, kill_ephemeral_owner
+from pigeon.core.metadata import EventType, Op, Stat, WatchEvent
+from pigeon.core.testing import MetadataServerContract, kill_ephemeral_owner
 from pigeon.core.testing import running_store as running
 from pigeon.core.testing.servers import EtcdServer, etcd_server
 
@@ -26,21 +24,10 @@ WAIT = 20.0
 SESSION_TIMEOUT = 3.0
 
 
-class TestEtcdContract(MetadataStoreContract):
-    @pytest.fixture
-    def new_metadata_store(self, etcd: EtcdServer) -> Callable[[], MetadataStore]:
-        return lambda: EtcdMetadataStore(etcd.address, "/contract", session_timeout=SESSION_TIMEOUT)
-
-    @pytest.fixture
-    def metadata_store_url(self, etcd: EtcdServer) -> str:
-        return etcd.url("/contract", session_timeout=SESSION_TIMEOUT)
-
-    @pytest.fixture
-    def restartable_server(self, tmp_path: Path) -> Iterator[ServerRestart]:
-        with etcd_server(tmp_path / "etcd") as server:
-            yield server.restartable(
-                partial(EtcdMetadataStore, prefix="/restart", session_timeout=8.0)
-            )
+class TestEtcdContract(MetadataServerContract):
+    server_fixture = "etcd"
+    store_class = EtcdMetadataStore
+    session_timeout = SESSION_TIMEOUT
 
 
 # --- plugin registration and URLs -------------------------------------------------------
@@ -66,22 +53,24 @@ def test_plugin_import_does_not_load_grpc() -> None:
 
 
 @pytest.mark.parametrize(
-    ("url", "target", "prefix"),
+    ("url", "expected"),
     [
-        ("etcd://127.0.0.1:2379/pigeon", "127.0.0.1:2379", "/pigeon"),
-        ("etcd://10.0.0.1:1,10.0.0.2:2/x/y", "ipv4:10.0.0.1:1,10.0.0.2:2", "/x/y"),
-        ("etcd://etcd1", "etcd1:2379", "/pigeon"),
-        ("etcd://etcd1:2379/", "etcd1:2379", "/pigeon"),
+        ("etcd://127.0.0.1:2379/pigeon", {"target": "127.0.0.1:2379", "prefix": "/pigeon"}),
+        (
+            "etcd://10.0.0.1:1,10.0.0.2:2/x/y",
+            {"target": "ipv4:10.0.0.1:1,10.0.0.2:2", "prefix": "/x/y"},
+        ),
+        ("etcd://etcd1", {"target": "etcd1:2379", "prefix": "/pigeon"}),
+        ("etcd://etcd1:2379/", {"target": "etcd1:2379", "prefix": "/pigeon"}),
+        (
+            "etcd://h:1/p?session_timeout=2.5&request_timeout=4",
+            {"session_timeout": 2.5, "request_timeout": 4},
+        ),
     ],
 )
-def test_from_url(url: str, target: str, prefix: str) -> None:
+def test_from_url(url: str, expected: dict[str, object]) -> None:
     store = EtcdMetadataStore.from_url(url)
-    assert (store.target, store.prefix) == (target, prefix)
-
-
-def test_from_url_options() -> None:
-    store = EtcdMetadataStore.from_url("etcd://h:1/p?session_timeout=2.5&request_timeout=4")
-    assert (store.session_timeout, store.request_timeout) == (2.5, 4)
+    assert {name: getattr(store, name) for name in expected} == expected
 
 
 @pytest.mark.parametrize(

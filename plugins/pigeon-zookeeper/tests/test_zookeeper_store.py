@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 
@@ -22,11 +21,10 @@ from pigeon.core.errors import (
     NotEmpty,
     SessionExpired,
 )
-from pigeon.core.metadata import Create, EventType, MetadataStore, NeedRead, Op, Stat, WatchEvent
+from pigeon.core.metadata import Create, EventType, NeedRead, Op, Stat, WatchEvent
 from pigeon.core.testing import (
-    MetadataStoreContract,
+    MetadataServerContract,
     MetadataStoreFactory,
-    ServerRestart,
     kill_ephemeral_owner,
     store_factory,
 )
@@ -46,21 +44,10 @@ def metadata_store_factory_zk(zookeeper: ZooKeeperServer) -> MetadataStoreFactor
     return store_factory(partial(new_store, zookeeper))
 
 
-class TestZooKeeperContract(MetadataStoreContract):
-    @pytest.fixture
-    def new_metadata_store(self, zookeeper: ZooKeeperServer) -> Callable[[], MetadataStore]:
-        return partial(new_store, zookeeper)
-
-    @pytest.fixture
-    def metadata_store_url(self, zookeeper: ZooKeeperServer) -> str:
-        return zookeeper.url("/contract", session_timeout=SESSION_TIMEOUT)
-
-    @pytest.fixture
-    def restartable_server(self, tmp_path: Path) -> Iterator[ServerRestart]:
-        with zookeeper_server(tmp_path / "zk") as server:
-            yield server.restartable(
-                partial(ZooKeeperMetadataStore, chroot="/restart", session_timeout=8.0)
-            )
+class TestZooKeeperContract(MetadataServerContract):
+    server_fixture = "zookeeper"
+    store_class = ZooKeeperMetadataStore
+    session_timeout = SESSION_TIMEOUT
 
 
 # --- plugin registration and URLs -------------------------------------------------------
@@ -72,24 +59,21 @@ def test_registered_through_entry_point() -> None:
 
 
 @pytest.mark.parametrize(
-    ("url", "hosts", "chroot"),
+    ("url", "expected"),
     [
-        ("zk://127.0.0.1:2181/pigeon", "127.0.0.1:2181", "/pigeon"),
-        ("zk://a:1,b:2/x/y", "a:1,b:2", "/x/y"),
-        ("zk://zk1", "zk1:2181", "/pigeon"),
-        ("zk://zk1:2181/", "zk1:2181", "/pigeon"),
+        ("zk://127.0.0.1:2181/pigeon", {"hosts": "127.0.0.1:2181", "chroot": "/pigeon"}),
+        ("zk://a:1,b:2/x/y", {"hosts": "a:1,b:2", "chroot": "/x/y"}),
+        ("zk://zk1", {"hosts": "zk1:2181", "chroot": "/pigeon"}),
+        ("zk://zk1:2181/", {"hosts": "zk1:2181", "chroot": "/pigeon"}),
+        (
+            "zk://h:1/c?session_timeout=2.5&connect_timeout=3&request_timeout=4",
+            {"session_timeout": 2.5, "connect_timeout": 3, "request_timeout": 4},
+        ),
     ],
 )
-def test_from_url(url: str, hosts: str, chroot: str) -> None:
+def test_from_url(url: str, expected: dict[str, object]) -> None:
     store = ZooKeeperMetadataStore.from_url(url)
-    assert (store.hosts, store.chroot) == (hosts, chroot)
-
-
-def test_from_url_options() -> None:
-    store = ZooKeeperMetadataStore.from_url(
-        "zk://h:1/c?session_timeout=2.5&connect_timeout=3&request_timeout=4"
-    )
-    assert (store.session_timeout, store.connect_timeout, store.request_timeout) == (2.5, 3, 4)
+    assert {name: getattr(store, name) for name in expected} == expected
 
 
 @pytest.mark.parametrize(

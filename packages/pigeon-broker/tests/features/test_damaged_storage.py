@@ -17,14 +17,14 @@ from typing import Any
 
 import pytest
 import trio
-from standalone_support import standalone_on
 
-from pigeon.bookie._segment import FILE_HEADER_SIZE, REC, RECORD_HEADER_SIZE, scan_records
+from pigeon.bookie.testing import RECORD_HEADER_SIZE, record_starts
 from pigeon.broker._admin_ops import skip, topic_stats
 from pigeon.broker._metrics import BrokerMonitor
 from pigeon.client.trio import Client, Consumer
 from pigeon.core import TopicName
 from pigeon.core.errors import Timeout
+from pigeon.core.testing import in_process_standalone
 
 TOPIC = "persistent://public/default/damaged"
 NS = "public/default"
@@ -34,8 +34,8 @@ ENTRIES = 50
 
 @asynccontextmanager
 async def standalone(root: Path, **config: Any) -> AsyncIterator[Any]:
-    """The broker service of a standalone on ``root`` (``standalone_on``)."""
-    async with standalone_on(root, **config) as cluster:
+    """The broker service of a standalone on ``root`` (``in_process_standalone``)."""
+    async with in_process_standalone(root, **config) as cluster:
         yield cluster.service
 
 
@@ -71,16 +71,7 @@ async def drain(consumer: Consumer, *, ack: bool = True, idle: float = 5.0) -> l
 def records(root: Path) -> tuple[Path, dict[int, int]]:
     """The topic's (only) data file and where each entry's record starts."""
     (path,) = (root / "bookie" / "segments").glob("*.log")
-    data = path.read_bytes()
-    segment_id = int(path.stem, 16)
-    starts = {
-        eid: pos
-        for kind, eid, pos, *_ in scan_records(
-            lambda at, n: data[at : at + n], segment_id, FILE_HEADER_SIZE, len(data), 0
-        )
-        if kind == REC
-    }
-    return path, starts
+    return path, record_starts(path)
 
 
 async def stats(service: Any) -> dict[str, Any]:

@@ -20,8 +20,15 @@ import pytest
 import trio
 
 from pigeon.core._memnet import MemoryNetwork
+from pigeon.core.errors import Timeout
 
-__all__ = ["InProcessStandalone", "in_process_standalone", "pigeon_standalone"]
+__all__ = [
+    "InProcessStandalone",
+    "drain",
+    "in_process_standalone",
+    "pigeon_standalone",
+    "receive_n",
+]
 
 
 @dataclass
@@ -63,3 +70,25 @@ async def pigeon_standalone(tmp_path: Path) -> AsyncIterator[InProcessStandalone
     """A broker + bookie + embedded metadata store in this trio run (see module doc)."""
     async with in_process_standalone(tmp_path / "pigeon") as standalone:
         yield standalone
+
+
+async def receive_n(consumer: Any, n: int, within: float = 30.0) -> list[Any]:
+    """Exactly ``n`` messages from a consumer of the trio client, received within
+    ``within`` (virtual) seconds."""
+    out: list[Any] = []
+    with trio.move_on_after(within):
+        while len(out) < n:
+            out.extend(await consumer.batch_receive(n - len(out)))
+    assert len(out) == n, f"received {len(out)} of {n} messages within {within}s"
+    return out
+
+
+async def drain(consumer: Any, idle: float = 2.0) -> list[Any]:
+    """Everything a consumer (or reader) of the trio client receives until nothing came
+    for ``idle`` (virtual) seconds."""
+    out: list[Any] = []
+    while True:
+        try:
+            out.extend(await consumer.batch_receive(1000, timeout=idle))
+        except Timeout:
+            return out

@@ -69,6 +69,13 @@ async def running_store(store: S) -> AsyncIterator[S]:
         nursery.cancel_scope.cancel()
 
 
+async def create_set_delete(store: MetadataStore, path: str) -> None:
+    """A node's life at ``path``: created as ``b"1"``, set to ``b"2"``, deleted."""
+    await store.create(path, b"1")
+    await store.set(path, b"2")
+    await store.delete(path)
+
+
 def store_factory(new_store: Callable[[], MetadataStore]) -> MetadataStoreFactory:
     """A :data:`MetadataStoreFactory` that runs a store made by ``new_store()``."""
 

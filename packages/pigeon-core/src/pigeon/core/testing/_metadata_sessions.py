@@ -4,6 +4,7 @@ fixtures)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from functools import partial
 
 import pytest
@@ -20,6 +21,7 @@ from pigeon.core.testing._metadata_helpers import (
     MetadataStoreFactory,
     ServerRestart,
     U,
+    create_set_delete,
     next_event,
     running_store,
     wait_event,
@@ -28,17 +30,27 @@ from pigeon.core.testing._metadata_helpers import (
 __all__ = ["SessionContract"]
 
 
+#: two running stores on the same data, each with its own session
+StorePair = tuple[MetadataStore, MetadataStore]
+
+
 class SessionContract:
     """Watches, ephemeral nodes, sessions, elections and locks of every backend."""
+
+    @pytest.fixture
+    async def two_stores(
+        self, metadata_store_factory: MetadataStoreFactory
+    ) -> AsyncIterator[StorePair]:
+        """Two running stores of ``metadata_store_factory`` (closed after the test)."""
+        async with metadata_store_factory() as first, metadata_store_factory() as second:
+            yield first, second
 
     # --- watches -----------------------------------------------------------------------
 
     async def test_watch_path(self, metadata_store: MetadataStore, root: str) -> None:
         path = f"{root}/w"
         async with metadata_store.watch(path) as events:
-            await metadata_store.create(path, b"1")
-            await metadata_store.set(path, b"2")
-            await metadata_store.delete(path)
+            await create_set_delete(metadata_store, path)
             assert await next_event(events) == WatchEvent(C, path, b"1", 0)
             assert await next_event(events) == WatchEvent(U, path, b"2", 1)
             deleted = await next_event(events)
@@ -116,20 +128,16 @@ class SessionContract:
             if parent in paths:
                 assert paths.index(path) < paths.index(parent)
 
-    async def test_watch_sees_other_sessions(
-        self, metadata_store_factory: MetadataStoreFactory, root: str
-    ) -> None:
+    async def test_watch_sees_other_sessions(self, root: str, two_stores: StorePair) -> None:
         path = f"{root}/shared"
-        async with metadata_store_factory() as a, metadata_store_factory() as b:
-            await a.create(root)
-            async with b.watch(root, prefix=True) as events:
-                await a.create(path, b"1")
-                await a.set(path, b"2")
-                await a.delete(path)
-                assert await next_event(events) == WatchEvent(C, path, b"1", 0)
-                assert await next_event(events) == WatchEvent(U, path, b"2", 1)
-                assert (await next_event(events)).type is D
-            assert await b.get(path) is None
+        a, b = two_stores
+        await a.create(root)
+        async with b.watch(root, prefix=True) as events:
+            await create_set_delete(a, path)
+            assert await next_event(events) == WatchEvent(C, path, b"1", 0)
+            assert await next_event(events) == WatchEvent(U, path, b"2", 1)
+            assert (await next_event(events)).type is D
+        assert await b.get(path) is None
 
     async def test_two_watchers_both_get_everything(
         self, metadata_store: MetadataStore, root: str
@@ -190,32 +198,29 @@ class SessionContract:
             assert await observer.get(f"{root}/kept") == Stat(b"persistent", 0, False)
 
     async def test_session_expiry(
-        self,
-        metadata_store_factory: MetadataStoreFactory,
-        expire_session: ExpireSession,
-        root: str,
+        self, root: str, two_stores: StorePair, expire_session: ExpireSession
     ) -> None:
         path = f"{root}/session"
-        async with metadata_store_factory() as observer, metadata_store_factory() as owner:
-            async with observer.watch(root, prefix=True) as events:
-                await owner.create(f"{root}/persistent", b"p")
-                await owner.create(path, b"e", ephemeral=True)
-                await wait_event(events, C, path)
-                await expire_session(owner)
-                with trio.fail_after(WAIT):
-                    await owner.wait_session_expired()
-                await wait_event(events, D, path)
-            assert await observer.get(path) is None
-            assert await owner.get(path) is None
-            assert await observer.get(f"{root}/persistent") == Stat(b"p", 0, False)
-            # persistent work goes on; ephemeral nodes need a new session
-            await owner.set(f"{root}/persistent", b"q")
-            with pytest.raises(SessionExpired):
-                await owner.create(f"{root}/again", b"", ephemeral=True)
-            await owner.new_session()
+        observer, owner = two_stores
+        async with observer.watch(root, prefix=True) as events:
+            await owner.create(f"{root}/persistent", b"p")
+            await owner.create(path, b"e", ephemeral=True)
+            await wait_event(events, C, path)
+            await expire_session(owner)
+            with trio.fail_after(WAIT):
+                await owner.wait_session_expired()
+            await wait_event(events, D, path)
+        assert await observer.get(path) is None
+        assert await owner.get(path) is None
+        assert await observer.get(f"{root}/persistent") == Stat(b"p", 0, False)
+        # persistent work goes on; ephemeral nodes need a new session
+        await owner.set(f"{root}/persistent", b"q")
+        with pytest.raises(SessionExpired):
             await owner.create(f"{root}/again", b"", ephemeral=True)
-            stat = await observer.get(f"{root}/again")
-            assert stat is not None and stat.ephemeral
+        await owner.new_session()
+        await owner.create(f"{root}/again", b"", ephemeral=True)
+        stat = await observer.get(f"{root}/again")
+        assert stat is not None and stat.ephemeral
 
     async def test_new_session_drops_old_ephemerals(
         self, metadata_store: MetadataStore, root: str
@@ -311,35 +316,32 @@ class SessionContract:
             b_tasks.cancel_scope.cancel()
 
     async def test_leader_election_session_expiry(
-        self,
-        metadata_store_factory: MetadataStoreFactory,
-        expire_session: ExpireSession,
-        root: str,
+        self, root: str, two_stores: StorePair, expire_session: ExpireSession
     ) -> None:
         path = f"{root}/election"
-        async with metadata_store_factory() as a_store, metadata_store_factory() as b_store:
-            a = LeaderElection(a_store, path, "a")
-            b = LeaderElection(b_store, path, "b")
-            a_failed = trio.Event()
+        a_store, b_store = two_stores
+        a = LeaderElection(a_store, path, "a")
+        b = LeaderElection(b_store, path, "b")
+        a_failed = trio.Event()
 
-            async def run_a(
-                task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-            ) -> None:
-                with pytest.raises(SessionExpired):
-                    await a.run(task_status=task_status)
-                a_failed.set()
+        async def run_a(
+            task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+        ) -> None:
+            with pytest.raises(SessionExpired):
+                await a.run(task_status=task_status)
+            a_failed.set()
 
-            async with trio.open_nursery() as nursery:
-                await nursery.start(run_a)
-                await nursery.start(b.run)
-                assert a.is_leader
-                await expire_session(a_store)
-                with trio.fail_after(WAIT):
-                    await b.wait_leader()
-                    await a_failed.wait()
-                assert not a.is_leader
-                assert await b.current_leader() == "b"
-                nursery.cancel_scope.cancel()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(run_a)
+            await nursery.start(b.run)
+            assert a.is_leader
+            await expire_session(a_store)
+            with trio.fail_after(WAIT):
+                await b.wait_leader()
+                await a_failed.wait()
+            assert not a.is_leader
+            assert await b.current_leader() == "b"
+            nursery.cancel_scope.cancel()
 
     async def test_lead_forever_campaigns_again_after_session_expiry(
         self,
@@ -374,39 +376,37 @@ class SessionContract:
 
     # --- locks ---------------------------------------------------------------------------
 
-    async def test_lock_exclusion(
-        self, metadata_store_factory: MetadataStoreFactory, root: str
-    ) -> None:
+    async def test_lock_exclusion(self, root: str, two_stores: StorePair) -> None:
         path = f"{root}/lock"
-        async with metadata_store_factory() as a_store, metadata_store_factory() as b_store:
-            a = Lock(a_store, path, b"broker-a:6650")
-            b = Lock(b_store, path, b"broker-b:6650")
-            assert await a.acquire()
-            assert a.held
-            assert await b.owner() == b"broker-a:6650"
-            assert not await b.acquire(blocking=False)
-            assert not b.held
-            b_got_it = trio.Event()
+        a_store, b_store = two_stores
+        a = Lock(a_store, path, b"broker-a:6650")
+        b = Lock(b_store, path, b"broker-b:6650")
+        assert await a.acquire()
+        assert a.held
+        assert await b.owner() == b"broker-a:6650"
+        assert not await b.acquire(blocking=False)
+        assert not b.held
+        b_got_it = trio.Event()
 
-            async def wait_for_lock() -> None:
-                assert await b.acquire()
-                b_got_it.set()
+        async def wait_for_lock() -> None:
+            assert await b.acquire()
+            b_got_it.set()
 
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(wait_for_lock)
-                with trio.move_on_after(QUIET):
-                    await b_got_it.wait()
-                assert not b_got_it.is_set()  # blocked while a holds it
-                await a.release()
-                assert not a.held
-                with trio.fail_after(WAIT):
-                    await b_got_it.wait()
-            assert await a.owner() == b"broker-b:6650"
-            assert not await a.acquire(blocking=False)
-            await b.release()
-            assert await a.owner() is None
-            assert await a.acquire(blocking=False)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(wait_for_lock)
+            with trio.move_on_after(QUIET):
+                await b_got_it.wait()
+            assert not b_got_it.is_set()  # blocked while a holds it
             await a.release()
+            assert not a.held
+            with trio.fail_after(WAIT):
+                await b_got_it.wait()
+        assert await a.owner() == b"broker-b:6650"
+        assert not await a.acquire(blocking=False)
+        await b.release()
+        assert await a.owner() is None
+        assert await a.acquire(blocking=False)
+        await a.release()
 
     async def test_lock_released_when_holder_closes(
         self, metadata_store_factory: MetadataStoreFactory, root: str
@@ -442,14 +442,14 @@ class SessionContract:
         assert await metadata_store.get(f"{root}/cm") is None
 
     async def test_lock_release_does_not_delete_another_holder(
-        self, metadata_store_factory: MetadataStoreFactory, root: str
+        self, root: str, two_stores: StorePair
     ) -> None:
         path = f"{root}/lock"
-        async with metadata_store_factory() as a_store, metadata_store_factory() as b_store:
-            a = Lock(a_store, path, b"a")
-            assert await a.acquire()
-            await a_store.delete(path)  # someone broke the lock
-            b = Lock(b_store, path, b"b")
-            assert await b.acquire(blocking=False)
-            await a.release()
-            assert await b.owner() == b"b"
+        a_store, b_store = two_stores
+        a = Lock(a_store, path, b"a")
+        assert await a.acquire()
+        await a_store.delete(path)  # someone broke the lock
+        b = Lock(b_store, path, b"b")
+        assert await b.acquire(blocking=False)
+        await a.release()
+        assert await b.owner() == b"b"

@@ -10,6 +10,11 @@ Subclass :class:`MetadataStoreContract` in a test module (its name must start wi
             # callable share the same data, each with its own session.
             ...
 
+A backend on a real server of :mod:`pigeon.core.testing.servers` (ZooKeeper, etcd)
+subclasses :class:`MetadataServerContract` instead: it names the fixture of the running
+server the tests share and its store class, and the suite builds ``new_metadata_store``,
+``metadata_store_url`` and ``restartable_server`` from them.
+
 The suite runs them (``metadata_store_factory``: ``async with factory() as store:``
 yields a running store and closes it on exit; ``metadata_store``: one running store).
 ``expire_session`` (``await expire_session(store)`` makes the store's session expire as a
@@ -23,8 +28,11 @@ happen, which wait :data:`QUIET` seconds.
 
 from __future__ import annotations
 
+import functools
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 import trio
@@ -44,12 +52,14 @@ from pigeon.core.testing._metadata_helpers import (
     ExpireSession,
     MetadataStoreFactory,
     ServerRestart,
+    create_set_delete,
     running_store,
     store_factory,
 )
+from pigeon.core.testing._metadata_servers import _running
 from pigeon.core.testing._metadata_sessions import SessionContract
 
-__all__ = ["MetadataStoreContract"]
+__all__ = ["MetadataServerContract", "MetadataStoreContract"]
 
 
 class MetadataStoreContract(SessionContract):
@@ -229,9 +239,7 @@ class MetadataStoreContract(SessionContract):
         self, metadata_store: MetadataStore, root: str
     ) -> None:
         path = f"{root}/again"
-        await metadata_store.create(path, b"1")
-        await metadata_store.set(path, b"2")
-        await metadata_store.delete(path)
+        await create_set_delete(metadata_store, path)
         await metadata_store.create(path, b"3")
         assert await metadata_store.get(path) == Stat(b"3", 0, False)
 
@@ -411,3 +419,52 @@ class MetadataStoreContract(SessionContract):
             )
         assert await metadata_store.get(f"{root}/m/fresh") is None  # implicit parent too
         assert await metadata_store.get(f"{root}/m/a") == Stat(b"a", 0, False)
+
+
+class MetadataServerContract(MetadataStoreContract):
+    """The contract suite against a real server (a :class:`~pigeon.core.testing.servers.
+    ZooKeeperServer`, an :class:`~pigeon.core.testing.servers.EtcdServer`)::
+
+        class TestMyStore(MetadataServerContract):
+            server_fixture = "zookeeper"  # the fixture of the running server, shared
+            store_class = MyStore  # MyStore(address, path, session_timeout=...)
+            session_timeout = 4.0
+
+    The stores of the suite live below ``/contract``; the restart tests start a server
+    of the same kind of their own, its stores below ``/restart``."""
+
+    #: the name of the fixture that gives the running server the tests share
+    server_fixture: ClassVar[str]
+    #: the backend's store, called ``store_class(address, path, session_timeout=...)``
+    #: (``path``: the chroot, the key prefix); it must not be running yet
+    store_class: ClassVar[Any]
+    #: the session timeout of the stores on the shared server, in seconds
+    session_timeout: ClassVar[float] = 4.0
+    #: the session timeout of the stores on a server the restart tests kill
+    restart_session_timeout: ClassVar[float] = 8.0
+
+    @pytest.fixture
+    def metadata_server(self, request: pytest.FixtureRequest) -> Any:
+        return request.getfixturevalue(self.server_fixture)
+
+    @pytest.fixture
+    def new_metadata_store(self, metadata_server: Any) -> Callable[[], MetadataStore]:
+        return functools.partial(
+            self.store_class,
+            metadata_server.address,
+            "/contract",
+            session_timeout=self.session_timeout,
+        )
+
+    @pytest.fixture
+    def metadata_store_url(self, metadata_server: Any) -> str:
+        return str(metadata_server.url("/contract", session_timeout=self.session_timeout))
+
+    @pytest.fixture
+    def restartable_server(self, metadata_server: Any, tmp_path: Path) -> Iterator[ServerRestart]:
+        with _running(type(metadata_server)(tmp_path / metadata_server.name)) as server:
+            yield server.restartable(
+                lambda address: self.store_class(
+                    address, "/restart", session_timeout=self.restart_session_timeout
+                )
+            )
