@@ -97,12 +97,14 @@ class NonPersistentSubscription:
                 return c
         return None
 
-    def dispatch(self, data: bytes, n: int, entry_id: int) -> None:
+    def dispatch(self, data: tuple[bytes, bytes | memoryview], n: int, entry_id: int) -> None:
+        """Push one entry, given as its header and the published batch (sent unjoined)."""
         consumer = self._pick()
         if consumer is None:
             self.dropped += n
             return
         consumer.permits -= n
+        size = len(data[0]) + len(data[1])
         try:
             consumer.conn.send_nowait(
                 "message",
@@ -112,7 +114,7 @@ class NonPersistentSubscription:
                         {
                             "segmentId": -1,
                             "entryId": entry_id,
-                            "size": len(data),
+                            "size": size,
                             "redeliveryCount": 0,
                         }
                     ],
@@ -123,9 +125,9 @@ class NonPersistentSubscription:
             self.dropped += n
             return
         consumer.msgs_out += n
-        consumer.bytes_out += len(data)
+        consumer.bytes_out += size
         self.msgs_out += n
-        self.bytes_out += len(data)
+        self.bytes_out += size
 
     # Acknowledgements and redeliveries mean nothing without storage.
     def ack(self, consumer: Any, positions: Any, cumulative: bool) -> None:
@@ -172,9 +174,9 @@ class NonPersistentTopic:
         offset = self.next_offset
         self.next_offset += n
         entry_id = next(self._entry_ids)
-        data = pack_entry_header(n, offset, self.clock.now_ms(), 0) + bytes(payload)
+        data = (pack_entry_header(n, offset, self.clock.now_ms(), 0), payload)
         self.msgs_in += n
-        self.bytes_in += len(data)
+        self.bytes_in += len(data[0]) + len(payload)
         for sub in list(self.subscriptions.values()):
             sub.dispatch(data, n, entry_id)
         callback((-1, entry_id, offset), None)
