@@ -79,28 +79,24 @@ def joined_type(name: str, current: str, requested: str, consumers: Sequence[obj
 
 
 class DispatchEntry(Protocol):
-    """What the dispatcher needs to know of an entry read from the ledger."""
+    """What the dispatcher needs to know of an entry read from the ledger (it only reads
+    these)."""
 
-    @property
-    def position(self) -> Position: ...
-    @property
-    def first_offset(self) -> int: ...
-    @property
-    def num_messages(self) -> int: ...
-    @property
-    def deliver_at(self) -> int: ...
+    position: Position
+    first_offset: int
+    num_messages: int
+    deliver_at: int
 
 
 class DispatchConsumer(Protocol):
-    """A consumer as the dispatcher sees it: identity, order, and the dispatch state the
-    dispatcher keeps on it (``permits``, ``pending``, ``join_offset``)."""
+    """A consumer as the dispatcher sees it: identity and order (which it only reads),
+    and the dispatch state the dispatcher keeps on it (``permits``, ``pending``,
+    ``join_offset``)."""
 
-    @property
-    def consumer_id(self) -> int: ...
-    @property
-    def name(self) -> str: ...
-    @property
-    def priority(self) -> int: ...
+    consumer_id: int
+    name: str
+    priority: int
+
     @property
     def closed(self) -> bool:
         """The consumer's connection is gone (its removal follows): send it nothing."""
