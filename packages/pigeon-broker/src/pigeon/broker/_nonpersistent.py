@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pigeon.broker._dedup import Deduplication
@@ -153,20 +154,20 @@ class NonPersistentSubscription:
         return {**_NO_CURSOR, "dropped": self.dropped}
 
 
+@dataclass(eq=False)
 class NonPersistentTopic:
     persistent = False
 
-    def __init__(self, name: TopicName, clock: WallClock) -> None:
-        self.name = name
-        self.clock = clock
-        self.unloaded = False
-        self.producers: dict[str, Any] = {}
-        self.subscriptions: dict[str, NonPersistentSubscription] = {}
-        self.dedup = Deduplication()
-        self.next_offset = 0
-        self._entry_ids = itertools.count()
-        self.msgs_in = 0
-        self.bytes_in = 0
+    name: TopicName
+    clock: WallClock
+    unloaded: bool = field(default=False, init=False)
+    producers: dict[str, Any] = field(default_factory=dict, init=False)
+    subscriptions: dict[str, NonPersistentSubscription] = field(default_factory=dict, init=False)
+    dedup: Deduplication = field(default_factory=Deduplication, init=False)
+    next_offset: int = field(default=0, init=False)
+    msgs_in: int = field(default=0, init=False)
+    bytes_in: int = field(default=0, init=False)
+    _entry_ids: Iterator[int] = field(default_factory=itertools.count, init=False)
 
     def append(
         self, payload: bytes | memoryview, n: int, callback: Any, *, deliver_at: int = 0
