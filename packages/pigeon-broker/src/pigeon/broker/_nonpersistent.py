@@ -98,14 +98,14 @@ class NonPersistentSubscription:
                 return c
         return None
 
-    def dispatch(self, data: tuple[bytes, bytes | memoryview], n: int, entry_id: int) -> None:
-        """Push one entry, given as its header and the published batch (sent unjoined)."""
+    def dispatch(self, header: bytes, batch: bytes | memoryview, n: int, entry_id: int) -> None:
+        """Push one entry: its header and the published batch, sent unjoined."""
         consumer = self._pick()
         if consumer is None:
             self.dropped += n
             return
         consumer.permits -= n
-        size = len(data[0]) + len(data[1])
+        size = len(header) + len(batch)
         try:
             consumer.conn.send_nowait(
                 "message",
@@ -120,7 +120,7 @@ class NonPersistentSubscription:
                         }
                     ],
                 },
-                data,
+                (header, batch),
             )
         except PigeonError:
             self.dropped += n
@@ -175,11 +175,11 @@ class NonPersistentTopic:
         offset = self.next_offset
         self.next_offset += n
         entry_id = next(self._entry_ids)
-        data = (pack_entry_header(n, offset, self.clock.now_ms(), 0), payload)
+        header = pack_entry_header(n, offset, self.clock.now_ms(), 0)
         self.msgs_in += n
-        self.bytes_in += len(data[0]) + len(payload)
+        self.bytes_in += len(header) + len(payload)
         for sub in list(self.subscriptions.values()):
-            sub.dispatch(data, n, entry_id)
+            sub.dispatch(header, payload, n, entry_id)
         callback((-1, entry_id, offset), None)
 
     def confirm_sequence(self, segment_id: int, entry_id: int) -> None:
