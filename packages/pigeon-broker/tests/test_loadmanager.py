@@ -389,9 +389,7 @@ async def test_each_broker_reports_its_bundles_with_their_traffic(tmp_path: Path
         ownership = Ownership(store, "pigeon://127.0.0.1:1", "127.0.0.1:1", bundles_per_namespace=2)
         names = [TopicName.parse(f"persistent://t/n/topic-{i}") for i in range(6)]
         ledgers = {str(n): SimpleNamespace(bytes_in=0) for n in names}
-        topics = {
-            str(n): FakeTopic(name=n, persistent=True, ledger=ledgers[str(n)]) for n in names
-        }
+        topics = {str(n): FakeTopic(name=n, persistent=True, ledger=ledgers[str(n)]) for n in names}
         service = SimpleNamespace(store=store, ownership=ownership, topics=topics)
         manager = LoadManager(service)
         first = manager.bundle_report()
