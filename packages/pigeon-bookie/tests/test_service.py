@@ -334,3 +334,30 @@ def test_config_validation() -> None:
     ):
         with pytest.raises(ConfigError):
             load_config(BookieConfig, env={}, overrides=bad)
+
+
+async def test_a_read_response_carries_the_read_entries_unjoined(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with running(tmp_path) as (server, client, addr):
+        for i in range(3):
+            await client.add_entry(addr, 1, i, i - 1, payload(1, i))
+        read_entries = server.store.read_entries_async
+        read: list[Any] = []
+        responded: list[Any] = []
+
+        async def recording_read(*args: Any, **kwargs: Any) -> Any:
+            read.extend(await read_entries(*args, **kwargs))
+            return read
+
+        def recording_respond(conn: Any, request_id: int, kind: str, *args: Any) -> None:
+            responded.append(args)
+            respond(conn, request_id, kind, *args)
+
+        respond = service_mod.Connection.respond
+        monkeypatch.setattr(server.store, "read_entries_async", recording_read)
+        monkeypatch.setattr(service_mod.Connection, "respond", recording_respond)
+        got = await client.read_entries(addr, 1, 0, 2)
+    assert [bytes(d) for _, d in got] == [payload(1, i) for i in range(3)]
+    ((_fields, sent),) = responded
+    assert len(sent) == 3 and all(s is d for s, (_, d) in zip(sent, read, strict=True))

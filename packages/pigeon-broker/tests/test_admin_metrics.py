@@ -41,9 +41,14 @@ class FakeLedger:  # a weak-referenceable stand-in for ManagedLedger
         return None
 
 
+class FakeTopic(SimpleNamespace):  # its counters are its ledger's, as a Topic's are
+    msgs_in = property(lambda self: self.ledger.msgs_in)
+    bytes_in = property(lambda self: self.ledger.bytes_in)
+
+
 def _topic(name: str, msgs_in: int, bytes_in: int, subs: dict[str, Any]) -> Any:
     ledger = FakeLedger(msgs_in, bytes_in)
-    return SimpleNamespace(
+    return FakeTopic(
         name=TopicName.parse(name), persistent=True, ledger=ledger, subscriptions=subs, producers={}
     )
 

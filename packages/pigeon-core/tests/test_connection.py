@@ -471,3 +471,19 @@ async def test_tcp_partial_vectored_writes_resume_where_they_stopped() -> None:
         nursery.cancel_scope.cancel()
     assert [f[capnp_message_size(f) :] for f in frames] == payloads
     assert len(calls) > len(payloads)  # the writes were cut, and resumed
+
+
+async def test_tcp_payload_of_several_buffers_goes_out_unjoined() -> None:
+    # a batch of entries, each its own object: the frame carries them back to back, and
+    # sendmsg is handed the very objects (nothing joined them on the way)
+    a, b, calls = _socket_stream_pair()
+    client = Connection(a, BookieFrame, name="client")
+    entries = [b"first", memoryview(b"second" * 100), bytearray(b"third")]
+    client.send_nowait("addEntry", {"segmentId": 1, "entryId": 0}, payload=entries)
+    async with b, trio.open_nursery() as nursery:
+        await nursery.start(client.run)
+        (frame,) = await _receive_frames(b, 1)
+        nursery.cancel_scope.cancel()
+    assert len(calls) == 1 and len(calls[0]) == 4
+    assert all(sent is entry for sent, entry in zip(calls[0][1:], entries, strict=True))
+    assert frame[capnp_message_size(frame) :] == b"".join(entries)

@@ -511,7 +511,7 @@ class BookieServer:
         finally:
             queue.queued -= 1
         sizes = [{"entryId": eid, "size": len(data)} for eid, data in entries]
-        payload = entries[0][1] if len(entries) == 1 else b"".join(d for _eid, d in entries)
+        payload = [data for _eid, data in entries]  # written unjoined (DESIGN §12)
         fields = {"segmentId": segment_id, "entries": sizes}
         conn.respond(request_id, "readResponse", fields, payload)
 

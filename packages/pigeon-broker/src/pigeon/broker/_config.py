@@ -47,6 +47,11 @@ class BrokerConfig:
     corrupt_entry_policy: Literal["skip", "fail"] = "skip"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
+    def quorum(self) -> dict[str, int]:
+        """``ensemble_size``, ``write_quorum`` and ``ack_quorum``: the keywords a
+        replication policy factory takes them as."""
+        return {k: getattr(self, k) for k in ("ensemble_size", "write_quorum", "ack_quorum")}
+
     def validate(self) -> None:
         if not 0 <= self.port < 65536:
             raise ConfigError(f"bad value for 'port': {self.port} is not a TCP port")

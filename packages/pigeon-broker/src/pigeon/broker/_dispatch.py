@@ -24,8 +24,9 @@ State, all keyed by entry position ``(segment id, entry id)``:
 * **redelivery queue**: a heap of positions, read again before anything new.
 * **delayed**: a heap of ``(deliver_at ms, position)`` for shared and key_shared
   subscriptions; due entries move to the redelivery queue, in order.
-* **key_shared**: a consistent-hash ring (``RING_POINTS`` per consumer name, CRC-32 of
-  each key); the parts of an entry pending on each consumer; entries *held* for a
+* **key_shared** (kept in :class:`pigeon.broker._dispatch_keys.KeyShared`): a
+  consistent-hash ring (``RING_POINTS`` per consumer name, CRC-32 of each key); the
+  parts of an entry pending on each consumer; entries *held* for a
   recently joined consumer, which gets nothing read after its arrival until the
   mark-delete offset passes everything dispatched before it, nor anything earlier while
   an earlier message of its key is out on another consumer or held; and a *stall*: when the
@@ -39,14 +40,13 @@ priority desc, name, id; partition ``i`` goes to consumer ``i mod n``), ``shared
 
 from __future__ import annotations
 
-import bisect
 import heapq
-import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from pigeon.broker._cursor import CursorState
+from pigeon.broker._dispatch_keys import HASH_RANGE, RING_POINTS, KeyShared, key_hash
 from pigeon.core.errors import ConsumerBusy, NotSupported, SubscriptionBusy
 
 __all__ = [
@@ -64,11 +64,6 @@ __all__ = [
 
 Position = tuple[int, int]
 
-#: key_shared: keys hash (CRC-32) into ``[0, HASH_RANGE)``
-HASH_RANGE = 65536
-#: key_shared: points per consumer on the hash ring
-RING_POINTS = 64
-
 
 def joined_type(name: str, current: str, requested: str, consumers: Sequence[object]) -> str:
     """The type of subscription ``name`` once a consumer asking for ``requested`` joins
@@ -84,28 +79,24 @@ def joined_type(name: str, current: str, requested: str, consumers: Sequence[obj
 
 
 class DispatchEntry(Protocol):
-    """What the dispatcher needs to know of an entry read from the ledger."""
+    """What the dispatcher needs to know of an entry read from the ledger (it only reads
+    these)."""
 
-    @property
-    def position(self) -> Position: ...
-    @property
-    def first_offset(self) -> int: ...
-    @property
-    def num_messages(self) -> int: ...
-    @property
-    def deliver_at(self) -> int: ...
+    position: Position
+    first_offset: int
+    num_messages: int
+    deliver_at: int
 
 
 class DispatchConsumer(Protocol):
-    """A consumer as the dispatcher sees it: identity, order, and the dispatch state the
-    dispatcher keeps on it (``permits``, ``pending``, ``join_offset``)."""
+    """A consumer as the dispatcher sees it: identity and order (which it only reads),
+    and the dispatch state the dispatcher keeps on it (``permits``, ``pending``,
+    ``join_offset``)."""
 
-    @property
-    def consumer_id(self) -> int: ...
-    @property
-    def name(self) -> str: ...
-    @property
-    def priority(self) -> int: ...
+    consumer_id: int
+    name: str
+    priority: int
+
     @property
     def closed(self) -> bool:
         """The consumer's connection is gone (its removal follows): send it nothing."""
@@ -190,12 +181,7 @@ class Dispatcher(Generic[C, E]):
         self._delayed: list[tuple[int, Position]] = []  # (deliver_at ms, position)
         # offsets (first, count) of entries queued for redelivery, to skip them if damaged
         self._redeliver_offsets: dict[Position, tuple[int, int]] = {}
-        # key_shared
-        self._ring: list[tuple[int, int, C]] = []
-        self._ks_pending: dict[Position, dict[C, set[int]]] = {}
-        self._ks_held: set[Position] = set()
-        self._ks_span: dict[Position, tuple[int, int]] = {}  # (first offset, messages)
-        self._ks_hashes: dict[Position, list[int]] = {}  # key hash of each message
+        self._ks: KeyShared[C] = KeyShared(cursor)
 
     # ------------------------------------------------------------------ consumers
 
@@ -212,7 +198,7 @@ class Dispatcher(Generic[C, E]):
             consumer.join_offset = self.max_dispatched + 1
         self.consumers.append(consumer)
         self.consumers.sort(key=lambda c: (-c.priority, c.name, c.consumer_id))
-        self._rebuild_ring()
+        self._ks.rebuild_ring(self.consumers)
         self.stalled = False
         if previous is not None and self.active_consumer() is not previous:
             # The active consumer changed: what the old one holds unacked moves over.
@@ -223,10 +209,10 @@ class Dispatcher(Generic[C, E]):
         previous = self.active_consumer() if self.type == "failover" else None
         if consumer in self.consumers:
             self.consumers.remove(consumer)
-            self._rebuild_ring()
+            self._ks.rebuild_ring(self.consumers)
         if self.type == "keyShared":
             for pos in sorted(consumer.pending):
-                self._ks_give_back(consumer, pos)
+                self._ks.give_back(consumer, pos)
                 self._requeue_counted(pos)
             consumer.pending.clear()
             self._release_held()
@@ -264,10 +250,10 @@ class Dispatcher(Generic[C, E]):
     def statistics(self) -> DispatchStatistics:
         return DispatchStatistics(
             consumers=len(self.consumers),
-            pending_entries=len(self.pending) + len(self._ks_pending),
+            pending_entries=len(self.pending) + len(self._ks.pending),
             redelivery_queue=len(self._redeliver),
             delayed=len(self._delayed),
-            held=len(self._ks_held),
+            held=len(self._ks.held),
             max_dispatched=self.max_dispatched,
             stalled=self.stalled,
         )
@@ -412,7 +398,10 @@ class Dispatcher(Generic[C, E]):
                 self._settle(pos)
         # entries not pending (e.g. after a reconnect) are filtered when read again
         if self.type == "keyShared":
-            self._ks_settle([pos for pos, _offset in positions])
+            for pos in self._ks.settle([pos for pos, _offset in positions]):
+                # the count goes with the entry, not with a part: other parts may be
+                # waiting to be delivered again
+                self.redeliveries.pop(pos, None)
             self._release_held()
 
     def _settle(self, pos: Position) -> None:
@@ -432,7 +421,7 @@ class Dispatcher(Generic[C, E]):
         for pos in chosen:
             consumer.pending.discard(pos)
             if self.type == "keyShared":
-                self._ks_give_back(consumer, pos)
+                self._ks.give_back(consumer, pos)
             p = self.pending.pop(pos, None)
             if p is not None:
                 self._redeliver_offsets[pos] = (p.first_offset, p.count)
@@ -456,10 +445,7 @@ class Dispatcher(Generic[C, E]):
             c.pending.clear()
             c.join_offset = None
         self.pending.clear()
-        self._ks_pending.clear()
-        self._ks_held.clear()
-        self._ks_span.clear()
-        self._ks_hashes.clear()
+        self._ks.clear()
         self._redeliver.clear()
         self._delayed.clear()
         self.redeliveries.clear()
@@ -472,24 +458,9 @@ class Dispatcher(Generic[C, E]):
 
     # ------------------------------------------------------------------ key_shared
 
-    def _rebuild_ring(self) -> None:
-        ring = []
-        for c in self.consumers:
-            for i in range(RING_POINTS):
-                ring.append((zlib.crc32(f"{c.name}:{i}".encode()) % HASH_RANGE, c.consumer_id, c))
-        ring.sort(key=lambda t: (t[0], t[1]))
-        self._ring = ring
-
-    def _owner(self, h: int) -> C:
-        ring = self._ring
-        i = bisect.bisect_left(ring, h, key=lambda t: t[0])
-        return ring[i % len(ring)][2]
-
     def owner_of(self, key: bytes | None) -> C | None:
         """key_shared: the consumer a key maps to (None without consumers)."""
-        if not self._ring:
-            return None
-        return self._owner(zlib.crc32(key or b"") % HASH_RANGE)
+        return self._ks.owner_of(key)
 
     def _release_held(self) -> None:
         """Re-examine held key_shared entries (on acks and consumer changes).
@@ -502,26 +473,12 @@ class Dispatcher(Generic[C, E]):
         for c in self.consumers:
             if c.join_offset is not None and md >= c.join_offset:
                 c.join_offset = None
-        for pos in sorted(self._ks_held):
+        for pos in self._ks.take_held():
             heapq.heappush(self._redeliver, pos)
-            if pos not in self._ks_pending:
-                self._ks_span.pop(pos, None)
-                self._ks_hashes.pop(pos, None)
-        self._ks_held.clear()
-
-    def _ks_give_back(self, consumer: C, pos: Position) -> None:
-        """``consumer``'s part of the entry at ``pos`` is no longer pending on it."""
-        parts = self._ks_pending.get(pos)
-        if parts is not None:
-            parts.pop(consumer, None)
-            if not parts:
-                del self._ks_pending[pos]
-                if pos not in self._ks_held:
-                    self._ks_span.pop(pos, None)
-                    self._ks_hashes.pop(pos, None)
 
     def _deliver_key_shared(self, entries: Sequence[E], now: int) -> list[Delivery[C, E]]:
         out: list[Delivery[C, E]] = []
+        ks = self._ks
         for k, entry in enumerate(entries):
             pos = entry.position
             first, n = entry.first_offset, entry.num_messages
@@ -531,26 +488,15 @@ class Dispatcher(Generic[C, E]):
             if entry.deliver_at > now:
                 heapq.heappush(self._delayed, (entry.deliver_at, pos))
                 continue
-            if not self._ring:
+            if not ks.ring:
                 for rest in entries[k:]:
                     heapq.heappush(self._redeliver, rest.position)
                 self.stalled = True
                 break
-            skip = set(self.cursor.acked_indexes(first, n))
-            for part in self._ks_pending.get(pos, {}).values():
-                skip |= part
+            skip = set(self.cursor.acked_indexes(first, n)) | ks.out(pos)
             keys = self.keys_of(entry) if self.keys_of is not None else [None] * n
-            hashes = [zlib.crc32(key or b"") % HASH_RANGE for key in keys]
-            groups: dict[C, list[int]] = {}
-            owners: dict[int, C] = {}
-            for i in range(n):
-                if i in skip:
-                    continue
-                h = hashes[i]
-                c = owners.get(h)
-                if c is None:
-                    c = owners[h] = self._owner(h)
-                groups.setdefault(c, []).append(i)
+            hashes = [key_hash(key) for key in keys]
+            groups = ks.route(hashes, n, skip)
             if any(c.permits <= 0 or c.closed for c in groups):
                 # Order per key: wait for the consumer rather than skip ahead.
                 for rest in entries[k:]:
@@ -562,93 +508,15 @@ class Dispatcher(Generic[C, E]):
                 if (
                     c.join_offset is not None
                     and md < c.join_offset
-                    and (
-                        first + idx[-1] >= c.join_offset or self._ks_blocked(c, first, idx, hashes)
-                    )
+                    and (first + idx[-1] >= c.join_offset or ks.blocked(c, first, idx, hashes))
                 ):
-                    self._ks_held.add(pos)
-                    self._ks_span.setdefault(pos, (first, n))
-                    self._ks_hashes[pos] = hashes
+                    ks.hold(pos, (first, n), hashes)
                     continue
                 c.permits -= len(idx)
                 c.pending.add(pos)
-                self._ks_pending.setdefault(pos, {}).setdefault(c, set()).update(idx)
-                self._ks_span[pos] = (first, n)
-                self._ks_hashes[pos] = hashes
+                ks.give(c, pos, idx, (first, n), hashes)
                 self.max_dispatched = max(self.max_dispatched, first + idx[-1])
                 chosen = set(idx)
                 others = [i for i in range(n) if i not in chosen]
                 out.append(Delivery(c, entry, others, self.redeliveries.get(pos, 0)))
         return out
-
-    def _ks_blocked(self, consumer: C, first: int, idx: list[int], hashes: list[int]) -> bool:
-        """A recently joined ``consumer`` would get messages ``idx`` of the entry at offset
-        ``first``, all below its join offset: does another consumer hold an earlier message
-        of one of their keys (same hash), or is one held, not yet dispatched?
-
-        Below the join offset a message is not necessarily a replay of something the
-        earlier consumers gave back: it may never have been dispatched (delayed, or held
-        for another newcomer) while an earlier message of its key is still out or held.
-        """
-        wanted = {hashes[i]: first + i for i in reversed(idx)}  # hash: its first offset
-        last = max(wanted.values())
-        for pos in self._ks_held:
-            span = self._ks_span.get(pos)
-            their = self._ks_hashes.get(pos)
-            if span is None or their is None or span[0] >= last:
-                continue
-            out: set[int] = set()
-            for part in self._ks_pending.get(pos, {}).values():
-                out |= part
-            for j, h in enumerate(their):
-                before = wanted.get(h)
-                if (
-                    before is not None
-                    and span[0] + j < before
-                    and j not in out
-                    and not self.cursor.is_acked(span[0] + j)
-                ):
-                    return True
-        for pos, parts in self._ks_pending.items():
-            span = self._ks_span.get(pos)
-            their = self._ks_hashes.get(pos)
-            if span is None or their is None or span[0] >= last:
-                continue
-            for c, part in parts.items():
-                if c is consumer:
-                    continue
-                for j in part:
-                    before = wanted.get(their[j])
-                    if (
-                        before is not None
-                        and span[0] + j < before
-                        and not self.cursor.is_acked(span[0] + j)
-                    ):
-                        return True
-        return False
-
-    def _ks_settle(self, positions: list[Position]) -> None:
-        for pos in positions:
-            parts = self._ks_pending.get(pos)
-            if not parts:
-                continue
-            span = self._ks_span.get(pos)
-            if span is None:
-                continue
-            first, n = span
-            for c in list(parts):
-                left = {i for i in parts[c] if not self.cursor.is_acked(first + i)}
-                if left:
-                    parts[c] = left
-                else:
-                    del parts[c]
-                    c.pending.discard(pos)
-            if not parts:
-                del self._ks_pending[pos]
-                if pos not in self._ks_held:
-                    del self._ks_span[pos]
-                    self._ks_hashes.pop(pos, None)
-                # the count goes with the entry, not with a part: other parts may be
-                # waiting to be delivered again
-                if self.cursor.all_acked(first, n):
-                    self.redeliveries.pop(pos, None)

@@ -236,8 +236,7 @@ class LoadManager:
             bundle = ownership.path_of(topic.name)[prefix:]
             entry = report.setdefault(bundle, {"topics": 0, "bytes_rate": 0.0})
             entry["topics"] += 1
-            source = topic.ledger if topic.persistent else topic
-            counters[key] = total = int(getattr(source, "bytes_in", 0))
+            counters[key] = total = int(topic.bytes_in)
             if dt:
                 entry["bytes_rate"] += max(0, total - self._bytes_in.get(key, total)) / dt
         for entry in report.values():

@@ -67,17 +67,50 @@ class Rates:
 
 ZERO = Rates()
 
+#: The per-subscription metric families, in exposition order: (name, type, help).
+_SUBSCRIPTION_FAMILIES: tuple[
+    tuple[str, type[CounterMetricFamily] | type[GaugeMetricFamily], str], ...
+] = (
+    ("pigeon_subscription_messages_out", CounterMetricFamily, "Messages dispatched to consumers."),
+    ("pigeon_subscription_bytes_out", CounterMetricFamily, "Bytes dispatched to consumers."),
+    ("pigeon_subscription_msg_rate_out", GaugeMetricFamily, "Messages per second dispatched."),
+    ("pigeon_subscription_msg_throughput_out", GaugeMetricFamily, "Bytes per second dispatched."),
+    ("pigeon_subscription_backlog_messages", GaugeMetricFamily, "Unacknowledged messages."),
+    (
+        "pigeon_subscription_backlog_bytes",
+        GaugeMetricFamily,
+        "Stored bytes from the mark-delete position on.",
+    ),
+    ("pigeon_subscription_consumers", GaugeMetricFamily, "Connected consumers."),
+    (
+        "pigeon_subscription_delayed_messages",
+        GaugeMetricFamily,
+        "Entries held for delayed delivery.",
+    ),
+    (
+        "pigeon_subscription_dropped_messages",
+        CounterMetricFamily,
+        "Non-persistent messages dropped (slow consumers).",
+    ),
+    (
+        "pigeon_subscription_lost_messages",
+        CounterMetricFamily,
+        "Messages skipped because no replica holds their entry intact (policy skip).",
+    ),
+    (
+        "pigeon_subscription_delivery_stopped",
+        GaugeMetricFamily,
+        "1 while delivery is stopped at a damaged entry (corrupt_entry_policy fail).",
+    ),
+)
+
 
 def _topic_counters(topic: Any) -> tuple[int, int, int, int]:
     """(messages in, bytes in, messages out, bytes out) of a topic, cumulative."""
-    if topic.persistent:
-        msgs_in, bytes_in = topic.ledger.msgs_in, topic.ledger.bytes_in
-    else:
-        msgs_in, bytes_in = topic.msgs_in, topic.bytes_in
     subs = list(topic.subscriptions.values())
     return (
-        msgs_in,
-        bytes_in,
+        topic.msgs_in,
+        topic.bytes_in,
         sum(s.msgs_out for s in subs),
         sum(s.bytes_out for s in subs),
     )
@@ -236,38 +269,22 @@ class _Collector:
             "Time from accepting a batch to its acknowledgement by the bookies.",
             labels=t,
         )
-        ts = ["topic", "subscription"]
-        s_msgs = counter(
-            "pigeon_subscription_messages_out", "Messages dispatched to consumers.", ts
-        )
-        s_bytes = counter("pigeon_subscription_bytes_out", "Bytes dispatched to consumers.", ts)
-        s_rate = gauge("pigeon_subscription_msg_rate_out", "Messages per second dispatched.", ts)
-        s_thr = gauge("pigeon_subscription_msg_throughput_out", "Bytes per second dispatched.", ts)
-        s_backlog = gauge("pigeon_subscription_backlog_messages", "Unacknowledged messages.", ts)
-        s_backlog_b = gauge(
-            "pigeon_subscription_backlog_bytes",
-            "Stored bytes from the mark-delete position on.",
-            ts,
-        )
-        s_consumers = gauge("pigeon_subscription_consumers", "Connected consumers.", ts)
-        s_delayed = gauge(
-            "pigeon_subscription_delayed_messages", "Entries held for delayed delivery.", ts
-        )
-        s_dropped = counter(
-            "pigeon_subscription_dropped_messages",
-            "Non-persistent messages dropped (slow consumers).",
-            ts,
-        )
-        s_lost = counter(
-            "pigeon_subscription_lost_messages",
-            "Messages skipped because no replica holds their entry intact (policy skip).",
-            ts,
-        )
-        s_stopped = gauge(
-            "pigeon_subscription_delivery_stopped",
-            "1 while delivery is stopped at a damaged entry (corrupt_entry_policy fail).",
-            ts,
-        )
+        (
+            s_msgs,
+            s_bytes,
+            s_rate,
+            s_thr,
+            s_backlog,
+            s_backlog_b,
+            s_consumers,
+            s_delayed,
+            s_dropped,
+            s_lost,
+            s_stopped,
+        ) = sub_families = [
+            kind(name, doc, labels=["topic", "subscription"])
+            for name, kind, doc in _SUBSCRIPTION_FAMILIES
+        ]
         for name, topic in topics:
             lbl = [name]
             m_in, b_in, m_out, b_out = _topic_counters(topic)
@@ -328,15 +345,5 @@ class _Collector:
             cache_bytes,
             corrupt,
             latency,
-            s_msgs,
-            s_bytes,
-            s_rate,
-            s_thr,
-            s_backlog,
-            s_backlog_b,
-            s_consumers,
-            s_delayed,
-            s_dropped,
-            s_lost,
-            s_stopped,
+            *sub_families,
         )

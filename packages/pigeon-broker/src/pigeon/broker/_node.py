@@ -91,11 +91,7 @@ async def run_broker(
         await nursery.start(directory.run)
         factory = plugins.replication_policies.get(config.replication)
         policy = factory(  # type: ignore[operator]
-            bookie_client,
-            ensemble_size=config.ensemble_size,
-            write_quorum=config.write_quorum,
-            ack_quorum=config.ack_quorum,
-            bookie_load=directory.load,
+            bookie_client, bookie_load=directory.load, **config.quorum()
         )
         service = BrokerService(
             config,

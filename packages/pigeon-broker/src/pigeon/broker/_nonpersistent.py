@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pigeon.broker._dedup import Deduplication
@@ -97,12 +98,14 @@ class NonPersistentSubscription:
                 return c
         return None
 
-    def dispatch(self, data: bytes, n: int, entry_id: int) -> None:
+    def dispatch(self, header: bytes, batch: bytes | memoryview, n: int, entry_id: int) -> None:
+        """Push one entry: its header and the published batch, sent unjoined."""
         consumer = self._pick()
         if consumer is None:
             self.dropped += n
             return
         consumer.permits -= n
+        size = len(header) + len(batch)
         try:
             consumer.conn.send_nowait(
                 "message",
@@ -112,20 +115,20 @@ class NonPersistentSubscription:
                         {
                             "segmentId": -1,
                             "entryId": entry_id,
-                            "size": len(data),
+                            "size": size,
                             "redeliveryCount": 0,
                         }
                     ],
                 },
-                data,
+                (header, batch),
             )
         except PigeonError:
             self.dropped += n
             return
         consumer.msgs_out += n
-        consumer.bytes_out += len(data)
+        consumer.bytes_out += size
         self.msgs_out += n
-        self.bytes_out += len(data)
+        self.bytes_out += size
 
     # Acknowledgements and redeliveries mean nothing without storage.
     def ack(self, consumer: Any, positions: Any, cumulative: bool) -> None:
@@ -151,20 +154,20 @@ class NonPersistentSubscription:
         return {**_NO_CURSOR, "dropped": self.dropped}
 
 
+@dataclass(eq=False)
 class NonPersistentTopic:
     persistent = False
 
-    def __init__(self, name: TopicName, clock: WallClock) -> None:
-        self.name = name
-        self.clock = clock
-        self.unloaded = False
-        self.producers: dict[str, Any] = {}
-        self.subscriptions: dict[str, NonPersistentSubscription] = {}
-        self.dedup = Deduplication()
-        self.next_offset = 0
-        self._entry_ids = itertools.count()
-        self.msgs_in = 0
-        self.bytes_in = 0
+    name: TopicName
+    clock: WallClock
+    unloaded: bool = field(default=False, init=False)
+    producers: dict[str, Any] = field(default_factory=dict, init=False)
+    subscriptions: dict[str, NonPersistentSubscription] = field(default_factory=dict, init=False)
+    dedup: Deduplication = field(default_factory=Deduplication, init=False)
+    next_offset: int = field(default=0, init=False)
+    msgs_in: int = field(default=0, init=False)
+    bytes_in: int = field(default=0, init=False)
+    _entry_ids: Iterator[int] = field(default_factory=itertools.count, init=False)
 
     def append(
         self, payload: bytes | memoryview, n: int, callback: Any, *, deliver_at: int = 0
@@ -172,11 +175,11 @@ class NonPersistentTopic:
         offset = self.next_offset
         self.next_offset += n
         entry_id = next(self._entry_ids)
-        data = pack_entry_header(n, offset, self.clock.now_ms(), 0) + bytes(payload)
+        header = pack_entry_header(n, offset, self.clock.now_ms(), 0)
         self.msgs_in += n
-        self.bytes_in += len(data)
+        self.bytes_in += len(header) + len(payload)
         for sub in list(self.subscriptions.values()):
-            sub.dispatch(data, n, entry_id)
+            sub.dispatch(header, payload, n, entry_id)
         callback((-1, entry_id, offset), None)
 
     def confirm_sequence(self, segment_id: int, entry_id: int) -> None:

@@ -38,6 +38,7 @@ import logging
 import secrets
 import zlib
 from collections.abc import AsyncIterator, Callable
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import trio
@@ -100,6 +101,7 @@ class ClaimStep(enum.Enum):
     GAVE_UP = "gave_up"  #: done: no stable outcome within ``attempts`` rounds
 
 
+@dataclass(eq=False)
 class Claim:
     """How to come to hold one ephemeral node whose value is a JSON object naming its
     holder by ``url`` and ``token``; no I/O (the driver performs each step).
@@ -118,32 +120,30 @@ class Claim:
     (``backoff_s`` up to ``max_backoff_s``); after ``attempts`` rounds: **gave up**.
     """
 
-    def __init__(
-        self,
-        url: str,
-        token: str,
-        *,
-        take_over: TakeOver = TakeOver.ANCHORED,
-        attempts: int = 8,
-        backoff_s: float = 0.05,
-        max_backoff_s: float = 1.0,
-    ) -> None:
-        self.url = url
-        self.token = token
-        self.take_over = take_over
-        self.attempts = max(1, attempts)
-        self.backoff_s = backoff_s
-        self.max_backoff_s = max_backoff_s
-        self.step = ClaimStep.CREATE
-        self.rounds = 0  #: retries so far
-        self.version: int | None = None  #: the version to delete (DELETE)
-        self.anchor: str | None = None  #: the session whose marker must exist (DELETE)
-        self.delay = 0.0  #: how long to wait (WAIT)
-        self.owner: str | None = None  #: the other holder (REFUSED)
-        self.adopted = False  #: HELD through a node this session had already created
-        self.stale_deleted = 0  #: nodes of earlier runs/sessions deleted
-        #: a node of an earlier run or session was seen and left to expire
-        self.waiting_for_expiry = False
+    url: str
+    token: str
+    _: KW_ONLY
+    take_over: TakeOver = TakeOver.ANCHORED
+    attempts: int = 8
+    backoff_s: float = 0.05
+    max_backoff_s: float = 1.0
+    step: ClaimStep = field(default=ClaimStep.CREATE, init=False)
+    rounds: int = field(default=0, init=False)  #: retries so far
+    #: the version to delete (DELETE)
+    version: int | None = field(default=None, init=False)
+    #: the session whose marker must exist (DELETE)
+    anchor: str | None = field(default=None, init=False)
+    delay: float = field(default=0.0, init=False)  #: how long to wait (WAIT)
+    owner: str | None = field(default=None, init=False)  #: the other holder (REFUSED)
+    #: HELD through a node this session had already created
+    adopted: bool = field(default=False, init=False)
+    #: nodes of earlier runs/sessions deleted
+    stale_deleted: int = field(default=0, init=False)
+    #: a node of an earlier run or session was seen and left to expire
+    waiting_for_expiry: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        self.attempts = max(1, self.attempts)
 
     @property
     def done(self) -> bool:

@@ -508,6 +508,8 @@ class Subscription:
 
     def _send(self, consumer: Consumer, group: list[Delivery[Consumer, Entry]]) -> None:
         metas = []
+        payload: list[bytes | memoryview] = []  # the entries themselves, unjoined (§12)
+        size = 0
         for d in group:
             entry = d.entry
             metas.append(
@@ -519,13 +521,12 @@ class Subscription:
                     "ackedIndexes": d.skip,
                 }
             )
+            payload.append(entry.data)
+            size += len(entry.data)
             consumer.msgs_out += entry.num_messages
             self.msgs_out += entry.num_messages
-        payload: bytes | memoryview = (
-            group[0].entry.data if len(group) == 1 else b"".join(d.entry.data for d in group)
-        )
-        consumer.bytes_out += len(payload)
-        self.bytes_out += len(payload)
+        consumer.bytes_out += size
+        self.bytes_out += size
         try:
             consumer.conn.send_nowait(
                 "message", {"consumerId": consumer.consumer_id, "entries": metas}, payload

@@ -43,6 +43,7 @@ import trio
 from pigeon.core._framing import (
     DEFAULT_MAX_FRAME_SIZE,
     FrameDecoder,
+    Payload,
     build_message,
     capnp_message_size,
     consume_buffers,
@@ -238,7 +239,7 @@ class Connection:
         self._out_bytes += len(data)
         self._out_ready.set()
 
-    def _enqueue(self, message: bytes, payload: bytes | memoryview | None) -> None:
+    def _enqueue(self, message: bytes, payload: Payload | None) -> None:
         if self._closed:
             raise ConnectionClosed(f"connection {self.name} is closed")
         for part in encode_frame(message, payload):
@@ -250,14 +251,15 @@ class Connection:
         self,
         kind: str,
         fields: dict[str, Any] | None = None,
-        payload: bytes | memoryview | None = None,
+        payload: Payload | None = None,
         *,
         request_id: int = 0,
     ) -> None:
-        """Queue one frame (a push, an answer, or a request that wants no answer)."""
+        """Queue one frame (a push, an answer, or a request that wants no answer); a
+        ``payload`` given as a list of buffers is written as they are, unjoined."""
         self._enqueue(build_message(self.frame_type, request_id, kind, fields), payload)
 
-    def send_raw_nowait(self, message: bytes, payload: bytes | memoryview | None = None) -> None:
+    def send_raw_nowait(self, message: bytes, payload: Payload | None = None) -> None:
         """Queue a frame whose Cap'n Proto message the caller built."""
         self._enqueue(message, payload)
 
@@ -266,7 +268,7 @@ class Connection:
         request_id: int,
         kind: str,
         fields: dict[str, Any] | None = None,
-        payload: bytes | memoryview | None = None,
+        payload: Payload | None = None,
     ) -> None:
         if request_id == 0 or self._closed:
             return
@@ -285,7 +287,7 @@ class Connection:
         fields: dict[str, Any] | None,
         callback: ReplyCallback,
         *,
-        payload: bytes | memoryview | None = None,
+        payload: Payload | None = None,
         expect: str | None = None,
         extract: Extract = _default_extract,
     ) -> int:
@@ -301,7 +303,7 @@ class Connection:
         kind: str,
         fields: dict[str, Any] | None = None,
         *,
-        payload: bytes | memoryview | None = None,
+        payload: Payload | None = None,
         expect: str | None = None,
         extract: Extract = _default_extract,
     ) -> Any:

@@ -9,20 +9,23 @@ Byte layout of one frame::
     ...        ...      payload: the rest of the frame (may be empty)
 
 The Cap'n Proto message delimits itself through its segment table, so the payload needs no
-length of its own.  Payloads are entry bytes that PigeonMQ moves without re-encoding.
+length of its own.  Payloads are entry bytes that PigeonMQ moves without re-encoding; a
+sender may hand a payload over as several buffers (a batch of stored entries, each its own
+object) that go on the wire back to back, so that nothing joins them (DESIGN §12).
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, TypeAlias
 
 from pigeon.core.errors import CorruptFrame, FrameTooLarge
 
 __all__ = [
     "DEFAULT_MAX_FRAME_SIZE",
     "FrameDecoder",
+    "Payload",
     "build_message",
     "capnp_message_size",
     "consume_buffers",
@@ -42,6 +45,10 @@ _HTTP_METHODS = (b"GET ", b"POST ", b"PUT ", b"HEAD ", b"DELETE ", b"PATCH ", b"
 _HTTP_OTHER = (b"CONNECT ", b"TRACE ", b"PRI * HTTP/2")
 #: highest Kafka API key we recognise as one (ApiVersions is 18; 2024's keys stay < 80)
 _KAFKA_MAX_API_KEY = 100
+
+Buffer: TypeAlias = bytes | bytearray | memoryview
+#: a frame's payload: one buffer, or a sequence (list, tuple) of buffers sent back to back
+Payload: TypeAlias = Buffer | Sequence[Buffer]
 
 
 def capnp_message_size(buf: bytes | bytearray | memoryview) -> int:
@@ -63,11 +70,21 @@ def capnp_message_size(buf: bytes | bytearray | memoryview) -> int:
     return size
 
 
-def encode_frame(message: bytes, payload: bytes | memoryview | None = None) -> list[Any]:
-    """Buffers that make one frame: the caller writes them in order (or joins them)."""
-    if payload is None or len(payload) == 0:
+def encode_frame(message: bytes, payload: Payload | None = None) -> list[Any]:
+    """Buffers that make one frame: the caller writes them in order (or joins them).
+
+    ``payload`` is one buffer or a sequence of buffers; each is passed on as it is (the
+    same object, not a copy), so that a batch of entries reaches the socket unjoined."""
+    if payload is None:
+        parts: list[Any] = []
+    elif isinstance(payload, (bytes, bytearray, memoryview)):
+        parts = [payload]
+    else:
+        parts = list(payload)
+    size = sum(map(len, parts))
+    if size == 0:
         return [_U32.pack(len(message)) + message]
-    return [_U32.pack(len(message) + len(payload)) + message, payload]
+    return [_U32.pack(len(message) + size) + message, *parts]
 
 
 def consume_buffers(buffers: list[Any], sent: int) -> list[Any]:
