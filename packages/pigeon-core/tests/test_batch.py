@@ -207,7 +207,8 @@ def test_garbage_is_corrupt_frame(garbage: bytes) -> None:
 @pytest.mark.parametrize(
     ("changes", "match"),
     [
-        ({"format_version": 2}, "format version 2"),
+        ({"format_version": 3}, "format version 3"),
+        ({"format_version": 2}, "Kafka-format entry"),
         ({"num_messages": 0}, "no message"),
         ({"num_messages": 21}, "add up"),
         ({"uncompressed_size": 1}, "add up"),

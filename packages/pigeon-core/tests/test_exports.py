@@ -22,6 +22,7 @@ PACKAGES = [
     "pigeon.core",
     "pigeon.core.batch",
     "pigeon.core.codecs",
+    "pigeon.core.kafka_records",
     "pigeon.core.metadata",
     "pigeon.core.paths",
     "pigeon.core.replication",

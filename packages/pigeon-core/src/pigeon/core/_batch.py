@@ -17,6 +17,12 @@ Byte layout (all integers little-endian)::
     4+header_len  body: body_length bytes, the columns below compressed by ``codec``
                   as a whole (codec 0 = ``none``: the columns as they are)
 
+``formatVersion`` 2 (:data:`FORMAT_KAFKA`) is a Kafka producer's RecordBatch v2 stored as
+it came: the body is that RecordBatch unchanged (its own compression inside), with codec
+0, ``body_length = uncompressed_size`` = the RecordBatch's size, ``num_messages`` its
+record count and every column flag and length 0 (see :mod:`pigeon.core._kafka_records`).
+:func:`read_header` checks only those lengths; ``decode_batch`` parses the records.
+
 The entry is exactly ``4 + header_len + body_length`` bytes. The uncompressed body is
 ``uncompressed_size`` bytes and holds these columns in this order; each starts at a
 multiple of 8 from the start of the body (zero padding in between), and an absent column
@@ -67,10 +73,14 @@ import capnp
 
 from pigeon.core.errors import CorruptFrame, InvalidArgument
 
-__all__ = ["FORMAT_VERSION", "BatchHeader", "read_header"]
+__all__ = ["FORMAT_KAFKA", "FORMAT_VERSION", "BatchHeader", "read_header"]
 
 #: Version of the body layout, written to and checked in ``BatchHeader.formatVersion``.
 FORMAT_VERSION: Final = 1
+#: ``formatVersion`` of an entry whose body is a Kafka RecordBatch v2, stored unchanged.
+FORMAT_KAFKA: Final = 2
+#: Size of a Kafka RecordBatch v2 header: the least body a format-2 entry can have.
+_KAFKA_BATCH_HEADER_SIZE: Final = 61
 
 _INT32_MAX: Final = 2**31 - 1
 _UINT32_MAX: Final = 2**32 - 1
@@ -236,8 +246,12 @@ def _read_header(mv: memoryview) -> BatchHeader:
 
 def _check_header(h: BatchHeader, size: int) -> None:
     if h.format_version != FORMAT_VERSION:
+        if h.format_version == FORMAT_KAFKA:
+            _check_kafka_header(h, size)
+            return
         raise CorruptFrame(
-            f"entry format version {h.format_version} is not supported (only {FORMAT_VERSION})"
+            f"entry format version {h.format_version} is not supported "
+            f"(only {FORMAT_VERSION} and {FORMAT_KAFKA})"
         )
     if h.entry_length != size:
         raise CorruptFrame(
@@ -273,6 +287,38 @@ def _check_header(h: BatchHeader, size: int) -> None:
         raise CorruptFrame(
             f"uncompressed entry body is {h.body_length} bytes, header says {h.uncompressed_size}"
         )
+
+
+def _check_kafka_header(h: BatchHeader, size: int) -> None:
+    """A format-2 entry: the body is one Kafka RecordBatch, uncompressed at our level."""
+    if h.entry_length != size:
+        raise CorruptFrame(
+            f"entry is {size} bytes but its header says {h.entry_length} "
+            f"(header {h.header_len} + body {h.body_length})"
+        )
+    if h.num_messages < 1:
+        raise CorruptFrame("entry holds no message")
+    if h.codec != 0 or h.body_length != h.uncompressed_size:
+        raise CorruptFrame(
+            f"Kafka-format entry must have codec 0 and body_length = uncompressed_size, "
+            f"got codec {h.codec}, {h.body_length} and {h.uncompressed_size}"
+        )
+    if h.body_length < _KAFKA_BATCH_HEADER_SIZE:
+        raise CorruptFrame(
+            f"Kafka-format entry body of {h.body_length} bytes is shorter than a "
+            f"RecordBatch header ({_KAFKA_BATCH_HEADER_SIZE})"
+        )
+    if (
+        h.has_keys
+        or h.has_event_times
+        or h.has_properties
+        or h.values_length
+        or h.keys_length
+        or h.property_entries
+        or h.property_keys_length
+        or h.property_values_length
+    ):
+        raise CorruptFrame("Kafka-format entry header describes columns")
 
 
 def _check_int(name: str, value: int, lo: int, hi: int) -> None:

@@ -4,21 +4,46 @@ into messages lazily (:class:`DecodedBatch`). No I/O.
 Reads the byte layout documented in :mod:`pigeon.core._batch`. Columns come back as
 zero-copy ``memoryview`` slices of the (decompressed) body; values and keys are split
 with one slice per message, never a loop over bytes.
+
+A Kafka-format entry (``formatVersion`` 2: a Kafka RecordBatch v2 stored as it came, see
+:mod:`pigeon.core._kafka_records`) decodes to the same columns: its records are
+decompressed, parsed (one Python step per record: the cross-protocol path) and laid out
+as a native body, and ``header`` describes those columns. Its property strings are
+decoded with ``surrogateescape`` (Kafka header values are bytes) instead of being
+checked to be UTF-8.
 """
 
 from __future__ import annotations
 
+import struct
 import sys
 from array import array
-from itertools import islice, repeat
+from dataclasses import replace
+from itertools import accumulate, islice, repeat
 from operator import add
-from typing import Literal
+from typing import Final, Literal
 
-from pigeon.core._batch import BatchHeader, _as_bytes_view, _read_header
+from pigeon.core._batch import FORMAT_KAFKA, BatchHeader, _as_bytes_view, _read_header
+from pigeon.core._batch_encode import _encode_keys, _offsets
 from pigeon.core._codecs import CodecSet
-from pigeon.core.errors import CodecError, CorruptFrame, MessageTooLarge, PigeonError
+from pigeon.core._kafka_records import (
+    BATCH_HEADER_SIZE,
+    DEFAULT_MAX_RECORDS_SIZE,
+    decompress_records,
+    parse_records,
+    read_batch_info,
+)
+from pigeon.core.errors import (
+    CodecError,
+    CorruptFrame,
+    CorruptRecordBatch,
+    MessageTooLarge,
+    PigeonError,
+)
 
 __all__ = ["DecodedBatch", "decode_batch"]
+
+_ZEROS: Final = tuple(b"\0" * i for i in range(8))
 
 if sys.byteorder == "little":
 
@@ -62,7 +87,8 @@ class DecodedBatch:
     With codec ``none`` these views (and the batch) refer to the buffer given to
     :func:`decode_batch`; with a compressing codec, to the decompressed body. Offsets are
     checked when the batch is made; property strings are checked to be UTF-8 when
-    :meth:`properties` / :meth:`all_properties` first read them.
+    :meth:`properties` / :meth:`all_properties` first read them (a Kafka-format batch
+    decodes them with ``surrogateescape`` instead: any bytes give a string).
 
     Splitting: :meth:`values` / :meth:`keys` / :meth:`all_properties` return one item per
     message; :meth:`value`, :meth:`key`, :meth:`properties`, :meth:`event_time` and
@@ -79,6 +105,7 @@ class DecodedBatch:
         "_poff",
         "_ptexts",
         "_pv",
+        "_text_errors",
         "_vbase",
         "_voff",
         "_voff_abs",
@@ -100,9 +127,18 @@ class DecodedBatch:
         "values_offsets",
     )
 
-    def __init__(self, header: BatchHeader, buf: bytes | memoryview, body_start: int) -> None:
-        """Build from ``buf`` holding the uncompressed body at ``body_start`` (checked)."""
+    def __init__(
+        self,
+        header: BatchHeader,
+        buf: bytes | memoryview,
+        body_start: int,
+        *,
+        text_errors: str = "strict",
+    ) -> None:
+        """Build from ``buf`` holding the uncompressed body at ``body_start`` (checked);
+        ``text_errors`` is how undecodable property strings are handled."""
         self.header = header
+        self._text_errors = text_errors
         n = self.num_messages = header.num_messages
         self.has_keys = header.has_keys
         self.has_event_times = header.has_event_times
@@ -226,8 +262,8 @@ class DecodedBatch:
             assert self.property_keys_data is not None
             assert self.property_values_data is not None
             texts = self._ptexts = (
-                _split_text(self.property_keys_data, self._pk),
-                _split_text(self.property_values_data, self._pv),
+                _split_text(self.property_keys_data, self._pk, self._text_errors),
+                _split_text(self.property_values_data, self._pv, self._text_errors),
             )
         return texts
 
@@ -269,15 +305,17 @@ def _split(buf: bytes | memoryview, offsets: list[int]) -> list[bytes]:
     return [bytes(buf[a:b]) for a, b in zip(offsets, ends, strict=False)]
 
 
-def _split_text(data: memoryview, offsets: list[int]) -> list[str]:
-    """UTF-8 strings of a string column; CorruptFrame if one is not UTF-8."""
+def _split_text(data: memoryview, offsets: list[int], errors: str = "strict") -> list[str]:
+    """UTF-8 strings of a string column; CorruptFrame if one is not UTF-8 (with
+    ``errors="strict"``)."""
     raw = data.tobytes()
     try:
         if raw.isascii():
             text = raw.decode("ascii")  # one decode; then a character is a byte
             return [text[a:b] for a, b in zip(offsets, islice(offsets, 1, None), strict=False)]
         return [
-            str(raw[a:b], "utf-8") for a, b in zip(offsets, islice(offsets, 1, None), strict=False)
+            str(raw[a:b], "utf-8", errors)
+            for a, b in zip(offsets, islice(offsets, 1, None), strict=False)
         ]
     except UnicodeDecodeError as exc:
         raise CorruptFrame(f"property string is not UTF-8: {exc}") from None
@@ -299,9 +337,18 @@ def decode_batch(
     :raises UnknownCodec: the entry's codec is not in ``codecs`` (the message names it).
     :raises CodecError: the body does not decompress to ``uncompressed_size`` bytes.
     :raises MessageTooLarge: ``uncompressed_size`` is over ``max_uncompressed_size``.
+
+    A Kafka-format entry (``formatVersion`` 2) has its CRC-32C checked, its records
+    decompressed (at most ``max_uncompressed_size`` bytes, else
+    ``DEFAULT_MAX_RECORDS_SIZE``) and parsed; it raises
+    :class:`~pigeon.core.errors.CorruptRecordBatch` (a CorruptFrame) when they do not
+    decode, :class:`~pigeon.core.errors.UnsupportedRecordFormat` for a batch the front
+    door would not have accepted, MessageTooLarge over the limit.
     """
     mv = _as_bytes_view(data)
     header = _read_header(mv)
+    if header.format_version == FORMAT_KAFKA:
+        return _decode_kafka(header, mv[header.body_offset :], max_uncompressed_size)
     if max_uncompressed_size is not None and header.uncompressed_size > max_uncompressed_size:
         raise MessageTooLarge(
             f"entry decompresses to {header.uncompressed_size} bytes "
@@ -324,3 +371,67 @@ def decode_batch(
             f"codec {codec.name!r} returned {len(body)} bytes, expected {header.uncompressed_size}"
         )
     return DecodedBatch(header, body, 0)
+
+
+def _decode_kafka(
+    header: BatchHeader, body: memoryview, max_uncompressed_size: int | None
+) -> DecodedBatch:
+    """The columns of a format-2 entry's RecordBatch (``body``), laid out as a native
+    body (see :mod:`pigeon.core._batch`)."""
+    info = read_batch_info(body)
+    n = info.record_count
+    if n != header.num_messages:
+        raise CorruptRecordBatch(
+            f"entry header counts {header.num_messages} messages, its record batch {n}"
+        )
+    limit = DEFAULT_MAX_RECORDS_SIZE if max_uncompressed_size is None else max_uncompressed_size
+    records = decompress_records(info.compression, body[BATCH_HEADER_SIZE:], limit)
+    values, keys, times, hoff, hkeys, hvals = parse_records(records, n, info.first_timestamp)
+
+    et = b""
+    if -1 in times:  # Kafka's "no timestamp"
+        times = [0 if t == -1 else t for t in times]
+    if any(times):
+        try:
+            et = struct.pack(f"<{n}q", *times)
+        except struct.error:
+            raise CorruptRecordBatch("record timestamp outside int64") from None
+    vdata = b"".join(values)
+    voff = _offsets(list(accumulate(map(len, values), initial=0)))
+    koff = kvalid = kdata = b""
+    if keys.count(None) != n:
+        koff, kvalid, kdata = _encode_keys(keys, n)
+    poff = pkoff = pvoff = pkdata = pvdata = b""
+    m = len(hkeys)
+    if m:
+        hv = [b"" if v is None else v for v in hvals] if None in hvals else hvals
+        poff = _offsets(hoff)
+        pkoff = _offsets(list(accumulate(map(len, hkeys), initial=0)))
+        pvoff = _offsets(list(accumulate(map(len, hv), initial=0)))  # type: ignore[arg-type]
+        pkdata = b"".join(hkeys)
+        pvdata = b"".join(hv)  # type: ignore[arg-type]
+
+    columns = (et, voff, koff, kvalid, poff, pkoff, pvoff, vdata, kdata, pkdata, pvdata)
+    parts: list[bytes] = []
+    pos = 0
+    for col in columns:
+        if col:
+            pad = -pos & 7
+            if pad:
+                parts.append(_ZEROS[pad])
+                pos += pad
+            parts.append(col)
+            pos += len(col)
+    columns_header = replace(
+        header,
+        uncompressed_size=pos,
+        has_keys=bool(koff),
+        has_event_times=bool(et),
+        has_properties=bool(poff),
+        values_length=len(vdata),
+        keys_length=len(kdata),
+        property_entries=m,
+        property_keys_length=len(pkdata),
+        property_values_length=len(pvdata),
+    )
+    return DecodedBatch(columns_header, b"".join(parts), 0, text_errors="surrogateescape")

@@ -26,6 +26,7 @@ __all__ = [
     "ConsumerBusy",
     "CorruptEntry",
     "CorruptFrame",
+    "CorruptRecordBatch",
     "DataDirLocked",
     "EntryNotFound",
     "FrameTooLarge",
@@ -61,6 +62,7 @@ __all__ = [
     "TopicNotFound",
     "UnknownCodec",
     "UnknownMessageType",
+    "UnsupportedRecordFormat",
     "error_from_code",
 ]
 
@@ -136,6 +138,11 @@ class ProtocolVersionMismatch(ProtocolError, code=104):
     """The ``connect`` handshake named a protocol version this node does not speak."""
 
 
+class CorruptRecordBatch(CorruptFrame, code=105):
+    """A Kafka RecordBatch that does not decode: truncated, bad CRC-32C, lengths or record
+    count that do not add up, a record that runs past its batch, garbage varints."""
+
+
 class ConnectionClosed(PigeonError, code=110, retriable=True):
     """The connection went away while a call was in flight."""
 
@@ -176,6 +183,12 @@ class MessageTooLarge(InvalidArgument, code=202):
 
 class NotSupported(InvalidArgument, code=203):
     """The operation is not allowed here (e.g. cumulative ack on a shared subscription)."""
+
+
+class UnsupportedRecordFormat(NotSupported, code=205):
+    """A well-formed Kafka record batch this node does not accept: message format v0/v1
+    (magic 0 or 1), a transactional or control batch (transactions are not supported),
+    an unknown compression codec."""
 
 
 class MalformedRequest(InvalidArgument, code=204):
