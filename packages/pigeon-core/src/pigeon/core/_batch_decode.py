@@ -29,10 +29,10 @@ from pigeon.core._codecs import CodecSet
 from pigeon.core._kafka_records import (
     BATCH_HEADER_SIZE,
     DEFAULT_MAX_RECORDS_SIZE,
-    decompress_records,
     parse_records,
     read_batch_info,
 )
+from pigeon.core._kafka_records_codecs import decompress_records
 from pigeon.core.errors import (
     CodecError,
     CorruptFrame,

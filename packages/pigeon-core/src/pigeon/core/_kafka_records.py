@@ -1,5 +1,6 @@
-"""Kafka RecordBatch v2 (message format "magic 2"): the byte layout, checks, compression
-of the records section, and record parsing and encoding. No I/O.
+"""Kafka RecordBatch v2 (message format "magic 2"): the byte layout, checks, and record
+parsing and encoding. No I/O. The records section is (de)compressed by
+:mod:`pigeon.core._kafka_records_codecs`.
 
 A Kafka producer's RecordBatch is stored as it came, inside our own batch framing
 (``formatVersion`` 2, see :mod:`pigeon.core._batch` and
@@ -62,22 +63,19 @@ producerId/epoch/sequence  not shown (the broker's own de-duplication uses the p
 from __future__ import annotations
 
 import struct
-import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-import cramjam
 import crc32c as _crc32c
 
+from pigeon.core._kafka_records_codecs import compress_records
 from pigeon.core.errors import CorruptRecordBatch, MessageTooLarge, UnsupportedRecordFormat
 
 __all__ = [
     "BATCH_HEADER_SIZE",
     "DEFAULT_MAX_RECORDS_SIZE",
     "RecordBatchInfo",
-    "compress_records",
-    "decompress_records",
     "encode_record_batch",
     "parse_records",
     "patch_base_offset",
@@ -95,11 +93,6 @@ _PREFIX: Final = struct.Struct(">qiib")  # baseOffset, batchLength, leaderEpoch,
 _BASE_OFFSET: Final = struct.Struct(">q")
 _CRC_START: Final = 21
 _CRC_OFFSET: Final = 17
-_CODEC_NAMES: Final = ("none", "gzip", "snappy", "lz4", "zstd")
-_XERIAL_MAGIC: Final = b"\x82SNAPPY\x00"
-_XERIAL_HEADER: Final = _XERIAL_MAGIC + struct.pack(">ii", 1, 1)
-_XERIAL_BLOCK: Final = 32 * 1024
-_BE32: Final = struct.Struct(">i")
 _INT32_MAX: Final = 2**31 - 1
 
 crc32c: Final[Callable[..., int]] = _crc32c.crc32c
@@ -235,126 +228,6 @@ def read_batch_info(
     return info
 
 
-# -- compression of the records section -----------------------------------------------
-
-
-def compress_records(codec: int, data: bytes | memoryview) -> bytes:
-    """The records section compressed as Kafka clients do: gzip member, snappy in the
-    xerial framing of the Java client, LZ4 frame, zstd frame (codec ids as in
-    ``attributes``)."""
-    if codec == 0:
-        return bytes(data)
-    if codec == 1:
-        return zlib.compress(data, 1, wbits=31)
-    if codec == 2:
-        mv = memoryview(data)
-        parts = [_XERIAL_HEADER]
-        for i in range(0, len(mv), _XERIAL_BLOCK):
-            block = bytes(cramjam.snappy.compress_raw(mv[i : i + _XERIAL_BLOCK]))
-            parts += (_BE32.pack(len(block)), block)
-        return b"".join(parts)
-    if codec == 3:
-        return bytes(cramjam.lz4.compress(data))
-    if codec == 4:
-        return bytes(cramjam.zstd.compress(data))
-    raise UnsupportedRecordFormat(f"record batch compression id {codec} unknown")
-
-
-def _too_large(limit: int) -> MessageTooLarge:
-    return MessageTooLarge(f"record batch decompresses to more than {limit} bytes")
-
-
-def _gunzip(data: memoryview, limit: int) -> bytes:
-    d = zlib.decompressobj(wbits=31)
-    out = d.decompress(data, limit + 1)
-    if len(out) > limit:
-        raise _too_large(limit)
-    if not d.eof or d.unused_data:
-        raise CorruptRecordBatch("gzip records truncated or followed by garbage")
-    return out
-
-
-def _unsnappy(data: memoryview, limit: int) -> bytes:
-    raw = cramjam.snappy
-    if bytes(data[:8]) != _XERIAL_MAGIC:  # librdkafka: one raw snappy block
-        if raw.decompress_raw_len(data) > limit:
-            raise _too_large(limit)
-        return bytes(raw.decompress_raw(data))
-    if len(data) < 16:
-        raise CorruptRecordBatch("snappy records: xerial header truncated")
-    blocks = []
-    total = 0
-    pos, end = 16, len(data)
-    while pos < end:
-        if end - pos < 4:
-            raise CorruptRecordBatch("snappy records: xerial block length truncated")
-        length = _BE32.unpack_from(data, pos)[0]
-        pos += 4
-        if length < 0 or pos + length > end:
-            raise CorruptRecordBatch(f"snappy records: xerial block of {length} bytes overruns")
-        block = data[pos : pos + length]
-        pos += length
-        total += raw.decompress_raw_len(block)
-        if total > limit:
-            raise _too_large(limit)
-        blocks.append(bytes(raw.decompress_raw(block)))
-    return b"".join(blocks)
-
-
-def _bounded(decompress_into: Callable[..., int]) -> Callable[[memoryview, int], bytes]:
-    """Decompression into a buffer that grows up to ``limit`` (a frame need not declare
-    its size): never more than ``limit`` bytes allocated."""
-
-    def inflate(data: memoryview, limit: int) -> bytes:
-        size = min(limit, max(64 * 1024, 8 * len(data)))
-        while True:
-            out = bytearray(size)
-            try:
-                n = decompress_into(data, out)
-            except cramjam.DecompressionError as exc:
-                if "whole buffer" not in str(exc):
-                    raise
-                if size >= limit:
-                    raise _too_large(limit) from None
-                size = min(limit, 4 * size)
-                continue
-            del out[n:]
-            return bytes(out)
-
-    return inflate
-
-
-_INFLATE: Final[dict[int, Callable[[memoryview, int], bytes]]] = {
-    1: _gunzip,
-    2: _unsnappy,
-    3: _bounded(cramjam.lz4.decompress_into),
-    4: _bounded(cramjam.zstd.decompress_into),
-}
-
-
-def decompress_records(codec: int, data: bytes | memoryview, limit: int) -> bytes:
-    """The records section of a batch compressed with ``codec``, at most ``limit`` bytes.
-
-    :raises CorruptRecordBatch: the data does not decompress.
-    :raises MessageTooLarge: it decompresses to more than ``limit`` bytes.
-    """
-    if codec == 0:
-        if len(data) > limit:
-            raise _too_large(limit)
-        return bytes(data)
-    inflate = _INFLATE.get(codec)
-    if inflate is None:
-        raise UnsupportedRecordFormat(f"record batch compression id {codec} unknown")
-    try:
-        return inflate(memoryview(data), limit)
-    except (CorruptRecordBatch, MessageTooLarge):
-        raise
-    except (zlib.error, cramjam.DecompressionError, ValueError, OverflowError) as exc:
-        raise CorruptRecordBatch(
-            f"{_CODEC_NAMES[codec]} records do not decompress: {exc}"
-        ) from None
-
-
 # -- records ------------------------------------------------------------------------------
 
 
@@ -411,6 +284,9 @@ def _parse(buf: bytes, count: int, first_ts: int) -> Records:
         v = buf[pos]  # record length
         if v < 0x80:
             pos += 1
+        elif buf[pos + 1] < 0x80:
+            v = (v & 0x7F) | (buf[pos + 1] << 7)
+            pos += 2
         else:
             v, pos = uv(buf, pos)
         rec_end = pos + ((v >> 1) ^ -(v & 1))
@@ -425,13 +301,19 @@ def _parse(buf: bytes, count: int, first_ts: int) -> Records:
         v = buf[pos]  # offset delta
         if v < 0x80:
             pos += 1
+        elif buf[pos + 1] < 0x80:
+            v = (v & 0x7F) | (buf[pos + 1] << 7)
+            pos += 2
         else:
             v, pos = uv(buf, pos)
-        if (v >> 1) ^ -(v & 1) != i:
+        if v != i << 1:  # zigzag of offset delta i
             raise CorruptRecordBatch(f"record {i} has offset delta {(v >> 1) ^ -(v & 1)}")
         v = buf[pos]  # key length
         if v < 0x80:
             pos += 1
+        elif buf[pos + 1] < 0x80:
+            v = (v & 0x7F) | (buf[pos + 1] << 7)
+            pos += 2
         else:
             v, pos = uv(buf, pos)
         n = (v >> 1) ^ -(v & 1)
@@ -445,6 +327,9 @@ def _parse(buf: bytes, count: int, first_ts: int) -> Records:
         v = buf[pos]  # value length
         if v < 0x80:
             pos += 1
+        elif buf[pos + 1] < 0x80:
+            v = (v & 0x7F) | (buf[pos + 1] << 7)
+            pos += 2
         else:
             v, pos = uv(buf, pos)
         n = (v >> 1) ^ -(v & 1)
@@ -458,6 +343,9 @@ def _parse(buf: bytes, count: int, first_ts: int) -> Records:
         v = buf[pos]  # header count
         if v < 0x80:
             pos += 1
+        elif buf[pos + 1] < 0x80:
+            v = (v & 0x7F) | (buf[pos + 1] << 7)
+            pos += 2
         else:
             v, pos = uv(buf, pos)
         h = (v >> 1) ^ -(v & 1)
@@ -508,6 +396,16 @@ def _varint(n: int) -> bytes:
     if -_SMALL <= n < _SMALL:
         return _VARINTS[n + _SMALL]
     return _zigzag_slow(n)
+
+
+def _encode_headers(hkeys: Sequence[bytes], hvals: Sequence[bytes | None]) -> list[bytes]:
+    """Each header as on the wire: key length, key, value length, value."""
+    vi = _varint
+    null = vi(-1)
+    return [
+        vi(len(hk)) + hk + (null if hv is None else vi(len(hv)) + hv)
+        for hk, hv in zip(hkeys, hvals, strict=True)
+    ]
 
 
 def encode_record_batch(
@@ -572,16 +470,16 @@ def _encode_batch(
         raise ValueError("a record batch needs n >= 1 records with n keys and timestamps")
     first = times[0]
     parts: list[bytes] = []
-    add = parts.append
     vi = _varint
     table = _VARINTS
     small = _SMALL
     null = table[small - 1]  # varint -1
     empty_headers = table[small]  # varint 0
-    for i in range(n):
-        value = values[i]
-        key = keys[i]
-        d = times[i] - first
+    pairs: list[bytes] = []  # each header encoded: key length, key, value length, value
+    if hoff is not None and hoff[-1]:
+        pairs = _encode_headers(hkeys, hvals)
+    for i, value, key, t in zip(range(n), values, keys, times, strict=True):
+        d = t - first
         tsd = table[d + small] if -small <= d < small else vi(d)
         od = table[i + small] if i < small else vi(i)
         vlen = len(value)
@@ -589,33 +487,27 @@ def _encode_batch(
         if key is None:
             kl = null
             klen = 0
+            key = b""
         else:
             klen = len(key)
             kl = table[klen + small] if klen < small else vi(klen)
         hblob = empty_headers
-        if hoff is not None and hoff[i] != hoff[i + 1]:
-            a, b = hoff[i], hoff[i + 1]
-            hp = [vi(b - a)]
-            for j in range(a, b):
-                hk = hkeys[j]
-                hv = hvals[j]
-                hp += (vi(len(hk)), hk)
-                if hv is None:
-                    hp.append(null)
-                else:
-                    hp += (vi(len(hv)), hv)
-            hblob = b"".join(hp)
+        if pairs:
+            a, b = hoff[i], hoff[i + 1]  # type: ignore[index]
+            if a != b:
+                hblob = vi(b - a) + b"".join(pairs[a:b])
         length = 1 + len(tsd) + len(od) + len(kl) + klen + len(vl) + vlen + len(hblob)
-        add(table[length + small] if length < small else vi(length))
-        add(b"\0")
-        add(tsd)
-        add(od)
-        add(kl)
-        if klen:
-            add(key)  # type: ignore[arg-type]
-        add(vl)
-        add(value)
-        add(hblob)
+        parts += (
+            table[length + small] if length < small else vi(length),
+            b"\0",
+            tsd,
+            od,
+            kl,
+            key,
+            vl,
+            value,
+            hblob,
+        )
     records = b"".join(parts)
     if compression:
         records = compress_records(compression, records)

@@ -7,7 +7,8 @@ and :func:`read_batch_info`, stores ``wrap_record_batch(...)`` behind the usual 
 header, and answers a Fetch with :func:`kafka_batch_of_entry` per stored entry. Native
 consumers read Kafka-format entries with :func:`pigeon.core.batch.decode_batch` like any
 other. The byte layout and the Kafka ↔ PigeonMQ field mapping are documented in
-:mod:`pigeon.core._kafka_records`.
+:mod:`pigeon.core._kafka_records`, the compression of the records section in
+:mod:`pigeon.core._kafka_records_codecs`.
 """
 
 from __future__ import annotations
@@ -17,14 +18,13 @@ from pigeon.core._kafka_records import (
     BATCH_HEADER_SIZE,
     DEFAULT_MAX_RECORDS_SIZE,
     RecordBatchInfo,
-    compress_records,
-    decompress_records,
     encode_record_batch,
     parse_records,
     patch_base_offset,
     read_batch_info,
     split_record_batches,
 )
+from pigeon.core._kafka_records_codecs import compress_records, decompress_records
 from pigeon.core._kafka_records_convert import kafka_batch_of_entry, wrap_record_batch
 
 __all__ = [
