@@ -288,6 +288,10 @@ def test_read_batch_info_refuses_bad_batches() -> None:
     struct.pack_into(">i", wrong, 57, 6)
     with pytest.raises(CorruptRecordBatch, match="lastOffsetDelta"):
         read_batch_info(with_crc(wrong))
+    struct.pack_into(">i", wrong, 57, 10**6)
+    struct.pack_into(">i", wrong, 23, 10**6 - 1)
+    with pytest.raises(CorruptRecordBatch, match="cannot hold"):
+        read_batch_info(with_crc(wrong))
     magic0 = bytearray(batch)
     magic0[16] = 0
     with pytest.raises(UnsupportedRecordFormat, match="v0"):
@@ -339,17 +343,11 @@ def test_record_count_must_match_the_entry_header() -> None:
     ],
 )
 def test_garbage_records_are_corrupt(section: bytes) -> None:
-    native = b"".join(
-        wrap_record_batch(
-            batch := batch_of_records(section, 1),
-            read_batch_info(batch),
-            producer_name="p",
-            sequence_id=0,
-            publish_time=0,
-        )
-    )
-    with pytest.raises(CorruptRecordBatch):
-        decode_batch(native, CODECS)
+    batch = batch_of_records(section, 1)
+    with pytest.raises(CorruptRecordBatch):  # from read_batch_info or from decode_batch
+        info = read_batch_info(batch)
+        native = wrap_record_batch(batch, info, producer_name="p", sequence_id=0, publish_time=0)
+        decode_batch(b"".join(native), CODECS)
 
 
 @pytest.mark.parametrize("codec", [1, 2, 3, 4])

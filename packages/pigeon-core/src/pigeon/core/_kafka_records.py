@@ -94,6 +94,9 @@ _BASE_OFFSET: Final = struct.Struct(">q")
 _CRC_START: Final = 21
 _CRC_OFFSET: Final = 17
 _INT32_MAX: Final = 2**31 - 1
+#: length, attributes, timestamp delta, offset delta, key length, value length, header
+#: count: one byte each at least
+_MIN_RECORD_SIZE: Final = 7
 
 crc32c: Final[Callable[..., int]] = _crc32c.crc32c
 
@@ -187,8 +190,10 @@ def read_batch_info(
 ) -> RecordBatchInfo:
     """Read and check the header of exactly one RecordBatch v2.
 
-    :raises CorruptRecordBatch: wrong size, bad CRC-32C, record count below 1 or not
-        matching ``lastOffsetDelta``.
+    :raises CorruptRecordBatch: wrong size, bad CRC-32C, record count below 1, not
+        matching ``lastOffsetDelta`` or (uncompressed) more than the records could hold.
+        The records of a compressed batch are not looked at: only parsing them
+        (``decode_batch``) shows that ``record_count`` is true.
     :raises UnsupportedRecordFormat: magic 0/1, transactional or control batch, unknown
         compression codec.
     """
@@ -217,6 +222,10 @@ def read_batch_info(
         raise CorruptRecordBatch(
             f"record batch counts {info.record_count} records with lastOffsetDelta "
             f"{info.last_offset_delta} (expected record_count >= 1, delta = count - 1)"
+        )
+    if info.compression == 0 and info.record_count * _MIN_RECORD_SIZE > size - BATCH_HEADER_SIZE:
+        raise CorruptRecordBatch(
+            f"record batch of {size} bytes cannot hold {info.record_count} records"
         )
     if info.is_control or info.is_transactional:
         raise UnsupportedRecordFormat(
