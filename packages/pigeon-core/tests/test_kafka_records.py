@@ -140,6 +140,9 @@ def test_kafka_python_batches_decode_to_the_same_messages(codec: str) -> None:
     entry = stored(batch)
     header = read_header(entry[32:])
     assert header.format_version == FORMAT_KAFKA and header.num_messages == 20
+    assert (header.producer_name, header.sequence_id, header.publish_time) == ("kafka-p", 7, 1)
+    assert header.codec == 0 and header.body_length == header.uncompressed_size == len(batch)
+    assert bytes(entry[32 + header.body_offset :]) == batch  # stored as it came
     decoded = decode_batch(memoryview(entry)[32:], CODECS)
     assert len(decoded) == 20
     assert decoded.values() == [v or b"" for _, v, _, _ in records]
