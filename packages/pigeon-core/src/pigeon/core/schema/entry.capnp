@@ -35,7 +35,10 @@ struct BatchHeader {
   # column of the body is.
 
   formatVersion @0 :UInt8;
-  # Version of the body layout described above. Currently 1; a reader refuses others.
+  # Version of the body layout: 1 = the columns described above; 2 = the body is a Kafka
+  # RecordBatch v2 stored unchanged (codec 0, bodyLength = uncompressedSize = its size,
+  # numMessages = its record count, column flags and lengths 0; see
+  # pigeon/core/_kafka_records.py). A reader refuses others.
 
   producerName @1 :Text;
   # Name of the producer that built the batch (unique per topic); with sequenceId it is
