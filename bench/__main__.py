@@ -97,6 +97,8 @@ class Standalone:
                 self.fsync,
                 "--http-port",
                 str(self.http_port),
+                "--kafka-port",
+                "-1",
             ],
             stdout=self.log,
             stderr=subprocess.STDOUT,

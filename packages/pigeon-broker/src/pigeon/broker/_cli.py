@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 from typing import Any
 
@@ -10,14 +11,30 @@ import click
 import pluggy
 import trio
 
-from pigeon.broker._config import BrokerConfig
+from pigeon.broker._config import BrokerConfig, KafkaConfig
 from pigeon.core import PluginManager, load_config
 
 hookimpl = pluggy.HookimplMarker("pigeon")
 
 
-def _broker_config(config_file: str | None, **flags: Any) -> BrokerConfig:
-    return load_config(BrokerConfig, path=config_file, section="broker", overrides=flags)
+def _broker_config(
+    config_file: str | None, *, kafka_port: int | None, kafka_default: int, **flags: Any
+) -> BrokerConfig:
+    config = load_config(BrokerConfig, path=config_file, section="broker", overrides=flags)
+    kafka_env = {"port": os.environ.get("PIGEON_KAFKA_PORT")}
+    config.kafka = load_config(
+        KafkaConfig,
+        path=config_file,
+        section="kafka",
+        env={},
+        overrides={"port": kafka_default}
+        | {k: v for k, v in kafka_env.items() if v}
+        | ({"port": kafka_port} if kafka_port is not None else {}),
+    )
+    return config
+
+
+_KAFKA_PORT_HELP = "Kafka protocol port ({}; -1: off; [kafka] port, PIGEON_KAFKA_PORT)."
 
 
 @click.command("broker")
@@ -30,6 +47,7 @@ def _broker_config(config_file: str | None, **flags: Any) -> BrokerConfig:
 @click.option(
     "--http-port", type=int, help="Admin API, /metrics and /dashboard port (default 8080; -1: off)."
 )
+@click.option("--kafka-port", type=int, help=_KAFKA_PORT_HELP.format("default: off"))
 @click.option(
     "--replication",
     help="Replication policy of new segments: quorum (default) or leader-follower (plugin).",
@@ -44,6 +62,7 @@ def broker_cmd(
     host: str | None,
     port: int | None,
     http_port: int | None,
+    kafka_port: int | None,
     replication: str | None,
     config_file: str | None,
 ) -> None:
@@ -58,6 +77,8 @@ def broker_cmd(
         port=port,
         http_port=http_port,
         replication=replication,
+        kafka_port=kafka_port,
+        kafka_default=-1,
     )
     if not config.metadata:
         raise click.UsageError(
@@ -93,6 +114,7 @@ def broker_cmd(
 @click.option(
     "--http-port", type=int, help="Admin API, /metrics and /dashboard port (default 8080; -1: off)."
 )
+@click.option("--kafka-port", type=int, help=_KAFKA_PORT_HELP.format("default 9092"))
 @click.option(
     "--fsync",
     type=click.Choice(["always", "interval", "never"]),
@@ -112,6 +134,7 @@ def standalone_cmd(
     port: int | None,
     bookie_port: int | None,
     http_port: int | None,
+    kafka_port: int | None,
     fsync: str | None,
     config_file: str | None,
 ) -> None:
@@ -120,7 +143,14 @@ def standalone_cmd(
     from pigeon.broker._node import run_standalone
     from pigeon.core.runtime import run_until_signal
 
-    broker_config = _broker_config(config_file, host=host, port=port, http_port=http_port)
+    broker_config = _broker_config(
+        config_file,
+        host=host,
+        port=port,
+        http_port=http_port,
+        kafka_port=kafka_port,
+        kafka_default=9092,
+    )
     bookie_config = load_config(
         BookieConfig,
         path=config_file,

@@ -2,13 +2,52 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from pigeon.core.errors import ConfigError
 from pigeon.core.rpc import DEFAULT_MAX_FRAME_SIZE
 
-__all__ = ["BrokerConfig"]
+__all__ = ["BrokerConfig", "KafkaConfig"]
+
+
+@dataclass
+class KafkaConfig:
+    """The Kafka front door (TOML ``[kafka]``; ``--kafka-port``)."""
+
+    #: the Kafka listener's port; -1: no Kafka listener (``pigeon standalone``: 9092)
+    port: int = -1
+    #: address to listen on (default: the broker's ``host``)
+    host: str = ""
+    #: host name Kafka clients are told to connect to (default: the listening address)
+    advertised_host: str = ""
+    #: the namespace Kafka topics live in
+    namespace: str = "public/default"
+    #: partitions of a topic created by a produce, fetch or metadata request
+    default_partitions: int = 1
+    #: create unknown topics when a client asks for them (Kafka's
+    #: ``auto.create.topics.enable``)
+    auto_create_topics: bool = True
+    #: a new consumer group waits this long for more members before its first
+    #: assignment (Kafka's ``group.initial.rebalance.delay.ms``)
+    group_initial_rebalance_delay_ms: int = 3000
+
+    def validate(self) -> None:
+        if not -1 <= self.port < 65536:
+            raise ConfigError(
+                f"bad value for 'port' in [kafka]: {self.port} is not a TCP port or -1"
+            )
+        tenant, _, ns = self.namespace.partition("/")
+        if not tenant or not ns or "/" in ns:
+            raise ConfigError(
+                f"bad value for 'namespace' in [kafka]: {self.namespace!r} is not tenant/namespace"
+            )
+        if not 1 <= self.default_partitions <= 4096:
+            raise ConfigError("bad value for 'default_partitions' in [kafka]: must be 1..4096")
+        if self.group_initial_rebalance_delay_ms < 0:
+            raise ConfigError(
+                "bad value for 'group_initial_rebalance_delay_ms' in [kafka]: must be >= 0"
+            )
 
 
 @dataclass
@@ -46,6 +85,8 @@ class BrokerConfig:
     #: or "fail" (delivery stops there); namespaces may override it
     corrupt_entry_policy: Literal["skip", "fail"] = "skip"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    #: the ``[kafka]`` table (loaded on its own: see pigeon.broker._cli)
+    kafka: KafkaConfig = field(default_factory=KafkaConfig, init=False)
 
     def quorum(self) -> dict[str, int]:
         """``ensemble_size``, ``write_quorum`` and ``ack_quorum``: the keywords a

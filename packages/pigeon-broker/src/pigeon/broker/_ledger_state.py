@@ -275,6 +275,12 @@ class LedgerState:
     def first_offset(self) -> int:
         return self.segments[0].first_offset if self.segments else self.next_offset
 
+    @property
+    def stored_offset(self) -> int:
+        """One past the last stored (acknowledged) offset: ``next_offset`` less the
+        appends still in flight (Kafka's high watermark)."""
+        return self._pending[0].offset if self._pending else self.next_offset
+
     def normalize(self, pos: Position) -> Position | None:
         """The position itself or the first one after it that exists; None past the end."""
         seg_id, entry = pos

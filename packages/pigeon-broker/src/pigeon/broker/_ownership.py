@@ -225,12 +225,16 @@ class Ownership:
         bundles_per_namespace: int = 4,
         load: Callable[[], dict[str, Any]] = dict,
         report_interval: float = 5.0,
+        advertised: dict[str, str] | None = None,
     ) -> None:
         self.store = store
         self.service_url = service_url
         self.address = address
         self.bundles = max(1, bundles_per_namespace)
         self.load = load
+        #: other front doors' addresses (``{"kafka": "host:port"}``), carried in the
+        #: registration and every bundle node so that any broker can route to them
+        self.advertised = dict(advertised or {})
         self.report_interval = report_interval
         self.owned: set[str] = set()
         # bundles being unloaded: no topic of theirs may be opened here meanwhile (a
@@ -266,14 +270,26 @@ class Ownership:
         return self.path_of(name) in self.owned
 
     async def owner_of(self, name: TopicName) -> str | None:
+        owner = await self.owner_record(name)
+        return None if owner is None else str(owner["url"])
+
+    async def owner_record(self, name: TopicName) -> dict[str, Any] | None:
+        """The bundle node's value (url, address, token, advertised front doors)."""
         stat = await self.store.get(self.path_of(name))
         if stat is None:
             return None
-        return str(json.loads(stat.value)["url"])
+        value: dict[str, Any] = json.loads(stat.value)
+        return value
 
     def _value(self, **fields: Any) -> bytes:
         return json.dumps(
-            {"url": self.service_url, "address": self.address, "token": self.token, **fields}
+            {
+                "url": self.service_url,
+                "address": self.address,
+                "token": self.token,
+                **self.advertised,
+                **fields,
+            }
         ).encode()
 
     async def _hold(self, path: str, value: Callable[[], bytes], *, take_over: TakeOver) -> Claim:
@@ -383,14 +399,18 @@ class Ownership:
 
     async def lookup(self, name: TopicName) -> str:
         """The owner's service URL, or the least-loaded broker's for an unowned bundle."""
-        owner = await self.owner_of(name)
+        return str((await self.lookup_record(name)).get("url", self.service_url))
+
+    async def lookup_record(self, name: TopicName) -> dict[str, Any]:
+        """The owner's record (see :meth:`owner_record`), or the least-loaded broker's
+        registration for an unowned bundle (this broker's own record if none is)."""
+        owner = await self.owner_record(name)
         if owner is not None:
             return owner
         brokers = await self.brokers()
         if not brokers:
-            return self.service_url
-        best = min(brokers.values(), key=lambda b: (b.get("topics", 0), b.get("url", "")))
-        return str(best.get("url", self.service_url))
+            return json.loads(self._value())  # type: ignore[no-any-return]
+        return min(brokers.values(), key=lambda b: (b.get("topics", 0), b.get("url", "")))
 
     # ------------------------------------------------------------------ lifecycle
 

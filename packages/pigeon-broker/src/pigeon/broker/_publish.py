@@ -66,6 +66,11 @@ def publish(
     if len(payload) > limit:
         raise MessageTooLarge(f"batch of {len(payload)} bytes exceeds max_message_size {limit}")
     header = read_header(payload)
+    if header.format_version != producer.record_format:
+        raise InvalidArgument(
+            f"batch format {header.format_version} is not this producer's"
+            f" (format {producer.record_format})"
+        )
     n = num_messages
     if header.num_messages != n or n == 0:
         raise InvalidArgument(f"send says {n} messages but its batch holds {header.num_messages}")
@@ -90,7 +95,11 @@ def publish(
             )
         reply(receipt, error, duplicate)
 
-    decision = dedup.check(name, sequence_id, n) if policies.deduplication else Decision.NEW
+    decision = (
+        dedup.check(name, sequence_id, n)
+        if policies.deduplication or producer.deduplicate
+        else Decision.NEW
+    )
     if decision is Decision.DUPLICATE:
         receipt = dedup.receipt(name, sequence_id, n)
         if receipt is None and topic.may_find_original(name, sequence_id):

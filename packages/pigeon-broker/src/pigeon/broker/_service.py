@@ -116,6 +116,8 @@ class BrokerService:
         self.ownership: Ownership = None  # type: ignore[assignment]  # set by run()
         self.auditor: Auditor | None = None
         self.load_manager: LoadManager | None = None
+        #: the Kafka front door (port 9092), when ``[kafka] port`` is set
+        self.kafka: Any = None
 
     @property
     def connections(self) -> int:
@@ -149,12 +151,21 @@ class BrokerService:
                     )
                 )
                 log.info("broker serving address=%s:%s", *self.address)
+                advertised = {}
+                if self.config.kafka.port >= 0:
+                    from pigeon.broker._kafka import KafkaFrontDoor
+
+                    self.kafka = KafkaFrontDoor(self, self.config.kafka)
+                    self.front_doors.append(self.kafka)
+                    await nursery.start(self.kafka.serve)
+                    advertised["kafka"] = self.kafka.advertised_address
                 self.ownership = Ownership(
                     self.store,
                     self.service_url,
                     f"{self.address[0]}:{self.address[1]}",
                     bundles_per_namespace=self.config.bundles_per_namespace,
                     load=self.load_report,
+                    advertised=advertised,
                 )
                 await nursery.start(self.ownership.run, self._ownership_lost)
                 self.auditor = Auditor(

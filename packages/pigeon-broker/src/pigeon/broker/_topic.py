@@ -64,6 +64,12 @@ class Producer:
     topic: Topic
     ready: bool = True
     fenced: bool = False  # a send was not stored: refuse sends until it re-attaches
+    #: de-duplicate its sends whatever the namespace policy says (a Kafka idempotent
+    #: producer was promised it)
+    deduplicate: bool = False
+    #: the batch format its sends must have (1 native, 2 a Kafka RecordBatch wrapped by
+    #: the Kafka front door: see pigeon.core.kafka_records)
+    record_format: int = 1
 
 
 class Topic:

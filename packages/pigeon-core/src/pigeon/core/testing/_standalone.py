@@ -84,6 +84,8 @@ class Standalone:
         self.port = 0
         self.bookie_port = 0
         self.http_port = 0
+        #: the Kafka listener's port
+        self.kafka_port = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.runs = 0
         self.log_path: Path | None = None
@@ -94,6 +96,11 @@ class Standalone:
     @property
     def url(self) -> str:
         return f"pigeon://{HOST}:{self.port}"
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        """``host:port`` of the Kafka listener (Kafka clients' ``bootstrap.servers``)."""
+        return f"{HOST}:{self.kafka_port}"
 
     @property
     def pid(self) -> int:
@@ -129,6 +136,8 @@ class Standalone:
         ]
         if not any(a == "--http-port" for a in self.extra_args):
             cmd += ["--http-port", str(self.http_port)]
+        if not any(a == "--kafka-port" for a in self.extra_args):
+            cmd += ["--kafka-port", str(self.kafka_port)]
         if self.fsync:
             cmd += ["--fsync", self.fsync]
         return cmd + list(self.extra_args)
@@ -137,7 +146,7 @@ class Standalone:
         """Start on fresh free ports (retrying if another process took one meanwhile)."""
         assert not self.running, "standalone is already running"
         for attempt in range(3):
-            self.port, self.bookie_port, self.http_port = free_ports(3)
+            self.port, self.bookie_port, self.http_port, self.kafka_port = free_ports(4)
             try:
                 self._launch(timeout)
                 return self

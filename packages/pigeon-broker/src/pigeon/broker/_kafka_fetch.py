@@ -1,0 +1,272 @@
+"""Kafka Fetch (long poll) and ListOffsets over the managed ledger's read path.
+
+A fetch reads stored entries from the one holding the fetch offset on (a batch may
+start before the offset: Kafka clients skip the records below it, as they do inside
+compressed batches) and answers each as a RecordBatch: an entry a Kafka producer
+stored is sent as it was stored with its base offset set (no record is touched); an
+entry a native producer stored is converted once and the result kept in a small cache.
+The high watermark is the end of what is stored on the ack quorum; without
+transactions the last stable offset equals it, whatever the isolation level.
+
+Where the previous fetch of a partition stopped is remembered (offset -> position), so
+a consumer reading on never searches the ledger; any other offset is found by a binary
+search over the entries' first offsets.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+
+import trio
+from kio.schema.errors import ErrorCode
+
+from pigeon.broker._kafka import KafkaConnection, ms
+from pigeon.broker._kafka_wire import ZERO, build, error_code, part, response_type
+from pigeon.core.errors import PigeonError, TopicNotFound
+from pigeon.core.kafka_records import kafka_batch_of_entry
+
+if TYPE_CHECKING:
+    from pigeon.broker._kafka import KafkaFrontDoor
+    from pigeon.broker._ledger import ManagedLedger
+    from pigeon.broker._ledger_state import Entry, Position
+
+__all__ = ["HANDLERS", "partition_ledger"]
+
+log = logging.getLogger(__name__)
+
+#: remembered fetch positions (offset where a fetch stopped -> the next entry's position)
+POSITIONS = 4096
+#: bytes of converted native entries kept
+CONVERTED_BYTES = 64 * 1024 * 1024
+#: entries read from the ledger at a time
+READ_ENTRIES = 256
+
+
+class FetchCache:
+    """Where fetches stopped, and native entries converted to RecordBatches."""
+
+    def __init__(self) -> None:
+        self.positions: OrderedDict[tuple[str, int], Position] = OrderedDict()
+        self.converted: OrderedDict[tuple[str, int, int], bytes] = OrderedDict()
+        self.converted_bytes = 0
+
+    def remember(self, topic: str, offset: int, pos: Position) -> None:
+        self.positions[(topic, offset)] = pos
+        self.positions.move_to_end((topic, offset))
+        while len(self.positions) > POSITIONS:
+            self.positions.popitem(last=False)
+
+    def batch(self, topic: str, entry: Entry, codecs: Any) -> list[Any]:
+        key = (topic, entry.segment_id, entry.entry_id)
+        found = self.converted.get(key)
+        if found is not None:
+            return [found]
+        parts = kafka_batch_of_entry(entry.data, codecs)
+        if len(parts) == 1 and isinstance(parts[0], bytes):
+            # converted from a native entry (a stored Kafka batch comes back as views)
+            self.converted[key] = parts[0]
+            self.converted_bytes += len(parts[0])
+            while self.converted_bytes > CONVERTED_BYTES and self.converted:
+                _, dropped = self.converted.popitem(last=False)
+                self.converted_bytes -= len(dropped)
+        return parts
+
+
+def _cache(door: KafkaFrontDoor) -> FetchCache:
+    cache: FetchCache | None = door.state.get("fetch")
+    if cache is None:
+        cache = door.state["fetch"] = FetchCache()
+    return cache
+
+
+async def partition_ledger(door: KafkaFrontDoor, kafka_topic: str, index: int) -> ManagedLedger:
+    """The ledger of a Kafka partition served here (opened on first use).
+
+    :raises TopicNotFound: no such topic or partition.
+    :raises NotOwner: another broker serves it.
+    """
+    partitions = await door.core.partitions_of(door.topic_name(kafka_topic))
+    if not 0 <= index < partitions:
+        raise TopicNotFound(f"topic {kafka_topic!r} has no partition {index}")
+    topic = await door.core.get_topic(door.partition_name(kafka_topic, index))
+    ledger: ManagedLedger = topic.as_persistent().ledger
+    return ledger
+
+
+async def fetch(conn: KafkaConnection, request: Any) -> Any:
+    return conn.spawn(lambda: _fetch(conn, request))
+
+
+async def _fetch(conn: KafkaConnection, request: Any) -> Any:
+    door = conn.door
+    cls = response_type(request)
+    deadline = trio.current_time() + min(ms(request.max_wait), 30.0)
+    max_bytes = getattr(request, "max_bytes", 0x7FFFFFFF)
+    wanted = [(t.topic, p) for t in request.topics for p in t.partitions]
+    while True:
+        ledgers: dict[tuple[str, int], Any] = {}
+        for kafka_topic, p in wanted:
+            try:
+                ledgers[(kafka_topic, p.partition)] = await partition_ledger(
+                    door, kafka_topic, p.partition
+                )
+            except PigeonError as exc:
+                ledgers[(kafka_topic, p.partition)] = exc
+        events = [
+            x.new_entries_event() for x in ledgers.values() if not isinstance(x, BaseException)
+        ]
+        answers, total, failed = await _read(door, wanted, ledgers, max_bytes)
+        if failed or total >= request.min_bytes or trio.current_time() >= deadline or not events:
+            return _response(cls, answers)
+        with trio.move_on_at(deadline):
+            await _any(events)
+
+
+async def _any(events: list[trio.Event]) -> None:
+    """Return when any of ``events`` is set."""
+    async with trio.open_nursery() as nursery:
+        for event in events:
+
+            async def wait(event: trio.Event = event) -> None:
+                await event.wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(wait)
+
+
+async def _read(
+    door: KafkaFrontDoor,
+    wanted: list[tuple[str, Any]],
+    ledgers: dict[tuple[str, int], Any],
+    max_bytes: int,
+) -> tuple[list[tuple[str, Any]], int, bool]:
+    cache = _cache(door)
+    answers = []
+    total = 0
+    failed = False
+    for kafka_topic, p in wanted:
+        ledger = ledgers[(kafka_topic, p.partition)]
+        fields: dict[str, Any] = {
+            "partition_index": p.partition,
+            "high_watermark": -1,
+            "last_stable_offset": -1,
+            "log_start_offset": -1,
+            "aborted_transactions": None,
+            "preferred_read_replica": -1,
+            "records": b"",
+        }
+        if isinstance(ledger, BaseException):
+            failed = True
+            answers.append((kafka_topic, {**fields, "error_code": error_code(ledger)}))
+            continue
+        end = ledger.stored_offset
+        start = ledger.first_offset
+        fields.update(high_watermark=end, last_stable_offset=end, log_start_offset=start)
+        offset = p.fetch_offset
+        if offset < start or offset > end:
+            failed = True
+            answers.append((kafka_topic, {**fields, "error_code": ErrorCode.offset_out_of_range}))
+            continue
+        budget = min(p.partition_max_bytes, max_bytes - total)
+        try:
+            parts = await _read_partition(
+                door, cache, ledger, offset, end, budget, first=total == 0
+            )
+        except PigeonError as exc:
+            failed = True
+            answers.append((kafka_topic, {**fields, "error_code": error_code(exc)}))
+            continue
+        records = b"".join(parts)
+        total += len(records)
+        answers.append((kafka_topic, {**fields, "error_code": ErrorCode.none, "records": records}))
+    return answers, total, failed
+
+
+async def _read_partition(
+    door: KafkaFrontDoor,
+    cache: FetchCache,
+    ledger: Any,
+    offset: int,
+    end: int,
+    budget: int,
+    *,
+    first: bool,
+) -> list[Any]:
+    """RecordBatches from ``offset`` on, within ``budget`` bytes (at least one batch if
+    ``first``: KIP-74, so a batch larger than the limit still gets through)."""
+    if offset >= end:
+        return []
+    topic = str(ledger.topic)
+    pos = cache.positions.get((topic, offset))
+    if pos is None:
+        pos = await ledger.position_for_offset(offset)
+    parts: list[Any] = []
+    size = 0
+    while size < budget:
+        entries = await ledger.read(pos, max_entries=READ_ENTRIES, max_bytes=max(budget - size, 1))
+        if not entries:
+            break
+        for entry in entries:
+            batch = cache.batch(topic, entry, door.core.codecs)
+            length = sum(len(b) for b in batch)
+            if size + length > budget and (parts or not first):
+                break
+            parts.extend(batch)
+            size += length
+            pos = ledger.next_position(entry.position)
+            cache.remember(topic, entry.first_offset + entry.num_messages, pos)
+        else:
+            continue
+        break
+    return parts
+
+
+def _response(cls: type, answers: list[tuple[str, dict[str, Any]]]) -> Any:
+    topics: dict[str, list[Any]] = {}
+    for kafka_topic, fields in answers:
+        topics.setdefault(kafka_topic, []).append(part(cls, "PartitionData", **fields))
+    responses = tuple(
+        part(cls, "FetchableTopicResponse", topic=name, partitions=tuple(parts))
+        for name, parts in topics.items()
+    )
+    return build(
+        cls, throttle_time=ZERO, error_code=ErrorCode.none, session_id=0, responses=responses
+    )
+
+
+async def list_offsets(conn: KafkaConnection, request: Any) -> Any:
+    door = conn.door
+    cls = response_type(request)
+    topics = []
+    for t in request.topics:
+        parts = []
+        for p in t.partitions:
+            fields: dict[str, Any] = {"partition_index": p.partition_index, "leader_epoch": 0}
+            try:
+                ledger = await partition_ledger(door, t.name, p.partition_index)
+                offset, timestamp = await _offset_for(ledger, p.timestamp)
+                fields.update(error_code=ErrorCode.none, offset=offset, timestamp=timestamp)
+            except PigeonError as exc:
+                fields.update(error_code=error_code(exc), offset=-1, timestamp=-1)
+            parts.append(part(cls, "ListOffsetsPartitionResponse", **fields))
+        topics.append(part(cls, "ListOffsetsTopicResponse", name=t.name, partitions=tuple(parts)))
+    return build(cls, throttle_time=ZERO, topics=tuple(topics))
+
+
+async def _offset_for(ledger: Any, timestamp: int) -> tuple[int, int]:
+    """(offset, timestamp) for ListOffsets: -2 earliest, -1 latest, else the first entry
+    published at or after ``timestamp`` ms (-1, -1 when there is none)."""
+    if timestamp == -2:
+        return ledger.first_offset, -1
+    if timestamp < 0:  # -1 latest (and -3 max timestamp: the end too)
+        return ledger.stored_offset, -1
+    pos = await ledger.position_for_time(timestamp)
+    entries = await ledger.read(pos, max_entries=1)
+    if not entries:
+        return -1, -1
+    return entries[0].first_offset, entries[0].publish_time
+
+
+HANDLERS = {1: fetch, 2: list_offsets}

@@ -1,0 +1,223 @@
+"""Kafka consumer groups' coordinator lookup and committed offsets.
+
+**A Kafka consumer group is a PigeonMQ subscription.**  Group ``g`` committing offset
+``o`` on partition ``p`` moves the cursor of subscription ``g`` of partition ``p`` to
+``o`` (everything below is acknowledged): ``pigeon admin topics stats`` shows it as the
+subscription's mark-delete offset and backlog, retention keeps what it has not read,
+and a native consumer of subscription ``g`` goes on from there (and the other way
+round).  The cursor is written where the partition is served when that is this broker;
+otherwise its cursor node is written directly, which the serving broker reads when it
+opens the subscription (it never overwrites a cursor it did not change).
+
+The group coordinator is the broker that owns the bundle of the group's name (a name in
+the Kafka namespace, ``__kafka_group_<group>``): FindCoordinator names it, and a broker
+asked to coordinate a group whose bundle another broker owns answers NOT_COORDINATOR.
+Membership lives in the coordinator's memory; when it dies, members find the next
+coordinator and join again, and their committed offsets are where they were.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from kio.schema.errors import ErrorCode
+
+from pigeon.broker._cursor import CursorState
+from pigeon.broker._kafka_topics import node_id
+from pigeon.broker._kafka_wire import ZERO, build, error_code, part, response_type
+from pigeon.core import TopicName
+from pigeon.core.errors import NodeExists, NotOwner, PigeonError, TopicNotFound
+from pigeon.core.paths import cursor_path
+
+if TYPE_CHECKING:
+    from pigeon.broker._kafka import KafkaConnection, KafkaFrontDoor
+
+__all__ = ["HANDLERS", "coordinates"]
+
+log = logging.getLogger(__name__)
+
+
+def _group_topic(door: KafkaFrontDoor, group: str) -> TopicName:
+    return TopicName.parse(f"persistent://{door.config.namespace}/__kafka_group_{group}")
+
+
+async def coordinates(door: KafkaFrontDoor, group: str) -> bool:
+    """Whether this broker coordinates ``group`` (claiming its bundle if nobody holds it)."""
+    try:
+        await door.core.ownership.acquire(_group_topic(door, group))
+    except NotOwner:
+        return False
+    return True
+
+
+async def find_coordinator(conn: KafkaConnection, request: Any) -> Any:
+    door = conn.door
+    cls = response_type(request)
+    key = getattr(request, "key", "")
+    if getattr(request, "key_type", 0) != 0:
+        return build(
+            cls,
+            throttle_time=ZERO,
+            error_code=ErrorCode.coordinator_not_available,
+            error_message="transactions are not supported",
+            node_id=-1,
+            host="",
+            port=-1,
+        )
+    record = await door.core.ownership.lookup_record(_group_topic(door, key))
+    address = record.get("kafka") or door.advertised_address
+    host, _, port = address.rpartition(":")
+    return build(
+        cls,
+        throttle_time=ZERO,
+        error_code=ErrorCode.none,
+        error_message=None,
+        node_id=node_id(address),
+        host=host,
+        port=int(port),
+    )
+
+
+async def _loaded_subscription(door: KafkaFrontDoor, name: TopicName, group: str) -> Any:
+    """The group's subscription of a partition served here, opened if need be; None if
+    the partition is not served here."""
+    topic = door.core.topics.get(name.full)
+    if topic is None or not door.core.ownership.owns(name):
+        return None
+    return await topic.as_persistent().subscription(
+        group, "exclusive", "earliest", durable=True, start_offset=-1
+    )
+
+
+async def commit_offset(door: KafkaFrontDoor, name: TopicName, group: str, offset: int) -> None:
+    sub = await _loaded_subscription(door, name, group)
+    if sub is not None:
+        await sub.seek_offset(offset)
+        await sub.flush()
+        return
+    path = cursor_path(name, group)
+    data = CursorState(offset).to_json()
+    store = door.core.store
+    if await store.get(path) is None:
+        try:
+            await store.create(path, data)
+            return
+        except NodeExists:
+            pass
+    await store.set(path, data)
+
+
+async def committed_offset(door: KafkaFrontDoor, name: TopicName, group: str) -> int:
+    """The group's committed offset of a partition, -1 if it has none."""
+    topic = door.core.topics.get(name.full)
+    if topic is not None:
+        sub = topic.as_persistent().subscriptions.get(group)
+        if sub is not None:
+            return int(sub.cursor.mark_delete)
+    stat = await door.core.store.get(cursor_path(name, group))
+    if stat is None:
+        return -1
+    return CursorState.from_json(stat.value).mark_delete
+
+
+async def offset_commit(conn: KafkaConnection, request: Any) -> Any:
+    door = conn.door
+    cls = response_type(request)
+    group = request.group_id
+    generation = getattr(
+        request, "generation_id_or_member_epoch", getattr(request, "generation_id", -1)
+    )
+    member = getattr(request, "member_id", "")
+    refused = door.groups.check_commit(group, member, generation)
+    if refused == ErrorCode.none and not await coordinates(door, group):
+        refused = ErrorCode.not_coordinator
+    topics = []
+    for t in request.topics:
+        parts = []
+        for p in t.partitions:
+            code = refused
+            if code == ErrorCode.none:
+                try:
+                    partitions = await door.core.partitions_of(door.topic_name(t.name))
+                    if not 0 <= p.partition_index < partitions:
+                        raise TopicNotFound(
+                            f"topic {t.name!r} has no partition {p.partition_index}"
+                        )
+                    await commit_offset(
+                        door,
+                        door.partition_name(t.name, p.partition_index),
+                        group,
+                        p.committed_offset,
+                    )
+                except PigeonError as exc:
+                    code = error_code(exc)
+                    log.info("kafka commit failed group=%s topic=%s: %s", group, t.name, exc)
+            parts.append(
+                part(
+                    cls,
+                    "OffsetCommitResponsePartition",
+                    partition_index=p.partition_index,
+                    error_code=code,
+                )
+            )
+        topics.append(part(cls, "OffsetCommitResponseTopic", name=t.name, partitions=tuple(parts)))
+    return build(cls, throttle_time=ZERO, topics=tuple(topics))
+
+
+async def offset_fetch(conn: KafkaConnection, request: Any) -> Any:
+    door = conn.door
+    cls = response_type(request)
+    group = request.group_id
+    if not await coordinates(door, group):
+        return build(cls, throttle_time=ZERO, error_code=ErrorCode.not_coordinator, topics=())
+    wanted = request.topics
+    if wanted is None:  # every partition the group committed
+        names = await _committed_topics(door, group)
+    else:
+        names = [(t.name, list(t.partition_indexes)) for t in wanted]
+    topics = []
+    for kafka_topic, indexes in names:
+        parts = []
+        for index in indexes:
+            code, offset = ErrorCode.none, -1
+            try:
+                offset = await committed_offset(
+                    door, door.partition_name(kafka_topic, index), group
+                )
+            except PigeonError as exc:
+                code = error_code(exc)
+            parts.append(
+                part(
+                    cls,
+                    "OffsetFetchResponsePartition",
+                    partition_index=index,
+                    committed_offset=offset,
+                    committed_leader_epoch=-1,
+                    metadata="",
+                    error_code=code,
+                )
+            )
+        topics.append(
+            part(cls, "OffsetFetchResponseTopic", name=kafka_topic, partitions=tuple(parts))
+        )
+    return build(cls, throttle_time=ZERO, error_code=ErrorCode.none, topics=tuple(topics))
+
+
+async def _committed_topics(door: KafkaFrontDoor, group: str) -> list[tuple[str, list[int]]]:
+    from pigeon.broker._kafka_topics import kafka_topic_names
+
+    found = []
+    for kafka_topic in await kafka_topic_names(door):
+        count = await door.core.partitions_of(door.topic_name(kafka_topic))
+        indexes = [
+            i
+            for i in range(count)
+            if await door.core.store.exists(cursor_path(door.partition_name(kafka_topic, i), group))
+        ]
+        if indexes:
+            found.append((kafka_topic, indexes))
+    return found
+
+
+HANDLERS = {8: offset_commit, 9: offset_fetch, 10: find_coordinator}

@@ -1,0 +1,295 @@
+"""Kafka Produce and InitProducerId over the broker core's publish path.
+
+Each RecordBatch is stored as it came, one entry per batch, wrapped in our batch header
+(format 2, see :mod:`pigeon.core.kafka_records`): no record is decoded on the way in.
+``acks=1`` and ``acks=all`` are both answered once the entry is on the ack quorum (Qa
+bookies): PigeonMQ has no weaker acknowledgement to offer; ``acks=0`` gets no answer.
+
+Idempotent producers: a producer id from InitProducerId (random 63-bit, unique with
+overwhelming probability across the cluster without coordination) and epoch name the
+PigeonMQ producer ``kafka-<id>-<epoch>``, whose de-duplication is on whatever the
+namespace says; a batch's base sequence is its sequence id, so a resent batch is
+answered with the original's offset, never stored twice.  A batch whose base sequence
+skips past the last one sent is refused with OUT_OF_ORDER_SEQUENCE_NUMBER (the client
+resends in order), and one from an epoch below the highest seen for its producer id
+with INVALID_PRODUCER_EPOCH.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from kio.schema.errors import ErrorCode
+
+from pigeon.broker._kafka import Later
+from pigeon.broker._kafka_wire import ZERO, build, error_code, part, response_type
+from pigeon.core.errors import PigeonError, TopicNotFound
+from pigeon.core.kafka_records import (
+    FORMAT_KAFKA,
+    read_batch_info,
+    split_record_batches,
+    wrap_record_batch,
+)
+
+if TYPE_CHECKING:
+    from pigeon.broker._kafka import KafkaConnection
+    from pigeon.broker._topic import Producer
+
+__all__ = ["HANDLERS"]
+
+log = logging.getLogger(__name__)
+
+#: (error code, base offset, message) of one partition's produce
+Outcome = tuple[ErrorCode, int, str | None]
+
+
+async def produce(conn: KafkaConnection, request: Any) -> Any:
+    cls = response_type(request)
+    results: dict[tuple[str, int], Outcome] = {}
+    order: list[tuple[str, int]] = []
+    answer = Later()
+    waiting = 0
+    sealed = False
+
+    def finish(key: tuple[str, int], outcome: Outcome) -> None:
+        nonlocal waiting
+        results[key] = outcome
+        waiting -= 1
+        if sealed and waiting == 0:
+            answer.set(_response(cls, order, results))
+
+    for topic_data in request.topic_data:
+        for data in topic_data.partition_data:
+            key = (topic_data.name, data.index)
+            order.append(key)
+            waiting += 1
+            try:
+                await _produce_partition(conn, key, data.records, functools.partial(finish, key))
+            except PigeonError as exc:
+                finish(key, (error_code(exc), -1, str(exc)))
+    sealed = True
+    if request.acks == 0:
+        return None
+    if waiting == 0:
+        return _response(cls, order, results)
+    return answer
+
+
+def _response(
+    cls: type, order: list[tuple[str, int]], results: dict[tuple[str, int], Outcome]
+) -> Any:
+    topics: dict[str, list[Any]] = {}
+    for name, index in order:
+        code, offset, message = results[(name, index)]
+        topics.setdefault(name, []).append(
+            part(
+                cls,
+                "PartitionProduceResponse",
+                index=index,
+                error_code=code,
+                base_offset=offset,
+                log_append_time=None,
+                log_start_offset=-1,
+                record_errors=(),
+                error_message=message,
+            )
+        )
+    responses = tuple(
+        part(cls, "TopicProduceResponse", name=name, partition_responses=tuple(parts))
+        for name, parts in topics.items()
+    )
+    return build(cls, responses=responses, throttle_time=ZERO)
+
+
+async def _produce_partition(
+    conn: KafkaConnection,
+    key: tuple[str, int],
+    records: bytes | None,
+    done: Callable[[Outcome], None],
+) -> None:
+    """Send the partition's batches; ``done`` once, when all are stored or one failed."""
+    door = conn.door
+    core = door.core
+    kafka_topic, index = key
+    name = door.partition_name(kafka_topic, index)
+    if index < 0 or index >= await core.partitions_of(door.topic_name(kafka_topic)):
+        raise TopicNotFound(f"topic {kafka_topic!r} has no partition {index}")
+    batches = split_record_batches(memoryview(records or b""))
+    remaining = len(batches)
+    first_offset: int | None = None
+    answered = False
+
+    def one_done(outcome: Outcome) -> None:
+        nonlocal remaining, first_offset, answered
+        if answered:
+            return
+        if outcome[0] != ErrorCode.none:
+            answered = True
+            done(outcome)
+            return
+        if first_offset is None:
+            first_offset = outcome[1]  # answers come in append order
+        remaining -= 1
+        if remaining == 0:
+            answered = True
+            done((ErrorCode.none, first_offset, None))
+
+    if not batches:
+        done((ErrorCode.none, -1, None))
+        return
+    for batch in batches:
+        info = read_batch_info(batch)
+        await _send_batch(conn, name, batch, info, one_done)
+
+
+async def _send_batch(
+    conn: KafkaConnection, name: Any, batch: memoryview, info: Any, done: Callable[[Outcome], None]
+) -> None:
+    door = conn.door
+    core = door.core
+    idempotent = info.producer_id >= 0
+    if idempotent:
+        epochs: dict[int, int] = door.state.setdefault("epochs", {})
+        highest = epochs.get(info.producer_id, -1)
+        if info.producer_epoch < highest:
+            done(
+                (
+                    ErrorCode.invalid_producer_epoch,
+                    -1,
+                    f"producer {info.producer_id} epoch {info.producer_epoch} is fenced by"
+                    f" epoch {highest}",
+                )
+            )
+            return
+        epochs[info.producer_id] = info.producer_epoch
+        producer_name = f"kafka-{info.producer_id}-{info.producer_epoch}"
+    else:
+        producer_name = ""
+    slot = (name.full, producer_name)
+    producer = conn.producers.get(slot)
+    if producer is None or producer.fenced or producer.topic.unloaded:
+        producer = await _attach(conn, name, producer_name, idempotent)
+        conn.producers[slot] = producer
+    if idempotent:
+        sequence = info.base_sequence
+        pushed = producer.topic.dedup.pushed_sequence(producer.name)
+        if pushed >= 0 and sequence > pushed + 1:
+            done(
+                (
+                    ErrorCode.out_of_order_sequence_number,
+                    -1,
+                    f"sequence {sequence} follows {pushed}: send the batches in between first",
+                )
+            )
+            return
+    else:
+        sequence = conn.sequence
+        conn.sequence += info.record_count
+    payload = b"".join(
+        wrap_record_batch(
+            batch,
+            info,
+            producer_name=producer.name,
+            sequence_id=sequence,
+            publish_time=int(time.time() * 1000),
+        )
+    )
+
+    def reply(receipt: Any, error: BaseException | None, duplicate: bool) -> None:
+        if error is not None:
+            done((error_code(error), -1, str(error)))
+        elif receipt is None:  # a duplicate whose original is no longer remembered
+            done((ErrorCode.duplicate_sequence_number, -1, None))
+        else:
+            done((ErrorCode.none, receipt[2], None))
+
+    try:
+        core.send(
+            producer,
+            payload,
+            num_messages=info.record_count,
+            sequence_id=sequence,
+            reply=reply,
+            fence=functools.partial(_fence, core, producer),
+            spawn=lambda fn: conn.nursery.start_soon(fn),
+        )
+    except PigeonError as exc:
+        core.fence_producer(producer, exc)
+        done((error_code(exc), -1, str(exc)))
+
+
+def _fence(core: Any, producer: Producer, error: BaseException) -> None:
+    """A send was not stored: the producer attaches again for its next batch (and an
+    idempotent one resends from the lost batch on, in order)."""
+    core.fence_producer(producer, error)
+
+
+async def _attach(
+    conn: KafkaConnection, name: Any, producer_name: str, idempotent: bool
+) -> Producer:
+    core = conn.door.core
+
+    def still_wanted() -> None:
+        if conn.closed:
+            raise TopicNotFound("the Kafka connection closed while attaching")  # never seen
+
+    producer = await core.create_producer(
+        name,
+        producer_name or f"kafka-{secrets.token_hex(6)}",
+        client=conn,
+        producer_id=conn.ident,
+        still_wanted=still_wanted,
+    )
+    producer.deduplicate = idempotent
+    producer.record_format = FORMAT_KAFKA
+    return producer
+
+
+async def init_producer_id(conn: KafkaConnection, request: Any) -> Any:
+    cls = response_type(request)
+    if request.transactional_id is not None:
+        return build(
+            cls,
+            throttle_time=ZERO,
+            error_code=ErrorCode.transactional_id_authorization_failed,
+            producer_id=-1,
+            producer_epoch=-1,
+        )
+    producer_id = getattr(request, "producer_id", -1)
+    epoch = getattr(request, "producer_epoch", -1)
+    if producer_id >= 0 and epoch >= 0:
+        # KIP-360: an idempotent producer bumps its epoch after a sequence error
+        epochs: dict[int, int] = conn.door.state.setdefault("epochs", {})
+        if epoch < epochs.get(producer_id, -1):
+            return build(
+                cls,
+                throttle_time=ZERO,
+                error_code=ErrorCode.invalid_producer_epoch,
+                producer_id=-1,
+                producer_epoch=-1,
+            )
+        new_epoch = epoch + 1
+        if new_epoch > 32767:
+            producer_id, new_epoch = secrets.randbits(62), 0
+        return build(
+            cls,
+            throttle_time=ZERO,
+            error_code=ErrorCode.none,
+            producer_id=producer_id,
+            producer_epoch=new_epoch,
+        )
+    return build(
+        cls,
+        throttle_time=ZERO,
+        error_code=ErrorCode.none,
+        producer_id=secrets.randbits(62),
+        producer_epoch=0,
+    )
+
+
+HANDLERS = {0: produce, 22: init_producer_id}

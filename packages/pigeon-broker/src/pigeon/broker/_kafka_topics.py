@@ -1,0 +1,337 @@
+"""Kafka topic requests: Metadata, CreateTopics, DeleteTopics, CreatePartitions and
+DescribeConfigs, over the broker core's partitioned topics.
+
+Metadata names, for each partition, the broker that owns its bundle as the partition's
+leader (an unowned bundle: the broker a lookup would hand it to), so clients send each
+partition's requests to the broker that serves it; when that broker dies the next
+Metadata names the new owner.  Broker node ids are derived from the Kafka listener's
+address (stable across restarts, the same on every broker).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+import zlib
+from typing import TYPE_CHECKING, Any
+
+from kio.schema.errors import ErrorCode
+
+from pigeon.broker._kafka_wire import ZERO, build, error_code, part, response_type
+from pigeon.broker._lifecycle import delete_topic
+from pigeon.core.errors import InvalidArgument, PigeonError, TopicExists, TopicNotFound
+from pigeon.core.paths import partitioned_topic_path
+
+if TYPE_CHECKING:
+    from pigeon.broker._kafka import KafkaConnection, KafkaFrontDoor
+
+__all__ = ["HANDLERS", "ensure_topic", "kafka_topic_names", "node_id"]
+
+log = logging.getLogger(__name__)
+
+CLUSTER_ID = "pigeonmq"
+ZERO_UUID = uuid.UUID(int=0)
+
+
+def topic_id(full_name: str) -> uuid.UUID:
+    """A topic's Kafka topic id: stable, derived from its name (Metadata v10+)."""
+    return uuid.uuid5(uuid.NAMESPACE_URL, full_name)
+
+
+def node_id(address: str) -> int:
+    """A broker's Kafka node id: a stable positive int32 from its Kafka address."""
+    return zlib.crc32(address.encode()) & 0x7FFFFFFF
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host, int(port)
+
+
+async def ensure_topic(door: KafkaFrontDoor, kafka_topic: str, *, create: bool) -> int:
+    """Partitions of the Kafka topic; created with the default count when ``create``
+    and auto-creation are on (TopicNotFound otherwise)."""
+    name = door.topic_name(kafka_topic)
+    core = door.core
+    partitions = await core.partitions_of(name)
+    if partitions:
+        return partitions
+    if not (create and door.config.auto_create_topics):
+        raise TopicNotFound(f"topic {kafka_topic!r} does not exist")
+    try:
+        await core.create_topic(name, door.config.default_partitions)
+        log.info("kafka topic created topic=%s partitions=%d", name, door.config.default_partitions)
+    except TopicExists:
+        pass  # created meanwhile, or a plain (unpartitioned) topic of that name
+    partitions = await core.partitions_of(name)
+    if not partitions:
+        raise InvalidArgument(
+            f"{name} is not a partitioned topic: Kafka clients can use partitioned topics only"
+        )
+    return partitions
+
+
+async def kafka_topic_names(door: KafkaFrontDoor) -> list[str]:
+    prefix = f"persistent://{door.config.namespace}/"
+    found = []
+    for full in await door.core.list_topics(door.config.namespace):
+        if full.startswith(prefix) and "-partition-" not in full:
+            local = full[len(prefix) :]
+            if await door.core.partitions_of(door.topic_name(local)):
+                found.append(local)
+    return found
+
+
+async def metadata(conn: KafkaConnection, request: Any) -> Any:
+    door = conn.door
+    cls = response_type(request)
+    create = bool(getattr(request, "allow_auto_topic_creation", True))
+    if request.topics is None:
+        names = await kafka_topic_names(door)
+    else:
+        names = [t.name for t in request.topics if t.name is not None]
+    brokers: dict[str, dict[str, Any]] = {}
+    own = door.advertised_address
+    for record in (await door.core.ownership.brokers()).values():
+        if "kafka" in record:
+            brokers[record["kafka"]] = record
+    brokers.setdefault(own, {})
+    topics = []
+    for kafka_topic in names:
+        try:
+            count = await ensure_topic(door, kafka_topic, create=create)
+        except PigeonError as exc:
+            topics.append(
+                part(
+                    cls,
+                    "MetadataResponseTopic",
+                    error_code=error_code(exc),
+                    name=kafka_topic,
+                    topic_id=ZERO_UUID,
+                    is_internal=False,
+                    partitions=(),
+                    topic_authorized_operations=-2147483648,
+                )
+            )
+            continue
+        parts = []
+        for index in range(count):
+            record = await door.core.ownership.lookup_record(
+                door.partition_name(kafka_topic, index)
+            )
+            leader = record.get("kafka", own)
+            brokers.setdefault(leader, record)
+            nid = node_id(leader)
+            parts.append(
+                part(
+                    cls,
+                    "MetadataResponsePartition",
+                    error_code=ErrorCode.none,
+                    partition_index=index,
+                    leader_id=nid,
+                    leader_epoch=0,
+                    replica_nodes=(nid,),
+                    isr_nodes=(nid,),
+                    offline_replicas=(),
+                )
+            )
+        topics.append(
+            part(
+                cls,
+                "MetadataResponseTopic",
+                error_code=ErrorCode.none,
+                name=kafka_topic,
+                topic_id=topic_id(door.topic_name(kafka_topic).full),
+                is_internal=False,
+                partitions=tuple(parts),
+                topic_authorized_operations=-2147483648,
+            )
+        )
+    broker_parts = tuple(
+        part(
+            cls,
+            "MetadataResponseBroker",
+            node_id=node_id(a),
+            host=_split(a)[0],
+            port=_split(a)[1],
+            rack=None,
+        )
+        for a in sorted(brokers)
+    )
+    return build(
+        cls,
+        throttle_time=ZERO,
+        brokers=broker_parts,
+        cluster_id=CLUSTER_ID,
+        controller_id=node_id(own),
+        topics=tuple(topics),
+        cluster_authorized_operations=-2147483648,
+    )
+
+
+async def create_topics(conn: KafkaConnection, request: Any) -> Any:
+    door = conn.door
+    cls = response_type(request)
+    results = []
+    for t in request.topics:
+        count = t.num_partitions if t.num_partitions > 0 else door.config.default_partitions
+        code, message = ErrorCode.none, None
+        try:
+            name = door.topic_name(t.name)
+            if not request.validate_only:
+                await door.core.create_topic(name, count)
+            elif await door.core.partitions_of(name):
+                raise TopicExists(f"topic {t.name!r} already exists")
+        except PigeonError as exc:
+            code, message = error_code(exc), str(exc)
+        results.append(
+            part(
+                cls,
+                "CreatableTopicResult",
+                name=t.name,
+                error_code=code,
+                error_message=message,
+                num_partitions=count,
+                replication_factor=1,
+                configs=(),
+            )
+        )
+    return build(cls, throttle_time=ZERO, topics=tuple(results))
+
+
+async def delete_topics(conn: KafkaConnection, request: Any) -> Any:
+    door = conn.door
+    cls = response_type(request)
+    names = getattr(request, "topic_names", None) or [
+        t.name for t in getattr(request, "topics", ())
+    ]
+    results = []
+    for kafka_topic in names:
+        code, message = ErrorCode.none, None
+        try:
+            name = door.topic_name(kafka_topic)
+            if not await door.core.partitions_of(name):
+                raise TopicNotFound(f"topic {kafka_topic!r} does not exist")
+            await delete_topic(door.core, name, force=True)
+        except PigeonError as exc:
+            code, message = error_code(exc), str(exc)
+        results.append(
+            part(
+                cls,
+                "DeletableTopicResult",
+                name=kafka_topic,
+                error_code=code,
+                error_message=message,
+            )
+        )
+    return build(cls, throttle_time=ZERO, responses=tuple(results))
+
+
+async def create_partitions(conn: KafkaConnection, request: Any) -> Any:
+    door = conn.door
+    cls = response_type(request)
+    results = []
+    for t in request.topics:
+        code, message = ErrorCode.none, None
+        try:
+            name = door.topic_name(t.name)
+            current = await door.core.partitions_of(name)
+            if not current:
+                raise TopicNotFound(f"topic {t.name!r} does not exist")
+            if t.count <= current:
+                code = ErrorCode.invalid_partitions
+                message = f"topic {t.name!r} has {current} partitions; ask for more"
+            elif not request.validate_only:
+                await door.core.store.set(
+                    partitioned_topic_path(name), json.dumps({"partitions": t.count}).encode()
+                )
+                log.info("kafka topic partitions added topic=%s %d -> %d", name, current, t.count)
+        except PigeonError as exc:
+            code, message = error_code(exc), str(exc)
+        results.append(
+            part(
+                cls,
+                "CreatePartitionsTopicResult",
+                name=t.name,
+                error_code=code,
+                error_message=message,
+            )
+        )
+    return build(cls, throttle_time=ZERO, results=tuple(results))
+
+
+def _topic_configs(policies: Any, max_message_size: int) -> dict[str, str]:
+    retention = policies.retention_time_s
+    return {
+        "cleanup.policy": "delete",
+        "compression.type": "producer",
+        "max.message.bytes": str(max_message_size),
+        "message.timestamp.type": "CreateTime",
+        "retention.ms": str(-1 if retention < 0 else int(retention * 1000)),
+        "min.insync.replicas": "1",
+    }
+
+
+async def describe_configs(conn: KafkaConnection, request: Any) -> Any:
+    door = conn.door
+    cls = response_type(request)
+    results = []
+    for resource in request.resources:
+        code, message, entries = ErrorCode.none, None, ()
+        try:
+            if resource.resource_type == 2:  # TOPIC
+                name = door.topic_name(resource.resource_name)
+                if not await door.core.partitions_of(name):
+                    raise TopicNotFound(f"topic {resource.resource_name!r} does not exist")
+                policies = door.core.policies.cached(name.namespace_name)
+                configs = _topic_configs(policies, door.core.max_message_size(name))
+            elif resource.resource_type == 4:  # BROKER
+                configs = {
+                    "message.max.bytes": str(door.core.config.max_message_size),
+                    "auto.create.topics.enable": str(door.config.auto_create_topics).lower(),
+                    "num.partitions": str(door.config.default_partitions),
+                }
+            else:
+                raise InvalidArgument(f"resource type {resource.resource_type} is not described")
+            wanted = resource.configuration_keys
+            entries = tuple(
+                part(
+                    cls,
+                    "DescribeConfigsResourceResult",
+                    name=k,
+                    value=v,
+                    read_only=True,
+                    is_default=False,
+                    config_source=5,
+                    is_sensitive=False,
+                    synonyms=(),
+                    config_type=2,
+                    documentation=None,
+                )
+                for k, v in sorted(configs.items())
+                if wanted is None or k in wanted
+            )
+        except PigeonError as exc:
+            code, message = error_code(exc), str(exc)
+        results.append(
+            part(
+                cls,
+                "DescribeConfigsResult",
+                error_code=code,
+                error_message=message,
+                resource_type=resource.resource_type,
+                resource_name=resource.resource_name,
+                configs=entries,
+            )
+        )
+    return build(cls, throttle_time=ZERO, results=tuple(results))
+
+
+HANDLERS = {
+    3: metadata,
+    19: create_topics,
+    20: delete_topics,
+    32: describe_configs,
+    37: create_partitions,
+}

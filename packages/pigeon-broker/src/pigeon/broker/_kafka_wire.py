@@ -1,0 +1,201 @@
+"""The Kafka protocol's framing and message types, for the Kafka front door.
+
+A Kafka request is ``int32 size | request header | body``; the header is v1 (api key,
+api version, correlation id, client id) or, for the flexible versions of an API, v2
+(the same plus tagged fields).  The response is ``int32 size | response header | body``,
+header v0 (correlation id) or v1 (plus tagged fields) — except ApiVersions, whose
+response header is always v0 so that a client can read it before it knows our versions.
+
+Message types are ``kio``'s dataclasses, generated from Kafka's own schemas: one class
+per API and version.  Handlers build answers with :func:`build` and :func:`part`, which
+drop the fields a version does not have, so one handler serves every version of its
+API.  Which versions we serve is :data:`API_VERSIONS`; an API or version absent from it
+is never half-answered: the connection is closed with a log line (ApiVersions itself is
+answered with UNSUPPORTED_VERSION and our table, as Kafka does).
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import io
+import struct
+import sys
+from dataclasses import fields
+from typing import Any, Final
+
+from kio.index import load_request_schema, load_response_from_request
+from kio.schema.errors import ErrorCode
+from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
+from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
+from kio.serial import entity_reader, entity_writer
+
+from pigeon.core.errors import (
+    CorruptFrame,
+    InvalidArgument,
+    InvalidTopicName,
+    MalformedRequest,
+    MessageTooLarge,
+    NotEnoughBookies,
+    NotOwner,
+    NotSupported,
+    PigeonError,
+    ProducerBlocked,
+    TopicExists,
+    TopicNotFound,
+)
+
+__all__ = [
+    "API_VERSIONS",
+    "ZERO",
+    "build",
+    "decode_request",
+    "encode_response",
+    "error_code",
+    "part",
+]
+
+#: throttle_time and the other millisecond durations kio types as timedelta
+ZERO: Final = datetime.timedelta(0)
+
+#: API key -> (lowest, highest) version served.  The highest versions are those current
+#: clients negotiate and whose fields we fill truthfully: Fetch stops at 12 (13 names
+#: topics by id), Metadata at 12, Produce at 9 (10 adds leader hints).
+API_VERSIONS: Final[dict[int, tuple[int, int]]] = {
+    0: (3, 9),  # Produce
+    1: (4, 12),  # Fetch
+    2: (1, 7),  # ListOffsets
+    3: (1, 12),  # Metadata
+    8: (2, 8),  # OffsetCommit
+    9: (1, 7),  # OffsetFetch
+    10: (0, 3),  # FindCoordinator
+    11: (0, 7),  # JoinGroup
+    12: (0, 4),  # Heartbeat
+    13: (0, 4),  # LeaveGroup
+    14: (0, 5),  # SyncGroup
+    15: (0, 5),  # DescribeGroups
+    16: (0, 4),  # ListGroups
+    18: (0, 3),  # ApiVersions
+    19: (2, 5),  # CreateTopics
+    20: (1, 5),  # DeleteTopics
+    22: (0, 4),  # InitProducerId
+    32: (1, 4),  # DescribeConfigs
+    37: (0, 3),  # CreatePartitions
+}
+
+API_VERSIONS_KEY: Final = 18
+_HEAD = struct.Struct(">hhi")
+_I32 = struct.Struct(">i")
+
+
+class UnsupportedApi(MalformedRequest):
+    """A request for an API or version we do not serve."""
+
+    def __init__(self, message: str, *, api_key: int, correlation_id: int) -> None:
+        super().__init__(message)
+        self.api_key = api_key
+        self.correlation_id = correlation_id
+
+
+@functools.cache
+def _request_reader(api_key: int, version: int) -> tuple[Any, Any, Any]:
+    cls = load_request_schema(api_key, version)
+    header_cls = RequestHeaderV2 if cls.__flexible__ else RequestHeaderV1
+    return cls, entity_reader(header_cls), entity_reader(cls)
+
+
+def decode_request(frame: bytes | memoryview) -> tuple[Any, Any]:
+    """(request header, request) of one frame (without its size prefix).
+
+    :raises UnsupportedApi: an API or version not in :data:`API_VERSIONS`.
+    :raises MalformedRequest: the frame does not parse.
+    """
+    if len(frame) < _HEAD.size:
+        raise MalformedRequest(f"Kafka request of {len(frame)} bytes is shorter than a header")
+    api_key, version, correlation_id = _HEAD.unpack_from(frame, 0)
+    served = API_VERSIONS.get(api_key)
+    if served is None or not served[0] <= version <= served[1]:
+        raise UnsupportedApi(
+            f"Kafka API {api_key} version {version} is not served"
+            + (f" (versions {served[0]}-{served[1]} are)" if served else ""),
+            api_key=api_key,
+            correlation_id=correlation_id,
+        )
+    _cls, read_header, read_body = _request_reader(api_key, version)
+    try:
+        header, used = read_header(frame, 0)
+        request, _size = read_body(frame, used)
+    except Exception as exc:  # kio raises several types on garbage: one answer for all
+        raise MalformedRequest(
+            f"malformed Kafka request (API {api_key} v{version}): {type(exc).__name__}: {exc}"
+        ) from None
+    # Trailing bytes are ignored, as Kafka's own brokers do (librdkafka's AdminClient
+    # sends a few after some Metadata v12 requests).
+    return header, request
+
+
+@functools.cache
+def _writer(cls: Any) -> Any:
+    return entity_writer(cls)
+
+
+def encode_response(correlation_id: int, response: Any) -> bytes:
+    """The whole response frame (size prefix included)."""
+    cls: Any = type(response)
+    buf = io.BytesIO()
+    buf.write(b"\0\0\0\0")
+    buf.write(_I32.pack(correlation_id))
+    if cls.__flexible__ and cls.__api_key__ != API_VERSIONS_KEY:
+        buf.write(b"\0")  # response header v1: no tagged fields
+    _writer(cls)(buf, response)
+    out = buf.getbuffer()
+    _I32.pack_into(out, 0, len(out) - 4)
+    del out
+    return buf.getvalue()
+
+
+@functools.cache
+def _field_names(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in fields(cls))
+
+
+def build(cls: type, /, **values: Any) -> Any:
+    """``cls(**values)`` without the values this version of the message has no field
+    for (older versions lack newer fields)."""
+    names = _field_names(cls)
+    return cls(**{k: v for k, v in values.items() if k in names})
+
+
+def part(owner: type, nested: str, /, **values: Any) -> Any:
+    """Build the nested type ``nested`` of the message type ``owner``'s version."""
+    return build(getattr(sys.modules[owner.__module__], nested), **values)
+
+
+def response_type(request: Any) -> type:
+    return load_response_from_request(type(request))
+
+
+_CODES: Final[list[tuple[type[PigeonError], ErrorCode]]] = [
+    (NotOwner, ErrorCode.not_leader_or_follower),
+    (TopicNotFound, ErrorCode.unknown_topic_or_partition),
+    (TopicExists, ErrorCode.topic_already_exists),
+    (InvalidTopicName, ErrorCode.invalid_topic_exception),
+    (MessageTooLarge, ErrorCode.message_too_large),
+    (CorruptFrame, ErrorCode.corrupt_message),
+    (NotEnoughBookies, ErrorCode.not_enough_replicas),
+    (ProducerBlocked, ErrorCode.policy_violation),
+    (NotSupported, ErrorCode.unsupported_version),
+    (InvalidArgument, ErrorCode.invalid_request),
+]
+
+
+def error_code(exc: BaseException) -> ErrorCode:
+    """The Kafka error code a client acts on correctly for ``exc``: anything retriable
+    we cannot name is NOT_LEADER_OR_FOLLOWER (the client refreshes metadata and sends
+    again, to whichever broker serves the partition then)."""
+    for cls, code in _CODES:
+        if isinstance(exc, cls):
+            return code
+    if isinstance(exc, PigeonError) and exc.retriable:
+        return ErrorCode.not_leader_or_follower
+    return ErrorCode.unknown_server_error
