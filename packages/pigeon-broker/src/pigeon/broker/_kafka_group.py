@@ -429,6 +429,8 @@ class GroupCoordinator:
         if group is None:
             if member_id:
                 return JoinResult(ErrorCode.unknown_member_id, member_id)
+            if not protocol_type or not protocols:  # no group is created for a bad join
+                return JoinResult(ErrorCode.inconsistent_group_protocol, member_id)
             group = self._new_group(group_id)
         if group.state is GroupState.DEAD:
             return JoinResult(ErrorCode.coordinator_not_available, member_id)
@@ -496,6 +498,9 @@ class GroupCoordinator:
     def _pending_expired(self, group: _Group, member_id: str) -> None:
         if group.pending.pop(member_id, None) is not None:
             self._maybe_complete_join(group)
+        if group.generation_id == 0 and not group.members and not group.pending:
+            # Only ever asked for a member id, never joined: forget it, as if never seen.
+            self._groups.pop(group.group_id, None)
 
     def _add_member_and_rebalance(self, group: _Group, member: _Member) -> _Waiter[JoinResult]:
         if not group.members:
