@@ -263,7 +263,10 @@ class GroupCoordinator:
     # -- timers -------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Fire expired deadlines (sessions, rebalances, pending members) until cancelled."""
+        """Fire expired deadlines (sessions, rebalances, pending members) until cancelled.
+
+        Nothing expires unless this runs: start it in the front door's nursery.
+        """
         task_status.started()
         while True:
             self.expire()
