@@ -143,7 +143,21 @@ async def test_members_starting_together_land_in_one_generation(
     # Started 2 s apart: each arrival extends the initial delay (3 s) so no one is
     # left for a second rebalance.
     consumers = await start(nursery, coordinator, "c1", "c2", "c3", gap=2)
+    await trio.sleep(0.5)
+    waiting = coordinator.statistics()
+    assert (waiting.groups, waiting.members, waiting.waiting_joins) == (
+        {"PreparingRebalance": 1},
+        3,
+        3,
+    )
     await wait_until(lambda: all(c.owns_its_assignment(1) for c in consumers))
+    stable = coordinator.statistics()
+    assert (stable.groups, stable.members, stable.waiting_joins, stable.waiting_syncs) == (
+        {"Stable": 1},
+        3,
+        0,
+        0,
+    )
     assert [c.history for c in consumers] == [[1], [1], [1]]
     assert sum(c.leader for c in consumers) == 1
     assert len({c.member_id for c in consumers}) == 3

@@ -51,6 +51,7 @@ import trio
 from kio.schema.errors import ErrorCode
 
 __all__ = [
+    "CoordinatorStatistics",
     "GroupCoordinator",
     "GroupSnapshot",
     "GroupState",
@@ -126,6 +127,18 @@ class GroupSnapshot:
     protocol_name: str
     leader: str | None
     members: tuple[MemberSnapshot, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorStatistics:
+    """Counts for metrics: groups by state, members, calls waiting for a rebalance."""
+
+    groups: dict[str, int]
+    members: int
+    pending_members: int
+    waiting_joins: int
+    waiting_syncs: int
+    timers: int
 
 
 class _Timer:
@@ -336,6 +349,21 @@ class GroupCoordinator:
         """Every group this coordinator knows (none is Dead: dead groups are dropped)."""
         return [snap for gid in list(self._groups) if (snap := self.group(gid)) is not None]
 
+    def statistics(self) -> CoordinatorStatistics:
+        """How many groups (by state), members and waiting calls this coordinator holds."""
+        states: dict[str, int] = {}
+        members = [m for g in self._groups.values() for m in g.members.values()]
+        for group in self._groups.values():
+            states[group.state.value] = states.get(group.state.value, 0) + 1
+        return CoordinatorStatistics(
+            groups=states,
+            members=len(members),
+            pending_members=sum(len(g.pending) for g in self._groups.values()),
+            waiting_joins=sum(m.join_waiter is not None for m in members),
+            waiting_syncs=sum(m.sync_waiter is not None for m in members),
+            timers=len(self._heap),
+        )
+
     def is_member(self, group_id: str, member_id: str, generation_id: int) -> bool:
         """True if ``member_id`` belongs to ``group_id``'s current generation."""
         group = self._groups.get(group_id)
@@ -501,9 +529,10 @@ class GroupCoordinator:
     def _pending_expired(self, group: _Group, member_id: str) -> None:
         if group.pending.pop(member_id, None) is not None:
             self._maybe_complete_join(group)
-        if group.generation_id == 0 and not group.members and not group.pending:
+        never_formed = group.generation_id == 0 and not group.members and not group.pending
+        if never_formed and self._groups.get(group.group_id) is group:
             # Only ever asked for a member id, never joined: forget it, as if never seen.
-            self._groups.pop(group.group_id, None)
+            del self._groups[group.group_id]
 
     def _add_member_and_rebalance(self, group: _Group, member: _Member) -> _Waiter[JoinResult]:
         if not group.members:
