@@ -143,7 +143,21 @@ async def test_members_starting_together_land_in_one_generation(
     # Started 2 s apart: each arrival extends the initial delay (3 s) so no one is
     # left for a second rebalance.
     consumers = await start(nursery, coordinator, "c1", "c2", "c3", gap=2)
+    await trio.sleep(0.5)
+    waiting = coordinator.statistics()
+    assert (waiting.groups, waiting.members, waiting.waiting_joins) == (
+        {"PreparingRebalance": 1},
+        3,
+        3,
+    )
     await wait_until(lambda: all(c.owns_its_assignment(1) for c in consumers))
+    stable = coordinator.statistics()
+    assert (stable.groups, stable.members, stable.waiting_joins, stable.waiting_syncs) == (
+        {"Stable": 1},
+        3,
+        0,
+        0,
+    )
     assert [c.history for c in consumers] == [[1], [1], [1]]
     assert sum(c.leader for c in consumers) == 1
     assert len({c.member_id for c in consumers}) == 3
@@ -468,7 +482,15 @@ async def test_bad_joins_get_kafka_errors(
     assert await bad(protocol_type="") is ErrorCode.inconsistent_group_protocol
     # Static membership (group.instance.id) is refused the way Kafka refuses it when off.
     assert await bad(group_instance_id="pod-1") is ErrorCode.unsupported_version
-    assert coordinator.groups() == [] or all(g.members == () for g in coordinator.groups())
+    assert coordinator.groups() == []  # no group was created by a refused join
+    # A client that is given a member id and never comes back leaves nothing behind.
+    ghost = await coordinator.join_group(
+        GROUP, "", protocol_type="consumer", protocols=PROTOCOLS, session_timeout_ms=SESSION_MS
+    )
+    assert ghost.error is ErrorCode.member_id_required
+    assert [g.group_id for g in coordinator.groups()] == [GROUP]
+    await trio.sleep(SESSION_MS / 1000 + 0.1)
+    assert coordinator.groups() == []
 
 
 async def test_delete_group_only_when_empty(

@@ -51,6 +51,7 @@ import trio
 from kio.schema.errors import ErrorCode
 
 __all__ = [
+    "CoordinatorStatistics",
     "GroupCoordinator",
     "GroupSnapshot",
     "GroupState",
@@ -126,6 +127,18 @@ class GroupSnapshot:
     protocol_name: str
     leader: str | None
     members: tuple[MemberSnapshot, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorStatistics:
+    """Counts for metrics: groups by state, members, calls waiting for a rebalance."""
+
+    groups: dict[str, int]
+    members: int
+    pending_members: int
+    waiting_joins: int
+    waiting_syncs: int
+    timers: int
 
 
 class _Timer:
@@ -263,7 +276,10 @@ class GroupCoordinator:
     # -- timers -------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Fire expired deadlines (sessions, rebalances, pending members) until cancelled."""
+        """Fire expired deadlines (sessions, rebalances, pending members) until cancelled.
+
+        Nothing expires unless this runs: start it in the front door's nursery.
+        """
         task_status.started()
         while True:
             self.expire()
@@ -332,6 +348,21 @@ class GroupCoordinator:
     def groups(self) -> list[GroupSnapshot]:
         """Every group this coordinator knows (none is Dead: dead groups are dropped)."""
         return [snap for gid in list(self._groups) if (snap := self.group(gid)) is not None]
+
+    def statistics(self) -> CoordinatorStatistics:
+        """How many groups (by state), members and waiting calls this coordinator holds."""
+        states: dict[str, int] = {}
+        members = [m for g in self._groups.values() for m in g.members.values()]
+        for group in self._groups.values():
+            states[group.state.value] = states.get(group.state.value, 0) + 1
+        return CoordinatorStatistics(
+            groups=states,
+            members=len(members),
+            pending_members=sum(len(g.pending) for g in self._groups.values()),
+            waiting_joins=sum(m.join_waiter is not None for m in members),
+            waiting_syncs=sum(m.sync_waiter is not None for m in members),
+            timers=len(self._heap),
+        )
 
     def is_member(self, group_id: str, member_id: str, generation_id: int) -> bool:
         """True if ``member_id`` belongs to ``group_id``'s current generation."""
@@ -429,6 +460,8 @@ class GroupCoordinator:
         if group is None:
             if member_id:
                 return JoinResult(ErrorCode.unknown_member_id, member_id)
+            if not protocol_type or not protocols:  # no group is created for a bad join
+                return JoinResult(ErrorCode.inconsistent_group_protocol, member_id)
             group = self._new_group(group_id)
         if group.state is GroupState.DEAD:
             return JoinResult(ErrorCode.coordinator_not_available, member_id)
@@ -496,6 +529,10 @@ class GroupCoordinator:
     def _pending_expired(self, group: _Group, member_id: str) -> None:
         if group.pending.pop(member_id, None) is not None:
             self._maybe_complete_join(group)
+        never_formed = group.generation_id == 0 and not group.members and not group.pending
+        if never_formed and self._groups.get(group.group_id) is group:
+            # Only ever asked for a member id, never joined: forget it, as if never seen.
+            del self._groups[group.group_id]
 
     def _add_member_and_rebalance(self, group: _Group, member: _Member) -> _Waiter[JoinResult]:
         if not group.members:

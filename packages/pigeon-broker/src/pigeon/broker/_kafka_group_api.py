@@ -261,7 +261,7 @@ async def leave_group(
     """LeaveGroup v0-v2 (one member) and v3-v5 (a batch, one error per member)."""
     batch = getattr(request, "members", None)
     if batch is None:
-        leaving = [(str(getattr(request, "member_id")), None)]  # noqa: B009 (v0-v2 only)
+        leaving = [(str(getattr(request, "member_id", "")), None)]  # v0-v2: one member
     else:
         leaving = [(m.member_id, m.group_instance_id) for m in batch]
     error, results = coordinator.leave_group(str(request.group_id), leaving)
