@@ -293,10 +293,46 @@ class KafkaFrontDoor:
         return build(cls, error_code=ErrorCode(error), api_keys=keys, throttle_time=ZERO)
 
     def _group_handler(self, handler: Any) -> Handler:
+        from pigeon.broker._kafka_offsets import coordinates
+
         async def run(conn: KafkaConnection, request: Any) -> Any:
-            return conn.spawn(lambda: handler(self.groups, request))
+            group = getattr(request, "group_id", None)
+            if group is not None and not await coordinates(self, group):
+                # another broker holds the group's bundle: the client asks FindCoordinator
+                return _not_coordinator(request)
+            host = conn.name.rpartition(":")[0]
+            return conn.spawn(
+                lambda: handler(self.groups, request, client_id=conn.client_id, client_host=host)
+            )
 
         return run
+
+
+#: the fields of a group answer besides its error code, by API key
+_GROUP_REFUSAL: dict[int, dict[str, Any]] = {
+    11: {
+        "generation_id": -1,
+        "protocol_type": None,
+        "protocol_name": "",
+        "leader": "",
+        "skip_assignment": False,
+        "member_id": "",
+        "members": (),
+    },
+    12: {},
+    13: {"members": ()},
+    14: {"protocol_type": None, "protocol_name": None, "assignment": b""},
+}
+
+
+def _not_coordinator(request: Any) -> Any:
+    from kio.schema.errors import ErrorCode
+
+    from pigeon.broker._kafka_wire import response_type
+
+    cls: Any = response_type(request)
+    fields = _GROUP_REFUSAL[cls.__api_key__]
+    return build(cls, throttle_time=ZERO, error_code=ErrorCode.not_coordinator, **fields)
 
 
 async def _frames(conn: KafkaConnection) -> Any:

@@ -69,9 +69,9 @@ API_VERSIONS: Final[dict[int, tuple[int, int]]] = {
     8: (2, 8),  # OffsetCommit
     9: (1, 7),  # OffsetFetch
     10: (0, 3),  # FindCoordinator
-    11: (0, 7),  # JoinGroup
+    11: (0, 9),  # JoinGroup
     12: (0, 4),  # Heartbeat
-    13: (0, 4),  # LeaveGroup
+    13: (0, 5),  # LeaveGroup
     14: (0, 5),  # SyncGroup
     15: (0, 5),  # DescribeGroups
     16: (0, 4),  # ListGroups
