@@ -25,6 +25,7 @@ from typing import Any
 
 from ._checker import Report, check
 from ._history import History
+from ._kafka_workload import KafkaWorkload
 from ._nemesis import Nemesis, Planned, format_schedule, plan
 from ._proxy import ProxyHub
 from ._topology import Topology, routed_lookups
@@ -38,6 +39,8 @@ RECOVERY_TIMEOUT = 60.0
 DRAIN_TIMEOUT = 30.0
 #: per topic
 FINAL_READ_TIMEOUT = 30.0
+#: after the last fault was healed, how long the Kafka producer's sends get to resolve
+SETTLE_TIMEOUT = 30.0
 
 
 @dataclass
@@ -139,15 +142,18 @@ def run_nemesis(
             phase("start")
             with routed_lookups(topology.routes):
                 workload = Workload(topology, history, producers=producers, rate=rate)
+                kafka = KafkaWorkload(topology, history, workload.delivered, rate=rate / 2)
                 nemesis = Nemesis(topology, history, schedule)
                 try:
                     workload.start()
+                    kafka.start()
                     nemesis.start()
                     time.sleep(duration)
                     nemesis.finish()
                     nemesis.heal_everything(time.monotonic() + RECOVERY_TIMEOUT)
                     phase("faults")
                     workload.stop_production()
+                    kafka.stop_production(SETTLE_TIMEOUT)
                     phase("settle-sends")
                     workload.drain(time.monotonic() + DRAIN_TIMEOUT)
                     phase("drain")
@@ -157,6 +163,7 @@ def run_nemesis(
                     failure = exc
                 finally:
                     nemesis.join()  # never stop the cluster under a node it is starting
+                    kafka.close()
                     workload.close()
         finally:
             topology.heal_all()

@@ -60,6 +60,8 @@ class Topology:
         self.inbound: dict[str, Proxy] = {}
         self.metadata_link: dict[str, Proxy] = {}
         self.http_ports: dict[str, int] = {}
+        #: broker name -> the proxy in front of its Kafka listener (which it advertises)
+        self.kafka_inbound: dict[str, Proxy] = {}
         self._chroot = f"/n{uuid.uuid4().hex[:10]}"
 
     # ------------------------------------------------------------------ start / stop
@@ -106,11 +108,18 @@ class Topology:
         node.start()
 
     def _add_broker(self, name: str, config: Path) -> None:
-        port, http_port = free_ports(2)
+        port, http_port, kafka_port = free_ports(3)
         self.inbound[name] = self.hub.add(name, port)
+        kafka = self.kafka_inbound[name] = self.hub.add(f"{name}-kafka", kafka_port)
         self.http_ports[name] = http_port
+        own = self.root / f"{name}.toml"
+        own.write_text(
+            config.read_text()
+            + f'[kafka]\nport = {kafka_port}\nnamespace = "{NAMESPACE}"\n'
+            + f"advertised_port = {kafka.port}\ngroup_initial_rebalance_delay_ms = 0\n"
+        )
         args = broker_args(
-            self._metadata_url(name), port, http_port, self.replication, "--config", str(config)
+            self._metadata_url(name), port, http_port, self.replication, "--config", str(own)
         )
         node = self.nodes[name] = Node("broker", args, port, self.root / f"{name}.log")
         node.start()
@@ -137,6 +146,11 @@ class Topology:
     def service_url(self) -> str:
         """The brokers' proxies: what clients of the run connect to."""
         return "pigeon://" + ",".join(self.inbound[b].address for b in self.brokers)
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        """The brokers' Kafka listeners' proxies (what the brokers advertise)."""
+        return ",".join(self.kafka_inbound[b].address for b in self.brokers)
 
     @property
     def routes(self) -> dict[tuple[str, int], tuple[str, int]]:
@@ -185,13 +199,17 @@ class Topology:
         self._signal_name(name, signal.SIGCONT)
 
     def cut(self, name: str) -> None:
-        """Black-hole every link of ``name``: its inbound proxy and its metadata link."""
+        """Black-hole every link of ``name``: its inbound proxies and its metadata link."""
         self.inbound[name].block()
+        if name in self.kafka_inbound:
+            self.kafka_inbound[name].block()
         if name in self.metadata_link:
             self.metadata_link[name].block()
 
     def heal(self, name: str) -> None:
         self.inbound[name].heal()
+        if name in self.kafka_inbound:
+            self.kafka_inbound[name].heal()
         if name in self.metadata_link:
             self.metadata_link[name].heal()
 

@@ -39,6 +39,9 @@ TOPICS: dict[str, tuple[int, list[str], int]] = {
     "a": (0, ["exclusive", "shared"], 1),
     "b": (0, ["failover", "key_shared"], 1),
     "p": (3, ["exclusive", "failover", "shared", "key_shared"], 0),
+    # written by the native producers and a Kafka producer, read by a Kafka consumer
+    # group (see _kafka_workload)
+    "k": (3, [], 0),
 }
 #: consumers opened per subscription type
 CONSUMERS = {"exclusive": 1, "failover": 2, "shared": 2, "key_shared": 2}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -20,18 +21,25 @@ hookimpl = pluggy.HookimplMarker("pigeon")
 def _broker_config(
     config_file: str | None, *, kafka_port: int | None, kafka_default: int, **flags: Any
 ) -> BrokerConfig:
+    """``[broker]`` and ``[kafka]`` from the file, the environment and the flags; the
+    Kafka port is ``kafka_default`` unless one of those sets it."""
     config = load_config(BrokerConfig, path=config_file, section="broker", overrides=flags)
-    kafka_env = {"port": os.environ.get("PIGEON_KAFKA_PORT")}
+    env_port = os.environ.get("PIGEON_KAFKA_PORT")
+    port = kafka_port if kafka_port is not None else env_port
     config.kafka = load_config(
-        KafkaConfig,
-        path=config_file,
-        section="kafka",
-        env={},
-        overrides={"port": kafka_default}
-        | {k: v for k, v in kafka_env.items() if v}
-        | ({"port": kafka_port} if kafka_port is not None else {}),
+        KafkaConfig, path=config_file, section="kafka", env={}, overrides={"port": port}
     )
+    if port is None and not _sets(config_file, "kafka", "port"):
+        config.kafka.port = kafka_default
     return config
+
+
+def _sets(config_file: str | None, section: str, key: str) -> bool:
+    """Whether the TOML file's ``[section]`` sets ``key`` (it was read once already)."""
+    if config_file is None:
+        return False
+    table = tomllib.loads(Path(config_file).read_text()).get(section, {})
+    return isinstance(table, dict) and key in table
 
 
 _KAFKA_PORT_HELP = "Kafka protocol port ({}; -1: off; [kafka] port, PIGEON_KAFKA_PORT)."

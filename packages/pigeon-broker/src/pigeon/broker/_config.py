@@ -21,6 +21,9 @@ class KafkaConfig:
     host: str = ""
     #: host name Kafka clients are told to connect to (default: the listening address)
     advertised_host: str = ""
+    #: port Kafka clients are told to connect to (0: the listening port), for a proxy or
+    #: a port mapping in between
+    advertised_port: int = 0
     #: the namespace Kafka topics live in
     namespace: str = "public/default"
     #: partitions of a topic created by a produce, fetch or metadata request

@@ -171,7 +171,10 @@ class KafkaFrontDoor:
     @property
     def advertised(self) -> tuple[str, int]:
         assert self.address is not None
-        return (self.config.advertised_host or self.address[0], self.address[1])
+        return (
+            self.config.advertised_host or self.address[0],
+            self.config.advertised_port or self.address[1],
+        )
 
     @property
     def advertised_address(self) -> str:

@@ -116,10 +116,9 @@ async def metadata(conn: KafkaConnection, request: Any) -> Any:
             )
             continue
         parts = []
+        # a topic's partitions share one bundle (ownership hashes the base name)
+        record = await door.core.ownership.lookup_record(door.topic_name(kafka_topic))
         for index in range(count):
-            record = await door.core.ownership.lookup_record(
-                door.partition_name(kafka_topic, index)
-            )
             leader = record.get("kafka", own)
             brokers.setdefault(leader, record)
             nid = node_id(leader)
