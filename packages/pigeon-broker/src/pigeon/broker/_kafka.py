@@ -127,6 +127,7 @@ class KafkaFrontDoor:
         self.config = config
         self.conns: set[KafkaConnection] = set()
         self.address: tuple[str, int] | None = None
+        self._listeners: list[trio.SocketListener] = []
         self.groups = GroupCoordinator(
             group_initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms
         )
@@ -193,14 +194,20 @@ class KafkaFrontDoor:
 
     # ------------------------------------------------------------------ serving
 
-    async def serve(self, *, task_status: trio.TaskStatus[tuple[str, int]]) -> None:
+    async def listen(self) -> tuple[str, int]:
+        """Bind the listener (connections wait in its backlog until :meth:`serve`)."""
         host = self.config.host or self.core.config.host
-        listeners = await listen_tcp(self.config.port, host, "the Kafka listener")
-        sockname = listeners[0].socket.getsockname()
+        self._listeners = await listen_tcp(self.config.port, host, "the Kafka listener")
+        sockname = self._listeners[0].socket.getsockname()
         self.address = (sockname[0], sockname[1])
+        return self.address
+
+    async def serve(self, *, task_status: trio.TaskStatus[tuple[str, int]]) -> None:
+        """Accept and serve connections (after :meth:`listen`) until cancelled."""
+        assert self.address is not None, "listen() first"
         async with trio.open_nursery() as nursery:
             await nursery.start(self.groups.run)
-            await nursery.start(trio.serve_listeners, self._handle, listeners)
+            await nursery.start(trio.serve_listeners, self._handle, self._listeners)
             log.info("kafka serving address=%s:%s", *self.address)
             task_status.started(self.address)
 

@@ -138,6 +138,16 @@ class BrokerService:
                 await self.policies.ensure_defaults()
                 await nursery.start(self.policies.watch)
                 nursery.start_soon(self._maintenance)
+                advertised = {}
+                if self.config.kafka.port >= 0:
+                    from pigeon.broker._kafka import KafkaFrontDoor
+
+                    # bound before the native port opens, so that a client that saw the
+                    # broker ready never finds the Kafka port closed; served below
+                    self.kafka = KafkaFrontDoor(self, self.config.kafka)
+                    self.front_doors.append(self.kafka)
+                    await self.kafka.listen()
+                    advertised["kafka"] = self.kafka.advertised_address
                 self.address = await nursery.start(
                     lambda task_status: serve_tcp(
                         self.native,
@@ -151,14 +161,6 @@ class BrokerService:
                     )
                 )
                 log.info("broker serving address=%s:%s", *self.address)
-                advertised = {}
-                if self.config.kafka.port >= 0:
-                    from pigeon.broker._kafka import KafkaFrontDoor
-
-                    self.kafka = KafkaFrontDoor(self, self.config.kafka)
-                    self.front_doors.append(self.kafka)
-                    await nursery.start(self.kafka.serve)
-                    advertised["kafka"] = self.kafka.advertised_address
                 self.ownership = Ownership(
                     self.store,
                     self.service_url,
@@ -178,6 +180,8 @@ class BrokerService:
                     self, interval_s=self.config.load_manager_interval_s
                 )
                 await nursery.start(self.load_manager.run)
+                if self.kafka is not None:
+                    await nursery.start(self.kafka.serve)
                 task_status.started(self.address)
                 await trio.sleep_forever()
             finally:

@@ -1,0 +1,255 @@
+"""kafka-python and aiokafka in the scenarios confluent-kafka runs in test_kafka_clients:
+every compression type, idempotent producers, a consumer group of three that rebalances
+on join and leave, and committed offsets that survive a restart of the server.
+
+Each scenario is one function per client library, run against one module-wide
+``pigeon standalone`` (the restart test starts its own).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pigeon.core.testing.servers import Standalone
+
+kafka = pytest.importorskip("kafka")
+aiokafka = pytest.importorskip("aiokafka")
+
+pytestmark = pytest.mark.integration
+
+DEADLINE_S = 60.0
+CONFIG = "[kafka]\ngroup_initial_rebalance_delay_ms = 300\n"
+
+
+def start_server(base: Path) -> Standalone:
+    base.mkdir(parents=True, exist_ok=True)
+    config = base / "pigeon.toml"
+    config.write_text(CONFIG)
+    return Standalone(base / "data", log_dir=base, extra_args=("--config", str(config))).start()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalone]:
+    sa = start_server(tmp_path_factory.mktemp("kafka-py"))
+    try:
+        yield sa
+    finally:
+        sa.close()
+
+
+def new_topic(bootstrap: str, partitions: int = 1) -> str:
+    topic = f"py-{uuid.uuid4().hex[:10]}"
+    admin = kafka.KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.create_topics([kafka.admin.NewTopic(topic, partitions, 1)])
+    finally:
+        admin.close()
+    return topic
+
+
+# ---------------------------------------------------------------------- kafka-python
+
+
+def kp_produce(bootstrap: str, topic: str, values: list[bytes], **conf: Any) -> list[int]:
+    producer = kafka.KafkaProducer(bootstrap_servers=bootstrap, acks="all", **conf)
+    try:
+        futures = [producer.send(topic, value=v, key=b"k") for v in values]
+        producer.flush(DEADLINE_S)
+        return [f.get(DEADLINE_S).offset for f in futures]
+    finally:
+        producer.close()
+
+
+def kp_consume(bootstrap: str, topic: str, count: int, group: str) -> list[Any]:
+    consumer = kafka.KafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id=group,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    got: list[Any] = []
+    deadline = time.monotonic() + DEADLINE_S
+    try:
+        while len(got) < count and time.monotonic() < deadline:
+            # no more than asked for, so that the commit is of what was taken
+            for records in consumer.poll(timeout_ms=500, max_records=count - len(got)).values():
+                got.extend(records)
+        consumer.commit()
+    finally:
+        consumer.close()
+    return sorted(got, key=lambda m: (m.partition, m.offset))[:count]
+
+
+# ---------------------------------------------------------------------- aiokafka
+
+
+def ak_produce(bootstrap: str, topic: str, values: list[bytes], **conf: Any) -> list[int]:
+    async def run() -> list[int]:
+        producer = aiokafka.AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", **conf)
+        await producer.start()
+        try:
+            futures = [await producer.send(topic, v, key=b"k") for v in values]
+            return [(await f).offset for f in futures]
+        finally:
+            await producer.stop()
+
+    return asyncio.run(run())
+
+
+def ak_consume(bootstrap: str, topic: str, count: int, group: str) -> list[Any]:
+    async def run() -> list[Any]:
+        consumer = aiokafka.AIOKafkaConsumer(
+            topic,
+            bootstrap_servers=bootstrap,
+            group_id=group,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+        )
+        await consumer.start()
+        got: list[Any] = []
+        try:
+            async with asyncio.timeout(DEADLINE_S):
+                while len(got) < count:
+                    batch = await consumer.getmany(timeout_ms=500, max_records=count - len(got))
+                    for records in batch.values():
+                        got.extend(records)
+            await consumer.commit()
+        finally:
+            await consumer.stop()
+        return sorted(got, key=lambda m: (m.partition, m.offset))[:count]
+
+    return asyncio.run(run())
+
+
+CLIENTS = {"kafka-python": (kp_produce, kp_consume), "aiokafka": (ak_produce, ak_consume)}
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+@pytest.mark.parametrize("codec", [None, "gzip", "snappy", "lz4", "zstd"])
+def test_every_compression_type(server: Standalone, client: str, codec: str | None) -> None:
+    if client == "kafka-python" and codec == "snappy" and not kafka.codec.has_snappy():
+        pytest.skip("kafka-python needs python-snappy for snappy, which is not installed")
+    produce, consume = CLIENTS[client]
+    topic = new_topic(server.kafka_bootstrap)
+    values = [f"{codec}-{i}".encode() * 30 for i in range(60)]
+    offsets = produce(server.kafka_bootstrap, topic, values, compression_type=codec)
+    assert offsets == list(range(60))
+    got = consume(server.kafka_bootstrap, topic, 60, f"g-{uuid.uuid4().hex[:6]}")
+    assert [m.value for m in got] == values
+    assert [m.offset for m in got] == list(range(60))
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_idempotent_producer(server: Standalone, client: str) -> None:
+    produce, consume = CLIENTS[client]
+    topic = new_topic(server.kafka_bootstrap)
+    values = [f"idem-{i}".encode() for i in range(200)]
+    offsets = produce(server.kafka_bootstrap, topic, values, enable_idempotence=True)
+    assert offsets == list(range(200))
+    got = consume(server.kafka_bootstrap, topic, 200, f"g-{uuid.uuid4().hex[:6]}")
+    assert [m.value for m in got] == values
+
+
+def test_kafka_python_group_of_three_rebalances_on_join_and_leave(server: Standalone) -> None:
+    topic = new_topic(server.kafka_bootstrap, partitions=6)
+    group = f"g-{uuid.uuid4().hex[:6]}"
+
+    def member() -> Any:
+        return kafka.KafkaConsumer(
+            topic,
+            bootstrap_servers=server.kafka_bootstrap,
+            group_id=group,
+            session_timeout_ms=6000,
+            heartbeat_interval_ms=500,
+        )
+
+    members = [member(), member()]
+    try:
+        assert sorted(len(a) for a in wait_assignment(members, 6)) == [3, 3]
+        members.append(member())  # joins: everyone gets a new share
+        assert sorted(len(a) for a in wait_assignment(members, 6)) == [2, 2, 2]
+        members.pop(0).close()  # leaves
+        assert sorted(len(a) for a in wait_assignment(members, 6)) == [3, 3]
+    finally:
+        for m in members:
+            m.close()
+
+
+def wait_assignment(members: list[Any], partitions: int) -> list[set[int]]:
+    deadline = time.monotonic() + DEADLINE_S
+    assigned: list[set[int]] = []
+    while time.monotonic() < deadline:
+        for m in members:
+            m.poll(timeout_ms=100)
+        assigned = [{tp.partition for tp in m.assignment()} for m in members]
+        if sorted(p for a in assigned for p in a) == list(range(partitions)) and all(assigned):
+            return assigned
+    raise AssertionError(f"assignments never covered {partitions} partitions: {assigned}")
+
+
+def test_aiokafka_group_of_three_rebalances_on_join_and_leave(server: Standalone) -> None:
+    topic = new_topic(server.kafka_bootstrap, partitions=6)
+    group = f"g-{uuid.uuid4().hex[:6]}"
+
+    async def scenario() -> list[list[int]]:
+        def member() -> Any:
+            return aiokafka.AIOKafkaConsumer(
+                topic,
+                bootstrap_servers=server.kafka_bootstrap,
+                group_id=group,
+                session_timeout_ms=6000,
+                heartbeat_interval_ms=500,
+            )
+
+        async def settled(members: list[Any]) -> list[int]:
+            async with asyncio.timeout(DEADLINE_S):
+                while True:
+                    for m in members:
+                        await m.getmany(timeout_ms=100)
+                    assigned = [{tp.partition for tp in m.assignment()} for m in members]
+                    flat = sorted(p for a in assigned for p in a)
+                    if flat == list(range(6)) and all(assigned):
+                        return sorted(len(a) for a in assigned)
+
+        members = [member(), member()]
+        shares = []
+        try:
+            for m in members:
+                await m.start()
+            shares.append(await settled(members))
+            third = member()
+            await third.start()
+            members.append(third)
+            shares.append(await settled(members))
+            await members.pop(0).stop()
+            shares.append(await settled(members))
+        finally:
+            for m in members:
+                await m.stop()
+        return shares
+
+    assert asyncio.run(scenario()) == [[3, 3], [2, 2, 2], [3, 3]]
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_commits_survive_a_restart(tmp_path: Path, client: str) -> None:
+    produce, consume = CLIENTS[client]
+    sa = start_server(tmp_path / client)
+    try:
+        topic = new_topic(sa.kafka_bootstrap)
+        produce(sa.kafka_bootstrap, topic, [f"r{i}".encode() for i in range(20)])
+        first = consume(sa.kafka_bootstrap, topic, 8, "keep")
+        assert [m.offset for m in first] == list(range(8))
+        sa.restart()
+        rest = consume(sa.kafka_bootstrap, topic, 12, "keep")
+        assert [m.offset for m in rest] == list(range(8, 20))
+    finally:
+        sa.close()
