@@ -28,6 +28,7 @@ from pigeon.core.errors import (
 from pigeon.core.kafka_records import (
     FORMAT_KAFKA,
     compress_records,
+    count_records,
     encode_record_batch,
     kafka_batch_of_entry,
     read_batch_info,
@@ -466,3 +467,21 @@ def test_native_to_kafka_to_native_round_trip(
     assert decoded.keys() == keys
     assert [decoded.event_time(i) for i in range(len(msgs))] == times
     assert decoded.all_properties() == props
+
+
+@pytest.mark.parametrize("codec", ["none", "gzip", "zstd"])
+def test_a_batch_must_hold_the_records_it_counts(codec: str) -> None:
+    """The count decides how many offsets a batch takes: a batch claiming more (or fewer)
+    records than it holds is refused before it is stored, CRC or not."""
+    batch = kafka_python_batch(sample_records(5), COMPRESSIONS[codec])
+    assert count_records(batch, read_batch_info(batch), 1 << 20) == 5
+    for count in (4, 6, 500):
+        lying = bytearray(batch)
+        struct.pack_into(">i", lying, 23, count - 1)  # lastOffsetDelta
+        struct.pack_into(">i", lying, 57, count)  # recordCount
+        refused = with_crc(lying)
+        with pytest.raises(CorruptRecordBatch, match="says|cannot hold"):
+            count_records(refused, read_batch_info(refused), 1 << 20)
+    cut = batch_of_records(b"\x10" + b"\x00" * 3, 1)  # a record of 8 bytes with 3 present
+    with pytest.raises(CorruptRecordBatch):
+        count_records(cut, read_batch_info(cut, verify_crc=True), 1 << 20)

@@ -187,7 +187,13 @@ class KafkaFrontDoor:
         """The partitioned topic a Kafka topic is; InvalidTopicName for a bad name."""
         if not kafka_topic or "/" in kafka_topic or kafka_topic in (".", ".."):
             raise InvalidTopicName(f"{kafka_topic!r} is not a valid Kafka topic name")
-        return TopicName.parse(f"persistent://{self.config.namespace}/{kafka_topic}")
+        name = TopicName.parse(f"persistent://{self.config.namespace}/{kafka_topic}")
+        if name.partition_index >= 0:
+            raise InvalidTopicName(
+                f"{kafka_topic!r} names a partition of {name.base.local!r}: a Kafka topic"
+                " name may not end in -partition-<n>"
+            )
+        return name
 
     def partition_name(self, kafka_topic: str, partition: int) -> TopicName:
         return self.topic_name(kafka_topic).partition(partition)

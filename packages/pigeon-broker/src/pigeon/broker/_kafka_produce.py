@@ -31,6 +31,7 @@ from pigeon.broker._kafka_wire import ZERO, build, error_code, part, response_ty
 from pigeon.core.errors import PigeonError, TopicNotFound
 from pigeon.core.kafka_records import (
     FORMAT_KAFKA,
+    count_records,
     read_batch_info,
     split_record_batches,
     wrap_record_batch,
@@ -58,6 +59,8 @@ async def produce(conn: KafkaConnection, request: Any) -> Any:
 
     def finish(key: tuple[str, int], outcome: Outcome) -> None:
         nonlocal waiting
+        if key in results:
+            return  # answered already (a later batch of the partition failed too)
         results[key] = outcome
         waiting -= 1
         if sealed and waiting == 0:
@@ -142,8 +145,11 @@ async def _produce_partition(
     if not batches:
         done((ErrorCode.none, -1, None))
         return
-    for batch in batches:
-        info = read_batch_info(batch)
+    limit = core.max_message_size(name) * 64  # decompressed records of one batch, at most
+    infos = [read_batch_info(batch) for batch in batches]  # all checked before any is sent
+    for batch, info in zip(batches, infos, strict=True):
+        count_records(batch, info, limit)
+    for batch, info in zip(batches, infos, strict=True):
         await _send_batch(conn, name, batch, info, one_done)
 
 

@@ -69,7 +69,7 @@ from typing import Final
 
 import crc32c as _crc32c
 
-from pigeon.core._kafka_records_codecs import compress_records
+from pigeon.core._kafka_records_codecs import compress_records, decompress_records
 from pigeon.core.errors import CorruptRecordBatch, MessageTooLarge, UnsupportedRecordFormat
 
 __all__ = [
@@ -235,6 +235,40 @@ def read_batch_info(
     if info.compression > 4:
         raise UnsupportedRecordFormat(f"record batch compression id {info.compression} unknown")
     return info
+
+
+def count_records(batch: bytes | memoryview, info: RecordBatchInfo, limit: int) -> int:
+    """Check that the batch holds exactly ``info.record_count`` records, by walking their
+    length prefixes (decompressing a compressed batch first, to at most ``limit`` bytes):
+    the count decides how many offsets the batch takes, so it must be true before the
+    batch is stored.  Cheap: one varint per record, no field is decoded.
+
+    :raises CorruptRecordBatch: the records do not add up to the count.
+    :raises MessageTooLarge: the records decompress to more than ``limit`` bytes.
+    """
+    body = memoryview(batch)[BATCH_HEADER_SIZE:]
+    data = (
+        bytes(body) if info.compression == 0 else decompress_records(info.compression, body, limit)
+    )
+    end = len(data)
+    pos = 0
+    n = 0
+    try:
+        while pos < end:
+            raw, pos = _uvarint(data, pos)
+            length = (raw >> 1) ^ -(raw & 1)
+            if length < 0:
+                raise CorruptRecordBatch(f"record {n} has a negative length {length}")
+            pos += length
+            n += 1
+    except IndexError:
+        raise CorruptRecordBatch(f"record {n} is cut short") from None
+    if pos != end or n != info.record_count:
+        raise CorruptRecordBatch(
+            f"record batch says {info.record_count} records, holds {n}"
+            + ("" if pos == end else f" and {pos - end} bytes are missing")
+        )
+    return n
 
 
 # -- records ------------------------------------------------------------------------------
