@@ -480,7 +480,7 @@ def test_a_batch_must_hold_the_records_it_counts(codec: str) -> None:
         struct.pack_into(">i", lying, 23, count - 1)  # lastOffsetDelta
         struct.pack_into(">i", lying, 57, count)  # recordCount
         refused = with_crc(lying)
-        with pytest.raises(CorruptRecordBatch, match="says|cannot hold"):
+        with pytest.raises(CorruptRecordBatch, match=r"says|cannot hold"):
             count_records(refused, read_batch_info(refused), 1 << 20)
     cut = batch_of_records(b"\x10" + b"\x00" * 3, 1)  # a record of 8 bytes with 3 present
     with pytest.raises(CorruptRecordBatch):
