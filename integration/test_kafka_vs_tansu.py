@@ -328,15 +328,63 @@ def list_offsets(c: Ctx) -> Any:
 
 
 def out_of_range(c: Ctx) -> Any:
-    """A fetch past the end with ``auto.offset.reset=error``: the error the consumer gets."""
+    """A fetch past the end with no reset policy: the error each client reports."""
+    import kafka
+
+    out: dict[str, Any] = {}
     consumer = Consumer(
         consumer_conf(c.bootstrap, f"{c.group}-strict", **{"auto.offset.reset": "error"})
     )
     try:
         consumer.assign([TopicPartition(c.topic, 1, 1000)])
-        return wait_until("an error", lambda: _error_of(consumer.poll(0.2)), lambda: None)
+        out["confluent"] = wait_until(
+            "an error", lambda: _error_of(consumer.poll(0.2)), lambda: None
+        )
     finally:
         consumer.close()
+    strict = kafka.KafkaConsumer(
+        bootstrap_servers=c.bootstrap,
+        auto_offset_reset="none",
+        enable_auto_commit=False,
+        request_timeout_ms=int(DEADLINE_S * 1000),
+    )
+    try:
+        tp = kafka.TopicPartition(c.topic, 1)
+        strict.assign([tp])
+        strict.seek(tp, 1000)
+
+        def fetch() -> str | None:
+            try:
+                strict.poll(timeout_ms=200)
+            except kafka.errors.KafkaError as e:
+                return type(e).__name__
+            return None
+
+        out["kafka_python"] = wait_until("an error", fetch, lambda: None)
+    finally:
+        strict.close()
+    return out
+
+
+def edge_offsets(c: Ctx) -> Any:
+    """What a group that never committed has committed, and ListOffsets for a partition
+    the topic does not have."""
+    out: dict[str, Any] = {}
+    consumer = Consumer(consumer_conf(c.bootstrap, f"{c.group}-never"))
+    try:
+        committed = consumer.committed(
+            [TopicPartition(c.topic, p) for p in range(PARTITIONS)], timeout=DEADLINE_S
+        )
+        out["never_committed"] = [tp.offset for tp in committed]
+        try:
+            out["missing_partition"] = list(
+                consumer.get_watermark_offsets(TopicPartition(c.topic, 7), DEADLINE_S)
+            )
+        except KafkaException as e:
+            out["missing_partition"] = error_name(e)
+    finally:
+        consumer.close()
+    return out
 
 
 def _error_of(msg: Any) -> str | None:
@@ -476,6 +524,9 @@ def rebalance(c: Ctx) -> Any:
     finally:
         for m in members:
             m.close()
+    # everyone left: the group is empty
+    desc = admin.describe_consumer_groups([group])[group].result(DEADLINE_S)
+    described["after_leaving"] = [desc.state.name, len(desc.members)]
     return {
         "two_members": sorted(len(a) for a in two),
         "three_members": sorted(len(a) for a in three),
@@ -486,7 +537,8 @@ def rebalance(c: Ctx) -> Any:
 
 
 def delete_topic(c: Ctx) -> Any:
-    """Delete the topic, list the topics, delete it again."""
+    """Delete the topic, list the topics, delete it again; then a new topic of the same
+    name starts empty, at offset 0."""
     out: dict[str, Any] = {}
     c.admin.delete_topics([c.topic])[c.topic].result(DEADLINE_S)
     out["listed_after"] = c.topic in c.admin.list_topics(timeout=DEADLINE_S).topics
@@ -495,6 +547,20 @@ def delete_topic(c: Ctx) -> Any:
         out["again"] = "ok"
     except KafkaException as e:
         out["again"] = error_name(e)
+    c.admin.create_topics([NewTopic(c.topic, num_partitions=1)])[c.topic].result(DEADLINE_S)
+    reports: list[Any] = []
+    # a new producer: the session's one would only log that the partition count changed
+    producer = Producer({"bootstrap.servers": c.bootstrap})
+    producer.produce(
+        c.topic, value=b"reborn", partition=0, on_delivery=lambda e, m: reports.append(m)
+    )
+    assert producer.flush(DEADLINE_S) == 0, "deliveries still pending"
+    md = c.admin.list_topics(c.topic, timeout=DEADLINE_S)
+    out["recreated"] = {
+        "partitions": len(md.topics[c.topic].partitions),
+        "offsets": [m.offset() for m in reports],
+    }
+    c.admin.delete_topics([c.topic])[c.topic].result(DEADLINE_S)
     return out
 
 
@@ -507,6 +573,7 @@ STEPS: list[tuple[str, Callable[[Ctx], Any]]] = [
     ("resume_after_commit", resume_after_commit),
     ("list_offsets", list_offsets),
     ("out_of_range", out_of_range),
+    ("edge_offsets", edge_offsets),
     ("unknown_topic", unknown_topic),
     ("kafka_python", kafka_python_view),
     ("rebalance", rebalance),
@@ -552,7 +619,7 @@ TANSU_DIFFERS: dict[str, tuple[Any, str]] = {
     ),
     "kafka_python.end.1": (3, "the same, seen through kafka-python"),
     "out_of_range": (
-        "_AUTO_OFFSET_RESET",
+        {"confluent": "_AUTO_OFFSET_RESET", "kafka_python": "OffsetOutOfRangeError"},
         "Tansu answers a fetch past the end with no records and no OFFSET_OUT_OF_RANGE",
     ),
     "rebalance.described.members": (3, "Tansu's DescribeGroups lists no members"),
