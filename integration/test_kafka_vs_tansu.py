@@ -239,6 +239,7 @@ def create_topic(c: Ctx) -> Any:
 
 
 def create_topic_again(c: Ctx) -> Any:
+    """CreateTopics for a topic that exists: the error."""
     try:
         c.admin.create_topics([NewTopic(c.topic, num_partitions=PARTITIONS)])[c.topic].result(
             DEADLINE_S
@@ -304,10 +305,11 @@ def resume_after_commit(c: Ctx) -> Any:
 def list_offsets(c: Ctx) -> Any:
     """ListOffsets: earliest and latest per partition, by time, and by a time past the end.
 
-    Both brokers answer a by-time query from the time they appended the records, not from
-    the producer's timestamps (T0, in the past): every partition answers 0, also for a time
-    after the last record.  Apache Kafka (``message.timestamp.type=CreateTime``) would answer
-    1 (the first record stamped T0 + 1000) and -1.  Recorded here so a change shows.
+    Both brokers answer 0 for every by-time query here, also for a time after the last
+    record: PigeonMQ searches by the time it appended the records, not by the producer's
+    timestamps (T0, in the past).  Apache Kafka (``message.timestamp.type=CreateTime``)
+    would answer 1 (the first record stamped T0 + 1000) and -1.  Recorded so a change in
+    either broker shows.
     """
     consumer = Consumer(consumer_conf(c.bootstrap, f"{c.group}-probe"))
     try:
@@ -367,8 +369,8 @@ def out_of_range(c: Ctx) -> Any:
 
 
 def edge_offsets(c: Ctx) -> Any:
-    """What a group that never committed has committed, and ListOffsets for a partition
-    the topic does not have."""
+    """What a group that never committed has committed (-1001: none), and the watermarks
+    of a partition the topic does not have (librdkafka answers from the metadata)."""
     out: dict[str, Any] = {}
     consumer = Consumer(consumer_conf(c.bootstrap, f"{c.group}-never"))
     try:
@@ -508,7 +510,7 @@ def rebalance(c: Ctx) -> Any:
 
         members.append(member(2))
         three = wait_until(
-            "three members covering the topic, each revoked once",
+            "three members covering the topic, the first two revoked",
             lambda: covering(members)() if revoked() else None,
             poll(members),
         )
@@ -660,7 +662,7 @@ def diff(ours: Any, theirs: Any, path: str = "") -> list[str]:
 
 # kafka-python 3.0 loads its message schemas with the deprecated importlib.resources.read_text
 @pytest.mark.filterwarnings("ignore:(read|open)_text is deprecated:DeprecationWarning")
-def test_same_session_same_answers(pigeon: Standalone, tansu: Tansu) -> None:
+def test_same_session_same_answers(tansu: Tansu, pigeon: Standalone) -> None:
     topic = f"vs-{uuid.uuid4().hex[:8]}"
     group = f"g-{uuid.uuid4().hex[:8]}"
     ours = session(pigeon.kafka_bootstrap, topic=topic, group=group)
