@@ -71,6 +71,14 @@ async def produce(conn: KafkaConnection, request: Any) -> Any:
             try:
                 await _produce_partition(conn, key, data.records, functools.partial(finish, key))
             except PigeonError as exc:
+                if not exc.retriable:
+                    log.warning(
+                        "kafka produce refused conn=%s topic=%s partition=%d: %s",
+                        conn.name,
+                        key[0],
+                        key[1],
+                        exc,
+                    )
                 finish(key, (error_code(exc), -1, str(exc)))
     sealed = True
     if request.acks == 0:
@@ -142,8 +150,10 @@ async def _produce_partition(
     if not batches:
         done((ErrorCode.none, -1, None))
         return
-    for batch in batches:
-        info = read_batch_info(batch)
+    # every batch is checked before any is sent: a corrupt one refuses the whole
+    # partition's records, never after the batches before it were stored
+    infos = [read_batch_info(batch) for batch in batches]
+    for batch, info in zip(batches, infos, strict=True):
         await _send_batch(conn, name, batch, info, one_done)
 
 
