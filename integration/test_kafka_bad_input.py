@@ -13,8 +13,10 @@ is bounded.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import io
+import os
 import random
 import socket
 import struct
@@ -48,8 +50,8 @@ default_partitions = 1
 """
 WITNESS = "witness"
 #: the fuzz loop's seed and length (a failure names the iteration: rerun the same seed)
-FUZZ_SEED = 14
-FUZZ_ROUNDS = 300
+FUZZ_SEED = int(os.environ.get("PIGEON_KAFKA_FUZZ_SEED", "14"))
+FUZZ_ROUNDS = int(os.environ.get("PIGEON_KAFKA_FUZZ_ROUNDS", "600"))
 
 
 # ------------------------------------------------------------------ server and witness
@@ -329,6 +331,98 @@ def offset_fetch(topic: str) -> Any:
     )
 
 
+def group_requests(topic: str) -> list[Any]:
+    """One request of each group API (a consumer's life: join, sync, beat, commit, leave)."""
+    from kio.schema.describe_groups.v5.request import DescribeGroupsRequest
+    from kio.schema.heartbeat.v4.request import HeartbeatRequest
+    from kio.schema.join_group.v5.request import JoinGroupRequest, JoinGroupRequestProtocol
+    from kio.schema.leave_group.v4.request import LeaveGroupRequest, MemberIdentity
+    from kio.schema.list_groups.v4.request import ListGroupsRequest
+    from kio.schema.offset_commit.v8.request import (
+        OffsetCommitRequest,
+        OffsetCommitRequestPartition,
+        OffsetCommitRequestTopic,
+    )
+    from kio.schema.sync_group.v5.request import SyncGroupRequest, SyncGroupRequestAssignment
+
+    group, member = "fuzz-group", "fuzz-member"
+    return [
+        JoinGroupRequest(
+            group_id=group,
+            session_timeout=datetime.timedelta(seconds=6),
+            rebalance_timeout=datetime.timedelta(seconds=1),
+            member_id="",
+            protocol_type="consumer",
+            protocols=(JoinGroupRequestProtocol(name="range", metadata=b"\x00\x01"),),
+        ),
+        SyncGroupRequest(
+            group_id=group,
+            generation_id=1,
+            member_id=member,
+            protocol_type="consumer",
+            protocol_name="range",
+            assignments=(SyncGroupRequestAssignment(member_id=member, assignment=b"\x00"),),
+        ),
+        HeartbeatRequest(group_id=group, generation_id=1, member_id=member),
+        OffsetCommitRequest(
+            group_id=group,
+            generation_id_or_member_epoch=-1,
+            member_id="",
+            topics=(
+                OffsetCommitRequestTopic(
+                    name=topic,
+                    partitions=(
+                        OffsetCommitRequestPartition(
+                            partition_index=0, committed_offset=2, committed_metadata=None
+                        ),
+                    ),
+                ),
+            ),
+        ),
+        LeaveGroupRequest(group_id=group, members=(MemberIdentity(member_id=member),)),
+        DescribeGroupsRequest(groups=(group,), include_authorized_operations=False),
+        ListGroupsRequest(),
+    ]
+
+
+def topic_requests(topic: str) -> list[Any]:
+    from kio.schema.create_partitions.v3.request import (
+        CreatePartitionsRequest,
+        CreatePartitionsTopic,
+    )
+    from kio.schema.create_topics.v5.request import CreatableTopic, CreateTopicsRequest
+    from kio.schema.describe_configs.v4.request import (
+        DescribeConfigsRequest,
+        DescribeConfigsResource,
+    )
+    from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
+
+    return [
+        CreateTopicsRequest(
+            topics=(
+                CreatableTopic(
+                    name=f"{topic}-new",
+                    num_partitions=1,
+                    replication_factor=1,
+                    assignments=(),
+                    configs=(),
+                ),
+            )
+        ),
+        CreatePartitionsRequest(
+            topics=(CreatePartitionsTopic(name=topic, count=2, assignments=None),),
+            timeout=datetime.timedelta(seconds=5),
+            validate_only=True,
+        ),
+        DescribeConfigsRequest(
+            resources=(DescribeConfigsResource(resource_type=2, resource_name=topic),)
+        ),
+        InitProducerIdRequest(
+            transactional_id=None, transaction_timeout=datetime.timedelta(seconds=60)
+        ),
+    ]
+
+
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
@@ -486,6 +580,46 @@ def test_produce_with_a_bad_crc_is_answered_corrupt_message_and_stores_nothing(
     assert_no_traceback(server)
 
 
+def test_partition_counts_beyond_the_limit_are_refused(
+    server: Standalone, witness: Witness
+) -> None:
+    from kio.schema.create_partitions.v3.request import (
+        CreatePartitionsRequest,
+        CreatePartitionsTopic,
+    )
+    from kio.schema.create_topics.v5.request import CreatableTopic, CreateTopicsRequest
+
+    topic = unique("many")
+    create = CreateTopicsRequest(
+        topics=(
+            CreatableTopic(
+                name=topic,
+                num_partitions=2**31 - 1,
+                replication_factor=1,
+                assignments=(),
+                configs=(),
+            ),
+        )
+    )
+    grow = CreatePartitionsRequest(
+        topics=(CreatePartitionsTopic(name=WITNESS, count=2**31 - 1, assignments=None),),
+        timeout=datetime.timedelta(seconds=5),
+        validate_only=False,
+    )
+    with connect(server) as sock:
+        sock.sendall(request_bytes(create, 1))
+        _, answer = read_response(sock, create)
+        assert answer.topics[0].error_code != ErrorCode.none
+        sock.sendall(request_bytes(grow, 2))
+        _, answer = read_response(sock, grow)
+        assert answer.results[0].error_code == ErrorCode.invalid_partitions
+        sock.sendall(request_bytes(metadata(WITNESS), 3))
+        _, answer = read_response(sock, metadata(WITNESS))
+        assert len(answer.topics[0].partitions) == 1
+    witness.still_working("partition counts")
+    assert_no_traceback(server)
+
+
 # ------------------------------------------------------------------ fuzz
 
 
@@ -511,6 +645,85 @@ def mutate(rng: random.Random, frame: bytes) -> bytes:
     return struct.pack(">i", size) + bytes(body)
 
 
+_INTS = [0, -1, 1, 2, 127, -128, 32767, -32768, 2**31 - 1, -(2**31), 2**63 - 1, -(2**63)]
+_TEXTS = ["", ".", "..", "a/b", "x" * 300, "ключ", " ", "fuzz-group"]
+
+
+def mutate_entity(rng: random.Random, entity: Any, rate: float = 0.3) -> Any:
+    """``entity`` (a kio request) with hostile field values: extreme integers and
+    durations, odd names, random bytes, arrays emptied or repeated.  Values a field's
+    type cannot hold make the writer fail: the caller skips that example."""
+    changes: dict[str, Any] = {}
+    for f in dataclasses.fields(entity):
+        value = getattr(entity, f.name)
+        if isinstance(value, tuple) and value and dataclasses.is_dataclass(value[0]):
+            items = [mutate_entity(rng, v, rate) for v in value]
+            if rng.random() < rate / 2:
+                items = rng.choice([[], items * rng.randint(2, 50)])
+            changes[f.name] = tuple(items)
+        elif dataclasses.is_dataclass(value):
+            changes[f.name] = mutate_entity(rng, value, rate)
+        elif rng.random() >= rate:
+            continue
+        elif isinstance(value, bool):
+            changes[f.name] = not value
+        elif isinstance(value, int):
+            changes[f.name] = type(value)(rng.choice(_INTS))
+        elif isinstance(value, datetime.timedelta):
+            changes[f.name] = datetime.timedelta(milliseconds=rng.choice(_INTS[:10]))
+        elif isinstance(value, str):
+            changes[f.name] = rng.choice(_TEXTS)
+        elif isinstance(value, bytes):
+            changes[f.name] = rng.randbytes(rng.randint(0, 80))
+    return dataclasses.replace(entity, **changes)
+
+
+def test_fuzzed_field_values_are_answered_or_refused_without_a_traceback(
+    server: Standalone, witness: Witness
+) -> None:
+    topic = unique("fields")
+    requests = [
+        api_versions(),
+        metadata(topic),
+        produce(topic, record_batch(5)),
+        fetch(topic),
+        list_offsets(topic),
+        find_coordinator(),
+        offset_fetch(topic),
+        *group_requests(topic),
+        *topic_requests(topic),
+    ]
+    with connect(server) as sock:
+        for i, r in enumerate(requests):
+            sock.sendall(request_bytes(r, i + 1))
+            read_response(sock, r)
+    rng = random.Random(FUZZ_SEED)
+    sent = answered = 0
+    for round_ in range(FUZZ_ROUNDS):
+        base = rng.choice(requests)
+        try:
+            frame = request_bytes(mutate_entity(rng, base), round_ + 1)
+        except Exception:  # a value its field's type cannot hold: kio refuses to write it
+            continue
+        sent += 1
+        with socket.create_connection(("127.0.0.1", server.kafka_port), timeout=5) as sock:
+            sock.settimeout(2.0)
+            try:
+                sock.sendall(frame)
+                if read_frame(sock) is not None:
+                    answered += 1
+            except TimeoutError:
+                pass  # a long poll or a join waiting for its group: the client's choice
+            except (ConnectionResetError, BrokenPipeError):
+                pass
+        assert server.running, f"server died at round {round_}; log:\n{server.log_tail()}"
+        if round_ % 100 == 99:
+            witness.still_working(f"field fuzz round {round_}")
+    assert sent > FUZZ_ROUNDS // 2 and answered > sent // 2, (sent, answered)
+    witness.still_working("field fuzz")
+    assert_no_traceback(server)
+
+
 def test_fuzzed_requests_never_crash_or_traceback_and_real_clients_keep_working(
     server: Standalone, witness: Witness
 ) -> None:
@@ -523,9 +736,11 @@ def test_fuzzed_requests_never_crash_or_traceback_and_real_clients_keep_working(
         request_bytes(list_offsets(topic), 5),
         request_bytes(find_coordinator(), 6),
         request_bytes(offset_fetch(topic), 7),
+        *(request_bytes(r, 10 + i) for i, r in enumerate(group_requests(topic))),
+        *(request_bytes(r, 20 + i) for i, r in enumerate(topic_requests(topic))),
     ]
-    with connect(server) as sock:  # the topic exists before the mutations start
-        for i, frame in enumerate(corpus[:3]):
+    with connect(server) as sock:  # every request is valid and answered before mutation
+        for i, frame in enumerate(corpus):
             sock.sendall(frame)
             assert read_frame(sock) is not None, f"valid request {i} not answered"
     rng = random.Random(FUZZ_SEED)

@@ -31,6 +31,7 @@ from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
 from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
 from kio.serial import entity_reader, entity_writer
 
+from pigeon.broker._kafka_lengths import check_lengths
 from pigeon.core._framing import DEFAULT_MAX_FRAME_SIZE, build_message, encode_frame, http_refusal
 from pigeon.core.errors import (
     CorruptFrame,
@@ -127,10 +128,17 @@ def decode_request(frame: bytes | memoryview) -> tuple[Any, Any]:
             api_key=api_key,
             correlation_id=correlation_id,
         )
-    _cls, read_header, read_body = _request_reader(api_key, version)
+    cls, read_header, read_body = _request_reader(api_key, version)
     try:
         header, used = read_header(frame, 0)
+        # kio reserves memory for the lengths a request states before it reads them:
+        # a huge array count must be refused first, or the allocation aborts the process
+        check_lengths(cls, frame, used, len(frame))
         request, _size = read_body(frame, used)
+    except MalformedRequest as exc:
+        raise MalformedRequest(
+            f"malformed Kafka request (API {api_key} v{version}): {exc.message}"
+        ) from None
     except Exception as exc:  # kio raises several types on garbage: one answer for all
         raise MalformedRequest(
             f"malformed Kafka request (API {api_key} v{version}): {type(exc).__name__}: {exc}"
