@@ -564,19 +564,34 @@ def test_produce_with_a_bad_crc_is_answered_corrupt_message_and_stores_nothing(
     with connect(server) as sock:
         sock.sendall(request_bytes(metadata(topic), 1))
         read_response(sock, metadata(topic))
-        sock.sendall(request_bytes(produce(topic, bytes(bad)), 2))
+        # a good batch then a corrupt one for the same partition: neither is stored
+        sock.sendall(request_bytes(produce(topic, good + bytes(bad)), 2))
         correlation_id, answer = read_response(sock, produce(topic, b""))
         assert correlation_id == 2
         (part,) = answer.responses[0].partition_responses
         assert part.error_code == ErrorCode.corrupt_message
         assert part.base_offset == -1
-        # same connection, a good batch: stored at offset 0 (the bad one took nothing)
+        # same connection, a good batch: stored at offset 0 (the refused ones took nothing)
         sock.sendall(request_bytes(produce(topic, good), 3))
         _, answer = read_response(sock, produce(topic, b""))
         (part,) = answer.responses[0].partition_responses
         assert (part.error_code, part.base_offset) == (ErrorCode.none, 0)
     assert_one_warning(watch.wait_for("CRC-32C"), "kafka produce refused")
     witness.still_working("bad crc")
+    assert_no_traceback(server)
+
+
+def test_clients_that_reset_while_answers_are_written_leave_no_traceback(
+    server: Standalone, witness: Witness
+) -> None:
+    requests = b"".join(request_bytes(metadata(WITNESS), i) for i in range(200))
+    for _ in range(20):
+        with connect(server) as sock:
+            sock.sendall(requests)
+            sock.recv(100)  # the answers are being written
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        # closed with a reset: the server's next write or read fails
+    witness.still_working("resets")
     assert_no_traceback(server)
 
 
