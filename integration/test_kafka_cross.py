@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 from _produce import OP_TIMEOUT, receive_n
 
-from pigeon.client import Client, Message
+from pigeon.client import Client, Message, MessageId
 from pigeon.core.testing.servers import Standalone, clean_env, pigeon_command
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
@@ -111,7 +111,7 @@ def kafka_consume(
     *,
     group: str | None = None,
     commit: bool = False,
-    partition: int | None = None,
+    start: int | None = None,
 ) -> list[Any]:
     consumer = Consumer(
         {
@@ -121,10 +121,10 @@ def kafka_consume(
             "enable.auto.commit": False,
         }
     )
-    if partition is None:
+    if start is None:
         consumer.subscribe([topic])
     else:
-        consumer.assign([TopicPartition(topic, partition, 0)])
+        consumer.assign([TopicPartition(topic, 0, start)])
     got: list[Any] = []
     deadline = time.monotonic() + DEADLINE_S
     try:
@@ -251,6 +251,54 @@ def test_native_produced_messages_read_by_kafka_clients_with_same_offsets_and_fi
         (m.offset(), m.key(), m.value(), m.timestamp()[1]) for m in got
     ]
     assert [dict(m.headers) for m in kp] == [dict(m.headers() or []) for m in got]
+
+
+def test_native_compressed_batches_with_bytes_keys_and_empty_values_reach_kafka(
+    server: Standalone, client: Client
+) -> None:
+    topic = topic_name()
+    client.create_topic(topic, 1)
+    n = 64
+    with client.create_producer(
+        topic, batching_max_messages=64, batching_max_delay_ms=50, compression="zstd"
+    ) as producer:
+        futures = [
+            producer.send_async(
+                b"" if i % 8 == 0 else f"z{i}".encode() * 10,
+                key=NOT_UTF8 + bytes([i]) if i % 2 else f"t{i}",
+            )
+            for i in range(n)
+        ]
+        producer.flush()
+    assert [f.result(DEADLINE_S).offset for f in futures] == list(range(n))
+    got = kafka_consume(server.kafka_bootstrap, topic, n)
+    assert [m.offset() for m in got] == list(range(n))
+    assert [m.key() for m in got] == [
+        NOT_UTF8 + bytes([i]) if i % 2 else f"t{i}".encode() for i in range(n)
+    ]
+    # an empty native value is an empty Kafka value, not a null (tombstone)
+    assert [m.value() for m in got] == [
+        b"" if i % 8 == 0 else f"z{i}".encode() * 10 for i in range(n)
+    ]
+    # a Kafka consumer starting inside a native batch gets exactly the offsets from there
+    mid = kafka_consume(server.kafka_bootstrap, topic, n - 7, start=7)
+    assert [m.offset() for m in mid] == list(range(7, n))
+
+
+def test_kafka_tombstones_read_natively_as_empty_values_and_start_inside_a_batch(
+    server: Standalone, client: Client
+) -> None:
+    topic = topic_name()
+    sent = [{"key": b"k", "value": None if i % 5 == 0 else b"v%d" % i} for i in range(40)]
+    kafka_produce(server.kafka_bootstrap, topic, sent, **{"linger.ms": 50})
+    got = native_read(client, topic, 40)
+    assert [m.value for m in got] == [r["value"] or b"" for r in sent]
+    # a native reader starting inside the (single) Kafka batch
+    start = got[12].message_id
+    assert start.entry_id == got[0].message_id.entry_id, "expected one Kafka batch"
+    with client.create_reader(full(f"{topic}-partition-0"), start) as reader:
+        first = reader.read_next(timeout=DEADLINE_S)
+    assert first.offset == 13 and isinstance(start, MessageId)
 
 
 # ------------------------------------------------------------------ mixed
