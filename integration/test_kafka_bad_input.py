@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import gzip
 import io
 import os
 import random
@@ -579,6 +580,38 @@ def test_produce_with_a_bad_crc_is_answered_corrupt_message_and_stores_nothing(
     assert_one_warning(watch.wait_for("CRC-32C"), "kafka produce refused")
     witness.still_working("bad crc")
     assert_no_traceback(server)
+
+
+def batch_with_garbage_records() -> bytes:
+    """A gzip RecordBatch whose CRC is right but whose records do not parse."""
+    from pigeon.core._kafka_records import BATCH_HEADER_SIZE, crc32c
+
+    good = record_batch(5)
+    records = gzip.compress(b"\x01\x02 not records " * 10)
+    head = bytearray(good[:BATCH_HEADER_SIZE])
+    struct.pack_into(">h", head, 21, 1)  # attributes: gzip
+    struct.pack_into(">i", head, 8, len(records) + BATCH_HEADER_SIZE - 12)
+    struct.pack_into(">I", head, 17, crc32c(records, crc32c(memoryview(head)[21:])))
+    return bytes(head) + records
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="records are not parsed on produce (only the batch header and CRC): a batch "
+    "with a right CRC and garbage records is stored and every consumer of the partition "
+    "then fails on it; Kafka's brokers validate each record on append",
+)
+def test_produce_of_a_batch_whose_records_do_not_parse_is_refused(
+    server: Standalone, witness: Witness
+) -> None:
+    topic = unique("poison")
+    with connect(server) as sock:
+        sock.sendall(request_bytes(metadata(topic), 1))
+        read_response(sock, metadata(topic))
+        sock.sendall(request_bytes(produce(topic, batch_with_garbage_records()), 2))
+        _, answer = read_response(sock, produce(topic, b""))
+    (part,) = answer.responses[0].partition_responses
+    assert part.error_code == ErrorCode.corrupt_message
 
 
 def test_clients_that_reset_while_answers_are_written_leave_no_traceback(

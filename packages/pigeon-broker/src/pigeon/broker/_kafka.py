@@ -56,6 +56,8 @@ _I32 = struct.Struct(">i")
 MAX_IN_FLIGHT = 64
 #: a request larger than this is a client on the wrong port or garbage
 MAX_REQUEST_SIZE = 100 * 1024 * 1024
+#: how much of a connection's first bytes are looked at to tell another protocol
+SNIFF_BYTES = 64 * 1024
 
 
 class Later:
@@ -314,9 +316,10 @@ async def _frames(conn: KafkaConnection) -> Any:
         while len(buf) >= 4:
             (size,) = _I32.unpack_from(buf, 0)
             wrong = size < 0 or size > MAX_REQUEST_SIZE
-            if wrong or (first and len(buf) < 4 + size):
+            if wrong or (first and len(buf) < 4 + size and len(buf) <= SNIFF_BYTES):
                 # a PigeonMQ frame's little-endian size can read as a plausible one
-                what, reply = foreign_client(bytes(buf)) if first else ("garbage", b"")
+                head = bytes(buf[:SNIFF_BYTES])
+                what, reply = foreign_client(head) if first else ("garbage", b"")
                 if not wrong and not reply:
                     break
                 if reply:
