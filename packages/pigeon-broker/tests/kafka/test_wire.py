@@ -30,9 +30,8 @@ from kio.serial._introspect import (
 
 from pigeon.broker._kafka_lengths import check_lengths
 from pigeon.broker._kafka_wire import API_VERSIONS, decode_request, foreign_client
-from pigeon.core._framing import build_message, encode_frame
-from pigeon.core._schema import BrokerFrame
 from pigeon.core.errors import MalformedRequest, ProtocolError
+from pigeon.core.rpc import BrokerFrame
 
 _VALUES: dict[str, Any] = {
     "bool": True,
@@ -128,7 +127,11 @@ def test_a_null_where_the_schema_allows_none_is_refused() -> None:
 
 
 def test_a_pigeon_client_gets_an_error_answer_naming_the_broker_port() -> None:
-    first = b"".join(bytes(b) for b in encode_frame(build_message(BrokerFrame, 7, "ping", None)))
+    ping = BrokerFrame.new_message()
+    ping.requestId = 7
+    ping.ping = None
+    data = ping.to_bytes()
+    first = struct.pack("<I", len(data)) + data
     what, reply = foreign_client(first)
     assert what == "a PigeonMQ client"
     size = struct.unpack_from("<I", reply)[0]

@@ -32,7 +32,6 @@ from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
 from kio.serial import entity_reader, entity_writer
 
 from pigeon.broker._kafka_lengths import check_lengths
-from pigeon.core._framing import DEFAULT_MAX_FRAME_SIZE, build_message, encode_frame, http_refusal
 from pigeon.core.errors import (
     CorruptFrame,
     InvalidArgument,
@@ -48,6 +47,7 @@ from pigeon.core.errors import (
     TopicExists,
     TopicNotFound,
 )
+from pigeon.core.rpc import DEFAULT_MAX_FRAME_SIZE, BrokerFrame
 
 __all__ = [
     "API_VERSIONS",
@@ -274,41 +274,50 @@ def foreign_client(head: bytes) -> tuple[str, bytes]:
     which it raises as a :class:`~pigeon.core.errors.ProtocolError` naming the port.
     """
     if head[:4] in _HTTP_METHODS:
-        text = (
+        return "an HTTP client", _http_refusal(
             "This port speaks the Kafka protocol (a PigeonMQ broker's Kafka listener); it"
             " received an HTTP request. The admin REST API is on the broker's HTTP port."
         )
-        return "an HTTP client", http_refusal(text)
     if len(head) >= 4:
         size = _U32_LE.unpack_from(head, 0)[0]
         if 8 <= size <= DEFAULT_MAX_FRAME_SIZE and len(head) >= 4 + size:
             request_id = _pigeon_request_id(head[4 : 4 + size])
             if request_id is not None:
-                text = (
+                return "a PigeonMQ client", _pigeon_error(
+                    request_id,
                     "This port speaks the Kafka protocol (a PigeonMQ broker's Kafka"
                     " listener), not the PigeonMQ protocol: connect pigeon:// clients to"
-                    " the broker port (6650 by default)"
+                    " the broker port (6650 by default)",
                 )
-                frame = build_message(
-                    _broker_frame(),
-                    request_id,
-                    "error",
-                    {"code": ProtocolError.code, "message": text},
-                )
-                return "a PigeonMQ client", b"".join(bytes(b) for b in encode_frame(frame))
     return "garbage", b""
 
 
-def _broker_frame() -> Any:
-    from pigeon.core._schema import BrokerFrame
+def _http_refusal(text: str) -> bytes:
+    body = (text + "\n").encode()
+    head = (
+        "HTTP/1.1 400 Bad Request\r\n"
+        "Content-Type: text/plain; charset=utf-8\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    return head.encode() + body
 
-    return BrokerFrame
+
+def _pigeon_error(request_id: int, text: str) -> bytes:
+    """A PigeonMQ frame (length, message) answering ``request_id`` with a ProtocolError."""
+    msg = BrokerFrame.new_message()
+    msg.requestId = request_id
+    error = msg.init("error")
+    error.code = ProtocolError.code
+    error.message = text
+    data: bytes = msg.to_bytes()
+    return _U32_LE.pack(len(data)) + data
 
 
 def _pigeon_request_id(frame: bytes) -> int | None:
     """The request id of a PigeonMQ broker request frame, None if it is not one."""
     try:
-        with _broker_frame().from_bytes(frame) as msg:
+        with BrokerFrame.from_bytes(frame) as msg:
             request_id = int(msg.requestId)
             msg.which()
     except Exception:  # pycapnp raises several types on garbage: not a PigeonMQ frame
