@@ -628,6 +628,29 @@ def test_clients_that_reset_while_answers_are_written_leave_no_traceback(
     assert_no_traceback(server)
 
 
+def test_a_produce_refused_for_many_partitions_logs_one_line(
+    server: Standalone, witness: Witness
+) -> None:
+    from kio.schema.produce.v9.request import ProduceRequest, TopicProduceData
+
+    one = produce("", record_batch()).topic_data[0]
+    request = ProduceRequest(
+        transactional_id=None,
+        acks=-1,
+        timeout=datetime.timedelta(seconds=10),
+        topic_data=(TopicProduceData(name="", partition_data=one.partition_data),) * 50,
+    )
+    watch = LogWatch(server)
+    with connect(server) as sock:
+        sock.sendall(request_bytes(request, 1))
+        _, answer = read_response(sock, request)
+    codes = {p.error_code for t in answer.responses for p in t.partition_responses}
+    assert codes == {ErrorCode.invalid_topic_exception}
+    assert_one_warning(watch.wait_for("more partitions"), "(and 49 more partitions)")
+    witness.still_working("many refusals")
+    assert_no_traceback(server)
+
+
 def test_partition_counts_beyond_the_limit_are_refused(
     server: Standalone, witness: Witness
 ) -> None:

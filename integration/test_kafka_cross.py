@@ -113,6 +113,7 @@ def kafka_consume(
     group: str | None = None,
     commit: bool = False,
     start: int | None = None,
+    deadline_s: float = DEADLINE_S,
 ) -> list[Any]:
     consumer = Consumer(
         {
@@ -127,7 +128,7 @@ def kafka_consume(
     else:
         consumer.assign([TopicPartition(topic, 0, start)])
     got: list[Any] = []
-    deadline = time.monotonic() + DEADLINE_S
+    deadline = time.monotonic() + deadline_s
     try:
         while len(got) < count and time.monotonic() < deadline:
             msg = consumer.poll(0.5)
@@ -392,6 +393,21 @@ def test_kafka_consumer_group_is_a_subscription_the_cli_and_native_consumers_see
     assert [m.value for m in rest] == [f"m{i}".encode() for i in range(12, 30)]
     sub = admin_cli(server, "subscriptions", "get", partition, group)
     assert sub["backlog"] == 0 and sub["mark_delete_offset"] == 30, sub
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a group id is used as a topic/subscription name as it is: one with a space, a "
+    "slash or non-ASCII letters (any string is a valid Kafka group id) makes FindCoordinator "
+    "close the connection (InvalidTopicName) and the consumer retries forever",
+)
+def test_a_group_id_with_a_space_commits_like_any_other(server: Standalone) -> None:
+    topic = topic_name()
+    kafka_produce(server.kafka_bootstrap, topic, [{"value": b"m%d" % i} for i in range(5)])
+    got = kafka_consume(
+        server.kafka_bootstrap, topic, 5, group="orders app", commit=True, deadline_s=10
+    )
+    assert [m.offset() for m in got] == list(range(5))
 
 
 # ------------------------------------------------------------------ Spark

@@ -63,6 +63,7 @@ async def produce(conn: KafkaConnection, request: Any) -> Any:
         if sealed and waiting == 0:
             answer.set(_response(cls, order, results))
 
+    refused: list[tuple[tuple[str, int], PigeonError]] = []
     for topic_data in request.topic_data:
         for data in topic_data.partition_data:
             key = (topic_data.name, data.index)
@@ -72,14 +73,18 @@ async def produce(conn: KafkaConnection, request: Any) -> Any:
                 await _produce_partition(conn, key, data.records, functools.partial(finish, key))
             except PigeonError as exc:
                 if not exc.retriable:
-                    log.warning(
-                        "kafka produce refused conn=%s topic=%s partition=%d: %s",
-                        conn.name,
-                        key[0],
-                        key[1],
-                        exc,
-                    )
+                    refused.append((key, exc))
                 finish(key, (error_code(exc), -1, str(exc)))
+    if refused:  # one line per request, however many partitions it refused
+        (topic, index), exc = refused[0]
+        log.warning(
+            "kafka produce refused conn=%s topic=%s partition=%d%s: %s",
+            conn.name,
+            topic,
+            index,
+            f" (and {len(refused) - 1} more partitions)" if len(refused) > 1 else "",
+            exc,
+        )
     sealed = True
     if request.acks == 0:
         return None
