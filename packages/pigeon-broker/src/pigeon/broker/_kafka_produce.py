@@ -76,14 +76,14 @@ async def produce(conn: KafkaConnection, request: Any) -> Any:
                     refused.append((key, exc))
                 finish(key, (error_code(exc), -1, str(exc)))
     if refused:  # one line per request, however many partitions it refused
-        (topic, index), exc = refused[0]
+        (topic, index), first = refused[0]
         log.warning(
             "kafka produce refused conn=%s topic=%s partition=%d%s: %s",
             conn.name,
             topic,
             index,
             f" (and {len(refused) - 1} more partitions)" if len(refused) > 1 else "",
-            exc,
+            first,
         )
     sealed = True
     if request.acks == 0:
