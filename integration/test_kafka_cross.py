@@ -305,6 +305,33 @@ def test_kafka_tombstones_read_natively_as_empty_values_and_start_inside_a_batch
     assert first.offset == 13 and isinstance(start, MessageId)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="ListOffsets by time looks up the publish time of entries (_kafka_fetch."
+    "_offset_for), while Kafka consumers are shown the event time as the record timestamp: "
+    "messages with explicit past timestamps are not found by offsets_for_times",
+)
+def test_kafka_offsets_for_times_finds_native_event_times(
+    server: Standalone, client: Client
+) -> None:
+    topic = topic_name()
+    client.create_topic(topic, 1)
+    with client.create_producer(topic, batching_max_messages=4) as producer:
+        futures = [producer.send_async(b"e%d" % i, event_time=TS0 + 10 * i) for i in range(20)]
+        producer.flush()
+    assert [f.result(DEADLINE_S).offset for f in futures] == list(range(20))
+    consumer = Consumer({"bootstrap.servers": server.kafka_bootstrap, "group.id": "times"})
+    try:
+        found = consumer.offsets_for_times(
+            [TopicPartition(topic, 0, TS0 + 55), TopicPartition(topic, 0, TS0 + 1000)],
+            timeout=DEADLINE_S,
+        )
+    finally:
+        consumer.close()
+    assert found[0].offset == 6  # the first message at or after the time
+    assert found[1].offset in (-1, 20)  # none: the end
+
+
 # ------------------------------------------------------------------ mixed
 
 
