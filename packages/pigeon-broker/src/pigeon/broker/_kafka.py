@@ -36,6 +36,7 @@ from pigeon.broker._kafka_wire import (
     build,
     decode_request,
     encode_response,
+    foreign_client,
     part,
 )
 from pigeon.core import TopicName
@@ -55,6 +56,8 @@ _I32 = struct.Struct(">i")
 MAX_IN_FLIGHT = 64
 #: a request larger than this is a client on the wrong port or garbage
 MAX_REQUEST_SIZE = 100 * 1024 * 1024
+#: how much of a connection's first bytes are looked at to tell another protocol
+SNIFF_BYTES = 64 * 1024
 
 
 class Later:
@@ -230,9 +233,9 @@ class KafkaFrontDoor:
                 conn.nursery = nursery
                 await self._serve(conn)
                 nursery.cancel_scope.cancel()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        except Exception:
+        except* (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the client went away (the nursery wraps it in an ExceptionGroup)
+        except* Exception:
             # a bug answering one client must not take the listener (and the broker) down
             log.exception("kafka connection failed conn=%s client=%s", conn.name, conn.client_id)
         finally:
@@ -352,21 +355,45 @@ def _not_coordinator(request: Any) -> Any:
 
 
 async def _frames(conn: KafkaConnection) -> Any:
-    """The request frames of a connection (without their size prefix), until it ends."""
+    """The request frames of a connection (without their size prefix), until it ends.
+
+    :raises MalformedRequest: a size no Kafka request has (another protocol: an HTTP or
+        PigeonMQ client is told so in its own protocol first), or the peer closed in the
+        middle of a request.
+    """
     buf = bytearray()
     stream = conn.stream
+    first = True
     while True:
         while len(buf) >= 4:
             (size,) = _I32.unpack_from(buf, 0)
-            if size < 0 or size > MAX_REQUEST_SIZE:
-                raise_wrong_port(conn, bytes(buf[:16]), size)
+            wrong = size < 0 or size > MAX_REQUEST_SIZE
+            if wrong or (first and len(buf) < 4 + size and len(buf) <= SNIFF_BYTES):
+                # a PigeonMQ frame's little-endian size can read as a plausible one
+                head = bytes(buf[:SNIFF_BYTES])
+                what, reply = foreign_client(head) if first else ("garbage", b"")
+                if not wrong and not reply:
+                    break
+                if reply:
+                    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                        await stream.send_all(reply)
+                raise MalformedRequest(
+                    f"a request of {size} bytes is {what}, not the Kafka protocol"
+                    f" (first bytes {bytes(buf[:16])!r})"
+                )
             if len(buf) < 4 + size:
                 break
             frame = bytes(buf[4 : 4 + size])
             del buf[: 4 + size]
+            first = False
             yield frame
         data = await stream.receive_some(max(65536, _need(buf)))
         if not data:
+            if buf:
+                raise MalformedRequest(
+                    f"the client closed the connection {len(buf)} bytes into a request"
+                    f" (first bytes {bytes(buf[:16])!r})"
+                )
             return
         buf += data
 
@@ -375,13 +402,6 @@ def _need(buf: bytearray) -> int:
     if len(buf) < 4:
         return 0
     return int(_I32.unpack_from(buf, 0)[0]) + 4 - len(buf)
-
-
-def raise_wrong_port(conn: KafkaConnection, head: bytes, size: int) -> None:
-    what = "an HTTP client" if head[:4] in (b"GET ", b"POST", b"PUT ", b"HEAD") else "garbage"
-    raise MalformedRequest(
-        f"a request of {size} bytes is {what}, not the Kafka protocol (first bytes {head!r})"
-    )
 
 
 def ms(value: Any) -> float:

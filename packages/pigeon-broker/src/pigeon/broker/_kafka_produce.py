@@ -66,6 +66,7 @@ async def produce(conn: KafkaConnection, request: Any) -> Any:
         if sealed and waiting == 0:
             answer.set(_response(cls, order, results))
 
+    refused: list[tuple[tuple[str, int], PigeonError]] = []
     for topic_data in request.topic_data:
         for data in topic_data.partition_data:
             key = (topic_data.name, data.index)
@@ -74,7 +75,19 @@ async def produce(conn: KafkaConnection, request: Any) -> Any:
             try:
                 await _produce_partition(conn, key, data.records, functools.partial(finish, key))
             except PigeonError as exc:
+                if not exc.retriable:
+                    refused.append((key, exc))
                 finish(key, (error_code(exc), -1, str(exc)))
+    if refused:  # one line per request, however many partitions it refused
+        (topic, index), first = refused[0]
+        log.warning(
+            "kafka produce refused conn=%s topic=%s partition=%d%s: %s",
+            conn.name,
+            topic,
+            index,
+            f" (and {len(refused) - 1} more partitions)" if len(refused) > 1 else "",
+            first,
+        )
     sealed = True
     if request.acks == 0:
         return None
@@ -145,8 +158,10 @@ async def _produce_partition(
     if not batches:
         done((ErrorCode.none, -1, None))
         return
+    # every batch is checked before any is sent: a corrupt one refuses the whole
+    # partition's records, never after the batches before it were stored
     limit = core.max_message_size(name) * 64  # decompressed records of one batch, at most
-    infos = [read_batch_info(batch) for batch in batches]  # all checked before any is sent
+    infos = [read_batch_info(batch) for batch in batches]
     for batch, info in zip(batches, infos, strict=True):
         count_records(batch, info, limit)
     for batch, info in zip(batches, infos, strict=True):

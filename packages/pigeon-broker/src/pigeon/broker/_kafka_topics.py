@@ -20,6 +20,7 @@ from kio.schema.errors import ErrorCode
 
 from pigeon.broker._kafka_wire import ZERO, build, error_code, part, response_type
 from pigeon.broker._lifecycle import delete_topic
+from pigeon.broker._service import MAX_PARTITIONS
 from pigeon.core.errors import InvalidArgument, PigeonError, TopicExists, TopicNotFound
 from pigeon.core.paths import partitioned_topic_path
 
@@ -238,9 +239,13 @@ async def create_partitions(conn: KafkaConnection, request: Any) -> Any:
             current = await door.core.partitions_of(name)
             if not current:
                 raise TopicNotFound(f"topic {t.name!r} does not exist")
-            if t.count <= current:
+            if t.count <= current or t.count > MAX_PARTITIONS:
                 code = ErrorCode.invalid_partitions
-                message = f"topic {t.name!r} has {current} partitions; ask for more"
+                message = (
+                    f"topic {t.name!r} has {current} partitions; ask for more"
+                    if t.count <= current
+                    else f"a topic has at most {MAX_PARTITIONS} partitions"
+                )
             elif not request.validate_only:
                 await door.core.store.set(
                     partitioned_topic_path(name), json.dumps({"partitions": t.count}).encode()

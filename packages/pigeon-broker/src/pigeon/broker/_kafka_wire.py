@@ -21,7 +21,8 @@ import functools
 import io
 import struct
 import sys
-from dataclasses import fields
+import typing
+from dataclasses import fields, is_dataclass
 from typing import Any, Final
 
 from kio.index import load_request_schema, load_response_from_request
@@ -30,6 +31,7 @@ from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
 from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
 from kio.serial import entity_reader, entity_writer
 
+from pigeon.broker._kafka_lengths import check_lengths
 from pigeon.core.errors import (
     CorruptFrame,
     InvalidArgument,
@@ -41,9 +43,11 @@ from pigeon.core.errors import (
     NotSupported,
     PigeonError,
     ProducerBlocked,
+    ProtocolError,
     TopicExists,
     TopicNotFound,
 )
+from pigeon.core.rpc import DEFAULT_MAX_FRAME_SIZE, BrokerFrame
 
 __all__ = [
     "API_VERSIONS",
@@ -52,6 +56,7 @@ __all__ = [
     "decode_request",
     "encode_response",
     "error_code",
+    "foreign_client",
     "part",
 ]
 
@@ -86,6 +91,8 @@ API_VERSIONS: Final[dict[int, tuple[int, int]]] = {
 API_VERSIONS_KEY: Final = 18
 _HEAD = struct.Struct(">hhi")
 _I32 = struct.Struct(">i")
+_U32_LE = struct.Struct("<I")
+_HTTP_METHODS = (b"GET ", b"POST", b"PUT ", b"HEAD", b"DELE", b"PATC", b"OPTI", b"CONN")
 
 
 class UnsupportedApi(MalformedRequest):
@@ -121,17 +128,74 @@ def decode_request(frame: bytes | memoryview) -> tuple[Any, Any]:
             api_key=api_key,
             correlation_id=correlation_id,
         )
-    _cls, read_header, read_body = _request_reader(api_key, version)
+    cls, read_header, read_body = _request_reader(api_key, version)
     try:
         header, used = read_header(frame, 0)
+        # kio reserves memory for the lengths a request states before it reads them:
+        # a huge array count must be refused first, or the allocation aborts the process
+        check_lengths(cls, frame, used, len(frame))
         request, _size = read_body(frame, used)
+    except MalformedRequest as exc:
+        raise MalformedRequest(
+            f"malformed Kafka request (API {api_key} v{version}): {exc.message}"
+        ) from None
     except Exception as exc:  # kio raises several types on garbage: one answer for all
         raise MalformedRequest(
             f"malformed Kafka request (API {api_key} v{version}): {type(exc).__name__}: {exc}"
         ) from None
     # Trailing bytes are ignored, as Kafka's own brokers do (librdkafka's AdminClient
     # sends a few after some Metadata v12 requests).
+    null = _null_field(request)
+    if null is not None:
+        raise MalformedRequest(
+            f"malformed Kafka request (API {api_key} v{version}): {null} is null"
+        )
     return header, request
+
+
+@functools.cache
+def _required(cls: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(fields that must not be null, fields that may hold nested entities) of a kio type.
+
+    kio's reader gives ``None`` for an array or string of length -1 whatever the schema
+    says, so a handler would meet ``None`` where its type promises a value."""
+    required: list[str] = []
+    nested: list[str] = []
+    for f in fields(cls):
+        args = typing.get_args(f.type)
+        if type(None) not in args:
+            required.append(f.name)
+        if f.type is not None and (
+            is_dataclass(f.type) or any(is_dataclass(a) for a in _flat_args(f.type))
+        ):
+            nested.append(f.name)
+    return tuple(required), tuple(nested)
+
+
+def _flat_args(t: Any) -> list[Any]:
+    out: list[Any] = []
+    for a in typing.get_args(t):
+        out.append(a)
+        out.extend(_flat_args(a))
+    return out
+
+
+def _null_field(entity: Any) -> str | None:
+    """The first field of ``entity`` (or of an entity in it) that is null where its schema
+    does not allow null, as ``Type.field``; None if there is none."""
+    cls: Any = type(entity)
+    required, nested = _required(cls)
+    for name in required:
+        if getattr(entity, name) is None:
+            return f"{type(entity).__name__}.{name}"
+    for name in nested:
+        value = getattr(entity, name)
+        for item in value if isinstance(value, tuple) else (value,):
+            if is_dataclass(item):
+                found = _null_field(item)
+                if found is not None:
+                    return found
+    return None
 
 
 @functools.cache
@@ -199,3 +263,63 @@ def error_code(exc: BaseException) -> ErrorCode:
     if isinstance(exc, PigeonError) and exc.retriable:
         return ErrorCode.not_leader_or_follower
     return ErrorCode.unknown_server_error
+
+
+def foreign_client(head: bytes) -> tuple[str, bytes]:
+    """What a client whose first bytes ``head`` are not a Kafka request is, and the
+    bytes that tell it so in its own protocol (``b""`` when it has none we can speak).
+
+    An HTTP client gets a ``400`` with the text; a PigeonMQ client (its first frame is a
+    little-endian length and a Cap'n Proto request) an ``error`` answer to that request,
+    which it raises as a :class:`~pigeon.core.errors.ProtocolError` naming the port.
+    """
+    if head[:4] in _HTTP_METHODS:
+        return "an HTTP client", _http_refusal(
+            "This port speaks the Kafka protocol (a PigeonMQ broker's Kafka listener); it"
+            " received an HTTP request. The admin REST API is on the broker's HTTP port."
+        )
+    if len(head) >= 4:
+        size = _U32_LE.unpack_from(head, 0)[0]
+        if 8 <= size <= DEFAULT_MAX_FRAME_SIZE and len(head) >= 4 + size:
+            request_id = _pigeon_request_id(head[4 : 4 + size])
+            if request_id is not None:
+                return "a PigeonMQ client", _pigeon_error(
+                    request_id,
+                    "This port speaks the Kafka protocol (a PigeonMQ broker's Kafka"
+                    " listener), not the PigeonMQ protocol: connect pigeon:// clients to"
+                    " the broker port (6650 by default)",
+                )
+    return "garbage", b""
+
+
+def _http_refusal(text: str) -> bytes:
+    body = (text + "\n").encode()
+    head = (
+        "HTTP/1.1 400 Bad Request\r\n"
+        "Content-Type: text/plain; charset=utf-8\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+def _pigeon_error(request_id: int, text: str) -> bytes:
+    """A PigeonMQ frame (length, message) answering ``request_id`` with a ProtocolError."""
+    msg = BrokerFrame.new_message()
+    msg.requestId = request_id
+    error = msg.init("error")
+    error.code = ProtocolError.code
+    error.message = text
+    data: bytes = msg.to_bytes()
+    return _U32_LE.pack(len(data)) + data
+
+
+def _pigeon_request_id(frame: bytes) -> int | None:
+    """The request id of a PigeonMQ broker request frame, None if it is not one."""
+    try:
+        with BrokerFrame.from_bytes(frame) as msg:
+            request_id = int(msg.requestId)
+            msg.which()
+    except Exception:  # pycapnp raises several types on garbage: not a PigeonMQ frame
+        return None
+    return request_id if request_id > 0 else None
