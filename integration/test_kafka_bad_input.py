@@ -595,12 +595,6 @@ def batch_with_garbage_records() -> bytes:
     return bytes(head) + records
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="records are not parsed on produce (only the batch header and CRC): a batch "
-    "with a right CRC and garbage records is stored and every consumer of the partition "
-    "then fails on it; Kafka's brokers validate each record on append",
-)
 def test_produce_of_a_batch_whose_records_do_not_parse_is_refused(
     server: Standalone, witness: Witness
 ) -> None:

@@ -370,3 +370,19 @@ def test_out_of_range_offset_is_reset_by_the_client(server: Standalone) -> None:
     finally:
         consumer.close()
     assert got is not None and (got.offset(), got.value()) == (0, b"only")
+
+
+def test_a_commit_past_the_end_stops_at_the_end(server: Standalone) -> None:
+    """A cursor beyond the log would count messages not yet written as read: a commit
+    past the stored end is kept at the end, and later messages are still delivered."""
+    topic = topic_name()
+    produce(server.kafka_bootstrap, topic, [(None, b"a"), (None, b"b")])
+    consumer = Consumer({"bootstrap.servers": server.kafka_bootstrap, "group.id": "far"})
+    try:
+        consumer.commit(offsets=[TopicPartition(topic, 0, 10**12)], asynchronous=False)
+        (committed,) = consumer.committed([TopicPartition(topic, 0)], timeout=DEADLINE_S)
+    finally:
+        consumer.close()
+    assert committed.offset == 2
+    produce(server.kafka_bootstrap, topic, [(None, b"c")])
+    assert [m.value() for m in consume(server.kafka_bootstrap, topic, 1, group="far")] == [b"c"]

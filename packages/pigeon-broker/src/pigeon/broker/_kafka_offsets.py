@@ -18,6 +18,7 @@ coordinator and join again, and their committed offsets are where they were.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +40,21 @@ log = logging.getLogger(__name__)
 
 
 def _group_topic(door: KafkaFrontDoor, group: str) -> TopicName:
-    return TopicName.parse(f"persistent://{door.config.namespace}/__kafka_group_{group}")
+    """The name whose bundle's owner coordinates ``group`` (any string is a group id:
+    the name holds a digest of it)."""
+    digest = hashlib.sha1(group.encode("utf-8", "surrogatepass")).hexdigest()[:20]
+    return TopicName.parse(f"persistent://{door.config.namespace}/__kafka_group_{digest}")
+
+
+def subscription_of(group: str) -> str:
+    """The subscription a Kafka consumer group is: the group id itself, with ``%``,
+    ``/`` and control characters percent-encoded (and ``.``/``..`` as ``%2E``), since a
+    subscription name is part of a metadata path; any other id is used as it is."""
+    if group in (".", ".."):
+        return group.replace(".", "%2E")
+    return "".join(
+        f"%{ord(c):02X}" if c in "%/" or ord(c) < 32 or ord(c) == 127 else c for c in group
+    )
 
 
 async def coordinates(door: KafkaFrontDoor, group: str) -> bool:
@@ -91,9 +106,13 @@ async def _loaded_subscription(door: KafkaFrontDoor, name: TopicName, group: str
 
 
 async def commit_offset(door: KafkaFrontDoor, name: TopicName, group: str, offset: int) -> None:
+    """Move the group's cursor of partition ``name`` to ``offset``; past the stored end
+    it stops at the end (a cursor beyond the log would count messages not yet written as
+    read, for native consumers and retention alike)."""
+    group = subscription_of(group)
     sub = await _loaded_subscription(door, name, group)
     if sub is not None:
-        await sub.seek_offset(offset)
+        await sub.seek_offset(min(offset, sub.ledger.stored_offset))
         await sub.flush()
         return
     path = cursor_path(name, group)
@@ -110,6 +129,7 @@ async def commit_offset(door: KafkaFrontDoor, name: TopicName, group: str, offse
 
 async def committed_offset(door: KafkaFrontDoor, name: TopicName, group: str) -> int:
     """The group's committed offset of a partition, -1 if it has none."""
+    group = subscription_of(group)
     topic = door.core.topics.get(name.full)
     if topic is not None:
         sub = topic.as_persistent().subscriptions.get(group)
@@ -213,7 +233,9 @@ async def _committed_topics(door: KafkaFrontDoor, group: str) -> list[tuple[str,
         indexes = [
             i
             for i in range(count)
-            if await door.core.store.exists(cursor_path(door.partition_name(kafka_topic, i), group))
+            if await door.core.store.exists(
+                cursor_path(door.partition_name(kafka_topic, i), subscription_of(group))
+            )
         ]
         if indexes:
             found.append((kafka_topic, indexes))
