@@ -305,11 +305,10 @@ def resume_after_commit(c: Ctx) -> Any:
 def list_offsets(c: Ctx) -> Any:
     """ListOffsets: earliest and latest per partition, by time, and by a time past the end.
 
-    Both brokers answer 0 for every by-time query here, also for a time after the last
-    record: PigeonMQ searches by the time it appended the records, not by the producer's
-    timestamps (T0, in the past).  Apache Kafka (``message.timestamp.type=CreateTime``)
-    would answer 1 (the first record stamped T0 + 1000) and -1.  Recorded so a change in
-    either broker shows.
+    The records are stamped T0 + 1000 * i, in the past: by the producer's timestamps
+    (``message.timestamp.type=CreateTime``) the first at or after T0 + 1000 is offset 1
+    and none is after T0 + 99000 (-1), as Apache Kafka and PigeonMQ answer; Tansu answers
+    0 to both (see TANSU_DIFFERS).
     """
     consumer = Consumer(consumer_conf(c.bootstrap, f"{c.group}-probe"))
     try:
@@ -624,6 +623,11 @@ TANSU_DIFFERS: dict[str, tuple[Any, str]] = {
         {"confluent": "_AUTO_OFFSET_RESET", "kafka_python": "OffsetOutOfRangeError"},
         "Tansu answers a fetch past the end with no records and no OFFSET_OUT_OF_RANGE",
     ),
+    "list_offsets.by_time": (
+        {"0": 1, "1": 1, "2": 1},
+        "Tansu's ListOffsets by time answers 0 whatever the records' timestamps",
+    ),
+    "list_offsets.after_end": ([-1], "the same, for a time after every record"),
     "rebalance.described.members": (3, "Tansu's DescribeGroups lists no members"),
     "rebalance.described.assigned": ([0, 1, 2], "Tansu's DescribeGroups lists no members"),
     "rebalance.described.listed": (["STABLE"], "Tansu's ListGroups lists no groups"),

@@ -24,6 +24,7 @@ from kio.schema.errors import ErrorCode
 
 from pigeon.broker._kafka import KafkaConnection, ms
 from pigeon.broker._kafka_wire import ZERO, build, error_code, part, response_type
+from pigeon.core.batch import ENTRY_HEADER_SIZE, decode_batch
 from pigeon.core.errors import PigeonError, TopicNotFound
 from pigeon.core.kafka_records import kafka_batch_of_entry
 
@@ -246,7 +247,7 @@ async def list_offsets(conn: KafkaConnection, request: Any) -> Any:
             fields: dict[str, Any] = {"partition_index": p.partition_index, "leader_epoch": 0}
             try:
                 ledger = await partition_ledger(door, t.name, p.partition_index)
-                offset, timestamp = await _offset_for(ledger, p.timestamp)
+                offset, timestamp = await _offset_for(ledger, p.timestamp, door.core.codecs)
                 fields.update(error_code=ErrorCode.none, offset=offset, timestamp=timestamp)
             except PigeonError as exc:
                 fields.update(error_code=error_code(exc), offset=-1, timestamp=-1)
@@ -255,18 +256,53 @@ async def list_offsets(conn: KafkaConnection, request: Any) -> Any:
     return build(cls, throttle_time=ZERO, topics=tuple(topics))
 
 
-async def _offset_for(ledger: Any, timestamp: int) -> tuple[int, int]:
-    """(offset, timestamp) for ListOffsets: -2 earliest, -1 latest, else the first entry
-    published at or after ``timestamp`` ms (-1, -1 when there is none)."""
+async def _offset_for(ledger: Any, timestamp: int, codecs: Any) -> tuple[int, int]:
+    """(offset, timestamp) for ListOffsets: -2 earliest, -1 latest, else the first
+    message whose Kafka timestamp (event time, or publish time when it has none) is at or
+    after ``timestamp`` ms, found by a binary search over the entries' largest timestamps
+    (as Kafka's time index does); (-1, -1) when there is none."""
     if timestamp == -2:
         return ledger.first_offset, -1
     if timestamp < 0:  # -1 latest (and -3 max timestamp: the end too)
         return ledger.stored_offset, -1
-    pos = await ledger.position_for_time(timestamp)
-    entries = await ledger.read(pos, max_entries=1)
-    if not entries:
-        return -1, -1
-    return entries[0].first_offset, entries[0].publish_time
+    places = [(seg.id, seg.last_entry_id + 1) for seg in ledger.segments if seg.last_entry_id >= 0]
+    total = sum(count for _, count in places)
+
+    def position(k: int) -> tuple[int, int]:
+        for seg_id, count in places:
+            if k < count:
+                return (seg_id, k)
+            k -= count
+        raise AssertionError("unreachable")
+
+    lo, hi = 0, total  # first entry whose largest timestamp reaches ``timestamp``
+    while lo < hi:
+        mid = (lo + hi) // 2
+        times = await _entry_times(ledger, position(mid), codecs)
+        if times and max(times) >= timestamp:
+            hi = mid
+        else:
+            lo = mid + 1
+    while lo < total:  # an entry nobody can read is passed over
+        times = await _entry_times(ledger, position(lo), codecs)
+        for i, t in enumerate(times):
+            if t >= timestamp:
+                entry = (await ledger.read(position(lo), max_entries=1))[0]
+                return entry.first_offset + i, t
+        lo += 1
+    return -1, -1
+
+
+async def _entry_times(ledger: Any, pos: tuple[int, int], codecs: Any) -> list[int]:
+    """The Kafka timestamps of an entry's messages ([] if no replica holds it intact)."""
+    try:
+        entry = (await ledger.read(pos, max_entries=1))[0]
+        batch = decode_batch(memoryview(entry.data)[ENTRY_HEADER_SIZE:], codecs)
+    except (PigeonError, IndexError):
+        return []
+    n = entry.num_messages
+    times = batch.event_times.tolist() if batch.event_times is not None else [0] * n
+    return [t or entry.publish_time for t in times]
 
 
 HANDLERS = {1: fetch, 2: list_offsets}
