@@ -257,12 +257,14 @@ FILL: dict[str, Callable[[str, str, int, float], int]] = {
     "nats": _fill_nats,
     "redis": _fill_redis,
     "tansu": _fill_tansu,
+    "pigeon-kafka": _fill_tansu,
 }
 READ: dict[str, Callable[[str, str, int, float], dict]] = {
     "pigeon": _read_pigeon,
     "nats": _read_nats,
     "redis": _read_redis,
     "tansu": _read_tansu,
+    "pigeon-kafka": _read_tansu,
 }
 
 

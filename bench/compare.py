@@ -41,12 +41,13 @@ from bench.__main__ import DOC, RESULTS, machine, write_doc
 from bench.catchup import catchup
 from bench.latency import latency
 from bench.peers import (
+    PIGEONS,
     PRODUCE,
     SERVERS,
     produce_many,
     rabbitmq_status,
 )
-from bench.report import BEGIN, END, IMG, SHORT, collect, med, multi_keys, render, unsustained
+from bench.report import IMG, SHORT, collect, med, multi_keys, render, section, unsustained
 
 SCENARIOS = ["produce", "latency", "multi", "catchup"]
 DEFAULTS = {
@@ -117,7 +118,11 @@ def run_system(system: str, args: argparse.Namespace, rep: int) -> dict[str, Any
 
 
 def charts(res: dict[str, Any], img: Path = IMG, prefix: str = "peers-") -> list[Path]:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:  # requirements-bench.txt has it; a bare venv still gets the tables
+        log("charts skipped: matplotlib is not installed")
+        return []
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -127,7 +132,13 @@ def charts(res: dict[str, Any], img: Path = IMG, prefix: str = "peers-") -> list
     reps = res["repetitions"]
     systems = res["systems"]
     labels = [SHORT[s] for s in systems]
-    colors = {"pigeon": "#2a7ab9", "nats": "#27aa5e", "redis": "#d6452f", "tansu": "#999999"}
+    colors = {
+        "pigeon": "#2a7ab9",
+        "pigeon-kafka": "#7a4ab9",
+        "nats": "#27aa5e",
+        "redis": "#d6452f",
+        "tansu": "#999999",
+    }
 
     def spread(key: str, field: str) -> tuple[list[float], list[float], list[float]]:
         meds, lo, hi = [], [], []
@@ -299,16 +310,17 @@ def main() -> None:
         res = json.loads(Path(args.render).read_text())
         res["render_command"] = "python -m bench.compare " + " ".join(sys.argv[1:])
         if args.no_docs:
-            written = charts(res, scratch_dir(Path(args.render).stem), "peers-")
+            written = charts(res, scratch_dir(Path(args.render).stem), section(res["systems"])[3])
             print("charts: " + ", ".join(str(w) for w in written), file=sys.stderr)
         else:
-            charts(res)
-            write_doc(render(res, res["command"]), BEGIN, END, title="Side by side with peers")
+            begin, end, title, prefix = section(res["systems"])
+            charts(res, IMG, prefix)
+            write_doc(render(res, res["command"]), begin, end, title=title)
         print(render(res, res["command"]))
         return
     if not args.multi and "multi" in args.scenarios:
         args.scenarios.remove("multi")
-    if "pigeon" not in args.systems:
+    if not any(s in PIGEONS for s in args.systems):
         args.systems.insert(0, "pigeon")
     command = "python -m bench.compare " + " ".join(sys.argv[1:])
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
@@ -347,11 +359,12 @@ def main() -> None:
         res["seconds"] = round(time.monotonic() - t0, 1)
         path.write_text(json.dumps(res, indent=1))
         log("repetition", rep + 1, f"took {time.monotonic() - t_rep:.0f} s; written to", path)
+    begin, end, title, prefix = section(args.systems)
     if args.no_docs:
-        written = charts(res, scratch_dir(path.stem), "peers-")
+        written = charts(res, scratch_dir(path.stem), prefix)
     else:
-        written = charts(res)
-        write_doc(render(res, command), BEGIN, END, title="Side by side with peers")
+        written = charts(res, IMG, prefix)
+        write_doc(render(res, command), begin, end, title=title)
     print(render(res, command))
     print(f"results: {path}", file=sys.stderr)
     print("charts: " + ", ".join(str(w) for w in written), file=sys.stderr)

@@ -8,19 +8,38 @@ import statistics
 from typing import Any
 
 from bench.__main__ import ROOT
-from bench.peers import CATCHUP_LIMIT, FILL_LIMIT, SUSTAINED, TAIL_LIMIT
+from bench.peers import CATCHUP_LIMIT, FILL_LIMIT, PIGEONS, SUSTAINED, TAIL_LIMIT
 
 BEGIN = "<!-- bench:peers:begin -->"
 END = "<!-- bench:peers:end -->"
 IMG = ROOT / "docs" / "img"
+KAFKA_BEGIN = "<!-- bench:kafka:begin -->"
+KAFKA_END = "<!-- bench:kafka:end -->"
+
+
+def section(systems: list[str]) -> tuple[str, str, str, str]:
+    """(begin marker, end marker, title, chart prefix) of the docs/benchmarks.md section a
+    run of these systems goes to: a run of Kafka clients only (PigeonMQ's Kafka port
+    without its native client) has its own section."""
+    if "pigeon" not in systems and "pigeon-kafka" in systems:
+        return KAFKA_BEGIN, KAFKA_END, "Kafka clients", "kafka-"
+    return BEGIN, END, "Side by side with peers", "peers-"
+
 
 NAMES = {
     "pigeon": "PigeonMQ",
+    "pigeon-kafka": "PigeonMQ (Kafka port)",
     "nats": "NATS JetStream",
     "redis": "Redis streams",
     "tansu": "Tansu (Kafka API, memory)",
 }
-SHORT = {"pigeon": "PigeonMQ", "nats": "NATS JS", "redis": "Redis", "tansu": "Tansu*"}
+SHORT = {
+    "pigeon": "PigeonMQ",
+    "pigeon-kafka": "PigeonMQ-Kafka",
+    "nats": "NATS JS",
+    "redis": "Redis",
+    "tansu": "Tansu*",
+}
 
 
 def med(vals: list[float]) -> float:
@@ -81,24 +100,33 @@ def incomplete(reps: list[dict[str, Any]], system: str) -> int:
     )
 
 
-def ratio_table_head(first: str, systems: list[str], peers: list[str]) -> list[str]:
-    """The header of a table with a column per system, then PigeonMQ's ratio to each peer."""
+def ratio_pairs(systems: list[str]) -> list[tuple[str, str]]:
+    """(PigeonMQ system, peer) for every ratio column: each PigeonMQ system in the run
+    (native client, Kafka port) against each peer."""
+    return [(b, s) for b in systems if b in PIGEONS for s in systems if s not in PIGEONS]
+
+
+def ratio_table_head(first: str, systems: list[str], pairs: list[tuple[str, str]]) -> list[str]:
+    """The header of a table with a column per system, then each PigeonMQ system's ratio
+    to each peer."""
     return [
         f"| {first} | " + " | ".join(NAMES[s] for s in systems) + " | "
-        + " | ".join(f"PigeonMQ / {SHORT[s]}" for s in peers) + " |",
-        "|---|" + "---|" * (len(systems) + len(peers)),
+        + " | ".join(f"{SHORT[b]} / {SHORT[s]}" for b, s in pairs) + " |",
+        "|---|" + "---|" * (len(systems) + len(pairs)),
     ]  # fmt: skip
 
 
 def render(res: dict[str, Any], command: str) -> str:
     reps = res["repetitions"]
     systems = [s for s in res["systems"]]
-    peers = [s for s in systems if s != "pigeon"]
+    peers = ratio_pairs(systems)
     a = res["args"]
     n = len(reps)
+    begin, end, _title, prefix = section(systems)
+    kafka_only = prefix == "kafka-"
     took = f" The whole run took {res['seconds'] / 60:.1f} min." if res.get("seconds") else ""
     L: list[str] = [
-        BEGIN,
+        begin,
         f"Run on {res['started']}; machine: {res['machine']}. All servers and clients on the same "
         "2-core VM, over loopback, so client and server compete for the CPU.",
         "",
@@ -134,7 +162,7 @@ def render(res: dict[str, Any], command: str) -> str:
         fmt = "{:,.1f}" if field == "mb_per_s" else "{:,.0f}"
         L.append(
             f"| {label} | " + " | ".join(cell(vals[s], fmt) for s in systems) + " | "
-            + " | ".join(ratio(vals["pigeon"], vals[s]) for s in peers) + " |"
+            + " | ".join(ratio(vals[b], vals[s]) for b, s in peers) + " |"
         )  # fmt: skip
     if any(collect(reps, s, "produce_1k", "latency_ms_p50") for s in systems):
         L += [
@@ -232,21 +260,22 @@ def render(res: dict[str, Any], command: str) -> str:
             L.append(
                 f"| {label} | "
                 + " | ".join(cell(vals[s], fmt) + (cmark(s) if field == "mb_per_s" else "") for s in systems)
-                + " | " + " | ".join(ratio(vals["pigeon"], vals[s]) if ratios else "" for s in peers) + " |"
+                + " | " + " | ".join(ratio(vals[b], vals[s]) if ratios else "" for b, s in peers) + " |"
             )  # fmt: skip
-    L += [
-        "",
-        res.get("rabbitmq") or "RabbitMQ streams: not measured.",
-        "",
-        "![throughput](img/peers-throughput.png)",
-        "",
-        "![latency](img/peers-latency.png)",
-        "",
-    ]
-    if (IMG / "peers-scaling.png").exists() or "producers" in a:
-        L += ["![producers and catch-up](img/peers-scaling.png)", ""]
-    L += targets(res)
-    L += ["", *SETTINGS]
+    L += [""]
+    if not kafka_only:
+        L += [res.get("rabbitmq") or "RabbitMQ streams: not measured.", ""]
+    for name, alt in [
+        ("throughput", "throughput"),
+        ("latency", "latency"),
+        ("scaling", "producers and catch-up"),
+    ]:
+        if (IMG / f"{prefix}{name}.png").exists() or (
+            not kafka_only and (name != "scaling" or "producers" in a)
+        ):
+            L += [f"![{alt}](img/{prefix}{name}.png)", ""]
+    L += targets(res, kafka_only)
+    L += ["", *(SETTINGS_KAFKA if kafka_only else SETTINGS)]
     errors = [
         f"{SHORT.get(s, s)} `{k}` (repetition {i + 1}): {v['error']}"
         for i, r in enumerate(reps)
@@ -258,7 +287,7 @@ def render(res: dict[str, Any], command: str) -> str:
     if errors:
         L += ["", "Scenarios that failed in this run (their cells count the other runs only):", ""]
         L += [f"- {e}" for e in errors]
-    L += ["", END]
+    L += ["", end]
     return "\n".join(L)
 
 
@@ -324,7 +353,7 @@ SETTINGS = [
 ]
 
 
-def targets(res: dict[str, Any]) -> list[str]:
+def targets(res: dict[str, Any], kafka_only: bool = False) -> list[str]:
     reps = res["repetitions"]
     out = ["", "#### Targets (reported, not asserted)", ""]
     p1 = collect(reps, "pigeon", "produce_1k", "msg_per_s")
@@ -355,7 +384,22 @@ def targets(res: dict[str, Any]) -> list[str]:
             f"- Ratio to Tansu + confluent-kafka (memory-only upper bound): {ratio(p1, t1)} at 1 KiB, "
             f"{ratio(p100, t100)} at 100 B."
         )
-    out += WHERE
+    k1 = collect(reps, "pigeon-kafka", "produce_1k", "msg_per_s")
+    k100 = collect(reps, "pigeon-kafka", "produce_100b", "msg_per_s")
+    kc = collect(reps, "pigeon-kafka", "catchup", "mb_per_s")
+    tc = collect(reps, "tansu", "catchup", "mb_per_s")
+    if k1 and t1:
+        ok = "met" if med(k1) / med(t1) >= 0.8 else "missed"
+        out.append(
+            f"- PigeonMQ's Kafka port (fsync always) ≥ 0.8× Tansu (memory) with confluent-kafka, "
+            f"acks=all, 1 KiB: **{ok}** ({ratio(k1, t1)} at 1 KiB, {ratio(k100, t100)} at 100 B)."
+        )
+    if kc and tc:
+        ok = "met" if med(kc) / med(tc) >= 0.8 else "missed"
+        out.append(
+            f"- Kafka consumer catch-up through Fetch ≥ 0.8× Tansu: **{ok}** ({ratio(kc, tc)})."
+        )
+    out += WHERE_KAFKA if kafka_only else WHERE
     return out
 
 
@@ -396,3 +440,20 @@ WHERE: list[str] = [
     "entry), while confluent-kafka's messages come from librdkafka (C) and Tansu serves them "
     "from memory; these rows compare client libraries as much as servers.",
 ]
+
+
+SETTINGS_KAFKA = [
+    "#### Settings",
+    "",
+    "- **PigeonMQ (Kafka port)**: `pigeon standalone --fsync always --kafka-port PORT` (broker + "
+    "bookie in one process; every batch fsynced before the ack, exactly as the native rows "
+    "above), driven with the same confluent-kafka code as Tansu: the topic made with "
+    "`AdminClient.create_topics` (1 partition), the producer and catch-up settings below.",
+    *[line for line in SETTINGS if line.startswith("- **Tansu**")],
+    "- Max produce: messages handed to the client in the time window; the elapsed time includes "
+    "waiting for the last ack (`flush`), so every counted message was acknowledged. 1 in 64 "
+    "messages is timed for publish→ack latency. Payloads are random bytes.",
+]
+
+# where the time goes on the Kafka port: filled in from profiles of the run in the section
+WHERE_KAFKA: list[str] = []
