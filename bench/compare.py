@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -104,17 +105,38 @@ def run_system(system: str, args: argparse.Namespace, rep: int) -> dict[str, Any
                 steps.append(
                     ("catchup", lambda: catchup(system, url, f"bk{rep}", args.backlog_mb))
                 )  # fmt: skip
+            pid = server_pid(srv)
             for key, step in steps:
                 t = time.monotonic()
+                cpu = cpu_seconds(pid)
                 try:
                     out[key] = step()
                 except Exception as exc:  # record and continue with the next scenario
                     traceback.print_exc()
                     out[key] = {"error": repr(exc)}
                 out[key]["wall_seconds"] = round(time.monotonic() - t, 2)
+                if cpu is not None:
+                    # the server's CPU time (all threads) over the step, fill included
+                    out[key]["server_cpu_seconds"] = round((cpu_seconds(pid) or cpu) - cpu, 2)
                 brief = {k: v for k, v in out[key].items() if k != "cdf_ms"}
                 log(system, key, f"{time.monotonic() - t:.1f}s", json.dumps(brief))
     return out
+
+
+def server_pid(srv: Any) -> int | None:
+    proc = getattr(srv, "proc", None) or getattr(getattr(srv, "sa", None), "proc", None)
+    return proc.pid if proc is not None else None
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU seconds of process ``pid`` so far (Linux), or None."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def charts(res: dict[str, Any], img: Path = IMG, prefix: str = "peers-") -> list[Path]:

@@ -239,7 +239,7 @@ class KafkaFrontDoor:
             except MalformedRequest as exc:
                 log.warning("kafka connection closed conn=%s: %s", conn.name, exc)
 
-    async def _request(self, conn: KafkaConnection, frame: bytes, send: Any) -> bool:
+    async def _request(self, conn: KafkaConnection, frame: bytearray, send: Any) -> bool:
         """Handle one request; False when the connection must close."""
         try:
             header, request = decode_request(frame)
@@ -299,30 +299,62 @@ class KafkaFrontDoor:
         return run
 
 
+#: bytes asked of the socket at a time for small requests and the size prefixes
+_READ = 65536
+
+
 async def _frames(conn: KafkaConnection) -> Any:
-    """The request frames of a connection (without their size prefix), until it ends."""
-    buf = bytearray()
-    stream = conn.stream
+    """The request frames of a connection (without their size prefix), until it ends.
+
+    Small requests are cut from a read buffer; a request larger than it is received
+    straight into a buffer of its own size (``recv_into``), so a produce request's
+    records are copied once from the kernel and never again here.
+    """
+    sock = conn.stream.socket
+    buf = bytearray(_READ)
+    view = memoryview(buf)
+    start = end = 0  # buf[start:end] is received and not yet framed
     while True:
-        while len(buf) >= 4:
-            (size,) = _I32.unpack_from(buf, 0)
+        if end - start >= 4:
+            (size,) = _I32.unpack_from(buf, start)
             if size < 0 or size > MAX_REQUEST_SIZE:
-                raise_wrong_port(conn, bytes(buf[:16]), size)
-            if len(buf) < 4 + size:
-                break
-            frame = bytes(buf[4 : 4 + size])
-            del buf[: 4 + size]
-            yield frame
-        data = await stream.receive_some(max(65536, _need(buf)))
-        if not data:
+                raise_wrong_port(conn, bytes(buf[start : start + 16]), size)
+            if end - start >= 4 + size:
+                yield buf[start + 4 : start + 4 + size]
+                start += 4 + size
+                continue
+            if 4 + size > _READ:
+                # a large request: into its own buffer, past what is already here
+                frame = bytearray(size)
+                have = end - start - 4
+                frame[:have] = view[start + 4 : end]
+                start = end = 0
+                fview = memoryview(frame)
+                while have < size:
+                    n = await _recv_into(sock, fview[have:])
+                    if not n:
+                        return
+                    have += n
+                del fview
+                yield frame
+                continue
+        if start:  # move the partial request to the front
+            buf[: end - start] = buf[start:end]
+            end -= start
+            start = 0
+        n = await _recv_into(sock, view[end:])
+        if not n:
             return
-        buf += data
+        end += n
 
 
-def _need(buf: bytearray) -> int:
-    if len(buf) < 4:
+async def _recv_into(sock: Any, into: memoryview) -> int:
+    """Bytes received into ``into``; 0 at the end of the stream, or when the peer
+    reset it (as ``SocketStream.receive_some`` would say)."""
+    try:
+        return int(await sock.recv_into(into))
+    except OSError:
         return 0
-    return int(_I32.unpack_from(buf, 0)[0]) + 4 - len(buf)
 
 
 def raise_wrong_port(conn: KafkaConnection, head: bytes, size: int) -> None:

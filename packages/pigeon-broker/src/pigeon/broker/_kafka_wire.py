@@ -104,7 +104,7 @@ def _request_reader(api_key: int, version: int) -> tuple[Any, Any, Any]:
     return cls, entity_reader(header_cls), entity_reader(cls)
 
 
-def decode_request(frame: bytes | memoryview) -> tuple[Any, Any]:
+def decode_request(frame: bytes | bytearray | memoryview) -> tuple[Any, Any]:
     """(request header, request) of one frame (without its size prefix).
 
     :raises UnsupportedApi: an API or version not in :data:`API_VERSIONS`.
@@ -122,6 +122,8 @@ def decode_request(frame: bytes | memoryview) -> tuple[Any, Any]:
             correlation_id=correlation_id,
         )
     _cls, read_header, read_body = _request_reader(api_key, version)
+    if not isinstance(frame, bytes):
+        frame = memoryview(frame).toreadonly()  # kio reads read-only buffers only
     try:
         header, used = read_header(frame, 0)
         request, _size = read_body(frame, used)
