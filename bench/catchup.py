@@ -268,13 +268,26 @@ READ: dict[str, Callable[[str, str, int, float], dict]] = {
 }
 
 
-def catchup(system: str, url: str, topic: str, backlog_mb: float, size: int = 1024) -> dict:
-    """Fill ``backlog_mb`` MiB of 1 KiB messages, then time one consumer reading them all."""
+def catchup(
+    system: str,
+    url: str,
+    topic: str,
+    backlog_mb: float,
+    size: int = 1024,
+    server_cpu: Callable[[], float | None] = lambda: None,
+) -> dict:
+    """Fill ``backlog_mb`` MiB of 1 KiB messages, then time one consumer reading them all.
+    ``server_cpu()``: the server's CPU seconds so far, to report the read's share."""
     want = int(backlog_mb * 2**20) // size
     start = time.monotonic()
     filled = FILL[system](url, topic, want, start + FILL_LIMIT)
     fill_s = time.monotonic() - start
+    cpu = server_cpu()
     r = READ[system](url, topic, filled, start + CATCHUP_LIMIT)
+    after = server_cpu()
+    read_cpu = {}
+    if cpu is not None and after is not None:
+        read_cpu["read_server_cpu_seconds"] = round(after - cpu, 2)
     n, secs = int(r["messages"]), float(r["seconds"])
     return {
         "scenario": "catchup",
@@ -291,4 +304,5 @@ def catchup(system: str, url: str, topic: str, backlog_mb: float, size: int = 10
         "mb_per_s": round(n * size / secs / 1e6, 2) if n else 0.0,
         "complete": filled == want and n >= filled,
         "total_seconds": round(time.monotonic() - start, 2),
+        **read_cpu,
     }

@@ -103,7 +103,7 @@ def run_system(system: str, args: argparse.Namespace, rep: int) -> dict[str, Any
                         )  # fmt: skip
             if "catchup" in sc:
                 steps.append(
-                    ("catchup", lambda: catchup(system, url, f"bk{rep}", args.backlog_mb))
+                    ("catchup", lambda: catchup(system, url, f"bk{rep}", args.backlog_mb, server_cpu=lambda: cpu_seconds(server_pid(srv))))
                 )  # fmt: skip
             pid = server_pid(srv)
             for key, step in steps:
