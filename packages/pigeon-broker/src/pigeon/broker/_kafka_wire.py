@@ -124,12 +124,15 @@ def decode_request(frame: bytes | bytearray | memoryview) -> tuple[Any, Any]:
             api_key=api_key,
             correlation_id=correlation_id,
         )
-    _cls, read_header, read_body = _request_reader(api_key, version)
+    cls, read_header, read_body = _request_reader(api_key, version)
     if not isinstance(frame, bytes):
         frame = memoryview(frame).toreadonly()  # kio reads read-only buffers only
     try:
         header, used = read_header(frame, 0)
-        request, _size = read_body(frame, used)
+        if api_key == PRODUCE_KEY:
+            request = _read_produce(cls, memoryview(frame), used)
+        else:
+            request, _size = read_body(frame, used)
     except Exception as exc:  # kio raises several types on garbage: one answer for all
         raise MalformedRequest(
             f"malformed Kafka request (API {api_key} v{version}): {type(exc).__name__}: {exc}"
@@ -137,6 +140,91 @@ def decode_request(frame: bytes | bytearray | memoryview) -> tuple[Any, Any]:
     # Trailing bytes are ignored, as Kafka's own brokers do (librdkafka's AdminClient
     # sends a few after some Metadata v12 requests).
     return header, request
+
+
+PRODUCE_KEY: Final = 0
+_I16 = struct.Struct(">h")
+_PRODUCE_HEAD = struct.Struct(">hi")  # acks, timeout
+
+
+def _read_produce(cls: Any, mv: memoryview, at: int) -> Any:
+    """A Produce request (v3-v9) whose records are views of ``mv`` (kio would copy
+    each partition's records into a bytes object of their own)."""
+    mod = sys.modules[cls.__module__]
+    topic_cls, partition_cls = mod.TopicProduceData, mod.PartitionProduceData
+    flexible = cls.__flexible__
+
+    def uvarint() -> int:
+        nonlocal at
+        n = shift = 0
+        while True:
+            b = mv[at]
+            at += 1
+            n |= (b & 0x7F) << shift
+            if b < 0x80:
+                return n
+            shift += 7
+            if shift > 28:
+                raise ValueError("varint too long")
+
+    def length(wide: bool) -> int:
+        """A length prefix: -1 is null; flexible versions count from 0 = null."""
+        nonlocal at
+        if flexible:
+            return uvarint() - 1
+        if wide:
+            (n,) = _I32.unpack_from(mv, at)
+            at += 4
+        else:
+            (n,) = _I16.unpack_from(mv, at)
+            at += 2
+        return int(n)
+
+    def take(n: int) -> memoryview:
+        nonlocal at
+        if n < 0 or at + n > len(mv):
+            raise ValueError(f"field of {n} bytes at {at} runs past the request's end")
+        view = mv[at : at + n]
+        at += n
+        return view
+
+    def string(nullable: bool) -> str | None:
+        n = length(False)
+        if n < 0:
+            if nullable:
+                return None
+            raise ValueError("null string")
+        return str(take(n), "utf-8")
+
+    def skip_tags() -> None:
+        if flexible:
+            for _ in range(uvarint()):
+                uvarint()
+                take(uvarint())
+
+    transactional_id = string(True)
+    acks, timeout = _PRODUCE_HEAD.unpack_from(mv, at)
+    at += _PRODUCE_HEAD.size
+    topics = []
+    for _ in range(max(0, length(True))):
+        name = string(False)
+        partitions = []
+        for _ in range(max(0, length(True))):
+            (index,) = _I32.unpack_from(mv, at)
+            at += 4
+            n = length(True)
+            records = None if n < 0 else take(n)
+            skip_tags()
+            partitions.append(partition_cls(index=index, records=records))
+        skip_tags()
+        topics.append(topic_cls(name=name, partition_data=tuple(partitions)))
+    skip_tags()
+    return cls(
+        transactional_id=transactional_id,
+        acks=acks,
+        timeout=datetime.timedelta(milliseconds=timeout),
+        topic_data=tuple(topics),
+    )
 
 
 @functools.cache
@@ -172,7 +260,6 @@ class Encoded:
 
 #: Fetch versions :class:`FetchAnswer` encodes (the versions served)
 FETCH_VERSIONS: Final = range(4, 13)
-_I16 = struct.Struct(">h")
 _I64x3 = struct.Struct(">qqq")
 _NULL_ARRAY = _I32.pack(-1)
 
