@@ -83,9 +83,10 @@ class Standalone:
     def __enter__(self) -> Standalone:
         pigeon = Path(sys.executable).with_name("pigeon")
         self.log = open(self.data_dir.parent / "standalone.log", "wb")
-        # BENCH_PIGEON_PROFILE=FILE runs the server under cProfile (written when it stops)
+        # BENCH_PIGEON_PROFILE=FILE runs the server under cProfile, timed by the event
+        # loop thread's CPU clock (bench/_profile.py; written when the server stops)
         prof = os.environ.get("BENCH_PIGEON_PROFILE")
-        pre = [sys.executable, "-m", "cProfile", "-o", prof] if prof else []
+        pre = [sys.executable, str(Path(__file__).with_name("_profile.py")), prof] if prof else []
         self.proc = subprocess.Popen(
             [
                 *pre,

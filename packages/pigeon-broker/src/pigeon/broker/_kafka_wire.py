@@ -51,6 +51,8 @@ __all__ = [
     "ZERO",
     "Encoded",
     "FetchAnswer",
+    "PRODUCE_VERSIONS",
+    "ProduceAnswer",
     "build",
     "decode_request",
     "encode_response",
@@ -260,6 +262,7 @@ class Encoded:
 
 #: Fetch versions :class:`FetchAnswer` encodes (the versions served)
 FETCH_VERSIONS: Final = range(4, 13)
+_I64 = struct.Struct(">q")
 _I64x3 = struct.Struct(">qqq")
 _NULL_ARRAY = _I32.pack(-1)
 
@@ -345,6 +348,66 @@ class FetchAnswer(Encoded):
         _I32.pack_into(first, 0, total)
         out[0] = bytes(first)
         return out
+
+
+#: Produce versions :class:`ProduceAnswer` encodes (the versions served)
+PRODUCE_VERSIONS: Final = range(3, 10)
+_PRODUCED = struct.Struct(">ihqq")  # index, error, base offset, log append time (-1)
+
+
+class ProduceAnswer(Encoded):
+    """A Produce response (versions :data:`PRODUCE_VERSIONS`), written directly: kio's
+    writer took longer per response than storing its batch.
+
+    ``topics`` is ``[(topic, [(index, error_code, base_offset, error_message), ...]),
+    ...]``; no log append time (-1), log start offset -1, no record errors, no throttle:
+    the same bytes kio writes for such a response.
+    """
+
+    __slots__ = ("topics", "version")
+
+    def __init__(
+        self, version: int, topics: list[tuple[str, list[tuple[int, int, int, str | None]]]]
+    ) -> None:
+        if version not in PRODUCE_VERSIONS:
+            raise NotSupported(f"Produce v{version} responses are not encoded here")
+        self.version = version
+        self.topics = topics
+
+    def buffers(self, correlation_id: int) -> list[bytes | memoryview]:
+        v = self.version
+        flexible = v >= 9
+        out = bytearray(_I32.pack(0) + _I32.pack(correlation_id))
+        if flexible:
+            out += b"\0"  # response header v1: no tagged fields
+
+        def count(n: int) -> bytes:
+            return _uvarint(n + 1) if flexible else _I32.pack(n)
+
+        def string(value: str | None) -> bytes:
+            if value is None:
+                return b"\0" if flexible else _I16.pack(-1)
+            raw = value.encode()
+            return (_uvarint(len(raw) + 1) if flexible else _I16.pack(len(raw))) + raw
+
+        out += count(len(self.topics))
+        for topic, partitions in self.topics:
+            out += string(topic) + count(len(partitions))
+            for index, error, base_offset, message in partitions:
+                out += _PRODUCED.pack(index, error, base_offset, -1)
+                if v >= 5:
+                    out += _I64.pack(-1)  # log_start_offset
+                if v >= 8:
+                    out += count(0) + string(message)  # record_errors, error_message
+                if flexible:
+                    out += b"\0"
+            if flexible:
+                out += b"\0"
+        out += _I32.pack(0)  # throttle_time
+        if flexible:
+            out += b"\0"
+        _I32.pack_into(out, 0, len(out) - 4)
+        return [bytes(out)]
 
 
 @functools.cache

@@ -1,5 +1,5 @@
-"""The hand-written Fetch response encoder gives the bytes kio writes, in every version
-served, so Kafka clients read the same answer either way."""
+"""The hand-written Fetch and Produce response encoders give the bytes kio writes, in
+every version served, so Kafka clients read the same answer either way."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from kio.schema.errors import ErrorCode
 
 from pigeon.broker._kafka_wire import (
     FETCH_VERSIONS,
+    PRODUCE_VERSIONS,
     ZERO,
     FetchAnswer,
+    ProduceAnswer,
     build,
     encode_response,
     part,
@@ -84,3 +86,55 @@ def test_empty_response() -> None:
 def test_unserved_version_is_refused() -> None:
     with pytest.raises(NotSupported):
         FetchAnswer(13, [])
+
+
+PRODUCED = [
+    ("orders", [(0, 0, 1200, None), (1, ErrorCode.not_leader_or_follower.value, -1, "moved")]),
+    ("ünïcode-topic", [(3, ErrorCode.invalid_producer_epoch.value, -1, "fenced by epoch 2")]),
+]
+
+
+def kio_produce_response(version: int) -> bytes:
+    cls = importlib.import_module(f"kio.schema.produce.v{version}.response").ProduceResponse
+    responses = tuple(
+        part(
+            cls,
+            "TopicProduceResponse",
+            name=topic,
+            partition_responses=tuple(
+                part(
+                    cls,
+                    "PartitionProduceResponse",
+                    index=index,
+                    error_code=ErrorCode(error),
+                    base_offset=offset,
+                    log_append_time=None,
+                    log_start_offset=-1,
+                    record_errors=(),
+                    error_message=message,
+                )
+                for index, error, offset, message in partitions
+            ),
+        )
+        for topic, partitions in PRODUCED
+    )
+    return encode_response(99, build(cls, responses=responses, throttle_time=ZERO))
+
+
+@pytest.mark.parametrize("version", list(PRODUCE_VERSIONS))
+def test_produce_answer_same_bytes_as_kio(version: int) -> None:
+    ours = b"".join(bytes(b) for b in ProduceAnswer(version, PRODUCED).buffers(99))
+    assert ours == kio_produce_response(version)
+    assert b"".join(bytes(b) for b in ProduceAnswer(version, []).buffers(5)) == encode_response(
+        5,
+        build(
+            importlib.import_module(f"kio.schema.produce.v{version}.response").ProduceResponse,
+            responses=(),
+            throttle_time=ZERO,
+        ),
+    )
+
+
+def test_unserved_produce_version_is_refused() -> None:
+    with pytest.raises(NotSupported):
+        ProduceAnswer(10, [])
