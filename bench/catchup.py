@@ -288,6 +288,8 @@ def catchup(
     read_cpu = {}
     if cpu is not None and after is not None:
         read_cpu["read_server_cpu_seconds"] = round(after - cpu, 2)
+        if r["messages"]:
+            read_cpu["read_server_cpu_us_per_msg"] = round((after - cpu) / r["messages"] * 1e6, 3)
     n, secs = int(r["messages"]), float(r["seconds"])
     return {
         "scenario": "catchup",

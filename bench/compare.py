@@ -117,7 +117,11 @@ def run_system(system: str, args: argparse.Namespace, rep: int) -> dict[str, Any
                 out[key]["wall_seconds"] = round(time.monotonic() - t, 2)
                 if cpu is not None:
                     # the server's CPU time (all threads) over the step, fill included
-                    out[key]["server_cpu_seconds"] = round((cpu_seconds(pid) or cpu) - cpu, 2)
+                    used = (cpu_seconds(pid) or cpu) - cpu
+                    out[key]["server_cpu_seconds"] = round(used, 2)
+                    if out[key].get("messages"):
+                        n = out[key]["messages"]
+                        out[key]["server_cpu_us_per_msg"] = round(used / n * 1e6, 3)
                 brief = {k: v for k, v in out[key].items() if k != "cdf_ms"}
                 log(system, key, f"{time.monotonic() - t:.1f}s", json.dumps(brief))
     return out

@@ -150,16 +150,31 @@ def render(res: dict[str, Any], command: str) -> str:
         "",
         *ratio_table_head("scenario", systems, peers),
     ]  # fmt: skip
-    rows = [
-        ("produce_1k", "1 KiB messages, 1 producer, msg/s", "msg_per_s"),
-        ("produce_1k", "1 KiB messages, 1 producer, MB/s", "mb_per_s"),
-        ("produce_100b", "100 B messages, 1 producer, msg/s", "msg_per_s"),
-    ] + [(k, label, "msg_per_s") for k, label in multi_keys(res)]
+    rows = (
+        [
+            ("produce_1k", "1 KiB messages, 1 producer, msg/s", "msg_per_s"),
+            ("produce_1k", "1 KiB messages, 1 producer, MB/s", "mb_per_s"),
+            ("produce_100b", "100 B messages, 1 producer, msg/s", "msg_per_s"),
+        ]
+        + [(k, label, "msg_per_s") for k, label in multi_keys(res)]
+        + [
+            (
+                "produce_1k",
+                "server CPU per message, µs, 1 KiB (lower is better)",
+                "server_cpu_us_per_msg",
+            ),
+            (
+                "produce_100b",
+                "server CPU per message, µs, 100 B (lower is better)",
+                "server_cpu_us_per_msg",
+            ),
+        ]
+    )
     for key, label, field in rows:
         vals = {s: collect(reps, s, key, field) for s in systems}
         if not any(vals.values()):
             continue
-        fmt = "{:,.1f}" if field == "mb_per_s" else "{:,.0f}"
+        fmt = {"mb_per_s": "{:,.1f}", "server_cpu_us_per_msg": "{:,.2f}"}.get(field, "{:,.0f}")
         L.append(
             f"| {label} | " + " | ".join(cell(vals[s], fmt) for s in systems) + " | "
             + " | ".join(ratio(vals[b], vals[s]) for b, s in peers) + " |"
@@ -255,7 +270,10 @@ def render(res: dict[str, Any], command: str) -> str:
             ("msg_per_s", "catch-up, msg/s", "{:,.0f}", True),
             ("backlog_mb", "backlog stored, MiB", "{:,.0f}", False),
             ("fill_mb_per_s", "fill, MB/s (preparation only; methods differ, see settings)", "{:,.1f}", False),
+            ("read_server_cpu_us_per_msg", "server CPU per message read, µs (lower is better)", "{:,.2f}", True),
         ]:  # fmt: skip
+            if not any(collect(reps, s, "catchup", field) for s in systems):
+                continue
             vals = {s: collect(reps, s, "catchup", field) for s in systems}
             L.append(
                 f"| {label} | "
