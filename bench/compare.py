@@ -3,6 +3,8 @@
     python -m bench.compare                      # the default suite, about 16 minutes
     python -m bench.compare --repeat 1 --duration 3 --latency-duration 3 --backlog-mb 64 --no-docs
     python -m bench.compare --scenarios catchup --systems nats --repeat 1 --no-docs
+    python -m bench.compare --systems pigeon-kafka tansu --scenarios produce catchup \
+        --repeat 1 --duration 5 --backlog-mb 512 --baseline aeeac33   # before/after
 
 Every server (PigeonMQ standalone, nats-server with JetStream, redis-server, Tansu) is
 started here on 127.0.0.1, on a free port, in a temporary directory, and stopped by PID.
@@ -31,6 +33,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -284,6 +288,75 @@ def charts(res: dict[str, Any], img: Path = IMG, prefix: str = "peers-") -> list
     return written
 
 
+def strip_baseline(argv: list[str]) -> list[str]:
+    """``argv`` without ``--baseline REV`` and ``--rounds N``."""
+    out: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in ("--baseline", "--rounds"):
+            skip = True
+        elif not a.startswith(("--baseline=", "--rounds=")):
+            out.append(a)
+    return out
+
+
+def figures(res: dict[str, Any]) -> dict[str, float]:
+    """The figures of one run (medians over its repetitions): msg/s and the server's CPU
+    per message, per system and step."""
+    vals: dict[str, list[float]] = {}
+    for rep in res["repetitions"]:
+        for system, steps in rep.items():
+            for key, v in steps.items():
+                if not isinstance(v, dict):
+                    continue
+                for field in ("msg_per_s", "server_cpu_us_per_msg", "read_server_cpu_us_per_msg"):
+                    if v.get(field) is not None:
+                        vals.setdefault(f"{system} {key} {field}", []).append(float(v[field]))
+    return {k: statistics.median(v) for k, v in vals.items()}
+
+
+def baseline_compare(rev: str, rounds: int, child_args: list[str]) -> None:
+    """``python -m bench.compare CHILD_ARGS --no-docs`` on ``rev``'s packages and on the
+    working tree's, alternating (ABBA), each in a child process whose ``PYTHONPATH`` is
+    this harness plus one tree's package sources (the servers it starts inherit it).
+    Prints every figure's medians per side and their ratio (working tree / ``rev``):
+    on a shared machine, the server's CPU per message moves far less than msg/s."""
+    from bench.baseline import ROOT, source_path, unpack
+
+    runs: dict[str, list[dict[str, float]]] = {"baseline": [], "work": []}
+    with tempfile.TemporaryDirectory(prefix="pigeon-compare-baseline-") as tmp:
+        paths = {"baseline": source_path(unpack(rev, Path(tmp))), "work": source_path(ROOT)}
+        for i in range(max(1, rounds)):
+            for side in ("baseline", "work") if i % 2 == 0 else ("work", "baseline"):
+                out = Path(tmp) / f"{side}-{i}.json"
+                env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), paths[side]]))
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "bench.compare",
+                    *child_args,
+                    "--no-docs",
+                    "--json",
+                    str(out),
+                ]
+                subprocess.run(cmd, check=True, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+                got = figures(json.loads(out.read_text()))
+                log(f"round {i + 1} {side}: {got}")
+                runs[side].append(got)
+    names = [k for k in runs["baseline"][0] if all(k in r for r in runs["baseline"] + runs["work"])]
+    print(
+        f"| figure (median of {len(runs['work'])} runs each, alternating) | {rev} | working tree | ratio |"
+    )
+    print("|---|---|---|---|")
+    for name in names:
+        base = statistics.median(r[name] for r in runs["baseline"])
+        work = statistics.median(r[name] for r in runs["work"])
+        fmt = "{:,.0f}" if name.endswith("msg_per_s") and "cpu" not in name else "{:,.2f}"
+        print(f"| {name} | {fmt.format(base)} | {fmt.format(work)} | {work / base:.2f} |")
+
+
 def scratch_dir(name: str) -> Path:
     """Where a --no-docs run puts its charts: outside the work tree."""
     return Path(tempfile.mkdtemp(prefix=f"pigeon-{name}-"))
@@ -331,7 +404,18 @@ def main() -> None:
     ap.add_argument(
         "--render", metavar="JSON", help="only re-render docs/charts from a result file"
     )
+    ap.add_argument(
+        "--baseline", metavar="REV",
+        help="run the same command on commit REV's packages and on the working tree's, "
+        "alternating --rounds times each, and print the medians of both and their ratio "
+        "(see baseline_compare; implies --no-docs)",
+    )  # fmt: skip
+    ap.add_argument("--rounds", type=int, default=3, help="runs per side with --baseline")
+    ap.add_argument("--json", metavar="PATH", help=argparse.SUPPRESS)  # a --baseline child's
     args = ap.parse_args()
+    if args.baseline:
+        baseline_compare(args.baseline, args.rounds, strip_baseline(sys.argv[1:]))
+        return
     if args.render:
         res = json.loads(Path(args.render).read_text())
         res["render_command"] = "python -m bench.compare " + " ".join(sys.argv[1:])
@@ -351,7 +435,7 @@ def main() -> None:
     command = "python -m bench.compare " + " ".join(sys.argv[1:])
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"compare-{stamp}.json"
+    path = Path(args.json) if args.json else RESULTS / f"compare-{stamp}.json"
     res: dict[str, Any] = {
         "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": machine(),
