@@ -503,15 +503,15 @@ WHERE_KAFKA: list[str] = [
     "batches, then kio wrote them into a `BytesIO` and copied them out again (now the stored "
     "batches go to the socket unjoined, with one `sendmsg`). Answers are byte-for-byte what "
     "kio writes (tests per version).",
-    "- **Catch-up**: the Fetch path itself is now small (≈ 0.2 ms per 1 MB fetch); the read's "
+    "- **Catch-up**: the Fetch path itself is now small (≈ 0.3 ms per 1 MB fetch); the read's "
     "CPU is mostly the bookie read (a worker thread's `pread`, then the same loopback hop) "
     "and the sockets. Tansu serves from memory.",
     "- **Left, measured but not changed**: every Produce and Fetch request asks the metadata "
     "store for the topic's partition count (`partitions_of`: a SQLite query in the "
-    "standalone, ≈ 3 % of the server's CPU); caching it needs topic deletion to invalidate "
+    "standalone, 2–3 % of the server's CPU); caching it needs topic deletion to invalidate "
     "it. The batch header and the records are joined once in `_kafka_produce` and again "
     "with the entry header in the ledger (a ledger taking buffer lists would save one copy, "
     "≈ 2 %). A trial run with glibc's `MALLOC_MMAP_THRESHOLD_`/`MALLOC_TRIM_THRESHOLD_` "
-    "raised used ≈ 15 % less CPU per message on produce in one pair of runs: not "
-    "confirmed, not applied.",
+    "raised used ≈ 15 % less CPU per message on produce in one pair of runs (and more on "
+    "the catch-up): not confirmed, not applied.",
 ]
