@@ -200,6 +200,8 @@ SERVERS: dict[str, Callable[[Path], Any]] = {
 }
 # systems measured through PigeonMQ (their ratios to the others are reported)
 PIGEONS = ("pigeon", "pigeon-kafka")
+# systems driven by the Kafka clients (confluent-kafka), Tansu's drivers
+KAFKA_SYSTEMS = ("tansu", "pigeon-kafka")
 
 
 # --------------------------------------------------------------------------- max produce
@@ -415,7 +417,7 @@ def _warm(system: str) -> None:
         import nats.js.api  # noqa: F401
     elif system == "redis":
         import redis  # noqa: F401
-    elif system in ("tansu", "pigeon-kafka"):
+    elif system in KAFKA_SYSTEMS:
         import confluent_kafka
         import confluent_kafka.admin  # noqa: F401
 
