@@ -391,6 +391,8 @@ def produce_kafka(
     return summary(lat, n=n, size=size, elapsed=elapsed, producers=1, **{"linger.ms": 5})
 
 
+produce_tansu = produce_kafka  # its name before PigeonMQ's Kafka port used it too
+
 PRODUCE = {
     "pigeon": produce_pigeon,
     "nats": produce_nats,
