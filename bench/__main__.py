@@ -66,9 +66,11 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 class Standalone:
-    def __init__(self, data_dir: Path, fsync: str = "always") -> None:
+    def __init__(self, data_dir: Path, fsync: str = "always", kafka: bool = False) -> None:
         self.data_dir = data_dir
         self.port = free_port()
+        # the Kafka front door on a free port, or off (-1)
+        self.kafka_port = free_port() if kafka else -1
         self.bookie_port = free_port()
         self.http_port = free_port()
         self.fsync = fsync
@@ -81,8 +83,13 @@ class Standalone:
     def __enter__(self) -> Standalone:
         pigeon = Path(sys.executable).with_name("pigeon")
         self.log = open(self.data_dir.parent / "standalone.log", "wb")
+        # BENCH_PIGEON_PROFILE=FILE runs the server under cProfile, timed by the event
+        # loop thread's CPU clock (bench/_profile.py; written when the server stops)
+        prof = os.environ.get("BENCH_PIGEON_PROFILE")
+        pre = [sys.executable, str(Path(__file__).with_name("_profile.py")), prof] if prof else []
         self.proc = subprocess.Popen(
             [
+                *pre,
                 str(pigeon),
                 "--log-level",
                 "WARNING",
@@ -98,12 +105,14 @@ class Standalone:
                 "--http-port",
                 str(self.http_port),
                 "--kafka-port",
-                "-1",
+                str(self.kafka_port),
             ],
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
         wait_for_port(self.proc, self.port, "standalone", "standalone.log")
+        if self.kafka_port > 0:
+            wait_for_port(self.proc, self.kafka_port, "standalone", "standalone.log")
         return self
 
     def __exit__(self, *exc: object) -> None:

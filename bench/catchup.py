@@ -257,22 +257,39 @@ FILL: dict[str, Callable[[str, str, int, float], int]] = {
     "nats": _fill_nats,
     "redis": _fill_redis,
     "tansu": _fill_tansu,
+    "pigeon-kafka": _fill_tansu,
 }
 READ: dict[str, Callable[[str, str, int, float], dict]] = {
     "pigeon": _read_pigeon,
     "nats": _read_nats,
     "redis": _read_redis,
     "tansu": _read_tansu,
+    "pigeon-kafka": _read_tansu,
 }
 
 
-def catchup(system: str, url: str, topic: str, backlog_mb: float, size: int = 1024) -> dict:
-    """Fill ``backlog_mb`` MiB of 1 KiB messages, then time one consumer reading them all."""
+def catchup(
+    system: str,
+    url: str,
+    topic: str,
+    backlog_mb: float,
+    size: int = 1024,
+    server_cpu: Callable[[], float | None] = lambda: None,
+) -> dict:
+    """Fill ``backlog_mb`` MiB of 1 KiB messages, then time one consumer reading them all.
+    ``server_cpu()``: the server's CPU seconds so far, to report the read's share."""
     want = int(backlog_mb * 2**20) // size
     start = time.monotonic()
     filled = FILL[system](url, topic, want, start + FILL_LIMIT)
     fill_s = time.monotonic() - start
+    cpu = server_cpu()
     r = READ[system](url, topic, filled, start + CATCHUP_LIMIT)
+    after = server_cpu()
+    read_cpu = {}
+    if cpu is not None and after is not None:
+        read_cpu["read_server_cpu_seconds"] = round(after - cpu, 2)
+        if r["messages"]:
+            read_cpu["read_server_cpu_us_per_msg"] = round((after - cpu) / r["messages"] * 1e6, 3)
     n, secs = int(r["messages"]), float(r["seconds"])
     return {
         "scenario": "catchup",
@@ -289,4 +306,5 @@ def catchup(system: str, url: str, topic: str, backlog_mb: float, size: int = 10
         "mb_per_s": round(n * size / secs / 1e6, 2) if n else 0.0,
         "complete": filled == want and n >= filled,
         "total_seconds": round(time.monotonic() - start, 2),
+        **read_cpu,
     }

@@ -3,6 +3,8 @@
     python -m bench.compare                      # the default suite, about 16 minutes
     python -m bench.compare --repeat 1 --duration 3 --latency-duration 3 --backlog-mb 64 --no-docs
     python -m bench.compare --scenarios catchup --systems nats --repeat 1 --no-docs
+    python -m bench.compare --systems pigeon-kafka tansu --scenarios produce catchup \
+        --repeat 1 --duration 5 --backlog-mb 512 --baseline aeeac33   # before/after
 
 Every server (PigeonMQ standalone, nats-server with JetStream, redis-server, Tansu) is
 started here on 127.0.0.1, on a free port, in a temporary directory, and stopped by PID.
@@ -30,6 +32,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -41,12 +46,13 @@ from bench.__main__ import DOC, RESULTS, machine, write_doc
 from bench.catchup import catchup
 from bench.latency import latency
 from bench.peers import (
+    PIGEONS,
     PRODUCE,
     SERVERS,
     produce_many,
     rabbitmq_status,
 )
-from bench.report import BEGIN, END, IMG, SHORT, collect, med, multi_keys, render, unsustained
+from bench.report import IMG, SHORT, collect, med, multi_keys, render, section, unsustained
 
 SCENARIOS = ["produce", "latency", "multi", "catchup"]
 DEFAULTS = {
@@ -101,23 +107,52 @@ def run_system(system: str, args: argparse.Namespace, rep: int) -> dict[str, Any
                         )  # fmt: skip
             if "catchup" in sc:
                 steps.append(
-                    ("catchup", lambda: catchup(system, url, f"bk{rep}", args.backlog_mb))
+                    ("catchup", lambda: catchup(system, url, f"bk{rep}", args.backlog_mb, server_cpu=lambda: cpu_seconds(server_pid(srv))))
                 )  # fmt: skip
+            pid = server_pid(srv)
             for key, step in steps:
                 t = time.monotonic()
+                cpu = cpu_seconds(pid)
                 try:
                     out[key] = step()
                 except Exception as exc:  # record and continue with the next scenario
                     traceback.print_exc()
                     out[key] = {"error": repr(exc)}
                 out[key]["wall_seconds"] = round(time.monotonic() - t, 2)
+                if cpu is not None:
+                    # the server's CPU time (all threads) over the step, fill included
+                    used = (cpu_seconds(pid) or cpu) - cpu
+                    out[key]["server_cpu_seconds"] = round(used, 2)
+                    if out[key].get("messages"):
+                        n = out[key]["messages"]
+                        out[key]["server_cpu_us_per_msg"] = round(used / n * 1e6, 3)
                 brief = {k: v for k, v in out[key].items() if k != "cdf_ms"}
                 log(system, key, f"{time.monotonic() - t:.1f}s", json.dumps(brief))
     return out
 
 
+def server_pid(srv: Any) -> int | None:
+    proc = getattr(srv, "proc", None) or getattr(getattr(srv, "sa", None), "proc", None)
+    return proc.pid if proc is not None else None
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU seconds of process ``pid`` so far (Linux), or None."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def charts(res: dict[str, Any], img: Path = IMG, prefix: str = "peers-") -> list[Path]:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:  # requirements-bench.txt has it; a bare venv still gets the tables
+        log("charts skipped: matplotlib is not installed")
+        return []
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -127,7 +162,13 @@ def charts(res: dict[str, Any], img: Path = IMG, prefix: str = "peers-") -> list
     reps = res["repetitions"]
     systems = res["systems"]
     labels = [SHORT[s] for s in systems]
-    colors = {"pigeon": "#2a7ab9", "nats": "#27aa5e", "redis": "#d6452f", "tansu": "#999999"}
+    colors = {
+        "pigeon": "#2a7ab9",
+        "pigeon-kafka": "#7a4ab9",
+        "nats": "#27aa5e",
+        "redis": "#d6452f",
+        "tansu": "#999999",
+    }
 
     def spread(key: str, field: str) -> tuple[list[float], list[float], list[float]]:
         meds, lo, hi = [], [], []
@@ -247,6 +288,75 @@ def charts(res: dict[str, Any], img: Path = IMG, prefix: str = "peers-") -> list
     return written
 
 
+def strip_baseline(argv: list[str]) -> list[str]:
+    """``argv`` without ``--baseline REV`` and ``--rounds N``."""
+    out: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in ("--baseline", "--rounds"):
+            skip = True
+        elif not a.startswith(("--baseline=", "--rounds=")):
+            out.append(a)
+    return out
+
+
+def figures(res: dict[str, Any]) -> dict[str, float]:
+    """The figures of one run (medians over its repetitions): msg/s and the server's CPU
+    per message, per system and step."""
+    vals: dict[str, list[float]] = {}
+    for rep in res["repetitions"]:
+        for system, steps in rep.items():
+            for key, v in steps.items():
+                if not isinstance(v, dict):
+                    continue
+                for field in ("msg_per_s", "server_cpu_us_per_msg", "read_server_cpu_us_per_msg"):
+                    if v.get(field) is not None:
+                        vals.setdefault(f"{system} {key} {field}", []).append(float(v[field]))
+    return {k: statistics.median(v) for k, v in vals.items()}
+
+
+def baseline_compare(rev: str, rounds: int, child_args: list[str]) -> None:
+    """``python -m bench.compare CHILD_ARGS --no-docs`` on ``rev``'s packages and on the
+    working tree's, alternating (ABBA), each in a child process whose ``PYTHONPATH`` is
+    this harness plus one tree's package sources (the servers it starts inherit it).
+    Prints every figure's medians per side and their ratio (working tree / ``rev``):
+    on a shared machine, the server's CPU per message moves far less than msg/s."""
+    from bench.baseline import ROOT, source_path, unpack
+
+    runs: dict[str, list[dict[str, float]]] = {"baseline": [], "work": []}
+    with tempfile.TemporaryDirectory(prefix="pigeon-compare-baseline-") as tmp:
+        paths = {"baseline": source_path(unpack(rev, Path(tmp))), "work": source_path(ROOT)}
+        for i in range(max(1, rounds)):
+            for side in ("baseline", "work") if i % 2 == 0 else ("work", "baseline"):
+                out = Path(tmp) / f"{side}-{i}.json"
+                env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), paths[side]]))
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "bench.compare",
+                    *child_args,
+                    "--no-docs",
+                    "--json",
+                    str(out),
+                ]
+                subprocess.run(cmd, check=True, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+                got = figures(json.loads(out.read_text()))
+                log(f"round {i + 1} {side}: {got}")
+                runs[side].append(got)
+    names = [k for k in runs["baseline"][0] if all(k in r for r in runs["baseline"] + runs["work"])]
+    print(
+        f"| figure (median of {len(runs['work'])} runs each, alternating) | {rev} | working tree | ratio |"
+    )
+    print("|---|---|---|---|")
+    for name in names:
+        base = statistics.median(r[name] for r in runs["baseline"])
+        work = statistics.median(r[name] for r in runs["work"])
+        fmt = "{:,.0f}" if name.endswith("msg_per_s") and "cpu" not in name else "{:,.2f}"
+        print(f"| {name} | {fmt.format(base)} | {fmt.format(work)} | {work / base:.2f} |")
+
+
 def scratch_dir(name: str) -> Path:
     """Where a --no-docs run puts its charts: outside the work tree."""
     return Path(tempfile.mkdtemp(prefix=f"pigeon-{name}-"))
@@ -294,26 +404,38 @@ def main() -> None:
     ap.add_argument(
         "--render", metavar="JSON", help="only re-render docs/charts from a result file"
     )
+    ap.add_argument(
+        "--baseline", metavar="REV",
+        help="run the same command on commit REV's packages and on the working tree's, "
+        "alternating --rounds times each, and print the medians of both and their ratio "
+        "(see baseline_compare; implies --no-docs)",
+    )  # fmt: skip
+    ap.add_argument("--rounds", type=int, default=3, help="runs per side with --baseline")
+    ap.add_argument("--json", metavar="PATH", help=argparse.SUPPRESS)  # a --baseline child's
     args = ap.parse_args()
+    if args.baseline:
+        baseline_compare(args.baseline, args.rounds, strip_baseline(sys.argv[1:]))
+        return
     if args.render:
         res = json.loads(Path(args.render).read_text())
         res["render_command"] = "python -m bench.compare " + " ".join(sys.argv[1:])
         if args.no_docs:
-            written = charts(res, scratch_dir(Path(args.render).stem), "peers-")
+            written = charts(res, scratch_dir(Path(args.render).stem), section(res["systems"])[3])
             print("charts: " + ", ".join(str(w) for w in written), file=sys.stderr)
         else:
-            charts(res)
-            write_doc(render(res, res["command"]), BEGIN, END, title="Side by side with peers")
+            begin, end, title, prefix = section(res["systems"])
+            charts(res, IMG, prefix)
+            write_doc(render(res, res["command"]), begin, end, title=title)
         print(render(res, res["command"]))
         return
     if not args.multi and "multi" in args.scenarios:
         args.scenarios.remove("multi")
-    if "pigeon" not in args.systems:
+    if not any(s in PIGEONS for s in args.systems):
         args.systems.insert(0, "pigeon")
     command = "python -m bench.compare " + " ".join(sys.argv[1:])
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"compare-{stamp}.json"
+    path = Path(args.json) if args.json else RESULTS / f"compare-{stamp}.json"
     res: dict[str, Any] = {
         "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": machine(),
@@ -347,11 +469,12 @@ def main() -> None:
         res["seconds"] = round(time.monotonic() - t0, 1)
         path.write_text(json.dumps(res, indent=1))
         log("repetition", rep + 1, f"took {time.monotonic() - t_rep:.0f} s; written to", path)
+    begin, end, title, prefix = section(args.systems)
     if args.no_docs:
-        written = charts(res, scratch_dir(path.stem), "peers-")
+        written = charts(res, scratch_dir(path.stem), prefix)
     else:
-        written = charts(res)
-        write_doc(render(res, command), BEGIN, END, title="Side by side with peers")
+        written = charts(res, IMG, prefix)
+        write_doc(render(res, command), begin, end, title=title)
     print(render(res, command))
     print(f"results: {path}", file=sys.stderr)
     print("charts: " + ", ".join(str(w) for w in written), file=sys.stderr)

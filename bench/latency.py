@@ -11,6 +11,7 @@ from typing import Any
 
 from bench.peers import (
     KAFKA_PRODUCER,
+    KAFKA_SYSTEMS,
     STAMP,
     SUSTAINED,
     TAIL_LIMIT,
@@ -96,7 +97,7 @@ def _consume(system: str, addr: str, topic: str, ready: Any, stop: Any, out: Any
                     got.value += len(entries)
                     last = entries[-1][0]
             r.close()
-        elif system == "tansu":
+        elif system in KAFKA_SYSTEMS:
             from confluent_kafka import OFFSET_END, Consumer, TopicPartition
 
             c = Consumer(
@@ -190,7 +191,7 @@ def latency(
             await nc.close()
 
         asyncio.run(mk())
-    elif system == "tansu":
+    elif system in KAFKA_SYSTEMS:
         kafka_topic(addr, topic)
     proc = ctx.Process(
         target=_consume, args=(system, addr, topic, ready, stop, out, got), daemon=True
@@ -296,7 +297,7 @@ def _produce_paced(
         n = _paced(send, rate, size, duration)
         r.close()
         return n, warm
-    if system == "tansu":
+    if system in KAFKA_SYSTEMS:
         from confluent_kafka import Producer
 
         p = Producer({"bootstrap.servers": addr, **KAFKA_PRODUCER, "linger.ms": 1})

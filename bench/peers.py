@@ -4,11 +4,12 @@ Every server listens on 127.0.0.1 on a free port, keeps its data in a temporary 
 and is stopped by PID when its context exits. Every driver returns dicts shaped like
 ``pigeon.client._cli.run_perf_produce`` (msg_per_s, mb_per_s, latency_ms_p50/p99/p999).
 
-Systems: ``pigeon`` (standalone, fsync=always), ``nats`` (JetStream, file storage, nats-py),
-``redis`` (streams, AOF everysec, redis-py), ``tansu`` (Kafka protocol, memory storage,
-confluent-kafka). RabbitMQ streams are measured only where ``rabbitmq-server`` is installed;
-this harness has no driver for them yet, so :func:`rabbitmq_status` only says why they are
-missing from the report.
+Systems: ``pigeon`` (standalone, fsync=always), ``pigeon-kafka`` (the same standalone
+through its Kafka port, with Tansu's confluent-kafka drivers), ``nats`` (JetStream, file
+storage, nats-py), ``redis`` (streams, AOF everysec, redis-py), ``tansu`` (Kafka protocol,
+memory storage, confluent-kafka). RabbitMQ streams are measured only where
+``rabbitmq-server`` is installed; this harness has no driver for them yet, so
+:func:`rabbitmq_status` only says why they are missing from the report.
 
 Scenarios: max produce (:data:`PRODUCE`), N producers in N processes
 (:func:`produce_many`), end-to-end latency at a fixed rate (:func:`bench.latency.latency`)
@@ -171,12 +172,36 @@ class PigeonServer:
         self.sa.__exit__(*exc)
 
 
+class PigeonKafkaServer:
+    """PigeonMQ standalone (``--fsync always``, as ``pigeon``) driven through its Kafka
+    front door: ``url`` is the Kafka bootstrap address, and the drivers are Tansu's."""
+
+    name = "pigeon-kafka"
+
+    def __init__(self, root: Path) -> None:
+        (root / "pigeon").mkdir(parents=True, exist_ok=True)
+        self.sa = Standalone(root / "pigeon" / "data", kafka=True)
+
+    def __enter__(self) -> PigeonKafkaServer:
+        self.sa.__enter__()
+        self.url = f"127.0.0.1:{self.sa.kafka_port}"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.sa.__exit__(*exc)
+
+
 SERVERS: dict[str, Callable[[Path], Any]] = {
     "pigeon": PigeonServer,
+    "pigeon-kafka": PigeonKafkaServer,
     "nats": NatsServer,
     "redis": RedisServer,
     "tansu": TansuServer,
 }
+# systems measured through PigeonMQ (their ratios to the others are reported)
+PIGEONS = ("pigeon", "pigeon-kafka")
+# systems driven by the Kafka clients (confluent-kafka), Tansu's drivers
+KAFKA_SYSTEMS = ("tansu", "pigeon-kafka")
 
 
 # --------------------------------------------------------------------------- max produce
@@ -313,7 +338,7 @@ def kafka_topic(bootstrap: str, topic: str) -> None:
                 raise
 
 
-def produce_tansu(
+def produce_kafka(
     bootstrap: str,
     topic: str,
     size: int,
@@ -321,8 +346,9 @@ def produce_tansu(
     producers: int = 1,
     window_share: int = 1,
 ) -> dict:
-    """One confluent-kafka producer; ``window_share`` divides librdkafka's queue (512 MiB /
-    1,000,000 messages: 16 full ones would not drain in the scenario's time limit)."""
+    """One confluent-kafka producer (Tansu and PigeonMQ's Kafka port); ``window_share``
+    divides librdkafka's queue (512 MiB / 1,000,000 messages: 16 full ones would not drain
+    in the scenario's time limit)."""
     from confluent_kafka import Producer
 
     kafka_topic(bootstrap, topic)
@@ -365,11 +391,14 @@ def produce_tansu(
     return summary(lat, n=n, size=size, elapsed=elapsed, producers=1, **{"linger.ms": 5})
 
 
+produce_tansu = produce_kafka  # its name before PigeonMQ's Kafka port used it too
+
 PRODUCE = {
     "pigeon": produce_pigeon,
     "nats": produce_nats,
     "redis": produce_redis,
-    "tansu": produce_tansu,
+    "tansu": produce_kafka,
+    "pigeon-kafka": produce_kafka,
 }
 
 
@@ -390,7 +419,7 @@ def _warm(system: str) -> None:
         import nats.js.api  # noqa: F401
     elif system == "redis":
         import redis  # noqa: F401
-    elif system == "tansu":
+    elif system in KAFKA_SYSTEMS:
         import confluent_kafka
         import confluent_kafka.admin  # noqa: F401
 

@@ -32,6 +32,7 @@ from pigeon.broker._kafka_wire import (
     API_VERSIONS,
     API_VERSIONS_KEY,
     ZERO,
+    Encoded,
     UnsupportedApi,
     build,
     decode_request,
@@ -58,6 +59,9 @@ MAX_IN_FLIGHT = 64
 MAX_REQUEST_SIZE = 100 * 1024 * 1024
 #: how much of a connection's first bytes are looked at to tell another protocol
 SNIFF_BYTES = 64 * 1024
+#: a request that stops arriving part way for this long closes its connection (a client
+#: holding a half-sent request ties up its buffer: Kafka's request timeout is 30 s)
+PARTIAL_REQUEST_TIMEOUT_S = 60.0
 
 
 class Later:
@@ -258,7 +262,7 @@ class KafkaFrontDoor:
             except MalformedRequest as exc:
                 log.warning("kafka connection closed conn=%s: %s", conn.name, exc)
 
-    async def _request(self, conn: KafkaConnection, frame: bytes, send: Any) -> bool:
+    async def _request(self, conn: KafkaConnection, frame: bytearray, send: Any) -> bool:
         """Handle one request; False when the connection must close."""
         try:
             header, request = decode_request(frame)
@@ -281,13 +285,17 @@ class KafkaFrontDoor:
         return True
 
     async def _write(self, conn: KafkaConnection, receive: Any) -> None:
+        sock = conn.stream.socket
         async with receive:
             async for correlation_id, answer in receive:
                 if isinstance(answer, Later):
                     answer = await answer.wait()
                 if answer is None:  # acks=0 produce, or a task that failed
                     continue
-                await conn.stream.send_all(encode_response(correlation_id, answer))
+                if isinstance(answer, Encoded):
+                    await _send(sock, answer.buffers(correlation_id))
+                else:
+                    await _send(sock, [encode_response(correlation_id, answer)])
 
     # ------------------------------------------------------------------ ApiVersions
 
@@ -354,54 +362,116 @@ def _not_coordinator(request: Any) -> Any:
     return build(cls, throttle_time=ZERO, error_code=ErrorCode.not_coordinator, **fields)
 
 
+#: bytes asked of the socket at a time for small requests and the size prefixes
+_READ = 65536
+
+
 async def _frames(conn: KafkaConnection) -> Any:
     """The request frames of a connection (without their size prefix), until it ends.
 
+    Small requests are cut from a read buffer; a request larger than it is received
+    straight into a buffer of its own size (``recv_into``), so a produce request's
+    records are copied once from the kernel and never again here.
+
     :raises MalformedRequest: a size no Kafka request has (another protocol: an HTTP or
-        PigeonMQ client is told so in its own protocol first), or the peer closed in the
-        middle of a request.
+        PigeonMQ client is told so in its own protocol first), the peer closed in the
+        middle of a request, or sent none of the rest of one for
+        :data:`PARTIAL_REQUEST_TIMEOUT_S`.
     """
-    buf = bytearray()
-    stream = conn.stream
+    sock = conn.stream.socket
+    buf = bytearray(_READ)
+    view = memoryview(buf)
+    start = end = 0  # buf[start:end] is received and not yet framed
     first = True
     while True:
-        while len(buf) >= 4:
-            (size,) = _I32.unpack_from(buf, 0)
+        if end - start >= 4:
+            (size,) = _I32.unpack_from(buf, start)
             wrong = size < 0 or size > MAX_REQUEST_SIZE
-            if wrong or (first and len(buf) < 4 + size and len(buf) <= SNIFF_BYTES):
+            if wrong or (first and end - start < 4 + size):
                 # a PigeonMQ frame's little-endian size can read as a plausible one
-                head = bytes(buf[:SNIFF_BYTES])
+                head = bytes(buf[start : start + SNIFF_BYTES])
                 what, reply = foreign_client(head) if first else ("garbage", b"")
-                if not wrong and not reply:
-                    break
-                if reply:
-                    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                        await stream.send_all(reply)
-                raise MalformedRequest(
-                    f"a request of {size} bytes is {what}, not the Kafka protocol"
-                    f" (first bytes {bytes(buf[:16])!r})"
-                )
-            if len(buf) < 4 + size:
-                break
-            frame = bytes(buf[4 : 4 + size])
-            del buf[: 4 + size]
-            first = False
-            yield frame
-        data = await stream.receive_some(max(65536, _need(buf)))
-        if not data:
-            if buf:
-                raise MalformedRequest(
-                    f"the client closed the connection {len(buf)} bytes into a request"
-                    f" (first bytes {bytes(buf[:16])!r})"
-                )
-            return
-        buf += data
+                if wrong or reply:
+                    if reply:
+                        with contextlib.suppress(
+                            trio.BrokenResourceError, trio.ClosedResourceError
+                        ):
+                            await conn.stream.send_all(reply)
+                    raise MalformedRequest(
+                        f"a request of {size} bytes is {what}, not the Kafka protocol"
+                        f" (first bytes {head[:16]!r})"
+                    )
+            if end - start >= 4 + size:
+                first = False
+                yield buf[start + 4 : start + 4 + size]
+                start += 4 + size
+                continue
+            if 4 + size > _READ:
+                # a large request: into its own buffer, past what is already here
+                frame = bytearray(size)
+                have = end - start - 4
+                frame[:have] = view[start + 4 : end]
+                start = end = 0
+                fview = memoryview(frame)
+                while have < size:
+                    n = await _recv_partial(sock, fview[have:], have + 4)
+                    have += n
+                del fview
+                first = False
+                yield frame
+                continue
+        if start:  # move the partial request to the front
+            buf[: end - start] = buf[start:end]
+            end -= start
+            start = 0
+        if end:
+            end += await _recv_partial(sock, view[end:], end)
+        else:
+            n = await _recv_into(sock, view)
+            if not n:
+                return
+            end = n
 
 
-def _need(buf: bytearray) -> int:
-    if len(buf) < 4:
+async def _recv_partial(sock: Any, into: memoryview, have: int) -> int:
+    """More bytes of a request ``have`` bytes into it: neither an end of the stream nor a
+    pause of :data:`PARTIAL_REQUEST_TIMEOUT_S` is allowed there."""
+    with trio.move_on_after(PARTIAL_REQUEST_TIMEOUT_S):
+        n = await _recv_into(sock, into)
+        if not n:
+            raise MalformedRequest(f"the client closed the connection {have} bytes into a request")
+        return n
+    raise MalformedRequest(
+        f"no more of a request came for {PARTIAL_REQUEST_TIMEOUT_S:.0f} s ({have} bytes in)"
+    )
+
+
+#: buffers per vectored write (IOV_MAX is 1024 on Linux)
+_MAX_IOV = 512
+
+
+async def _send(sock: Any, buffers: list[Any]) -> None:
+    """Write ``buffers`` in order with vectored writes (no join, no copy)."""
+    try:
+        while buffers:
+            chunk = buffers[:_MAX_IOV]
+            sent = await sock.sendmsg(chunk)
+            while chunk and sent >= len(chunk[0]):
+                sent -= len(chunk.pop(0))
+            if sent:  # the rest of a partly written buffer: a view, not a copy
+                chunk[0] = memoryview(chunk[0])[sent:]
+            buffers = chunk + buffers[_MAX_IOV:]
+    except OSError as exc:
+        raise trio.BrokenResourceError(f"Kafka client connection lost: {exc}") from exc
+
+
+async def _recv_into(sock: Any, into: memoryview) -> int:
+    """Bytes received into ``into``; 0 at the end of the stream, or when the peer
+    reset it (as ``SocketStream.receive_some`` would say)."""
+    try:
+        return int(await sock.recv_into(into))
+    except OSError:
         return 0
-    return int(_I32.unpack_from(buf, 0)[0]) + 4 - len(buf)
 
 
 def ms(value: Any) -> float:

@@ -23,7 +23,7 @@ import trio
 from kio.schema.errors import ErrorCode
 
 from pigeon.broker._kafka import KafkaConnection, ms
-from pigeon.broker._kafka_wire import ZERO, build, error_code, part, response_type
+from pigeon.broker._kafka_wire import ZERO, FetchAnswer, build, error_code, part, response_type
 from pigeon.core.batch import ENTRY_HEADER_SIZE, decode_batch
 from pigeon.core.errors import PigeonError, TopicNotFound
 from pigeon.core.kafka_records import kafka_batch_of_entry
@@ -102,7 +102,7 @@ async def fetch(conn: KafkaConnection, request: Any) -> Any:
 
 async def _fetch(conn: KafkaConnection, request: Any) -> Any:
     door = conn.door
-    cls = response_type(request)
+    version = type(request).__version__
     deadline = trio.current_time() + min(ms(request.max_wait), 30.0)
     max_bytes = getattr(request, "max_bytes", 0x7FFFFFFF)
     wanted = [(t.topic, p) for t in request.topics for p in t.partitions]
@@ -120,7 +120,7 @@ async def _fetch(conn: KafkaConnection, request: Any) -> Any:
         ]
         answers, total, failed = await _read(door, wanted, ledgers, max_bytes)
         if failed or total >= request.min_bytes or trio.current_time() >= deadline or not events:
-            return _response(cls, answers)
+            return _response(version, answers)
         with trio.move_on_at(deadline):
             await _any(events)
 
@@ -156,7 +156,7 @@ async def _read(
             "log_start_offset": -1,
             "aborted_transactions": None,
             "preferred_read_replica": -1,
-            "records": b"",
+            "records": [],
         }
         if isinstance(ledger, BaseException):
             failed = True
@@ -179,9 +179,8 @@ async def _read(
             failed = True
             answers.append((kafka_topic, {**fields, "error_code": error_code(exc)}))
             continue
-        records = b"".join(parts)
-        total += len(records)
-        answers.append((kafka_topic, {**fields, "error_code": ErrorCode.none, "records": records}))
+        total += sum(len(b) for b in parts)
+        answers.append((kafka_topic, {**fields, "error_code": ErrorCode.none, "records": parts}))
     return answers, total, failed
 
 
@@ -224,17 +223,21 @@ async def _read_partition(
     return parts
 
 
-def _response(cls: type, answers: list[tuple[str, dict[str, Any]]]) -> Any:
+def _response(version: int, answers: list[tuple[str, dict[str, Any]]]) -> FetchAnswer:
+    """The answer, its records the stored buffers themselves (sent unjoined)."""
     topics: dict[str, list[Any]] = {}
-    for kafka_topic, fields in answers:
-        topics.setdefault(kafka_topic, []).append(part(cls, "PartitionData", **fields))
-    responses = tuple(
-        part(cls, "FetchableTopicResponse", topic=name, partitions=tuple(parts))
-        for name, parts in topics.items()
-    )
-    return build(
-        cls, throttle_time=ZERO, error_code=ErrorCode.none, session_id=0, responses=responses
-    )
+    for kafka_topic, f in answers:
+        topics.setdefault(kafka_topic, []).append(
+            (
+                f["partition_index"],
+                int(f["error_code"]),
+                f["high_watermark"],
+                f["last_stable_offset"],
+                f["log_start_offset"],
+                f["records"],
+            )
+        )
+    return FetchAnswer(version, list(topics.items()))
 
 
 async def list_offsets(conn: KafkaConnection, request: Any) -> Any:

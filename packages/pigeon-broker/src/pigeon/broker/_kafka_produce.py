@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 
 from pigeon.broker._kafka import Later
-from pigeon.broker._kafka_wire import ZERO, build, error_code, part, response_type
+from pigeon.broker._kafka_wire import ZERO, ProduceAnswer, build, error_code, response_type
 from pigeon.core.errors import PigeonError, TopicNotFound
 from pigeon.core.kafka_records import (
     FORMAT_KAFKA,
@@ -50,7 +50,7 @@ Outcome = tuple[ErrorCode, int, str | None]
 
 
 async def produce(conn: KafkaConnection, request: Any) -> Any:
-    cls = response_type(request)
+    version = type(request).__version__
     results: dict[tuple[str, int], Outcome] = {}
     order: list[tuple[str, int]] = []
     answer = Later()
@@ -64,7 +64,7 @@ async def produce(conn: KafkaConnection, request: Any) -> Any:
         results[key] = outcome
         waiting -= 1
         if sealed and waiting == 0:
-            answer.set(_response(cls, order, results))
+            answer.set(_response(version, order, results))
 
     refused: list[tuple[tuple[str, int], PigeonError]] = []
     for topic_data in request.topic_data:
@@ -92,34 +92,18 @@ async def produce(conn: KafkaConnection, request: Any) -> Any:
     if request.acks == 0:
         return None
     if waiting == 0:
-        return _response(cls, order, results)
+        return _response(version, order, results)
     return answer
 
 
 def _response(
-    cls: type, order: list[tuple[str, int]], results: dict[tuple[str, int], Outcome]
-) -> Any:
-    topics: dict[str, list[Any]] = {}
+    version: int, order: list[tuple[str, int]], results: dict[tuple[str, int], Outcome]
+) -> ProduceAnswer:
+    topics: dict[str, list[tuple[int, int, int, str | None]]] = {}
     for name, index in order:
         code, offset, message = results[(name, index)]
-        topics.setdefault(name, []).append(
-            part(
-                cls,
-                "PartitionProduceResponse",
-                index=index,
-                error_code=code,
-                base_offset=offset,
-                log_append_time=None,
-                log_start_offset=-1,
-                record_errors=(),
-                error_message=message,
-            )
-        )
-    responses = tuple(
-        part(cls, "TopicProduceResponse", name=name, partition_responses=tuple(parts))
-        for name, parts in topics.items()
-    )
-    return build(cls, responses=responses, throttle_time=ZERO)
+        topics.setdefault(name, []).append((index, int(code), offset, message))
+    return ProduceAnswer(version, list(topics.items()))
 
 
 async def _produce_partition(

@@ -51,7 +51,12 @@ from pigeon.core.rpc import DEFAULT_MAX_FRAME_SIZE, BrokerFrame
 
 __all__ = [
     "API_VERSIONS",
+    "FETCH_VERSIONS",
     "ZERO",
+    "Encoded",
+    "FetchAnswer",
+    "PRODUCE_VERSIONS",
+    "ProduceAnswer",
     "build",
     "decode_request",
     "encode_response",
@@ -111,7 +116,7 @@ def _request_reader(api_key: int, version: int) -> tuple[Any, Any, Any]:
     return cls, entity_reader(header_cls), entity_reader(cls)
 
 
-def decode_request(frame: bytes | memoryview) -> tuple[Any, Any]:
+def decode_request(frame: bytes | bytearray | memoryview) -> tuple[Any, Any]:
     """(request header, request) of one frame (without its size prefix).
 
     :raises UnsupportedApi: an API or version not in :data:`API_VERSIONS`.
@@ -129,12 +134,18 @@ def decode_request(frame: bytes | memoryview) -> tuple[Any, Any]:
             correlation_id=correlation_id,
         )
     cls, read_header, read_body = _request_reader(api_key, version)
+    if not isinstance(frame, bytes):
+        frame = memoryview(frame).toreadonly()  # kio reads read-only buffers only
     try:
         header, used = read_header(frame, 0)
-        # kio reserves memory for the lengths a request states before it reads them:
-        # a huge array count must be refused first, or the allocation aborts the process
-        check_lengths(cls, frame, used, len(frame))
-        request, _size = read_body(frame, used)
+        if api_key == PRODUCE_KEY:  # read here, every length checked against the frame
+            request = _read_produce(cls, memoryview(frame), used)
+        else:
+            # kio reserves memory for the lengths a request states before it reads
+            # them: a huge array count must be refused first, or the allocation aborts
+            # the process
+            check_lengths(cls, frame, used, len(frame))
+            request, _size = read_body(frame, used)
     except MalformedRequest as exc:
         raise MalformedRequest(
             f"malformed Kafka request (API {api_key} v{version}): {exc.message}"
@@ -151,6 +162,91 @@ def decode_request(frame: bytes | memoryview) -> tuple[Any, Any]:
             f"malformed Kafka request (API {api_key} v{version}): {null} is null"
         )
     return header, request
+
+
+PRODUCE_KEY: Final = 0
+_I16 = struct.Struct(">h")
+_PRODUCE_HEAD = struct.Struct(">hi")  # acks, timeout
+
+
+def _read_produce(cls: Any, mv: memoryview, at: int) -> Any:
+    """A Produce request (v3-v9) whose records are views of ``mv`` (kio would copy
+    each partition's records into a bytes object of their own)."""
+    mod = sys.modules[cls.__module__]
+    topic_cls, partition_cls = mod.TopicProduceData, mod.PartitionProduceData
+    flexible = cls.__flexible__
+
+    def uvarint() -> int:
+        nonlocal at
+        n = shift = 0
+        while True:
+            b = mv[at]
+            at += 1
+            n |= (b & 0x7F) << shift
+            if b < 0x80:
+                return n
+            shift += 7
+            if shift > 28:
+                raise ValueError("varint too long")
+
+    def length(wide: bool) -> int:
+        """A length prefix: -1 is null; flexible versions count from 0 = null."""
+        nonlocal at
+        if flexible:
+            return uvarint() - 1
+        if wide:
+            (n,) = _I32.unpack_from(mv, at)
+            at += 4
+        else:
+            (n,) = _I16.unpack_from(mv, at)
+            at += 2
+        return int(n)
+
+    def take(n: int) -> memoryview:
+        nonlocal at
+        if n < 0 or at + n > len(mv):
+            raise ValueError(f"field of {n} bytes at {at} runs past the request's end")
+        view = mv[at : at + n]
+        at += n
+        return view
+
+    def string(nullable: bool) -> str | None:
+        n = length(False)
+        if n < 0:
+            if nullable:
+                return None
+            raise ValueError("null string")
+        return str(take(n), "utf-8")
+
+    def skip_tags() -> None:
+        if flexible:
+            for _ in range(uvarint()):
+                uvarint()
+                take(uvarint())
+
+    transactional_id = string(True)
+    acks, timeout = _PRODUCE_HEAD.unpack_from(mv, at)
+    at += _PRODUCE_HEAD.size
+    topics = []
+    for _ in range(max(0, length(True))):
+        name = string(False)
+        partitions = []
+        for _ in range(max(0, length(True))):
+            (index,) = _I32.unpack_from(mv, at)
+            at += 4
+            n = length(True)
+            records = None if n < 0 else take(n)
+            skip_tags()
+            partitions.append(partition_cls(index=index, records=records))
+        skip_tags()
+        topics.append(topic_cls(name=name, partition_data=tuple(partitions)))
+    skip_tags()
+    return cls(
+        transactional_id=transactional_id,
+        acks=acks,
+        timeout=datetime.timedelta(milliseconds=timeout),
+        topic_data=tuple(topics),
+    )
 
 
 @functools.cache
@@ -216,6 +312,167 @@ def encode_response(correlation_id: int, response: Any) -> bytes:
     _I32.pack_into(out, 0, len(out) - 4)
     del out
     return buf.getvalue()
+
+
+class Encoded:
+    """An answer encoded by its handler as buffers (sent unjoined with one vectored
+    write), instead of a kio message for :func:`encode_response`."""
+
+    __slots__ = ()
+
+    def buffers(self, correlation_id: int) -> list[bytes | memoryview]:
+        """The whole response frame (size prefix included), in order."""
+        raise NotImplementedError
+
+
+#: Fetch versions :class:`FetchAnswer` encodes (the versions served)
+FETCH_VERSIONS: Final = range(4, 13)
+_I64 = struct.Struct(">q")
+_I64x3 = struct.Struct(">qqq")
+_NULL_ARRAY = _I32.pack(-1)
+
+
+def _uvarint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+class FetchAnswer(Encoded):
+    """A Fetch response (versions :data:`FETCH_VERSIONS`) whose records are the stored
+    buffers themselves: nothing is joined or copied on the way to the socket.
+
+    ``topics`` is ``[(topic, [partition, ...]), ...]``; a partition is ``(index,
+    error_code, high_watermark, last_stable_offset, log_start_offset, records)``, the
+    records a list of buffers.  No aborted transactions (null), no preferred replica
+    (-1), session 0, no throttle; the same bytes kio writes for such a response.
+    """
+
+    __slots__ = ("error_code", "topics", "version")
+
+    def __init__(
+        self,
+        version: int,
+        topics: list[tuple[str, list[tuple[int, int, int, int, int, list[Any]]]]],
+        error_code: int = 0,
+    ) -> None:
+        if version not in FETCH_VERSIONS:
+            raise NotSupported(f"Fetch v{version} responses are not encoded here")
+        self.version = version
+        self.topics = topics
+        self.error_code = error_code
+
+    def buffers(self, correlation_id: int) -> list[bytes | memoryview]:
+        v = self.version
+        flexible = v >= 12
+        head = bytearray(_I32.pack(0) + _I32.pack(correlation_id))
+        if flexible:
+            head += b"\0"  # response header v1: no tagged fields
+        head += _I32.pack(0)  # throttle_time
+        if v >= 7:
+            head += _I16.pack(self.error_code) + _I32.pack(0)  # error, session 0
+        out: list[bytes | memoryview] = []
+        cur = head  # small fields accumulate here between the records' buffers
+
+        def count(n: int) -> bytes:
+            return _uvarint(n + 1) if flexible else _I32.pack(n)
+
+        cur += count(len(self.topics))
+        for topic, partitions in self.topics:
+            name = topic.encode()
+            cur += (_uvarint(len(name) + 1) if flexible else _I16.pack(len(name))) + name
+            cur += count(len(partitions))
+            for index, error, high, stable, start, records in partitions:
+                cur += _I32.pack(index) + _I16.pack(error)
+                if v >= 5:
+                    cur += _I64x3.pack(high, stable, start)
+                else:
+                    cur += _I64x3.pack(high, stable, 0)[:16]
+                cur += b"\0" if flexible else _NULL_ARRAY  # aborted_transactions: null
+                if v >= 11:
+                    cur += _I32.pack(-1)  # preferred_read_replica
+                size = sum(len(b) for b in records)
+                cur += _uvarint(size + 1) if flexible else _I32.pack(size)
+                if records:
+                    out.append(bytes(cur))
+                    out += records
+                    cur = bytearray()
+                if flexible:
+                    cur += b"\0"  # partition's tagged fields
+            if flexible:
+                cur += b"\0"  # topic's tagged fields
+        if flexible:
+            cur += b"\0"  # response's tagged fields
+        if cur:
+            out.append(bytes(cur))
+        total = sum(len(b) for b in out) - 4
+        first = bytearray(out[0])
+        _I32.pack_into(first, 0, total)
+        out[0] = bytes(first)
+        return out
+
+
+#: Produce versions :class:`ProduceAnswer` encodes (the versions served)
+PRODUCE_VERSIONS: Final = range(3, 10)
+_PRODUCED = struct.Struct(">ihqq")  # index, error, base offset, log append time (-1)
+
+
+class ProduceAnswer(Encoded):
+    """A Produce response (versions :data:`PRODUCE_VERSIONS`), written directly: kio's
+    writer took longer per response than storing its batch.
+
+    ``topics`` is ``[(topic, [(index, error_code, base_offset, error_message), ...]),
+    ...]``; no log append time (-1), log start offset -1, no record errors, no throttle:
+    the same bytes kio writes for such a response.
+    """
+
+    __slots__ = ("topics", "version")
+
+    def __init__(
+        self, version: int, topics: list[tuple[str, list[tuple[int, int, int, str | None]]]]
+    ) -> None:
+        if version not in PRODUCE_VERSIONS:
+            raise NotSupported(f"Produce v{version} responses are not encoded here")
+        self.version = version
+        self.topics = topics
+
+    def buffers(self, correlation_id: int) -> list[bytes | memoryview]:
+        v = self.version
+        flexible = v >= 9
+        out = bytearray(_I32.pack(0) + _I32.pack(correlation_id))
+        if flexible:
+            out += b"\0"  # response header v1: no tagged fields
+
+        def count(n: int) -> bytes:
+            return _uvarint(n + 1) if flexible else _I32.pack(n)
+
+        def string(value: str | None) -> bytes:
+            if value is None:
+                return b"\0" if flexible else _I16.pack(-1)
+            raw = value.encode()
+            return (_uvarint(len(raw) + 1) if flexible else _I16.pack(len(raw))) + raw
+
+        out += count(len(self.topics))
+        for topic, partitions in self.topics:
+            out += string(topic) + count(len(partitions))
+            for index, error, base_offset, message in partitions:
+                out += _PRODUCED.pack(index, error, base_offset, -1)
+                if v >= 5:
+                    out += _I64.pack(-1)  # log_start_offset
+                if v >= 8:
+                    out += count(0) + string(message)  # record_errors, error_message
+                if flexible:
+                    out += b"\0"
+            if flexible:
+                out += b"\0"
+        out += _I32.pack(0)  # throttle_time
+        if flexible:
+            out += b"\0"
+        _I32.pack_into(out, 0, len(out) - 4)
+        return [bytes(out)]
 
 
 @functools.cache
