@@ -9,6 +9,7 @@ Each scenario is one function per client library, run against one module-wide
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -159,22 +160,16 @@ def test_idempotent_producer(server: Standalone, client: str) -> None:
 
 
 def test_kafka_python_group_of_three_rebalances_on_join_and_leave(server: Standalone) -> None:
+    """Each member polls on a thread of its own, as an application does (one thread
+    polling three consumers in turn lets each take part in a rebalance only a slice of
+    the time, and kafka-python then keeps starting new ones)."""
     topic = new_topic(server.kafka_bootstrap, partitions=6)
     group = f"g-{uuid.uuid4().hex[:6]}"
-
-    def member() -> Any:
-        return kafka.KafkaConsumer(
-            topic,
-            bootstrap_servers=server.kafka_bootstrap,
-            group_id=group,
-            session_timeout_ms=6000,
-            heartbeat_interval_ms=500,
-        )
-
-    members = [member(), member()]
+    members: list[Member] = []
     try:
+        members += [Member(server.kafka_bootstrap, topic, group) for _ in range(2)]
         assert sorted(len(a) for a in wait_assignment(members, 6)) == [3, 3]
-        members.append(member())  # joins: everyone gets a new share
+        members.append(Member(server.kafka_bootstrap, topic, group))  # joins
         assert sorted(len(a) for a in wait_assignment(members, 6)) == [2, 2, 2]
         members.pop(0).close()  # leaves
         assert sorted(len(a) for a in wait_assignment(members, 6)) == [3, 3]
@@ -183,15 +178,41 @@ def test_kafka_python_group_of_three_rebalances_on_join_and_leave(server: Standa
             m.close()
 
 
-def wait_assignment(members: list[Any], partitions: int) -> list[set[int]]:
+class Member:
+    """A kafka-python group member polling on its own thread."""
+
+    def __init__(self, bootstrap: str, topic: str, group: str) -> None:
+        self.consumer = kafka.KafkaConsumer(
+            topic,
+            bootstrap_servers=bootstrap,
+            group_id=group,
+            session_timeout_ms=6000,
+            heartbeat_interval_ms=500,
+        )
+        self.assigned: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.consumer.poll(timeout_ms=200)
+            self.assigned = {tp.partition for tp in self.consumer.assignment()}
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(DEADLINE_S)
+        self.consumer.close()
+
+
+def wait_assignment(members: list[Member], partitions: int) -> list[set[int]]:
     deadline = time.monotonic() + DEADLINE_S
     assigned: list[set[int]] = []
     while time.monotonic() < deadline:
-        for m in members:
-            m.poll(timeout_ms=100)
-        assigned = [{tp.partition for tp in m.assignment()} for m in members]
+        assigned = [set(m.assigned) for m in members]
         if sorted(p for a in assigned for p in a) == list(range(partitions)) and all(assigned):
             return assigned
+        time.sleep(0.05)
     raise AssertionError(f"assignments never covered {partitions} partitions: {assigned}")
 
 

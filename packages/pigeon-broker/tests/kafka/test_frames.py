@@ -31,11 +31,13 @@ async def read_all(chunks: list[bytes]) -> list[bytes]:
             await trio.lowlevel.checkpoint()  # let the reader see each piece alone
         a.close()
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(write)
-        async for frame in _frames(conn):  # type: ignore[arg-type]
-            got.append(bytes(frame))
-    b.close()
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(write)
+            async for frame in _frames(conn):  # type: ignore[arg-type]
+                got.append(bytes(frame))
+    finally:
+        b.close()
     return got
 
 
@@ -53,8 +55,22 @@ async def test_many_requests_in_one_read() -> None:
     assert await read_all([b"".join(framed(x) for x in bodies)]) == bodies
 
 
-async def test_stream_ending_inside_a_request_ends_quietly() -> None:
-    assert await read_all([framed(b"whole"), framed(b"x" * (2 * _READ))[: _READ + 9]]) == [b"whole"]
+@pytest.mark.parametrize("cut", [3, _READ + 9])
+async def test_stream_ending_inside_a_request_is_malformed(cut: int) -> None:
+    """A client that hangs up in the middle of a request gets one log line (the caller
+    logs the MalformedRequest); the requests before it were served."""
+    a, b = trio.socket.socketpair()
+    await a.send(framed(b"whole") + framed(b"x" * (2 * _READ))[:cut])
+    a.close()
+    conn = SimpleNamespace(stream=trio.SocketStream(b), name="test")
+    got: list[bytes] = []
+    try:
+        with pytest.raises(MalformedRequest, match="closed the connection .* into a request"):
+            async for frame in _frames(conn):  # type: ignore[arg-type]
+                got.append(bytes(frame))
+    finally:
+        b.close()
+    assert got == [b"whole"]
 
 
 async def test_http_on_the_kafka_port_is_malformed() -> None:

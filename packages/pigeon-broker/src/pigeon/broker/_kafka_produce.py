@@ -51,17 +51,18 @@ Outcome = tuple[ErrorCode, int, str | None]
 
 async def produce(conn: KafkaConnection, request: Any) -> Any:
     version = type(request).__version__
-    results: dict[tuple[str, int], Outcome] = {}
+    #: by slot: the request's partition entries in order (a partition may repeat)
+    results: dict[int, Outcome] = {}
     order: list[tuple[str, int]] = []
     answer = Later()
     waiting = 0
     sealed = False
 
-    def finish(key: tuple[str, int], outcome: Outcome) -> None:
+    def finish(slot: int, outcome: Outcome) -> None:
         nonlocal waiting
-        if key in results:
+        if slot in results:
             return  # answered already (a later batch of the partition failed too)
-        results[key] = outcome
+        results[slot] = outcome
         waiting -= 1
         if sealed and waiting == 0:
             answer.set(_response(version, order, results))
@@ -70,14 +71,15 @@ async def produce(conn: KafkaConnection, request: Any) -> Any:
     for topic_data in request.topic_data:
         for data in topic_data.partition_data:
             key = (topic_data.name, data.index)
+            slot = len(order)
             order.append(key)
             waiting += 1
             try:
-                await _produce_partition(conn, key, data.records, functools.partial(finish, key))
+                await _produce_partition(conn, key, data.records, functools.partial(finish, slot))
             except PigeonError as exc:
                 if not exc.retriable:
                     refused.append((key, exc))
-                finish(key, (error_code(exc), -1, str(exc)))
+                finish(slot, (error_code(exc), -1, str(exc)))
     if refused:  # one line per request, however many partitions it refused
         (topic, index), first = refused[0]
         log.warning(
@@ -97,11 +99,11 @@ async def produce(conn: KafkaConnection, request: Any) -> Any:
 
 
 def _response(
-    version: int, order: list[tuple[str, int]], results: dict[tuple[str, int], Outcome]
+    version: int, order: list[tuple[str, int]], results: dict[int, Outcome]
 ) -> ProduceAnswer:
     topics: dict[str, list[tuple[int, int, int, str | None]]] = {}
-    for name, index in order:
-        code, offset, message = results[(name, index)]
+    for slot, (name, index) in enumerate(order):
+        code, offset, message = results[slot]
         topics.setdefault(name, []).append((index, int(code), offset, message))
     return ProduceAnswer(version, list(topics.items()))
 
