@@ -42,6 +42,12 @@ def _sets(config_file: str | None, section: str, key: str) -> bool:
     return isinstance(table, dict) and key in table
 
 
+def _kafka_note(service: Any) -> str:
+    """``, Kafka clients on host:port`` when the broker serves the Kafka protocol."""
+    kafka = getattr(service, "kafka", None)
+    return f", Kafka clients on {kafka.advertised_address}" if kafka is not None else ""
+
+
 _KAFKA_PORT_HELP = "Kafka protocol port ({}; -1: off; [kafka] port, PIGEON_KAFKA_PORT)."
 
 
@@ -107,7 +113,9 @@ def broker_cmd(
         functools.partial(
             run_until_signal,
             main,
-            ready=lambda s: click.echo(f"broker ready on {s.service_url}", err=True),
+            ready=lambda s: click.echo(
+                f"broker ready on {s.service_url}{_kafka_note(s)}", err=True
+            ),
         )
     )
 
@@ -170,7 +178,9 @@ def standalone_cmd(
 
     def ready(service: Any) -> None:
         click.echo(
-            f"pigeon standalone ready on {service.service_url} (data in {data_dir})", err=True
+            f"pigeon standalone ready on {service.service_url}{_kafka_note(service)}"
+            f" (data in {data_dir})",
+            err=True,
         )
 
     trio.run(
