@@ -833,3 +833,40 @@ def test_fuzzed_requests_never_crash_or_traceback_and_real_clients_keep_working(
     assert outcomes["answered"] > 0 and outcomes["closed"] > 0, outcomes
     witness.still_working("fuzz")
     assert_no_traceback(server)
+
+
+def test_an_idempotent_producer_on_a_new_connection_takes_over_its_sequence(
+    server: Standalone, witness: Witness
+) -> None:
+    """A client whose connection vanished without the server noticing (no FIN, no RST)
+    goes on with the same producer id on a new one: it is the same producer, so it takes
+    over (not ProducerBusy until the old connection times out), and a resent batch is
+    still answered with its original offset."""
+    topic = unique("takeover")
+
+    def batch(sequence: int) -> bytes:
+        return b"".join(
+            bytes(b)
+            for b in encode_record_batch(
+                [b"a", b"b"],
+                [None, None],
+                [1_700_000_000_000] * 2,
+                producer_id=987_654_321,
+                producer_epoch=0,
+                base_sequence=sequence,
+            )
+        )
+
+    def offset(sock: socket.socket, sequence: int, correlation_id: int) -> tuple[int, int]:
+        sock.sendall(request_bytes(produce(topic, batch(sequence)), correlation_id))
+        _, answer = read_response(sock, produce(topic, b""))
+        (part,) = answer.responses[0].partition_responses
+        return int(part.error_code), int(part.base_offset)
+
+    with connect(server) as old, connect(server) as new:
+        old.sendall(request_bytes(metadata(topic), 1))
+        read_response(old, metadata(topic))
+        assert offset(old, 0, 2) == (0, 0)
+        assert offset(new, 0, 3) == (0, 0)  # the resend of a stored batch: its offset
+        assert offset(new, 2, 4) == (0, 2)
+    witness.still_working("takeover")

@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
-from pigeon.broker._kafka import Later
+from pigeon.broker._kafka import KafkaConnection, Later
 from pigeon.broker._kafka_wire import ZERO, ProduceAnswer, build, error_code, response_type
-from pigeon.core.errors import PigeonError, TopicNotFound
+from pigeon.core.errors import PigeonError, ProducerBusy, TopicNotFound
 from pigeon.core.kafka_records import (
     FORMAT_KAFKA,
     count_records,
@@ -38,7 +38,6 @@ from pigeon.core.kafka_records import (
 )
 
 if TYPE_CHECKING:
-    from pigeon.broker._kafka import KafkaConnection
     from pigeon.broker._topic import Producer
 
 __all__ = ["HANDLERS"]
@@ -245,13 +244,23 @@ async def _attach(
         if conn.closed:
             raise TopicNotFound("the Kafka connection closed while attaching")  # never seen
 
-    producer = await core.create_producer(
-        name,
-        producer_name or f"kafka-{secrets.token_hex(6)}",
-        client=conn,
-        producer_id=conn.ident,
-        still_wanted=still_wanted,
-    )
+    producer_name = producer_name or f"kafka-{secrets.token_hex(6)}"
+    try:
+        producer = await core.create_producer(
+            name, producer_name, client=conn, producer_id=conn.ident, still_wanted=still_wanted
+        )
+    except ProducerBusy:
+        # An idempotent producer's id and epoch are its own: the same producer on a new
+        # connection (the old one is gone without the server knowing yet) takes over.
+        old = core.topics[name.full].producers.get(producer_name)
+        if old is None or not isinstance(old.conn, KafkaConnection):
+            raise
+        old.conn.producers.pop((name.full, producer_name), None)
+        core.close_producer(old)
+        log.info("kafka producer re-attached on a new connection producer=%s", producer_name)
+        producer = await core.create_producer(
+            name, producer_name, client=conn, producer_id=conn.ident, still_wanted=still_wanted
+        )
     producer.deduplicate = idempotent
     producer.record_format = FORMAT_KAFKA
     return producer
