@@ -870,3 +870,63 @@ def test_an_idempotent_producer_on_a_new_connection_takes_over_its_sequence(
         assert offset(new, 0, 3) == (0, 0)  # the resend of a stored batch: its offset
         assert offset(new, 2, 4) == (0, 2)
     witness.still_working("takeover")
+
+
+def idempotent_batch(producer_id: int, epoch: int, sequence: int) -> bytes:
+    return b"".join(
+        bytes(b)
+        for b in encode_record_batch(
+            [b"a", b"b"],
+            [None, None],
+            [1_700_000_000_000] * 2,
+            producer_id=producer_id,
+            producer_epoch=epoch,
+            base_sequence=sequence,
+        )
+    )
+
+
+def produce_answer(sock: socket.socket, topic: str, batch: bytes, correlation_id: int) -> Any:
+    sock.sendall(request_bytes(produce(topic, batch), correlation_id))
+    _, answer = read_response(sock, produce(topic, b""))
+    (part,) = answer.responses[0].partition_responses
+    return ErrorCode(part.error_code), int(part.base_offset)
+
+
+def test_sequence_gaps_and_fenced_epochs_are_refused_as_kafka_refuses_them(
+    server: Standalone, witness: Witness
+) -> None:
+    """An idempotent batch that skips sequence numbers is OUT_OF_ORDER_SEQUENCE_NUMBER
+    (the client resends in order); once an epoch is seen, batches of an older one are
+    INVALID_PRODUCER_EPOCH; InitProducerId with the producer's id and epoch bumps the
+    epoch (KIP-360), and refuses an older one."""
+    from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
+
+    topic = unique("fence")
+    pid = 123_456_789
+    with connect(server) as sock:
+        sock.sendall(request_bytes(metadata(topic), 1))
+        read_response(sock, metadata(topic))
+        assert produce_answer(sock, topic, idempotent_batch(pid, 0, 0), 2) == (ErrorCode.none, 0)
+        gap = produce_answer(sock, topic, idempotent_batch(pid, 0, 5), 3)
+        assert gap == (ErrorCode.out_of_order_sequence_number, -1)
+        assert produce_answer(sock, topic, idempotent_batch(pid, 0, 2), 4) == (ErrorCode.none, 2)
+
+        def init(epoch: int, correlation_id: int) -> Any:
+            request = InitProducerIdRequest(
+                transactional_id=None,
+                transaction_timeout=datetime.timedelta(seconds=60),
+                producer_id=pid,
+                producer_epoch=epoch,
+            )
+            sock.sendall(request_bytes(request, correlation_id))
+            return read_response(sock, request)[1]
+
+        bumped = init(0, 5)
+        assert (bumped.error_code, bumped.producer_id, bumped.producer_epoch) == (0, pid, 1)
+        # the new epoch starts its sequence at 0; the old epoch is fenced from then on
+        assert produce_answer(sock, topic, idempotent_batch(pid, 1, 0), 6) == (ErrorCode.none, 4)
+        fenced = produce_answer(sock, topic, idempotent_batch(pid, 0, 4), 7)
+        assert fenced == (ErrorCode.invalid_producer_epoch, -1)
+        assert init(0, 8).error_code == ErrorCode.invalid_producer_epoch
+    witness.still_working("fencing")
