@@ -21,6 +21,7 @@ import functools
 import logging
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -159,9 +160,15 @@ async def _send_batch(
     door = conn.door
     core = door.core
     idempotent = info.producer_id >= 0
+    producer_name = f"kafka-{info.producer_id}-{info.producer_epoch}" if idempotent else ""
+    slot = (name.full, producer_name)
+    producer = conn.producers.get(slot)
+    if producer is None or producer.fenced or producer.topic.unloaded:
+        producer = await _attach(conn, name, producer_name, idempotent)
+        conn.producers[slot] = producer
     if idempotent:
-        epochs: dict[int, int] = door.state.setdefault("epochs", {})
-        highest = epochs.get(info.producer_id, -1)
+        epochs = _epochs(door)
+        highest = epochs.highest(info.producer_id, producer.topic.dedup)
         if info.producer_epoch < highest:
             done(
                 (
@@ -172,16 +179,7 @@ async def _send_batch(
                 )
             )
             return
-        epochs[info.producer_id] = info.producer_epoch
-        producer_name = f"kafka-{info.producer_id}-{info.producer_epoch}"
-    else:
-        producer_name = ""
-    slot = (name.full, producer_name)
-    producer = conn.producers.get(slot)
-    if producer is None or producer.fenced or producer.topic.unloaded:
-        producer = await _attach(conn, name, producer_name, idempotent)
-        conn.producers[slot] = producer
-    if idempotent:
+        epochs.saw(info.producer_id, info.producer_epoch)
         sequence = info.base_sequence
         pushed = producer.topic.dedup.pushed_sequence(producer.name)
         if pushed >= 0 and sequence > pushed + 1:
@@ -227,6 +225,50 @@ async def _send_batch(
     except PigeonError as exc:
         core.fence_producer(producer, exc)
         done((error_code(exc), -1, str(exc)))
+
+
+class ProducerEpochs:
+    """The highest epoch seen of each idempotent producer id (the most recent
+    :data:`MAX_PRODUCERS` ids).  An id this broker has not seen is looked up in the
+    partition's de-duplication state, which the log rebuilds after a failover: its
+    producers are named ``kafka-<id>-<epoch>``, so a fenced epoch stays fenced on the
+    broker that takes the partition over."""
+
+    def __init__(self) -> None:
+        self._epochs: OrderedDict[int, int] = OrderedDict()
+
+    def highest(self, producer_id: int, dedup: Any = None) -> int:
+        epoch = self._epochs.get(producer_id)
+        if epoch is None:
+            epoch = -1
+            if dedup is not None:
+                prefix = f"kafka-{producer_id}-"
+                for name in dedup.persisted_map():
+                    tail = name[len(prefix) :]
+                    if name.startswith(prefix) and tail.isdigit():
+                        epoch = max(epoch, int(tail))
+            self.saw(producer_id, epoch)
+        else:
+            self._epochs.move_to_end(producer_id)
+        return epoch
+
+    def saw(self, producer_id: int, epoch: int) -> None:
+        if epoch >= self._epochs.get(producer_id, -1):
+            self._epochs[producer_id] = epoch
+        self._epochs.move_to_end(producer_id)
+        while len(self._epochs) > MAX_PRODUCERS:
+            self._epochs.popitem(last=False)
+
+
+#: producer ids whose epochs a broker remembers (older ones are looked up again)
+MAX_PRODUCERS = 100_000
+
+
+def _epochs(door: Any) -> ProducerEpochs:
+    epochs: ProducerEpochs | None = door.state.get("epochs")
+    if epochs is None:
+        epochs = door.state["epochs"] = ProducerEpochs()
+    return epochs
 
 
 def _fence(core: Any, producer: Producer, error: BaseException) -> None:
@@ -280,8 +322,8 @@ async def init_producer_id(conn: KafkaConnection, request: Any) -> Any:
     epoch = getattr(request, "producer_epoch", -1)
     if producer_id >= 0 and epoch >= 0:
         # KIP-360: an idempotent producer bumps its epoch after a sequence error
-        epochs: dict[int, int] = conn.door.state.setdefault("epochs", {})
-        if epoch < epochs.get(producer_id, -1):
+        epochs = _epochs(conn.door)
+        if epoch < epochs.highest(producer_id):
             return build(
                 cls,
                 throttle_time=ZERO,
@@ -292,6 +334,7 @@ async def init_producer_id(conn: KafkaConnection, request: Any) -> Any:
         new_epoch = epoch + 1
         if new_epoch > 32767:
             producer_id, new_epoch = secrets.randbits(62), 0
+        epochs.saw(producer_id, new_epoch)  # the old epoch is fenced from now on
         return build(
             cls,
             throttle_time=ZERO,
