@@ -65,7 +65,7 @@ async def test_stream_ending_inside_a_request_is_malformed(cut: int) -> None:
     conn = SimpleNamespace(stream=trio.SocketStream(b), name="test")
     got: list[bytes] = []
     try:
-        with pytest.raises(MalformedRequest, match="closed the connection .* into a request"):
+        with pytest.raises(MalformedRequest, match=r"closed the connection .* into a request"):
             async for frame in _frames(conn):  # type: ignore[arg-type]
                 got.append(bytes(frame))
     finally:
