@@ -26,8 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
-from pigeon.broker._kafka import Later
-from pigeon.broker._kafka_wire import ZERO, ProduceAnswer, build, error_code, response_type
+from pigeon.broker._kafka_wire import ZERO, Later, ProduceAnswer, build, error_code, response_type
 from pigeon.core.errors import PigeonError, TopicNotFound
 from pigeon.core.kafka_records import (
     FORMAT_KAFKA,
@@ -54,7 +53,7 @@ async def produce(conn: KafkaConnection, request: Any) -> Any:
     #: by slot: the request's partition entries in order (a partition may repeat)
     results: dict[int, Outcome] = {}
     order: list[tuple[str, int]] = []
-    answer = Later()
+    answer: Later[Any] = Later()
     waiting = 0
     sealed = False
 

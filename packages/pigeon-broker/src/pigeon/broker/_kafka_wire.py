@@ -23,8 +23,9 @@ import struct
 import sys
 import typing
 from dataclasses import fields, is_dataclass
-from typing import Any, Final
+from typing import Any, Final, Generic, TypeVar, cast
 
+import trio
 from kio.index import load_request_schema, load_response_from_request
 from kio.schema.errors import ErrorCode
 from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
@@ -55,6 +56,7 @@ __all__ = [
     "ZERO",
     "Encoded",
     "FetchAnswer",
+    "Later",
     "PRODUCE_VERSIONS",
     "ProduceAnswer",
     "build",
@@ -323,6 +325,30 @@ class Encoded:
     def buffers(self, correlation_id: int) -> list[bytes | memoryview]:
         """The whole response frame (size prefix included), in order."""
         raise NotImplementedError
+
+
+_T = TypeVar("_T")
+
+
+class Later(Generic[_T]):
+    """A value that is not ready yet, set once (later sets are ignored): an answer the
+    connection's writer waits for in turn, or a group member's pending JoinGroup or
+    SyncGroup result."""
+
+    __slots__ = ("_event", "_value")
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+        self._value: _T | None = None
+
+    def set(self, value: _T) -> None:
+        if not self._event.is_set():
+            self._value = value
+            self._event.set()
+
+    async def wait(self) -> _T:
+        await self._event.wait()
+        return cast(_T, self._value)
 
 
 #: Fetch versions :class:`FetchAnswer` encodes (the versions served)
