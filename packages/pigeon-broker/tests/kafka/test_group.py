@@ -63,6 +63,19 @@ async def join(
         member_id = result.member_id
 
 
+async def join_two(coordinator: GroupCoordinator) -> list[JoinResult]:
+    """Two new members join together (one rebalance); their results, in arrival order."""
+    results: list[JoinResult] = []
+
+    async def joiner() -> None:
+        results.append(await join(coordinator))
+
+    async with trio.open_nursery() as joins:
+        joins.start_soon(joiner)
+        joins.start_soon(joiner)
+    return results
+
+
 def assign(result: JoinResult) -> list[tuple[str, bytes]]:
     """The test's assignor: each member gets ``{member_id}@{generation}``."""
     return [(m.member_id, f"{m.member_id}@{result.generation_id}".encode()) for m in result.members]
@@ -362,14 +375,7 @@ async def test_a_member_that_does_not_rejoin_within_the_rebalance_timeout_is_dro
 async def test_a_leader_that_never_syncs_is_removed_and_the_followers_rejoin(
     coordinator: GroupCoordinator, nursery: trio.Nursery, autojump_clock: trio.abc.Clock
 ) -> None:
-    results: list[JoinResult] = []
-
-    async def joiner() -> None:
-        results.append(await join(coordinator))
-
-    async with trio.open_nursery() as joins:
-        joins.start_soon(joiner)
-        joins.start_soon(joiner)
+    results = await join_two(coordinator)
     follower = next(r for r in results if r.leader != r.member_id)
     leader_beats: list[ErrorCode] = []
 
@@ -396,14 +402,7 @@ async def test_a_leader_that_never_syncs_is_removed_and_the_followers_rejoin(
 async def test_follower_sync_waits_for_the_leader(
     coordinator: GroupCoordinator, nursery: trio.Nursery, autojump_clock: trio.abc.Clock
 ) -> None:
-    results: list[JoinResult] = []
-
-    async def joiner() -> None:
-        results.append(await join(coordinator))
-
-    async with trio.open_nursery() as joins:
-        joins.start_soon(joiner)
-        joins.start_soon(joiner)
+    results = await join_two(coordinator)
     leader = next(r for r in results if r.leader == r.member_id)
     follower = next(r for r in results if r.leader != r.member_id)
     got: list[bytes] = []

@@ -258,44 +258,26 @@ async def _attach(
 
 async def init_producer_id(conn: KafkaConnection, request: Any) -> Any:
     cls = response_type(request)
-    if request.transactional_id is not None:
+
+    def answer(error: ErrorCode, producer_id: int = -1, epoch: int = -1) -> Any:
         return build(
-            cls,
-            throttle_time=ZERO,
-            error_code=ErrorCode.transactional_id_authorization_failed,
-            producer_id=-1,
-            producer_epoch=-1,
+            cls, throttle_time=ZERO, error_code=error, producer_id=producer_id, producer_epoch=epoch
         )
+
+    if request.transactional_id is not None:
+        return answer(ErrorCode.transactional_id_authorization_failed)
     producer_id = getattr(request, "producer_id", -1)
     epoch = getattr(request, "producer_epoch", -1)
     if producer_id >= 0 and epoch >= 0:
         # KIP-360: an idempotent producer bumps its epoch after a sequence error
         epochs: dict[int, int] = conn.door.state.setdefault("epochs", {})
         if epoch < epochs.get(producer_id, -1):
-            return build(
-                cls,
-                throttle_time=ZERO,
-                error_code=ErrorCode.invalid_producer_epoch,
-                producer_id=-1,
-                producer_epoch=-1,
-            )
+            return answer(ErrorCode.invalid_producer_epoch)
         new_epoch = epoch + 1
         if new_epoch > 32767:
             producer_id, new_epoch = secrets.randbits(62), 0
-        return build(
-            cls,
-            throttle_time=ZERO,
-            error_code=ErrorCode.none,
-            producer_id=producer_id,
-            producer_epoch=new_epoch,
-        )
-    return build(
-        cls,
-        throttle_time=ZERO,
-        error_code=ErrorCode.none,
-        producer_id=secrets.randbits(62),
-        producer_epoch=0,
-    )
+        return answer(ErrorCode.none, producer_id, new_epoch)
+    return answer(ErrorCode.none, secrets.randbits(62), 0)
 
 
 HANDLERS = {0: produce, 22: init_producer_id}
