@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _kafka import DEADLINE_S, standalone, topic_name
 
 from pigeon.core.testing.servers import Standalone
 
@@ -25,28 +26,18 @@ aiokafka = pytest.importorskip("aiokafka")
 
 pytestmark = pytest.mark.integration
 
-DEADLINE_S = 60.0
+#: no default_partitions: every topic here is created with its partitions
 CONFIG = "[kafka]\ngroup_initial_rebalance_delay_ms = 300\n"
-
-
-def start_server(base: Path) -> Standalone:
-    base.mkdir(parents=True, exist_ok=True)
-    config = base / "pigeon.toml"
-    config.write_text(CONFIG)
-    return Standalone(base / "data", log_dir=base, extra_args=("--config", str(config))).start()
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalone]:
-    sa = start_server(tmp_path_factory.mktemp("kafka-py"))
-    try:
+    with standalone(tmp_path_factory.mktemp("kafka-py"), CONFIG) as sa:
         yield sa
-    finally:
-        sa.close()
 
 
 def new_topic(bootstrap: str, partitions: int = 1) -> str:
-    topic = f"py-{uuid.uuid4().hex[:10]}"
+    topic = topic_name("py")
     admin = kafka.KafkaAdminClient(bootstrap_servers=bootstrap)
     try:
         admin.create_topics([kafka.admin.NewTopic(topic, partitions, 1)])
@@ -263,8 +254,7 @@ def test_aiokafka_group_of_three_rebalances_on_join_and_leave(server: Standalone
 @pytest.mark.parametrize("client", CLIENTS)
 def test_commits_survive_a_restart(tmp_path: Path, client: str) -> None:
     produce, consume = CLIENTS[client]
-    sa = start_server(tmp_path / client)
-    try:
+    with standalone(tmp_path / client, CONFIG) as sa:
         topic = new_topic(sa.kafka_bootstrap)
         produce(sa.kafka_bootstrap, topic, [f"r{i}".encode() for i in range(20)])
         first = consume(sa.kafka_bootstrap, topic, 8, "keep")
@@ -272,5 +262,3 @@ def test_commits_survive_a_restart(tmp_path: Path, client: str) -> None:
         sa.restart()
         rest = consume(sa.kafka_bootstrap, topic, 12, "keep")
         assert [m.offset for m in rest] == list(range(8, 20))
-    finally:
-        sa.close()

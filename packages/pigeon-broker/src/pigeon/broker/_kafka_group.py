@@ -369,6 +369,11 @@ class GroupCoordinator:
             return ErrorCode.none
         if group.state is GroupState.COMPLETING_REBALANCE:
             return ErrorCode.rebalance_in_progress
+        return self._touch(group, member_id, generation_id)
+
+    def _touch(self, group: _Group, member_id: str, generation_id: int) -> ErrorCode:
+        """Restart the session of ``member_id`` if it is a member of this generation:
+        NONE, UNKNOWN_MEMBER_ID or ILLEGAL_GENERATION."""
         member = group.members.get(member_id)
         if member is None:
             return ErrorCode.unknown_member_id
@@ -759,15 +764,10 @@ class GroupCoordinator:
             return ErrorCode.unknown_member_id
         if group.state is GroupState.DEAD:
             return ErrorCode.coordinator_not_available
-        member = group.members.get(member_id)
-        if member is None:
-            return ErrorCode.unknown_member_id
-        if generation_id != group.generation_id:
-            return ErrorCode.illegal_generation
-        self._arm(member.session, member.session_timeout)
-        if group.state is GroupState.PREPARING_REBALANCE:
+        error = self._touch(group, member_id, generation_id)
+        if error is ErrorCode.none and group.state is GroupState.PREPARING_REBALANCE:
             return ErrorCode.rebalance_in_progress
-        return ErrorCode.none
+        return error
 
     def leave_group(
         self, group_id: str, members: Iterable[tuple[str, str | None]]
