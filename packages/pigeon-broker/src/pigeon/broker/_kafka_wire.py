@@ -48,7 +48,7 @@ from pigeon.core.errors import (
     TopicExists,
     TopicNotFound,
 )
-from pigeon.core.rpc import DEFAULT_MAX_FRAME_SIZE, BrokerFrame
+from pigeon.core.rpc import DEFAULT_MAX_FRAME_SIZE, BrokerFrame, http_refusal
 
 __all__ = [
     "API_VERSIONS",
@@ -557,7 +557,7 @@ def foreign_client(head: bytes) -> tuple[str, bytes]:
     which it raises as a :class:`~pigeon.core.errors.ProtocolError` naming the port.
     """
     if head[:4] in _HTTP_METHODS:
-        return "an HTTP client", _http_refusal(
+        return "an HTTP client", http_refusal(
             "This port speaks the Kafka protocol (a PigeonMQ broker's Kafka listener); it"
             " received an HTTP request. The admin REST API is on the broker's HTTP port."
         )
@@ -573,17 +573,6 @@ def foreign_client(head: bytes) -> tuple[str, bytes]:
                     " the broker port (6650 by default)",
                 )
     return "garbage", b""
-
-
-def _http_refusal(text: str) -> bytes:
-    body = (text + "\n").encode()
-    head = (
-        "HTTP/1.1 400 Bad Request\r\n"
-        "Content-Type: text/plain; charset=utf-8\r\n"
-        f"Content-Length: {len(body)}\r\n"
-        "Connection: close\r\n\r\n"
-    )
-    return head.encode() + body
 
 
 def _pigeon_error(request_id: int, text: str) -> bytes:
