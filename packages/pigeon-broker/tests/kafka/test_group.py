@@ -137,6 +137,15 @@ async def start(
     return consumers
 
 
+async def start_settled(
+    nursery: trio.Nursery, coordinator: GroupCoordinator, *names: str
+) -> list[Consumer]:
+    """Start consumers together and wait until each owns its generation-1 assignment."""
+    consumers = await start(nursery, coordinator, *names)
+    await wait_until(lambda: all(c.owns_its_assignment(1) for c in consumers))
+    return consumers
+
+
 def stable_at(coordinator: GroupCoordinator, generation: int, members: int) -> bool:
     snap = coordinator.group(GROUP)
     return (
@@ -251,8 +260,7 @@ async def test_member_id_required_then_join_with_the_given_id(
 async def test_a_pending_member_that_never_returns_does_not_block_the_group(
     coordinator: GroupCoordinator, nursery: trio.Nursery, autojump_clock: trio.abc.Clock
 ) -> None:
-    (c1,) = await start(nursery, coordinator, "c1")
-    await wait_until(lambda: c1.owns_its_assignment(1))
+    (c1,) = await start_settled(nursery, coordinator, "c1")
     ghost = await coordinator.join_group(
         GROUP, "", protocol_type="consumer", protocols=PROTOCOLS, session_timeout_ms=SESSION_MS
     )
@@ -269,8 +277,7 @@ async def test_a_pending_member_that_never_returns_does_not_block_the_group(
 async def test_a_fourth_member_rebalances_everyone_into_a_new_generation(
     coordinator: GroupCoordinator, nursery: trio.Nursery, autojump_clock: trio.abc.Clock
 ) -> None:
-    consumers = await start(nursery, coordinator, "c1", "c2", "c3")
-    await wait_until(lambda: all(c.owns_its_assignment(1) for c in consumers))
+    consumers = await start_settled(nursery, coordinator, "c1", "c2", "c3")
     t0 = trio.current_time()
     consumers += await start(nursery, coordinator, "c4")
     await wait_until(lambda: all(c.owns_its_assignment(2) for c in consumers))
@@ -297,8 +304,7 @@ async def test_heartbeat_during_rebalance_says_rebalance_in_progress(
 async def test_a_member_that_stops_heartbeating_is_removed_after_its_session_timeout(
     coordinator: GroupCoordinator, nursery: trio.Nursery, autojump_clock: trio.abc.Clock
 ) -> None:
-    consumers = await start(nursery, coordinator, "c1", "c2", "c3")
-    await wait_until(lambda: all(c.owns_its_assignment(1) for c in consumers))
+    consumers = await start_settled(nursery, coordinator, "c1", "c2", "c3")
     hung, *alive = consumers
     hung.hung = True
     t0 = trio.current_time()
@@ -312,8 +318,7 @@ async def test_a_member_that_stops_heartbeating_is_removed_after_its_session_tim
 async def test_leave_group_rebalances_the_others(
     coordinator: GroupCoordinator, nursery: trio.Nursery, autojump_clock: trio.abc.Clock
 ) -> None:
-    consumers = await start(nursery, coordinator, "c1", "c2", "c3")
-    await wait_until(lambda: all(c.owns_its_assignment(1) for c in consumers))
+    consumers = await start_settled(nursery, coordinator, "c1", "c2", "c3")
     leaver, *stay = consumers
     leaver.left = True
     top, per_member = coordinator.leave_group(GROUP, [(leaver.member_id, None), ("ghost", None)])
@@ -433,8 +438,7 @@ async def test_follower_sync_waits_for_the_leader(
 async def test_stale_generation_is_illegal(
     coordinator: GroupCoordinator, nursery: trio.Nursery, autojump_clock: trio.abc.Clock
 ) -> None:
-    consumers = await start(nursery, coordinator, "c1", "c2")
-    await wait_until(lambda: all(c.owns_its_assignment(1) for c in consumers))
+    consumers = await start_settled(nursery, coordinator, "c1", "c2")
     consumers += await start(nursery, coordinator, "c3")
     await wait_until(lambda: all(c.owns_its_assignment(2) for c in consumers))
     member = consumers[0].member_id
@@ -448,8 +452,7 @@ async def test_stale_generation_is_illegal(
 async def test_unknown_member_and_unknown_group(
     coordinator: GroupCoordinator, nursery: trio.Nursery, autojump_clock: trio.abc.Clock
 ) -> None:
-    (c1,) = await start(nursery, coordinator, "c1")
-    await wait_until(lambda: c1.owns_its_assignment(1))
+    await start_settled(nursery, coordinator, "c1")
     assert coordinator.heartbeat(GROUP, "nobody", 1) is ErrorCode.unknown_member_id
     assert (await coordinator.sync_group(GROUP, "nobody", 1)).error is ErrorCode.unknown_member_id
     assert (await join(coordinator, "nobody")).error is ErrorCode.unknown_member_id
