@@ -36,6 +36,18 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalone]:
         yield sa
 
 
+#: a consumer that reads from the start and commits only when told
+FROM_START: dict[str, Any] = {"auto_offset_reset": "earliest", "enable_auto_commit": False}
+#: a group member whose death is noticed within seconds
+QUICK: dict[str, Any] = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 500}
+
+
+def group_conf(bootstrap: str, group: str, **extra: Any) -> dict[str, Any]:
+    """Keyword arguments of a kafka-python or aiokafka group consumer (the two take the
+    same names)."""
+    return {"bootstrap_servers": bootstrap, "group_id": group, **extra}
+
+
 def new_topic(bootstrap: str, partitions: int = 1) -> str:
     topic = topic_name("py")
     admin = kafka.KafkaAdminClient(bootstrap_servers=bootstrap)
@@ -60,13 +72,7 @@ def kp_produce(bootstrap: str, topic: str, values: list[bytes], **conf: Any) -> 
 
 
 def kp_consume(bootstrap: str, topic: str, count: int, group: str) -> list[Any]:
-    consumer = kafka.KafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        group_id=group,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-    )
+    consumer = kafka.KafkaConsumer(topic, **group_conf(bootstrap, group, **FROM_START))
     got: list[Any] = []
     deadline = time.monotonic() + DEADLINE_S
     try:
@@ -98,13 +104,7 @@ def ak_produce(bootstrap: str, topic: str, values: list[bytes], **conf: Any) -> 
 
 def ak_consume(bootstrap: str, topic: str, count: int, group: str) -> list[Any]:
     async def run() -> list[Any]:
-        consumer = aiokafka.AIOKafkaConsumer(
-            topic,
-            bootstrap_servers=bootstrap,
-            group_id=group,
-            auto_offset_reset="earliest",
-            enable_auto_commit=False,
-        )
+        consumer = aiokafka.AIOKafkaConsumer(topic, **group_conf(bootstrap, group, **FROM_START))
         await consumer.start()
         got: list[Any] = []
         try:
@@ -173,13 +173,7 @@ class Member:
     """A kafka-python group member polling on its own thread."""
 
     def __init__(self, bootstrap: str, topic: str, group: str) -> None:
-        self.consumer = kafka.KafkaConsumer(
-            topic,
-            bootstrap_servers=bootstrap,
-            group_id=group,
-            session_timeout_ms=6000,
-            heartbeat_interval_ms=500,
-        )
+        self.consumer = kafka.KafkaConsumer(topic, **group_conf(bootstrap, group, **QUICK))
         self.assigned: set[int] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -214,11 +208,7 @@ def test_aiokafka_group_of_three_rebalances_on_join_and_leave(server: Standalone
     async def scenario() -> list[list[int]]:
         def member() -> Any:
             return aiokafka.AIOKafkaConsumer(
-                topic,
-                bootstrap_servers=server.kafka_bootstrap,
-                group_id=group,
-                session_timeout_ms=6000,
-                heartbeat_interval_ms=500,
+                topic, **group_conf(server.kafka_bootstrap, group, **QUICK)
             )
 
         async def settled(members: list[Any]) -> list[int]:
