@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -32,6 +31,7 @@ from _kafka import DEADLINE_S, standalone, topic_name
 from _kafka import consume as kafka_consume
 from _kafka import produce as kafka_produce
 from _produce import OP_TIMEOUT, receive_n
+from _spark import local_spark
 
 from pigeon.client import Client, Message, MessageId
 from pigeon.core.testing.servers import Standalone, clean_env, pigeon_command
@@ -376,30 +376,8 @@ def test_any_group_id_commits_like_any_other(server: Standalone, group: str) -> 
 def spark() -> Iterator[Any]:
     pytest.importorskip("pyspark")
     pytest.importorskip("pyarrow")
-    from pyspark.sql import SparkSession
-
-    from pigeon.spark import PigeonDataSource
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SPARK_LOCAL_IP", "127.0.0.1")
-        mp.setenv("PYSPARK_PYTHON", sys.executable)
-        mp.setenv("PYSPARK_DRIVER_PYTHON", sys.executable)
-        session = (
-            SparkSession.builder.master("local[2]")
-            .appName("pigeon-kafka-cross")
-            .config("spark.ui.enabled", "false")
-            .config("spark.driver.bindAddress", "127.0.0.1")
-            .config("spark.driver.host", "127.0.0.1")
-            .config("spark.sql.shuffle.partitions", "2")
-            .config("spark.sql.session.timeZone", "UTC")
-            .getOrCreate()
-        )
-        session.sparkContext.setLogLevel("ERROR")
-        session.dataSource.register(PigeonDataSource)
-        try:
-            yield session
-        finally:
-            session.stop()
+    with local_spark("pigeon-kafka-cross") as session:
+        yield session
 
 
 def test_spark_reads_a_kafka_produced_topic_with_same_offsets_keys_values(
