@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 import trio
+from kafka_group_support import SimulatedMember, assign
 from kio.schema.errors import ErrorCode
 
 from pigeon.broker._kafka_group import GroupCoordinator, GroupState, JoinResult
@@ -76,20 +77,11 @@ async def join_two(coordinator: GroupCoordinator) -> list[JoinResult]:
     return results
 
 
-def assign(result: JoinResult) -> list[tuple[str, bytes]]:
-    """The test's assignor: each member gets ``{member_id}@{generation}``."""
-    return [(m.member_id, f"{m.member_id}@{result.generation_id}".encode()) for m in result.members]
-
-
-class Consumer:
+class Consumer(SimulatedMember):
     """A consumer's group loop; ``hung`` stops its heartbeats, ``stop()`` leaves."""
 
     def __init__(self, coordinator: GroupCoordinator, name: str) -> None:
-        self.coordinator = coordinator
-        self.name = name
-        self.member_id = ""
-        self.generation = -1
-        self.assignment = b""
+        super().__init__(coordinator, name)
         self.leader = False
         self.hung = False
         self.left = False
@@ -118,11 +110,6 @@ class Consumer:
                 if error is ErrorCode.rebalance_in_progress:
                     break
                 assert error is ErrorCode.none, error
-
-    def owns_its_assignment(self, generation: int) -> bool:
-        return self.generation == generation and self.assignment == (
-            f"{self.member_id}@{generation}".encode()
-        )
 
 
 async def start(
