@@ -22,14 +22,13 @@ import random
 import socket
 import struct
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from _kafka import standalone, topic_name
 
 from pigeon.core.kafka_records import encode_record_batch
-from pigeon.core.testing._process import port_open
 from pigeon.core.testing.servers import Standalone
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
@@ -44,11 +43,6 @@ from kio.serial import entity_reader, entity_writer  # noqa: E402
 pytestmark = pytest.mark.integration
 
 DEADLINE_S = 30.0
-CONFIG = """
-[kafka]
-group_initial_rebalance_delay_ms = 300
-default_partitions = 1
-"""
 WITNESS = "witness"
 #: the fuzz loop's seed and length (a failure names the iteration: rerun the same seed)
 FUZZ_SEED = int(os.environ.get("PIGEON_KAFKA_FUZZ_SEED", "14"))
@@ -60,20 +54,8 @@ FUZZ_ROUNDS = int(os.environ.get("PIGEON_KAFKA_FUZZ_ROUNDS", "600"))
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalone]:
-    base = tmp_path_factory.mktemp("kafka-bad")
-    config = base / "pigeon.toml"
-    config.write_text(CONFIG)
-    sa = Standalone(
-        base / "data", log_dir=base, fsync="never", extra_args=("--config", str(config))
-    ).start()
-    try:
-        deadline = time.monotonic() + DEADLINE_S
-        while not port_open(sa.kafka_port):
-            assert time.monotonic() < deadline, f"no Kafka listener; log:\n{sa.log_tail()}"
-            time.sleep(0.05)
+    with standalone(tmp_path_factory.mktemp("kafka-bad"), fsync="never") as sa:
         yield sa
-    finally:
-        sa.close()
 
 
 class Witness:
@@ -424,10 +406,6 @@ def topic_requests(topic: str) -> list[Any]:
     ]
 
 
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
-
-
 # ------------------------------------------------------------------ one bad input each
 
 
@@ -557,7 +535,7 @@ def test_api_versions_of_an_unknown_version_is_answered_with_unsupported_version
 def test_produce_with_a_bad_crc_is_answered_corrupt_message_and_stores_nothing(
     server: Standalone, witness: Witness
 ) -> None:
-    topic = unique("crc")
+    topic = topic_name("crc")
     good = record_batch()
     bad = bytearray(good)
     bad[-1] ^= 0x01  # a bit of the last record: the CRC-32C no longer matches
@@ -598,7 +576,7 @@ def batch_with_garbage_records() -> bytes:
 def test_produce_of_a_batch_whose_records_do_not_parse_is_refused(
     server: Standalone, witness: Witness
 ) -> None:
-    topic = unique("poison")
+    topic = topic_name("poison")
     with connect(server) as sock:
         sock.sendall(request_bytes(metadata(topic), 1))
         read_response(sock, metadata(topic))
@@ -654,7 +632,7 @@ def test_partition_counts_beyond_the_limit_are_refused(
     )
     from kio.schema.create_topics.v5.request import CreatableTopic, CreateTopicsRequest
 
-    topic = unique("many")
+    topic = topic_name("many")
     create = CreateTopicsRequest(
         topics=(
             CreatableTopic(
@@ -746,7 +724,7 @@ def mutate_entity(rng: random.Random, entity: Any, rate: float = 0.3) -> Any:
 def test_fuzzed_field_values_are_answered_or_refused_without_a_traceback(
     server: Standalone, witness: Witness
 ) -> None:
-    topic = unique("fields")
+    topic = topic_name("fields")
     requests = [
         api_versions(),
         metadata(topic),
@@ -792,7 +770,7 @@ def test_fuzzed_field_values_are_answered_or_refused_without_a_traceback(
 def test_fuzzed_requests_never_crash_or_traceback_and_real_clients_keep_working(
     server: Standalone, witness: Witness
 ) -> None:
-    topic = unique("fuzz")
+    topic = topic_name("fuzz")
     corpus = [
         request_bytes(api_versions(), 1),
         request_bytes(metadata(topic), 2),
@@ -842,7 +820,7 @@ def test_an_idempotent_producer_on_a_new_connection_takes_over_its_sequence(
     goes on with the same producer id on a new one: it is the same producer, so it takes
     over (not ProducerBusy until the old connection times out), and a resent batch is
     still answered with its original offset."""
-    topic = unique("takeover")
+    topic = topic_name("takeover")
 
     def batch(sequence: int) -> bytes:
         return b"".join(
@@ -902,7 +880,7 @@ def test_sequence_gaps_and_fenced_epochs_are_refused_as_kafka_refuses_them(
     epoch (KIP-360), and refuses an older one."""
     from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
 
-    topic = unique("fence")
+    topic = topic_name("fence")
     pid = 123_456_789
     with connect(server) as sock:
         sock.sendall(request_bytes(metadata(topic), 1))

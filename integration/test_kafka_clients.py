@@ -18,95 +18,44 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _kafka import DEADLINE_S, standalone, start_standalone, topic_name
+from _kafka import consume as kafka_consume
+from _kafka import produce as kafka_produce
 
 from pigeon.core.testing.servers import Standalone
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition  # noqa: E402
+from confluent_kafka import Consumer, KafkaError, TopicPartition  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
-#: every wait of these tests ends within this many seconds
-DEADLINE_S = 60.0
-CONFIG = """
-[kafka]
-group_initial_rebalance_delay_ms = 300
-default_partitions = 1
-"""
-
-
-def start_server(base: Path) -> Standalone:
-    config = base / "pigeon.toml"
-    config.parent.mkdir(parents=True, exist_ok=True)
-    config.write_text(CONFIG)
-    return Standalone(
-        base / "data", log_dir=base, fsync="always", extra_args=("--config", str(config))
-    ).start()
-
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalone]:
-    sa = start_server(tmp_path_factory.mktemp("kafka"))
-    try:
+    with standalone(tmp_path_factory.mktemp("kafka")) as sa:
         yield sa
-    finally:
-        sa.close()
-
-
-def topic_name() -> str:
-    return f"t-{uuid.uuid4().hex[:10]}"
 
 
 def produce(
     bootstrap: str, topic: str, messages: list[tuple[bytes | None, bytes]], **conf: Any
 ) -> list[Any]:
-    """Produce with confluent-kafka, wait for every delivery report; the reports."""
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, **conf})
-    reports: list[Any] = []
-    for i, (key, value) in enumerate(messages):
-        producer.produce(
-            topic,
-            value=value,
-            key=key,
-            headers=[("h", f"{i}".encode()), ("bin", b"\x00\xff")],
-            timestamp=1_700_000_000_000 + i,
-            on_delivery=lambda err, msg: reports.append((err, msg)),
-        )
-        producer.poll(0)
-    assert producer.flush(DEADLINE_S) == 0, "deliveries still pending"
-    errors = [err for err, _ in reports if err is not None]
-    assert not errors, errors
-    return [msg for _, msg in reports]
-
-
-def consume(
-    bootstrap: str, topic: str, count: int, group: str | None = None, **conf: Any
-) -> list[Any]:
-    consumer = Consumer(
+    """Produce ``(key, value)`` pairs with headers and timestamps; the delivery reports."""
+    records = [
         {
-            "bootstrap.servers": bootstrap,
-            "group.id": group or f"g-{uuid.uuid4().hex[:8]}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-            **conf,
+            "key": key,
+            "value": value,
+            "headers": [("h", f"{i}".encode()), ("bin", b"\x00\xff")],
+            "timestamp": 1_700_000_000_000 + i,
         }
-    )
-    consumer.subscribe([topic])
-    got: list[Any] = []
-    deadline = time.monotonic() + DEADLINE_S
-    try:
-        while len(got) < count and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None:
-                continue
-            assert msg.error() is None, msg.error()
-            got.append(msg)
-        if got:
-            consumer.commit(asynchronous=False)
-    finally:
-        consumer.close()
-    return got
+        for i, (key, value) in enumerate(messages)
+    ]
+    return kafka_produce(bootstrap, topic, records, **conf)
+
+
+def consume(bootstrap: str, topic: str, count: int, group: str | None = None) -> list[Any]:
+    """``count`` records, committed in ``group`` (a new one by default)."""
+    return kafka_consume(bootstrap, topic, count, group=group, commit=True)
 
 
 def test_confluent_produce_and_consume_keys_values_headers_timestamps_offsets(
@@ -211,7 +160,7 @@ def _wait_assignment(members: list[Any], partitions: int) -> list[set[int]]:
 def test_committed_offsets_are_the_subscription_cursor_and_survive_a_restart(
     tmp_path: Path,
 ) -> None:
-    sa = start_server(tmp_path / "restart")
+    sa = start_standalone(tmp_path / "restart")
     try:
         topic = topic_name()
         produce(sa.kafka_bootstrap, topic, [(None, f"m{i}".encode()) for i in range(30)])

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -28,7 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _kafka import DEADLINE_S, standalone, topic_name
+from _kafka import consume as kafka_consume
+from _kafka import produce as kafka_produce
 from _produce import OP_TIMEOUT, receive_n
+from _spark import local_spark
 
 from pigeon.client import Client, Message, MessageId
 from pigeon.core.testing.servers import Standalone, clean_env, pigeon_command
@@ -38,38 +41,20 @@ from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
-DEADLINE_S = 60.0
-CONFIG = """
-[kafka]
-group_initial_rebalance_delay_ms = 300
-default_partitions = 1
-"""
 TS0 = 1_700_000_000_000
 NOT_UTF8 = b"\xff\xfe\x00bin"
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalone]:
-    base = tmp_path_factory.mktemp("kafka-cross")
-    config = base / "pigeon.toml"
-    config.write_text(CONFIG)
-    sa = Standalone(
-        base / "data", log_dir=base, fsync="never", extra_args=("--config", str(config))
-    ).start()
-    try:
+    with standalone(tmp_path_factory.mktemp("kafka-cross"), fsync="never") as sa:
         yield sa
-    finally:
-        sa.close()
 
 
 @pytest.fixture(scope="module")
 def client(server: Standalone) -> Iterator[Client]:
     with Client(server.url, operation_timeout=OP_TIMEOUT) as c:
         yield c
-
-
-def topic_name() -> str:
-    return f"x-{uuid.uuid4().hex[:10]}"
 
 
 def full(name: str) -> str:
@@ -91,57 +76,6 @@ def kafka_record(i: int) -> dict[str, Any]:
         "headers": [("n", str(i).encode()), ("bin", NOT_UTF8), ("null", None)],
         "timestamp": TS0 + i,
     }
-
-
-def kafka_produce(bootstrap: str, topic: str, records: list[dict[str, Any]], **conf: Any) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, **conf})
-    errors: list[Any] = []
-    for r in records:
-        producer.produce(
-            topic, on_delivery=lambda err, _m: errors.append(err) if err else None, **r
-        )
-        producer.poll(0)
-    assert producer.flush(DEADLINE_S) == 0, "deliveries still pending"
-    assert not errors, errors
-
-
-def kafka_consume(
-    bootstrap: str,
-    topic: str,
-    count: int,
-    *,
-    group: str | None = None,
-    commit: bool = False,
-    start: int | None = None,
-    deadline_s: float = DEADLINE_S,
-) -> list[Any]:
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": group or f"g-{uuid.uuid4().hex[:8]}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-        }
-    )
-    if start is None:
-        consumer.subscribe([topic])
-    else:
-        consumer.assign([TopicPartition(topic, 0, start)])
-    got: list[Any] = []
-    deadline = time.monotonic() + deadline_s
-    try:
-        while len(got) < count and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None:
-                continue
-            assert msg.error() is None, msg.error()
-            got.append(msg)
-        if commit and got:
-            consumer.commit(asynchronous=False)
-    finally:
-        consumer.close()
-    assert len(got) == count, f"confluent-kafka consumed {len(got)} of {count} within deadline"
-    return got
 
 
 def kafka_python_consume(bootstrap: str, topic: str, count: int) -> list[Any]:
@@ -187,7 +121,7 @@ def raw(text: str | None) -> bytes | None:
 def test_kafka_produced_records_read_natively_with_same_offsets_keys_headers_times(
     server: Standalone, client: Client
 ) -> None:
-    topic = topic_name()
+    topic = topic_name("x")
     plain = [kafka_record(i) for i in range(120)]
     gzipped = [kafka_record(i) for i in range(120, 200)]
     kafka_produce(server.kafka_bootstrap, topic, plain)
@@ -215,7 +149,7 @@ def test_kafka_produced_records_read_natively_with_same_offsets_keys_headers_tim
 def test_native_produced_messages_read_by_kafka_clients_with_same_offsets_and_fields(
     server: Standalone, client: Client
 ) -> None:
-    topic = topic_name()
+    topic = topic_name("x")
     client.create_topic(topic, 1)
     n = 150
     before = int(time.time() * 1000)
@@ -260,7 +194,7 @@ def test_native_produced_messages_read_by_kafka_clients_with_same_offsets_and_fi
 def test_native_compressed_batches_with_bytes_keys_and_empty_values_reach_kafka(
     server: Standalone, client: Client
 ) -> None:
-    topic = topic_name()
+    topic = topic_name("x")
     client.create_topic(topic, 1)
     n = 64
     with client.create_producer(
@@ -292,7 +226,7 @@ def test_native_compressed_batches_with_bytes_keys_and_empty_values_reach_kafka(
 def test_kafka_tombstones_read_natively_as_empty_values_and_start_inside_a_batch(
     server: Standalone, client: Client
 ) -> None:
-    topic = topic_name()
+    topic = topic_name("x")
     sent = [{"key": b"k", "value": None if i % 5 == 0 else b"v%d" % i} for i in range(40)]
     kafka_produce(server.kafka_bootstrap, topic, sent, **{"linger.ms": 50})
     got = native_read(client, topic, 40)
@@ -308,7 +242,7 @@ def test_kafka_tombstones_read_natively_as_empty_values_and_start_inside_a_batch
 def test_kafka_offsets_for_times_finds_native_event_times(
     server: Standalone, client: Client
 ) -> None:
-    topic = topic_name()
+    topic = topic_name("x")
     client.create_topic(topic, 1)
     with client.create_producer(topic, batching_max_messages=4) as producer:
         futures = [producer.send_async(b"e%d" % i, event_time=TS0 + 10 * i) for i in range(20)]
@@ -333,7 +267,7 @@ def test_kafka_offsets_for_times_finds_native_event_times(
 def test_interleaved_kafka_and_native_producers_give_one_sequence_to_both_consumers(
     server: Standalone, client: Client
 ) -> None:
-    topic = topic_name()
+    topic = topic_name("x")
     client.create_topic(topic, 1)
     expected: list[tuple[bytes, bytes | None]] = []
     with client.create_producer(topic, batching_max_messages=8) as native:
@@ -389,7 +323,7 @@ def admin_cli(server: Standalone, *args: str) -> Any:
 def test_kafka_consumer_group_is_a_subscription_the_cli_and_native_consumers_see(
     server: Standalone, client: Client
 ) -> None:
-    topic = topic_name()
+    topic = topic_name("x")
     kafka_produce(
         server.kafka_bootstrap,
         topic,
@@ -423,7 +357,7 @@ def test_any_group_id_commits_like_any_other(server: Standalone, group: str) -> 
     subscription name cannot (``/``, ``%``, control characters, ``.``/``..``)."""
     from confluent_kafka import Consumer, TopicPartition
 
-    topic = topic_name()
+    topic = topic_name("x")
     kafka_produce(server.kafka_bootstrap, topic, [{"value": b"m%d" % i} for i in range(5)])
     got = kafka_consume(server.kafka_bootstrap, topic, 5, group=group, commit=True, deadline_s=20)
     assert [m.offset() for m in got] == list(range(5))
@@ -442,30 +376,8 @@ def test_any_group_id_commits_like_any_other(server: Standalone, group: str) -> 
 def spark() -> Iterator[Any]:
     pytest.importorskip("pyspark")
     pytest.importorskip("pyarrow")
-    from pyspark.sql import SparkSession
-
-    from pigeon.spark import PigeonDataSource
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SPARK_LOCAL_IP", "127.0.0.1")
-        mp.setenv("PYSPARK_PYTHON", sys.executable)
-        mp.setenv("PYSPARK_DRIVER_PYTHON", sys.executable)
-        session = (
-            SparkSession.builder.master("local[2]")
-            .appName("pigeon-kafka-cross")
-            .config("spark.ui.enabled", "false")
-            .config("spark.driver.bindAddress", "127.0.0.1")
-            .config("spark.driver.host", "127.0.0.1")
-            .config("spark.sql.shuffle.partitions", "2")
-            .config("spark.sql.session.timeZone", "UTC")
-            .getOrCreate()
-        )
-        session.sparkContext.setLogLevel("ERROR")
-        session.dataSource.register(PigeonDataSource)
-        try:
-            yield session
-        finally:
-            session.stop()
+    with local_spark("pigeon-kafka-cross") as session:
+        yield session
 
 
 def test_spark_reads_a_kafka_produced_topic_with_same_offsets_keys_values(
@@ -473,7 +385,7 @@ def test_spark_reads_a_kafka_produced_topic_with_same_offsets_keys_values(
 ) -> None:
     from pyspark.sql import functions as F
 
-    topic = topic_name()
+    topic = topic_name("x")
     sent = [kafka_record(i) for i in range(40)]
     kafka_produce(server.kafka_bootstrap, topic, sent)
     rows = (

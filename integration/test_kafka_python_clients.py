@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _kafka import DEADLINE_S, standalone, topic_name
 
 from pigeon.core.testing.servers import Standalone
 
@@ -25,28 +26,30 @@ aiokafka = pytest.importorskip("aiokafka")
 
 pytestmark = pytest.mark.integration
 
-DEADLINE_S = 60.0
+#: no default_partitions: every topic here is created with its partitions
 CONFIG = "[kafka]\ngroup_initial_rebalance_delay_ms = 300\n"
-
-
-def start_server(base: Path) -> Standalone:
-    base.mkdir(parents=True, exist_ok=True)
-    config = base / "pigeon.toml"
-    config.write_text(CONFIG)
-    return Standalone(base / "data", log_dir=base, extra_args=("--config", str(config))).start()
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalone]:
-    sa = start_server(tmp_path_factory.mktemp("kafka-py"))
-    try:
+    with standalone(tmp_path_factory.mktemp("kafka-py"), CONFIG) as sa:
         yield sa
-    finally:
-        sa.close()
+
+
+#: a consumer that reads from the start and commits only when told
+FROM_START: dict[str, Any] = {"auto_offset_reset": "earliest", "enable_auto_commit": False}
+#: a group member whose death is noticed within seconds
+QUICK: dict[str, Any] = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 500}
+
+
+def group_conf(bootstrap: str, group: str, **extra: Any) -> dict[str, Any]:
+    """Keyword arguments of a kafka-python or aiokafka group consumer (the two take the
+    same names)."""
+    return {"bootstrap_servers": bootstrap, "group_id": group, **extra}
 
 
 def new_topic(bootstrap: str, partitions: int = 1) -> str:
-    topic = f"py-{uuid.uuid4().hex[:10]}"
+    topic = topic_name("py")
     admin = kafka.KafkaAdminClient(bootstrap_servers=bootstrap)
     try:
         admin.create_topics([kafka.admin.NewTopic(topic, partitions, 1)])
@@ -69,13 +72,7 @@ def kp_produce(bootstrap: str, topic: str, values: list[bytes], **conf: Any) -> 
 
 
 def kp_consume(bootstrap: str, topic: str, count: int, group: str) -> list[Any]:
-    consumer = kafka.KafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        group_id=group,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-    )
+    consumer = kafka.KafkaConsumer(topic, **group_conf(bootstrap, group, **FROM_START))
     got: list[Any] = []
     deadline = time.monotonic() + DEADLINE_S
     try:
@@ -107,13 +104,7 @@ def ak_produce(bootstrap: str, topic: str, values: list[bytes], **conf: Any) -> 
 
 def ak_consume(bootstrap: str, topic: str, count: int, group: str) -> list[Any]:
     async def run() -> list[Any]:
-        consumer = aiokafka.AIOKafkaConsumer(
-            topic,
-            bootstrap_servers=bootstrap,
-            group_id=group,
-            auto_offset_reset="earliest",
-            enable_auto_commit=False,
-        )
+        consumer = aiokafka.AIOKafkaConsumer(topic, **group_conf(bootstrap, group, **FROM_START))
         await consumer.start()
         got: list[Any] = []
         try:
@@ -182,13 +173,7 @@ class Member:
     """A kafka-python group member polling on its own thread."""
 
     def __init__(self, bootstrap: str, topic: str, group: str) -> None:
-        self.consumer = kafka.KafkaConsumer(
-            topic,
-            bootstrap_servers=bootstrap,
-            group_id=group,
-            session_timeout_ms=6000,
-            heartbeat_interval_ms=500,
-        )
+        self.consumer = kafka.KafkaConsumer(topic, **group_conf(bootstrap, group, **QUICK))
         self.assigned: set[int] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -223,11 +208,7 @@ def test_aiokafka_group_of_three_rebalances_on_join_and_leave(server: Standalone
     async def scenario() -> list[list[int]]:
         def member() -> Any:
             return aiokafka.AIOKafkaConsumer(
-                topic,
-                bootstrap_servers=server.kafka_bootstrap,
-                group_id=group,
-                session_timeout_ms=6000,
-                heartbeat_interval_ms=500,
+                topic, **group_conf(server.kafka_bootstrap, group, **QUICK)
             )
 
         async def settled(members: list[Any]) -> list[int]:
@@ -263,8 +244,7 @@ def test_aiokafka_group_of_three_rebalances_on_join_and_leave(server: Standalone
 @pytest.mark.parametrize("client", CLIENTS)
 def test_commits_survive_a_restart(tmp_path: Path, client: str) -> None:
     produce, consume = CLIENTS[client]
-    sa = start_server(tmp_path / client)
-    try:
+    with standalone(tmp_path / client, CONFIG) as sa:
         topic = new_topic(sa.kafka_bootstrap)
         produce(sa.kafka_bootstrap, topic, [f"r{i}".encode() for i in range(20)])
         first = consume(sa.kafka_bootstrap, topic, 8, "keep")
@@ -272,5 +252,3 @@ def test_commits_survive_a_restart(tmp_path: Path, client: str) -> None:
         sa.restart()
         rest = consume(sa.kafka_bootstrap, topic, 12, "keep")
         assert [m.offset for m in rest] == list(range(8, 20))
-    finally:
-        sa.close()

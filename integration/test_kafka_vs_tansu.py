@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _kafka import poll_records, standalone
 
 from pigeon.core.testing.servers import HOST, Standalone, free_port, port_open
 
@@ -49,11 +50,6 @@ POLL = 0.05
 PARTITIONS = 3
 #: first timestamp of the produced records (so ListOffsets by time is deterministic)
 T0 = 1_700_000_000_000
-CONFIG = """
-[kafka]
-group_initial_rebalance_delay_ms = 300
-default_partitions = 1
-"""
 
 
 # --------------------------------------------------------------------------- servers
@@ -110,17 +106,8 @@ class Tansu:
 
 @pytest.fixture
 def pigeon(tmp_path: Path) -> Iterator[Standalone]:
-    config = tmp_path / "pigeon.toml"
-    config.write_text(CONFIG)
-    sa = Standalone(
-        tmp_path / "data", log_dir=tmp_path, fsync="always", extra_args=("--config", str(config))
-    ).start()
-    try:
-        # start() waits for the native port; the Kafka listener opens a moment later
-        wait_until("the Kafka listener", lambda: port_open(sa.kafka_port))
+    with standalone(tmp_path) as sa:
         yield sa
-    finally:
-        sa.close()
 
 
 @pytest.fixture
@@ -165,14 +152,7 @@ def wait_until(what: str, check: Callable[[], Any], step: Callable[[], object] =
 
 def consume_all(consumer: Any, count: int) -> list[Any]:
     """Poll ``consumer`` until ``count`` records came (errors fail the test)."""
-    got: list[Any] = []
-    deadline = time.monotonic() + DEADLINE_S
-    while len(got) < count and time.monotonic() < deadline:
-        msg = consumer.poll(0.2)
-        if msg is None:
-            continue
-        assert msg.error() is None, msg.error()
-        got.append(msg)
+    got = poll_records(consumer, count, timeout=0.2)
     assert len(got) == count, f"consumed {len(got)} of {count}"
     return got
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _spark import local_spark
 
 from pigeon.client import Client, MessageId
 from pigeon.client._range import partition_offsets
@@ -29,8 +30,6 @@ pytest.importorskip("pyarrow")
 
 from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
-
-from pigeon.spark import PigeonDataSource  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -47,26 +46,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalone]:
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[SparkSession]:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SPARK_LOCAL_IP", "127.0.0.1")
-        mp.setenv("PYSPARK_PYTHON", sys.executable)  # workers: this venv, with pigeon-spark
-        mp.setenv("PYSPARK_DRIVER_PYTHON", sys.executable)
-        session = (
-            SparkSession.builder.master("local[2]")
-            .appName("pigeon-spark-tests")
-            .config("spark.ui.enabled", "false")
-            .config("spark.driver.bindAddress", "127.0.0.1")
-            .config("spark.driver.host", "127.0.0.1")
-            .config("spark.sql.shuffle.partitions", "2")
-            .config("spark.sql.session.timeZone", "UTC")
-            .getOrCreate()
-        )
-        session.sparkContext.setLogLevel("ERROR")
-        session.dataSource.register(PigeonDataSource)
-        try:
-            yield session
-        finally:
-            session.stop()
+    with local_spark("pigeon-spark-tests") as session:
+        yield session
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ import random
 import struct
 import warnings
 import zlib
+from collections.abc import Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pigeon.core.batch import decode_batch, encode_batch, pack_entry_header, read_header
-from pigeon.core.codecs import GZIP, NONE, CodecSet
+from pigeon.core.codecs import GZIP, NONE, Codec, CodecSet
 from pigeon.core.errors import (
     CorruptFrame,
     CorruptRecordBatch,
@@ -182,6 +183,26 @@ def test_batch_without_keys_headers_or_timestamps() -> None:
 # -- native entries read by Kafka consumers ----------------------------------------------
 
 
+def native_batch(
+    values: list[bytes],
+    keys: Sequence[str | bytes | None],
+    props: Sequence[Mapping[str, str] | None],
+    times: list[int],
+    codec: Codec,
+) -> bytes:
+    """A native (format 1) batch of these messages, from producer ``p``."""
+    return encode_batch(
+        values,
+        keys=keys,
+        properties=props,
+        event_times=times,
+        producer_name="p",
+        sequence_id=0,
+        publish_time=T0,
+        codec=codec,
+    )
+
+
 def kafka_python_read(buffers: list[bytes | memoryview]) -> tuple[DefaultRecordBatch, list[Any]]:
     batch = DefaultRecordBatch(b"".join(buffers))
     assert batch.validate_crc()
@@ -194,16 +215,7 @@ def test_native_entry_converts_to_a_record_batch_kafka_python_reads(codec: Any) 
     keys = [None if i % 4 == 0 else (f"k{i}" if i % 2 else b"\xffk%d" % i) for i in range(10)]
     times = [0 if i % 3 == 0 else T0 + 10 * i for i in range(10)]
     props = [{"a": "1", "\u00e9t\u00e9": "\u00e7a"} if i % 2 else None for i in range(10)]
-    native = encode_batch(
-        values,
-        keys=keys,
-        properties=props,
-        event_times=times,
-        producer_name="p",
-        sequence_id=0,
-        publish_time=T0,
-        codec=codec,
-    )
+    native = native_batch(values, keys, props, times, codec)
     entry = pack_entry_header(10, 4242, T0 + 999) + native
     batch, recs = kafka_python_read(kafka_batch_of_entry(entry, CODECS))
     assert batch.base_offset == 4242 and batch.records_count == 10
@@ -448,16 +460,7 @@ def test_native_to_kafka_to_native_round_trip(
     """A native entry fetched as Kafka, produced back and read natively is unchanged
     (long values and headers take varints past the one- and two-byte fast paths)."""
     keys, values, times, props = (list(col) for col in zip(*msgs, strict=True))
-    native = encode_batch(
-        values,
-        keys=keys,
-        properties=props,
-        event_times=times,
-        producer_name="p",
-        sequence_id=0,
-        publish_time=T0,
-        codec=GZIP,
-    )
+    native = native_batch(values, keys, props, times, GZIP)
     kafka_batch = b"".join(
         kafka_batch_of_entry(pack_entry_header(len(msgs), first_offset, T0) + native, CODECS)
     )

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 import trio
+from kafka_group_support import SimulatedMember, assign
 from kio.schema.errors import ErrorCode
 
 from pigeon.broker._kafka_group import GroupCoordinator, GroupState, JoinResult
@@ -63,20 +64,24 @@ async def join(
         member_id = result.member_id
 
 
-def assign(result: JoinResult) -> list[tuple[str, bytes]]:
-    """The test's assignor: each member gets ``{member_id}@{generation}``."""
-    return [(m.member_id, f"{m.member_id}@{result.generation_id}".encode()) for m in result.members]
+async def join_two(coordinator: GroupCoordinator) -> list[JoinResult]:
+    """Two new members join together (one rebalance); their results, in arrival order."""
+    results: list[JoinResult] = []
+
+    async def joiner() -> None:
+        results.append(await join(coordinator))
+
+    async with trio.open_nursery() as joins:
+        joins.start_soon(joiner)
+        joins.start_soon(joiner)
+    return results
 
 
-class Consumer:
+class Consumer(SimulatedMember):
     """A consumer's group loop; ``hung`` stops its heartbeats, ``stop()`` leaves."""
 
     def __init__(self, coordinator: GroupCoordinator, name: str) -> None:
-        self.coordinator = coordinator
-        self.name = name
-        self.member_id = ""
-        self.generation = -1
-        self.assignment = b""
+        super().__init__(coordinator, name)
         self.leader = False
         self.hung = False
         self.left = False
@@ -106,11 +111,6 @@ class Consumer:
                     break
                 assert error is ErrorCode.none, error
 
-    def owns_its_assignment(self, generation: int) -> bool:
-        return self.generation == generation and self.assignment == (
-            f"{self.member_id}@{generation}".encode()
-        )
-
 
 async def start(
     nursery: trio.Nursery, coordinator: GroupCoordinator, *names: str, gap: float = 0
@@ -121,6 +121,15 @@ async def start(
         nursery.start_soon(consumer.run)
         consumers.append(consumer)
         await trio.sleep(gap)
+    return consumers
+
+
+async def start_settled(
+    nursery: trio.Nursery, coordinator: GroupCoordinator, *names: str
+) -> list[Consumer]:
+    """Start consumers together and wait until each owns its generation-1 assignment."""
+    consumers = await start(nursery, coordinator, *names)
+    await wait_until(lambda: all(c.owns_its_assignment(1) for c in consumers))
     return consumers
 
 
@@ -238,8 +247,7 @@ async def test_member_id_required_then_join_with_the_given_id(
 async def test_a_pending_member_that_never_returns_does_not_block_the_group(
     coordinator: GroupCoordinator, nursery: trio.Nursery, autojump_clock: trio.abc.Clock
 ) -> None:
-    (c1,) = await start(nursery, coordinator, "c1")
-    await wait_until(lambda: c1.owns_its_assignment(1))
+    (c1,) = await start_settled(nursery, coordinator, "c1")
     ghost = await coordinator.join_group(
         GROUP, "", protocol_type="consumer", protocols=PROTOCOLS, session_timeout_ms=SESSION_MS
     )
@@ -256,8 +264,7 @@ async def test_a_pending_member_that_never_returns_does_not_block_the_group(
 async def test_a_fourth_member_rebalances_everyone_into_a_new_generation(
     coordinator: GroupCoordinator, nursery: trio.Nursery, autojump_clock: trio.abc.Clock
 ) -> None:
-    consumers = await start(nursery, coordinator, "c1", "c2", "c3")
-    await wait_until(lambda: all(c.owns_its_assignment(1) for c in consumers))
+    consumers = await start_settled(nursery, coordinator, "c1", "c2", "c3")
     t0 = trio.current_time()
     consumers += await start(nursery, coordinator, "c4")
     await wait_until(lambda: all(c.owns_its_assignment(2) for c in consumers))
@@ -284,8 +291,7 @@ async def test_heartbeat_during_rebalance_says_rebalance_in_progress(
 async def test_a_member_that_stops_heartbeating_is_removed_after_its_session_timeout(
     coordinator: GroupCoordinator, nursery: trio.Nursery, autojump_clock: trio.abc.Clock
 ) -> None:
-    consumers = await start(nursery, coordinator, "c1", "c2", "c3")
-    await wait_until(lambda: all(c.owns_its_assignment(1) for c in consumers))
+    consumers = await start_settled(nursery, coordinator, "c1", "c2", "c3")
     hung, *alive = consumers
     hung.hung = True
     t0 = trio.current_time()
@@ -299,8 +305,7 @@ async def test_a_member_that_stops_heartbeating_is_removed_after_its_session_tim
 async def test_leave_group_rebalances_the_others(
     coordinator: GroupCoordinator, nursery: trio.Nursery, autojump_clock: trio.abc.Clock
 ) -> None:
-    consumers = await start(nursery, coordinator, "c1", "c2", "c3")
-    await wait_until(lambda: all(c.owns_its_assignment(1) for c in consumers))
+    consumers = await start_settled(nursery, coordinator, "c1", "c2", "c3")
     leaver, *stay = consumers
     leaver.left = True
     top, per_member = coordinator.leave_group(GROUP, [(leaver.member_id, None), ("ghost", None)])
@@ -362,14 +367,7 @@ async def test_a_member_that_does_not_rejoin_within_the_rebalance_timeout_is_dro
 async def test_a_leader_that_never_syncs_is_removed_and_the_followers_rejoin(
     coordinator: GroupCoordinator, nursery: trio.Nursery, autojump_clock: trio.abc.Clock
 ) -> None:
-    results: list[JoinResult] = []
-
-    async def joiner() -> None:
-        results.append(await join(coordinator))
-
-    async with trio.open_nursery() as joins:
-        joins.start_soon(joiner)
-        joins.start_soon(joiner)
+    results = await join_two(coordinator)
     follower = next(r for r in results if r.leader != r.member_id)
     leader_beats: list[ErrorCode] = []
 
@@ -396,14 +394,7 @@ async def test_a_leader_that_never_syncs_is_removed_and_the_followers_rejoin(
 async def test_follower_sync_waits_for_the_leader(
     coordinator: GroupCoordinator, nursery: trio.Nursery, autojump_clock: trio.abc.Clock
 ) -> None:
-    results: list[JoinResult] = []
-
-    async def joiner() -> None:
-        results.append(await join(coordinator))
-
-    async with trio.open_nursery() as joins:
-        joins.start_soon(joiner)
-        joins.start_soon(joiner)
+    results = await join_two(coordinator)
     leader = next(r for r in results if r.leader == r.member_id)
     follower = next(r for r in results if r.leader != r.member_id)
     got: list[bytes] = []
@@ -434,8 +425,7 @@ async def test_follower_sync_waits_for_the_leader(
 async def test_stale_generation_is_illegal(
     coordinator: GroupCoordinator, nursery: trio.Nursery, autojump_clock: trio.abc.Clock
 ) -> None:
-    consumers = await start(nursery, coordinator, "c1", "c2")
-    await wait_until(lambda: all(c.owns_its_assignment(1) for c in consumers))
+    consumers = await start_settled(nursery, coordinator, "c1", "c2")
     consumers += await start(nursery, coordinator, "c3")
     await wait_until(lambda: all(c.owns_its_assignment(2) for c in consumers))
     member = consumers[0].member_id
@@ -449,8 +439,7 @@ async def test_stale_generation_is_illegal(
 async def test_unknown_member_and_unknown_group(
     coordinator: GroupCoordinator, nursery: trio.Nursery, autojump_clock: trio.abc.Clock
 ) -> None:
-    (c1,) = await start(nursery, coordinator, "c1")
-    await wait_until(lambda: c1.owns_its_assignment(1))
+    await start_settled(nursery, coordinator, "c1")
     assert coordinator.heartbeat(GROUP, "nobody", 1) is ErrorCode.unknown_member_id
     assert (await coordinator.sync_group(GROUP, "nobody", 1)).error is ErrorCode.unknown_member_id
     assert (await join(coordinator, "nobody")).error is ErrorCode.unknown_member_id

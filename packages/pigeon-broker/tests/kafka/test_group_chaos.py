@@ -14,6 +14,7 @@ import random
 
 import pytest
 import trio
+from kafka_group_support import SimulatedMember, assign, assignment_of
 from kio.schema.errors import ErrorCode
 
 from pigeon.broker._kafka_group import GroupCoordinator, GroupState
@@ -24,16 +25,12 @@ REBALANCE_MS = 20_000
 CHAOS_SECONDS = 300
 
 
-class RobustConsumer:
+class RobustConsumer(SimulatedMember):
     """A consumer's group loop as real clients write it: on errors it rejoins."""
 
     def __init__(self, coordinator: GroupCoordinator, name: str, rng: random.Random) -> None:
-        self.coordinator = coordinator
-        self.name = name
+        super().__init__(coordinator, name)
         self.rng = rng
-        self.member_id = ""
-        self.generation = -1
-        self.assignment = b""
         self.chaos = True
         self.alive = True
 
@@ -61,10 +58,7 @@ class RobustConsumer:
             if joined.error is not ErrorCode.none:
                 continue
             self.member_id = joined.member_id
-            assignments = [
-                (m.member_id, f"{m.member_id}@{joined.generation_id}".encode())
-                for m in joined.members
-            ]
+            assignments = assign(joined)
             await self.maybe_misbehave()
             synced = await self.coordinator.sync_group(
                 GROUP, self.member_id, joined.generation_id, assignments
@@ -106,11 +100,6 @@ class RobustConsumer:
             self.member_id = ""
             await trio.sleep(self.rng.uniform(0, 30))
 
-    def settled_in(self, generation: int) -> bool:
-        return self.generation == generation and self.assignment == (
-            f"{self.member_id}@{generation}".encode()
-        )
-
 
 @pytest.mark.parametrize("seed", range(6))
 async def test_group_converges_after_chaos(seed: int, autojump_clock: trio.abc.Clock) -> None:
@@ -131,7 +120,7 @@ async def test_group_converges_after_chaos(seed: int, autojump_clock: trio.abc.C
                     violations.append(f"leader {snap.leader} is not a member")
                 if snap.state is GroupState.STABLE:
                     for m in snap.members:
-                        if m.assignment != f"{m.member_id}@{snap.generation_id}".encode():
+                        if m.assignment != assignment_of(m.member_id, snap.generation_id):
                             violations.append(f"{m.member_id} holds {m.assignment!r}")
             await trio.sleep(0.25)
 
@@ -154,7 +143,7 @@ async def test_group_converges_after_chaos(seed: int, autojump_clock: trio.abc.C
                     snap is not None
                     and snap.state is GroupState.STABLE
                     and len(snap.members) == len(live)
-                    and all(c.settled_in(snap.generation_id) for c in live)
+                    and all(c.owns_its_assignment(snap.generation_id) for c in live)
                 ):
                     break
                 await trio.sleep(0.5)

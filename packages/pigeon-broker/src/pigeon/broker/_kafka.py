@@ -33,6 +33,7 @@ from pigeon.broker._kafka_wire import (
     API_VERSIONS_KEY,
     ZERO,
     Encoded,
+    Later,
     UnsupportedApi,
     build,
     decode_request,
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
     from pigeon.broker._service import BrokerService
     from pigeon.broker._topic import Producer
 
-__all__ = ["KafkaFrontDoor", "Later"]
+__all__ = ["KafkaFrontDoor"]
 
 log = logging.getLogger(__name__)
 
@@ -62,25 +63,6 @@ SNIFF_BYTES = 64 * 1024
 #: a request that stops arriving part way for this long closes its connection (a client
 #: holding a half-sent request ties up its buffer: Kafka's request timeout is 30 s)
 PARTIAL_REQUEST_TIMEOUT_S = 60.0
-
-
-class Later:
-    """An answer that is not ready yet: the connection's writer waits for it in turn."""
-
-    __slots__ = ("_event", "_value")
-
-    def __init__(self) -> None:
-        self._event = trio.Event()
-        self._value: Any = None
-
-    def set(self, value: Any) -> None:
-        if not self._event.is_set():
-            self._value = value
-            self._event.set()
-
-    async def wait(self) -> Any:
-        await self._event.wait()
-        return self._value
 
 
 Handler = Callable[["KafkaConnection", Any], Awaitable[Any]]
@@ -107,9 +89,9 @@ class KafkaConnection:
         if self.nursery is not None:
             self.nursery.cancel_scope.cancel()
 
-    def spawn(self, fn: Callable[[], Awaitable[Any]]) -> Later:
+    def spawn(self, fn: Callable[[], Awaitable[Any]]) -> Later[Any]:
         """Run ``fn`` in a task of this connection; its result is the answer."""
-        later = Later()
+        later: Later[Any] = Later()
 
         async def run() -> None:
             try:

@@ -45,10 +45,11 @@ import math
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
 
 import trio
 from kio.schema.errors import ErrorCode
+
+from pigeon.broker._kafka_wire import Later
 
 __all__ = [
     "CoordinatorStatistics",
@@ -152,29 +153,6 @@ class _Timer:
         self.heap_key: float | None = None
 
 
-_T = TypeVar("_T")
-
-
-class _Waiter(Generic[_T]):
-    """One pending JoinGroup/SyncGroup answer; always resolved exactly once."""
-
-    __slots__ = ("_event", "_result")
-
-    def __init__(self) -> None:
-        self._event = trio.Event()
-        self._result: _T | None = None
-
-    def resolve(self, result: _T) -> None:
-        if not self._event.is_set():
-            self._result = result
-            self._event.set()
-
-    async def wait(self) -> _T:
-        await self._event.wait()
-        assert self._result is not None
-        return self._result
-
-
 @dataclass(eq=False, slots=True)
 class _Member:
     member_id: str
@@ -186,8 +164,8 @@ class _Member:
     protocols: tuple[tuple[str, bytes], ...]
     session: _Timer
     assignment: bytes = b""
-    join_waiter: _Waiter[JoinResult] | None = None
-    sync_waiter: _Waiter[SyncResult] | None = None
+    join_waiter: Later[JoinResult] | None = None
+    sync_waiter: Later[SyncResult] | None = None
 
     def metadata(self, protocol: str | None) -> bytes:
         for name, metadata in self.protocols:
@@ -391,6 +369,11 @@ class GroupCoordinator:
             return ErrorCode.none
         if group.state is GroupState.COMPLETING_REBALANCE:
             return ErrorCode.rebalance_in_progress
+        return self._touch(group, member_id, generation_id)
+
+    def _touch(self, group: _Group, member_id: str, generation_id: int) -> ErrorCode:
+        """Restart the session of ``member_id`` if it is a member of this generation:
+        NONE, UNKNOWN_MEMBER_ID or ILLEGAL_GENERATION."""
         member = group.members.get(member_id)
         if member is None:
             return ErrorCode.unknown_member_id
@@ -449,7 +432,7 @@ class GroupCoordinator:
         client_id: str,
         client_host: str,
         require_known_member_id: bool,
-    ) -> JoinResult | _Waiter[JoinResult]:
+    ) -> JoinResult | Later[JoinResult]:
         if not group_id:
             return JoinResult(ErrorCode.invalid_group_id, member_id)
         if group_instance_id is not None:
@@ -534,7 +517,7 @@ class GroupCoordinator:
             # Only ever asked for a member id, never joined: forget it, as if never seen.
             del self._groups[group.group_id]
 
-    def _add_member_and_rebalance(self, group: _Group, member: _Member) -> _Waiter[JoinResult]:
+    def _add_member_and_rebalance(self, group: _Group, member: _Member) -> Later[JoinResult]:
         if not group.members:
             group.protocol_type = member.protocol_type
         if group.leader is None:
@@ -547,14 +530,12 @@ class GroupCoordinator:
             self._prepare_rebalance(group)
         return waiter
 
-    def _await_join(self, group: _Group, member: _Member) -> _Waiter[JoinResult]:
+    def _await_join(self, group: _Group, member: _Member) -> Later[JoinResult]:
         if member.join_waiter is not None:
             # The same member joined again before its previous call was answered (a retry
             # on a new connection): the older call is told to rejoin.
-            member.join_waiter.resolve(
-                JoinResult(ErrorCode.rebalance_in_progress, member.member_id)
-            )
-        waiter: _Waiter[JoinResult] = _Waiter()
+            member.join_waiter.set(JoinResult(ErrorCode.rebalance_in_progress, member.member_id))
+        waiter: Later[JoinResult] = Later()
         member.join_waiter = waiter
         if group.state is GroupState.PREPARING_REBALANCE:
             self._maybe_complete_join(group)
@@ -584,7 +565,7 @@ class GroupCoordinator:
             for member in group.members.values():
                 member.assignment = b""
                 if member.sync_waiter is not None:
-                    member.sync_waiter.resolve(SyncResult(ErrorCode.rebalance_in_progress))
+                    member.sync_waiter.set(SyncResult(ErrorCode.rebalance_in_progress))
                     member.sync_waiter = None
                     self._arm(member.session, member.session_timeout)  # answered: a new session
         group.sync_timer.deadline = None
@@ -637,7 +618,7 @@ class GroupCoordinator:
             group.state = GroupState.EMPTY
         for member in group.members.values():
             assert member.join_waiter is not None
-            member.join_waiter.resolve(self._join_result(group, member))
+            member.join_waiter.set(self._join_result(group, member))
             member.join_waiter = None
             self._arm(member.session, member.session_timeout)
         if group.members:
@@ -670,10 +651,10 @@ class GroupCoordinator:
         member.session.deadline = None
         group.pending_sync.discard(member.member_id)
         if member.join_waiter is not None:
-            member.join_waiter.resolve(JoinResult(ErrorCode.unknown_member_id, member.member_id))
+            member.join_waiter.set(JoinResult(ErrorCode.unknown_member_id, member.member_id))
             member.join_waiter = None
         if member.sync_waiter is not None:
-            member.sync_waiter.resolve(SyncResult(ErrorCode.unknown_member_id))
+            member.sync_waiter.set(SyncResult(ErrorCode.unknown_member_id))
             member.sync_waiter = None
         if group.leader == member.member_id:
             joined = [m.member_id for m in group.members.values() if m.join_waiter is not None]
@@ -722,7 +703,7 @@ class GroupCoordinator:
         protocol_type: str | None,
         protocol_name: str | None,
         group_instance_id: str | None,
-    ) -> SyncResult | _Waiter[SyncResult]:
+    ) -> SyncResult | Later[SyncResult]:
         if group_instance_id is not None:
             return SyncResult(ErrorCode.unsupported_version)
         group = self._groups.get(group_id)
@@ -747,8 +728,8 @@ class GroupCoordinator:
             return self._sync_result(group, member)
         # CompletingRebalance: wait for the leader's assignments.
         if member.sync_waiter is not None:
-            member.sync_waiter.resolve(SyncResult(ErrorCode.rebalance_in_progress))
-        waiter: _Waiter[SyncResult] = _Waiter()
+            member.sync_waiter.set(SyncResult(ErrorCode.rebalance_in_progress))
+        waiter: Later[SyncResult] = Later()
         member.sync_waiter = waiter
         if member_id == group.leader:
             for m in group.members.values():
@@ -756,7 +737,7 @@ class GroupCoordinator:
             group.state = GroupState.STABLE
             for m in group.members.values():
                 if m.sync_waiter is not None:
-                    m.sync_waiter.resolve(self._sync_result(group, m))
+                    m.sync_waiter.set(self._sync_result(group, m))
                     m.sync_waiter = None
                     self._arm(m.session, m.session_timeout)
         return waiter
@@ -783,15 +764,10 @@ class GroupCoordinator:
             return ErrorCode.unknown_member_id
         if group.state is GroupState.DEAD:
             return ErrorCode.coordinator_not_available
-        member = group.members.get(member_id)
-        if member is None:
-            return ErrorCode.unknown_member_id
-        if generation_id != group.generation_id:
-            return ErrorCode.illegal_generation
-        self._arm(member.session, member.session_timeout)
-        if group.state is GroupState.PREPARING_REBALANCE:
+        error = self._touch(group, member_id, generation_id)
+        if error is ErrorCode.none and group.state is GroupState.PREPARING_REBALANCE:
             return ErrorCode.rebalance_in_progress
-        return ErrorCode.none
+        return error
 
     def leave_group(
         self, group_id: str, members: Iterable[tuple[str, str | None]]

@@ -1,17 +1,18 @@
 """Kafka's classic group APIs: kio requests into the group coordinator, kio responses out.
 
-Each handler takes a request of any supported version and answers with the response class
-of that same version (``kio.index.load_response_schema(api_key, version)``). kio generates
-one dataclass per version, and versions differ only in which fields exist, so responses are
-built by one helper, :func:`_build`, that passes the fields the version has and drops the
-others; a ``None`` string becomes ``""`` where the version cannot carry null (as Kafka's
-own ``KafkaApis`` does for JoinGroup's protocol name before v7). Fields a request version
-lacks are read with ``getattr(request, name, default)``.
+Each handler takes a request of any supported version (typed ``Any``, as in the other Kafka
+handler modules) and answers with the response class of that same version
+(``kio.index.load_response_schema(api_key, version)``). kio generates one dataclass per
+version, and versions differ only in which fields exist, so responses are built by one
+helper, :func:`_build`, that passes the fields the version has and drops the others; a
+``None`` string becomes ``""`` where the version cannot carry null (as Kafka's own
+``KafkaApis`` does for JoinGroup's protocol name before v7). Fields a request version lacks
+are read with ``getattr(request, name, default)``.
 
-Every handler has the signature ``handler(coordinator, request, *, client_id, client_host)``
+Every handler is called as ``handler(coordinator, request, *, client_id, client_host)``
 (the client id of the request header and the peer's host, which JoinGroup records for
-DescribeGroups); :data:`GROUP_HANDLERS` maps each API key to the versions served and its
-handler, for the front door's ApiVersions and dispatch.
+DescribeGroups; the others take them as ``**_``); :data:`GROUP_HANDLERS` maps each API key
+to the versions served and its handler, for the front door's ApiVersions and dispatch.
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import typing
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, ClassVar, Protocol, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from kio.index import load_response_schema
 from kio.schema.errors import ErrorCode
 from kio.schema.types import GroupId
-from kio.static.primitive import i16, i32, i32Timedelta
+from kio.static.primitive import i32, i32Timedelta
 from kio.static.protocol import ResponsePayload
 
 from pigeon.broker._kafka_group import GroupCoordinator, GroupState
@@ -42,71 +43,6 @@ __all__ = [
 
 _NO_THROTTLE = i32Timedelta.parse(datetime.timedelta(0))
 _GROUP_TYPE = "classic"  # ListGroups v5's type of every group served here
-
-
-# -- what the handlers read from requests (every version has these) ----------------------
-
-
-class _Request(Protocol):
-    __api_key__: ClassVar[i16]
-    __version__: ClassVar[i16]
-
-
-class _JoinProtocol(Protocol):
-    @property
-    def name(self) -> str: ...
-    @property
-    def metadata(self) -> bytes: ...
-
-
-class _JoinGroupRequest(_Request, Protocol):
-    @property
-    def group_id(self) -> str: ...
-    @property
-    def session_timeout(self) -> datetime.timedelta: ...
-    @property
-    def member_id(self) -> str: ...
-    @property
-    def protocol_type(self) -> str: ...
-    @property
-    def protocols(self) -> Sequence[_JoinProtocol]: ...
-
-
-class _Assignment(Protocol):
-    @property
-    def member_id(self) -> str: ...
-    @property
-    def assignment(self) -> bytes: ...
-
-
-class _SyncGroupRequest(_Request, Protocol):
-    @property
-    def group_id(self) -> str: ...
-    @property
-    def generation_id(self) -> int: ...
-    @property
-    def member_id(self) -> str: ...
-    @property
-    def assignments(self) -> Sequence[_Assignment]: ...
-
-
-class _HeartbeatRequest(_Request, Protocol):
-    @property
-    def group_id(self) -> str: ...
-    @property
-    def generation_id(self) -> int: ...
-    @property
-    def member_id(self) -> str: ...
-
-
-class _LeaveGroupRequest(_Request, Protocol):
-    @property
-    def group_id(self) -> str: ...
-
-
-class _DescribeGroupsRequest(_Request, Protocol):
-    @property
-    def groups(self) -> Sequence[str]: ...
 
 
 # -- building responses of any version ----------------------------------------------------
@@ -146,8 +82,14 @@ def _nested(cls: type[Any], name: str) -> type[Any]:
     return item
 
 
-def _response_type(request: _Request) -> type[Any]:
+def _response_type(request: Any) -> type[Any]:
     return load_response_schema(request.__api_key__, request.__version__)
+
+
+def _answer(cls: type[Any], **values: object) -> ResponsePayload:
+    """The response ``cls`` (no throttling) with the fields this version has."""
+    response: ResponsePayload = _build(cls, throttle_time=_NO_THROTTLE, **values)
+    return response
 
 
 def _ms(delta: datetime.timedelta) -> int:
@@ -159,7 +101,7 @@ def _ms(delta: datetime.timedelta) -> int:
 
 async def join_group(
     coordinator: GroupCoordinator,
-    request: _JoinGroupRequest,
+    request: Any,
     *,
     client_id: str = "",
     client_host: str = "",
@@ -180,9 +122,8 @@ async def join_group(
     )
     cls = _response_type(request)
     member_cls = _nested(cls, "members")
-    response: ResponsePayload = _build(
+    return _answer(
         cls,
-        throttle_time=_NO_THROTTLE,
         error_code=result.error,
         generation_id=i32(result.generation_id),
         protocol_type=result.protocol_type,
@@ -200,16 +141,9 @@ async def join_group(
             for m in result.members
         ),
     )
-    return response
 
 
-async def sync_group(
-    coordinator: GroupCoordinator,
-    request: _SyncGroupRequest,
-    *,
-    client_id: str = "",
-    client_host: str = "",
-) -> ResponsePayload:
+async def sync_group(coordinator: GroupCoordinator, request: Any, **_: str) -> ResponsePayload:
     """SyncGroup v0-v5; a follower's call waits for the leader's."""
     result = await coordinator.sync_group(
         str(request.group_id),
@@ -220,24 +154,16 @@ async def sync_group(
         protocol_name=getattr(request, "protocol_name", None),
         group_instance_id=getattr(request, "group_instance_id", None),
     )
-    response: ResponsePayload = _build(
+    return _answer(
         _response_type(request),
-        throttle_time=_NO_THROTTLE,
         error_code=result.error,
         protocol_type=result.protocol_type,
         protocol_name=result.protocol_name,
         assignment=result.assignment,
     )
-    return response
 
 
-async def heartbeat(
-    coordinator: GroupCoordinator,
-    request: _HeartbeatRequest,
-    *,
-    client_id: str = "",
-    client_host: str = "",
-) -> ResponsePayload:
+async def heartbeat(coordinator: GroupCoordinator, request: Any, **_: str) -> ResponsePayload:
     """Heartbeat v0-v4."""
     error = coordinator.heartbeat(
         str(request.group_id),
@@ -245,19 +171,10 @@ async def heartbeat(
         int(request.generation_id),
         group_instance_id=getattr(request, "group_instance_id", None),
     )
-    response: ResponsePayload = _build(
-        _response_type(request), throttle_time=_NO_THROTTLE, error_code=error
-    )
-    return response
+    return _answer(_response_type(request), error_code=error)
 
 
-async def leave_group(
-    coordinator: GroupCoordinator,
-    request: _LeaveGroupRequest,
-    *,
-    client_id: str = "",
-    client_host: str = "",
-) -> ResponsePayload:
+async def leave_group(coordinator: GroupCoordinator, request: Any, **_: str) -> ResponsePayload:
     """LeaveGroup v0-v2 (one member) and v3-v5 (a batch, one error per member)."""
     batch = getattr(request, "members", None)
     if batch is None:
@@ -270,9 +187,8 @@ async def leave_group(
     cls = _response_type(request)
     names = _fields(cls)[0]
     member_cls = _nested(cls, "members") if "members" in names else None
-    response: ResponsePayload = _build(
+    return _answer(
         cls,
-        throttle_time=_NO_THROTTLE,
         error_code=error,
         members=()
         if member_cls is None
@@ -281,16 +197,9 @@ async def leave_group(
             for m, i, e in results
         ),
     )
-    return response
 
 
-async def describe_groups(
-    coordinator: GroupCoordinator,
-    request: _DescribeGroupsRequest,
-    *,
-    client_id: str = "",
-    client_host: str = "",
-) -> ResponsePayload:
+async def describe_groups(coordinator: GroupCoordinator, request: Any, **_: str) -> ResponsePayload:
     """DescribeGroups v0-v5: state, protocol and members (metadata when Stable)."""
     cls = _response_type(request)
     group_cls = _nested(cls, "groups")
@@ -298,53 +207,35 @@ async def describe_groups(
     described = []
     for group_id in request.groups:
         snap = coordinator.group(str(group_id))
-        if snap is None:  # Kafka describes an unknown group as Dead, without error
-            described.append(
-                _build(
-                    group_cls,
-                    error_code=ErrorCode.none,
-                    group_id=GroupId(group_id),
-                    group_state=GroupState.DEAD.value,
-                    protocol_type="",
-                    protocol_data="",
-                    members=(),
-                )
-            )
-            continue
-        members = tuple(
-            _build(
-                member_cls,
-                member_id=m.member_id,
-                group_instance_id=m.group_instance_id,
-                client_id=m.client_id,
-                client_host=m.client_host,
-                member_metadata=m.metadata,
-                member_assignment=m.assignment,
-            )
-            for m in snap.members
-        )
+        # Kafka describes an unknown group as Dead, without error
         described.append(
             _build(
                 group_cls,
                 error_code=ErrorCode.none,
                 group_id=GroupId(group_id),
-                group_state=snap.state.value,
-                protocol_type=snap.protocol_type,
-                protocol_data=snap.protocol_name,
-                members=members,
+                group_state=GroupState.DEAD.value if snap is None else snap.state.value,
+                protocol_type="" if snap is None else snap.protocol_type,
+                protocol_data="" if snap is None else snap.protocol_name,
+                members=()
+                if snap is None
+                else tuple(
+                    _build(
+                        member_cls,
+                        member_id=m.member_id,
+                        group_instance_id=m.group_instance_id,
+                        client_id=m.client_id,
+                        client_host=m.client_host,
+                        member_metadata=m.metadata,
+                        member_assignment=m.assignment,
+                    )
+                    for m in snap.members
+                ),
             )
         )
-    response: ResponsePayload = _build(cls, throttle_time=_NO_THROTTLE, groups=tuple(described))
-    return response
+    return _answer(cls, groups=tuple(described))
 
 
-async def list_groups(
-    coordinator: GroupCoordinator,
-    request: _Request,
-    *,
-    client_id: str = "",
-    client_host: str = "",
-) -> ResponsePayload:
+async def list_groups(coordinator: GroupCoordinator, request: Any, **_: str) -> ResponsePayload:
     """ListGroups v0-v4 (v4 filters by state, case-insensitively, as Kafka does)."""
     states = {s.lower() for s in getattr(request, "states_filter", ())}
     types = {t.lower() for t in getattr(request, "types_filter", ())}
@@ -362,10 +253,7 @@ async def list_groups(
         if (not states or snap.state.value.lower() in states)
         and (not types or _GROUP_TYPE in types)
     )
-    response: ResponsePayload = _build(
-        cls, throttle_time=_NO_THROTTLE, error_code=ErrorCode.none, groups=listed
-    )
-    return response
+    return _answer(cls, error_code=ErrorCode.none, groups=listed)
 
 
 GroupHandler = Callable[..., Awaitable[ResponsePayload]]

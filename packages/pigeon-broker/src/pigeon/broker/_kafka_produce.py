@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
-from pigeon.broker._kafka import KafkaConnection, Later
-from pigeon.broker._kafka_wire import ZERO, ProduceAnswer, build, error_code, response_type
+from pigeon.broker._kafka import KafkaConnection
+from pigeon.broker._kafka_wire import ZERO, Later, ProduceAnswer, build, error_code, response_type
 from pigeon.core.errors import PigeonError, ProducerBusy, TopicNotFound
 from pigeon.core.kafka_records import (
     FORMAT_KAFKA,
@@ -54,7 +54,7 @@ async def produce(conn: KafkaConnection, request: Any) -> Any:
     #: by slot: the request's partition entries in order (a partition may repeat)
     results: dict[int, Outcome] = {}
     order: list[tuple[str, int]] = []
-    answer = Later()
+    answer: Later[Any] = Later()
     waiting = 0
     sealed = False
 
@@ -310,45 +310,27 @@ async def _attach(
 
 async def init_producer_id(conn: KafkaConnection, request: Any) -> Any:
     cls = response_type(request)
-    if request.transactional_id is not None:
+
+    def answer(error: ErrorCode, producer_id: int = -1, epoch: int = -1) -> Any:
         return build(
-            cls,
-            throttle_time=ZERO,
-            error_code=ErrorCode.transactional_id_authorization_failed,
-            producer_id=-1,
-            producer_epoch=-1,
+            cls, throttle_time=ZERO, error_code=error, producer_id=producer_id, producer_epoch=epoch
         )
+
+    if request.transactional_id is not None:
+        return answer(ErrorCode.transactional_id_authorization_failed)
     producer_id = getattr(request, "producer_id", -1)
     epoch = getattr(request, "producer_epoch", -1)
     if producer_id >= 0 and epoch >= 0:
         # KIP-360: an idempotent producer bumps its epoch after a sequence error
         epochs = _epochs(conn.door)
         if epoch < epochs.highest(producer_id):
-            return build(
-                cls,
-                throttle_time=ZERO,
-                error_code=ErrorCode.invalid_producer_epoch,
-                producer_id=-1,
-                producer_epoch=-1,
-            )
+            return answer(ErrorCode.invalid_producer_epoch)
         new_epoch = epoch + 1
         if new_epoch > 32767:
             producer_id, new_epoch = secrets.randbits(62), 0
         epochs.saw(producer_id, new_epoch)  # the old epoch is fenced from now on
-        return build(
-            cls,
-            throttle_time=ZERO,
-            error_code=ErrorCode.none,
-            producer_id=producer_id,
-            producer_epoch=new_epoch,
-        )
-    return build(
-        cls,
-        throttle_time=ZERO,
-        error_code=ErrorCode.none,
-        producer_id=secrets.randbits(62),
-        producer_epoch=0,
-    )
+        return answer(ErrorCode.none, producer_id, new_epoch)
+    return answer(ErrorCode.none, secrets.randbits(62), 0)
 
 
 HANDLERS = {0: produce, 22: init_producer_id}

@@ -14,6 +14,7 @@ import json
 import logging
 import uuid
 import zlib
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
@@ -170,28 +171,46 @@ async def metadata(conn: KafkaConnection, request: Any) -> Any:
     )
 
 
+async def _topic_result(
+    cls: type[Any],
+    entity: str,
+    kafka_topic: str,
+    action: Awaitable[tuple[ErrorCode, str] | None],
+    **fields: object,
+) -> Any:
+    """One topic's result entity (``entity`` of the response ``cls``): the error code and
+    message ``action`` refused with, or of the PigeonError it raised, or none."""
+    try:
+        refused = await action
+    except PigeonError as exc:
+        refused = error_code(exc), str(exc)
+    code, message = refused or (ErrorCode.none, None)
+    return part(cls, entity, name=kafka_topic, error_code=code, error_message=message, **fields)
+
+
+async def _create_topic(
+    door: KafkaFrontDoor, kafka_topic: str, count: int, validate_only: bool
+) -> None:
+    name = door.topic_name(kafka_topic)
+    if not validate_only:
+        await door.core.create_topic(name, count)
+    elif await door.core.partitions_of(name):
+        raise TopicExists(f"topic {kafka_topic!r} already exists")
+
+
 async def create_topics(conn: KafkaConnection, request: Any) -> Any:
     door = conn.door
     cls = response_type(request)
     results = []
     for t in request.topics:
         count = t.num_partitions if t.num_partitions > 0 else door.config.default_partitions
-        code, message = ErrorCode.none, None
-        try:
-            name = door.topic_name(t.name)
-            if not request.validate_only:
-                await door.core.create_topic(name, count)
-            elif await door.core.partitions_of(name):
-                raise TopicExists(f"topic {t.name!r} already exists")
-        except PigeonError as exc:
-            code, message = error_code(exc), str(exc)
+        action = _create_topic(door, t.name, count, request.validate_only)
         results.append(
-            part(
+            await _topic_result(
                 cls,
                 "CreatableTopicResult",
-                name=t.name,
-                error_code=code,
-                error_message=message,
+                t.name,
+                action,
                 num_partitions=count,
                 replication_factor=1,
                 configs=(),
@@ -200,68 +219,58 @@ async def create_topics(conn: KafkaConnection, request: Any) -> Any:
     return build(cls, throttle_time=ZERO, topics=tuple(results))
 
 
+async def _delete_topic(door: KafkaFrontDoor, kafka_topic: str) -> None:
+    name = door.topic_name(kafka_topic)
+    if not await door.core.partitions_of(name):
+        raise TopicNotFound(f"topic {kafka_topic!r} does not exist")
+    await delete_topic(door.core, name, force=True)
+
+
 async def delete_topics(conn: KafkaConnection, request: Any) -> Any:
     door = conn.door
     cls = response_type(request)
     names = getattr(request, "topic_names", None) or [
         t.name for t in getattr(request, "topics", ())
     ]
-    results = []
-    for kafka_topic in names:
-        code, message = ErrorCode.none, None
-        try:
-            name = door.topic_name(kafka_topic)
-            if not await door.core.partitions_of(name):
-                raise TopicNotFound(f"topic {kafka_topic!r} does not exist")
-            await delete_topic(door.core, name, force=True)
-        except PigeonError as exc:
-            code, message = error_code(exc), str(exc)
-        results.append(
-            part(
-                cls,
-                "DeletableTopicResult",
-                name=kafka_topic,
-                error_code=code,
-                error_message=message,
-            )
-        )
+    results = [
+        await _topic_result(cls, "DeletableTopicResult", n, _delete_topic(door, n)) for n in names
+    ]
     return build(cls, throttle_time=ZERO, responses=tuple(results))
+
+
+async def _add_partitions(
+    door: KafkaFrontDoor, kafka_topic: str, count: int, validate_only: bool
+) -> tuple[ErrorCode, str] | None:
+    name = door.topic_name(kafka_topic)
+    current = await door.core.partitions_of(name)
+    if not current:
+        raise TopicNotFound(f"topic {kafka_topic!r} does not exist")
+    if count <= current:
+        return ErrorCode.invalid_partitions, (
+            f"topic {kafka_topic!r} has {current} partitions; ask for more"
+        )
+    if count > MAX_PARTITIONS:
+        return ErrorCode.invalid_partitions, f"a topic has at most {MAX_PARTITIONS} partitions"
+    if not validate_only:
+        await door.core.store.set(
+            partitioned_topic_path(name), json.dumps({"partitions": count}).encode()
+        )
+        log.info("kafka topic partitions added topic=%s %d -> %d", name, current, count)
+    return None
 
 
 async def create_partitions(conn: KafkaConnection, request: Any) -> Any:
     door = conn.door
     cls = response_type(request)
-    results = []
-    for t in request.topics:
-        code, message = ErrorCode.none, None
-        try:
-            name = door.topic_name(t.name)
-            current = await door.core.partitions_of(name)
-            if not current:
-                raise TopicNotFound(f"topic {t.name!r} does not exist")
-            if t.count <= current or t.count > MAX_PARTITIONS:
-                code = ErrorCode.invalid_partitions
-                message = (
-                    f"topic {t.name!r} has {current} partitions; ask for more"
-                    if t.count <= current
-                    else f"a topic has at most {MAX_PARTITIONS} partitions"
-                )
-            elif not request.validate_only:
-                await door.core.store.set(
-                    partitioned_topic_path(name), json.dumps({"partitions": t.count}).encode()
-                )
-                log.info("kafka topic partitions added topic=%s %d -> %d", name, current, t.count)
-        except PigeonError as exc:
-            code, message = error_code(exc), str(exc)
-        results.append(
-            part(
-                cls,
-                "CreatePartitionsTopicResult",
-                name=t.name,
-                error_code=code,
-                error_message=message,
-            )
+    results = [
+        await _topic_result(
+            cls,
+            "CreatePartitionsTopicResult",
+            t.name,
+            _add_partitions(door, t.name, t.count, request.validate_only),
         )
+        for t in request.topics
+    ]
     return build(cls, throttle_time=ZERO, results=tuple(results))
 
 

@@ -23,8 +23,9 @@ import struct
 import sys
 import typing
 from dataclasses import fields, is_dataclass
-from typing import Any, Final
+from typing import Any, Final, Generic, TypeVar, cast
 
+import trio
 from kio.index import load_request_schema, load_response_from_request
 from kio.schema.errors import ErrorCode
 from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
@@ -47,7 +48,7 @@ from pigeon.core.errors import (
     TopicExists,
     TopicNotFound,
 )
-from pigeon.core.rpc import DEFAULT_MAX_FRAME_SIZE, BrokerFrame
+from pigeon.core.rpc import DEFAULT_MAX_FRAME_SIZE, BrokerFrame, http_refusal
 
 __all__ = [
     "API_VERSIONS",
@@ -55,6 +56,7 @@ __all__ = [
     "ZERO",
     "Encoded",
     "FetchAnswer",
+    "Later",
     "PRODUCE_VERSIONS",
     "ProduceAnswer",
     "build",
@@ -325,6 +327,30 @@ class Encoded:
         raise NotImplementedError
 
 
+_T = TypeVar("_T")
+
+
+class Later(Generic[_T]):
+    """A value that is not ready yet, set once (later sets are ignored): an answer the
+    connection's writer waits for in turn, or a group member's pending JoinGroup or
+    SyncGroup result."""
+
+    __slots__ = ("_event", "_value")
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+        self._value: _T | None = None
+
+    def set(self, value: _T) -> None:
+        if not self._event.is_set():
+            self._value = value
+            self._event.set()
+
+    async def wait(self) -> _T:
+        await self._event.wait()
+        return cast(_T, self._value)
+
+
 #: Fetch versions :class:`FetchAnswer` encodes (the versions served)
 FETCH_VERSIONS: Final = range(4, 13)
 _I64 = struct.Struct(">q")
@@ -531,7 +557,7 @@ def foreign_client(head: bytes) -> tuple[str, bytes]:
     which it raises as a :class:`~pigeon.core.errors.ProtocolError` naming the port.
     """
     if head[:4] in _HTTP_METHODS:
-        return "an HTTP client", _http_refusal(
+        return "an HTTP client", http_refusal(
             "This port speaks the Kafka protocol (a PigeonMQ broker's Kafka listener); it"
             " received an HTTP request. The admin REST API is on the broker's HTTP port."
         )
@@ -547,17 +573,6 @@ def foreign_client(head: bytes) -> tuple[str, bytes]:
                     " the broker port (6650 by default)",
                 )
     return "garbage", b""
-
-
-def _http_refusal(text: str) -> bytes:
-    body = (text + "\n").encode()
-    head = (
-        "HTTP/1.1 400 Bad Request\r\n"
-        "Content-Type: text/plain; charset=utf-8\r\n"
-        f"Content-Length: {len(body)}\r\n"
-        "Connection: close\r\n\r\n"
-    )
-    return head.encode() + body
 
 
 def _pigeon_error(request_id: int, text: str) -> bytes:

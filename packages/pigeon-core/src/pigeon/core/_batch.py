@@ -245,10 +245,7 @@ def _read_header(mv: memoryview) -> BatchHeader:
 
 
 def _check_header(h: BatchHeader, size: int) -> None:
-    if h.format_version != FORMAT_VERSION:
-        if h.format_version == FORMAT_KAFKA:
-            _check_kafka_header(h, size)
-            return
+    if h.format_version not in (FORMAT_VERSION, FORMAT_KAFKA):
         raise CorruptFrame(
             f"entry format version {h.format_version} is not supported "
             f"(only {FORMAT_VERSION} and {FORMAT_KAFKA})"
@@ -260,6 +257,9 @@ def _check_header(h: BatchHeader, size: int) -> None:
         )
     if h.num_messages < 1:
         raise CorruptFrame("entry holds no message")
+    if h.format_version == FORMAT_KAFKA:
+        _check_kafka_header(h)
+        return
     if not h.has_keys and h.keys_length:
         raise CorruptFrame("entry has key bytes but no key column")
     if not h.has_properties and (
@@ -289,15 +289,8 @@ def _check_header(h: BatchHeader, size: int) -> None:
         )
 
 
-def _check_kafka_header(h: BatchHeader, size: int) -> None:
+def _check_kafka_header(h: BatchHeader) -> None:
     """A format-2 entry: the body is one Kafka RecordBatch, uncompressed at our level."""
-    if h.entry_length != size:
-        raise CorruptFrame(
-            f"entry is {size} bytes but its header says {h.entry_length} "
-            f"(header {h.header_len} + body {h.body_length})"
-        )
-    if h.num_messages < 1:
-        raise CorruptFrame("entry holds no message")
     if h.codec != 0 or h.body_length != h.uncompressed_size:
         raise CorruptFrame(
             f"Kafka-format entry must have codec 0 and body_length = uncompressed_size, "

@@ -21,10 +21,10 @@ from array import array
 from dataclasses import replace
 from itertools import accumulate, islice, repeat
 from operator import add
-from typing import Final, Literal
+from typing import Literal
 
 from pigeon.core._batch import FORMAT_KAFKA, BatchHeader, _as_bytes_view, _read_header
-from pigeon.core._batch_encode import _encode_keys, _offsets
+from pigeon.core._batch_encode import _encode_keys, _lay_out, _offsets
 from pigeon.core._codecs import CodecSet
 from pigeon.core._kafka_records import (
     BATCH_HEADER_SIZE,
@@ -43,7 +43,6 @@ from pigeon.core.errors import (
 
 __all__ = ["DecodedBatch", "decode_batch"]
 
-_ZEROS: Final = tuple(b"\0" * i for i in range(8))
 
 if sys.byteorder == "little":
 
@@ -413,15 +412,7 @@ def _decode_kafka(
 
     columns = (et, voff, koff, kvalid, poff, pkoff, pvoff, vdata, kdata, pkdata, pvdata)
     parts: list[bytes] = []
-    pos = 0
-    for col in columns:
-        if col:
-            pad = -pos & 7
-            if pad:
-                parts.append(_ZEROS[pad])
-                pos += pad
-            parts.append(col)
-            pos += len(col)
+    pos = _lay_out(((len(col), (col,)) for col in columns), parts)
     columns_header = replace(
         header,
         uncompressed_size=pos,

@@ -8,10 +8,10 @@ copy), then compressed as a whole by the codec. No I/O.
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import accumulate, chain, repeat
 from operator import is_not, methodcaller
-from typing import Final
+from typing import Any, Final
 
 from pigeon.core._batch import (
     _INT32_MAX,
@@ -184,15 +184,7 @@ def _encode(
         (len(pvdata), (pvdata,)),
     )
     parts: list[bytes] = [b"", b""]  # slots for the length prefix and the header
-    pos = 0
-    for size, chunks in columns:
-        if size:
-            pad = -pos & 7
-            if pad:
-                parts.append(_ZEROS[pad])
-                pos += pad
-            parts.extend(chunks)
-            pos += size
+    pos = _lay_out(columns, parts)
     if pos > _UINT32_MAX:
         raise MessageTooLarge(f"batch body of {pos} bytes is over 4 GiB")
 
@@ -205,15 +197,8 @@ def _encode(
         if body_length > _UINT32_MAX:
             raise MessageTooLarge(f"compressed batch body of {body_length} bytes is over 4 GiB")
 
-    h = _BatchHeaderSchema.new_message()
-    h.formatVersion = FORMAT_VERSION
-    h.producerName = producer_name
-    h.sequenceId = sequence_id
-    h.numMessages = n
+    h = _new_header(FORMAT_VERSION, producer_name, sequence_id, n, pos, body_length, publish_time)
     h.codec = codec.id
-    h.uncompressedSize = pos
-    h.bodyLength = body_length
-    h.publishTime = publish_time
     h.deliverAtTime = deliver_at
     h.schemaVersion = schema_version
     h.valuesLength = values_length
@@ -231,6 +216,42 @@ def _encode(
     parts[0] = _U32.pack(len(raw))
     parts[1] = raw
     return _join(parts, 4 + len(raw) + body_length)
+
+
+def _lay_out(columns: Iterable[tuple[int, Iterable[bytes]]], parts: list[bytes]) -> int:
+    """Append the non-empty ``(size, chunks)`` columns to ``parts``, each padded with zeros
+    to start 8-byte aligned; the length of the whole (the entry body)."""
+    pos = 0
+    for size, chunks in columns:
+        if size:
+            pad = -pos & 7
+            if pad:
+                parts.append(_ZEROS[pad])
+                pos += pad
+            parts.extend(chunks)
+            pos += size
+    return pos
+
+
+def _new_header(
+    format_version: int,
+    producer_name: str,
+    sequence_id: int,
+    num_messages: int,
+    uncompressed_size: int,
+    body_length: int,
+    publish_time: int,
+) -> Any:
+    """A batch header message with the fields every format sets (codec 0 unless set)."""
+    h = _BatchHeaderSchema.new_message()
+    h.formatVersion = format_version
+    h.producerName = producer_name
+    h.sequenceId = sequence_id
+    h.numMessages = num_messages
+    h.uncompressedSize = uncompressed_size
+    h.bodyLength = body_length
+    h.publishTime = publish_time
+    return h
 
 
 def _join(parts: list[bytes], expected: int) -> bytes:

@@ -20,12 +20,12 @@ from pigeon.core._batch import (
     _UINT64_MAX,
     FORMAT_KAFKA,
     _as_bytes_view,
-    _BatchHeaderSchema,
     _check_int,
     _check_producer_name,
     _read_header,
 )
 from pigeon.core._batch_decode import DecodedBatch, decode_batch
+from pigeon.core._batch_encode import _new_header
 from pigeon.core._codecs import CodecSet
 from pigeon.core._entry import ENTRY_HEADER_SIZE, unpack_entry_header
 from pigeon.core._kafka_records import RecordBatchInfo, _encode_batch, patch_base_offset
@@ -52,14 +52,9 @@ def wrap_record_batch(
     size = len(batch)
     if size != info.size:
         raise CorruptRecordBatch(f"record batch is {size} bytes but its header says {info.size}")
-    h = _BatchHeaderSchema.new_message()
-    h.formatVersion = FORMAT_KAFKA
-    h.producerName = producer_name
-    h.sequenceId = sequence_id
-    h.numMessages = info.record_count
-    h.uncompressedSize = size
-    h.bodyLength = size
-    h.publishTime = publish_time
+    h = _new_header(
+        FORMAT_KAFKA, producer_name, sequence_id, info.record_count, size, size, publish_time
+    )
     raw = h.to_bytes()
     return [_U32.pack(len(raw)) + raw, batch]
 

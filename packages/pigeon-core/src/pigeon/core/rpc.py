@@ -11,13 +11,14 @@ A server runs ``serve_tcp(service, BrokerFrame, port=6650)`` (started with
 ``conn.respond(req.request_id, ...)``.  The frame layout is documented in
 :mod:`pigeon.core._framing`, the connection's behaviour (bad input) in
 :mod:`pigeon.core._connection`, the handshake in :mod:`pigeon.core._rpc`, and the messages
-in ``pigeon/core/schema/protocol.capnp``.
+in ``pigeon/core/schema/protocol.capnp``.  :func:`http_refusal` is the ``400`` answer a
+protocol port (ours, or the Kafka listener) gives an HTTP client that reached it.
 """
 
 from __future__ import annotations
 
 from pigeon.core._connection import Connection, Request
-from pigeon.core._framing import DEFAULT_MAX_FRAME_SIZE
+from pigeon.core._framing import DEFAULT_MAX_FRAME_SIZE, http_refusal
 from pigeon.core._rpc import connect_tcp, listen_error, listen_tcp, serve_tcp, split_address
 from pigeon.core._schema import PROTOCOL_VERSION, BookieFrame, BrokerFrame
 
@@ -29,6 +30,7 @@ __all__ = [
     "Connection",
     "Request",
     "connect_tcp",
+    "http_refusal",
     "listen_error",
     "listen_tcp",
     "serve_tcp",
