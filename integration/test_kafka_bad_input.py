@@ -813,43 +813,6 @@ def test_fuzzed_requests_never_crash_or_traceback_and_real_clients_keep_working(
     assert_no_traceback(server)
 
 
-def test_an_idempotent_producer_on_a_new_connection_takes_over_its_sequence(
-    server: Standalone, witness: Witness
-) -> None:
-    """A client whose connection vanished without the server noticing (no FIN, no RST)
-    goes on with the same producer id on a new one: it is the same producer, so it takes
-    over (not ProducerBusy until the old connection times out), and a resent batch is
-    still answered with its original offset."""
-    topic = topic_name("takeover")
-
-    def batch(sequence: int) -> bytes:
-        return b"".join(
-            bytes(b)
-            for b in encode_record_batch(
-                [b"a", b"b"],
-                [None, None],
-                [1_700_000_000_000] * 2,
-                producer_id=987_654_321,
-                producer_epoch=0,
-                base_sequence=sequence,
-            )
-        )
-
-    def offset(sock: socket.socket, sequence: int, correlation_id: int) -> tuple[int, int]:
-        sock.sendall(request_bytes(produce(topic, batch(sequence)), correlation_id))
-        _, answer = read_response(sock, produce(topic, b""))
-        (part,) = answer.responses[0].partition_responses
-        return int(part.error_code), int(part.base_offset)
-
-    with connect(server) as old, connect(server) as new:
-        old.sendall(request_bytes(metadata(topic), 1))
-        read_response(old, metadata(topic))
-        assert offset(old, 0, 2) == (0, 0)
-        assert offset(new, 0, 3) == (0, 0)  # the resend of a stored batch: its offset
-        assert offset(new, 2, 4) == (0, 2)
-    witness.still_working("takeover")
-
-
 def idempotent_batch(producer_id: int, epoch: int, sequence: int) -> bytes:
     return b"".join(
         bytes(b)
@@ -869,6 +832,25 @@ def produce_answer(sock: socket.socket, topic: str, batch: bytes, correlation_id
     _, answer = read_response(sock, produce(topic, b""))
     (part,) = answer.responses[0].partition_responses
     return ErrorCode(part.error_code), int(part.base_offset)
+
+
+def test_an_idempotent_producer_on_a_new_connection_takes_over_its_sequence(
+    server: Standalone, witness: Witness
+) -> None:
+    """A client whose connection vanished without the server noticing (no FIN, no RST)
+    goes on with the same producer id on a new one: it is the same producer, so it takes
+    over (not ProducerBusy until the old connection times out), and a resent batch is
+    still answered with its original offset."""
+    topic = topic_name("takeover")
+    pid = 987_654_321
+    with connect(server) as old, connect(server) as new:
+        old.sendall(request_bytes(metadata(topic), 1))
+        read_response(old, metadata(topic))
+        assert produce_answer(old, topic, idempotent_batch(pid, 0, 0), 2) == (ErrorCode.none, 0)
+        # the resend of a stored batch, on the new connection: its original offset
+        assert produce_answer(new, topic, idempotent_batch(pid, 0, 0), 3) == (ErrorCode.none, 0)
+        assert produce_answer(new, topic, idempotent_batch(pid, 0, 2), 4) == (ErrorCode.none, 2)
+    witness.still_working("takeover")
 
 
 def test_sequence_gaps_and_fenced_epochs_are_refused_as_kafka_refuses_them(
