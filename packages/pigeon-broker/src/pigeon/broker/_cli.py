@@ -196,5 +196,8 @@ def standalone_cmd(
 
 @hookimpl
 def pigeon_cli_commands(group: click.Group) -> None:
+    from pigeon.broker._tokens_cli import tokens_cmd
+
     group.add_command(broker_cmd)
     group.add_command(standalone_cmd)
+    group.add_command(tokens_cmd)

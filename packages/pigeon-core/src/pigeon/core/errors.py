@@ -18,6 +18,7 @@ from typing import ClassVar
 
 __all__ = [
     "AlreadyClosed",
+    "AuthenticationError",
     "BadVersion",
     "BookieReadOnly",
     "CodecError",
@@ -209,6 +210,11 @@ class ProducerBlocked(PigeonError, code=211):
 
     Not retried by the client: the application decides whether to wait and send again.
     """
+
+
+class AuthenticationError(PigeonError, code=220):
+    """Who the client is could not be established: no credentials, or a token that is
+    malformed, wrongly signed or expired (the message says which, never the secret)."""
 
 
 # --- 3xx: topics, producers, subscriptions ----------------------------------------
