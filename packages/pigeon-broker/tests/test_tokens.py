@@ -1,4 +1,4 @@
-"""Token keys and tokens (``pigeon.broker._tokens``) and the ``pigeon tokens`` command."""
+"""Token keys and tokens (``pigeon.core.tokens``) and the ``pigeon tokens`` command."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ import jwt
 import pytest
 from click.testing import CliRunner
 
-from pigeon.broker._tokens import (
+from pigeon.core._cli import make_cli
+from pigeon.core.errors import AuthenticationError, ConfigError
+from pigeon.core.tokens import (
     create_key_pair,
     create_secret_key,
     create_token,
@@ -22,8 +24,6 @@ from pigeon.broker._tokens import (
     parse_duration,
     validate_token,
 )
-from pigeon.core._cli import make_cli
-from pigeon.core.errors import AuthenticationError, ConfigError
 
 
 @pytest.mark.parametrize("kind", ["secret", "RS256", "ES256"])

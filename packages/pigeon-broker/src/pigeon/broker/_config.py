@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pigeon.core.config import SecurityConfig
 from pigeon.core.errors import ConfigError
 from pigeon.core.rpc import DEFAULT_MAX_FRAME_SIZE
 
@@ -54,10 +55,17 @@ class KafkaConfig:
 
 
 @dataclass
-class BrokerConfig:
+class BrokerConfig(SecurityConfig):
+    """A broker's settings; the TLS, authentication and authorization keys come from
+    :class:`pigeon.core.config.SecurityConfig` (docs/security.md)."""
+
     host: str = "127.0.0.1"
     port: int = 6650
     http_port: int = 8080  # admin API, /metrics and /dashboard; -1: not served
+    #: the native protocol over TLS (Pulsar's brokerServicePortTls, e.g. 6651); -1: none
+    broker_service_port_tls: int = -1
+    #: the admin API, /metrics and /dashboard over HTTPS (webServicePortTls, e.g. 8443)
+    web_service_port_tls: int = -1
     metadata: str = ""
     cluster_name: str = "standalone"
     max_message_size: int = 5 * 1024 * 1024
@@ -99,6 +107,16 @@ class BrokerConfig:
     def validate(self) -> None:
         if not 0 <= self.port < 65536:
             raise ConfigError(f"bad value for 'port': {self.port} is not a TCP port")
+        for key in ("broker_service_port_tls", "web_service_port_tls"):
+            value = getattr(self, key)
+            if not -1 <= value < 65536:
+                raise ConfigError(f"bad value for {key!r}: {value} is not a TCP port or -1")
+            if value >= 0 and not self.tls_certificate_file:
+                raise ConfigError(
+                    f"{key!r} needs 'tls_certificate_file' and 'tls_key_file' (the broker's"
+                    " certificate)"
+                )
+        self.validate_security()
         if not -1 <= self.http_port < 65536:
             raise ConfigError(
                 f"bad value for 'http_port': {self.http_port} is not a TCP port or -1"

@@ -85,7 +85,11 @@ async def run_broker(
 ) -> None:
     """Run a broker on an already running metadata store until cancelled."""
     async with trio.open_nursery() as nursery:
-        bookie_client = BookieClient(max_frame_size=config.max_frame_size)
+        bookie_client = BookieClient(
+            max_frame_size=config.max_frame_size,
+            tls=config.client_tls_context(),
+            authentication=config.client_authentication(),
+        )
         await nursery.start(bookie_client.run)
         directory = BookieDirectory(store)
         await nursery.start(directory.run)

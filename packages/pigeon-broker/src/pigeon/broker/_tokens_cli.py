@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from pigeon.broker._tokens import (
+from pigeon.core.tokens import (
     KEY_PAIR_ALGORITHMS,
     create_key_pair,
     create_secret_key,

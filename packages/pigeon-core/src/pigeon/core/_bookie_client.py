@@ -7,6 +7,7 @@ first use inside the client's own nursery and reopened after a failure.
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,6 +17,7 @@ from pigeon.core._connection import Connection
 from pigeon.core._framing import DEFAULT_MAX_FRAME_SIZE
 from pigeon.core._rpc import connect_tcp, split_address
 from pigeon.core._schema import BookieFrame
+from pigeon.core.auth import ClientAuthentication
 from pigeon.core.errors import ConnectionClosed, ServiceUnavailable
 
 __all__ = ["BookieClient"]
@@ -64,10 +66,19 @@ class BookieClient:
     """Connections to bookies, by ``host:port`` address."""
 
     def __init__(
-        self, *, name: str = "pigeon-broker", max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+        self,
+        *,
+        name: str = "pigeon-broker",
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        tls: ssl.SSLContext | None = None,
+        authentication: ClientAuthentication | None = None,
     ):
+        """``tls``: dial bookies over TLS with this context; ``authentication``: the
+        credentials (the node's own role) every connection presents."""
         self.name = name
         self.max_frame_size = max_frame_size
+        self.tls = tls
+        self.authentication = authentication
         self._conns: dict[str, Connection] = {}
         self._locks: dict[str, trio.Lock] = {}
         self._nursery: trio.Nursery | None = None
@@ -118,6 +129,8 @@ class BookieClient:
                 self._nursery,
                 client_name=self.name,
                 max_frame_size=self.max_frame_size,
+                tls=self.tls,
+                authentication=self.authentication,
             )
             self._conns[address] = conn
             return conn

@@ -31,3 +31,11 @@ def pigeon_replication_policies(registry: Registry[Any]) -> None:
     from pigeon.core._replication import QuorumPolicy
 
     registry.register("quorum", QuorumPolicy)
+
+
+@hookimpl
+def pigeon_authentication_providers(registry: Registry[Any]) -> None:
+    from pigeon.core.auth import TlsAuthenticationProvider, TokenAuthenticationProvider
+
+    registry.register("token", TokenAuthenticationProvider.from_settings)
+    registry.register("tls", TlsAuthenticationProvider.from_settings)

@@ -88,6 +88,7 @@ def make_cli(plugins: PluginManager | None = None) -> click.Group:
         click.echo("metadata stores: " + ", ".join(pm.metadata_stores))
         click.echo("replication policies: " + ", ".join(pm.replication_policies))
         click.echo("codecs: " + ", ".join(pm.codecs))
+        click.echo("authentication providers: " + ", ".join(pm.authentication_providers))
 
     pm.pm.hook.pigeon_cli_commands(group=cli)
     return cli

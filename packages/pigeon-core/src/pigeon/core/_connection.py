@@ -137,6 +137,8 @@ class Connection:
         self.name = name
         self.peer_name = ""
         self.peer_version = 0
+        #: the role the connect handshake authenticated (None: no authentication)
+        self.role: str | None = None
         self.nursery: trio.Nursery | None = None
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import pluggy
 
@@ -88,9 +88,11 @@ class PluginManager:
         self.metadata_stores: Registry[object] = Registry("metadata store")
         self.replication_policies: Registry[object] = Registry("replication policy")
         self.codecs: Registry[object] = Registry("codec")
+        self.authentication_providers: Registry[Any] = Registry("authentication provider")
         self.pm.hook.pigeon_metadata_stores(registry=self.metadata_stores)
         self.pm.hook.pigeon_replication_policies(registry=self.replication_policies)
         self.pm.hook.pigeon_codecs(registry=self.codecs)
+        self.pm.hook.pigeon_authentication_providers(registry=self.authentication_providers)
 
     def plugin_names(self) -> list[str]:
         """Names of the loaded plugins (blocked ones are listed with a None plugin)."""
@@ -106,6 +108,7 @@ class PluginManager:
             ("pigeon_metadata_stores", self.metadata_stores),
             ("pigeon_replication_policies", self.replication_policies),
             ("pigeon_codecs", self.codecs),
+            ("pigeon_authentication_providers", self.authentication_providers),
         ):
             impl = getattr(plugin, hook, None)
             if impl is not None:

@@ -9,14 +9,20 @@ pycapnp's own RPC needs asyncio, so nodes talk through this instead:
   :mod:`pigeon.core.errors` code;
 * server pushes (``requestId`` 0) go to the connection's handler;
 * a ``connect`` handshake that checks the protocol version and that both ends speak the
-  same root struct (a client of a broker that dialled a bookie's port is told so):
-  :func:`connect_tcp` on the dialling side, :func:`serve_tcp` on the accepting side.
+  same root struct (a client of a broker that dialled a bookie's port is told so), and
+  carries the client's credentials to the server's :class:`~pigeon.core.auth.Authenticator`
+  (the role it establishes is ``conn.role``): :func:`connect_tcp` on the dialling side,
+  :func:`serve_tcp` on the accepting side;
+* TLS (:mod:`pigeon.core.tls`) under all of it when both sides are given a context: a
+  plaintext client on a TLS port is answered, in plaintext, that the port takes TLS.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import socket
+import ssl
 from typing import Any
 
 import trio
@@ -25,13 +31,18 @@ from pigeon.core._connection import Connection, Request
 from pigeon.core._framing import DEFAULT_MAX_FRAME_SIZE
 from pigeon.core._memnet import active_network
 from pigeon.core._schema import PROTOCOL_VERSION, frame_name, frame_role
+from pigeon.core.auth import AuthData, Authenticator, ClientAuthentication
 from pigeon.core.errors import (
+    AuthenticationError,
     ConfigError,
     ConnectionClosed,
+    PigeonError,
     ProtocolError,
     ProtocolVersionMismatch,
     Timeout,
+    TlsError,
 )
+from pigeon.core.tls import ServerTls, accept_tls, connect_tls
 
 __all__ = ["connect_tcp", "listen_error", "listen_tcp", "serve_tcp", "split_address"]
 
@@ -49,6 +60,7 @@ def _connected_extract(body: Any, payload: memoryview) -> dict[str, Any]:
         "maxMessageSize": body.maxMessageSize,
         "features": list(body.features),
         "frameType": str(body.frameType),
+        "authRole": str(body.authRole),
     }
 
 
@@ -69,12 +81,21 @@ async def connect_tcp(
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
     protocol_version: int = PROTOCOL_VERSION,
     connect_timeout: float = 10.0,
+    tls: ssl.SSLContext | None = None,
+    server_hostname: str | None = None,
+    authentication: ClientAuthentication | None = None,
 ) -> tuple[Connection, dict[str, Any]]:
     """Open a connection, start it in ``nursery`` and do the ``connect`` handshake.
 
+    ``tls``: run TLS with this context first (:func:`pigeon.core.tls.client_context`),
+    verifying the certificate against ``server_hostname`` (default ``host``).
+    ``authentication``: credentials presented in the handshake (asked for afresh).
+
     Raises :class:`ConnectionClosed` when nothing listens, :class:`ProtocolError` when the
     port speaks another protocol (a bookie's port for a broker client, an HTTP port that
-    answered), :class:`Timeout` when the port accepted but never answered the handshake.
+    answered), :class:`TlsError` when the TLS handshake is refused,
+    :class:`AuthenticationError` when the server does not accept the credentials,
+    :class:`Timeout` when the port accepted but never answered the handshake.
     """
     network = active_network()
     try:
@@ -85,6 +106,18 @@ async def connect_tcp(
                 stream = await trio.open_tcp_stream(host, port)
     except (OSError, trio.TooSlowError) as exc:
         raise ConnectionClosed(f"cannot connect to {host}:{port}: {exc}") from None
+    if tls is not None:
+        stream = await connect_tls(
+            stream, tls, server_hostname or host, handshake_timeout=connect_timeout
+        )
+    auth_method = auth_data = None
+    if authentication is not None:
+        auth_method = authentication.auth_method
+        try:
+            auth_data = authentication.auth_data()
+        except BaseException:
+            await trio.aclose_forcefully(stream)
+            raise
     conn = Connection(
         stream, frame_type, handler=handler, max_frame_size=max_frame_size, name=f"{host}:{port}"
     )
@@ -99,6 +132,8 @@ async def connect_tcp(
                         "protocolVersion": protocol_version,
                         "clientName": client_name,
                         "frameType": ours,
+                        "authMethod": auth_method or "",
+                        "authData": auth_data or b"",
                     },
                     expect="connected",
                     extract=_connected_extract,
@@ -109,7 +144,7 @@ async def connect_tcp(
                 f" handshake within {connect_timeout}s: is it a PigeonMQ"
                 f" {frame_role(frame_type)} port (not an HTTP or admin port)?"
             ) from None
-        except ProtocolError as exc:  # the server refused the handshake: say which server
+        except (ProtocolError, AuthenticationError) as exc:  # refused: say which server
             raise type(exc)(f"{host}:{port}: {exc.message}") from None
         theirs = info["frameType"]
         if theirs and theirs != ours:
@@ -119,7 +154,12 @@ async def connect_tcp(
         raise
     conn.peer_name = info["serverName"]
     conn.peer_version = info["protocolVersion"]
+    conn.role = info["authRole"] or None
     return conn, info
+
+
+def _tls_scheme(frame_type: Any) -> str:
+    return "pigeon+ssl://" if frame_role(frame_type) == "broker" else "TLS"
 
 
 def _wrong_service(address: str, *, server: str, client: str) -> str:
@@ -134,7 +174,7 @@ def _wrong_service(address: str, *, server: str, client: str) -> str:
     )
 
 
-def _refuse(conn: Connection, req: Request, exc: ProtocolError) -> None:
+def _refuse(conn: Connection, req: Request, exc: PigeonError) -> None:
     """Refuse a handshake: answer (or, for requestId 0, push) the error, one WARNING line,
     and close the connection."""
     log.warning("handshake refused conn=%s error=%s", conn.name, exc.message)
@@ -146,13 +186,28 @@ def _refuse(conn: Connection, req: Request, exc: ProtocolError) -> None:
 
 
 class _HandshakeHandler:
-    """Wraps a service handler until the peer has said ``connect``."""
+    """Wraps a service handler until the peer has said ``connect``.
 
-    def __init__(self, service: Any, server_name: str, max_frame_size: int, max_message_size: int):
+    ``authenticator``: the connect must carry credentials it accepts (the role goes to
+    ``conn.role``).  ``refusal``: every connect is refused with it (a plaintext client
+    on a TLS port)."""
+
+    def __init__(
+        self,
+        service: Any,
+        server_name: str,
+        max_frame_size: int,
+        max_message_size: int,
+        *,
+        authenticator: Authenticator | None = None,
+        refusal: PigeonError | None = None,
+    ):
         self.service = service
         self.server_name = server_name
         self.max_frame_size = max_frame_size
         self.max_message_size = max_message_size
+        self.authenticator = authenticator
+        self.refusal = refusal
         self.done = False
 
     def __getattr__(self, name: str) -> Any:
@@ -171,6 +226,9 @@ class _HandshakeHandler:
                 req.request_id, ProtocolError("this connection has already said connect")
             )
             return
+        if self.refusal is not None:
+            _refuse(conn, req, self.refusal)
+            return
         ours = frame_name(conn.frame_type)
         theirs = str(req.body.frameType)
         if theirs and theirs != ours:
@@ -185,6 +243,20 @@ class _HandshakeHandler:
             )
             _refuse(conn, req, exc)
             return
+        role = None
+        if self.authenticator is not None:
+            auth = AuthData(
+                str(req.body.authMethod),
+                bytes(req.body.authData),
+                _peer_certificate(conn.stream),
+                conn.name,
+            )
+            try:
+                role = self.authenticator.authenticate(auth)
+            except AuthenticationError as exc:
+                _refuse(conn, req, exc)
+                return
+        conn.role = role
         conn.peer_name = str(req.body.clientName)
         conn.peer_version = version
         self.done = True
@@ -197,6 +269,7 @@ class _HandshakeHandler:
                 "maxFrameSize": self.max_frame_size,
                 "maxMessageSize": self.max_message_size,
                 "frameType": ours,
+                "authRole": role or "",
             },
         )
         opened = getattr(self.service, "connection_opened", None)
@@ -208,6 +281,33 @@ class _HandshakeHandler:
             hook = getattr(self.service, "connection_closed", None)
             if hook is not None:
                 hook(conn)
+
+
+def _peer_certificate(stream: trio.abc.Stream) -> dict[str, Any] | None:
+    """The verified certificate of a TLS peer, or None (plaintext, none presented)."""
+    if isinstance(stream, trio.SSLStream):
+        try:
+            cert = stream.getpeercert()
+        except (ValueError, AttributeError):
+            return None
+        return cert or None
+    return None
+
+
+async def _starts_with_tls(stream: trio.abc.Stream) -> bool:
+    """Does the peer open with a TLS record (0x16)?  Peeked, so nothing is consumed;
+    streams that cannot peek (the in-memory network) are taken to speak TLS."""
+    sock = getattr(stream, "socket", None)
+    if sock is None:
+        return True
+    with trio.move_on_after(HANDSHAKE_PEEK_S):
+        first = await sock.recv(1, socket.MSG_PEEK)
+        return first == b"\x16" or not first
+    return True  # said nothing yet: the TLS handshake's own deadline applies
+
+
+#: how long a new connection on a TLS port may stay silent before we start the handshake
+HANDSHAKE_PEEK_S = 10.0
 
 
 def listen_error(exc: OSError, what: str, host: str, port: int) -> ConfigError:
@@ -238,9 +338,14 @@ async def serve_tcp(
     server_name: str = "pigeon",
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
     max_message_size: int = 5 * 1024 * 1024,
+    tls: ServerTls | None = None,
+    authenticator: Authenticator | None = None,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Accept connections for ``service`` until cancelled; reports ``(host, port)``."""
+    """Accept connections for ``service`` until cancelled; reports ``(host, port)``.
+
+    ``tls``: every connection is TLS (a failed handshake is one WARNING line).
+    ``authenticator``: every connection must authenticate in its ``connect``."""
     network = active_network()
 
     async def handle(stream: trio.abc.Stream) -> None:
@@ -249,7 +354,27 @@ async def serve_tcp(
             name = f"{peer[0]}:{peer[1]}"
         except (OSError, AttributeError):
             name = "memory"
-        handler = _HandshakeHandler(service, server_name, max_frame_size, max_message_size)
+        refusal = None
+        if tls is not None:
+            if await _starts_with_tls(stream):
+                try:
+                    stream = await accept_tls(stream, tls)
+                except (TlsError, ConnectionClosed) as exc:
+                    log.warning("TLS handshake failed conn=%s error=%s", name, exc.message)
+                    return
+            else:
+                refusal = TlsError(
+                    f"this {frame_role(frame_type)} port takes TLS only: use"
+                    f" {_tls_scheme(frame_type)} (or the plaintext port)"
+                )
+        handler = _HandshakeHandler(
+            service,
+            server_name,
+            max_frame_size,
+            max_message_size,
+            authenticator=authenticator,
+            refusal=refusal,
+        )
         conn = Connection(
             stream,
             frame_type,

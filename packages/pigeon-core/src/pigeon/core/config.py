@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from pigeon.core.errors import ConfigError
 
-__all__ = ["ENV_PREFIX", "load_config"]
+__all__ = ["ENV_PREFIX", "SecurityConfig", "load_config"]
 
 ENV_PREFIX = "PIGEON_"
 T = TypeVar("T")
@@ -73,6 +73,12 @@ def _convert(key: str, value: Any, tp: Any, source: str) -> Any:
         if not isinstance(value, str):
             raise bad("a string")
         return value
+    if origin is list and typing.get_args(tp) == (str,):
+        if isinstance(value, str):  # from the environment or a flag: comma-separated
+            return [part.strip() for part in value.split(",") if part.strip()]
+        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+            raise bad("a list of strings")
+        return list(value)
     return value
 
 
@@ -132,3 +138,124 @@ def load_config(
     if validate is not None:
         validate()
     return obj
+
+
+@dataclasses.dataclass
+class SecurityConfig:
+    """TLS, authentication and authorization settings every node takes, with the names of
+    Pulsar's ``broker.conf`` in snake_case (docs/security.md).  A broker's and a bookie's
+    configuration include these keys in their own table."""
+
+    #: refuse connections that do not authenticate (``authentication_providers``)
+    authentication_enabled: bool = False
+    #: the authentication providers enabled (``pigeon plugins`` lists them): token, tls
+    authentication_providers: list[str] = dataclasses.field(default_factory=lambda: ["token"])
+    #: the HS256 secret key tokens are checked with: ``file:///path`` or ``data:;base64,...``
+    token_secret_key: str = ""
+    #: the RS256/ES256 public key tokens are checked with (instead of a secret key)
+    token_public_key: str = ""
+    #: check every attach and admin call against the roles' permissions
+    authorization_enabled: bool = False
+    #: roles that may do everything (brokers' own roles belong here)
+    superuser_roles: list[str] = dataclasses.field(default_factory=list)
+    #: this node's TLS certificate (PEM; the chain may follow it) and private key
+    tls_certificate_file: str = ""
+    tls_key_file: str = ""
+    #: CAs whose certificates this node trusts (client certificates, and the servers it
+    #: dials when ``broker_client_trust_certs_file_path`` is empty)
+    tls_trust_certs_file: str = ""
+    #: mutual TLS: a client without a certificate signed by a trusted CA is refused
+    tls_require_trusted_client_cert: bool = False
+    #: the links this node dials (a broker to bookies) check the server's host name
+    tls_hostname_verification_enabled: bool = True
+    #: how this node authenticates where it dials: "" (not at all), token or tls
+    broker_client_authentication_plugin: str = ""
+    #: its parameters: ``file:///path`` or ``token:...`` for a token (prefer the file:
+    #: ``ps`` shows no file contents), ``tls_cert_file:...,tls_key_file:...`` for tls
+    broker_client_authentication_parameters: str = ""
+    #: dial other nodes (bookies) over TLS
+    broker_client_tls_enabled: bool = False
+    #: CAs the dialled nodes' certificates must be signed by (default:
+    #: ``tls_trust_certs_file``)
+    broker_client_trust_certs_file_path: str = ""
+
+    def validate_security(self) -> None:
+        """One-line errors for settings that cannot work together (files are checked
+        when the node loads them)."""
+        if self.authentication_enabled and not self.authentication_providers:
+            raise ConfigError(
+                "bad value for 'authentication_providers': authentication is enabled but"
+                " no provider is named"
+            )
+        if self.authorization_enabled and not self.authentication_enabled:
+            raise ConfigError(
+                "'authorization_enabled' needs 'authentication_enabled' (roles come from"
+                " authentication)"
+            )
+        if bool(self.tls_certificate_file) != bool(self.tls_key_file):
+            raise ConfigError("'tls_certificate_file' and 'tls_key_file' go together")
+        if self.tls_require_trusted_client_cert and not self.tls_trust_certs_file:
+            raise ConfigError(
+                "'tls_require_trusted_client_cert' needs 'tls_trust_certs_file' (the CAs"
+                " client certificates must be signed by)"
+            )
+        if self.broker_client_authentication_plugin not in ("", "token", "tls"):
+            raise ConfigError(
+                "bad value for 'broker_client_authentication_plugin':"
+                f" {self.broker_client_authentication_plugin!r} is not '', 'token' or 'tls'"
+            )
+
+    def client_tls_context(self) -> Any:
+        """The :class:`ssl.SSLContext` this node dials other nodes with, or None."""
+        if not self.broker_client_tls_enabled:
+            return None
+        from pigeon.core.auth import AuthenticationTLS, client_authentication
+        from pigeon.core.tls import client_context
+
+        auth = client_authentication(
+            self.broker_client_authentication_plugin,
+            self.broker_client_authentication_parameters,
+        )
+        cert = key = ""
+        if isinstance(auth, AuthenticationTLS):
+            cert, key = auth.certificate_path, auth.private_key_path
+        return client_context(
+            trust_certs_file=self.broker_client_trust_certs_file_path or self.tls_trust_certs_file,
+            certificate_file=cert,
+            key_file=key,
+            verify_hostname=self.tls_hostname_verification_enabled,
+            what="broker_client_tls",
+        )
+
+    def client_authentication(self) -> Any:
+        """The credentials this node presents where it dials, or None."""
+        from pigeon.core.auth import client_authentication
+
+        return client_authentication(
+            self.broker_client_authentication_plugin,
+            self.broker_client_authentication_parameters,
+        )
+
+    def server_tls(self, what: str) -> Any:
+        """The :class:`pigeon.core.tls.ServerTls` of this node's TLS listeners, or None
+        without a certificate."""
+        if not self.tls_certificate_file:
+            return None
+        from pigeon.core.tls import ServerTls
+
+        return ServerTls(
+            certificate_file=self.tls_certificate_file,
+            key_file=self.tls_key_file,
+            trust_certs_file=self.tls_trust_certs_file,
+            require_client_cert=self.tls_require_trusted_client_cert,
+            what=what,
+        )
+
+    def authenticator(self, registry: Any) -> Any:
+        """The :class:`pigeon.core.auth.Authenticator` of this node, or None when
+        authentication is off."""
+        if not self.authentication_enabled:
+            return None
+        from pigeon.core.auth import Authenticator
+
+        return Authenticator.from_settings(self, registry)

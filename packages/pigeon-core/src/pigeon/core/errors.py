@@ -19,6 +19,7 @@ from typing import ClassVar
 __all__ = [
     "AlreadyClosed",
     "AuthenticationError",
+    "AuthorizationError",
     "BadVersion",
     "BookieReadOnly",
     "CodecError",
@@ -59,6 +60,7 @@ __all__ = [
     "SubscriptionBusy",
     "SubscriptionNotFound",
     "Timeout",
+    "TlsError",
     "TopicExists",
     "TopicNotFound",
     "UnknownCodec",
@@ -139,6 +141,12 @@ class ProtocolVersionMismatch(ProtocolError, code=104):
     """The ``connect`` handshake named a protocol version this node does not speak."""
 
 
+class TlsError(ProtocolError, code=106):
+    """A TLS handshake was refused: a certificate that is not trusted, expired or for
+    another host, a client certificate missing, or a plaintext peer on a TLS port (or the
+    other way round).  Not retriable: the configuration must change."""
+
+
 class CorruptRecordBatch(CorruptFrame, code=105):
     """A Kafka RecordBatch that does not decode: truncated, bad CRC-32C, lengths or record
     count that do not add up, a record that runs past its batch, garbage varints."""
@@ -215,6 +223,11 @@ class ProducerBlocked(PigeonError, code=211):
 class AuthenticationError(PigeonError, code=220):
     """Who the client is could not be established: no credentials, or a token that is
     malformed, wrongly signed or expired (the message says which, never the secret)."""
+
+
+class AuthorizationError(PigeonError, code=221):
+    """The role is known but may not do this (produce, consume, an admin operation on a
+    tenant, namespace or topic); the message names the role and the action."""
 
 
 # --- 3xx: topics, producers, subscriptions ----------------------------------------

@@ -65,6 +65,22 @@ def pigeon_codecs(registry: Registry[Any]) -> None:
     """
 
 
+@hookspec
+def pigeon_authentication_providers(registry: Registry[Any]) -> None:
+    """Register authentication providers by name (``token``, ``tls``, ...).
+
+    :param registry: call ``registry.register(name, factory)``; ``factory(settings)`` —
+        ``settings`` the node's configuration (:class:`pigeon.broker.BrokerConfig` or the
+        bookie's, with the ``token_*``/``tls_*`` keys) — returns a
+        :class:`pigeon.core.auth.AuthenticationProvider`: an ``auth_method`` (the name a
+        client gives in its handshake) and ``authenticate(AuthData) -> role``, which raises
+        :class:`pigeon.core.errors.AuthenticationError` (never quoting the secret).  A node
+        enables the providers its ``authentication_providers`` setting names.
+
+    Called for every plugin when the node's plugin manager is built; not firstresult.
+    """
+
+
 # -- command line ----------------------------------------------------------------------
 
 

@@ -30,6 +30,8 @@ struct Connect {
   features @2 :List(Text);      # optional capabilities the client supports
   frameType @3 :Text;           # the root struct it speaks ("BrokerFrame", "BookieFrame"):
                                 # a server of the other one refuses it; empty: not said
+  authMethod @4 :Text;          # the authentication provider ("token", "tls"); empty: none
+  authData @5 :Data;            # its credentials (a token); never logged
 }
 
 struct Connected {
@@ -40,6 +42,7 @@ struct Connected {
   maxFrameSize @3 :UInt32;      # frames above this size close the connection
   maxMessageSize @4 :UInt32;    # a single batch (entry) above this is refused
   frameType @5 :Text;           # the root struct the server speaks; empty: not said
+  authRole @6 :Text;            # the role the server authenticated; empty: no authentication
 }
 
 struct Position {

@@ -6,8 +6,10 @@ key pair (RS256, ES256) and validated with the secret or the public key.  Keys a
 as Pulsar gives them: ``file:///path/to/key`` or ``data:;base64,<key>`` (a bare path is
 read as a file too), so that no secret has to appear on a command line.
 
-``pigeon tokens`` (in :mod:`pigeon.broker._tokens_cli`) creates keys and tokens and
-validates tokens with these functions; the broker's authentication provider will too.
+``pigeon tokens`` creates keys and tokens and validates tokens with these functions, and
+so does the ``token`` authentication provider of brokers and bookies
+(:mod:`pigeon.core.auth`).  Needs PyJWT with its crypto extra (``pyjwt[crypto]``), a
+dependency of pigeon-broker and pigeon-bookie, not of the client.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ __all__ = [
     "create_key_pair",
     "create_secret_key",
     "create_token",
+    "check_key",
     "load_key",
     "parse_duration",
     "validate_token",
@@ -161,3 +164,12 @@ def validate_token(token: str, key: bytes) -> str:
     if not isinstance(subject, str) or not subject:
         raise AuthenticationError("the token's subject (role) is not a non-empty string")
     return subject
+
+
+def check_key(key: bytes) -> str:
+    """The algorithm tokens checked with ``key`` must use (a secret: HS256; a PEM
+    public key: RS256 or ES256).
+
+    :raises ConfigError: a PEM key PyJWT cannot use.
+    """
+    return _algorithm_of(key, private=False)
