@@ -103,6 +103,7 @@ async def run_broker(
             policy=policy,
             bookies=directory,
             codecs=CodecSet.from_registry(plugins.codecs),
+            authenticator=config.authenticator(plugins.authentication_providers),
         )
         await nursery.start(service.run)
         if config.http_port >= 0:

@@ -70,6 +70,12 @@ class NamespacePolicies:
     #: at an entry no replica holds intact: "skip" past it or "fail" (delivery stops
     #: there); None: the broker's corrupt_entry_policy
     corrupt_entry_policy: Literal["skip", "fail"] | None = None
+    #: role -> actions on every topic of the namespace (``grant-permission``)
+    permissions: dict[str, list[str]] = field(default_factory=dict)
+    #: topic (local name, partitioned topics by their base name) -> role -> actions
+    topic_permissions: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    #: "prefix": a role may only use subscriptions whose names start with the role
+    subscription_auth_mode: Literal["none", "prefix"] = "none"
 
     def validate(self) -> None:
         if self.backlog_quota_policy not in BACKLOG_POLICIES:
@@ -94,6 +100,16 @@ class NamespacePolicies:
             raise InvalidArgument("max_message_size must be positive")
         if self.corrupt_entry_policy not in (None, "skip", "fail"):
             raise InvalidArgument("corrupt_entry_policy must be 'skip', 'fail' or null")
+        if self.subscription_auth_mode not in ("none", "prefix"):
+            raise InvalidArgument("subscription_auth_mode must be 'none' or 'prefix'")
+        if not _is_grants(self.permissions) or not (
+            isinstance(self.topic_permissions, dict)
+            and all(isinstance(k, str) and _is_grants(v) for k, v in self.topic_permissions.items())
+        ):
+            raise InvalidArgument(
+                "permissions must map roles to lists of actions (topic_permissions: topics"
+                " to such maps)"
+            )
 
     def to_json(self) -> bytes:
         return json.dumps(dataclasses.asdict(self)).encode()
@@ -110,6 +126,15 @@ class NamespacePolicies:
 
     def updated(self, changes: dict[str, Any]) -> NamespacePolicies:
         return NamespacePolicies.from_dict({**dataclasses.asdict(self), **changes})
+
+
+def _is_grants(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(role, str)
+        and isinstance(actions, list)
+        and all(isinstance(a, str) for a in actions)
+        for role, actions in value.items()
+    )
 
 
 def _check_name(kind: str, name: str) -> None:

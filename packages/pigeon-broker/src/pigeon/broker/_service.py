@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import trio
 
 from pigeon.broker._auditor import Auditor
+from pigeon.broker._authz import Authorization
 from pigeon.broker._config import BrokerConfig
 from pigeon.broker._ledger import ManagedLedger
 from pigeon.broker._ledger_state import LedgerConfig, Position
@@ -36,6 +37,7 @@ from pigeon.broker._subscription import Consumer
 from pigeon.broker._topic import Producer, Topic, drop_reader
 from pigeon.broker._topic_protocol import SeekTarget, TopicProtocol
 from pigeon.core import TopicName
+from pigeon.core.auth import Authenticator
 from pigeon.core.codecs import GZIP, NONE, CodecSet
 from pigeon.core.errors import (
     InvalidArgument,
@@ -54,6 +56,7 @@ from pigeon.core.paths import (
 )
 from pigeon.core.rpc import BrokerFrame, serve_tcp
 from pigeon.core.runtime import WallClock
+from pigeon.core.tls import ServerTls
 
 __all__ = ["BrokerService", "FrontDoor"]
 
@@ -92,8 +95,13 @@ class BrokerService:
         policy: Any,
         bookies: Any,
         codecs: Any = None,
+        authenticator: Authenticator | None = None,
     ) -> None:
         self.config = config
+        #: checks the credentials of every connection (every front door); None: off
+        self.authenticator = authenticator
+        #: the certificate of every TLS listener (native, admin, Kafka); None: no TLS
+        self.server_tls: ServerTls | None = config.server_tls("broker")
         self.codecs = codecs if codecs is not None else CodecSet([NONE, GZIP])
         self.store = store
         self.policy = policy
@@ -111,6 +119,12 @@ class BrokerService:
         self._names = itertools.count()
         self.clock = WallClock()
         self.policies = PolicyStore(store)
+        #: may this role do this here (checked once per attach and admin call)
+        self.authorization = Authorization(
+            self.policies,
+            enabled=config.authorization_enabled,
+            superuser_roles=config.superuser_roles,
+        )
         #: callables returning Prometheus text appended to /metrics (in-process nodes)
         self.extra_metrics: list[Any] = []
         self.ownership: Ownership = None  # type: ignore[assignment]  # set by run()
