@@ -1,0 +1,442 @@
+"""TLS and authentication of the RPC layer over loopback (serve_tcp/connect_tcp).
+
+Real certificates made per run (``pigeon.core.testing.certs``); each refusal is a typed
+error on the client, one line on the server, and the server keeps serving."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import ssl
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from hypothesis import given
+from hypothesis import strategies as st
+from test_connection import TIMEOUT, LookupService
+
+from pigeon.core._rpc import connect_tcp, serve_tcp
+from pigeon.core._schema import BookieFrame, BrokerFrame
+from pigeon.core.auth import (
+    AuthData,
+    AuthenticationTLS,
+    AuthenticationToken,
+    Authenticator,
+    TlsAuthenticationProvider,
+    TokenAuthenticationProvider,
+    client_authentication,
+)
+from pigeon.core.errors import (
+    AuthenticationError,
+    ConfigError,
+    ConnectionClosed,
+    ProtocolError,
+    TlsError,
+)
+from pigeon.core.testing.certs import Certificates
+from pigeon.core.testing.fuzz import fuzz_settings
+from pigeon.core.tls import ServerTls, client_context
+from pigeon.core.tokens import create_key_pair, create_token
+
+KEY = b"0123456789abcdef0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
+    return Certificates(tmp_path_factory.mktemp("certs"))
+
+
+def server_tls(certs: Certificates, **kwargs: Any) -> ServerTls:
+    return ServerTls(
+        certificate_file=certs.server, key_file=certs.server, trust_certs_file=certs.ca, **kwargs
+    )
+
+
+@asynccontextmanager
+async def secure_server(service: Any, **kwargs: Any) -> AsyncIterator[tuple[trio.Nursery, int]]:
+    async with trio.open_nursery() as nursery:
+        _host, port = await nursery.start(
+            lambda task_status: serve_tcp(
+                service, BrokerFrame, server_name="secure", task_status=task_status, **kwargs
+            )
+        )
+        yield nursery, port
+        nursery.cancel_scope.cancel()
+
+
+def authenticator() -> Authenticator:
+    return Authenticator([TokenAuthenticationProvider(KEY), TlsAuthenticationProvider()])
+
+
+async def test_tls_with_a_token_establishes_the_role_on_both_sides(certs: Certificates) -> None:
+    service = LookupService()
+    tls = server_tls(certs)
+    async with secure_server(service, tls=tls, authenticator=authenticator()) as (nursery, port):
+        with trio.fail_after(TIMEOUT):
+            conn, info = await connect_tcp(
+                "127.0.0.1",
+                port,
+                BrokerFrame,
+                nursery,
+                tls=client_context(trust_certs_file=certs.ca),
+                authentication=AuthenticationToken(create_token("app", KEY)),
+            )
+            assert (await conn.request("lookup", {"topic": "a"}))["topic"] == "a"
+        assert info["authRole"] == "app" and conn.role == "app"
+        assert service.opened[0].role == "app"
+        assert isinstance(service.opened[0].stream, trio.SSLStream)
+
+
+async def test_a_client_certificate_is_the_role_with_mutual_tls(certs: Certificates) -> None:
+    tls = server_tls(certs, require_client_cert=True)
+    async with secure_server(LookupService(), tls=tls, authenticator=authenticator()) as (
+        nursery,
+        port,
+    ):
+        client = certs.client("billing")
+        with trio.fail_after(TIMEOUT):
+            conn, _ = await connect_tcp(
+                "127.0.0.1",
+                port,
+                BrokerFrame,
+                nursery,
+                tls=client_context(
+                    trust_certs_file=certs.ca, certificate_file=client, key_file=client
+                ),
+            )
+        assert conn.role == "billing"
+        # without a client certificate the handshake itself is refused
+        with trio.fail_after(TIMEOUT), pytest.raises((TlsError, ConnectionClosed)):
+            conn2, _ = await connect_tcp(
+                "127.0.0.1",
+                port,
+                BrokerFrame,
+                nursery,
+                tls=client_context(trust_certs_file=certs.ca),
+            )
+            await conn2.request("lookup", {"topic": "a"})
+
+
+@pytest.mark.parametrize(
+    ("case", "error", "words"),
+    [
+        ("no credentials", AuthenticationError, "authentication is required"),
+        ("garbage token", AuthenticationError, "not valid"),
+        ("wrong signature", AuthenticationError, "signature"),
+        ("expired token", AuthenticationError, "expired"),
+        ("unknown method", AuthenticationError, "not enabled"),
+        ("wrong CA", TlsError, "trusted CA"),
+        ("hostname mismatch", TlsError, "does not name this host"),
+        ("plaintext client", TlsError, "pigeon+ssl://"),
+        ("bookie client", ProtocolError, "broker port"),
+    ],
+)
+async def test_each_refusal_is_one_typed_line_and_the_server_serves_on(
+    certs: Certificates,
+    case: str,
+    error: type[Exception],
+    words: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    ctx = client_context(trust_certs_file=certs.ca)
+    secret = "s3cr3t-" + "x" * 20
+    kwargs: dict[str, Any] = {
+        "no credentials": {"tls": ctx},
+        "garbage token": {"tls": ctx, "authentication": AuthenticationToken(secret)},
+        "wrong signature": {
+            "tls": ctx,
+            "authentication": AuthenticationToken(create_token("app", b"k" * 32)),
+        },
+        "expired token": {
+            "tls": ctx,
+            "authentication": AuthenticationToken(create_token("app", KEY, expiry_s=-10)),
+        },
+        "unknown method": {"tls": ctx, "authentication": _Other()},
+        "wrong CA": {"tls": client_context(trust_certs_file=certs.other_ca)},
+        "hostname mismatch": {"tls": ctx, "server_hostname": "elsewhere.example"},
+        "plaintext client": {},
+        "bookie client": {"tls": ctx, "frame": BookieFrame},
+    }[case]
+    frame = kwargs.pop("frame", BrokerFrame)
+    caplog.set_level(logging.WARNING)
+    logged = trio.Event()
+    handler = _OnRecord(logged)
+    logging.getLogger("pigeon.core._rpc").addHandler(handler)
+    async with secure_server(
+        LookupService(), tls=server_tls(certs), authenticator=authenticator()
+    ) as (nursery, port):
+        with trio.fail_after(TIMEOUT), pytest.raises(error) as info:
+            await connect_tcp("127.0.0.1", port, frame, nursery, connect_timeout=5, **kwargs)
+        assert words in str(info.value)
+        assert "\n" not in str(info.value)
+        # the server logged the refusal in one line, and never a secret
+        with trio.fail_after(TIMEOUT):
+            await logged.wait()
+        assert all(secret not in r.getMessage() for r in caplog.records)
+        assert not [r for r in caplog.records if r.exc_info]
+        # and still serves a good client
+        with trio.fail_after(TIMEOUT):
+            conn, _ = await connect_tcp(
+                "127.0.0.1",
+                port,
+                BrokerFrame,
+                nursery,
+                tls=ctx,
+                authentication=AuthenticationToken(create_token("ok", KEY)),
+            )
+        assert conn.role == "ok"
+    logging.getLogger("pigeon.core._rpc").removeHandler(handler)
+
+
+class _OnRecord(logging.Handler):
+    """Sets an event when a record is logged (the server's refusal line)."""
+
+    def __init__(self, event: trio.Event) -> None:
+        super().__init__(logging.WARNING)
+        self.event = event
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.event.set()
+
+
+class _Other:
+    auth_method = "kerberos"
+
+    def auth_data(self) -> bytes:
+        return b"ticket"
+
+
+async def test_an_expired_server_certificate_is_named(certs: Certificates) -> None:
+    tls = ServerTls(certificate_file=certs.expired_server, key_file=certs.expired_server)
+    async with secure_server(LookupService(), tls=tls) as (nursery, port):
+        with trio.fail_after(TIMEOUT), pytest.raises(TlsError, match="expired"):
+            await connect_tcp(
+                "127.0.0.1",
+                port,
+                BrokerFrame,
+                nursery,
+                tls=client_context(trust_certs_file=certs.ca),
+            )
+
+
+async def test_a_tls_client_on_a_plaintext_port_is_told_so() -> None:
+    async with secure_server(LookupService()) as (nursery, port):
+        with trio.fail_after(TIMEOUT), pytest.raises(TlsError, match="plaintext port"):
+            await connect_tcp(
+                "127.0.0.1", port, BrokerFrame, nursery, tls=client_context(allow_insecure=True)
+            )
+
+
+async def test_reload_serves_the_new_certificate_and_keeps_open_connections(
+    certs: Certificates, tmp_path: Path
+) -> None:
+    live = tmp_path / "live.pem"
+    shutil.copy(certs.server, live)
+    tls = ServerTls(certificate_file=str(live), key_file=str(live))
+    ctx = client_context(trust_certs_file=certs.ca)
+    async with secure_server(LookupService(), tls=tls) as (nursery, port):
+        with trio.fail_after(TIMEOUT):
+            before, _ = await connect_tcp("127.0.0.1", port, BrokerFrame, nursery, tls=ctx)
+        first = _served_serial(before)
+        # a broken file is refused and the current certificate stays
+        live.write_text("not a certificate")
+        assert tls.reload() is False
+        # a new certificate from the same CA: new handshakes get it
+        shutil.copy(certs.issue("server2", "127.0.0.1", common_name="renewed"), live)
+        assert tls.reload() is True
+        with trio.fail_after(TIMEOUT):
+            after, _ = await connect_tcp("127.0.0.1", port, BrokerFrame, nursery, tls=ctx)
+            assert _served_serial(after) != first
+            # the connection opened before the reload still works
+            assert (await before.request("lookup", {"topic": "old"}))["topic"] == "old"
+
+
+def _served_serial(conn: Any) -> Any:
+    stream = conn.stream
+    assert isinstance(stream, trio.SSLStream)
+    return stream.getpeercert()["serialNumber"]
+
+
+async def test_sighup_reloads_the_certificate(certs: Certificates, tmp_path: Path) -> None:
+    from pigeon.core.tls import reload_on_sighup
+
+    live = tmp_path / "live.pem"
+    shutil.copy(certs.server, live)
+    tls = ServerTls(certificate_file=str(live), key_file=str(live))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(reload_on_sighup, tls)
+        reloaded = trio.Event()
+        reload = tls.reload
+
+        def observed() -> bool:
+            done = reload()
+            reloaded.set()
+            return done
+
+        tls.reload = observed  # type: ignore[method-assign]
+        os.kill(os.getpid(), signal.SIGHUP)
+        with trio.fail_after(TIMEOUT):
+            await reloaded.wait()
+        assert tls.reloads == 1
+        nursery.cancel_scope.cancel()
+
+
+# ------------------------------------------------------------------ configuration
+
+
+def test_server_context_errors_name_the_file(certs: Certificates, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such file"):
+        ServerTls(certificate_file=str(tmp_path / "nope.pem"), key_file=str(tmp_path / "k"))
+    bad = tmp_path / "bad.pem"
+    bad.write_text("garbage")
+    with pytest.raises(ConfigError, match="not a PEM certificate"):
+        ServerTls(certificate_file=str(bad), key_file=str(bad))
+    with pytest.raises(ConfigError, match="tls_trust_certs_file"):
+        ServerTls(certificate_file=certs.server, key_file=certs.server, require_client_cert=True)
+    with pytest.raises(ConfigError, match="holds no PEM CA"):
+        client_context(trust_certs_file=str(bad))
+
+
+def test_hostname_verification_is_on_by_default() -> None:
+    assert client_context().check_hostname is True
+    assert client_context().verify_mode == ssl.CERT_REQUIRED
+    assert client_context(verify_hostname=False).check_hostname is False
+    assert client_context(allow_insecure=True).verify_mode == ssl.CERT_NONE
+
+
+# ------------------------------------------------------------------ authentication
+
+
+def test_token_provider_with_a_public_key() -> None:
+    private, public = create_key_pair("ES256")
+    provider = TokenAuthenticationProvider(public)
+    assert provider.authenticate(AuthData("token", create_token("r", private).encode())) == "r"
+    other = create_token("r", create_key_pair("ES256")[0]).encode()
+    with pytest.raises(AuthenticationError, match=r"signature|not signed"):
+        provider.authenticate(AuthData("token", other))
+    with pytest.raises(AuthenticationError, match="no token"):
+        provider.authenticate(AuthData("token", b""))
+    with pytest.raises(AuthenticationError, match="ASCII"):
+        provider.authenticate(AuthData("token", b"\xff\xfe"))
+
+
+def test_token_file_is_read_again_when_it_changes(tmp_path: Path) -> None:
+    path = tmp_path / "token"
+    path.write_text("first\n")
+    auth = AuthenticationToken(f"file://{path}")
+    assert auth.auth_data() == b"first"
+    path.write_text("second-token\n")
+    assert auth.auth_data() == b"second-token"
+    assert "second" not in repr(auth) and str(path) in repr(auth)
+    assert "abc" not in repr(AuthenticationToken("abc"))
+    path.unlink()
+    with pytest.raises(AuthenticationError, match="cannot read the token file"):
+        auth.auth_data()
+    assert AuthenticationToken(lambda: " t ").auth_data() == b"t"
+
+
+def test_client_authentication_from_pulsar_style_settings() -> None:
+    assert client_authentication("", "") is None
+    token = client_authentication("token", "token:abc")
+    assert token is not None and token.auth_data() == b"abc"
+    tls = client_authentication("tls", "tls_cert_file:/c.pem,tls_key_file:/k.pem")
+    assert isinstance(tls, AuthenticationTLS) and tls.private_key_path == "/k.pem"
+    with pytest.raises(ConfigError):
+        client_authentication("token", "abc")
+    with pytest.raises(ConfigError):
+        client_authentication("kerberos", "")
+
+
+def test_authenticator_names_enabled_methods() -> None:
+    auth = Authenticator([TokenAuthenticationProvider(KEY)])
+    with pytest.raises(AuthenticationError, match="'tls' is not enabled"):
+        auth.authenticate(AuthData("tls"))
+    with pytest.raises(ConfigError, match="empty"):
+        Authenticator([])
+
+
+# ------------------------------------------------------------------ fuzzing
+
+FUZZ = fuzz_settings("PIGEON_FUZZ_EXAMPLES", 40)
+
+
+def _client_hello() -> bytes:
+    ctx = client_context(allow_insecure=True)
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    obj = ctx.wrap_bio(incoming, outgoing, server_hostname="127.0.0.1")
+    with pytest.raises(ssl.SSLWantReadError):
+        obj.do_handshake()
+    return outgoing.read()
+
+
+HELLO = _client_hello()
+
+
+@st.composite
+def hostile_handshakes(draw: st.DrawFn) -> bytes:
+    kind = draw(st.sampled_from(["random", "flipped", "truncated", "tls-then-junk"]))
+    if kind == "random":
+        return draw(st.binary(min_size=1, max_size=600))
+    if kind == "truncated":
+        return HELLO[: draw(st.integers(1, len(HELLO) - 1))]
+    if kind == "tls-then-junk":
+        return HELLO + draw(st.binary(min_size=1, max_size=200))
+    data = bytearray(HELLO)
+    for _ in range(draw(st.integers(1, 8))):
+        data[draw(st.integers(0, len(data) - 1))] = draw(st.integers(0, 255))
+    return bytes(data)
+
+
+@FUZZ
+@given(blob=hostile_handshakes())
+def test_fuzzed_tls_handshakes_never_take_the_listener_down(
+    certs: Certificates, blob: bytes
+) -> None:
+    async def main() -> None:
+        errors = _ErrorRecords()
+        logging.getLogger("pigeon").addHandler(errors)
+        try:
+            async with secure_server(
+                LookupService(), tls=server_tls(certs), authenticator=authenticator()
+            ) as (nursery, port):
+                with trio.fail_after(TIMEOUT):
+                    stream = await trio.open_tcp_stream("127.0.0.1", port)
+                    await stream.send_all(blob)
+                    await stream.aclose()
+                    conn, _ = await connect_tcp(
+                        "127.0.0.1",
+                        port,
+                        BrokerFrame,
+                        nursery,
+                        tls=client_context(trust_certs_file=certs.ca),
+                        authentication=AuthenticationToken(create_token("ok", KEY)),
+                    )
+                    assert (await conn.request("lookup", {"topic": "t"}))["topic"] == "t"
+        finally:
+            logging.getLogger("pigeon").removeHandler(errors)
+        assert errors.records == []
+
+    trio.run(main)
+
+
+class _ErrorRecords(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@FUZZ
+@given(method=st.text(max_size=40), data=st.binary(max_size=400))
+def test_fuzzed_credentials_are_refused_as_authentication_errors(method: str, data: bytes) -> None:
+    auth = Authenticator([TokenAuthenticationProvider(KEY), TlsAuthenticationProvider()])
+    with pytest.raises(AuthenticationError):
+        auth.authenticate(AuthData(method, data))
