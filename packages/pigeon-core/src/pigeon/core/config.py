@@ -151,7 +151,7 @@ class SecurityConfig:
     #: the authentication providers enabled (``pigeon plugins`` lists them): token, tls
     authentication_providers: list[str] = dataclasses.field(default_factory=lambda: ["token"])
     #: the HS256 secret key tokens are checked with: ``file:///path`` or ``data:;base64,...``
-    token_secret_key: str = ""
+    token_secret_key: str = dataclasses.field(default="", repr=False)
     #: the RS256/ES256 public key tokens are checked with (instead of a secret key)
     token_public_key: str = ""
     #: check every attach and admin call against the roles' permissions
@@ -172,7 +172,7 @@ class SecurityConfig:
     broker_client_authentication_plugin: str = ""
     #: its parameters: ``file:///path`` or ``token:...`` for a token (prefer the file:
     #: ``ps`` shows no file contents), ``tls_cert_file:...,tls_key_file:...`` for tls
-    broker_client_authentication_parameters: str = ""
+    broker_client_authentication_parameters: str = dataclasses.field(default="", repr=False)
     #: dial other nodes (bookies) over TLS
     broker_client_tls_enabled: bool = False
     #: CAs the dialled nodes' certificates must be signed by (default:
