@@ -27,7 +27,12 @@ import trustme
 from pigeon.broker import BrokerConfig, run_standalone
 from pigeon.broker._policies import TenantInfo
 from pigeon.core import TopicName
-from pigeon.core.auth import AuthenticationToken
+from pigeon.core.auth import (
+    AuthData,
+    AuthenticationToken,
+    Authenticator,
+    TokenAuthenticationProvider,
+)
 from pigeon.core.batch import encode_batch
 from pigeon.core.codecs import NONE
 from pigeon.core.errors import AuthenticationError, AuthorizationError, TlsError
@@ -154,7 +159,12 @@ async def create_producer(conn: Connection, topic: str = TOPIC, producer_id: int
 
 
 async def subscribe(
-    conn: Connection, sub: str = "s", topic: str = TOPIC, consumer_id: int = 1
+    conn: Connection,
+    sub: str = "s",
+    topic: str = TOPIC,
+    consumer_id: int = 1,
+    *,
+    durable: bool = True,
 ) -> Any:
     return await conn.request(
         "subscribe",
@@ -164,7 +174,7 @@ async def subscribe(
             "subscription": sub,
             "subType": "exclusive",
             "initialPosition": "earliest",
-            "durable": True,
+            "durable": durable,
             "startOffset": -1,
         },
         expect="subscribed",
@@ -337,6 +347,14 @@ async def test_a_role_without_permission_is_refused_naming_role_and_action(
     assert TOPIC in topics["topics"]
 
 
+async def test_readers_need_the_consume_permission(secured: Secured) -> None:
+    conn = await secured.connect("app")
+    with pytest.raises(AuthorizationError, match=r"role 'app' may not consume"):
+        await subscribe(conn, "reader-1", durable=False)
+    await secured.service.authorization.grant_topic(TopicName.parse(TOPIC), "app", ["consume"])
+    await subscribe(conn, "reader-1", durable=False)
+
+
 async def test_a_produce_grant_does_not_allow_consuming(secured: Secured) -> None:
     await secured.service.authorization.grant("public/default", "writer", ["produce"])
     conn = await secured.connect("writer", tls=False)
@@ -445,3 +463,15 @@ async def test_connections_are_closed_when_their_token_expires(secured: Secured)
     # a fresh token gets a new connection
     fresh = await secured.connect(SUPERUSER)
     await create_producer(fresh)
+
+
+def test_the_token_provider_reports_when_a_token_expires() -> None:
+    key = create_secret_key()
+    authenticator = Authenticator([TokenAuthenticationProvider(key)])
+    expiring = AuthData("token", create_token("r", key, expiry_s=60).encode())
+    lasting = AuthData("token", create_token("r", key).encode())
+    assert authenticator.authenticate(expiring) == "r"
+    expires = authenticator.expires_at(expiring)
+    assert expires is not None
+    assert time.time() + 50 < expires <= time.time() + 61
+    assert authenticator.expires_at(lasting) is None

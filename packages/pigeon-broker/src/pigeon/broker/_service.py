@@ -199,6 +199,9 @@ class BrokerService:
                     self.front_doors.append(self.kafka)
                     await self.kafka.listen()
                     advertised["kafka"] = self.kafka.advertised_address
+                if self.config.broker_service_port_tls >= 0:
+                    # like Kafka's: open before the plaintext port says the broker is up
+                    await self._serve_tls(nursery)
                 self.address = await nursery.start(
                     lambda task_status: serve_tcp(
                         self.native,
@@ -213,8 +216,6 @@ class BrokerService:
                     )
                 )
                 log.info("broker serving address=%s:%s", *self.address)
-                if self.config.broker_service_port_tls >= 0:
-                    await self._serve_tls(nursery)
                 self.ownership = Ownership(
                     self.store,
                     self.service_url,
