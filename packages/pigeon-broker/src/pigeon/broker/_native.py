@@ -67,6 +67,9 @@ __all__ = ["NativeProtocol"]
 
 log = logging.getLogger(__name__)
 
+#: distinct denials logged per connection (a client probing many topics floods no log)
+MAX_LOGGED_DENIALS = 32
+
 _SUB_TYPES = {
     "exclusive": "exclusive",
     "shared": "shared",
@@ -211,9 +214,23 @@ class NativeProtocol:
             await check
         except AuthorizationError as exc:
             state = self.conns.get(conn)
-            if state is not None and exc.message not in state.denials:
+            if state is None or exc.message in state.denials:
+                raise
+            if len(state.denials) < MAX_LOGGED_DENIALS:
                 state.denials.add(exc.message)
-                log.warning("authorization denied conn=%s error=%s", conn.name, exc.message)
+                log.warning(
+                    "authorization denied conn=%s role=%s error=%s",
+                    conn.name,
+                    conn.role,
+                    exc.message,
+                )
+                if len(state.denials) == MAX_LOGGED_DENIALS:
+                    log.warning(
+                        "authorization denied %d times conn=%s: further denials on this"
+                        " connection are answered but not logged",
+                        MAX_LOGGED_DENIALS,
+                        conn.name,
+                    )
             raise
 
     def _checked(

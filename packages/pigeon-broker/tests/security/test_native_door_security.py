@@ -25,6 +25,7 @@ import trio
 import trustme
 
 from pigeon.broker import BrokerConfig, run_standalone
+from pigeon.broker._native import MAX_LOGGED_DENIALS
 from pigeon.broker._policies import TenantInfo
 from pigeon.core import TopicName
 from pigeon.core.auth import (
@@ -268,6 +269,18 @@ async def test_a_lookup_over_tls_redirects_to_the_owners_tls_url(secured: Secure
     assert await lookup(await secured.connect(tls=False), name.full) == "pigeon://10.0.0.9:6650"
 
 
+async def test_a_lookup_over_tls_of_a_topic_whose_owner_has_no_tls_port_says_so(
+    secured: Secured,
+) -> None:
+    name = TopicName.parse("persistent://public/default/plain-only")
+    await secured.service.store.create(
+        secured.service.ownership.path_of(name),
+        json.dumps({"url": "pigeon://10.0.0.9:6650", "token": "other"}).encode(),
+    )
+    with pytest.raises(TlsError, match=r"pigeon://10\.0\.0\.9:6650.*broker_service_port_tls"):
+        await lookup(await secured.connect(), name.full)
+
+
 async def test_the_broker_registers_its_tls_url(secured: Secured) -> None:
     brokers = await secured.service.ownership.brokers()
     assert [b.get("url_tls") for b in brokers.values()] == [secured.service.service_url_tls]
@@ -353,6 +366,19 @@ async def test_readers_need_the_consume_permission(secured: Secured) -> None:
         await subscribe(conn, "reader-1", durable=False)
     await secured.service.authorization.grant_topic(TopicName.parse(TOPIC), "app", ["consume"])
     await subscribe(conn, "reader-1", durable=False)
+
+
+async def test_a_client_probing_many_topics_floods_no_log(
+    secured: Secured, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="pigeon.broker._native")
+    conn = await secured.connect("app")
+    for i in range(MAX_LOGGED_DENIALS + 10):
+        with pytest.raises(AuthorizationError):
+            await lookup(conn, f"{TOPIC}-{i}")
+    lines = [r for r in caplog.records if "authorization denied" in r.getMessage()]
+    assert len(lines) == MAX_LOGGED_DENIALS + 1
+    assert "not logged" in lines[-1].getMessage()
 
 
 async def test_a_produce_grant_does_not_allow_consuming(secured: Secured) -> None:
