@@ -577,14 +577,10 @@ class NativeProtocol:
         self._checked(conn, req, lambda: self._check_consume(conn, topic, sub), unsubscribe)
 
     def on_seek(self, conn: Connection, req: Request) -> None:
-        _consumer, sub, topic = self._consumer(conn, req.body.consumerId)
-        self._checked(
-            conn, req, lambda: self._check_consume(conn, topic, sub), lambda: self._seek(conn, req)
-        )
-
-    def _seek(self, conn: Connection, req: Request) -> None:
+        # the request's body is only valid during this call: read it before any task
         b = req.body
-        _consumer, sub, topic = self._consumer(conn, b.consumerId)
+        consumer_id = b.consumerId
+        _consumer, sub, topic = self._consumer(conn, consumer_id)
         which = b.which()
         if which == "offset":
             target = SeekTarget(offset=b.offset)
@@ -593,31 +589,43 @@ class NativeProtocol:
         else:
             p = b.position
             target = SeekTarget(position=((p.segmentId, p.entryId), p.batchIndex))
+        self._checked(
+            conn,
+            req,
+            lambda: self._check_consume(conn, topic, sub),
+            lambda: self._seek(conn, req.request_id, consumer_id, target),
+        )
+
+    def _seek(
+        self, conn: Connection, request_id: int, consumer_id: int, target: SeekTarget
+    ) -> None:
+        _consumer, sub, topic = self._consumer(conn, consumer_id)
         coro = self.core.seek(topic, sub, target)
 
         async def seek() -> None:
             await coro
             # Answer before anything from the new position can be pushed (no checkpoint
             # in between): the client drops what it queued from before the seek.
-            conn.respond(req.request_id, "ok")
+            conn.respond(request_id, "ok")
             await sub.flush()
 
-        self._spawn(conn, req.request_id, seek)
+        self._spawn(conn, request_id, seek)
 
     def on_getLastMessageId(self, conn: Connection, req: Request) -> None:
-        _consumer, sub, topic = self._consumer(conn, req.body.consumerId)
+        consumer_id = req.body.consumerId
+        _consumer, sub, topic = self._consumer(conn, consumer_id)
         self._checked(
             conn,
             req,
             lambda: self._check_consume(conn, topic, sub),
-            lambda: self._last_message_id(conn, req),
+            lambda: self._last_message_id(conn, req.request_id, consumer_id),
         )
 
-    def _last_message_id(self, conn: Connection, req: Request) -> None:
-        _consumer, sub, topic = self._consumer(conn, req.body.consumerId)
+    def _last_message_id(self, conn: Connection, request_id: int, consumer_id: int) -> None:
+        _consumer, sub, topic = self._consumer(conn, consumer_id)
         (seg_id, entry_id), last_offset, mark_delete = self.core.last_message_id(topic, sub)
         conn.respond(
-            req.request_id,
+            request_id,
             "lastMessageId",
             {
                 "position": {"segmentId": seg_id, "entryId": entry_id, "batchIndex": -1},
