@@ -10,23 +10,51 @@ Request handlers are synchronous (see :mod:`pigeon.core._rpc`); anything that wa
 opening a topic, persisting a cursor — runs as a task in the connection's nursery.
 Produce requests never wait in a task: ``on_send`` hands the batch to the core at once,
 so the order of requests on a connection is the order in the log.
+
+**Security.**  The port is served twice when ``broker_service_port_tls`` is set: in
+plaintext and over TLS, both with the broker's authenticator (a token sent over the
+plaintext port can be read on the network, as with Pulsar: put it behind TLS where that
+matters).  Authorization (:mod:`pigeon.broker._authz`) is checked once per request that
+attaches or names a topic, at the start of its task, never per message:
+
+* ``createProducer``: ``produce`` on the topic; ``createTopic``: ``produce`` (a tenant
+  admin has it on every topic of the tenant);
+* ``subscribe`` (readers too): ``consume`` with the subscription
+  (``subscription_auth_mode``); ``unsubscribe``, ``seek`` and ``getLastMessageId``:
+  ``consume`` again (a permission revoked since the attach counts);
+* ``lookup`` (which answers partition metadata too): ``produce`` or ``consume``;
+* ``listTopics`` of a namespace: a tenant admin, or a role with any permission in the
+  namespace (namespace-wide or on one of its topics) — it sees the names it could find
+  by lookup anyway, and nothing of other namespaces.
+
+A denial answers the request with :class:`AuthorizationError` (naming role and action)
+and is logged once per connection; the connection stays up.  A connection authenticated
+with an expiring token is closed once the token has expired (checked by the broker's
+maintenance loop, :meth:`NativeProtocol.close_expired`): its producers and consumers are
+told ``closedByBroker`` first, and the client reconnects with a fresh token.  Lookups
+answer a client on the TLS port with the owner's ``pigeon+ssl://`` URL.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import trio
 
 from pigeon.broker._subscription import Consumer
 from pigeon.broker._topic import Producer
 from pigeon.broker._topic_protocol import SeekTarget
 from pigeon.core import TopicName
 from pigeon.core.errors import (
+    AuthenticationError,
+    AuthorizationError,
     InternalError,
     InvalidArgument,
+    NoSuchNode,
     PigeonError,
     ServiceUnavailable,
 )
@@ -38,6 +66,9 @@ if TYPE_CHECKING:
 __all__ = ["NativeProtocol"]
 
 log = logging.getLogger(__name__)
+
+#: distinct denials logged per connection (a client probing many topics floods no log)
+MAX_LOGGED_DENIALS = 32
 
 _SUB_TYPES = {
     "exclusive": "exclusive",
@@ -56,6 +87,8 @@ class _ConnState:
     #: of those, the ones whose producer or consumer the client closed meanwhile (it
     #: gave up waiting): they must not add it when they finish
     abandoned: set[int] = field(default_factory=set)
+    #: the denials already logged for this connection (each once, however often asked)
+    denials: set[str] = field(default_factory=set)
 
     @contextlib.contextmanager
     def open_request(self, kind: str, ident: int, request_id: int) -> Iterator[None]:
@@ -145,6 +178,98 @@ class NativeProtocol:
                     )
         return count
 
+    def close_expired(self, now: float) -> int:
+        """Close every connection whose credentials expired by ``now`` (Unix seconds),
+        after telling its producers and consumers ``closedByBroker`` (their clients
+        reconnect, presenting fresh credentials); returns how many were closed."""
+        closed = 0
+        for conn, state in list(self.conns.items()):
+            expires = getattr(conn, "auth_expires", None)
+            if expires is None or expires > now or conn.closed:
+                continue
+            reason = "authentication expired: reconnect with fresh credentials"
+            for pid in state.producers:
+                with contextlib.suppress(PigeonError):
+                    conn.send_nowait(
+                        "closedByBroker", {"producerId": pid, "isProducer": True, "reason": reason}
+                    )
+            for cid in state.consumers:
+                with contextlib.suppress(PigeonError):
+                    conn.send_nowait(
+                        "closedByBroker",
+                        {"consumerId": cid, "isProducer": False, "reason": reason},
+                    )
+            log.info(
+                "closing connection: credentials expired conn=%s role=%s", conn.name, conn.role
+            )
+            conn.close(AuthenticationError(f"the credentials of role {conn.role!r} expired"))
+            closed += 1
+        return closed
+
+    # ------------------------------------------------------------------ authorization
+
+    async def _authorize(self, conn: Connection, check: Awaitable[None]) -> None:
+        """Await an authorization ``check``; a denial is logged once per connection."""
+        try:
+            await check
+        except AuthorizationError as exc:
+            state = self.conns.get(conn)
+            if state is None or exc.message in state.denials:
+                raise
+            if len(state.denials) < MAX_LOGGED_DENIALS:
+                state.denials.add(exc.message)
+                log.warning(
+                    "authorization denied conn=%s role=%s error=%s",
+                    conn.name,
+                    conn.role,
+                    exc.message,
+                )
+                if len(state.denials) == MAX_LOGGED_DENIALS:
+                    log.warning(
+                        "authorization denied %d times conn=%s: further denials on this"
+                        " connection are answered but not logged",
+                        MAX_LOGGED_DENIALS,
+                        conn.name,
+                    )
+            raise
+
+    def _checked(
+        self, conn: Connection, req: Request, check: Callable[[], Awaitable[None]], then: Any
+    ) -> None:
+        """Run ``then()`` (synchronous; it answers the request) once ``check()`` passed;
+        without authorization at once."""
+        if not self.core.authorization.enabled:
+            then()
+            return
+
+        async def checked() -> None:
+            await self._authorize(conn, check())
+            then()
+
+        self._spawn(conn, req.request_id, checked)
+
+    async def _check_list(self, role: str | None, namespace: str) -> None:
+        """``listTopics`` of ``namespace``: a tenant admin, or any permission in it."""
+        authz = self.core.authorization
+        tenant = namespace.partition("/")[0]
+        if not authz.enabled or await authz.is_tenant_admin(role, tenant):
+            return
+        if role is not None:
+            try:
+                policies = await self.core.policies.get(namespace)
+            except NoSuchNode:
+                policies = None
+            if policies is not None and (
+                role in policies.permissions
+                or any(role in grants for grants in policies.topic_permissions.values())
+            ):
+                return
+        who = f"role {role!r}" if role is not None else "an unauthenticated client"
+        raise AuthorizationError(
+            f"{who} may not list the topics of {namespace} (it needs a permission there or"
+            f" an admin role of tenant {tenant!r})"
+        )
+
     def _state(self, conn: Connection) -> _ConnState:
         state = self.conns.get(conn)
         if state is None:
@@ -183,7 +308,9 @@ class NativeProtocol:
         name = TopicName.parse(str(req.body.topic))
 
         async def lookup() -> None:
-            url, partitions = await self.core.lookup(name)
+            await self._authorize(conn, self.core.authorization.check_lookup(conn.role, name))
+            tls = isinstance(conn.stream, trio.SSLStream)
+            url, partitions = await self.core.lookup(name, tls=tls)
             conn.respond(
                 req.request_id,
                 "lookupResult",
@@ -194,12 +321,19 @@ class NativeProtocol:
 
     def on_createTopic(self, conn: Connection, req: Request) -> None:
         name = TopicName.parse(str(req.body.topic))
-        self._spawn_ok(conn, req.request_id, self.core.create_topic, name, req.body.partitions)
+        partitions = req.body.partitions
+
+        async def create() -> None:
+            await self._authorize(conn, self.core.authorization.check_produce(conn.role, name))
+            await self.core.create_topic(name, partitions)
+
+        self._spawn_ok(conn, req.request_id, create)
 
     def on_listTopics(self, conn: Connection, req: Request) -> None:
         namespace = str(req.body.namespace)
 
         async def list_() -> None:
+            await self._authorize(conn, self._check_list(conn.role, namespace))
             topics = await self.core.list_topics(namespace)
             conn.respond(req.request_id, "topicList", {"topics": topics})
 
@@ -234,6 +368,7 @@ class NativeProtocol:
         producer_name: str,
     ) -> None:
         with state.open_request("producer", producer_id, request_id):
+            await self._authorize(conn, self.core.authorization.check_produce(conn.role, name))
             producer = await self.core.create_producer(
                 name,
                 producer_name,
@@ -366,6 +501,9 @@ class NativeProtocol:
         start_offset: int,
     ) -> None:
         with state.open_request("consumer", consumer_id, request_id):
+            await self._authorize(
+                conn, self.core.authorization.check_consume(conn.role, name, sub_name)
+            )
             consumer, sub, topic = await self.core.subscribe(
                 name,
                 sub_name,
@@ -422,16 +560,27 @@ class NativeProtocol:
         sub.remove_consumer(consumer)
         self._spawn_ok(conn, req.request_id, self.core.close_consumer, topic, sub)
 
+    def _check_consume(self, conn: Connection, topic: Any, sub: Any) -> Awaitable[None]:
+        return self.core.authorization.check_consume(conn.role, topic.name, sub.name)
+
     def on_unsubscribe(self, conn: Connection, req: Request) -> None:
-        consumer, sub, topic = self._consumer(conn, req.body.consumerId)
-        self.core.check_unsubscribe(sub, consumer)
-        self._state(conn).consumers.pop(req.body.consumerId, None)
-        sub.remove_consumer(consumer)
-        self._spawn_ok(conn, req.request_id, self.core.unsubscribe, topic, sub)
+        consumer_id = req.body.consumerId
+        _consumer, sub, topic = self._consumer(conn, consumer_id)
+
+        def unsubscribe() -> None:
+            consumer, sub, topic = self._consumer(conn, consumer_id)
+            self.core.check_unsubscribe(sub, consumer)
+            self._state(conn).consumers.pop(consumer_id, None)
+            sub.remove_consumer(consumer)
+            self._spawn_ok(conn, req.request_id, self.core.unsubscribe, topic, sub)
+
+        self._checked(conn, req, lambda: self._check_consume(conn, topic, sub), unsubscribe)
 
     def on_seek(self, conn: Connection, req: Request) -> None:
+        # the request's body is only valid during this call: read it before any task
         b = req.body
-        _consumer, sub, topic = self._consumer(conn, b.consumerId)
+        consumer_id = b.consumerId
+        _consumer, sub, topic = self._consumer(conn, consumer_id)
         which = b.which()
         if which == "offset":
             target = SeekTarget(offset=b.offset)
@@ -440,22 +589,43 @@ class NativeProtocol:
         else:
             p = b.position
             target = SeekTarget(position=((p.segmentId, p.entryId), p.batchIndex))
+        self._checked(
+            conn,
+            req,
+            lambda: self._check_consume(conn, topic, sub),
+            lambda: self._seek(conn, req.request_id, consumer_id, target),
+        )
+
+    def _seek(
+        self, conn: Connection, request_id: int, consumer_id: int, target: SeekTarget
+    ) -> None:
+        _consumer, sub, topic = self._consumer(conn, consumer_id)
         coro = self.core.seek(topic, sub, target)
 
         async def seek() -> None:
             await coro
             # Answer before anything from the new position can be pushed (no checkpoint
             # in between): the client drops what it queued from before the seek.
-            conn.respond(req.request_id, "ok")
+            conn.respond(request_id, "ok")
             await sub.flush()
 
-        self._spawn(conn, req.request_id, seek)
+        self._spawn(conn, request_id, seek)
 
     def on_getLastMessageId(self, conn: Connection, req: Request) -> None:
-        _consumer, sub, topic = self._consumer(conn, req.body.consumerId)
+        consumer_id = req.body.consumerId
+        _consumer, sub, topic = self._consumer(conn, consumer_id)
+        self._checked(
+            conn,
+            req,
+            lambda: self._check_consume(conn, topic, sub),
+            lambda: self._last_message_id(conn, req.request_id, consumer_id),
+        )
+
+    def _last_message_id(self, conn: Connection, request_id: int, consumer_id: int) -> None:
+        _consumer, sub, topic = self._consumer(conn, consumer_id)
         (seg_id, entry_id), last_offset, mark_delete = self.core.last_message_id(topic, sub)
         conn.respond(
-            req.request_id,
+            request_id,
             "lastMessageId",
             {
                 "position": {"segmentId": seg_id, "entryId": entry_id, "batchIndex": -1},

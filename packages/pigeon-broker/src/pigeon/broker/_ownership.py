@@ -3,7 +3,8 @@
 Each namespace's hash space is split into ``bundles_per_namespace`` equal bundles; a topic
 belongs to the bundle its name's CRC-32 falls in. A broker serves a topic only while it
 holds its bundle's ephemeral node ``/pigeon/ownership/<tenant>/<ns>/<bundle>`` (value: the
-broker's service URL). When a broker dies its metadata session expires, the nodes vanish,
+broker's service URL, and ``url_tls``, its ``pigeon+ssl://`` URL when it has a TLS
+listener). When a broker dies its metadata session expires, the nodes vanish,
 and the next lookup hands the bundle to another broker, which recovers (fences) the
 topics' last segments before appending: no data moves.
 
@@ -52,6 +53,7 @@ from pigeon.core.errors import (
     NotOwner,
     PigeonError,
     SessionExpired,
+    TlsError,
 )
 from pigeon.core.metadata import Op
 from pigeon.core.paths import BROKER_SESSIONS_PATH, BROKERS_PATH, OWNERSHIP_PATH
@@ -226,9 +228,13 @@ class Ownership:
         load: Callable[[], dict[str, Any]] = dict,
         report_interval: float = 5.0,
         advertised: dict[str, str] | None = None,
+        service_url_tls: str | None = None,
     ) -> None:
         self.store = store
         self.service_url = service_url
+        #: ``pigeon+ssl://host:port`` of the broker's TLS listener (None: none), carried
+        #: as ``url_tls`` in the registration and every bundle node
+        self.service_url_tls = service_url_tls
         self.address = address
         self.bundles = max(1, bundles_per_namespace)
         self.load = load
@@ -287,6 +293,7 @@ class Ownership:
                 "url": self.service_url,
                 "address": self.address,
                 "token": self.token,
+                **({"url_tls": self.service_url_tls} if self.service_url_tls else {}),
                 **self.advertised,
                 **fields,
             }
@@ -397,9 +404,21 @@ class Ownership:
                     continue
         return found
 
-    async def lookup(self, name: TopicName) -> str:
-        """The owner's service URL, or the least-loaded broker's for an unowned bundle."""
-        return str((await self.lookup_record(name)).get("url", self.service_url))
+    async def lookup(self, name: TopicName, *, tls: bool = False) -> str:
+        """The owner's service URL, or the least-loaded broker's for an unowned bundle;
+        with ``tls`` its ``pigeon+ssl://`` URL (:class:`TlsError` if it has no TLS
+        listener)."""
+        record = await self.lookup_record(name)
+        url = str(record.get("url", self.service_url))
+        if not tls:
+            return url
+        url_tls = record.get("url_tls")
+        if not url_tls:
+            raise TlsError(
+                f"{name} is served by {url}, which has no TLS listener"
+                " (broker_service_port_tls); connect with pigeon:// or enable TLS there"
+            )
+        return str(url_tls)
 
     async def lookup_record(self, name: TopicName) -> dict[str, Any]:
         """The owner's record (see :meth:`owner_record`), or the least-loaded broker's

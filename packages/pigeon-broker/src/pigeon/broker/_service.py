@@ -40,11 +40,13 @@ from pigeon.core import TopicName
 from pigeon.core.auth import Authenticator
 from pigeon.core.codecs import GZIP, NONE, CodecSet
 from pigeon.core.errors import (
+    ConfigError,
     InvalidArgument,
     NoSuchNode,
     NotOwner,
     PigeonError,
     ProducerBusy,
+    TlsError,
     TopicExists,
     TopicNotFound,
 )
@@ -56,7 +58,7 @@ from pigeon.core.paths import (
 )
 from pigeon.core.rpc import BrokerFrame, serve_tcp
 from pigeon.core.runtime import WallClock
-from pigeon.core.tls import ServerTls
+from pigeon.core.tls import ServerTls, reload_on_sighup
 
 __all__ = ["BrokerService", "FrontDoor"]
 
@@ -116,6 +118,8 @@ class BrokerService:
         self.front_doors: list[FrontDoor] = [self.native]
         self.nursery: trio.Nursery = None  # type: ignore[assignment]
         self.address: tuple[str, int] | None = None
+        #: the TLS listener's address (``broker_service_port_tls``), when it runs
+        self.address_tls: tuple[str, int] | None = None
         self._names = itertools.count()
         self.clock = WallClock()
         self.policies = PolicyStore(store)
@@ -143,6 +147,39 @@ class BrokerService:
         assert self.address is not None
         return f"pigeon://{self.address[0]}:{self.address[1]}"
 
+    @property
+    def service_url_tls(self) -> str | None:
+        """``pigeon+ssl://host:port`` of the TLS listener; None when there is none."""
+        if self.address_tls is None:
+            return None
+        return f"pigeon+ssl://{self.address_tls[0]}:{self.address_tls[1]}"
+
+    async def _serve_tls(self, nursery: trio.Nursery) -> None:
+        """The native protocol over TLS on ``broker_service_port_tls``, next to the
+        plaintext port; certificates reload on SIGHUP (connections stay up)."""
+        tls = self.server_tls
+        if tls is None:
+            raise ConfigError(
+                "'broker_service_port_tls' needs 'tls_certificate_file' and 'tls_key_file'"
+                " (the broker's certificate)"
+            )
+        self.address_tls = await nursery.start(
+            lambda task_status: serve_tcp(
+                self.native,
+                BrokerFrame,
+                host=self.config.host,
+                port=self.config.broker_service_port_tls,
+                server_name="pigeon-broker",
+                max_frame_size=self.config.max_frame_size,
+                max_message_size=self.config.max_message_size,
+                tls=tls,
+                authenticator=self.authenticator,
+                task_status=task_status,
+            )
+        )
+        await nursery.start(reload_on_sighup, tls)
+        log.info("broker serving TLS address=%s:%s", *self.address_tls)
+
     async def run(
         self, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED
     ) -> None:
@@ -162,6 +199,9 @@ class BrokerService:
                     self.front_doors.append(self.kafka)
                     await self.kafka.listen()
                     advertised["kafka"] = self.kafka.advertised_address
+                if self.config.broker_service_port_tls >= 0:
+                    # like Kafka's: open before the plaintext port says the broker is up
+                    await self._serve_tls(nursery)
                 self.address = await nursery.start(
                     lambda task_status: serve_tcp(
                         self.native,
@@ -171,6 +211,7 @@ class BrokerService:
                         server_name="pigeon-broker",
                         max_frame_size=self.config.max_frame_size,
                         max_message_size=self.config.max_message_size,
+                        authenticator=self.authenticator,
                         task_status=task_status,
                     )
                 )
@@ -182,6 +223,7 @@ class BrokerService:
                     bundles_per_namespace=self.config.bundles_per_namespace,
                     load=self.load_report,
                     advertised=advertised,
+                    service_url_tls=self.service_url_tls,
                 )
                 await nursery.start(self.ownership.run, self._ownership_lost)
                 self.auditor = Auditor(
@@ -214,12 +256,15 @@ class BrokerService:
         await drop_all_topics(self)
 
     async def _maintenance(self) -> None:
-        """Message TTL, backlog-quota eviction and retention, every maintenance interval."""
+        """Message TTL, backlog-quota eviction, retention and expired credentials, every
+        maintenance interval."""
         while True:
             await trio.sleep(self.config.maintenance_interval_s)
             await self.maintain_once()
 
     async def maintain_once(self) -> None:
+        # connections whose token expired: closed, their clients reconnect with a new one
+        self.native.close_expired(self.clock.now_ms() / 1000)
         for topic in list(self.topics.values()):
             if self._orphaned(topic):
                 # loaded here while its bundle went elsewhere: its clients would wait
@@ -333,11 +378,17 @@ class BrokerService:
             return 0
         return int(json.loads(stat.value)["partitions"])
 
-    async def lookup(self, name: TopicName) -> tuple[str, int]:
-        """(service URL of the broker that serves ``name``, its partition count)."""
+    async def lookup(self, name: TopicName, *, tls: bool = False) -> tuple[str, int]:
+        """(service URL of the broker that serves ``name``, its partition count); with
+        ``tls`` (a client that came over TLS) its ``pigeon+ssl://`` URL."""
         partitions = await self.partitions_of(name)
-        url = self.service_url if partitions else await self.ownership.lookup(name)
-        return url, partitions
+        if not partitions:
+            return await self.ownership.lookup(name, tls=tls), partitions
+        if not tls:
+            return self.service_url, partitions
+        if self.service_url_tls is None:  # pragma: no cover - a TLS client came over TLS
+            raise TlsError("this broker has no TLS listener (broker_service_port_tls)")
+        return self.service_url_tls, partitions
 
     async def create_topic(self, name: TopicName, partitions: int) -> None:
         """Create a topic; ``partitions > 0`` makes a partitioned one."""

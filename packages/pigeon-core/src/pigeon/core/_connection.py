@@ -139,6 +139,9 @@ class Connection:
         self.peer_version = 0
         #: the role the connect handshake authenticated (None: no authentication)
         self.role: str | None = None
+        #: when the credentials of that role expire (Unix seconds: a token's ``exp``;
+        #: None: never); the server closes the connection then
+        self.auth_expires: float | None = None
         self.nursery: trio.Nursery | None = None
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}

@@ -256,6 +256,7 @@ class _HandshakeHandler:
             except AuthenticationError as exc:
                 _refuse(conn, req, exc)
                 return
+            conn.auth_expires = self.authenticator.expires_at(auth)
         conn.role = role
         conn.peer_name = str(req.body.clientName)
         conn.peer_version = version

@@ -121,6 +121,18 @@ class TokenAuthenticationProvider:
             raise AuthenticationError("the token is not valid: not ASCII text") from None
         return self._validate(token, self._key)
 
+    def expires_at(self, auth: AuthData) -> float | None:
+        """The ``exp`` (Unix seconds) of a token :meth:`authenticate` accepted; None
+        when it never expires."""
+        import jwt
+
+        try:
+            claims = jwt.decode(bytes(auth.data), options={"verify_signature": False})
+        except jwt.PyJWTError:
+            return None
+        exp = claims.get("exp")
+        return float(exp) if isinstance(exp, int | float) else None
+
 
 class TlsAuthenticationProvider:
     """``tls``: the role is the common name of the client's certificate, which the TLS
@@ -189,6 +201,14 @@ class Authenticator:
                 f" (enabled: {', '.join(self.methods)})"
             )
         return provider.authenticate(auth)
+
+    def expires_at(self, auth: AuthData) -> float | None:
+        """When the credentials :meth:`authenticate` accepted expire (Unix seconds), for
+        providers that know (``expires_at(auth)``, as the ``token`` provider's); None:
+        never."""
+        method = auth.method or ("tls" if auth.peer_certificate else "")
+        expires = getattr(self.providers.get(method), "expires_at", None)
+        return None if expires is None else expires(auth)
 
 
 # ------------------------------------------------------------------ the dialling side
