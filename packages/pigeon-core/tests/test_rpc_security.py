@@ -263,27 +263,32 @@ def _served_serial(conn: Any) -> Any:
     return stream.getpeercert()["serialNumber"]
 
 
-async def test_sighup_reloads_the_certificate(certs: Certificates, tmp_path: Path) -> None:
+async def test_sighup_reloads_every_listener_of_the_process(
+    certs: Certificates, tmp_path: Path
+) -> None:
     from pigeon.core.tls import reload_on_sighup
 
     live = tmp_path / "live.pem"
     shutil.copy(certs.server, live)
-    tls = ServerTls(certificate_file=str(live), key_file=str(live))
+    first = ServerTls(certificate_file=str(live), key_file=str(live))
+    second = ServerTls(certificate_file=str(live), key_file=str(live), what="bookie")
+    reloaded = trio.Event()
+    reload = second.reload
+
+    def observed() -> bool:
+        done = reload()
+        reloaded.set()
+        return done
+
+    second.reload = observed  # type: ignore[method-assign]
     async with trio.open_nursery() as nursery:
-        await nursery.start(reload_on_sighup, tls)
-        reloaded = trio.Event()
-        reload = tls.reload
-
-        def observed() -> bool:
-            done = reload()
-            reloaded.set()
-            return done
-
-        tls.reload = observed  # type: ignore[method-assign]
+        # two nodes in one process (pigeon standalone): one signal reloads both
+        await nursery.start(reload_on_sighup, first)
+        await nursery.start(reload_on_sighup, second)
         os.kill(os.getpid(), signal.SIGHUP)
         with trio.fail_after(TIMEOUT):
             await reloaded.wait()
-        assert tls.reloads == 1
+        assert (first.reloads, second.reloads) == (1, 1)
         nursery.cancel_scope.cancel()
 
 

@@ -179,21 +179,39 @@ class ServerTls:
         return True
 
 
+#: the listeners' certificates every SIGHUP reloads (one process may run several nodes:
+#: ``pigeon standalone``'s broker and bookie), and whether a receiver task is running
+_on_sighup: list[ServerTls] = []
+_receiving = False
+
+
 async def reload_on_sighup(
     *tls: ServerTls, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
 ) -> None:
     """Reload these listeners' certificates on every SIGHUP, until cancelled.
 
-    Outside the main thread (a node embedded in a test) signals cannot be received:
-    then this only reports started and waits."""
-    if threading.current_thread() is not threading.main_thread():
-        task_status.started()
-        await trio.sleep_forever()
-    with trio.open_signal_receiver(signal.SIGHUP) as signals:
-        task_status.started()
-        async for _ in signals:
-            for one in tls:
-                one.reload()
+    Any number of these tasks may run in one process: trio delivers a signal to one
+    receiver only, so the first task receives and every task's certificates are
+    reloaded.  Outside the main thread (a node embedded in a test) signals cannot be
+    received: then this only reports started and waits."""
+    global _receiving
+    _on_sighup.extend(tls)
+    try:
+        if _receiving or threading.current_thread() is not threading.main_thread():
+            task_status.started()
+            await trio.sleep_forever()
+        _receiving = True
+        try:
+            with trio.open_signal_receiver(signal.SIGHUP) as signals:
+                task_status.started()
+                async for _ in signals:
+                    for one in list(_on_sighup):
+                        one.reload()
+        finally:
+            _receiving = False
+    finally:
+        for one in tls:
+            _on_sighup.remove(one)
 
 
 def describe_tls_error(exc: BaseException, *, server_side: bool = False) -> str:
