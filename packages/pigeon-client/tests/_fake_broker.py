@@ -114,8 +114,8 @@ class Certificates:
     ca: trustme.CA = field(repr=False)
 
     @classmethod
-    def make(cls, directory: Path, *names: str) -> Certificates:
-        ca, other = trustme.CA(), trustme.CA()
+    def make(cls, directory: Path, *names: str, ca: trustme.CA | None = None) -> Certificates:
+        ca, other = ca or trustme.CA(), trustme.CA()
         cert = ca.issue_cert(*(names or ("127.0.0.1", "localhost")))
         paths = {n: str(directory / f"{n}.pem") for n in ("ca", "cert", "key", "other")}
         ca.cert_pem.write_to_path(paths["ca"])
@@ -137,12 +137,20 @@ class Running:
 
 
 @contextmanager
-def fake_broker(*, tls: ServerTls | None = None, tokens: bool = False) -> Iterator[Running]:
-    """Run a :class:`FakeBroker` (TLS with ``tls``; token authentication with ``tokens``)
-    in a thread until the block ends."""
+def fake_broker(
+    *,
+    tls: ServerTls | None = None,
+    tokens: bool = False,
+    secret: bytes | None = None,
+    authenticator: Authenticator | None = None,
+) -> Iterator[Running]:
+    """Run a :class:`FakeBroker` (TLS with ``tls``; token authentication with ``tokens``,
+    signed with ``secret`` or a new key, or this ``authenticator``) in a thread until the
+    block ends."""
     broker = FakeBroker()
-    secret = create_secret_key() if tokens else b""
-    authenticator = Authenticator([TokenAuthenticationProvider(secret)]) if tokens else None
+    secret = (secret or create_secret_key()) if tokens else b""
+    if tokens:
+        authenticator = Authenticator([TokenAuthenticationProvider(secret)])
     started: queue.Queue[Any] = queue.Queue()
 
     async def main() -> None:

@@ -36,6 +36,7 @@ from pigeon.client import (
     Client,
     TlsError,
 )
+from pigeon.core.auth import Authenticator, TlsAuthenticationProvider
 from pigeon.core.errors import InvalidArgument
 from pigeon.core.tls import ServerTls
 
@@ -354,3 +355,80 @@ def test_no_repr_or_error_shows_the_token(plain_broker: Running, tmp_path: Path)
 def test_authentication_must_be_credentials() -> None:
     with pytest.raises(InvalidArgument, match="AuthenticationToken"):
         Client("pigeon://127.0.0.1:1", authentication="a-token")  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------- mTLS, owners
+
+
+@pytest.fixture(scope="module")
+def client_cert(certs: Certificates, tmp_path_factory: pytest.TempPathFactory) -> AuthenticationTLS:
+    directory = tmp_path_factory.mktemp("client")
+    cert = certs.ca.issue_cert("client.example", common_name="writer")
+    cert.cert_chain_pems[0].write_to_path(directory / "cert.pem")
+    cert.private_key_pem.write_to_path(directory / "key.pem")
+    return AuthenticationTLS(str(directory / "cert.pem"), str(directory / "key.pem"))
+
+
+@pytest.fixture(scope="module")
+def mtls_broker(certs: Certificates) -> Iterator[Running]:
+    tls = ServerTls(
+        certificate_file=certs.cert_file,
+        key_file=certs.key_file,
+        trust_certs_file=certs.ca_file,
+        require_client_cert=True,
+    )
+    with fake_broker(tls=tls, authenticator=Authenticator([TlsAuthenticationProvider()])) as r:
+        yield r
+
+
+def test_a_client_certificate_is_the_role(
+    mtls_broker: Running, certs: Certificates, client_cert: AuthenticationTLS
+) -> None:
+    with Client(
+        mtls_broker.url, authentication=client_cert, tls_trust_certs_file_path=certs.ca_file
+    ) as client:
+        produce_one(client)
+    assert mtls_broker.broker.roles[-1] == "writer"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="core: a TLS 1.3 alert after the handshake (client certificate required) reaches"
+    " the client as a plain 'connection lost' (ConnectionClosed), which is retried",
+)
+def test_a_missing_client_certificate_is_a_tls_error_at_once(
+    mtls_broker: Running, certs: Certificates
+) -> None:
+    with (
+        Client(
+            mtls_broker.url, tls_trust_certs_file_path=certs.ca_file, operation_timeout=3.0
+        ) as client,
+        pytest.raises(TlsError),
+    ):
+        produce_one(client)
+
+
+def test_the_owner_is_dialled_over_tls_by_the_host_name_its_url_gives(
+    tls_broker: Running, certs: Certificates, tmp_path: Path
+) -> None:
+    """The lookup broker (certificate for 127.0.0.1) sends the client to an owner whose
+    certificate names only ``localhost``: the client dials it over TLS, checks that name,
+    and presents its token there too."""
+    owner_certs = Certificates.make(tmp_path, "localhost", ca=certs.ca)
+    tls = ServerTls(certificate_file=owner_certs.cert_file, key_file=owner_certs.key_file)
+    lookup = tls_broker.broker
+    with fake_broker(tls=tls, tokens=True, secret=tls_broker.secret) as owner:
+        owner_url = owner.url.replace("127.0.0.1", "localhost")
+        owner.call(lambda: setattr(owner.broker, "url", owner_url))
+        tls_broker.call(lambda: setattr(lookup, "url", owner_url))
+        try:
+            with Client(
+                tls_broker.url,
+                authentication=AuthenticationToken(tls_broker.token("roaming")),
+                tls_trust_certs_file_path=certs.ca_file,
+            ) as client:
+                produce_one(client)
+        finally:
+            tls_broker.call(lambda: setattr(lookup, "url", tls_broker.url))
+        assert owner.broker.sent == 1
+        assert owner.broker.roles == ["roaming"]
