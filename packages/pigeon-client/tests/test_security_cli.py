@@ -107,10 +107,17 @@ def test_token_and_token_file_together_are_a_usage_error(tmp_path: Path) -> None
     assert result.exit_code == 2 and "not both" in result.output
 
 
-def test_the_help_recommends_the_variable_or_the_file() -> None:
-    result = pigeon("produce", "--help")
+@pytest.mark.parametrize(
+    "command", [("produce",), ("consume",), ("perf", "produce"), ("perf", "consume"), ("admin",)]
+)
+def test_every_command_takes_the_options_and_recommends_the_variable_or_the_file(
+    command: tuple[str, ...],
+) -> None:
+    result = pigeon(*command, "--help")
     assert "PIGEON_AUTH_TOKEN" in result.output and "--auth-token-file" in result.output
-    assert "PIGEON_TLS_TRUST_CERTS_FILE" in result.output
+    assert (
+        "PIGEON_TLS_TRUST_CERTS_FILE" in result.output and "--tls-allow-insecure" in result.output
+    )
 
 
 # ---------------------------------------------------------------------------- admin

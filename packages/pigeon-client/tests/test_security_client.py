@@ -432,3 +432,20 @@ def test_the_owner_is_dialled_over_tls_by_the_host_name_its_url_gives(
             tls_broker.call(lambda: setattr(lookup, "url", tls_broker.url))
         assert owner.broker.sent == 1
         assert owner.broker.roles == ["roaming"]
+
+
+async def test_a_refused_resubscribe_ends_receive_on_the_trio_face(plain_broker: Running) -> None:
+    token = {"value": plain_broker.token("alice")}
+    broker = plain_broker.broker
+    with trio.fail_after(FAST):
+        async with ptrio.Client(
+            plain_broker.url,
+            authentication=ptrio.AuthenticationToken(lambda: token["value"]),
+            operation_timeout=OPERATION_TIMEOUT,
+        ) as client:
+            consumer = await client.subscribe("t", "trio-sub")
+            token["value"] = "revoked"
+            await trio.to_thread.run_sync(plain_broker.call, broker.drop_connections)
+            with pytest.raises(AuthenticationError):
+                await consumer.receive(timeout=OPERATION_TIMEOUT)
+            await consumer.close()
