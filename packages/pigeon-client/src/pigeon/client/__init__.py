@@ -11,6 +11,12 @@ programs (``async with`` / ``await``), ``pigeon.client.asyncio`` for asyncio one
         with client.subscribe("events", "sub-1", initial_position="earliest") as consumer:
             msg = consumer.receive(timeout=5.0)
             consumer.acknowledge(msg)
+
+TLS and credentials, with Pulsar's names::
+
+    Client("pigeon+ssl://broker.example:6651",
+           authentication=AuthenticationToken("file:///run/secrets/pigeon-token"),
+           tls_trust_certs_file_path="/etc/pigeon/ca.pem")
 """
 
 from __future__ import annotations
@@ -18,17 +24,25 @@ from __future__ import annotations
 from pigeon.client._message import Message, MessageId
 from pigeon.client._options import DeadLetterPolicy
 from pigeon.client._sync import Client, Consumer, Producer, Reader
+from pigeon.core.auth import AuthenticationTLS, AuthenticationToken
 from pigeon.core.errors import (
     AlreadyClosed,
+    AuthenticationError,
+    AuthorizationError,
     ConnectionClosed,
     MessageTooLarge,
     PigeonError,
     ProducerQueueFull,
     Timeout,
+    TlsError,
 )
 
 __all__ = [
     "AlreadyClosed",
+    "AuthenticationError",
+    "AuthenticationTLS",
+    "AuthenticationToken",
+    "AuthorizationError",
     "Client",
     "ConnectionClosed",
     "Consumer",
@@ -41,4 +55,5 @@ __all__ = [
     "ProducerQueueFull",
     "Reader",
     "Timeout",
+    "TlsError",
 ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import click
@@ -22,6 +22,7 @@ from pigeon.client._admin_client import (
     F,
     InvalidNamespace,
 )
+from pigeon.client._cli_security import client_security, security_options
 from pigeon.core.errors import InvalidTopicName
 
 # ---------------------------------------------------------------------- output
@@ -32,9 +33,18 @@ class Settings:
     url: str
     json: bool
     timeout: float
+    #: ``AdminClient`` keywords for credentials and TLS (:func:`client_security`)
+    security: dict[str, Any] = field(default_factory=dict)
 
     def client(self) -> AdminClient:
-        return AdminClient(self.url, timeout=self.timeout)
+        s = self.security
+        return AdminClient(
+            self.url,
+            timeout=self.timeout,
+            auth=s.get("authentication"),
+            tls_trust_certs_file_path=s.get("tls_trust_certs_file_path"),
+            tls_allow_insecure_connection=s.get("tls_allow_insecure_connection", False),
+        )
 
 
 def settings() -> Settings:
@@ -201,11 +211,14 @@ def _add(
     default=DEFAULT_URL,
     show_default=True,
     envvar="PIGEON_ADMIN_URL",
-    help="The broker's HTTP (admin) address.",
+    help="The broker's HTTP (admin) address (https://host:port for TLS).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the API's JSON instead of tables.")
 @click.option("--timeout", default=30.0, show_default=True, help="Seconds per HTTP request.")
+@security_options
 @click.pass_context
-def admin_cmd(ctx: click.Context, url: str, as_json: bool, timeout: float) -> None:
+def admin_cmd(
+    ctx: click.Context, /, url: str, as_json: bool, timeout: float, **security: Any
+) -> None:
     """Inspect and change a PigeonMQ cluster through a broker's admin API."""
-    ctx.obj = Settings(url, as_json, timeout)
+    ctx.obj = Settings(url, as_json, timeout, client_security(security))

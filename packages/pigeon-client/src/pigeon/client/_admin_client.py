@@ -1,12 +1,15 @@
 """The admin REST API's small HTTP client (standard library only), under ``pigeon admin``.
 
 :class:`AdminClient` raises :class:`AdminError` carrying the HTTP status and the API's JSON
-error.
+error; a 401 answer raises :class:`~pigeon.core.errors.AuthenticationError` and a 403
+:class:`~pigeon.core.errors.AuthorizationError` (with the server's message), a refused
+certificate :class:`~pigeon.core.errors.TlsError`.
 """
 
 from __future__ import annotations
 
 import json
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -14,6 +17,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from pigeon.core import TopicName
+from pigeon.core.auth import AuthenticationTLS, ClientAuthentication
+from pigeon.core.errors import AuthenticationError, AuthorizationError, InvalidArgument, TlsError
+from pigeon.core.tls import client_context, describe_tls_error
 
 __all__ = ["API", "DEFAULT_URL", "AdminClient", "AdminError", "InvalidNamespace"]
 
@@ -52,12 +58,83 @@ def namespace_path(namespace: str) -> str:
     return f"{API}/namespaces/{_q(tenant)}/{_q(ns)}"
 
 
-class AdminClient:
-    """Blocking client of one broker's admin API."""
+class _NoDowngrade(urllib.request.HTTPRedirectHandler):
+    """Follows redirects, but never from https:// to http:// (the ``Authorization``
+    header would cross the network in clear)."""
 
-    def __init__(self, url: str = DEFAULT_URL, *, timeout: float = 30.0) -> None:
+    def redirect_request(
+        self,
+        req: urllib.request.Request,
+        fp: Any,
+        code: int,
+        msg: str,
+        headers: Any,
+        newurl: str,
+    ) -> urllib.request.Request | None:
+        if req.full_url.startswith("https://") and not newurl.startswith("https://"):
+            raise TlsError(f"refusing a redirect from https:// to {newurl.split('?')[0]}")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+class AdminClient:
+    """Blocking client of one broker's admin API.
+
+    ``url``: ``http://host:port`` or ``https://host:port``.  ``auth``: credentials sent
+    with every request (``AuthenticationToken``: an ``Authorization: Bearer`` header, its
+    file read again when it changed; ``AuthenticationTLS``: the client certificate of the
+    TLS handshake).  ``tls_trust_certs_file_path``: the CAs that sign the broker's
+    certificate (the system's without it); ``tls_validate_hostname`` on by default;
+    ``tls_allow_insecure_connection`` accepts any certificate (tests only).
+    """
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        *,
+        timeout: float = 30.0,
+        auth: ClientAuthentication | None = None,
+        tls_trust_certs_file_path: str | None = None,
+        tls_validate_hostname: bool = True,
+        tls_allow_insecure_connection: bool = False,
+    ) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout
+        if auth is not None and not isinstance(auth, ClientAuthentication):
+            raise InvalidArgument(
+                "auth must be AuthenticationToken(...) or AuthenticationTLS(...),"
+                f" got {type(auth).__name__}"
+            )
+        self.auth = auth
+        self._tls: ssl.SSLContext | None = None
+        if self.url.startswith("https://"):
+            cert = key = ""
+            if isinstance(auth, AuthenticationTLS):
+                cert, key = auth.certificate_path, auth.private_key_path
+            self._tls = client_context(
+                trust_certs_file=tls_trust_certs_file_path or "",
+                certificate_file=cert,
+                key_file=key,
+                verify_hostname=tls_validate_hostname,
+                allow_insecure=tls_allow_insecure_connection,
+                what="admin client TLS",
+            )
+        elif isinstance(auth, AuthenticationTLS):
+            raise InvalidArgument(
+                "AuthenticationTLS presents its certificate in the TLS handshake: use an"
+                " https:// admin URL"
+            )
+        self._opener = urllib.request.build_opener(
+            urllib.request.HTTPSHandler(context=self._tls), _NoDowngrade()
+        )
+
+    def _auth_headers(self) -> dict[str, str]:
+        auth = self.auth
+        if auth is None or auth.auth_method != "token":
+            return {}
+        return {"Authorization": "Bearer " + auth.auth_data().decode()}
+
+    def __repr__(self) -> str:  # the credentials' own repr never shows a secret
+        return f"AdminClient({self.url!r}, auth={self.auth!r})"
 
     def request(
         self,
@@ -73,12 +150,12 @@ class AdminClient:
         if query:
             url += "?" + urllib.parse.urlencode(query)
         data = json.dumps(body).encode() if body is not None else None
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": "application/json", **self._auth_headers()}
         if data is not None:
             headers["Content-Type"] = "application/json"
         req = urllib.request.Request(url, data=data, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            with self._opener.open(req, timeout=self.timeout) as resp:
                 return _decode(resp.status, resp.headers.get("Content-Type", ""), resp.read())
         except urllib.error.HTTPError as exc:
             raw = exc.read()
@@ -88,9 +165,15 @@ class AdminClient:
                 err = {"error": exc.reason or "HTTPError", "message": raw.decode(errors="replace")}
             if not isinstance(err, dict):
                 err = {"error": "HTTPError", "message": str(err)}
+            if exc.code in (401, 403):
+                message = str(err.get("message") or err.get("detail") or err.get("error") or "")
+                error = AuthenticationError if exc.code == 401 else AuthorizationError
+                raise error(f"{self.url}: {message or exc.reason}") from None
             raise AdminError(exc.code, err) from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
+            if isinstance(reason, ssl.SSLError):
+                raise TlsError(f"{self.url}: {describe_tls_error(reason)}") from None
             raise AdminError(
                 0, {"error": "ConnectionError", "message": f"cannot reach {self.url}: {reason}"}
             ) from None

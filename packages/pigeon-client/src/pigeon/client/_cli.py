@@ -13,6 +13,7 @@ import click
 import pluggy
 
 from pigeon.client._admin_cli import admin_cmd
+from pigeon.client._cli_security import client_security, security_options
 
 hookimpl = pluggy.HookimplMarker("pigeon")
 
@@ -22,7 +23,7 @@ _URL = click.option(
     default="pigeon://127.0.0.1:6650",
     show_default=True,
     envvar="PIGEON_SERVICE_URL",
-    help="Broker to connect to.",
+    help="Broker to connect to (pigeon+ssl://host:port for TLS).",
 )
 _INITIAL_POSITION = click.option(
     "--initial-position",
@@ -51,6 +52,7 @@ def _props(pairs: tuple[str, ...]) -> dict[str, str]:
     "--property", "-p", "properties", multiple=True, help="key=value property (repeatable)."
 )
 @click.option("--compression", default="none", show_default=True, help="Codec name.")
+@security_options
 def produce_cmd(
     topic: str,
     messages: tuple[str, ...],
@@ -58,6 +60,7 @@ def produce_cmd(
     key: str | None,
     properties: tuple[str, ...],
     compression: str,
+    **security: Any,
 ) -> None:
     """Send MESSAGES (or, without any, each line of stdin) to TOPIC."""
     from pigeon.client import Client
@@ -66,7 +69,7 @@ def produce_cmd(
     lines: Any = messages if messages else (line.rstrip("\n") for line in sys.stdin)
     count = 0
     with (
-        Client(service_url) as client,
+        Client(service_url, **client_security(security)) as client,
         client.create_producer(topic, compression=compression) as producer,
     ):
         futures = []
@@ -104,6 +107,7 @@ def produce_cmd(
     help="Stop when no message came for this many seconds (0: wait forever).",
 )
 @click.option("--show-key/--no-show-key", default=False, help="Print key and properties too.")
+@security_options
 def consume_cmd(
     topic: str,
     service_url: str,
@@ -113,13 +117,14 @@ def consume_cmd(
     num_messages: int,
     timeout: float,
     show_key: bool,
+    **security: Any,
 ) -> None:
     """Print messages of TOPIC (one per line) and acknowledge them."""
     from pigeon.client import Client, Timeout
 
     got = 0
     with (
-        Client(service_url) as client,
+        Client(service_url, **client_security(security)) as client,
         client.subscribe(
             topic,
             subscription,
@@ -187,9 +192,11 @@ def perf_cmd() -> None:
 @click.option("--compression", default="none", show_default=True)
 @click.option("--json-out", type=click.Path(dir_okay=False), help="Write the result as JSON here.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress line.")
+@security_options
 def perf_produce(json_out: str | None, quiet: bool, **options: Any) -> None:
     """Produce SIZE-byte messages to TOPIC; report msg/s, MB/s and publish latency."""
-    _report(run_perf_produce(progress=not quiet, **options), json_out)
+    security = client_security(options, pop=True)
+    _report(run_perf_produce(progress=not quiet, client_options=security, **options), json_out)
 
 
 @perf_cmd.command("consume")
@@ -216,9 +223,11 @@ def perf_produce(json_out: str | None, quiet: bool, **options: Any) -> None:
 @click.option("--receiver-queue-size", default=20_000, show_default=True)
 @click.option("--json-out", type=click.Path(dir_okay=False), help="Write the result as JSON here.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress line.")
+@security_options
 def perf_consume(json_out: str | None, quiet: bool, **options: Any) -> None:
     """Consume TOPIC, acknowledging cumulatively; report msg/s and MB/s."""
-    _report(run_perf_consume(progress=not quiet, **options), json_out)
+    security = client_security(options, pop=True)
+    _report(run_perf_consume(progress=not quiet, client_options=security, **options), json_out)
 
 
 def _progress(line: str) -> None:
@@ -249,8 +258,10 @@ def run_perf_produce(
     compression: str = "none",
     progress: bool = True,
     sample_every: int = 64,
+    client_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Run the produce benchmark in this process (also used by bench/)."""
+    """Run the produce benchmark in this process (also used by bench/);
+    ``client_options``: more ``Client`` keywords (credentials, TLS)."""
     from pigeon.client import Client
 
     payload = os.urandom(size) if compression == "none" else (b"pigeon-" * (size // 7 + 1))[:size]
@@ -261,7 +272,7 @@ def run_perf_produce(
     start = time.perf_counter()
     per_producer_rate = rate / producers if rate > 0 else 0.0
 
-    with Client(service_url) as client:
+    with Client(service_url, **(client_options or {})) as client:
 
         def work(i: int, producer: Any) -> None:
             n = 0
@@ -363,13 +374,14 @@ def run_perf_consume(
     idle_timeout: float = 5.0,
     receiver_queue_size: int = 20_000,
     progress: bool = True,
+    client_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     from pigeon.client import Client, Timeout
 
     count = 0
     nbytes = 0
     with (
-        Client(service_url) as client,
+        Client(service_url, **(client_options or {})) as client,
         client.subscribe(
             topic,
             subscription,

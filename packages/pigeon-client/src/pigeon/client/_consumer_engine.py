@@ -58,6 +58,7 @@ class ConsumerEngine(Reconnecting):
         sink: Callable[[list[ReceivedEntry]], None],
         *,
         on_reconnect: Callable[[ConsumerEngine], None] | None = None,
+        on_fatal: Callable[[PigeonError], None] | None = None,
     ) -> None:
         self.validate(options)
         self.engine = engine
@@ -65,6 +66,7 @@ class ConsumerEngine(Reconnecting):
         self.topic = options.topic
         self.sink = sink
         self.on_reconnect = on_reconnect
+        self.on_fatal = on_fatal
         self.consumer_id = engine.next_id()
         self.conn: Connection | None = None  # set once a subscribe succeeded on it
         self.attached = False
@@ -107,6 +109,13 @@ class ConsumerEngine(Reconnecting):
 
     def _leave(self) -> None:
         self.attached = False
+
+    def _fatal(self, exc: PigeonError) -> None:
+        """A re-subscribe failed for good (credentials refused, the topic deleted): the
+        application's receive raises ``exc`` once what was queued is taken."""
+        super()._fatal(exc)
+        if self.on_fatal is not None:
+            self.on_fatal(exc)
 
     def closed_by_broker(self, conn: Connection) -> None:
         if conn is self.conn and self.attached:

@@ -80,6 +80,8 @@ class ConsumerHandle:
         self.pattern = topic if isinstance(topic, re.Pattern) else None
         self.pattern_period = consumer.pattern_auto_discovery_period
         self.closed = False
+        #: why a subscription stopped for good (receive raises it once the queue is empty)
+        self.failure: PigeonError | None = None
         self._producers: dict[str, Any] = {}
         self._producer_factory = producer_factory
         self.last_received: dict[Any, int] = {}
@@ -103,13 +105,24 @@ class ConsumerHandle:
             # as Pulsar's does; a durable subscription goes on from its cursor
             engine.options.start_offset = resume
 
+    def _on_fatal(self, exc: PigeonError) -> None:
+        with self.lock:
+            self.failure = exc
+        self.notify()
+
     async def attach(self, topic: str) -> None:
         """*engine*: subscribe one more topic (all its partitions)."""
         for name in await self.client.partitioned_names(topic):
             if any(e.options.topic == name or e.topic == name for e in self.engines):
                 continue
             opts = SubscribeOptions(**{**self.options.__dict__, "topic": name})
-            engine = ConsumerEngine(self.client, opts, self._sink, on_reconnect=self._on_reconnect)
+            engine = ConsumerEngine(
+                self.client,
+                opts,
+                self._sink,
+                on_reconnect=self._on_reconnect,
+                on_fatal=self._on_fatal,
+            )
             await engine.start()
             self.engines.append(engine)
 

@@ -17,8 +17,10 @@ already stored.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,8 +28,11 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from pigeon.core.auth import AuthenticationTLS, ClientAuthentication
 from pigeon.core.errors import (
     AlreadyClosed,
+    AuthenticationError,
+    AuthorizationError,
     CodecError,
     ConnectionClosed,
     InvalidArgument,
@@ -37,10 +42,12 @@ from pigeon.core.errors import (
     ServiceUnavailable,
     SubscriptionBusy,
     Timeout,
+    TlsError,
     TopicNotFound,
 )
 from pigeon.core.rpc import BrokerFrame, Connection, Request, connect_tcp, split_address
 from pigeon.core.runtime import WallClock
+from pigeon.core.tls import client_context
 
 if TYPE_CHECKING:
     from pigeon.client._consumer_engine import ConsumerEngine
@@ -53,15 +60,27 @@ log = logging.getLogger(__name__)
 BatchCallback = Callable[[Any, BaseException | None], None]
 
 
+_SCHEMES = {"pigeon://": False, "pigeon+ssl://": True}
+
+
+def service_url_tls(url: str) -> bool:
+    """Does ``url`` (``pigeon://`` or ``pigeon+ssl://``) ask for TLS?"""
+    for scheme, tls in _SCHEMES.items():
+        if url.startswith(scheme):
+            return tls
+    raise InvalidArgument(
+        f"service URL must look like pigeon://host:port or pigeon+ssl://host:port, got {url!r}"
+    )
+
+
 def parse_service_urls(url: str) -> list[tuple[str, int]]:
-    """``pigeon://host:port[,host:port...]`` → addresses (any broker answers lookups)."""
-    if not url.startswith("pigeon://"):
-        raise InvalidArgument(f"service URL must look like pigeon://host:port, got {url!r}")
+    """``pigeon[+ssl]://host:port[,host:port...]`` → addresses (any broker answers lookups)."""
+    tls = service_url_tls(url)
     out = []
-    for part in url[len("pigeon://") :].rstrip("/").split(","):
+    for part in url.split("://", 1)[1].rstrip("/").split(","):
         part = part.strip()
         if ":" not in part:
-            out.append((part or "127.0.0.1", 6650))
+            out.append((part or "127.0.0.1", 6651 if tls else 6650))
             continue
         try:
             out.append(split_address(part))
@@ -72,6 +91,41 @@ def parse_service_urls(url: str) -> list[tuple[str, int]]:
 
 def parse_service_url(url: str) -> tuple[str, int]:
     return parse_service_urls(url)[0]
+
+
+def check_authentication(
+    authentication: ClientAuthentication | None,
+) -> ClientAuthentication | None:
+    """``authentication`` if it is one (``AuthenticationToken``, ``AuthenticationTLS`` or
+    anything with ``auth_method`` and ``auth_data()``); a clear error otherwise."""
+    if authentication is not None and not isinstance(authentication, ClientAuthentication):
+        raise InvalidArgument(
+            "authentication must be AuthenticationToken(...) or AuthenticationTLS(...),"
+            f" got {type(authentication).__name__}"
+        )
+    return authentication
+
+
+def tls_context(
+    authentication: ClientAuthentication | None,
+    *,
+    trust_certs_file: str | None,
+    validate_hostname: bool,
+    allow_insecure: bool,
+) -> ssl.SSLContext:
+    """The client's TLS context: trusted CAs (the system's without a file), hostname
+    verification, and the client certificate of an :class:`AuthenticationTLS`."""
+    cert = key = ""
+    if isinstance(authentication, AuthenticationTLS):
+        cert, key = authentication.certificate_path, authentication.private_key_path
+    return client_context(
+        trust_certs_file=trust_certs_file or "",
+        certificate_file=cert,
+        key_file=key,
+        verify_hostname=validate_hostname,
+        allow_insecure=allow_insecure,
+        what="client TLS",
+    )
 
 
 @dataclass(slots=True)
@@ -154,10 +208,33 @@ class ClientEngine:
         operation_timeout: float = 30.0,
         connect_timeout: float = 10.0,
         client_name: str = "pigeon-client",
+        authentication: ClientAuthentication | None = None,
+        tls_trust_certs_file_path: str | None = None,
+        tls_validate_hostname: bool = True,
+        tls_allow_insecure_connection: bool = False,
     ) -> None:
         self.service_url = service_url
         self.addresses = parse_service_urls(service_url)
         self.address = self.addresses[0]
+        self.authentication = check_authentication(authentication)
+        self.use_tls = service_url_tls(service_url)
+        if isinstance(authentication, AuthenticationTLS) and not self.use_tls:
+            raise InvalidArgument(
+                "AuthenticationTLS presents its certificate in the TLS handshake: use a"
+                " pigeon+ssl:// service URL"
+            )
+        self._tls_settings = functools.partial(
+            tls_context,
+            authentication,
+            trust_certs_file=tls_trust_certs_file_path,
+            validate_hostname=tls_validate_hostname,
+            allow_insecure=tls_allow_insecure_connection,
+        )
+        self._tls_context: ssl.SSLContext | None = None
+        if self.use_tls or tls_trust_certs_file_path:
+            self.tls_context()  # a missing or bad file is an error now, not at connect
+        #: addresses known to take TLS (or not): the service URL's, then the lookups'
+        self._tls_of: dict[tuple[str, int], bool] = dict.fromkeys(self.addresses, self.use_tls)
         self.operation_timeout = operation_timeout
         self.connect_timeout = connect_timeout
         self.client_name = client_name
@@ -181,6 +258,12 @@ class ClientEngine:
     def next_id(self) -> int:
         return next(self._ids)
 
+    def tls_context(self) -> ssl.SSLContext:
+        """The context of every TLS connection (lookups and owners alike), built once."""
+        if self._tls_context is None:
+            self._tls_context = self._tls_settings()
+        return self._tls_context
+
     async def connection(self, address: tuple[str, int] | None = None) -> Connection:
         address = address or self.address
         conn = self._conns.get(address)
@@ -191,6 +274,13 @@ class ClientEngine:
             conn = self._conns.get(address)
             if conn is not None and not conn.closed:
                 return conn
+            tls = self._tls_of.get(address, self.use_tls)
+            if self.use_tls and not tls:
+                # never downgrade: the credentials would cross the network in clear
+                raise TlsError(
+                    f"{address[0]}:{address[1]}: the service answered a plaintext pigeon:// broker"
+                    " URL to a pigeon+ssl:// client (advertise the brokers' TLS port)"
+                )
             conn, _info = await connect_tcp(
                 address[0],
                 address[1],
@@ -199,6 +289,8 @@ class ClientEngine:
                 handler=_ConnHandler(self),
                 client_name=self.client_name,
                 connect_timeout=self.connect_timeout,
+                tls=self.tls_context() if tls else None,
+                authentication=self.authentication,
             )
             self._conns[address] = conn
             return conn
@@ -219,7 +311,10 @@ class ClientEngine:
         """(owning broker address, full topic name, partition count) of ``topic``."""
         conn = await self.lookup_connection()
         result = await self.request(conn, "lookup", {"topic": topic}, expect="lookupResult")
-        return parse_service_url(result["brokerUrl"]), result["topic"], result["partitions"]
+        url = result["brokerUrl"]
+        address = parse_service_url(url)
+        self._tls_of[address] = service_url_tls(url)
+        return address, result["topic"], result["partitions"]
 
     async def attach(self, attach: Callable[[], Any]) -> None:
         """Run ``attach`` (lookup + connect + create) until the owning broker accepts it.
@@ -296,9 +391,11 @@ class ClientEngine:
 #: unexpected internal error of a broker) is retried with backoff while it is open.
 _PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
     AlreadyClosed,
+    AuthenticationError,
+    AuthorizationError,
     CodecError,
     InvalidArgument,
-    ProtocolError,
+    ProtocolError,  # TlsError among them
     SubscriptionBusy,
     TopicNotFound,
 )

@@ -21,22 +21,46 @@ from pigeon.client._engine import ClientEngine
 from pigeon.client._handles import codecs_of
 from pigeon.client._message import Message, MessageId
 from pigeon.core import PluginManager
+from pigeon.core.auth import ClientAuthentication
 from pigeon.core.errors import AlreadyClosed, Timeout
 
 __all__ = ["AsyncConsumer", "AsyncReader", "AsyncReceiving", "ClientBase"]
 
 
 class ClientBase:
-    """The engine (not connected yet), the plugins and the codecs they registered."""
+    """The engine (not connected yet), the plugins and the codecs they registered.
+
+    ``service_url``: ``pigeon://host:port[,host:port...]``, or ``pigeon+ssl://...`` for
+    TLS.  With Pulsar's names: ``authentication`` (``AuthenticationToken(token)``, a
+    callable or ``"file:///path"`` read again for each new connection, or
+    ``AuthenticationTLS(cert, key)``) is presented on every connection;
+    ``tls_trust_certs_file_path`` holds the CAs that sign the brokers' certificates (the
+    system's without it); ``tls_validate_hostname`` (on by default, unlike Pulsar) checks
+    that a broker's certificate names the host dialled; ``tls_allow_insecure_connection``
+    accepts any certificate (tests only).  A refused certificate (``TlsError``) or
+    credentials (``AuthenticationError``, ``AuthorizationError``) fail at once: no retry
+    can fix them.
+    """
 
     def __init__(
         self,
         service_url: str,
         *,
+        authentication: ClientAuthentication | None = None,
+        tls_trust_certs_file_path: str | None = None,
+        tls_validate_hostname: bool = True,
+        tls_allow_insecure_connection: bool = False,
         operation_timeout: float = 30.0,
         plugins: PluginManager | None = None,
     ) -> None:
-        self.engine = ClientEngine(service_url, operation_timeout=operation_timeout)
+        self.engine = ClientEngine(
+            service_url,
+            operation_timeout=operation_timeout,
+            authentication=authentication,
+            tls_trust_certs_file_path=tls_trust_certs_file_path,
+            tls_validate_hostname=tls_validate_hostname,
+            tls_allow_insecure_connection=tls_allow_insecure_connection,
+        )
         self.plugins = plugins or PluginManager()
         self.codecs = codecs_of(self.plugins)
         self._start()
@@ -101,6 +125,8 @@ class AsyncReceiving:
             msgs, grants = h.receive_nowait(max_messages, self._now())
             if msgs:
                 break
+            if h.failure is not None:
+                raise h.failure
             if self._clock() >= deadline:
                 raise Timeout(f"no message within {timeout}s")
             await self._wait_until(deadline)

@@ -249,6 +249,8 @@ class _Receiving:
                 msgs, grants = h.receive_nowait(max_messages, self._thread.now())
                 if msgs:
                     break
+                if h.failure is not None:
+                    raise h.failure
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise Timeout(f"no message within {timeout}s")

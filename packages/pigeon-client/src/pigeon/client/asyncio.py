@@ -54,9 +54,19 @@ from pigeon.client._options import (
 from pigeon.client._options import DeadLetterPolicy as DeadLetterPolicy  # re-exported
 from pigeon.client._thread import EngineThread
 from pigeon.client.trio import open_face
+from pigeon.core.auth import AuthenticationTLS as AuthenticationTLS  # re-exported
+from pigeon.core.auth import AuthenticationToken as AuthenticationToken  # re-exported
 from pigeon.core.errors import AlreadyClosed, ProducerQueueFull, Timeout
 
-__all__ = ["Client", "Consumer", "DeadLetterPolicy", "Producer", "Reader"]
+__all__ = [
+    "AuthenticationTLS",
+    "AuthenticationToken",
+    "Client",
+    "Consumer",
+    "DeadLetterPolicy",
+    "Producer",
+    "Reader",
+]
 
 
 _Face = TypeVar("_Face", bound="Producer | _Receiving")

@@ -29,10 +29,20 @@ from pigeon.client._options import (
     takes_options,
 )
 from pigeon.client._options import DeadLetterPolicy as DeadLetterPolicy  # re-exported
+from pigeon.core.auth import AuthenticationTLS as AuthenticationTLS  # re-exported
+from pigeon.core.auth import AuthenticationToken as AuthenticationToken  # re-exported
 from pigeon.core.codecs import CodecSet
 from pigeon.core.errors import AlreadyClosed
 
-__all__ = ["Client", "Consumer", "DeadLetterPolicy", "Producer", "Reader"]
+__all__ = [
+    "AuthenticationTLS",
+    "AuthenticationToken",
+    "Client",
+    "Consumer",
+    "DeadLetterPolicy",
+    "Producer",
+    "Reader",
+]
 
 
 class Client(ClientBase):

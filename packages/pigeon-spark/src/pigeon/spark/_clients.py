@@ -14,27 +14,30 @@ import os
 import threading
 
 from pigeon.client import Client
+from pigeon.spark._options import ClientSecurity
 
 __all__ = ["client_for", "close_clients"]
 
 _lock = threading.Lock()
-_clients: dict[tuple[int, str], Client] = {}
+_clients: dict[tuple[int, str, ClientSecurity], Client] = {}
 
 
-def client_for(service_url: str) -> Client:
-    """The process's client for ``service_url`` (created on first use, or again if the
-    previous one was closed or this process was forked from its owner)."""
-    key = (os.getpid(), service_url)
+def client_for(service_url: str, security: ClientSecurity | None = None) -> Client:
+    """The process's client for ``service_url`` with these credentials (created on first
+    use, or again if the previous one was closed or this process was forked from its
+    owner)."""
+    security = security or ClientSecurity()
+    key = (os.getpid(), service_url, security)
     with _lock:
         client = _clients.get(key)
         if client is None or not client.engine_thread.alive():
-            client = _clients[key] = Client(service_url)
+            client = _clients[key] = Client(service_url, **security.client_keywords())
         return client
 
 
 def close_clients() -> None:
     with _lock:
-        mine = [c for (pid, _), c in _clients.items() if pid == os.getpid()]
+        mine = [c for (pid, _, _), c in _clients.items() if pid == os.getpid()]
         _clients.clear()
     for client in mine:
         with contextlib.suppress(Exception):

@@ -11,14 +11,16 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
 
 from pigeon.core import TopicName
 from pigeon.core.errors import InvalidTopicName
 
 __all__ = [
     "EARLIEST",
+    "ClientSecurity",
     "LATEST",
     "OptionError",
     "SinkOptions",
@@ -32,8 +34,23 @@ __all__ = [
 EARLIEST = -2
 LATEST = -1
 
+#: credentials and TLS of the client, with pigeon-client's (Pulsar's) keyword names
+_SECURITY = (
+    "auth_token",
+    "auth_token_file",
+    "tls_trust_certs_file_path",
+    "tls_allow_insecure_connection",
+)
+#: the same in camelCase, as Pulsar's Spark connector spells client settings
+_SECURITY_CAMEL = {
+    "authToken": "auth_token",
+    "authTokenFile": "auth_token_file",
+    "tlsTrustCertsFilePath": "tls_trust_certs_file_path",
+    "tlsAllowInsecureConnection": "tls_allow_insecure_connection",
+}
 _SOURCE = (
     "service_url",
+    *_SECURITY,
     "topic",
     "topics",
     "topicsPattern",
@@ -46,13 +63,14 @@ _SOURCE = (
     "includeProperties",
     "pollTimeoutMs",
 )
-_SINK = ("service_url", "topic", "writeOrder")
+_SINK = ("service_url", *_SECURITY, "topic", "writeOrder")
 #: Spark passes these to sinks on its own (writeStream's checkpointLocation, queryName).
 _SPARK = ("checkpointLocation", "queryName")
 _STREAM_ONLY = ("maxOffsetsPerTrigger",)
 _BATCH_ONLY = ("endingOffsets",)
 
 CANONICAL = {name.lower(): name for name in (*_SOURCE, *_SINK, *_SPARK)}
+CANONICAL.update((camel.lower(), snake) for camel, snake in _SECURITY_CAMEL.items())
 
 
 class OptionError(ValueError):
@@ -107,9 +125,51 @@ def _service_url(opts: dict[str, str], problems: list[str]) -> str:
     url = opts.get("service_url", "").strip()
     if not url:
         problems.append("service_url is required (e.g. pigeon://127.0.0.1:6650)")
-    elif not url.startswith("pigeon://"):
-        problems.append(f"service_url must look like pigeon://host:port, got {url!r}")
+    elif not url.startswith(("pigeon://", "pigeon+ssl://")):
+        problems.append(
+            f"service_url must look like pigeon://host:port or pigeon+ssl://host:port, got {url!r}"
+        )
     return url
+
+
+@dataclass(frozen=True)
+class ClientSecurity:
+    """The client's credentials and TLS settings (the ``auth_token``,
+    ``auth_token_file``, ``tls_trust_certs_file_path`` and
+    ``tls_allow_insecure_connection`` options).  Its repr never shows the token."""
+
+    auth_token: str = field(default="", repr=False)
+    auth_token_file: str = ""
+    tls_trust_certs_file_path: str = ""
+    tls_allow_insecure_connection: bool = False
+
+    def client_keywords(self) -> dict[str, Any]:
+        """The ``pigeon.client.Client`` keywords (a token file is read again for each
+        new connection, so a rotated token is picked up)."""
+        from pigeon.core.auth import AuthenticationToken
+
+        authentication = None
+        if self.auth_token_file:
+            authentication = AuthenticationToken(Path(self.auth_token_file))
+        elif self.auth_token:
+            authentication = AuthenticationToken(self.auth_token)
+        return {
+            "authentication": authentication,
+            "tls_trust_certs_file_path": self.tls_trust_certs_file_path or None,
+            "tls_allow_insecure_connection": self.tls_allow_insecure_connection,
+        }
+
+
+def _security(opts: dict[str, str], problems: list[str]) -> ClientSecurity:
+    token, token_file = opts.get("auth_token", ""), opts.get("auth_token_file", "").strip()
+    if token and token_file:
+        problems.append("give auth_token or auth_token_file, not both")
+    return ClientSecurity(
+        auth_token=token.strip(),
+        auth_token_file=token_file,
+        tls_trust_certs_file_path=opts.get("tls_trust_certs_file_path", "").strip(),
+        tls_allow_insecure_connection=_bool(opts, "tls_allow_insecure_connection", False, problems),
+    )
 
 
 def _topic(name: str, option: str, problems: list[str]) -> str:
@@ -171,6 +231,7 @@ class SourceOptions:
     fail_on_data_loss: bool = True
     include_properties: bool = False
     poll_timeout_ms: int = 30_000
+    security: ClientSecurity = ClientSecurity()
 
     @property
     def pattern_namespace(self) -> str:
@@ -200,6 +261,7 @@ def parse_source_options(
 ) -> SourceOptions:
     """Validate the options of a read (``mode``: which kind, if known yet)."""
     opts, problems, url = _begin(options, _SOURCE, "writing")
+    security = _security(opts, problems)
 
     chosen = [k for k in ("topic", "topics", "topicsPattern") if k in opts]
     topics: tuple[str, ...] = ()
@@ -268,6 +330,7 @@ def parse_source_options(
         fail_on_data_loss=fail,
         include_properties=props,
         poll_timeout_ms=poll or 30_000,
+        security=security,
     )
 
 
@@ -278,11 +341,13 @@ class SinkOptions:
     topic: str | None = None
     #: streaming sink: number rows in input order, or sorted (see pigeon.spark._sink)
     write_order: Literal["input", "sorted"] = "input"
+    security: ClientSecurity = ClientSecurity()
 
 
 def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     """Validate the options of a write (batch or streaming)."""
     opts, problems, url = _begin(options, _SINK, "reading")
+    security = _security(opts, problems)
     topic = _topic(opts["topic"], "topic", problems) if "topic" in opts else None
     order = opts.get("writeOrder", "input").strip().lower()
     if order not in ("input", "sorted"):
@@ -290,5 +355,8 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     if problems:
         raise OptionError(problems)
     return SinkOptions(
-        service_url=url, topic=topic, write_order="sorted" if order == "sorted" else "input"
+        service_url=url,
+        topic=topic,
+        write_order="sorted" if order == "sorted" else "input",
+        security=security,
     )

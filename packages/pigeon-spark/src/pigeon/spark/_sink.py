@@ -167,7 +167,7 @@ class _Task:
 
     def __init__(self, opts: SinkOptions, exactly_once: tuple[str, int, int] | None) -> None:
         self.opts = opts
-        self.client = client_for(opts.service_url)
+        self.client = client_for(opts.service_url, opts.security)
         self.exactly_once = exactly_once
         self.producers: dict[str, Producer] = {}
         self.partitions: dict[str, list[str]] = {}

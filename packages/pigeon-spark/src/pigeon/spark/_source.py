@@ -158,7 +158,7 @@ def _read(opts: SourceOptions, partition: InputPartition) -> Iterator[pa.RecordB
     """*executor*: the rows of one offset range as Arrow record batches."""
     if not isinstance(partition, PigeonInputPartition):
         return  # Spark plans one empty InputPartition(None) when there is nothing to read
-    client = client_for(opts.service_url)
+    client = client_for(opts.service_url, opts.security)
     name = TopicName.parse(partition.topic)
 
     def missing(topic: str, first: int, end: int) -> None:
@@ -194,7 +194,7 @@ class PigeonBatchReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         opts = self.opts
-        client = client_for(opts.service_url)
+        client = client_for(opts.service_url, opts.security)
         states = _states(client, opts)
         start = _starting(client, opts, states, "earliest")
         try:
@@ -230,12 +230,12 @@ class PigeonStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Spark asks more than once (and again for a first micro-batch it re-runs after a
         # restart): answer the same within this run.
         if self._initial is None:
-            client = client_for(self.opts.service_url)
+            client = client_for(self.opts.service_url, self.opts.security)
             self._initial = _starting(client, self.opts, _states(client, self.opts), "latest")
         return dict(self._initial)
 
     def _latest(self, start: dict[str, int]) -> Offsets:
-        states = _states(client_for(self.opts.service_url), self.opts)
+        states = _states(client_for(self.opts.service_url, self.opts.security), self.opts)
         latest = {t: max(s.latest, start.get(t, 0)) for t, s in states.items()}
         for topic, offset in start.items():
             latest.setdefault(topic, offset)  # a partition that went away stays where it was
