@@ -5,6 +5,8 @@ presents the forwarding bookie's own role."""
 from __future__ import annotations
 
 import logging
+import os
+import signal
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -228,3 +230,36 @@ def test_bad_security_settings_are_one_line_config_errors(
     with pytest.raises(ConfigError, match=message) as info:
         BookieServer(config)
     assert "\n" not in str(info.value)
+
+
+async def test_sighup_reloads_the_certificate_without_dropping_connections(
+    tmp_path: Path, sec: SecurityFiles
+) -> None:
+    """A renewed certificate (another CA here) is served to new connections after
+    SIGHUP; a connection opened before keeps working."""
+    own = SecurityFiles.create(tmp_path / "own")
+    renewed = SecurityFiles.create(tmp_path / "renewed")
+    options = {
+        "tls_certificate_file": str(own.certificate_file),
+        "tls_key_file": str(own.key_file),
+    }
+    token = AuthenticationToken(sec.token(NODE_ROLE))
+    async with (
+        secure_bookie(tmp_path, sec, **options) as (server, addr),
+        client_of(tls=own.client_tls_context(), authentication=token) as before,
+        client_of(tls=renewed.client_tls_context(), authentication=token) as after,
+    ):
+        await before.add_entry(addr, 1, 0, -1, b"zero")
+        with pytest.raises(TlsError):
+            await after.read_entries(addr, 1, 0, 0)
+        renewed.certificate_file.replace(own.certificate_file)
+        renewed.key_file.replace(own.key_file)
+        assert server.tls is not None
+        os.kill(os.getpid(), signal.SIGHUP)
+        for _ in range(500):  # the signal arrives through trio's wakeup: at most 5 s
+            if server.tls.reloads:
+                break
+            await trio.sleep(0.01)
+        assert server.tls.reloads == 1
+        assert [bytes(d) for _, d in await after.read_entries(addr, 1, 0, 0)] == [b"zero"]
+        await before.add_entry(addr, 1, 1, 0, b"one")  # the old connection still serves

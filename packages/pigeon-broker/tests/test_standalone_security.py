@@ -279,3 +279,60 @@ def test_a_real_standalone_with_tls_and_tokens_serves_and_closes_its_bookie_port
     log = server.log_text()
     assert "eyJ" not in log
     assert "pigeon standalone ready" in log
+
+
+# ------------------------------------------------------------------ a cluster's nodes
+
+
+@pytest.mark.parametrize("replication", ["quorum", "leader-follower"])
+async def test_a_broker_writes_to_secure_bookies_with_its_own_role(
+    tmp_path: Path, sec: SecurityFiles, replication: str
+) -> None:
+    """``pigeon broker`` + two ``pigeon bookie`` nodes, TLS + tokens on every link: the
+    broker dials the bookies with its own role (quorum: both; leader-follower: the
+    leader, which forwards to the follower with the bookie's own role)."""
+    from pigeon.bookie import BookieServer
+    from pigeon.broker import run_broker
+    from pigeon.core import PluginManager
+    from pigeon.core.metadata import EmbeddedMetadataStore
+
+    plugins = PluginManager()
+    if replication not in plugins.replication_policies:
+        pytest.skip(f"the {replication} plugin is not installed")
+    store = EmbeddedMetadataStore(tmp_path / "metadata")
+    bookies = [
+        BookieServer(
+            BookieConfig(
+                port=0, fsync="never", data_dir=str(tmp_path / f"b{i}"), **sec.node_table()
+            ),
+            metadata=store,
+            plugins=plugins,
+        )
+        for i in range(2)
+    ]
+    config = BrokerConfig(
+        port=0,
+        http_port=-1,
+        replication=replication,
+        ensemble_size=2,
+        write_quorum=2,
+        ack_quorum=2,
+        **sec.node_table(superuser_roles=(ADMIN,)),
+    )
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(store.run)
+            for bookie in bookies:
+                await nursery.start(bookie.run)
+            service = await nursery.start(
+                functools.partial(run_broker, config, store=store, plugins=plugins)
+            )
+            host, port = service.address
+            receipts = await produce_raw(host, port, sec.token(ADMIN), "t", 3)
+            assert len(receipts) == 3
+            # every entry is on both bookies (write quorum 2)
+            written = [b.store.statistics().bytes_written for b in bookies]
+            assert all(w > 0 for w in written), written
+            forwarded = sum(b.forwarder.forwarded for b in bookies)
+            assert forwarded >= (3 if replication == "leader-follower" else 0)
+            nursery.cancel_scope.cancel()
