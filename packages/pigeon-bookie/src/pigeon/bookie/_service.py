@@ -92,7 +92,11 @@ class _ReadQueue:
 @dataclass
 class BookieConfig(SecurityConfig):
     """Configuration of a bookie (``[bookie]`` table, ``PIGEON_*`` variables, flags),
-    with the security keys of :class:`~pigeon.core.config.SecurityConfig`."""
+    with the security keys of :class:`~pigeon.core.config.SecurityConfig`: the bookie
+    port's certificate (``tls_*``), who may connect (``authentication_*``, ``token_*``;
+    only ``superuser_roles`` are served, whether or not ``authorization_enabled``), and
+    how this bookie dials its followers (``broker_client_*``).  The ``http_port`` of
+    /metrics stays plain HTTP without authentication (it shows counters only)."""
 
     host: str = "127.0.0.1"
     port: int = 3181

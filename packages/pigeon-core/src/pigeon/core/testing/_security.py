@@ -60,12 +60,34 @@ class SecurityFiles:
             secret_key_file=root / "secret.key",
         )
         ca.cert_pem.write_to_path(str(files.ca_file))
+        ca.private_key_pem.write_to_path(str(files.ca_key_file))
+        files.ca_key_file.chmod(0o600)
         cert.cert_chain_pems[0].write_to_path(str(files.certificate_file))
         for pem in cert.cert_chain_pems[1:]:
             pem.write_to_path(str(files.certificate_file), append=True)
         cert.private_key_pem.write_to_path(str(files.key_file))
         _write_private(files.secret_key_file, create_secret_key())
         return files
+
+    @property
+    def ca_key_file(self) -> Path:
+        """The CA's private key (test certificates only; mode 0600)."""
+        return self.root / "ca-key.pem"
+
+    def client_certificate(self, role: str) -> tuple[Path, Path]:
+        """(certificate, private key) files of a client certificate signed by the run's
+        CA whose common name is ``role`` (the ``tls`` provider's role)."""
+        import trustme
+
+        cert_path = self.root / f"client-{role}-cert.pem"
+        key_path = self.root / f"client-{role}-key.pem"
+        if not cert_path.exists():
+            ca = trustme.CA.from_pem(self.ca_file.read_bytes(), self.ca_key_file.read_bytes())
+            cert = ca.issue_cert(f"{role}.client.invalid", common_name=role)
+            cert.private_key_pem.write_to_path(str(key_path))
+            key_path.chmod(0o600)
+            cert.cert_chain_pems[0].write_to_path(str(cert_path))
+        return cert_path, key_path
 
     @property
     def secret_key_url(self) -> str:
