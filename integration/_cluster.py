@@ -2,6 +2,9 @@
 
 Every process is started on free loopback ports in the test's temporary directory and
 stopped by PID; readiness waits and stops are bounded in time and fail with the log tail.
+``Cluster(..., config={"broker": {...}, "bookie": {...}})`` gives every node those TOML
+tables (``--config``), e.g. ``SecurityFiles.node_table()`` of
+:mod:`pigeon.core.testing.servers` for TLS and tokens on every link.
 """
 
 from __future__ import annotations
@@ -11,10 +14,18 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
-from pigeon.core.testing.servers import HOST, clean_env, free_ports, port_open, server_command
+from pigeon.core.testing.servers import (
+    HOST,
+    clean_env,
+    free_ports,
+    port_open,
+    server_command,
+    write_toml,
+)
 
 __all__ = ["Cluster", "Node"]
 
@@ -105,17 +116,33 @@ class Node:
 class Cluster:
     """Bookies and brokers sharing one metadata store URL."""
 
-    def __init__(self, root: Path, metadata: str, replication: str = "quorum") -> None:
+    def __init__(
+        self,
+        root: Path,
+        metadata: str,
+        replication: str = "quorum",
+        *,
+        config: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> None:
         self.root = root
         self.metadata = metadata
         self.replication = replication
+        #: TOML tables every node is given (``--config``), unless a node names its own
+        self.config = {k: dict(v) for k, v in (config or {}).items()}
         self.bookies: list[Node] = []
         self.brokers: list[Node] = []
+
+    def _config_args(self, extra: tuple[str, ...]) -> tuple[str, ...]:
+        if not self.config or "--config" in extra:
+            return extra
+        path = write_toml(self.root / "cluster.toml", self.config)
+        return (*extra, "--config", str(path))
 
     def add_bookie(self, *extra: str) -> Node:
         (port,) = free_ports(1)
         i = len(self.bookies)
         data = self.root / f"bookie-{i}"
+        extra = self._config_args(extra)
         node = Node(
             "bookie",
             bookie_args(self.metadata, port, data, *extra),
@@ -128,6 +155,7 @@ class Cluster:
     def add_broker(self, *extra: str) -> Node:
         port, http_port = free_ports(2)
         i = len(self.brokers)
+        extra = self._config_args(extra)
         node = Node(
             "broker",
             broker_args(self.metadata, port, http_port, self.replication, *extra),

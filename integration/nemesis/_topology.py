@@ -25,13 +25,19 @@ import signal
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from _cluster import Node, bookie_args, broker_args
 
-from pigeon.core.testing.servers import EtcdServer, ZooKeeperServer, free_ports
+from pigeon.core.testing.servers import (
+    EtcdServer,
+    ZooKeeperServer,
+    free_ports,
+    merge_tables,
+    toml_text,
+)
 
 from ._proxy import Proxy, ProxyHub
 
@@ -43,17 +49,28 @@ BROKERS = 2
 SESSION_TIMEOUT = 3.0
 #: the workload's namespace: retention forever, so that the final read sees every message
 NAMESPACE = "public/nemesis"
-BROKER_CONFIG = "[broker]\nensemble_size = 3\nwrite_quorum = 2\nack_quorum = 2\n"
+BROKER_CONFIG = {"broker": {"ensemble_size": 3, "write_quorum": 2, "ack_quorum": 2}}
 
 
 class Topology:
     """Starts and owns every process of one nemesis run (stop with :meth:`stop`)."""
 
-    def __init__(self, root: Path, metadata: str, replication: str, hub: ProxyHub) -> None:
+    def __init__(
+        self,
+        root: Path,
+        metadata: str,
+        replication: str,
+        hub: ProxyHub,
+        *,
+        config: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> None:
         self.root = root
         self.metadata = metadata
         self.replication = replication
         self.hub = hub
+        #: TOML tables merged into every node's configuration (e.g. the security keys of
+        #: ``SecurityFiles.node_table()`` in [broker] and [bookie])
+        self.config = config or {}
         self.server: ZooKeeperServer | EtcdServer | None = None
         self.nodes: dict[str, Node] = {}
         #: node name -> the proxy in front of it / its proxy to the metadata server
@@ -75,12 +92,10 @@ class Topology:
             raise ValueError(f"unknown metadata backend {self.metadata!r}")
         if self.server is not None:
             self.server.start()
-        broker_config = self.root / "broker.toml"
-        broker_config.write_text(BROKER_CONFIG)
         for i in range(BOOKIES):
             self._add_bookie(f"bookie-{i}")
         for i in range(BROKERS):
-            self._add_broker(f"broker-{i}", broker_config)
+            self._add_broker(f"broker-{i}")
         self._admin(
             "PUT",
             f"/admin/v2/namespaces/{NAMESPACE}",
@@ -100,24 +115,27 @@ class Topology:
         (port,) = free_ports(1)
         proxy = self.inbound[name] = self.hub.add(name, port)
         config = self.root / f"{name}.toml"
-        config.write_text(f'[bookie]\nadvertised_address = "{proxy.address}"\n')
+        own = {"bookie": {"advertised_address": proxy.address}}
+        config.write_text(toml_text(merge_tables(own, self.config)))
         args = bookie_args(
             self._metadata_url(name), port, self.root / name, "--config", str(config)
         )
         node = self.nodes[name] = Node("bookie", args, port, self.root / f"{name}.log")
         node.start()
 
-    def _add_broker(self, name: str, config: Path) -> None:
+    def _add_broker(self, name: str) -> None:
         port, http_port, kafka_port = free_ports(3)
         self.inbound[name] = self.hub.add(name, port)
         kafka = self.kafka_inbound[name] = self.hub.add(f"{name}-kafka", kafka_port)
         self.http_ports[name] = http_port
         own = self.root / f"{name}.toml"
-        own.write_text(
-            config.read_text()
-            + f'[kafka]\nport = {kafka_port}\nnamespace = "{NAMESPACE}"\n'
-            + f"advertised_port = {kafka.port}\ngroup_initial_rebalance_delay_ms = 0\n"
-        )
+        listener = {
+            "port": kafka_port,
+            "namespace": NAMESPACE,
+            "advertised_port": kafka.port,
+            "group_initial_rebalance_delay_ms": 0,
+        }
+        own.write_text(toml_text(merge_tables(BROKER_CONFIG, {"kafka": listener}, self.config)))
         args = broker_args(
             self._metadata_url(name), port, http_port, self.replication, "--config", str(own)
         )

@@ -76,11 +76,12 @@ def bookie_cmd(
     from pigeon.core.runtime import open_metadata_store, run_until_signal
 
     store = open_metadata_store(config.metadata, plugins)
+    # TLS files and authentication providers load now: a bad one is one line, no start
+    server = BookieServer(config, metadata=store, plugins=plugins)
 
     async def main(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(store.run)
-            server = BookieServer(config, metadata=store)
             await nursery.start(server.run)
             task_status.started(server)
 

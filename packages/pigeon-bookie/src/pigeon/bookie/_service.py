@@ -13,6 +13,14 @@ Registration: the ephemeral node ``/pigeon/bookies/available/<host:port>`` holds
 object (see :meth:`BookieServer.registration`), rewritten every
 ``register_interval_s``, at once when the bookie turns read-only or writable, and
 created again (with a new session) if the metadata session expired.
+
+Security (the ``SecurityConfig`` keys of the ``[bookie]`` table, docs/security.md): with
+``tls_certificate_file`` the port takes TLS only (the certificate is reloaded on SIGHUP);
+with ``authentication_enabled`` every connection authenticates in its ``connect``, and a
+bookie serves brokers and bookies only: a connection whose role is not one of
+``superuser_roles`` has every request refused with :class:`AuthorizationError` (decided
+once, when it connects).  Forwarding to followers dials with the ``broker_client_*``
+settings (this bookie's own role).
 """
 
 from __future__ import annotations
@@ -32,7 +40,9 @@ from pigeon.bookie._forward import Forwarder, Replication
 from pigeon.bookie._gc import SegmentCollector
 from pigeon.bookie._metrics import render_metrics, serve_metrics
 from pigeon.bookie._storage import SegmentStore
+from pigeon.core.config import SecurityConfig
 from pigeon.core.errors import (
+    AuthorizationError,
     ConfigError,
     ConnectionClosed,
     InternalError,
@@ -48,6 +58,7 @@ from pigeon.core.errors import (
 from pigeon.core.paths import BOOKIES_PATH
 from pigeon.core.replication import BookieClient
 from pigeon.core.rpc import DEFAULT_MAX_FRAME_SIZE, BookieFrame, Connection, Request, serve_tcp
+from pigeon.core.tls import ServerTls, reload_on_sighup
 
 __all__ = ["BookieConfig", "BookieServer", "DiskSpacePolicy"]
 
@@ -79,8 +90,13 @@ class _ReadQueue:
 
 
 @dataclass
-class BookieConfig:
-    """Configuration of a bookie (``[bookie]`` table, ``PIGEON_*`` variables, flags)."""
+class BookieConfig(SecurityConfig):
+    """Configuration of a bookie (``[bookie]`` table, ``PIGEON_*`` variables, flags),
+    with the security keys of :class:`~pigeon.core.config.SecurityConfig`: the bookie
+    port's certificate (``tls_*``), who may connect (``authentication_*``, ``token_*``;
+    only ``superuser_roles`` are served, whether or not ``authorization_enabled``), and
+    how this bookie dials its followers (``broker_client_*``).  The ``http_port`` of
+    /metrics stays plain HTTP without authentication (it shows counters only)."""
 
     host: str = "127.0.0.1"
     port: int = 3181
@@ -129,6 +145,12 @@ class BookieConfig:
             raise ConfigError("bad value for 'read_max_bytes': must be positive")
         if self.max_frame_size <= _READ_HEADER_ROOM + 1024:
             raise ConfigError("bad value for 'max_frame_size': too small")
+        self.validate_security()
+        if self.authentication_enabled and not self.superuser_roles:
+            raise ConfigError(
+                "'authentication_enabled' on a bookie needs 'superuser_roles': a bookie"
+                " serves only the roles of the brokers and bookies listed there"
+            )
 
 
 class DiskSpacePolicy:
@@ -157,6 +179,30 @@ class DiskSpacePolicy:
         return free >= t + max(t // 10, 1 << 20)
 
 
+class _Unauthorized:
+    """The handler of a connection whose role may not use this bookie: every request is
+    refused with the same :class:`AuthorizationError` (pings are still answered)."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    def __getattr__(self, name: str) -> Any:
+        if not name.startswith("on_"):
+            raise AttributeError(name)
+        return self._refuse
+
+    def _refuse(self, conn: Connection, req: Request) -> None:
+        raise AuthorizationError(self.message)
+
+
+def _follower_done(
+    state: Replication, address: str, result: Any, error: BaseException | None
+) -> None:
+    state.follower(address, error)
+
+
 def _state(info: Any) -> dict[str, Any]:
     return {
         "segmentId": info.segment_id,
@@ -172,12 +218,40 @@ class BookieServer:
 
     ``await nursery.start(server.run)`` recovers the store, checks the disk, listens,
     registers (when ``metadata`` is given) and reports the bound ``(host, port)``.
+
+    ``plugins``: the :class:`~pigeon.core.PluginManager` whose authentication providers
+    check connections (the built-in ones when None).  ``reload_on_sighup``: reload the
+    TLS certificate on SIGHUP (off when the process embedding the bookie does it, as
+    ``pigeon standalone``: ``server.tls`` is the listener's :class:`ServerTls`).
     """
 
-    def __init__(self, config: BookieConfig, *, store: Any = None, metadata: Any = None) -> None:
+    def __init__(
+        self,
+        config: BookieConfig,
+        *,
+        store: Any = None,
+        metadata: Any = None,
+        plugins: Any = None,
+        reload_on_sighup: bool = True,
+    ) -> None:
         config.validate()
         self.config = config
         self.metadata = metadata
+        #: the TLS of the bookie port (None: plaintext); configuration errors show now
+        self.tls: ServerTls | None = config.server_tls("bookie")
+        if config.authentication_enabled and plugins is None:
+            from pigeon.core import PluginManager
+
+            plugins = PluginManager()
+        self.authenticator = (
+            config.authenticator(plugins.authentication_providers)
+            if config.authentication_enabled
+            else None
+        )
+        self._client_tls = config.client_tls_context()
+        self._client_authentication = config.client_authentication()
+        self._reload_on_sighup = reload_on_sighup
+        self._superusers = frozenset(config.superuser_roles)
         self.store = store or SegmentStore(
             config.data_dir,
             fsync=config.fsync,
@@ -227,7 +301,10 @@ class BookieServer:
                 await nursery.start(self.store.run)
                 # leader-follower: this bookie forwards adds to the segment's followers
                 self.client = BookieClient(
-                    name="pigeon-bookie", max_frame_size=self.config.max_frame_size
+                    name="pigeon-bookie",
+                    max_frame_size=self.config.max_frame_size,
+                    tls=self._client_tls,
+                    authentication=self._client_authentication,
                 )
                 await nursery.start(self.client.run)
                 self.forwarder = Forwarder(self.store, self.client, nursery)
@@ -242,9 +319,13 @@ class BookieServer:
                         server_name="pigeon-bookie",
                         max_frame_size=self.config.max_frame_size,
                         max_message_size=self.config.max_frame_size,
+                        tls=self.tls,
+                        authenticator=self.authenticator,
                         task_status=task_status,
                     )
                 )
+                if self.tls is not None and self._reload_on_sighup:
+                    await nursery.start(reload_on_sighup, self.tls)
                 self._rate_at = trio.current_time()
                 nursery.start_soon(self._watch_disk)
                 if self.metadata is not None:
@@ -262,10 +343,12 @@ class BookieServer:
                         )
                     )
                 log.info(
-                    "bookie serving address=%s data_dir=%s read_only=%s",
+                    "bookie serving address=%s data_dir=%s read_only=%s tls=%s authentication=%s",
                     self.advertised,
                     self.config.data_dir,
                     self.store.read_only is not None,
+                    self.tls is not None,
+                    ",".join(self.authenticator.methods) if self.authenticator else "off",
                 )
                 task_status.started(self.address)
                 await trio.sleep_forever()
@@ -442,9 +525,24 @@ class BookieServer:
                 b.lac,
                 req.payload,
                 b.syncFrom,
-                lambda result, error, a=address: state.follower(a, error),
+                functools.partial(_follower_done, state, address),
             )
         waiter.add_done_callback(lambda: state.local(waiter.error))
+
+    def connection_opened(self, conn: Connection) -> None:
+        """Authorization, once per connection: only brokers and bookies (the
+        ``superuser_roles``) may use a bookie; any other role has its requests refused."""
+        if self.authenticator is None or conn.role in self._superusers:
+            return
+        log.warning(
+            "connection refused: role is not a superuser of this bookie conn=%s role=%s",
+            conn.name,
+            conn.role,
+        )
+        conn.handler = _Unauthorized(
+            f"role {conn.role!r} may not use a bookie: only brokers and bookies"
+            " (superuser_roles) read and write entries"
+        )
 
     def connection_closed(self, conn: Connection) -> None:
         self._reads.pop(conn, None)

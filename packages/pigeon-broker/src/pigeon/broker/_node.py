@@ -1,10 +1,28 @@
-"""Running a broker node, and ``pigeon standalone`` (broker + bookie + embedded metadata)."""
+"""Running a broker node, and ``pigeon standalone`` (broker + bookie + embedded metadata).
+
+Security of ``pigeon standalone`` (docs/security.md): the in-process bookie takes the
+broker's settings (the ``[broker]`` table's certificate, authentication settings and
+``superuser_roles``), so its port is as closed as the broker's.  The broker's link to it:
+
+* **TLS** when the broker has a certificate.  The broker trusts exactly its own
+  certificate there (pinned: the first certificate of ``tls_certificate_file``, with no
+  host name check), since the bookie it dials is this process on loopback: a certificate
+  for ``broker.example.com`` need not also name ``127.0.0.1``.
+* **Authentication** when it is enabled: with ``broker_client_authentication_*`` set,
+  those credentials (their role must be one of ``superuser_roles``); otherwise, with
+  token authentication and a ``token_secret_key``, the broker mints itself short-lived
+  tokens for the role ``pigeon-standalone`` (a superuser of the in-process bookie only,
+  never of the broker; the tokens live in memory and are never printed or logged).  With
+  only a ``token_public_key`` the broker cannot mint: the credentials must be configured.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
+import ssl
 from pathlib import Path
 from typing import Any
 
@@ -15,14 +33,41 @@ from pigeon.broker._config import BrokerConfig
 from pigeon.broker._service import BrokerService
 from pigeon.broker._watch import watch_forever
 from pigeon.core import PluginManager
+from pigeon.core.auth import AuthenticationTLS, AuthenticationToken, ClientAuthentication
 from pigeon.core.codecs import CodecSet
+from pigeon.core.config import SecurityConfig
 from pigeon.core.errors import ConfigError
 from pigeon.core.paths import BOOKIES_PATH
 from pigeon.core.replication import BookieClient
 
-__all__ = ["BookieDirectory", "run_broker", "run_layered", "run_standalone"]
+__all__ = [
+    "STANDALONE_ROLE",
+    "BookieDirectory",
+    "run_broker",
+    "run_layered",
+    "run_standalone",
+    "standalone_bookie_security",
+]
 
 log = logging.getLogger(__name__)
+
+#: the role a standalone broker presents to its in-process bookie when it mints its own
+#: tokens (a superuser of that bookie only)
+STANDALONE_ROLE = "pigeon-standalone"
+#: lifetime of each token a standalone broker mints (one per new bookie connection)
+STANDALONE_TOKEN_EXPIRY_S = 3600
+#: the server-side security keys the in-process bookie takes from ``[broker]``
+_BOOKIE_SECURITY_KEYS = (
+    "authentication_enabled",
+    "authentication_providers",
+    "token_secret_key",
+    "token_public_key",
+    "superuser_roles",
+    "tls_certificate_file",
+    "tls_key_file",
+    "tls_trust_certs_file",
+    "tls_require_trusted_client_cert",
+)
 
 
 class BookieDirectory:
@@ -81,15 +126,20 @@ async def run_broker(
     *,
     store: Any,
     plugins: PluginManager,
+    bookie_client: BookieClient | None = None,
     task_status: trio.TaskStatus[BrokerService] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run a broker on an already running metadata store until cancelled."""
+    """Run a broker on an already running metadata store until cancelled.
+
+    The broker dials bookies with ``bookie_client`` (started here), by default one that
+    uses the ``broker_client_*`` settings: TLS and the broker's own role."""
     async with trio.open_nursery() as nursery:
-        bookie_client = BookieClient(
-            max_frame_size=config.max_frame_size,
-            tls=config.client_tls_context(),
-            authentication=config.client_authentication(),
-        )
+        if bookie_client is None:
+            bookie_client = BookieClient(
+                max_frame_size=config.max_frame_size,
+                tls=config.client_tls_context(),
+                authentication=config.client_authentication(),
+            )
         await nursery.start(bookie_client.run)
         directory = BookieDirectory(store)
         await nursery.start(directory.run)
@@ -133,20 +183,43 @@ async def run_standalone(
     from pigeon.core.metadata import EmbeddedMetadataStore
 
     plugins = plugins or PluginManager()
+    if bookie_config is None:
+        bookie_config = BookieConfig()
+    # the certificates, keys and providers load before anything starts: errors are one line
+    broker_config.authenticator(plugins.authentication_providers)
+    bookie_config, tls, authentication = standalone_bookie_security(broker_config, bookie_config)
+    bookie_client = BookieClient(
+        max_frame_size=broker_config.max_frame_size, tls=tls, authentication=authentication
+    )
     root = Path(data_dir)
     (root / "metadata").mkdir(parents=True, exist_ok=True)
     store = EmbeddedMetadataStore(root / "metadata")
-    if bookie_config is None:
-        bookie_config = BookieConfig()
     bookie_config.data_dir = str(root / "bookie")
-    bookie = BookieServer(bookie_config, metadata=store)
+    bookie = BookieServer(bookie_config, metadata=store, plugins=plugins, reload_on_sighup=False)
 
     async def infrastructure(nursery: trio.Nursery) -> None:
         await nursery.start(store.run)
         await nursery.start(bookie.run)
 
     async def broker(task_status: trio.TaskStatus[Any]) -> None:
-        await run_broker(broker_config, store=store, plugins=plugins, task_status=task_status)
+        async with trio.open_nursery() as nursery:
+            service = await nursery.start(
+                functools.partial(
+                    run_broker,
+                    broker_config,
+                    store=store,
+                    plugins=plugins,
+                    bookie_client=bookie_client,
+                )
+            )
+            listeners = [t for t in (bookie.tls, service.server_tls) if t is not None]
+            if listeners:
+                # one process, one SIGHUP receiver (the last one opened gets the signal):
+                # it reloads the bookie's and the broker's certificates alike
+                from pigeon.core.tls import reload_on_sighup
+
+                await nursery.start(functools.partial(reload_on_sighup, *listeners))
+            task_status.started(service)
 
     def ready(service: Any) -> None:
         service.extra_metrics.append(lambda: render_metrics(bookie.store, bookie.advertised))
@@ -159,6 +232,94 @@ async def run_standalone(
         task_status.started(service)
 
     await run_layered(infrastructure, broker, ready)
+
+
+def standalone_bookie_security(
+    broker_config: SecurityConfig, bookie_config: Any
+) -> tuple[Any, ssl.SSLContext | None, ClientAuthentication | None]:
+    """The in-process bookie's configuration with the broker's security settings, and
+    the TLS context and credentials the broker dials it with (see the module doc).
+
+    :raises ConfigError: security keys set in ``[bookie]`` (they belong in ``[broker]``),
+        or authentication the broker cannot present credentials for."""
+    defaults = SecurityConfig()
+    for key in _BOOKIE_SECURITY_KEYS:
+        if getattr(bookie_config, key) != getattr(defaults, key):
+            raise ConfigError(
+                f"pigeon standalone takes its security settings from [broker]: move {key!r}"
+                " out of [bookie] (the in-process bookie uses the broker's)"
+            )
+    settings = {key: getattr(broker_config, key) for key in _BOOKIE_SECURITY_KEYS}
+    authentication: ClientAuthentication | None = None
+    if broker_config.authentication_enabled:
+        authentication = broker_config.client_authentication()
+        if authentication is None:
+            authentication = _minted_token(broker_config)
+            settings["superuser_roles"] = [*broker_config.superuser_roles, STANDALONE_ROLE]
+            # the minted token authenticates the link: no client certificate is shown
+            settings["tls_require_trusted_client_cert"] = False
+    bookie_config = dataclasses.replace(bookie_config, **settings)
+    tls = None
+    if broker_config.tls_certificate_file:
+        client_cert = client_key = ""
+        if isinstance(authentication, AuthenticationTLS):
+            client_cert = authentication.certificate_path
+            client_key = authentication.private_key_path
+        tls = _pinned_context(broker_config.tls_certificate_file, client_cert, client_key)
+    return bookie_config, tls, authentication
+
+
+def _minted_token(config: SecurityConfig) -> ClientAuthentication:
+    """Credentials minted by the broker itself: a fresh short-lived token for
+    :data:`STANDALONE_ROLE` on every new bookie connection."""
+    if "token" not in config.authentication_providers or not config.token_secret_key:
+        if "token" in config.authentication_providers and config.token_public_key:
+            why = "with only a 'token_public_key' the broker cannot sign a token of its own"
+        else:
+            why = "without token authentication and a 'token_secret_key' it cannot mint one"
+        raise ConfigError(
+            "pigeon standalone with authentication needs credentials for the broker's link"
+            f" to its bookie: {why}; set 'broker_client_authentication_plugin' and"
+            " 'broker_client_authentication_parameters' (a role in 'superuser_roles')"
+        )
+    from pigeon.core.tokens import create_token, load_key
+
+    key = load_key(config.token_secret_key)
+
+    def mint() -> str:
+        return create_token(STANDALONE_ROLE, key, expiry_s=STANDALONE_TOKEN_EXPIRY_S)
+
+    mint()  # a key tokens cannot be signed with fails now, as one line
+    return AuthenticationToken(mint)
+
+
+def _pinned_context(certificate_file: str, client_cert: str, client_key: str) -> ssl.SSLContext:
+    """A client context that trusts exactly the first certificate of
+    ``certificate_file`` (the broker's own; no system CA) and checks no host name;
+    ``client_cert``/``client_key``: a client certificate to present (mTLS)."""
+    what = "broker to bookie TLS"
+    try:
+        text = Path(certificate_file).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or "not a PEM file"
+        raise ConfigError(f"{what}: cannot read {certificate_file!r}: {reason.lower()}") from None
+    begin, end = "-----BEGIN CERTIFICATE-----", "-----END CERTIFICATE-----"
+    start = text.find(begin)
+    stop = text.find(end, start)
+    if start < 0 or stop < 0:
+        raise ConfigError(f"{what}: {certificate_file!r} holds no PEM certificate")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies the peer; trusts nothing yet
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.check_hostname = False
+    ctx.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN  # a leaf as the trust anchor
+    try:
+        ctx.load_verify_locations(cadata=text[start : stop + len(end)])
+        if client_cert:
+            ctx.load_cert_chain(client_cert, client_key or None)
+    except (ssl.SSLError, OSError) as exc:
+        reason = getattr(exc, "reason", None) or getattr(exc, "strerror", None) or str(exc)
+        raise ConfigError(f"{what}: cannot load the certificates ({reason})") from None
+    return ctx
 
 
 async def run_layered(infrastructure: Any, main: Any, ready: Any) -> None:

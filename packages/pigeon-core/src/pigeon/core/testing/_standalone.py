@@ -14,10 +14,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from pigeon.core.testing._process import HOST, POLL, free_ports, port_open, send_signal
+from pigeon.core.testing._security import write_toml
 
 __all__ = [
     "STANDALONE_READY_TIMEOUT",
@@ -67,7 +69,13 @@ class StandaloneError(AssertionError):
 
 
 class Standalone:
-    """One ``pigeon standalone`` process with its data directory and ports."""
+    """One ``pigeon standalone`` process with its data directory and ports.
+
+    ``config``: TOML tables (``{"broker": {...}, "bookie": {...}, "kafka": {...}}``)
+    written to ``standalone.toml`` in the log directory and passed as ``--config``, e.g.
+    :meth:`SecurityFiles.node_table` for TLS and token authentication on every link
+    (the ports stay the helper's: flags win over the file).
+    """
 
     def __init__(
         self,
@@ -76,11 +84,13 @@ class Standalone:
         log_dir: Path | None = None,
         fsync: str | None = "always",
         extra_args: tuple[str, ...] = (),
+        config: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.log_dir = Path(log_dir) if log_dir is not None else self.data_dir.parent
         self.fsync = fsync
         self.extra_args = tuple(extra_args)
+        self.config = {k: dict(v) for k, v in (config or {}).items()}
         self.port = 0
         self.bookie_port = 0
         self.http_port = 0
@@ -140,7 +150,14 @@ class Standalone:
             cmd += ["--kafka-port", str(self.kafka_port)]
         if self.fsync:
             cmd += ["--fsync", self.fsync]
+        if self.config and "--config" not in self.extra_args:
+            cmd += ["--config", str(self.config_path)]
         return cmd + list(self.extra_args)
+
+    @property
+    def config_path(self) -> Path:
+        """Where ``config`` is written (at each start)."""
+        return self.log_dir / "standalone.toml"
 
     def start(self, timeout: float = STANDALONE_READY_TIMEOUT) -> Standalone:
         """Start on fresh free ports (retrying if another process took one meanwhile)."""
@@ -167,6 +184,8 @@ class Standalone:
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._close_log()
+        if self.config:
+            write_toml(self.config_path, self.config)
         self.log_path = self.log_dir / f"standalone-{self.runs}.log"
         self.runs += 1
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in _close_log

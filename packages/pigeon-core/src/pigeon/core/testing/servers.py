@@ -6,6 +6,9 @@
   naming the Debian package to install.
 * :class:`Standalone`: one ``pigeon standalone`` process that can be killed (-9),
   terminated and restarted on the same data directory and ports.
+* :class:`SecurityFiles`: a CA, the nodes' certificate, a token secret key and tokens
+  made per run, and the security keys of a node's TOML table; :func:`write_toml` writes
+  tables for ``--config`` (:class:`Standalone` takes them as ``config=``).
 * :func:`free_port`, :func:`free_ports`, :func:`port_open`, :func:`clean_env`,
   :func:`pigeon_command` and :func:`server_command` for tests that start processes of
   their own.
@@ -31,6 +34,13 @@ from pigeon.core.testing._metadata_servers import (
     zookeeper_server,
 )
 from pigeon.core.testing._process import HOST, free_port, free_ports, port_open
+from pigeon.core.testing._security import (
+    NODE_ROLE,
+    SecurityFiles,
+    merge_tables,
+    toml_text,
+    write_toml,
+)
 from pigeon.core.testing._standalone import (
     STANDALONE_READY_TIMEOUT,
     Standalone,
@@ -42,10 +52,12 @@ from pigeon.core.testing._standalone import (
 
 __all__ = [
     "HOST",
+    "NODE_ROLE",
     "READY_TIMEOUT",
     "STANDALONE_READY_TIMEOUT",
     "STOP_TIMEOUT",
     "EtcdServer",
+    "SecurityFiles",
     "ServerError",
     "Standalone",
     "StandaloneError",
@@ -54,8 +66,11 @@ __all__ = [
     "etcd_server",
     "free_port",
     "free_ports",
+    "merge_tables",
     "pigeon_command",
     "port_open",
     "server_command",
+    "toml_text",
+    "write_toml",
     "zookeeper_server",
 ]
