@@ -391,11 +391,6 @@ def test_a_client_certificate_is_the_role(
     assert mtls_broker.broker.roles[-1] == "writer"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core: a TLS 1.3 alert after the handshake (client certificate required) reaches"
-    " the client as a plain 'connection lost' (ConnectionClosed), which is retried",
-)
 def test_a_missing_client_certificate_is_a_tls_error_at_once(
     mtls_broker: Running, certs: Certificates
 ) -> None:

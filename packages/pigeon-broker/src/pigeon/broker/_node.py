@@ -195,31 +195,20 @@ async def run_standalone(
     (root / "metadata").mkdir(parents=True, exist_ok=True)
     store = EmbeddedMetadataStore(root / "metadata")
     bookie_config.data_dir = str(root / "bookie")
-    bookie = BookieServer(bookie_config, metadata=store, plugins=plugins, reload_on_sighup=False)
+    bookie = BookieServer(bookie_config, metadata=store, plugins=plugins)
 
     async def infrastructure(nursery: trio.Nursery) -> None:
         await nursery.start(store.run)
         await nursery.start(bookie.run)
 
     async def broker(task_status: trio.TaskStatus[Any]) -> None:
-        async with trio.open_nursery() as nursery:
-            service = await nursery.start(
-                functools.partial(
-                    run_broker,
-                    broker_config,
-                    store=store,
-                    plugins=plugins,
-                    bookie_client=bookie_client,
-                )
-            )
-            listeners = [t for t in (bookie.tls, service.server_tls) if t is not None]
-            if listeners:
-                # one process, one SIGHUP receiver (the last one opened gets the signal):
-                # it reloads the bookie's and the broker's certificates alike
-                from pigeon.core.tls import reload_on_sighup
-
-                await nursery.start(functools.partial(reload_on_sighup, *listeners))
-            task_status.started(service)
+        await run_broker(
+            broker_config,
+            store=store,
+            plugins=plugins,
+            bookie_client=bookie_client,
+            task_status=task_status,
+        )
 
     def ready(service: Any) -> None:
         service.extra_metrics.append(lambda: render_metrics(bookie.store, bookie.advertised))

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import ssl
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -59,9 +60,11 @@ from pigeon.core.errors import (
     MalformedRequest,
     PigeonError,
     ProtocolError,
+    TlsError,
     UnknownMessageType,
     error_from_code,
 )
+from pigeon.core.tls import describe_tls_error
 
 __all__ = ["Connection", "Extract", "ReplyCallback", "Request"]
 
@@ -375,13 +378,22 @@ class Connection:
                 else:
                     await self.stream.send_all(parts[0])
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                self.close(ConnectionClosed(f"connection {self.name} lost: {exc}"))
+                self.close(self._lost(exc))
                 with contextlib.suppress(Exception):
                     await self.stream.aclose()
                 return
             self.bytes_out += size
             if self._out_bytes <= _HIGH_WATER // 2:
                 self._drained.set()
+
+    def _lost(self, exc: BaseException) -> PigeonError:
+        """Why the stream broke: a TLS peer that refused our certificate (or its
+        absence; TLS 1.3 says so only after the handshake) is a :class:`TlsError`, which
+        retrying will not mend; anything else is a retriable :class:`ConnectionClosed`."""
+        cause = exc.__cause__ if isinstance(exc, trio.BrokenResourceError) else exc
+        if isinstance(cause, ssl.SSLError) and "CERTIFICATE" in str(cause.reason or "").upper():
+            return TlsError(f"connection {self.name}: {describe_tls_error(cause)}")
+        return ConnectionClosed(f"connection {self.name} lost: {exc}")
 
     # ------------------------------------------------------------------ receiving
 
@@ -393,9 +405,7 @@ class Connection:
                 try:
                     data = await stream.receive_some(_RECEIVE_SIZE)
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                    self._close_reason = self._close_reason or ConnectionClosed(
-                        f"connection {self.name} lost: {exc}"
-                    )
+                    self._close_reason = self._close_reason or self._lost(exc)
                     return
                 if not data:
                     return

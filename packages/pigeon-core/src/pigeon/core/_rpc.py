@@ -363,6 +363,11 @@ async def serve_tcp(
                 except (TlsError, ConnectionClosed) as exc:
                     log.warning("TLS handshake failed conn=%s error=%s", name, exc.message)
                     return
+                if tls.require_client_cert and _peer_certificate(stream) is None:
+                    refusal = TlsError(
+                        "a client certificate signed by a CA this server trusts is required"
+                        " (tls_require_trusted_client_cert): connect with AuthenticationTLS"
+                    )
             else:
                 refusal = TlsError(
                     f"this {frame_role(frame_type)} port takes TLS only: use"

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import ssl
 import threading
@@ -46,14 +47,21 @@ def _load_chain(ctx: ssl.SSLContext, certificate_file: str, key_file: str, what:
     try:
         ctx.load_cert_chain(certificate_file, key_file or None)
     except FileNotFoundError as exc:
-        raise ConfigError(f"{what}: cannot read {exc.filename!r}: no such file") from None
+        missing = exc.filename or _first_missing(certificate_file, key_file)
+        raise ConfigError(f"{what}: cannot read {missing!r}: no such file") from None
     except PermissionError as exc:
-        raise ConfigError(f"{what}: cannot read {exc.filename!r}: permission denied") from None
+        name = exc.filename or f"{certificate_file} or {key_file}"
+        raise ConfigError(f"{what}: cannot read {name!r}: permission denied") from None
     except ssl.SSLError as exc:
         raise ConfigError(
             f"{what}: {certificate_file!r} and {key_file!r} are not a PEM certificate and"
             f" its private key ({exc.reason or exc})"
         ) from None
+
+
+def _first_missing(*paths: str) -> str:
+    """The first of ``paths`` that does not exist (ssl does not say which it missed)."""
+    return next((p for p in paths if p and not os.path.exists(p)), paths[0])
 
 
 def _load_trust(ctx: ssl.SSLContext, trust_certs_file: str, what: str) -> None:
@@ -144,6 +152,8 @@ class ServerTls:
         self.trust_certs_file = trust_certs_file
         self.require_client_cert = require_client_cert
         self.what = what
+        #: the context of listeners that enforce ``require_client_cert`` in the TLS
+        #: handshake itself (HTTPS, Kafka)
         self.context = server_context(
             certificate_file=certificate_file,
             key_file=key_file,
@@ -151,6 +161,17 @@ class ServerTls:
             require_client_cert=require_client_cert,
             what=what,
         )
+        #: the context of PigeonMQ's own ports: a client certificate is asked for but
+        #: its absence is refused by the ``connect`` handshake (:func:`accept_tls`'s
+        #: caller), in words the client can show; TLS 1.3 would only close the stream
+        self.protocol_context = self.context
+        if require_client_cert:
+            self.protocol_context = server_context(
+                certificate_file=certificate_file,
+                key_file=key_file,
+                trust_certs_file=trust_certs_file,
+                what=what,
+            )
         self.reloads = 0
 
     def reload(self) -> bool:
@@ -166,9 +187,10 @@ class ServerTls:
                 require_client_cert=self.require_client_cert,
                 what=self.what,
             )
-            _load_chain(self.context, self.certificate_file, self.key_file, self.what)
-            if self.trust_certs_file:
-                _load_trust(self.context, self.trust_certs_file, self.what)
+            for ctx in {id(c): c for c in (self.context, self.protocol_context)}.values():
+                _load_chain(ctx, self.certificate_file, self.key_file, self.what)
+                if self.trust_certs_file:
+                    _load_trust(ctx, self.trust_certs_file, self.what)
         except ConfigError as exc:
             log.error(  # noqa: TRY400 - one line, no traceback
                 "TLS reload failed, the current certificate stays: %s", exc.message
@@ -246,7 +268,11 @@ def describe_tls_error(exc: BaseException, *, server_side: bool = False) -> str:
             return "the peer does not speak TLS (a plaintext port?)"
         if "http request" in reason:
             return "the peer sent an HTTP request, not a TLS handshake"
-        if "certificate required" in reason or "peer did not return a certificate" in reason:
+        if (
+            "certificate required" in reason
+            or "peer did not return a certificate" in reason
+            or "alert bad certificate" in reason
+        ):
             return "a client certificate is required (tls_require_trusted_client_cert)"
         if "certificate unknown" in reason or "unknown ca" in reason:
             return "the peer did not accept our certificate"
@@ -278,9 +304,11 @@ def _handshake_error(
 async def accept_tls(
     stream: trio.abc.Stream, tls: ServerTls, *, handshake_timeout: float = HANDSHAKE_TIMEOUT_S
 ) -> trio.SSLStream[Any]:
-    """Run the server side of the handshake; raises :class:`TlsError` or
-    :class:`ConnectionClosed` with one line (:func:`describe_tls_error`) when it fails."""
-    ssl_stream = trio.SSLStream(stream, tls.context, server_side=True)
+    """Run the server side of the handshake of a PigeonMQ port; raises
+    :class:`TlsError` or :class:`ConnectionClosed` with one line
+    (:func:`describe_tls_error`) when it fails.  A missing client certificate is the
+    caller's to refuse (``tls.require_client_cert``): see :attr:`ServerTls.protocol_context`."""
+    ssl_stream = trio.SSLStream(stream, tls.protocol_context, server_side=True)
     try:
         with trio.fail_after(handshake_timeout):
             await ssl_stream.do_handshake()
