@@ -25,7 +25,7 @@ from _kafka import produce as kafka_produce
 from pigeon.core.testing.servers import Standalone, StandaloneError
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
-from confluent_kafka import KafkaError, Producer  # noqa: E402
+from confluent_kafka import KafkaError, KafkaException, Producer  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -310,3 +310,48 @@ def test_sasl_without_authentication_is_a_config_error(security: Security, tmp_p
     with pytest.raises(StandaloneError) as info:
         start_standalone(tmp_path / "bad", config)
     assert "ConfigError" in str(info.value) and "authentication_enabled" in str(info.value)
+
+
+def test_role_without_rights_may_not_consume_look_up_or_create(
+    sasl_ssl: Standalone, security: Security
+) -> None:
+    from confluent_kafka import Consumer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    topic = topic_name()
+    admin_conf = security.confluent("SASL_SSL", security.token("admin"))
+    kafka_produce(sasl_ssl.kafka_bootstrap, topic, [{"value": b"secret"}], **admin_conf)
+    nobody = security.confluent("SASL_SSL", security.token("nobody"))
+    # Metadata: the topic is answered TOPIC_AUTHORIZATION_FAILED
+    admin = AdminClient({"bootstrap.servers": sasl_ssl.kafka_bootstrap, **nobody})
+    meta = admin.list_topics(topic, timeout=FAIL_S)
+    assert meta.topics[topic].error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    # CreateTopics needs a tenant admin
+    futures = admin.create_topics([NewTopic(topic_name(), 1)], operation_timeout=FAIL_S)
+    with pytest.raises(KafkaException) as info:
+        next(iter(futures.values())).result(timeout=FAIL_S)
+    assert info.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    # a consumer group is refused, and so is a plain fetch
+    consumer = Consumer(
+        {
+            "bootstrap.servers": sasl_ssl.kafka_bootstrap,
+            "group.id": "nobody-group",
+            "auto.offset.reset": "earliest",
+            **nobody,
+        }
+    )
+    try:
+        consumer.subscribe([topic])
+        codes = set()
+        deadline = time.monotonic() + FAIL_S
+        while not codes and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None:
+                assert msg.error() is not None, "a record reached a role without rights"
+                codes.add(msg.error().code())
+        assert codes & {
+            KafkaError.TOPIC_AUTHORIZATION_FAILED,
+            KafkaError.GROUP_AUTHORIZATION_FAILED,
+        }, codes
+    finally:
+        consumer.close()

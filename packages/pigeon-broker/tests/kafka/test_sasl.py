@@ -10,8 +10,9 @@ import pytest
 import trio
 import trio.testing
 
+from pigeon.broker._authz import Authorization
 from pigeon.broker._config import BrokerConfig, KafkaConfig
-from pigeon.broker._kafka import AUTHZ_RECHECK_S, KafkaConnection
+from pigeon.broker._kafka import AUTHZ_RECHECK_S, KafkaConnection, KafkaFrontDoor
 from pigeon.broker._kafka_sasl import (
     ILLEGAL_SASL_STATE,
     SASL_AUTHENTICATION_FAILED,
@@ -22,6 +23,7 @@ from pigeon.broker._kafka_sasl import (
     oauthbearer_token,
     plain_token,
 )
+from pigeon.broker._policies import NamespacePolicies, TenantInfo
 from pigeon.core.errors import AuthorizationError, ConfigError
 
 # ------------------------------------------------------------------ mechanisms
@@ -196,3 +198,91 @@ async def test_authorization_off_asks_nothing() -> None:
     conn = KafkaConnection(door, None, "peer:1")  # type: ignore[arg-type]
     await conn.authorize("produce", "orders")
     assert door.asked == []
+
+
+# ------------------------------------------------------------------ the decisions
+
+
+class _Policies:
+    """A PolicyStore with one namespace and one tenant, in memory."""
+
+    def __init__(self, policies: NamespacePolicies, admins: list[str]) -> None:
+        self.policies = policies
+        self.tenant_info = TenantInfo(admin_roles=admins)
+
+    async def get(self, namespace: str) -> NamespacePolicies:
+        assert namespace == "public/default"
+        return self.policies
+
+    async def get_tenant(self, tenant: str) -> TenantInfo:
+        assert tenant == "public"
+        return self.tenant_info
+
+
+def _door(policies: NamespacePolicies) -> KafkaFrontDoor:
+    door = object.__new__(KafkaFrontDoor)
+    door.config = KafkaConfig()
+    authz = Authorization(
+        _Policies(policies, admins=["ops"]),  # type: ignore[arg-type]
+        enabled=True,
+        superuser_roles=["root"],
+    )
+    door.core = SimpleNamespace(authorization=authz)  # type: ignore[assignment]
+    return door
+
+
+@pytest.mark.parametrize(
+    ("role", "action", "topic", "subscription", "allowed"),
+    [
+        ("root", "admin", "orders", "", True),
+        ("ops", "admin", "orders", "", True),  # a tenant admin creates and deletes topics
+        ("writer", "admin", "orders", "", False),
+        ("writer", "produce", "orders", "", True),
+        ("writer", "consume", "orders", "", False),
+        ("writer", "lookup", "orders", "", True),
+        ("reader", "produce", "orders", "", False),
+        ("reader", "consume", "orders", "", True),
+        ("reader", "consume", "orders", "reader-app", True),
+        ("reader", "consume", "orders", "billing", False),  # prefix mode
+        ("reader", "group", "", "reader-app", True),
+        ("reader", "group", "", "billing", False),
+        ("writer", "group", "", "writer-app", False),  # no consume right anywhere
+        ("audit", "consume", "audit-log", "", True),  # a topic grant
+        ("audit", "consume", "orders", "", False),
+        ("audit", "group", "", "audit-1", True),
+        ("audit", "lookup", "orders", "", False),
+        (None, "lookup", "orders", "", False),
+        (None, "group", "", "x", False),
+    ],
+)
+async def test_kafka_actions_map_onto_pulsar_permissions(
+    role: str | None, action: str, topic: str, subscription: str, allowed: bool
+) -> None:
+    door = _door(
+        NamespacePolicies(
+            permissions={"writer": ["produce"], "reader": ["consume"]},
+            topic_permissions={"audit-log": {"audit": ["consume"]}},
+            subscription_auth_mode="prefix",
+        )
+    )
+    if allowed:
+        await door.check(role, action, topic, subscription)
+    else:
+        with pytest.raises(AuthorizationError):
+            await door.check(role, action, topic, subscription)
+
+
+def test_join_group_subscriptions_are_read_from_the_consumer_protocol() -> None:
+    from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
+
+    from pigeon.broker._kafka import _subscribed_topics
+
+    metadata = ConsumerProtocolMemberMetadata(0, ["orders", "audit-log"], b"").encode()
+    request = SimpleNamespace(
+        protocols=[
+            SimpleNamespace(metadata=metadata),
+            SimpleNamespace(metadata=b"\x00"),  # does not parse: left out
+            SimpleNamespace(metadata=metadata),
+        ]
+    )
+    assert _subscribed_topics(request) == ["orders", "audit-log"]
