@@ -153,14 +153,17 @@ class KafkaConnection:
         self.nursery.start_soon(run)
         return later
 
-    async def authorize(self, action: str, kafka_topic: str, subscription: str = "") -> None:
+    async def authorize(
+        self, action: str, kafka_topic: str, subscription: str = "", *, quiet: bool = False
+    ) -> None:
         """May this connection's role do ``action`` on ``kafka_topic``?
 
         ``action``: ``produce``, ``consume`` (through ``subscription`` when given),
         ``lookup``, ``admin`` (create, delete or grow topics: a tenant admin) or
         ``group`` (use the consumer group whose subscription is ``subscription``).  A
         decision is kept for :data:`AUTHZ_RECHECK_S`; a denial is logged once per
-        connection, topic and action.
+        connection, topic and action (not at all when ``quiet``: a topic left out of a
+        listing).
 
         :raises AuthorizationError: denied (Kafka: TOPIC_AUTHORIZATION_FAILED).
         """
@@ -176,7 +179,7 @@ class KafkaConnection:
                 allowed = True
             except AuthorizationError as exc:
                 allowed = False
-                if key not in self.denied:
+                if not quiet and key not in self.denied:
                     self.denied.add(key)
                     log.warning(
                         "kafka request denied conn=%s role=%s action=%s topic=%s: %s",
