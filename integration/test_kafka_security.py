@@ -355,3 +355,94 @@ def test_role_without_rights_may_not_consume_look_up_or_create(
         }, codes
     finally:
         consumer.close()
+
+
+def _request(api_key: int, version: int, correlation_id: int, body: Any) -> bytes:
+    """A Kafka request frame (request header v1: these versions are not flexible)."""
+    import io
+
+    from kio.schema.request_header.v1.header import RequestHeader
+    from kio.serial import entity_writer
+
+    buf = io.BytesIO()
+    entity_writer(RequestHeader)(
+        buf,
+        RequestHeader(
+            request_api_key=api_key,
+            request_api_version=version,
+            correlation_id=correlation_id,
+            client_id="raw",
+        ),
+    )
+    entity_writer(type(body))(buf, body)
+    return len(buf.getvalue()).to_bytes(4, "big") + buf.getvalue()
+
+
+def _read_frame(sock: Any) -> bytes:
+    def exactly(n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = sock.recv(n - len(data))
+            if not chunk:
+                raise ConnectionError(f"closed after {len(data)} of {n} bytes")
+            data += chunk
+        return data
+
+    return exactly(int.from_bytes(exactly(4), "big"))
+
+
+def test_kafka_0_10_sasl_bare_token_and_requests_before_authentication(
+    sasl_plaintext: Standalone, security: Security
+) -> None:
+    """SaslHandshake v0 then the token as a bare frame; a request before authenticating
+    closes the connection."""
+    import socket
+
+    from kio.schema.metadata.v1.request import MetadataRequest
+    from kio.schema.sasl_handshake.v0.request import SaslHandshakeRequest
+
+    host, port = sasl_plaintext.kafka_bootstrap.split(":")
+    with socket.create_connection((host, int(port)), timeout=FAIL_S) as sock:
+        sock.sendall(_request(17, 0, 1, SaslHandshakeRequest(mechanism="PLAIN")))
+        answer = _read_frame(sock)
+        assert answer[:4] == (1).to_bytes(4, "big") and answer[4:6] == b"\0\0"  # no error
+        token = b"\0user\0token:" + security.token("admin").encode()
+        sock.sendall(len(token).to_bytes(4, "big") + token)
+        assert _read_frame(sock) == b""  # authenticated: an empty bare frame
+        sock.sendall(_request(3, 1, 2, MetadataRequest(topics=())))
+        assert _read_frame(sock)[:4] == (2).to_bytes(4, "big")
+    with socket.create_connection((host, int(port)), timeout=FAIL_S) as sock:
+        sock.sendall(_request(3, 1, 7, MetadataRequest(topics=())))
+        with pytest.raises(ConnectionError):
+            _read_frame(sock)
+    with socket.create_connection((host, int(port)), timeout=FAIL_S) as sock:
+        sock.sendall(_request(17, 0, 1, SaslHandshakeRequest(mechanism="PLAIN")))
+        _read_frame(sock)
+        sock.sendall((9).to_bytes(4, "big") + b"\0u\0wrong!")
+        with pytest.raises(ConnectionError):
+            _read_frame(sock)
+
+
+def test_failed_sasl_authenticate_is_answered_then_closed(
+    sasl_plaintext: Standalone,
+) -> None:
+    """No second guess on the same connection: the failure is answered (58, with the
+    reason) and the connection closes."""
+    import socket
+
+    from kio.schema.sasl_authenticate.v1.request import SaslAuthenticateRequest
+    from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
+
+    host, port = sasl_plaintext.kafka_bootstrap.split(":")
+    with socket.create_connection((host, int(port)), timeout=FAIL_S) as sock:
+        sock.sendall(_request(17, 1, 1, SaslHandshakeRequest(mechanism="PLAIN")))
+        _read_frame(sock)
+        wrong = SaslAuthenticateRequest(auth_bytes=b"\0u\0token:wrong-token")
+        sock.sendall(_request(36, 1, 2, wrong))
+        answer = _read_frame(sock)
+        assert answer[:4] == (2).to_bytes(4, "big")
+        assert answer[4:6] == (58).to_bytes(2, "big")  # SASL_AUTHENTICATION_FAILED
+        assert b"authentication failed" in answer and b"wrong-token" not in answer
+        sock.sendall(_request(36, 1, 3, wrong))
+        with pytest.raises(ConnectionError):
+            _read_frame(sock)

@@ -435,7 +435,7 @@ class KafkaFrontDoor:
             return False
         if answer is not None:
             await send.send((header.correlation_id, answer))
-        return True
+        return not conn.flush_on_close  # a refused SASL step: answered, then closed
 
     async def _write(self, conn: KafkaConnection, receive: Any, written: trio.Event) -> None:
         stream = conn.stream
