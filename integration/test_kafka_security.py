@@ -446,3 +446,56 @@ def test_failed_sasl_authenticate_is_answered_then_closed(
         sock.sendall(_request(36, 1, 3, wrong))
         with pytest.raises(ConnectionError):
             _read_frame(sock)
+
+
+def _authenticated(bootstrap: str, token: str) -> Any:
+    """A socket authenticated with SASL PLAIN (handshake v1, authenticate v1)."""
+    import socket
+
+    from kio.schema.sasl_authenticate.v1.request import SaslAuthenticateRequest
+    from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
+
+    host, port = bootstrap.split(":")
+    sock = socket.create_connection((host, int(port)), timeout=FAIL_S)
+    sock.sendall(_request(17, 1, 1, SaslHandshakeRequest(mechanism="PLAIN")))
+    _read_frame(sock)
+    credentials = b"\0u\0" + token.encode()
+    sock.sendall(_request(36, 1, 2, SaslAuthenticateRequest(auth_bytes=credentials)))
+    assert _read_frame(sock)[4:6] == b"\0\0", "authentication failed"
+    return sock
+
+
+def test_group_requests_of_a_role_without_rights_are_group_authorization_failed(
+    sasl_plaintext: Standalone, security: Security
+) -> None:
+    import datetime
+
+    from kio.schema.join_group.v0.request import JoinGroupRequest, JoinGroupRequestProtocol
+    from kio.schema.offset_fetch.v2.request import OffsetFetchRequest
+
+    subscription = b"\0\0" + (1).to_bytes(4, "big") + (6).to_bytes(2, "big") + b"orders"
+    subscription += b"\xff\xff\xff\xff"  # user data: null
+
+    def join(group: str) -> JoinGroupRequest:
+        return JoinGroupRequest(
+            group_id=group,
+            session_timeout=datetime.timedelta(seconds=10),
+            member_id="",
+            protocol_type="consumer",
+            protocols=(JoinGroupRequestProtocol(name="range", metadata=subscription),),
+        )
+
+    with _authenticated(sasl_plaintext.kafka_bootstrap, security.token("nobody")) as sock:
+        sock.sendall(_request(11, 0, 3, join("nobody-group")))
+        assert _read_frame(sock)[4:6] == (30).to_bytes(2, "big")  # GROUP_AUTHORIZATION_FAILED
+        sock.sendall(_request(9, 2, 4, OffsetFetchRequest(group_id="nobody-group", topics=())))
+        assert _read_frame(sock)[-2:] == (30).to_bytes(2, "big")
+    with _authenticated(sasl_plaintext.kafka_bootstrap, security.token("admin")) as sock:
+        sock.sendall(_request(9, 2, 4, OffsetFetchRequest(group_id="admin-group", topics=())))
+        assert _read_frame(sock)[-2:] == b"\0\0"
+    denials = [
+        line
+        for line in sasl_plaintext.log_text().splitlines()
+        if "kafka request denied" in line and "role=nobody action=group" in line
+    ]
+    assert len(denials) == 1, denials  # JoinGroup and OffsetFetch: one line
