@@ -35,6 +35,43 @@ class KafkaConfig:
     #: a new consumer group waits this long for more members before its first
     #: assignment (Kafka's ``group.initial.rebalance.delay.ms``)
     group_initial_rebalance_delay_ms: int = 3000
+    #: the listener's security protocol (Kafka's listener security protocols):
+    #: ``PLAINTEXT``, ``SSL`` (the broker's ``tls_*`` certificate; with
+    #: ``tls_require_trusted_client_cert`` the client certificate's common name is the
+    #: role), ``SASL_PLAINTEXT`` or ``SASL_SSL`` (a token through SASL PLAIN or
+    #: OAUTHBEARER; needs ``authentication_enabled`` with the ``token`` provider)
+    security_protocol: str = "PLAINTEXT"
+    #: SASL mechanisms offered (Kafka's ``sasl.enabled.mechanisms``): PLAIN, OAUTHBEARER
+    sasl_enabled_mechanisms: list[str] = field(default_factory=lambda: ["PLAIN", "OAUTHBEARER"])
+
+    @property
+    def tls(self) -> bool:
+        """Does the listener speak TLS (``SSL`` or ``SASL_SSL``)?"""
+        return self.security_protocol in ("SSL", "SASL_SSL")
+
+    @property
+    def sasl(self) -> bool:
+        """Do clients authenticate with SASL (``SASL_PLAINTEXT`` or ``SASL_SSL``)?"""
+        return self.security_protocol.startswith("SASL_")
+
+    def validate_security(self, broker: SecurityConfig) -> None:
+        """The checks that need the broker's security settings too.
+
+        :raises ConfigError: TLS asked without the broker's certificate, SASL without
+            token authentication.
+        """
+        if self.tls and not broker.tls_certificate_file:
+            raise ConfigError(
+                f"[kafka] security_protocol = {self.security_protocol!r} needs the broker's"
+                " certificate: set 'tls_certificate_file' and 'tls_key_file'"
+            )
+        if self.sasl and not (
+            broker.authentication_enabled and "token" in broker.authentication_providers
+        ):
+            raise ConfigError(
+                f"[kafka] security_protocol = {self.security_protocol!r} checks tokens: set"
+                " 'authentication_enabled = true' with the 'token' authentication provider"
+            )
 
     def validate(self) -> None:
         if not -1 <= self.port < 65536:
@@ -52,6 +89,16 @@ class KafkaConfig:
             raise ConfigError(
                 "bad value for 'group_initial_rebalance_delay_ms' in [kafka]: must be >= 0"
             )
+        protocols = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+        self.security_protocol = str(self.security_protocol).strip().upper()
+        if self.security_protocol not in protocols:
+            raise ConfigError(
+                f"bad value for 'security_protocol' in [kafka]: {self.security_protocol!r}"
+                f" (one of {', '.join(protocols)})"
+            )
+        from pigeon.broker._kafka_sasl import check_mechanisms
+
+        self.sasl_enabled_mechanisms = list(check_mechanisms(self.sasl_enabled_mechanisms))
 
 
 @dataclass

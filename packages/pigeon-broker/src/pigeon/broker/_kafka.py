@@ -12,11 +12,19 @@ long-poll fetch, a group rebalance) it returns as a :class:`Later` that a writer
 awaits in turn.  The handlers are in ``_kafka_produce``, ``_kafka_fetch``,
 ``_kafka_topics``, ``_kafka_offsets`` and ``_kafka_group_api``; the framing and message
 types in ``_kafka_wire``.
+
+Security (``[kafka] security_protocol``): over ``SSL``/``SASL_SSL`` a connection is a
+:class:`trio.SSLStream` with the broker's certificate (``service.server_tls``, reloaded
+on SIGHUP); SASL (``_kafka_sasl``) establishes the role of a ``SASL_*`` connection,
+a verified client certificate's common name that of an ``SSL`` one.  Authorization
+decisions are kept per connection for :data:`AUTHZ_RECHECK_S` (a revoked grant applies
+within that time; a denial is logged once per connection, topic and action).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import math
@@ -28,12 +36,20 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from pigeon.broker._config import KafkaConfig
+from pigeon.broker._kafka_sasl import (
+    SASL_AUTHENTICATE_KEY,
+    SASL_HANDSHAKE_KEY,
+    SASL_VERSIONS,
+    SaslFailure,
+    SaslSession,
+)
 from pigeon.broker._kafka_wire import (
     API_VERSIONS,
     API_VERSIONS_KEY,
     ZERO,
     Encoded,
     Later,
+    RawFrame,
     UnsupportedApi,
     build,
     decode_request,
@@ -42,8 +58,19 @@ from pigeon.broker._kafka_wire import (
     part,
 )
 from pigeon.core import TopicName
-from pigeon.core.errors import InvalidTopicName, MalformedRequest, PigeonError
+from pigeon.core.auth import AuthData, certificate_common_name
+from pigeon.core.errors import (
+    AuthenticationError,
+    AuthorizationError,
+    ConnectionClosed,
+    InvalidTopicName,
+    MalformedRequest,
+    NoSuchNode,
+    PigeonError,
+    TlsError,
+)
 from pigeon.core.rpc import listen_tcp
+from pigeon.core.tls import accept_tls
 
 if TYPE_CHECKING:
     from pigeon.broker._service import BrokerService
@@ -63,6 +90,14 @@ SNIFF_BYTES = 64 * 1024
 #: a request that stops arriving part way for this long closes its connection (a client
 #: holding a half-sent request ties up its buffer: Kafka's request timeout is 30 s)
 PARTIAL_REQUEST_TIMEOUT_S = 60.0
+#: how long a connection keeps an authorization decision before asking again (a grant
+#: or revocation reaches open connections within this time)
+AUTHZ_RECHECK_S = 30.0
+#: authorization decisions one connection keeps (a client naming endless topics starts
+#: over rather than growing the table)
+AUTHZ_MAX_ENTRIES = 10_000
+#: how long the last answer (a failed authentication's) may take to go out before close
+FLUSH_ON_CLOSE_S = 5.0
 
 
 Handler = Callable[["KafkaConnection", Any], Awaitable[Any]]
@@ -73,7 +108,7 @@ class KafkaConnection:
     """One client connection: its stream, and the producers it attached per partition."""
 
     door: KafkaFrontDoor
-    stream: trio.SocketStream
+    stream: trio.SocketStream | trio.SSLStream[Any]
     name: str
     client_id: str = ""
     nursery: trio.Nursery = None  # type: ignore[assignment]
@@ -83,6 +118,21 @@ class KafkaConnection:
     ident: int = 0
     #: sequence ids of the non-idempotent producers' batches (no de-duplication)
     sequence: int = 0
+    #: the role the client authenticated as (None: authentication is off, or not yet)
+    role: str | None = None
+    #: the SASL exchange of a SASL_* listener's connection (None: no SASL)
+    sasl: SaslSession | None = None
+    #: authentication is on but this connection cannot authenticate (no SASL, no
+    #: client certificate): nothing but ApiVersions is answered
+    unauthenticated: bool = False
+    #: the verified TLS client certificate (``getpeercert()``), if any
+    peer_certificate: Any = None
+    #: the answers already queued go out before the connection closes
+    flush_on_close: bool = False
+    #: (action, kafka topic, subscription) -> (when decided, allowed)
+    grants: dict[tuple[str, str, str], tuple[float, bool]] = field(default_factory=dict)
+    #: denials already logged
+    denied: set[tuple[str, str, str]] = field(default_factory=set)
 
     def close(self) -> None:
         self.closed = True
@@ -102,6 +152,50 @@ class KafkaConnection:
 
         self.nursery.start_soon(run)
         return later
+
+    async def authorize(
+        self, action: str, kafka_topic: str, subscription: str = "", *, quiet: bool = False
+    ) -> None:
+        """May this connection's role do ``action`` on ``kafka_topic``?
+
+        ``action``: ``produce``, ``consume`` (through ``subscription`` when given),
+        ``lookup``, ``admin`` (create, delete or grow topics: a tenant admin) or
+        ``group`` (use the consumer group whose subscription is ``subscription``).  A
+        decision is kept for :data:`AUTHZ_RECHECK_S`; a denial is logged once per
+        connection, topic and action (not at all when ``quiet``: a topic left out of a
+        listing).
+
+        :raises AuthorizationError: denied (Kafka: TOPIC_AUTHORIZATION_FAILED).
+        """
+        authz = self.door.core.authorization
+        if not authz.enabled:
+            return
+        key = (action, kafka_topic, subscription)
+        now = trio.current_time()
+        decided = self.grants.get(key)
+        if decided is None or now - decided[0] >= AUTHZ_RECHECK_S:
+            try:
+                await self.door.check(self.role, action, kafka_topic, subscription)
+                allowed = True
+            except AuthorizationError as exc:
+                allowed = False
+                if not quiet and key not in self.denied:
+                    self.denied.add(key)
+                    log.warning(
+                        "kafka request denied conn=%s role=%s action=%s topic=%s: %s",
+                        self.name,
+                        self.role,
+                        action,
+                        kafka_topic or "-",
+                        exc.message,
+                    )
+            if len(self.grants) >= AUTHZ_MAX_ENTRIES:
+                self.grants.clear()
+            self.grants[key] = decided = (now, allowed)
+        if not decided[1]:
+            who = f"role {self.role!r}" if self.role is not None else "an unauthenticated client"
+            what = f"topic {kafka_topic!r}" if kafka_topic else "this group"
+            raise AuthorizationError(f"{who} may not {action} {what}")
 
 
 class KafkaFrontDoor:
@@ -128,6 +222,23 @@ class KafkaFrontDoor:
             self.handlers[key] = self._group_handler(handler)
         missing = set(API_VERSIONS) - set(self.handlers)
         assert not missing, f"Kafka APIs without a handler: {missing}"
+        config.validate_security(core.config)
+        #: the TLS of an SSL/SASL_SSL listener (the broker's certificate, shared)
+        self.tls = core.server_tls if config.tls else None
+        #: APIs served besides API_VERSIONS (SASL's on a SASL listener)
+        self.extra_versions: dict[int, tuple[int, int]] = {}
+        if config.sasl:
+            self.extra_versions = dict(SASL_VERSIONS)
+            self.handlers[SASL_HANDSHAKE_KEY] = self._sasl_handshake
+            self.handlers[SASL_AUTHENTICATE_KEY] = self._sasl_authenticate
+        tls_roles = config.tls and core.config.tls_require_trusted_client_cert
+        if core.authenticator is not None and not config.sasl and not tls_roles:
+            log.warning(
+                "kafka listener cannot authenticate clients (security_protocol=%s): with"
+                " authentication_enabled its clients are refused; use SASL_SSL or"
+                " SASL_PLAINTEXT (or SSL with tls_require_trusted_client_cert)",
+                config.security_protocol,
+            )
         #: per-door state the handler modules keep (producer epochs, fetch positions)
         self.state: dict[str, Any] = {}
 
@@ -212,7 +323,18 @@ class KafkaFrontDoor:
             name = f"{peer[0]}:{peer[1]}"
         except OSError:
             name = "unknown"
-        conn = KafkaConnection(self, stream, name, ident=next(self._ids))
+        conn_stream: trio.SocketStream | trio.SSLStream[Any] = stream
+        if self.tls is not None:
+            try:
+                conn_stream = await accept_tls(stream, self.tls)
+            except (TlsError, ConnectionClosed) as exc:
+                log.warning("kafka TLS handshake failed conn=%s: %s", name, exc.message)
+                return
+        conn = KafkaConnection(self, conn_stream, name, ident=next(self._ids))
+        if not self._identify(conn):
+            with contextlib.suppress(Exception):
+                await trio.aclose_forcefully(conn_stream)
+            return
         self.conns.add(conn)
         try:
             async with trio.open_nursery() as nursery:
@@ -231,23 +353,58 @@ class KafkaFrontDoor:
                 self.core.close_producer(producer)
             conn.producers.clear()
             with contextlib.suppress(Exception):
-                await trio.aclose_forcefully(stream)
+                await trio.aclose_forcefully(conn_stream)
+
+    def _identify(self, conn: KafkaConnection) -> bool:
+        """Set up how ``conn`` authenticates (SASL to come, its TLS certificate, or
+        not at all); False when its certificate names no role that authenticates."""
+        cert = None
+        if isinstance(conn.stream, trio.SSLStream):
+            with contextlib.suppress(ValueError, AttributeError):
+                cert = conn.stream.getpeercert() or None
+        conn.peer_certificate = cert
+        authenticator = self.core.authenticator
+        if self.config.sasl:
+            conn.sasl = SaslSession(self.config.sasl_enabled_mechanisms)
+            return True
+        if cert is None:
+            conn.unauthenticated = authenticator is not None
+            return True
+        if authenticator is None or "tls" not in authenticator.providers:
+            conn.role = certificate_common_name(cert)  # mTLS: the certificate's CN
+            conn.unauthenticated = authenticator is not None and conn.role is None
+            return True
+        try:
+            conn.role = authenticator.authenticate(
+                AuthData("tls", peer_certificate=cert, peer_address=conn.name)
+            )
+        except AuthenticationError as exc:
+            log.warning("kafka authentication failed conn=%s method=tls: %s", conn.name, exc)
+            return False
+        return True
 
     async def _serve(self, conn: KafkaConnection) -> None:
         send, receive = trio.open_memory_channel[tuple[int, Any]](MAX_IN_FLIGHT)
-        conn.nursery.start_soon(self._write, conn, receive)
+        written = trio.Event()
+        conn.nursery.start_soon(self._write, conn, receive, written)
         async with send:
             try:
                 async for frame in _frames(conn):
                     if not await self._request(conn, frame, send):
-                        return
+                        break
             except MalformedRequest as exc:
                 log.warning("kafka connection closed conn=%s: %s", conn.name, exc)
+        if conn.flush_on_close:  # the writer sends what is queued, then ends
+            with trio.move_on_after(FLUSH_ON_CLOSE_S):
+                await written.wait()
 
     async def _request(self, conn: KafkaConnection, frame: bytearray, send: Any) -> bool:
         """Handle one request; False when the connection must close."""
+        sasl = conn.sasl
+        if sasl is not None and sasl.expects_raw:  # Kafka 0.10 SASL: a bare token
+            return await self._sasl_raw(conn, bytes(frame), send)
         try:
-            header, request = decode_request(frame)
+            header, request = decode_request(frame, self.extra_versions)
         except UnsupportedApi as exc:
             if exc.api_key != API_VERSIONS_KEY:
                 log.warning("kafka request refused conn=%s: %s", conn.name, exc)
@@ -255,6 +412,20 @@ class KafkaFrontDoor:
             await send.send((exc.correlation_id, self._versions_refusal()))
             return True
         conn.client_id = header.client_id or conn.client_id
+        api_key = header.request_api_key
+        if (sasl is not None and not sasl.allows(api_key)) or (
+            conn.unauthenticated and api_key != API_VERSIONS_KEY
+        ):
+            log.warning(
+                "kafka request before authentication conn=%s api=%d: connection closed (%s)",
+                conn.name,
+                api_key,
+                "authenticate with SASL first"
+                if sasl is not None
+                else f"security_protocol {self.config.security_protocol} cannot authenticate"
+                " clients: use SASL_SSL or SASL_PLAINTEXT",
+            )
+            return False
         try:
             answer = await self.handlers[header.request_api_key](conn, request)
         except PigeonError as exc:
@@ -264,10 +435,14 @@ class KafkaFrontDoor:
             return False
         if answer is not None:
             await send.send((header.correlation_id, answer))
-        return True
+        return not conn.flush_on_close  # a refused SASL step: answered, then closed
 
-    async def _write(self, conn: KafkaConnection, receive: Any) -> None:
-        sock = conn.stream.socket
+    async def _write(self, conn: KafkaConnection, receive: Any, written: trio.Event) -> None:
+        stream = conn.stream
+        if isinstance(stream, trio.SSLStream):
+            send: Callable[[list[Any]], Awaitable[None]] = functools.partial(_send_tls, stream)
+        else:
+            send = functools.partial(_send, stream.socket)
         async with receive:
             async for correlation_id, answer in receive:
                 if isinstance(answer, Later):
@@ -275,9 +450,169 @@ class KafkaFrontDoor:
                 if answer is None:  # acks=0 produce, or a task that failed
                     continue
                 if isinstance(answer, Encoded):
-                    await _send(sock, answer.buffers(correlation_id))
+                    await send(answer.buffers(correlation_id))
                 else:
-                    await _send(sock, [encode_response(correlation_id, answer)])
+                    await send([encode_response(correlation_id, answer)])
+        written.set()
+
+    # ------------------------------------------------------------------ SASL
+
+    async def _sasl_handshake(self, conn: KafkaConnection, request: Any) -> Any:
+        from kio.schema.errors import ErrorCode
+
+        assert conn.sasl is not None
+        code = conn.sasl.handshake(request.mechanism, type(request).__version__)
+        if code:
+            log.warning(
+                "kafka SASL handshake refused conn=%s mechanism=%r (enabled: %s)",
+                conn.name,
+                request.mechanism[:64],
+                ", ".join(conn.sasl.mechanisms),
+            )
+            conn.flush_on_close = True
+        cls = _response_of(request)
+        return build(cls, error_code=ErrorCode(code), mechanisms=conn.sasl.mechanisms)
+
+    def _sasl_check(self, conn: KafkaConnection, auth_bytes: bytes, *, raw: bool) -> str:
+        """The role the credentials establish.
+
+        :raises SaslFailure: they do not (one WARNING line naming why, never them).
+        """
+        sasl = conn.sasl
+        assert sasl is not None and self.core.authenticator is not None
+        try:
+            token = sasl.token(auth_bytes, raw=raw)
+            role = self.core.authenticator.authenticate(
+                AuthData(
+                    "token",
+                    token.encode(),
+                    peer_certificate=conn.peer_certificate,
+                    peer_address=conn.name,
+                )
+            )
+        except AuthenticationError as exc:
+            failure = SaslFailure(f"authentication failed: {exc.message}")
+        except SaslFailure as exc:
+            failure = exc
+        else:
+            sasl.succeeded(role)
+            conn.role = role
+            log.info(
+                "kafka client authenticated conn=%s mechanism=%s role=%s",
+                conn.name,
+                sasl.mechanism,
+                role,
+            )
+            return role
+        log.warning(
+            "kafka SASL authentication failed conn=%s mechanism=%s: %s",
+            conn.name,
+            sasl.mechanism,
+            failure.message,
+        )
+        raise failure
+
+    async def _sasl_authenticate(self, conn: KafkaConnection, request: Any) -> Any:
+        from kio.schema.errors import ErrorCode
+
+        cls = _response_of(request)
+        try:
+            self._sasl_check(conn, request.auth_bytes, raw=False)
+        except SaslFailure as exc:
+            conn.flush_on_close = True  # answered, then closed (as Kafka does)
+            return build(
+                cls,
+                error_code=ErrorCode(exc.code),
+                error_message=exc.message,
+                auth_bytes=b"",
+                session_lifetime=ZERO,
+            )
+        return build(
+            cls,
+            error_code=ErrorCode.none,
+            error_message=None,
+            auth_bytes=b"",
+            session_lifetime=ZERO,
+        )
+
+    async def _sasl_raw(self, conn: KafkaConnection, token: bytes, send: Any) -> bool:
+        """A Kafka 0.10 client's bare token (after SaslHandshake v0): an empty bare frame
+        when it authenticates; otherwise the connection closes (that layout has no
+        error answer)."""
+        try:
+            self._sasl_check(conn, token, raw=True)
+        except SaslFailure:
+            return False
+        await send.send((0, RawFrame()))
+        return True
+
+    # ------------------------------------------------------------------ authorization
+
+    async def check(
+        self, role: str | None, action: str, kafka_topic: str, subscription: str
+    ) -> None:
+        """One authorization decision (see :meth:`KafkaConnection.authorize`).
+
+        :raises AuthorizationError: denied.
+        """
+        authz = self.core.authorization
+        if action == "group":
+            await self._check_group(role, subscription)
+            return
+        if action == "admin":
+            await authz.check_tenant_admin(
+                role, self.config.namespace.partition("/")[0], "create or delete Kafka topics"
+            )
+            return
+        try:
+            name = self.topic_name(kafka_topic)
+        except InvalidTopicName:
+            return  # the handler answers INVALID_TOPIC_EXCEPTION
+        if action == "produce":
+            await authz.check_produce(role, name)
+        elif action == "consume" and subscription:
+            await authz.check_consume(role, name, subscription)
+        elif action == "consume":
+            await authz.check_topic(role, "consume", name)
+        elif action == "lookup":
+            await authz.check_lookup(role, name)
+        else:
+            raise AssertionError(f"unknown Kafka authorization action {action!r}")
+
+    async def _check_group(self, role: str | None, subscription: str) -> None:
+        """Use a consumer group: an authenticated role that may consume in the Kafka
+        namespace (somewhere), whose name prefixes the group's subscription under
+        ``subscription_auth_mode = "prefix"``."""
+        authz = self.core.authorization
+        tenant = self.config.namespace.partition("/")[0]
+        if not authz.enabled or await authz.is_tenant_admin(role, tenant):
+            return
+        if role is None:
+            raise AuthorizationError("an unauthenticated client may not use consumer groups")
+        try:
+            policies = await authz.policies.get(self.config.namespace)
+        except NoSuchNode:
+            policies = None
+        granted = policies is not None and (
+            "consume" in policies.permissions.get(role, ())
+            or any(
+                "consume" in roles.get(role, ()) for roles in policies.topic_permissions.values()
+            )
+        )
+        if not granted:
+            raise AuthorizationError(
+                f"role {role!r} may not consume in {self.config.namespace}, so may not use"
+                " consumer groups there"
+            )
+        if (
+            policies is not None
+            and policies.subscription_auth_mode == "prefix"
+            and not subscription.startswith(role)
+        ):
+            raise AuthorizationError(
+                f"role {role!r} may only use groups whose names start with {role!r} in"
+                f" {self.config.namespace} (subscription_auth_mode prefix)"
+            )
 
     # ------------------------------------------------------------------ ApiVersions
 
@@ -289,15 +624,15 @@ class KafkaFrontDoor:
 
         return self._versions_answer(ApiVersionsRequest, error=35)  # UNSUPPORTED_VERSION
 
-    @staticmethod
-    def _versions_answer(request_type: type, *, error: int) -> Any:
+    def _versions_answer(self, request_type: type, *, error: int) -> Any:
         from kio.index import load_response_from_request
         from kio.schema.errors import ErrorCode
 
         cls = load_response_from_request(request_type)
+        served = {**API_VERSIONS, **self.extra_versions}
         keys = tuple(
             part(cls, "ApiVersion", api_key=k, min_version=lo, max_version=hi)
-            for k, (lo, hi) in sorted(API_VERSIONS.items())
+            for k, (lo, hi) in sorted(served.items())
         )
         return build(cls, error_code=ErrorCode(error), api_keys=keys, throttle_time=ZERO)
 
@@ -309,12 +644,37 @@ class KafkaFrontDoor:
             if group is not None and not await coordinates(self, group):
                 # another broker holds the group's bundle: the client asks FindCoordinator
                 return _not_coordinator(request)
+            if group is not None and self.core.authorization.enabled:
+                refused = await self._group_refused(conn, request, str(group))
+                if refused is not None:
+                    return refused
             host = conn.name.rpartition(":")[0]
             return conn.spawn(
                 lambda: handler(self.groups, request, client_id=conn.client_id, client_host=host)
             )
 
         return run
+
+    async def _group_refused(self, conn: KafkaConnection, request: Any, group: str) -> Any:
+        """GROUP_AUTHORIZATION_FAILED for a JoinGroup or SyncGroup the role may not make
+        (a JoinGroup also names the topics its members subscribe to: each needs the
+        consume right through the group's subscription); None when allowed."""
+        from kio.schema.errors import ErrorCode
+
+        from pigeon.broker._kafka_offsets import subscription_of
+
+        key = type(request).__api_key__
+        if key not in (11, 14):
+            return None  # Heartbeat, LeaveGroup: a member already joined
+        subscription = subscription_of(group)
+        try:
+            await conn.authorize("group", "", subscription)
+            if key == 11 and request.protocol_type == "consumer":
+                for topic in _subscribed_topics(request):
+                    await conn.authorize("consume", topic, subscription)
+        except AuthorizationError:
+            return _group_refusal(request, ErrorCode.group_authorization_failed)
+        return None
 
 
 #: the fields of a group answer besides its error code, by API key
@@ -337,11 +697,40 @@ _GROUP_REFUSAL: dict[int, dict[str, Any]] = {
 def _not_coordinator(request: Any) -> Any:
     from kio.schema.errors import ErrorCode
 
+    return _group_refusal(request, ErrorCode.not_coordinator)
+
+
+def _group_refusal(request: Any, code: Any) -> Any:
+    cls: Any = _response_of(request)
+    fields = _GROUP_REFUSAL[cls.__api_key__]
+    return build(cls, throttle_time=ZERO, error_code=code, **fields)
+
+
+def _response_of(request: Any) -> Any:
     from pigeon.broker._kafka_wire import response_type
 
-    cls: Any = response_type(request)
-    fields = _GROUP_REFUSAL[cls.__api_key__]
-    return build(cls, throttle_time=ZERO, error_code=ErrorCode.not_coordinator, **fields)
+    return response_type(request)
+
+
+def _subscribed_topics(request: Any) -> list[str]:
+    """The topics of a consumer JoinGroup's protocols (the consumer protocol's
+    Subscription: ``int16 version | int32 count | count x (int16 length | UTF-8)``,
+    then fields this does not need); those that do not parse are left out."""
+    topics: list[str] = []
+    for protocol in request.protocols:
+        data = bytes(protocol.metadata)
+        try:
+            (count,) = _I32.unpack_from(data, 2)
+            at = 6
+            for _ in range(min(count, 10_000)):
+                (length,) = struct.unpack_from(">h", data, at)
+                name = data[at + 2 : at + 2 + length].decode()
+                at += 2 + length
+                if name not in topics:
+                    topics.append(name)
+        except (struct.error, UnicodeDecodeError):
+            continue
+    return topics
 
 
 #: bytes asked of the socket at a time for small requests and the size prefixes
@@ -360,7 +749,11 @@ async def _frames(conn: KafkaConnection) -> Any:
         middle of a request, or sent none of the rest of one for
         :data:`PARTIAL_REQUEST_TIMEOUT_S`.
     """
-    sock = conn.stream.socket
+    stream = conn.stream
+    if isinstance(stream, trio.SSLStream):
+        recv: Callable[[memoryview], Awaitable[int]] = functools.partial(_recv_tls, stream)
+    else:
+        recv = functools.partial(_recv_into, stream.socket)
     buf = bytearray(_READ)
     view = memoryview(buf)
     start = end = 0  # buf[start:end] is received and not yet framed
@@ -396,7 +789,7 @@ async def _frames(conn: KafkaConnection) -> Any:
                 start = end = 0
                 fview = memoryview(frame)
                 while have < size:
-                    n = await _recv_partial(sock, fview[have:], have + 4)
+                    n = await _recv_partial(recv, fview[have:], have + 4)
                     have += n
                 del fview
                 first = False
@@ -407,19 +800,21 @@ async def _frames(conn: KafkaConnection) -> Any:
             end -= start
             start = 0
         if end:
-            end += await _recv_partial(sock, view[end:], end)
+            end += await _recv_partial(recv, view[end:], end)
         else:
-            n = await _recv_into(sock, view)
+            n = await recv(view)
             if not n:
                 return
             end = n
 
 
-async def _recv_partial(sock: Any, into: memoryview, have: int) -> int:
+async def _recv_partial(
+    recv: Callable[[memoryview], Awaitable[int]], into: memoryview, have: int
+) -> int:
     """More bytes of a request ``have`` bytes into it: neither an end of the stream nor a
     pause of :data:`PARTIAL_REQUEST_TIMEOUT_S` is allowed there."""
     with trio.move_on_after(PARTIAL_REQUEST_TIMEOUT_S):
-        n = await _recv_into(sock, into)
+        n = await recv(into)
         if not n:
             raise MalformedRequest(f"the client closed the connection {have} bytes into a request")
         return n
@@ -445,6 +840,22 @@ async def _send(sock: Any, buffers: list[Any]) -> None:
             buffers = chunk + buffers[_MAX_IOV:]
     except OSError as exc:
         raise trio.BrokenResourceError(f"Kafka client connection lost: {exc}") from exc
+
+
+async def _send_tls(stream: trio.SSLStream[Any], buffers: list[Any]) -> None:
+    """Write ``buffers`` over TLS (joined: one TLS record run instead of one per buffer)."""
+    await stream.send_all(buffers[0] if len(buffers) == 1 else b"".join(buffers))
+
+
+async def _recv_tls(stream: trio.SSLStream[Any], into: memoryview) -> int:
+    """Bytes received over TLS into ``into``; 0 at the end of the stream."""
+    try:
+        data = await stream.receive_some(len(into))
+    except (trio.BrokenResourceError, OSError):
+        return 0
+    n = len(data)
+    into[:n] = data
+    return n
 
 
 async def _recv_into(sock: Any, into: memoryview) -> int:

@@ -110,6 +110,7 @@ async def _fetch(conn: KafkaConnection, request: Any) -> Any:
         ledgers: dict[tuple[str, int], Any] = {}
         for kafka_topic, p in wanted:
             try:
+                await conn.authorize("consume", kafka_topic)
                 ledgers[(kafka_topic, p.partition)] = await partition_ledger(
                     door, kafka_topic, p.partition
                 )
@@ -249,6 +250,7 @@ async def list_offsets(conn: KafkaConnection, request: Any) -> Any:
         for p in t.partitions:
             fields: dict[str, Any] = {"partition_index": p.partition_index, "leader_epoch": 0}
             try:
+                await conn.authorize("consume", t.name)
                 ledger = await partition_ledger(door, t.name, p.partition_index)
                 offset, timestamp = await _offset_for(ledger, p.timestamp, door.core.codecs)
                 fields.update(error_code=ErrorCode.none, offset=offset, timestamp=timestamp)

@@ -28,7 +28,7 @@ from pigeon.broker._cursor import CursorState
 from pigeon.broker._kafka_topics import node_id
 from pigeon.broker._kafka_wire import ZERO, build, error_code, part, response_type
 from pigeon.core import TopicName
-from pigeon.core.errors import NodeExists, NotOwner, PigeonError, TopicNotFound
+from pigeon.core.errors import AuthorizationError, NodeExists, NotOwner, PigeonError, TopicNotFound
 from pigeon.core.paths import cursor_path
 
 if TYPE_CHECKING:
@@ -152,6 +152,8 @@ async def offset_commit(conn: KafkaConnection, request: Any) -> Any:
     refused = door.groups.check_commit(group, member, generation)
     if refused == ErrorCode.none and not await coordinates(door, group):
         refused = ErrorCode.not_coordinator
+    if refused == ErrorCode.none and not await _may_use(conn, group):
+        refused = ErrorCode.group_authorization_failed
     topics = []
     for t in request.topics:
         parts = []
@@ -159,6 +161,7 @@ async def offset_commit(conn: KafkaConnection, request: Any) -> Any:
             code = refused
             if code == ErrorCode.none:
                 try:
+                    await conn.authorize("consume", t.name, subscription_of(group))
                     partitions = await door.core.partitions_of(door.topic_name(t.name))
                     if not 0 <= p.partition_index < partitions:
                         raise TopicNotFound(
@@ -191,6 +194,10 @@ async def offset_fetch(conn: KafkaConnection, request: Any) -> Any:
     group = request.group_id
     if not await coordinates(door, group):
         return build(cls, throttle_time=ZERO, error_code=ErrorCode.not_coordinator, topics=())
+    if not await _may_use(conn, group):
+        return build(
+            cls, throttle_time=ZERO, error_code=ErrorCode.group_authorization_failed, topics=()
+        )
     wanted = request.topics
     if wanted is None:  # every partition the group committed
         names = await _committed_topics(door, group)
@@ -202,6 +209,7 @@ async def offset_fetch(conn: KafkaConnection, request: Any) -> Any:
         for index in indexes:
             code, offset = ErrorCode.none, -1
             try:
+                await conn.authorize("consume", kafka_topic, subscription_of(group))
                 offset = await committed_offset(
                     door, door.partition_name(kafka_topic, index), group
                 )
@@ -222,6 +230,15 @@ async def offset_fetch(conn: KafkaConnection, request: Any) -> Any:
             part(cls, "OffsetFetchResponseTopic", name=kafka_topic, partitions=tuple(parts))
         )
     return build(cls, throttle_time=ZERO, error_code=ErrorCode.none, topics=tuple(topics))
+
+
+async def _may_use(conn: KafkaConnection, group: str) -> bool:
+    """May the connection's role use consumer group ``group``?"""
+    try:
+        await conn.authorize("group", "", subscription_of(group))
+    except AuthorizationError:
+        return False
+    return True
 
 
 async def _committed_topics(door: KafkaFrontDoor, group: str) -> list[tuple[str, list[int]]]:

@@ -29,7 +29,7 @@ from kio.schema.errors import ErrorCode
 
 from pigeon.broker._kafka import KafkaConnection
 from pigeon.broker._kafka_wire import ZERO, Later, ProduceAnswer, build, error_code, response_type
-from pigeon.core.errors import PigeonError, ProducerBusy, TopicNotFound
+from pigeon.core.errors import AuthorizationError, PigeonError, ProducerBusy, TopicNotFound
 from pigeon.core.kafka_records import (
     FORMAT_KAFKA,
     count_records,
@@ -77,8 +77,8 @@ async def produce(conn: KafkaConnection, request: Any) -> Any:
             try:
                 await _produce_partition(conn, key, data.records, functools.partial(finish, slot))
             except PigeonError as exc:
-                if not exc.retriable:
-                    refused.append((key, exc))
+                if not exc.retriable and not isinstance(exc, AuthorizationError):
+                    refused.append((key, exc))  # a denial is logged once per connection
                 finish(slot, (error_code(exc), -1, str(exc)))
     if refused:  # one line per request, however many partitions it refused
         (topic, index), first = refused[0]
@@ -118,6 +118,7 @@ async def _produce_partition(
     door = conn.door
     core = door.core
     kafka_topic, index = key
+    await conn.authorize("produce", kafka_topic)  # kept per connection: no per-request work
     name = door.partition_name(kafka_topic, index)
     if index < 0 or index >= await core.partitions_of(door.topic_name(kafka_topic)):
         raise TopicNotFound(f"topic {kafka_topic!r} has no partition {index}")

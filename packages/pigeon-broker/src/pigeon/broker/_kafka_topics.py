@@ -10,19 +10,27 @@ address (stable across restarts, the same on every broker).
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import json
 import logging
 import uuid
 import zlib
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kio.schema.errors import ErrorCode
 
 from pigeon.broker._kafka_wire import ZERO, build, error_code, part, response_type
 from pigeon.broker._lifecycle import delete_topic
 from pigeon.broker._service import MAX_PARTITIONS
-from pigeon.core.errors import InvalidArgument, PigeonError, TopicExists, TopicNotFound
+from pigeon.core.errors import (
+    AuthorizationError,
+    InvalidArgument,
+    PigeonError,
+    TopicExists,
+    TopicNotFound,
+)
 from pigeon.core.paths import partitioned_topic_path
 
 if TYPE_CHECKING:
@@ -89,8 +97,12 @@ async def metadata(conn: KafkaConnection, request: Any) -> Any:
     door = conn.door
     cls = response_type(request)
     create = bool(getattr(request, "allow_auto_topic_creation", True))
-    if request.topics is None:
-        names = await kafka_topic_names(door)
+    if request.topics is None:  # every topic the role may look up (Kafka's way)
+        names = []
+        for kafka_topic in await kafka_topic_names(door):
+            with contextlib.suppress(AuthorizationError):
+                await conn.authorize("lookup", kafka_topic, quiet=True)
+                names.append(kafka_topic)
     else:
         names = [t.name for t in request.topics if t.name is not None]
     brokers: dict[str, dict[str, Any]] = {}
@@ -102,7 +114,10 @@ async def metadata(conn: KafkaConnection, request: Any) -> Any:
     topics = []
     for kafka_topic in names:
         try:
-            count = await ensure_topic(door, kafka_topic, create=create)
+            await conn.authorize("lookup", kafka_topic)
+            count = await ensure_topic(
+                door, kafka_topic, create=create and await _may_create(conn, kafka_topic)
+            )
         except PigeonError as exc:
             topics.append(
                 part(
@@ -188,6 +203,31 @@ async def _topic_result(
     return part(cls, entity, name=kafka_topic, error_code=code, error_message=message, **fields)
 
 
+_R = TypeVar("_R")
+
+
+async def _may_create(conn: KafkaConnection, kafka_topic: str) -> bool:
+    """May a Metadata request create ``kafka_topic`` (auto-creation needs the produce
+    right, as producing to it would)?"""
+    try:
+        await conn.authorize("produce", kafka_topic)
+    except AuthorizationError:
+        return False
+    return True
+
+
+async def _admin(conn: KafkaConnection, kafka_topic: str, action: Awaitable[_R]) -> _R:
+    """``action`` if the role administers the Kafka namespace's tenant (creating,
+    deleting and growing topics); AuthorizationError otherwise."""
+    try:
+        await conn.authorize("admin", kafka_topic)
+    except AuthorizationError:
+        if inspect.iscoroutine(action):
+            action.close()  # never started
+        raise
+    return await action
+
+
 async def _create_topic(
     door: KafkaFrontDoor, kafka_topic: str, count: int, validate_only: bool
 ) -> None:
@@ -204,7 +244,7 @@ async def create_topics(conn: KafkaConnection, request: Any) -> Any:
     results = []
     for t in request.topics:
         count = t.num_partitions if t.num_partitions > 0 else door.config.default_partitions
-        action = _create_topic(door, t.name, count, request.validate_only)
+        action = _admin(conn, t.name, _create_topic(door, t.name, count, request.validate_only))
         results.append(
             await _topic_result(
                 cls,
@@ -233,7 +273,8 @@ async def delete_topics(conn: KafkaConnection, request: Any) -> Any:
         t.name for t in getattr(request, "topics", ())
     ]
     results = [
-        await _topic_result(cls, "DeletableTopicResult", n, _delete_topic(door, n)) for n in names
+        await _topic_result(cls, "DeletableTopicResult", n, _admin(conn, n, _delete_topic(door, n)))
+        for n in names
     ]
     return build(cls, throttle_time=ZERO, responses=tuple(results))
 
@@ -267,7 +308,7 @@ async def create_partitions(conn: KafkaConnection, request: Any) -> Any:
             cls,
             "CreatePartitionsTopicResult",
             t.name,
-            _add_partitions(door, t.name, t.count, request.validate_only),
+            _admin(conn, t.name, _add_partitions(door, t.name, t.count, request.validate_only)),
         )
         for t in request.topics
     ]
@@ -294,6 +335,7 @@ async def describe_configs(conn: KafkaConnection, request: Any) -> Any:
         code, message, entries = ErrorCode.none, None, ()
         try:
             if resource.resource_type == 2:  # TOPIC
+                await conn.authorize("lookup", resource.resource_name)
                 name = door.topic_name(resource.resource_name)
                 if not await door.core.partitions_of(name):
                     raise TopicNotFound(f"topic {resource.resource_name!r} does not exist")

@@ -34,6 +34,7 @@ from kio.serial import entity_reader, entity_writer
 
 from pigeon.broker._kafka_lengths import check_lengths
 from pigeon.core.errors import (
+    AuthorizationError,
     CorruptFrame,
     InvalidArgument,
     InvalidTopicName,
@@ -59,6 +60,7 @@ __all__ = [
     "Later",
     "PRODUCE_VERSIONS",
     "ProduceAnswer",
+    "RawFrame",
     "build",
     "decode_request",
     "encode_response",
@@ -118,8 +120,11 @@ def _request_reader(api_key: int, version: int) -> tuple[Any, Any, Any]:
     return cls, entity_reader(header_cls), entity_reader(cls)
 
 
-def decode_request(frame: bytes | bytearray | memoryview) -> tuple[Any, Any]:
-    """(request header, request) of one frame (without its size prefix).
+def decode_request(
+    frame: bytes | bytearray | memoryview, extra: dict[int, tuple[int, int]] | None = None
+) -> tuple[Any, Any]:
+    """(request header, request) of one frame (without its size prefix); ``extra``:
+    APIs served besides :data:`API_VERSIONS` (SASL's, on a SASL listener).
 
     :raises UnsupportedApi: an API or version not in :data:`API_VERSIONS`.
     :raises MalformedRequest: the frame does not parse.
@@ -128,6 +133,8 @@ def decode_request(frame: bytes | bytearray | memoryview) -> tuple[Any, Any]:
         raise MalformedRequest(f"Kafka request of {len(frame)} bytes is shorter than a header")
     api_key, version, correlation_id = _HEAD.unpack_from(frame, 0)
     served = API_VERSIONS.get(api_key)
+    if served is None and extra:
+        served = extra.get(api_key)
     if served is None or not served[0] <= version <= served[1]:
         raise UnsupportedApi(
             f"Kafka API {api_key} version {version} is not served"
@@ -327,6 +334,19 @@ class Encoded:
         raise NotImplementedError
 
 
+class RawFrame(Encoded):
+    """A bare size-prefixed frame without a response header (the answer to a Kafka
+    0.10 SASL token sent after SaslHandshake v0)."""
+
+    __slots__ = ("payload",)
+
+    def __init__(self, payload: bytes = b"") -> None:
+        self.payload = payload
+
+    def buffers(self, correlation_id: int) -> list[bytes | memoryview]:
+        return [_I32.pack(len(self.payload)) + self.payload]
+
+
 _T = TypeVar("_T")
 
 
@@ -523,6 +543,7 @@ def response_type(request: Any) -> type:
 
 
 _CODES: Final[list[tuple[type[PigeonError], ErrorCode]]] = [
+    (AuthorizationError, ErrorCode.topic_authorization_failed),
     (NotOwner, ErrorCode.not_leader_or_follower),
     (TopicNotFound, ErrorCode.unknown_topic_or_partition),
     (TopicExists, ErrorCode.topic_already_exists),

@@ -1,0 +1,501 @@
+"""Kafka clients against a secured Kafka listener: SSL, SASL (PLAIN and OAUTHBEARER
+carrying PigeonMQ tokens) and authorization, with real clients (confluent-kafka,
+kafka-python, aiokafka, kcat) and a real ``pigeon standalone`` process.
+
+Roles: ``admin`` is a superuser; ``nobody`` has no grants (authorization is on).
+Every client wait is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import ssl
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _kafka import DEADLINE_S, Security, standalone, start_standalone, topic_name
+from _kafka import consume as kafka_consume
+from _kafka import produce as kafka_produce
+
+from pigeon.core.testing.servers import Standalone, StandaloneError
+
+confluent_kafka = pytest.importorskip("confluent_kafka")
+from confluent_kafka import KafkaError, KafkaException, Producer  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+#: a client that fails must say so within this many seconds
+FAIL_S = 20.0
+
+
+@pytest.fixture(scope="module")
+def security(tmp_path_factory: pytest.TempPathFactory) -> Security:
+    return Security(tmp_path_factory.mktemp("security"))
+
+
+@pytest.fixture(scope="module")
+def sasl_ssl(security: Security, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalone]:
+    with standalone(tmp_path_factory.mktemp("sasl-ssl"), security.config("SASL_SSL")) as sa:
+        yield sa
+
+
+@pytest.fixture(scope="module")
+def sasl_plaintext(
+    security: Security, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Standalone]:
+    base = tmp_path_factory.mktemp("sasl-plaintext")
+    with standalone(base, security.config("SASL_PLAINTEXT")) as sa:
+        yield sa
+
+
+def test_confluent_sasl_ssl_plain_produces_and_consumes(
+    sasl_ssl: Standalone, security: Security
+) -> None:
+    topic = topic_name()
+    conf = security.confluent("SASL_SSL", security.token("admin"))
+    reports = kafka_produce(
+        sasl_ssl.kafka_bootstrap, topic, [{"value": f"v{i}".encode()} for i in range(20)], **conf
+    )
+    assert sorted(m.offset() for m in reports) == list(range(20))
+    got = kafka_consume(sasl_ssl.kafka_bootstrap, topic, 20, commit=True, **conf)
+    assert [m.value() for m in got] == [f"v{i}".encode() for i in range(20)]
+    log = sasl_ssl.log_text()
+    assert "kafka client authenticated" in log and "role=admin" in log
+    assert security.token("admin") not in log
+
+
+def test_confluent_oauthbearer_with_oauth_cb(sasl_ssl: Standalone, security: Security) -> None:
+    topic = topic_name()
+    token = security.token("admin", expiry_s=3600)
+
+    def oauth_cb(_config: Any) -> tuple[str, float]:
+        return token, time.time() + 3600
+
+    conf = {
+        **security.confluent("SASL_SSL", token, mechanism="OAUTHBEARER"),
+        "oauth_cb": oauth_cb,
+    }
+    kafka_produce(sasl_ssl.kafka_bootstrap, topic, [{"value": b"bearer"}], **conf)
+    got = kafka_consume(sasl_ssl.kafka_bootstrap, topic, 1, **conf)
+    assert got[0].value() == b"bearer"
+
+
+def test_wrong_password_fails_cleanly_and_quickly(sasl_ssl: Standalone, security: Security) -> None:
+    errors: list[Any] = []
+    conf = {
+        **security.confluent("SASL_SSL", "not-a-token"),
+        "error_cb": errors.append,
+        "message.timeout.ms": int(FAIL_S * 1000),
+    }
+    producer = Producer({"bootstrap.servers": sasl_ssl.kafka_bootstrap, **conf})
+    start = time.monotonic()
+    while not errors and time.monotonic() - start < FAIL_S:
+        producer.poll(0.2)
+    assert errors, "no error reported within the deadline"
+    assert errors[0].code() == KafkaError._AUTHENTICATION
+    assert "authentication failed" in errors[0].str().lower()
+    assert "not-a-token" not in errors[0].str()
+    assert "kafka SASL authentication failed" in sasl_ssl.log_text()
+    assert "not-a-token" not in sasl_ssl.log_text()
+
+
+def test_role_without_produce_right_gets_topic_authorization_failed(
+    sasl_ssl: Standalone, security: Security
+) -> None:
+    topic = topic_name()
+    kafka_produce(
+        sasl_ssl.kafka_bootstrap,
+        topic,
+        [{"value": b"x"}],
+        **security.confluent("SASL_SSL", security.token("admin")),
+    )
+    reports: list[Any] = []
+    producer = Producer(
+        {
+            "bootstrap.servers": sasl_ssl.kafka_bootstrap,
+            "message.timeout.ms": int(FAIL_S * 1000),
+            **security.confluent("SASL_SSL", security.token("nobody")),
+        }
+    )
+    for i in range(5):
+        producer.produce(topic, f"denied-{i}".encode(), on_delivery=lambda e, m: reports.append(e))
+    producer.flush(FAIL_S + 5)
+    assert len(reports) == 5
+    assert {e.code() for e in reports} == {KafkaError.TOPIC_AUTHORIZATION_FAILED}
+    denials = [
+        line
+        for line in sasl_ssl.log_text().splitlines()
+        if "kafka request denied" in line and topic in line and "role=nobody" in line
+    ]
+    assert len(denials) == 1, denials  # once per connection, topic and action
+
+
+def test_kafka_python_sasl_plaintext_plain(sasl_plaintext: Standalone, security: Security) -> None:
+    kafka = pytest.importorskip("kafka")
+    topic = topic_name()
+    auth = {
+        "security_protocol": "SASL_PLAINTEXT",
+        "sasl_mechanism": "PLAIN",
+        "sasl_plain_username": "ignored",
+        "sasl_plain_password": security.token("admin"),
+    }
+    producer = kafka.KafkaProducer(bootstrap_servers=sasl_plaintext.kafka_bootstrap, **auth)
+    for i in range(10):
+        producer.send(topic, value=f"kp-{i}".encode())
+    producer.flush(DEADLINE_S)
+    producer.close()
+    consumer = kafka.KafkaConsumer(
+        topic,
+        bootstrap_servers=sasl_plaintext.kafka_bootstrap,
+        group_id="kafka-python-sasl",
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=int(DEADLINE_S * 1000),
+        **auth,
+    )
+    got = []
+    for msg in consumer:
+        got.append(msg.value)
+        if len(got) == 10:
+            break
+    consumer.close()
+    assert got == [f"kp-{i}".encode() for i in range(10)]
+
+
+def test_aiokafka_sasl_ssl(sasl_ssl: Standalone, security: Security) -> None:
+    aiokafka = pytest.importorskip("aiokafka")
+    topic = topic_name()
+    context = ssl.create_default_context(cafile=str(security.ca_file))
+    auth = {
+        "security_protocol": "SASL_SSL",
+        "ssl_context": context,
+        "sasl_mechanism": "PLAIN",
+        "sasl_plain_username": "public/default",
+        "sasl_plain_password": "token:" + security.token("admin"),
+    }
+
+    async def scenario() -> list[bytes]:
+        async with asyncio.timeout(DEADLINE_S):
+            producer = aiokafka.AIOKafkaProducer(bootstrap_servers=sasl_ssl.kafka_bootstrap, **auth)
+            await producer.start()
+            try:
+                for i in range(10):
+                    await producer.send_and_wait(topic, f"ak-{i}".encode())
+            finally:
+                await producer.stop()
+            consumer = aiokafka.AIOKafkaConsumer(
+                topic,
+                bootstrap_servers=sasl_ssl.kafka_bootstrap,
+                group_id="aiokafka-sasl",
+                auto_offset_reset="earliest",
+                **auth,
+            )
+            await consumer.start()
+            got: list[bytes] = []
+            try:
+                async for msg in consumer:
+                    got.append(msg.value)
+                    if len(got) == 10:
+                        break
+            finally:
+                await consumer.stop()
+            return got
+
+    assert asyncio.run(scenario()) == [f"ak-{i}".encode() for i in range(10)]
+
+
+@pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is not installed")
+def test_kcat_sasl_ssl(sasl_ssl: Standalone, security: Security) -> None:
+    topic = topic_name()
+    auth = [
+        "-X",
+        "security.protocol=SASL_SSL",
+        "-X",
+        f"ssl.ca.location={security.ca_file}",
+        "-X",
+        "sasl.mechanisms=PLAIN",
+        "-X",
+        "sasl.username=public/default",
+        "-X",
+        f"sasl.password=token:{security.token('admin')}",
+    ]
+    lines = "".join(f"kcat-{i}\n" for i in range(5))
+    subprocess.run(
+        ["kcat", "-b", sasl_ssl.kafka_bootstrap, "-t", topic, "-P", *auth],
+        input=lines.encode(),
+        check=True,
+        timeout=DEADLINE_S,
+    )
+    out = subprocess.run(
+        ["kcat", "-b", sasl_ssl.kafka_bootstrap, "-t", topic, "-C", "-e", "-f", "%s\n", *auth],
+        check=True,
+        timeout=DEADLINE_S,
+        capture_output=True,
+    )
+    assert out.stdout.decode().splitlines() == [f"kcat-{i}" for i in range(5)]
+
+
+def test_ssl_with_mtls_role(security: Security, tmp_path: Path) -> None:
+    """SSL without SASL: the client certificate's common name is the role."""
+    config = security.config("SSL", providers=("token", "tls"), mtls=True)
+    admin_cert, admin_key = security.client_cert("admin")
+    nobody_cert, nobody_key = security.client_cert("nobody")
+    with standalone(tmp_path / "ssl", config) as sa:
+
+        def conf(cert: Path, key: Path) -> dict[str, Any]:
+            return {
+                "security.protocol": "SSL",
+                "ssl.ca.location": str(security.ca_file),
+                "ssl.certificate.location": str(cert),
+                "ssl.key.location": str(key),
+            }
+
+        topic = topic_name()
+        kafka_produce(
+            sa.kafka_bootstrap, topic, [{"value": b"mtls"}], **conf(admin_cert, admin_key)
+        )
+        got = kafka_consume(sa.kafka_bootstrap, topic, 1, **conf(admin_cert, admin_key))
+        assert got[0].value() == b"mtls"
+        reports: list[Any] = []
+        producer = Producer(
+            {
+                "bootstrap.servers": sa.kafka_bootstrap,
+                "message.timeout.ms": int(FAIL_S * 1000),
+                **conf(nobody_cert, nobody_key),
+            }
+        )
+        producer.produce(topic, b"no", on_delivery=lambda e, m: reports.append(e))
+        producer.flush(FAIL_S + 5)
+        assert [e.code() for e in reports] == [KafkaError.TOPIC_AUTHORIZATION_FAILED]
+        # a client without a certificate does not get through the handshake
+        errors: list[Any] = []
+        bare = Producer(
+            {
+                "bootstrap.servers": sa.kafka_bootstrap,
+                "security.protocol": "SSL",
+                "ssl.ca.location": str(security.ca_file),
+                "error_cb": errors.append,
+            }
+        )
+        start = time.monotonic()
+        while not errors and time.monotonic() - start < FAIL_S:
+            bare.poll(0.2)
+        assert errors, "a client without a certificate was not refused"
+        assert "kafka TLS handshake failed" in sa.log_text()
+
+
+def test_plaintext_client_on_sasl_listener_is_refused(
+    sasl_plaintext: Standalone,
+) -> None:
+    """A client that skips SASL gets nothing but ApiVersions: its connection closes."""
+    producer = Producer(
+        {
+            "bootstrap.servers": sasl_plaintext.kafka_bootstrap,
+            "message.timeout.ms": int(FAIL_S * 1000),
+        }
+    )
+    reports: list[Any] = []
+    producer.produce(topic_name(), b"x", on_delivery=lambda e, m: reports.append(e))
+    producer.flush(FAIL_S + 5)
+    assert reports and reports[0] is not None
+    assert "kafka request before authentication" in sasl_plaintext.log_text()
+
+
+def test_sasl_without_authentication_is_a_config_error(security: Security, tmp_path: Path) -> None:
+    config = security.config("SASL_SSL", authentication=False)
+    with pytest.raises(StandaloneError) as info:
+        start_standalone(tmp_path / "bad", config)
+    assert "ConfigError" in str(info.value) and "authentication_enabled" in str(info.value)
+
+
+def test_role_without_rights_may_not_consume_look_up_or_create(
+    sasl_ssl: Standalone, security: Security
+) -> None:
+    from confluent_kafka import Consumer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    topic = topic_name()
+    admin_conf = security.confluent("SASL_SSL", security.token("admin"))
+    kafka_produce(sasl_ssl.kafka_bootstrap, topic, [{"value": b"secret"}], **admin_conf)
+    nobody = security.confluent("SASL_SSL", security.token("nobody"))
+    # Metadata: the topic is answered TOPIC_AUTHORIZATION_FAILED
+    admin = AdminClient({"bootstrap.servers": sasl_ssl.kafka_bootstrap, **nobody})
+    meta = admin.list_topics(topic, timeout=FAIL_S)
+    assert meta.topics[topic].error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    # CreateTopics needs a tenant admin
+    futures = admin.create_topics([NewTopic(topic_name(), 1)], operation_timeout=FAIL_S)
+    with pytest.raises(KafkaException) as info:
+        next(iter(futures.values())).result(timeout=FAIL_S)
+    assert info.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    # a consumer group is refused, and so is a plain fetch
+    consumer = Consumer(
+        {
+            "bootstrap.servers": sasl_ssl.kafka_bootstrap,
+            "group.id": "nobody-group",
+            "auto.offset.reset": "earliest",
+            **nobody,
+        }
+    )
+    try:
+        consumer.subscribe([topic])
+        codes = set()
+        deadline = time.monotonic() + FAIL_S
+        while not codes and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None:
+                assert msg.error() is not None, "a record reached a role without rights"
+                codes.add(msg.error().code())
+        assert codes & {
+            KafkaError.TOPIC_AUTHORIZATION_FAILED,
+            KafkaError.GROUP_AUTHORIZATION_FAILED,
+        }, codes
+    finally:
+        consumer.close()
+
+
+def _request(api_key: int, version: int, correlation_id: int, body: Any) -> bytes:
+    """A Kafka request frame (request header v1: these versions are not flexible)."""
+    import io
+
+    from kio.schema.request_header.v1.header import RequestHeader
+    from kio.serial import entity_writer
+
+    buf = io.BytesIO()
+    entity_writer(RequestHeader)(
+        buf,
+        RequestHeader(
+            request_api_key=api_key,
+            request_api_version=version,
+            correlation_id=correlation_id,
+            client_id="raw",
+        ),
+    )
+    entity_writer(type(body))(buf, body)
+    return len(buf.getvalue()).to_bytes(4, "big") + buf.getvalue()
+
+
+def _read_frame(sock: Any) -> bytes:
+    def exactly(n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = sock.recv(n - len(data))
+            if not chunk:
+                raise ConnectionError(f"closed after {len(data)} of {n} bytes")
+            data += chunk
+        return data
+
+    return exactly(int.from_bytes(exactly(4), "big"))
+
+
+def test_kafka_0_10_sasl_bare_token_and_requests_before_authentication(
+    sasl_plaintext: Standalone, security: Security
+) -> None:
+    """SaslHandshake v0 then the token as a bare frame; a request before authenticating
+    closes the connection."""
+    import socket
+
+    from kio.schema.metadata.v1.request import MetadataRequest
+    from kio.schema.sasl_handshake.v0.request import SaslHandshakeRequest
+
+    host, port = sasl_plaintext.kafka_bootstrap.split(":")
+    with socket.create_connection((host, int(port)), timeout=FAIL_S) as sock:
+        sock.sendall(_request(17, 0, 1, SaslHandshakeRequest(mechanism="PLAIN")))
+        answer = _read_frame(sock)
+        assert answer[:4] == (1).to_bytes(4, "big") and answer[4:6] == b"\0\0"  # no error
+        token = b"\0user\0token:" + security.token("admin").encode()
+        sock.sendall(len(token).to_bytes(4, "big") + token)
+        assert _read_frame(sock) == b""  # authenticated: an empty bare frame
+        sock.sendall(_request(3, 1, 2, MetadataRequest(topics=())))
+        assert _read_frame(sock)[:4] == (2).to_bytes(4, "big")
+    with socket.create_connection((host, int(port)), timeout=FAIL_S) as sock:
+        sock.sendall(_request(3, 1, 7, MetadataRequest(topics=())))
+        with pytest.raises(ConnectionError):
+            _read_frame(sock)
+    with socket.create_connection((host, int(port)), timeout=FAIL_S) as sock:
+        sock.sendall(_request(17, 0, 1, SaslHandshakeRequest(mechanism="PLAIN")))
+        _read_frame(sock)
+        sock.sendall((9).to_bytes(4, "big") + b"\0u\0wrong!")
+        with pytest.raises(ConnectionError):
+            _read_frame(sock)
+
+
+def test_failed_sasl_authenticate_is_answered_then_closed(
+    sasl_plaintext: Standalone,
+) -> None:
+    """No second guess on the same connection: the failure is answered (58, with the
+    reason) and the connection closes."""
+    import socket
+
+    from kio.schema.sasl_authenticate.v1.request import SaslAuthenticateRequest
+    from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
+
+    host, port = sasl_plaintext.kafka_bootstrap.split(":")
+    with socket.create_connection((host, int(port)), timeout=FAIL_S) as sock:
+        sock.sendall(_request(17, 1, 1, SaslHandshakeRequest(mechanism="PLAIN")))
+        _read_frame(sock)
+        wrong = SaslAuthenticateRequest(auth_bytes=b"\0u\0token:wrong-token")
+        sock.sendall(_request(36, 1, 2, wrong))
+        answer = _read_frame(sock)
+        assert answer[:4] == (2).to_bytes(4, "big")
+        assert answer[4:6] == (58).to_bytes(2, "big")  # SASL_AUTHENTICATION_FAILED
+        assert b"authentication failed" in answer and b"wrong-token" not in answer
+        sock.sendall(_request(36, 1, 3, wrong))
+        with pytest.raises(ConnectionError):
+            _read_frame(sock)
+
+
+def _authenticated(bootstrap: str, token: str) -> Any:
+    """A socket authenticated with SASL PLAIN (handshake v1, authenticate v1)."""
+    import socket
+
+    from kio.schema.sasl_authenticate.v1.request import SaslAuthenticateRequest
+    from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
+
+    host, port = bootstrap.split(":")
+    sock = socket.create_connection((host, int(port)), timeout=FAIL_S)
+    sock.sendall(_request(17, 1, 1, SaslHandshakeRequest(mechanism="PLAIN")))
+    _read_frame(sock)
+    credentials = b"\0u\0" + token.encode()
+    sock.sendall(_request(36, 1, 2, SaslAuthenticateRequest(auth_bytes=credentials)))
+    assert _read_frame(sock)[4:6] == b"\0\0", "authentication failed"
+    return sock
+
+
+def test_group_requests_of_a_role_without_rights_are_group_authorization_failed(
+    sasl_plaintext: Standalone, security: Security
+) -> None:
+    import datetime
+
+    from kio.schema.join_group.v0.request import JoinGroupRequest, JoinGroupRequestProtocol
+    from kio.schema.offset_fetch.v2.request import OffsetFetchRequest
+
+    subscription = b"\0\0" + (1).to_bytes(4, "big") + (6).to_bytes(2, "big") + b"orders"
+    subscription += b"\xff\xff\xff\xff"  # user data: null
+
+    def join(group: str) -> JoinGroupRequest:
+        return JoinGroupRequest(
+            group_id=group,
+            session_timeout=datetime.timedelta(seconds=10),
+            member_id="",
+            protocol_type="consumer",
+            protocols=(JoinGroupRequestProtocol(name="range", metadata=subscription),),
+        )
+
+    with _authenticated(sasl_plaintext.kafka_bootstrap, security.token("nobody")) as sock:
+        sock.sendall(_request(11, 0, 3, join("nobody-group")))
+        assert _read_frame(sock)[4:6] == (30).to_bytes(2, "big")  # GROUP_AUTHORIZATION_FAILED
+        sock.sendall(_request(9, 2, 4, OffsetFetchRequest(group_id="nobody-group", topics=())))
+        assert _read_frame(sock)[-2:] == (30).to_bytes(2, "big")
+    with _authenticated(sasl_plaintext.kafka_bootstrap, security.token("admin")) as sock:
+        sock.sendall(_request(9, 2, 4, OffsetFetchRequest(group_id="admin-group", topics=())))
+        assert _read_frame(sock)[-2:] == b"\0\0"
+    denials = [
+        line
+        for line in sasl_plaintext.log_text().splitlines()
+        if "kafka request denied" in line and "role=nobody action=group" in line
+    ]
+    assert len(denials) == 1, denials  # JoinGroup and OffsetFetch: one line
