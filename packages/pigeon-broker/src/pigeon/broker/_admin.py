@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import ssl
 from http import HTTPStatus
 from pathlib import Path as FsPath
 from typing import Annotated, Any, cast
@@ -659,26 +658,60 @@ def _plain_routes(app: FastAPI) -> None:
 # ---------------------------------------------------------------------- server
 
 
-def _hypercorn_config(host: str, port: int, tls: ServerTls | None = None) -> Any:
-    """hypercorn's configuration of one listener; with ``tls`` it serves HTTPS with the
-    broker's shared context (reloaded in place on SIGHUP) instead of building its own
-    from files, so a renewed certificate applies to new admin connections too."""
+def _hypercorn_config(host: str, port: int) -> Any:
     from hypercorn.config import Config
 
-    class SharedContextConfig(Config):
-        def create_ssl_context(self) -> ssl.SSLContext | None:
-            return tls.context if tls is not None else None
-
-    config = SharedContextConfig()
+    config = Config()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
-    if tls is not None:  # hypercorn serves "bind" over TLS once certfile and keyfile are set
-        config.certfile = tls.certificate_file
-        config.keyfile = tls.key_file
     config.accesslog = None
     config.errorlog = logging.getLogger(f"{__name__}.http")
     config.graceful_timeout = 2.0
     config.keep_alive_timeout = 30.0
     return config
+
+
+async def _serve_https(
+    app: FastAPI,
+    tls: ServerTls,
+    host: str,
+    port: int,
+    *,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """HTTPS with the broker's shared context (reloaded in place on SIGHUP, so a renewed
+    certificate applies to new admin connections too), each connection served by
+    hypercorn's HTTP/1.1 protocol (no ALPN: h11).
+
+    hypercorn's own TLS listener builds a context from files and hides the peer's
+    certificate from the application; here the handshake is done first and the verified
+    client certificate (``getpeercert()``) is put in the connection's ASGI state as
+    ``peer_certificate``, where :mod:`pigeon.broker._admin_auth` finds it.
+    """
+    from hypercorn.trio.tcp_server import TCPServer
+    from hypercorn.trio.worker_context import WorkerContext
+    from hypercorn.typing import ConnectionState
+    from hypercorn.utils import wrap_app
+
+    config = _hypercorn_config(host, port)
+    asgi = wrap_app(app, config.wsgi_max_body_size, "asgi")  # type: ignore[arg-type]
+    context = WorkerContext(None)
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    secure = [trio.SSLListener(lst, tls.context, https_compatible=True) for lst in listeners]
+
+    async def handle(stream: trio.SSLStream[trio.SocketStream]) -> None:
+        try:
+            with trio.fail_after(config.ssl_handshake_timeout):
+                await stream.do_handshake()
+        except (trio.BrokenResourceError, trio.TooSlowError):
+            await trio.aclose_forcefully(stream)
+            return
+        state = ConnectionState({"peer_certificate": stream.getpeercert() or None})
+        await TCPServer(asgi, config, context, state, stream)
+
+    async with trio.open_nursery() as nursery:
+        bound = await nursery.start(trio.serve_listeners, handle, secure)
+        sockname = bound[0].transport_listener.socket.getsockname()
+        task_status.started([f"https://{_url_host(sockname[0])}:{sockname[1]}"])
 
 
 async def _listen(
@@ -688,9 +721,12 @@ async def _listen(
 
     what = "admin API (HTTPS)" if tls is not None else "admin API"
     try:
-        binds: list[str] = await nursery.start(
-            functools.partial(serve, app, _hypercorn_config(host, port, tls))  # type: ignore[arg-type]
-        )
+        if tls is not None:
+            binds: list[str] = await nursery.start(_serve_https, app, tls, host, port)
+        else:
+            binds = await nursery.start(
+                functools.partial(serve, app, _hypercorn_config(host, port))  # type: ignore[arg-type]
+            )
     except* OSError as group:  # hypercorn binds the socket itself
         leaf: BaseException = group
         while isinstance(leaf, BaseExceptionGroup):
@@ -740,6 +776,9 @@ async def serve_admin(
         task_status.started(addresses[0])
 
 
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
 def _url(scheme: str, address: tuple[str, int]) -> str:
-    host = f"[{address[0]}]" if ":" in address[0] else address[0]
-    return f"{scheme}://{host}:{address[1]}"
+    return f"{scheme}://{_url_host(address[0])}:{address[1]}"

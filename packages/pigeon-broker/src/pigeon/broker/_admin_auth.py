@@ -101,7 +101,8 @@ def request_role(service: BrokerService, request: Request) -> str | None:
         return None
     client = request.scope.get("client") or ("", 0)
     address = f"{client[0]}:{client[1]}"
-    peer = request.scope.get("extensions", {}).get("tls", {}).get("peer_certificate")
+    # the HTTPS listener puts the verified client certificate in the connection's state
+    peer = request.scope.get("state", {}).get("peer_certificate")
     header = request.headers.get("authorization")
     if header is None:
         if peer and "tls" in authenticator.providers:
