@@ -67,3 +67,10 @@ def test_https_uses_the_reloadable_shared_certificate(
         s.certs.key_file.write_bytes(old_key)
         assert s.call_sync(tls.reload)
     assert s.http_call("GET", "/openapi.json", https=True)[0] == 200
+
+
+def test_a_client_offering_h2_gets_http_1_1(secure_admin: SecureAdminStandalone) -> None:
+    context = secure_admin.certs.client_context()
+    context.set_alpn_protocols(["h2", "http/1.1"])
+    status, _, _ = secure_admin.http_call("GET", "/openapi.json", https=True, context=context)
+    assert status == 200
