@@ -8,8 +8,20 @@ Errors are JSON ``{"error": <class>, "message": ..., "code": <wire code>, "retri
 with the status chosen by :func:`http_status`: 400 for bad values (``InvalidArgument``
 and its subclasses), 404 for missing objects, 409 for conflicts (exists, not empty, busy),
 422 for requests that do not match the schema (FastAPI's validation, with ``detail``),
-503/504 when something the broker needs is unavailable or slow.  Expected errors are
-logged on one line without a stack trace; only a bug (500) logs one.
+503/504 when something the broker needs is unavailable or slow, 401 (with
+``WWW-Authenticate: Bearer``) without valid credentials and 403 when the role may not do
+it.  Expected errors are logged on one line without a stack trace; only a bug (500) logs
+one.
+
+Security (:mod:`pigeon.broker._admin_auth` has the rule of every route): with
+authentication on, every API route and ``/metrics`` need ``Authorization: Bearer <token>``
+(or, over HTTPS with the ``tls`` provider, a verified client certificate whose common name
+is the role); the cluster health probe, the OpenAPI document and the dashboard's files stay
+open (the dashboard asks for a token).  With authorization on, tenants, brokers, bookies
+and broker statistics need a superuser, a tenant's namespaces, topics, subscriptions and
+permissions an admin role of that tenant.  HTTPS is served on ``web_service_port_tls``
+with the broker's certificate (``tls_certificate_file``; reloaded on SIGHUP); client
+certificates are asked for when ``tls_trust_certs_file`` is set.
 
 Routes (all JSON unless noted; ``T`` = ``/admin/v2/topics/{domain}/{tenant}/{namespace}/{topic}``)::
 
@@ -18,6 +30,10 @@ Routes (all JSON unless noted; ``T`` = ``/admin/v2/topics/{domain}/{tenant}/{nam
     GET    /admin/v2/namespaces/{tenant}              PUT|DELETE /admin/v2/namespaces/{tenant}/{ns}
     GET|PATCH /admin/v2/namespaces/{tenant}/{ns}/policies
     GET    /admin/v2/namespaces/{tenant}/{ns}/topics  GET .../bundles  POST .../bundles/{b}/unload
+    GET    /admin/v2/namespaces/{tenant}/{ns}/permissions   POST|DELETE .../permissions/{role}
+    POST   /admin/v2/namespaces/{tenant}/{ns}/subscriptionAuthMode   ("None" or "Prefix")
+    GET    T/permissions   POST|DELETE T/permissions/{role}   (also Pulsar's
+           /admin/v2/persistent/{tenant}/{ns}/{topic}/permissions[/{role}])
     PUT|GET|DELETE T     GET T/stats  GET T/internal-stats  POST T/unload
     GET    T/subscriptions          PUT|GET|DELETE T/subscriptions/{sub}
     POST   T/subscriptions/{sub}/reset-cursor | skip | clear-backlog    GET .../peek
