@@ -74,3 +74,20 @@ def test_a_client_offering_h2_gets_http_1_1(secure_admin: SecureAdminStandalone)
     context.set_alpn_protocols(["h2", "http/1.1"])
     status, _, _ = secure_admin.http_call("GET", "/openapi.json", https=True, context=context)
     assert status == 200
+
+
+def test_plaintext_and_bad_handshakes_do_not_stop_the_https_listener(
+    secure_admin: SecureAdminStandalone,
+) -> None:
+    import socket
+
+    assert secure_admin.https is not None
+    port = secure_admin.https[1]
+    for junk in (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", b"\x16\x03\x01\x00\x05hello", b""):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(junk)
+            sock.shutdown(socket.SHUT_WR)
+            sock.settimeout(10)
+            while sock.recv(4096):  # the server closes the connection
+                pass
+    assert secure_admin.http_call("GET", "/openapi.json", https=True)[0] == 200

@@ -718,8 +718,8 @@ async def _serve_https(
         try:
             with trio.fail_after(config.ssl_handshake_timeout):
                 await stream.do_handshake()
-        except (trio.BrokenResourceError, trio.TooSlowError):
-            await trio.aclose_forcefully(stream)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, OSError):
+            await trio.aclose_forcefully(stream)  # not TLS, not trusted, or too slow
             return
         state = ConnectionState({"peer_certificate": stream.getpeercert() or None})
         await TCPServer(asgi, config, context, state, stream)
