@@ -56,7 +56,7 @@ def test_openapi_document_lists_every_endpoint(admin_standalone: AdminStandalone
     expected = {  # path: its methods
         "/admin/v2/cluster/health": "GET",
         "/admin/v2/tenants": "GET",
-        "/admin/v2/tenants/{tenant}": "PUT GET DELETE",
+        "/admin/v2/tenants/{tenant}": "PUT POST GET DELETE",
         "/admin/v2/namespaces/{tenant}": "GET",
         ns: "PUT DELETE",
         ns + "/policies": "GET PATCH",

@@ -159,3 +159,29 @@ def test_tenant_admin_roles_are_validated(
     )
     assert status == 422
     assert body["message"].startswith("body.admin_roles.")
+
+
+def test_updating_admin_roles_applies_at_once(secure_admin: SecureAdminStandalone) -> None:
+    s = secure_admin
+    s.http_call("PUT", f"{API}/tenants/td", {"admin_roles": ["gina"]}, role="admin")
+    assert s.http_call("GET", f"{API}/namespaces/td", role="gina")[0] == 200
+    assert s.http_call("GET", f"{API}/namespaces/td", role="hank")[0] == 403
+    status, body, _ = s.http_call(
+        "POST", f"{API}/tenants/td", {"admin_roles": ["hank"]}, role="gina"
+    )
+    assert status == 403 and "update tenants" in body["message"]
+    status, body, _ = s.http_call(
+        "POST", f"{API}/tenants/td", {"admin_roles": ["hank"]}, role="admin"
+    )
+    assert status == 200 and body == {
+        "tenant": "td",
+        "admin_roles": ["hank"],
+        "allowed_clusters": [],
+    }
+    assert s.http_call("GET", f"{API}/namespaces/td", role="hank")[0] == 200
+    assert s.http_call("GET", f"{API}/namespaces/td", role="gina")[0] == 403
+    status, _, _ = s.http_call(
+        "POST", f"{API}/tenants/td", {"admin_roles": ["two words"]}, role="admin"
+    )
+    assert status == 422
+    assert s.http_call("POST", f"{API}/tenants/nope", {}, role="admin")[0] == 404

@@ -90,3 +90,13 @@ def test_set_subscription_auth_mode(admin_standalone: AdminStandalone) -> None:
         == "none"
     )
     admin(s, "namespaces", "set-subscription-auth-mode", "public/default", "sometimes", code=2)
+
+
+def test_tenants_update(admin_standalone: AdminStandalone) -> None:
+    s = admin_standalone
+    admin(s, "tenants", "create", "cli-upd", "--admin-role", "one")
+    out = admin(s, "tenants", "update", "cli-upd", "--admin-role", "two", "--admin-role", "three")
+    assert out.stdout.strip() == "tenant cli-upd updated"
+    assert admin_json(s, "tenants", "get", "cli-upd")["admin_roles"] == ["two", "three"]
+    result = admin(s, "tenants", "update", "no-such-tenant", code=1)
+    assert json.loads(result.stderr)["status"] == 404

@@ -26,7 +26,7 @@ certificates are asked for when ``tls_trust_certs_file`` is set.
 Routes (all JSON unless noted; ``T`` = ``/admin/v2/topics/{domain}/{tenant}/{namespace}/{topic}``)::
 
     GET    /admin/v2/cluster/health
-    GET    /admin/v2/tenants                          PUT|GET|DELETE /admin/v2/tenants/{tenant}
+    GET    /admin/v2/tenants                          PUT|POST|GET|DELETE /admin/v2/tenants/{tenant}
     GET    /admin/v2/namespaces/{tenant}              PUT|DELETE /admin/v2/namespaces/{tenant}/{ns}
     GET|PATCH /admin/v2/namespaces/{tenant}/{ns}/policies
     GET    /admin/v2/namespaces/{tenant}/{ns}/topics  GET .../bundles  POST .../bundles/{b}/unload
@@ -255,6 +255,13 @@ def _tenant_routes(api: APIRouter, service: BrokerService) -> None:
         created = await ops.create_tenant(service, tenant, info)
         service.authorization.forget_tenant(tenant)
         return created
+
+    @api.post("/tenants/{tenant}", response_model=TenantOut, tags=tags)
+    async def update_tenant(tenant: NamePart, body: Tenant) -> Any:
+        """Replace the tenant's admin roles and allowed clusters (Pulsar's update)."""
+        updated = await ops.update_tenant(service, tenant, body.model_dump())
+        service.authorization.forget_tenant(tenant)
+        return updated
 
     @api.get("/tenants/{tenant}", response_model=TenantOut, tags=tags)
     async def get_tenant(tenant: NamePart) -> Any:

@@ -7,7 +7,7 @@ Every route of the API has one rule in :data:`RULES`, keyed by method and path t
   the dashboard's static files);
 * ``authenticated`` — any role the broker's authenticator accepts (``/metrics``, as
   Pulsar's ``authenticateMetricsEndpoint``);
-* ``superuser`` — tenants (list, create, delete), brokers, bookies, broker statistics;
+* ``superuser`` — tenants (list, create, update, delete), brokers, bookies, broker statistics;
 * ``tenant`` — an admin role of the ``{tenant}`` in the path (or a superuser):
   namespaces, their policies and permissions, topics and subscriptions.
 
@@ -47,6 +47,7 @@ def _rules() -> dict[tuple[str, str], tuple[Kind, str]]:
         ("GET", "/metrics"): ("authenticated", "read the metrics"),
         ("GET", _A + "/tenants"): ("superuser", "list tenants"),
         ("PUT", _A + "/tenants/{tenant}"): ("superuser", "create tenants"),
+        ("POST", _A + "/tenants/{tenant}"): ("superuser", "update tenants"),
         ("DELETE", _A + "/tenants/{tenant}"): ("superuser", "delete tenants"),
         ("GET", _A + "/tenants/{tenant}"): ("tenant", "read the tenant"),
         ("GET", _A + "/namespaces/{tenant}"): ("tenant", "list namespaces"),

@@ -112,6 +112,13 @@ class AdminClient:
         body = {"admin_roles": list(admin_roles), "allowed_clusters": list(allowed_clusters)}
         return self.request("PUT", f"{API}/tenants/{_q(tenant)}", body=body)  # type: ignore[no-any-return]
 
+    def update_tenant(
+        self, tenant: str, *, admin_roles: Sequence[str] = (), allowed_clusters: Sequence[str] = ()
+    ) -> dict[str, Any]:
+        """Replace the tenant's admin roles and allowed clusters."""
+        body = {"admin_roles": list(admin_roles), "allowed_clusters": list(allowed_clusters)}
+        return self.request("POST", f"{API}/tenants/{_q(tenant)}", body=body)  # type: ignore[no-any-return]
+
     def delete_tenant(self, tenant: str) -> None:
         self.request("DELETE", f"{API}/tenants/{_q(tenant)}")
 

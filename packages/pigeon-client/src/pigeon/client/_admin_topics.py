@@ -64,6 +64,23 @@ def tenants_create(
     cli.done(f"tenant {tenant} created", result)
 
 
+@tenants_cmd.command("update")
+@click.argument("tenant")
+@click.option("--admin-role", "admin_roles", multiple=True, help="Admin role (repeatable).")
+@click.option("--allowed-cluster", "allowed_clusters", multiple=True, help="Cluster (repeatable).")
+@cli.json_flag
+def tenants_update(
+    tenant: str, admin_roles: tuple[str, ...], allowed_clusters: tuple[str, ...]
+) -> None:
+    """Replace TENANT's admin roles and allowed clusters (what is not given is emptied)."""
+    result = (
+        cli.settings()
+        .client()
+        .update_tenant(tenant, admin_roles=admin_roles, allowed_clusters=allowed_clusters)
+    )
+    cli.done(f"tenant {tenant} updated", result)
+
+
 cli.delete(
     tenants_cmd, "Delete a tenant that has no namespaces.", AdminClient.delete_tenant, "tenant"
 )
