@@ -8,16 +8,32 @@ Errors are JSON ``{"error": <class>, "message": ..., "code": <wire code>, "retri
 with the status chosen by :func:`http_status`: 400 for bad values (``InvalidArgument``
 and its subclasses), 404 for missing objects, 409 for conflicts (exists, not empty, busy),
 422 for requests that do not match the schema (FastAPI's validation, with ``detail``),
-503/504 when something the broker needs is unavailable or slow.  Expected errors are
-logged on one line without a stack trace; only a bug (500) logs one.
+503/504 when something the broker needs is unavailable or slow, 401 (with
+``WWW-Authenticate: Bearer``) without valid credentials and 403 when the role may not do
+it.  Expected errors are logged on one line without a stack trace; only a bug (500) logs
+one.
+
+Security (:mod:`pigeon.broker._admin_auth` has the rule of every route): with
+authentication on, every API route and ``/metrics`` need ``Authorization: Bearer <token>``
+(or, over HTTPS with the ``tls`` provider, a verified client certificate whose common name
+is the role); the cluster health probe, the OpenAPI document and the dashboard's files stay
+open (the dashboard asks for a token).  With authorization on, tenants, brokers, bookies
+and broker statistics need a superuser, a tenant's namespaces, topics, subscriptions and
+permissions an admin role of that tenant.  HTTPS is served on ``web_service_port_tls``
+with the broker's certificate (``tls_certificate_file``; reloaded on SIGHUP); client
+certificates are asked for when ``tls_trust_certs_file`` is set.
 
 Routes (all JSON unless noted; ``T`` = ``/admin/v2/topics/{domain}/{tenant}/{namespace}/{topic}``)::
 
     GET    /admin/v2/cluster/health
-    GET    /admin/v2/tenants                          PUT|GET|DELETE /admin/v2/tenants/{tenant}
+    GET    /admin/v2/tenants                          PUT|POST|GET|DELETE /admin/v2/tenants/{tenant}
     GET    /admin/v2/namespaces/{tenant}              PUT|DELETE /admin/v2/namespaces/{tenant}/{ns}
     GET|PATCH /admin/v2/namespaces/{tenant}/{ns}/policies
     GET    /admin/v2/namespaces/{tenant}/{ns}/topics  GET .../bundles  POST .../bundles/{b}/unload
+    GET    /admin/v2/namespaces/{tenant}/{ns}/permissions   POST|DELETE .../permissions/{role}
+    POST   /admin/v2/namespaces/{tenant}/{ns}/subscriptionAuthMode   ("None" or "Prefix")
+    GET    T/permissions   POST|DELETE T/permissions/{role}   (also Pulsar's
+           /admin/v2/persistent/{tenant}/{ns}/{topic}/permissions[/{role}])
     PUT|GET|DELETE T     GET T/stats  GET T/internal-stats  POST T/unload
     GET    T/subscriptions          PUT|GET|DELETE T/subscriptions/{sub}
     POST   T/subscriptions/{sub}/reset-cursor | skip | clear-backlog    GET .../peek
@@ -36,17 +52,20 @@ from pathlib import Path as FsPath
 from typing import Annotated, Any, cast
 
 import trio
-from fastapi import APIRouter, Body, FastAPI, Path, Query, Request
+from fastapi import APIRouter, Body, Depends, FastAPI, Path, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pigeon.broker import _admin_ops as ops
+from pigeon.broker._admin_auth import authorize_request
 from pigeon.broker._admin_errors import error_body, error_location, http_status, json_safe
 from pigeon.broker._admin_models import (
     ERRORS,
     POSITION,
+    Actions,
+    AuthMode,
     Bookie,
     BrokerInfo,
     BrokerLoad,
@@ -59,9 +78,11 @@ from pigeon.broker._admin_models import (
     LoadedTopic,
     NamePart,
     PeekedMessage,
+    Permissions,
     Policies,
     PoliciesChange,
     ResetCursor,
+    RolePath,
     Skip,
     Skipped,
     SubName,
@@ -77,10 +98,12 @@ from pigeon.broker._metrics import CONTENT_TYPE, BrokerMonitor
 from pigeon.broker._service import BrokerService
 from pigeon.core import TopicName
 from pigeon.core.errors import (
+    ConfigError,
     InvalidArgument,
     PigeonError,
 )
 from pigeon.core.rpc import listen_error
+from pigeon.core.tls import ServerTls
 
 __all__ = ["http_status", "make_app", "serve_admin"]
 
@@ -110,11 +133,17 @@ def make_app(service: BrokerService, *, monitor: BrokerMonitor | None = None) ->
     app.state.service = service
     app.state.monitor = monitor or BrokerMonitor(service)
     app.state.http_url = None
+    app.state.https_url = None
     _install_error_handlers(app)
-    api = APIRouter(prefix=API, responses=ERRORS)
+
+    async def guard(request: Request) -> None:
+        await authorize_request(service, request)
+
+    api = APIRouter(prefix=API, responses=ERRORS, dependencies=[Depends(guard)])
     _cluster_routes(api, app)
     _tenant_routes(api, service)
     _namespace_routes(api, service)
+    _permission_routes(api, service)
     _topic_routes(api, app)
     _broker_routes(api, app)
     app.include_router(api)
@@ -132,7 +161,9 @@ def _install_error_handlers(app: FastAPI) -> None:
             log.warning(line, *args)
         else:
             log.info(line, *args)
-        return JSONResponse(error_body(exc), status_code=status)
+        # RFC 6750: a 401 names the scheme it wants
+        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        return JSONResponse(error_body(exc), status_code=status, headers=headers)
 
     async def validation_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
@@ -221,7 +252,16 @@ def _tenant_routes(api: APIRouter, service: BrokerService) -> None:
     async def create_tenant(tenant: NamePart, body: Annotated[Tenant | None, Body()] = None) -> Any:
         """Create a tenant (409 if it exists)."""
         info = (body or Tenant()).model_dump()
-        return await ops.create_tenant(service, tenant, info)
+        created = await ops.create_tenant(service, tenant, info)
+        service.authorization.forget_tenant(tenant)
+        return created
+
+    @api.post("/tenants/{tenant}", response_model=TenantOut, tags=tags)
+    async def update_tenant(tenant: NamePart, body: Tenant) -> Any:
+        """Replace the tenant's admin roles and allowed clusters (Pulsar's update)."""
+        updated = await ops.update_tenant(service, tenant, body.model_dump())
+        service.authorization.forget_tenant(tenant)
+        return updated
 
     @api.get("/tenants/{tenant}", response_model=TenantOut, tags=tags)
     async def get_tenant(tenant: NamePart) -> Any:
@@ -231,6 +271,7 @@ def _tenant_routes(api: APIRouter, service: BrokerService) -> None:
     async def delete_tenant(tenant: NamePart) -> Response:
         """Delete a tenant without namespaces (409 while it has some)."""
         await ops.delete_tenant(service, tenant)
+        service.authorization.forget_tenant(tenant)
         return Response(status_code=204)
 
 
@@ -290,6 +331,106 @@ def _namespace_routes(api: APIRouter, service: BrokerService) -> None:
     ) -> Any:
         """Close the bundle's loaded topics on this broker; clients re-attach."""
         return {"unloaded": await ops.unload_bundle(service, f"{tenant}/{namespace}", bundle)}
+
+
+def _permission_routes(api: APIRouter, service: BrokerService) -> None:
+    """Pulsar's permission paths: grants per namespace and per topic, and the
+    namespace's subscription auth mode."""
+    tags: list[str | Any] = ["permissions"]
+    ns_path = "/namespaces/{tenant}/{namespace}"
+
+    @api.get(ns_path + "/permissions", response_model=Permissions, tags=tags)
+    async def namespace_permissions(tenant: NamePart, namespace: NamePart) -> Any:
+        """Roles and the actions granted to them on every topic of the namespace."""
+        return (await service.policies.load(f"{tenant}/{namespace}")).permissions
+
+    @api.post(ns_path + "/permissions/{role}", status_code=204, tags=tags)
+    async def grant_namespace(
+        tenant: NamePart,
+        namespace: NamePart,
+        role: RolePath,
+        actions: Actions,
+    ) -> Response:
+        """Give ROLE these actions on the namespace (replacing what it had there)."""
+        granted = await service.authorization.grant(f"{tenant}/{namespace}", role, actions)
+        log.info(
+            "permissions granted namespace=%s/%s role=%s actions=%s",
+            tenant,
+            namespace,
+            role,
+            ",".join(granted[role.strip()]),
+        )
+        return Response(status_code=204)
+
+    @api.delete(ns_path + "/permissions/{role}", status_code=204, tags=tags)
+    async def revoke_namespace(tenant: NamePart, namespace: NamePart, role: RolePath) -> Response:
+        await service.authorization.revoke(f"{tenant}/{namespace}", role)
+        log.info("permissions revoked namespace=%s/%s role=%s", tenant, namespace, role)
+        return Response(status_code=204)
+
+    @api.post(ns_path + "/subscriptionAuthMode", status_code=204, tags=tags)
+    async def set_subscription_auth_mode(
+        tenant: NamePart,
+        namespace: NamePart,
+        mode: AuthMode,
+    ) -> Response:
+        """With Prefix a role may only use subscriptions whose names start with it."""
+        value = mode.strip().lower()
+        if value not in ("none", "prefix"):
+            raise InvalidArgument(f"subscription auth mode must be None or Prefix, not {mode!r}")
+        await service.policies.set(f"{tenant}/{namespace}", {"subscription_auth_mode": value})
+        log.info("subscription auth mode set namespace=%s/%s mode=%s", tenant, namespace, value)
+        return Response(status_code=204)
+
+    for base in (
+        "/topics/{domain}/{tenant}/{namespace}/{topic}",
+        "/persistent/{tenant}/{namespace}/{topic}",
+    ):
+        _topic_permission_routes(api, service, base, pulsar=base.startswith("/persistent"))
+
+
+def _topic_of(domain: Domain, tenant: NamePart, namespace: NamePart, topic: NamePart) -> TopicName:
+    return ops.topic_name(domain, tenant, namespace, topic)
+
+
+def _persistent_topic_of(tenant: NamePart, namespace: NamePart, topic: NamePart) -> TopicName:
+    return ops.topic_name("persistent", tenant, namespace, topic)
+
+
+def _topic_permission_routes(
+    api: APIRouter, service: BrokerService, base: str, *, pulsar: bool
+) -> None:
+    tags: list[str | Any] = ["permissions"]
+    # the /persistent/... spelling is Pulsar's; the document lists the /topics/... one
+    show = not pulsar
+    topic_of = Depends(_persistent_topic_of if pulsar else _topic_of)
+
+    @api.get(base + "/permissions", response_model=Permissions, tags=tags, include_in_schema=show)
+    async def topic_permissions(name: TopicName = topic_of) -> Any:
+        """Roles and their actions on the topic: its own grants and the namespace's."""
+        policies = await service.policies.load(name.namespace_name)
+        out = {r: set(a) for r, a in policies.permissions.items()}
+        for r, a in policies.topic_permissions.get(name.base.local, {}).items():
+            out.setdefault(r, set()).update(a)
+        return {r: sorted(a) for r, a in sorted(out.items())}
+
+    @api.post(base + "/permissions/{role}", status_code=204, tags=tags, include_in_schema=show)
+    async def grant_topic(role: RolePath, actions: Actions, name: TopicName = topic_of) -> Response:
+        """Give ROLE these actions on the topic (and its partitions)."""
+        granted = await service.authorization.grant_topic(name, role, actions)
+        log.info(
+            "permissions granted topic=%s role=%s actions=%s",
+            name.base.full,
+            role,
+            ",".join(granted[role.strip()]),
+        )
+        return Response(status_code=204)
+
+    @api.delete(base + "/permissions/{role}", status_code=204, tags=tags, include_in_schema=show)
+    async def revoke_topic(role: RolePath, name: TopicName = topic_of) -> Response:
+        await service.authorization.revoke_topic(name, role)
+        log.info("permissions revoked topic=%s role=%s", name.base.full, role)
+        return Response(status_code=204)
 
 
 def _topic_routes(api: APIRouter, app: FastAPI) -> None:
@@ -499,9 +640,15 @@ def _broker_routes(api: APIRouter, app: FastAPI) -> None:
 
 
 def _plain_routes(app: FastAPI) -> None:
+    service: BrokerService = app.state.service
+
+    async def guard(request: Request) -> None:
+        await authorize_request(service, request)
+
     @app.get(
         "/metrics",
         tags=["metrics"],
+        dependencies=[Depends(guard)],
         response_class=Response,
         responses={
             200: {
@@ -546,34 +693,115 @@ def _hypercorn_config(host: str, port: int) -> Any:
     return config
 
 
+async def _serve_https(
+    app: FastAPI,
+    tls: ServerTls,
+    host: str,
+    port: int,
+    *,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """HTTPS with the broker's shared context (reloaded in place on SIGHUP, so a renewed
+    certificate applies to new admin connections too), each connection served by
+    hypercorn's HTTP/1.1 protocol (no ALPN: h11).
+
+    hypercorn's own TLS listener builds a context from files and hides the peer's
+    certificate from the application; here the handshake is done first and the verified
+    client certificate (``getpeercert()``) is put in the connection's ASGI state as
+    ``peer_certificate``, where :mod:`pigeon.broker._admin_auth` finds it.
+    """
+    from hypercorn.trio.tcp_server import TCPServer
+    from hypercorn.trio.worker_context import WorkerContext
+    from hypercorn.typing import ConnectionState
+    from hypercorn.utils import wrap_app
+
+    config = _hypercorn_config(host, port)
+    asgi = wrap_app(app, config.wsgi_max_body_size, "asgi")  # type: ignore[arg-type]
+    context = WorkerContext(None)
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    secure = [trio.SSLListener(lst, tls.context, https_compatible=True) for lst in listeners]
+
+    async def handle(stream: trio.SSLStream[trio.SocketStream]) -> None:
+        try:
+            with trio.fail_after(config.ssl_handshake_timeout):
+                await stream.do_handshake()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, OSError):
+            await trio.aclose_forcefully(stream)  # not TLS, not trusted, or too slow
+            return
+        state = ConnectionState({"peer_certificate": stream.getpeercert() or None})
+        await TCPServer(asgi, config, context, state, stream)
+
+    async with trio.open_nursery() as nursery:
+        bound = await nursery.start(trio.serve_listeners, handle, secure)
+        sockname = bound[0].transport_listener.socket.getsockname()
+        task_status.started([f"https://{_url_host(sockname[0])}:{sockname[1]}"])
+
+
+async def _listen(
+    nursery: trio.Nursery, app: FastAPI, host: str, port: int, tls: ServerTls | None
+) -> tuple[str, int]:
+    from hypercorn.trio import serve
+
+    what = "admin API (HTTPS)" if tls is not None else "admin API"
+    try:
+        if tls is not None:
+            binds: list[str] = await nursery.start(_serve_https, app, tls, host, port)
+        else:
+            binds = await nursery.start(
+                functools.partial(serve, app, _hypercorn_config(host, port))  # type: ignore[arg-type]
+            )
+    except* OSError as group:  # hypercorn binds the socket itself
+        leaf: BaseException = group
+        while isinstance(leaf, BaseExceptionGroup):
+            leaf = leaf.exceptions[0]
+        raise listen_error(cast(OSError, leaf), what, host, port) from None
+    _, _, hostport = binds[0].partition("://")
+    bound_host, _, bound_port = hostport.rpartition(":")
+    log.info("admin serving url=%s", binds[0])
+    return bound_host.strip("[]"), int(bound_port)
+
+
 async def serve_admin(
     service: BrokerService,
     *,
     host: str,
     port: int,
+    tls_port: int = -1,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the admin API, ``/metrics`` and the dashboard until cancelled.
+    """Serve the admin API, ``/metrics`` and the dashboard until cancelled: plain HTTP on
+    ``port`` and HTTPS on ``tls_port`` (with ``service.server_tls``), -1 turning either off.
 
-    Reports the bound ``(host, port)`` through ``task_status`` (``port=0`` picks a free one).
+    Reports the bound ``(host, port)`` through ``task_status`` (``0`` picks a free port):
+    the HTTP one, or the HTTPS one when HTTP is off.
     """
-    from hypercorn.trio import serve
-
+    if tls_port >= 0 and service.server_tls is None:
+        raise ConfigError(
+            "web_service_port_tls needs a certificate: set tls_certificate_file and tls_key_file"
+        )
+    if port < 0 and tls_port < 0:
+        raise ConfigError("the admin API needs http_port or web_service_port_tls")
     app = make_app(service)
     monitor = _monitor(app)
     async with trio.open_nursery() as nursery:
         await nursery.start(monitor.run)
-        try:
-            binds: list[str] = await nursery.start(
-                functools.partial(serve, app, _hypercorn_config(host, port))  # type: ignore[arg-type]
-            )
-        except* OSError as group:  # hypercorn binds the socket itself
-            leaf: BaseException = group
-            while isinstance(leaf, BaseExceptionGroup):
-                leaf = leaf.exceptions[0]
-            raise listen_error(cast(OSError, leaf), "admin API", host, port) from None
-        bound_host, _, bound_port = binds[0].removeprefix("http://").rpartition(":")
-        address = (bound_host.strip("[]"), int(bound_port))
-        app.state.http_url = f"http://{binds[0].removeprefix('http://')}"
-        log.info("admin serving url=%s", app.state.http_url)
-        task_status.started(address)
+        addresses: list[tuple[str, int]] = []
+        if port >= 0:
+            address = await _listen(nursery, app, host, port, None)
+            app.state.http_url = _url("http", address)
+            addresses.append(address)
+        if tls_port >= 0:
+            address = await _listen(nursery, app, host, tls_port, service.server_tls)
+            app.state.https_url = _url("https", address)
+            if app.state.http_url is None:
+                app.state.http_url = app.state.https_url
+            addresses.append(address)
+        task_status.started(addresses[0])
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _url(scheme: str, address: tuple[str, int]) -> str:
+    return f"{scheme}://{_url_host(address[0])}:{address[1]}"

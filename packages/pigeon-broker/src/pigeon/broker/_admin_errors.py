@@ -8,6 +8,8 @@ import re
 from typing import Any
 
 from pigeon.core.errors import (
+    AuthenticationError,
+    AuthorizationError,
     BadVersion,
     CodecError,
     ConfigError,
@@ -38,6 +40,8 @@ __all__ = ["error_body", "error_location", "http_status", "json_safe"]
 
 #: (error classes, HTTP status), first match wins (subclasses before their bases).
 _STATUS: tuple[tuple[tuple[type[PigeonError], ...], int], ...] = (
+    ((AuthenticationError,), 401),  # answered with "WWW-Authenticate: Bearer"
+    ((AuthorizationError,), 403),
     ((TopicNotFound, SubscriptionNotFound, NoSuchNode, SegmentNotFound, EntryNotFound), 404),
     (
         (

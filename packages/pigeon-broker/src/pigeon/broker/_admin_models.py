@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import Path, Query
+from fastapi import Body, Path, Query
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
@@ -71,9 +71,37 @@ class ErrorBody(BaseModel):
     detail: list[dict[str, Any]] | None = Field(None, description="Validation errors (422).")
 
 
+#: a role: no white space (the same in Python's and JSON Schema's regular expressions)
+ROLE_PATTERN = r"^[^\s\x1c-\x1f\x85]+$"
+Role = Annotated[str, Field(min_length=1, max_length=256, pattern=ROLE_PATTERN)]
+
+
+#: role -> actions (``produce``, ``consume``, ...), as Pulsar's permissions answers
+Permissions = dict[str, list[str]]
+
+
+#: a role in a URL path
+RolePath = Annotated[
+    str, Path(min_length=1, max_length=256, pattern=ROLE_PATTERN, description="A role.")
+]
+#: what a permission may allow (``pigeon.broker._authz.ACTIONS``)
+Action = Literal["produce", "consume", "functions", "sources", "sinks", "packages"]
+#: a grant's body: the actions, as Pulsar's grant-permission sends them
+Actions = Annotated[
+    list[Action],
+    Body(description='Actions, e.g. ["produce", "consume"].', min_length=1, max_length=16),
+]
+#: Pulsar's body of subscriptionAuthMode: a JSON string
+AuthMode = Annotated[
+    Literal["None", "Prefix", "none", "prefix"], Body(description='"None" or "Prefix".')
+]
+
+
 class Tenant(BaseModel):
     model_config = _INPUT
-    admin_roles: list[str] = Field(default_factory=list)
+    admin_roles: list[Role] = Field(
+        default_factory=list, max_length=1000, description="Roles that administer the tenant."
+    )
     allowed_clusters: list[str] = Field(default_factory=list)
 
 
@@ -98,6 +126,9 @@ class Policies(BaseModel):
     max_message_size: int | None
     corrupt_entry_policy: Literal["skip", "fail"] | None = Field(
         None, description="At an entry no replica holds intact; null: the broker's setting."
+    )
+    subscription_auth_mode: Literal["none", "prefix"] = Field(
+        "none", description="prefix: a role may only use subscriptions named role*."
     )
 
 
@@ -129,6 +160,7 @@ class PoliciesChange(BaseModel):
     corrupt_entry_policy: Literal["skip", "fail"] | None = Field(
         None, description="skip (go on past a damaged entry) or fail; null: the broker's"
     )
+    subscription_auth_mode: Literal["none", "prefix"] | SkipJsonSchema[None] = None
 
     def changes(self) -> dict[str, Any]:
         nullable = {
@@ -377,6 +409,8 @@ class ThroughputSample(BaseModel):
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorBody, "description": "A value is out of its domain."},
+    401: {"model": ErrorBody, "description": "No valid credentials (authentication on)."},
+    403: {"model": ErrorBody, "description": "The role may not do this (authorization on)."},
     404: {"model": ErrorBody, "description": "No such object."},
     409: {"model": ErrorBody, "description": "Conflict: exists, not empty, or busy."},
     422: {"model": ErrorBody, "description": "The request does not match the schema."},

@@ -50,6 +50,7 @@ from pigeon.broker._admin_topics import (
     topic_metadata,
     topic_name,
     topic_stats,
+    update_tenant,
 )
 from pigeon.broker._lifecycle import (
     FULL_BUNDLE,
@@ -96,4 +97,5 @@ __all__ = [
     "topic_stats",
     "unload_bundle",
     "unload_topic",
+    "update_tenant",
 ]

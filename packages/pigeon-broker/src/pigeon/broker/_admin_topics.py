@@ -8,6 +8,8 @@ dicts.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -25,11 +27,13 @@ from pigeon.core.errors import (
     InvalidArgument,
     InvalidTopicName,
     NodeExists,
+    NoSuchNode,
     NotEmpty,
     NotSupported,
     TopicExists,
     TopicNotFound,
 )
+from pigeon.core.paths import TENANTS_PATH
 
 if TYPE_CHECKING:
     from pigeon.broker._metrics import BrokerMonitor
@@ -38,6 +42,7 @@ __all__ = [
     "check_subscription_name",
     "create_namespace",
     "create_tenant",
+    "update_tenant",
     "create_topic",
     "delete_namespace",
     "delete_tenant",
@@ -104,6 +109,21 @@ async def create_tenant(
         await service.policies.create_tenant(tenant, TenantInfo(**info))
     except NodeExists:
         raise NodeExists(f"tenant {tenant!r} already exists") from None
+    return {"tenant": tenant, **info}
+
+
+async def update_tenant(
+    service: BrokerService, tenant: str, info: dict[str, Any]
+) -> dict[str, Any]:
+    """Replace a tenant's admin roles and clusters (NoSuchNode if it does not exist;
+    BadVersion if another change won the race)."""
+    path = f"{TENANTS_PATH}/{tenant}"
+    stat = await service.policies.store.get(path)
+    if stat is None:
+        raise NoSuchNode(f"tenant {tenant!r} does not exist")
+    value = json.dumps(dataclasses.asdict(TenantInfo(**info))).encode()
+    await service.policies.store.set(path, value, version=stat.version)
+    log.info("tenant updated tenant=%s admin_roles=%s", tenant, ",".join(info["admin_roles"]))
     return {"tenant": tenant, **info}
 
 

@@ -156,11 +156,17 @@ async def run_broker(
             authenticator=config.authenticator(plugins.authentication_providers),
         )
         await nursery.start(service.run)
-        if config.http_port >= 0:
+        if config.http_port >= 0 or config.web_service_port_tls >= 0:
             from pigeon.broker._admin import serve_admin
 
             await nursery.start(
-                functools.partial(serve_admin, service, host=config.host, port=config.http_port)
+                functools.partial(
+                    serve_admin,
+                    service,
+                    host=config.host,
+                    port=config.http_port,
+                    tls_port=config.web_service_port_tls,
+                )
             )
         task_status.started(service)
 

@@ -195,6 +195,13 @@ class AdminClient:
         body = {"admin_roles": list(admin_roles), "allowed_clusters": list(allowed_clusters)}
         return self.request("PUT", f"{API}/tenants/{_q(tenant)}", body=body)  # type: ignore[no-any-return]
 
+    def update_tenant(
+        self, tenant: str, *, admin_roles: Sequence[str] = (), allowed_clusters: Sequence[str] = ()
+    ) -> dict[str, Any]:
+        """Replace the tenant's admin roles and allowed clusters."""
+        body = {"admin_roles": list(admin_roles), "allowed_clusters": list(allowed_clusters)}
+        return self.request("POST", f"{API}/tenants/{_q(tenant)}", body=body)  # type: ignore[no-any-return]
+
     def delete_tenant(self, tenant: str) -> None:
         self.request("DELETE", f"{API}/tenants/{_q(tenant)}")
 
@@ -295,6 +302,39 @@ class AdminClient:
         path = self._sub(topic, subscription) + "/peek"
         return self.request("GET", path, params={"count": count})  # type: ignore[no-any-return]
 
+    # -- permissions (Pulsar's paths) -------------------------------------------------
+
+    def permissions(self, namespace: str) -> dict[str, list[str]]:
+        """Roles and the actions granted to them on every topic of ``namespace``."""
+        return self.request("GET", namespace_path(namespace) + "/permissions")  # type: ignore[no-any-return]
+
+    def grant_permission(self, namespace: str, role: str, actions: Sequence[str]) -> None:
+        """Give ``role`` these actions on ``namespace`` (replacing what it had there)."""
+        path = namespace_path(namespace) + f"/permissions/{_q(role)}"
+        self.request("POST", path, body=check_actions(actions))
+
+    def revoke_permission(self, namespace: str, role: str) -> None:
+        self.request("DELETE", namespace_path(namespace) + f"/permissions/{_q(role)}")
+
+    def set_subscription_auth_mode(self, namespace: str, mode: str) -> None:
+        """``prefix``: a role may only use subscriptions whose names start with it;
+        ``none``: any subscription name."""
+        value = {"none": "None", "prefix": "Prefix"}.get(mode.strip().lower())
+        if value is None:
+            raise ValueError(f"subscription auth mode must be none or prefix, not {mode!r}")
+        self.request("POST", namespace_path(namespace) + "/subscriptionAuthMode", body=value)
+
+    def topic_permissions(self, topic: str) -> dict[str, list[str]]:
+        """Roles and their actions on ``topic``: its own grants and its namespace's."""
+        return self.request("GET", topic_path(topic) + "/permissions")  # type: ignore[no-any-return]
+
+    def grant_topic_permission(self, topic: str, role: str, actions: Sequence[str]) -> None:
+        path = topic_path(topic) + f"/permissions/{_q(role)}"
+        self.request("POST", path, body=check_actions(actions))
+
+    def revoke_topic_permission(self, topic: str, role: str) -> None:
+        self.request("DELETE", topic_path(topic) + f"/permissions/{_q(role)}")
+
     # -- brokers, bookies, metrics ---------------------------------------------------
 
     def brokers(self) -> list[dict[str, Any]]:
@@ -321,6 +361,23 @@ class AdminClient:
     def this_broker(self) -> str:
         """The id (host:port) of the broker serving this URL."""
         return str(self.brokers()[0]["broker"])
+
+
+#: what a permission may allow (Pulsar's AuthAction names)
+ACTIONS = ("produce", "consume", "functions", "sources", "sinks", "packages")
+
+
+def check_actions(actions: Sequence[str]) -> list[str]:
+    """``actions`` checked and sorted; ValueError (one line) for an unknown one."""
+    out = sorted({a.strip().lower() for a in actions if a.strip()})
+    unknown = [a for a in out if a not in ACTIONS]
+    if unknown:
+        raise ValueError(
+            f"unknown action {', '.join(map(repr, unknown))} (actions: {', '.join(ACTIONS)})"
+        )
+    if not out:
+        raise ValueError(f"name at least one action ({', '.join(ACTIONS)})")
+    return out
 
 
 def _param(value: Any) -> str:

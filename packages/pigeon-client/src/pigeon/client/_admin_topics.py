@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from pigeon.client import _admin_base as cli
-from pigeon.client._admin_client import AdminClient, AdminError
+from pigeon.client._admin_client import ACTIONS, AdminClient, AdminError, check_actions
 
 
 @cli.admin_cmd.command("health")
@@ -62,6 +62,23 @@ def tenants_create(
         .create_tenant(tenant, admin_roles=admin_roles, allowed_clusters=allowed_clusters)
     )
     cli.done(f"tenant {tenant} created", result)
+
+
+@tenants_cmd.command("update")
+@click.argument("tenant")
+@click.option("--admin-role", "admin_roles", multiple=True, help="Admin role (repeatable).")
+@click.option("--allowed-cluster", "allowed_clusters", multiple=True, help="Cluster (repeatable).")
+@cli.json_flag
+def tenants_update(
+    tenant: str, admin_roles: tuple[str, ...], allowed_clusters: tuple[str, ...]
+) -> None:
+    """Replace TENANT's admin roles and allowed clusters (what is not given is emptied)."""
+    result = (
+        cli.settings()
+        .client()
+        .update_tenant(tenant, admin_roles=admin_roles, allowed_clusters=allowed_clusters)
+    )
+    cli.done(f"tenant {tenant} updated", result)
 
 
 cli.delete(
@@ -326,6 +343,106 @@ def topics_unload(topic: str) -> None:
     """Close TOPIC on its broker; clients re-attach and it loads again."""
     unloaded = cli.settings().client().unload_topic(topic)
     cli.done(f"unloaded {len(unloaded)} topic(s)", {"unloaded": unloaded})
+
+
+# -- permissions (namespaces and topics)
+
+
+def _actions(_ctx: click.Context, _param: click.Parameter, value: str) -> list[str]:
+    try:
+        return check_actions(value.split(","))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _permissions_text(grants: dict[str, list[str]]) -> str:
+    rows = [{"role": r, "actions": ",".join(a)} for r, a in sorted(grants.items())]
+    return cli.table(rows, ["role", "actions"]) if rows else "no permissions"
+
+
+_ROLE = click.option("--role", required=True, help="The role (a token's subject).")
+_ACTIONS = click.option(
+    "--actions",
+    required=True,
+    callback=_actions,
+    metavar="A,B",
+    help=f"Comma-separated: {', '.join(ACTIONS)}.",
+)
+
+cli.show(
+    namespaces_cmd,
+    "permissions",
+    "Roles and their actions on NAMESPACE.",
+    AdminClient.permissions,
+    "namespace",
+    human=_permissions_text,
+)
+cli.show(
+    topics_cmd,
+    "permissions",
+    "Roles and their actions on TOPIC (its own grants and its namespace's).",
+    AdminClient.topic_permissions,
+    "topic",
+    human=_permissions_text,
+)
+
+
+@namespaces_cmd.command("grant-permission")
+@click.argument("namespace")
+@_ROLE
+@_ACTIONS
+@cli.json_flag
+def namespaces_grant(namespace: str, role: str, actions: list[str]) -> None:
+    """Give ROLE these actions on every topic of NAMESPACE (replacing what it had)."""
+    cli.settings().client().grant_permission(namespace, role, actions)
+    cli.done(
+        f"granted {','.join(actions)} on {namespace} to {role}",
+        {"namespace": namespace, "role": role, "actions": actions},
+    )
+
+
+@namespaces_cmd.command("revoke-permission")
+@click.argument("namespace")
+@_ROLE
+@cli.json_flag
+def namespaces_revoke(namespace: str, role: str) -> None:
+    """Take ROLE's permissions on NAMESPACE away."""
+    cli.settings().client().revoke_permission(namespace, role)
+    cli.done(f"revoked the permissions of {role} on {namespace}")
+
+
+@namespaces_cmd.command("set-subscription-auth-mode")
+@click.argument("namespace")
+@click.argument("mode", type=click.Choice(["none", "prefix"], case_sensitive=False))
+@cli.json_flag
+def namespaces_subscription_auth_mode(namespace: str, mode: str) -> None:
+    """prefix: a role may only use subscriptions whose names start with the role's name."""
+    cli.settings().client().set_subscription_auth_mode(namespace, mode)
+    cli.done(f"subscription auth mode of {namespace} is {mode.lower()}")
+
+
+@topics_cmd.command("grant-permission")
+@click.argument("topic")
+@_ROLE
+@_ACTIONS
+@cli.json_flag
+def topics_grant(topic: str, role: str, actions: list[str]) -> None:
+    """Give ROLE these actions on TOPIC (and its partitions)."""
+    cli.settings().client().grant_topic_permission(topic, role, actions)
+    cli.done(
+        f"granted {','.join(actions)} on {topic} to {role}",
+        {"topic": topic, "role": role, "actions": actions},
+    )
+
+
+@topics_cmd.command("revoke-permission")
+@click.argument("topic")
+@_ROLE
+@cli.json_flag
+def topics_revoke(topic: str, role: str) -> None:
+    """Take ROLE's own permissions on TOPIC away (its namespace's grants stay)."""
+    cli.settings().client().revoke_topic_permission(topic, role)
+    cli.done(f"revoked the permissions of {role} on {topic}")
 
 
 # -- subscriptions

@@ -6,6 +6,15 @@
   const params = new URLSearchParams(window.location.search);
   const REFRESH_MS = Math.max(250, Number(params.get("refresh") || 2) * 1000);
   const $ = (id) => document.getElementById(id);
+  // With authentication on, the API wants "Authorization: Bearer <token>".  The token is
+  // kept in sessionStorage only (this tab, until it closes or "Log out"): never in
+  // localStorage, a cookie or the page.
+  const TOKEN_KEY = "pigeon.admin.token";
+  let timer = null;
+
+  class Unauthorized extends Error {}
+
+  function token() { return window.sessionStorage.getItem(TOKEN_KEY); }
 
   function fmt(n, digits) {
     if (n === null || n === undefined) return "–";
@@ -19,8 +28,12 @@
     return (i ? n.toFixed(1) : String(n)) + " " + units[i];
   }
   async function getJSON(path) {
-    const resp = await fetch(path, { cache: "no-store", headers: { Accept: "application/json" } });
+    const headers = { Accept: "application/json" };
+    const t = token();
+    if (t) headers.Authorization = "Bearer " + t;
+    const resp = await fetch(path, { cache: "no-store", headers: headers });
     const body = await resp.json().catch(() => null);
+    if (resp.status === 401) throw new Unauthorized((body && body.message) || "401 Unauthorized");
     if (!resp.ok && !(resp.status === 503 && body && body.checks)) {
       throw new Error((body && body.message) || resp.status + " " + resp.statusText);
     }
@@ -150,7 +163,44 @@
     return 10 * p;
   }
 
+  function showLogin(message) {
+    window.clearTimeout(timer);
+    timer = null;
+    $("content").hidden = true;
+    $("error").hidden = true;
+    $("logout").hidden = true;
+    $("login").hidden = false;
+    $("login-error").textContent = message || "";
+    $("login-error").hidden = !message;
+    $("status").textContent = "log in";
+    $("status").dataset.status = "unknown";
+    $("token").focus();
+  }
+
+  function showContent() {
+    $("login").hidden = true;
+    $("content").hidden = false;
+    $("logout").hidden = !token();
+  }
+
+  $("login").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const value = $("token").value.trim();
+    $("token").value = "";
+    if (!value) return;
+    window.sessionStorage.setItem(TOKEN_KEY, value);
+    showContent();
+    window.clearTimeout(timer);
+    refresh();
+  });
+
+  $("logout").addEventListener("click", () => {
+    window.sessionStorage.removeItem(TOKEN_KEY);
+    showLogin("");
+  });
+
   async function refresh() {
+    timer = null;
     try {
       const health = await getJSON(API + "/cluster/health");
       const broker = health.brokers[0].broker;
@@ -168,15 +218,23 @@
       $("error").hidden = true;
       $("updated").textContent = "updated " + new Date().toLocaleTimeString();
       document.body.dataset.refreshed = String(Number(document.body.dataset.refreshed || 0) + 1);
+      showContent();
     } catch (err) {
+      if (err instanceof Unauthorized) {
+        const refused = token() !== null;
+        window.sessionStorage.removeItem(TOKEN_KEY);
+        showLogin(refused ? "The broker refused the token: " + err.message : "");
+        return;
+      }
       $("error").textContent = "Cannot read the admin API: " + err.message;
       $("error").hidden = false;
       $("status").textContent = "unreachable";
       $("status").dataset.status = "unreachable";
-    } finally {
-      setTimeout(refresh, REFRESH_MS);
     }
+    if (timer === null && $("login").hidden) timer = window.setTimeout(refresh, REFRESH_MS);
   }
-  window.addEventListener("resize", () => getJSON(API + "/broker-stats/throughput").then(drawChart, () => {}));
+  window.addEventListener("resize", () => {
+    if ($("login").hidden) getJSON(API + "/broker-stats/throughput").then(drawChart, () => {});
+  });
   refresh();
 })();

@@ -1,0 +1,19 @@
+"""Fixtures of the secured admin API's tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from secure_admin_support import Certificates, SecureAdminStandalone
+
+
+@pytest.fixture(scope="module")
+def secure_admin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureAdminStandalone]:
+    """A standalone with authentication, authorization and HTTPS on (one per module)."""
+    root = tmp_path_factory.mktemp("secure-admin")
+    server = SecureAdminStandalone(root / "data", Certificates(root / "certs")).start()
+    try:
+        yield server
+    finally:
+        server.stop()

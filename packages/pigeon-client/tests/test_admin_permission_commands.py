@@ -1,0 +1,60 @@
+"""``pigeon admin`` permission commands: bad input is refused before any request."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from pigeon.client._admin_cli import AdminClient, admin_cmd
+from pigeon.client._admin_client import check_actions
+
+#: nothing listens here: a command that reached the network would exit 1, not 2
+NOWHERE = "http://127.0.0.1:9"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            [
+                "namespaces",
+                "grant-permission",
+                "public/default",
+                "--role",
+                "r",
+                "--actions",
+                "produce,fly",
+            ],
+            "unknown action 'fly' (actions: produce, consume",
+        ),
+        (
+            ["namespaces", "grant-permission", "public/default", "--role", "r", "--actions", ","],
+            "name at least one action",
+        ),
+        (
+            ["topics", "grant-permission", "t", "--role", "r", "--actions", "write"],
+            "unknown action 'write'",
+        ),
+        (
+            ["namespaces", "grant-permission", "public/default", "--actions", "produce"],
+            "Missing option '--role'",
+        ),
+        (
+            ["namespaces", "set-subscription-auth-mode", "public/default", "sometimes"],
+            "'sometimes' is not one of 'none', 'prefix'",
+        ),
+    ],
+)
+def test_bad_permission_arguments_are_usage_errors(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(admin_cmd, ["--url", NOWHERE, *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_actions_are_normalised() -> None:
+    assert check_actions([" Consume", "produce", "consume"]) == ["consume", "produce"]
+    with pytest.raises(ValueError, match="unknown action 'x'"):
+        AdminClient(NOWHERE).grant_permission("public/default", "r", ["x"])
+    with pytest.raises(ValueError, match="none or prefix"):
+        AdminClient(NOWHERE).set_subscription_auth_mode("public/default", "maybe")
