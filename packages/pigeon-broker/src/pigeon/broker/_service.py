@@ -156,7 +156,7 @@ class BrokerService:
 
     async def _serve_tls(self, nursery: trio.Nursery) -> None:
         """The native protocol over TLS on ``broker_service_port_tls``, next to the
-        plaintext port; certificates reload on SIGHUP (connections stay up)."""
+        plaintext port."""
         tls = self.server_tls
         if tls is None:
             raise ConfigError(
@@ -177,7 +177,6 @@ class BrokerService:
                 task_status=task_status,
             )
         )
-        await nursery.start(reload_on_sighup, tls)
         log.info("broker serving TLS address=%s:%s", *self.address_tls)
 
     async def run(
@@ -186,6 +185,10 @@ class BrokerService:
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
             try:
+                if self.server_tls is not None:
+                    # every TLS listener (native, admin, Kafka) shares this certificate:
+                    # SIGHUP reloads it for new connections, open ones stay up
+                    await nursery.start(reload_on_sighup, self.server_tls)
                 await self.policies.ensure_defaults()
                 await nursery.start(self.policies.watch)
                 nursery.start_soon(self._maintenance)
