@@ -185,3 +185,25 @@ def test_updating_admin_roles_applies_at_once(secure_admin: SecureAdminStandalon
     )
     assert status == 422
     assert s.http_call("POST", f"{API}/tenants/nope", {}, role="admin")[0] == 404
+
+
+async def test_metrics_may_be_opened_by_the_operator() -> None:
+    from types import SimpleNamespace
+
+    from starlette.requests import Request
+
+    from pigeon.broker._admin_auth import authorize_request
+    from pigeon.broker._config import BrokerConfig
+    from pigeon.core.auth import Authenticator, TokenAuthenticationProvider
+
+    def request() -> Request:
+        return Request({"type": "http", "method": "GET", "path": "/metrics", "headers": []})
+
+    service = SimpleNamespace(
+        authenticator=Authenticator([TokenAuthenticationProvider(b"k" * 32)]),
+        config=BrokerConfig(),
+    )
+    with pytest.raises(AuthenticationError):
+        await authorize_request(service, request())  # type: ignore[arg-type]
+    service.config = BrokerConfig(authenticate_metrics_endpoint=False)
+    assert await authorize_request(service, request()) is None  # type: ignore[arg-type]

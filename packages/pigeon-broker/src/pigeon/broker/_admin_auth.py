@@ -5,8 +5,8 @@ Every route of the API has one rule in :data:`RULES`, keyed by method and path t
 
 * ``open`` — anyone (the cluster health probe orchestrators poll, the OpenAPI document,
   the dashboard's static files);
-* ``authenticated`` — any role the broker's authenticator accepts (``/metrics``, as
-  Pulsar's ``authenticateMetricsEndpoint``);
+* ``authenticated`` — any role the broker's authenticator accepts (``/metrics``, unless
+  ``authenticate_metrics_endpoint = false``: Pulsar's ``authenticateMetricsEndpoint``);
 * ``superuser`` — tenants (list, create, update, delete), brokers, bookies, broker statistics;
 * ``tenant`` — an admin role of the ``{tenant}`` in the path (or a superuser):
   namespaces, their policies and permissions, topics and subscriptions.
@@ -129,6 +129,8 @@ async def authorize_request(service: BrokerService, request: Request) -> str | N
     if rule is None:  # fail closed: a route added without a rule
         raise AuthorizationError(f"no access rule for {request.method} {template}")
     kind, action = rule
+    if kind == "authenticated" and not service.config.authenticate_metrics_endpoint:
+        kind = "open"  # only /metrics is "authenticated": the operator opened it
     if kind == "open":
         return None
     role = request_role(service, request)

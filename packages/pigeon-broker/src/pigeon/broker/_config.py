@@ -113,6 +113,9 @@ class BrokerConfig(SecurityConfig):
     broker_service_port_tls: int = -1
     #: the admin API, /metrics and /dashboard over HTTPS (webServicePortTls, e.g. 8443)
     web_service_port_tls: int = -1
+    #: with authentication on, /metrics needs a token too (a Prometheus scraper sends
+    #: one as its bearer token); false: /metrics stays open (counters only, no secrets)
+    authenticate_metrics_endpoint: bool = True
     metadata: str = ""
     cluster_name: str = "standalone"
     max_message_size: int = 5 * 1024 * 1024
