@@ -75,7 +75,12 @@ def create_key_pair_cmd(algorithm: str, output_private_key: str, output_public_k
 @click.option("--subject", required=True, help="The role the token grants.")
 @click.option("--secret-key", help="file:///path or data:;base64,... (HS256).")
 @click.option("--private-key", help="file:///path or data:;base64,... (RS256/ES256).")
-@click.option("--expiry", help="Lifetime, e.g. 30m, 12h, 1d, 1y (default: never expires).")
+@click.option(
+    "--expiry",
+    "--expiry-time",
+    "expiry",
+    help="Lifetime, e.g. 30m, 12h, 1d, 1y (default: never expires; Pulsar: --expiry-time).",
+)
 def create_cmd(
     subject: str, secret_key: str | None, private_key: str | None, expiry: str | None
 ) -> None:
