@@ -43,9 +43,18 @@ def _sets(config_file: str | None, section: str, key: str) -> bool:
 
 
 def _kafka_note(service: Any) -> str:
-    """``, Kafka clients on host:port`` when the broker serves the Kafka protocol."""
+    """``, pigeon+ssl://host:port`` when the broker serves TLS, ``, Kafka clients on
+    host:port (SASL_SSL)`` when it serves the Kafka protocol."""
+    note = ""
+    tls = getattr(service, "service_url_tls", None)
+    if tls:
+        note += f", {tls}"
     kafka = getattr(service, "kafka", None)
-    return f", Kafka clients on {kafka.advertised_address}" if kafka is not None else ""
+    if kafka is not None:
+        protocol = service.config.kafka.security_protocol
+        extra = f" ({protocol})" if protocol != "PLAINTEXT" else ""
+        note += f", Kafka clients on {kafka.advertised_address}{extra}"
+    return note
 
 
 _KAFKA_PORT_HELP = "Kafka protocol port ({}; -1: off; [kafka] port, PIGEON_KAFKA_PORT)."
