@@ -499,3 +499,178 @@ def test_group_requests_of_a_role_without_rights_are_group_authorization_failed(
         if "kafka request denied" in line and "role=nobody action=group" in line
     ]
     assert len(denials) == 1, denials  # JoinGroup and OffsetFetch: one line
+
+
+# ------------------------------------------------------------------ token expiry (KIP-368)
+
+#: the lifetime of the short-lived tokens of the expiry tests
+SHORT_TOKEN_S = 15
+
+
+def test_oauthbearer_client_reauthenticates_across_token_expiry(
+    sasl_ssl: Standalone, security: Security
+) -> None:
+    """confluent-kafka keeps producing for more than two token lifetimes: the broker
+    answers session_lifetime_ms, librdkafka re-authenticates its connections with the
+    token its oauth_cb refreshed, and no connection is closed on expired credentials."""
+    topic = topic_name()
+    issued: list[float] = []
+
+    def oauth_cb(_config: Any) -> tuple[str, float]:
+        issued.append(time.time())
+        return security.token("admin", expiry_s=SHORT_TOKEN_S), time.time() + SHORT_TOKEN_S
+
+    log_start = len(sasl_ssl.log_text())
+    producer = Producer(
+        {
+            "bootstrap.servers": sasl_ssl.kafka_bootstrap,
+            **security.confluent("SASL_SSL", "", mechanism="OAUTHBEARER"),
+            "oauth_cb": oauth_cb,
+            "linger.ms": 5,
+            "message.timeout.ms": int(FAIL_S * 1000),
+        }
+    )
+    reports: list[Any] = []
+    sent = 0
+    start = time.monotonic()
+    while time.monotonic() - start < 2 * SHORT_TOKEN_S + 5:  # ~35 s: two expiries
+        producer.produce(topic, f"v{sent}".encode(), on_delivery=lambda e, m: reports.append(e))
+        sent += 1
+        producer.poll(0.25)
+    assert producer.flush(FAIL_S) == 0, "deliveries still pending"
+    assert len(reports) == sent and not [e for e in reports if e is not None], reports[:3]
+    assert len(issued) >= 3, issued  # the first token and at least two refreshes
+    log = sasl_ssl.log_text()[log_start:]
+    assert "kafka client re-authenticated" in log, log[-3000:]
+    assert "credentials expired" not in log, log[-3000:]
+    assert "session_lifetime_ms=" in log
+
+
+def test_raw_client_on_expired_token_is_closed_with_one_log_line(
+    sasl_plaintext: Standalone, security: Security
+) -> None:
+    """A client that does not re-authenticate: SaslAuthenticate v1 told it the session's
+    lifetime; after the token's exp its connection is closed (at its next request, or by
+    the broker's sweep), with one log line naming the connection and role."""
+    import socket
+
+    import jwt
+    from kio.schema.metadata.v1.request import MetadataRequest
+    from kio.schema.sasl_authenticate.v1.request import SaslAuthenticateRequest
+    from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
+
+    expiry_s = 4  # room for the requests before exp on a loaded machine
+    token = security.token("admin", expiry_s=expiry_s)
+    expires = float(jwt.decode(token, options={"verify_signature": False})["exp"])
+    host, port = sasl_plaintext.kafka_bootstrap.split(":")
+    with socket.create_connection((host, int(port)), timeout=FAIL_S) as sock:
+        name = "{}:{}".format(*sock.getsockname()[:2])
+        sock.sendall(_request(17, 1, 1, SaslHandshakeRequest(mechanism="PLAIN")))
+        _read_frame(sock)
+        credentials = b"\0u\0" + token.encode()
+        sock.sendall(_request(36, 1, 2, SaslAuthenticateRequest(auth_bytes=credentials)))
+        answer = _read_frame(sock)
+        assert answer[4:6] == b"\0\0"
+        lifetime_ms = int.from_bytes(answer[-8:], "big", signed=True)
+        assert 0 < lifetime_ms <= expiry_s * 1000, lifetime_ms
+        sock.sendall(_request(3, 1, 3, MetadataRequest(topics=())))
+        assert _read_frame(sock)[:4] == (3).to_bytes(4, "big")  # served until exp
+        time.sleep(max(0.0, expires - time.time()) + 0.2)
+        with pytest.raises(OSError) as info:  # closed (reset or end of stream), not answered
+            sock.sendall(_request(3, 1, 4, MetadataRequest(topics=())))
+            _read_frame(sock)
+        assert not isinstance(info.value, TimeoutError), "the connection stayed open"
+    deadline = time.monotonic() + FAIL_S
+    lines: list[str] = []
+    while not lines and time.monotonic() < deadline:
+        lines = [
+            line
+            for line in sasl_plaintext.log_text().splitlines()
+            if "credentials expired" in line and f"conn={name} " in line
+        ]
+        time.sleep(0.05)
+    assert len(lines) == 1 and "role=admin" in lines[0], lines
+    assert token not in sasl_plaintext.log_text()
+
+
+# ------------------------------------------------------------------ real grants
+
+
+def test_granted_role_produces_then_consumes_then_is_revoked(
+    sasl_ssl: Standalone, security: Security
+) -> None:
+    """A role that is no superuser, granted through the admin API (superuser token):
+    produce only (its consumer is refused), then produce and consume; revoked, a new
+    connection is refused at once (open ones within AUTHZ_RECHECK_S: unit tested)."""
+    import uuid
+
+    from confluent_kafka import Consumer
+
+    from pigeon.client import AuthenticationToken
+    from pigeon.client._admin_client import AdminClient
+
+    role = f"app-{uuid.uuid4().hex[:8]}"
+    topic = topic_name()
+    admin = AdminClient(
+        f"http://127.0.0.1:{sasl_ssl.http_port}",
+        auth=AuthenticationToken(security.token("admin")),
+    )
+    app = security.confluent("SASL_SSL", security.token(role))
+    kafka_produce(
+        sasl_ssl.kafka_bootstrap,
+        topic,
+        [{"value": b"first"}],
+        **security.confluent("SASL_SSL", security.token("admin")),
+    )
+
+    def refused_codes() -> set[int]:
+        consumer = Consumer(
+            {
+                "bootstrap.servers": sasl_ssl.kafka_bootstrap,
+                "group.id": f"{role}-group",
+                "auto.offset.reset": "earliest",
+                **app,
+            }
+        )
+        try:
+            consumer.subscribe([topic])
+            codes: set[int] = set()
+            deadline = time.monotonic() + FAIL_S
+            while not codes and time.monotonic() < deadline:
+                msg = consumer.poll(0.5)
+                if msg is not None:
+                    assert msg.error() is not None, "a record reached a role without consume"
+                    codes.add(msg.error().code())
+            return codes
+        finally:
+            consumer.close()
+
+    def produce_errors() -> set[Any]:
+        reports: list[Any] = []
+        producer = Producer(
+            {
+                "bootstrap.servers": sasl_ssl.kafka_bootstrap,
+                "message.timeout.ms": int(FAIL_S * 1000),
+                **app,
+            }
+        )
+        producer.produce(topic, b"by-app", on_delivery=lambda e, m: reports.append(e))
+        producer.flush(FAIL_S + 5)
+        assert len(reports) == 1
+        return {e.code() if e is not None else None for e in reports}
+
+    assert produce_errors() == {KafkaError.TOPIC_AUTHORIZATION_FAILED}  # nothing granted
+    admin.grant_permission("public/default", role, ["produce"])
+    assert produce_errors() == {None}
+    assert refused_codes() & {
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.GROUP_AUTHORIZATION_FAILED,
+    }
+    admin.grant_permission("public/default", role, ["produce", "consume"])
+    got = kafka_consume(sasl_ssl.kafka_bootstrap, topic, 2, group=f"{role}-reader", **app)
+    assert [m.value() for m in got] == [b"first", b"by-app"]
+    admin.revoke_permission("public/default", role)
+    assert produce_errors() == {KafkaError.TOPIC_AUTHORIZATION_FAILED}
+    log = sasl_ssl.log_text()
+    # denials are logged naming the role and the action (its metadata requests too)
+    assert f"role={role} action=lookup" in log and f"role={role} action=group" in log

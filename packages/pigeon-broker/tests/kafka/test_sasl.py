@@ -113,7 +113,9 @@ def test_session_answers_only_sasl_and_api_versions_until_authenticated() -> Non
     assert not session.authenticated and not session.allows(0)
     session.succeeded("alice")
     assert session.authenticated and session.role == "alice" and session.allows(0)
-    assert session.handshake("PLAIN", 1) == ILLEGAL_SASL_STATE  # no re-authentication
+    assert session.handshake("OAUTHBEARER", 1) == ILLEGAL_SASL_STATE  # same mechanism
+    assert session.handshake("PLAIN", 1) == 0  # re-authentication (KIP-368)
+    assert session.reauthenticating and session.allows(0)  # the role holds meanwhile
 
 
 def test_handshake_v0_expects_a_bare_token() -> None:
@@ -286,3 +288,23 @@ def test_join_group_subscriptions_are_read_from_the_consumer_protocol() -> None:
         ]
     )
     assert _subscribed_topics(request) == ["orders", "audit-log"]
+
+
+async def test_a_revoked_grant_reaches_an_open_connection_within_the_recheck_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """An open connection keeps producing on its decision until AUTHZ_RECHECK_S passed,
+    then is refused (the real Authorization over namespace policies)."""
+    policies = NamespacePolicies(permissions={"app": ["produce"]})
+    door = _door(policies)
+    conn = KafkaConnection(door, None, "peer:1", role="app")  # type: ignore[arg-type]
+    await conn.authorize("produce", "orders")
+    del policies.permissions["app"]  # revoked (pigeon admin namespaces revoke-permission)
+    await trio.sleep(AUTHZ_RECHECK_S - 1)
+    await conn.authorize("produce", "orders")  # the decision still holds
+    await trio.sleep(1)
+    with pytest.raises(AuthorizationError, match="role 'app' may not produce"):
+        await conn.authorize("produce", "orders")
+    policies.permissions["app"] = ["produce"]  # granted again: as quickly
+    await trio.sleep(AUTHZ_RECHECK_S)
+    await conn.authorize("produce", "orders")

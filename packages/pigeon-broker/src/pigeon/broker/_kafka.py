@@ -18,12 +18,17 @@ Security (``[kafka] security_protocol``): over ``SSL``/``SASL_SSL`` a connection
 on SIGHUP); SASL (``_kafka_sasl``) establishes the role of a ``SASL_*`` connection,
 a verified client certificate's common name that of an ``SSL`` one.  Authorization
 decisions are kept per connection for :data:`AUTHZ_RECHECK_S` (a revoked grant applies
-within that time; a denial is logged once per connection, topic and action).
+within that time; a denial is logged once per connection, topic and action).  A SASL
+connection's token expiry is kept (``auth_expires``, from ``authenticator.expires_at``):
+SaslAuthenticate tells the client the session's lifetime so it re-authenticates in time
+(KIP-368), and a connection still on expired credentials is closed at its next request
+(or by the sweep every ``maintenance_interval_s``), with one log line.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import functools
 import itertools
 import logging
@@ -42,6 +47,7 @@ from pigeon.broker._kafka_sasl import (
     SASL_VERSIONS,
     SaslFailure,
     SaslSession,
+    session_lifetime_ms,
 )
 from pigeon.broker._kafka_wire import (
     API_VERSIONS,
@@ -129,6 +135,8 @@ class KafkaConnection:
     peer_certificate: Any = None
     #: the answers already queued go out before the connection closes
     flush_on_close: bool = False
+    #: when the credentials expire (Unix seconds; None: never, or no credentials)
+    auth_expires: float | None = None
     #: (action, kafka topic, subscription) -> (when decided, allowed)
     grants: dict[tuple[str, str, str], tuple[float, bool]] = field(default_factory=dict)
     #: denials already logged
@@ -314,6 +322,8 @@ class KafkaFrontDoor:
         async with trio.open_nursery() as nursery:
             await nursery.start(self.groups.run)
             await nursery.start(trio.serve_listeners, self._handle, self._listeners)
+            if self.core.authenticator is not None:
+                nursery.start_soon(self._sweep_expired)
             log.info("kafka serving address=%s:%s", *self.address)
             task_status.started(self.address)
 
@@ -354,6 +364,36 @@ class KafkaFrontDoor:
             conn.producers.clear()
             with contextlib.suppress(Exception):
                 await trio.aclose_forcefully(conn_stream)
+
+    def now(self) -> float:
+        """The time credentials expire against (Unix seconds, the broker's clock)."""
+        return float(self.core.clock.now_ms()) / 1000
+
+    def expired(self, conn: KafkaConnection, now: float) -> bool:
+        """Are ``conn``'s credentials expired by ``now``?  The first time, says so in one
+        log line and marks the connection to close."""
+        if conn.auth_expires is None or conn.auth_expires > now:
+            return False
+        if not conn.closed:
+            log.info(
+                "kafka connection closed: credentials expired conn=%s role=%s (re-authenticate"
+                " before session_lifetime_ms ends, or reconnect with a fresh token)",
+                conn.name,
+                conn.role,
+            )
+            conn.close()
+        return True
+
+    def close_expired(self, now: float) -> int:
+        """Close every connection whose credentials expired by ``now``; how many."""
+        return sum(self.expired(conn, now) for conn in list(self.conns) if not conn.closed)
+
+    async def _sweep_expired(self) -> None:
+        """Close idle connections on expired credentials too (a busy one is closed at its
+        next request)."""
+        while True:
+            await trio.sleep(max(0.05, float(self.core.config.maintenance_interval_s)))
+            self.close_expired(self.now())
 
     def _identify(self, conn: KafkaConnection) -> bool:
         """Set up how ``conn`` authenticates (SASL to come, its TLS certificate, or
@@ -413,6 +453,12 @@ class KafkaFrontDoor:
             return True
         conn.client_id = header.client_id or conn.client_id
         api_key = header.request_api_key
+        if (
+            conn.auth_expires is not None
+            and api_key not in (SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY)
+            and self.expired(conn, self.now())
+        ):
+            return False
         if (sasl is not None and not sasl.allows(api_key)) or (
             conn.unauthenticated and api_key != API_VERSIONS_KEY
         ):
@@ -473,39 +519,47 @@ class KafkaFrontDoor:
         cls = _response_of(request)
         return build(cls, error_code=ErrorCode(code), mechanisms=conn.sasl.mechanisms)
 
-    def _sasl_check(self, conn: KafkaConnection, auth_bytes: bytes, *, raw: bool) -> str:
-        """The role the credentials establish.
+    def _sasl_check(self, conn: KafkaConnection, auth_bytes: bytes, *, raw: bool) -> int:
+        """Authenticate (or re-authenticate) ``conn`` with the credentials: the session's
+        lifetime in milliseconds (0: they never expire).
 
         :raises SaslFailure: they do not (one WARNING line naming why, never them).
         """
         sasl = conn.sasl
-        assert sasl is not None and self.core.authenticator is not None
+        authenticator = self.core.authenticator
+        assert sasl is not None and authenticator is not None
+        again = sasl.reauthenticating
         try:
             token = sasl.token(auth_bytes, raw=raw)
-            role = self.core.authenticator.authenticate(
-                AuthData(
-                    "token",
-                    token.encode(),
-                    peer_certificate=conn.peer_certificate,
-                    peer_address=conn.name,
-                )
+            auth = AuthData(
+                "token",
+                token.encode(),
+                peer_certificate=conn.peer_certificate,
+                peer_address=conn.name,
             )
+            role = authenticator.authenticate(auth)
+            sasl.succeeded(role, raw=raw)
         except AuthenticationError as exc:
             failure = SaslFailure(f"authentication failed: {exc.message}")
         except SaslFailure as exc:
             failure = exc
         else:
-            sasl.succeeded(role)
             conn.role = role
+            now = self.now()
+            conn.auth_expires = authenticator.expires_at(auth)
+            lifetime = session_lifetime_ms(conn.auth_expires, now)
             log.info(
-                "kafka client authenticated conn=%s mechanism=%s role=%s",
+                "kafka client %s conn=%s mechanism=%s role=%s session_lifetime_ms=%d",
+                "re-authenticated" if again else "authenticated",
                 conn.name,
                 sasl.mechanism,
                 role,
+                lifetime,
             )
-            return role
+            return lifetime
         log.warning(
-            "kafka SASL authentication failed conn=%s mechanism=%s: %s",
+            "kafka SASL %s failed conn=%s mechanism=%s: %s",
+            "re-authentication" if again else "authentication",
             conn.name,
             sasl.mechanism,
             failure.message,
@@ -517,7 +571,7 @@ class KafkaFrontDoor:
 
         cls = _response_of(request)
         try:
-            self._sasl_check(conn, request.auth_bytes, raw=False)
+            lifetime = self._sasl_check(conn, request.auth_bytes, raw=False)
         except SaslFailure as exc:
             conn.flush_on_close = True  # answered, then closed (as Kafka does)
             return build(
@@ -532,7 +586,7 @@ class KafkaFrontDoor:
             error_code=ErrorCode.none,
             error_message=None,
             auth_bytes=b"",
-            session_lifetime=ZERO,
+            session_lifetime=datetime.timedelta(milliseconds=lifetime),
         )
 
     async def _sasl_raw(self, conn: KafkaConnection, token: bytes, send: Any) -> bool:

@@ -11,6 +11,13 @@ answered; any other request closes the connection, as a Kafka broker does.  A cl
 SaslHandshake v0 sends its token next as a bare size-prefixed frame, without a Kafka
 request header (the Kafka 0.10 layout), and is answered by an empty bare frame.
 
+Re-authentication (KIP-368): SaslAuthenticate v1+ answers ``session_lifetime`` — the
+time left until the token's ``exp`` (0: it never expires, see :func:`session_lifetime_ms`).
+A client that knows KIP-368 (librdkafka ≥ 2.2, the Java client) sends SaslHandshake and
+SaslAuthenticate again on the same connection before then, with the same mechanism and
+a token of the same role; one that does not has its connection closed on its first
+request after the expiry, and authenticates afresh on a new one.
+
 Both mechanisms carry a PigeonMQ token (validated by the ``token`` authentication
 provider; the role is its subject):
 
@@ -41,6 +48,7 @@ __all__ = [
     "check_mechanisms",
     "oauthbearer_token",
     "plain_token",
+    "session_lifetime_ms",
 ]
 
 SASL_HANDSHAKE_KEY: Final = 17
@@ -145,6 +153,15 @@ def oauthbearer_token(auth_bytes: bytes) -> str:
     raise SaslFailure("malformed SASL OAUTHBEARER message: no auth=Bearer <token> in it")
 
 
+def session_lifetime_ms(expires_at: float | None, now: float) -> int:
+    """SaslAuthenticate's ``session_lifetime_ms`` for credentials expiring at
+    ``expires_at`` (Unix seconds; None: never) authenticated at ``now``: the
+    milliseconds left (at least 1: 0 would mean "never"), or 0 when they never expire."""
+    if expires_at is None:
+        return 0
+    return max(1, int((expires_at - now) * 1000))
+
+
 _PARSERS = {"PLAIN": plain_token, "OAUTHBEARER": oauthbearer_token}
 
 
@@ -152,8 +169,10 @@ class SaslSession:
     """Where one connection is in the SASL exchange.
 
     ``handshake`` → ``authenticate`` → ``done`` (``raw`` instead of ``authenticate``
-    after a v0 handshake).  :meth:`token` hands out the credentials to check; the caller
-    reports the outcome with :meth:`succeeded` (any failure closes the connection).
+    after a v0 handshake); a v1 handshake once ``done`` starts a re-authentication
+    (``done`` → ``authenticate`` → ``done``, KIP-368) during which the role stays.
+    :meth:`token` hands out the credentials to check; the caller reports the outcome with
+    :meth:`succeeded` (any failure closes the connection).
     """
 
     def __init__(self, mechanisms: Iterable[str]) -> None:
@@ -161,10 +180,17 @@ class SaslSession:
         self.state = "handshake"
         self.mechanism: str | None = None
         self.role: str | None = None
+        #: has the client authenticated through SaslAuthenticate (not a v0 bare frame)?
+        self.versioned = False
 
     @property
     def authenticated(self) -> bool:
         return self.state == "done"
+
+    @property
+    def reauthenticating(self) -> bool:
+        """Is a re-authentication (KIP-368) under way?"""
+        return self.role is not None and self.state == "authenticate"
 
     @property
     def expects_raw(self) -> bool:
@@ -173,10 +199,17 @@ class SaslSession:
 
     def allows(self, api_key: int) -> bool:
         """May a request of ``api_key`` be answered now?"""
-        return self.state == "done" or api_key in OPEN_APIS
+        return self.role is not None or api_key in OPEN_APIS
 
     def handshake(self, mechanism: str, version: int) -> int:
-        """Kafka's error code for a SaslHandshake naming ``mechanism`` (0: go on)."""
+        """Kafka's error code for a SaslHandshake naming ``mechanism`` (0: go on); once
+        authenticated through SaslAuthenticate, a v1 handshake naming the same mechanism
+        starts a re-authentication."""
+        if self.state == "done" and self.versioned and version >= 1:
+            if mechanism != self.mechanism:
+                return ILLEGAL_SASL_STATE  # Kafka: re-authenticate with the same mechanism
+            self.state = "authenticate"
+            return 0
         if self.state != "handshake":
             return ILLEGAL_SASL_STATE
         if mechanism not in self.mechanisms:
@@ -202,6 +235,17 @@ class SaslSession:
             raise SaslFailure(f"SASL credentials of {len(auth_bytes)} bytes are too large")
         return _PARSERS[self.mechanism](auth_bytes)
 
-    def succeeded(self, role: str) -> None:
+    def succeeded(self, role: str, *, raw: bool = False) -> None:
+        """The credentials established ``role``.
+
+        :raises SaslFailure: a re-authentication named another role (Kafka refuses to
+            change principals on a connection).
+        """
+        if self.role is not None and role != self.role:
+            raise SaslFailure(
+                f"re-authentication as role {role!r} on a connection of role {self.role!r}:"
+                " a connection keeps its role"
+            )
         self.role = role
+        self.versioned = not raw
         self.state = "done"
