@@ -73,6 +73,11 @@ class Shed:
     mean: float
 
 
+#: how long an ordered move counts in the loads while no report shows the bundle at its
+#: target (a move that failed is forgotten after this)
+PENDING_MOVE_S = 60.0
+
+
 class Shedder:
     """Which bundle, if any, to move now; fed the cluster's reports every pass.
 
@@ -94,6 +99,9 @@ class Shedder:
         self.moved_at: dict[str, float] = {}  #: bundle -> when it last moved
         #: bundle -> owner at the last pass, or the target of a move ordered since
         self._owner: dict[str, str] = {}
+        #: moves ordered whose target has not reported the bundle yet: bundle ->
+        #: (source, target, topics, when); counted in the loads until the reports show them
+        self._pending: dict[str, tuple[str, str, int, float]] = {}
         self.last_reason = ""
 
     def recently_moved(self, bundle: str, now: float) -> bool:
@@ -112,12 +120,28 @@ class Shedder:
         for bundle in [b for b, t in self.moved_at.items() if now - t >= self.grace_period_s]:
             del self.moved_at[bundle]
 
+    def _count_pending(
+        self, now: float, cluster: Mapping[str, Mapping[str, BundleLoad]], load: dict[str, int]
+    ) -> None:
+        """Count the moves ordered but not yet in the reports as done: reports lag (each
+        broker reports every few seconds), and without this a pass after a shed sees the
+        same imbalance and sheds again, until every bundle has moved."""
+        for bundle, (source, target, topics, when) in list(self._pending.items()):
+            at_target = bundle in cluster.get(target, {})
+            if at_target or now - when > PENDING_MOVE_S or target not in cluster:
+                del self._pending[bundle]  # reported where it went (or given up on)
+                continue
+            if bundle in cluster.get(source, {}):
+                load[source] -= topics
+            load[target] += topics
+
     def decide(self, now: float, cluster: Mapping[str, Mapping[str, BundleLoad]]) -> Shed | None:
         self._observe(now, cluster)
         if len(cluster) < 2:
             self.last_reason = "fewer than two brokers"
             return None
         load = {b: sum(x.topics for x in bundles.values()) for b, bundles in cluster.items()}
+        self._count_pending(now, cluster, load)
         mean = sum(load.values()) / len(load)
         busiest = max(load, key=lambda b: (load[b], b))
         idlest = min(load, key=lambda b: (load[b], b))
@@ -140,6 +164,7 @@ class Shedder:
         _, _, bundle, topics = min(candidates)
         self.moved_at[bundle] = now
         self._owner[bundle] = idlest  # where it should be seen next: no new move
+        self._pending[bundle] = (busiest, idlest, topics, now)
         self.last_reason = "shed"
         return Shed(busiest, bundle, idlest, topics, high, low, mean)
 
