@@ -499,3 +499,66 @@ def test_group_requests_of_a_role_without_rights_are_group_authorization_failed(
         if "kafka request denied" in line and "role=nobody action=group" in line
     ]
     assert len(denials) == 1, denials  # JoinGroup and OffsetFetch: one line
+
+
+def test_a_role_without_group_rights_may_not_see_or_disturb_other_groups(
+    sasl_plaintext: Standalone, security: Security
+) -> None:
+    """DescribeGroups, ListGroups, Heartbeat and LeaveGroup need the group right: a role
+    without it neither learns another role's members (client ids, hosts, assignments)
+    nor removes them from their group."""
+    import datetime
+    import uuid
+
+    from kio.schema.describe_groups.v0.request import DescribeGroupsRequest
+    from kio.schema.heartbeat.v0.request import HeartbeatRequest
+    from kio.schema.join_group.v0.request import JoinGroupRequest, JoinGroupRequestProtocol
+    from kio.schema.leave_group.v0.request import LeaveGroupRequest
+    from kio.schema.list_groups.v0.request import ListGroupsRequest
+
+    group = f"admin-{uuid.uuid4().hex[:8]}"
+    bootstrap = sasl_plaintext.kafka_bootstrap
+    with _authenticated(bootstrap, security.token("admin")) as admin:
+        admin.sendall(
+            _request(
+                11,
+                0,
+                3,
+                JoinGroupRequest(
+                    group_id=group,
+                    session_timeout=datetime.timedelta(seconds=30),
+                    member_id="",
+                    protocol_type="consumer",
+                    protocols=(JoinGroupRequestProtocol(name="range", metadata=b""),),
+                ),
+            )
+        )
+        joined = _read_frame(admin)
+        assert joined[4:6] == b"\0\0", joined
+        at = 10  # correlation id, error code, generation id
+        for _ in range(3):  # protocol name, leader, member id
+            length = int.from_bytes(joined[at : at + 2], "big")
+            member_id = joined[at + 2 : at + 2 + length].decode()
+            at += 2 + length
+        generation = int.from_bytes(joined[6:10], "big")
+        assert member_id
+        with _authenticated(bootstrap, security.token("nobody")) as nobody:
+            nobody.sendall(_request(15, 0, 4, DescribeGroupsRequest(groups=(group,))))
+            described = _read_frame(nobody)
+            assert described[8:10] == (30).to_bytes(2, "big")  # GROUP_AUTHORIZATION_FAILED
+            assert member_id.encode() not in described
+            nobody.sendall(_request(16, 0, 5, ListGroupsRequest()))
+            assert group.encode() not in _read_frame(nobody)
+            beat = HeartbeatRequest(group_id=group, generation_id=generation, member_id=member_id)
+            nobody.sendall(_request(12, 0, 6, beat))
+            assert _read_frame(nobody)[4:6] == (30).to_bytes(2, "big")
+            nobody.sendall(
+                _request(13, 0, 7, LeaveGroupRequest(group_id=group, member_id=member_id))
+            )
+            assert _read_frame(nobody)[4:6] == (30).to_bytes(2, "big")
+        admin.sendall(_request(12, 0, 8, beat))
+        assert _read_frame(admin)[4:6] == b"\0\0"  # still a member
+        admin.sendall(_request(16, 0, 9, ListGroupsRequest()))
+        assert group.encode() in _read_frame(admin)
+        admin.sendall(_request(15, 0, 10, DescribeGroupsRequest(groups=(group,))))
+        assert member_id.encode() in _read_frame(admin)

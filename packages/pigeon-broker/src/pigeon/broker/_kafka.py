@@ -29,7 +29,7 @@ import itertools
 import logging
 import math
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -644,28 +644,51 @@ class KafkaFrontDoor:
             if group is not None and not await coordinates(self, group):
                 # another broker holds the group's bundle: the client asks FindCoordinator
                 return _not_coordinator(request)
-            if group is not None and self.core.authorization.enabled:
-                refused = await self._group_refused(conn, request, str(group))
-                if refused is not None:
-                    return refused
+            extra: dict[str, frozenset[str]] = {}
+            if self.core.authorization.enabled:
+                if group is not None:
+                    refused = await self._group_refused(conn, request, str(group))
+                    if refused is not None:
+                        return refused
+                elif type(request).__api_key__ == 15:  # DescribeGroups
+                    extra["hidden"] = await self._denied_groups(conn, map(str, request.groups))
+                else:  # ListGroups
+                    listed = (snap.group_id for snap in self.groups.groups())
+                    extra["hidden"] = await self._denied_groups(conn, listed)
             host = conn.name.rpartition(":")[0]
             return conn.spawn(
-                lambda: handler(self.groups, request, client_id=conn.client_id, client_host=host)
+                lambda: handler(
+                    self.groups, request, client_id=conn.client_id, client_host=host, **extra
+                )
             )
 
         return run
 
+    async def _denied_groups(self, conn: KafkaConnection, groups: Iterable[str]) -> frozenset[str]:
+        """Of ``groups``, those the connection's role may not use: DescribeGroups answers
+        them GROUP_AUTHORIZATION_FAILED, ListGroups leaves them out (as Kafka does
+        without the DESCRIBE right on a group)."""
+        from pigeon.broker._kafka_offsets import subscription_of
+
+        denied = set()
+        for group in groups:
+            try:
+                await conn.authorize("group", "", subscription_of(group), quiet=True)
+            except AuthorizationError:
+                denied.add(group)
+        return frozenset(denied)
+
     async def _group_refused(self, conn: KafkaConnection, request: Any, group: str) -> Any:
-        """GROUP_AUTHORIZATION_FAILED for a JoinGroup or SyncGroup the role may not make
-        (a JoinGroup also names the topics its members subscribe to: each needs the
-        consume right through the group's subscription); None when allowed."""
+        """GROUP_AUTHORIZATION_FAILED for a JoinGroup, SyncGroup, Heartbeat or LeaveGroup
+        the role may not make (a JoinGroup also names the topics its members subscribe
+        to: each needs the consume right through the group's subscription; a LeaveGroup
+        or Heartbeat naming another role's member must not remove or keep it); None when
+        allowed."""
         from kio.schema.errors import ErrorCode
 
         from pigeon.broker._kafka_offsets import subscription_of
 
         key = type(request).__api_key__
-        if key not in (11, 14):
-            return None  # Heartbeat, LeaveGroup: a member already joined
         subscription = subscription_of(group)
         try:
             await conn.authorize("group", "", subscription)
