@@ -445,3 +445,55 @@ def test_fuzzed_credentials_are_refused_as_authentication_errors(method: str, da
     auth = Authenticator([TokenAuthenticationProvider(KEY), TlsAuthenticationProvider()])
     with pytest.raises(AuthenticationError):
         auth.authenticate(AuthData(method, data))
+
+
+@pytest.mark.parametrize("tls", [False, True])
+def test_a_peer_that_never_says_connect_is_closed(
+    certs: Certificates,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    tls: bool,
+) -> None:
+    """Slowloris: sockets opened (and TLS-handshaken) without a ``connect`` are closed
+    after the deadline, and other clients are served meanwhile."""
+    import pigeon.core._rpc as rpc
+
+    monkeypatch.setattr(rpc, "CONNECT_DEADLINE_S", 0.5)
+    context = client_context(trust_certs_file=certs.ca) if tls else None
+    extra: dict[str, Any] = {"tls": server_tls(certs)} if tls else {}
+
+    async def main() -> None:
+        async with secure_server(LookupService(), authenticator=authenticator(), **extra) as (
+            nursery,
+            port,
+        ):
+            with trio.fail_after(TIMEOUT):
+                silent: list[trio.abc.Stream] = []
+                for _ in range(20):
+                    stream: trio.abc.Stream = await trio.open_tcp_stream("127.0.0.1", port)
+                    if context is not None:
+                        stream = trio.SSLStream(stream, context, server_hostname="localhost")
+                        await stream.do_handshake()
+                    silent.append(stream)
+                conn, _ = await connect_tcp(
+                    "127.0.0.1",
+                    port,
+                    BrokerFrame,
+                    nursery,
+                    tls=context,
+                    server_hostname="localhost" if tls else None,
+                    authentication=AuthenticationToken(create_token("ok", KEY)),
+                )
+                assert (await conn.request("lookup", {"topic": "t"}))["topic"] == "t"
+                for stream in silent:
+                    try:
+                        assert await stream.receive_some(1024) == b""
+                    except trio.BrokenResourceError:
+                        pass  # a TLS stream may end without close_notify
+                    await trio.aclose_forcefully(stream)
+                # the authenticated connection outlived the deadline
+                assert (await conn.request("lookup", {"topic": "u"}))["topic"] == "u"
+
+    with caplog.at_level(logging.WARNING, logger="pigeon"):
+        trio.run(main)
+    assert "no 'connect' within 0.5s" in caplog.text

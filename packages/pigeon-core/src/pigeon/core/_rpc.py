@@ -309,6 +309,18 @@ async def _starts_with_tls(stream: trio.abc.Stream) -> bool:
 
 #: how long a new connection on a TLS port may stay silent before we start the handshake
 HANDSHAKE_PEEK_S = 10.0
+#: how long an accepted connection (after its TLS handshake) may take to say ``connect``
+#: before it is closed: a peer that never does would otherwise hold its socket forever
+CONNECT_DEADLINE_S = 30.0
+
+
+async def _connect_deadline(conn: Connection, handler: _HandshakeHandler) -> None:
+    """Close ``conn`` if it has not said ``connect`` within :data:`CONNECT_DEADLINE_S`."""
+    await trio.sleep(CONNECT_DEADLINE_S)
+    if not handler.done and not conn.closed:
+        exc = ProtocolError(f"no 'connect' within {CONNECT_DEADLINE_S:g}s: connection closed")
+        log.warning("handshake refused conn=%s error=%s", conn.name, exc.message)
+        conn.abort(exc)
 
 
 def listen_error(exc: OSError, what: str, host: str, port: int) -> ConfigError:
@@ -390,7 +402,10 @@ async def serve_tcp(
             serving=True,
         )
         try:
-            await conn.run()
+            async with trio.open_nursery() as watch:
+                watch.start_soon(_connect_deadline, conn, handler)
+                await conn.run()
+                watch.cancel_scope.cancel()
         except Exception:
             log.exception("connection failed conn=%s", name)
 
