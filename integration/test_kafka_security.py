@@ -562,3 +562,25 @@ def test_a_role_without_group_rights_may_not_see_or_disturb_other_groups(
         assert group.encode() in _read_frame(admin)
         admin.sendall(_request(15, 0, 10, DescribeGroupsRequest(groups=(group,))))
         assert member_id.encode() in _read_frame(admin)
+
+
+def test_large_requests_before_authentication_are_refused_at_once(
+    sasl_plaintext: Standalone, security: Security
+) -> None:
+    """Before SASL completes a request may be at most 512 KiB (Kafka's
+    sasl.server.max.receive.size): a peer announcing 50 MiB is cut off at once instead
+    of having a 50 MiB buffer allocated for it; authenticated clients send large ones."""
+    import socket
+
+    host, port = sasl_plaintext.kafka_bootstrap.split(":")
+    for size in (50 * 1024 * 1024, 600 * 1024):
+        with socket.create_connection((host, int(port)), timeout=FAIL_S) as sock:
+            sock.sendall(size.to_bytes(4, "big") + b"\0\x12\0\0" + b"x" * 1024)
+            with pytest.raises(ConnectionError):
+                _read_frame(sock)
+    assert "bytes before the client authenticated" in sasl_plaintext.log_text()
+    topic = topic_name()
+    conf = security.confluent("SASL_PLAINTEXT", security.token("admin"))
+    value = b"v" * (700 * 1024)
+    reports = kafka_produce(sasl_plaintext.kafka_bootstrap, topic, [{"value": value}], **conf)
+    assert [m.offset() for m in reports] == [0]

@@ -85,6 +85,9 @@ _I32 = struct.Struct(">i")
 MAX_IN_FLIGHT = 64
 #: a request larger than this is a client on the wrong port or garbage
 MAX_REQUEST_SIZE = 100 * 1024 * 1024
+#: the largest request of a client that has not authenticated yet (Kafka's
+#: ``sasl.server.max.receive.size``): an unauthenticated peer ties up no large buffers
+MAX_UNAUTHENTICATED_REQUEST_SIZE = 512 * 1024
 #: how much of a connection's first bytes are looked at to tell another protocol
 SNIFF_BYTES = 64 * 1024
 #: a request that stops arriving part way for this long closes its connection (a client
@@ -133,6 +136,12 @@ class KafkaConnection:
     grants: dict[tuple[str, str, str], tuple[float, bool]] = field(default_factory=dict)
     #: denials already logged
     denied: set[tuple[str, str, str]] = field(default_factory=set)
+
+    @property
+    def authenticated(self) -> bool:
+        """Has the client authenticated (or need it not)?  Until then its requests are
+        small (:data:`MAX_UNAUTHENTICATED_REQUEST_SIZE`)."""
+        return not self.unauthenticated and (self.sasl is None or self.sasl.authenticated)
 
     def close(self) -> None:
         self.closed = True
@@ -799,6 +808,11 @@ async def _frames(conn: KafkaConnection) -> Any:
                         f"a request of {size} bytes is {what}, not the Kafka protocol"
                         f" (first bytes {head[:16]!r})"
                     )
+            if size > MAX_UNAUTHENTICATED_REQUEST_SIZE and not conn.authenticated:
+                raise MalformedRequest(
+                    f"a request of {size} bytes before the client authenticated (at most"
+                    f" {MAX_UNAUTHENTICATED_REQUEST_SIZE})"
+                )
             if end - start >= 4 + size:
                 first = False
                 yield buf[start + 4 : start + 4 + size]
