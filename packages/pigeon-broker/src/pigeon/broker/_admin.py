@@ -59,7 +59,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pigeon.broker import _admin_ops as ops
-from pigeon.broker._admin_auth import authorize_request
+from pigeon.broker._admin_auth import authorize_request, identified
 from pigeon.broker._admin_errors import error_body, error_location, http_status, json_safe
 from pigeon.broker._admin_models import (
     ERRORS,
@@ -233,9 +233,13 @@ def _cluster_routes(api: APIRouter, app: FastAPI) -> None:
         tags=["cluster"],
         responses={503: {"model": Health, "description": "The cluster is unhealthy."}},
     )
-    async def cluster_health() -> Any:
-        """Metadata store reachable, enough writable bookies, broker serving."""
+    async def cluster_health(request: Request) -> Any:
+        """Metadata store reachable, enough writable bookies, broker serving (only
+        whether each check passed, to a caller without credentials when authentication
+        is on)."""
         health = await ops.cluster_health(service, app.state.http_url)
+        if not identified(service, request):
+            health = ops.anonymous_health(health)
         if health["status"] == "unhealthy":
             return JSONResponse(jsonable_encoder(health), status_code=503)
         return health
