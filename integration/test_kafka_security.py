@@ -584,3 +584,67 @@ def test_large_requests_before_authentication_are_refused_at_once(
     value = b"v" * (700 * 1024)
     reports = kafka_produce(sasl_plaintext.kafka_bootstrap, topic, [{"value": value}], **conf)
     assert [m.offset() for m in reports] == [0]
+
+
+def test_fetching_all_committed_offsets_leaves_out_topics_the_role_may_not_read(
+    sasl_plaintext: Standalone, security: Security
+) -> None:
+    """OffsetFetch without topics answers the group's committed topics the role may
+    consume, not the names of the others (as Kafka leaves out unauthorized topics)."""
+    import datetime
+    import json
+    import urllib.request
+
+    from kio.schema.offset_commit.v2.request import (
+        OffsetCommitRequest,
+        OffsetCommitRequestPartition,
+        OffsetCommitRequestTopic,
+    )
+    from kio.schema.offset_fetch.v2.request import OffsetFetchRequest
+
+    readable, secret = topic_name("readable"), topic_name("secret")
+    conf = security.confluent("SASL_PLAINTEXT", security.token("admin"))
+    for topic in (readable, secret):
+        kafka_produce(sasl_plaintext.kafka_bootstrap, topic, [{"value": b"v"}], **conf)
+    group = f"shared-{readable}"
+    commit = OffsetCommitRequest(
+        group_id=group,
+        generation_id_or_member_epoch=-1,
+        member_id="",
+        retention_time=datetime.timedelta(milliseconds=-1),
+        topics=tuple(
+            OffsetCommitRequestTopic(
+                name=topic,
+                partitions=(
+                    OffsetCommitRequestPartition(
+                        partition_index=0, committed_offset=1, committed_metadata=""
+                    ),
+                ),
+            )
+            for topic in (readable, secret)
+        ),
+    )
+    with _authenticated(sasl_plaintext.kafka_bootstrap, security.token("admin")) as admin:
+        admin.sendall(_request(8, 2, 3, commit))
+        # each topic: one partition (count 1), index 0, error 0
+        assert _read_frame(admin).count(b"\0\0\0\x01" + b"\0" * 6) == 2
+    url = (
+        f"http://127.0.0.1:{sasl_plaintext.http_port}/admin/v2/topics/persistent/public/"
+        f"default/{readable}/permissions/reader"
+    )
+    grant = urllib.request.Request(
+        url,
+        data=json.dumps(["consume"]).encode(),
+        method="POST",
+        headers={
+            "Authorization": f"Bearer {security.token('admin')}",
+            "Content-Type": "application/json",
+        },
+    )
+    with urllib.request.urlopen(grant, timeout=FAIL_S) as answer:
+        assert answer.status == 204
+    with _authenticated(sasl_plaintext.kafka_bootstrap, security.token("reader")) as reader:
+        reader.sendall(_request(9, 2, 4, OffsetFetchRequest(group_id=group, topics=None)))
+        fetched = _read_frame(reader)
+    assert readable.encode() in fetched
+    assert secret.encode() not in fetched
