@@ -497,3 +497,36 @@ def test_a_peer_that_never_says_connect_is_closed(
     with caplog.at_level(logging.WARNING, logger="pigeon"):
         trio.run(main)
     assert "no 'connect' within 0.5s" in caplog.text
+
+
+def test_frames_before_connect_are_small(caplog: pytest.LogCaptureFixture) -> None:
+    """Before ``connect`` a peer may announce no frame larger than 64 KiB (no 5 MiB
+    buffer for an unauthenticated peer); after it, frames up to max_frame_size pass."""
+    import struct
+
+    async def main() -> None:
+        async with secure_server(LookupService(), authenticator=authenticator()) as (
+            nursery,
+            port,
+        ):
+            with trio.fail_after(TIMEOUT):
+                stream = await trio.open_tcp_stream("127.0.0.1", port)
+                await stream.send_all(struct.pack("<I", 4 * 1024 * 1024) + b"\0" * 1024)
+                answer = b""
+                while chunk := await stream.receive_some(65536):
+                    answer += chunk
+                assert b"exceeds max_frame_size 65536" in answer
+                await stream.aclose()
+                conn, _ = await connect_tcp(
+                    "127.0.0.1",
+                    port,
+                    BrokerFrame,
+                    nursery,
+                    authentication=AuthenticationToken(create_token("ok", KEY)),
+                )
+                big = "t" * (256 * 1024)
+                assert (await conn.request("lookup", {"topic": big}))["topic"] == big
+
+    with caplog.at_level(logging.WARNING, logger="pigeon"):
+        trio.run(main)
+    assert "exceeds max_frame_size 65536" in caplog.text
