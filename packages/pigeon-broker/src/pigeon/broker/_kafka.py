@@ -88,6 +88,9 @@ MAX_REQUEST_SIZE = 100 * 1024 * 1024
 #: the largest request of a client that has not authenticated yet (Kafka's
 #: ``sasl.server.max.receive.size``): an unauthenticated peer ties up no large buffers
 MAX_UNAUTHENTICATED_REQUEST_SIZE = 512 * 1024
+#: a connection that has not authenticated this long after it was accepted (and its
+#: TLS handshake) is closed: an unauthenticated peer holds no socket for long
+AUTHENTICATION_DEADLINE_S = 30.0
 #: how much of a connection's first bytes are looked at to tell another protocol
 SNIFF_BYTES = 64 * 1024
 #: a request that stops arriving part way for this long closes its connection (a client
@@ -348,6 +351,8 @@ class KafkaFrontDoor:
         try:
             async with trio.open_nursery() as nursery:
                 conn.nursery = nursery
+                if not conn.authenticated:
+                    nursery.start_soon(_authentication_deadline, conn, nursery.cancel_scope)
                 await self._serve(conn)
                 nursery.cancel_scope.cancel()
         except* (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -843,6 +848,19 @@ async def _frames(conn: KafkaConnection) -> Any:
             if not n:
                 return
             end = n
+
+
+async def _authentication_deadline(conn: KafkaConnection, scope: trio.CancelScope) -> None:
+    """Close ``conn`` (cancel ``scope``) unless it authenticated within
+    :data:`AUTHENTICATION_DEADLINE_S`."""
+    await trio.sleep(AUTHENTICATION_DEADLINE_S)
+    if not conn.authenticated:
+        log.warning(
+            "kafka connection closed conn=%s: not authenticated within %gs",
+            conn.name,
+            AUTHENTICATION_DEADLINE_S,
+        )
+        scope.cancel()
 
 
 async def _recv_partial(
