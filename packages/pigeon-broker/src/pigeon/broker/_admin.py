@@ -94,6 +94,7 @@ from pigeon.broker._admin_models import (
     TopicStats,
     Unloaded,
 )
+from pigeon.broker._authz import topic_key
 from pigeon.broker._metrics import CONTENT_TYPE, BrokerMonitor
 from pigeon.broker._service import BrokerService
 from pigeon.core import TopicName
@@ -414,7 +415,7 @@ def _topic_permission_routes(
         """Roles and their actions on the topic: its own grants and the namespace's."""
         policies = await service.policies.load(name.namespace_name)
         out = {r: set(a) for r, a in policies.permissions.items()}
-        for r, a in policies.topic_permissions.get(name.base.local, {}).items():
+        for r, a in policies.topic_permissions.get(topic_key(name), {}).items():
             out.setdefault(r, set()).update(a)
         return {r: sorted(a) for r, a in sorted(out.items())}
 

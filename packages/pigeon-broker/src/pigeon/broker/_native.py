@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from pigeon.broker._authz import topic_key
 from pigeon.broker._subscription import Consumer
 from pigeon.broker._topic import Producer
 from pigeon.broker._topic_protocol import SeekTarget
@@ -349,7 +350,7 @@ class NativeProtocol:
             await self._authorize(conn, check())
             topics = await self.core.list_topics(namespace)
             if visible is not None:
-                topics = [t for t in topics if TopicName.parse(t).base.local in visible]
+                topics = [t for t in topics if topic_key(TopicName.parse(t)) in visible]
             conn.respond(req.request_id, "topicList", {"topics": topics})
 
         self._spawn(conn, req.request_id, list_)
