@@ -648,3 +648,24 @@ def test_fetching_all_committed_offsets_leaves_out_topics_the_role_may_not_read(
         fetched = _read_frame(reader)
     assert readable.encode() in fetched
     assert secret.encode() not in fetched
+
+
+def test_init_producer_id_needs_a_produce_right_somewhere(
+    sasl_plaintext: Standalone, security: Security
+) -> None:
+    """InitProducerId (Kafka's IDEMPOTENT_WRITE) is CLUSTER_AUTHORIZATION_FAILED for a
+    role that may produce nowhere: it could otherwise bump (fence) another producer's
+    epoch."""
+    import datetime
+
+    from kio.schema.init_producer_id.v0.request import InitProducerIdRequest
+
+    request = InitProducerIdRequest(
+        transactional_id=None, transaction_timeout=datetime.timedelta(seconds=60)
+    )
+    with _authenticated(sasl_plaintext.kafka_bootstrap, security.token("nobody")) as nobody:
+        nobody.sendall(_request(22, 0, 3, request))
+        assert _read_frame(nobody)[8:10] == (31).to_bytes(2, "big")
+    with _authenticated(sasl_plaintext.kafka_bootstrap, security.token("admin")) as admin:
+        admin.sendall(_request(22, 0, 3, request))
+        assert _read_frame(admin)[8:10] == b"\0\0"

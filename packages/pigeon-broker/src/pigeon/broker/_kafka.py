@@ -573,6 +573,9 @@ class KafkaFrontDoor:
         if action == "group":
             await self._check_group(role, subscription)
             return
+        if action == "idempotent":
+            await self._check_anywhere(role, "produce", "get a producer id")
+            return
         if action == "admin":
             await authz.check_tenant_admin(
                 role, self.config.namespace.partition("/")[0], "create or delete Kafka topics"
@@ -593,33 +596,39 @@ class KafkaFrontDoor:
         else:
             raise AssertionError(f"unknown Kafka authorization action {action!r}")
 
-    async def _check_group(self, role: str | None, subscription: str) -> None:
-        """Use a consumer group: an authenticated role that may consume in the Kafka
-        namespace (somewhere), whose name prefixes the group's subscription under
-        ``subscription_auth_mode = "prefix"``."""
+    async def _check_anywhere(self, role: str | None, action: str, what: str) -> Any:
+        """``role`` may ``action`` (produce or consume) on some topic of the Kafka
+        namespace (or is a tenant admin there), so may ``what`` (words); the namespace's
+        policies (None: a tenant admin, or none stored)."""
         authz = self.core.authorization
         tenant = self.config.namespace.partition("/")[0]
         if not authz.enabled or await authz.is_tenant_admin(role, tenant):
-            return
+            return None
         if role is None:
-            raise AuthorizationError("an unauthenticated client may not use consumer groups")
+            raise AuthorizationError(f"an unauthenticated client may not {what}")
         try:
             policies = await authz.policies.get(self.config.namespace)
         except NoSuchNode:
             policies = None
         granted = policies is not None and (
-            "consume" in policies.permissions.get(role, ())
-            or any(
-                "consume" in roles.get(role, ()) for roles in policies.topic_permissions.values()
-            )
+            action in policies.permissions.get(role, ())
+            or any(action in roles.get(role, ()) for roles in policies.topic_permissions.values())
         )
         if not granted:
             raise AuthorizationError(
-                f"role {role!r} may not consume in {self.config.namespace}, so may not use"
-                " consumer groups there"
+                f"role {role!r} may not {action} in {self.config.namespace}, so may not {what}"
+                " there"
             )
+        return policies
+
+    async def _check_group(self, role: str | None, subscription: str) -> None:
+        """Use a consumer group: an authenticated role that may consume in the Kafka
+        namespace (somewhere), whose name prefixes the group's subscription under
+        ``subscription_auth_mode = "prefix"``."""
+        policies = await self._check_anywhere(role, "consume", "use consumer groups")
         if (
-            policies is not None
+            role is not None
+            and policies is not None
             and policies.subscription_auth_mode == "prefix"
             and not subscription.startswith(role)
         ):
