@@ -674,3 +674,173 @@ def test_granted_role_produces_then_consumes_then_is_revoked(
     log = sasl_ssl.log_text()
     # denials are logged naming the role and the action (its metadata requests too)
     assert f"role={role} action=lookup" in log and f"role={role} action=group" in log
+
+
+def test_a_role_without_group_rights_may_not_see_or_disturb_other_groups(
+    sasl_plaintext: Standalone, security: Security
+) -> None:
+    """DescribeGroups, ListGroups, Heartbeat and LeaveGroup need the group right: a role
+    without it neither learns another role's members (client ids, hosts, assignments)
+    nor removes them from their group."""
+    import datetime
+    import uuid
+
+    from kio.schema.describe_groups.v0.request import DescribeGroupsRequest
+    from kio.schema.heartbeat.v0.request import HeartbeatRequest
+    from kio.schema.join_group.v0.request import JoinGroupRequest, JoinGroupRequestProtocol
+    from kio.schema.leave_group.v0.request import LeaveGroupRequest
+    from kio.schema.list_groups.v0.request import ListGroupsRequest
+
+    group = f"admin-{uuid.uuid4().hex[:8]}"
+    bootstrap = sasl_plaintext.kafka_bootstrap
+    with _authenticated(bootstrap, security.token("admin")) as admin:
+        admin.sendall(
+            _request(
+                11,
+                0,
+                3,
+                JoinGroupRequest(
+                    group_id=group,
+                    session_timeout=datetime.timedelta(seconds=30),
+                    member_id="",
+                    protocol_type="consumer",
+                    protocols=(JoinGroupRequestProtocol(name="range", metadata=b""),),
+                ),
+            )
+        )
+        joined = _read_frame(admin)
+        assert joined[4:6] == b"\0\0", joined
+        at = 10  # correlation id, error code, generation id
+        for _ in range(3):  # protocol name, leader, member id
+            length = int.from_bytes(joined[at : at + 2], "big")
+            member_id = joined[at + 2 : at + 2 + length].decode()
+            at += 2 + length
+        generation = int.from_bytes(joined[6:10], "big")
+        assert member_id
+        with _authenticated(bootstrap, security.token("nobody")) as nobody:
+            nobody.sendall(_request(15, 0, 4, DescribeGroupsRequest(groups=(group,))))
+            described = _read_frame(nobody)
+            assert described[8:10] == (30).to_bytes(2, "big")  # GROUP_AUTHORIZATION_FAILED
+            assert member_id.encode() not in described
+            nobody.sendall(_request(16, 0, 5, ListGroupsRequest()))
+            assert group.encode() not in _read_frame(nobody)
+            beat = HeartbeatRequest(group_id=group, generation_id=generation, member_id=member_id)
+            nobody.sendall(_request(12, 0, 6, beat))
+            assert _read_frame(nobody)[4:6] == (30).to_bytes(2, "big")
+            nobody.sendall(
+                _request(13, 0, 7, LeaveGroupRequest(group_id=group, member_id=member_id))
+            )
+            assert _read_frame(nobody)[4:6] == (30).to_bytes(2, "big")
+        admin.sendall(_request(12, 0, 8, beat))
+        assert _read_frame(admin)[4:6] == b"\0\0"  # still a member
+        admin.sendall(_request(16, 0, 9, ListGroupsRequest()))
+        assert group.encode() in _read_frame(admin)
+        admin.sendall(_request(15, 0, 10, DescribeGroupsRequest(groups=(group,))))
+        assert member_id.encode() in _read_frame(admin)
+
+
+def test_large_requests_before_authentication_are_refused_at_once(
+    sasl_plaintext: Standalone, security: Security
+) -> None:
+    """Before SASL completes a request may be at most 512 KiB (Kafka's
+    sasl.server.max.receive.size): a peer announcing 50 MiB is cut off at once instead
+    of having a 50 MiB buffer allocated for it; authenticated clients send large ones."""
+    import socket
+
+    host, port = sasl_plaintext.kafka_bootstrap.split(":")
+    for size in (50 * 1024 * 1024, 600 * 1024):
+        with socket.create_connection((host, int(port)), timeout=FAIL_S) as sock:
+            sock.sendall(size.to_bytes(4, "big") + b"\0\x12\0\0" + b"x" * 1024)
+            with pytest.raises(ConnectionError):
+                _read_frame(sock)
+    assert "bytes before the client authenticated" in sasl_plaintext.log_text()
+    topic = topic_name()
+    conf = security.confluent("SASL_PLAINTEXT", security.token("admin"))
+    value = b"v" * (700 * 1024)
+    reports = kafka_produce(sasl_plaintext.kafka_bootstrap, topic, [{"value": value}], **conf)
+    assert [m.offset() for m in reports] == [0]
+
+
+def test_fetching_all_committed_offsets_leaves_out_topics_the_role_may_not_read(
+    sasl_plaintext: Standalone, security: Security
+) -> None:
+    """OffsetFetch without topics answers the group's committed topics the role may
+    consume, not the names of the others (as Kafka leaves out unauthorized topics)."""
+    import datetime
+    import json
+    import urllib.request
+
+    from kio.schema.offset_commit.v2.request import (
+        OffsetCommitRequest,
+        OffsetCommitRequestPartition,
+        OffsetCommitRequestTopic,
+    )
+    from kio.schema.offset_fetch.v2.request import OffsetFetchRequest
+
+    readable, secret = topic_name("readable"), topic_name("secret")
+    conf = security.confluent("SASL_PLAINTEXT", security.token("admin"))
+    for topic in (readable, secret):
+        kafka_produce(sasl_plaintext.kafka_bootstrap, topic, [{"value": b"v"}], **conf)
+    group = f"shared-{readable}"
+    commit = OffsetCommitRequest(
+        group_id=group,
+        generation_id_or_member_epoch=-1,
+        member_id="",
+        retention_time=datetime.timedelta(milliseconds=-1),
+        topics=tuple(
+            OffsetCommitRequestTopic(
+                name=topic,
+                partitions=(
+                    OffsetCommitRequestPartition(
+                        partition_index=0, committed_offset=1, committed_metadata=""
+                    ),
+                ),
+            )
+            for topic in (readable, secret)
+        ),
+    )
+    with _authenticated(sasl_plaintext.kafka_bootstrap, security.token("admin")) as admin:
+        admin.sendall(_request(8, 2, 3, commit))
+        # each topic: one partition (count 1), index 0, error 0
+        assert _read_frame(admin).count(b"\0\0\0\x01" + b"\0" * 6) == 2
+    url = (
+        f"http://127.0.0.1:{sasl_plaintext.http_port}/admin/v2/topics/persistent/public/"
+        f"default/{readable}/permissions/reader"
+    )
+    grant = urllib.request.Request(
+        url,
+        data=json.dumps(["consume"]).encode(),
+        method="POST",
+        headers={
+            "Authorization": f"Bearer {security.token('admin')}",
+            "Content-Type": "application/json",
+        },
+    )
+    with urllib.request.urlopen(grant, timeout=FAIL_S) as answer:
+        assert answer.status == 204
+    with _authenticated(sasl_plaintext.kafka_bootstrap, security.token("reader")) as reader:
+        reader.sendall(_request(9, 2, 4, OffsetFetchRequest(group_id=group, topics=None)))
+        fetched = _read_frame(reader)
+    assert readable.encode() in fetched
+    assert secret.encode() not in fetched
+
+
+def test_init_producer_id_needs_a_produce_right_somewhere(
+    sasl_plaintext: Standalone, security: Security
+) -> None:
+    """InitProducerId (Kafka's IDEMPOTENT_WRITE) is CLUSTER_AUTHORIZATION_FAILED for a
+    role that may produce nowhere: it could otherwise bump (fence) another producer's
+    epoch."""
+    import datetime
+
+    from kio.schema.init_producer_id.v0.request import InitProducerIdRequest
+
+    request = InitProducerIdRequest(
+        transactional_id=None, transaction_timeout=datetime.timedelta(seconds=60)
+    )
+    with _authenticated(sasl_plaintext.kafka_bootstrap, security.token("nobody")) as nobody:
+        nobody.sendall(_request(22, 0, 3, request))
+        assert _read_frame(nobody)[8:10] == (31).to_bytes(2, "big")
+    with _authenticated(sasl_plaintext.kafka_bootstrap, security.token("admin")) as admin:
+        admin.sendall(_request(22, 0, 3, request))
+        assert _read_frame(admin)[8:10] == b"\0\0"

@@ -306,3 +306,63 @@ async def test_mutual_tls_roles_are_the_certificates_common_names(
         # sees the connection end; pigeon.core does not name the alert yet)
         with pytest.raises((TlsError, ConnectionClosed)):
             await anonymous.read_entries(addr, 1, 0, 0)
+
+
+async def test_requests_pipelined_behind_a_non_superuser_connect_are_refused(
+    tmp_path: Path, sec: SecurityFiles
+) -> None:
+    """An application's valid token with reads and writes sent in the same packet as
+    its connect (before the refusal could land): every one is refused, nothing stored
+    or read."""
+    from pigeon.core._framing import FrameDecoder, build_message, encode_frame
+    from pigeon.core._schema import PROTOCOL_VERSION, BookieFrame, frame_name
+
+    def frame(kind: str, fields: Any, request_id: int) -> bytes:
+        return b"".join(
+            bytes(p) for p in encode_frame(build_message(BookieFrame, request_id, kind, fields))
+        )
+
+    async with (
+        secure_bookie(tmp_path, sec) as (_server, addr),
+        client_of(
+            tls=sec.client_tls_context(), authentication=AuthenticationToken(sec.token(NODE_ROLE))
+        ) as node,
+    ):
+        await node.add_entry(addr, 1, 0, -1, payload(1, 0))
+        host, port = addr.rsplit(":", 1)
+        stream = trio.SSLStream(
+            await trio.open_tcp_stream(host, int(port)),
+            sec.client_tls_context(),
+            server_hostname=host,
+        )
+        connect = {
+            "protocolVersion": PROTOCOL_VERSION,
+            "clientName": "app",
+            "frameType": frame_name(BookieFrame),
+            "authMethod": "token",
+            "authData": sec.token("app").encode(),
+        }
+        read = {"segmentId": 1, "firstEntryId": 0, "lastEntryId": 0}
+        await stream.send_all(
+            frame("connect", connect, 1)
+            + frame("readEntries", read, 2)
+            + frame("addEntry", {"segmentId": 2, "entryId": 0, "lac": -1}, 3)
+            + frame("deleteSegment", {"segmentId": 1}, 4)
+        )
+        decoder, answers = FrameDecoder(), []
+        with trio.fail_after(TIMEOUT):
+            while len(answers) < 4:
+                data = await stream.receive_some(65536)
+                assert data, f"closed after {answers}"
+                decoder.feed(data)
+                for raw in decoder.frames():
+                    with BookieFrame.from_bytes(bytes(raw)) as msg:
+                        kind = msg.which()
+                        text = str(msg.error.message) if kind == "error" else ""
+                        answers.append((msg.requestId, kind, text))
+        await trio.aclose_forcefully(stream)
+        assert answers[0][:2] == (1, "connected")
+        for request_id, kind, text in answers[1:]:
+            assert kind == "error" and "may not use a bookie" in text, (request_id, kind)
+        got = await node.read_entries(addr, 1, 0, 0)
+        assert [bytes(d) for _, d in got] == [payload(1, 0)]

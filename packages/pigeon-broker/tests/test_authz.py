@@ -102,6 +102,20 @@ async def test_topic_grants_cover_the_topic_and_its_partitions_only(
         await authz.revoke_topic(T_A, "reader")
 
 
+async def test_a_topic_grant_is_no_grant_on_the_other_domains_topic_of_that_name(
+    authz: Authorization,
+) -> None:
+    volatile = TopicName.parse("non-persistent://acme/orders/t")
+    await authz.grant_topic(T_A, "reader", ["consume"])
+    await denied(authz.check_consume("reader", volatile, "s"), "non-persistent://acme/orders/t")
+    await authz.grant_topic(volatile, "pusher", ["produce"])
+    await authz.check_produce("pusher", volatile.partition(1))
+    await denied(authz.check_produce("pusher", T_A), "persistent://acme/orders/t")
+    await authz.revoke_topic(volatile, "pusher")
+    await denied(authz.check_produce("pusher", volatile))
+    await authz.check_consume("reader", T_A, "s")
+
+
 async def test_subscription_prefix_mode(authz: Authorization) -> None:
     await authz.grant("acme/orders", "billing", ["consume"])
     await authz.check_consume("billing", T_A, "anything")

@@ -445,3 +445,88 @@ def test_fuzzed_credentials_are_refused_as_authentication_errors(method: str, da
     auth = Authenticator([TokenAuthenticationProvider(KEY), TlsAuthenticationProvider()])
     with pytest.raises(AuthenticationError):
         auth.authenticate(AuthData(method, data))
+
+
+@pytest.mark.parametrize("tls", [False, True])
+def test_a_peer_that_never_says_connect_is_closed(
+    certs: Certificates,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    tls: bool,
+) -> None:
+    """Slowloris: sockets opened (and TLS-handshaken) without a ``connect`` are closed
+    after the deadline, and other clients are served meanwhile."""
+    import pigeon.core._rpc as rpc
+
+    monkeypatch.setattr(rpc, "CONNECT_DEADLINE_S", 0.5)
+    context = client_context(trust_certs_file=certs.ca) if tls else None
+    extra: dict[str, Any] = {"tls": server_tls(certs)} if tls else {}
+
+    async def main() -> None:
+        async with secure_server(LookupService(), authenticator=authenticator(), **extra) as (
+            nursery,
+            port,
+        ):
+            with trio.fail_after(TIMEOUT):
+                silent: list[trio.abc.Stream] = []
+                for _ in range(20):
+                    stream: trio.abc.Stream = await trio.open_tcp_stream("127.0.0.1", port)
+                    if context is not None:
+                        stream = trio.SSLStream(stream, context, server_hostname="localhost")
+                        await stream.do_handshake()
+                    silent.append(stream)
+                conn, _ = await connect_tcp(
+                    "127.0.0.1",
+                    port,
+                    BrokerFrame,
+                    nursery,
+                    tls=context,
+                    server_hostname="localhost" if tls else None,
+                    authentication=AuthenticationToken(create_token("ok", KEY)),
+                )
+                assert (await conn.request("lookup", {"topic": "t"}))["topic"] == "t"
+                for stream in silent:
+                    try:
+                        assert await stream.receive_some(1024) == b""
+                    except trio.BrokenResourceError:
+                        pass  # a TLS stream may end without close_notify
+                    await trio.aclose_forcefully(stream)
+                # the authenticated connection outlived the deadline
+                assert (await conn.request("lookup", {"topic": "u"}))["topic"] == "u"
+
+    with caplog.at_level(logging.WARNING, logger="pigeon"):
+        trio.run(main)
+    assert "no 'connect' within 0.5s" in caplog.text
+
+
+def test_frames_before_connect_are_small(caplog: pytest.LogCaptureFixture) -> None:
+    """Before ``connect`` a peer may announce no frame larger than 64 KiB (no 5 MiB
+    buffer for an unauthenticated peer); after it, frames up to max_frame_size pass."""
+    import struct
+
+    async def main() -> None:
+        async with secure_server(LookupService(), authenticator=authenticator()) as (
+            nursery,
+            port,
+        ):
+            with trio.fail_after(TIMEOUT):
+                stream = await trio.open_tcp_stream("127.0.0.1", port)
+                await stream.send_all(struct.pack("<I", 4 * 1024 * 1024) + b"\0" * 1024)
+                answer = b""
+                while chunk := await stream.receive_some(65536):
+                    answer += chunk
+                assert b"exceeds max_frame_size 65536" in answer
+                await stream.aclose()
+                conn, _ = await connect_tcp(
+                    "127.0.0.1",
+                    port,
+                    BrokerFrame,
+                    nursery,
+                    authentication=AuthenticationToken(create_token("ok", KEY)),
+                )
+                big = "t" * (256 * 1024)
+                assert (await conn.request("lookup", {"topic": big}))["topic"] == big
+
+    with caplog.at_level(logging.WARNING, logger="pigeon"):
+        trio.run(main)
+    assert "exceeds max_frame_size 65536" in caplog.text

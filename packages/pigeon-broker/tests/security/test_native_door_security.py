@@ -501,3 +501,19 @@ def test_the_token_provider_reports_when_a_token_expires() -> None:
     assert expires is not None
     assert time.time() + 50 < expires <= time.time() + 61
     assert authenticator.expires_at(lasting) is None
+
+
+async def test_a_role_with_topic_grants_only_lists_those_topics(secured: Secured) -> None:
+    """listTopics shows a role granted single topics only those (it could not look up
+    the others either); a namespace-wide grant shows every topic."""
+    admin = await secured.connect()
+    other = TOPIC + "-other"
+    for topic in (TOPIC, other):
+        await admin.request("createTopic", {"topic": topic, "partitions": 0}, expect="ok")
+    await secured.service.authorization.grant_topic(TopicName.parse(TOPIC), "app", ["consume"])
+    conn = await secured.connect("app")
+    listed = await conn.request("listTopics", {"namespace": "public/default"}, expect="topicList")
+    assert list(listed["topics"]) == [TOPIC]
+    await secured.service.authorization.grant("public/default", "app", ["consume"])
+    listed = await conn.request("listTopics", {"namespace": "public/default"}, expect="topicList")
+    assert {TOPIC, other} <= set(listed["topics"])

@@ -133,6 +133,23 @@ def test_health_openapi_and_dashboard_stay_open(secure_admin: SecureAdminStandal
     assert status == 200 and "login" in html.lower()
 
 
+def test_the_open_health_probe_tells_an_anonymous_caller_only_the_status(
+    secure_admin: SecureAdminStandalone,
+) -> None:
+    """Without credentials the probe answers status and pass/fail per check, not what
+    the superuser-only routes guard (broker addresses, process ids, load)."""
+    s = secure_admin
+    for headers in ({}, {"Authorization": "Bearer garbage"}):
+        status, body, _ = s.http_call("GET", f"{API}/cluster/health", headers=headers)
+        assert status in (200, 503)
+        assert body["status"] in ("ok", "degraded", "unhealthy")
+        assert body["brokers"] == [] and body["topics"] is None and body["connections"] is None
+        assert all(set(check) == {"ok"} for check in body["checks"].values())
+    status, full, _ = s.http_call("GET", f"{API}/cluster/health", role="carol")
+    assert status in (200, 503)
+    assert full["brokers"][0]["service_url"] and isinstance(full["connections"], int)
+
+
 def test_metrics_need_authentication(secure_admin: SecureAdminStandalone) -> None:
     s = secure_admin
     status, _, rh = s.http_call("GET", "/metrics")

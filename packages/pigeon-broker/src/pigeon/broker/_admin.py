@@ -59,7 +59,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pigeon.broker import _admin_ops as ops
-from pigeon.broker._admin_auth import authorize_request
+from pigeon.broker._admin_auth import authorize_request, identified
 from pigeon.broker._admin_errors import error_body, error_location, http_status, json_safe
 from pigeon.broker._admin_models import (
     ERRORS,
@@ -94,6 +94,7 @@ from pigeon.broker._admin_models import (
     TopicStats,
     Unloaded,
 )
+from pigeon.broker._authz import topic_key
 from pigeon.broker._metrics import CONTENT_TYPE, BrokerMonitor
 from pigeon.broker._service import BrokerService
 from pigeon.core import TopicName
@@ -233,9 +234,13 @@ def _cluster_routes(api: APIRouter, app: FastAPI) -> None:
         tags=["cluster"],
         responses={503: {"model": Health, "description": "The cluster is unhealthy."}},
     )
-    async def cluster_health() -> Any:
-        """Metadata store reachable, enough writable bookies, broker serving."""
+    async def cluster_health(request: Request) -> Any:
+        """Metadata store reachable, enough writable bookies, broker serving (only
+        whether each check passed, to a caller without credentials when authentication
+        is on)."""
         health = await ops.cluster_health(service, app.state.http_url)
+        if not identified(service, request):
+            health = ops.anonymous_health(health)
         if health["status"] == "unhealthy":
             return JSONResponse(jsonable_encoder(health), status_code=503)
         return health
@@ -410,7 +415,7 @@ def _topic_permission_routes(
         """Roles and their actions on the topic: its own grants and the namespace's."""
         policies = await service.policies.load(name.namespace_name)
         out = {r: set(a) for r, a in policies.permissions.items()}
-        for r, a in policies.topic_permissions.get(name.base.local, {}).items():
+        for r, a in policies.topic_permissions.get(topic_key(name), {}).items():
             out.setdefault(r, set()).update(a)
         return {r: sorted(a) for r, a in sorted(out.items())}
 

@@ -4,7 +4,9 @@ authorization (superuser or tenant admin) of the admin HTTP API.
 Every route of the API has one rule in :data:`RULES`, keyed by method and path template:
 
 * ``open`` — anyone (the cluster health probe orchestrators poll, the OpenAPI document,
-  the dashboard's static files);
+  the dashboard's static files); without valid credentials the health probe says only
+  whether each check passed, not the brokers, their addresses or the load
+  (:func:`identified`);
 * ``authenticated`` — any role the broker's authenticator accepts (``/metrics``, unless
   ``authenticate_metrics_endpoint = false``: Pulsar's ``authenticateMetricsEndpoint``);
 * ``superuser`` — tenants (list, create, update, delete), brokers, bookies, broker statistics;
@@ -30,7 +32,7 @@ from pigeon.broker._service import BrokerService
 from pigeon.core.auth import AuthData
 from pigeon.core.errors import AuthenticationError, AuthorizationError
 
-__all__ = ["RULES", "authorize_request", "request_role"]
+__all__ = ["RULES", "authorize_request", "identified", "request_role"]
 
 Kind = Literal["open", "authenticated", "superuser", "tenant"]
 
@@ -118,6 +120,16 @@ def request_role(service: BrokerService, request: Request) -> str | None:
     return authenticator.authenticate(
         AuthData("token", token.encode("latin-1", errors="replace"), peer, address)
     )
+
+
+def identified(service: BrokerService, request: Request) -> bool:
+    """Does ``request`` carry valid credentials (always, with authentication off)?  An
+    ``open`` route answers an anonymous caller less (the health probe: its status only)."""
+    try:
+        request_role(service, request)
+    except AuthenticationError:
+        return False
+    return True
 
 
 async def authorize_request(service: BrokerService, request: Request) -> str | None:

@@ -173,6 +173,18 @@ def bookie(service: BrokerService, address: str) -> dict[str, Any]:
     return _bookie_view(address, info)
 
 
+def anonymous_health(health: dict[str, Any]) -> dict[str, Any]:
+    """``health`` as a caller without credentials sees it: the status and whether each
+    check passed; no broker addresses, process ids, errors, topic or client counts."""
+    return {
+        **health,
+        "brokers": [],
+        "checks": {name: {"ok": check["ok"]} for name, check in health["checks"].items()},
+        "topics": None,
+        "connections": None,
+    }
+
+
 async def cluster_health(service: BrokerService, http_url: str | None) -> dict[str, Any]:
     """``ok``; ``degraded`` (some bookies read-only, or fewer than the ensemble size
     beyond it); ``unhealthy`` (metadata unreachable or too few writable bookies)."""

@@ -394,8 +394,9 @@ class Health(BaseModel):
     cluster: str
     brokers: list[BrokerInfo]
     checks: dict[str, dict[str, Any]]
-    topics: int
-    connections: int
+    #: None (and no brokers) for a caller without credentials when authentication is on
+    topics: int | None
+    connections: int | None
     time: int
 
 

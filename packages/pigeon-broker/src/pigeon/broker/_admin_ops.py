@@ -15,6 +15,7 @@ bundle, delete a topic) are the broker core's, in :mod:`pigeon.broker._lifecycle
 from __future__ import annotations
 
 from pigeon.broker._admin_cluster import (
+    anonymous_health,
     bookie,
     bookies,
     broker_load,
@@ -64,6 +65,7 @@ __all__ = [
     "FULL_BUNDLE",
     "MAX_PEEK",
     "POSITIONS",
+    "anonymous_health",
     "bookie",
     "bookies",
     "broker_id",

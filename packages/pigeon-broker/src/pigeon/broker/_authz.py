@@ -31,7 +31,7 @@ from pigeon.broker._policies import NamespacePolicies, PolicyStore, TenantInfo
 from pigeon.core import TopicName
 from pigeon.core.errors import AuthorizationError, InvalidArgument, NoSuchNode
 
-__all__ = ["ACTIONS", "Authorization", "check_actions"]
+__all__ = ["ACTIONS", "Authorization", "check_actions", "topic_key"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,14 @@ log = logging.getLogger(__name__)
 ACTIONS: Final = ("produce", "consume", "functions", "sources", "sinks", "packages")
 #: how long a tenant's admin roles are taken from the cache before being read again
 TENANT_CACHE_S: Final = 2.0
+
+
+def topic_key(topic: TopicName) -> str:
+    """The key of ``topic``'s grants in its namespace's ``topic_permissions``: the local
+    name of the (partitioned) topic, ``non-persistent://`` before it for a non-persistent
+    one (a grant on one is no grant on the persistent topic of the same name)."""
+    local = topic.base.local
+    return local if topic.persistent else f"non-persistent://{local}"
 
 
 def check_actions(actions: Iterable[str]) -> list[str]:
@@ -102,8 +110,7 @@ class Authorization:
         """What ``role`` was granted on ``topic`` (namespace and topic grants together)."""
         policies = await self._policies(topic.namespace_name)
         granted = set(policies.permissions.get(role, ()))
-        base = topic.base.local
-        granted.update(policies.topic_permissions.get(base, {}).get(role, ()))
+        granted.update(policies.topic_permissions.get(topic_key(topic), {}).get(role, ()))
         return granted
 
     async def _policies(self, namespace: str) -> NamespacePolicies:
@@ -186,7 +193,7 @@ class Authorization:
         self, topic: TopicName, role: str, actions: Iterable[str]
     ) -> dict[str, Any]:
         acts = check_actions(actions)
-        namespace, base = topic.namespace_name, topic.base.local
+        namespace, base = topic.namespace_name, topic_key(topic)
         policies = await self.policies.get(namespace)
         grants = dict(policies.topic_permissions)
         grants[base] = {**grants.get(base, {}), _role(role): acts}
@@ -194,7 +201,7 @@ class Authorization:
         return grants[base]
 
     async def revoke_topic(self, topic: TopicName, role: str) -> dict[str, Any]:
-        namespace, base = topic.namespace_name, topic.base.local
+        namespace, base = topic.namespace_name, topic_key(topic)
         policies = await self.policies.get(namespace)
         grants = dict(policies.topic_permissions)
         if role not in grants.get(base, {}):

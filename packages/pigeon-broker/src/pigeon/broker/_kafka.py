@@ -34,7 +34,7 @@ import itertools
 import logging
 import math
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -91,6 +91,12 @@ _I32 = struct.Struct(">i")
 MAX_IN_FLIGHT = 64
 #: a request larger than this is a client on the wrong port or garbage
 MAX_REQUEST_SIZE = 100 * 1024 * 1024
+#: the largest request of a client that has not authenticated yet (Kafka's
+#: ``sasl.server.max.receive.size``): an unauthenticated peer ties up no large buffers
+MAX_UNAUTHENTICATED_REQUEST_SIZE = 512 * 1024
+#: a connection that has not authenticated this long after it was accepted (and its
+#: TLS handshake) is closed: an unauthenticated peer holds no socket for long
+AUTHENTICATION_DEADLINE_S = 30.0
 #: how much of a connection's first bytes are looked at to tell another protocol
 SNIFF_BYTES = 64 * 1024
 #: a request that stops arriving part way for this long closes its connection (a client
@@ -141,6 +147,12 @@ class KafkaConnection:
     grants: dict[tuple[str, str, str], tuple[float, bool]] = field(default_factory=dict)
     #: denials already logged
     denied: set[tuple[str, str, str]] = field(default_factory=set)
+
+    @property
+    def authenticated(self) -> bool:
+        """Has the client authenticated (or need it not)?  Until then its requests are
+        small (:data:`MAX_UNAUTHENTICATED_REQUEST_SIZE`)."""
+        return not self.unauthenticated and (self.sasl is None or self.sasl.authenticated)
 
     def close(self) -> None:
         self.closed = True
@@ -349,6 +361,8 @@ class KafkaFrontDoor:
         try:
             async with trio.open_nursery() as nursery:
                 conn.nursery = nursery
+                if not conn.authenticated:
+                    nursery.start_soon(_authentication_deadline, conn, nursery.cancel_scope)
                 await self._serve(conn)
                 nursery.cancel_scope.cancel()
         except* (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -613,6 +627,9 @@ class KafkaFrontDoor:
         if action == "group":
             await self._check_group(role, subscription)
             return
+        if action == "idempotent":
+            await self._check_anywhere(role, "produce", "get a producer id")
+            return
         if action == "admin":
             await authz.check_tenant_admin(
                 role, self.config.namespace.partition("/")[0], "create or delete Kafka topics"
@@ -633,33 +650,39 @@ class KafkaFrontDoor:
         else:
             raise AssertionError(f"unknown Kafka authorization action {action!r}")
 
-    async def _check_group(self, role: str | None, subscription: str) -> None:
-        """Use a consumer group: an authenticated role that may consume in the Kafka
-        namespace (somewhere), whose name prefixes the group's subscription under
-        ``subscription_auth_mode = "prefix"``."""
+    async def _check_anywhere(self, role: str | None, action: str, what: str) -> Any:
+        """``role`` may ``action`` (produce or consume) on some topic of the Kafka
+        namespace (or is a tenant admin there), so may ``what`` (words); the namespace's
+        policies (None: a tenant admin, or none stored)."""
         authz = self.core.authorization
         tenant = self.config.namespace.partition("/")[0]
         if not authz.enabled or await authz.is_tenant_admin(role, tenant):
-            return
+            return None
         if role is None:
-            raise AuthorizationError("an unauthenticated client may not use consumer groups")
+            raise AuthorizationError(f"an unauthenticated client may not {what}")
         try:
             policies = await authz.policies.get(self.config.namespace)
         except NoSuchNode:
             policies = None
         granted = policies is not None and (
-            "consume" in policies.permissions.get(role, ())
-            or any(
-                "consume" in roles.get(role, ()) for roles in policies.topic_permissions.values()
-            )
+            action in policies.permissions.get(role, ())
+            or any(action in roles.get(role, ()) for roles in policies.topic_permissions.values())
         )
         if not granted:
             raise AuthorizationError(
-                f"role {role!r} may not consume in {self.config.namespace}, so may not use"
-                " consumer groups there"
+                f"role {role!r} may not {action} in {self.config.namespace}, so may not {what}"
+                " there"
             )
+        return policies
+
+    async def _check_group(self, role: str | None, subscription: str) -> None:
+        """Use a consumer group: an authenticated role that may consume in the Kafka
+        namespace (somewhere), whose name prefixes the group's subscription under
+        ``subscription_auth_mode = "prefix"``."""
+        policies = await self._check_anywhere(role, "consume", "use consumer groups")
         if (
-            policies is not None
+            role is not None
+            and policies is not None
             and policies.subscription_auth_mode == "prefix"
             and not subscription.startswith(role)
         ):
@@ -698,28 +721,51 @@ class KafkaFrontDoor:
             if group is not None and not await coordinates(self, group):
                 # another broker holds the group's bundle: the client asks FindCoordinator
                 return _not_coordinator(request)
-            if group is not None and self.core.authorization.enabled:
-                refused = await self._group_refused(conn, request, str(group))
-                if refused is not None:
-                    return refused
+            extra: dict[str, frozenset[str]] = {}
+            if self.core.authorization.enabled:
+                if group is not None:
+                    refused = await self._group_refused(conn, request, str(group))
+                    if refused is not None:
+                        return refused
+                elif type(request).__api_key__ == 15:  # DescribeGroups
+                    extra["hidden"] = await self._denied_groups(conn, map(str, request.groups))
+                else:  # ListGroups
+                    listed = (snap.group_id for snap in self.groups.groups())
+                    extra["hidden"] = await self._denied_groups(conn, listed)
             host = conn.name.rpartition(":")[0]
             return conn.spawn(
-                lambda: handler(self.groups, request, client_id=conn.client_id, client_host=host)
+                lambda: handler(
+                    self.groups, request, client_id=conn.client_id, client_host=host, **extra
+                )
             )
 
         return run
 
+    async def _denied_groups(self, conn: KafkaConnection, groups: Iterable[str]) -> frozenset[str]:
+        """Of ``groups``, those the connection's role may not use: DescribeGroups answers
+        them GROUP_AUTHORIZATION_FAILED, ListGroups leaves them out (as Kafka does
+        without the DESCRIBE right on a group)."""
+        from pigeon.broker._kafka_offsets import subscription_of
+
+        denied = set()
+        for group in groups:
+            try:
+                await conn.authorize("group", "", subscription_of(group), quiet=True)
+            except AuthorizationError:
+                denied.add(group)
+        return frozenset(denied)
+
     async def _group_refused(self, conn: KafkaConnection, request: Any, group: str) -> Any:
-        """GROUP_AUTHORIZATION_FAILED for a JoinGroup or SyncGroup the role may not make
-        (a JoinGroup also names the topics its members subscribe to: each needs the
-        consume right through the group's subscription); None when allowed."""
+        """GROUP_AUTHORIZATION_FAILED for a JoinGroup, SyncGroup, Heartbeat or LeaveGroup
+        the role may not make (a JoinGroup also names the topics its members subscribe
+        to: each needs the consume right through the group's subscription; a LeaveGroup
+        or Heartbeat naming another role's member must not remove or keep it); None when
+        allowed."""
         from kio.schema.errors import ErrorCode
 
         from pigeon.broker._kafka_offsets import subscription_of
 
         key = type(request).__api_key__
-        if key not in (11, 14):
-            return None  # Heartbeat, LeaveGroup: a member already joined
         subscription = subscription_of(group)
         try:
             await conn.authorize("group", "", subscription)
@@ -830,6 +876,11 @@ async def _frames(conn: KafkaConnection) -> Any:
                         f"a request of {size} bytes is {what}, not the Kafka protocol"
                         f" (first bytes {head[:16]!r})"
                     )
+            if size > MAX_UNAUTHENTICATED_REQUEST_SIZE and not conn.authenticated:
+                raise MalformedRequest(
+                    f"a request of {size} bytes before the client authenticated (at most"
+                    f" {MAX_UNAUTHENTICATED_REQUEST_SIZE})"
+                )
             if end - start >= 4 + size:
                 first = False
                 yield buf[start + 4 : start + 4 + size]
@@ -860,6 +911,19 @@ async def _frames(conn: KafkaConnection) -> Any:
             if not n:
                 return
             end = n
+
+
+async def _authentication_deadline(conn: KafkaConnection, scope: trio.CancelScope) -> None:
+    """Close ``conn`` (cancel ``scope``) unless it authenticated within
+    :data:`AUTHENTICATION_DEADLINE_S`."""
+    await trio.sleep(AUTHENTICATION_DEADLINE_S)
+    if not conn.authenticated:
+        log.warning(
+            "kafka connection closed conn=%s: not authenticated within %gs",
+            conn.name,
+            AUTHENTICATION_DEADLINE_S,
+        )
+        scope.cancel()
 
 
 async def _recv_partial(

@@ -199,13 +199,30 @@ async def leave_group(coordinator: GroupCoordinator, request: Any, **_: str) -> 
     )
 
 
-async def describe_groups(coordinator: GroupCoordinator, request: Any, **_: str) -> ResponsePayload:
-    """DescribeGroups v0-v5: state, protocol and members (metadata when Stable)."""
+async def describe_groups(
+    coordinator: GroupCoordinator, request: Any, *, hidden: frozenset[str] = frozenset(), **_: str
+) -> ResponsePayload:
+    """DescribeGroups v0-v5: state, protocol and members (metadata when Stable); the
+    ``hidden`` groups (the role may not use them) are answered GROUP_AUTHORIZATION_FAILED
+    and nothing else."""
     cls = _response_type(request)
     group_cls = _nested(cls, "groups")
     member_cls = _nested(group_cls, "members")
     described = []
     for group_id in request.groups:
+        if str(group_id) in hidden:
+            described.append(
+                _build(
+                    group_cls,
+                    error_code=ErrorCode.group_authorization_failed,
+                    group_id=GroupId(group_id),
+                    group_state="",
+                    protocol_type="",
+                    protocol_data="",
+                    members=(),
+                )
+            )
+            continue
         snap = coordinator.group(str(group_id))
         # Kafka describes an unknown group as Dead, without error
         described.append(
@@ -235,8 +252,11 @@ async def describe_groups(coordinator: GroupCoordinator, request: Any, **_: str)
     return _answer(cls, groups=tuple(described))
 
 
-async def list_groups(coordinator: GroupCoordinator, request: Any, **_: str) -> ResponsePayload:
-    """ListGroups v0-v4 (v4 filters by state, case-insensitively, as Kafka does)."""
+async def list_groups(
+    coordinator: GroupCoordinator, request: Any, *, hidden: frozenset[str] = frozenset(), **_: str
+) -> ResponsePayload:
+    """ListGroups v0-v4 (v4 filters by state, case-insensitively, as Kafka does),
+    without the ``hidden`` groups (the role may not use them)."""
     states = {s.lower() for s in getattr(request, "states_filter", ())}
     types = {t.lower() for t in getattr(request, "types_filter", ())}
     cls = _response_type(request)
@@ -250,7 +270,8 @@ async def list_groups(coordinator: GroupCoordinator, request: Any, **_: str) -> 
             group_type=_GROUP_TYPE,
         )
         for snap in coordinator.groups()
-        if (not states or snap.state.value.lower() in states)
+        if snap.group_id not in hidden
+        and (not states or snap.state.value.lower() in states)
         and (not types or _GROUP_TYPE in types)
     )
     return _answer(cls, error_code=ErrorCode.none, groups=listed)

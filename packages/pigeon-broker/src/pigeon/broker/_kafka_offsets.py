@@ -18,6 +18,7 @@ coordinator and join again, and their committed offsets are where they were.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 from typing import TYPE_CHECKING, Any
@@ -199,8 +200,12 @@ async def offset_fetch(conn: KafkaConnection, request: Any) -> Any:
             cls, throttle_time=ZERO, error_code=ErrorCode.group_authorization_failed, topics=()
         )
     wanted = request.topics
-    if wanted is None:  # every partition the group committed
-        names = await _committed_topics(door, group)
+    if wanted is None:  # every partition the group committed, of topics the role may read
+        names = []
+        for kafka_topic, indexes in await _committed_topics(door, group):
+            with contextlib.suppress(AuthorizationError):
+                await conn.authorize("consume", kafka_topic, subscription_of(group), quiet=True)
+                names.append((kafka_topic, indexes))
     else:
         names = [(t.name, list(t.partition_indexes)) for t in wanted]
     topics = []

@@ -319,6 +319,10 @@ async def init_producer_id(conn: KafkaConnection, request: Any) -> Any:
 
     if request.transactional_id is not None:
         return answer(ErrorCode.transactional_id_authorization_failed)
+    try:  # Kafka's IDEMPOTENT_WRITE: a role that may produce somewhere
+        await conn.authorize("idempotent", "")
+    except AuthorizationError:
+        return answer(ErrorCode.cluster_authorization_failed)
     producer_id = getattr(request, "producer_id", -1)
     epoch = getattr(request, "producer_epoch", -1)
     if producer_id >= 0 and epoch >= 0:

@@ -25,7 +25,8 @@ attaches or names a topic, at the start of its task, never per message:
 * ``lookup`` (which answers partition metadata too): ``produce`` or ``consume``;
 * ``listTopics`` of a namespace: a tenant admin, or a role with any permission in the
   namespace (namespace-wide or on one of its topics) — it sees the names it could find
-  by lookup anyway, and nothing of other namespaces.
+  by lookup anyway (a role with topic grants only: those topics), and nothing of other
+  namespaces.
 
 A denial answers the request with :class:`AuthorizationError` (naming role and action)
 and is logged once per connection; the connection stays up.  A connection authenticated
@@ -45,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from pigeon.broker._authz import topic_key
 from pigeon.broker._subscription import Consumer
 from pigeon.broker._topic import Producer
 from pigeon.broker._topic_protocol import SeekTarget
@@ -248,22 +250,28 @@ class NativeProtocol:
 
         self._spawn(conn, req.request_id, checked)
 
-    async def _check_list(self, role: str | None, namespace: str) -> None:
-        """``listTopics`` of ``namespace``: a tenant admin, or any permission in it."""
+    async def _check_list(self, role: str | None, namespace: str) -> frozenset[str] | None:
+        """``listTopics`` of ``namespace``: a tenant admin, or any permission in it.
+        Returns the topics (local names) a role with only topic grants may see; None:
+        every topic."""
         authz = self.core.authorization
         tenant = namespace.partition("/")[0]
         if not authz.enabled or await authz.is_tenant_admin(role, tenant):
-            return
+            return None
         if role is not None:
             try:
                 policies = await self.core.policies.get(namespace)
             except NoSuchNode:
                 policies = None
-            if policies is not None and (
-                role in policies.permissions
-                or any(role in grants for grants in policies.topic_permissions.values())
-            ):
-                return
+            if policies is not None and role in policies.permissions:
+                return None
+            granted = frozenset(
+                topic
+                for topic, grants in (policies.topic_permissions if policies else {}).items()
+                if role in grants
+            )
+            if granted:
+                return granted
         who = f"role {role!r}" if role is not None else "an unauthenticated client"
         raise AuthorizationError(
             f"{who} may not list the topics of {namespace} (it needs a permission there or"
@@ -333,8 +341,16 @@ class NativeProtocol:
         namespace = str(req.body.namespace)
 
         async def list_() -> None:
-            await self._authorize(conn, self._check_list(conn.role, namespace))
+            visible: frozenset[str] | None = None
+
+            async def check() -> None:
+                nonlocal visible
+                visible = await self._check_list(conn.role, namespace)
+
+            await self._authorize(conn, check())
             topics = await self.core.list_topics(namespace)
+            if visible is not None:
+                topics = [t for t in topics if topic_key(TopicName.parse(t)) in visible]
             conn.respond(req.request_id, "topicList", {"topics": topics})
 
         self._spawn(conn, req.request_id, list_)

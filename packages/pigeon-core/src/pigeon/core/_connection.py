@@ -136,7 +136,7 @@ class Connection:
         self.serving = serving
         self._checker = body_checker(frame_type)
         self.handler = handler
-        self.max_frame_size = max_frame_size
+        self._decoder = FrameDecoder(max_frame_size)
         self.name = name
         self.peer_name = ""
         self.peer_version = 0
@@ -161,6 +161,16 @@ class Connection:
         self.bytes_out = 0
         self.frames_in = 0
         self._head = b""  # the first bytes received, for sniff_foreign_protocol
+
+    @property
+    def max_frame_size(self) -> int:
+        """The largest frame accepted from the peer (a server keeps it small until the
+        peer has said ``connect``: see :func:`pigeon.core.rpc.serve_tcp`)."""
+        return self._decoder.max_frame_size
+
+    @max_frame_size.setter
+    def max_frame_size(self, size: int) -> None:
+        self._decoder.max_frame_size = size
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -398,7 +408,7 @@ class Connection:
     # ------------------------------------------------------------------ receiving
 
     async def _reader(self) -> None:
-        decoder = FrameDecoder(self.max_frame_size)
+        decoder = self._decoder
         stream = self.stream
         try:
             while True:

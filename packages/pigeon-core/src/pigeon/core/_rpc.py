@@ -258,6 +258,7 @@ class _HandshakeHandler:
                 return
             conn.auth_expires = self.authenticator.expires_at(auth)
         conn.role = role
+        conn.max_frame_size = self.max_frame_size
         conn.peer_name = str(req.body.clientName)
         conn.peer_version = version
         self.done = True
@@ -309,6 +310,22 @@ async def _starts_with_tls(stream: trio.abc.Stream) -> bool:
 
 #: how long a new connection on a TLS port may stay silent before we start the handshake
 HANDSHAKE_PEEK_S = 10.0
+#: the largest frame a peer may send before its ``connect`` is accepted (the connect
+#: itself, with its credentials, is far smaller): an unauthenticated peer ties up no
+#: large buffers
+CONNECT_MAX_FRAME_SIZE = 64 * 1024
+#: how long an accepted connection (after its TLS handshake) may take to say ``connect``
+#: before it is closed: a peer that never does would otherwise hold its socket forever
+CONNECT_DEADLINE_S = 30.0
+
+
+async def _connect_deadline(conn: Connection, handler: _HandshakeHandler) -> None:
+    """Close ``conn`` if it has not said ``connect`` within :data:`CONNECT_DEADLINE_S`."""
+    await trio.sleep(CONNECT_DEADLINE_S)
+    if not handler.done and not conn.closed:
+        exc = ProtocolError(f"no 'connect' within {CONNECT_DEADLINE_S:g}s: connection closed")
+        log.warning("handshake refused conn=%s error=%s", conn.name, exc.message)
+        conn.abort(exc)
 
 
 def listen_error(exc: OSError, what: str, host: str, port: int) -> ConfigError:
@@ -385,12 +402,15 @@ async def serve_tcp(
             stream,
             frame_type,
             handler=handler,
-            max_frame_size=max_frame_size,
+            max_frame_size=min(max_frame_size, CONNECT_MAX_FRAME_SIZE),
             name=name,
             serving=True,
         )
         try:
-            await conn.run()
+            async with trio.open_nursery() as watch:
+                watch.start_soon(_connect_deadline, conn, handler)
+                await conn.run()
+                watch.cancel_scope.cancel()
         except Exception:
             log.exception("connection failed conn=%s", name)
 

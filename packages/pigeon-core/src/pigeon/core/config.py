@@ -21,7 +21,7 @@ import tomllib
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from pigeon.core.errors import ConfigError
 
@@ -38,11 +38,18 @@ _NUMBERS: dict[type, tuple[str, type | tuple[type, ...]]] = {
 }
 
 
+#: words in the keys whose values are credentials: a bad value of one is not echoed
+_SECRET_WORDS: Final = ("secret", "token", "password", "authentication_parameters", "private")
+
+
+def _is_secret(key: str) -> bool:
+    return any(word in key for word in _SECRET_WORDS)
+
+
 def _convert(key: str, value: Any, tp: Any, source: str) -> Any:
     def bad(expected: str) -> ConfigError:
-        return ConfigError(
-            f"bad value for {key!r} (from {source}): expected {expected}, got {value!r}"
-        )
+        got = f"a {type(value).__name__} (not shown)" if _is_secret(key) else repr(value)
+        return ConfigError(f"bad value for {key!r} (from {source}): expected {expected}, got {got}")
 
     origin = typing.get_origin(tp)
     if origin is typing.Literal:

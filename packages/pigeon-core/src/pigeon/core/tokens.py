@@ -90,7 +90,12 @@ def load_key(spec: str) -> bytes:
     try:
         return Path(path).read_bytes()
     except OSError as exc:
-        raise ConfigError(f"cannot read the key file {path!r}: {exc.strerror}") from None
+        # A plain value may be the key itself pasted in place of a path: not echoed.
+        shown = repr(path) if spec.startswith("file://") else "(a plain value, not shown)"
+        raise ConfigError(
+            f"cannot read the key file {shown}: {exc.strerror} (give the key as"
+            " file:///path or data:;base64,...)"
+        ) from None
 
 
 def parse_duration(text: str) -> int:

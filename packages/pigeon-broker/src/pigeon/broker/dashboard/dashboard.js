@@ -203,6 +203,8 @@
     timer = null;
     try {
       const health = await getJSON(API + "/cluster/health");
+      // the open probe names no broker to a caller without valid credentials
+      if (!health.brokers.length) throw new Unauthorized("authentication is required");
       const broker = health.brokers[0].broker;
       const [load, topics, bookies, throughput] = await Promise.all([
         getJSON(API + "/brokers/" + encodeURIComponent(broker) + "/load"),
