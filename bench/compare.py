@@ -52,7 +52,17 @@ from bench.peers import (
     produce_many,
     rabbitmq_status,
 )
-from bench.report import IMG, SHORT, collect, med, multi_keys, render, section, unsustained
+from bench.report import (
+    IMG,
+    SECURITY_BEGIN,
+    SHORT,
+    collect,
+    med,
+    multi_keys,
+    render,
+    section,
+    unsustained,
+)
 
 SCENARIOS = ["produce", "latency", "multi", "catchup"]
 DEFAULTS = {
@@ -168,6 +178,8 @@ def charts(res: dict[str, Any], img: Path = IMG, prefix: str = "peers-") -> list
         "nats": "#27aa5e",
         "redis": "#d6452f",
         "tansu": "#999999",
+        "pigeon-tls": "#5a9ad9",
+        "pigeon-tls-auth": "#8abaf0",
     }
 
     def spread(key: str, field: str) -> tuple[list[float], list[float], list[float]]:
@@ -420,11 +432,16 @@ def main() -> None:
         res = json.loads(Path(args.render).read_text())
         res["render_command"] = "python -m bench.compare " + " ".join(sys.argv[1:])
         if args.no_docs:
-            written = charts(res, scratch_dir(Path(args.render).stem), section(res["systems"])[3])
+            written = (
+                []
+                if section(res["systems"])[0] == SECURITY_BEGIN
+                else charts(res, scratch_dir(Path(args.render).stem), section(res["systems"])[3])
+            )
             print("charts: " + ", ".join(str(w) for w in written), file=sys.stderr)
         else:
             begin, end, title, prefix = section(res["systems"])
-            charts(res, IMG, prefix)
+            if begin != SECURITY_BEGIN:
+                charts(res, IMG, prefix)
             write_doc(render(res, res["command"]), begin, end, title=title)
         print(render(res, res["command"]))
         return
@@ -470,7 +487,11 @@ def main() -> None:
         path.write_text(json.dumps(res, indent=1))
         log("repetition", rep + 1, f"took {time.monotonic() - t_rep:.0f} s; written to", path)
     begin, end, title, prefix = section(args.systems)
-    if args.no_docs:
+    if begin == SECURITY_BEGIN:  # a table only
+        written = []
+        if not args.no_docs:
+            write_doc(render(res, command), begin, end, title=title)
+    elif args.no_docs:
         written = charts(res, scratch_dir(path.stem), prefix)
     else:
         written = charts(res, IMG, prefix)
