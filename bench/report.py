@@ -357,7 +357,9 @@ def render_security(res: dict[str, Any], command: str) -> str:
         f"{n} repetition{'s' if n > 1 else ''}, systems interleaved within each repetition; "
         "cells show the median"
         + (" and (min–max) over the repetitions" if n > 1 else " (one repetition: no spread)")
-        + f". Produce scenarios run {a['duration']:g} s.",
+        + f". Produce scenarios run {a['duration']:g} s. The CPU rows (server: the standalone "
+        "process, all threads; client: the benchmark process, which runs the producer) depend "
+        "less on the machine's other load than the rates do: they show what TLS costs where.",
         "",
         "| scenario | " + " | ".join(NAMES[s] for s in systems) + " | "
         + " | ".join(f"{SHORT[s]} / plaintext" for s in systems if base and s != base)
@@ -372,6 +374,8 @@ def render_security(res: dict[str, Any], command: str) -> str:
         ("produce_100b", "100 B messages, 1 producer, MB/s", "mb_per_s", "{:,.1f}"),
         ("produce_1k", "server CPU per message, µs, 1 KiB", "server_cpu_us_per_msg", "{:,.2f}"),
         ("produce_100b", "server CPU per message, µs, 100 B", "server_cpu_us_per_msg", "{:,.2f}"),
+        ("produce_1k", "client CPU per message, µs, 1 KiB", "client_cpu_us_per_msg", "{:,.2f}"),
+        ("produce_100b", "client CPU per message, µs, 100 B", "client_cpu_us_per_msg", "{:,.2f}"),
         ("catchup", "catch-up read, MB/s", "mb_per_s", "{:,.1f}"),
     ]
     for mb in a.get("rates", []):
