@@ -352,7 +352,12 @@ def render_security(res: dict[str, Any], command: str) -> str:
         "2-core VM, over loopback, so client and server compete for the CPU (and, on this "
         "machine, with other work: the spread shows it).",
         "",
-        f"Command: `{command}`",
+        f"Command: `{command}`"
+        + (
+            f" (this section re-rendered from its JSON with `{res['render_command']}`)"
+            if res.get("render_command")
+            else ""
+        ),
         "",
         f"{n} repetition{'s' if n > 1 else ''}, systems interleaved within each repetition; "
         "cells show the median"
