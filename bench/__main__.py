@@ -65,9 +65,59 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
+#: environment variable carrying the client settings (CA file, token file) of the secured
+#: servers of this run, by service URL: child processes (spawned producers, latency
+#: consumers) inherit it. No secret is in it: the token stays in its 0600 file.
+CLIENTS_ENV = "BENCH_PIGEON_CLIENTS"
+
+
+def register_client(url: str, *, ca_file: str | None = None, token_file: str | None = None) -> None:
+    """Record how a client reaches ``url`` (see :func:`client_options`)."""
+    table = json.loads(os.environ.get(CLIENTS_ENV, "{}"))
+    table[url] = {"ca_file": ca_file, "token_file": token_file}
+    os.environ[CLIENTS_ENV] = json.dumps(table)
+
+
+def forget_client(url: str) -> None:
+    table = json.loads(os.environ.get(CLIENTS_ENV, "{}"))
+    table.pop(url, None)
+    os.environ[CLIENTS_ENV] = json.dumps(table)
+
+
+def client_options(url: str) -> dict[str, Any]:
+    """``Client`` keywords for ``url``: the CA of a ``pigeon+ssl://`` server and the token
+    (from its file) of one with authentication; none for a plain server."""
+    spec = json.loads(os.environ.get(CLIENTS_ENV, "{}")).get(url)
+    if not spec:
+        return {}
+    out: dict[str, Any] = {}
+    if spec.get("ca_file"):
+        out["tls_trust_certs_file_path"] = spec["ca_file"]
+    if spec.get("token_file"):
+        from pigeon.client import AuthenticationToken
+
+        out["authentication"] = AuthenticationToken(Path(spec["token_file"]))
+    return out
+
+
 class Standalone:
-    def __init__(self, data_dir: Path, fsync: str = "always", kafka: bool = False) -> None:
+    """``pigeon standalone`` on free ports. ``config``: extra TOML tables for
+    ``--config`` (security settings); ``tls``: also a native TLS port (``tls_port``,
+    ``broker_service_port_tls``), whose URL is :attr:`url_tls`."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        fsync: str = "always",
+        kafka: bool = False,
+        config: dict[str, dict[str, Any]] | None = None,
+        tls: bool = False,
+    ) -> None:
         self.data_dir = data_dir
+        self.config = {k: dict(v) for k, v in (config or {}).items()}
+        self.tls_port = free_port() if tls else -1
+        if tls:
+            self.config.setdefault("broker", {})["broker_service_port_tls"] = self.tls_port
         self.port = free_port()
         # the Kafka front door on a free port, or off (-1)
         self.kafka_port = free_port() if kafka else -1
@@ -80,9 +130,19 @@ class Standalone:
     def url(self) -> str:
         return f"pigeon://127.0.0.1:{self.port}"
 
+    @property
+    def url_tls(self) -> str:
+        return f"pigeon+ssl://127.0.0.1:{self.tls_port}"
+
     def __enter__(self) -> Standalone:
         pigeon = Path(sys.executable).with_name("pigeon")
         self.log = open(self.data_dir.parent / "standalone.log", "wb")
+        extra: list[str] = []
+        if self.config:
+            from pigeon.core.testing.servers import write_toml
+
+            cfg = write_toml(self.data_dir.parent / "standalone.toml", self.config)
+            extra = ["--config", str(cfg)]
         # BENCH_PIGEON_PROFILE=FILE runs the server under cProfile, timed by the event
         # loop thread's CPU clock (bench/_profile.py; written when the server stops)
         prof = os.environ.get("BENCH_PIGEON_PROFILE")
@@ -106,11 +166,14 @@ class Standalone:
                 str(self.http_port),
                 "--kafka-port",
                 str(self.kafka_port),
+                *extra,
             ],
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
         wait_for_port(self.proc, self.port, "standalone", "standalone.log")
+        if self.tls_port > 0:
+            wait_for_port(self.proc, self.tls_port, "standalone", "standalone.log")
         if self.kafka_port > 0:
             wait_for_port(self.proc, self.kafka_port, "standalone", "standalone.log")
         return self
@@ -345,7 +408,7 @@ def fill_backlog(url: str, topic: str, n: int, *, deadline: float = float("inf")
     payload = os.urandom(1024)
     start = time.perf_counter()
     sent = 0
-    with Client(url) as client:
+    with Client(url, **client_options(url)) as client:
         client.subscribe(topic, "perf-sub", initial_position="earliest").close()
         with client.create_producer(
             topic, batching_max_messages=1000, batching_max_bytes=1 << 20

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench.__main__ import fill_backlog
+from bench.__main__ import client_options, fill_backlog
 from bench.peers import (
     CATCHUP_LIMIT,
     FILL_LIMIT,
@@ -42,6 +42,7 @@ def _read_pigeon(url: str, topic: str, n: int, deadline: float) -> dict:
         max_messages=n,
         idle_timeout=10.0,
         progress=False,
+        client_options=client_options(url),
     )
     return {"messages": r["messages"], "seconds": r["seconds"]}
 
@@ -254,6 +255,8 @@ def _read_tansu(bootstrap: str, topic: str, n: int, deadline: float) -> dict:
 
 FILL: dict[str, Callable[[str, str, int, float], int]] = {
     "pigeon": _fill_pigeon,
+    "pigeon-tls": _fill_pigeon,
+    "pigeon-tls-auth": _fill_pigeon,
     "nats": _fill_nats,
     "redis": _fill_redis,
     "tansu": _fill_tansu,
@@ -261,6 +264,8 @@ FILL: dict[str, Callable[[str, str, int, float], int]] = {
 }
 READ: dict[str, Callable[[str, str, int, float], dict]] = {
     "pigeon": _read_pigeon,
+    "pigeon-tls": _read_pigeon,
+    "pigeon-tls-auth": _read_pigeon,
     "nats": _read_nats,
     "redis": _read_redis,
     "tansu": _read_tansu,

@@ -52,7 +52,17 @@ from bench.peers import (
     produce_many,
     rabbitmq_status,
 )
-from bench.report import IMG, SHORT, collect, med, multi_keys, render, section, unsustained
+from bench.report import (
+    IMG,
+    SECURITY_BEGIN,
+    SHORT,
+    collect,
+    med,
+    multi_keys,
+    render,
+    section,
+    unsustained,
+)
 
 SCENARIOS = ["produce", "latency", "multi", "catchup"]
 DEFAULTS = {
@@ -113,6 +123,7 @@ def run_system(system: str, args: argparse.Namespace, rep: int) -> dict[str, Any
             for key, step in steps:
                 t = time.monotonic()
                 cpu = cpu_seconds(pid)
+                mine = own_cpu_seconds()
                 try:
                     out[key] = step()
                 except Exception as exc:  # record and continue with the next scenario
@@ -126,6 +137,10 @@ def run_system(system: str, args: argparse.Namespace, rep: int) -> dict[str, Any
                     if out[key].get("messages"):
                         n = out[key]["messages"]
                         out[key]["server_cpu_us_per_msg"] = round(used / n * 1e6, 3)
+                if key.startswith("produce_") and key.count("_") == 1 and out[key].get("messages"):
+                    # one producer runs in this process (PigeonMQ's client: two threads)
+                    used = own_cpu_seconds() - mine
+                    out[key]["client_cpu_us_per_msg"] = round(used / out[key]["messages"] * 1e6, 3)
                 brief = {k: v for k, v in out[key].items() if k != "cdf_ms"}
                 log(system, key, f"{time.monotonic() - t:.1f}s", json.dumps(brief))
     return out
@@ -134,6 +149,14 @@ def run_system(system: str, args: argparse.Namespace, rep: int) -> dict[str, Any
 def server_pid(srv: Any) -> int | None:
     proc = getattr(srv, "proc", None) or getattr(getattr(srv, "sa", None), "proc", None)
     return proc.pid if proc is not None else None
+
+
+def own_cpu_seconds() -> float:
+    """User + system CPU seconds of this process (every thread) so far."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def cpu_seconds(pid: int | None) -> float | None:
@@ -168,6 +191,8 @@ def charts(res: dict[str, Any], img: Path = IMG, prefix: str = "peers-") -> list
         "nats": "#27aa5e",
         "redis": "#d6452f",
         "tansu": "#999999",
+        "pigeon-tls": "#5a9ad9",
+        "pigeon-tls-auth": "#8abaf0",
     }
 
     def spread(key: str, field: str) -> tuple[list[float], list[float], list[float]]:
@@ -311,7 +336,12 @@ def figures(res: dict[str, Any]) -> dict[str, float]:
             for key, v in steps.items():
                 if not isinstance(v, dict):
                     continue
-                for field in ("msg_per_s", "server_cpu_us_per_msg", "read_server_cpu_us_per_msg"):
+                for field in (
+                    "msg_per_s",
+                    "server_cpu_us_per_msg",
+                    "client_cpu_us_per_msg",
+                    "read_server_cpu_us_per_msg",
+                ):
                     if v.get(field) is not None:
                         vals.setdefault(f"{system} {key} {field}", []).append(float(v[field]))
     return {k: statistics.median(v) for k, v in vals.items()}
@@ -420,11 +450,16 @@ def main() -> None:
         res = json.loads(Path(args.render).read_text())
         res["render_command"] = "python -m bench.compare " + " ".join(sys.argv[1:])
         if args.no_docs:
-            written = charts(res, scratch_dir(Path(args.render).stem), section(res["systems"])[3])
+            written = (
+                []
+                if section(res["systems"])[0] == SECURITY_BEGIN
+                else charts(res, scratch_dir(Path(args.render).stem), section(res["systems"])[3])
+            )
             print("charts: " + ", ".join(str(w) for w in written), file=sys.stderr)
         else:
             begin, end, title, prefix = section(res["systems"])
-            charts(res, IMG, prefix)
+            if begin != SECURITY_BEGIN:
+                charts(res, IMG, prefix)
             write_doc(render(res, res["command"]), begin, end, title=title)
         print(render(res, res["command"]))
         return
@@ -470,7 +505,11 @@ def main() -> None:
         path.write_text(json.dumps(res, indent=1))
         log("repetition", rep + 1, f"took {time.monotonic() - t_rep:.0f} s; written to", path)
     begin, end, title, prefix = section(args.systems)
-    if args.no_docs:
+    if begin == SECURITY_BEGIN:  # a table only
+        written = []
+        if not args.no_docs:
+            write_doc(render(res, command), begin, end, title=title)
+    elif args.no_docs:
         written = charts(res, scratch_dir(path.stem), prefix)
     else:
         written = charts(res, IMG, prefix)

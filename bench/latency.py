@@ -9,9 +9,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from bench.__main__ import client_options
 from bench.peers import (
     KAFKA_PRODUCER,
     KAFKA_SYSTEMS,
+    NATIVE,
     STAMP,
     SUSTAINED,
     TAIL_LIMIT,
@@ -37,10 +39,10 @@ def _consume(system: str, addr: str, topic: str, ready: Any, stop: Any, out: Any
             lat.append((now_ns - ts) / 1e9)
 
     try:
-        if system == "pigeon":
+        if system in NATIVE:
             from pigeon.client import Client, Timeout
 
-            with Client(addr) as client:
+            with Client(addr, **client_options(addr)) as client:
                 c = client.subscribe(topic, "lat", initial_position="latest")
                 ready.put("ready")
                 warm_ns[0] = out_start(ready)
@@ -267,10 +269,10 @@ def _produce_paced(
     def announce() -> None:
         ready.put(time.time_ns() + int(warm * 1e9))
 
-    if system == "pigeon":
+    if system in NATIVE:
         from pigeon.client import Client
 
-        with Client(addr) as client:
+        with Client(addr, **client_options(addr)) as client:
             p = client.create_producer(topic, batching_max_delay_ms=1.0)
             announce()
 

@@ -33,7 +33,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.__main__ import Standalone, free_port, stop, wait_for_port
+from bench.__main__ import (
+    Standalone,
+    client_options,
+    forget_client,
+    free_port,
+    register_client,
+    stop,
+    wait_for_port,
+)
 
 SAMPLE_EVERY = 64
 STAMP = struct.Struct("<q")
@@ -191,15 +199,94 @@ class PigeonKafkaServer:
         self.sa.__exit__(*exc)
 
 
+#: the role the ``pigeon-tls-auth`` clients authenticate as: not a superuser, granted
+#: produce and consume on public/default
+BENCH_ROLE = "bench-client"
+#: the superuser role that grants it (through the admin API)
+BENCH_ADMIN = "bench-admin"
+BENCH_NAMESPACE = "public/default"
+
+
+class PigeonTlsServer:
+    """PigeonMQ standalone (``--fsync always``, as ``pigeon``) with a native TLS port
+    (``broker_service_port_tls``, certificates made per run); ``url`` is its
+    ``pigeon+ssl://`` address and the clients trust the run's CA. As a TLS standalone
+    does, the broker also dials its in-process bookie over TLS."""
+
+    name = "pigeon-tls"
+    auth = False
+
+    def __init__(self, root: Path) -> None:
+        from pigeon.core.testing.servers import SecurityFiles
+
+        (root / "pigeon").mkdir(parents=True, exist_ok=True)
+        self.sec = SecurityFiles.create(root / "pigeon" / "sec")
+        broker = self.sec.node_table(authentication=False)
+        if self.auth:
+            broker |= {
+                "authentication_enabled": True,
+                "authentication_providers": ["token"],
+                "token_secret_key": self.sec.secret_key_url,
+                "authorization_enabled": True,
+                "superuser_roles": [BENCH_ADMIN],
+            }
+        self.sa = Standalone(root / "pigeon" / "data", config={"broker": broker}, tls=True)
+
+    def __enter__(self) -> PigeonTlsServer:
+        self.sa.__enter__()
+        self.url = self.sa.url_tls
+        token_file = None
+        if self.auth:
+            from pigeon.client import AuthenticationToken
+            from pigeon.client._admin_client import AdminClient
+
+            admin = AdminClient(
+                f"http://127.0.0.1:{self.sa.http_port}",
+                auth=AuthenticationToken(self.sec.token_file(BENCH_ADMIN)),
+            )
+            deadline = time.monotonic() + 30
+            while True:  # the admin API may come up a moment after the broker port
+                try:
+                    admin.grant_permission(BENCH_NAMESPACE, BENCH_ROLE, ["produce", "consume"])
+                    break
+                except Exception:
+                    if time.monotonic() > deadline:
+                        self.sa.__exit__()
+                        raise
+                    time.sleep(0.2)
+            token_file = str(self.sec.token_file(BENCH_ROLE))
+        register_client(self.url, ca_file=str(self.sec.ca_file), token_file=token_file)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        forget_client(self.url)
+        self.sa.__exit__(*exc)
+
+
+class PigeonTlsAuthServer(PigeonTlsServer):
+    """``pigeon-tls`` with token authentication and authorization on: the clients are the
+    role :data:`BENCH_ROLE`, not a superuser, granted produce and consume on
+    :data:`BENCH_NAMESPACE` by the superuser :data:`BENCH_ADMIN` through the admin API."""
+
+    name = "pigeon-tls-auth"
+    auth = True
+
+
 SERVERS: dict[str, Callable[[Path], Any]] = {
     "pigeon": PigeonServer,
+    "pigeon-tls": PigeonTlsServer,
+    "pigeon-tls-auth": PigeonTlsAuthServer,
     "pigeon-kafka": PigeonKafkaServer,
     "nats": NatsServer,
     "redis": RedisServer,
     "tansu": TansuServer,
 }
 # systems measured through PigeonMQ (their ratios to the others are reported)
-PIGEONS = ("pigeon", "pigeon-kafka")
+PIGEONS = ("pigeon", "pigeon-tls", "pigeon-tls-auth", "pigeon-kafka")
+# systems driven by PigeonMQ's own client (plaintext, TLS, TLS + authentication)
+NATIVE = ("pigeon", "pigeon-tls", "pigeon-tls-auth")
+# the secured variants of ``pigeon`` (their own report section, bench.report.render_security)
+SECURED = ("pigeon-tls", "pigeon-tls-auth")
 # systems driven by the Kafka clients (confluent-kafka), Tansu's drivers
 KAFKA_SYSTEMS = ("tansu", "pigeon-kafka")
 
@@ -222,8 +309,9 @@ def produce_pigeon(
     if size <= 256:
         kw |= {"batch_max_messages": 2000, "batch_max_bytes": 1 << 20}
     r = run_perf_produce(
-        url, topic, size=size, duration=duration, producers=producers, progress=False, **kw
-    )
+        url, topic, size=size, duration=duration, producers=producers, progress=False,
+        client_options=client_options(url), **kw,
+    )  # fmt: skip
     return r
 
 
@@ -395,6 +483,8 @@ produce_tansu = produce_kafka  # its name before PigeonMQ's Kafka port used it t
 
 PRODUCE = {
     "pigeon": produce_pigeon,
+    "pigeon-tls": produce_pigeon,
+    "pigeon-tls-auth": produce_pigeon,
     "nats": produce_nats,
     "redis": produce_redis,
     "tansu": produce_kafka,
@@ -411,7 +501,7 @@ PRODUCE = {
 
 
 def _warm(system: str) -> None:
-    if system == "pigeon":
+    if system in NATIVE:
         import pigeon.client
         import pigeon.client._cli  # noqa: F401
     elif system == "nats":

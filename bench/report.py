@@ -8,19 +8,34 @@ import statistics
 from typing import Any
 
 from bench.__main__ import ROOT
-from bench.peers import CATCHUP_LIMIT, FILL_LIMIT, PIGEONS, SUSTAINED, TAIL_LIMIT
+from bench.peers import (
+    BENCH_NAMESPACE,
+    BENCH_ROLE,
+    CATCHUP_LIMIT,
+    FILL_LIMIT,
+    NATIVE,
+    PIGEONS,
+    SECURED,
+    SUSTAINED,
+    TAIL_LIMIT,
+)
 
 BEGIN = "<!-- bench:peers:begin -->"
 END = "<!-- bench:peers:end -->"
 IMG = ROOT / "docs" / "img"
 KAFKA_BEGIN = "<!-- bench:kafka:begin -->"
 KAFKA_END = "<!-- bench:kafka:end -->"
+SECURITY_BEGIN = "<!-- bench:security:begin -->"
+SECURITY_END = "<!-- bench:security:end -->"
 
 
 def section(systems: list[str]) -> tuple[str, str, str, str]:
     """(begin marker, end marker, title, chart prefix) of the docs/benchmarks.md section a
     run of these systems goes to: a run of Kafka clients only (PigeonMQ's Kafka port
-    without its native client) has its own section."""
+    without its native client) has its own section, and so has a run of PigeonMQ's native
+    client only with TLS (``pigeon-tls``, ``pigeon-tls-auth``: :func:`render_security`)."""
+    if all(s in NATIVE for s in systems) and any(s in SECURED for s in systems):
+        return SECURITY_BEGIN, SECURITY_END, "TLS and authentication", "security-"
     if "pigeon" not in systems and "pigeon-kafka" in systems:
         return KAFKA_BEGIN, KAFKA_END, "Kafka clients", "kafka-"
     return BEGIN, END, "Side by side with peers", "peers-"
@@ -29,6 +44,8 @@ def section(systems: list[str]) -> tuple[str, str, str, str]:
 NAMES = {
     "pigeon": "PigeonMQ",
     "pigeon-kafka": "PigeonMQ (Kafka port)",
+    "pigeon-tls": "PigeonMQ, TLS",
+    "pigeon-tls-auth": "PigeonMQ, TLS + token auth + authorization",
     "nats": "NATS JetStream",
     "redis": "Redis streams",
     "tansu": "Tansu (Kafka API, memory)",
@@ -36,6 +53,8 @@ NAMES = {
 SHORT = {
     "pigeon": "PigeonMQ",
     "pigeon-kafka": "PigeonMQ-Kafka",
+    "pigeon-tls": "TLS",
+    "pigeon-tls-auth": "TLS+auth",
     "nats": "NATS JS",
     "redis": "Redis",
     "tansu": "Tansu*",
@@ -117,6 +136,8 @@ def ratio_table_head(first: str, systems: list[str], pairs: list[tuple[str, str]
 
 
 def render(res: dict[str, Any], command: str) -> str:
+    if section(res["systems"])[0] == SECURITY_BEGIN:
+        return render_security(res, command)
     reps = res["repetitions"]
     systems = [s for s in res["systems"]]
     peers = ratio_pairs(systems)
@@ -310,6 +331,139 @@ def render(res: dict[str, Any], command: str) -> str:
         L += [f"- {e}" for e in errors]
     L += ["", end]
     return "\n".join(L)
+
+
+#: the target of issue 15: produce over TLS at 1 KiB at least this fraction of plaintext
+TLS_TARGET = 0.6
+
+
+def render_security(res: dict[str, Any], command: str) -> str:
+    """The "TLS and authentication" section: PigeonMQ's native client in plaintext, over
+    TLS, and over TLS with token authentication and authorization, in the same run, with
+    each one's ratio to plaintext and TLS + auth's ratio to TLS alone."""
+    reps = res["repetitions"]
+    systems = list(res["systems"])
+    a = res["args"]
+    n = len(reps)
+    base = "pigeon" if "pigeon" in systems else None
+    L: list[str] = [
+        SECURITY_BEGIN,
+        f"Run on {res['started']}; machine: {res['machine']}. Server and client on the same "
+        "2-core VM, over loopback, so client and server compete for the CPU (and, on this "
+        "machine, with other work: the spread shows it).",
+        "",
+        f"Command: `{command}`"
+        + (
+            f" (this section re-rendered from its JSON with `{res['render_command']}`)"
+            if res.get("render_command")
+            else ""
+        ),
+        "",
+        f"{n} repetition{'s' if n > 1 else ''}, systems interleaved within each repetition; "
+        "cells show the median"
+        + (" and (min–max) over the repetitions" if n > 1 else " (one repetition: no spread)")
+        + f". Produce scenarios run {a['duration']:g} s. The CPU rows (server: the standalone "
+        "process, all threads; client: the benchmark process, which runs the producer) depend "
+        "less on the machine's other load than the rates do: they show what TLS costs where.",
+        "",
+        "| scenario | " + " | ".join(NAMES[s] for s in systems) + " | "
+        + " | ".join(f"{SHORT[s]} / plaintext" for s in systems if base and s != base)
+        + (" | TLS+auth / TLS |" if {"pigeon-tls", "pigeon-tls-auth"} <= set(systems) else " |"),
+        "|---|" + "---|" * (len(systems) + sum(1 for s in systems if base and s != base)
+                            + ({"pigeon-tls", "pigeon-tls-auth"} <= set(systems))),
+    ]  # fmt: skip
+    rows = [
+        ("produce_1k", "1 KiB messages, 1 producer, msg/s", "msg_per_s", "{:,.0f}"),
+        ("produce_1k", "1 KiB messages, 1 producer, MB/s", "mb_per_s", "{:,.1f}"),
+        ("produce_100b", "100 B messages, 1 producer, msg/s", "msg_per_s", "{:,.0f}"),
+        ("produce_100b", "100 B messages, 1 producer, MB/s", "mb_per_s", "{:,.1f}"),
+        ("produce_1k", "server CPU per message, µs, 1 KiB", "server_cpu_us_per_msg", "{:,.2f}"),
+        ("produce_100b", "server CPU per message, µs, 100 B", "server_cpu_us_per_msg", "{:,.2f}"),
+        ("produce_1k", "client CPU per message, µs, 1 KiB", "client_cpu_us_per_msg", "{:,.2f}"),
+        ("produce_100b", "client CPU per message, µs, 100 B", "client_cpu_us_per_msg", "{:,.2f}"),
+        ("catchup", "catch-up read, MB/s", "mb_per_s", "{:,.1f}"),
+    ]
+    for mb in a.get("rates", []):
+        rows.append(
+            (f"e2e_{mb:g}mb", f"end-to-end p50 at {mb:g} MB/s, ms", "latency_ms_p50", "{:,.2f}")
+        )
+        rows.append(
+            (f"e2e_{mb:g}mb", f"end-to-end p99 at {mb:g} MB/s, ms", "latency_ms_p99", "{:,.2f}")
+        )
+    for key, label, field, fmt in rows:
+        vals = {s: collect(reps, s, key, field) for s in systems}
+        if not any(vals.values()):
+            continue
+        line = f"| {label} | " + " | ".join(cell(vals[s], fmt) for s in systems) + " |"
+        if base:
+            line += "".join(f" {ratio(vals[s], vals[base])} |" for s in systems if s != base)
+        if {"pigeon-tls", "pigeon-tls-auth"} <= set(systems):
+            line += f" {ratio(vals['pigeon-tls-auth'], vals['pigeon-tls'])} |"
+        L.append(line)
+    # per-repetition ratios: the systems of one repetition ran minutes apart at most, so
+    # their ratio is less exposed to the machine's other load than the medians' ratio
+    if base and n > 1:
+        per: list[str] = []
+        for s in systems:
+            if s == base:
+                continue
+            rs = []
+            for r in reps:
+                x = r.get(s, {}).get("produce_1k", {}).get("msg_per_s")
+                y = r.get(base, {}).get("produce_1k", {}).get("msg_per_s")
+                if x and y:
+                    rs.append(f"{x / y:.2f}")
+            if rs:
+                per.append(f"{SHORT[s]} / plaintext {', '.join(rs)}")
+        if per:
+            L += ["", "1 KiB msg/s ratios per repetition: " + "; ".join(per) + "."]
+    if base and "pigeon-tls" in systems:
+        r1k = collect(reps, "pigeon-tls", "produce_1k", "msg_per_s")
+        p1k = collect(reps, base, "produce_1k", "msg_per_s")
+        if r1k and p1k:
+            got = med(r1k) / med(p1k)
+            L += [
+                "",
+                f"Target (issue 15): produce over TLS at 1 KiB ≥ {TLS_TARGET:g}× plaintext in "
+                f"the same run: **{got:.2f}×, {'met' if got >= TLS_TARGET else 'not met'}**.",
+            ]
+    L += ["", *SETTINGS_SECURITY]
+    errors = [
+        f"{SHORT.get(s, s)} `{k}` (repetition {i + 1}): {v['error']}"
+        for i, r in enumerate(reps)
+        for s, sv in r.items()
+        if isinstance(sv, dict)
+        for k, v in (sv.items() if "error" not in sv else [("server", sv)])
+        if isinstance(v, dict) and "error" in v
+    ]
+    if errors:
+        L += ["", "Scenarios that failed in this run (their cells count the other runs only):", ""]
+        L += [f"- {e}" for e in errors]
+    L += ["", SECURITY_END]
+    return "\n".join(L)
+
+
+SETTINGS_SECURITY = [
+    "#### Settings",
+    "",
+    "- **Plaintext** (`pigeon`): `pigeon standalone --fsync always`, the client on `pigeon://` "
+    "(as in the peers section: `run_perf_produce`, batches of 1,000 messages / 1 MiB / 5 ms, "
+    "2,000 messages for 100 B, 50,000 messages pending).",
+    "- **TLS** (`pigeon-tls`): the same standalone with `broker_service_port_tls`, a "
+    "certificate for 127.0.0.1 signed by a CA made for the run (`SecurityFiles`), the client "
+    "on `pigeon+ssl://` trusting that CA (hostname verified). TLS 1.3 as negotiated by "
+    "Python's `ssl` (OpenSSL); the streams are `trio.SSLStream`. As every TLS standalone "
+    "does, the broker also reaches its in-process bookie over TLS, so each produced byte "
+    "is decrypted twice and encrypted once in the server process.",
+    "- **TLS + auth** (`pigeon-tls-auth`): TLS as above, `authentication_enabled` with the "
+    "`token` provider (HS256 secret key file), `authorization_enabled`; the client "
+    f"authenticates with a token for the role `{BENCH_ROLE}`, not a superuser, granted "
+    f"`produce` and `consume` on `{BENCH_NAMESPACE}` through the admin API by a superuser "
+    "role. The token is checked once per connection (the `connect` handshake) and the "
+    "permission once per attach (`createProducer`/`subscribe`: `Authorization.check_produce`"
+    " / `check_consume` in the broker's native front door); sending a message does no "
+    "authentication or authorization work.",
+]
 
 
 SETTINGS = [

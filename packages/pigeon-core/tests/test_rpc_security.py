@@ -93,6 +93,42 @@ async def test_tls_with_a_token_establishes_the_role_on_both_sides(certs: Certif
         assert isinstance(service.opened[0].stream, trio.SSLStream)
 
 
+async def test_large_payloads_over_tls_arrive_whole_in_a_few_reads_per_megabyte(
+    certs: Certificates, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 4 MiB payload is 256 TLS records; the reader decrypts the records already received
+    after each ``receive_some`` instead of one per call (and scheduler trip), and the
+    payload still arrives whole, both ways."""
+    reads = {"calls": 0}
+    receive_some = trio.SSLStream.receive_some
+
+    async def counted(self: trio.SSLStream[Any], max_bytes: int | None = None) -> Any:
+        reads["calls"] += 1
+        return await receive_some(self, max_bytes)
+
+    monkeypatch.setattr(trio.SSLStream, "receive_some", counted)
+    service = LookupService()
+    size = 4 * 1024 * 1024
+    payload = os.urandom(size)
+    async with secure_server(service, tls=server_tls(certs)) as (nursery, port):
+        with trio.fail_after(TIMEOUT * 4):
+            tls = client_context(trust_certs_file=certs.ca)
+            conn, _info = await connect_tcp("127.0.0.1", port, BrokerFrame, nursery, tls=tls)
+            before = reads["calls"]
+            entry_id, echoed = await conn.request(
+                "send",
+                {"producerId": 1},
+                payload=payload,
+                expect="sendReceipt",
+                extract=lambda body, p: (body.entryId, bytes(p)),
+            )
+            calls = reads["calls"] - before
+            assert (await conn.request("lookup", {"topic": "after"}))["topic"] == "after"
+    assert entry_id == size and echoed == payload
+    # 512 records crossed (256 each way): one receive_some each would be 512 calls
+    assert calls < 256, calls
+
+
 async def test_a_client_certificate_is_the_role_with_mutual_tls(certs: Certificates) -> None:
     tls = server_tls(certs, require_client_cert=True)
     async with secure_server(LookupService(), tls=tls, authenticator=authenticator()) as (

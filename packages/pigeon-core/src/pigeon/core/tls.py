@@ -41,6 +41,30 @@ log = logging.getLogger(__name__)
 
 #: how long a TLS handshake may take before the connection is dropped
 HANDSHAKE_TIMEOUT_S = 10.0
+#: bytes a TLS stream reads from its socket at a time.  ``trio.SSLStream`` asks its
+#: transport for 64 KiB; at 100 MB/s and more, that many trips through it took about a
+#: third of a link's CPU (docs/benchmarks.md, "TLS and authentication").
+TRANSPORT_RECEIVE_SIZE = 256 * 1024
+
+
+class _LargeReads(trio.abc.Stream):
+    """The stream under a ``trio.SSLStream``, read :data:`TRANSPORT_RECEIVE_SIZE`
+    bytes at a time when the TLS layer does not say how much."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self.stream.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.stream.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        return await self.stream.receive_some(max_bytes or TRANSPORT_RECEIVE_SIZE)
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
 
 
 def _load_chain(ctx: ssl.SSLContext, certificate_file: str, key_file: str, what: str) -> None:
@@ -308,7 +332,7 @@ async def accept_tls(
     :class:`TlsError` or :class:`ConnectionClosed` with one line
     (:func:`describe_tls_error`) when it fails.  A missing client certificate is the
     caller's to refuse (``tls.require_client_cert``): see :attr:`ServerTls.protocol_context`."""
-    ssl_stream = trio.SSLStream(stream, tls.protocol_context, server_side=True)
+    ssl_stream = trio.SSLStream(_LargeReads(stream), tls.protocol_context, server_side=True)
     try:
         with trio.fail_after(handshake_timeout):
             await ssl_stream.do_handshake()
@@ -328,7 +352,7 @@ async def connect_tls(
     """Run the client side of the handshake against ``server_hostname``; raises
     :class:`TlsError` (a certificate or protocol refusal: retrying will not help) or
     :class:`ConnectionClosed` (the peer went away), with one line naming what failed."""
-    ssl_stream = trio.SSLStream(stream, context, server_hostname=server_hostname)
+    ssl_stream = trio.SSLStream(_LargeReads(stream), context, server_hostname=server_hostname)
     try:
         with trio.fail_after(handshake_timeout):
             await ssl_stream.do_handshake()
