@@ -39,7 +39,9 @@ from pigeon.core.testing.servers import (
 
 __all__ = ["Cluster", "Node"]
 
-READY_TIMEOUT = 20.0
+#: how long a node gets to open its ports (imports alone take 10-20 s on a loaded
+#: 2-core machine)
+READY_TIMEOUT = 60.0
 
 
 def bookie_args(metadata: str, port: int, data_dir: Path, *extra: str) -> list[str]:
