@@ -8,6 +8,7 @@ Sessions run in the environment they are started from (``scripts/bootstrap`` bui
     nox -s integration    multi-process tests against real servers
     nox -s cluster        cluster fault tests, one session per metadata x replication pair
     nox -s nemesis        the nemesis suite, 10 minutes per metadata x replication pair
+    nox -s nemesis_secure the nemesis with TLS + tokens on every link, 10 minutes
     nox -s lint           ruff + mypy
     nox -s bench          benchmark scenarios, results into docs/benchmarks.md
 """
@@ -97,7 +98,33 @@ def nemesis(session: nox.Session, metadata: str, replication: str) -> None:
         "-s",
         "integration/nemesis/test_nemesis.py",
         "-k",
-        f"{metadata}-{replication}",
+        f"{metadata}-{replication} and not secure",
+        *session.posargs,
+        env=env,
+    )
+
+
+@nox.session(venv_backend="none")
+def nemesis_secure(session: nox.Session) -> None:
+    """The nemesis with TLS + tokens + authorization on every link (the secure pair of
+    ``integration/nemesis/test_nemesis.py``), ``PIGEON_NEMESIS_DURATION`` seconds
+    (default 600)."""
+    env = {
+        "PIGEON_NEMESIS_DURATION": os.environ.get("PIGEON_NEMESIS_DURATION", "600"),
+        "PIGEON_NEMESIS_RESULTS": os.environ.get(
+            "PIGEON_NEMESIS_RESULTS",
+            os.path.join(tempfile.gettempdir(), "pigeon-nemesis-results.json"),
+        ),
+    }
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        "-q",
+        "-s",
+        "integration/nemesis/test_nemesis.py",
+        "-k",
+        "secure",
         *session.posargs,
         env=env,
     )

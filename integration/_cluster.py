@@ -5,6 +5,13 @@ stopped by PID; readiness waits and stops are bounded in time and fail with the 
 ``Cluster(..., config={"broker": {...}, "bookie": {...}})`` gives every node those TOML
 tables (``--config``), e.g. ``SecurityFiles.node_table()`` of
 :mod:`pigeon.core.testing.servers` for TLS and tokens on every link.
+
+``Cluster(..., security=SecurityFiles.create(dir))`` secures every link: bookies serve
+TLS and admit only the nodes' role, brokers dial them (and leader-follower bookies each
+other) over TLS with that role's token, every broker serves the native protocol on a TLS
+port of its own (``Node.tls_port``; ``service_url`` is then ``pigeon+ssl://``) and the
+admin API over HTTPS (``Node.https_port``), with token authentication and authorization
+on (``superuser_roles``: the nodes' role and ``admin_roles``).
 """
 
 from __future__ import annotations
@@ -20,8 +27,11 @@ from typing import IO, Any
 
 from pigeon.core.testing.servers import (
     HOST,
+    NODE_ROLE,
+    SecurityFiles,
     clean_env,
     free_ports,
+    merge_tables,
     port_open,
     server_command,
     write_toml,
@@ -29,7 +39,9 @@ from pigeon.core.testing.servers import (
 
 __all__ = ["Cluster", "Node"]
 
-READY_TIMEOUT = 20.0
+#: how long a node gets to open its ports (imports alone take 10-20 s on a loaded
+#: 2-core machine)
+READY_TIMEOUT = 60.0
 
 
 def bookie_args(metadata: str, port: int, data_dir: Path, *extra: str) -> list[str]:
@@ -57,10 +69,22 @@ def broker_args(
 class Node:
     """One ``pigeon bookie`` or ``pigeon broker`` process."""
 
-    def __init__(self, kind: str, args: list[str], port: int, log_path: Path) -> None:
+    def __init__(
+        self,
+        kind: str,
+        args: list[str],
+        port: int,
+        log_path: Path,
+        *,
+        tls_port: int | None = None,
+        https_port: int | None = None,
+    ) -> None:
         self.kind = kind
         self.args = args
         self.port = port
+        #: a secured broker's native TLS port and HTTPS admin port (waited for at start)
+        self.tls_port = tls_port
+        self.https_port = https_port
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
@@ -68,6 +92,12 @@ class Node:
     @property
     def address(self) -> str:
         return f"{HOST}:{self.port}"
+
+    @property
+    def tls_address(self) -> str:
+        """``host:port`` of the native TLS listener (a secured broker's)."""
+        assert self.tls_port is not None, "this node has no TLS port"
+        return f"{HOST}:{self.tls_port}"
 
     def start(self) -> Node:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
@@ -81,10 +111,13 @@ class Node:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise AssertionError(f"{self.kind} exited during start:\n{self.log_tail()}")
-            if port_open(self.port, 0.2):
+            if all(port_open(p, 0.2) for p in self._ports()):
                 return self
             time.sleep(0.05)
         raise AssertionError(f"{self.kind} not ready in {READY_TIMEOUT}s:\n{self.log_tail()}")
+
+    def _ports(self) -> list[int]:
+        return [p for p in (self.port, self.tls_port, self.https_port) if p is not None]
 
     def kill9(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -123,10 +156,18 @@ class Cluster:
         replication: str = "quorum",
         *,
         config: Mapping[str, Mapping[str, Any]] | None = None,
+        security: SecurityFiles | None = None,
+        admin_roles: tuple[str, ...] = (),
     ) -> None:
         self.root = root
         self.metadata = metadata
         self.replication = replication
+        #: TLS + tokens + authorization on every link (see the module doc)
+        self.security = security
+        if security is not None:
+            table = security.node_table(role=NODE_ROLE, superuser_roles=admin_roles)
+            table["authorization_enabled"] = True
+            config = merge_tables({"broker": table, "bookie": table}, config)
         #: TOML tables every node is given (``--config``), unless a node names its own
         self.config = {k: dict(v) for k, v in (config or {}).items()}
         self.bookies: list[Node] = []
@@ -153,20 +194,40 @@ class Cluster:
         return node.start()
 
     def add_broker(self, *extra: str) -> Node:
-        port, http_port = free_ports(2)
+        port, http_port, tls_port, https_port = free_ports(4)
         i = len(self.brokers)
-        extra = self._config_args(extra)
+        if self.security is not None:
+            # a TLS port of its own per broker: its own file on top of the shared tables
+            own = merge_tables(
+                self.config,
+                {
+                    "broker": {
+                        "broker_service_port_tls": tls_port,
+                        "web_service_port_tls": https_port,
+                    }
+                },
+            )
+            if "--config" in extra:
+                raise ValueError("a secured cluster writes each broker's --config itself")
+            extra = (*extra, "--config", str(write_toml(self.root / f"broker-{i}.toml", own)))
+        else:
+            extra = self._config_args(extra)
+        secured = self.security is not None
         node = Node(
             "broker",
             broker_args(self.metadata, port, http_port, self.replication, *extra),
             port,
             self.root / f"broker-{i}.log",
+            tls_port=tls_port if secured else None,
+            https_port=https_port if secured else None,
         )
         self.brokers.append(node)
         return node.start()
 
     @property
     def service_url(self) -> str:
+        if self.security is not None:
+            return "pigeon+ssl://" + ",".join(b.tls_address for b in self.brokers)
         return "pigeon://" + ",".join(b.address for b in self.brokers)
 
     def stop(self) -> None:

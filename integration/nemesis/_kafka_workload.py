@@ -45,6 +45,8 @@ class KafkaWorkload:
         self.rate = rate
         self.delivered = delivered
         bootstrap = topology.kafka_bootstrap
+        #: SASL_SSL with the workload's token in secure mode
+        security = topology.kafka_options()
         self.topic = f"nemesis-{KAFKA_TOPIC}"
         self.producer = Producer(
             {
@@ -55,6 +57,7 @@ class KafkaWorkload:
                 "message.timeout.ms": int(timeout * 1000),
                 "topic.metadata.refresh.interval.ms": 2000,
                 "log_level": 3,
+                **security,
             }
         )
         self.consumer = Consumer(
@@ -66,6 +69,7 @@ class KafkaWorkload:
                 "heartbeat.interval.ms": 1000,
                 "topic.metadata.refresh.interval.ms": 2000,
                 "log_level": 3,
+                **security,
             }
         )
         self._stop_produce = threading.Event()

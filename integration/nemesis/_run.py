@@ -1,6 +1,7 @@
 """One nemesis run from start to verdict: cluster, workload, faults, recovery, check.
 
     result = run_nemesis(tmp_path, "zookeeper", "quorum", seed=7, duration=60)
+    result = run_nemesis(tmp_path, "embedded", "quorum", seed=7, duration=60, secure=True)
     result.report.violations   # empty when every promise held
 
 Phases (every wait bounded): start the cluster behind proxies; open the workload; run
@@ -22,6 +23,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from pigeon.core.testing.servers import SecurityFiles
 
 from ._checker import Report, check
 from ._history import History
@@ -55,11 +58,14 @@ class RunResult:
     directory: Path
     phases: dict[str, float] = field(default_factory=dict)
     proxies: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: TLS + tokens + authorization on every link (``Topology(security=...)``)
+    secure: bool = False
 
     def figures(self) -> dict[str, Any]:
         return {
             "metadata": self.metadata,
             "replication": self.replication,
+            "secure": self.secure,
             "seed": self.seed,
             "duration_s": self.duration,
             **self.report.figures(),
@@ -70,8 +76,9 @@ class RunResult:
         }
 
     def summary(self) -> str:
+        secure = "+secure" if self.secure else ""
         return (
-            f"nemesis {self.metadata}+{self.replication} seed={self.seed} "
+            f"nemesis {self.metadata}+{self.replication}{secure} seed={self.seed} "
             f"duration={self.duration:.0f}s {self.report.summary()}"
         )
 
@@ -113,6 +120,7 @@ def run_nemesis(
     duration: float,
     producers: int = 3,
     rate: float = 200.0,
+    secure: bool = False,
 ) -> RunResult:
     root.mkdir(parents=True, exist_ok=True)
     history = History()
@@ -128,7 +136,8 @@ def run_nemesis(
         mark = now
 
     with ProxyHub() as hub, _client_log(root / "client.log"):
-        topology = Topology(root, metadata, replication, hub)
+        security = SecurityFiles.create(root / "security") if secure else None
+        topology = Topology(root, metadata, replication, hub, security=security)
         try:
             topology.start()
             schedule = plan(
@@ -171,7 +180,17 @@ def run_nemesis(
         proxies = {name: vars(p.statistics()) for name, p in hub.proxies.items()}
     report = check(history)
     result = RunResult(
-        metadata, replication, seed, duration, schedule, report, history, root, phases, proxies
+        metadata,
+        replication,
+        seed,
+        duration,
+        schedule,
+        report,
+        history,
+        root,
+        phases,
+        proxies,
+        secure=secure,
     )
     history.dump(root / "history.jsonl.gz")
     if failure is not None:

@@ -13,6 +13,18 @@ reaches a ZooKeeper/etcd server through a proxy of its own, so that cutting a no
   the proxies.  Brokers do not talk to each other over the binary protocol.
 * The **embedded** metadata store is a directory shared by the processes: there is no
   link to cut and no server to kill or pause.
+
+**Secure mode** (``Topology(..., security=SecurityFiles.create(dir))``): every link is
+TLS and every caller shows a token.  Bookies serve TLS on their port and admit only the
+nodes' role (a superuser); brokers dial bookies, and leader-follower bookies dial each
+other, over TLS with that role's token (``broker_client_*``).  Brokers serve the native
+protocol on ``broker_service_port_tls`` (their proxies front that port, lookups answer
+``pigeon+ssl://``), the admin API over HTTPS on ``web_service_port_tls`` (the topology's
+admin calls use it with the run's CA and a superuser token) and Kafka as ``SASL_SSL``.
+Authorization is on: the workload's clients authenticate as :data:`APP_ROLE`, which is
+granted only ``produce`` and ``consume`` on :data:`NAMESPACE`.  The plaintext ports the
+node commands still bind (``--port``, ``--http-port``) require a token too; nothing of
+the run dials them except the readiness probe (a TCP connect).
 """
 
 from __future__ import annotations
@@ -22,7 +34,9 @@ import http.client
 import json
 import os
 import signal
+import ssl
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator, Mapping
@@ -32,7 +46,9 @@ from typing import Any
 from _cluster import Node, bookie_args, broker_args
 
 from pigeon.core.testing.servers import (
+    NODE_ROLE,
     EtcdServer,
+    SecurityFiles,
     ZooKeeperServer,
     free_ports,
     merge_tables,
@@ -41,7 +57,16 @@ from pigeon.core.testing.servers import (
 
 from ._proxy import Proxy, ProxyHub
 
-__all__ = ["BOOKIES", "BROKERS", "NAMESPACE", "SESSION_TIMEOUT", "Topology", "routed_lookups"]
+__all__ = [
+    "ADMIN_ROLE",
+    "APP_ROLE",
+    "BOOKIES",
+    "BROKERS",
+    "NAMESPACE",
+    "SESSION_TIMEOUT",
+    "Topology",
+    "routed_lookups",
+]
 
 BOOKIES = 3
 BROKERS = 2
@@ -50,6 +75,10 @@ SESSION_TIMEOUT = 3.0
 #: the workload's namespace: retention forever, so that the final read sees every message
 NAMESPACE = "public/nemesis"
 BROKER_CONFIG = {"broker": {"ensemble_size": 3, "write_quorum": 2, "ack_quorum": 2}}
+#: secure mode: the workload's role (granted produce + consume on NAMESPACE, nothing more)
+APP_ROLE = "nemesis-app"
+#: secure mode: the role of the topology's own admin calls (a superuser)
+ADMIN_ROLE = "nemesis-admin"
 
 
 class Topology:
@@ -63,6 +92,7 @@ class Topology:
         hub: ProxyHub,
         *,
         config: Mapping[str, Mapping[str, Any]] | None = None,
+        security: SecurityFiles | None = None,
     ) -> None:
         self.root = root
         self.metadata = metadata
@@ -71,15 +101,22 @@ class Topology:
         #: TOML tables merged into every node's configuration (e.g. the security keys of
         #: ``SecurityFiles.node_table()`` in [broker] and [bookie])
         self.config = config or {}
+        #: secure mode (see the module doc): the run's CA, certificate and token key
+        self.security = security
         self.server: ZooKeeperServer | EtcdServer | None = None
         self.nodes: dict[str, Node] = {}
         #: node name -> the proxy in front of it / its proxy to the metadata server
         self.inbound: dict[str, Proxy] = {}
         self.metadata_link: dict[str, Proxy] = {}
         self.http_ports: dict[str, int] = {}
+        #: secure mode: broker name -> its native TLS port / its HTTPS admin port
+        self.tls_ports: dict[str, int] = {}
+        self.https_ports: dict[str, int] = {}
         #: broker name -> the proxy in front of its Kafka listener (which it advertises)
         self.kafka_inbound: dict[str, Proxy] = {}
         self._chroot = f"/n{uuid.uuid4().hex[:10]}"
+        self._tls_context: ssl.SSLContext | None = None
+        self._token: str | None = None
 
     # ------------------------------------------------------------------ start / stop
 
@@ -101,7 +138,44 @@ class Topology:
             f"/admin/v2/namespaces/{NAMESPACE}",
             {"retention_time_s": -1, "retention_size_mb": -1},
         )
+        if self.security is not None:
+            self._admin(
+                "POST",
+                f"/admin/v2/namespaces/{NAMESPACE}/permissions/{APP_ROLE}",
+                ["produce", "consume"],
+            )
+            self._check_app_role_is_not_admin()
         return self
+
+    def _check_app_role_is_not_admin(self) -> None:
+        """Secure mode: the workload's role is refused an admin call (403), so the run
+        exercises authorization rather than a superuser's pass."""
+        assert self.security is not None
+        name = self.brokers[0]
+        request = urllib.request.Request(
+            f"https://127.0.0.1:{self.https_ports[name]}/admin/v2/namespaces/{NAMESPACE}",
+            data=b"{}",
+            method="PUT",
+            headers={
+                "Content-Type": "application/json",
+                "Authorization": f"Bearer {self.security.token(APP_ROLE)}",
+            },
+        )
+        try:
+            urllib.request.urlopen(request, timeout=10, context=self._https_context()).close()
+        except urllib.error.HTTPError as exc:
+            if exc.code == 403:
+                return
+            raise AssertionError(f"{APP_ROLE} admin call: {exc.code}, expected 403") from None
+        raise AssertionError(f"{APP_ROLE} may change namespace policies: it must not")
+
+    def _node_config(self, kind: str) -> dict[str, dict[str, Any]]:
+        """The security tables of a ``kind`` node in secure mode (nothing otherwise)."""
+        if self.security is None:
+            return {}
+        table = self.security.node_table(role=NODE_ROLE, superuser_roles=(ADMIN_ROLE,))
+        table["authorization_enabled"] = True
+        return {kind: table}
 
     def _metadata_url(self, name: str) -> str:
         if self.server is None:
@@ -116,7 +190,7 @@ class Topology:
         proxy = self.inbound[name] = self.hub.add(name, port)
         config = self.root / f"{name}.toml"
         own = {"bookie": {"advertised_address": proxy.address}}
-        config.write_text(toml_text(merge_tables(own, self.config)))
+        config.write_text(toml_text(merge_tables(own, self._node_config("bookie"), self.config)))
         args = bookie_args(
             self._metadata_url(name), port, self.root / name, "--config", str(config)
         )
@@ -124,18 +198,30 @@ class Topology:
         node.start()
 
     def _add_broker(self, name: str) -> None:
-        port, http_port, kafka_port = free_ports(3)
-        self.inbound[name] = self.hub.add(name, port)
+        port, http_port, kafka_port, tls_port, https_port = free_ports(5)
+        secure = self._node_config("broker")
+        if secure:
+            # the proxy fronts the TLS port: clients speak pigeon+ssl:// through it
+            self.tls_ports[name], self.https_ports[name] = tls_port, https_port
+            secure["broker"] |= {
+                "broker_service_port_tls": tls_port,
+                "web_service_port_tls": https_port,
+            }
+        self.inbound[name] = self.hub.add(name, tls_port if secure else port)
         kafka = self.kafka_inbound[name] = self.hub.add(f"{name}-kafka", kafka_port)
         self.http_ports[name] = http_port
         own = self.root / f"{name}.toml"
-        listener = {
+        listener: dict[str, Any] = {
             "port": kafka_port,
             "namespace": NAMESPACE,
             "advertised_port": kafka.port,
             "group_initial_rebalance_delay_ms": 0,
         }
-        own.write_text(toml_text(merge_tables(BROKER_CONFIG, {"kafka": listener}, self.config)))
+        if secure:
+            listener["security_protocol"] = "SASL_SSL"
+        own.write_text(
+            toml_text(merge_tables(BROKER_CONFIG, {"kafka": listener}, secure, self.config))
+        )
         args = broker_args(
             self._metadata_url(name), port, http_port, self.replication, "--config", str(own)
         )
@@ -163,7 +249,33 @@ class Topology:
     @property
     def service_url(self) -> str:
         """The brokers' proxies: what clients of the run connect to."""
-        return "pigeon://" + ",".join(self.inbound[b].address for b in self.brokers)
+        scheme = "pigeon" if self.security is None else "pigeon+ssl"
+        return f"{scheme}://" + ",".join(self.inbound[b].address for b in self.brokers)
+
+    def client_options(self) -> dict[str, Any]:
+        """Keyword arguments of the workload's ``Client``: in secure mode the run's CA
+        and a token of :data:`APP_ROLE` (not a superuser)."""
+        if self.security is None:
+            return {}
+        from pigeon.client import AuthenticationToken
+
+        return {
+            "authentication": AuthenticationToken(self.security.token(APP_ROLE)),
+            "tls_trust_certs_file_path": str(self.security.ca_file),
+        }
+
+    def kafka_options(self) -> dict[str, Any]:
+        """confluent-kafka settings of the Kafka workload: in secure mode SASL_SSL, the
+        run's CA and SASL PLAIN with a token of :data:`APP_ROLE`."""
+        if self.security is None:
+            return {}
+        return {
+            "security.protocol": "SASL_SSL",
+            "ssl.ca.location": str(self.security.ca_file),
+            "sasl.mechanism": "PLAIN",
+            "sasl.username": NAMESPACE,
+            "sasl.password": f"token:{self.security.token(APP_ROLE)}",
+        }
 
     @property
     def kafka_bootstrap(self) -> str:
@@ -174,7 +286,10 @@ class Topology:
     def routes(self) -> dict[tuple[str, int], tuple[str, int]]:
         """Real broker address -> its proxy (see :func:`routed_lookups`)."""
         return {
-            ("127.0.0.1", self.nodes[b].port): ("127.0.0.1", self.inbound[b].port)
+            ("127.0.0.1", self.tls_ports.get(b, self.nodes[b].port)): (
+                "127.0.0.1",
+                self.inbound[b].port,
+            )
             for b in self.brokers
         }
 
@@ -287,13 +402,32 @@ class Topology:
         raise AssertionError(f"admin {method} {path} failed: {errors}")
 
     def _request(self, name: str, method: str, path: str, body: Any, timeout: float) -> Any:
-        url = f"http://127.0.0.1:{self.http_ports[name]}{path}"
+        """One admin call on broker ``name``: HTTPS with a superuser token in secure
+        mode, plain HTTP otherwise."""
+        headers = {"Content-Type": "application/json"}
+        context: ssl.SSLContext | None = None
+        if self.security is None:
+            url = f"http://127.0.0.1:{self.http_ports[name]}{path}"
+        else:
+            url = f"https://127.0.0.1:{self.https_ports[name]}{path}"
+            context = self._https_context()
+            headers["Authorization"] = f"Bearer {self._admin_token()}"
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(
-            url, data=data, method=method, headers={"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(request, timeout=timeout) as answer:
+        request = urllib.request.Request(url, data=data, method=method, headers=headers)
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as answer:
             return json.loads(answer.read() or b"null")
+
+    def _https_context(self) -> ssl.SSLContext:
+        assert self.security is not None
+        if self._tls_context is None:
+            self._tls_context = ssl.create_default_context(cafile=str(self.security.ca_file))
+        return self._tls_context
+
+    def _admin_token(self) -> str:
+        assert self.security is not None
+        if self._token is None:
+            self._token = self.security.token(ADMIN_ROLE)
+        return self._token
 
     def log_tail(self, name: str, lines: int = 20) -> str:
         if name == "metadata":

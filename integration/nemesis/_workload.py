@@ -90,7 +90,7 @@ class Workload:
         self._sampler: threading.Thread | None = None
 
     def _client(self) -> Client:
-        client = Client(self.url, operation_timeout=OP_TIMEOUT)
+        client = Client(self.url, operation_timeout=OP_TIMEOUT, **self.topology.client_options())
         self.clients.append(client)
         return client
 

@@ -1,12 +1,16 @@
 """The nemesis matrix: a cluster under faults must keep every promise of DESIGN §13.
 
 CI (``nox -s tests``) runs three pairs for 60 s each: ZooKeeper + quorum, etcd +
-leader-follower, embedded + quorum.  ``nox -s nemesis`` runs every metadata x replication
-pair for 10 minutes.  Knobs (environment):
+leader-follower, embedded + quorum, and one pair with TLS + tokens + authorization on
+every link (``embedded-leader-follower-secure``: leader-follower, so that the bookies'
+forwarding to each other is secured too; see ``_topology.py``).  ``nox -s nemesis`` runs
+every metadata x replication pair for 10 minutes, ``nox -s nemesis_secure`` the secure
+pair.  Knobs (environment):
 
 * ``PIGEON_NEMESIS_SEED``: the fault schedule's seed (default: a new one, printed);
 * ``PIGEON_NEMESIS_DURATION``: seconds of faults and production (default 60);
-* ``PIGEON_NEMESIS_MATRIX=full``: every pair, not only the CI three;
+* ``PIGEON_NEMESIS_MATRIX=full``: every pair, not only the CI three (the secure pair
+  runs either way);
 * ``PIGEON_NEMESIS_RESULTS``: the JSON file each run appends its figures to
   (default ``nemesis-results.json`` in pytest's base temporary directory).
 
@@ -30,24 +34,28 @@ CI_PAIRS = [("zookeeper", "quorum"), ("etcd", "leader-follower"), ("embedded", "
 ALL_PAIRS = [
     (m, r) for m in ("embedded", "zookeeper", "etcd") for r in ("quorum", "leader-follower")
 ]
+#: the pairs run with TLS + tokens + authorization on every link
+SECURE_PAIRS = [("embedded", "leader-follower")]
 PAIRS = ALL_PAIRS if os.environ.get("PIGEON_NEMESIS_MATRIX") == "full" else CI_PAIRS
+CELLS = [(m, r, False) for m, r in PAIRS] + [(m, r, True) for m, r in SECURE_PAIRS]
 
 
 #: under CI (``CI=true``) each pair replays one known schedule, so that a red run is a
 #: regression that replays here, not a new schedule's luck; elsewhere a new seed each run
 CI_SEEDS = {
-    ("zookeeper", "quorum"): 4242,
-    ("etcd", "leader-follower"): 777,
-    ("embedded", "quorum"): 777,
+    ("zookeeper", "quorum", False): 4242,
+    ("etcd", "leader-follower", False): 777,
+    ("embedded", "quorum", False): 777,
+    ("embedded", "leader-follower", True): 1515,
 }
 
 
-def _seed(metadata: str, replication: str) -> int:
+def _seed(metadata: str, replication: str, secure: bool) -> int:
     value = os.environ.get("PIGEON_NEMESIS_SEED")
     if value:
         return int(value)
-    if os.environ.get("CI") and (metadata, replication) in CI_SEEDS:
-        return CI_SEEDS[(metadata, replication)]
+    if os.environ.get("CI") and (metadata, replication, secure) in CI_SEEDS:
+        return CI_SEEDS[(metadata, replication, secure)]
     return random.SystemRandom().randrange(1, 1_000_000)
 
 
@@ -60,10 +68,15 @@ def _results_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return Path(path) if path else tmp_path_factory.getbasetemp() / "nemesis-results.json"
 
 
-@pytest.mark.parametrize(("metadata", "replication"), PAIRS, ids=[f"{m}-{r}" for m, r in PAIRS])
+@pytest.mark.parametrize(
+    ("metadata", "replication", "secure"),
+    CELLS,
+    ids=[f"{m}-{r}{'-secure' if s else ''}" for m, r, s in CELLS],
+)
 def test_no_acknowledged_message_is_lost_under_the_nemesis(
     metadata: str,
     replication: str,
+    secure: bool,
     tmp_path: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
@@ -71,8 +84,9 @@ def test_no_acknowledged_message_is_lost_under_the_nemesis(
         tmp_path / "run",
         metadata,
         replication,
-        seed=_seed(metadata, replication),
+        seed=_seed(metadata, replication, secure),
         duration=_duration(),
+        secure=secure,
     )
     results = _results_file(tmp_path_factory)
     append_result(results, result.figures())
