@@ -94,6 +94,11 @@ _MAX_WRITE = 4 * 1024 * 1024
 _HIGH_WATER = 8 * 1024 * 1024
 
 
+#: what a plaintext port answers a TLS ClientHello: a TLS record (alert, TLS 1.0 framing
+#: every version reads) holding a fatal ``protocol_version`` alert
+TLS_REFUSAL_ALERT = bytes([0x15, 0x03, 0x01, 0x00, 0x02, 0x02, 0x46])
+
+
 def _default_extract(body: Any, payload: memoryview) -> Any:
     if body is None:
         return None
@@ -477,6 +482,11 @@ class Connection:
                     )
                 with contextlib.suppress(ConnectionClosed):
                     self._enqueue_bytes(http_refusal(text))
+            elif foreign == "a TLS handshake":
+                # a fatal protocol_version alert: the TLS client fails at once with an
+                # error that says TLS was refused (not a bare close it would retry)
+                with contextlib.suppress(ConnectionClosed):
+                    self._enqueue_bytes(TLS_REFUSAL_ALERT)
             return
         self._close_reason = ProtocolError(
             f"the server answered with {foreign}, not the PigeonMQ {role} protocol:"

@@ -278,16 +278,15 @@ def describe_tls_error(exc: BaseException, *, server_side: bool = False) -> str:
         return f"certificate verify failed: {reason}"
     if isinstance(exc, ssl.SSLError):
         reason = (exc.reason or str(exc)).lower().replace("_", " ")
-        if "unexpected eof" in reason:
+        if "unexpected eof" in reason or "eof occurred" in reason:
             if server_side:
                 return (
                     "the client closed the connection during the TLS handshake (does it"
                     " trust this server's certificate?)"
                 )
-            return (
-                "the server closed the connection during the TLS handshake (a plaintext"
-                " port? use pigeon:// there)"
-            )
+            return "the server closed the connection during the TLS handshake"
+        if "alert protocol version" in reason:
+            return "the server refused TLS: it is a plaintext port (use pigeon:// there)"
         if "wrong version number" in reason or "record layer failure" in reason:
             return "the peer does not speak TLS (a plaintext port?)"
         if "http request" in reason:
@@ -320,8 +319,10 @@ def _handshake_error(
     too long (retriable)."""
     cause = exc.__cause__ if isinstance(exc, trio.BrokenResourceError) else exc
     message = prefix + describe_tls_error(exc, server_side=server_side)
-    if isinstance(cause, ssl.SSLError):
+    if isinstance(cause, ssl.SSLError) and not isinstance(cause, ssl.SSLEOFError):
         return TlsError(message)
+    # the peer closed without a word (a node killed mid-handshake, a load balancer
+    # between): retriable; a plaintext PigeonMQ port answers with an alert instead
     return ConnectionClosed(message)
 
 
