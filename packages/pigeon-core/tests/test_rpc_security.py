@@ -1,6 +1,6 @@
 """TLS and authentication of the RPC layer over loopback (serve_tcp/connect_tcp).
 
-Real certificates made per run (``pigeon.core.testing.certs``); each refusal is a typed
+Real certificates made per run (``pigeon.core.testing.SecurityFiles``); each refusal is a typed
 error on the client, one line on the server, and the server keeps serving."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from pigeon.core.errors import (
     ProtocolError,
     TlsError,
 )
-from pigeon.core.testing.certs import Certificates
+from pigeon.core.testing import SecurityFiles
 from pigeon.core.testing.fuzz import fuzz_settings
 from pigeon.core.tls import ServerTls, client_context
 from pigeon.core.tokens import create_key_pair, create_token
@@ -48,13 +48,16 @@ KEY = b"0123456789abcdef0123456789abcdef"
 
 
 @pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
-    return Certificates(tmp_path_factory.mktemp("certs"))
+def certs(tmp_path_factory: pytest.TempPathFactory) -> SecurityFiles:
+    return SecurityFiles.create(tmp_path_factory.mktemp("certs"))
 
 
-def server_tls(certs: Certificates, **kwargs: Any) -> ServerTls:
+def server_tls(certs: SecurityFiles, **kwargs: Any) -> ServerTls:
     return ServerTls(
-        certificate_file=certs.server, key_file=certs.server, trust_certs_file=certs.ca, **kwargs
+        certificate_file=str(certs.certificate_file),
+        key_file=str(certs.key_file),
+        trust_certs_file=str(certs.ca_file),
+        **kwargs,
     )
 
 
@@ -74,7 +77,7 @@ def authenticator() -> Authenticator:
     return Authenticator([TokenAuthenticationProvider(KEY), TlsAuthenticationProvider()])
 
 
-async def test_tls_with_a_token_establishes_the_role_on_both_sides(certs: Certificates) -> None:
+async def test_tls_with_a_token_establishes_the_role_on_both_sides(certs: SecurityFiles) -> None:
     service = LookupService()
     tls = server_tls(certs)
     async with secure_server(service, tls=tls, authenticator=authenticator()) as (nursery, port):
@@ -84,7 +87,7 @@ async def test_tls_with_a_token_establishes_the_role_on_both_sides(certs: Certif
                 port,
                 BrokerFrame,
                 nursery,
-                tls=client_context(trust_certs_file=certs.ca),
+                tls=certs.client_tls_context(),
                 authentication=AuthenticationToken(create_token("app", KEY)),
             )
             assert (await conn.request("lookup", {"topic": "a"}))["topic"] == "a"
@@ -93,22 +96,15 @@ async def test_tls_with_a_token_establishes_the_role_on_both_sides(certs: Certif
         assert isinstance(service.opened[0].stream, trio.SSLStream)
 
 
-async def test_a_client_certificate_is_the_role_with_mutual_tls(certs: Certificates) -> None:
+async def test_a_client_certificate_is_the_role_with_mutual_tls(certs: SecurityFiles) -> None:
     tls = server_tls(certs, require_client_cert=True)
     async with secure_server(LookupService(), tls=tls, authenticator=authenticator()) as (
         nursery,
         port,
     ):
-        client = certs.client("billing")
         with trio.fail_after(TIMEOUT):
             conn, _ = await connect_tcp(
-                "127.0.0.1",
-                port,
-                BrokerFrame,
-                nursery,
-                tls=client_context(
-                    trust_certs_file=certs.ca, certificate_file=client, key_file=client
-                ),
+                "127.0.0.1", port, BrokerFrame, nursery, tls=certs.client_tls_context("billing")
             )
         assert conn.role == "billing"
         # without a client certificate the handshake itself is refused
@@ -118,7 +114,7 @@ async def test_a_client_certificate_is_the_role_with_mutual_tls(certs: Certifica
                 port,
                 BrokerFrame,
                 nursery,
-                tls=client_context(trust_certs_file=certs.ca),
+                tls=certs.client_tls_context(),
             )
             await conn2.request("lookup", {"topic": "a"})
 
@@ -138,13 +134,13 @@ async def test_a_client_certificate_is_the_role_with_mutual_tls(certs: Certifica
     ],
 )
 async def test_each_refusal_is_one_typed_line_and_the_server_serves_on(
-    certs: Certificates,
+    certs: SecurityFiles,
     case: str,
     error: type[Exception],
     words: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    ctx = client_context(trust_certs_file=certs.ca)
+    ctx = certs.client_tls_context()
     secret = "s3cr3t-" + "x" * 20
     kwargs: dict[str, Any] = {
         "no credentials": {"tls": ctx},
@@ -158,7 +154,7 @@ async def test_each_refusal_is_one_typed_line_and_the_server_serves_on(
             "authentication": AuthenticationToken(create_token("app", KEY, expiry_s=-10)),
         },
         "unknown method": {"tls": ctx, "authentication": _Other()},
-        "wrong CA": {"tls": client_context(trust_certs_file=certs.other_ca)},
+        "wrong CA": {"tls": client_context(trust_certs_file=str(certs.other_ca_file))},
         "hostname mismatch": {"tls": ctx, "server_hostname": "elsewhere.example"},
         "plaintext client": {},
         "bookie client": {"tls": ctx, "frame": BookieFrame},
@@ -212,8 +208,9 @@ class _Other:
         return b"ticket"
 
 
-async def test_an_expired_server_certificate_is_named(certs: Certificates) -> None:
-    tls = ServerTls(certificate_file=certs.expired_server, key_file=certs.expired_server)
+async def test_an_expired_server_certificate_is_named(certs: SecurityFiles) -> None:
+    cert, key = certs.expired_certificate()
+    tls = ServerTls(certificate_file=str(cert), key_file=str(key))
     async with secure_server(LookupService(), tls=tls) as (nursery, port):
         with trio.fail_after(TIMEOUT), pytest.raises(TlsError, match="expired"):
             await connect_tcp(
@@ -221,7 +218,7 @@ async def test_an_expired_server_certificate_is_named(certs: Certificates) -> No
                 port,
                 BrokerFrame,
                 nursery,
-                tls=client_context(trust_certs_file=certs.ca),
+                tls=certs.client_tls_context(),
             )
 
 
@@ -234,12 +231,13 @@ async def test_a_tls_client_on_a_plaintext_port_is_told_so() -> None:
 
 
 async def test_reload_serves_the_new_certificate_and_keeps_open_connections(
-    certs: Certificates, tmp_path: Path
+    certs: SecurityFiles, tmp_path: Path
 ) -> None:
-    live = tmp_path / "live.pem"
-    shutil.copy(certs.server, live)
-    tls = ServerTls(certificate_file=str(live), key_file=str(live))
-    ctx = client_context(trust_certs_file=certs.ca)
+    live, live_key = tmp_path / "live.pem", tmp_path / "live-key.pem"
+    shutil.copy(certs.certificate_file, live)
+    shutil.copy(certs.key_file, live_key)
+    tls = ServerTls(certificate_file=str(live), key_file=str(live_key))
+    ctx = certs.client_tls_context()
     async with secure_server(LookupService(), tls=tls) as (nursery, port):
         with trio.fail_after(TIMEOUT):
             before, _ = await connect_tcp("127.0.0.1", port, BrokerFrame, nursery, tls=ctx)
@@ -248,7 +246,9 @@ async def test_reload_serves_the_new_certificate_and_keeps_open_connections(
         live.write_text("not a certificate")
         assert tls.reload() is False
         # a new certificate from the same CA: new handshakes get it
-        shutil.copy(certs.issue("server2", "127.0.0.1", common_name="renewed"), live)
+        renewed, renewed_key = certs.issue("server2", "127.0.0.1", common_name="renewed")
+        shutil.copy(renewed, live)
+        shutil.copy(renewed_key, live_key)
         assert tls.reload() is True
         with trio.fail_after(TIMEOUT):
             after, _ = await connect_tcp("127.0.0.1", port, BrokerFrame, nursery, tls=ctx)
@@ -263,15 +263,12 @@ def _served_serial(conn: Any) -> Any:
     return stream.getpeercert()["serialNumber"]
 
 
-async def test_sighup_reloads_every_listener_of_the_process(
-    certs: Certificates, tmp_path: Path
-) -> None:
+async def test_sighup_reloads_every_listener_of_the_process(certs: SecurityFiles) -> None:
     from pigeon.core.tls import reload_on_sighup
 
-    live = tmp_path / "live.pem"
-    shutil.copy(certs.server, live)
-    first = ServerTls(certificate_file=str(live), key_file=str(live))
-    second = ServerTls(certificate_file=str(live), key_file=str(live), what="bookie")
+    cert, key = str(certs.certificate_file), str(certs.key_file)
+    first = ServerTls(certificate_file=cert, key_file=key)
+    second = ServerTls(certificate_file=cert, key_file=key, what="bookie")
     reloaded = trio.Event()
     reload = second.reload
 
@@ -295,7 +292,7 @@ async def test_sighup_reloads_every_listener_of_the_process(
 # ------------------------------------------------------------------ configuration
 
 
-def test_server_context_errors_name_the_file(certs: Certificates, tmp_path: Path) -> None:
+def test_server_context_errors_name_the_file(certs: SecurityFiles, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no such file"):
         ServerTls(certificate_file=str(tmp_path / "nope.pem"), key_file=str(tmp_path / "k"))
     bad = tmp_path / "bad.pem"
@@ -303,7 +300,11 @@ def test_server_context_errors_name_the_file(certs: Certificates, tmp_path: Path
     with pytest.raises(ConfigError, match="not a PEM certificate"):
         ServerTls(certificate_file=str(bad), key_file=str(bad))
     with pytest.raises(ConfigError, match="tls_trust_certs_file"):
-        ServerTls(certificate_file=certs.server, key_file=certs.server, require_client_cert=True)
+        ServerTls(
+            certificate_file=str(certs.certificate_file),
+            key_file=str(certs.key_file),
+            require_client_cert=True,
+        )
     with pytest.raises(ConfigError, match="holds no PEM CA"):
         client_context(trust_certs_file=str(bad))
 
@@ -401,7 +402,7 @@ def hostile_handshakes(draw: st.DrawFn) -> bytes:
 @FUZZ
 @given(blob=hostile_handshakes())
 def test_fuzzed_tls_handshakes_never_take_the_listener_down(
-    certs: Certificates, blob: bytes
+    certs: SecurityFiles, blob: bytes
 ) -> None:
     async def main() -> None:
         errors = _ErrorRecords()
@@ -419,7 +420,7 @@ def test_fuzzed_tls_handshakes_never_take_the_listener_down(
                         port,
                         BrokerFrame,
                         nursery,
-                        tls=client_context(trust_certs_file=certs.ca),
+                        tls=certs.client_tls_context(),
                         authentication=AuthenticationToken(create_token("ok", KEY)),
                     )
                     assert (await conn.request("lookup", {"topic": "t"}))["topic"] == "t"
@@ -449,7 +450,7 @@ def test_fuzzed_credentials_are_refused_as_authentication_errors(method: str, da
 
 @pytest.mark.parametrize("tls", [False, True])
 def test_a_peer_that_never_says_connect_is_closed(
-    certs: Certificates,
+    certs: SecurityFiles,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
     tls: bool,
@@ -459,7 +460,7 @@ def test_a_peer_that_never_says_connect_is_closed(
     import pigeon.core._rpc as rpc
 
     monkeypatch.setattr(rpc, "CONNECT_DEADLINE_S", 0.5)
-    context = client_context(trust_certs_file=certs.ca) if tls else None
+    context = certs.client_tls_context() if tls else None
     extra: dict[str, Any] = {"tls": server_tls(certs)} if tls else {}
 
     async def main() -> None:
