@@ -35,7 +35,7 @@ FAIL_S = 20.0
 
 @pytest.fixture(scope="module")
 def security(tmp_path_factory: pytest.TempPathFactory) -> Security:
-    return Security(tmp_path_factory.mktemp("security"))
+    return Security.create(tmp_path_factory.mktemp("security"))
 
 
 @pytest.fixture(scope="module")
@@ -242,8 +242,8 @@ def test_kcat_sasl_ssl(sasl_ssl: Standalone, security: Security) -> None:
 def test_ssl_with_mtls_role(security: Security, tmp_path: Path) -> None:
     """SSL without SASL: the client certificate's common name is the role."""
     config = security.config("SSL", providers=("token", "tls"), mtls=True)
-    admin_cert, admin_key = security.client_cert("admin")
-    nobody_cert, nobody_key = security.client_cert("nobody")
+    admin_cert, admin_key = security.client_certificate("admin")
+    nobody_cert, nobody_key = security.client_certificate("nobody")
     with standalone(tmp_path / "ssl", config) as sa:
 
         def conf(cert: Path, key: Path) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 if TYPE_CHECKING:
     import trustme
@@ -54,9 +54,7 @@ class SecurityFiles:
     secret_key_file: Path
 
     @classmethod
-    def create(
-        cls, root: Path, *, hosts: tuple[str, ...] = ("127.0.0.1", "localhost")
-    ) -> SecurityFiles:
+    def create(cls, root: Path, *, hosts: tuple[str, ...] = ("127.0.0.1", "localhost")) -> Self:
         import trustme
 
         from pigeon.core.tokens import create_secret_key
