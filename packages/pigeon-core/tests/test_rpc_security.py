@@ -21,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_connection import TIMEOUT, LookupService
 
-from pigeon.core._rpc import connect_tcp, serve_tcp
+from pigeon.core._rpc import Connection, connect_tcp, serve_tcp
 from pigeon.core._schema import BookieFrame, BrokerFrame
 from pigeon.core.auth import (
     AuthData,
@@ -77,19 +77,22 @@ def authenticator() -> Authenticator:
     return Authenticator([TokenAuthenticationProvider(KEY), TlsAuthenticationProvider()])
 
 
+async def dial(
+    nursery: trio.Nursery, port: int, *, role: str | None = None, **kwargs: Any
+) -> tuple[Connection, dict[str, Any]]:
+    """``connect_tcp`` to the loopback server as a broker client (``role``: with a
+    token for it signed with KEY; ``kwargs``: more of ``connect_tcp``)."""
+    if role is not None:
+        kwargs["authentication"] = AuthenticationToken(create_token(role, KEY))
+    return await connect_tcp("127.0.0.1", port, BrokerFrame, nursery, **kwargs)
+
+
 async def test_tls_with_a_token_establishes_the_role_on_both_sides(certs: SecurityFiles) -> None:
     service = LookupService()
     tls = server_tls(certs)
     async with secure_server(service, tls=tls, authenticator=authenticator()) as (nursery, port):
         with trio.fail_after(TIMEOUT):
-            conn, info = await connect_tcp(
-                "127.0.0.1",
-                port,
-                BrokerFrame,
-                nursery,
-                tls=certs.client_tls_context(),
-                authentication=AuthenticationToken(create_token("app", KEY)),
-            )
+            conn, info = await dial(nursery, port, tls=certs.client_tls_context(), role="app")
             assert (await conn.request("lookup", {"topic": "a"}))["topic"] == "a"
         assert info["authRole"] == "app" and conn.role == "app"
         assert service.opened[0].role == "app"
@@ -103,19 +106,11 @@ async def test_a_client_certificate_is_the_role_with_mutual_tls(certs: SecurityF
         port,
     ):
         with trio.fail_after(TIMEOUT):
-            conn, _ = await connect_tcp(
-                "127.0.0.1", port, BrokerFrame, nursery, tls=certs.client_tls_context("billing")
-            )
+            conn, _ = await dial(nursery, port, tls=certs.client_tls_context("billing"))
         assert conn.role == "billing"
         # without a client certificate the handshake itself is refused
         with trio.fail_after(TIMEOUT), pytest.raises((TlsError, ConnectionClosed)):
-            conn2, _ = await connect_tcp(
-                "127.0.0.1",
-                port,
-                BrokerFrame,
-                nursery,
-                tls=certs.client_tls_context(),
-            )
+            conn2, _ = await dial(nursery, port, tls=certs.client_tls_context())
             await conn2.request("lookup", {"topic": "a"})
 
 
@@ -178,14 +173,7 @@ async def test_each_refusal_is_one_typed_line_and_the_server_serves_on(
         assert not [r for r in caplog.records if r.exc_info]
         # and still serves a good client
         with trio.fail_after(TIMEOUT):
-            conn, _ = await connect_tcp(
-                "127.0.0.1",
-                port,
-                BrokerFrame,
-                nursery,
-                tls=ctx,
-                authentication=AuthenticationToken(create_token("ok", KEY)),
-            )
+            conn, _ = await dial(nursery, port, tls=ctx, role="ok")
         assert conn.role == "ok"
     logging.getLogger("pigeon.core._rpc").removeHandler(handler)
 
@@ -213,21 +201,13 @@ async def test_an_expired_server_certificate_is_named(certs: SecurityFiles) -> N
     tls = ServerTls(certificate_file=str(cert), key_file=str(key))
     async with secure_server(LookupService(), tls=tls) as (nursery, port):
         with trio.fail_after(TIMEOUT), pytest.raises(TlsError, match="expired"):
-            await connect_tcp(
-                "127.0.0.1",
-                port,
-                BrokerFrame,
-                nursery,
-                tls=certs.client_tls_context(),
-            )
+            await dial(nursery, port, tls=certs.client_tls_context())
 
 
 async def test_a_tls_client_on_a_plaintext_port_is_told_so() -> None:
     async with secure_server(LookupService()) as (nursery, port):
         with trio.fail_after(TIMEOUT), pytest.raises(TlsError, match="plaintext port"):
-            await connect_tcp(
-                "127.0.0.1", port, BrokerFrame, nursery, tls=client_context(allow_insecure=True)
-            )
+            await dial(nursery, port, tls=client_context(allow_insecure=True))
 
 
 async def test_reload_serves_the_new_certificate_and_keeps_open_connections(
@@ -240,7 +220,7 @@ async def test_reload_serves_the_new_certificate_and_keeps_open_connections(
     ctx = certs.client_tls_context()
     async with secure_server(LookupService(), tls=tls) as (nursery, port):
         with trio.fail_after(TIMEOUT):
-            before, _ = await connect_tcp("127.0.0.1", port, BrokerFrame, nursery, tls=ctx)
+            before, _ = await dial(nursery, port, tls=ctx)
         first = _served_serial(before)
         # a broken file is refused and the current certificate stays
         live.write_text("not a certificate")
@@ -251,7 +231,7 @@ async def test_reload_serves_the_new_certificate_and_keeps_open_connections(
         shutil.copy(renewed_key, live_key)
         assert tls.reload() is True
         with trio.fail_after(TIMEOUT):
-            after, _ = await connect_tcp("127.0.0.1", port, BrokerFrame, nursery, tls=ctx)
+            after, _ = await dial(nursery, port, tls=ctx)
             assert _served_serial(after) != first
             # the connection opened before the reload still works
             assert (await before.request("lookup", {"topic": "old"}))["topic"] == "old"
@@ -415,14 +395,7 @@ def test_fuzzed_tls_handshakes_never_take_the_listener_down(
                     stream = await trio.open_tcp_stream("127.0.0.1", port)
                     await stream.send_all(blob)
                     await stream.aclose()
-                    conn, _ = await connect_tcp(
-                        "127.0.0.1",
-                        port,
-                        BrokerFrame,
-                        nursery,
-                        tls=certs.client_tls_context(),
-                        authentication=AuthenticationToken(create_token("ok", KEY)),
-                    )
+                    conn, _ = await dial(nursery, port, tls=certs.client_tls_context(), role="ok")
                     assert (await conn.request("lookup", {"topic": "t"}))["topic"] == "t"
         finally:
             logging.getLogger("pigeon").removeHandler(errors)
@@ -476,14 +449,12 @@ def test_a_peer_that_never_says_connect_is_closed(
                         stream = trio.SSLStream(stream, context, server_hostname="localhost")
                         await stream.do_handshake()
                     silent.append(stream)
-                conn, _ = await connect_tcp(
-                    "127.0.0.1",
-                    port,
-                    BrokerFrame,
+                conn, _ = await dial(
                     nursery,
+                    port,
                     tls=context,
                     server_hostname="localhost" if tls else None,
-                    authentication=AuthenticationToken(create_token("ok", KEY)),
+                    role="ok",
                 )
                 assert (await conn.request("lookup", {"topic": "t"}))["topic"] == "t"
                 for stream in silent:
@@ -518,13 +489,7 @@ def test_frames_before_connect_are_small(caplog: pytest.LogCaptureFixture) -> No
                     answer += chunk
                 assert b"exceeds max_frame_size 65536" in answer
                 await stream.aclose()
-                conn, _ = await connect_tcp(
-                    "127.0.0.1",
-                    port,
-                    BrokerFrame,
-                    nursery,
-                    authentication=AuthenticationToken(create_token("ok", KEY)),
-                )
+                conn, _ = await dial(nursery, port, role="ok")
                 big = "t" * (256 * 1024)
                 assert (await conn.request("lookup", {"topic": big}))["topic"] == big
 
