@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pigeon.core.testing.servers import Standalone, port_open
+from pigeon.core.testing.servers import SecurityFiles, Standalone, port_open, toml_text
 
 #: every wait of these helpers ends within this many seconds
 DEADLINE_S = 60.0
@@ -139,41 +139,10 @@ def consume(
 # ------------------------------------------------------------------ security
 
 
-class Security:
-    """Certificates (trustme: a CA, the broker's for 127.0.0.1, client certificates
-    by common name), a token secret key and tokens, written under ``base``."""
-
-    def __init__(self, base: Path) -> None:
-        import trustme
-
-        from pigeon.core.tokens import create_secret_key
-
-        base.mkdir(parents=True, exist_ok=True)
-        self.base = base
-        self.ca = trustme.CA()
-        self.ca_file = base / "ca.pem"
-        self.ca.cert_pem.write_to_path(str(self.ca_file))
-        server = self.ca.issue_cert("127.0.0.1", "localhost")
-        self.cert_file, self.key_file = base / "broker.pem", base / "broker.key"
-        server.cert_chain_pems[0].write_to_path(str(self.cert_file))
-        server.private_key_pem.write_to_path(str(self.key_file))
-        self.secret = create_secret_key()
-        self.secret_file = base / "secret.key"
-        self.secret_file.write_bytes(self.secret)
-        self.secret_file.chmod(0o600)
-
-    def token(self, role: str, *, expiry_s: int | None = None) -> str:
-        from pigeon.core.tokens import create_token
-
-        return create_token(role, self.secret, expiry_s=expiry_s)
-
-    def client_cert(self, role: str) -> tuple[Path, Path]:
-        """(certificate file, key file) of a client certificate whose CN is ``role``."""
-        cert = self.ca.issue_cert(f"{role}.clients.test", common_name=role)
-        cert_file, key_file = self.base / f"{role}.pem", self.base / f"{role}.key"
-        cert.cert_chain_pems[0].write_to_path(str(cert_file))
-        cert.private_key_pem.write_to_path(str(key_file))
-        return cert_file, key_file
+class Security(SecurityFiles):
+    """The run's certificates, token key and tokens (:class:`SecurityFiles`: make it with
+    ``Security.create(base)``), with a standalone's Kafka security config and
+    confluent-kafka settings that use them."""
 
     def config(
         self,
@@ -183,30 +152,26 @@ class Security:
         providers: Iterable[str] = ("token",),
         mtls: bool = False,
         authentication: bool = True,
-        extra_kafka: str = "",
     ) -> str:
         """A standalone's TOML: authentication (tokens), authorization, TLS and the
         ``[kafka]`` listener's ``security_protocol``."""
-        providers_toml = ", ".join(f'"{p}"' for p in providers)
-        superusers_toml = ", ".join(f'"{r}"' for r in superusers)
-        return f"""
-[broker]
-authentication_enabled = {str(authentication).lower()}
-authentication_providers = [{providers_toml}]
-token_secret_key = "file://{self.secret_file}"
-authorization_enabled = true
-superuser_roles = [{superusers_toml}]
-tls_certificate_file = "{self.cert_file}"
-tls_key_file = "{self.key_file}"
-tls_trust_certs_file = "{self.ca_file}"
-tls_require_trusted_client_cert = {str(mtls).lower()}
-
-[kafka]
-group_initial_rebalance_delay_ms = 300
-default_partitions = 1
-security_protocol = "{security_protocol}"
-{extra_kafka}
-"""
+        broker = {
+            "authentication_enabled": authentication,
+            "authentication_providers": list(providers),
+            "token_secret_key": self.secret_key_url,
+            "authorization_enabled": True,
+            "superuser_roles": list(superusers),
+            "tls_certificate_file": str(self.certificate_file),
+            "tls_key_file": str(self.key_file),
+            "tls_trust_certs_file": str(self.ca_file),
+            "tls_require_trusted_client_cert": mtls,
+        }
+        kafka = {
+            "group_initial_rebalance_delay_ms": 300,
+            "default_partitions": 1,
+            "security_protocol": security_protocol,
+        }
+        return toml_text({"broker": broker, "kafka": kafka})
 
     def confluent(self, protocol: str, token: str, mechanism: str = "PLAIN") -> dict[str, Any]:
         """confluent-kafka settings for ``protocol`` with ``token`` through SASL PLAIN

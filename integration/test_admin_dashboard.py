@@ -6,8 +6,6 @@ under CI, where their absence is a failure.
 
 from __future__ import annotations
 
-import os
-import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,50 +15,22 @@ import pytest
 from test_admin_standalone import start_with_http
 
 from pigeon.client import Client
-from pigeon.core.testing.servers import Standalone
+from pigeon.core.testing.servers import Standalone, headless_chromium
 
 pytestmark = pytest.mark.integration
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 TOPIC = "persistent://public/default/dashboard-events"
 
 
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[object]:
-    if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
-        if os.environ.get("CI"):
-            pytest.fail("CI needs the chromium and chromium-driver packages")
-        pytest.fail(
-            "chromium / chromedriver not installed: apt-get install -y chromium chromium-driver"
-        )
-    webdriver = pytest.importorskip("selenium.webdriver")
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--no-first-run",
-        f"--user-data-dir={tmp_path / 'chromium-profile'}",
+    with headless_chromium(
+        tmp_path / "chromium-profile",
         "--window-size=1280,1000",
-    ):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
-    driver.set_page_load_timeout(20)
-    try:
+        required=True,
+        screenshot=tmp_path / "dashboard.png",
+    ) as driver:
         yield driver
-    finally:
-        try:
-            driver.save_screenshot(str(tmp_path / "dashboard.png"))
-        finally:
-            driver.quit()
 
 
 def _produce_until(url: str, stop: threading.Event) -> None:

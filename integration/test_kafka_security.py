@@ -13,7 +13,7 @@ import shutil
 import ssl
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +33,22 @@ pytestmark = pytest.mark.integration
 FAIL_S = 20.0
 
 
+def delivery_errors(bootstrap: str, topic: str, values: Iterable[bytes], **conf: Any) -> list[Any]:
+    """Produce ``values`` with confluent-kafka (``conf``: its settings; a record fails
+    after FAIL_S) and return each delivery report's error (None: delivered)."""
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "message.timeout.ms": int(FAIL_S * 1000), **conf}
+    )
+    reports: list[Any] = []
+    for value in values:
+        producer.produce(topic, value, on_delivery=lambda e, m: reports.append(e))
+    producer.flush(FAIL_S + 5)
+    return reports
+
+
 @pytest.fixture(scope="module")
 def security(tmp_path_factory: pytest.TempPathFactory) -> Security:
-    return Security(tmp_path_factory.mktemp("security"))
+    return Security.create(tmp_path_factory.mktemp("security"))
 
 
 @pytest.fixture(scope="module")
@@ -114,17 +127,12 @@ def test_role_without_produce_right_gets_topic_authorization_failed(
         [{"value": b"x"}],
         **security.confluent("SASL_SSL", security.token("admin")),
     )
-    reports: list[Any] = []
-    producer = Producer(
-        {
-            "bootstrap.servers": sasl_ssl.kafka_bootstrap,
-            "message.timeout.ms": int(FAIL_S * 1000),
-            **security.confluent("SASL_SSL", security.token("nobody")),
-        }
+    reports = delivery_errors(
+        sasl_ssl.kafka_bootstrap,
+        topic,
+        [f"denied-{i}".encode() for i in range(5)],
+        **security.confluent("SASL_SSL", security.token("nobody")),
     )
-    for i in range(5):
-        producer.produce(topic, f"denied-{i}".encode(), on_delivery=lambda e, m: reports.append(e))
-    producer.flush(FAIL_S + 5)
     assert len(reports) == 5
     assert {e.code() for e in reports} == {KafkaError.TOPIC_AUTHORIZATION_FAILED}
     denials = [
@@ -242,8 +250,8 @@ def test_kcat_sasl_ssl(sasl_ssl: Standalone, security: Security) -> None:
 def test_ssl_with_mtls_role(security: Security, tmp_path: Path) -> None:
     """SSL without SASL: the client certificate's common name is the role."""
     config = security.config("SSL", providers=("token", "tls"), mtls=True)
-    admin_cert, admin_key = security.client_cert("admin")
-    nobody_cert, nobody_key = security.client_cert("nobody")
+    admin_cert, admin_key = security.client_certificate("admin")
+    nobody_cert, nobody_key = security.client_certificate("nobody")
     with standalone(tmp_path / "ssl", config) as sa:
 
         def conf(cert: Path, key: Path) -> dict[str, Any]:
@@ -260,16 +268,9 @@ def test_ssl_with_mtls_role(security: Security, tmp_path: Path) -> None:
         )
         got = kafka_consume(sa.kafka_bootstrap, topic, 1, **conf(admin_cert, admin_key))
         assert got[0].value() == b"mtls"
-        reports: list[Any] = []
-        producer = Producer(
-            {
-                "bootstrap.servers": sa.kafka_bootstrap,
-                "message.timeout.ms": int(FAIL_S * 1000),
-                **conf(nobody_cert, nobody_key),
-            }
+        reports = delivery_errors(
+            sa.kafka_bootstrap, topic, [b"no"], **conf(nobody_cert, nobody_key)
         )
-        producer.produce(topic, b"no", on_delivery=lambda e, m: reports.append(e))
-        producer.flush(FAIL_S + 5)
         assert [e.code() for e in reports] == [KafkaError.TOPIC_AUTHORIZATION_FAILED]
         # a client without a certificate does not get through the handshake
         errors: list[Any] = []
@@ -292,15 +293,7 @@ def test_plaintext_client_on_sasl_listener_is_refused(
     sasl_plaintext: Standalone,
 ) -> None:
     """A client that skips SASL gets nothing but ApiVersions: its connection closes."""
-    producer = Producer(
-        {
-            "bootstrap.servers": sasl_plaintext.kafka_bootstrap,
-            "message.timeout.ms": int(FAIL_S * 1000),
-        }
-    )
-    reports: list[Any] = []
-    producer.produce(topic_name(), b"x", on_delivery=lambda e, m: reports.append(e))
-    producer.flush(FAIL_S + 5)
+    reports = delivery_errors(sasl_plaintext.kafka_bootstrap, topic_name(), [b"x"])
     assert reports and reports[0] is not None
     assert "kafka request before authentication" in sasl_plaintext.log_text()
 
@@ -646,16 +639,7 @@ def test_granted_role_produces_then_consumes_then_is_revoked(
             consumer.close()
 
     def produce_errors() -> set[Any]:
-        reports: list[Any] = []
-        producer = Producer(
-            {
-                "bootstrap.servers": sasl_ssl.kafka_bootstrap,
-                "message.timeout.ms": int(FAIL_S * 1000),
-                **app,
-            }
-        )
-        producer.produce(topic, b"by-app", on_delivery=lambda e, m: reports.append(e))
-        producer.flush(FAIL_S + 5)
+        reports = delivery_errors(sasl_ssl.kafka_bootstrap, topic, [b"by-app"], **app)
         assert len(reports) == 1
         return {e.code() if e is not None else None for e in reports}
 

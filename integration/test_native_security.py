@@ -2,12 +2,13 @@
 native protocol: the plaintext and TLS ports side by side, the broker's certificate
 replaced and reloaded on SIGHUP without dropping connections.
 
-Certificates are made per run (``trustme``); the token key lives in a file (never on the
+Certificates are made per run (``SecurityFiles``); the token key lives in a file (never on the
 command line).  Every wait is bounded.
 """
 
 from __future__ import annotations
 
+import shutil
 import signal
 import time
 from collections.abc import Callable
@@ -17,14 +18,12 @@ from typing import Any
 
 import pytest
 import trio
-import trustme
 
 from pigeon.core.auth import AuthenticationToken
 from pigeon.core.errors import AuthenticationError, AuthorizationError, TlsError
 from pigeon.core.rpc import BrokerFrame, Connection, connect_tcp
-from pigeon.core.testing.servers import HOST, Standalone, free_port
+from pigeon.core.testing.servers import HOST, SecurityFiles, Standalone, free_port, write_toml
 from pigeon.core.tls import client_context
-from pigeon.core.tokens import create_secret_key, create_token
 
 pytestmark = pytest.mark.integration
 
@@ -37,12 +36,10 @@ RELOAD_TIMEOUT = 10.0
 class Secured:
     server: Standalone
     tls_port: int
-    key: bytes
-    ca_file: Path
-    cert_file: Path
+    security: SecurityFiles
 
     def token(self, role: str) -> AuthenticationToken:
-        return AuthenticationToken(create_token(role, self.key))
+        return AuthenticationToken(self.security.token(role))
 
     async def connect(
         self, nursery: trio.Nursery, role: str | None = "admin", *, ca_file: Path | None = None
@@ -52,7 +49,7 @@ class Secured:
             self.tls_port,
             BrokerFrame,
             nursery,
-            tls=client_context(trust_certs_file=str(ca_file or self.ca_file)),
+            tls=client_context(trust_certs_file=str(ca_file or self.security.ca_file)),
             authentication=None if role is None else self.token(role),
         )
         return conn
@@ -60,32 +57,21 @@ class Secured:
 
 @pytest.fixture
 def secured(standalone_factory: Callable[..., Standalone], tmp_path: Path) -> Secured:
-    ca = trustme.CA()
-    cert_file, ca_file, key_file = (
-        tmp_path / "broker.pem",
-        tmp_path / "ca.pem",
-        tmp_path / "secret.key",
-    )
-    ca.issue_cert(HOST, "localhost").private_key_and_cert_chain_pem.write_to_path(str(cert_file))
-    ca.cert_pem.write_to_path(str(ca_file))
-    key = create_secret_key()
-    key_file.write_bytes(key)
-    key_file.chmod(0o600)
+    sec = SecurityFiles.create(tmp_path / "security")
     tls_port = free_port()
-    config = tmp_path / "pigeon.toml"
-    config.write_text(
-        "[broker]\n"
-        f"broker_service_port_tls = {tls_port}\n"
-        f'tls_certificate_file = "{cert_file}"\n'
-        f'tls_key_file = "{cert_file}"\n'
-        "authentication_enabled = true\n"
-        'authentication_providers = ["token"]\n'
-        f'token_secret_key = "file://{key_file}"\n'
-        "authorization_enabled = true\n"
-        'superuser_roles = ["admin"]\n'
-    )
+    broker = {
+        "broker_service_port_tls": tls_port,
+        "tls_certificate_file": str(sec.certificate_file),
+        "tls_key_file": str(sec.key_file),
+        "authentication_enabled": True,
+        "authentication_providers": ["token"],
+        "token_secret_key": sec.secret_key_url,
+        "authorization_enabled": True,
+        "superuser_roles": ["admin"],
+    }
+    config = write_toml(tmp_path / "pigeon.toml", {"broker": broker})
     server = standalone_factory(extra_args=("--config", str(config))).start()
-    return Secured(server, tls_port, key, ca_file, cert_file)
+    return Secured(server, tls_port, sec)
 
 
 async def _produce(conn: Connection) -> Any:
@@ -130,16 +116,13 @@ async def test_tls_and_plaintext_ports_both_authenticate_and_authorize(secured: 
 async def test_sighup_reloads_the_certificate_without_dropping_connections(
     secured: Secured, tmp_path: Path
 ) -> None:
-    new_ca = trustme.CA()
-    new_ca_file = tmp_path / "new-ca.pem"
-    new_ca.cert_pem.write_to_path(str(new_ca_file))
+    new = SecurityFiles.create(tmp_path / "new", hosts=(HOST,))
     async with trio.open_nursery() as nursery:
         with trio.fail_after(60):
             before = await secured.connect(nursery)
             await _produce(before)
-            new_ca.issue_cert(HOST).private_key_and_cert_chain_pem.write_to_path(
-                str(secured.cert_file)
-            )
+            shutil.copy(new.certificate_file, secured.security.certificate_file)
+            shutil.copy(new.key_file, secured.security.key_file)
             assert secured.server.proc is not None
             secured.server.proc.send_signal(signal.SIGHUP)
             deadline = time.monotonic() + RELOAD_TIMEOUT
@@ -149,7 +132,7 @@ async def test_sighup_reloads_the_certificate_without_dropping_connections(
             # the connection made before the reload still works
             await before.request("lookup", {"topic": TOPIC}, expect="lookupResult")
             # new connections get the new certificate
-            after = await secured.connect(nursery, ca_file=new_ca_file)
+            after = await secured.connect(nursery, ca_file=new.ca_file)
             await after.request("lookup", {"topic": TOPIC}, expect="lookupResult")
             with pytest.raises(TlsError, match="not signed by a trusted CA"):
                 await secured.connect(nursery)

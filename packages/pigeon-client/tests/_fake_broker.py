@@ -12,16 +12,16 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import trio
-import trustme
 
 from pigeon.core.auth import Authenticator, TokenAuthenticationProvider
 from pigeon.core.errors import AuthorizationError
 from pigeon.core.rpc import BrokerFrame, Connection, Request, serve_tcp
+from pigeon.core.testing import SecurityFiles
 from pigeon.core.tls import ServerTls
 from pigeon.core.tokens import create_secret_key, create_token
 
@@ -103,26 +103,13 @@ class FakeBroker:
             conn.close()
 
 
-@dataclass
-class Certificates:
-    """A CA, the broker's certificate and key for ``names``, and a second, unrelated CA."""
-
-    ca_file: str
-    cert_file: str
-    key_file: str
-    other_ca_file: str
-    ca: trustme.CA = field(repr=False)
-
-    @classmethod
-    def make(cls, directory: Path, *names: str, ca: trustme.CA | None = None) -> Certificates:
-        ca, other = ca or trustme.CA(), trustme.CA()
-        cert = ca.issue_cert(*(names or ("127.0.0.1", "localhost")))
-        paths = {n: str(directory / f"{n}.pem") for n in ("ca", "cert", "key", "other")}
-        ca.cert_pem.write_to_path(paths["ca"])
-        other.cert_pem.write_to_path(paths["other"])
-        cert.cert_chain_pems[0].write_to_path(paths["cert"])
-        cert.private_key_pem.write_to_path(paths["key"])
-        return cls(paths["ca"], paths["cert"], paths["key"], paths["other"], ca)
+def server_tls(
+    certs: SecurityFiles, certificate: tuple[Path, Path] | None = None, **kwargs: Any
+) -> ServerTls:
+    """The broker's TLS with ``certs``' server certificate (or ``certificate``: a (cert,
+    key) pair ``certs.issue`` wrote); ``kwargs``: more of ``ServerTls``."""
+    cert, key = certificate or (certs.certificate_file, certs.key_file)
+    return ServerTls(certificate_file=str(cert), key_file=str(key), **kwargs)
 
 
 @dataclass

@@ -20,25 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _fake_broker import Certificates, Running, fake_broker
+from _fake_broker import Running
 from click.testing import CliRunner
 
 from pigeon.client import AuthenticationError, AuthenticationToken, AuthorizationError, TlsError
 from pigeon.client._admin_client import AdminClient
 from pigeon.core._cli import make_cli
-from pigeon.core.tls import ServerTls
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
-    return Certificates.make(tmp_path_factory.mktemp("certs"))
-
-
-@pytest.fixture(scope="module")
-def broker(certs: Certificates) -> Iterator[Running]:
-    tls = ServerTls(certificate_file=certs.cert_file, key_file=certs.key_file)
-    with fake_broker(tls=tls, tokens=True) as running:
-        yield running
+from pigeon.core.testing import SecurityFiles
 
 
 def pigeon(*args: str, env: dict[str, str] | None = None) -> Any:
@@ -49,42 +37,42 @@ def pigeon(*args: str, env: dict[str, str] | None = None) -> Any:
 
 
 def test_produce_takes_the_token_and_ca_from_the_environment(
-    broker: Running, certs: Certificates
+    tls_broker: Running, certs: SecurityFiles
 ) -> None:
     env = {
-        "PIGEON_AUTH_TOKEN": broker.token("env-role"),
-        "PIGEON_TLS_TRUST_CERTS_FILE": certs.ca_file,
-        "PIGEON_SERVICE_URL": broker.url,
+        "PIGEON_AUTH_TOKEN": tls_broker.token("env-role"),
+        "PIGEON_TLS_TRUST_CERTS_FILE": str(certs.ca_file),
+        "PIGEON_SERVICE_URL": tls_broker.url,
     }
     result = pigeon("produce", "t", "hello", env=env)
     assert result.exit_code == 0, result.output
-    assert broker.broker.roles[-1] == "env-role"
+    assert tls_broker.broker.roles[-1] == "env-role"
 
 
 def test_produce_and_consume_take_the_flags(
-    broker: Running, certs: Certificates, tmp_path: Path
+    tls_broker: Running, certs: SecurityFiles, tmp_path: Path
 ) -> None:
     token_file = tmp_path / "token"
-    token_file.write_text(broker.token("file-role") + "\n")
-    common = ["-u", broker.url, "--tls-trust-certs-file", certs.ca_file]
+    token_file.write_text(tls_broker.token("file-role") + "\n")
+    common = ["-u", tls_broker.url, "--tls-trust-certs-file", str(certs.ca_file)]
     result = pigeon("produce", "t", "a", *common, "--auth-token-file", str(token_file))
     assert result.exit_code == 0, result.output
-    assert broker.broker.roles[-1] == "file-role"
-    result = pigeon("produce", "t", "a", *common, "--auth-token", broker.token("flag-role"))
+    assert tls_broker.broker.roles[-1] == "file-role"
+    result = pigeon("produce", "t", "a", *common, "--auth-token", tls_broker.token("flag-role"))
     assert result.exit_code == 0, result.output
-    assert broker.broker.roles[-1] == "flag-role"
+    assert tls_broker.broker.roles[-1] == "flag-role"
     env = {"PIGEON_AUTH_TOKEN_FILE": str(token_file)}
     result = pigeon("consume", "t", "-s", "sub", "-n", "1", "--timeout", "0.2", *common, env=env)
     assert result.exit_code == 0, result.output
-    assert broker.broker.roles[-1] == "file-role"
+    assert tls_broker.broker.roles[-1] == "file-role"
 
 
 def test_a_refused_token_is_one_error_line_without_the_token(
-    broker: Running, certs: Certificates
+    tls_broker: Running, certs: SecurityFiles
 ) -> None:
-    bad = broker.token("x")[:-6] + "AAAAAA"
+    bad = tls_broker.token("x")[:-6] + "AAAAAA"
     result = pigeon(
-        "produce", "t", "a", "-u", broker.url, "--tls-trust-certs-file", certs.ca_file,
+        "produce", "t", "a", "-u", tls_broker.url, "--tls-trust-certs-file", str(certs.ca_file),
         env={"PIGEON_AUTH_TOKEN": bad},
     )  # fmt: skip
     assert result.exit_code == 2
@@ -94,10 +82,9 @@ def test_a_refused_token_is_one_error_line_without_the_token(
     assert "Traceback" not in result.output
 
 
-def test_a_wrong_ca_is_one_error_line(broker: Running, certs: Certificates) -> None:
-    result = pigeon(
-        "produce", "t", "a", "-u", broker.url, "--tls-trust-certs-file", certs.other_ca_file,
-    )  # fmt: skip
+def test_a_wrong_ca_is_one_error_line(tls_broker: Running, certs: SecurityFiles) -> None:
+    wrong_ca = str(certs.other_ca_file)
+    result = pigeon("produce", "t", "a", "-u", tls_broker.url, "--tls-trust-certs-file", wrong_ca)
     assert result.exit_code == 2
     assert "error: TlsError" in result.stderr and "trusted CA" in result.stderr
 
@@ -159,10 +146,10 @@ class _AdminApi(BaseHTTPRequestHandler):
 
 
 @pytest.fixture(scope="module")
-def admin_url(certs: Certificates) -> Iterator[str]:
+def admin_url(certs: SecurityFiles) -> Iterator[str]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _AdminApi)
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.load_cert_chain(certs.cert_file, certs.key_file)
+    ctx.load_cert_chain(certs.certificate_file, certs.key_file)
     server.socket = ctx.wrap_socket(server.socket, server_side=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -175,12 +162,12 @@ def admin_url(certs: Certificates) -> Iterator[str]:
 
 
 def test_admin_client_sends_the_bearer_token_over_https(
-    admin_url: str, certs: Certificates, tmp_path: Path
+    admin_url: str, certs: SecurityFiles, tmp_path: Path
 ) -> None:
     client = AdminClient(
         admin_url,
         auth=AuthenticationToken("good-token"),
-        tls_trust_certs_file_path=certs.ca_file,
+        tls_trust_certs_file_path=str(certs.ca_file),
     )
     assert client.tenants() == ["public", "acme"]
     assert _AdminApi.seen[-1] == "Bearer good-token"
@@ -189,7 +176,7 @@ def test_admin_client_sends_the_bearer_token_over_https(
     path = tmp_path / "token"
     path.write_text("mallory-token")
     client = AdminClient(
-        admin_url, auth=AuthenticationToken(path), tls_trust_certs_file_path=certs.ca_file
+        admin_url, auth=AuthenticationToken(path), tls_trust_certs_file_path=str(certs.ca_file)
     )
     with pytest.raises(AuthorizationError, match="may not list"):
         client.tenants()
@@ -197,12 +184,12 @@ def test_admin_client_sends_the_bearer_token_over_https(
     assert client.tenants() == ["public", "acme"]
 
 
-def test_admin_client_401_and_403(admin_url: str, certs: Certificates) -> None:
+def test_admin_client_401_and_403(admin_url: str, certs: SecurityFiles) -> None:
     with pytest.raises(AuthenticationError, match="the token is not valid"):
-        AdminClient(admin_url, tls_trust_certs_file_path=certs.ca_file).tenants()
+        AdminClient(admin_url, tls_trust_certs_file_path=str(certs.ca_file)).tenants()
     assert _AdminApi.seen[-1] is None
     bad = AdminClient(
-        admin_url, auth=AuthenticationToken("nope"), tls_trust_certs_file_path=certs.ca_file
+        admin_url, auth=AuthenticationToken("nope"), tls_trust_certs_file_path=str(certs.ca_file)
     )
     with pytest.raises(AuthenticationError) as info:
         bad.tenants()
@@ -210,10 +197,10 @@ def test_admin_client_401_and_403(admin_url: str, certs: Certificates) -> None:
 
 
 def test_admin_client_refuses_a_wrong_ca_and_a_downgrade(
-    admin_url: str, certs: Certificates
+    admin_url: str, certs: SecurityFiles
 ) -> None:
     with pytest.raises(TlsError, match="trusted CA"):
-        AdminClient(admin_url, tls_trust_certs_file_path=certs.other_ca_file).tenants()
+        AdminClient(admin_url, tls_trust_certs_file_path=str(certs.other_ca_file)).tenants()
     insecure = AdminClient(
         admin_url, auth=AuthenticationToken("good-token"), tls_allow_insecure_connection=True
     )
@@ -223,11 +210,11 @@ def test_admin_client_refuses_a_wrong_ca_and_a_downgrade(
 
 
 def test_pigeon_admin_takes_the_token_and_says_401_in_one_line(
-    admin_url: str, certs: Certificates
+    admin_url: str, certs: SecurityFiles
 ) -> None:
     env = {
         "PIGEON_ADMIN_URL": admin_url,
-        "PIGEON_TLS_TRUST_CERTS_FILE": certs.ca_file,
+        "PIGEON_TLS_TRUST_CERTS_FILE": str(certs.ca_file),
         "PIGEON_AUTH_TOKEN": "good-token",
     }
     result = pigeon("admin", "tenants", "list", env=env)

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 import trio
-from _fake_broker import Certificates, Running, fake_broker
+from _fake_broker import Running, fake_broker, server_tls
 
 import pigeon.client.asyncio as aio
 import pigeon.client.trio as ptrio
@@ -38,24 +38,12 @@ from pigeon.client import (
 )
 from pigeon.core.auth import Authenticator, TlsAuthenticationProvider
 from pigeon.core.errors import InvalidArgument
-from pigeon.core.tls import ServerTls
+from pigeon.core.testing import SecurityFiles
 
 #: far longer than any test here may take: an error that is retried would hit it
 OPERATION_TIMEOUT = 60.0
 #: how long a refusal may take to surface (it must not go through a retry loop)
 FAST = 10.0
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
-    return Certificates.make(tmp_path_factory.mktemp("certs"))
-
-
-@pytest.fixture(scope="module")
-def tls_broker(certs: Certificates) -> Iterator[Running]:
-    tls = ServerTls(certificate_file=certs.cert_file, key_file=certs.key_file)
-    with fake_broker(tls=tls, tokens=True) as running:
-        yield running
 
 
 @pytest.fixture(scope="module")
@@ -78,12 +66,12 @@ def timed(fn: Any, *args: Any, **kwargs: Any) -> float:
 # ---------------------------------------------------------------------------- TLS
 
 
-def test_pigeon_ssl_with_the_brokers_ca_produces(tls_broker: Running, certs: Certificates) -> None:
+def test_pigeon_ssl_with_the_brokers_ca_produces(tls_broker: Running, certs: SecurityFiles) -> None:
     before = tls_broker.broker.sent
     with Client(
         tls_broker.url,
         authentication=AuthenticationToken(tls_broker.token("alice")),
-        tls_trust_certs_file_path=certs.ca_file,
+        tls_trust_certs_file_path=str(certs.ca_file),
     ) as client:
         produce_one(client)
     assert tls_broker.broker.sent == before + 1
@@ -101,13 +89,13 @@ def _refused(url: str, error: type[Exception], match: str | None, **kw: Any) -> 
     assert timed(run) < FAST
 
 
-def test_a_wrong_ca_is_a_tls_error_at_once(tls_broker: Running, certs: Certificates) -> None:
+def test_a_wrong_ca_is_a_tls_error_at_once(tls_broker: Running, certs: SecurityFiles) -> None:
     _refused(
         tls_broker.url,
         TlsError,
         "not signed by a trusted CA",
         authentication=AuthenticationToken(tls_broker.token("alice")),
-        tls_trust_certs_file_path=certs.other_ca_file,
+        tls_trust_certs_file_path=str(certs.other_ca_file),
     )
 
 
@@ -117,37 +105,36 @@ def test_without_a_trust_file_the_system_cas_do_not_trust_a_private_ca(
     _refused(tls_broker.url, TlsError, "not signed by a trusted CA")
 
 
-def test_a_certificate_for_another_host_is_a_tls_error(tmp_path: Path) -> None:
-    certs = Certificates.make(tmp_path, "broker.example")
-    tls = ServerTls(certificate_file=certs.cert_file, key_file=certs.key_file)
+def test_a_certificate_for_another_host_is_a_tls_error(certs: SecurityFiles) -> None:
+    tls = server_tls(certs, certs.issue("broker-example", "broker.example"))
     with fake_broker(tls=tls) as running:
         _refused(
             running.url,
             TlsError,
             "does not name this host",
-            tls_trust_certs_file_path=certs.ca_file,
+            tls_trust_certs_file_path=str(certs.ca_file),
         )
         # hostname verification off: the CA is still checked, the name is not
         with Client(
-            running.url, tls_trust_certs_file_path=certs.ca_file, tls_validate_hostname=False
+            running.url, tls_trust_certs_file_path=str(certs.ca_file), tls_validate_hostname=False
         ) as client:
             produce_one(client)
         _refused(
             running.url,
             TlsError,
             "not signed by a trusted CA",
-            tls_trust_certs_file_path=certs.other_ca_file,
+            tls_trust_certs_file_path=str(certs.other_ca_file),
             tls_validate_hostname=False,
         )
 
 
 def test_allow_insecure_connection_accepts_any_certificate(
-    tls_broker: Running, certs: Certificates
+    tls_broker: Running, certs: SecurityFiles
 ) -> None:
     with Client(
         tls_broker.url,
         authentication=AuthenticationToken(tls_broker.token("alice")),
-        tls_trust_certs_file_path=certs.other_ca_file,
+        tls_trust_certs_file_path=str(certs.other_ca_file),
         tls_allow_insecure_connection=True,
     ) as client:
         produce_one(client)
@@ -168,16 +155,16 @@ def test_a_missing_trust_file_is_an_error_when_the_client_is_made(tmp_path: Path
         Client("pigeon+ssl://127.0.0.1:1", tls_trust_certs_file_path=str(tmp_path / "none.pem"))
 
 
-def test_tls_authentication_needs_a_tls_url(certs: Certificates) -> None:
+def test_tls_authentication_needs_a_tls_url(certs: SecurityFiles) -> None:
     with pytest.raises(InvalidArgument, match="pigeon\\+ssl://"):
         Client(
             "pigeon://127.0.0.1:1",
-            authentication=AuthenticationTLS(certs.cert_file, certs.key_file),
+            authentication=AuthenticationTLS(str(certs.certificate_file), str(certs.key_file)),
         )
 
 
 def test_a_plaintext_owner_url_is_never_followed_from_tls(
-    tls_broker: Running, certs: Certificates
+    tls_broker: Running, certs: SecurityFiles
 ) -> None:
     """A lookup answering pigeon:// to a pigeon+ssl:// client: the token would go in
     clear, so the client refuses instead of downgrading."""
@@ -190,7 +177,7 @@ def test_a_plaintext_owner_url_is_never_followed_from_tls(
             TlsError,
             "plaintext",
             authentication=AuthenticationToken(tls_broker.token("alice")),
-            tls_trust_certs_file_path=certs.ca_file,
+            tls_trust_certs_file_path=str(certs.ca_file),
         )
     finally:
         tls_broker.call(lambda: setattr(tls_broker.broker, "url", good))
@@ -246,13 +233,13 @@ async def test_a_bad_token_is_an_authentication_error_at_once_trio(
 
 
 async def test_a_good_token_produces_on_the_trio_face(
-    tls_broker: Running, certs: Certificates
+    tls_broker: Running, certs: SecurityFiles
 ) -> None:
     with trio.fail_after(FAST):
         async with ptrio.Client(
             tls_broker.url,
             authentication=ptrio.AuthenticationToken(tls_broker.token("trio")),
-            tls_trust_certs_file_path=certs.ca_file,
+            tls_trust_certs_file_path=str(certs.ca_file),
         ) as client:
             producer = await client.create_producer("t")
             await producer.send(b"x")
@@ -361,42 +348,34 @@ def test_authentication_must_be_credentials() -> None:
 
 
 @pytest.fixture(scope="module")
-def client_cert(certs: Certificates, tmp_path_factory: pytest.TempPathFactory) -> AuthenticationTLS:
-    directory = tmp_path_factory.mktemp("client")
-    cert = certs.ca.issue_cert("client.example", common_name="writer")
-    cert.cert_chain_pems[0].write_to_path(directory / "cert.pem")
-    cert.private_key_pem.write_to_path(directory / "key.pem")
-    return AuthenticationTLS(str(directory / "cert.pem"), str(directory / "key.pem"))
+def client_cert(certs: SecurityFiles) -> AuthenticationTLS:
+    cert, key = certs.client_certificate("writer")
+    return AuthenticationTLS(str(cert), str(key))
 
 
 @pytest.fixture(scope="module")
-def mtls_broker(certs: Certificates) -> Iterator[Running]:
-    tls = ServerTls(
-        certificate_file=certs.cert_file,
-        key_file=certs.key_file,
-        trust_certs_file=certs.ca_file,
-        require_client_cert=True,
-    )
+def mtls_broker(certs: SecurityFiles) -> Iterator[Running]:
+    tls = server_tls(certs, trust_certs_file=str(certs.ca_file), require_client_cert=True)
     with fake_broker(tls=tls, authenticator=Authenticator([TlsAuthenticationProvider()])) as r:
         yield r
 
 
 def test_a_client_certificate_is_the_role(
-    mtls_broker: Running, certs: Certificates, client_cert: AuthenticationTLS
+    mtls_broker: Running, certs: SecurityFiles, client_cert: AuthenticationTLS
 ) -> None:
     with Client(
-        mtls_broker.url, authentication=client_cert, tls_trust_certs_file_path=certs.ca_file
+        mtls_broker.url, authentication=client_cert, tls_trust_certs_file_path=str(certs.ca_file)
     ) as client:
         produce_one(client)
     assert mtls_broker.broker.roles[-1] == "writer"
 
 
 def test_a_missing_client_certificate_is_a_tls_error_at_once(
-    mtls_broker: Running, certs: Certificates
+    mtls_broker: Running, certs: SecurityFiles
 ) -> None:
     with (
         Client(
-            mtls_broker.url, tls_trust_certs_file_path=certs.ca_file, operation_timeout=3.0
+            mtls_broker.url, tls_trust_certs_file_path=str(certs.ca_file), operation_timeout=3.0
         ) as client,
         pytest.raises(TlsError),
     ):
@@ -404,13 +383,12 @@ def test_a_missing_client_certificate_is_a_tls_error_at_once(
 
 
 def test_the_owner_is_dialled_over_tls_by_the_host_name_its_url_gives(
-    tls_broker: Running, certs: Certificates, tmp_path: Path
+    tls_broker: Running, certs: SecurityFiles, tmp_path: Path
 ) -> None:
     """The lookup broker (certificate for 127.0.0.1) sends the client to an owner whose
     certificate names only ``localhost``: the client dials it over TLS, checks that name,
     and presents its token there too."""
-    owner_certs = Certificates.make(tmp_path, "localhost", ca=certs.ca)
-    tls = ServerTls(certificate_file=owner_certs.cert_file, key_file=owner_certs.key_file)
+    tls = server_tls(certs, certs.issue("owner", "localhost"))
     lookup = tls_broker.broker
     with fake_broker(tls=tls, tokens=True, secret=tls_broker.secret) as owner:
         owner_url = owner.url.replace("127.0.0.1", "localhost")
@@ -420,7 +398,7 @@ def test_the_owner_is_dialled_over_tls_by_the_host_name_its_url_gives(
             with Client(
                 tls_broker.url,
                 authentication=AuthenticationToken(tls_broker.token("roaming")),
-                tls_trust_certs_file_path=certs.ca_file,
+                tls_trust_certs_file_path=str(certs.ca_file),
             ) as client:
                 produce_one(client)
         finally:

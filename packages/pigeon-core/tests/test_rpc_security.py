@@ -1,10 +1,11 @@
 """TLS and authentication of the RPC layer over loopback (serve_tcp/connect_tcp).
 
-Real certificates made per run (``pigeon.core.testing.certs``); each refusal is a typed
+Real certificates made per run (``pigeon.core.testing.SecurityFiles``); each refusal is a typed
 error on the client, one line on the server, and the server keeps serving."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -21,7 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_connection import TIMEOUT, LookupService
 
-from pigeon.core._rpc import connect_tcp, serve_tcp
+from pigeon.core._rpc import Connection, connect_tcp, serve_tcp
 from pigeon.core._schema import BookieFrame, BrokerFrame
 from pigeon.core.auth import (
     AuthData,
@@ -39,7 +40,7 @@ from pigeon.core.errors import (
     ProtocolError,
     TlsError,
 )
-from pigeon.core.testing.certs import Certificates
+from pigeon.core.testing import SecurityFiles
 from pigeon.core.testing.fuzz import fuzz_settings
 from pigeon.core.tls import ServerTls, client_context
 from pigeon.core.tokens import create_key_pair, create_token
@@ -48,13 +49,16 @@ KEY = b"0123456789abcdef0123456789abcdef"
 
 
 @pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
-    return Certificates(tmp_path_factory.mktemp("certs"))
+def certs(tmp_path_factory: pytest.TempPathFactory) -> SecurityFiles:
+    return SecurityFiles.create(tmp_path_factory.mktemp("certs"))
 
 
-def server_tls(certs: Certificates, **kwargs: Any) -> ServerTls:
+def server_tls(certs: SecurityFiles, **kwargs: Any) -> ServerTls:
     return ServerTls(
-        certificate_file=certs.server, key_file=certs.server, trust_certs_file=certs.ca, **kwargs
+        certificate_file=str(certs.certificate_file),
+        key_file=str(certs.key_file),
+        trust_certs_file=str(certs.ca_file),
+        **kwargs,
     )
 
 
@@ -74,19 +78,22 @@ def authenticator() -> Authenticator:
     return Authenticator([TokenAuthenticationProvider(KEY), TlsAuthenticationProvider()])
 
 
-async def test_tls_with_a_token_establishes_the_role_on_both_sides(certs: Certificates) -> None:
+async def dial(
+    nursery: trio.Nursery, port: int, *, role: str | None = None, **kwargs: Any
+) -> tuple[Connection, dict[str, Any]]:
+    """``connect_tcp`` to the loopback server as a broker client (``role``: with a
+    token for it signed with KEY; ``kwargs``: more of ``connect_tcp``)."""
+    if role is not None:
+        kwargs["authentication"] = AuthenticationToken(create_token(role, KEY))
+    return await connect_tcp("127.0.0.1", port, BrokerFrame, nursery, **kwargs)
+
+
+async def test_tls_with_a_token_establishes_the_role_on_both_sides(certs: SecurityFiles) -> None:
     service = LookupService()
     tls = server_tls(certs)
     async with secure_server(service, tls=tls, authenticator=authenticator()) as (nursery, port):
         with trio.fail_after(TIMEOUT):
-            conn, info = await connect_tcp(
-                "127.0.0.1",
-                port,
-                BrokerFrame,
-                nursery,
-                tls=client_context(trust_certs_file=certs.ca),
-                authentication=AuthenticationToken(create_token("app", KEY)),
-            )
+            conn, info = await dial(nursery, port, tls=certs.client_tls_context(), role="app")
             assert (await conn.request("lookup", {"topic": "a"}))["topic"] == "a"
         assert info["authRole"] == "app" and conn.role == "app"
         assert service.opened[0].role == "app"
@@ -94,7 +101,7 @@ async def test_tls_with_a_token_establishes_the_role_on_both_sides(certs: Certif
 
 
 async def test_large_payloads_over_tls_arrive_whole_in_a_few_reads_per_megabyte(
-    certs: Certificates, monkeypatch: pytest.MonkeyPatch
+    certs: SecurityFiles, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A 4 MiB payload is 256 TLS records; the reader decrypts the records already received
     after each ``receive_some`` instead of one per call (and scheduler trip), and the
@@ -112,7 +119,7 @@ async def test_large_payloads_over_tls_arrive_whole_in_a_few_reads_per_megabyte(
     payload = os.urandom(size)
     async with secure_server(service, tls=server_tls(certs)) as (nursery, port):
         with trio.fail_after(TIMEOUT * 4):
-            tls = client_context(trust_certs_file=certs.ca)
+            tls = client_context(trust_certs_file=str(certs.ca_file))
             conn, _info = await connect_tcp("127.0.0.1", port, BrokerFrame, nursery, tls=tls)
             before = reads["calls"]
             entry_id, echoed = await conn.request(
@@ -129,33 +136,18 @@ async def test_large_payloads_over_tls_arrive_whole_in_a_few_reads_per_megabyte(
     assert calls < 256, calls
 
 
-async def test_a_client_certificate_is_the_role_with_mutual_tls(certs: Certificates) -> None:
+async def test_a_client_certificate_is_the_role_with_mutual_tls(certs: SecurityFiles) -> None:
     tls = server_tls(certs, require_client_cert=True)
     async with secure_server(LookupService(), tls=tls, authenticator=authenticator()) as (
         nursery,
         port,
     ):
-        client = certs.client("billing")
         with trio.fail_after(TIMEOUT):
-            conn, _ = await connect_tcp(
-                "127.0.0.1",
-                port,
-                BrokerFrame,
-                nursery,
-                tls=client_context(
-                    trust_certs_file=certs.ca, certificate_file=client, key_file=client
-                ),
-            )
+            conn, _ = await dial(nursery, port, tls=certs.client_tls_context("billing"))
         assert conn.role == "billing"
         # without a client certificate the handshake itself is refused
         with trio.fail_after(TIMEOUT), pytest.raises((TlsError, ConnectionClosed)):
-            conn2, _ = await connect_tcp(
-                "127.0.0.1",
-                port,
-                BrokerFrame,
-                nursery,
-                tls=client_context(trust_certs_file=certs.ca),
-            )
+            conn2, _ = await dial(nursery, port, tls=certs.client_tls_context())
             await conn2.request("lookup", {"topic": "a"})
 
 
@@ -174,13 +166,13 @@ async def test_a_client_certificate_is_the_role_with_mutual_tls(certs: Certifica
     ],
 )
 async def test_each_refusal_is_one_typed_line_and_the_server_serves_on(
-    certs: Certificates,
+    certs: SecurityFiles,
     case: str,
     error: type[Exception],
     words: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    ctx = client_context(trust_certs_file=certs.ca)
+    ctx = certs.client_tls_context()
     secret = "s3cr3t-" + "x" * 20
     kwargs: dict[str, Any] = {
         "no credentials": {"tls": ctx},
@@ -194,7 +186,7 @@ async def test_each_refusal_is_one_typed_line_and_the_server_serves_on(
             "authentication": AuthenticationToken(create_token("app", KEY, expiry_s=-10)),
         },
         "unknown method": {"tls": ctx, "authentication": _Other()},
-        "wrong CA": {"tls": client_context(trust_certs_file=certs.other_ca)},
+        "wrong CA": {"tls": client_context(trust_certs_file=str(certs.other_ca_file))},
         "hostname mismatch": {"tls": ctx, "server_hostname": "elsewhere.example"},
         "plaintext client": {},
         "bookie client": {"tls": ctx, "frame": BookieFrame},
@@ -218,14 +210,7 @@ async def test_each_refusal_is_one_typed_line_and_the_server_serves_on(
         assert not [r for r in caplog.records if r.exc_info]
         # and still serves a good client
         with trio.fail_after(TIMEOUT):
-            conn, _ = await connect_tcp(
-                "127.0.0.1",
-                port,
-                BrokerFrame,
-                nursery,
-                tls=ctx,
-                authentication=AuthenticationToken(create_token("ok", KEY)),
-            )
+            conn, _ = await dial(nursery, port, tls=ctx, role="ok")
         assert conn.role == "ok"
     logging.getLogger("pigeon.core._rpc").removeHandler(handler)
 
@@ -248,46 +233,42 @@ class _Other:
         return b"ticket"
 
 
-async def test_an_expired_server_certificate_is_named(certs: Certificates) -> None:
-    tls = ServerTls(certificate_file=certs.expired_server, key_file=certs.expired_server)
+async def test_an_expired_server_certificate_is_named(certs: SecurityFiles) -> None:
+    cert, key = certs.expired_certificate()
+    tls = ServerTls(certificate_file=str(cert), key_file=str(key))
     async with secure_server(LookupService(), tls=tls) as (nursery, port):
         with trio.fail_after(TIMEOUT), pytest.raises(TlsError, match="expired"):
-            await connect_tcp(
-                "127.0.0.1",
-                port,
-                BrokerFrame,
-                nursery,
-                tls=client_context(trust_certs_file=certs.ca),
-            )
+            await dial(nursery, port, tls=certs.client_tls_context())
 
 
 async def test_a_tls_client_on_a_plaintext_port_is_told_so() -> None:
     async with secure_server(LookupService()) as (nursery, port):
         with trio.fail_after(TIMEOUT), pytest.raises(TlsError, match="plaintext port"):
-            await connect_tcp(
-                "127.0.0.1", port, BrokerFrame, nursery, tls=client_context(allow_insecure=True)
-            )
+            await dial(nursery, port, tls=client_context(allow_insecure=True))
 
 
 async def test_reload_serves_the_new_certificate_and_keeps_open_connections(
-    certs: Certificates, tmp_path: Path
+    certs: SecurityFiles, tmp_path: Path
 ) -> None:
-    live = tmp_path / "live.pem"
-    shutil.copy(certs.server, live)
-    tls = ServerTls(certificate_file=str(live), key_file=str(live))
-    ctx = client_context(trust_certs_file=certs.ca)
+    live, live_key = tmp_path / "live.pem", tmp_path / "live-key.pem"
+    shutil.copy(certs.certificate_file, live)
+    shutil.copy(certs.key_file, live_key)
+    tls = ServerTls(certificate_file=str(live), key_file=str(live_key))
+    ctx = certs.client_tls_context()
     async with secure_server(LookupService(), tls=tls) as (nursery, port):
         with trio.fail_after(TIMEOUT):
-            before, _ = await connect_tcp("127.0.0.1", port, BrokerFrame, nursery, tls=ctx)
+            before, _ = await dial(nursery, port, tls=ctx)
         first = _served_serial(before)
         # a broken file is refused and the current certificate stays
         live.write_text("not a certificate")
         assert tls.reload() is False
         # a new certificate from the same CA: new handshakes get it
-        shutil.copy(certs.issue("server2", "127.0.0.1", common_name="renewed"), live)
+        renewed, renewed_key = certs.issue("server2", "127.0.0.1", common_name="renewed")
+        shutil.copy(renewed, live)
+        shutil.copy(renewed_key, live_key)
         assert tls.reload() is True
         with trio.fail_after(TIMEOUT):
-            after, _ = await connect_tcp("127.0.0.1", port, BrokerFrame, nursery, tls=ctx)
+            after, _ = await dial(nursery, port, tls=ctx)
             assert _served_serial(after) != first
             # the connection opened before the reload still works
             assert (await before.request("lookup", {"topic": "old"}))["topic"] == "old"
@@ -299,15 +280,12 @@ def _served_serial(conn: Any) -> Any:
     return stream.getpeercert()["serialNumber"]
 
 
-async def test_sighup_reloads_every_listener_of_the_process(
-    certs: Certificates, tmp_path: Path
-) -> None:
+async def test_sighup_reloads_every_listener_of_the_process(certs: SecurityFiles) -> None:
     from pigeon.core.tls import reload_on_sighup
 
-    live = tmp_path / "live.pem"
-    shutil.copy(certs.server, live)
-    first = ServerTls(certificate_file=str(live), key_file=str(live))
-    second = ServerTls(certificate_file=str(live), key_file=str(live), what="bookie")
+    cert, key = str(certs.certificate_file), str(certs.key_file)
+    first = ServerTls(certificate_file=cert, key_file=key)
+    second = ServerTls(certificate_file=cert, key_file=key, what="bookie")
     reloaded = trio.Event()
     reload = second.reload
 
@@ -331,7 +309,7 @@ async def test_sighup_reloads_every_listener_of_the_process(
 # ------------------------------------------------------------------ configuration
 
 
-def test_server_context_errors_name_the_file(certs: Certificates, tmp_path: Path) -> None:
+def test_server_context_errors_name_the_file(certs: SecurityFiles, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no such file"):
         ServerTls(certificate_file=str(tmp_path / "nope.pem"), key_file=str(tmp_path / "k"))
     bad = tmp_path / "bad.pem"
@@ -339,7 +317,11 @@ def test_server_context_errors_name_the_file(certs: Certificates, tmp_path: Path
     with pytest.raises(ConfigError, match="not a PEM certificate"):
         ServerTls(certificate_file=str(bad), key_file=str(bad))
     with pytest.raises(ConfigError, match="tls_trust_certs_file"):
-        ServerTls(certificate_file=certs.server, key_file=certs.server, require_client_cert=True)
+        ServerTls(
+            certificate_file=str(certs.certificate_file),
+            key_file=str(certs.key_file),
+            require_client_cert=True,
+        )
     with pytest.raises(ConfigError, match="holds no PEM CA"):
         client_context(trust_certs_file=str(bad))
 
@@ -437,7 +419,7 @@ def hostile_handshakes(draw: st.DrawFn) -> bytes:
 @FUZZ
 @given(blob=hostile_handshakes())
 def test_fuzzed_tls_handshakes_never_take_the_listener_down(
-    certs: Certificates, blob: bytes
+    certs: SecurityFiles, blob: bytes
 ) -> None:
     async def main() -> None:
         errors = _ErrorRecords()
@@ -450,14 +432,7 @@ def test_fuzzed_tls_handshakes_never_take_the_listener_down(
                     stream = await trio.open_tcp_stream("127.0.0.1", port)
                     await stream.send_all(blob)
                     await stream.aclose()
-                    conn, _ = await connect_tcp(
-                        "127.0.0.1",
-                        port,
-                        BrokerFrame,
-                        nursery,
-                        tls=client_context(trust_certs_file=certs.ca),
-                        authentication=AuthenticationToken(create_token("ok", KEY)),
-                    )
+                    conn, _ = await dial(nursery, port, tls=certs.client_tls_context(), role="ok")
                     assert (await conn.request("lookup", {"topic": "t"}))["topic"] == "t"
         finally:
             logging.getLogger("pigeon").removeHandler(errors)
@@ -485,7 +460,7 @@ def test_fuzzed_credentials_are_refused_as_authentication_errors(method: str, da
 
 @pytest.mark.parametrize("tls", [False, True])
 def test_a_peer_that_never_says_connect_is_closed(
-    certs: Certificates,
+    certs: SecurityFiles,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
     tls: bool,
@@ -495,7 +470,7 @@ def test_a_peer_that_never_says_connect_is_closed(
     import pigeon.core._rpc as rpc
 
     monkeypatch.setattr(rpc, "CONNECT_DEADLINE_S", 0.5)
-    context = client_context(trust_certs_file=certs.ca) if tls else None
+    context = certs.client_tls_context() if tls else None
     extra: dict[str, Any] = {"tls": server_tls(certs)} if tls else {}
 
     async def main() -> None:
@@ -511,14 +486,12 @@ def test_a_peer_that_never_says_connect_is_closed(
                         stream = trio.SSLStream(stream, context, server_hostname="localhost")
                         await stream.do_handshake()
                     silent.append(stream)
-                conn, _ = await connect_tcp(
-                    "127.0.0.1",
-                    port,
-                    BrokerFrame,
+                conn, _ = await dial(
                     nursery,
+                    port,
                     tls=context,
                     server_hostname="localhost" if tls else None,
-                    authentication=AuthenticationToken(create_token("ok", KEY)),
+                    role="ok",
                 )
                 assert (await conn.request("lookup", {"topic": "t"}))["topic"] == "t"
                 for stream in silent:
@@ -553,16 +526,31 @@ def test_frames_before_connect_are_small(caplog: pytest.LogCaptureFixture) -> No
                     answer += chunk
                 assert b"exceeds max_frame_size 65536" in answer
                 await stream.aclose()
-                conn, _ = await connect_tcp(
-                    "127.0.0.1",
-                    port,
-                    BrokerFrame,
-                    nursery,
-                    authentication=AuthenticationToken(create_token("ok", KEY)),
-                )
+                conn, _ = await dial(nursery, port, role="ok")
                 big = "t" * (256 * 1024)
                 assert (await conn.request("lookup", {"topic": big}))["topic"] == big
 
     with caplog.at_level(logging.WARNING, logger="pigeon"):
         trio.run(main)
     assert "exceeds max_frame_size 65536" in caplog.text
+
+
+async def test_a_peer_that_closes_mid_handshake_is_retriable() -> None:
+    """A node killed after reading the ClientHello (or a load balancer in between) is
+    a lost connection, retried; not a TLS refusal that would stop the client for good."""
+
+    async def hang_up(stream: trio.SocketStream) -> None:
+        await stream.receive_some(1)
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        (listener,) = await nursery.start(
+            functools.partial(trio.serve_tcp, hang_up, 0, host="127.0.0.1")
+        )
+        port = listener.socket.getsockname()[1]
+        with trio.fail_after(TIMEOUT), pytest.raises(ConnectionClosed) as info:
+            await connect_tcp(
+                "127.0.0.1", port, BrokerFrame, nursery, tls=client_context(allow_insecure=True)
+            )
+        assert info.value.retriable and not isinstance(info.value, TlsError)
+        nursery.cancel_scope.cancel()

@@ -2,13 +2,12 @@
 
 A broker + bookie + embedded metadata store in the test's trio run, on real loopback
 sockets (a plaintext client on the TLS port is told so only over a real socket), with a
-certificate made per run by ``trustme``.  Clients are raw protocol connections
+certificate made per run (``SecurityFiles``).  Clients are raw protocol connections
 (:func:`pigeon.core.rpc.connect_tcp`).
 """
 
 from __future__ import annotations
 
-import base64
 import functools
 import json
 import logging
@@ -22,7 +21,6 @@ from typing import Any
 import jwt
 import pytest
 import trio
-import trustme
 
 from pigeon.broker import BrokerConfig, run_standalone
 from pigeon.broker._native import MAX_LOGGED_DENIALS
@@ -38,7 +36,7 @@ from pigeon.core.batch import encode_batch
 from pigeon.core.codecs import NONE
 from pigeon.core.errors import AuthenticationError, AuthorizationError, TlsError
 from pigeon.core.rpc import BrokerFrame, Connection, connect_tcp
-from pigeon.core.tls import client_context
+from pigeon.core.testing import SecurityFiles
 from pigeon.core.tokens import create_secret_key, create_token
 
 HOST = "127.0.0.1"
@@ -83,12 +81,7 @@ class Secured:
 
 @pytest.fixture
 async def secured(tmp_path: Path) -> AsyncIterator[Secured]:
-    ca = trustme.CA()
-    cert = ca.issue_cert(HOST, "localhost")
-    cert_file, ca_file = tmp_path / "broker.pem", tmp_path / "ca.pem"
-    cert.private_key_and_cert_chain_pem.write_to_path(str(cert_file))
-    ca.cert_pem.write_to_path(str(ca_file))
-    key = create_secret_key()
+    sec = SecurityFiles.create(tmp_path / "security")
     config = BrokerConfig(
         host=HOST,
         port=0,
@@ -96,11 +89,11 @@ async def secured(tmp_path: Path) -> AsyncIterator[Secured]:
         broker_service_port_tls=0,
         maintenance_interval_s=3600.0,
         cursor_persist_interval_ms=50,
-        tls_certificate_file=str(cert_file),
-        tls_key_file=str(cert_file),
+        tls_certificate_file=str(sec.certificate_file),
+        tls_key_file=str(sec.key_file),
         authentication_enabled=True,
         authentication_providers=["token"],
-        token_secret_key="data:;base64," + base64.b64encode(key).decode(),
+        token_secret_key=sec.secret_key_url,
         authorization_enabled=True,
         superuser_roles=[SUPERUSER],
     )
@@ -112,9 +105,7 @@ async def secured(tmp_path: Path) -> AsyncIterator[Secured]:
             service = await nursery.start(
                 functools.partial(run_standalone, tmp_path / "data", config, bookie)
             )
-            yield Secured(
-                service, key, ca_file, client_context(trust_certs_file=str(ca_file)), nursery
-            )
+            yield Secured(service, sec.secret_key, sec.ca_file, sec.client_tls_context(), nursery)
             nursery.cancel_scope.cancel()
 
 

@@ -7,7 +7,6 @@ Roles: ``admin`` (superuser), ``alice`` (admin of tenant ``ta``), ``bob`` (admin
 
 from __future__ import annotations
 
-import base64
 import functools
 import json
 import ssl
@@ -17,51 +16,22 @@ from pathlib import Path
 from typing import Any
 
 import trio
-import trustme
 
 from pigeon.bookie import BookieConfig
 from pigeon.broker import BrokerConfig, BrokerService, run_standalone
 from pigeon.broker._admin import serve_admin
-from pigeon.core import tokens
+from pigeon.core.testing import SecurityFiles
 from pigeon.core.testing.fuzz import ServerThread
 
 SUPERUSER = "admin"
 TENANT_ADMINS = {"ta": "alice", "tb": "bob"}
 
 
-class Certificates:
-    """A CA, the broker's certificate for 127.0.0.1, and client certificates by role."""
-
-    def __init__(self, directory: Path) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        self.directory = directory
-        self.ca = trustme.CA()
-        self.ca_file = directory / "ca.pem"
-        self.ca.cert_pem.write_to_path(str(self.ca_file))
-        server = self.ca.issue_cert("127.0.0.1", "localhost")
-        self.cert_file = directory / "broker.pem"
-        self.key_file = directory / "broker.key"
-        server.cert_chain_pems[0].write_to_path(str(self.cert_file))
-        for pem in server.cert_chain_pems[1:]:
-            pem.write_to_path(str(self.cert_file), append=True)
-        server.private_key_pem.write_to_path(str(self.key_file))
-
-    def client_context(self, role: str | None = None) -> ssl.SSLContext:
-        context = ssl.create_default_context(cafile=str(self.ca_file))
-        if role is not None:
-            cert = self.ca.issue_cert(f"{role}.clients.test", common_name=role)
-            path = self.directory / f"client-{role}.pem"
-            cert.private_key_and_cert_chain_pem.write_to_path(str(path))
-            context.load_cert_chain(str(path))
-        return context
-
-
 class SecureAdminStandalone(ServerThread):
-    def __init__(self, data_dir: Path, certs: Certificates) -> None:
+    def __init__(self, data_dir: Path, certs: SecurityFiles) -> None:
         super().__init__("secure-admin-standalone")
         self.data_dir = data_dir
         self.certs = certs
-        self.secret = tokens.create_secret_key()
         self.service: BrokerService | None = None
         self.http: tuple[str, int] | None = None
         self.https: tuple[str, int] | None = None
@@ -73,10 +43,10 @@ class SecureAdminStandalone(ServerThread):
             maintenance_interval_s=0.5,
             authentication_enabled=True,
             authentication_providers=["token", "tls"],
-            token_secret_key="data:;base64," + base64.b64encode(self.secret).decode(),
+            token_secret_key=self.certs.secret_key_url,
             authorization_enabled=True,
             superuser_roles=[SUPERUSER],
-            tls_certificate_file=str(self.certs.cert_file),
+            tls_certificate_file=str(self.certs.certificate_file),
             tls_key_file=str(self.certs.key_file),
             tls_trust_certs_file=str(self.certs.ca_file),
         )
@@ -102,7 +72,7 @@ class SecureAdminStandalone(ServerThread):
     # ------------------------------------------------------------------ access
 
     def token(self, role: str, *, expiry_s: int | None = None, key: bytes | None = None) -> str:
-        return tokens.create_token(role, key or self.secret, expiry_s=expiry_s)
+        return self.certs.token(role, expiry_s=expiry_s, key=key)
 
     @property
     def url(self) -> str:
@@ -138,7 +108,7 @@ class SecureAdminStandalone(ServerThread):
         base = self.https_url if https else self.url
         req = urllib.request.Request(base + path, data=data, method=method, headers=hdrs)
         if https and context is None:
-            context = self.certs.client_context()
+            context = self.certs.client_tls_context()
         try:
             with urllib.request.urlopen(req, timeout=30, context=context) as resp:
                 status, payload, rh = resp.status, resp.read(), dict(resp.headers)

@@ -31,10 +31,10 @@ def test_https_is_refused_by_a_client_that_does_not_trust_the_ca(
 
 def test_client_certificate_common_name_is_the_role(secure_admin: SecureAdminStandalone) -> None:
     s = secure_admin
-    context = s.certs.client_context("admin")
+    context = s.certs.client_tls_context("admin")
     status, body, _ = s.http_call("GET", f"{API}/tenants", https=True, context=context)
     assert status == 200 and "ta" in body
-    context = s.certs.client_context("alice")
+    context = s.certs.client_tls_context("alice")
     status, body, _ = s.http_call("GET", f"{API}/tenants", https=True, context=context)
     assert status == 403 and "role 'alice'" in body["message"]
     status, _, _ = s.http_call("GET", f"{API}/namespaces/ta", https=True, context=context)
@@ -51,9 +51,9 @@ def test_https_uses_the_reloadable_shared_certificate(
     tls = s.service.server_tls
     new_ca = trustme.CA()
     cert = new_ca.issue_cert("127.0.0.1", "localhost")
-    old_cert, old_key = s.certs.cert_file.read_bytes(), s.certs.key_file.read_bytes()
+    old_cert, old_key = s.certs.certificate_file.read_bytes(), s.certs.key_file.read_bytes()
     try:
-        cert.cert_chain_pems[0].write_to_path(str(s.certs.cert_file))
+        cert.cert_chain_pems[0].write_to_path(str(s.certs.certificate_file))
         cert.private_key_pem.write_to_path(str(s.certs.key_file))
         assert s.call_sync(tls.reload)
         trusting_new = ssl.create_default_context()
@@ -63,14 +63,14 @@ def test_https_uses_the_reloadable_shared_certificate(
         with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
             s.http_call("GET", "/openapi.json", https=True)  # the old CA
     finally:
-        s.certs.cert_file.write_bytes(old_cert)
+        s.certs.certificate_file.write_bytes(old_cert)
         s.certs.key_file.write_bytes(old_key)
         assert s.call_sync(tls.reload)
     assert s.http_call("GET", "/openapi.json", https=True)[0] == 200
 
 
 def test_a_client_offering_h2_gets_http_1_1(secure_admin: SecureAdminStandalone) -> None:
-    context = secure_admin.certs.client_context()
+    context = secure_admin.certs.client_tls_context()
     context.set_alpn_protocols(["h2", "http/1.1"])
     status, _, _ = secure_admin.http_call("GET", "/openapi.json", https=True, context=context)
     assert status == 200

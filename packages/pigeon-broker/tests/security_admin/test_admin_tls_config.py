@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 import trio
-from secure_admin_support import Certificates
 
 from pigeon.bookie import BookieConfig
 from pigeon.broker import BrokerConfig, run_standalone
 from pigeon.core.errors import ConfigError
+from pigeon.core.testing import SecurityFiles
 from pigeon.core.testing.fuzz import ServerThread
 from pigeon.core.testing.servers import free_ports
 
@@ -31,19 +31,19 @@ class ConfiguredStandalone(ServerThread):
 def test_web_service_port_tls_serves_https_and_http_port_minus_one_turns_http_off(
     tmp_path: Path,
 ) -> None:
-    certs = Certificates(tmp_path / "certs")
+    certs = SecurityFiles.create(tmp_path / "certs")
     tls_port, http_port = free_ports(2)
     config = BrokerConfig(
         port=0,
         http_port=-1,
         web_service_port_tls=tls_port,
-        tls_certificate_file=str(certs.cert_file),
+        tls_certificate_file=str(certs.certificate_file),
         tls_key_file=str(certs.key_file),
     )
     server = ConfiguredStandalone(tmp_path / "data", config).start()
     try:
         url = f"https://localhost:{tls_port}/admin/v2/tenants"
-        with urllib.request.urlopen(url, context=certs.client_context(), timeout=10) as resp:
+        with urllib.request.urlopen(url, context=certs.client_tls_context(), timeout=10) as resp:
             assert resp.status == 200
         with pytest.raises(urllib.error.URLError):  # nothing on a plaintext port
             urllib.request.urlopen(f"http://127.0.0.1:{http_port}/", timeout=5)

@@ -16,10 +16,11 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from pigeon.client._engine import tls_context
 from pigeon.core import TopicName
 from pigeon.core.auth import AuthenticationTLS, ClientAuthentication
 from pigeon.core.errors import AuthenticationError, AuthorizationError, InvalidArgument, TlsError
-from pigeon.core.tls import client_context, describe_tls_error
+from pigeon.core.tls import describe_tls_error
 
 __all__ = ["API", "DEFAULT_URL", "AdminClient", "AdminError", "InvalidNamespace"]
 
@@ -107,14 +108,10 @@ class AdminClient:
         self.auth = auth
         self._tls: ssl.SSLContext | None = None
         if self.url.startswith("https://"):
-            cert = key = ""
-            if isinstance(auth, AuthenticationTLS):
-                cert, key = auth.certificate_path, auth.private_key_path
-            self._tls = client_context(
-                trust_certs_file=tls_trust_certs_file_path or "",
-                certificate_file=cert,
-                key_file=key,
-                verify_hostname=tls_validate_hostname,
+            self._tls = tls_context(
+                auth,
+                trust_certs_file=tls_trust_certs_file_path,
+                validate_hostname=tls_validate_hostname,
                 allow_insecure=tls_allow_insecure_connection,
                 what="admin client TLS",
             )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import click
@@ -369,46 +369,65 @@ _ACTIONS = click.option(
     help=f"Comma-separated: {', '.join(ACTIONS)}.",
 )
 
-cli.show(
+
+def _permission_commands(
+    group: click.Group,
+    target: str,
+    show: Callable[[AdminClient, str], dict[str, list[str]]],
+    grant: Callable[[AdminClient, str, str, list[str]], None],
+    revoke: Callable[[AdminClient, str, str], None],
+    helps: tuple[str, str, str],
+) -> None:
+    """Add ``group permissions TARGET``, ``group grant-permission TARGET --role R
+    --actions A,B`` and ``group revoke-permission TARGET --role R`` (``helps``: theirs)."""
+    show_help, grant_help, revoke_help = helps
+    cli.show(group, "permissions", show_help, show, target, human=_permissions_text)
+
+    @group.command("grant-permission", help=grant_help)
+    @click.argument("name", metavar=target.upper())
+    @_ROLE
+    @_ACTIONS
+    @cli.json_flag
+    def grant_command(name: str, role: str, actions: list[str]) -> None:
+        grant(cli.settings().client(), name, role, actions)
+        cli.done(
+            f"granted {','.join(actions)} on {name} to {role}",
+            {target: name, "role": role, "actions": actions},
+        )
+
+    @group.command("revoke-permission", help=revoke_help)
+    @click.argument("name", metavar=target.upper())
+    @_ROLE
+    @cli.json_flag
+    def revoke_command(name: str, role: str) -> None:
+        revoke(cli.settings().client(), name, role)
+        cli.done(f"revoked the permissions of {role} on {name}")
+
+
+_permission_commands(
     namespaces_cmd,
-    "permissions",
-    "Roles and their actions on NAMESPACE.",
-    AdminClient.permissions,
     "namespace",
-    human=_permissions_text,
+    AdminClient.permissions,
+    AdminClient.grant_permission,
+    AdminClient.revoke_permission,
+    (
+        "Roles and their actions on NAMESPACE.",
+        "Give ROLE these actions on every topic of NAMESPACE (replacing what it had).",
+        "Take ROLE's permissions on NAMESPACE away.",
+    ),
 )
-cli.show(
+_permission_commands(
     topics_cmd,
-    "permissions",
-    "Roles and their actions on TOPIC (its own grants and its namespace's).",
-    AdminClient.topic_permissions,
     "topic",
-    human=_permissions_text,
+    AdminClient.topic_permissions,
+    AdminClient.grant_topic_permission,
+    AdminClient.revoke_topic_permission,
+    (
+        "Roles and their actions on TOPIC (its own grants and its namespace's).",
+        "Give ROLE these actions on TOPIC (and its partitions).",
+        "Take ROLE's own permissions on TOPIC away (its namespace's grants stay).",
+    ),
 )
-
-
-@namespaces_cmd.command("grant-permission")
-@click.argument("namespace")
-@_ROLE
-@_ACTIONS
-@cli.json_flag
-def namespaces_grant(namespace: str, role: str, actions: list[str]) -> None:
-    """Give ROLE these actions on every topic of NAMESPACE (replacing what it had)."""
-    cli.settings().client().grant_permission(namespace, role, actions)
-    cli.done(
-        f"granted {','.join(actions)} on {namespace} to {role}",
-        {"namespace": namespace, "role": role, "actions": actions},
-    )
-
-
-@namespaces_cmd.command("revoke-permission")
-@click.argument("namespace")
-@_ROLE
-@cli.json_flag
-def namespaces_revoke(namespace: str, role: str) -> None:
-    """Take ROLE's permissions on NAMESPACE away."""
-    cli.settings().client().revoke_permission(namespace, role)
-    cli.done(f"revoked the permissions of {role} on {namespace}")
 
 
 @namespaces_cmd.command("set-subscription-auth-mode")
@@ -419,30 +438,6 @@ def namespaces_subscription_auth_mode(namespace: str, mode: str) -> None:
     """prefix: a role may only use subscriptions whose names start with the role's name."""
     cli.settings().client().set_subscription_auth_mode(namespace, mode)
     cli.done(f"subscription auth mode of {namespace} is {mode.lower()}")
-
-
-@topics_cmd.command("grant-permission")
-@click.argument("topic")
-@_ROLE
-@_ACTIONS
-@cli.json_flag
-def topics_grant(topic: str, role: str, actions: list[str]) -> None:
-    """Give ROLE these actions on TOPIC (and its partitions)."""
-    cli.settings().client().grant_topic_permission(topic, role, actions)
-    cli.done(
-        f"granted {','.join(actions)} on {topic} to {role}",
-        {"topic": topic, "role": role, "actions": actions},
-    )
-
-
-@topics_cmd.command("revoke-permission")
-@click.argument("topic")
-@_ROLE
-@cli.json_flag
-def topics_revoke(topic: str, role: str) -> None:
-    """Take ROLE's own permissions on TOPIC away (its namespace's grants stay)."""
-    cli.settings().client().revoke_topic_permission(topic, role)
-    cli.done(f"revoked the permissions of {role} on {topic}")
 
 
 # -- subscriptions

@@ -112,9 +112,11 @@ def tls_context(
     trust_certs_file: str | None,
     validate_hostname: bool,
     allow_insecure: bool,
+    what: str = "client TLS",
 ) -> ssl.SSLContext:
     """The client's TLS context: trusted CAs (the system's without a file), hostname
-    verification, and the client certificate of an :class:`AuthenticationTLS`."""
+    verification, and the client certificate of an :class:`AuthenticationTLS`
+    (``what``: the words its errors start with)."""
     cert = key = ""
     if isinstance(authentication, AuthenticationTLS):
         cert, key = authentication.certificate_path, authentication.private_key_path
@@ -124,7 +126,7 @@ def tls_context(
         key_file=key,
         verify_hostname=validate_hostname,
         allow_insecure=allow_insecure,
-        what="client TLS",
+        what=what,
     )
 
 

@@ -25,7 +25,8 @@ Test helpers that start real servers as child processes live in
 :mod:`pigeon.core.testing.servers`: ZooKeeper and etcd (``zookeeper_server``,
 ``etcd_server``), a ``pigeon standalone`` process (``Standalone``) and free loopback
 ports.  Import them from there; they are plain classes and context managers, usable from
-any fixture.
+any fixture.  :class:`SecurityFiles` (also there) makes a run's CA, certificates, token
+key and tokens, and the security keys of a node's configuration.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from pigeon.core.testing._metadata_helpers import (
 )
 from pigeon.core.testing._metadata_suite import MetadataServerContract, MetadataStoreContract
 from pigeon.core.testing._replication_suite import ReplicationPolicyContract
+from pigeon.core.testing._security import SecurityFiles
 from pigeon.core.testing.fuzz import error_lines
 
 __all__ = [
@@ -66,6 +68,7 @@ __all__ = [
     "MetadataStoreContract",
     "MetadataStoreFactory",
     "ReplicationPolicyContract",
+    "SecurityFiles",
     "ServerRestart",
     "check_exports",
     "drain",

@@ -2,25 +2,37 @@
 
 :class:`SecurityFiles` writes one CA, a server certificate for ``127.0.0.1`` and
 ``localhost`` (signed by that CA) and an HS256 secret key under a directory, mints tokens
-by role, and gives the security keys of a node's ``[broker]`` / ``[bookie]`` table
-(:meth:`SecurityFiles.node_table`): TLS on the node's port, token authentication, the
-node's own role as a superuser and its credentials for the links it dials.
+by role, issues more certificates on demand (client certificates by role, an expired
+one, any other), and gives the security keys of a node's ``[broker]`` / ``[bookie]``
+table (:meth:`SecurityFiles.node_table`): TLS on the node's port, token authentication,
+the node's own role as a superuser and its credentials for the links it dials.
 :func:`write_toml` writes such tables to a file for ``--config``::
 
     sec = SecurityFiles.create(tmp_path / "sec")
     write_toml(tmp_path / "node.toml", {"broker": sec.node_table(), "bookie": sec.node_table()})
+    sec.ca_file, sec.certificate_file, sec.key_file   # trust, the server's cert and key
+    sec.client_certificate("app")                     # (cert, key) whose CN is "app"
+    sec.expired_certificate()                         # (cert, key) that expired
+    sec.issue("renewed", "127.0.0.1")                 # (cert, key) of any other
+    sec.other_ca_file                                 # a CA that signed none of them
+    sec.token("app", expiry_s=60)                     # a token signed with secret_key
 
 Needs ``trustme`` (a test dependency).
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
+
+if TYPE_CHECKING:
+    import trustme
 
 __all__ = ["NODE_ROLE", "SecurityFiles", "merge_tables", "toml_text", "write_toml"]
 
@@ -42,16 +54,13 @@ class SecurityFiles:
     secret_key_file: Path
 
     @classmethod
-    def create(
-        cls, root: Path, *, hosts: tuple[str, ...] = ("127.0.0.1", "localhost")
-    ) -> SecurityFiles:
+    def create(cls, root: Path, *, hosts: tuple[str, ...] = ("127.0.0.1", "localhost")) -> Self:
         import trustme
 
         from pigeon.core.tokens import create_secret_key
 
         root.mkdir(parents=True, exist_ok=True)
         ca = trustme.CA()
-        cert = ca.issue_cert(*hosts)
         files = cls(
             root=root,
             ca_file=root / "ca.pem",
@@ -62,10 +71,7 @@ class SecurityFiles:
         ca.cert_pem.write_to_path(str(files.ca_file))
         ca.private_key_pem.write_to_path(str(files.ca_key_file))
         files.ca_key_file.chmod(0o600)
-        cert.cert_chain_pems[0].write_to_path(str(files.certificate_file))
-        for pem in cert.cert_chain_pems[1:]:
-            pem.write_to_path(str(files.certificate_file), append=True)
-        cert.private_key_pem.write_to_path(str(files.key_file))
+        files._write_certificate(ca.issue_cert(*hosts), "node")
         _write_private(files.secret_key_file, create_secret_key())
         return files
 
@@ -74,30 +80,79 @@ class SecurityFiles:
         """The CA's private key (test certificates only; mode 0600)."""
         return self.root / "ca-key.pem"
 
+    @cached_property
+    def ca(self) -> trustme.CA:
+        """The run's CA (signs what :meth:`issue` writes)."""
+        import trustme
+
+        return trustme.CA.from_pem(self.ca_file.read_bytes(), self.ca_key_file.read_bytes())
+
+    @property
+    def other_ca_file(self) -> Path:
+        """The certificate of a CA that signed none of the run's certificates."""
+        import trustme
+
+        path = self.root / "other-ca.pem"
+        if not path.exists():
+            trustme.CA().cert_pem.write_to_path(str(path))
+        return path
+
+    def issue(self, name: str, *hosts: str, **kwargs: Any) -> tuple[Path, Path]:
+        """(certificate chain, private key) files ``<name>-cert.pem`` / ``<name>-key.pem``
+        of a new certificate the run's CA signs for ``hosts`` (``kwargs``: trustme's
+        ``issue_cert``: ``common_name``, ``not_before``, ``not_after``...); written
+        again at each call."""
+        return self._write_certificate(self.ca.issue_cert(*hosts, **kwargs), name)
+
+    def _write_certificate(self, cert: trustme.LeafCert, name: str) -> tuple[Path, Path]:
+        cert_path, key_path = self.root / f"{name}-cert.pem", self.root / f"{name}-key.pem"
+        cert.cert_chain_pems[0].write_to_path(str(cert_path))
+        for pem in cert.cert_chain_pems[1:]:
+            pem.write_to_path(str(cert_path), append=True)
+        cert.private_key_pem.write_to_path(str(key_path))
+        key_path.chmod(0o600)
+        return cert_path, key_path
+
     def client_certificate(self, role: str) -> tuple[Path, Path]:
         """(certificate, private key) files of a client certificate signed by the run's
         CA whose common name is ``role`` (the ``tls`` provider's role)."""
-        import trustme
+        cert_path, key_path = (
+            self.root / f"client-{role}-cert.pem",
+            self.root / f"client-{role}-key.pem",
+        )
+        if cert_path.exists():
+            return cert_path, key_path
+        return self.issue(f"client-{role}", f"{role}.client.invalid", common_name=role)
 
-        cert_path = self.root / f"client-{role}-cert.pem"
-        key_path = self.root / f"client-{role}-key.pem"
-        if not cert_path.exists():
-            ca = trustme.CA.from_pem(self.ca_file.read_bytes(), self.ca_key_file.read_bytes())
-            cert = ca.issue_cert(f"{role}.client.invalid", common_name=role)
-            cert.private_key_pem.write_to_path(str(key_path))
-            key_path.chmod(0o600)
-            cert.cert_chain_pems[0].write_to_path(str(cert_path))
-        return cert_path, key_path
+    def expired_certificate(self) -> tuple[Path, Path]:
+        """(certificate, private key) files of a certificate for ``127.0.0.1`` and
+        ``localhost`` signed by the run's CA that expired a day ago."""
+        cert_path, key_path = self.root / "expired-cert.pem", self.root / "expired-key.pem"
+        if cert_path.exists():
+            return cert_path, key_path
+        now = datetime.datetime.now(datetime.UTC)
+        return self.issue(
+            "expired",
+            "127.0.0.1",
+            "localhost",
+            not_before=now - datetime.timedelta(days=30),
+            not_after=now - datetime.timedelta(days=1),
+        )
+
+    @property
+    def secret_key(self) -> bytes:
+        """The HS256 secret key tokens are signed with."""
+        return self.secret_key_file.read_bytes()
 
     @property
     def secret_key_url(self) -> str:
         return f"file://{self.secret_key_file}"
 
-    def token(self, role: str, *, expiry_s: int | None = None) -> str:
-        """A token for ``role`` signed with the run's secret key."""
+    def token(self, role: str, *, expiry_s: int | None = None, key: bytes | None = None) -> str:
+        """A token for ``role`` signed with the run's secret key (or ``key``)."""
         from pigeon.core.tokens import create_token
 
-        return create_token(role, self.secret_key_file.read_bytes(), expiry_s=expiry_s)
+        return create_token(role, key or self.secret_key, expiry_s=expiry_s)
 
     def token_file(self, role: str) -> Path:
         """A file (mode 0600) holding a token for ``role`` (``file:///...`` for configs)."""
@@ -106,11 +161,15 @@ class SecurityFiles:
             _write_private(path, self.token(role).encode())
         return path
 
-    def client_tls_context(self) -> ssl.SSLContext:
-        """What a client dialling the nodes over TLS uses: trusts the run's CA."""
+    def client_tls_context(self, role: str | None = None) -> ssl.SSLContext:
+        """What a client dialling the nodes over TLS uses: trusts the run's CA and, with
+        ``role``, presents a client certificate whose common name is ``role``."""
         from pigeon.core.tls import client_context
 
-        return client_context(trust_certs_file=str(self.ca_file))
+        cert, key = self.client_certificate(role) if role is not None else ("", "")
+        return client_context(
+            trust_certs_file=str(self.ca_file), certificate_file=str(cert), key_file=str(key)
+        )
 
     def node_table(
         self,

@@ -9,6 +9,8 @@
 * :class:`SecurityFiles`: a CA, the nodes' certificate, a token secret key and tokens
   made per run, and the security keys of a node's TOML table; :func:`write_toml` writes
   tables for ``--config`` (:class:`Standalone` takes them as ``config=``).
+* :func:`headless_chromium`: a selenium driver of a real headless Chromium (dashboard
+  tests; skipped without Debian's chromium and chromium-driver packages).
 * :func:`free_port`, :func:`free_ports`, :func:`port_open`, :func:`clean_env`,
   :func:`pigeon_command` and :func:`server_command` for tests that start processes of
   their own.
@@ -24,6 +26,7 @@ stopped by its PID, never by name::
 
 from __future__ import annotations
 
+from pigeon.core.testing._browser import headless_chromium
 from pigeon.core.testing._metadata_servers import (
     READY_TIMEOUT,
     STOP_TIMEOUT,
@@ -66,6 +69,7 @@ __all__ = [
     "etcd_server",
     "free_port",
     "free_ports",
+    "headless_chromium",
     "merge_tables",
     "pigeon_command",
     "port_open",
