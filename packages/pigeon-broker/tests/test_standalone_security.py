@@ -22,7 +22,13 @@ from pigeon.broker import BrokerConfig, run_standalone
 from pigeon.broker._cli import _broker_config
 from pigeon.broker._node import STANDALONE_ROLE, standalone_bookie_security
 from pigeon.core.auth import AuthenticationToken
-from pigeon.core.errors import AuthenticationError, AuthorizationError, ConfigError, TlsError
+from pigeon.core.errors import (
+    AuthenticationError,
+    AuthorizationError,
+    ConfigError,
+    PigeonError,
+    TlsError,
+)
 from pigeon.core.replication import BookieClient
 from pigeon.core.rpc import BrokerFrame, connect_tcp
 from pigeon.core.testing.servers import (
@@ -335,4 +341,77 @@ async def test_a_broker_writes_to_secure_bookies_with_its_own_role(
             assert all(w > 0 for w in written), written
             forwarded = sum(b.forwarder.forwarded for b in bookies)
             assert forwarded >= (3 if replication == "leader-follower" else 0)
+            nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("replication", ["quorum", "leader-follower"])
+async def test_a_bookie_link_refused_by_tls_fails_the_write_not_the_broker(
+    tmp_path: Path, sec: SecurityFiles, replication: str
+) -> None:
+    """The broker does not trust its bookies' certificate (a CA rotated on one side
+    only): producers are refused with an error, the broker keeps serving (a lookup still
+    answers), and nothing ends its process."""
+    from pigeon.bookie import BookieServer
+    from pigeon.broker import run_broker
+    from pigeon.core import PluginManager
+    from pigeon.core.metadata import EmbeddedMetadataStore
+
+    plugins = PluginManager()
+    if replication not in plugins.replication_policies:
+        pytest.skip(f"the {replication} plugin is not installed")
+    store = EmbeddedMetadataStore(tmp_path / "metadata")
+    bookies = [
+        BookieServer(
+            BookieConfig(
+                port=0, fsync="never", data_dir=str(tmp_path / f"b{i}"), **sec.node_table()
+            ),
+            metadata=store,
+            plugins=plugins,
+        )
+        for i in range(2)
+    ]
+    table = sec.node_table(superuser_roles=(ADMIN,))
+    table["broker_client_trust_certs_file_path"] = str(sec.other_ca_file)
+    config = BrokerConfig(
+        port=0,
+        http_port=-1,
+        replication=replication,
+        ensemble_size=2,
+        write_quorum=2,
+        ack_quorum=2,
+        **table,
+    )
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(store.run)
+            for bookie in bookies:
+                await nursery.start(bookie.run)
+            service = await nursery.start(
+                functools.partial(run_broker, config, store=store, plugins=plugins)
+            )
+            host, port = service.address
+            async with trio.open_nursery() as inner:
+                conn, _ = await connect_tcp(
+                    host,
+                    port,
+                    BrokerFrame,
+                    inner,
+                    authentication=AuthenticationToken(sec.token(ADMIN)),
+                )
+                with pytest.raises(PigeonError):
+                    await conn.request(
+                        "createProducer",
+                        {"producerId": 1, "topic": "t", "producerName": "p"},
+                        expect="producerCreated",
+                    )
+                    await conn.request(
+                        "send",
+                        {"producerId": 1, "sequenceId": 0, "numMessages": 1},
+                        payload=batch_of([b"m"], "p", 0),
+                        expect="sendReceipt",
+                    )
+                # the broker is still there and answers on the same connection
+                assert await conn.request("lookup", {"topic": "t"}) is not None
+                conn.close()
+                inner.cancel_scope.cancel()
             nursery.cancel_scope.cancel()

@@ -12,6 +12,8 @@ import trio
 
 from pigeon.core._bookie_client import BookieClient
 from pigeon.core.errors import (
+    AuthenticationError,
+    AuthorizationError,
     ConnectionClosed,
     CorruptEntry,
     EntryNotFound,
@@ -20,6 +22,7 @@ from pigeon.core.errors import (
     ServiceUnavailable,
     StorageError,
     Timeout,
+    TlsError,
 )
 
 __all__ = ["UNANSWERED", "ReplicaRepairs", "read_replicas", "read_striped"]
@@ -37,8 +40,18 @@ REPAIR_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 2.0
 #: the errors with which a bookie that answered says it has no intact copy
 _DAMAGED = (CorruptEntry, EntryNotFound, SegmentNotFound)
-#: the errors with which a bookie did not answer (it may hold what was asked)
-UNANSWERED = (ConnectionClosed, ServiceUnavailable, StorageError, OSError)
+#: the errors with which a bookie did not answer (it may hold what was asked); a bookie
+#: whose TLS or credentials check refused this node did not answer either: one
+#: misconfigured bookie must not fail reads and recovery the others can serve
+UNANSWERED = (
+    ConnectionClosed,
+    ServiceUnavailable,
+    StorageError,
+    OSError,
+    TlsError,
+    AuthenticationError,
+    AuthorizationError,
+)
 
 
 async def read_replicas(
