@@ -458,6 +458,53 @@ def test_fuzzed_credentials_are_refused_as_authentication_errors(method: str, da
         auth.authenticate(AuthData(method, data))
 
 
+class _Credentials:
+    """Whatever a hostile client puts in its ``connect`` frame's auth fields."""
+
+    def __init__(self, method: str, data: bytes) -> None:
+        self.auth_method = method
+        self.data = data
+
+    def auth_data(self) -> bytes:
+        return self.data
+
+
+@fuzz_settings("PIGEON_FUZZ_EXAMPLES", 40)
+@given(
+    method=st.one_of(st.sampled_from(["token", "tls", ""]), st.text(max_size=40)),
+    data=st.one_of(
+        st.binary(max_size=600),
+        st.builds(
+            lambda t: t.encode(), st.sampled_from(["eyJ", "a.b.c", "eyJhbGciOiJub25lIn0.e30."])
+        ),
+    ),
+)
+def test_fuzzed_credentials_on_the_wire_are_refused_and_the_server_serves_on(
+    method: str, data: bytes
+) -> None:
+    """The auth exchange over a real socket: an AuthenticationError for the client, a
+    WARNING (never an ERROR) on the server, and the next client is served."""
+
+    async def main() -> None:
+        errors = _ErrorRecords()
+        logging.getLogger("pigeon").addHandler(errors)
+        try:
+            async with secure_server(LookupService(), authenticator=authenticator()) as (
+                nursery,
+                port,
+            ):
+                with trio.fail_after(TIMEOUT):
+                    with pytest.raises(AuthenticationError):
+                        await dial(nursery, port, authentication=_Credentials(method, data))
+                    conn, _ = await dial(nursery, port, role="ok")
+                    assert conn.role == "ok"
+        finally:
+            logging.getLogger("pigeon").removeHandler(errors)
+        assert errors.records == []
+
+    trio.run(main)
+
+
 @pytest.mark.parametrize("tls", [False, True])
 def test_a_peer_that_never_says_connect_is_closed(
     certs: SecurityFiles,
