@@ -23,7 +23,7 @@ from pigeon.client._admin_client import (
     InvalidNamespace,
 )
 from pigeon.client._cli_security import client_security, security_options
-from pigeon.core.errors import InvalidTopicName
+from pigeon.core.errors import AuthenticationError, AuthorizationError, InvalidTopicName
 
 # ---------------------------------------------------------------------- output
 
@@ -123,13 +123,17 @@ def done(message: str, result: Any = None) -> None:
 
 
 class AdminGroup(click.Group):
-    """Turns AdminError into exit code 1 with the JSON error on stderr."""
+    """Turns AdminError into exit code 1 with the JSON error on stderr, and a 401/403
+    (AuthenticationError, AuthorizationError) into exit code 1 with one line."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except AdminError as exc:
             click.echo(json.dumps({"status": exc.status, **exc.body}), err=True)
+            ctx.exit(1)
+        except (AuthenticationError, AuthorizationError) as exc:  # the API refused: 401/403
+            click.echo(f"error: {type(exc).__name__}: {exc.message}", err=True)
             ctx.exit(1)
         except (InvalidTopicName, InvalidNamespace) as exc:
             raise click.UsageError(str(exc), ctx) from None
