@@ -6,8 +6,7 @@ anything*: bytes already read wait, nothing more is read (so the kernel buffers 
 the peers' writes stall), and new connections are accepted but not connected upstream
 until :meth:`Proxy.heal`.  That is what a partition looks like to both ends: a link that
 hangs, not one that fails fast.  Healing resumes the same connections, like TCP
-retransmission after a short partition.  A connection whose upstream refuses (the node
-is down) is reset, as the client would see it refused without the proxy.
+retransmission after a short partition.
 
 All proxies of a :class:`ProxyHub` run in one trio run on one daemon thread; the
 methods of both classes may be called from any other thread.
@@ -16,8 +15,6 @@ methods of both classes may be called from any other thread.
 from __future__ import annotations
 
 import contextlib
-import socket
-import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,7 +26,7 @@ __all__ = ["Proxy", "ProxyHub", "ProxyStats"]
 
 HOST = "127.0.0.1"
 CHUNK = 65536
-#: Longest wait for the upstream connect (the node may be down: the client sees a reset).
+#: Longest wait for the upstream connect (the node may be down: the client sees a close).
 CONNECT_TIMEOUT = 5.0
 
 
@@ -103,11 +100,7 @@ class Proxy:
                 with trio.fail_after(CONNECT_TIMEOUT):
                     upstream = await trio.open_tcp_stream(HOST, self.upstream)
             except (OSError, trio.TooSlowError):
-                # the node is down: the client sees its connection reset, as it would see
-                # it refused without the proxy (a clean close instead would read, to a TLS
-                # client, as a server that hung up during the handshake)
-                _reset_on_close(client)
-                return
+                return  # the node is down: the client sees the connection close
             async with upstream, trio.open_nursery() as nursery:
                 nursery.start_soon(self._pump, client, upstream, nursery.cancel_scope)
                 nursery.start_soon(self._pump, upstream, client, nursery.cancel_scope)
@@ -125,16 +118,9 @@ class Proxy:
                 await dst.send_all(data)
                 self.bytes_forwarded += len(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            _reset_on_close(dst)  # a reset (or a broken link) reaches the other end as one
             return
         finally:
             both.cancel()  # one side closed: close the other too
-
-
-def _reset_on_close(stream: trio.SocketStream) -> None:
-    """Make closing ``stream`` send a TCP reset (SO_LINGER 0) rather than a FIN."""
-    with contextlib.suppress(OSError):
-        stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
 
 class ProxyHub:
