@@ -348,7 +348,8 @@ class KafkaFrontDoor:
         conn_stream: trio.SocketStream | trio.SSLStream[Any] = stream
         if self.tls is not None:
             try:
-                conn_stream = await accept_tls(stream, self.tls)
+                # a Kafka client cannot be told in words: no certificate, no handshake
+                conn_stream = await accept_tls(stream, self.tls, strict=True)
             except (TlsError, ConnectionClosed) as exc:
                 log.warning("kafka TLS handshake failed conn=%s: %s", name, exc.message)
                 return

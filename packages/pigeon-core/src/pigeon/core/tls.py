@@ -327,13 +327,19 @@ def _handshake_error(
 
 
 async def accept_tls(
-    stream: trio.abc.Stream, tls: ServerTls, *, handshake_timeout: float = HANDSHAKE_TIMEOUT_S
+    stream: trio.abc.Stream,
+    tls: ServerTls,
+    *,
+    handshake_timeout: float = HANDSHAKE_TIMEOUT_S,
+    strict: bool = False,
 ) -> trio.SSLStream[Any]:
     """Run the server side of the handshake of a PigeonMQ port; raises
     :class:`TlsError` or :class:`ConnectionClosed` with one line
     (:func:`describe_tls_error`) when it fails.  A missing client certificate is the
-    caller's to refuse (``tls.require_client_cert``): see :attr:`ServerTls.protocol_context`."""
-    ssl_stream = trio.SSLStream(_LargeReads(stream), tls.protocol_context, server_side=True)
+    caller's to refuse (``tls.require_client_cert``): see :attr:`ServerTls.protocol_context`;
+    ``strict`` (another protocol's port, e.g. Kafka's) refuses it in the handshake itself."""
+    context = tls.context if strict else tls.protocol_context
+    ssl_stream = trio.SSLStream(_LargeReads(stream), context, server_side=True)
     try:
         with trio.fail_after(handshake_timeout):
             await ssl_stream.do_handshake()
