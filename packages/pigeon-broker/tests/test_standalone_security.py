@@ -290,13 +290,12 @@ def test_a_real_standalone_with_tls_and_tokens_serves_and_closes_its_bookie_port
 # ------------------------------------------------------------------ a cluster's nodes
 
 
-@pytest.mark.parametrize("replication", ["quorum", "leader-follower"])
-async def test_a_broker_writes_to_secure_bookies_with_its_own_role(
-    tmp_path: Path, sec: SecurityFiles, replication: str
-) -> None:
-    """``pigeon broker`` + two ``pigeon bookie`` nodes, TLS + tokens on every link: the
-    broker dials the bookies with its own role (quorum: both; leader-follower: the
-    leader, which forwards to the follower with the bookie's own role)."""
+@asynccontextmanager
+async def secure_cluster(
+    tmp_path: Path, sec: SecurityFiles, replication: str, **broker: Any
+) -> AsyncIterator[tuple[Any, list[Any]]]:
+    """A broker (``run_broker``) and two bookies in this trio run, TLS + tokens on every
+    link (``broker``: more of the broker's keys); yields (the broker's service, bookies)."""
     from pigeon.bookie import BookieServer
     from pigeon.broker import run_broker
     from pigeon.core import PluginManager
@@ -323,16 +322,28 @@ async def test_a_broker_writes_to_secure_bookies_with_its_own_role(
         ensemble_size=2,
         write_quorum=2,
         ack_quorum=2,
-        **sec.node_table(superuser_roles=(ADMIN,)),
+        **{**sec.node_table(superuser_roles=(ADMIN,)), **broker},
     )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        for bookie in bookies:
+            await nursery.start(bookie.run)
+        service = await nursery.start(
+            functools.partial(run_broker, config, store=store, plugins=plugins)
+        )
+        yield service, bookies
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("replication", ["quorum", "leader-follower"])
+async def test_a_broker_writes_to_secure_bookies_with_its_own_role(
+    tmp_path: Path, sec: SecurityFiles, replication: str
+) -> None:
+    """``pigeon broker`` + two ``pigeon bookie`` nodes, TLS + tokens on every link: the
+    broker dials the bookies with its own role (quorum: both; leader-follower: the
+    leader, which forwards to the follower with the bookie's own role)."""
     with trio.fail_after(TIMEOUT):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(store.run)
-            for bookie in bookies:
-                await nursery.start(bookie.run)
-            service = await nursery.start(
-                functools.partial(run_broker, config, store=store, plugins=plugins)
-            )
+        async with secure_cluster(tmp_path, sec, replication) as (service, bookies):
             host, port = service.address
             receipts = await produce_raw(host, port, sec.token(ADMIN), "t", 3)
             assert len(receipts) == 3
@@ -341,7 +352,6 @@ async def test_a_broker_writes_to_secure_bookies_with_its_own_role(
             assert all(w > 0 for w in written), written
             forwarded = sum(b.forwarder.forwarded for b in bookies)
             assert forwarded >= (3 if replication == "leader-follower" else 0)
-            nursery.cancel_scope.cancel()
 
 
 @pytest.mark.parametrize("replication", ["quorum", "leader-follower"])
@@ -351,67 +361,33 @@ async def test_a_bookie_link_refused_by_tls_fails_the_write_not_the_broker(
     """The broker does not trust its bookies' certificate (a CA rotated on one side
     only): producers are refused with an error, the broker keeps serving (a lookup still
     answers), and nothing ends its process."""
-    from pigeon.bookie import BookieServer
-    from pigeon.broker import run_broker
-    from pigeon.core import PluginManager
-    from pigeon.core.metadata import EmbeddedMetadataStore
-
-    plugins = PluginManager()
-    if replication not in plugins.replication_policies:
-        pytest.skip(f"the {replication} plugin is not installed")
-    store = EmbeddedMetadataStore(tmp_path / "metadata")
-    bookies = [
-        BookieServer(
-            BookieConfig(
-                port=0, fsync="never", data_dir=str(tmp_path / f"b{i}"), **sec.node_table()
-            ),
-            metadata=store,
-            plugins=plugins,
-        )
-        for i in range(2)
-    ]
-    table = sec.node_table(superuser_roles=(ADMIN,))
-    table["broker_client_trust_certs_file_path"] = str(sec.other_ca_file)
-    config = BrokerConfig(
-        port=0,
-        http_port=-1,
-        replication=replication,
-        ensemble_size=2,
-        write_quorum=2,
-        ack_quorum=2,
-        **table,
-    )
+    untrusting = {"broker_client_trust_certs_file_path": str(sec.other_ca_file)}
     with trio.fail_after(TIMEOUT):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(store.run)
-            for bookie in bookies:
-                await nursery.start(bookie.run)
-            service = await nursery.start(
-                functools.partial(run_broker, config, store=store, plugins=plugins)
-            )
+        async with (
+            secure_cluster(tmp_path, sec, replication, **untrusting) as (service, _),
+            trio.open_nursery() as inner,
+        ):
             host, port = service.address
-            async with trio.open_nursery() as inner:
-                conn, _ = await connect_tcp(
-                    host,
-                    port,
-                    BrokerFrame,
-                    inner,
-                    authentication=AuthenticationToken(sec.token(ADMIN)),
+            conn, _ = await connect_tcp(
+                host,
+                port,
+                BrokerFrame,
+                inner,
+                authentication=AuthenticationToken(sec.token(ADMIN)),
+            )
+            with pytest.raises(PigeonError):
+                await conn.request(
+                    "createProducer",
+                    {"producerId": 1, "topic": "t", "producerName": "p"},
+                    expect="producerCreated",
                 )
-                with pytest.raises(PigeonError):
-                    await conn.request(
-                        "createProducer",
-                        {"producerId": 1, "topic": "t", "producerName": "p"},
-                        expect="producerCreated",
-                    )
-                    await conn.request(
-                        "send",
-                        {"producerId": 1, "sequenceId": 0, "numMessages": 1},
-                        payload=batch_of([b"m"], "p", 0),
-                        expect="sendReceipt",
-                    )
-                # the broker is still there and answers on the same connection
-                assert await conn.request("lookup", {"topic": "t"}) is not None
-                conn.close()
-                inner.cancel_scope.cancel()
-            nursery.cancel_scope.cancel()
+                await conn.request(
+                    "send",
+                    {"producerId": 1, "sequenceId": 0, "numMessages": 1},
+                    payload=batch_of([b"m"], "p", 0),
+                    expect="sendReceipt",
+                )
+            # the broker is still there and answers on the same connection
+            assert await conn.request("lookup", {"topic": "t"}) is not None
+            conn.close()
+            inner.cancel_scope.cancel()
