@@ -17,6 +17,7 @@ import trio
 import trio.testing
 from test_connection import summary
 
+from pigeon.core._connection import TLS_REFUSAL_ALERT
 from pigeon.core._framing import (
     FrameDecoder,
     build_message,
@@ -281,19 +282,29 @@ async def test_http_client_on_a_native_port_gets_a_readable_400(
 
 
 @pytest.mark.parametrize(
-    ("data", "named"),
+    ("data", "named", "answer"),
     [
-        (bytes.fromhex("16030100a5010000a10303") + b"\0" * 40, "TLS handshake"),
-        (struct.pack(">ihhih", 19, 18, 3, 1, 6) + b"client" + b"\0", "Kafka request (api key 18)"),
+        # a TLS client is answered a fatal protocol_version alert: it fails at once
+        (
+            bytes.fromhex("16030100a5010000a10303") + b"\0" * 40,
+            "TLS handshake",
+            TLS_REFUSAL_ALERT,
+        ),
+        # closed: nothing a Kafka client could parse
+        (
+            struct.pack(">ihhih", 19, 18, 3, 1, 6) + b"client" + b"\0",
+            "Kafka request (api key 18)",
+            b"",
+        ),
     ],
     ids=["tls", "kafka"],
 )
 async def test_other_protocols_are_named_in_one_line_and_closed(
-    caplog: pytest.LogCaptureFixture, data: bytes, named: str
+    caplog: pytest.LogCaptureFixture, data: bytes, named: str, answer: bytes
 ) -> None:
     assert sniff_foreign_protocol(data) is not None
     async with tcp_server(BrokerFrame) as (_nursery, address):
-        assert await _raw_exchange(address, data) == b""  # closed, nothing it could parse
+        assert await _raw_exchange(address, data) == answer
     [line] = [r for r in caplog.records if r.name == "pigeon.core._rpc"]
     assert line.levelno == logging.WARNING and named in line.getMessage()
     assert line.exc_info is None
