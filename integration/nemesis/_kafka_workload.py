@@ -13,6 +13,8 @@ other topic, so a Kafka-acknowledged message missing from the log is a loss.
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 import time
 from typing import Any
@@ -27,6 +29,17 @@ KAFKA_TOPIC = "k"
 GROUP = "kafka-group"
 LABEL = f"{KAFKA_TOPIC}/{GROUP}"
 PRODUCER = "kp0"
+
+
+def _debug_options() -> dict[str, Any]:
+    """``PIGEON_NEMESIS_KAFKA_DEBUG=eos,msg,broker``: librdkafka's debug contexts for the
+    producer, logged to the run's client.log (logger ``pigeon.nemesis.librdkafka``)."""
+    contexts = os.environ.get("PIGEON_NEMESIS_KAFKA_DEBUG", "")
+    if not contexts:
+        return {}
+    logger = logging.getLogger("pigeon.nemesis.librdkafka")
+    logger.setLevel(logging.DEBUG)
+    return {"debug": contexts, "log_level": 7, "logger": logger}
 
 
 class KafkaWorkload:
@@ -58,6 +71,7 @@ class KafkaWorkload:
                 "topic.metadata.refresh.interval.ms": 2000,
                 "log_level": 3,
                 **security,
+                **_debug_options(),
             }
         )
         self.consumer = Consumer(

@@ -12,7 +12,7 @@ import trio
 
 from pigeon.bookie._inspect import DataDirLocked, format_table, inspect_data_dir
 from pigeon.bookie._service import BookieConfig, BookieServer
-from pigeon.core import PluginManager, load_config
+from pigeon.core import PluginManager, Registry, load_config
 from pigeon.core.errors import StorageError
 
 hookimpl = pluggy.HookimplMarker("pigeon")
@@ -134,3 +134,18 @@ def inspect_cmd(data_dir: str, as_json: bool, segment: str | None) -> None:
 @hookimpl
 def pigeon_cli_commands(group: click.Group) -> None:
     group.add_command(bookie_cmd)
+
+
+@hookimpl
+def pigeon_ledger_storages(registry: Registry[Any]) -> None:
+    from pigeon.bookie._storage import SegmentStore
+
+    def segment_files(config: BookieConfig) -> SegmentStore:
+        return SegmentStore(
+            config.data_dir,
+            fsync=config.fsync,
+            fsync_interval_ms=config.fsync_interval_ms,
+            verify_tail_bytes=config.verify_tail_bytes,
+        )
+
+    registry.register("segment-files", segment_files)

@@ -184,6 +184,13 @@ async def _send_batch(
         sequence = info.base_sequence
         pushed = producer.topic.dedup.pushed_sequence(producer.name)
         if pushed >= 0 and sequence > pushed + 1:
+            log.info(
+                "kafka produce out of order topic=%s producer=%s sequence=%d pushed=%d",
+                name.full,
+                producer.name,
+                sequence,
+                pushed,
+            )
             done(
                 (
                     ErrorCode.out_of_order_sequence_number,

@@ -89,6 +89,7 @@ def make_cli(plugins: PluginManager | None = None) -> click.Group:
         click.echo("replication policies: " + ", ".join(pm.replication_policies))
         click.echo("codecs: " + ", ".join(pm.codecs))
         click.echo("authentication providers: " + ", ".join(pm.authentication_providers))
+        click.echo("ledger storages: " + (", ".join(pm.ledger_storages) or "(none)"))
 
     pm.pm.hook.pigeon_cli_commands(group=cli)
     return cli

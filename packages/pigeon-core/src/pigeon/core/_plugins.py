@@ -92,7 +92,9 @@ class PluginManager:
         self.pm.hook.pigeon_metadata_stores(registry=self.metadata_stores)
         self.pm.hook.pigeon_replication_policies(registry=self.replication_policies)
         self.pm.hook.pigeon_codecs(registry=self.codecs)
+        self.ledger_storages: Registry[Any] = Registry("ledger storage")
         self.pm.hook.pigeon_authentication_providers(registry=self.authentication_providers)
+        self.pm.hook.pigeon_ledger_storages(registry=self.ledger_storages)
 
     def plugin_names(self) -> list[str]:
         """Names of the loaded plugins (blocked ones are listed with a None plugin)."""
@@ -109,6 +111,7 @@ class PluginManager:
             ("pigeon_replication_policies", self.replication_policies),
             ("pigeon_codecs", self.codecs),
             ("pigeon_authentication_providers", self.authentication_providers),
+            ("pigeon_ledger_storages", self.ledger_storages),
         ):
             impl = getattr(plugin, hook, None)
             if impl is not None:

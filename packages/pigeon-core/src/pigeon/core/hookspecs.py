@@ -81,6 +81,22 @@ def pigeon_authentication_providers(registry: Registry[Any]) -> None:
     """
 
 
+@hookspec
+def pigeon_ledger_storages(registry: Registry[Any]) -> None:
+    """Register a bookie's ledger storage backends by name (``segment-files``,
+    ``journal``, ...).
+
+    :param registry: call ``registry.register(name, factory)``; ``factory(config)`` —
+        ``config`` the bookie's :class:`pigeon.bookie.BookieConfig` (its ``data_dir``,
+        ``fsync`` and the backend's own keys) — returns a
+        :class:`pigeon.core.storage.LedgerStorage` that is not running yet.  A bookie
+        uses the backend its ``storage`` setting (``pigeon bookie --storage NAME``) names.
+        Every backend passes the contract suite ``pigeon.core.testing.LedgerStorageContract``.
+
+    Called for every plugin when the node's plugin manager is built; not firstresult.
+    """
+
+
 # -- command line ----------------------------------------------------------------------
 
 
