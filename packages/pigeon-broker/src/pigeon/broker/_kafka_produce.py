@@ -29,7 +29,13 @@ from kio.schema.errors import ErrorCode
 
 from pigeon.broker._kafka import KafkaConnection
 from pigeon.broker._kafka_wire import ZERO, Later, ProduceAnswer, build, error_code, response_type
-from pigeon.core.errors import AuthorizationError, PigeonError, ProducerBusy, TopicNotFound
+from pigeon.core.errors import (
+    AuthorizationError,
+    NotOwner,
+    PigeonError,
+    ProducerBusy,
+    TopicNotFound,
+)
 from pigeon.core.kafka_records import (
     FORMAT_KAFKA,
     count_records,
@@ -167,6 +173,11 @@ async def _send_batch(
     if producer is None or producer.fenced or producer.topic.unloaded:
         producer = await _attach(conn, name, producer_name, idempotent)
         conn.producers[slot] = producer
+    if producer.topic.unloaded or producer.topic.ledger.closed:
+        # closing here (its ledger gave up): batches handed to it may still turn up in
+        # the log the next owner recovers, so its de-duplication state can be behind
+        # the log's -- no sequence decision from it, nothing appended
+        raise NotOwner(f"{name.full} is closing here; look it up again")
     if idempotent:
         epochs = _epochs(door)
         highest = epochs.highest(info.producer_id, producer.topic.dedup)
@@ -214,7 +225,7 @@ async def _send_batch(
 
     def reply(receipt: Any, error: BaseException | None, duplicate: bool) -> None:
         if error is not None:
-            done((error_code(error), -1, str(error)))
+            done((_after_append_code(error), -1, str(error)))
         elif receipt is None:  # a duplicate whose original is no longer remembered
             done((ErrorCode.duplicate_sequence_number, -1, None))
         else:
@@ -233,6 +244,18 @@ async def _send_batch(
     except PigeonError as exc:
         core.fence_producer(producer, exc)
         done((error_code(exc), -1, str(exc)))
+
+
+def _after_append_code(error: BaseException) -> ErrorCode:
+    """The code of a batch that failed once handed to the log (or whose in-flight
+    original failed): a retriable failure there may still have stored it (a write that
+    reached the bookies before the ledger gave up is kept by the next owner's recovery),
+    so the client is told REQUEST_TIMED_OUT -- "possibly persisted, resend it as it was"
+    -- never a code that says it was not stored (NOT_LEADER_OR_FOLLOWER): a client that
+    believes that may renumber the batch under a new epoch and store it twice."""
+    if isinstance(error, PigeonError) and error.retriable:
+        return ErrorCode.request_timed_out
+    return error_code(error)
 
 
 class ProducerEpochs:
@@ -313,6 +336,7 @@ async def _attach(
         )
     producer.deduplicate = idempotent
     producer.record_format = FORMAT_KAFKA
+    producer.find_duplicate_positions = False  # DUPLICATE_SEQUENCE_NUMBER is a success
     return producer
 
 

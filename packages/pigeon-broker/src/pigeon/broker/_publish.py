@@ -102,7 +102,11 @@ def publish(
     )
     if decision is Decision.DUPLICATE:
         receipt = dedup.receipt(name, sequence_id, n)
-        if receipt is None and topic.may_find_original(name, sequence_id):
+        if (
+            receipt is None
+            and producer.find_duplicate_positions
+            and topic.may_find_original(name, sequence_id)
+        ):
             # stored before the state this broker recovered from: look it up (the
             # client completes its sends in order whatever order answers come in)
             async def look_up() -> None:

@@ -70,6 +70,10 @@ class Producer:
     #: the batch format its sends must have (1 native, 2 a Kafka RecordBatch wrapped by
     #: the Kafka front door: see pigeon.core.kafka_records)
     record_format: int = 1
+    #: a duplicate whose original is not remembered is looked up in the log to answer
+    #: with its position; a Kafka producer needs none (DUPLICATE_SEQUENCE_NUMBER is a
+    #: success to it), and an answer that waits on a slow log search risks a refusal
+    find_duplicate_positions: bool = True
 
 
 class Topic:
