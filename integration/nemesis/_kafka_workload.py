@@ -31,13 +31,19 @@ LABEL = f"{KAFKA_TOPIC}/{GROUP}"
 PRODUCER = "kp0"
 
 
-def _debug_options() -> dict[str, Any]:
-    """``PIGEON_NEMESIS_KAFKA_DEBUG=eos,msg,broker``: librdkafka's debug contexts for the
-    producer, logged to the run's client.log (logger ``pigeon.nemesis.librdkafka``)."""
-    contexts = os.environ.get("PIGEON_NEMESIS_KAFKA_DEBUG", "")
+def _debug_options(role: str = "producer") -> dict[str, Any]:
+    """``PIGEON_NEMESIS_KAFKA_DEBUG=eos,msg,broker`` (the producer) and
+    ``PIGEON_NEMESIS_KAFKA_CONSUMER_DEBUG=cgrp,fetch`` (the consumer): librdkafka's debug
+    contexts, logged to the run's client.log (logger ``pigeon.nemesis.librdkafka``)."""
+    variable = (
+        "PIGEON_NEMESIS_KAFKA_DEBUG"
+        if role == "producer"
+        else ("PIGEON_NEMESIS_KAFKA_CONSUMER_DEBUG")
+    )
+    contexts = os.environ.get(variable, "")
     if not contexts:
         return {}
-    logger = logging.getLogger("pigeon.nemesis.librdkafka")
+    logger = logging.getLogger(f"pigeon.nemesis.librdkafka.{role}")
     logger.setLevel(logging.DEBUG)
     return {"debug": contexts, "log_level": 7, "logger": logger}
 
@@ -84,6 +90,7 @@ class KafkaWorkload:
                 "topic.metadata.refresh.interval.ms": 2000,
                 "log_level": 3,
                 **security,
+                **_debug_options("consumer"),
             }
         )
         self._stop_produce = threading.Event()
