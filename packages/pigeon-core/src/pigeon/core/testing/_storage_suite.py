@@ -150,7 +150,7 @@ def _check(store: LedgerStorage, segment_id: int, ids: range | list[int]) -> Non
 
 
 # The kill -9 child: appends with fsync=always through three paths (add_entry, append +
-# waiter, add_entries batches) and prints "segment entry" for every acknowledged entry.
+# waiter, add_entries batches) and prints "segment entry lac" for every acknowledged entry.
 _CHILD = """
 import json, random, sys, trio
 from pigeon.bookie import BookieConfig
@@ -160,8 +160,9 @@ from pigeon.core.testing._storage_suite import entry_payload
 
 name, options = sys.argv[1], json.loads(sys.argv[2])
 
-def ack(seg, first, n=1):
-    sys.stdout.write("".join(f"{seg} {e}\\n" for e in range(first, first + n)))
+def ack(seg, first, n=1, lac=None):
+    lac = first - 1 if lac is None else lac
+    sys.stdout.write("".join(f"{seg} {e} {lac}\\n" for e in range(first, first + n)))
     sys.stdout.flush()
 
 async def main():
@@ -205,7 +206,7 @@ async def main():
                 await store.add_entries(
                     seg, eid, [entry_payload(seg, e) for e in range(eid, eid + n)], lac=eid - 1
                 )
-                ack(seg, eid, n)
+                ack(seg, eid, n, lac=eid - 1)
                 eid += n
 
         nursery.start_soon(one_by_one, 1)
@@ -596,12 +597,14 @@ class LedgerStorageContract:
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         command = [sys.executable, "-c", _CHILD, storage_name, json.dumps(storage_config(data))]
         acked: dict[int, set[int]] = {}
+        lacs: dict[int, int] = {}
         for kill in range(3):  # the later rounds append after a recovery
             # killed after a number of acknowledgements, a different one each round
             lines = await _run_and_kill(command, env, tmp_path / "child.err", 200 + 137 * kill)
             for line in lines:
-                seg_field, eid_field = line.split()
+                seg_field, eid_field, lac_field = line.split()
                 acked.setdefault(int(seg_field), set()).add(int(eid_field))
+                lacs[int(seg_field)] = max(lacs.get(int(seg_field), -1), int(lac_field))
             async with _running(make_storage, data, fsync="always") as store:
                 for seg, ids in acked.items():
                     last = store.last_entry_id(seg)
@@ -611,7 +614,7 @@ class LedgerStorageContract:
                     assert not missing, f"segment {seg}: acknowledged, lost: {missing}"
                     for eid, payload in stored.items():
                         assert payload == entry_payload(seg, eid), f"{seg}/{eid} differs"
-                    assert store.read_lac(seg) >= max(ids) - 1
+                    assert store.read_lac(seg) >= lacs[seg]  # the lacs acknowledged adds gave
         assert sorted(acked) == [1, 2, 3, 4]
 
     # -- deletion, queries ---------------------------------------------------------------------
