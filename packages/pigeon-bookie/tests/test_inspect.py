@@ -13,6 +13,7 @@ from click.testing import CliRunner, Result
 from pigeon.bookie import SegmentStore, inspect_data_dir
 from pigeon.bookie._segment import RECORD_HEADER_SIZE, encode_record_header
 from pigeon.core._cli import make_cli
+from pigeon.core.errors import StorageError
 
 
 def inspect(path: Path, *args: str) -> Result:
@@ -136,4 +137,20 @@ async def test_a_running_bookie_is_not_inspected(tmp_path: Path) -> None:
 
 def test_not_a_data_dir(tmp_path: Path) -> None:
     result = inspect(tmp_path)
-    assert result.exit_code == 2 and "not a bookie data directory" in result.output
+    assert result.exit_code == 2 and "not a segment-files data directory" in result.output
+
+
+async def test_a_data_dir_of_another_ledger_storage(tmp_path: Path) -> None:
+    """A bookie that ran another backend (``ledger_storage``) left its FORMAT: inspect
+    says so in one line, and a segment-files store refuses the directory too."""
+    (tmp_path / "FORMAT").write_bytes(b"pigeon-journal 1\n")
+    (tmp_path / "journal").mkdir()
+    result = inspect(tmp_path)
+    assert result.exit_code == 2
+    [line] = result.output.strip().splitlines()
+    assert "another ledger storage ('pigeon-journal 1')" in line
+    assert "segment-files" in line
+    store = SegmentStore(tmp_path)
+    with pytest.raises(StorageError, match="another ledger storage"):
+        await store.run()
+    assert (tmp_path / "FORMAT").read_bytes() == b"pigeon-journal 1\n"

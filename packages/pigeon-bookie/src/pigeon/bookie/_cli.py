@@ -41,6 +41,11 @@ EXIT_OK, EXIT_CORRUPT, EXIT_CANNOT_INSPECT = 0, 1, 2
     help="TOML configuration file ([bookie] table).",
 )
 @click.option("--http-port", type=int, help="Serve Prometheus GET /metrics on this port.")
+@click.option(
+    "--storage",
+    metavar="NAME",
+    help="Ledger storage backend (default segment-files; `pigeon plugins` lists them).",
+)
 @click.pass_context
 def bookie_cmd(
     ctx: click.Context,
@@ -51,6 +56,7 @@ def bookie_cmd(
     fsync: str | None,
     config_file: str | None,
     http_port: int | None,
+    storage: str | None,
 ) -> None:
     """Run a bookie (storage node) registered in the metadata store."""
     if ctx.invoked_subcommand is not None:
@@ -67,6 +73,7 @@ def bookie_cmd(
             "data_dir": data_dir,
             "fsync": fsync,
             "http_port": http_port,
+            "ledger_storage": storage,
         },
     )
     if not config.metadata:

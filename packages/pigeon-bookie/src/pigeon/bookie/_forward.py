@@ -33,6 +33,7 @@ from pigeon.core.errors import (
     ServiceUnavailable,
 )
 from pigeon.core.replication import BookieClient
+from pigeon.core.storage import LedgerStorage
 
 __all__ = ["Forwarder", "Replication", "is_lost_replica"]
 
@@ -78,7 +79,12 @@ class Forwarder:
     """The links of one bookie to its segments' followers."""
 
     def __init__(
-        self, store: Any, client: BookieClient, nursery: trio.Nursery, *, idle_s: float = 60.0
+        self,
+        store: LedgerStorage,
+        client: BookieClient,
+        nursery: trio.Nursery,
+        *,
+        idle_s: float = 60.0,
     ) -> None:
         self.store = store
         self.client = client

@@ -28,6 +28,7 @@ import trio
 
 from pigeon.core.errors import PigeonError, SegmentNotFound
 from pigeon.core.paths import SEGMENTS_PATH, segment_path
+from pigeon.core.storage import LedgerStorage
 
 __all__ = ["CollectorStatistics", "SegmentCollector"]
 
@@ -49,7 +50,7 @@ class CollectorStatistics:
 
 
 class SegmentCollector:
-    """Deletes the orphaned and the expired segments of a :class:`SegmentStore`.
+    """Deletes the orphaned and the expired segments of a ledger storage.
 
     Start :meth:`run` in a nursery (or call :meth:`collect` yourself).  ``metadata``
     may be None: then only expiry applies.
@@ -57,7 +58,7 @@ class SegmentCollector:
 
     def __init__(
         self,
-        store: Any,
+        store: LedgerStorage,
         metadata: Any = None,
         *,
         interval_s: float = 60.0,

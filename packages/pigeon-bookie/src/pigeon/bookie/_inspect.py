@@ -148,6 +148,12 @@ class InspectReport:
         }
 
 
+def _format_name(fmt: Path) -> str:
+    """The first line of a FORMAT file, printable and short, for an error message."""
+    head = fmt.read_bytes()[:80].split(b"\n", 1)[0]
+    return repr(head.decode("ascii", "replace"))
+
+
 def inspect_data_dir(
     data_dir: str | os.PathLike[str], *, segment: int | None = None
 ) -> InspectReport:
@@ -158,12 +164,15 @@ def inspect_data_dir(
     """
     root = Path(data_dir)
     seg_dir = root / "segments"
-    if not seg_dir.is_dir():
-        raise StorageError(f"{root} is not a bookie data directory (no segments/)")
-    report = InspectReport(str(root))
     fmt = root / "FORMAT"
     if fmt.exists() and fmt.read_bytes() != _STORE_FORMAT:
-        raise StorageError(f"{fmt} names an unknown store format")
+        raise StorageError(
+            f"{root} holds another ledger storage ({_format_name(fmt)}), not segment-files:"
+            " inspect reads segment-files data directories only"
+        )
+    if not seg_dir.is_dir():
+        raise StorageError(f"{root} is not a segment-files data directory (no segments/)")
+    report = InspectReport(str(root))
     try:
         lock_fd = os.open(root / "LOCK", os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:

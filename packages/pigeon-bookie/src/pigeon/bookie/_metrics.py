@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
 
 import trio
 
 from pigeon.core.rpc import listen_tcp
+from pigeon.core.storage import LedgerStorage
 
 __all__ = ["render_metrics", "serve_metrics"]
 
@@ -21,8 +21,8 @@ log = logging.getLogger(__name__)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def render_metrics(store: Any, address: str = "") -> str:
-    """Prometheus exposition text of a SegmentStore's statistics."""
+def render_metrics(store: LedgerStorage, address: str = "") -> str:
+    """Prometheus exposition text of a ledger storage's statistics."""
     st = store.statistics()
     label = f'{{bookie="{address}"}}' if address else ""
     rounds = max(st.flush_rounds, 1)

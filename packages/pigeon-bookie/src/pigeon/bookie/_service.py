@@ -5,8 +5,8 @@ writes synchronously, in the connection's reader task) and answered once durable
 the store's fsync policy; many adds are in flight at once, so one fsync covers a whole
 group of them, and the answers of a group commit are sent from one callback (no task
 per add).  Reads run in a task of the connection and go through
-:meth:`SegmentStore.read_entries_async`: large reads happen in a worker thread and never
-hold the event loop.  Every failure is answered with a typed error
+:meth:`~pigeon.core.storage.LedgerStorage.read_entries_async`: large reads happen in a
+worker thread and never hold the event loop.  Every failure is answered with a typed error
 (:mod:`pigeon.core.errors`); nothing a peer sends ends the connection.
 
 Registration: the ephemeral node ``/pigeon/bookies/available/<host:port>`` holds a JSON
@@ -39,7 +39,6 @@ import trio
 from pigeon.bookie._forward import Forwarder, Replication
 from pigeon.bookie._gc import SegmentCollector
 from pigeon.bookie._metrics import render_metrics, serve_metrics
-from pigeon.bookie._storage import SegmentStore
 from pigeon.core.config import SecurityConfig
 from pigeon.core.errors import (
     AuthorizationError,
@@ -58,9 +57,10 @@ from pigeon.core.errors import (
 from pigeon.core.paths import BOOKIES_PATH
 from pigeon.core.replication import BookieClient
 from pigeon.core.rpc import DEFAULT_MAX_FRAME_SIZE, BookieFrame, Connection, Request, serve_tcp
+from pigeon.core.storage import LedgerStorage
 from pigeon.core.tls import ServerTls, reload_on_sighup
 
-__all__ = ["BookieConfig", "BookieServer", "DiskSpacePolicy"]
+__all__ = ["BookieConfig", "BookieServer", "DiskSpacePolicy", "build_ledger_storage"]
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +127,9 @@ class BookieConfig(SecurityConfig):
     #: are verified (torn tails and damage there are logged); older damage is found by
     #: the checksum every read verifies
     verify_tail_bytes: int = 1024 * 1024
+    #: the storage backend keeping the segments (BookKeeper's ``ledgerStorageClass``):
+    #: a name registered with the ``pigeon_ledger_storages`` hook
+    ledger_storage: str = "segment-files"
 
     def validate(self) -> None:
         if not 0 <= self.port < 65536:
@@ -151,6 +154,22 @@ class BookieConfig(SecurityConfig):
                 "'authentication_enabled' on a bookie needs 'superuser_roles': a bookie"
                 " serves only the roles of the brokers and bookies listed there"
             )
+
+
+def build_ledger_storage(config: BookieConfig, plugins: Any) -> LedgerStorage:
+    """The storage ``config.ledger_storage`` names, built (not running) by the factory
+    registered in ``plugins.ledger_storages``; an unknown name is a ConfigError naming
+    the known ones."""
+    registry = plugins.ledger_storages
+    name = config.ledger_storage
+    if name not in registry:
+        known = ", ".join(registry) or "none"
+        raise ConfigError(
+            f"bad value for 'ledger_storage': no ledger storage named {name!r} is"
+            f" registered (known: {known})"
+        )
+    store: LedgerStorage = registry.get(name)(config)
+    return store
 
 
 class DiskSpacePolicy:
@@ -214,13 +233,15 @@ def _state(info: Any) -> dict[str, Any]:
 
 
 class BookieServer:
-    """Serves one :class:`SegmentStore` over the bookie protocol.
+    """Serves one :class:`~pigeon.core.storage.LedgerStorage` over the bookie protocol.
 
     ``await nursery.start(server.run)`` recovers the store, checks the disk, listens,
     registers (when ``metadata`` is given) and reports the bound ``(host, port)``.
 
-    ``plugins``: the :class:`~pigeon.core.PluginManager` whose authentication providers
-    check connections (the built-in ones when None).  ``reload_on_sighup``: reload the
+    ``store``: the storage to serve; by default the one ``config.ledger_storage`` names,
+    built by its factory in ``plugins.ledger_storages``.  ``plugins``: the
+    :class:`~pigeon.core.PluginManager` whose ledger storages and authentication
+    providers the bookie uses (the installed ones when None).  ``reload_on_sighup``: reload the
     TLS certificate on SIGHUP (off when the process embedding the bookie does it, as
     ``pigeon standalone``: ``server.tls`` is the listener's :class:`ServerTls`).
     """
@@ -239,7 +260,7 @@ class BookieServer:
         self.metadata = metadata
         #: the TLS of the bookie port (None: plaintext); configuration errors show now
         self.tls: ServerTls | None = config.server_tls("bookie")
-        if config.authentication_enabled and plugins is None:
+        if plugins is None and (store is None or config.authentication_enabled):
             from pigeon.core import PluginManager
 
             plugins = PluginManager()
@@ -252,12 +273,7 @@ class BookieServer:
         self._client_authentication = config.client_authentication()
         self._reload_on_sighup = reload_on_sighup
         self._superusers = frozenset(config.superuser_roles)
-        self.store = store or SegmentStore(
-            config.data_dir,
-            fsync=config.fsync,
-            fsync_interval_ms=config.fsync_interval_ms,
-            verify_tail_bytes=config.verify_tail_bytes,
-        )
+        self.store: LedgerStorage = store or build_ledger_storage(config, plugins)
         self.collector = SegmentCollector(
             self.store,
             metadata,

@@ -62,7 +62,11 @@ class StoreRecovery(StoreBase):
         fmt = self._root / "FORMAT"
         if fmt.exists() and fmt.stat().st_size:
             if fmt.read_bytes() != STORE_FORMAT:
-                raise StorageError(f"{fmt} names an unknown store format")
+                head = fmt.read_bytes()[:80].split(b"\n", 1)[0].decode("ascii", "replace")
+                raise StorageError(
+                    f"{self._root} holds another ledger storage ({head!r}), not"
+                    " segment-files: start the bookie with the storage that wrote it"
+                )
         else:
             tmp = fmt.with_suffix(".tmp")
             tmp.write_bytes(STORE_FORMAT)

@@ -15,7 +15,6 @@ import logging
 import os
 from array import array
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
@@ -29,6 +28,7 @@ from pigeon.bookie._index import (
 )
 from pigeon.bookie._segment import FILE_HEADER_SIZE, Buffer, IdRanges
 from pigeon.core.errors import BookieReadOnly, InvalidArgument, SegmentNotFound, ServiceUnavailable
+from pigeon.core.storage import SegmentInfo, StoreStatistics
 
 __all__ = [
     "logger",
@@ -111,60 +111,6 @@ def as_buffer(data: Buffer) -> Buffer:
 def check_segment_id(segment_id: int) -> None:
     if not 0 <= segment_id <= MAX_SEGMENT_ID:
         raise InvalidArgument(f"segment id out of range: {segment_id}")
-
-
-@dataclass(frozen=True, slots=True)
-class SegmentInfo:
-    """State of one stored segment."""
-
-    segment_id: int
-    #: highest entry id stored (-1: none).  Ids below it may be absent: a bookie of a
-    #: striped ensemble stores only some entries, a replacement bookie starts mid-segment
-    last_entry_id: int
-    #: highest last-add-confirmed the writer piggybacked on an add (-1: none)
-    lac: int
-    #: fenced segments refuse adds (except recovery adds)
-    fenced: bool
-    #: size of the data file in bytes
-    size_bytes: int
-    #: ``last_entry_id + 1``: the entry ids the segment spans (the entries stored when
-    #: ids are contiguous from 0; an upper bound when they skip)
-    entry_count: int
-    #: entries known (from recovery) to be damaged; reading them raises CorruptEntry
-    corrupt_entries: int
-
-
-@dataclass(frozen=True, slots=True)
-class StoreStatistics:
-    """Counters since the store started, and its current size."""
-
-    segments: int
-    entries_written: int
-    #: record bytes appended (headers included)
-    bytes_written: int
-    entries_read: int
-    #: payload bytes returned by reads
-    bytes_read: int
-    #: fsync/fdatasync calls (data files, directory, meta files)
-    fsyncs: int
-    flush_rounds: int
-    #: bytes of all segment files (data, index, meta)
-    disk_usage_bytes: int
-    #: damaged entries found by reads (each read of a damaged entry counts)
-    corrupt_entries_detected: int
-    read_only: bool
-    #: why the store is read-only ("" when writable)
-    read_only_reason: str = ""
-    #: wall time spent in group-commit fsync rounds (divide by flush_rounds: latency)
-    flush_seconds: float = 0.0
-    #: entries known to be damaged now (found at start or by reads, not repaired since)
-    damaged_entries: int = 0
-    #: segments whose torn tail was truncated when the store started
-    torn_tails: int = 0
-    #: entries the store dropped with torn tails at start (intact headers counted)
-    torn_entries: int = 0
-    #: damaged entries rewritten from a good copy (recovery adds)
-    repaired_entries: int = 0
 
 
 class Counters:

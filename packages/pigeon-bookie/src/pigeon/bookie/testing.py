@@ -6,6 +6,9 @@
   :data:`RECORD_HEADER_SIZE` bytes later), and flipping one bit of one entry's payload.
   :class:`pigeon.core.testing.ReplicationPolicyContract` uses them to check that reads
   pass over a damaged copy and repair it; the file layout is :mod:`pigeon.bookie._segment`.
+* :func:`tear_tail` and :func:`corrupt_entry` are the damage
+  :class:`pigeon.core.testing.LedgerStorageContract` asks of the ``segment-files``
+  backend: a crash in the middle of an append, a flipped bit in one stored payload.
 * :func:`pipelined_adds` sends many adds at once on one connection of a
   :class:`~pigeon.core.replication.BookieClient` and collects each outcome.
 """
@@ -18,15 +21,23 @@ from typing import Any
 
 import trio
 
-from pigeon.bookie._segment import FILE_HEADER_SIZE, REC, RECORD_HEADER_SIZE, scan_records
+from pigeon.bookie._segment import (
+    FILE_HEADER_SIZE,
+    REC,
+    RECORD_HEADER_SIZE,
+    encode_record_header,
+    scan_records,
+)
 from pigeon.core.replication import BookieClient
 
 __all__ = [
     "RECORD_HEADER_SIZE",
+    "corrupt_entry",
     "flip_payload_byte",
     "pipelined_adds",
     "record_starts",
     "segment_file",
+    "tear_tail",
 ]
 
 
@@ -60,6 +71,24 @@ def flip_payload_byte(path: Path, entry_id: int, segment_id: int) -> None:
             path.write_bytes(data)
             return
     raise AssertionError(f"entry {entry_id} is not in {path}")
+
+
+def tear_tail(data_dir: Path) -> None:
+    """Leave every segment of a stopped bookie's ``data_dir`` as a crash in the middle
+    of one more append does: after its last record, the intact header of the next
+    entry and part of its payload (written, never fsynced nor acknowledged)."""
+    for path in sorted((data_dir / "segments").glob("*.log")):
+        starts = record_starts(path)
+        entry_id = max(starts, default=-1) + 1
+        payload = bytes(range(256)) * 8
+        with path.open("ab") as f:
+            f.write(encode_record_header(int(path.stem, 16), entry_id, -1, payload))
+            f.write(payload[: len(payload) // 3])
+
+
+def corrupt_entry(data_dir: Path, segment_id: int, entry_id: int) -> None:
+    """Flip one bit in the payload of an entry a stopped bookie stores in ``data_dir``."""
+    flip_payload_byte(segment_file(data_dir, segment_id), entry_id, segment_id)
 
 
 async def pipelined_adds(

@@ -146,6 +146,11 @@ def broker_cmd(
     help="Bookie fsync policy (default always).",
 )
 @click.option(
+    "--storage",
+    metavar="NAME",
+    help="Bookie ledger storage backend (default segment-files; `pigeon plugins` lists them).",
+)
+@click.option(
     "--config",
     "config_file",
     type=click.Path(dir_okay=False),
@@ -161,6 +166,7 @@ def standalone_cmd(
     http_port: int | None,
     kafka_port: int | None,
     fsync: str | None,
+    storage: str | None,
     config_file: str | None,
 ) -> None:
     """Run broker + bookie + embedded metadata in one process."""
@@ -181,7 +187,12 @@ def standalone_cmd(
         path=config_file,
         section="bookie",
         env={},
-        overrides={"host": host, "port": bookie_port, "fsync": fsync},
+        overrides={
+            "host": host,
+            "port": bookie_port,
+            "fsync": fsync,
+            "ledger_storage": storage,
+        },
     )
     Path(data_dir).mkdir(parents=True, exist_ok=True)
 

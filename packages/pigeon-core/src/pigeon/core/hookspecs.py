@@ -90,8 +90,9 @@ def pigeon_ledger_storages(registry: Registry[Any]) -> None:
         ``config`` the bookie's :class:`pigeon.bookie.BookieConfig` (its ``data_dir``,
         ``fsync`` and the backend's own keys) — returns a
         :class:`pigeon.core.storage.LedgerStorage` that is not running yet.  A bookie
-        uses the backend its ``storage`` setting (``pigeon bookie --storage NAME``) names.
-        Every backend passes the contract suite ``pigeon.core.testing.LedgerStorageContract``.
+        uses the backend its ``ledger_storage`` setting (``pigeon bookie --storage
+        NAME``) names.  Every backend passes the contract suite
+        :class:`pigeon.core.testing.LedgerStorageContract`.
 
     Called for every plugin when the node's plugin manager is built; not firstresult.
     """

@@ -48,13 +48,19 @@ class SegmentInfo:
     """What a bookie knows of one of its segments."""
 
     segment_id: int
+    #: highest entry id stored (-1: none).  Ids below it may be absent: a bookie of a
+    #: striped ensemble stores only some entries, a replacement bookie starts mid-segment
     last_entry_id: int
+    #: highest last-add-confirmed the writer piggybacked on an add (-1: none)
     lac: int
+    #: fenced segments refuse adds (except recovery adds)
     fenced: bool
     #: bytes the segment's entries take on this bookie (records, headers included)
     size_bytes: int
+    #: ``last_entry_id + 1``: the entry ids the segment spans (the entries stored when
+    #: ids are contiguous from 0; an upper bound when they skip)
     entry_count: int
-    #: entries known to be damaged on this bookie
+    #: entries known to be damaged on this bookie; reading them raises CorruptEntry
     corrupt_entries: int = 0
 
 
@@ -201,8 +207,10 @@ class LedgerStorage(Protocol):
         ...
 
     def set_read_only(self, reason: str | None) -> bool:
-        """Refuse (reason) or accept (None) adds, for the bookie's free-space check;
-        True if that changed anything."""
+        """Refuse (reason) or accept (None) adds, for the bookie's free-space check.
+
+        Going writable again does not undo a read-only state an I/O error caused
+        (that lasts until a restart); returns whether the store is writable afterwards."""
         ...
 
 

@@ -12,6 +12,9 @@ offers the **contract suites** every backend runs against itself:
 * :class:`CodecContract` — subclass it and provide a ``codec`` fixture.
 * :class:`ReplicationPolicyContract` — subclass it and provide a ``make_policy`` fixture;
   it runs real in-process bookies (needs ``pigeon-bookie``).
+* :class:`LedgerStorageContract` — subclass it and provide ``storage_name``,
+  ``make_storage``, ``tear_tail`` and ``corrupt_entry`` fixtures: what every bookie
+  storage backend (``pigeon_ledger_storages``) does, kill -9 included.
 
 :func:`check_exports` checks a plugin's ``__all__`` as ``pigeon.core``'s own test does;
 and the ``pigeon_standalone`` fixture: broker + bookie + embedded metadata in the test's
@@ -56,6 +59,7 @@ from pigeon.core.testing._metadata_helpers import (
 from pigeon.core.testing._metadata_suite import MetadataServerContract, MetadataStoreContract
 from pigeon.core.testing._replication_suite import ReplicationPolicyContract
 from pigeon.core.testing._security import SecurityFiles
+from pigeon.core.testing._storage_suite import LedgerStorageContract
 from pigeon.core.testing.fuzz import error_lines
 
 __all__ = [
@@ -64,6 +68,7 @@ __all__ = [
     "CodecContract",
     "ExpireSession",
     "InProcessStandalone",
+    "LedgerStorageContract",
     "MetadataServerContract",
     "MetadataStoreContract",
     "MetadataStoreFactory",

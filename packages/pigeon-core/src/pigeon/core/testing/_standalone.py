@@ -74,7 +74,8 @@ class Standalone:
     ``config``: TOML tables (``{"broker": {...}, "bookie": {...}, "kafka": {...}}``)
     written to ``standalone.toml`` in the log directory and passed as ``--config``, e.g.
     :meth:`SecurityFiles.node_table` for TLS and token authentication on every link
-    (the ports stay the helper's: flags win over the file).
+    (the ports stay the helper's: flags win over the file).  ``storage``: the bookie's
+    ledger storage backend (``--storage``; None: the default, ``segment-files``).
     """
 
     def __init__(
@@ -85,10 +86,12 @@ class Standalone:
         fsync: str | None = "always",
         extra_args: tuple[str, ...] = (),
         config: Mapping[str, Mapping[str, Any]] | None = None,
+        storage: str | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.log_dir = Path(log_dir) if log_dir is not None else self.data_dir.parent
         self.fsync = fsync
+        self.storage = storage
         self.extra_args = tuple(extra_args)
         self.config = {k: dict(v) for k, v in (config or {}).items()}
         self.port = 0
@@ -150,6 +153,8 @@ class Standalone:
             cmd += ["--kafka-port", str(self.kafka_port)]
         if self.fsync:
             cmd += ["--fsync", self.fsync]
+        if self.storage:
+            cmd += ["--storage", self.storage]
         if self.config and "--config" not in self.extra_args:
             cmd += ["--config", str(self.config_path)]
         return cmd + list(self.extra_args)
