@@ -206,8 +206,9 @@ class JournalStore(JournalReads):
         self._state = "closing"
         try:
             await self._flush_round()
-            async with self._index_lock:
-                await self._checkpoint_locked()
+            if self._checkpoint_on_close:
+                async with self._index_lock:
+                    await self._checkpoint_locked()
         except (StorageError, OSError) as exc:
             logger.warning("no checkpoint at shutdown (the journal is replayed): %s", exc)
         finally:

@@ -224,7 +224,11 @@ class JournalBase:
         self._checkpoint_wanted = trio.Event()
         self._index_lock = trio.Lock()
         self._counters = Counters()
+        #: checkpoints done since the start (the one after a replay not counted)
         self.checkpoints = 0
+        #: take a checkpoint when stopping (tests turn it off to stop like a crash
+        #: after the last fsync)
+        self._checkpoint_on_close = True
         self.compacted_logs = 0
 
     def _check_running(self) -> None:
