@@ -78,7 +78,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], *words: str)
 def test_plugins_lists_ledger_storages(env: dict[str, str]) -> None:
     result = pigeon(env, "plugins")
     assert result.returncode == 0, result.stderr
-    assert "ledger storages: elsewhere, segment-files" in result.stdout
+    assert "ledger storages: elsewhere, journal, segment-files" in result.stdout
 
 
 def run_bookie_until_ready(env: dict[str, str], *args: str) -> str:

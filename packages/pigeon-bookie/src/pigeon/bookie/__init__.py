@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pigeon.bookie._gc import CollectorStatistics, SegmentCollector
 from pigeon.bookie._inspect import InspectReport, SegmentReport, inspect_data_dir
+from pigeon.bookie._journal import JournalStore
 from pigeon.bookie._metrics import render_metrics
 from pigeon.bookie._service import BookieConfig, BookieServer, DiskSpacePolicy
 from pigeon.bookie._storage import AppendWaiter, SegmentInfo, SegmentStore, StoreStatistics
@@ -19,6 +20,7 @@ __all__ = [
     "CollectorStatistics",
     "DiskSpacePolicy",
     "InspectReport",
+    "JournalStore",
     "SegmentCollector",
     "SegmentInfo",
     "SegmentReport",

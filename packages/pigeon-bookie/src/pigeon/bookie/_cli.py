@@ -145,6 +145,7 @@ def pigeon_cli_commands(group: click.Group) -> None:
 
 @hookimpl
 def pigeon_ledger_storages(registry: Registry[Any]) -> None:
+    from pigeon.bookie._journal import JournalStore
     from pigeon.bookie._storage import SegmentStore
 
     def segment_files(config: BookieConfig) -> SegmentStore:
@@ -156,3 +157,23 @@ def pigeon_ledger_storages(registry: Registry[Any]) -> None:
         )
 
     registry.register("segment-files", segment_files)
+
+    def journal(config: BookieConfig) -> JournalStore:
+        journal_directory, ledger_directories = config.journal_paths()
+        return JournalStore(
+            journal_directory,
+            ledger_directories,
+            fsync=config.fsync,
+            fsync_interval_ms=config.fsync_interval_ms,
+            journal_max_group_wait_ms=config.journal_max_group_wait_ms,
+            journal_max_size_mb=config.journal_max_size_mb,
+            entry_log_size_limit=config.entry_log_size_limit,
+            flush_interval_ms=config.flush_interval_ms,
+            minor_compaction_threshold=config.minor_compaction_threshold,
+            minor_compaction_interval_s=config.minor_compaction_interval_s,
+            major_compaction_threshold=config.major_compaction_threshold,
+            major_compaction_interval_s=config.major_compaction_interval_s,
+            format_root=config.data_dir,
+        )
+
+    registry.register("journal", journal)

@@ -25,9 +25,11 @@ settings (this bookie's own role).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
+import os
 import shutil
 import time
 from collections.abc import Awaitable, Callable
@@ -130,6 +132,36 @@ class BookieConfig(SecurityConfig):
     #: the storage backend keeping the segments (BookKeeper's ``ledgerStorageClass``):
     #: a name registered with the ``pigeon_ledger_storages`` hook
     ledger_storage: str = "segment-files"
+    # --- the ``journal`` ledger storage (BookKeeper's keys, in snake_case) ---
+    #: where the journal lives ("": ``<data_dir>/journal``); put it on its own disk:
+    #: its fdatasync is the only one on the ack path
+    journal_directory: str = ""
+    #: where the entry logs (and the index, in the first) live (empty:
+    #: ``<data_dir>/ledgers``); new entry logs go to each in turn
+    ledger_directories: list[str] = dataclasses.field(default_factory=list)
+    #: hold a journal fsync round back up to this long to gather more adds (0: an fsync
+    #: starts as soon as the previous one ends; adds arriving meanwhile share the next)
+    journal_max_group_wait_ms: float = 0.0
+    #: a journal file rolls once this big; old files are deleted after a checkpoint
+    journal_max_size_mb: int = 512
+    #: an entry log rolls once this big (bytes)
+    entry_log_size_limit: int = 1024 * 1024 * 1024
+    #: checkpoint interval: entry logs fsynced, the index committed, old journal files
+    #: deleted (also after 200000 adds); a restart replays the journal since
+    flush_interval_ms: float = 1000.0
+    #: compaction rewrites entry logs whose live bytes fell below this fraction of
+    #: their size, every minor_compaction_interval_s ...
+    minor_compaction_threshold: float = 0.2
+    minor_compaction_interval_s: float = 3600.0
+    #: ... and below this one every major_compaction_interval_s
+    major_compaction_threshold: float = 0.8
+    major_compaction_interval_s: float = 86400.0
+
+    def journal_paths(self) -> tuple[str, list[str]]:
+        """``(journal directory, ledger directories)``, defaults filled in."""
+        journal = self.journal_directory or os.path.join(self.data_dir, "journal")
+        ledgers = self.ledger_directories or [os.path.join(self.data_dir, "ledgers")]
+        return journal, ledgers
 
     def validate(self) -> None:
         if not 0 <= self.port < 65536:
@@ -142,6 +174,20 @@ class BookieConfig(SecurityConfig):
         for key in ("gc_grace_s", "segment_expiry_s", "min_free_disk_bytes", "verify_tail_bytes"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"bad value for {key!r}: must be >= 0")
+        for key in (
+            "journal_max_size_mb",
+            "entry_log_size_limit",
+            "flush_interval_ms",
+            "minor_compaction_interval_s",
+            "major_compaction_interval_s",
+        ):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"bad value for {key!r}: must be positive")
+        if self.journal_max_group_wait_ms < 0:
+            raise ConfigError("bad value for 'journal_max_group_wait_ms': must be >= 0")
+        for key in ("minor_compaction_threshold", "major_compaction_threshold"):
+            if not 0 <= getattr(self, key) <= 1:
+                raise ConfigError(f"bad value for {key!r}: must be in [0, 1]")
         if not 0 <= self.min_free_disk_percent < 100:
             raise ConfigError("bad value for 'min_free_disk_percent': must be in [0, 100)")
         if self.read_max_bytes < 1:

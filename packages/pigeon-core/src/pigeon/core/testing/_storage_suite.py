@@ -222,6 +222,11 @@ class LedgerStorageContract:
     """Contract tests for a :class:`pigeon.core.storage.LedgerStorage`; see the module
     documentation for the fixtures a subclass provides."""
 
+    #: a deleted segment's disk space is free when delete_segment returns (False for a
+    #: backend whose files hold many segments and free space by compaction later, as
+    #: BookKeeper's entry logs do: it tests its compaction itself)
+    reclaims_on_delete = True
+
     # -- fixtures a backend provides -----------------------------------------------------
 
     @pytest.fixture
@@ -635,7 +640,8 @@ class LedgerStorageContract:
                 await store.delete_segment(20)  # a retried delete succeeds
                 await store.delete_segment(12345)  # and so does one of an unknown id
                 assert store.statistics().segments == 1
-                assert store.statistics().disk_usage_bytes < before
+                if self.reclaims_on_delete:
+                    assert store.statistics().disk_usage_bytes < before
         async with _running(make_storage, tmp_path) as store:
             assert store.segments() == [21]
             with pytest.raises(SegmentNotFound):

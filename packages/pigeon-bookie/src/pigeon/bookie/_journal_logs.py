@@ -1,0 +1,202 @@
+"""Entry logs of the ``journal`` ledger storage: interleaved files of entry records.
+
+Every add is written (trio thread, page cache) at the end of the *current* entry log,
+whatever its segment; the log rolls to a new file once past ``entry_log_size_limit``.
+New logs go to the ledger directories in turn.  Nothing here fsyncs on the ack path:
+the checkpoint fsyncs the logs written since the previous one (:meth:`EntryLogs.take_dirty`).
+A log stays open for reads until it is deleted (compaction), and its descriptor is
+closed only once no read in a worker thread uses it any more.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pigeon.bookie._journal_format import FILE_HEADER_SIZE, LOG_MAGIC, encode_file_header
+from pigeon.bookie._segment import Buffer
+from pigeon.bookie._storage_state import pwritev_all
+
+__all__ = ["EntryLog", "EntryLogs", "log_name"]
+
+
+def log_name(log_id: int) -> str:
+    return f"{log_id:016x}.log"
+
+
+class EntryLog:
+    """One entry log file; mutated only from the trio thread (``end``, ``refs``)."""
+
+    __slots__ = ("dir_index", "end", "fd", "id", "path", "refs", "retired")
+
+    def __init__(self, log_id: int, path: Path, fd: int, end: int, dir_index: int) -> None:
+        self.id = log_id
+        self.path = path
+        self.fd = fd
+        self.end = end
+        self.dir_index = dir_index
+        #: worker threads reading it: the descriptor is closed only at 0
+        self.refs = 0
+        self.retired = False
+
+    def release(self) -> None:
+        self.refs -= 1
+        if self.refs == 0 and self.retired:
+            _close(self.fd)
+
+
+def _close(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+class EntryLogs:
+    """The entry logs under ``dirs``; ``size_limit`` bytes a log before it rolls."""
+
+    def __init__(self, dirs: list[Path], size_limit: int) -> None:
+        self._dirs = dirs
+        self._size_limit = size_limit
+        self.logs: dict[int, EntryLog] = {}
+        self.current: EntryLog | None = None
+        self._dirty: dict[int, EntryLog] = {}
+        self._dirty_dirs: set[int] = set()
+        self._next_id = 0
+
+    def open(self) -> None:
+        """Blocking: open every entry log found, start a new current one."""
+        for i, d in enumerate(self._dirs):
+            d.mkdir(parents=True, exist_ok=True)
+            for entry in os.scandir(d):
+                stem, _dot, suffix = entry.name.partition(".")
+                if suffix == "log.tmp":
+                    os.unlink(entry.path)  # a compaction that did not finish
+                    continue
+                if suffix != "log" or len(stem) != 16:
+                    continue
+                try:
+                    log_id = int(stem, 16)
+                except ValueError:
+                    continue
+                fd = os.open(entry.path, os.O_RDWR | os.O_CLOEXEC)
+                self.logs[log_id] = EntryLog(log_id, Path(entry.path), fd, os.fstat(fd).st_size, i)
+                self._next_id = max(self._next_id, log_id + 1)
+        self.current = self.new_log()
+
+    def new_log(self) -> EntryLog:
+        """Blocking: create the next entry log (its directory synced at the checkpoint)."""
+        log_id = self._next_id
+        self._next_id += 1
+        i = log_id % len(self._dirs)
+        path = self._dirs[i] / log_name(log_id)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            os.pwrite(fd, encode_file_header(LOG_MAGIC, log_id), 0)
+        except OSError:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
+        log = EntryLog(log_id, path, fd, FILE_HEADER_SIZE, i)
+        self.logs[log_id] = log
+        self._dirty[log_id] = log
+        self._dirty_dirs.add(i)
+        return log
+
+    def write(self, bufs: list[Buffer], total: int) -> tuple[int, int]:
+        """Append ``bufs`` to the current log: ``(log id, offset)`` where they start.
+        Raises OSError (a partial write is cut off again)."""
+        log = self.current
+        assert log is not None
+        start = log.end
+        try:
+            pwritev_all(log.fd, bufs, start, total)
+        except OSError:
+            try:
+                os.ftruncate(log.fd, start)
+            except OSError:
+                pass
+            raise
+        log.end = start + total
+        self._dirty[log.id] = log
+        if log.end >= self._size_limit:
+            self.current = self.new_log()
+        return log.id, start
+
+    def take_dirty(self) -> tuple[list[EntryLog], list[int]]:
+        """The logs written and the directories changed since the previous call (the
+        checkpoint fsyncs them); the current log stays dirty."""
+        logs, self._dirty = list(self._dirty.values()), {}
+        dirs, self._dirty_dirs = sorted(self._dirty_dirs), set()
+        if self.current is not None:
+            self._dirty[self.current.id] = self.current
+        return logs, dirs
+
+    def is_dirty(self, log: EntryLog) -> bool:
+        """Written since the last checkpoint began: not all of it is indexed."""
+        return log.id in self._dirty
+
+    def mark_dirty(self, log: EntryLog) -> None:
+        self._dirty[log.id] = log
+
+    def sync(self, logs: list[EntryLog], dirs: list[int]) -> int:
+        """Blocking: fdatasync ``logs`` and fsync the ledger directories ``dirs``;
+        returns the fsyncs done."""
+        for log in logs:
+            os.fdatasync(log.fd)
+        for i in dirs:
+            self.sync_dir(i)
+        return len(logs) + len(dirs)
+
+    def sync_dir(self, i: int) -> None:
+        fd = os.open(self._dirs[i], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def retire(self, log_id: int) -> EntryLog | None:
+        """Forget a log (compaction): its file is unlinked by the caller, its
+        descriptor closed once no reader uses it."""
+        log = self.logs.pop(log_id, None)
+        if log is None:
+            return None
+        self._dirty.pop(log_id, None)
+        log.retired = True
+        if log.refs == 0:
+            _close(log.fd)
+        return log
+
+    def sealed(self) -> list[EntryLog]:
+        """Logs no longer written (all but the current one)."""
+        cur = self.current
+        return [log for log in self.logs.values() if log is not cur]
+
+    def disk_usage(self) -> int:
+        return sum(log.end for log in self.logs.values())
+
+    def close(self) -> None:
+        for log in self.logs.values():
+            if log.refs == 0:
+                _close(log.fd)
+            else:
+                log.retired = True
+        self.logs.clear()
+        self.current = None
+
+    def tmp_path(self, log_id: int) -> tuple[Path, int]:
+        """Where compaction writes the log ``log_id`` before renaming it into place."""
+        i = log_id % len(self._dirs)
+        return self._dirs[i] / (log_name(log_id) + ".tmp"), i
+
+    def reserve_id(self) -> int:
+        log_id = self._next_id
+        self._next_id += 1
+        return log_id
+
+    def adopt(self, log_id: int, path: Path, dir_index: int) -> EntryLog:
+        """Blocking: open a log written by compaction (already fsynced, renamed)."""
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        log = EntryLog(log_id, path, fd, os.fstat(fd).st_size, dir_index)
+        self.logs[log_id] = log
+        return log

@@ -1,0 +1,276 @@
+"""The in-memory state of a :class:`~pigeon.bookie._journal.JournalStore`: its
+configuration, its segments, the group-commit rounds and the durability waiter of an
+add, the read-only state.  The store's concerns are layered on :class:`JournalBase` in
+:mod:`~pigeon.bookie._journal_reads` and :mod:`~pigeon.bookie._journal`.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Literal
+
+import trio
+
+from pigeon.bookie._journal_file import Journal, JournalFile
+from pigeon.bookie._journal_index import LedgerIndex, Loc
+from pigeon.bookie._journal_logs import EntryLogs
+from pigeon.bookie._storage_state import Counters, FsyncPolicy
+from pigeon.core.errors import (
+    BookieReadOnly,
+    InvalidArgument,
+    SegmentNotFound,
+    ServiceUnavailable,
+    StorageError,
+)
+
+__all__ = ["JournalBase", "JournalWaiter", "Round", "Seg", "logger"]
+
+logger = logging.getLogger("pigeon.bookie._journal")
+
+
+class Seg:
+    """One segment; mutated only from the trio thread."""
+
+    __slots__ = (
+        "corrupt",
+        "deleted",
+        "fenced",
+        "id",
+        "indexing",
+        "lac",
+        "next_id",
+        "recent",
+        "size_bytes",
+        "touched",
+    )
+
+    def __init__(
+        self,
+        segment_id: int,
+        *,
+        next_id: int = 0,
+        lac: int = -1,
+        fenced: bool = False,
+        size_bytes: int = 0,
+        touched: float = 0.0,
+    ) -> None:
+        self.id = segment_id
+        self.next_id = next_id
+        self.lac = lac
+        self.fenced = fenced
+        #: record bytes of the segment's entries (headers included)
+        self.size_bytes = size_bytes
+        #: trio clock of the last add, fence or creation (wall clock while starting)
+        self.touched = touched
+        #: entries written since the last checkpoint: not in the index yet
+        self.recent: dict[int, Loc] = {}
+        #: entries a checkpoint in progress is putting in the index (read from here
+        #: until it commits)
+        self.indexing: dict[int, Loc] | None = None
+        #: entries found damaged by reads (a repair clears them)
+        self.corrupt: set[int] = set()
+        self.deleted = False
+
+
+class Round:
+    """One group commit: the journal files written since the previous round."""
+
+    __slots__ = ("callbacks", "done", "error", "files")
+
+    def __init__(self) -> None:
+        self.files: dict[int, JournalFile] = {}
+        self.done = trio.Event()
+        self.error: OSError | None = None
+        self.callbacks: list[Callable[[], object]] = []
+
+    def finish(self) -> None:
+        self.done.set()
+        callbacks, self.callbacks = self.callbacks, []
+        for cb in callbacks:
+            try:
+                cb()
+            except Exception:
+                logger.exception("append callback failed")
+
+
+class JournalWaiter:
+    """Returned by :meth:`JournalStore.append`: when is the entry durable?"""
+
+    __slots__ = ("_round", "_segment")
+
+    def __init__(self, round: Round | None, segment: Seg) -> None:
+        self._round = round
+        self._segment = segment
+
+    @property
+    def done(self) -> bool:
+        """True once durable per the policy (or failed: see :attr:`error`)."""
+        return self._round is None or self._round.done.is_set()
+
+    @property
+    def error(self) -> StorageError | None:
+        """Why the entry is not durable, once :attr:`done`; None if it is."""
+        r = self._round
+        if r is None or not r.done.is_set():
+            return None
+        if r.error is not None:
+            return BookieReadOnly(f"fsync failed: {r.error}")
+        if self._segment.deleted:
+            return SegmentNotFound(f"segment={self._segment.id} was deleted")
+        return None
+
+    def add_done_callback(self, fn: Callable[[], object]) -> None:
+        """Call ``fn()`` (from a trio task of the store) once :attr:`done`; at once if
+        it already is."""
+        r = self._round
+        if r is None or r.done.is_set():
+            fn()
+        else:
+            r.callbacks.append(fn)
+
+    async def wait(self) -> None:
+        """Return once durable; raise :attr:`error` if that failed."""
+        if self._round is None:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        else:
+            await self._round.done.wait()
+        err = self.error
+        if err is not None:
+            raise err
+
+
+def _positive(name: str, value: float) -> None:
+    if value <= 0:
+        raise InvalidArgument(f"{name} must be > 0")
+
+
+class JournalBase:
+    """Configuration and state of a journal store (see
+    :class:`~pigeon.bookie._journal.JournalStore`)."""
+
+    def __init__(
+        self,
+        journal_directory: str | os.PathLike[str],
+        ledger_directories: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        *,
+        fsync: FsyncPolicy = "always",
+        fsync_interval_ms: float = 5.0,
+        journal_max_group_wait_ms: float = 0.0,
+        journal_max_size_mb: float = 512,
+        entry_log_size_limit: int = 1 << 30,
+        flush_interval_ms: float = 1000.0,
+        flush_entries: int = 200_000,
+        minor_compaction_threshold: float = 0.2,
+        minor_compaction_interval_s: float = 3600.0,
+        major_compaction_threshold: float = 0.8,
+        major_compaction_interval_s: float = 86400.0,
+        inline_read_bytes: int = 256 * 1024,
+        index_map_size: int = 1 << 38,
+        format_root: str | os.PathLike[str] | None = None,
+    ) -> None:
+        if fsync not in ("always", "interval", "never"):
+            raise InvalidArgument(f"fsync must be 'always', 'interval' or 'never', not {fsync!r}")
+        _positive("fsync_interval_ms", fsync_interval_ms)
+        _positive("journal_max_size_mb", journal_max_size_mb)
+        _positive("flush_interval_ms", flush_interval_ms)
+        _positive("minor_compaction_interval_s", minor_compaction_interval_s)
+        _positive("major_compaction_interval_s", major_compaction_interval_s)
+        if journal_max_group_wait_ms < 0:
+            raise InvalidArgument("journal_max_group_wait_ms must be >= 0")
+        if entry_log_size_limit < 4096:
+            raise InvalidArgument("entry_log_size_limit must be >= 4096")
+        if flush_entries < 1:
+            raise InvalidArgument("flush_entries must be >= 1")
+        for name, t in (
+            ("minor_compaction_threshold", minor_compaction_threshold),
+            ("major_compaction_threshold", major_compaction_threshold),
+        ):
+            if not 0 <= t <= 1:
+                raise InvalidArgument(f"{name} must be in [0, 1]")
+        if isinstance(ledger_directories, str | os.PathLike):
+            ledger_directories = [ledger_directories]
+        if not ledger_directories:
+            raise InvalidArgument("ledger_directories must name at least one directory")
+        self._journal_dir = Path(journal_directory)
+        #: the bookie's data_dir: its FORMAT file names the backend that owns it
+        self._format_root = Path(format_root) if format_root is not None else None
+        self._ledger_dirs = [Path(d) for d in ledger_directories]
+        self._policy: FsyncPolicy = fsync
+        self._interval = fsync_interval_ms / 1000.0
+        self._group_wait = journal_max_group_wait_ms / 1000.0
+        self._flush_interval = flush_interval_ms / 1000.0
+        self._flush_entries = flush_entries
+        self._minor = (minor_compaction_threshold, minor_compaction_interval_s)
+        self._major = (major_compaction_threshold, major_compaction_interval_s)
+        self._inline_read = inline_read_bytes
+        self._index_map_size = index_map_size
+        self._journal = Journal(self._journal_dir, int(journal_max_size_mb * (1 << 20)))
+        self._logs = EntryLogs(self._ledger_dirs, entry_log_size_limit)
+        self._index: LedgerIndex | None = None
+        self._state: Literal["new", "starting", "running", "closing", "closed"] = "new"
+        self._segs: dict[int, Seg] = {}
+        #: segments changed since the last checkpoint
+        self._dirty: set[int] = set()
+        #: entries written since the last checkpoint
+        self._pending = 0
+        #: live bytes of each entry log (as the index last committed them)
+        self._live: dict[int, int] = {}
+        self._lock_fds: list[int] = []
+        self._read_only: str | None = None
+        self._read_only_sticky = False
+        self._collecting = Round()
+        self._flush_wanted = trio.Event()
+        self._checkpoint_wanted = trio.Event()
+        self._index_lock = trio.Lock()
+        self._counters = Counters()
+        #: checkpoints done since the start (the one after a replay not counted)
+        self.checkpoints = 0
+        #: take a checkpoint when stopping (tests turn it off to stop like a crash
+        #: after the last fsync)
+        self._checkpoint_on_close = True
+        self.compacted_logs = 0
+
+    def _check_running(self) -> None:
+        if self._state != "running":
+            raise ServiceUnavailable(f"journal store is {self._state}")
+
+    def _get(self, segment_id: int) -> Seg:
+        self._check_running()
+        seg = self._segs.get(segment_id)
+        if seg is None:
+            raise SegmentNotFound(f"segment={segment_id} not found")
+        return seg
+
+    def _io_failed(self, what: str, exc: OSError) -> BookieReadOnly:
+        """An I/O error on the write path turns the store read-only: until space is
+        back for a full disk (ENOSPC/EDQUOT on a write), else until a restart."""
+        reason = f"{what}: {exc.strerror or exc}"
+        disk_full = exc.errno in (errno.ENOSPC, errno.EDQUOT) and what != "fsync"
+        if self._read_only is None or (not disk_full and not self._read_only_sticky):
+            self._read_only = reason
+            level = logging.WARNING if disk_full else logging.ERROR
+            logger.log(level, "bookie turns read-only reason=%s", reason)
+        self._read_only_sticky = self._read_only_sticky or not disk_full
+        return BookieReadOnly(reason)
+
+    @property
+    def read_only(self) -> str | None:
+        """Why the store refuses adds (BookieReadOnly), or None when it is writable."""
+        return self._read_only
+
+    def set_read_only(self, reason: str | None) -> bool:
+        """Refuse adds from now on (``reason``), or accept them again (None; not after
+        an I/O error other than a full disk, which lasts until a restart); returns
+        whether the store is writable afterwards."""
+        if reason is not None:
+            if self._read_only is None:
+                self._read_only = reason
+                logger.warning("bookie turns read-only reason=%s", reason)
+        elif self._read_only is not None and not self._read_only_sticky:
+            logger.info("bookie writable again (was: %s)", self._read_only)
+            self._read_only = None
+        return self._read_only is None

@@ -1,0 +1,469 @@
+"""JournalStore (pigeon.bookie._journal): the ``journal`` ledger storage as a whole, and
+the fixtures a contract suite runs it with (``make_storage``, ``tear_tail``,
+``corrupt_entry``).
+
+Crash safety (kill -9) is in test_journal_crash; the byte layout in
+test_journal_format."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+import pigeon.bookie._journal as journal_mod
+from pigeon.bookie._journal import JournalStore
+from pigeon.bookie._journal_format import RECORD_HEADER_SIZE
+from pigeon.bookie.testing import (
+    corrupt_journal_entry,
+    make_journal_storage,
+    tear_journal_tail,
+)
+from pigeon.core.errors import (
+    BookieReadOnly,
+    CorruptEntry,
+    DataDirLocked,
+    EntryNotFound,
+    InvalidArgument,
+    InvalidEntryId,
+    SegmentFenced,
+    SegmentNotFound,
+    ServiceUnavailable,
+)
+
+# ---------------------------------------------------------------- fixtures
+
+
+make_storage = make_journal_storage
+tear_tail = tear_journal_tail
+corrupt_entry = corrupt_journal_entry
+
+
+def journal_files(path: Path) -> list[Path]:
+    return sorted((path / "journal").glob("*.txn"))
+
+
+@asynccontextmanager
+async def open_store(path: Path, **options: Any) -> AsyncIterator[JournalStore]:
+    store = make_storage(path, **options)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        yield store
+        nursery.cancel_scope.cancel()
+
+
+def payload(segment_id: int, entry_id: int, size: int | None = None) -> bytes:
+    rng = random.Random(segment_id * 1_000_003 + entry_id)
+    return rng.randbytes(rng.randrange(0, 3000) if size is None else size)
+
+
+async def fill(store: JournalStore, segment_id: int, n: int, start: int = 0) -> None:
+    for i in range(start, start + n):
+        await store.add_entry(segment_id, i, payload(segment_id, i), lac=i - 1)
+
+
+def check_all(store: JournalStore, segment_id: int, n: int) -> None:
+    got = store.read_entries(segment_id, 0, n - 1, max_count=n, max_bytes=1 << 30)
+    assert [i for i, _ in got] == list(range(n))
+    for i, p in got:
+        assert p == payload(segment_id, i)
+
+
+# ---------------------------------------------------------------- behaviour
+
+
+async def test_round_trip_limits_and_lac(tmp_path: Path) -> None:
+    async with open_store(tmp_path) as store:
+        sizes = [0, 1, 100, 5000, 300_000, 1 << 20, 7]
+        for i, size in enumerate(sizes):
+            await store.add_entry(3, i, payload(3, i, size), lac=i - 1)
+        for i, size in enumerate(sizes):
+            assert store.read_entries(3, i, i) == [(i, payload(3, i, size))]
+        got = await store.read_entries_async(3, 0, 100, max_bytes=64 << 20)
+        assert [p for _, p in got] == [payload(3, i, s) for i, s in enumerate(sizes)]
+        # max_bytes stops before the entry that would pass it (one entry at least)
+        assert [i for i, _ in store.read_entries(3, 0, 6, max_bytes=6000)] == [0, 1, 2, 3]
+        assert [i for i, _ in store.read_entries(3, 5, 6, max_bytes=1)] == [5]
+        assert [i for i, _ in store.read_entries(3, 0, 6, max_count=2)] == [0, 1]
+        info = store.segment_info(3)
+        assert (info.last_entry_id, info.lac, info.entry_count) == (6, 5, 7)
+        assert info.size_bytes == sum(sizes) + RECORD_HEADER_SIZE * len(sizes)
+        with pytest.raises(EntryNotFound):
+            store.read_entries(3, 7, 9)
+        with pytest.raises(SegmentNotFound):
+            store.read_entries(4, 0, 0)
+        with pytest.raises(InvalidArgument):
+            store.read_entries(3, 2, 1)
+    async with open_store(tmp_path) as store:
+        assert store.read_lac(3) == 5
+        assert store.segment_info(3) == info
+
+
+async def test_ids_may_skip_but_never_go_back(tmp_path: Path) -> None:
+    async with open_store(tmp_path) as store:
+        await store.add_entry(1, 0, b"a")
+        await store.add_entry(1, 1, b"b")
+        await store.add_entry(1, 3, b"d")  # striping: 2 is not stored here
+        await store.add_entries(1, 10, [b"k", b"l"])
+        for bad in (0, 1, 2, 11):
+            with pytest.raises(InvalidEntryId):
+                await store.add_entry(1, bad, b"z")
+        assert store.read_entries(1, 0, 20) == [
+            (0, b"a"),
+            (1, b"b"),
+            (3, b"d"),
+            (10, b"k"),
+            (11, b"l"),
+        ]
+        with pytest.raises(EntryNotFound):
+            store.read_entries(1, 2, 2)
+        with pytest.raises(InvalidEntryId):  # a skipped id is never filled in
+            await store.add_entry(1, 2, b"c", recovery=True)
+        with pytest.raises(InvalidArgument):
+            await store.add_entry(1, 12, memoryview(b"0123")[::2])
+        await store.add_entry(1, 12, bytearray(b"ba"))
+        await store.add_entry(1, 13, memoryview(b"xmvx")[1:3])
+        assert store.read_entries(1, 12, 13) == [(12, b"ba"), (13, b"mv")]
+    async with open_store(tmp_path) as store:
+        assert [i for i, _ in store.read_entries(1, 0, 20)] == [0, 1, 3, 10, 11, 12, 13]
+
+
+async def test_fence_and_recovery_adds_survive_restart_without_checkpoint(tmp_path: Path) -> None:
+    async with open_store(tmp_path, fsync="never", checkpoint_on_close=False) as store:
+        await fill(store, 1, 5)
+        assert await store.fence(1) == 4
+        with pytest.raises(SegmentFenced):
+            await store.add_entry(1, 5, b"late")
+        assert await store.fence(1) == 4  # idempotent
+        assert await store.fence(2) == -1  # unknown: created fenced and empty
+        # recovery adds pass the fence, identical bytes are idempotent
+        await store.add_entry(1, 4, payload(1, 4), recovery=True)
+        with pytest.raises(InvalidEntryId):
+            await store.add_entry(1, 4, b"other bytes", recovery=True)
+        await store.add_entry(1, 5, payload(1, 5), lac=4, recovery=True)
+    for _ in range(2):  # replayed from the journal, then from the index
+        async with open_store(tmp_path) as store:
+            assert store.segments() == [1, 2]
+            assert store.segment_info(1).fenced and store.segment_info(2).fenced
+            assert store.last_entry_id(2) == -1 and store.read_lac(1) == 4
+            with pytest.raises(SegmentFenced):
+                await store.add_entry(2, 0, b"first")
+            check_all(store, 1, 6)
+
+
+@pytest.mark.parametrize("checkpoint", [True, False])
+async def test_restart_after_a_checkpoint_and_after_none(tmp_path: Path, checkpoint: bool) -> None:
+    n = {1: 300, 2: 1, 3: 77}
+    async with open_store(tmp_path, checkpoint_on_close=checkpoint) as store:
+        for seg, count in n.items():
+            await fill(store, seg, count)
+        before = {seg: store.segment_info(seg) for seg in n}
+        assert store.checkpoints == 0
+    async with open_store(tmp_path, checkpoint_on_close=False) as store:
+        assert store.segments() == sorted(n)
+        for seg, count in n.items():
+            assert store.segment_info(seg) == before[seg]
+            check_all(store, seg, count)
+        await fill(store, 2, 10, start=1)  # appends go on after a restart
+    async with open_store(tmp_path) as store:
+        check_all(store, 2, 11)
+        check_all(store, 1, 300)
+
+
+async def test_group_commit_one_journal_fsync_for_many_segments(tmp_path: Path) -> None:
+    async with open_store(tmp_path, flush_interval_ms=1e9) as store:
+        start = store.statistics()
+
+        async def writer(seg: int) -> None:
+            for i in range(30):
+                await store.add_entry(seg, i, payload(seg, i))
+
+        async with trio.open_nursery() as nursery:
+            for seg in range(16):
+                nursery.start_soon(writer, seg)
+        stats = store.statistics()
+        assert stats.entries_written == 480
+        rounds = stats.flush_rounds - start.flush_rounds
+        # one fdatasync per round whatever the segments written, shared by the adds
+        assert stats.fsyncs - start.fsyncs <= rounds + 1
+        assert rounds <= 480 // 4
+        assert store.checkpoints == 0  # no entry-log fsync on the ack path
+
+
+async def test_append_waiter_and_policies(tmp_path: Path) -> None:
+    async with open_store(tmp_path, fsync="always") as store:
+        w = store.append(1, 0, b"x")
+        assert not w.done and w.error is None
+        done: list[bool] = []
+        w.add_done_callback(lambda: done.append(True))
+        await w.wait()
+        assert w.done and w.error is None and done == [True]
+    async with open_store(tmp_path, fsync="never", checkpoint_on_close=False) as store:
+        rounds = store.statistics().flush_rounds
+        w = store.append(1, 1, b"y")
+        assert w.done
+        await fill(store, 2, 20)
+        assert store.statistics().flush_rounds == rounds
+        await store.sync()
+        assert store.statistics().flush_rounds == rounds + 1
+    async with open_store(tmp_path, fsync="interval", fsync_interval_ms=1) as store:
+        check_all(store, 2, 20)
+        assert store.read_entries(1, 0, 1) == [(0, b"x"), (1, b"y")]
+
+
+async def test_torn_journal_tail_is_cut(tmp_path: Path) -> None:
+    async with open_store(tmp_path, checkpoint_on_close=False) as store:
+        await fill(store, 1, 10)
+    tear_tail(tmp_path)  # entry 9's record, half written
+    size = journal_files(tmp_path)[-1].stat().st_size
+    async with open_store(tmp_path, checkpoint_on_close=False) as store:
+        assert store.last_entry_id(1) == 8
+        check_all(store, 1, 9)
+        assert store.statistics().torn_tails == 1
+        await fill(store, 1, 1, start=9)  # the id is free again
+    assert all(p.stat().st_size < size for p in journal_files(tmp_path)[:1])
+    async with open_store(tmp_path) as store:
+        check_all(store, 1, 10)
+        assert store.statistics().torn_tails == 0
+    tear_tail(tmp_path)  # half a record after the checkpoint
+    async with open_store(tmp_path) as store:
+        check_all(store, 1, 10)
+        assert store.statistics().torn_tails == 1
+
+
+async def test_corrupt_entry_log_record_and_repair(tmp_path: Path) -> None:
+    async with open_store(tmp_path) as store:
+        await fill(store, 1, 10)
+    corrupt_entry(tmp_path, 1, 4)
+    async with open_store(tmp_path) as store:
+        with pytest.raises(CorruptEntry):
+            store.read_entries(1, 4, 4)
+        # a range stops before the damaged entry; never returns it
+        assert [i for i, _ in store.read_entries(1, 0, 9)] == [0, 1, 2, 3]
+        assert [i for i, _ in store.read_entries(1, 5, 9)] == [5, 6, 7, 8, 9]
+        assert store.segment_info(1).corrupt_entries == 1
+        stats = store.statistics()
+        assert stats.damaged_entries == 1 and stats.corrupt_entries_detected >= 1
+        with pytest.raises(CorruptEntry):
+            await store.read_entries_async(1, 4, 9)
+        # a recovery add with the good copy writes it anew and the index points at it
+        await store.fence(1)
+        await store.add_entry(1, 4, payload(1, 4), recovery=True)
+        check_all(store, 1, 10)
+        assert store.statistics().repaired_entries == 1
+        assert store.statistics().damaged_entries == 0
+    for _ in range(2):  # after a checkpoint, then from the index
+        async with open_store(tmp_path) as store:
+            check_all(store, 1, 10)
+
+
+async def test_repair_survives_a_restart_without_checkpoint(tmp_path: Path) -> None:
+    async with open_store(tmp_path) as store:
+        await fill(store, 1, 5)
+    corrupt_entry(tmp_path, 1, 0)
+    async with open_store(tmp_path, checkpoint_on_close=False) as store:
+        with pytest.raises(CorruptEntry):
+            store.read_entries(1, 0, 4)
+        await store.add_entry(1, 0, payload(1, 0), recovery=True)
+    async with open_store(tmp_path) as store:
+        check_all(store, 1, 5)
+
+
+async def test_delete_segment_is_durable(tmp_path: Path) -> None:
+    async with open_store(tmp_path, checkpoint_on_close=False) as store:
+        await fill(store, 1, 20)
+        await fill(store, 2, 20)
+        await store.checkpoint()
+        await store.fence(2)
+        await store.delete_segment(2)
+        assert store.segments() == [1]
+        with pytest.raises(SegmentNotFound):
+            store.read_entries(2, 0, 0)
+        await store.delete_segment(2)  # a retried delete is fine
+        await store.delete_segment(99)
+        await store.add_entry(3, 0, b"new")
+        await store.delete_segment(3)  # never indexed
+    for _ in range(2):  # replayed (delete record), then from the index
+        async with open_store(tmp_path) as store:
+            assert store.segments() == [1]
+            check_all(store, 1, 20)
+    async with open_store(tmp_path) as store:  # the same id may be used again
+        await store.add_entry(2, 0, b"again")
+        assert store.read_entries(2, 0, 5) == [(0, b"again")]
+
+
+async def test_delete_while_reading_in_a_thread(tmp_path: Path) -> None:
+    async with open_store(tmp_path, inline_read_bytes=0) as store:
+        await fill(store, 1, 50)
+        results: list[int] = []
+        async with trio.open_nursery() as nursery:
+
+            async def reader() -> None:
+                results.append(len(await store.read_entries_async(1, 0, 49)))
+
+            nursery.start_soon(reader)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(store.delete_segment, 1)
+        assert results == [50] and store.segments() == []
+
+
+async def test_compaction_keeps_live_entries_readable(tmp_path: Path) -> None:
+    opts: dict[str, Any] = {"entry_log_size_limit": 64 << 10, "flush_interval_ms": 1e9}
+    async with open_store(tmp_path, **opts) as store:
+        # two segments interleaved in the same entry logs
+        for i in range(200):
+            for seg in (1, 2):
+                await store.add_entry(seg, i, payload(seg, i))
+        await store.checkpoint()
+        logs_before = len(list((tmp_path / "ledgers").glob("*.log")))
+        usage = log_bytes(tmp_path)
+        assert logs_before > 4
+        await store.delete_segment(2)
+        assert await store.compact(0.0) == 0  # nothing under 0% live
+        removed = await store.compact(0.9)
+        assert removed >= logs_before - 2
+        assert len(list((tmp_path / "ledgers").glob("*.log"))) < logs_before
+        assert log_bytes(tmp_path) < usage * 0.6
+        check_all(store, 1, 200)
+        await fill(store, 1, 10, start=200)
+        # a segment wholly deleted frees its logs at the next checkpoint, no compaction
+        await store.delete_segment(1)
+        await store.checkpoint()
+        assert len(list((tmp_path / "ledgers").glob("*.log"))) == 1  # the current one
+        await fill(store, 5, 3)
+    async with open_store(tmp_path, **opts) as store:
+        assert store.segments() == [5]
+        check_all(store, 5, 3)
+
+
+def log_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in (path / "ledgers").glob("*.log"))
+
+
+async def test_journal_rolls_and_old_files_go_after_a_checkpoint(tmp_path: Path) -> None:
+    async with open_store(tmp_path, journal_max_size_mb=0.02, flush_interval_ms=1e9) as store:
+        await fill(store, 1, 100)
+        assert len(journal_files(tmp_path)) > 3
+        await store.checkpoint()
+        assert len(journal_files(tmp_path)) == 1
+        await fill(store, 1, 50, start=100)
+    async with open_store(tmp_path) as store:
+        check_all(store, 1, 150)
+
+
+async def test_journal_and_ledgers_on_different_directories(tmp_path: Path) -> None:
+    journal, ledgers = (
+        tmp_path / "disk1" / "j",
+        [tmp_path / "disk2" / "l", tmp_path / "disk3" / "l"],
+    )
+
+    @asynccontextmanager
+    async def running() -> AsyncIterator[JournalStore]:
+        store = JournalStore(journal, ledgers, entry_log_size_limit=32 << 10)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(store.run)
+            yield store
+            nursery.cancel_scope.cancel()
+
+    async with running() as store:
+        await fill(store, 7, 100)
+    assert list(journal.glob("*.txn")) and not list(journal.glob("*.log"))
+    assert all(list(d.glob("*.log")) for d in ledgers)  # logs spread over both
+    assert (ledgers[0] / "index").is_dir()
+    async with running() as store:
+        check_all(store, 7, 100)
+        with pytest.raises(DataDirLocked):
+            await JournalStore(journal, ledgers).run()
+
+
+async def test_many_segments_interleaved(tmp_path: Path) -> None:
+    rng = random.Random(7)
+    counts = dict.fromkeys(range(100, 150), 0)
+    async with open_store(tmp_path, checkpoint_on_close=False, flush_entries=300) as store:
+        for _ in range(1500):
+            seg = rng.choice(list(counts))
+            await store.add_entry(seg, counts[seg], payload(seg, counts[seg]), lac=counts[seg] - 1)
+            counts[seg] += 1
+        assert store.checkpoints >= 2  # some indexed, some only in the journal
+    async with open_store(tmp_path) as store:
+        assert store.segments() == sorted(s for s, c in counts.items() if c)
+        for seg, c in counts.items():
+            if c:
+                check_all(store, seg, c)
+                assert store.read_lac(seg) == c - 2
+
+
+async def test_fsync_error_turns_the_store_read_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with open_store(tmp_path) as store:
+        await fill(store, 1, 2)
+        monkeypatch.setattr(journal_mod, "fsync_many", lambda fds, d: OSError(5, "I/O error"))
+        with pytest.raises(BookieReadOnly):
+            await store.add_entry(1, 2, b"x")
+        with pytest.raises(BookieReadOnly):
+            await store.add_entry(1, 3, b"x")
+        assert store.statistics().read_only
+        assert not store.set_read_only(None)  # lasts until a restart
+        monkeypatch.undo()
+    async with open_store(tmp_path) as store:
+        await store.add_entry(1, 3, b"y")
+        assert store.last_entry_id(1) == 3
+
+
+async def test_statistics_and_lifecycle(tmp_path: Path) -> None:
+    store = make_storage(tmp_path)
+    with pytest.raises(ServiceUnavailable):
+        await store.add_entry(1, 0, b"x")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        await fill(store, 1, 10)
+        store.read_entries(1, 0, 9)
+        stats = store.statistics()
+        assert (stats.segments, stats.entries_written, stats.entries_read) == (1, 10, 10)
+        assert stats.bytes_read == sum(len(payload(1, i)) for i in range(10))
+        assert stats.bytes_written == stats.bytes_read + 10 * RECORD_HEADER_SIZE
+        assert stats.fsyncs >= stats.flush_rounds >= 1 and stats.disk_usage_bytes > 0
+        assert store.set_read_only("disk full") is False
+        with pytest.raises(BookieReadOnly):
+            await store.add_entry(1, 10, b"x")
+        assert store.set_read_only(None) is True
+        nursery.cancel_scope.cancel()
+    with pytest.raises(ServiceUnavailable):
+        store.read_entries(1, 0, 0)
+    with pytest.raises(RuntimeError):
+        await store.run()
+
+
+def test_bad_arguments() -> None:
+    for kw in (
+        {"fsync": "sometimes"},
+        {"fsync_interval_ms": 0},
+        {"journal_max_size_mb": 0},
+        {"entry_log_size_limit": 10},
+        {"minor_compaction_threshold": 2},
+        {"journal_max_group_wait_ms": -1},
+    ):
+        with pytest.raises(InvalidArgument):
+            JournalStore("j", "l", **kw)
+    with pytest.raises(InvalidArgument):
+        JournalStore("j", [])
+
+
+def test_registered_as_journal(tmp_path: Path) -> None:
+    from pigeon.bookie import _cli
+    from pigeon.bookie._service import BookieConfig
+    from pigeon.core import PluginManager
+
+    plugins = PluginManager(load_entry_points=False, extra_plugins=(_cli,))
+    assert "segment-files" in plugins.ledger_storages
+    factory = plugins.ledger_storages.get("journal")
+    store = factory(BookieConfig(data_dir=str(tmp_path), journal_max_group_wait_ms=1.0))
+    assert isinstance(store, JournalStore)
+    assert store._journal_dir == tmp_path / "journal"
+    assert store._ledger_dirs == [tmp_path / "ledgers"]
