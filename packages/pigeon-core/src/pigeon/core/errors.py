@@ -45,6 +45,7 @@ __all__ = [
     "NotEmpty",
     "NotOwner",
     "NotSupported",
+    "OffloadError",
     "PigeonError",
     "PluginError",
     "ProducerBlocked",
@@ -299,6 +300,11 @@ class DataDirLocked(StorageError, code=407, retriable=False):
 class NotEnoughBookies(StorageError, code=408, retriable=True):
     """Too few writable bookies are reachable to store an entry on the ack quorum; the
     write is refused (nothing was stored) and succeeds when bookies return."""
+
+
+class OffloadError(StorageError, code=409, retriable=True):
+    """The object store holding offloaded segments failed (unreachable, refused, a
+    partial upload); an offload is retried later and the bookie copy stays."""
 
 
 class CodecError(PigeonError, code=410):
