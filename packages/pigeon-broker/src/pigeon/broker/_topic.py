@@ -227,7 +227,7 @@ class Topic:
                 and not self.ledger.offloading
                 and self.ledger.offload_candidates(threshold)
             ):
-                self.service.nursery.start_soon(self._offload_in_background, threshold)
+                self.service.nursery.start_soon(self.offload_in_background, threshold)
             released = await self.ledger.release_offloaded(policies.offload_deletion_lag_s, now)
             if released:
                 self.ledger.last_trimmed_ensembles = {
@@ -235,7 +235,7 @@ class Topic:
                 }
                 await self._delete_segments([s.id for s in released])
 
-    async def _offload_in_background(self, threshold: int) -> None:
+    async def offload_in_background(self, threshold: int) -> None:
         try:
             await self.ledger.offload(threshold)
         except PigeonError as exc:  # ownership lost or closed: the next owner offloads

@@ -40,6 +40,7 @@ __all__ = [
     "MessageTooLarge",
     "MetadataError",
     "NodeExists",
+    "NotConfigured",
     "NotEnoughBookies",
     "NoSuchNode",
     "NotEmpty",
@@ -347,6 +348,11 @@ class SessionExpired(MetadataError, code=505, retriable=False):
 
 class ConfigError(PigeonError, code=600):
     """A bad configuration value; the message names the key."""
+
+
+class NotConfigured(PigeonError, code=602):
+    """The node is not set up for this request (an offload on a broker without
+    ``managed_ledger_offload_driver``): a request that is valid elsewhere."""
 
 
 class PluginError(PigeonError, code=601):
