@@ -26,9 +26,10 @@ from pigeon.core.testing.fuzz import ServerThread
 
 
 class AdminStandalone(ServerThread):
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, **broker_options: Any) -> None:
         super().__init__("admin-standalone")
         self.data_dir = data_dir
+        self.broker_options = broker_options
         self.service: BrokerService | None = None
         self.http: tuple[str, int] | None = None
 
@@ -36,7 +37,7 @@ class AdminStandalone(ServerThread):
         options: dict[str, Any] = {"maintenance_interval_s": 0.5, "cursor_persist_interval_ms": 20}
         if "http_port" in {f.name for f in dataclasses.fields(BrokerConfig)}:
             options["http_port"] = -1  # this helper serves the admin API itself (bound port)
-        broker_config = BrokerConfig(port=0, **options)
+        broker_config = BrokerConfig(port=0, **(options | self.broker_options))
         bookie_config = BookieConfig(port=0, fsync="never")
         self.service = await nursery.start(
             functools.partial(run_standalone, self.data_dir, broker_config, bookie_config)

@@ -87,6 +87,7 @@ def test_plugins_command_lists_codecs_and_backends(runner: CliRunner) -> None:
     assert {"none", "gzip", "zstd", "lz4"} <= set(lines["codecs"].split(", "))
     assert "embedded" in lines["metadata stores"].split(", ")
     assert "quorum" in lines["replication policies"].split(", ")
+    assert {"filesystem", "s3"} <= set(lines["offloaders"].split(", "))
     assert {"builtin", "broker", "bookie", "client", "zstd"} <= set(lines["plugins"].split(", "))
 
 

@@ -7,6 +7,7 @@ from pigeon.broker._cursor import CursorState, RangeSet
 from pigeon.broker._ledger import ManagedLedger
 from pigeon.broker._ledger_state import LedgerConfig
 from pigeon.broker._node import BookieDirectory, run_broker, run_standalone
+from pigeon.broker._offload import FileSystemOffloader, S3Offloader
 from pigeon.broker._service import BrokerService
 
 __all__ = [
@@ -14,9 +15,11 @@ __all__ = [
     "BrokerConfig",
     "BrokerService",
     "CursorState",
+    "FileSystemOffloader",
     "LedgerConfig",
     "ManagedLedger",
     "RangeSet",
+    "S3Offloader",
     "run_broker",
     "run_standalone",
 ]

@@ -77,6 +77,7 @@ from pigeon.broker._admin_models import (
     InternalStats,
     LoadedTopic,
     NamePart,
+    OffloadStatus,
     PeekedMessage,
     Permissions,
     Policies,
@@ -488,6 +489,29 @@ def _topic_routes(api: APIRouter, app: FastAPI) -> None:
     ) -> Any:
         """Segments of the managed ledger and cursor details (one topic or partition)."""
         return await ops.internal_stats(service, name_of(domain, tenant, namespace, topic))
+
+    @api.put(t_path + "/offload", response_model=OffloadStatus, status_code=202, tags=tags)
+    async def offload_topic(
+        domain: Domain,
+        tenant: NamePart,
+        namespace: NamePart,
+        topic: NamePart,
+        size_threshold: Annotated[
+            int, Query(ge=0, le=2**62, description="Bytes to keep only on bookies.")
+        ] = 0,
+    ) -> Any:
+        """Offload the oldest closed segments to the broker's offloader (in the
+        background; poll with GET) until at most ``size_threshold`` bytes are only on
+        bookies."""
+        name = name_of(domain, tenant, namespace, topic)
+        return await ops.offload_topic(service, name, size_threshold)
+
+    @api.get(t_path + "/offload", response_model=OffloadStatus, tags=tags)
+    async def offload_status(
+        domain: Domain, tenant: NamePart, namespace: NamePart, topic: NamePart
+    ) -> Any:
+        """How the last offload went and where the topic's segments live."""
+        return await ops.offload_status(service, name_of(domain, tenant, namespace, topic))
 
     @api.post(t_path + "/unload", response_model=Unloaded, tags=tags)
     async def unload_topic(

@@ -70,6 +70,8 @@ def _rules() -> dict[tuple[str, str], tuple[Kind, str]]:
         ("GET", _T + "/stats"): ("tenant", "read topic stats"),
         ("GET", _T + "/internal-stats"): ("tenant", "read topic stats"),
         ("POST", _T + "/unload"): ("tenant", "unload topics"),
+        ("PUT", _T + "/offload"): ("tenant", "offload topics"),
+        ("GET", _T + "/offload"): ("tenant", "read topic stats"),
         ("GET", _T + "/subscriptions"): ("tenant", "list subscriptions"),
         ("PUT", _S): ("tenant", "create subscriptions"),
         ("GET", _S): ("tenant", "read subscriptions"),

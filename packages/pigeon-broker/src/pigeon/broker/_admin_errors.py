@@ -20,6 +20,7 @@ from pigeon.core.errors import (
     MetadataError,
     NodeExists,
     NoSuchNode,
+    NotConfigured,
     NotEmpty,
     NotOwner,
     PigeonError,
@@ -53,6 +54,7 @@ _STATUS: tuple[tuple[tuple[type[PigeonError], ...], int], ...] = (
             ConsumerBusy,
             SubscriptionBusy,
             NotOwner,  # another broker serves it: ask that one
+            NotConfigured,  # e.g. an offload on a broker without an offloader
         ),
         409,
     ),

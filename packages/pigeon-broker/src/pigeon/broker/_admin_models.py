@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 __all__ = [
+    "OffloadStatus",
     "Bookie",
     "BrokerInfo",
     "BrokerLoad",
@@ -130,6 +131,12 @@ class Policies(BaseModel):
     subscription_auth_mode: Literal["none", "prefix"] = Field(
         "none", description="prefix: a role may only use subscriptions named role*."
     )
+    offload_threshold_bytes: int = Field(
+        -1, description="Offload closed segments past this many bytes on bookies; -1 off."
+    )
+    offload_deletion_lag_s: float = Field(
+        4 * 3600.0, description="Bookie copies of offloaded segments go this long after."
+    )
 
 
 class PoliciesChange(BaseModel):
@@ -161,6 +168,10 @@ class PoliciesChange(BaseModel):
         None, description="skip (go on past a damaged entry) or fail; null: the broker's"
     )
     subscription_auth_mode: Literal["none", "prefix"] | SkipJsonSchema[None] = None
+    offload_threshold_bytes: Annotated[int, Field(ge=-1, le=MAX_INT)] | SkipJsonSchema[None] = None
+    offload_deletion_lag_s: Annotated[float, Field(ge=0, le=MAX_SECONDS)] | SkipJsonSchema[None] = (
+        None
+    )
 
     def changes(self) -> dict[str, Any]:
         nullable = {
@@ -255,6 +266,10 @@ class Segment(BaseModel):
     ensemble: list[str]
     ctime: float
     last_publish_time: int
+    offload: dict[str, Any] | None = Field(
+        None, description="Where the offloader stored the segment; null: only on bookies."
+    )
+    bookies_deleted: bool = Field(False, description="Offloaded, and gone from the bookies.")
 
 
 class CursorInternal(BaseModel):
@@ -370,6 +385,19 @@ class Bundle(BaseModel):
     bundle: str = Field(description="0xSTART_0xEND of the topic-name hash range")
     owner: str | None = Field(description="The owning broker; null: assigned at next lookup")
     loaded_topics: int
+
+
+class OffloadStatus(BaseModel):
+    """A topic's tiered storage (Pulsar's OffloadProcessStatus and more)."""
+
+    status: Literal["NOT_RUN", "RUNNING", "SUCCESS", "ERROR"]
+    last_error: str = Field("", description="Why the last run failed (ERROR).")
+    offloaded_segments: int = Field(description="Segments stored by the offloader.")
+    offloaded_bytes: int
+    bookie_only_bytes: int = Field(description="Bytes of segments not offloaded (yet).")
+    first_unoffloaded_message_id: str | None = Field(
+        None, description="segment:entry of the first entry not offloaded."
+    )
 
 
 class Unloaded(BaseModel):

@@ -28,6 +28,7 @@ from pigeon.core.errors import (
     InvalidTopicName,
     NodeExists,
     NoSuchNode,
+    NotConfigured,
     NotEmpty,
     NotSupported,
     TopicExists,
@@ -49,6 +50,8 @@ __all__ = [
     "internal_stats",
     "list_namespaces",
     "list_topics",
+    "offload_status",
+    "offload_topic",
     "loaded_topics_stats",
     "parse_message_id",
     "tenant_info",
@@ -318,6 +321,60 @@ async def topic_stats(
     total["backlog"] = max((s["backlog"] for s in subs.values()), default=0)
     total["partition_stats"] = per
     return total
+
+
+async def offload_topic(
+    service: BrokerService, name: TopicName, size_threshold: int
+) -> dict[str, Any]:
+    """Start offloading the topic's oldest closed segments until at most
+    ``size_threshold`` bytes are only on bookies (Pulsar's ``topics offload``)."""
+    topic = await _offloadable(service, name, start=True)
+    ledger = topic.ledger
+    if not ledger.offloading and ledger.offload_candidates(size_threshold):
+        ledger.offload_status = {"status": "RUNNING", "last_error": ""}
+        service.nursery.start_soon(topic.offload_in_background, size_threshold)
+    return offload_status_of(topic)
+
+
+async def offload_status(service: BrokerService, name: TopicName) -> dict[str, Any]:
+    """Where the topic's segments live and how the last offload went."""
+    return offload_status_of(await _offloadable(service, name, start=False))
+
+
+async def _offloadable(service: BrokerService, name: TopicName, *, start: bool) -> Any:
+    """The loaded topic (404 if it does not exist); with ``start``, checks that it can be
+    offloaded here (409 when this broker has no offloader)."""
+    if await service.partitions_of(name):
+        raise NotSupported(f"{name} is partitioned: ask for one partition ({name}-partition-<i>)")
+    topic = await open_existing_topic(service, name)
+    if start and not topic.persistent:
+        raise NotConfigured(f"{name} is not persistent: nothing to offload")
+    if start and service.offloader is None:
+        raise NotConfigured(
+            "this broker has no offloader: set managed_ledger_offload_driver in [broker]"
+        )
+    return topic
+
+
+def offload_status_of(topic: Any) -> dict[str, Any]:
+    ledger = getattr(topic, "ledger", None)
+    if ledger is None:  # non-persistent: nothing stored, nothing offloaded
+        return {
+            "status": "NOT_RUN",
+            "offloaded_segments": 0,
+            "offloaded_bytes": 0,
+            "bookie_only_bytes": 0,
+        }
+    offloaded = [s for s in ledger.segments if s.offload is not None]
+    first = next((s for s in ledger.segments if s.offload is None), None)
+    return {
+        "status": ledger.offload_status.get("status", "NOT_RUN"),
+        "last_error": ledger.offload_status.get("last_error", ""),
+        "offloaded_segments": len(offloaded),
+        "offloaded_bytes": sum(s.size for s in offloaded),
+        "bookie_only_bytes": sum(s.size for s in ledger.segments if s.offload is None),
+        "first_unoffloaded_message_id": f"{first.id}:0" if first is not None else None,
+    }
 
 
 async def internal_stats(service: BrokerService, name: TopicName) -> dict[str, Any]:

@@ -108,8 +108,8 @@ class Auditor:
                 continue
             segments = [SegmentInfo(**s) for s in json.loads(stat.value).get("segments", [])]
             for seg in segments:
-                if seg.state != "closed" or seg.last_entry_id < 0:
-                    continue
+                if seg.state != "closed" or seg.last_entry_id < 0 or seg.bookies_deleted:
+                    continue  # open, empty, or only offloaded: nothing on bookies
                 for first, end, ensemble in _fragments(seg):
                     for index, address in enumerate(ensemble):
                         if address in alive:

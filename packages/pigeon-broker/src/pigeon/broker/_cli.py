@@ -215,6 +215,14 @@ def standalone_cmd(
 
 
 @hookimpl
+def pigeon_offloaders(registry: Any) -> None:
+    from pigeon.broker._offload import make_filesystem, make_s3
+
+    registry.register("filesystem", make_filesystem)
+    registry.register("s3", make_s3)
+
+
+@hookimpl
 def pigeon_cli_commands(group: click.Group) -> None:
     from pigeon.broker._tokens_cli import tokens_cmd
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from pigeon.core.config import SecurityConfig
 from pigeon.core.errors import ConfigError
@@ -146,6 +146,21 @@ class BrokerConfig(SecurityConfig):
     #: or "fail" (delivery stops there); namespaces may override it
     corrupt_entry_policy: Literal["skip", "fail"] = "skip"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    # -- tiered storage (Pulsar's managedLedgerOffload* and offloader keys)
+    #: the offloader closed segments are copied to: "" (off), "filesystem", "s3" (or a
+    #: plugin's); namespaces choose when (``offload_threshold_bytes``)
+    managed_ledger_offload_driver: str = ""
+    #: ``filesystem``: the file system, ``file:///mnt/nfs`` (a mounted NFS/HDFS path)
+    file_system_uri: str = ""
+    #: ``filesystem``: the directory (under ``file_system_uri``) holding offloaded segments
+    offload_directory: str = ""
+    #: ``s3``: the bucket (credentials: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY)
+    s3_managed_ledger_offload_bucket: str = ""
+    #: ``s3``: the bucket's region
+    s3_managed_ledger_offload_region: str = ""
+    #: ``s3``: the endpoint of an S3-compatible store (``http://127.0.0.1:9000``);
+    #: "" for AWS itself
+    s3_managed_ledger_offload_service_endpoint: str = ""
     #: the ``[kafka]`` table (loaded on its own: see pigeon.broker._cli)
     kafka: KafkaConfig = field(default_factory=KafkaConfig, init=False)
 
@@ -153,6 +168,19 @@ class BrokerConfig(SecurityConfig):
         """``ensemble_size``, ``write_quorum`` and ``ack_quorum``: the keywords a
         replication policy factory takes them as."""
         return {k: getattr(self, k) for k in ("ensemble_size", "write_quorum", "ack_quorum")}
+
+    def offloader(self, registry: Any) -> Any:
+        """The :class:`pigeon.core.offload.Offloader` that
+        ``managed_ledger_offload_driver`` names (built by its factory), or None."""
+        driver = self.managed_ledger_offload_driver.strip()
+        if not driver:
+            return None
+        if driver not in registry:
+            raise ConfigError(
+                f"bad value for 'managed_ledger_offload_driver': {driver!r} (known:"
+                f" {', '.join(registry) or 'none'})"
+            )
+        return registry.get(driver)(self)
 
     def validate(self) -> None:
         if not 0 <= self.port < 65536:

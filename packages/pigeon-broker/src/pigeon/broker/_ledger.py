@@ -14,7 +14,8 @@ find the last entry), closes it, and appends to a fresh one (BookKeeper's rule).
 
 ``ManagedLedger`` is put together from three modules: ``_ledger_state`` (the segments,
 their metadata document, positions), ``_ledger_writes`` (appends, rollover, fencing) and
-``_ledger_reads`` (reads, damaged runs, seeks); this one opens, trims and closes it.
+``_ledger_reads`` (reads, damaged runs, seeks, offloaded segments), ``_ledger_offload``
+(tiered storage); this one opens, trims and closes it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 
 import trio
 
-from pigeon.broker._ledger_reads import LedgerReads
+from pigeon.broker._ledger_offload import LedgerOffload
 from pigeon.broker._ledger_state import (
     DamagedRun,
     Entry,
@@ -42,7 +43,7 @@ from pigeon.core.paths import cursors_path, segment_path
 __all__ = ["DamagedRun", "Entry", "LedgerConfig", "ManagedLedger", "Position", "SegmentInfo"]
 
 
-class ManagedLedger(LedgerWrites, LedgerReads):
+class ManagedLedger(LedgerWrites, LedgerOffload):
     """One persistent topic partition: opened (recovering what a previous owner left
     open), written (``LedgerWrites``), read (``LedgerReads``), trimmed and closed."""
 
@@ -240,6 +241,8 @@ class ManagedLedger(LedgerWrites, LedgerReads):
                     "ensemble": list(s.ensemble),
                     "ctime": s.ctime,
                     "last_publish_time": s.last_publish_time,
+                    "offload": s.offload,
+                    "bookies_deleted": s.bookies_deleted,
                 }
                 for s in self.segments
             ],
@@ -316,6 +319,9 @@ class ManagedLedger(LedgerWrites, LedgerReads):
         del self.segments[: len(trimmed)]
         self._reindex()
         await self._save()
-        self.last_trimmed_ensembles = {s.id: list(s.ensemble) for s in trimmed}
+        self.last_trimmed_ensembles = {
+            s.id: [] if s.bookies_deleted else list(s.ensemble) for s in trimmed
+        }
+        self.last_trimmed = trimmed
         log.info("trimmed topic=%s segments=%s", self.topic, [s.id for s in trimmed])
         return [s.id for s in trimmed]

@@ -17,7 +17,13 @@ from pigeon.broker._ledger_state import (
     log,
 )
 from pigeon.core.batch import unpack_entry_header
-from pigeon.core.errors import CorruptEntry, EntryNotFound, SegmentNotFound
+from pigeon.core.errors import (
+    CorruptEntry,
+    EntryNotFound,
+    OffloadError,
+    SegmentNotFound,
+    ServiceUnavailable,
+)
 
 __all__ = ["LedgerReads"]
 
@@ -60,6 +66,10 @@ class LedgerReads(LedgerState):
             out.append(self._entry(seg, eid, data))
             total += len(data)
             eid += 1
+        if not out and seg.offload is not None:
+            offloaded = await self._read_offloaded(seg, entry_id, last, max_bytes)
+            if offloaded is not None:
+                return offloaded
         if not out:
             ensemble, fragment_end = seg.ensemble_for(entry_id)
             if fragment_end >= 0:
@@ -88,6 +98,46 @@ class LedgerReads(LedgerState):
             for eid2, data in raw:
                 out.append(self._entry(seg, eid2, data))
         return out
+
+    async def _read_offloaded(
+        self, seg: SegmentInfo, first: int, last: int, max_bytes: int
+    ) -> list[Entry] | None:
+        """Entries of an offloaded segment from the offloader; None: read the bookies
+        instead (they still hold the segment and the offloader failed or is off)."""
+        if self.offloader is None:
+            if seg.bookies_deleted:
+                raise ServiceUnavailable(
+                    f"topic {self.topic} segment {seg.id} is offloaded"
+                    f" ({seg.offload.get('driver') if seg.offload else '?'}) and this broker"
+                    " has no offloader: set managed_ledger_offload_driver"
+                )
+            return None
+        try:
+            raw = await self.offloader.read(seg.offload, first, last, max_bytes=max_bytes)
+        except OffloadError as exc:
+            if seg.bookies_deleted:
+                raise
+            log.warning(
+                "offloaded read failed topic=%s segment=%s error=%s; reading the bookies",
+                self.topic,
+                seg.id,
+                exc,
+            )
+            return None
+        except (CorruptEntry, EntryNotFound) as exc:
+            if seg.bookies_deleted:
+                raise CorruptEntry(
+                    f"topic {self.topic} segment {seg.id} entry {first} is not intact in"
+                    f" the offloaded copy: {exc}"
+                ) from None
+            log.error(
+                "offloaded copy damaged topic=%s segment=%s error=%s; reading the bookies",
+                self.topic,
+                seg.id,
+                exc,
+            )
+            return None
+        return [self._entry(seg, eid, data) for eid, data in raw]
 
     # Damaged entries: an entry the metadata says is stored that no replica holds
     # intact makes ``read`` raise CorruptEntry.  ``skip_damaged`` finds where the run of

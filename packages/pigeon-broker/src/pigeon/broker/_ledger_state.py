@@ -87,6 +87,11 @@ class SegmentInfo:
     # before the first listed id live on ``initial_ensemble`` (or ``ensemble``).
     fragments: list[list[Any]] = field(default_factory=list)
     initial_ensemble: list[str] = field(default_factory=list)
+    # Tiered storage: where the offloader stored the segment (None: only on bookies),
+    # when (wall clock, ms), and whether the bookie copies were deleted since.
+    offload: dict[str, Any] | None = None
+    offload_time_ms: int = 0
+    bookies_deleted: bool = False
 
     def ensemble_for(self, entry_id: int) -> tuple[list[str], int]:
         """(ensemble holding ``entry_id``, first entry id of the next fragment or -1)."""
@@ -207,6 +212,14 @@ class LedgerState:
         #: accepted-to-stored time of every stored append (exported at /metrics)
         self.publish_latency = LatencyHistogram()
         self.last_trimmed_ensembles: dict[int, list[str]] = {}
+        #: the segments the last trim removed (their offloaded objects go too)
+        self.last_trimmed: list[SegmentInfo] = []
+        #: where closed segments are offloaded (tiered storage); None: nowhere
+        self.offloader: Any = None
+        #: the last offload run (Pulsar's OffloadProcessStatus): NOT_RUN, RUNNING,
+        #: SUCCESS, ERROR
+        self.offload_status: dict[str, Any] = {"status": "NOT_RUN", "last_error": ""}
+        self._offloading = False
         # Entries no replica holds intact (found by reads and at open), per segment id,
         # and the runs they form: see "Damaged entries" in skip_damaged.
         self._damaged: dict[int, RangeSet] = {}

@@ -208,6 +208,16 @@ async def _delete_data(service: BrokerService, name: TopicName) -> None:
     await ignore_missing(store.delete(dedup_path(name)))
     for seg in segments:
         await ignore_missing(store.delete(segment_path(seg.id)))
+    for seg in segments:
+        if seg.offload is None:
+            continue
+        if service.offloader is None:
+            log.warning("offloaded segment kept: no offloader location=%s", seg.offload)
+            continue
+        try:
+            await service.offloader.delete(seg.offload)
+        except PigeonError as exc:
+            log.warning("offloaded delete failed location=%s error=%s", seg.offload, exc)
     if stat is not None:
         await ignore_missing(store.delete(ledger_path(name)))
     client = service.policy.client

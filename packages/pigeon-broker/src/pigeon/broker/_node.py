@@ -154,6 +154,7 @@ async def run_broker(
             bookies=directory,
             codecs=CodecSet.from_registry(plugins.codecs),
             authenticator=config.authenticator(plugins.authentication_providers),
+            offloader=config.offloader(plugins.offloaders),
         )
         await nursery.start(service.run)
         if config.http_port >= 0 or config.web_service_port_tls >= 0:

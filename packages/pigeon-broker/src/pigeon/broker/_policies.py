@@ -70,6 +70,11 @@ class NamespacePolicies:
     #: at an entry no replica holds intact: "skip" past it or "fail" (delivery stops
     #: there); None: the broker's corrupt_entry_policy
     corrupt_entry_policy: Literal["skip", "fail"] | None = None
+    #: tiered storage: when a topic's closed segments not yet offloaded hold more than
+    #: this many bytes, the oldest are offloaded (the broker's offload driver); -1: off
+    offload_threshold_bytes: int = -1
+    #: bookie copies of an offloaded segment are deleted this long after its offload
+    offload_deletion_lag_s: float = 4 * 3600.0
     #: role -> actions on every topic of the namespace (``grant-permission``)
     permissions: dict[str, list[str]] = field(default_factory=dict)
     #: topic (local name, partitioned topics by their base name) -> role -> actions
@@ -85,6 +90,10 @@ class NamespacePolicies:
             )
         if self.retention_time_s < -1 or self.retention_size_mb < -1:
             raise InvalidArgument("retention values must be -1 (unlimited), 0 or positive")
+        if self.offload_threshold_bytes < -1:
+            raise InvalidArgument("offload_threshold_bytes must be -1 (off) or >= 0")
+        if self.offload_deletion_lag_s < 0:
+            raise InvalidArgument("offload_deletion_lag_s must be >= 0")
         if self.message_ttl_s < 0:
             raise InvalidArgument("message_ttl_s must be 0 (off) or positive")
         q = (self.ensemble_size, self.write_quorum, self.ack_quorum)

@@ -98,8 +98,11 @@ class BrokerService:
         bookies: Any,
         codecs: Any = None,
         authenticator: Authenticator | None = None,
+        offloader: Any = None,
     ) -> None:
         self.config = config
+        #: where closed segments are offloaded (``managed_ledger_offload_driver``); None: off
+        self.offloader = offloader
         #: checks the credentials of every connection (every front door); None: off
         self.authenticator = authenticator
         #: the certificate of every TLS listener (native, admin, Kafka); None: no TLS
@@ -344,6 +347,7 @@ class BrokerService:
             quorum=lambda: self._quorum_of(name),
             clock=self.clock,
         )
+        ledger.offloader = self.offloader
         await ledger.open()
         topic = Topic(name, ledger, self)
         ledger.on_fenced = lambda: self.nursery.start_soon(self._drop_fenced, topic)

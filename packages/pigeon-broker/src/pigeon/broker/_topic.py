@@ -213,7 +213,42 @@ class Topic:
         trimmed = await self.ledger.trim(
             consumed, policies.retention_time_s, policies.retention_size_mb, now
         )
-        for seg_id in trimmed:
+        offloaded = [s.offload for s in self.ledger.last_trimmed if s.offload is not None]
+        await self._delete_segments(trimmed)
+        offloader = self.service.offloader
+        for location in offloaded:  # retention deletes offloaded copies too
+            if offloader is None:
+                log.warning("offloaded segment kept: no offloader location=%s", location)
+                continue
+            try:
+                await offloader.delete(location)
+            except PigeonError as exc:
+                log.warning("offloaded delete failed location=%s error=%s", location, exc)
+        if offloader is not None and self.ledger.offloader is not None:
+            threshold = policies.offload_threshold_bytes
+            if (
+                threshold >= 0
+                and not self.ledger.offloading
+                and self.ledger.offload_candidates(threshold)
+            ):
+                self.service.nursery.start_soon(self.offload_in_background, threshold)
+            released = await self.ledger.release_offloaded(policies.offload_deletion_lag_s, now)
+            if released:
+                self.ledger.last_trimmed_ensembles = {
+                    s.id: sorted({b for b in s.ensemble + s.initial_ensemble}) for s in released
+                }
+                await self._delete_segments([s.id for s in released])
+
+    async def offload_in_background(self, threshold: int) -> None:
+        try:
+            await self.ledger.offload(threshold)
+        except PigeonError as exc:  # ownership lost or closed: the next owner offloads
+            log.info("offload stopped topic=%s error=%s", self.name, exc)
+
+    async def _delete_segments(self, segment_ids: list[int]) -> None:
+        """Delete segments' nodes and their bookie copies (the bookies' GC catches up
+        with copies on bookies that are away)."""
+        for seg_id in segment_ids:
             try:
                 await self.service.store.delete(segment_path(seg_id))
             except PigeonError:

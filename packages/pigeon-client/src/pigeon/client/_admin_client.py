@@ -246,6 +246,15 @@ class AdminClient:
     def internal_stats(self, topic: str) -> dict[str, Any]:
         return self.request("GET", topic_path(topic) + "/internal-stats")  # type: ignore[no-any-return]
 
+    def offload(self, topic: str, size_threshold: int = 0) -> dict[str, Any]:
+        """Start offloading TOPIC's oldest closed segments (tiered storage)."""
+        return self.request(  # type: ignore[no-any-return]
+            "PUT", topic_path(topic) + "/offload", params={"size_threshold": size_threshold}
+        )
+
+    def offload_status(self, topic: str) -> dict[str, Any]:
+        return self.request("GET", topic_path(topic) + "/offload")  # type: ignore[no-any-return]
+
     def unload_topic(self, topic: str) -> list[str]:
         return self.request("POST", topic_path(topic) + "/unload")["unloaded"]  # type: ignore[no-any-return]
 

@@ -302,6 +302,71 @@ cli.delete(
 )
 
 
+def _size(text: str) -> int:
+    """``10M``, ``1G``, ``4096`` -> bytes (pulsar-admin's size arguments)."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    t = text.strip().upper().removesuffix("B")
+    try:
+        value = int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a size (4096, 10M, 1G)") from None
+    if value < 0:
+        raise click.BadParameter(f"{text!r}: a size is >= 0")
+    return value
+
+
+@topics_cmd.command("offload")
+@click.argument("topic")
+@click.option(
+    "--size-threshold",
+    "-s",
+    default="0",
+    show_default=True,
+    help="Bytes to keep only on bookies (10M, 1G); the oldest closed segments beyond go.",
+)
+@cli.json_flag
+def topics_offload(topic: str, size_threshold: str) -> None:
+    """Offload TOPIC's oldest closed segments to the broker's offloader (tiered storage)."""
+    result = cli.settings().client().offload(topic, _size(size_threshold))
+    cli.done(f"offload of {topic}: {result['status']}", result)
+
+
+@topics_cmd.command("offload-status")
+@click.argument("topic")
+@cli.json_flag
+def topics_offload_status(topic: str) -> None:
+    """How TOPIC's last offload went and where its segments live."""
+    result = cli.settings().client().offload_status(topic)
+    cli.emit(result, lambda s: cli.kv(s))
+
+
+@namespaces_cmd.command("set-offload-threshold")
+@click.argument("namespace")
+@click.option(
+    "--size", "-s", required=True, help="Bytes on bookies before offloading (10M, 1G); -1: off."
+)
+@cli.json_flag
+def namespaces_offload_threshold(namespace: str, size: str) -> None:
+    """Offload a topic's oldest closed segments once more than SIZE is only on bookies."""
+    value = -1 if size.strip() == "-1" else _size(size)
+    result = cli.settings().client().set_policies(namespace, {"offload_threshold_bytes": value})
+    cli.done(f"offload threshold of {namespace} is {value} bytes", result)
+
+
+@namespaces_cmd.command("set-offload-deletion-lag")
+@click.argument("namespace")
+@click.option(
+    "--lag", "-l", required=True, type=float, help="Seconds before bookie copies are deleted."
+)
+@cli.json_flag
+def namespaces_offload_deletion_lag(namespace: str, lag: float) -> None:
+    """Delete the bookie copies of offloaded segments LAG seconds after their offload."""
+    if lag < 0:
+        raise click.BadParameter("the lag is >= 0 seconds", param_hint="--lag")
+    result = cli.settings().client().set_policies(namespace, {"offload_deletion_lag_s": lag})
+    cli.done(f"offload deletion lag of {namespace} is {lag:g} s", result)
+
+
 @topics_cmd.command("internal-stats")
 @click.argument("topic")
 @cli.json_flag

@@ -90,6 +90,7 @@ def make_cli(plugins: PluginManager | None = None) -> click.Group:
         click.echo("codecs: " + ", ".join(pm.codecs))
         click.echo("authentication providers: " + ", ".join(pm.authentication_providers))
         click.echo("ledger storages: " + (", ".join(pm.ledger_storages) or "(none)"))
+        click.echo("offloaders: " + (", ".join(pm.offloaders) or "(none)"))
 
     pm.pm.hook.pigeon_cli_commands(group=cli)
     return cli

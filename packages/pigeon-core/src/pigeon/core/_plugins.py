@@ -95,6 +95,8 @@ class PluginManager:
         self.ledger_storages: Registry[Any] = Registry("ledger storage")
         self.pm.hook.pigeon_authentication_providers(registry=self.authentication_providers)
         self.pm.hook.pigeon_ledger_storages(registry=self.ledger_storages)
+        self.offloaders: Registry[Any] = Registry("offloader")
+        self.pm.hook.pigeon_offloaders(registry=self.offloaders)
 
     def plugin_names(self) -> list[str]:
         """Names of the loaded plugins (blocked ones are listed with a None plugin)."""
@@ -112,6 +114,7 @@ class PluginManager:
             ("pigeon_codecs", self.codecs),
             ("pigeon_authentication_providers", self.authentication_providers),
             ("pigeon_ledger_storages", self.ledger_storages),
+            ("pigeon_offloaders", self.offloaders),
         ):
             impl = getattr(plugin, hook, None)
             if impl is not None:

@@ -40,11 +40,13 @@ __all__ = [
     "MessageTooLarge",
     "MetadataError",
     "NodeExists",
+    "NotConfigured",
     "NotEnoughBookies",
     "NoSuchNode",
     "NotEmpty",
     "NotOwner",
     "NotSupported",
+    "OffloadError",
     "PigeonError",
     "PluginError",
     "ProducerBlocked",
@@ -301,6 +303,11 @@ class NotEnoughBookies(StorageError, code=408, retriable=True):
     write is refused (nothing was stored) and succeeds when bookies return."""
 
 
+class OffloadError(StorageError, code=409, retriable=True):
+    """The object store holding offloaded segments failed (unreachable, refused, a
+    partial upload); an offload is retried later and the bookie copy stays."""
+
+
 class CodecError(PigeonError, code=410):
     """A compressed body could not be decoded."""
 
@@ -341,6 +348,11 @@ class SessionExpired(MetadataError, code=505, retriable=False):
 
 class ConfigError(PigeonError, code=600):
     """A bad configuration value; the message names the key."""
+
+
+class NotConfigured(PigeonError, code=602):
+    """The node is not set up for this request (an offload on a broker without
+    ``managed_ledger_offload_driver``): a request that is valid elsewhere."""
 
 
 class PluginError(PigeonError, code=601):

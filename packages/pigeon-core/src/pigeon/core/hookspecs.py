@@ -98,6 +98,23 @@ def pigeon_ledger_storages(registry: Registry[Any]) -> None:
     """
 
 
+@hookspec
+def pigeon_offloaders(registry: Registry[Any]) -> None:
+    """Register a broker's offloaders by driver name (``filesystem``, ``s3``, ...): where
+    tiered storage copies closed segments.
+
+    :param registry: call ``registry.register(name, factory)``; ``factory(config)`` —
+        ``config`` the broker's :class:`pigeon.broker.BrokerConfig` (its
+        ``managed_ledger_offload_*`` and the driver's own keys) — returns a
+        :class:`pigeon.core.offload.Offloader`.  A broker uses the driver its
+        ``managed_ledger_offload_driver`` setting names (none when it is empty).
+        :class:`pigeon.core.offload.BlobOffloader` implements the contract over four
+        object-store primitives.
+
+    Called for every plugin when the node's plugin manager is built; not firstresult.
+    """
+
+
 # -- command line ----------------------------------------------------------------------
 
 

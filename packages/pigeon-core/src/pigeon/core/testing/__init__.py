@@ -57,6 +57,7 @@ from pigeon.core.testing._metadata_helpers import (
     wait_event,
 )
 from pigeon.core.testing._metadata_suite import MetadataServerContract, MetadataStoreContract
+from pigeon.core.testing._offloader_suite import OffloaderContract
 from pigeon.core.testing._replication_suite import ReplicationPolicyContract
 from pigeon.core.testing._security import SecurityFiles
 from pigeon.core.testing._storage_suite import LedgerStorageContract
@@ -72,6 +73,7 @@ __all__ = [
     "MetadataServerContract",
     "MetadataStoreContract",
     "MetadataStoreFactory",
+    "OffloaderContract",
     "ReplicationPolicyContract",
     "SecurityFiles",
     "ServerRestart",

@@ -24,10 +24,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -43,9 +45,11 @@ __all__ = [
     "READY_TIMEOUT",
     "STOP_TIMEOUT",
     "EtcdServer",
+    "MotoS3Server",
     "ServerError",
     "ZooKeeperServer",
     "etcd_server",
+    "moto_s3_server",
     "zookeeper_server",
 ]
 
@@ -284,6 +288,62 @@ class EtcdServer(_Server):
                 return bool(json.loads(r.read()).get("health") == "true")
         except (OSError, ValueError):
             return False
+
+
+class MotoS3Server(_Server):
+    """An S3-compatible store: moto's server mode (``pip install "moto[server]"``).
+
+    Its state is in memory: a restart starts empty (``create_bucket`` again).
+    :meth:`env` gives the AWS variables an S3 client needs (dummy credentials).
+    """
+
+    name = "moto-s3"
+    scheme = "http"
+
+    def _command(self) -> list[str]:
+        try:
+            import moto.server  # noqa: F401
+        except ImportError:
+            raise ServerError("moto's server mode is missing: pip install 'moto[server]'") from None
+        return [sys.executable, "-m", "moto.server", "-H", HOST, "-p", str(self.port)]
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.endpoint}/", timeout=1.0) as r:
+                return bool(r.status == 200)
+        except (OSError, ValueError):
+            return False
+
+    def create_bucket(self, bucket: str) -> None:
+        request = urllib.request.Request(f"{self.endpoint}/{bucket}", method="PUT")
+        with urllib.request.urlopen(request, timeout=10.0) as r:
+            if r.status != 200:
+                raise ServerError(f"cannot create bucket {bucket}: HTTP {r.status}")
+
+    def objects(self, bucket: str) -> list[str]:
+        """The keys in ``bucket`` (ListObjectsV2, first 1000)."""
+        url = f"{self.endpoint}/{bucket}?list-type=2"
+        with urllib.request.urlopen(url, timeout=10.0) as r:
+            text = r.read().decode()
+        return re.findall(r"<Key>([^<]*)</Key>", text)
+
+    @staticmethod
+    def env() -> dict[str, str]:
+        return {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_REGION": "us-east-1",
+        }
+
+
+def moto_s3_server(directory: Path) -> contextlib.AbstractContextManager[MotoS3Server]:
+    """A started :class:`MotoS3Server` (its log in ``directory``); stopped on exit."""
+    return _running(MotoS3Server(directory))
 
 
 _S = TypeVar("_S", bound=_Server)

@@ -4,6 +4,8 @@
   :func:`etcd_server`: a metadata server in a temporary directory (``url()`` gives the
   metadata store URL that reaches it); a missing binary raises :class:`ServerError`
   naming the Debian package to install.
+* :class:`MotoS3Server` / :func:`moto_s3_server`: an S3-compatible store (moto's server
+  mode) for the ``s3`` offloader's tests; ``endpoint``, ``create_bucket``, ``env()``.
 * :class:`Standalone`: one ``pigeon standalone`` process that can be killed (-9),
   terminated and restarted on the same data directory and ports.
 * :class:`SecurityFiles`: a CA, the nodes' certificate, a token secret key and tokens
@@ -31,9 +33,11 @@ from pigeon.core.testing._metadata_servers import (
     READY_TIMEOUT,
     STOP_TIMEOUT,
     EtcdServer,
+    MotoS3Server,
     ServerError,
     ZooKeeperServer,
     etcd_server,
+    moto_s3_server,
     zookeeper_server,
 )
 from pigeon.core.testing._process import HOST, free_port, free_ports, port_open
@@ -60,6 +64,7 @@ __all__ = [
     "STANDALONE_READY_TIMEOUT",
     "STOP_TIMEOUT",
     "EtcdServer",
+    "MotoS3Server",
     "SecurityFiles",
     "ServerError",
     "Standalone",
@@ -71,6 +76,7 @@ __all__ = [
     "free_ports",
     "headless_chromium",
     "merge_tables",
+    "moto_s3_server",
     "pigeon_command",
     "port_open",
     "server_command",

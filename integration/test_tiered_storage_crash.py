@@ -1,0 +1,142 @@
+"""Tiered storage survives kill -9 of the broker mid-offload: a real ``pigeon
+standalone`` process offloading to a real S3-compatible server (moto's server mode) on
+loopback.
+
+The crash is placed deterministically: the S3 server is paused (SIGSTOP) before an
+offload starts, so the broker is certainly inside an upload when it is killed (-9).  The
+segments offloaded before (bookie copies already deleted) and those being offloaded must
+all read back exactly after the restart, and the offload then completes.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from _produce import Sent, assert_content, produce
+
+from pigeon.client import Client
+from pigeon.client._admin_client import AdminClient, AdminError
+from pigeon.core.testing._process import send_signal
+from pigeon.core.testing.servers import MotoS3Server, Standalone
+
+pytestmark = pytest.mark.integration
+
+BUCKET = "tier"
+TOPIC = "persistent://public/default/tiered"
+
+
+@pytest.fixture
+def moto(tmp_path: Any) -> Iterator[MotoS3Server]:
+    server = MotoS3Server(tmp_path / "moto")
+    server.start()
+    server.create_bucket(BUCKET)
+    try:
+        yield server
+    finally:
+        if server.proc is not None:
+            send_signal(server.proc, signal.SIGCONT)
+        server.stop(kill=True)
+
+
+def sent(n: int, start: int = 0) -> list[Sent]:
+    return [
+        Sent(f"m-{i}".encode() * (1 + i % 50), f"k{i % 7}", {"i": str(i)})
+        for i in range(start, start + n)
+    ]
+
+
+def read_everything(url: str, n: int) -> list[Any]:
+    out: list[Any] = []
+    with Client(url) as client, client.create_reader(TOPIC, "earliest") as reader:
+        deadline = time.monotonic() + 60
+        while len(out) < n and time.monotonic() < deadline:
+            out.append(reader.read_next(timeout=30))
+    return out
+
+
+def wait_for(check: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def admin_of(server: Standalone) -> AdminClient:
+    """The admin client of ``server``, once its admin API answers."""
+    admin = AdminClient(f"http://127.0.0.1:{server.http_port}")
+
+    def answers() -> bool:
+        try:
+            admin.policies("public/default")
+        except (AdminError, OSError):
+            return False
+        return True
+
+    wait_for(answers, "the admin API")
+    return admin
+
+
+def segments(admin: AdminClient) -> list[dict[str, Any]]:
+    return admin.internal_stats(TOPIC)["segments"]  # type: ignore[no-any-return]
+
+
+def test_kill_9_mid_offload_loses_nothing(
+    standalone_factory: Callable[..., Standalone], moto: MotoS3Server, monkeypatch: Any
+) -> None:
+    for key, value in moto.env().items():
+        monkeypatch.setenv(key, value)  # the standalone inherits the credentials
+    server = standalone_factory(
+        config={
+            "broker": {
+                "segment_max_entries": 2,
+                "maintenance_interval_s": 0.5,
+                "managed_ledger_offload_driver": "s3",
+                "s3_managed_ledger_offload_bucket": BUCKET,
+                "s3_managed_ledger_offload_region": "us-east-1",
+                "s3_managed_ledger_offload_service_endpoint": moto.endpoint,
+            }
+        }
+    ).start()
+    admin = admin_of(server)
+    admin.set_policies("public/default", {"offload_deletion_lag_s": 0, "retention_time_s": -1})
+    first = sent(40)
+    produce(server.url, TOPIC, first, batching_max_messages=1)
+    # 1. the oldest segments offloaded, their bookie copies released (lag 0)
+    admin.offload(TOPIC, size_threshold=segments(admin)[-1]["size"] * 10)
+    wait_for(lambda: admin.offload_status(TOPIC)["status"] == "SUCCESS", "first offload")
+    wait_for(lambda: [s for s in segments(admin) if s["bookies_deleted"]], "bookie copies released")
+    done_before = [s["id"] for s in segments(admin) if s["offload"]]
+    assert done_before
+    second = sent(40, start=40)
+    produce(server.url, TOPIC, second, batching_max_messages=1)
+    # 2. the store stalls; an offload of everything starts and hangs inside an upload
+    assert moto.proc is not None
+    send_signal(moto.proc, signal.SIGSTOP)
+    admin.offload(TOPIC, size_threshold=0)
+    assert admin.offload_status(TOPIC)["status"] == "RUNNING"
+    server.kill9()
+    send_signal(moto.proc, signal.SIGCONT)
+    # 3. after the restart every message reads back exactly, the offloaded ones from S3
+    server.restart()
+    admin = admin_of(server)
+    assert [s["id"] for s in segments(admin) if s["offload"]] == done_before
+    assert_content(read_everything(server.url, 80), first + second)
+    # 4. the interrupted offload is simply done again
+    admin.offload(TOPIC, size_threshold=0)
+    status = wait_for(
+        lambda: (s := admin.offload_status(TOPIC))["status"] != "RUNNING" and s, "offload"
+    )
+    assert status["status"] == "SUCCESS", status
+    wait_for(
+        lambda: all(s["bookies_deleted"] for s in segments(admin)[:-1]), "bookie copies released"
+    )
+    assert_content(read_everything(server.url, 80), first + second)
+    keys = moto.objects(BUCKET)
+    assert len(keys) == 2 * len([s for s in segments(admin) if s["offload"]])
