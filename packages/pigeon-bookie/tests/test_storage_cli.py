@@ -136,7 +136,7 @@ def test_bookie_storage_flag_builds_the_named_backend(env: dict[str, str], tmp_p
 def test_bookie_unknown_storage_is_a_one_line_error(env: dict[str, str], tmp_path: Path) -> None:
     common = ["bookie", "--metadata", f"embedded://{tmp_path / 'meta'}"]
     result = pigeon(env, *common, "--data-dir", str(tmp_path / "d"), "--storage", "nope")
-    assert_one_line_error(result, "ledger_storage", "'nope'", "elsewhere, segment-files")
+    assert_one_line_error(result, "ledger_storage", "'nope'", "elsewhere, journal, segment-files")
     # the same from the [bookie] table of a configuration file
     config = tmp_path / "bookie.toml"
     config.write_text('[bookie]\nledger_storage = "journal-typo"\n')
