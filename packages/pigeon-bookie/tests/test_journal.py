@@ -467,3 +467,30 @@ def test_registered_as_journal(tmp_path: Path) -> None:
     assert isinstance(store, JournalStore)
     assert store._journal_dir == tmp_path / "journal"
     assert store._ledger_dirs == [tmp_path / "ledgers"]
+
+
+async def test_a_checkpoint_running_while_the_store_stops_completes(tmp_path: Path) -> None:
+    """The background checkpoint (shielded) forcing a journal round after the flusher
+    task stopped must not wait for it forever: the store stops, every add is kept."""
+    import trio.testing
+
+    store = make_storage(tmp_path, flush_entries=10_000)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        await fill(store, 3, 5)
+        await store._index_lock.acquire()  # the checkpointer will wait for it
+        store._checkpoint_wanted.set()
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+        with trio.CancelScope(shield=True):
+            await trio.testing.wait_all_tasks_blocked()  # the flusher has stopped
+            store._index_lock.release()  # the checkpoint goes on, past the flusher
+            with trio.move_on_after(10):  # its fsyncs run in threads: poll, bounded
+                while store._state == "running":  # noqa: ASYNC110
+                    await trio.sleep(0.01)
+            stuck = store._state == "running"
+            if stuck:  # unstick it, so that the failure is reported, not a hang
+                store._collecting.finish()
+        assert not stuck, "the checkpoint waited for a flusher that had stopped"
+    async with open_store(tmp_path) as store:
+        check_all(store, 3, 5)

@@ -428,14 +428,22 @@ class JournalStore(JournalReads):
 
     async def _flusher(self) -> None:
         last = -float("inf")
-        while True:
-            await self._flush_wanted.wait()
-            self._flush_wanted = trio.Event()
-            if self._policy == "interval":
-                await trio.sleep_until(last + self._interval)
-                last = trio.current_time()
-            elif self._group_wait > 0:
-                await trio.sleep(self._group_wait)
+        self._flusher_running = True
+        try:
+            while True:
+                await self._flush_wanted.wait()
+                self._flush_wanted = trio.Event()
+                if self._policy == "interval":
+                    await trio.sleep_until(last + self._interval)
+                    last = trio.current_time()
+                elif self._group_wait > 0:
+                    await trio.sleep(self._group_wait)
+                with trio.CancelScope(shield=True):
+                    await self._flush_round()
+        finally:
+            # stopping: the round being collected may have waiters (a shielded
+            # checkpoint's _force_round): it is flushed here, later ones directly
+            self._flusher_running = False
             with trio.CancelScope(shield=True):
                 await self._flush_round()
 
@@ -471,10 +479,10 @@ class JournalStore(JournalReads):
     async def _force_round(self) -> Round:
         """The journal written so far, fsynced (whatever the policy)."""
         r = self._collecting
-        if self._state == "running":
+        if self._state == "running" and self._flusher_running:
             self._flush_wanted.set()
             await r.done.wait()
-        else:
+        else:  # the flusher is not there (starting, or stopping): flush here
             await self._flush_round()
         return r
 

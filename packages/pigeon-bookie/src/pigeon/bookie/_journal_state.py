@@ -224,6 +224,8 @@ class JournalBase:
         self._read_only_sticky = False
         self._collecting = Round()
         self._flush_wanted = trio.Event()
+        #: the flusher task runs (else a forced round is flushed by its caller)
+        self._flusher_running = False
         self._checkpoint_wanted = trio.Event()
         self._index_lock = trio.Lock()
         self._counters = Counters()
