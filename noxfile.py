@@ -6,8 +6,8 @@ Sessions run in the environment they are started from (``scripts/bootstrap`` bui
     nox -s tests          unit tests of every package and plugin, then the integration suite
     nox -s unit           unit tests only
     nox -s integration    multi-process tests against real servers
-    nox -s cluster        cluster fault tests, one session per metadata x replication pair
-    nox -s nemesis        the nemesis suite, 10 minutes per metadata x replication pair
+    nox -s cluster        cluster fault tests, one session per metadata x replication x storage
+    nox -s nemesis        the nemesis suite, 10 minutes per metadata x replication x storage
     nox -s nemesis_secure the nemesis with TLS + tokens on every link, 10 minutes
     nox -s lint           ruff + mypy
     nox -s bench          benchmark scenarios, results into docs/benchmarks.md
@@ -33,6 +33,8 @@ TYPED_SOURCES = [
     f"packages/pigeon-{name}/src/pigeon/{name}" for name in ("core", "client", "broker", "spark")
 ]
 SPARK_TESTS = ["integration/test_spark.py", "integration/test_spark_range.py"]
+#: the bookies' ledger storage backends (the storage axis of the cluster and nemesis runs)
+LEDGER_STORAGES = ["segment-files", "journal"]
 
 
 @nox.session(venv_backend="none")
@@ -50,12 +52,15 @@ def integration(session: nox.Session) -> None:
 @nox.session(venv_backend="none")
 @nox.parametrize("metadata", METADATA_BACKENDS)
 @nox.parametrize("replication", list(REPLICATION_POLICIES))
-def cluster(session: nox.Session, metadata: str, replication: str) -> None:
-    """The cluster fault tests on one metadata backend with one replication policy.
+@nox.parametrize("storage", LEDGER_STORAGES)
+def cluster(session: nox.Session, metadata: str, replication: str, storage: str) -> None:
+    """The cluster fault tests on one metadata backend with one replication policy and
+    one ledger storage on the bookies.
 
-    ``nox -s cluster`` runs the whole matrix (metadata x replication), one session per
-    pair; ``nox -s tests`` runs the same tests in one pytest run (CI).  Tests that need
-    no metadata server (the auditor's) run in the ``embedded`` sessions.
+    ``nox -s cluster`` runs the whole matrix (metadata x replication x storage), one
+    session per cell; ``nox -s tests`` runs the same tests in one pytest run (CI, on
+    segment-files).  Tests that need no metadata server (the auditor's) run in the
+    ``embedded`` sessions.
     """
     others = " or ".join(i for p, i in REPLICATION_POLICIES.items() if p != replication)
     place = "(embedded or not (zookeeper or etcd))" if metadata == "embedded" else metadata
@@ -69,15 +74,18 @@ def cluster(session: nox.Session, metadata: str, replication: str) -> None:
         "-k",
         selector,
         *session.posargs,
+        env={"PIGEON_TEST_LEDGER_STORAGE": storage},
     )
 
 
 @nox.session(venv_backend="none")
 @nox.parametrize("metadata", METADATA_BACKENDS)
 @nox.parametrize("replication", list(REPLICATION_POLICIES))
-def nemesis(session: nox.Session, metadata: str, replication: str) -> None:
+@nox.parametrize("storage", LEDGER_STORAGES)
+def nemesis(session: nox.Session, metadata: str, replication: str, storage: str) -> None:
     """Faults, workload and history checker (integration/nemesis) on one metadata x
-    replication pair, for ``PIGEON_NEMESIS_DURATION`` seconds (default 600).
+    replication x ledger storage cell, for ``PIGEON_NEMESIS_DURATION`` seconds (default
+    600).
 
     Each run appends its figures to ``PIGEON_NEMESIS_RESULTS`` (default
     ``$TMPDIR/pigeon-nemesis-results.json``); ``PIGEON_NEMESIS_SEED`` replays a schedule.
@@ -98,7 +106,9 @@ def nemesis(session: nox.Session, metadata: str, replication: str) -> None:
         "-s",
         "integration/nemesis/test_nemesis.py",
         "-k",
-        f"{metadata}-{replication} and not secure",
+        f"{metadata}-{replication}-journal and not secure"
+        if storage == "journal"
+        else f"{metadata}-{replication} and not journal and not secure",
         *session.posargs,
         env=env,
     )

@@ -45,8 +45,21 @@ READY_TIMEOUT = 60.0
 
 
 def bookie_args(metadata: str, port: int, data_dir: Path, *extra: str) -> list[str]:
-    """``pigeon bookie`` arguments for a node on ``port`` storing in ``data_dir``."""
-    return ["--metadata", metadata, "--port", str(port), "--data-dir", str(data_dir), *extra]
+    """``pigeon bookie`` arguments for a node on ``port`` storing in ``data_dir`` (with the
+    ledger storage ``PIGEON_TEST_LEDGER_STORAGE`` names, when set: the storage axis of
+    ``nox -s cluster``)."""
+    storage = os.environ.get("PIGEON_TEST_LEDGER_STORAGE", "")
+    chosen = ["--storage", storage] if storage else []
+    return [
+        "--metadata",
+        metadata,
+        "--port",
+        str(port),
+        "--data-dir",
+        str(data_dir),
+        *chosen,
+        *extra,
+    ]
 
 
 def broker_args(

@@ -60,11 +60,14 @@ class RunResult:
     proxies: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: TLS + tokens + authorization on every link (``Topology(security=...)``)
     secure: bool = False
+    #: the bookies' ledger storage (``segment-files`` or ``journal``)
+    storage: str = "segment-files"
 
     def figures(self) -> dict[str, Any]:
         return {
             "metadata": self.metadata,
             "replication": self.replication,
+            "storage": self.storage,
             "secure": self.secure,
             "seed": self.seed,
             "duration_s": self.duration,
@@ -78,7 +81,7 @@ class RunResult:
     def summary(self) -> str:
         secure = "+secure" if self.secure else ""
         return (
-            f"nemesis {self.metadata}+{self.replication}{secure} seed={self.seed} "
+            f"nemesis {self.metadata}+{self.replication}+{self.storage}{secure} seed={self.seed} "
             f"duration={self.duration:.0f}s {self.report.summary()}"
         )
 
@@ -121,6 +124,7 @@ def run_nemesis(
     producers: int = 3,
     rate: float = 200.0,
     secure: bool = False,
+    storage: str = "segment-files",
 ) -> RunResult:
     root.mkdir(parents=True, exist_ok=True)
     history = History()
@@ -137,7 +141,7 @@ def run_nemesis(
 
     with ProxyHub() as hub, _client_log(root / "client.log"):
         security = SecurityFiles.create(root / "security") if secure else None
-        topology = Topology(root, metadata, replication, hub, security=security)
+        topology = Topology(root, metadata, replication, hub, security=security, storage=storage)
         try:
             topology.start()
             schedule = plan(
@@ -191,6 +195,7 @@ def run_nemesis(
         phases,
         proxies,
         secure=secure,
+        storage=storage,
     )
     history.dump(root / "history.jsonl.gz")
     if failure is not None:

@@ -93,8 +93,11 @@ class Topology:
         *,
         config: Mapping[str, Mapping[str, Any]] | None = None,
         security: SecurityFiles | None = None,
+        storage: str = "segment-files",
     ) -> None:
         self.root = root
+        #: the bookies' ledger storage (``ledger_storage`` in [bookie])
+        self.storage = storage
         self.metadata = metadata
         self.replication = replication
         self.hub = hub
@@ -189,7 +192,7 @@ class Topology:
         (port,) = free_ports(1)
         proxy = self.inbound[name] = self.hub.add(name, port)
         config = self.root / f"{name}.toml"
-        own = {"bookie": {"advertised_address": proxy.address}}
+        own = {"bookie": {"advertised_address": proxy.address, "ledger_storage": self.storage}}
         config.write_text(toml_text(merge_tables(own, self._node_config("bookie"), self.config)))
         args = bookie_args(
             self._metadata_url(name), port, self.root / name, "--config", str(config)
