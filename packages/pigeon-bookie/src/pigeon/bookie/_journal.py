@@ -67,15 +67,18 @@ from pigeon.bookie._journal_format import (
 from pigeon.bookie._journal_index import LedgerIndex, Loc, SegmentRecord
 from pigeon.bookie._journal_logs import EntryLog
 from pigeon.bookie._journal_reads import JournalReads
-from pigeon.bookie._journal_state import JournalWaiter, Round, Seg, logger
+from pigeon.bookie._journal_state import JournalRound, Seg, logger
 from pigeon.bookie._segment import MAX_PAYLOAD, Buffer, crc32c
-from pigeon.bookie._storage_commit import fsync_many
-from pigeon.bookie._storage_state import MAX_ENTRY_ID, as_buffer, check_segment_id
+from pigeon.bookie._storage_commit import AppendWaiter, fsync_many
+from pigeon.bookie._storage_state import (
+    MAX_ENTRY_ID,
+    as_buffer,
+    check_segment_id,
+    stored_damaged,
+)
 from pigeon.core.errors import (
     BookieReadOnly,
-    CorruptEntry,
     DataDirLocked,
-    EntryNotFound,
     InvalidArgument,
     InvalidEntryId,
     SegmentFenced,
@@ -83,7 +86,7 @@ from pigeon.core.errors import (
 )
 from pigeon.core.storage import SegmentInfo, StoreStatistics
 
-__all__ = ["JOURNAL_FORMAT", "JournalStore", "JournalWaiter"]
+__all__ = ["JOURNAL_FORMAT", "JournalStore"]
 
 #: the first line of the FORMAT file of a data dir the journal storage owns
 JOURNAL_FORMAT = b"pigeon-journal 1\n"
@@ -234,7 +237,7 @@ class JournalStore(JournalReads):
 
     def append(
         self, segment_id: int, entry_id: int, data: Buffer, *, lac: int = -1, recovery: bool = False
-    ) -> JournalWaiter:
+    ) -> AppendWaiter:
         """Write entry ``entry_id`` now (journal and entry log, page cache); the
         waiter tells when it is durable per the fsync policy.
 
@@ -249,31 +252,21 @@ class JournalStore(JournalReads):
         if recovery:
             seg = self._segs.get(segment_id)
             if seg is not None and 0 <= entry_id < seg.next_id:
-                try:
-                    stored = self.read_entries(segment_id, entry_id, entry_id)
-                except EntryNotFound:
-                    raise InvalidEntryId(
-                        f"segment={segment_id} entry={entry_id} was skipped and cannot be"
-                        f" added below the last entry {seg.next_id - 1}"
-                    )
-                except CorruptEntry:
+                if stored_damaged(
+                    self.read_entries, segment_id, entry_id, seg.next_id - 1, payload
+                ):
                     self._check_writable()
                     if not self._belongs(seg, entry_id, payload):
                         raise InvalidEntryId(
                             f"segment={segment_id} entry={entry_id} is stored damaged and"
                             " these bytes are not its copy (other length or checksum)"
-                        ) from None
+                        )
                     self._write(seg, entry_id, [payload], lac)
                     self._counters.repaired += 1
                     logger.warning(
                         "damaged entry rewritten from a good copy segment=%d entry=%d",
                         segment_id,
                         entry_id,
-                    )
-                    return self._durability(seg)
-                if stored[0][1] != payload:
-                    raise InvalidEntryId(
-                        f"segment={segment_id} entry={entry_id} stored with other content"
                     )
                 return self._durability(seg)
         seg = self._segment_for_append(segment_id, entry_id, lac, recovery)
@@ -418,13 +411,13 @@ class JournalStore(JournalReads):
 
     # ------------------------------------------------------------------ group commit
 
-    def _durability(self, seg: Seg) -> JournalWaiter:
+    def _durability(self, seg: Seg) -> AppendWaiter:
         if self._policy == "always":
             self._flush_wanted.set()
-            return JournalWaiter(self._collecting, seg)
+            return AppendWaiter(self._collecting, seg)
         if self._policy == "interval":
             self._flush_wanted.set()
-        return JournalWaiter(None, seg)
+        return AppendWaiter(None, seg)
 
     async def _flusher(self) -> None:
         last = -float("inf")
@@ -451,7 +444,7 @@ class JournalStore(JournalReads):
         """Group commit: fdatasync the journal files written since the previous round
         (one, unless it rolled), and the journal directory if a file was created."""
         r = self._collecting
-        self._collecting = Round()
+        self._collecting = JournalRound()
         files = list(r.files.values())
         sync_dir = self._journal.dir_dirty
         self._journal.dir_dirty = False
@@ -476,7 +469,7 @@ class JournalStore(JournalReads):
         finally:
             r.finish()
 
-    async def _force_round(self) -> Round:
+    async def _force_round(self) -> JournalRound:
         """The journal written so far, fsynced (whatever the policy)."""
         r = self._collecting
         if self._state == "running" and self._flusher_running:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -18,16 +18,15 @@ import trio
 from pigeon.bookie._journal_file import Journal, JournalFile
 from pigeon.bookie._journal_index import LedgerIndex, Loc
 from pigeon.bookie._journal_logs import EntryLogs
-from pigeon.bookie._storage_state import Counters, FsyncPolicy
+from pigeon.bookie._storage_state import Counters, FsyncPolicy, Round
 from pigeon.core.errors import (
     BookieReadOnly,
     InvalidArgument,
     SegmentNotFound,
     ServiceUnavailable,
-    StorageError,
 )
 
-__all__ = ["JournalBase", "JournalWaiter", "Round", "Seg", "logger"]
+__all__ = ["JournalBase", "JournalRound", "Seg", "logger"]
 
 logger = logging.getLogger("pigeon.bookie._journal")
 
@@ -76,71 +75,15 @@ class Seg:
         self.deleted = False
 
 
-class Round:
-    """One group commit: the journal files written since the previous round."""
+class JournalRound(Round):
+    """One group commit of the journal: the journal files written since the previous
+    round (its waiters are :class:`~pigeon.bookie._storage_commit.AppendWaiter`)."""
 
-    __slots__ = ("callbacks", "done", "error", "files")
+    __slots__ = ("files",)
 
     def __init__(self) -> None:
+        super().__init__()
         self.files: dict[int, JournalFile] = {}
-        self.done = trio.Event()
-        self.error: OSError | None = None
-        self.callbacks: list[Callable[[], object]] = []
-
-    def finish(self) -> None:
-        self.done.set()
-        callbacks, self.callbacks = self.callbacks, []
-        for cb in callbacks:
-            try:
-                cb()
-            except Exception:
-                logger.exception("append callback failed")
-
-
-class JournalWaiter:
-    """Returned by :meth:`JournalStore.append`: when is the entry durable?"""
-
-    __slots__ = ("_round", "_segment")
-
-    def __init__(self, round: Round | None, segment: Seg) -> None:
-        self._round = round
-        self._segment = segment
-
-    @property
-    def done(self) -> bool:
-        """True once durable per the policy (or failed: see :attr:`error`)."""
-        return self._round is None or self._round.done.is_set()
-
-    @property
-    def error(self) -> StorageError | None:
-        """Why the entry is not durable, once :attr:`done`; None if it is."""
-        r = self._round
-        if r is None or not r.done.is_set():
-            return None
-        if r.error is not None:
-            return BookieReadOnly(f"fsync failed: {r.error}")
-        if self._segment.deleted:
-            return SegmentNotFound(f"segment={self._segment.id} was deleted")
-        return None
-
-    def add_done_callback(self, fn: Callable[[], object]) -> None:
-        """Call ``fn()`` (from a trio task of the store) once :attr:`done`; at once if
-        it already is."""
-        r = self._round
-        if r is None or r.done.is_set():
-            fn()
-        else:
-            r.callbacks.append(fn)
-
-    async def wait(self) -> None:
-        """Return once durable; raise :attr:`error` if that failed."""
-        if self._round is None:
-            await trio.lowlevel.cancel_shielded_checkpoint()
-        else:
-            await self._round.done.wait()
-        err = self.error
-        if err is not None:
-            raise err
 
 
 def _positive(name: str, value: float) -> None:
@@ -222,7 +165,7 @@ class JournalBase:
         self._lock_fds: list[int] = []
         self._read_only: str | None = None
         self._read_only_sticky = False
-        self._collecting = Round()
+        self._collecting = JournalRound()
         self._flush_wanted = trio.Event()
         #: the flusher task runs (else a forced round is flushed by its caller)
         self._flusher_running = False

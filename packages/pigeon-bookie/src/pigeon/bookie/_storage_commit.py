@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import trio
 
@@ -32,12 +33,20 @@ def fsync_many(fds: list[int], dir_fd: int | None) -> OSError | None:
     return None
 
 
+class _Segment(Protocol):
+    """What a waiter asks of a store's segment (SegmentStore's, JournalStore's)."""
+
+    id: int
+    deleted: bool
+
+
 class AppendWaiter:
-    """Returned by :meth:`SegmentStore.append`: when is the entry durable?"""
+    """Returned by :meth:`SegmentStore.append` and :meth:`JournalStore.append`: when is
+    the entry durable?"""
 
     __slots__ = ("_round", "_segment")
 
-    def __init__(self, round: Round | None, segment: SegmentState) -> None:
+    def __init__(self, round: Round | None, segment: _Segment) -> None:
         self._round = round
         self._segment = segment
 

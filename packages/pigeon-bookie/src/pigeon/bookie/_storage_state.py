@@ -27,7 +27,15 @@ from pigeon.bookie._index import (
     decode_checkpoints,
 )
 from pigeon.bookie._segment import FILE_HEADER_SIZE, Buffer, IdRanges
-from pigeon.core.errors import BookieReadOnly, InvalidArgument, SegmentNotFound, ServiceUnavailable
+from pigeon.core.errors import (
+    BookieReadOnly,
+    CorruptEntry,
+    EntryNotFound,
+    InvalidArgument,
+    InvalidEntryId,
+    SegmentNotFound,
+    ServiceUnavailable,
+)
 from pigeon.core.storage import SegmentInfo, StoreStatistics
 
 __all__ = [
@@ -50,6 +58,7 @@ __all__ = [
     "file_name",
     "pread",
     "pwritev_all",
+    "stored_damaged",
 ]
 
 #: one logger for the whole store, whichever module of it logs (log filters name it)
@@ -225,8 +234,34 @@ class SegmentState:
         return self.end + INDEX_HEADER_SIZE + self.idx_count * INDEX_RECORD_SIZE + self.meta_size
 
 
+def stored_damaged(
+    read_entries: Callable[[int, int, int], list[tuple[int, bytes]]],
+    segment_id: int,
+    entry_id: int,
+    last_entry_id: int,
+    payload: Buffer,
+) -> bool:
+    """A recovery add of ``entry_id`` at or below the segment's last entry: True if the
+    entry is stored damaged (the store repairs it, if the bytes provably belong), False
+    if it is stored with these very bytes (nothing to write).  Raises InvalidEntryId for
+    an id the writer skipped or other bytes than stored (both backends alike)."""
+    try:
+        stored = read_entries(segment_id, entry_id, entry_id)
+    except EntryNotFound:
+        raise InvalidEntryId(
+            f"segment={segment_id} entry={entry_id} was skipped and cannot be"
+            f" added below the last entry {last_entry_id}"
+        ) from None
+    except CorruptEntry:
+        return True
+    if stored[0][1] != payload:
+        raise InvalidEntryId(f"segment={segment_id} entry={entry_id} stored with other content")
+    return False
+
+
 class Round:
-    """One group commit: the segments written since the previous round."""
+    """One group commit: the segments written since the previous round (a journal
+    store's round adds the journal files: ``pigeon.bookie._journal_state.JournalRound``)."""
 
     __slots__ = ("callbacks", "done", "error", "segments")
 

@@ -41,11 +41,10 @@ from pigeon.bookie._storage_state import (
     file_name,
     logger,
     pwritev_all,
+    stored_damaged,
 )
 from pigeon.core.errors import (
     BookieReadOnly,
-    CorruptEntry,
-    EntryNotFound,
     InvalidArgument,
     InvalidEntryId,
     SegmentFenced,
@@ -88,20 +87,10 @@ class StoreWrites(StoreCommit, StoreRecovery, StoreReads):
         if recovery:
             seg = self._segments.get(segment_id)
             if seg is not None and 0 <= entry_id < seg.next_id:
-                try:
-                    stored = self.read_entries(segment_id, entry_id, entry_id)
-                except EntryNotFound:
-                    raise InvalidEntryId(
-                        f"segment={segment_id} entry={entry_id} was skipped and cannot be"
-                        f" added below the last entry {seg.next_id - 1}"
-                    )
-                except CorruptEntry:
+                if stored_damaged(
+                    self.read_entries, segment_id, entry_id, seg.next_id - 1, payload
+                ):
                     self._repair(seg, entry_id, payload, lac)
-                    return self._durability(seg)
-                if stored[0][1] != payload:
-                    raise InvalidEntryId(
-                        f"segment={segment_id} entry={entry_id} stored with other content"
-                    )
                 return self._durability(seg)
         seg = self._segment_for_append(segment_id, entry_id, lac, recovery)
         self._append(seg, entry_id, [payload], lac)
