@@ -6,7 +6,6 @@ add, the read-only state.  The store's concerns are layered on :class:`JournalBa
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 from collections.abc import Sequence
@@ -18,9 +17,8 @@ import trio
 from pigeon.bookie._journal_file import Journal, JournalFile
 from pigeon.bookie._journal_index import LedgerIndex, Loc
 from pigeon.bookie._journal_logs import EntryLogs
-from pigeon.bookie._storage_state import Counters, FsyncPolicy, Round
+from pigeon.bookie._storage_state import Counters, FsyncPolicy, ReadOnlyState, Round
 from pigeon.core.errors import (
-    BookieReadOnly,
     InvalidArgument,
     SegmentNotFound,
     ServiceUnavailable,
@@ -91,7 +89,7 @@ def _positive(name: str, value: float) -> None:
         raise InvalidArgument(f"{name} must be > 0")
 
 
-class JournalBase:
+class JournalBase(ReadOnlyState):
     """Configuration and state of a journal store (see
     :class:`~pigeon.bookie._journal.JournalStore`)."""
 
@@ -189,33 +187,3 @@ class JournalBase:
         if seg is None:
             raise SegmentNotFound(f"segment={segment_id} not found")
         return seg
-
-    def _io_failed(self, what: str, exc: OSError) -> BookieReadOnly:
-        """An I/O error on the write path turns the store read-only: until space is
-        back for a full disk (ENOSPC/EDQUOT on a write), else until a restart."""
-        reason = f"{what}: {exc.strerror or exc}"
-        disk_full = exc.errno in (errno.ENOSPC, errno.EDQUOT) and what != "fsync"
-        if self._read_only is None or (not disk_full and not self._read_only_sticky):
-            self._read_only = reason
-            level = logging.WARNING if disk_full else logging.ERROR
-            logger.log(level, "bookie turns read-only reason=%s", reason)
-        self._read_only_sticky = self._read_only_sticky or not disk_full
-        return BookieReadOnly(reason)
-
-    @property
-    def read_only(self) -> str | None:
-        """Why the store refuses adds (BookieReadOnly), or None when it is writable."""
-        return self._read_only
-
-    def set_read_only(self, reason: str | None) -> bool:
-        """Refuse adds from now on (``reason``), or accept them again (None; not after
-        an I/O error other than a full disk, which lasts until a restart); returns
-        whether the store is writable afterwards."""
-        if reason is not None:
-            if self._read_only is None:
-                self._read_only = reason
-                logger.warning("bookie turns read-only reason=%s", reason)
-        elif self._read_only is not None and not self._read_only_sticky:
-            logger.info("bookie writable again (was: %s)", self._read_only)
-            self._read_only = None
-        return self._read_only is None

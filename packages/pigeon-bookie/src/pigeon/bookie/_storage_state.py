@@ -58,6 +58,7 @@ __all__ = [
     "file_name",
     "pread",
     "pwritev_all",
+    "ReadOnlyState",
     "stored_damaged",
 ]
 
@@ -281,7 +282,55 @@ class Round:
                 logger.exception("append callback failed")
 
 
-class StoreBase:
+class ReadOnlyState:
+    """The read-only state of a store (both backends): an I/O error on the write path,
+    a full disk, or the service's free-space check make it refuse adds."""
+
+    _read_only: str | None
+    #: the read-only state lasts until a restart (an I/O error other than a full disk)
+    _read_only_sticky: bool
+
+    def _io_failed(self, what: str, exc: OSError) -> BookieReadOnly:
+        """An I/O error on the write path: the bookie turns read-only (as BookKeeper
+        does) so that writers move to other bookies.
+
+        A full disk (ENOSPC/EDQUOT from a write) is cleared by :meth:`set_read_only`
+        once space is back; any other error, and any failed fsync (after which the page
+        cache cannot be trusted), lasts until the store restarts.
+        """
+        reason = f"{what}: {exc.strerror or exc}"
+        disk_full = exc.errno in (errno.ENOSPC, errno.EDQUOT) and what != "fsync"
+        if self._read_only is None or (not disk_full and not self._read_only_sticky):
+            self._read_only = reason
+            level = logging.WARNING if disk_full else logging.ERROR
+            logger.log(level, "bookie turns read-only reason=%s", reason)
+        self._read_only_sticky = self._read_only_sticky or not disk_full
+        return BookieReadOnly(reason)
+
+    @property
+    def read_only(self) -> str | None:
+        """Why the store refuses adds (BookieReadOnly), or None when it is writable."""
+        return self._read_only
+
+    def set_read_only(self, reason: str | None) -> bool:
+        """Refuse adds from now on (``reason``), or accept them again (None).
+
+        The service calls it when free disk space crosses its threshold.  Going
+        writable again does not undo a read-only state caused by an I/O error other
+        than a full disk (that lasts until a restart); returns whether the store is
+        writable afterwards.
+        """
+        if reason is not None:
+            if self._read_only is None:
+                self._read_only = reason
+                logger.warning("bookie turns read-only reason=%s", reason)
+        elif self._read_only is not None and not self._read_only_sticky:
+            logger.info("bookie writable again (was: %s)", self._read_only)
+            self._read_only = None
+        return self._read_only is None
+
+
+class StoreBase(ReadOnlyState):
     """Configuration and state of a store (see :class:`~pigeon.bookie.SegmentStore`),
     and what every part of it uses: the running check, the segment lookup, the
     read-only state and the sparse index of a segment."""
@@ -343,45 +392,6 @@ class StoreBase:
         if seg is None:
             raise SegmentNotFound(f"segment={segment_id} not found")
         return seg
-
-    def _io_failed(self, what: str, exc: OSError) -> BookieReadOnly:
-        """An I/O error on the write path: the bookie turns read-only (as BookKeeper
-        does) so that writers move to other bookies.
-
-        A full disk (ENOSPC/EDQUOT from a write) is cleared by :meth:`set_read_only`
-        once space is back; any other error, and any failed fsync (after which the page
-        cache cannot be trusted), lasts until the store restarts.
-        """
-        reason = f"{what}: {exc.strerror or exc}"
-        disk_full = exc.errno in (errno.ENOSPC, errno.EDQUOT) and what != "fsync"
-        if self._read_only is None or (not disk_full and not self._read_only_sticky):
-            self._read_only = reason
-            level = logging.WARNING if disk_full else logging.ERROR
-            logger.log(level, "bookie turns read-only reason=%s", reason)
-        self._read_only_sticky = self._read_only_sticky or not disk_full
-        return BookieReadOnly(reason)
-
-    @property
-    def read_only(self) -> str | None:
-        """Why the store refuses adds (BookieReadOnly), or None when it is writable."""
-        return self._read_only
-
-    def set_read_only(self, reason: str | None) -> bool:
-        """Refuse adds from now on (``reason``), or accept them again (None).
-
-        The service calls it when free disk space crosses its threshold.  Going
-        writable again does not undo a read-only state caused by an I/O error other
-        than a full disk (that lasts until a restart); returns whether the store is
-        writable afterwards.
-        """
-        if reason is not None:
-            if self._read_only is None:
-                self._read_only = reason
-                logger.warning("bookie turns read-only reason=%s", reason)
-        elif self._read_only is not None and not self._read_only_sticky:
-            logger.info("bookie writable again (was: %s)", self._read_only)
-            self._read_only = None
-        return self._read_only is None
 
     def _sparse_index(self, seg: SegmentState) -> SparseIndex:
         """The segment's checkpoints, read from its index file on first use."""
