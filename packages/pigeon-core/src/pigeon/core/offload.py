@@ -17,8 +17,9 @@ The contract:
   (after a crash between the upload and the metadata update) overwrites the same
   objects: it leaves no orphan.
 * :meth:`Offloader.read` returns ``(entry_id, payload)`` pairs like a bookie's read,
-  checking each entry's CRC (:class:`~pigeon.core.errors.CorruptEntry` when one does not
-  match).
+  checking each entry's CRC: it stops before a damaged entry, and raises
+  :class:`~pigeon.core.errors.CorruptEntry` only when the first one asked for is damaged
+  (so that skipping damage never skips the intact entries before it).
 * :meth:`Offloader.delete` removes an offloaded segment; a missing one is no error, so
   a retried delete succeeds.
 
@@ -105,7 +106,8 @@ class Offloader(Protocol):
         payload (one entry at least).
 
         :raises OffloadError: the store failed (retriable).
-        :raises CorruptEntry: an entry's checksum does not match.
+        :raises CorruptEntry: entry ``first`` does not match its checksum (a damaged
+            entry after it ends the read before it instead).
         :raises EntryNotFound: ``first`` is past the segment's last entry.
         """
         ...
@@ -352,6 +354,8 @@ class BlobOffloader(abc.ABC):
             payload = view[index.offsets[i] - block_start : index.offsets[i + 1] - block_start]
             if zlib.crc32(payload) != index.crcs[i]:
                 self._forget_ranges(path)
+                if out:  # like a bookie: the intact entries before the damaged one
+                    break
                 raise CorruptEntry(
                     f"offloaded segment {index.segment_id} entry {entry_id}: checksum mismatch"
                 )
