@@ -326,6 +326,7 @@ class BlobOffloader(abc.ABC):
         self, location: dict[str, Any], first: int, last: int, *, max_bytes: int
     ) -> list[tuple[int, bytes | memoryview]]:
         key = str(location["key"])
+        self._check_store(location)
         index = await self._index(key)
         first, end = index.span(first, last, max_bytes)
         base = index.first_entry
@@ -375,6 +376,29 @@ class BlobOffloader(abc.ABC):
         self._ranges.clear()
 
     # -- helpers
+
+    def _same_place(self, name: str, recorded: Any, ours: Any) -> bool:
+        """Is the recorded ``name`` of a location (the bucket, the root) this store's?"""
+        return bool(recorded == ours)
+
+    def _check_store(self, location: dict[str, Any]) -> None:
+        """A segment offloaded to another store (driver, bucket, directory changed
+        since) is not in this one: a retriable error, never \"missing\" (CorruptEntry),
+        which readers would skip as damage."""
+        key = str(location["key"])
+        driver = location.get("driver", self.name)
+        if driver != self.name:
+            raise OffloadError(
+                f"offloaded segment {key} is in a {driver!r} store; this broker's"
+                f" offloader is {self.name!r} (managed_ledger_offload_driver)"
+            )
+        for name, ours in self._location(key).items():
+            recorded = location.get(name, ours)
+            if not self._same_place(name, recorded, ours):
+                raise OffloadError(
+                    f"offloaded segment {key} is in {self.name} {name} {recorded!r}; this"
+                    f" broker's offloader uses {ours!r}"
+                )
 
     def _remember_index(self, key: str, index: OffloadIndex) -> None:
         self._indexes[key] = index
