@@ -18,7 +18,7 @@ import trio
 
 import pigeon.bookie._journal as journal_mod
 from pigeon.bookie._journal import JournalStore
-from pigeon.bookie._journal_format import RECORD_HEADER_SIZE
+from pigeon.bookie._journal_format import JOURNAL_MAGIC, RECORD_HEADER_SIZE, encode_file_header
 from pigeon.bookie.testing import (
     corrupt_journal_entry,
     make_journal_storage,
@@ -34,6 +34,7 @@ from pigeon.core.errors import (
     SegmentFenced,
     SegmentNotFound,
     ServiceUnavailable,
+    StorageError,
 )
 
 # ---------------------------------------------------------------- fixtures
@@ -494,3 +495,41 @@ async def test_a_checkpoint_running_while_the_store_stops_completes(tmp_path: Pa
         assert not stuck, "the checkpoint waited for a flusher that had stopped"
     async with open_store(tmp_path) as store:
         check_all(store, 3, 5)
+
+
+# ---------------------------------------------------------------- hostile data dirs
+
+
+@pytest.mark.parametrize("where", ["journal", "ledgers/index", "ledgers"])
+async def test_a_data_dir_that_cannot_be_opened_is_a_storage_error(
+    tmp_path: Path, where: str
+) -> None:
+    # a file where a directory goes (or a disk that fails): one typed line at start
+    # (the bookie command prints it), not an OSError traceback
+    async with open_store(tmp_path) as store:
+        await fill(store, 1, 5)
+    target = tmp_path / where
+    if target.is_dir():
+        for p in sorted(target.rglob("*"), reverse=True):
+            p.rmdir() if p.is_dir() else p.unlink()
+        target.rmdir()
+    target.write_bytes(b"not a directory")
+    with pytest.raises(StorageError, match=where.split("/")[-1]) as info:
+        await make_storage(tmp_path).run()
+    assert "\n" not in str(info.value)
+
+
+async def test_stray_files_with_store_names_do_not_stop_it(tmp_path: Path) -> None:
+    # files named like entry logs or journal files that the store never wrote (ids it
+    # never reaches) are left alone: the store starts and its segments read back
+    async with open_store(tmp_path, checkpoint_on_close=False) as store:
+        await fill(store, 1, 5)
+    (tmp_path / "ledgers" / "ffffffffffffffff.log").write_bytes(b"junk")
+    stray = tmp_path / "journal" / "ffffffffffffffff.txn"
+    stray.write_bytes(encode_file_header(JOURNAL_MAGIC, (1 << 64) - 1) + b"junk")
+    for n in (5, 10):
+        async with open_store(tmp_path) as store:
+            check_all(store, 1, n)
+            await fill(store, 1, 5, start=n)
+    async with open_store(tmp_path) as store:
+        check_all(store, 1, 15)

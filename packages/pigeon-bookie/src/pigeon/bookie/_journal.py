@@ -107,9 +107,11 @@ class JournalStore(JournalReads):
         self._state = "starting"
         try:
             await trio.to_thread.run_sync(self._open)
-        except BaseException:
+        except BaseException as exc:
             self._close_all()
             self._state = "closed"
+            if isinstance(exc, OSError):  # a file where a directory goes, a failing disk
+                raise StorageError(f"cannot open the journal store: {exc}") from None
             raise
         now, wall = trio.current_time(), time.time()
         for seg in self._segs.values():  # wall clock -> trio clock

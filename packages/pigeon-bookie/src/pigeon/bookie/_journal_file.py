@@ -23,6 +23,7 @@ from pathlib import Path
 from pigeon.bookie._journal_format import (
     FILE_HEADER_SIZE,
     JOURNAL_MAGIC,
+    MAX_FILE_ID,
     JournalRecord,
     encode_file_header,
     parse_file_header,
@@ -78,6 +79,9 @@ class Journal:
             try:
                 seq = int(stem, 16)
             except ValueError:
+                continue
+            if seq > MAX_FILE_ID:  # a number this store never reaches: not its file
+                logger.warning("stray file ignored path=%s", entry.path)
                 continue
             fd = os.open(entry.path, os.O_RDWR | os.O_CLOEXEC)
             jf = JournalFile(seq, Path(entry.path), fd, os.fstat(fd).st_size)
