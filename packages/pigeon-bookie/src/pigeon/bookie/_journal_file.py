@@ -86,11 +86,14 @@ class Journal:
             fd = os.open(entry.path, os.O_RDWR | os.O_CLOEXEC)
             jf = JournalFile(seq, Path(entry.path), fd, os.fstat(fd).st_size)
             if parse_file_header(os.pread(fd, FILE_HEADER_SIZE, 0), JOURNAL_MAGIC) != seq:
-                # a file created but never written (crash): nothing in it
-                logger.warning("journal file without header removed path=%s", jf.path)
-                os.close(fd)
-                jf.path.unlink()
-                continue
+                if jf.end <= FILE_HEADER_SIZE:
+                    # a file created but never written (crash): nothing in it
+                    logger.warning("journal file without header removed path=%s", jf.path)
+                    os.close(fd)
+                    jf.path.unlink()
+                    continue
+                # a damaged header: the records after it carry their own checksums
+                logger.error("journal file header damaged path=%s: replayed by its name", jf.path)
             found.append(jf)
         found.sort(key=lambda f: f.seq)
         self.files = {f.seq: f for f in found}
