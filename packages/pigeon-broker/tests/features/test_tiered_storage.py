@@ -12,7 +12,10 @@ import pytest
 import trio
 from standalone_support import NS, PREFIX, produce, read_all, receive_n
 
+from pigeon.broker import FileSystemOffloader
 from pigeon.client.trio import Client
+from pigeon.core.errors import OffloadError
+from pigeon.core.offload import decode_index
 from pigeon.core.testing import InProcessStandalone, in_process_standalone
 
 VALUES = [f"offloaded-{i:02d}".encode() * 20 for i in range(12)]
@@ -115,3 +118,73 @@ async def test_failed_upload_keeps_the_bookie_copy_and_is_retried(
         led.cache = type(led.cache)(led.cache.max_bytes)
         with trio.fail_after(30):
             assert [m.value for m in await read_all(client, "retried")] == VALUES
+
+
+async def test_one_damaged_offloaded_entry_costs_that_entry_alone(tmp_path: Path):
+    # the bookie copies are gone: the damage run must come from the offloaded copy, not
+    # from bookies that no longer hold the segment (they know no entry of it)
+    async with in_process_standalone(
+        tmp_path / "pigeon",
+        segment_max_entries=6,
+        maintenance_interval_s=3600,
+        managed_ledger_offload_driver="filesystem",
+        offload_directory=str(tmp_path / "tier"),
+    ) as cluster:
+        await cluster.service.policies.set(
+            NS, {"offload_threshold_bytes": 0, "offload_deletion_lag_s": 0, "retention_time_s": -1}
+        )
+        async with Client(cluster.url) as client:
+            await produce(client, "rot", VALUES)
+            led = ledger(cluster, "rot")
+            await offload_now(cluster, "rot")
+            await cluster.service.maintain_once()  # lag 0: bookie copies released
+            first = led.segments[0]
+            assert first.bookies_deleted and first.entries == 6
+            # entry 2 of the first segment rots in the object store
+            key = tmp_path / "tier" / first.offload["key"]
+            index = decode_index((key / "index").read_bytes())
+            data = bytearray((key / "data").read_bytes())
+            data[index.offsets[2] + 5] ^= 0xFF
+            (key / "data").write_bytes(bytes(data))
+            led.cache = type(led.cache)(led.cache.max_bytes)
+            led.offloader._ranges.clear()
+            with trio.fail_after(30):
+                run = await led.skip_damaged((first.id, 2))
+                assert (run.first_entry, run.last_entry, run.next) == (2, 2, (first.id, 3))
+                consumer = await client.subscribe("rot", "s", initial_position="earliest")
+                got = await receive_n(consumer, len(VALUES) - 1)
+            assert [m.value for m in got] == VALUES[:2] + VALUES[3:]
+            await consumer.close()
+
+
+async def test_offloaded_segments_in_another_store_are_not_skipped(
+    tiered: InProcessStandalone, tmp_path: Path
+):
+    # the broker restarted with another offload directory (or driver, or bucket): the
+    # offloaded segments are not there, which is no damage to skip but a retriable error
+    # until the store the metadata names is back
+    cluster = tiered
+    await cluster.service.policies.set(
+        NS, {"offload_threshold_bytes": 0, "offload_deletion_lag_s": 0, "retention_time_s": -1}
+    )
+    async with Client(cluster.url) as client:
+        await produce(client, "moved", VALUES)
+        led = ledger(cluster, "moved")
+        await offload_now(cluster, "moved")
+        await cluster.service.maintain_once()  # lag 0: bookie copies released
+        first = led.segments[0]
+        assert first.bookies_deleted
+        right = led.offloader
+        led.offloader = FileSystemOffloader(tmp_path / "elsewhere")
+        led.cache = type(led.cache)(led.cache.max_bytes)
+        with trio.fail_after(30):
+            with pytest.raises(OffloadError, match=str(tmp_path / "tier")) as info:
+                await led.read((first.id, 0))
+            assert info.value.retriable and "\n" not in str(info.value)
+            with pytest.raises(OffloadError):  # retriable: nothing skipped, nothing acked
+                await client.subscribe("moved", "s", initial_position="earliest")
+            led.offloader = right  # the right store is back
+            consumer = await client.subscribe("moved", "s", initial_position="earliest")
+            got = await receive_n(consumer, len(VALUES))
+        assert [m.value for m in got] == VALUES
+        await consumer.close()

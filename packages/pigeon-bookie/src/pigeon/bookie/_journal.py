@@ -110,9 +110,11 @@ class JournalStore(JournalReads):
         self._state = "starting"
         try:
             await trio.to_thread.run_sync(self._open)
-        except BaseException:
+        except BaseException as exc:
             self._close_all()
             self._state = "closed"
+            if isinstance(exc, OSError):  # a file where a directory goes, a failing disk
+                raise StorageError(f"cannot open the journal store: {exc}") from None
             raise
         now, wall = trio.current_time(), time.time()
         for seg in self._segs.values():  # wall clock -> trio clock
@@ -155,6 +157,8 @@ class JournalStore(JournalReads):
             )
         self._logs.open()
         files = self._journal.open_files()
+        if checkpoint is None:
+            self._check_index_not_lost(files)
         mtime = max((os.fstat(f.fd).st_mtime for f in files), default=time.time())
         deleted: set[int] = set()
         replayed = 0
@@ -197,6 +201,20 @@ class JournalStore(JournalReads):
         for jf in self._journal.delete_before(self._journal.position()[0]):
             os.close(jf.fd)
             jf.path.unlink(missing_ok=True)
+
+    def _check_index_not_lost(self, files: list[JournalFile]) -> None:
+        """An index without a checkpoint is new, unless the journal was already cut by
+        a checkpoint (its first file is not the first one ever) or, the journal gone,
+        entry logs hold records: then the index was lost, and starting would forget
+        every segment it held (and delete the entry logs nothing points into)."""
+        first = min((jf.seq for jf in files), default=None)
+        written = any(log.end > FILE_HEADER_SIZE for log in self._logs.logs.values())
+        if (first is not None and first > 0) or (first is None and written):
+            raise StorageError(
+                f"the index {self._ledger_dirs[0] / 'index'} is missing or empty, but the"
+                " journal and entry logs were written under one: restore it (starting"
+                " without it would lose every segment)"
+            )
 
     def _apply(self, seg: Seg, entry_id: int, loc: Loc, lac: int) -> None:
         """An entry record written at ``loc``: above the last id an append, below it a

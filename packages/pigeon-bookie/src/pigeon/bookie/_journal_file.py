@@ -23,6 +23,7 @@ from pathlib import Path
 from pigeon.bookie._journal_format import (
     FILE_HEADER_SIZE,
     JOURNAL_MAGIC,
+    MAX_FILE_ID,
     JournalRecord,
     encode_file_header,
     parse_file_header,
@@ -79,14 +80,20 @@ class Journal:
                 seq = int(stem, 16)
             except ValueError:
                 continue
+            if seq > MAX_FILE_ID:  # a number this store never reaches: not its file
+                logger.warning("stray file ignored path=%s", entry.path)
+                continue
             fd = os.open(entry.path, os.O_RDWR | os.O_CLOEXEC)
             jf = JournalFile(seq, Path(entry.path), fd, os.fstat(fd).st_size)
             if parse_file_header(os.pread(fd, FILE_HEADER_SIZE, 0), JOURNAL_MAGIC) != seq:
-                # a file created but never written (crash): nothing in it
-                logger.warning("journal file without header removed path=%s", jf.path)
-                os.close(fd)
-                jf.path.unlink()
-                continue
+                if jf.end <= FILE_HEADER_SIZE:
+                    # a file created but never written (crash): nothing in it
+                    logger.warning("journal file without header removed path=%s", jf.path)
+                    os.close(fd)
+                    jf.path.unlink()
+                    continue
+                # a damaged header: the records after it carry their own checksums
+                logger.error("journal file header damaged path=%s: replayed by its name", jf.path)
             found.append(jf)
         found.sort(key=lambda f: f.seq)
         self.files = {f.seq: f for f in found}

@@ -51,6 +51,7 @@ __all__ = [
     "FILE_HEADER_SIZE",
     "JOURNAL_MAGIC",
     "LOG_MAGIC",
+    "MAX_FILE_ID",
     "RECORD_HEADER_SIZE",
     "JournalRecord",
     "decode_entry",
@@ -66,6 +67,9 @@ JOURNAL_MAGIC: Final = b"PGNJRNL\x01"
 LOG_MAGIC: Final = b"PGNELOG\x01"
 _FILE_HEADER: Final = struct.Struct("<8sQ")
 FILE_HEADER_SIZE: Final = _FILE_HEADER.size  # 16
+#: the highest journal sequence number or entry log id a store uses (files named
+#: above it are not its own)
+MAX_FILE_ID: Final = (1 << 63) - 1
 
 #: record kinds
 ENTRY: Final = 0

@@ -10,14 +10,22 @@ closed only once no read in a worker thread uses it any more.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
-from pigeon.bookie._journal_format import FILE_HEADER_SIZE, LOG_MAGIC, encode_file_header
+from pigeon.bookie._journal_format import (
+    FILE_HEADER_SIZE,
+    LOG_MAGIC,
+    MAX_FILE_ID,
+    encode_file_header,
+)
 from pigeon.bookie._segment import Buffer
 from pigeon.bookie._storage_state import pwritev_all
 
 __all__ = ["EntryLog", "EntryLogs", "log_name"]
+
+logger = logging.getLogger("pigeon.bookie._journal")
 
 
 def log_name(log_id: int) -> str:
@@ -78,6 +86,9 @@ class EntryLogs:
                 try:
                     log_id = int(stem, 16)
                 except ValueError:
+                    continue
+                if log_id > MAX_FILE_ID:  # an id this store never reaches: not its file
+                    logger.warning("stray file ignored path=%s", entry.path)
                     continue
                 fd = os.open(entry.path, os.O_RDWR | os.O_CLOEXEC)
                 self.logs[log_id] = EntryLog(log_id, Path(entry.path), fd, os.fstat(fd).st_size, i)

@@ -188,7 +188,8 @@ class LedgerReads(LedgerState):
             raise EntryNotFound(f"topic {self.topic} has no segment {seg_id}")
         seg = self.segments[index]
         ensemble, fragment_end = seg.ensemble_for(first)
-        stored = getattr(self.policy, "stored_last_entry", None)
+        # the bookies know nothing of a segment whose copies they deleted (offloaded)
+        stored = None if seg.bookies_deleted else getattr(self.policy, "stored_last_entry", None)
         after: Entry | None = None
         k = seg.last_entry_id + 1
         if stored is None or fragment_end >= 0 or int(await stored(seg.id, ensemble)) >= first:
@@ -310,7 +311,7 @@ class LedgerReads(LedgerState):
     async def _last_readable(self, seg: SegmentInfo) -> Entry | None:
         """The last entry of ``seg`` some replica holds intact (None: no entry is)."""
         top = seg.last_entry_id
-        stored = getattr(self.policy, "stored_last_entry", None)
+        stored = None if seg.bookies_deleted else getattr(self.policy, "stored_last_entry", None)
         if stored is not None and seg.ensemble_for(top)[1] < 0:
             ensemble = seg.ensemble_for(top)[0]
             top = min(top, int(await stored(seg.id, ensemble)))

@@ -70,6 +70,11 @@ class FileSystemOffloader(BlobOffloader):
     def _location(self, key: str) -> dict[str, Any]:
         return {"root": str(self.root)}
 
+    def _same_place(self, name: str, recorded: Any, ours: Any) -> bool:
+        if name != "root":
+            return super()._same_place(name, recorded, ours)
+        return bool(os.path.abspath(str(recorded)) == os.path.abspath(str(ours)))
+
     async def _write_object(self, path: str, chunks: AsyncIterator[bytes | memoryview]) -> None:
         final = self._path(path)
         tmp = final.with_name(f"{final.name}.tmp-{uuid.uuid4().hex}")

@@ -17,8 +17,9 @@ The contract:
   (after a crash between the upload and the metadata update) overwrites the same
   objects: it leaves no orphan.
 * :meth:`Offloader.read` returns ``(entry_id, payload)`` pairs like a bookie's read,
-  checking each entry's CRC (:class:`~pigeon.core.errors.CorruptEntry` when one does not
-  match).
+  checking each entry's CRC: it stops before a damaged entry, and raises
+  :class:`~pigeon.core.errors.CorruptEntry` only when the first one asked for is damaged
+  (so that skipping damage never skips the intact entries before it).
 * :meth:`Offloader.delete` removes an offloaded segment; a missing one is no error, so
   a retried delete succeeds.
 
@@ -105,7 +106,8 @@ class Offloader(Protocol):
         payload (one entry at least).
 
         :raises OffloadError: the store failed (retriable).
-        :raises CorruptEntry: an entry's checksum does not match.
+        :raises CorruptEntry: entry ``first`` does not match its checksum (a damaged
+            entry after it ends the read before it instead).
         :raises EntryNotFound: ``first`` is past the segment's last entry.
         """
         ...
@@ -324,6 +326,7 @@ class BlobOffloader(abc.ABC):
         self, location: dict[str, Any], first: int, last: int, *, max_bytes: int
     ) -> list[tuple[int, bytes | memoryview]]:
         key = str(location["key"])
+        self._check_store(location)
         index = await self._index(key)
         first, end = index.span(first, last, max_bytes)
         base = index.first_entry
@@ -352,6 +355,8 @@ class BlobOffloader(abc.ABC):
             payload = view[index.offsets[i] - block_start : index.offsets[i + 1] - block_start]
             if zlib.crc32(payload) != index.crcs[i]:
                 self._forget_ranges(path)
+                if out:  # like a bookie: the intact entries before the damaged one
+                    break
                 raise CorruptEntry(
                     f"offloaded segment {index.segment_id} entry {entry_id}: checksum mismatch"
                 )
@@ -371,6 +376,29 @@ class BlobOffloader(abc.ABC):
         self._ranges.clear()
 
     # -- helpers
+
+    def _same_place(self, name: str, recorded: Any, ours: Any) -> bool:
+        """Is the recorded ``name`` of a location (the bucket, the root) this store's?"""
+        return bool(recorded == ours)
+
+    def _check_store(self, location: dict[str, Any]) -> None:
+        """A segment offloaded to another store (driver, bucket, directory changed
+        since) is not in this one: a retriable error, never \"missing\" (CorruptEntry),
+        which readers would skip as damage."""
+        key = str(location["key"])
+        driver = location.get("driver", self.name)
+        if driver != self.name:
+            raise OffloadError(
+                f"offloaded segment {key} is in a {driver!r} store; this broker's"
+                f" offloader is {self.name!r} (managed_ledger_offload_driver)"
+            )
+        for name, ours in self._location(key).items():
+            recorded = location.get(name, ours)
+            if not self._same_place(name, recorded, ours):
+                raise OffloadError(
+                    f"offloaded segment {key} is in {self.name} {name} {recorded!r}; this"
+                    f" broker's offloader uses {ours!r}"
+                )
 
     def _remember_index(self, key: str, index: OffloadIndex) -> None:
         self._indexes[key] = index

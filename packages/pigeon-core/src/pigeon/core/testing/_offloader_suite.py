@@ -125,3 +125,29 @@ class OffloaderContract:
         assert out == entries
         # ~100 KB of entries in 20 KB read-ahead ranges: a handful of requests, not 1000
         assert offloader.range_reads - before <= 2 + sum(map(len, entries)) // 10_000
+
+    async def test_a_damaged_entry_ends_a_read_before_it(
+        self, offloader: Offloader, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # like a bookie's read: the intact entries before a damaged one are returned
+        # (a reader gets them, then CorruptEntry at the damaged one alone), so that
+        # skipping the damage never skips intact entries
+        if not isinstance(offloader, BlobOffloader):
+            pytest.skip("damage is injected through BlobOffloader's range reads")
+        entries = [bytes([i]) * 100 for i in range(10)]
+        location = await offloader.offload("t/8", 8, batches(entries))
+        real = offloader._read_range
+
+        async def rotten(path: str, start: int, end: int) -> bytes:
+            data = bytearray(await real(path, start, end))
+            if start <= 450 < end:
+                data[450 - start] ^= 0xFF  # a bit of entry 4 rots in the store
+            return bytes(data)
+
+        monkeypatch.setattr(offloader, "_read_range", rotten)
+        got = await offloader.read(location, 1, 9, max_bytes=1 << 20)
+        assert [bytes(d) for _, d in got] == entries[1:4]
+        with pytest.raises(CorruptEntry):
+            await offloader.read(location, 4, 9, max_bytes=1 << 20)
+        got = await offloader.read(location, 5, 9, max_bytes=1 << 20)
+        assert [bytes(d) for _, d in got] == entries[5:]
