@@ -185,6 +185,8 @@ class Standalone:
             stderr=subprocess.STDOUT,
         )
         wait_for_port(self.proc, self.port, "standalone", "standalone.log")
+        # the admin API (and /metrics, read around every step) comes up a moment later
+        wait_for_port(self.proc, self.http_port, "standalone", "standalone.log")
         if self.tls_port > 0:
             wait_for_port(self.proc, self.tls_port, "standalone", "standalone.log")
         if self.kafka_port > 0:

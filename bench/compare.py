@@ -6,6 +6,9 @@
     python -m bench.compare --systems pigeon-kafka tansu --scenarios produce catchup \
         --repeat 1 --duration 5 --backlog-mb 512 --baseline aeeac33   # before/after
 
+    python -m bench.compare --systems pigeon pigeon-journal pigeon-offloaded --scenarios \
+        catchup --backlog-mb 256 --broker-config cache_max_bytes=1048576   # storages
+
 Every server (PigeonMQ standalone, nats-server with JetStream, redis-server, Tansu) is
 started here on 127.0.0.1, on a free port, in a temporary directory, and stopped by PID.
 RabbitMQ streams are not measured (see ``bench.peers.rabbitmq_status``).
@@ -49,6 +52,7 @@ from bench.peers import (
     PIGEONS,
     PRODUCE,
     SERVERS,
+    STORAGE,
     bookie_counters,
     bookie_delta,
     produce_many,
@@ -440,7 +444,11 @@ def main() -> None:
     ap.add_argument(
         "--scenarios", nargs="+", default=SCENARIOS, choices=SCENARIOS, help="what to run"
     )
-    ap.add_argument("--systems", nargs="+", default=list(SERVERS), choices=list(SERVERS))
+    ap.add_argument(
+        "--systems", nargs="+", choices=list(SERVERS),
+        default=[s for s in SERVERS if s not in STORAGE],
+        help="default: all but the storage variants (nox -s bench_storage runs those)",
+    )  # fmt: skip
     ap.add_argument("--no-multi", dest="multi", action="store_false", help="skip N producers")
     ap.add_argument(
         "--no-docs", action="store_true",
