@@ -793,57 +793,60 @@ def targets_storage(res: dict[str, Any]) -> list[str]:
 #: shared with other work: load average 5-8)
 WHERE_STORAGE: list[str] = [
     "",
-    "Where the time goes (2026-11-26; re-read it against new numbers):",
+    "Where the time goes (2026-11-26, from the run above and A/B runs in the same session; "
+    "re-read it against new numbers):",
     "",
-    "- **The journal saves fsyncs, and at 16 producers there are few to save.** Each "
-    "producer sends batches of up to 1,000 messages, so a stored entry is ≈ 0.75 MB and a "
-    "group-commit round holds ≈ 4 entries (the bookie table above): `segment-files` makes "
-    "≈ 3 fsyncs per round, not 16, and the journal 1. Rounds run back to back (the "
-    "flusher is busy the whole step in both), so the rate is bytes per round over the "
-    "round's time, and the round's time goes to writing ≈ 3 MB, not to the number of "
-    "fsyncs. Where adds are small and many, the journal does what it is for: "
-    "`python -m bench.storage_micro` (the storages alone, 16 segments, one 1 KiB add in "
-    "flight per segment) gave 8,900–12,800 adds/s for `journal` against 4,500 for "
-    "`segment-files` (2.0–2.8×; 1 fsync per round against 16, 0.8–1.4 ms per round "
-    "against 3.1 ms); with 64 KiB adds, 0.85–0.95×; with 1 segment, parity.",
-    "- **Every byte is written twice, on one disk.** The journal writes each entry to the "
-    "journal and to an entry log, both in the event loop's thread (≈ 0.23 ms per MB each "
-    "into the page cache here): ≈ 10 % more server CPU per message (3.6–3.8 against "
-    "3.3–3.4 µs at 1 KiB), and the machine is CPU-bound with 16 producer processes on 2 "
-    "cores. The checkpoint (every `flush_interval_ms` = 1 s: the entry logs fsynced, the "
-    "LMDB index committed) then writes the same bytes to the same disk while the journal's "
-    "fdatasync waits: a journal round took 40.8 ms against 20.0 ms for `segment-files` in "
-    "the run above for the same ≈ 4 entries. In a separate A/B (16 producers, 5 s, two "
-    "repetitions each, same session): `segment-files` 163k / 191k msg/s (rounds 17 / 15 "
-    "ms); `journal` 135k / 151k (15 / 15 ms); `journal` with `flush_interval_ms = 10000` "
-    "(no checkpoint inside the 5 s) 176k / 183k (11 / 11 ms), parity; with "
-    "`flush_interval_ms = 100`, 153k / 140k (24 / 26 ms). BookKeeper puts the journal on a "
-    "disk of its own for this reason (`journal_directory`); this machine has one disk.",
-    "- **1 producer**: one segment, so the same single fsync per round in both; the journal "
-    "was 1.06× at 1 KiB and 1.25× at 100 B in the run above, within the machine's noise.",
-    "- **Latency at 10 MB/s**: rounds are small (≈ 1.2–1.5 entries), one fsync each in both; "
-    "the end-to-end p50 is ≈ 10 ms and p99 ≈ 35 ms for both, dominated by the machine's "
-    "load (the same path measured 2.4 ms / 4.5 ms publish→ack on an idle machine, see the "
-    "peers section).",
+    "- **At 16 producers there are few fsyncs to save.** Each producer sends batches of up "
+    "to 1,000 messages, so a stored entry is ≈ 0.75 MB and a group-commit round holds only "
+    "3–4 entries (the bookie table): `segment-files` makes ≈ 3 fsyncs per round, not 16, "
+    "the journal 1. Rounds run back to back (the flusher is busy the whole step), so the "
+    "rate is the round's bytes over the round's time. Where adds are small and many, the "
+    "journal does what it is for: `bench.storage_micro` (above: 16 segments, one 1 KiB add "
+    "in flight each) gives it 2.0–2.8× the adds/s of `segment-files`, with 1 fsync per "
+    "round against 16; with 64 KiB adds 0.85–0.95×; with 1 segment, parity.",
+    "- **The journal writes every byte twice**, to the journal and to an entry log, both in "
+    "the event loop's thread (≈ 0.23 ms per MB each into the page cache here): 1.24× the "
+    "server CPU per 1 KiB message (2.59 against 2.09 µs), 1.5× at 100 B, on a machine where "
+    "the server competes with its clients for 2 cores.",
+    "- **The checkpoint stalls the ack path.** Once a second (`flush_interval_ms`) the "
+    "checkpoint fsyncs the entry logs written since the last one (and commits the LMDB "
+    "index); on ext4 the journal's next fdatasync then waits behind that writeback. "
+    "Publish→ack at 10 MB/s, no consumer, 5 s, two runs each (a separate A/B): "
+    "`segment-files` p50 2.3 ms, p99 3.8–3.9 ms; `journal` p50 2.3 ms, p99 14–17 ms; "
+    "`journal` with `flush_interval_ms = 10000` (no checkpoint inside the run) p50 2.3 "
+    "ms, p99 3.8–4.0 ms. At 16 producers (5 s, two runs each): `segment-files` 163k / "
+    "191k msg/s (rounds 17 / 15 ms), `journal` 135k / 151k (15 / 15 ms), `journal` with "
+    "`flush_interval_ms = 10000` 176k / 183k (11 / 11 ms), with 100 ms 153k / 140k "
+    "(24 / 26 ms). A raw test on this disk: a 10 KiB write + fdatasync takes 0.14 ms, "
+    "0.09 ms when the file was zero-filled beforehand (no metadata to commit).",
+    "- Not changed here, for lack of a long enough test: a longer default checkpoint "
+    "interval (BookKeeper's `flushInterval` is 60 s; it lengthens the replay after a crash "
+    "and the journal kept on disk) or a preallocated, zero-filled journal file "
+    "(BookKeeper's `journalPreAllocSizeMB`: its fdatasync then commits no metadata and "
+    "does not wait for the entry logs' writeback), and BookKeeper's own answer, the "
+    "journal on a disk of its own (`journal_directory`); this machine has one disk.",
 ]
 
 WHERE_OFFLOADED: list[str] = [
     "",
     "Where the time goes (2026-11-26; re-read it against new numbers):",
     "",
-    "- The rates spread 2–4× between repetitions on this shared machine; the server's CPU "
-    "per message read moves far less: 1.37 µs from the offloader, 1.72 µs from "
-    "`segment-files` bookies, 2.90 µs from `journal` bookies. The offloaded read skips "
-    "the broker-to-bookie hop (the `filesystem` offloader reads its object file in the "
-    "broker), so it costs the server less; its rate here is bound by the client and the "
-    "machine's load, not by the offloader. A quieter A/B of the two bookie storages alone "
-    "(same 256 MiB backlog, 1 MiB tail cache) read 249 MB/s from `segment-files` and "
-    "232 MB/s from `journal`.",
-    "- The journal's reads verify each record against its header and CRC32C as "
-    "`segment-files` does, but slice each record out of the coalesced `pread` buffer and "
-    "then its payload out of the record (two copies per entry, `_journal_reads._read_plan`) "
-    "and look each range up in the LMDB index: the likely share of its extra CPU, not "
-    "profiled yet.",
+    "- **From the offloader** the read costs the server the least CPU per message "
+    "(1.14 µs, against 1.56 µs from `segment-files` bookies in the run above): the "
+    "`filesystem` offloader reads its object file in the broker, so the read skips the "
+    "broker-to-bookie hop (a request, a frame and a copy per batch). The rate is then "
+    "bound by the consumer, one Python client on the same 2 cores: 0.96× the bookie "
+    "read. The offload itself (29 segments of 8 MiB, then the bookie copies deleted by "
+    "the next maintenance pass) took 1.4–2.5 s before the read.",
+    "- **From `journal` bookies**: 1.64 µs per message, ≈ `segment-files`, since this "
+    "work. The journal reads adjacent records with one `pread` of up to 4 MiB; each "
+    "record and then its payload were copied out of it (`_journal_reads._read_plan`; "
+    "py-spy on the standalone during a journal catch-up: 82 of 386 samples on those two "
+    "slices, none for `segment-files`). They are now memoryview slices and each payload "
+    "is copied once: `python -m bench.compare --systems pigeon-journal --scenarios catchup "
+    "--backlog-mb 256 --repeat 1 --broker-config cache_max_bytes=1048576 --baseline HEAD "
+    "--rounds 3` (ABBA against the commit before) gave read CPU per message 2.71 → "
+    "1.60 µs and 1.36× the msg/s. The remaining gap in MB/s (0.80×) was not profiled.",
     "- The tail cache is 1 MiB in this run (`--broker-config cache_max_bytes=1048576`): "
     "with the default 256 MiB, a 256 MiB backlog is read from the broker's memory, "
     "whatever the storage (the last row counts the entries the read found there).",
