@@ -11,6 +11,7 @@ Sessions run in the environment they are started from (``scripts/bootstrap`` bui
     nox -s nemesis_secure the nemesis with TLS + tokens on every link, 10 minutes
     nox -s lint           ruff + mypy
     nox -s bench          benchmark scenarios, results into docs/benchmarks.md
+    nox -s bench_storage  the ledger storages and tiered storage side by side (same file)
 """
 
 from __future__ import annotations
@@ -169,3 +170,24 @@ def bench(session: nox.Session) -> None:
     session.run("python", "-m", "pip", "install", "-q", "-r", "requirements-bench.txt")
     session.run("python", "-m", "bench", *session.posargs)
     session.run("python", "-m", "bench.compare")
+
+
+#: ``bench_storage``: produce (1 and 16 producers) and latency of ``segment-files`` and
+#: ``journal`` beside Tansu; then catch-up from bookies (both storages) and from an
+#: offloaded backlog, with a 1 MiB broker tail cache so that every read is a storage read
+BENCH_STORAGE = [
+    ["--systems", "pigeon", "pigeon-journal", "tansu", "nats", "--scenarios", "produce",
+     "multi", "latency", "--producers", "1", "16", "--rates", "10", "--diag-rates", "10",
+     "--duration", "5", "--latency-duration", "5", "--repeat", "3"],
+    ["--systems", "pigeon", "pigeon-journal", "pigeon-offloaded", "--scenarios", "catchup",
+     "--backlog-mb", "256", "--repeat", "3", "--broker-config", "cache_max_bytes=1048576"],
+]  # fmt: skip
+
+
+@nox.session(venv_backend="none")
+def bench_storage(session: nox.Session) -> None:
+    """The storage backends: writes the Storage backends and Catch-up from offloaded
+    segments sections of docs/benchmarks.md."""
+    session.run("python", "-m", "pip", "install", "-q", "-r", "requirements-bench.txt")
+    for args in BENCH_STORAGE:
+        session.run("python", "-m", "bench.compare", *args, *session.posargs)

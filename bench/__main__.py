@@ -100,10 +100,17 @@ def client_options(url: str) -> dict[str, Any]:
     return out
 
 
+#: ``[broker]`` keys added to every standalone this process starts (``bench.compare
+#: --broker-config KEY=VALUE``), e.g. ``cache_max_bytes`` to make a catch-up read storage
+#: rather than the broker's tail cache
+BROKER_EXTRA: dict[str, Any] = {}
+
+
 class Standalone:
     """``pigeon standalone`` on free ports. ``config``: extra TOML tables for
     ``--config`` (security settings); ``tls``: also a native TLS port (``tls_port``,
-    ``broker_service_port_tls``), whose URL is :attr:`url_tls`."""
+    ``broker_service_port_tls``), whose URL is :attr:`url_tls`; ``storage``: the bookie's
+    ledger storage (``--storage``; None: the default, ``segment-files``)."""
 
     def __init__(
         self,
@@ -112,9 +119,13 @@ class Standalone:
         kafka: bool = False,
         config: dict[str, dict[str, Any]] | None = None,
         tls: bool = False,
+        storage: str | None = None,
     ) -> None:
         self.data_dir = data_dir
+        self.storage = storage
         self.config = {k: dict(v) for k, v in (config or {}).items()}
+        if BROKER_EXTRA:
+            self.config.setdefault("broker", {}).update(BROKER_EXTRA)
         self.tls_port = free_port() if tls else -1
         if tls:
             self.config.setdefault("broker", {})["broker_service_port_tls"] = self.tls_port
@@ -145,6 +156,8 @@ class Standalone:
             extra = ["--config", str(cfg)]
         # BENCH_PIGEON_PROFILE=FILE runs the server under cProfile, timed by the event
         # loop thread's CPU clock (bench/_profile.py; written when the server stops)
+        if self.storage:
+            extra += ["--storage", self.storage]
         prof = os.environ.get("BENCH_PIGEON_PROFILE")
         pre = [sys.executable, str(Path(__file__).with_name("_profile.py")), prof] if prof else []
         self.proc = subprocess.Popen(
@@ -172,6 +185,8 @@ class Standalone:
             stderr=subprocess.STDOUT,
         )
         wait_for_port(self.proc, self.port, "standalone", "standalone.log")
+        # the admin API (and /metrics, read around every step) comes up a moment later
+        wait_for_port(self.proc, self.http_port, "standalone", "standalone.log")
         if self.tls_port > 0:
             wait_for_port(self.proc, self.tls_port, "standalone", "standalone.log")
         if self.kafka_port > 0:

@@ -11,6 +11,7 @@ from typing import Any
 
 from bench.__main__ import client_options, fill_backlog
 from bench.peers import (
+    ADMIN_URLS,
     CATCHUP_LIMIT,
     FILL_LIMIT,
     KAFKA_PRODUCER,
@@ -253,8 +254,83 @@ def _read_tansu(bootstrap: str, topic: str, n: int, deadline: float) -> dict:
     return {"messages": count, "seconds": round(max(last - first, 1e-9), 3)}
 
 
+# --------------------------------------------------------------------------- offloaded backlog
+# ``pigeon-offloaded``: between the fill and the read, the topic's closed segments are
+# offloaded (``pigeon admin topics offload TOPIC``), and the harness waits until
+# ``offload-status`` says SUCCESS and the bookie copies of every offloaded segment are gone
+# (``bookies_deleted`` in ``internal-stats``; the namespace's ``offload_deletion_lag_s``
+# is 0, set before the fill), so that the read is served by the offloader. The segment
+# being written is never offloaded: its share is reported (``offloaded_fraction``).
+
+OFFLOAD_LIMIT = 120.0  # seconds for the offload and the bookie deletions
+
+
+def _admin(url: str) -> Any:
+    from pigeon.client._admin_client import AdminClient
+
+    return AdminClient(ADMIN_URLS[url])
+
+
+def _before_offloaded(url: str, topic: str) -> None:
+    from pigeon.client._admin_client import AdminError
+
+    admin = _admin(url)
+    deadline = time.monotonic() + 30
+    while True:  # the admin API may come up a moment after the broker port
+        try:
+            admin.set_policies("public/default", {"offload_deletion_lag_s": 0})
+            return
+        except AdminError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def _offload(url: str, topic: str) -> dict[str, Any]:
+    admin = _admin(url)
+    start = time.monotonic()
+    deadline = start + OFFLOAD_LIMIT
+    admin.offload(topic, size_threshold=0)
+    while True:
+        status = admin.offload_status(topic)
+        segs = admin.internal_stats(topic)["segments"]
+        offloaded = [s for s in segs if s.get("offload")]
+        if status["status"] == "ERROR":
+            raise RuntimeError(f"offload of {topic} failed: {status.get('last_error')}")
+        if (
+            status["status"] == "SUCCESS"
+            and offloaded
+            and all(s.get("bookies_deleted") for s in offloaded)
+        ):
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"offload of {topic} not done in {OFFLOAD_LIMIT:g} s: {status}")
+        time.sleep(0.2)
+    total = sum(int(s["size"]) for s in segs) or 1
+    return {
+        "offload_seconds": round(time.monotonic() - start, 2),
+        "offloaded_segments": len(offloaded),
+        "offloaded_fraction": round(sum(int(s["size"]) for s in offloaded) / total, 3),
+    }
+
+
+def _cache_stats(url: str, topic: str) -> dict[str, int] | None:
+    if url not in ADMIN_URLS:
+        return None
+    cache = _admin(url).internal_stats(topic).get("cache")
+    return dict(cache) if cache else None
+
+
+#: per system: called before the fill (url, topic)
+BEFORE: dict[str, Callable[[str, str], None]] = {"pigeon-offloaded": _before_offloaded}
+#: per system: called between the fill and the read (url, topic) -> fields for the result
+PREPARE: dict[str, Callable[[str, str], dict[str, Any]]] = {"pigeon-offloaded": _offload}
+
+
 FILL: dict[str, Callable[[str, str, int, float], int]] = {
     "pigeon": _fill_pigeon,
+    "pigeon-journal": _fill_pigeon,
+    "pigeon-offloaded": _fill_pigeon,
     "pigeon-tls": _fill_pigeon,
     "pigeon-tls-auth": _fill_pigeon,
     "nats": _fill_nats,
@@ -264,6 +340,8 @@ FILL: dict[str, Callable[[str, str, int, float], int]] = {
 }
 READ: dict[str, Callable[[str, str, int, float], dict]] = {
     "pigeon": _read_pigeon,
+    "pigeon-journal": _read_pigeon,
+    "pigeon-offloaded": _read_pigeon,
     "pigeon-tls": _read_pigeon,
     "pigeon-tls-auth": _read_pigeon,
     "nats": _read_nats,
@@ -284,12 +362,24 @@ def catchup(
     """Fill ``backlog_mb`` MiB of 1 KiB messages, then time one consumer reading them all.
     ``server_cpu()``: the server's CPU seconds so far, to report the read's share."""
     want = int(backlog_mb * 2**20) // size
+    if system in BEFORE:
+        BEFORE[system](url, topic)
     start = time.monotonic()
     filled = FILL[system](url, topic, want, start + FILL_LIMIT)
     fill_s = time.monotonic() - start
+    prepared: dict[str, Any] = {}
+    if system in PREPARE:  # not timed: the read's limit starts after it
+        t = time.monotonic()
+        prepared = PREPARE[system](url, topic)
+        start += time.monotonic() - t
+    cache = _cache_stats(url, topic)
     cpu = server_cpu()
     r = READ[system](url, topic, filled, start + CATCHUP_LIMIT)
     after = server_cpu()
+    if cache is not None:
+        now = _cache_stats(url, topic) or cache
+        prepared["read_cache_hits"] = now["hits"] - cache["hits"]
+        prepared["read_cache_misses"] = now["misses"] - cache["misses"]
     read_cpu = {}
     if cpu is not None and after is not None:
         read_cpu["read_server_cpu_seconds"] = round(after - cpu, 2)
@@ -312,4 +402,5 @@ def catchup(
         "complete": filled == want and n >= filled,
         "total_seconds": round(time.monotonic() - start, 2),
         **read_cpu,
+        **prepared,
     }

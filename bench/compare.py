@@ -6,6 +6,9 @@
     python -m bench.compare --systems pigeon-kafka tansu --scenarios produce catchup \
         --repeat 1 --duration 5 --backlog-mb 512 --baseline aeeac33   # before/after
 
+    python -m bench.compare --systems pigeon pigeon-journal pigeon-offloaded --scenarios \
+        catchup --backlog-mb 256 --broker-config cache_max_bytes=1048576   # storages
+
 Every server (PigeonMQ standalone, nats-server with JetStream, redis-server, Tansu) is
 started here on 127.0.0.1, on a free port, in a temporary directory, and stopped by PID.
 RabbitMQ streams are not measured (see ``bench.peers.rabbitmq_status``).
@@ -42,13 +45,16 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from bench.__main__ import DOC, RESULTS, machine, write_doc
+from bench.__main__ import BROKER_EXTRA, DOC, RESULTS, machine, write_doc
 from bench.catchup import catchup
 from bench.latency import latency
 from bench.peers import (
     PIGEONS,
     PRODUCE,
     SERVERS,
+    STORAGE,
+    bookie_counters,
+    bookie_delta,
     produce_many,
     rabbitmq_status,
 )
@@ -98,7 +104,7 @@ def run_system(system: str, args: argparse.Namespace, rep: int) -> dict[str, Any
                     steps.append(
                         (f"e2e_{mb:g}mb", lambda mb=mb: latency(system, url, f"lat{mb:g}x{rep}", mb, args.latency_duration))
                     )  # fmt: skip
-                if system == "pigeon":
+                if system in ("pigeon", "pigeon-journal"):
                     # diagnostic: publish->ack latency alone at a fixed rate (no consumer)
                     from pigeon.client._cli import run_perf_produce
 
@@ -124,11 +130,13 @@ def run_system(system: str, args: argparse.Namespace, rep: int) -> dict[str, Any
                 t = time.monotonic()
                 cpu = cpu_seconds(pid)
                 mine = own_cpu_seconds()
+                bookie = bookie_counters(url)
                 try:
                     out[key] = step()
                 except Exception as exc:  # record and continue with the next scenario
                     traceback.print_exc()
                     out[key] = {"error": repr(exc)}
+                out[key].update(bookie_delta(bookie, bookie_counters(url)))
                 out[key]["wall_seconds"] = round(time.monotonic() - t, 2)
                 if cpu is not None:
                     # the server's CPU time (all threads) over the step, fill included
@@ -191,6 +199,8 @@ def charts(res: dict[str, Any], img: Path = IMG, prefix: str = "peers-") -> list
         "nats": "#27aa5e",
         "redis": "#d6452f",
         "tansu": "#999999",
+        "pigeon-journal": "#e08a1e",
+        "pigeon-offloaded": "#b9772a",
         "pigeon-tls": "#5a9ad9",
         "pigeon-tls-auth": "#8abaf0",
     }
@@ -387,6 +397,20 @@ def baseline_compare(rev: str, rounds: int, child_args: list[str]) -> None:
         print(f"| {name} | {fmt.format(base)} | {fmt.format(work)} | {work / base:.2f} |")
 
 
+def broker_config(pairs: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs as a ``[broker]`` table (VALUE as JSON, else a string)."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"--broker-config: expected KEY=VALUE, got {pair!r}")
+        try:
+            out[key.strip()] = json.loads(value)
+        except ValueError:
+            out[key.strip()] = value
+    return out
+
+
 def scratch_dir(name: str) -> Path:
     """Where a --no-docs run puts its charts: outside the work tree."""
     return Path(tempfile.mkdtemp(prefix=f"pigeon-{name}-"))
@@ -420,7 +444,11 @@ def main() -> None:
     ap.add_argument(
         "--scenarios", nargs="+", default=SCENARIOS, choices=SCENARIOS, help="what to run"
     )
-    ap.add_argument("--systems", nargs="+", default=list(SERVERS), choices=list(SERVERS))
+    ap.add_argument(
+        "--systems", nargs="+", choices=list(SERVERS),
+        default=[s for s in SERVERS if s not in STORAGE],
+        help="default: all but the storage variants (nox -s bench_storage runs those)",
+    )  # fmt: skip
     ap.add_argument("--no-multi", dest="multi", action="store_false", help="skip N producers")
     ap.add_argument(
         "--no-docs", action="store_true",
@@ -441,8 +469,14 @@ def main() -> None:
         "(see baseline_compare; implies --no-docs)",
     )  # fmt: skip
     ap.add_argument("--rounds", type=int, default=3, help="runs per side with --baseline")
+    ap.add_argument(
+        "--broker-config", metavar="KEY=VALUE", nargs="+", default=[],
+        help="[broker] keys for every PigeonMQ standalone of the run (VALUE read as JSON, "
+        "else as a string), e.g. cache_max_bytes=1048576 for a catch-up from storage",
+    )  # fmt: skip
     ap.add_argument("--json", metavar="PATH", help=argparse.SUPPRESS)  # a --baseline child's
     args = ap.parse_args()
+    BROKER_EXTRA.update(broker_config(args.broker_config))
     if args.baseline:
         baseline_compare(args.baseline, args.rounds, strip_baseline(sys.argv[1:]))
         return

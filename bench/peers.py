@@ -4,7 +4,9 @@ Every server listens on 127.0.0.1 on a free port, keeps its data in a temporary 
 and is stopped by PID when its context exits. Every driver returns dicts shaped like
 ``pigeon.client._cli.run_perf_produce`` (msg_per_s, mb_per_s, latency_ms_p50/p99/p999).
 
-Systems: ``pigeon`` (standalone, fsync=always), ``pigeon-kafka`` (the same standalone
+Systems: ``pigeon`` (standalone, fsync=always), ``pigeon-journal`` (the same with the
+``journal`` ledger storage), ``pigeon-offloaded`` (the same with the ``filesystem``
+offloader: its catch-up reads an offloaded backlog), ``pigeon-kafka`` (the same standalone
 through its Kafka port, with Tansu's confluent-kafka drivers), ``nats`` (JetStream, file
 storage, nats-py), ``redis`` (streams, AOF everysec, redis-py), ``tansu`` (Kafka protocol,
 memory storage, confluent-kafka). RabbitMQ streams are measured only where
@@ -164,6 +166,67 @@ class TansuServer(Proc):
         return f"127.0.0.1:{self.port}"
 
 
+#: admin API base URL of a PigeonMQ server of this run, by service URL (the catch-up's
+#: offload step needs it)
+ADMIN_URLS: dict[str, str] = {}
+
+
+#: the bookie counters a step records (``/metrics``, deltas over the step)
+BOOKIE_COUNTERS = (
+    "pigeon_bookie_fsyncs_total",
+    "pigeon_bookie_flush_rounds_total",
+    "pigeon_bookie_flush_seconds_total",
+    "pigeon_bookie_entries_written_total",
+    "pigeon_bookie_bytes_written_total",
+)
+
+
+def bookie_counters(url: str) -> dict[str, float] | None:
+    """The bookie's :data:`BOOKIE_COUNTERS` from the standalone's ``/metrics`` (None:
+    not a PigeonMQ server of this run, or not reachable)."""
+    import urllib.request
+
+    base = ADMIN_URLS.get(url)
+    if base is None:
+        return None
+    try:
+        with urllib.request.urlopen(base + "/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        name = name.split("{", 1)[0]
+        if name in BOOKIE_COUNTERS:
+            out[name] = out.get(name, 0.0) + float(value)
+    return out
+
+
+def bookie_delta(before: dict[str, float] | None, after: dict[str, float] | None) -> dict:
+    """A step's bookie figures: fsyncs per flush round, ms per round, entries per round."""
+    if not before or not after:
+        return {}
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in BOOKIE_COUNTERS}
+    rounds = d["pigeon_bookie_flush_rounds_total"]
+    out: dict[str, float] = {
+        "bookie_flush_rounds": rounds,
+        "bookie_fsyncs": d["pigeon_bookie_fsyncs_total"],
+        "bookie_flush_seconds": round(d["pigeon_bookie_flush_seconds_total"], 3),
+        "bookie_entries": d["pigeon_bookie_entries_written_total"],
+        "bookie_mb_written": round(d["pigeon_bookie_bytes_written_total"] / 1e6, 1),
+    }
+    if rounds:
+        out["bookie_fsyncs_per_round"] = round(d["pigeon_bookie_fsyncs_total"] / rounds, 2)
+        out["bookie_flush_ms_per_round"] = round(
+            d["pigeon_bookie_flush_seconds_total"] / rounds * 1e3, 2
+        )
+        out["bookie_entries_per_round"] = round(
+            d["pigeon_bookie_entries_written_total"] / rounds, 2
+        )
+    return out
+
+
 class PigeonServer:
     name = "pigeon"
 
@@ -174,9 +237,11 @@ class PigeonServer:
     def __enter__(self) -> PigeonServer:
         self.sa.__enter__()
         self.url = self.sa.url
+        ADMIN_URLS[self.url] = f"http://127.0.0.1:{self.sa.http_port}"
         return self
 
     def __exit__(self, *exc: object) -> None:
+        ADMIN_URLS.pop(self.url, None)
         self.sa.__exit__(*exc)
 
 
@@ -197,6 +262,46 @@ class PigeonKafkaServer:
 
     def __exit__(self, *exc: object) -> None:
         self.sa.__exit__(*exc)
+
+
+class PigeonJournalServer(PigeonServer):
+    """``pigeon`` (``--fsync always``) with the bookie's ``journal`` ledger storage
+    (``pigeon standalone --storage journal``: one journal, group-committed, and
+    interleaved entry logs) instead of ``segment-files``."""
+
+    name = "pigeon-journal"
+
+    def __init__(self, root: Path) -> None:
+        (root / "pigeon").mkdir(parents=True, exist_ok=True)
+        self.sa = Standalone(root / "pigeon" / "data", storage="journal")
+
+
+#: ``pigeon-offloaded``: segments roll at this size, so that all of a backlog but its
+#: last segment can be offloaded
+OFFLOADED_SEGMENT_BYTES = 8 * 1024 * 1024
+
+
+class PigeonOffloadedServer(PigeonServer):
+    """``pigeon`` (``--fsync always``, ``segment-files``) with tiered storage: the
+    ``filesystem`` offloader (a directory of the run), segments rolled every
+    :data:`OFFLOADED_SEGMENT_BYTES`, and the topic maintenance every second (which
+    deletes the bookie copies of offloaded segments; ``offload_deletion_lag_s`` is set to
+    0 by the catch-up, :func:`bench.catchup.catchup`). Only its catch-up differs from
+    ``pigeon``'s: the backlog is offloaded before it is read."""
+
+    name = "pigeon-offloaded"
+
+    def __init__(self, root: Path) -> None:
+        (root / "pigeon").mkdir(parents=True, exist_ok=True)
+        (root / "offload").mkdir(parents=True, exist_ok=True)
+        broker = {
+            "managed_ledger_offload_driver": "filesystem",
+            "file_system_uri": f"file://{root / 'offload'}",
+            "offload_directory": "segments",
+            "segment_max_bytes": OFFLOADED_SEGMENT_BYTES,
+            "maintenance_interval_s": 1.0,
+        }
+        self.sa = Standalone(root / "pigeon" / "data", config={"broker": broker})
 
 
 #: the role the ``pigeon-tls-auth`` clients authenticate as: not a superuser, granted
@@ -274,6 +379,8 @@ class PigeonTlsAuthServer(PigeonTlsServer):
 
 SERVERS: dict[str, Callable[[Path], Any]] = {
     "pigeon": PigeonServer,
+    "pigeon-journal": PigeonJournalServer,
+    "pigeon-offloaded": PigeonOffloadedServer,
     "pigeon-tls": PigeonTlsServer,
     "pigeon-tls-auth": PigeonTlsAuthServer,
     "pigeon-kafka": PigeonKafkaServer,
@@ -282,9 +389,14 @@ SERVERS: dict[str, Callable[[Path], Any]] = {
     "tansu": TansuServer,
 }
 # systems measured through PigeonMQ (their ratios to the others are reported)
-PIGEONS = ("pigeon", "pigeon-tls", "pigeon-tls-auth", "pigeon-kafka")
+PIGEONS = (
+    "pigeon", "pigeon-journal", "pigeon-offloaded", "pigeon-tls", "pigeon-tls-auth",
+    "pigeon-kafka",
+)  # fmt: skip
 # systems driven by PigeonMQ's own client (plaintext, TLS, TLS + authentication)
-NATIVE = ("pigeon", "pigeon-tls", "pigeon-tls-auth")
+NATIVE = ("pigeon", "pigeon-journal", "pigeon-offloaded", "pigeon-tls", "pigeon-tls-auth")
+# the storage variants of ``pigeon`` (their own report section, bench.report.render_storage)
+STORAGE = ("pigeon-journal", "pigeon-offloaded")
 # the secured variants of ``pigeon`` (their own report section, bench.report.render_security)
 SECURED = ("pigeon-tls", "pigeon-tls-auth")
 # systems driven by the Kafka clients (confluent-kafka), Tansu's drivers
@@ -483,6 +595,8 @@ produce_tansu = produce_kafka  # its name before PigeonMQ's Kafka port used it t
 
 PRODUCE = {
     "pigeon": produce_pigeon,
+    "pigeon-journal": produce_pigeon,
+    "pigeon-offloaded": produce_pigeon,
     "pigeon-tls": produce_pigeon,
     "pigeon-tls-auth": produce_pigeon,
     "nats": produce_nats,

@@ -16,6 +16,7 @@ from bench.peers import (
     NATIVE,
     PIGEONS,
     SECURED,
+    STORAGE,
     SUSTAINED,
     TAIL_LIMIT,
 )
@@ -27,13 +28,23 @@ KAFKA_BEGIN = "<!-- bench:kafka:begin -->"
 KAFKA_END = "<!-- bench:kafka:end -->"
 SECURITY_BEGIN = "<!-- bench:security:begin -->"
 SECURITY_END = "<!-- bench:security:end -->"
+STORAGE_BEGIN = "<!-- bench:storage:begin -->"
+STORAGE_END = "<!-- bench:storage:end -->"
+OFFLOADED_BEGIN = "<!-- bench:offloaded:begin -->"
+OFFLOADED_END = "<!-- bench:offloaded:end -->"
 
 
 def section(systems: list[str]) -> tuple[str, str, str, str]:
     """(begin marker, end marker, title, chart prefix) of the docs/benchmarks.md section a
     run of these systems goes to: a run of Kafka clients only (PigeonMQ's Kafka port
     without its native client) has its own section, and so has a run of PigeonMQ's native
-    client only with TLS (``pigeon-tls``, ``pigeon-tls-auth``: :func:`render_security`)."""
+    client only with TLS (``pigeon-tls``, ``pigeon-tls-auth``: :func:`render_security`),
+    and so have runs with a storage variant (``pigeon-journal``; ``pigeon-offloaded``,
+    whose catch-up is a section of its own)."""
+    if "pigeon-offloaded" in systems:
+        return OFFLOADED_BEGIN, OFFLOADED_END, "Catch-up from offloaded segments", "offloaded-"
+    if any(s in STORAGE for s in systems):
+        return STORAGE_BEGIN, STORAGE_END, "Storage backends", "storage-"
     if all(s in NATIVE for s in systems) and any(s in SECURED for s in systems):
         return SECURITY_BEGIN, SECURITY_END, "TLS and authentication", "security-"
     if "pigeon" not in systems and "pigeon-kafka" in systems:
@@ -43,6 +54,8 @@ def section(systems: list[str]) -> tuple[str, str, str, str]:
 
 NAMES = {
     "pigeon": "PigeonMQ",
+    "pigeon-journal": "PigeonMQ, journal storage",
+    "pigeon-offloaded": "PigeonMQ, offloaded (filesystem)",
     "pigeon-kafka": "PigeonMQ (Kafka port)",
     "pigeon-tls": "PigeonMQ, TLS",
     "pigeon-tls-auth": "PigeonMQ, TLS + token auth + authorization",
@@ -52,6 +65,8 @@ NAMES = {
 }
 SHORT = {
     "pigeon": "PigeonMQ",
+    "pigeon-journal": "journal",
+    "pigeon-offloaded": "offloaded",
     "pigeon-kafka": "PigeonMQ-Kafka",
     "pigeon-tls": "TLS",
     "pigeon-tls-auth": "TLS+auth",
@@ -140,11 +155,14 @@ def render(res: dict[str, Any], command: str) -> str:
         return render_security(res, command)
     reps = res["repetitions"]
     systems = [s for s in res["systems"]]
-    peers = ratio_pairs(systems)
-    a = res["args"]
-    n = len(reps)
     begin, end, _title, prefix = section(systems)
     kafka_only = prefix == "kafka-"
+    storage = begin in (STORAGE_BEGIN, OFFLOADED_BEGIN)
+    peers = ratio_pairs(systems)
+    if storage and "pigeon" in systems:  # each storage variant against segment-files first
+        peers = [(v, "pigeon") for v in systems if v in STORAGE] + peers
+    a = res["args"]
+    n = len(reps)
     ran = set(a.get("scenarios", ["produce", "latency", "multi", "catchup"]))
     took = f" The whole run took {res['seconds'] / 60:.1f} min." if res.get("seconds") else ""
     L: list[str] = [
@@ -156,10 +174,13 @@ def render(res: dict[str, Any], command: str) -> str:
         + (f" (this section re-rendered from its JSON with `{res['render_command']}`)"
            if res.get("render_command") else ""),
         "",
+        *([f"Every standalone of this run had `[broker]` {', '.join(f'`{kv}`' for kv in a['broker_config'])}.", ""]
+          if a.get("broker_config") else []),
         f"{n} repetition{'s' if n > 1 else ''} of every scenario, systems interleaved within "
         "each repetition; cells show the median"
         + (" and (min–max) over the repetitions." if n > 1 else " (one repetition only: no spread).")
-        + f" Produce scenarios run {a['duration']:g} s"
+        + (f" Produce scenarios run {a['duration']:g} s" if ran & {"produce", "multi"}
+           else " No produce scenario in this run")
         + (f" (N-producer ones {a['duration']:g} s once all N processes are connected)"
            if "producers" in a and "multi" in ran else "")
         + (f", latency scenarios {a['latency_duration']:g} s (first second discarded as warm-up)"
@@ -194,6 +215,7 @@ def render(res: dict[str, Any], command: str) -> str:
             ),
         ]
     )
+    head = len(L)
     for key, label, field in rows:
         vals = {s: collect(reps, s, key, field) for s in systems}
         if not any(vals.values()):
@@ -203,6 +225,10 @@ def render(res: dict[str, Any], command: str) -> str:
             f"| {label} | " + " | ".join(cell(vals[s], fmt) for s in systems) + " | "
             + " | ".join(ratio(vals[b], vals[s]) for b, s in peers) + " |"
         )  # fmt: skip
+    if len(L) == head:  # no produce scenario in this run: no table
+        del L[head - 4 :]
+    if storage:
+        L += bookie_table(res, [s for s in systems if s in NATIVE])
     if any(collect(reps, s, "produce_1k", "latency_ms_p50") for s in systems):
         L += [
             "",
@@ -260,14 +286,16 @@ def render(res: dict[str, Any], command: str) -> str:
             )  # fmt: skip
     for mb in a.get("diag_rates", a["rates"]):
         k = f"publish_ack_{mb:g}mb"
-        pub = collect(reps, "pigeon", k, "latency_ms_p50")
-        if pub:
+        for sysname in ("pigeon", "pigeon-journal"):
+            pub = collect(reps, sysname, k, "latency_ms_p50")
+            if not pub:
+                continue
             L += [
                 "",
-                f"Diagnostic, PigeonMQ only: publish→ack latency at {mb:g} MB/s with no consumer "
+                f"Diagnostic, {NAMES[sysname]} only: publish→ack latency at {mb:g} MB/s with no consumer "
                 f"(batch delay 1 ms): p50 {cell(pub, '{:,.2f}')} ms, "
-                f"p99 {cell(collect(reps, 'pigeon', k, 'latency_ms_p99'), '{:,.2f}')} ms, "
-                f"p99.9 {cell(collect(reps, 'pigeon', k, 'latency_ms_p999'), '{:,.2f}')} ms.",
+                f"p99 {cell(collect(reps, sysname, k, 'latency_ms_p99'), '{:,.2f}')} ms, "
+                f"p99.9 {cell(collect(reps, sysname, k, 'latency_ms_p999'), '{:,.2f}')} ms.",
             ]  # fmt: skip
     if any(collect(reps, s, "catchup", "mb_per_s") for s in systems):
         want = a.get("backlog_mb", 1024)
@@ -295,6 +323,9 @@ def render(res: dict[str, Any], command: str) -> str:
             ("backlog_mb", "backlog stored, MiB", "{:,.0f}", False),
             ("fill_mb_per_s", "fill, MB/s (preparation only; methods differ, see settings)", "{:,.1f}", False),
             ("read_server_cpu_us_per_msg", "server CPU per message read, µs (lower is better)", "{:,.2f}", True),
+            ("offload_seconds", "offload + bookie deletion before the read, s (preparation only)", "{:,.1f}", False),
+            ("offloaded_fraction", "share of the backlog read from the offloader", "{:.0%}", False),
+            ("read_cache_hits", "entries the read found in the broker's tail cache", "{:,.0f}", False),
         ]:  # fmt: skip
             if not any(collect(reps, s, "catchup", field) for s in systems):
                 continue
@@ -305,7 +336,7 @@ def render(res: dict[str, Any], command: str) -> str:
                 + " | " + " | ".join(ratio(vals[b], vals[s]) if ratios else "" for b, s in peers) + " |"
             )  # fmt: skip
     L += [""]
-    if not kafka_only:
+    if not kafka_only and not storage:
         L += [res.get("rabbitmq") or "RabbitMQ streams: not measured.", ""]
     for name, alt in [
         ("throughput", "throughput"),
@@ -313,11 +344,21 @@ def render(res: dict[str, Any], command: str) -> str:
         ("scaling", "producers and catch-up"),
     ]:
         if (IMG / f"{prefix}{name}.png").exists() or (
-            not kafka_only and (name != "scaling" or "producers" in a)
+            not kafka_only and not storage and (name != "scaling" or "producers" in a)
         ):
             L += [f"![{alt}](img/{prefix}{name}.png)", ""]
-    L += targets(res, kafka_only)
-    L += ["", *(SETTINGS_KAFKA if kafka_only else SETTINGS)]
+    if storage:
+        L += targets_storage(res)
+        marks = {"- **journal**": "pigeon-journal", "- **offloaded**": "pigeon-offloaded",
+                 "- **NATS": "nats", "- **Tansu**": "tansu", "- N producers": "multi",
+                 "- End-to-end": "latency", "- Max produce": "produce"}  # fmt: skip
+        L += [""] + [
+            line for line in SETTINGS_STORAGE
+            if not any(line.startswith(m) and w not in {*systems, *ran} for m, w in marks.items())
+        ]  # fmt: skip
+    else:
+        L += targets(res, kafka_only)
+        L += ["", *(SETTINGS_KAFKA if kafka_only else SETTINGS)]
     errors = [
         f"{SHORT.get(s, s)} `{k}` (repetition {i + 1}): {v['error']}"
         for i, r in enumerate(reps)
@@ -668,4 +709,169 @@ WHERE_KAFKA: list[str] = [
     "≈ 2 %). A trial run with glibc's `MALLOC_MMAP_THRESHOLD_`/`MALLOC_TRIM_THRESHOLD_` "
     "raised used ≈ 15 % less CPU per message on produce in one pair of runs (and more on "
     "the catch-up): not confirmed, not applied.",
+]
+
+
+def bookie_table(res: dict[str, Any], systems: list[str]) -> list[str]:
+    """The bookie's group commit per step (its ``/metrics`` over the step): what each
+    flush round did."""
+    reps = res["repetitions"]
+    keys = [k for k in ("produce_1k", *(k for k, _ in multi_keys(res)), "publish_ack_10mb")
+            if any(collect(reps, s, k, "bookie_flush_rounds") for s in systems)]  # fmt: skip
+    if not keys:
+        return []
+    L = [
+        "",
+        "The bookie's group commit over each step (from its `/metrics`: "
+        "`pigeon_bookie_fsyncs_total`, `_flush_rounds_total`, `_flush_seconds_total`, "
+        "`_entries_written_total`, `_bytes_written_total`), median over the repetitions:",
+        "",
+        "| step | system | flush rounds | fsyncs / round | ms / round | entries / round "
+        "| flush busy, s | MB written |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for k in keys:
+        for s in systems:
+            if not collect(reps, s, k, "bookie_flush_rounds"):
+                continue
+
+            def m(field: str, fmt: str, s: str = s, k: str = k) -> str:
+                v = collect(reps, s, k, field)
+                return fmt.format(med(v)) if v else "n/a"
+
+            L.append(
+                f"| `{k}` | {SHORT[s]} | {m('bookie_flush_rounds', '{:,.0f}')} "
+                f"| {m('bookie_fsyncs_per_round', '{:.2f}')} "
+                f"| {m('bookie_flush_ms_per_round', '{:.2f}')} "
+                f"| {m('bookie_entries_per_round', '{:.2f}')} "
+                f"| {m('bookie_flush_seconds', '{:.2f}')} | {m('bookie_mb_written', '{:,.0f}')} |"
+            )
+    return L
+
+
+def targets_storage(res: dict[str, Any]) -> list[str]:
+    """Issue 16's targets for the storage backends, from one run (reported, not asserted)."""
+    reps = res["repetitions"]
+    out = ["", "#### Targets (reported, not asserted)", ""]
+
+    def vals(system: str, key: str, field: str = "msg_per_s") -> list[float]:
+        return collect(reps, system, key, field)
+
+    j16, p16, t16 = (vals(s, "produce_1k_16p") for s in ("pigeon-journal", "pigeon", "tansu"))
+    if j16 and p16:
+        r = med(j16) / med(p16)
+        out.append(
+            f"- 16 producers on 16 topics, `journal` ≥ 1.5× `segment-files`: "
+            f"**{'met' if r >= 1.5 else 'missed'}** ({r:.2f}×)."
+        )
+    if j16 and t16:
+        r = med(j16) / med(t16)
+        out.append(
+            f"- 16 producers on 16 topics, `journal` ≥ 1× Tansu (memory): "
+            f"**{'met' if r >= 1 else 'missed'}** ({r:.2f}×)."
+        )
+    j1, p1 = vals("pigeon-journal", "produce_1k"), vals("pigeon", "produce_1k")
+    if j1 and p1:
+        r = med(j1) / med(p1)
+        out.append(
+            f"- 1 producer, `journal` no slower than `segment-files`: "
+            f"**{'met' if r >= 1 else 'missed'}** ({r:.2f}×; "
+            f"100 B: {ratio(vals('pigeon-journal', 'produce_100b'), vals('pigeon', 'produce_100b'))})."
+        )
+    for sysname in ("pigeon-offloaded", "pigeon-journal"):
+        c, base = vals(sysname, "catchup", "mb_per_s"), vals("pigeon", "catchup", "mb_per_s")
+        if c and base:
+            out.append(
+                f"- Catch-up, {NAMES[sysname]} / segment-files bookies: {ratio(c, base)} "
+                f"({med(c):,.1f} vs {med(base):,.1f} MB/s)."
+            )
+    out += WHERE_OFFLOADED if "pigeon-offloaded" in res["systems"] else WHERE_STORAGE
+    return out
+
+
+#: where the time goes with each storage backend (measured 2026-11-26, on a machine
+#: shared with other work: load average 5-8)
+WHERE_STORAGE: list[str] = [
+    "",
+    "Where the time goes (2026-11-26, from the run above and A/B runs in the same session; "
+    "re-read it against new numbers):",
+    "",
+    "- **At 16 producers there are few fsyncs to save.** Each producer sends batches of up "
+    "to 1,000 messages, so a stored entry is ≈ 0.75 MB and a group-commit round holds only "
+    "3–4 entries (the bookie table): `segment-files` makes ≈ 3 fsyncs per round, not 16, "
+    "the journal 1. Rounds run back to back (the flusher is busy the whole step), so the "
+    "rate is the round's bytes over the round's time. Where adds are small and many, the "
+    "journal does what it is for: `bench.storage_micro` (above: 16 segments, one 1 KiB add "
+    "in flight each) gives it 2.0–2.8× the adds/s of `segment-files`, with 1 fsync per "
+    "round against 16; with 64 KiB adds 0.85–0.95×; with 1 segment, parity.",
+    "- **The journal writes every byte twice**, to the journal and to an entry log, both in "
+    "the event loop's thread (≈ 0.23 ms per MB each into the page cache here): 1.24× the "
+    "server CPU per 1 KiB message (2.59 against 2.09 µs), 1.5× at 100 B, on a machine where "
+    "the server competes with its clients for 2 cores.",
+    "- **The checkpoint stalls the ack path.** Once a second (`flush_interval_ms`) the "
+    "checkpoint fsyncs the entry logs written since the last one (and commits the LMDB "
+    "index); on ext4 the journal's next fdatasync then waits behind that writeback. "
+    "Publish→ack at 10 MB/s, no consumer, 5 s, two runs each (a separate A/B): "
+    "`segment-files` p50 2.3 ms, p99 3.8–3.9 ms; `journal` p50 2.3 ms, p99 14–17 ms; "
+    "`journal` with `flush_interval_ms = 10000` (no checkpoint inside the run) p50 2.3 "
+    "ms, p99 3.8–4.0 ms. At 16 producers (5 s, two runs each): `segment-files` 163k / "
+    "191k msg/s (rounds 17 / 15 ms), `journal` 135k / 151k (15 / 15 ms), `journal` with "
+    "`flush_interval_ms = 10000` 176k / 183k (11 / 11 ms), with 100 ms 153k / 140k "
+    "(24 / 26 ms). A raw test on this disk: a 10 KiB write + fdatasync takes 0.14 ms, "
+    "0.09 ms when the file was zero-filled beforehand (no metadata to commit).",
+    "- Not changed here, for lack of a long enough test: a longer default checkpoint "
+    "interval (BookKeeper's `flushInterval` is 60 s; it lengthens the replay after a crash "
+    "and the journal kept on disk) or a preallocated, zero-filled journal file "
+    "(BookKeeper's `journalPreAllocSizeMB`: its fdatasync then commits no metadata and "
+    "does not wait for the entry logs' writeback), and BookKeeper's own answer, the "
+    "journal on a disk of its own (`journal_directory`); this machine has one disk.",
+]
+
+WHERE_OFFLOADED: list[str] = [
+    "",
+    "Where the time goes (2026-11-26; re-read it against new numbers):",
+    "",
+    "- **From the offloader** the read costs the server the least CPU per message "
+    "(1.14 µs, against 1.56 µs from `segment-files` bookies in the run above): the "
+    "`filesystem` offloader reads its object file in the broker, so the read skips the "
+    "broker-to-bookie hop (a request, a frame and a copy per batch). The rate is then "
+    "bound by the consumer, one Python client on the same 2 cores: 0.96× the bookie "
+    "read. The offload itself (29 segments of 8 MiB, then the bookie copies deleted by "
+    "the next maintenance pass) took 1.4–2.5 s before the read.",
+    "- **From `journal` bookies**: 1.64 µs per message, ≈ `segment-files`, since this "
+    "work. The journal reads adjacent records with one `pread` of up to 4 MiB; each "
+    "record and then its payload were copied out of it (`_journal_reads._read_plan`; "
+    "py-spy on the standalone during a journal catch-up: 82 of 386 samples on those two "
+    "slices, none for `segment-files`). They are now memoryview slices and each payload "
+    "is copied once: `python -m bench.compare --systems pigeon-journal --scenarios catchup "
+    "--backlog-mb 256 --repeat 1 --broker-config cache_max_bytes=1048576 --baseline HEAD "
+    "--rounds 3` (ABBA against the commit before) gave read CPU per message 2.71 → "
+    "1.60 µs and 1.36× the msg/s. The remaining gap in MB/s (0.80×) was not profiled.",
+    "- The tail cache is 1 MiB in this run (`--broker-config cache_max_bytes=1048576`): "
+    "with the default 256 MiB, a 256 MiB backlog is read from the broker's memory, "
+    "whatever the storage (the last row counts the entries the read found there).",
+]
+
+SETTINGS_STORAGE = [
+    "#### Settings",
+    "",
+    "- **PigeonMQ** (`pigeon`): `pigeon standalone --fsync always`, the default ledger "
+    "storage `segment-files` (one file per segment, each fsynced by the group commit).",
+    "- **journal** (`pigeon-journal`): the same with `--storage journal`: every entry goes "
+    "to one journal (one fsync per group commit, whatever the number of segments written), "
+    "entry logs and the LMDB index are flushed in the background (checkpoints).",
+    "- **offloaded** (`pigeon-offloaded`): `pigeon` with `managed_ledger_offload_driver = "
+    '"filesystem"` (a directory of the run), `segment_max_bytes` = 8 MiB (so all of the '
+    "backlog but its last segment can be offloaded) and `maintenance_interval_s = 1`; "
+    "before the fill the namespace gets `offload_deletion_lag_s = 0`; after it the topic is "
+    "offloaded (`pigeon admin topics offload TOPIC --size-threshold 0`, through the admin "
+    "API), and the read starts once `offload-status` says SUCCESS and `internal-stats` "
+    "shows every offloaded segment's bookie copies deleted (`bookies_deleted`).",
+    *[
+        line
+        for line in SETTINGS
+        if line.startswith(
+            ("- **Tansu**", "- **NATS", "- Max produce", "- N producers", "- End-to-end")
+        )
+    ],
 ]

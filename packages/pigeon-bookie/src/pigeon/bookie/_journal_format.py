@@ -134,10 +134,11 @@ def parse_header(buf: Buffer, off: int) -> tuple[int, int, int, int, int, int] |
     return kind, length, segment_id, entry_id, lac, pcrc
 
 
-def decode_entry(buf: bytes, segment_id: int, entry_id: int) -> bytes | None:
+def decode_entry(buf: Buffer, segment_id: int, entry_id: int) -> bytes | None:
     """The payload of ``buf`` (one whole entry record, as the index locates it) if its
     header is intact and names this entry and its payload matches its crc; else None
-    (the entry is damaged)."""
+    (the entry is damaged).  ``buf`` may be a memoryview of a larger read: the payload
+    is then copied once, into the ``bytes`` returned (a ``bytes`` record: its slice)."""
     h = parse_header(buf, 0)
     if h is None:
         return None
@@ -147,7 +148,7 @@ def decode_entry(buf: bytes, segment_id: int, entry_id: int) -> bytes | None:
     if len(buf) != RECORD_HEADER_SIZE + length:
         return None
     data = buf[RECORD_HEADER_SIZE:]
-    return data if crc32c(data) == pcrc else None
+    return bytes(data) if crc32c(data) == pcrc else None
 
 
 def scan_journal(

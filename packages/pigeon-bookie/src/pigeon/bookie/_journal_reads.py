@@ -52,10 +52,14 @@ def _read_plan(segment_id: int, plan: Plan) -> tuple[list[tuple[int, bytes]], in
         except OSError as exc:
             logger.warning("entry log unreadable log=%d error=%s", log.id, exc)
             buf = b""
+        # adjacent records are cut out of the one read without a copy: each payload is
+        # copied once, into its own bytes (a 4 MiB read was copied twice, record then
+        # payload: a sixth of a catch-up's server CPU)
+        view = memoryview(buf) if j - i > 1 else buf
         for k in range(i, j):
             eid, _log, at = plan[k]
             off = at.offset - loc.offset
-            record = buf[off : off + at.length] if j - i > 1 else buf
+            record = view[off : off + at.length] if j - i > 1 else buf
             data = decode_entry(record, segment_id, eid)
             if data is None:
                 return out, eid
