@@ -103,7 +103,7 @@ class JournalBase(ReadOnlyState):
         journal_max_group_wait_ms: float = 0.0,
         journal_max_size_mb: float = 512,
         entry_log_size_limit: int = 1 << 30,
-        flush_interval_ms: float = 1000.0,
+        flush_interval_ms: float = 10_000.0,
         flush_entries: int = 200_000,
         minor_compaction_threshold: float = 0.2,
         minor_compaction_interval_s: float = 3600.0,

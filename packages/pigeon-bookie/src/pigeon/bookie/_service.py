@@ -147,8 +147,10 @@ class BookieConfig(SecurityConfig):
     #: an entry log rolls once this big (bytes)
     entry_log_size_limit: int = 1024 * 1024 * 1024
     #: checkpoint interval: entry logs fsynced, the index committed, old journal files
-    #: deleted (also after 200000 adds); a restart replays the journal since
-    flush_interval_ms: float = 1000.0
+    #: deleted (also after 200000 adds); a restart replays the journal since.  Every
+    #: checkpoint's writeback delays the journal fsyncs behind it (docs/benchmarks.md,
+    #: "Storage backends"): BookKeeper checkpoints every 60 s, we every 10 s
+    flush_interval_ms: float = 10_000.0
     #: compaction rewrites entry logs whose live bytes fell below this fraction of
     #: their size, every minor_compaction_interval_s ...
     minor_compaction_threshold: float = 0.2
