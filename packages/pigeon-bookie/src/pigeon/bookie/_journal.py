@@ -65,7 +65,7 @@ from pigeon.bookie._journal_format import (
     parse_header,
 )
 from pigeon.bookie._journal_index import LedgerIndex, Loc, SegmentRecord
-from pigeon.bookie._journal_logs import EntryLog
+from pigeon.bookie._journal_logs import EntryLog, LogWrite, write_reserved
 from pigeon.bookie._journal_reads import JournalReads
 from pigeon.bookie._journal_state import JournalRound, Seg, logger
 from pigeon.bookie._segment import MAX_PAYLOAD, Buffer, crc32c
@@ -398,15 +398,28 @@ class JournalStore(JournalReads):
             jf = self._journal.write(bufs, total)
         except OSError as exc:
             raise self._io_failed(f"write journal segment={seg.id} entry={entry_id}", exc)
-        self._collecting.files[jf.seq] = jf
+        r = self._collecting
+        r.files[jf.seq] = jf
+        # fsync=always: the round writes the entry log in a worker thread while the
+        # journal's fdatasync runs (the event loop copies the bytes once, not twice);
+        # the other policies have no round per add: written here
+        deferred = self._policy == "always"
         try:
-            log_id, pos = self._logs.write(bufs, total)
+            if deferred:
+                log, pos = self._logs.reserve(total)
+                log_id = log.id
+                r.log_writes.append((log, pos, bufs, total))
+            else:
+                log_id, pos = self._logs.write(bufs, total)
         except OSError as exc:
             raise self._io_failed(f"write entry log segment={seg.id} entry={entry_id}", exc)
+        unwritten = self._unwritten
         eid = entry_id
         for payload in payloads:
             size = RECORD_HEADER_SIZE + len(payload)
             self._apply(seg, eid, Loc(log_id, pos, size), lac)
+            if deferred:
+                unwritten[log_id, pos] = payload
             pos += size
             eid += 1
         seg.touched = trio.current_time()
@@ -473,7 +486,13 @@ class JournalStore(JournalReads):
         started = time.perf_counter()
         try:
             dir_fd = self._journal.dir_fd if sync_dir else None
-            err = await trio.to_thread.run_sync(fsync_many, [f.fd for f in files], dir_fd)
+            fds = [f.fd for f in files]
+            if r.log_writes:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._write_logs, r.log_writes)
+                    err = await trio.to_thread.run_sync(fsync_many, fds, dir_fd)
+            else:
+                err = await trio.to_thread.run_sync(fsync_many, fds, dir_fd)
             c = self._counters
             c.fsyncs += len(files) + sync_dir
             c.flush_rounds += 1
@@ -486,6 +505,21 @@ class JournalStore(JournalReads):
                 r.error = None
         finally:
             r.finish()
+
+    async def _write_logs(self, writes: list[LogWrite]) -> None:
+        """A round's entry-log writes (worker thread); the entries are read from disk
+        once written, from memory until then (and for good if the write failed: they
+        are in the journal, which no checkpoint may then let go)."""
+        err = await trio.to_thread.run_sync(write_reserved, writes)
+        if err is not None:
+            self._log_write_failed = err
+            self._io_failed("write entry log", err)
+            return
+        unwritten = self._unwritten
+        for log, pos, bufs, _total in writes:
+            for i in range(1, len(bufs), 2):  # header, payload, header, payload, ...
+                unwritten.pop((log.id, pos), None)
+                pos += len(bufs[i - 1]) + len(bufs[i])
 
     async def _force_round(self) -> JournalRound:
         """The journal written so far, fsynced (whatever the policy)."""
@@ -604,9 +638,15 @@ class JournalStore(JournalReads):
         states = self._states(dirty)
         logs, dirs = self._logs.take_dirty()
         self._pending = 0
-        # rounds in flight may still fsync the journal files about to be deleted
+        # rounds in flight may still fsync the journal files about to be deleted, and
+        # write the entry logs about to be fsynced
         await self._force_round()
         try:
+            if self._log_write_failed is not None:
+                raise StorageError(
+                    "an entry-log write failed: the journal is kept (it is replayed at the"
+                    f" next start): {self._log_write_failed.strerror or self._log_write_failed}"
+                )
             self._live = await trio.to_thread.run_sync(
                 self._commit, snap, states, logs, dirs, position, ()
             )

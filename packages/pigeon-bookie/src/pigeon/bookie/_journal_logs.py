@@ -23,7 +23,7 @@ from pigeon.bookie._journal_format import (
 from pigeon.bookie._segment import Buffer
 from pigeon.bookie._storage_state import pwritev_all
 
-__all__ = ["EntryLog", "EntryLogs", "log_name"]
+__all__ = ["EntryLog", "EntryLogs", "LogWrite", "log_name", "write_reserved"]
 
 logger = logging.getLogger("pigeon.bookie._journal")
 
@@ -51,6 +51,21 @@ class EntryLog:
         self.refs -= 1
         if self.refs == 0 and self.retired:
             _close(self.fd)
+
+
+#: a reserved write: ``(log, offset, buffers, total bytes)``
+LogWrite = tuple[EntryLog, int, list[Buffer], int]
+
+
+def write_reserved(writes: list[LogWrite]) -> OSError | None:
+    """Blocking (a worker thread): the reserved writes, in order; the first failure
+    stops them and is returned."""
+    try:
+        for log, offset, bufs, total in writes:
+            pwritev_all(log.fd, bufs, offset, total)
+    except OSError as exc:
+        return exc
+    return None
 
 
 def _close(fd: int) -> None:
@@ -128,11 +143,24 @@ class EntryLogs:
             except OSError:
                 pass
             raise
-        log.end = start + total
+        self._advance(log, total)
+        return log.id, start
+
+    def reserve(self, total: int) -> tuple[EntryLog, int]:
+        """Room for ``total`` bytes at the end of the current log, written later by
+        the caller (:func:`write_reserved`, in a worker thread): ``(log, offset)``.
+        Raises OSError (the next log cannot be created)."""
+        log = self.current
+        assert log is not None
+        start = log.end
+        self._advance(log, total)
+        return log, start
+
+    def _advance(self, log: EntryLog, total: int) -> None:
+        log.end += total
         self._dirty[log.id] = log
         if log.end >= self._size_limit:
             self.current = self.new_log()
-        return log.id, start
 
     def take_dirty(self) -> tuple[list[EntryLog], list[int]]:
         """The logs written and the directories changed since the previous call (the

@@ -20,6 +20,7 @@ from pigeon.bookie._journal_format import RECORD_HEADER_SIZE, decode_entry
 from pigeon.bookie._journal_index import Loc
 from pigeon.bookie._journal_logs import EntryLog
 from pigeon.bookie._journal_state import JournalBase, Seg, logger
+from pigeon.bookie._segment import Buffer
 from pigeon.core.errors import CorruptEntry, EntryNotFound, InvalidArgument
 
 __all__ = ["JournalReads"]
@@ -27,8 +28,8 @@ __all__ = ["JournalReads"]
 #: adjacent records are read with one pread up to this many bytes
 _COALESCE = 4 << 20
 
-#: ``[(entry id, log, location)]`` to read
-Plan = list[tuple[int, EntryLog, Loc]]
+#: ``[(entry id, log, location, payload if its entry-log write is not done yet)]``
+Plan = list[tuple[int, EntryLog, Loc, Buffer | None]]
 
 
 def _read_plan(segment_id: int, plan: Plan) -> tuple[list[tuple[int, bytes]], int]:
@@ -37,12 +38,17 @@ def _read_plan(segment_id: int, plan: Plan) -> tuple[list[tuple[int, bytes]], in
     out: list[tuple[int, bytes]] = []
     i, n = 0, len(plan)
     while i < n:
-        eid, log, loc = plan[i]
+        eid, log, loc, mem = plan[i]
+        if mem is not None:  # still in memory (the store's own bytes: no check)
+            out.append((eid, bytes(mem)))
+            i += 1
+            continue
         j, end = i + 1, loc.offset + loc.length
         while (
             j < n
             and plan[j][1] is log
             and plan[j][2].offset == end
+            and plan[j][3] is None
             and end - loc.offset < _COALESCE
         ):
             end += plan[j][2].length
@@ -57,7 +63,7 @@ def _read_plan(segment_id: int, plan: Plan) -> tuple[list[tuple[int, bytes]], in
         # payload: a sixth of a catch-up's server CPU)
         view = memoryview(buf) if j - i > 1 else buf
         for k in range(i, j):
-            eid, _log, at = plan[k]
+            eid, _log, at, _mem = plan[k]
             off = at.offset - loc.offset
             record = view[off : off + at.length] if j - i > 1 else buf
             data = decode_entry(record, segment_id, eid)
@@ -103,11 +109,11 @@ class JournalReads(JournalBase):
         thread."""
         await trio.lowlevel.checkpoint_if_cancelled()
         seg, plan = self._plan(segment_id, first, last, max_bytes, max_count)
-        if sum(loc.length for _, _, loc in plan) <= self._inline_read:
+        if sum(loc.length for _, _, loc, _ in plan) <= self._inline_read:
             result = _read_plan(seg.id, plan)
             await trio.lowlevel.cancel_shielded_checkpoint()
         else:
-            logs = {id(log): log for _, log, _ in plan}.values()
+            logs = {id(log): log for _, log, _, _ in plan}.values()
             for log in logs:
                 log.refs += 1
             try:
@@ -155,6 +161,7 @@ class JournalReads(JournalBase):
         plan: Plan = []
         total = 0
         logs = self._logs.logs
+        unwritten = self._unwritten
         for eid, loc in found:
             if eid in seg.corrupt:
                 break  # never read past a known damaged entry
@@ -167,7 +174,9 @@ class JournalReads(JournalBase):
                     raise self._corrupt(seg, eid)
                 break
             total += n
-            plan.append((eid, log, loc))
+            plan.append(
+                (eid, log, loc, unwritten.get((loc.log, loc.offset)) if unwritten else None)
+            )
         return seg, plan
 
     def _read_done(

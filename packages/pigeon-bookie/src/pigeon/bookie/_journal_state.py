@@ -16,7 +16,8 @@ import trio
 
 from pigeon.bookie._journal_file import Journal, JournalFile
 from pigeon.bookie._journal_index import LedgerIndex, Loc
-from pigeon.bookie._journal_logs import EntryLogs
+from pigeon.bookie._journal_logs import EntryLogs, LogWrite
+from pigeon.bookie._segment import Buffer
 from pigeon.bookie._storage_state import Counters, FsyncPolicy, ReadOnlyState, Round
 from pigeon.core.errors import (
     InvalidArgument,
@@ -75,13 +76,16 @@ class Seg:
 
 class JournalRound(Round):
     """One group commit of the journal: the journal files written since the previous
-    round (its waiters are :class:`~pigeon.bookie._storage_commit.AppendWaiter`)."""
+    round, and the entry-log writes reserved meanwhile (done by the round, beside the
+    journal's fdatasync; its waiters are
+    :class:`~pigeon.bookie._storage_commit.AppendWaiter`)."""
 
-    __slots__ = ("files",)
+    __slots__ = ("files", "log_writes")
 
     def __init__(self) -> None:
         super().__init__()
         self.files: dict[int, JournalFile] = {}
+        self.log_writes: list[LogWrite] = []
 
 
 def _positive(name: str, value: float) -> None:
@@ -164,6 +168,12 @@ class JournalBase(ReadOnlyState):
         self._read_only: str | None = None
         self._read_only_sticky = False
         self._collecting = JournalRound()
+        #: payloads of the entries whose entry-log write a round has not done yet,
+        #: by (log, offset) of their record: reads take them from here
+        self._unwritten: dict[tuple[int, int], Buffer] = {}
+        #: an entry-log write failed: those entries are only in the journal (and in
+        #: ``_unwritten``), so no checkpoint may let the journal go
+        self._log_write_failed: OSError | None = None
         self._flush_wanted = trio.Event()
         #: the flusher task runs (else a forced round is flushed by its caller)
         self._flusher_running = False
