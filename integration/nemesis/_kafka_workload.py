@@ -89,6 +89,7 @@ class KafkaWorkload:
                 "heartbeat.interval.ms": 1000,
                 "topic.metadata.refresh.interval.ms": 2000,
                 "log_level": 3,
+                "error_cb": self._consumer_error,
                 **security,
                 **_debug_options("consumer"),
             }
@@ -102,7 +103,12 @@ class KafkaWorkload:
         creates the topics and lists the readers)."""
         self.history.readers.setdefault(KAFKA_TOPIC, []).append(LABEL)
         self.delivered[LABEL] = set()
-        self.consumer.subscribe([self.topic])
+        self.consumer.subscribe(
+            [self.topic],
+            on_assign=self._assignment("kafka-consumer-assigned"),
+            on_revoke=self._assignment("kafka-consumer-revoked"),
+            on_lost=self._assignment("kafka-consumer-lost"),
+        )
         for target, name in ((self._produce, PRODUCER), (self._consume, LABEL)):
             t = threading.Thread(target=target, name=name, daemon=True)
             self._threads.append(t)
@@ -141,6 +147,18 @@ class KafkaWorkload:
                 send.failed, send.error = h.now(), str(err)
 
         return resolved
+
+    def _assignment(self, kind: str) -> Any:
+        """A rebalance callback recording the partitions in the history's events (a
+        group that stops consuming shows there whether it still holds its partitions)."""
+
+        def record(_consumer: Any, partitions: list[Any]) -> None:
+            self.history.event(kind, ",".join(str(p.partition) for p in partitions))
+
+        return record
+
+    def _consumer_error(self, err: Any) -> None:
+        self.history.event("kafka-consumer-error", str(err)[:200])
 
     def _consume(self) -> None:
         h = self.history

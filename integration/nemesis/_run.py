@@ -99,7 +99,7 @@ class RunResult:
                 for f in self.history.faults
             ),
             "events:",
-            *(f"  {e.t:7.2f}s {e.kind} {e.detail}" for e in self.history.events[:60]),
+            *(f"  {e.t:7.2f}s {e.kind} {e.detail}" for e in _some(self.history.events)),
             f"undelivered per subscription: {r.undelivered}",
             f"redelivered per subscription: {r.redelivered}",
             f"longest stretch short of consumers (s): {r.detached_longest}",
@@ -262,3 +262,10 @@ def _commit() -> str:
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+def _some(events: list[Any]) -> list[Any]:
+    """The first 60 events and the last 60 (a stall shows at the end)."""
+    if len(events) <= 120:
+        return events
+    return [*events[:60], *events[-60:]]

@@ -235,6 +235,8 @@ class KafkaFrontDoor:
             group_initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms
         )
         self._ids = itertools.count(1)
+        #: groups last answered NOT_COORDINATOR (for the log)
+        self._refused_groups: set[str] = set()
         self.handlers: dict[int, Handler] = {API_VERSIONS_KEY: self._api_versions}
         for module in (_kafka_produce, _kafka_fetch, _kafka_topics, _kafka_offsets):
             self.handlers.update(module.HANDLERS)
@@ -719,9 +721,15 @@ class KafkaFrontDoor:
 
         async def run(conn: KafkaConnection, request: Any) -> Any:
             group = getattr(request, "group_id", None)
-            if group is not None and not await coordinates(self, group):
-                # another broker holds the group's bundle: the client asks FindCoordinator
-                return _not_coordinator(request)
+            if group is not None:
+                if not await coordinates(self, group):
+                    # another broker holds the group's bundle: the client asks
+                    # FindCoordinator (logged once per group until it is ours again)
+                    if group not in self._refused_groups:
+                        self._refused_groups.add(group)
+                        log.info("kafka group not coordinated here group=%s", group)
+                    return _not_coordinator(request)
+                self._refused_groups.discard(group)
             extra: dict[str, frozenset[str]] = {}
             if self.core.authorization.enabled:
                 if group is not None:

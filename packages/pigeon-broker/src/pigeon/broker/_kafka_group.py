@@ -41,6 +41,7 @@ from __future__ import annotations
 import enum
 import heapq
 import itertools
+import logging
 import math
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -50,6 +51,8 @@ import trio
 from kio.schema.errors import ErrorCode
 
 from pigeon.broker._kafka_wire import Later
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "CoordinatorStatistics",
@@ -624,6 +627,13 @@ class GroupCoordinator:
         if group.members:
             group.pending_sync = set(group.members)
             self._arm(group.sync_timer, group.rebalance_timeout())
+        log.info(
+            "kafka group rebalanced group=%s generation=%d members=%d protocol=%s",
+            group.group_id,
+            group.generation_id,
+            len(group.members),
+            group.protocol_name,
+        )
         if self._on_generation is not None:
             self._on_generation(group.group_id, group.generation_id)
 
