@@ -13,7 +13,9 @@ Three parts, on disks of their choosing (``journal_directory``, ``ledger_directo
   the point of this backend (many topics share one fsync).
 * **Entry logs** (:mod:`~pigeon.bookie._journal_logs`): each add is also written to
   the current entry log (interleaved segments, rolled at ``entry_log_size_limit``),
-  which reads use.  They are fsynced by the checkpoint, never on the ack path.
+  which reads use: with ``fsync=always`` by the round, in a worker thread beside the
+  journal's fdatasync (until then reads take the entry from ``_unwritten``, memory).
+  They are fsynced by the checkpoint, never on the ack path.
 * **The index** (:mod:`~pigeon.bookie._journal_index`, LMDB): (segment, entry) ->
   (log, offset, length) and each segment's state (next id, lac, fenced, size).  The
   entries written since the last checkpoint are found in memory.

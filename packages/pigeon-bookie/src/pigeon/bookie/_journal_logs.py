@@ -1,7 +1,9 @@
 """Entry logs of the ``journal`` ledger storage: interleaved files of entry records.
 
-Every add is written (trio thread, page cache) at the end of the *current* entry log,
-whatever its segment; the log rolls to a new file once past ``entry_log_size_limit``.
+Every add goes at the end of the *current* entry log, whatever its segment: written at
+once (trio thread, page cache), or, with ``fsync=always``, reserved (:meth:`EntryLogs.reserve`)
+and written by the group-commit round in a worker thread (:func:`write_reserved`) beside
+the journal's fdatasync.  The log rolls to a new file once past ``entry_log_size_limit``.
 New logs go to the ledger directories in turn.  Nothing here fsyncs on the ack path:
 the checkpoint fsyncs the logs written since the previous one (:meth:`EntryLogs.take_dirty`).
 A log stays open for reads until it is deleted (compaction), and its descriptor is
