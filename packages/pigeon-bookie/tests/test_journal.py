@@ -419,6 +419,67 @@ async def test_fsync_error_turns_the_store_read_only(
         assert store.last_entry_id(1) == 3
 
 
+async def test_an_entry_is_readable_before_its_round_wrote_the_entry_log(tmp_path: Path) -> None:
+    """fsync=always: the round writes the entry log; until then reads come from memory,
+    and afterwards from the log (the same bytes)."""
+    async with open_store(tmp_path) as store:
+        waiters = [store.append(7, i, payload(7, i), lac=i - 1) for i in range(5)]
+        assert not any(w.done for w in waiters)
+        check_all(store, 7, 5)  # nothing written to the entry log yet
+        assert await store.read_entries_async(7, 0, 4) == store.read_entries(7, 0, 4)
+        for w in waiters:
+            await w.wait()
+        assert not store._unwritten
+        check_all(store, 7, 5)
+
+
+async def test_a_failed_entry_log_write_keeps_the_journal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The journal made the entries durable, so they are acknowledged and read (from
+    memory); no checkpoint lets the journal go until their log write succeeds (tried
+    again by each checkpoint), and a restart before that replays them."""
+    async with open_store(tmp_path, checkpoint_on_close=False) as store:
+        await fill(store, 1, 3)
+        monkeypatch.setattr(journal_mod, "write_reserved", lambda writes: OSError(28, "No space"))
+        # one round: acknowledged, since the journal has them
+        await store.add_entries(1, 3, [payload(1, i) for i in range(3, 6)], lac=2)
+        check_all(store, 1, 6)
+        with pytest.raises(BookieReadOnly):  # until the entry logs can be written
+            await store.add_entry(1, 6, b"x")
+        with pytest.raises(StorageError, match="entry-log write failed"):
+            await store.checkpoint()
+        assert journal_files(tmp_path)[0].stat().st_size > 0
+    monkeypatch.undo()
+    async with open_store(tmp_path) as store:  # replayed from the journal
+        check_all(store, 1, 6)
+        await store.checkpoint()
+        check_all(store, 1, 6)
+
+
+async def test_a_failed_entry_log_write_is_written_by_the_next_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = journal_mod.write_reserved
+    calls = 0
+
+    def fail_once(writes: Any) -> OSError | None:
+        nonlocal calls
+        calls += 1
+        return OSError(28, "No space left on device") if calls == 1 else real(writes)
+
+    async with open_store(tmp_path) as store:
+        monkeypatch.setattr(journal_mod, "write_reserved", fail_once)
+        await store.add_entries(2, 0, [payload(2, i) for i in range(4)])
+        assert store._unwritten  # the round's entries: in memory only
+        store.set_read_only(None)  # the disk has room again
+        await store.checkpoint()
+        assert not store._unwritten and not store._failed_writes
+        check_all(store, 2, 4)
+    async with open_store(tmp_path) as store:
+        check_all(store, 2, 4)
+
+
 async def test_statistics_and_lifecycle(tmp_path: Path) -> None:
     store = make_storage(tmp_path)
     with pytest.raises(ServiceUnavailable):

@@ -514,14 +514,35 @@ class JournalStore(JournalReads):
         are in the journal, which no checkpoint may then let go)."""
         err = await trio.to_thread.run_sync(write_reserved, writes)
         if err is not None:
+            self._failed_writes.extend(writes)  # the checkpoint tries them again
             self._log_write_failed = err
             self._io_failed("write entry log", err)
             return
+        self._written(writes)
+
+    def _written(self, writes: list[LogWrite]) -> None:
         unwritten = self._unwritten
         for log, pos, bufs, _total in writes:
             for i in range(1, len(bufs), 2):  # header, payload, header, payload, ...
                 unwritten.pop((log.id, pos), None)
                 pos += len(bufs[i - 1]) + len(bufs[i])
+
+    async def _write_failed_again(self) -> None:
+        """The entry-log writes that failed, tried again (a checkpoint may let the
+        journal go only once every entry is in an entry log); raises StorageError."""
+        failed = self._failed_writes
+        if failed:
+            err = await trio.to_thread.run_sync(write_reserved, failed)
+            if err is not None:
+                self._log_write_failed = err
+                raise StorageError(
+                    "an entry-log write failed: the journal is kept (it is replayed at"
+                    f" the next start): {err.strerror or err}"
+                )
+            self._failed_writes = []
+            self._written(failed)
+            logger.warning("entry-log writes that had failed written again writes=%d", len(failed))
+        self._log_write_failed = None
 
     async def _force_round(self) -> JournalRound:
         """The journal written so far, fsynced (whatever the policy)."""
@@ -644,11 +665,7 @@ class JournalStore(JournalReads):
         # write the entry logs about to be fsynced
         await self._force_round()
         try:
-            if self._log_write_failed is not None:
-                raise StorageError(
-                    "an entry-log write failed: the journal is kept (it is replayed at the"
-                    f" next start): {self._log_write_failed.strerror or self._log_write_failed}"
-                )
+            await self._write_failed_again()
             self._live = await trio.to_thread.run_sync(
                 self._commit, snap, states, logs, dirs, position, ()
             )

@@ -171,8 +171,10 @@ class JournalBase(ReadOnlyState):
         #: payloads of the entries whose entry-log write a round has not done yet,
         #: by (log, offset) of their record: reads take them from here
         self._unwritten: dict[tuple[int, int], Buffer] = {}
-        #: an entry-log write failed: those entries are only in the journal (and in
-        #: ``_unwritten``), so no checkpoint may let the journal go
+        #: entry-log writes that failed: those entries are only in the journal (and in
+        #: ``_unwritten``), so no checkpoint may let the journal go before they are
+        #: written (each checkpoint tries them again)
+        self._failed_writes: list[LogWrite] = []
         self._log_write_failed: OSError | None = None
         self._flush_wanted = trio.Event()
         #: the flusher task runs (else a forced round is flushed by its caller)
