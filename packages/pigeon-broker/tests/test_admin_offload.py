@@ -153,3 +153,30 @@ def test_offload_needs_a_persistent_topic(tiered: AdminStandalone) -> None:
     assert "does not exist" in err
     err = admin(tiered, "namespaces", "set-offload-threshold", NS, "--size", "lots", code=2)
     assert "not a size" in err
+
+
+def test_offload_status_names_damaged_segments() -> None:
+    from pigeon.client._admin_topics import _offload_status_text
+
+    text = _offload_status_text(
+        {
+            "status": "ERROR",
+            "last_error": "segment 7 not offloaded: ...",
+            "offloaded_segments": 4,
+            "first_unoffloaded_message_id": "7:0",
+            "damaged_segments": [
+                {
+                    "segment": 7,
+                    "entry": 1,
+                    "error": "entry 1 is on no replica intact",
+                    "attempts": 2,
+                    "retry_in_s": 120.0,
+                }
+            ],
+        }
+    )
+    assert "damaged_segments" not in text
+    assert text.splitlines()[-1] == (
+        "damaged segment 7 (entry 1): entry 1 is on no replica intact"
+        " [attempts 2, retried in 120 s]"
+    )

@@ -1,19 +1,29 @@
 """Tiered storage end to end (broker + bookie + client in one trio run): closed segments
 offloaded to the ``filesystem`` offloader, read back transparently after the bookie
-copies are gone, deleted by retention, and a failed upload retried without losing the
-bookie copy.  Real time (the offloader works in threads), bounded by ``fail_after``."""
+copies are gone, deleted by retention, a failed upload retried without losing the
+bookie copy, a damaged segment skipped (and retried) without holding back the ones after
+it, and no object left behind by an upload that a topic deletion or retention overtook.
+Real time (the offloader works in threads), bounded by ``fail_after``; where a test
+needs a backoff to pass, the ledger's clock is moved ahead."""
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 from standalone_support import NS, PREFIX, produce, read_all, receive_n
 
+from pigeon.bookie.testing import flip_payload_byte, segment_file
 from pigeon.broker import FileSystemOffloader
+from pigeon.broker._admin_topics import offload_status, offload_topic
+from pigeon.broker._lifecycle import delete_topic
 from pigeon.client.trio import Client
+from pigeon.core import TopicName
 from pigeon.core.errors import OffloadError
 from pigeon.core.offload import decode_index
 from pigeon.core.testing import InProcessStandalone, in_process_standalone
@@ -188,3 +198,193 @@ async def test_offloaded_segments_in_another_store_are_not_skipped(
             got = await receive_n(consumer, len(VALUES))
         assert [m.value for m in got] == VALUES
         await consumer.close()
+
+
+class AheadClock:
+    """The ledger's wall clock, moved ahead by the test (the backoff of a damaged
+    segment passes without waiting, and without expiring the metadata session)."""
+
+    def __init__(self, clock: Any) -> None:
+        self.clock = clock
+        self.ahead_ms = 0
+
+    def now_ms(self) -> int:
+        return int(self.clock.now_ms()) + self.ahead_ms
+
+
+async def test_a_damaged_segment_is_skipped_and_retried_without_holding_back_the_rest(
+    tiered: InProcessStandalone, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    cluster = tiered
+    caplog.set_level(logging.INFO, logger="pigeon.broker._ledger")
+    await cluster.service.policies.set(
+        NS, {"offload_threshold_bytes": 0, "offload_deletion_lag_s": 0, "retention_time_s": -1}
+    )
+    async with Client(cluster.url) as client:
+        await produce(client, "rotten", VALUES)
+        led = ledger(cluster, "rotten")
+        led.clock = clock = AheadClock(led.clock)
+        closed = led.segments[:-1]
+        assert len(closed) >= 5
+        # entry 1 of the second segment rots on its bookie (the only replica)
+        bad = closed[1]
+        bookie = tmp_path / "pigeon" / "bookie"
+        flip_payload_byte(segment_file(bookie, bad.id), 1, bad.id)
+        led.cache = type(led.cache)(led.cache.max_bytes)  # nothing served from memory
+        name = TopicName.parse(PREFIX + "rotten")
+
+        await offload_now(cluster, "rotten")
+        await cluster.service.maintain_once()  # lag 0: bookie copies of the others released
+        # every other closed segment is offloaded, before and after the damaged one
+        assert [s.id for s in closed if s.offload is None] == [bad.id]
+        assert all(s.bookies_deleted for s in closed if s is not bad)
+        assert not bad.bookies_deleted  # the damaged one keeps its bookie copies
+        status = await offload_status(cluster.service, name)
+        assert status["status"] == "ERROR"
+        assert f"segment {bad.id} not offloaded" in status["last_error"]
+        (damaged,) = status["damaged_segments"]
+        assert damaged["segment"] == bad.id and damaged["entry"] == 1
+        assert "no replica intact" in damaged["error"] and damaged["attempts"] == 1
+        assert 0 < damaged["retry_in_s"] <= 60
+        assert status["offloaded_segments"] == len(closed) - 1
+        assert status["first_unoffloaded_message_id"] == f"{bad.id}:0"
+
+        # before its backoff is over, maintenance does not try it again
+        await cluster.service.maintain_once()
+        assert not led.offloading
+        assert (await offload_status(cluster.service, name))["damaged_segments"][0]["attempts"] == 1
+        # after it, it is retried: still damaged, a longer backoff, no second WARNING
+        clock.ahead_ms += 61_000
+        await offload_now(cluster, "rotten")
+        (damaged,) = (await offload_status(cluster.service, name))["damaged_segments"]
+        assert damaged["attempts"] == 2 and 60 < damaged["retry_in_s"] <= 120
+        warnings = [
+            r
+            for r in caplog.records
+            if r.levelno >= logging.WARNING and "not offloaded" in r.message
+        ]
+        assert len(warnings) == 1 and f"segment={bad.id}" in warnings[0].getMessage()
+
+        # repaired (the bit flipped back): a manual offload retries it at once
+        led.clock = clock.clock
+        flip_payload_byte(segment_file(bookie, bad.id), 1, bad.id)
+        await offload_topic(cluster.service, name, 0)
+        with trio.fail_after(30):
+            while led.offloading or led.offload_status["status"] == "RUNNING":  # noqa: ASYNC110
+                await trio.sleep(0.02)
+        status = await offload_status(cluster.service, name)
+        assert status["status"] == "SUCCESS", status
+        assert status["damaged_segments"] == []
+        assert bad.offload is not None
+        await cluster.service.maintain_once()
+        assert all(s.bookies_deleted for s in closed)
+        led.cache = type(led.cache)(led.cache.max_bytes)
+        with trio.fail_after(30):
+            assert [m.value for m in await read_all(client, "rotten")] == VALUES
+
+
+class GatedOffloader(FileSystemOffloader):
+    """A ``filesystem`` offloader whose first upload, its data object written, waits for
+    the test before it writes the index (the upload is under way while the test
+    deletes or trims, and completes after)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.started = trio.Event()
+        self.release = trio.Event()
+        self.uploads = 0
+
+    async def _write_object(self, path: str, chunks: Any) -> None:
+        if path.endswith("/index") and not self.started.is_set():
+            self.started.set()
+            await self.release.wait()
+        await super()._write_object(path, chunks)
+
+    async def offload(self, key: str, segment_id: int, entries: Any) -> dict[str, Any]:
+        location = await super().offload(key, segment_id, entries)
+        self.uploads += 1
+        return location
+
+
+async def gated_upload(cluster: InProcessStandalone, topic: str, root: Path) -> GatedOffloader:
+    """``VALUES`` in ``topic``, and its first segment's upload started and held."""
+    await cluster.service.policies.set(
+        NS, {"offload_threshold_bytes": 0, "offload_deletion_lag_s": 3600, "retention_time_s": -1}
+    )
+    async with Client(cluster.url) as client:
+        await produce(client, topic, VALUES)
+    led = ledger(cluster, topic)
+    led.offloader = gate = GatedOffloader(root)
+    await cluster.service.maintain_once()  # starts the offload in the background
+    with trio.fail_after(30):
+        await gate.started.wait()
+    return gate
+
+
+async def test_an_upload_overtaken_by_the_topic_deletion_leaves_no_object(
+    tiered: InProcessStandalone, tmp_path: Path
+):
+    cluster = tiered
+    gate = await gated_upload(cluster, "doomed", tmp_path / "tier")
+    led = ledger(cluster, "doomed")
+    await delete_topic(cluster.service, TopicName.parse(PREFIX + "doomed"), force=True)
+    gate.release.set()  # the upload writes its objects after the topic is gone
+    with trio.fail_after(30):
+        while led.offloading:  # noqa: ASYNC110
+            await trio.sleep(0.02)
+    assert gate.uploads == 1
+    assert objects(tmp_path / "tier") == []  # deleted: nothing refers to them
+
+
+async def test_an_upload_overtaken_by_retention_leaves_no_object(
+    tiered: InProcessStandalone, tmp_path: Path
+):
+    cluster = tiered
+    async with Client(cluster.url) as client:
+        consumer = await client.subscribe("trimmed", "s", initial_position="earliest")
+        gate = await gated_upload(cluster, "trimmed", tmp_path / "tier")
+        for m in await receive_n(consumer, len(VALUES)):
+            await consumer.acknowledge(m)
+        led = ledger(cluster, "trimmed")
+        first = led.segments[0]
+        await cluster.service.policies.set(NS, {"retention_time_s": 0, "retention_size_mb": 0})
+        with trio.fail_after(30):
+            while led.index_of_segment(first.id) is not None:
+                await trio.sleep(0.05)
+                await cluster.service.maintain_once()
+        gate.release.set()  # the upload of a trimmed segment completes
+        with trio.fail_after(30):
+            while led.offloading:  # noqa: ASYNC110
+                await trio.sleep(0.02)
+        assert gate.uploads == 1
+        assert objects(tmp_path / "tier") == []
+        await consumer.close()
+
+
+async def test_an_upload_whose_segment_is_still_referenced_keeps_its_object(
+    tiered: InProcessStandalone, tmp_path: Path
+):
+    # another broker took the ledger over during the upload, and recorded the same
+    # segment offloaded under the same key: this upload's save is refused, and the
+    # objects (the other owner's now) must stay
+    cluster = tiered
+    gate = await gated_upload(cluster, "taken", tmp_path / "tier")
+    led = ledger(cluster, "taken")
+    first = led.segments[0]
+    store = cluster.service.store
+    stat = await store.get(led.path)
+    doc = json.loads(stat.value)
+    doc["segments"][0]["offload"] = {
+        "driver": "filesystem",
+        "key": f"{led.topic.path}/{first.id}",
+        "root": str(tmp_path / "tier"),
+    }
+    doc["segments"].append({**doc["segments"][-1], "id": first.id + 1000})  # not ours
+    await store.set(led.path, json.dumps(doc).encode())
+    gate.release.set()
+    with trio.fail_after(30):
+        while led.offloading:  # noqa: ASYNC110
+            await trio.sleep(0.02)
+    assert led.offload_status["status"] == "ERROR"  # ownership lost
+    key = tmp_path / "tier" / f"{led.topic.path}/{first.id}"
+    assert sorted(p.name for p in key.iterdir()) == ["data", "index"]

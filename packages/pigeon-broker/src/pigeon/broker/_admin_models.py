@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 __all__ = [
+    "OffloadDamage",
     "OffloadStatus",
     "Bookie",
     "BrokerInfo",
@@ -387,6 +388,16 @@ class Bundle(BaseModel):
     loaded_topics: int
 
 
+class OffloadDamage(BaseModel):
+    """A segment the offloader skips: an entry of it is on no replica intact."""
+
+    segment: int
+    entry: int = Field(description="The first entry found damaged.")
+    error: str = Field(description="Why the segment could not be read whole.")
+    attempts: int = Field(description="Offloads tried since it was found damaged.")
+    retry_in_s: float = Field(description="Seconds until it is tried again (backoff).")
+
+
 class OffloadStatus(BaseModel):
     """A topic's tiered storage (Pulsar's OffloadProcessStatus and more)."""
 
@@ -396,7 +407,15 @@ class OffloadStatus(BaseModel):
     offloaded_bytes: int
     bookie_only_bytes: int = Field(description="Bytes of segments not offloaded (yet).")
     first_unoffloaded_message_id: str | None = Field(
-        None, description="segment:entry of the first entry not offloaded."
+        None,
+        description="segment:entry of the first entry not offloaded (segments after it"
+        " may be offloaded: see damaged_segments).",
+    )
+    damaged_segments: list[OffloadDamage] = Field(
+        default_factory=list,
+        description="Segments not offloaded because an entry is on no replica intact:"
+        " they stay on their bookies and are retried with backoff; later ones are"
+        " offloaded.",
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 from typing import TYPE_CHECKING, Any
@@ -330,9 +331,12 @@ async def offload_topic(
     ``size_threshold`` bytes are only on bookies (Pulsar's ``topics offload``)."""
     topic = await _offloadable(service, name, start=True)
     ledger = topic.ledger
-    if not ledger.offloading and ledger.offload_candidates(size_threshold):
+    # by hand, damaged segments are retried at once (an operator may have repaired them)
+    if not ledger.offloading and ledger.offload_candidates(size_threshold, retry_damaged=True):
         ledger.offload_status = {"status": "RUNNING", "last_error": ""}
-        service.nursery.start_soon(topic.offload_in_background, size_threshold)
+        service.nursery.start_soon(
+            functools.partial(topic.offload_in_background, size_threshold, retry_damaged=True)
+        )
     return offload_status_of(topic)
 
 
@@ -364,6 +368,7 @@ def offload_status_of(topic: Any) -> dict[str, Any]:
             "offloaded_segments": 0,
             "offloaded_bytes": 0,
             "bookie_only_bytes": 0,
+            "damaged_segments": [],
         }
     offloaded = [s for s in ledger.segments if s.offload is not None]
     first = next((s for s in ledger.segments if s.offload is None), None)
@@ -374,6 +379,7 @@ def offload_status_of(topic: Any) -> dict[str, Any]:
         "offloaded_bytes": sum(s.size for s in offloaded),
         "bookie_only_bytes": sum(s.size for s in ledger.segments if s.offload is None),
         "first_unoffloaded_message_id": f"{first.id}:0" if first is not None else None,
+        "damaged_segments": ledger.offload_damage(),
     }
 
 

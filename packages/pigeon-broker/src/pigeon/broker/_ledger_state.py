@@ -92,6 +92,19 @@ class SegmentInfo:
     offload: dict[str, Any] | None = None
     offload_time_ms: int = 0
     bookies_deleted: bool = False
+    # An upload of the segment that was started and not recorded (yet): ``{"driver",
+    # "key"}``, saved before the upload begins.  Whoever removes the segment (retention,
+    # topic deletion) deletes that key too, so an upload cut short, or one still running
+    # when the segment goes, leaves no object behind (see ``_ledger_offload``).
+    offload_pending: dict[str, Any] | None = None
+
+    def offloaded_objects(self) -> list[dict[str, Any]]:
+        """What to delete from the offloader when the segment goes: its recorded
+        location and the key of an upload not recorded (each once)."""
+        out = [loc for loc in (self.offload, self.offload_pending) if loc is not None]
+        if len(out) == 2 and out[0].get("key") == out[1].get("key"):
+            out.pop()
+        return out
 
     def ensemble_for(self, entry_id: int) -> tuple[list[str], int]:
         """(ensemble holding ``entry_id``, first entry id of the next fragment or -1)."""
@@ -220,6 +233,9 @@ class LedgerState:
         #: SUCCESS, ERROR
         self.offload_status: dict[str, Any] = {"status": "NOT_RUN", "last_error": ""}
         self._offloading = False
+        #: segments whose offload met an entry no replica holds intact, by segment id
+        #: (skipped, kept on bookies, retried with backoff: see ``_ledger_offload``)
+        self.offload_damaged: dict[int, Any] = {}
         # Entries no replica holds intact (found by reads and at open), per segment id,
         # and the runs they form: see "Damaged entries" in skip_damaged.
         self._damaged: dict[int, RangeSet] = {}

@@ -208,18 +208,15 @@ async def _delete_data(service: BrokerService, name: TopicName) -> None:
     await ignore_missing(store.delete(dedup_path(name)))
     for seg in segments:
         await ignore_missing(store.delete(segment_path(seg.id)))
-    for seg in segments:
-        if seg.offload is None:
-            continue
-        if service.offloader is None:
-            log.warning("offloaded segment kept: no offloader location=%s", seg.offload)
-            continue
-        try:
-            await service.offloader.delete(seg.offload)
-        except PigeonError as exc:
-            log.warning("offloaded delete failed location=%s error=%s", seg.offload, exc)
+    # the offloaded objects before the ledger (a crash in between leaves none behind)...
+    await _delete_offloaded(service, [loc for seg in segments for loc in seg.offloaded_objects()])
     if stat is not None:
         await ignore_missing(store.delete(ledger_path(name)))
+    # ...and the keys of uploads not recorded once more after it: an upload still running
+    # either finished before this, or finds its segment gone and deletes what it wrote
+    await _delete_offloaded(
+        service, [seg.offload_pending for seg in segments if seg.offload_pending is not None]
+    )
     client = service.policy.client
     for seg in segments:
         for address in seg.ensemble:
@@ -233,6 +230,17 @@ async def _delete_data(service: BrokerService, name: TopicName) -> None:
                     address,
                     exc,
                 )
+
+
+async def _delete_offloaded(service: BrokerService, locations: list[dict[str, Any]]) -> None:
+    for location in locations:
+        if service.offloader is None:
+            log.warning("offloaded segment kept: no offloader location=%s", location)
+            continue
+        try:
+            await service.offloader.delete(location)
+        except PigeonError as exc:
+            log.warning("offloaded delete failed location=%s error=%s", location, exc)
 
 
 async def unload_topic(service: BrokerService, name: TopicName) -> list[str]:

@@ -213,10 +213,12 @@ class Topic:
         trimmed = await self.ledger.trim(
             consumed, policies.retention_time_s, policies.retention_size_mb, now
         )
-        offloaded = [s.offload for s in self.ledger.last_trimmed if s.offload is not None]
+        # retention deletes offloaded copies too, and the key of any upload not recorded
+        # (an interrupted one, or one still running: see _ledger_offload)
+        offloaded = [loc for s in self.ledger.last_trimmed for loc in s.offloaded_objects()]
         await self._delete_segments(trimmed)
         offloader = self.service.offloader
-        for location in offloaded:  # retention deletes offloaded copies too
+        for location in offloaded:
             if offloader is None:
                 log.warning("offloaded segment kept: no offloader location=%s", location)
                 continue
@@ -239,9 +241,9 @@ class Topic:
                 }
                 await self._delete_segments([s.id for s in released])
 
-    async def offload_in_background(self, threshold: int) -> None:
+    async def offload_in_background(self, threshold: int, *, retry_damaged: bool = False) -> None:
         try:
-            await self.ledger.offload(threshold)
+            await self.ledger.offload(threshold, retry_damaged=retry_damaged)
         except PigeonError as exc:  # ownership lost or closed: the next owner offloads
             log.info("offload stopped topic=%s error=%s", self.name, exc)
 

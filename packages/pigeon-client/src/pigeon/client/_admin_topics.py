@@ -337,7 +337,19 @@ def topics_offload(topic: str, size_threshold: str) -> None:
 def topics_offload_status(topic: str) -> None:
     """How TOPIC's last offload went and where its segments live."""
     result = cli.settings().client().offload_status(topic)
-    cli.emit(result, lambda s: cli.kv(s))
+    cli.emit(result, _offload_status_text)
+
+
+def _offload_status_text(status: dict[str, Any]) -> str:
+    """The status as ``key  value`` lines, then one line per damaged segment (not
+    offloaded: an entry of it is on no replica intact)."""
+    lines = [cli.kv(status, skip=["damaged_segments"])]
+    for d in status.get("damaged_segments") or []:
+        lines.append(
+            f"damaged segment {d['segment']} (entry {d['entry']}): {d['error']}"
+            f" [attempts {d['attempts']}, retried in {d['retry_in_s']:g} s]"
+        )
+    return "\n".join(lines)
 
 
 @namespaces_cmd.command("set-offload-threshold")

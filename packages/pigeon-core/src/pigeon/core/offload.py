@@ -21,7 +21,10 @@ The contract:
   :class:`~pigeon.core.errors.CorruptEntry` only when the first one asked for is damaged
   (so that skipping damage never skips the intact entries before it).
 * :meth:`Offloader.delete` removes an offloaded segment; a missing one is no error, so
-  a retried delete succeeds.
+  a retried delete succeeds.  Besides a location :meth:`Offloader.offload` returned, it
+  takes ``{"driver": name, "key": key}`` alone: the key of an upload the broker started
+  and did not record (cut short, or still running when its segment was removed), whose
+  objects, whole or partial, must go too.
 
 :class:`BlobOffloader` implements all of it over four object-store primitives (write an
 object from chunks, read a byte range, read a whole object, delete objects), so a new
@@ -113,7 +116,9 @@ class Offloader(Protocol):
         ...
 
     async def delete(self, location: dict[str, Any]) -> None:
-        """Remove an offloaded segment; a missing one is not an error."""
+        """Remove an offloaded segment; a missing one is not an error.  ``location``
+        is one :meth:`offload` returned, or ``{"driver", "key"}`` alone (an upload
+        that may not have completed): whatever is stored under the key goes."""
         ...
 
     async def aclose(self) -> None:

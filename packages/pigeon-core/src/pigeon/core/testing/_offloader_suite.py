@@ -10,8 +10,8 @@ empty store per test)::
 
 The suite checks exact round trips over ranges and ``max_bytes`` cuts, that an upload
 that failed half-way is never read as a segment, that offloading a segment again
-overwrites it, that deletes are idempotent, that non-dense entry ids are refused with
-:class:`~pigeon.core.errors.OffloadError`, and (for a
+overwrites it, that deletes are idempotent (and take a key alone), that non-dense entry
+ids are refused with :class:`~pigeon.core.errors.OffloadError`, and (for a
 :class:`~pigeon.core.offload.BlobOffloader`) that catching up reads by ranges.
 """
 
@@ -104,6 +104,15 @@ class OffloaderContract:
         await offloader.delete(location)
         with pytest.raises((OffloadError, CorruptEntry)):
             await offloader.read(location, 0, 1, max_bytes=1 << 20)
+
+    async def test_delete_by_key_alone(self, offloader: Offloader) -> None:
+        # the key of an upload the broker did not record (cut short or still running
+        # when its segment was removed): whatever is stored under it goes
+        location = await offloader.offload("t/8", 8, batches(segment_entries(20)))
+        await offloader.delete({"driver": offloader.name, "key": "t/8"})
+        with pytest.raises((OffloadError, CorruptEntry)):
+            await offloader.read(location, 0, 1, max_bytes=1 << 20)
+        await offloader.delete({"driver": offloader.name, "key": "t/never-written"})
 
     async def test_entries_must_be_dense(self, offloader: Offloader) -> None:
         async def gap() -> AsyncIterator[list[tuple[int, bytes]]]:
