@@ -271,6 +271,10 @@ class Segment(BaseModel):
         None, description="Where the offloader stored the segment; null: only on bookies."
     )
     bookies_deleted: bool = Field(False, description="Offloaded, and gone from the bookies.")
+    offload_pending: dict[str, Any] | None = Field(
+        None,
+        description="An upload started and not recorded yet (driver, key); null: none.",
+    )
 
 
 class CursorInternal(BaseModel):

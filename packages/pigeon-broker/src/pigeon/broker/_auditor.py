@@ -106,7 +106,7 @@ class Auditor:
             stat = await self.store.get(path)
             if stat is None:
                 continue
-            segments = [SegmentInfo(**s) for s in json.loads(stat.value).get("segments", [])]
+            segments = [SegmentInfo.from_doc(s) for s in json.loads(stat.value).get("segments", [])]
             for seg in segments:
                 if seg.state != "closed" or seg.last_entry_id < 0 or seg.bookies_deleted:
                     continue  # open, empty, or only offloaded: nothing on bookies
@@ -187,7 +187,7 @@ class Auditor:
             for s in doc.get("segments", []):
                 if s["id"] != segment_id:
                     continue
-                info = SegmentInfo(**s)
+                info = SegmentInfo.from_doc(s)
                 if not info.fragments:
                     info.ensemble[index] = target
                 elif first == 0:

@@ -59,7 +59,7 @@ class ManagedLedger(LedgerWrites, LedgerOffload):
         if stat is not None:
             doc = json.loads(stat.value)
             self._version = stat.version
-            self.segments = [SegmentInfo(**s) for s in doc.get("segments", [])]
+            self.segments = [SegmentInfo.from_doc(s) for s in doc.get("segments", [])]
             recorded_offset = int(doc.get("next_offset", 0))
         self._reindex()
         # Recover segments left open by a previous owner (crash): fence, find the end.
@@ -242,6 +242,7 @@ class ManagedLedger(LedgerWrites, LedgerOffload):
                     "ctime": s.ctime,
                     "last_publish_time": s.last_publish_time,
                     "offload": s.offload,
+                    "offload_pending": s.offload_pending,
                     "bookies_deleted": s.bookies_deleted,
                 }
                 for s in self.segments

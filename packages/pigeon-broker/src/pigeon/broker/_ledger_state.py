@@ -15,7 +15,7 @@ import json
 import logging
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import trio
@@ -97,6 +97,22 @@ class SegmentInfo:
     # topic deletion) deletes that key too, so an upload cut short, or one still running
     # when the segment goes, leaves no object behind (see ``_ledger_offload``).
     offload_pending: dict[str, Any] | None = None
+    #: fields of the stored document this version does not know (written by a newer
+    #: broker during a rolling upgrade): kept, and written back as they were
+    unknown_fields: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> SegmentInfo:
+        """A segment as the ledger's metadata document holds it; fields this version
+        does not know are kept aside, not refused."""
+        known = _SEGMENT_FIELDS
+        info = cls(**{k: v for k, v in doc.items() if k in known})
+        info.unknown_fields = {k: v for k, v in doc.items() if k not in known}
+        return info
+
+    def to_doc(self) -> dict[str, Any]:
+        doc = asdict(self)
+        return {**doc.pop("unknown_fields"), **doc}
 
     def offloaded_objects(self) -> list[dict[str, Any]]:
         """What to delete from the offloader when the segment goes: its recorded
@@ -117,6 +133,9 @@ class SegmentInfo:
                 end = first
                 break
         return list(current), end
+
+
+_SEGMENT_FIELDS = frozenset(f.name for f in fields(SegmentInfo)) - {"unknown_fields"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,7 +266,7 @@ class LedgerState:
         # next_offset: where the offsets went up to, should the end of the log be found
         # damaged when the ledger is opened again (see _open_tail)
         return json.dumps(
-            {"segments": [asdict(s) for s in self.segments], "next_offset": self.next_offset}
+            {"segments": [s.to_doc() for s in self.segments], "next_offset": self.next_offset}
         ).encode()
 
     async def _save(self) -> None:

@@ -201,9 +201,8 @@ async def _delete_one(service: BrokerService, name: TopicName, *, force: bool) -
 async def _delete_data(service: BrokerService, name: TopicName) -> None:
     store = service.store
     stat = await store.get(ledger_path(name))
-    segments = (
-        [SegmentInfo(**s) for s in json.loads(stat.value).get("segments", [])] if stat else []
-    )
+    docs = json.loads(stat.value).get("segments", []) if stat else []
+    segments = [SegmentInfo.from_doc(s) for s in docs]
     await ignore_missing(store.delete(cursors_path(name), recursive=True))
     await ignore_missing(store.delete(dedup_path(name)))
     for seg in segments:
