@@ -457,8 +457,9 @@ async def test_a_failed_entry_log_write_keeps_the_journal(
         check_all(store, 1, 6)
 
 
+@pytest.mark.parametrize("size", [1000, 300_000], ids=["same-thread", "own-thread"])
 async def test_a_failed_entry_log_write_is_written_by_the_next_checkpoint(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int
 ) -> None:
     real = journal_mod.write_reserved
     calls = 0
@@ -470,14 +471,15 @@ async def test_a_failed_entry_log_write_is_written_by_the_next_checkpoint(
 
     async with open_store(tmp_path) as store:
         monkeypatch.setattr(journal_mod, "write_reserved", fail_once)
-        await store.add_entries(2, 0, [payload(2, i) for i in range(4)])
+        await store.add_entries(2, 0, [payload(2, i, size) for i in range(4)])
         assert store._unwritten  # the round's entries: in memory only
         store.set_read_only(None)  # the disk has room again
         await store.checkpoint()
         assert not store._unwritten and not store._failed_writes
-        check_all(store, 2, 4)
+        got = store.read_entries(2, 0, 3, max_bytes=1 << 30)
+        assert got == [(i, payload(2, i, size)) for i in range(4)]
     async with open_store(tmp_path) as store:
-        check_all(store, 2, 4)
+        assert store.read_entries(2, 0, 3, max_bytes=1 << 30) == got
 
 
 async def test_statistics_and_lifecycle(tmp_path: Path) -> None:

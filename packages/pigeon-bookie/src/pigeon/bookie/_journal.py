@@ -90,6 +90,11 @@ from pigeon.core.storage import SegmentInfo, StoreStatistics
 
 __all__ = ["JOURNAL_FORMAT", "JournalStore"]
 
+#: a round's entry-log bytes from which they are written in a thread of their own,
+#: beside the journal's fdatasync (below, the same thread writes them first: a thread
+#: hop costs more than the copy)
+_PARALLEL_LOG_BYTES = 256 << 10
+
 #: the first line of the FORMAT file of a data dir the journal storage owns
 JOURNAL_FORMAT = b"pigeon-journal 1\n"
 
@@ -489,12 +494,17 @@ class JournalStore(JournalReads):
         try:
             dir_fd = self._journal.dir_fd if sync_dir else None
             fds = [f.fd for f in files]
-            if r.log_writes:
+            writes = r.log_writes
+            if writes and sum(w[3] for w in writes) >= _PARALLEL_LOG_BYTES:
+                # a long copy: beside the fdatasync, in a thread of its own
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._write_logs, r.log_writes)
-                    err = await trio.to_thread.run_sync(fsync_many, fds, dir_fd)
+                    nursery.start_soon(self._write_logs, writes)
+                    err = await self._sync_thread.run(fsync_many, fds, dir_fd)
+            elif writes:  # a short one: before it, in the same thread (one hop)
+                log_err, err = await self._sync_thread.run(_round_io, writes, fds, dir_fd)
+                self._logs_done(writes, log_err)
             else:
-                err = await trio.to_thread.run_sync(fsync_many, fds, dir_fd)
+                err = await self._sync_thread.run(fsync_many, fds, dir_fd)
             c = self._counters
             c.fsyncs += len(files) + sync_dir
             c.flush_rounds += 1
@@ -512,7 +522,9 @@ class JournalStore(JournalReads):
         """A round's entry-log writes (worker thread); the entries are read from disk
         once written, from memory until then (and for good if the write failed: they
         are in the journal, which no checkpoint may then let go)."""
-        err = await trio.to_thread.run_sync(write_reserved, writes)
+        self._logs_done(writes, await self._log_thread.run(write_reserved, writes))
+
+    def _logs_done(self, writes: list[LogWrite], err: OSError | None) -> None:
         if err is not None:
             self._failed_writes.extend(writes)  # the checkpoint tries them again
             self._log_write_failed = err
@@ -902,3 +914,11 @@ def _unlink_all(paths: list[Path]) -> None:
             os.unlink(p)
         except FileNotFoundError:
             pass
+
+
+def _round_io(
+    writes: list[LogWrite], fds: list[int], dir_fd: int | None
+) -> tuple[OSError | None, OSError | None]:
+    """Blocking: a round's entry-log writes, then the journal's fdatasync (one thread
+    hop for both); the errors of each."""
+    return write_reserved(writes), fsync_many(fds, dir_fd)

@@ -18,7 +18,13 @@ from pigeon.bookie._journal_file import Journal, JournalFile
 from pigeon.bookie._journal_index import LedgerIndex, Loc
 from pigeon.bookie._journal_logs import EntryLogs, LogWrite
 from pigeon.bookie._segment import Buffer
-from pigeon.bookie._storage_state import Counters, FsyncPolicy, ReadOnlyState, Round
+from pigeon.bookie._storage_state import (
+    Counters,
+    FlushThread,
+    FsyncPolicy,
+    ReadOnlyState,
+    Round,
+)
 from pigeon.core.errors import (
     InvalidArgument,
     SegmentNotFound,
@@ -168,6 +174,9 @@ class JournalBase(ReadOnlyState):
         self._read_only: str | None = None
         self._read_only_sticky = False
         self._collecting = JournalRound()
+        #: the group commit's threads: the journal's fdatasync, the entry-log writes
+        self._sync_thread = FlushThread("pigeon-journal-sync")
+        self._log_thread = FlushThread("pigeon-journal-logs")
         #: payloads of the entries whose entry-log write a round has not done yet,
         #: by (log, offset) of their record: reads take them from here
         self._unwritten: dict[tuple[int, int], Buffer] = {}

@@ -130,22 +130,23 @@ class StoreCommit(StoreBase):
         try:
             dir_fd = self._dir_fd if sync_dir else None
             errors: list[OSError] = []
+            threads = self._fsync_threads
             if len(segs) <= 1:  # the common case: no nursery, one thread hop
-                err = await trio.to_thread.run_sync(fsync_many, [s.fd for s in segs], dir_fd)
+                err = await threads[0].run(fsync_many, [s.fd for s in segs], dir_fd)
                 if err is not None:
                     errors.append(err)
             else:
-                n = min(self._flush_threads, len(segs))
+                n = min(len(threads), len(segs))
 
-                async def sync_group(fds: list[int], dir_fd: int | None) -> None:
-                    err = await trio.to_thread.run_sync(fsync_many, fds, dir_fd)
+                async def sync_group(i: int, fds: list[int], dir_fd: int | None) -> None:
+                    err = await threads[i].run(fsync_many, fds, dir_fd)
                     if err is not None:
                         errors.append(err)
 
                 async with trio.open_nursery() as nursery:
                     for i in range(n):
                         fds = [s.fd for s in segs[i::n]]
-                        nursery.start_soon(sync_group, fds, dir_fd if i == 0 else None)
+                        nursery.start_soon(sync_group, i, fds, dir_fd if i == 0 else None)
             self._counters.fsyncs += len(segs) + sync_dir
             self._counters.flush_rounds += 1
             self._counters.flush_seconds += time.perf_counter() - started

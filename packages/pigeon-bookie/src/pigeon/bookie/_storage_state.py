@@ -11,13 +11,17 @@ layered on it in their own modules (:mod:`~pigeon.bookie._storage_reads`,
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
+import queue
+import threading
 from array import array
 from collections.abc import Callable
 from pathlib import Path
-from typing import Final, Literal
+from typing import Any, Final, Literal, TypeVar
 
+import outcome
 import trio
 
 from pigeon.bookie._index import (
@@ -47,6 +51,7 @@ __all__ = [
     "STORE_FORMAT",
     "TAIL_CHECKPOINTS",
     "Counters",
+    "FlushThread",
     "FsyncPolicy",
     "Round",
     "SegmentInfo",
@@ -260,6 +265,64 @@ def stored_damaged(
     return False
 
 
+T = TypeVar("T")
+
+
+class FlushThread:
+    """A thread of the group commit's own for its blocking calls (fdatasync, the
+    journal's entry-log writes): a call costs half the CPU and wall time of
+    ``trio.to_thread.run_sync`` (measured here: ~62 against ~111 us of CPU, 69 against
+    134 us of wall time per call), which a round pays once per segment-group or log.
+
+    Calls run one at a time, in order.  The thread starts on the first call and ends
+    after ``idle_s`` without one (so a store dropped without closing leaves no thread
+    behind); :meth:`run` is not cancellable (rounds run shielded anyway).
+    """
+
+    def __init__(self, name: str, idle_s: float = 10.0) -> None:
+        self._name = name
+        self._idle = idle_s
+        self._queue: queue.SimpleQueue[tuple[Callable[[], Any], Callable[[Any], None]]] = (
+            queue.SimpleQueue()
+        )
+        self._lock = threading.Lock()
+        self._running = False
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in the thread; its result, or its exception raised here."""
+        task = trio.lowlevel.current_task()
+        token = trio.lowlevel.current_trio_token()
+        box: list[outcome.Outcome[T]] = []
+
+        def done(result: outcome.Outcome[T]) -> None:
+            box.append(result)
+            token.run_sync_soon(trio.lowlevel.reschedule, task)
+
+        with self._lock:
+            self._queue.put((functools.partial(fn, *args), done))
+            if not self._running:
+                self._running = True
+                threading.Thread(target=self._serve, name=self._name, daemon=True).start()
+        await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
+        return box[0].unwrap()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                call, done = self._queue.get(timeout=self._idle)
+            except queue.Empty:
+                with self._lock:
+                    if self._queue.empty():
+                        self._running = False
+                        return
+                continue
+            result = outcome.capture(call)
+            try:
+                done(result)
+            except trio.RunFinishedError:  # the trio run ended meanwhile: nobody waits
+                pass
+
+
 class Round:
     """One group commit: the segments written since the previous round (a journal
     store's round adds the journal files: ``pigeon.bookie._journal_state.JournalRound``)."""
@@ -363,6 +426,10 @@ class StoreBase(ReadOnlyState):
         self._index_interval = index_interval_bytes
         self._inline_read = inline_read_bytes
         self._flush_threads = flush_threads
+        #: the group commit's threads (one per concurrent fsync group)
+        self._fsync_threads = [
+            FlushThread(f"pigeon-fsync-{i}") for i in range(max(1, flush_threads))
+        ]
         self._verify_tail = verify_tail_bytes
         #: dense positions kept per segment: beyond 2x this, the oldest half is dropped
         #: (reads of older entries go through the sparse index)
