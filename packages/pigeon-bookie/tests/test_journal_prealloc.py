@@ -148,6 +148,15 @@ def test_a_torn_record_before_a_file_with_records_is_damage(
     assert any("records after it are lost" in m for m in journal_warnings(caplog))
 
 
+def test_a_prepared_file_left_behind_never_hides_records(tmp_path: Path) -> None:
+    # a failed preparation whose file could not be removed: the next file created has
+    # another seq, but a journal written before that rule could share it
+    write_file(tmp_path / journal_name(0), 0, record(0), 0)
+    write_file(tmp_path / "0000000000000001.pre", 1, b"", 4 * KIB)
+    write_file(tmp_path / journal_name(1), 1, record(1), 0)
+    assert replay_all(tmp_path) == ([0, 1], 0)
+
+
 # ---------------------------------------------------------------- writes
 
 

@@ -159,6 +159,8 @@ class Journal:
         #: the current file's seq once the preparation of its successor was started
         #: (one attempt per file: a failing disk does not start a thread per write)
         self._prepared_after = -1
+        #: the lowest seq not handed out yet
+        self._next_seq = 0
 
     # ------------------------------------------------------------------ start
 
@@ -190,9 +192,19 @@ class Journal:
                 # a damaged header: the records after it carry their own checksums
                 logger.error("journal file header damaged path=%s: replayed by its name", jf.path)
             found.append(jf)
-        found.sort(key=lambda f: f.seq)
-        self.files = {f.seq: f for f in found}
-        return found
+        # ".txn" before ".pre": a prepared file whose removal failed (its preparation
+        # did) may share its seq with a file created after it; only the ".txn" one
+        # can hold records (a prepared file is renamed before it is written)
+        found.sort(key=lambda f: (f.seq, f.path.suffix != ".txn"))
+        self.files = {}
+        for jf in found:
+            if jf.seq in self.files:
+                logger.warning("journal file ignored path=%s: its seq is taken", jf.path)
+                os.close(jf.fd)
+            else:
+                self.files[jf.seq] = jf
+        self._next_seq = max(self.files, default=-1) + 1
+        return list(self.files.values())
 
     def replay(self, start: tuple[int, int] | None) -> Iterator[JournalRecord]:
         """Blocking: the intact records from ``start`` (a checkpoint position; None:
@@ -244,7 +256,7 @@ class Journal:
         if self._take_prepared(wait=True):
             assert self.current is not None
             return self.current
-        seq = max(self.files, default=-1) + 1
+        seq = self._new_seq()
         path = self.dir / journal_name(seq)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
@@ -269,7 +281,7 @@ class Journal:
         if not self._pre_alloc or self._prep is not None or self._prepared_after == jf.seq:
             return
         self._prepared_after = jf.seq
-        prep = _Preparation(max(self.files) + 1)
+        prep = _Preparation(self._new_seq())
         prep.thread = threading.Thread(
             target=self._prepare,
             args=(prep,),
@@ -278,6 +290,13 @@ class Journal:
         )
         self._prep = prep
         prep.thread.start()
+
+    def _new_seq(self) -> int:
+        """The next file's seq: never one handed out before (a failed preparation's
+        file may be left behind under it)."""
+        seq = max(self._next_seq, max(self.files, default=-1) + 1)
+        self._next_seq = seq + 1
+        return seq
 
     def _prepare(self, prep: _Preparation) -> None:
         """Thread: create journal file ``prep.seq``, header fdatasynced first (a crash
