@@ -10,6 +10,8 @@ Journal file ``<journal dir>/<seq as 16 hex digits>.txn`` and entry log
     offset 0   8s  magic  b"PGNJRNL\\x01" (journal) or b"PGNELOG\\x01" (entry log)
     offset 8   u64 sequence number of the journal file, or id of the entry log
     offset 16  records, back to back
+    then       zero bytes, up to the end of the file (journal files only: the part
+               preallocated and not yet written, :mod:`pigeon.bookie._journal_file`)
 
 Record (a 40-byte header, then the payload; an entry record is byte for byte the
 record of a segment file, :mod:`pigeon.bookie._segment`)::
@@ -28,6 +30,12 @@ segments interleaved, fences, deletions); entry logs hold entry records only, of
 segments, and are read at the positions the index gives.  An entry record written
 again (a repair from a good copy, or the replay of a journal) simply supersedes the
 older copy: the index points at the newest.
+
+A journal file's records end where a record does not parse: its **logical end**.  When
+every byte from there to the end of the file is zero, that is a clean end (the file's
+preallocated, never written part, :func:`all_zeros`); anything else there is a torn
+record.  No record starts with a zero byte (each magic starts with ``0xd7``), so a
+record header read back as zeros is never taken for a record.
 """
 
 from __future__ import annotations
@@ -53,7 +61,9 @@ __all__ = [
     "LOG_MAGIC",
     "MAX_FILE_ID",
     "RECORD_HEADER_SIZE",
+    "ZEROS",
     "JournalRecord",
+    "all_zeros",
     "decode_entry",
     "encode_control",
     "encode_entry_header",
@@ -70,6 +80,9 @@ FILE_HEADER_SIZE: Final = _FILE_HEADER.size  # 16
 #: the highest journal sequence number or entry log id a store uses (files named
 #: above it are not its own)
 MAX_FILE_ID: Final = (1 << 63) - 1
+
+#: a MiB of zeros: what a journal file is preallocated with, a piece at a time
+ZEROS: Final = bytes(1 << 20)
 
 #: record kinds
 ENTRY: Final = 0
@@ -189,3 +202,18 @@ def scan_journal(
             return
         yield JournalRecord(kind, sid, eid, lac, pos, size, payload)
         pos += size
+
+
+def all_zeros(read: ReadFn, start: int, end: int, *, chunk: int = 1 << 20) -> bool:
+    """Are the bytes of ``[start, end)`` all zero (a journal file's preallocated, never
+    written part: a clean end, not a torn record)?  A short read ends the check (the
+    file is shorter than ``end``: nothing more there)."""
+    pos = start
+    while pos < end:
+        buf = read(pos, min(chunk, end - pos))
+        if not buf:
+            return True
+        if buf.count(0) != len(buf):
+            return False
+        pos += len(buf)
+    return True
