@@ -192,6 +192,54 @@ def test_writes_go_to_the_prepared_file_and_a_close_leaves_logical_ends(tmp_path
     assert replay_all(tmp_path) == (list(range(eid)), 0)
 
 
+def test_a_journal_written_fast_stops_zero_filling_and_starts_again_when_slow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Zeros double the journal's disk writes: past PRE_ALLOC_MAX_RATE the next file is
+    not prepared (appended to, up to the maximum size), below it prepared again."""
+    journal = Journal(tmp_path, 512 * KIB, 64 * KIB)
+    eid = 0
+
+    def fill_current() -> int:
+        nonlocal eid
+        jf = journal.current
+        assert jf is not None
+        while journal.current is jf:
+            rec = record(eid)
+            journal.write([rec], len(rec))
+            eid += 1
+            prep = journal._prep
+            if prep is not None:
+                assert prep.done.wait(30)  # the disk keeps up with the test
+        return jf.seq
+
+    try:
+        journal.open_files()
+        journal.start_new_file()
+        monkeypatch.setattr(journal_file_mod, "PRE_ALLOC_MAX_RATE", 1 << 50)  # "slow"
+        fill_current()  # the first file, left as soon as its successor is ready
+        seq = fill_current()  # a prepared file: 64 KiB
+        assert os.fstat(journal.files[seq].fd).st_size == 64 * KIB
+        # "fast": the files already prepared are used, then the journal appends
+        monkeypatch.setattr(journal_file_mod, "PRE_ALLOC_MAX_RATE", 1)
+        for _ in range(4):
+            seq = fill_current()
+            if journal.files[seq].allocated == 0:
+                break
+        assert journal.files[seq].allocated == 0
+        assert os.fstat(journal.files[seq].fd).st_size >= 512 * KIB  # up to the maximum
+        # "slow" again: a file after the next is prepared once more
+        monkeypatch.setattr(journal_file_mod, "PRE_ALLOC_MAX_RATE", 1 << 50)
+        for _ in range(4):
+            seq = fill_current()
+            if journal.files[seq].allocated:
+                break
+        assert journal.files[seq].allocated == 64 * KIB
+    finally:
+        journal.close()
+    assert replay_all(tmp_path) == (list(range(eid)), 0)
+
+
 async def test_a_store_stopped_cleanly_leaves_no_zeros(tmp_path: Path) -> None:
     # files at their logical end and no prepared file: what the directory holds without
     # preallocation (tools that read a stopped journal see records to its end)

@@ -167,6 +167,7 @@ def pigeon_ledger_storages(registry: Registry[Any]) -> None:
             fsync_interval_ms=config.fsync_interval_ms,
             journal_max_group_wait_ms=config.journal_max_group_wait_ms,
             journal_max_size_mb=config.journal_max_size_mb,
+            journal_pre_alloc_size_mb=config.journal_pre_alloc_size_mb,
             entry_log_size_limit=config.entry_log_size_limit,
             flush_interval_ms=config.flush_interval_ms,
             minor_compaction_threshold=config.minor_compaction_threshold,

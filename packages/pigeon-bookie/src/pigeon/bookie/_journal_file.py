@@ -37,6 +37,11 @@ state: the zeros are written once per byte of journal, in the background, never 
 ack path.  The first file after a start is created with its header alone (a start does
 not wait for zeros) and is left as soon as the next file is ready.  A preparation that
 fails (a full disk) is logged; the journal then rolls as without preallocation.
+Zero-filling doubles the journal's disk writes, so it adapts: a file that was written
+faster than ``PRE_ALLOC_MAX_RATE`` (64 MiB/s) is followed by one that is not prepared
+(the journal appends, rolling at ``journal_max_size_mb``), a slower one by a prepared
+one again -- the metadata an append commits weighs on small rounds (latency), hardly
+on the large rounds of a fast stream, whose bandwidth the zeros would take.
 
 Why zeros and not reused files (BookKeeper's ``journalReuseFiles``): a reused file is
 full of intact records of its previous life, which a replay must never apply; telling
@@ -66,6 +71,7 @@ import functools
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -85,12 +91,17 @@ from pigeon.bookie._journal_format import (
 from pigeon.bookie._segment import Buffer
 from pigeon.bookie._storage_state import pwritev_all
 
-__all__ = ["DEFAULT_PRE_ALLOC_SIZE", "Journal", "JournalFile", "journal_name"]
+__all__ = ["DEFAULT_PRE_ALLOC_SIZE", "PRE_ALLOC_MAX_RATE", "Journal", "JournalFile", "journal_name"]
 
 logger = logging.getLogger("pigeon.bookie._journal")
 
 #: ``journal_pre_alloc_size_mb``'s default (BookKeeper's is 16 MiB too)
 DEFAULT_PRE_ALLOC_SIZE = 16 << 20
+#: bytes/s: a journal file written faster than this is followed by one that is not
+#: zero-filled (the zeros would double the journal's disk writes just when it needs
+#: the bandwidth; at such rates a round's data dwarfs its metadata), a slower one by
+#: a zero-filled one again
+PRE_ALLOC_MAX_RATE = 64 << 20
 
 
 def journal_name(seq: int) -> str:
@@ -161,6 +172,11 @@ class Journal:
         self._prepared_after = -1
         #: the lowest seq not handed out yet
         self._next_seq = 0
+        #: when the current file became current (monotonic clock)
+        self._current_since = time.monotonic()
+        #: the previous file was written faster than PRE_ALLOC_MAX_RATE: the next one
+        #: is not zero-filled
+        self._fast = False
 
     # ------------------------------------------------------------------ start
 
@@ -267,7 +283,7 @@ class Journal:
             raise
         jf = JournalFile(seq, path, fd, FILE_HEADER_SIZE)
         self.files[seq] = jf
-        self.current = jf
+        self._make_current(jf)
         self.dir_dirty = True
         return jf
 
@@ -281,6 +297,8 @@ class Journal:
         if not self._pre_alloc or self._prep is not None or self._prepared_after == jf.seq:
             return
         self._prepared_after = jf.seq
+        if self._fast:  # the zeros would take bandwidth the journal's writes need
+            return
         prep = _Preparation(self._new_seq())
         prep.thread = threading.Thread(
             target=self._prepare,
@@ -358,8 +376,21 @@ class Journal:
         except OSError as exc:  # the name is cosmetic: a ".pre" file is replayed too
             logger.warning("journal file %s not renamed: %s", jf.path, exc)
         self.files[jf.seq] = jf
-        self.current = jf
+        self._make_current(jf)
         return True
+
+    def _make_current(self, jf: JournalFile) -> None:
+        """``jf`` takes the writes from now on; the rate the previous file was
+        written at decides whether the next one is zero-filled (:data:`PRE_ALLOC_MAX_RATE`)."""
+        now = time.monotonic()
+        old = self.current
+        written = old.end - FILE_HEADER_SIZE if old is not None else 0
+        # a file left early (the first after a start) says nothing of the rate
+        if old is not None and old is not jf and written >= self._pre_alloc // 2:
+            elapsed = now - self._current_since
+            self._fast = elapsed <= 0 or written / elapsed > PRE_ALLOC_MAX_RATE
+        self.current = jf
+        self._current_since = now
 
     # ------------------------------------------------------------------ writes
 

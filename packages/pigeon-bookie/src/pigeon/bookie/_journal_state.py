@@ -112,6 +112,7 @@ class JournalBase(ReadOnlyState):
         fsync_interval_ms: float = 5.0,
         journal_max_group_wait_ms: float = 0.0,
         journal_max_size_mb: float = 512,
+        journal_pre_alloc_size_mb: float = 16,
         entry_log_size_limit: int = 1 << 30,
         flush_interval_ms: float = 10_000.0,
         flush_entries: int = 200_000,
@@ -132,6 +133,8 @@ class JournalBase(ReadOnlyState):
         _positive("major_compaction_interval_s", major_compaction_interval_s)
         if journal_max_group_wait_ms < 0:
             raise InvalidArgument("journal_max_group_wait_ms must be >= 0")
+        if journal_pre_alloc_size_mb < 0:
+            raise InvalidArgument("journal_pre_alloc_size_mb must be >= 0")
         if entry_log_size_limit < 4096:
             raise InvalidArgument("entry_log_size_limit must be >= 4096")
         if flush_entries < 1:
@@ -159,7 +162,11 @@ class JournalBase(ReadOnlyState):
         self._major = (major_compaction_threshold, major_compaction_interval_s)
         self._inline_read = inline_read_bytes
         self._index_map_size = index_map_size
-        self._journal = Journal(self._journal_dir, int(journal_max_size_mb * (1 << 20)))
+        self._journal = Journal(
+            self._journal_dir,
+            int(journal_max_size_mb * (1 << 20)),
+            int(journal_pre_alloc_size_mb * (1 << 20)),
+        )
         self._logs = EntryLogs(self._ledger_dirs, entry_log_size_limit)
         self._index: LedgerIndex | None = None
         self._state: Literal["new", "starting", "running", "closing", "closed"] = "new"

@@ -144,6 +144,10 @@ class BookieConfig(SecurityConfig):
     journal_max_group_wait_ms: float = 0.0
     #: a journal file rolls once this big; old files are deleted after a checkpoint
     journal_max_size_mb: int = 512
+    #: journal files are zero-filled to this size before use, in the background, so
+    #: the group commit's fdatasync commits no metadata (0: off); skipped while the
+    #: journal is written faster than 64 MiB/s (the zeros would halve its bandwidth)
+    journal_pre_alloc_size_mb: float = 16.0
     #: an entry log rolls once this big (bytes)
     entry_log_size_limit: int = 1024 * 1024 * 1024
     #: checkpoint interval: entry logs fsynced, the index committed, old journal files
@@ -185,8 +189,9 @@ class BookieConfig(SecurityConfig):
         ):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"bad value for {key!r}: must be positive")
-        if self.journal_max_group_wait_ms < 0:
-            raise ConfigError("bad value for 'journal_max_group_wait_ms': must be >= 0")
+        for key in ("journal_max_group_wait_ms", "journal_pre_alloc_size_mb"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"bad value for {key!r}: must be >= 0")
         for key in ("minor_compaction_threshold", "major_compaction_threshold"):
             if not 0 <= getattr(self, key) <= 1:
                 raise ConfigError(f"bad value for {key!r}: must be in [0, 1]")
