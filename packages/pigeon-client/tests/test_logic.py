@@ -22,7 +22,13 @@ class Recorder:
         self.timers: list[tuple[int, int]] = []
         self.done: list[int] = []
 
-    def logic(self, *, max_message_size: int = 5 * 1024 * 1024, max_delay: float = 1.0) -> Any:
+    def logic(
+        self,
+        *,
+        max_message_size: int = 5 * 1024 * 1024,
+        max_delay: float = 1.0,
+        clock: Any = None,
+    ) -> Any:
         core = ProducerCore(
             producer_name="p",
             codec=codecs_of(PluginManager()).by_name("none"),
@@ -39,6 +45,7 @@ class Recorder:
             max_delay=max_delay,
             submit=lambda engine, batch: self.submitted.append(batch),
             start_timer=lambda index, generation: self.timers.append((index, generation)),
+            clock=clock,
         )
         logic.callback_for = lambda c, s, p: BatchCompletion(c, s, p, self.done.append)
         return logic
@@ -76,6 +83,45 @@ def test_the_timer_seals_only_the_batch_it_was_started_for() -> None:
     assert [b.num_messages for b in rec.submitted] == [1, 1]
     logic.timer_fired(0, 2)
     assert len(rec.submitted) == 2
+
+
+@pytest.mark.parametrize("path", ["add_plain", "add"])
+def test_a_due_batch_leaves_with_the_next_message_though_its_timer_is_late(path: str) -> None:
+    # the timer of a face on another thread starts late and an event loop's timer fires
+    # late: a steady producer's batch must leave max_delay after its first message
+    now = [100.0]
+    rec = Recorder()
+    logic = rec.logic(max_delay=0.001, clock=lambda: now[0])
+
+    def add(value: bytes) -> None:
+        if path == "add_plain":
+            logic.add_plain(value, None, None, 0)
+        else:
+            logic.add(value, None, None, 0, 0, None)
+
+    add(b"a")
+    assert logic.cores[0].due == pytest.approx(100.001)
+    now[0] += 0.0005
+    add(b"b")
+    assert rec.submitted == []  # not due yet
+    now[0] += 0.0006
+    add(b"c")  # due: the batch leaves now, with this message
+    assert [b.num_messages for b in rec.submitted] == [3]
+    add(b"d")  # opens the next batch, due max_delay from now
+    assert rec.timers == [(0, 1), (0, 2)]
+    assert logic.cores[0].due == pytest.approx(now[0] + 0.001)
+    logic.timer_fired(0, 1)  # the late timer of the batch that left: nothing happens
+    assert [b.num_messages for b in rec.submitted] == [3]
+
+
+def test_without_a_clock_only_the_timer_seals_a_batch_that_is_not_full() -> None:
+    rec = Recorder()
+    logic = rec.logic(max_delay=0.001)
+    for i in range(5):
+        logic.add_plain(b"%d" % i, None, None, 0)
+    assert rec.submitted == []
+    logic.timer_fired(0, 1)
+    assert [b.num_messages for b in rec.submitted] == [5]
 
 
 def test_a_receipt_resolves_every_message_of_its_batch() -> None:

@@ -11,6 +11,7 @@ import pytest
 import trio
 import trio.testing
 
+from pigeon.core import _connection
 from pigeon.core._connection import Connection, Request
 from pigeon.core._framing import FrameDecoder, build_message, capnp_message_size, encode_frame
 from pigeon.core._schema import BookieFrame, BrokerFrame
@@ -417,20 +418,35 @@ async def test_large_payload_is_not_joined_with_small_frames() -> None:
     assert frames[1][capnp_message_size(frames[1]) :] == big
 
 
-def _socket_stream_pair(max_send: int | None = None) -> tuple[trio.SocketStream, Any, list[Any]]:
-    """A TCP-like stream pair whose sending end records each sendmsg's buffers (and
-    writes at most ``max_send`` bytes per call, as a full socket buffer does)."""
+def _socket_stream_pair(
+    monkeypatch: pytest.MonkeyPatch, max_send: int | None = None
+) -> tuple[trio.SocketStream, Any, list[Any]]:
+    """A TCP-like stream pair whose sending end records the buffers of each vectored
+    write, the writer task's (``sendmsg``) and a frame's written at once (``writev``), and
+    writes at most ``max_send`` bytes per call, as a full socket buffer does."""
     a, b = trio.socket.socketpair()
     calls: list[Any] = []
     real = a.sendmsg
 
-    async def sendmsg(buffers: list[Any]) -> int:
+    def cut(buffers: list[Any]) -> list[Any]:
         calls.append(list(buffers))
         if max_send is not None:
-            buffers = [memoryview(b"".join(bytes(x) for x in buffers))[:max_send]]
-        return await real(buffers)
+            return [memoryview(b"".join(bytes(x) for x in buffers))[:max_send]]
+        return buffers
+
+    async def sendmsg(buffers: list[Any]) -> int:
+        return await real(cut(buffers))
+
+    real_writev = _connection._writev
+    assert real_writev is not None
+
+    def writev(fd: int, buffers: list[Any]) -> int:
+        if fd != a.fileno():
+            return real_writev(fd, buffers)
+        return real_writev(fd, cut(buffers))
 
     a.sendmsg = sendmsg  # type: ignore[method-assign]
+    monkeypatch.setattr(_connection, "_writev", writev)
     return trio.SocketStream(a), trio.SocketStream(b), calls
 
 
@@ -444,8 +460,10 @@ async def _receive_frames(stream: trio.abc.Stream, n: int) -> list[bytes | bytea
     return frames
 
 
-async def test_tcp_frame_goes_out_in_one_vectored_write_without_copying_its_payload() -> None:
-    a, b, calls = _socket_stream_pair()
+async def test_tcp_frame_goes_out_in_one_vectored_write_without_copying_its_payload(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    a, b, calls = _socket_stream_pair(monkeypatch)
     client = Connection(a, BookieFrame, name="client")
     payload = memoryview(b"p" * 1000)
     client.send_nowait("addEntry", {"segmentId": 1, "entryId": 0}, payload=payload)
@@ -459,8 +477,10 @@ async def test_tcp_frame_goes_out_in_one_vectored_write_without_copying_its_payl
     assert frame[capnp_message_size(frame) :] == payload
 
 
-async def test_tcp_partial_vectored_writes_resume_where_they_stopped() -> None:
-    a, b, calls = _socket_stream_pair(max_send=1000)
+async def test_tcp_partial_vectored_writes_resume_where_they_stopped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    a, b, calls = _socket_stream_pair(monkeypatch, max_send=1000)
     client = Connection(a, BookieFrame, name="client")
     payloads = [bytes([i]) * (i * 700) for i in range(1, 8)]
     for i, payload in enumerate(payloads):
@@ -473,10 +493,59 @@ async def test_tcp_partial_vectored_writes_resume_where_they_stopped() -> None:
     assert len(calls) > len(payloads)  # the writes were cut, and resumed
 
 
-async def test_tcp_payload_of_several_buffers_goes_out_unjoined() -> None:
+async def test_tcp_frame_queued_while_idle_leaves_before_the_writer_task_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a request's hop costs no trip through the scheduler: here the writer task never
+    # even starts, and the frame reaches the peer
+    a, b, calls = _socket_stream_pair(monkeypatch)
+    client = Connection(a, BookieFrame, name="client")
+    client.send_nowait("addEntry", {"segmentId": 1, "entryId": 0}, payload=b"now")
+    async with a, b:
+        (frame,) = await _receive_frames(b, 1)
+    assert frame[capnp_message_size(frame) :] == b"now"
+    assert len(calls) == 1
+
+
+async def test_tcp_frames_of_one_burst_go_out_together_after_the_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    a, b, calls = _socket_stream_pair(monkeypatch)
+    client = Connection(a, BookieFrame, name="client")
+    async with b, trio.open_nursery() as nursery:
+        await nursery.start(client.run)
+        for i in range(10):
+            client.send_nowait("addEntry", {"segmentId": 1, "entryId": i}, payload=bytes([i]))
+        frames = await _receive_frames(b, 10)
+        nursery.cancel_scope.cancel()
+    assert [f[capnp_message_size(f) :] for f in frames] == [bytes([i]) for i in range(10)]
+    # the first at once, the nine queued behind it in the writer's one write
+    assert [len(c) for c in calls] == [2, 18]
+
+
+async def test_tcp_frames_keep_their_order_while_the_writer_is_cut_short(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    a, b, _calls = _socket_stream_pair(monkeypatch, max_send=500)
+    client = Connection(a, BookieFrame, name="client")
+    payloads = [bytes([i]) * 900 for i in range(8)]
+    async with b, trio.open_nursery() as nursery:
+        await nursery.start(client.run)
+        for i, payload in enumerate(payloads):
+            client.send_nowait("addEntry", {"segmentId": 1, "entryId": i}, payload=payload)
+            if i % 3 == 0:
+                await trio.lowlevel.checkpoint()  # the writer is between two cut writes
+        frames = await _receive_frames(b, len(payloads))
+        nursery.cancel_scope.cancel()
+    assert [f[capnp_message_size(f) :] for f in frames] == payloads
+
+
+async def test_tcp_payload_of_several_buffers_goes_out_unjoined(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # a batch of entries, each its own object: the frame carries them back to back, and
-    # sendmsg is handed the very objects (nothing joined them on the way)
-    a, b, calls = _socket_stream_pair()
+    # the vectored write is handed the very objects (nothing joined them on the way)
+    a, b, calls = _socket_stream_pair(monkeypatch)
     client = Connection(a, BookieFrame, name="client")
     entries = [b"first", memoryview(b"second" * 100), bytearray(b"third")]
     client.send_nowait("addEntry", {"segmentId": 1, "entryId": 0}, payload=entries)

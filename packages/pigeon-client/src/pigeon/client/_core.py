@@ -157,6 +157,8 @@ class ProducerCore:
         self.state: BatchState | None = None
         self.next_sequence_id = first_sequence_id
         self.generation = 0
+        #: when the batch being built is due to be sealed (the clock of ProducerLogic)
+        self.due = 0.0
         #: bytes of an entry before its body: length prefix and header (producer name)
         self.header_bytes = self.builder.check(b"") - message_body_size(b"")
         #: estimated size of the batch being built as an entry (0 when empty)

@@ -43,6 +43,8 @@ class ProducerHandle:
         self.outstanding = 0
         self.closed = False
         self.on_space: Callable[[], None] = lambda: None
+        #: *engine*, after the timer sealed a batch (the lock released)
+        self.on_timer_sealed: Callable[[], None] = lambda: None
 
     @property
     def topic(self) -> str:
@@ -62,18 +64,23 @@ class ProducerHandle:
             self.outstanding -= count
         self.on_space()
 
-    def start_timer(self, index: int, generation: int) -> None:
-        """*engine*: start the batching timer of partition ``index``'s batch."""
-        self.client.nursery.start_soon(self.timer, index, generation)
+    def start_timer(self, index: int, generation: int, deadline: float | None = None) -> None:
+        """*engine*: start the batching timer of partition ``index``'s batch, due at
+        ``deadline`` (trio time; None: the batching delay from now)."""
+        self.client.nursery.start_soon(self.timer, index, generation, deadline)
 
-    async def timer(self, index: int, generation: int) -> None:
-        """*engine*: seal partition ``index``'s batch after the batching delay."""
-        await trio.sleep(self.logic.max_delay)
+    async def timer(self, index: int, generation: int, deadline: float | None = None) -> None:
+        """*engine*: seal partition ``index``'s batch when it is due."""
+        if deadline is None:
+            await trio.sleep(self.logic.max_delay)
+        else:
+            await trio.sleep_until(deadline)
         try:
             with self.lock:
                 self.logic.timer_fired(index, generation)
         except Exception:  # seal fails only the batch's own messages; this is a bug
             log.exception("batching timer failed topic=%s", self.topic)
+        self.on_timer_sealed()
 
     async def flush(self) -> None:
         """*engine*: wait until every submitted batch is acknowledged."""
@@ -97,6 +104,8 @@ class ProducerFace:
 
     _handle: ProducerHandle
     _lock: Any = NOLOCK
+    #: the clock of ProducerLogic (None: the timer alone seals a batch that is not full)
+    _clock: Callable[[], float] | None = None
 
     @property
     def topic(self) -> str:
@@ -122,6 +131,9 @@ class ProducerFace:
 
     def _space_freed(self) -> None:
         """*engine*: messages got their receipts; there is room in the queue again."""
+
+    def _timer_sealed(self) -> None:
+        """*engine*: the batching timer sealed a batch (the lock is released)."""
 
 
 async def open_producer(
@@ -172,9 +184,11 @@ async def open_producer(
         max_delay=o.batching_max_delay_ms / 1000,
         submit=face._submit,
         start_timer=face._start_timer,
+        clock=face._clock,
     )
     handle.logic.callback_for = face._callback_for
     handle.on_space = face._space_freed
+    handle.on_timer_sealed = face._timer_sealed
     return handle
 
 

@@ -3,6 +3,13 @@
 The faces supply the two things that differ — how a sealed batch reaches the engine and
 how a timer is started (directly in trio; via ``run_sync_soon`` from the sync face's
 threads) — and their own locking and waiting.
+
+A batch is due ``max_delay`` after its first message.  The timer seals it then, but a
+timer started from another thread starts late (the hop to the engine's thread) and an
+event loop's timer fires late (``epoll`` waits whole milliseconds, rounded up); so a face
+whose caller is not on the engine's thread also gives a ``clock``, the deadline is taken
+from it when the first message is added, and a message added after the deadline seals
+the batch at once (it goes with it): a steady producer's batch leaves on time.
 """
 
 from __future__ import annotations
@@ -43,7 +50,12 @@ class ProducerLogic:
     _: KW_ONLY
     max_delay: float
     submit: Callable[[Any, Any], None]
+    #: ``start_timer(index, generation)``: seal partition ``index``'s batch at its
+    #: ``cores[index].due`` (when a clock is given), else ``max_delay`` from now
     start_timer: Callable[[int, int], None]
+    #: the face's clock (seconds), read when a batch opens and on each later message;
+    #: None: only the timer seals a batch that is not full
+    clock: Callable[[], float] | None = None
     #: set by open_producer: ``(completions, state, partition)`` -> the batch's receipt handler
     callback_for: Callable[[list[Any], Any, int], Any] = field(init=False)
 
@@ -104,7 +116,9 @@ class ProducerLogic:
         elif full or self.max_delay <= 0:
             self.seal(index)
         elif len(core) == 1:
-            self.start_timer(index, core.generation)
+            self._opened(index, core)
+        elif self.clock is not None and self.clock() >= core.due:
+            self.seal(index)
         return completion
 
     def add_plain(
@@ -138,8 +152,17 @@ class ProducerLogic:
         if full or self.max_delay <= 0:
             self.seal(index)
         elif n == 0:
-            self.start_timer(index, core.generation)
+            self._opened(index, core)
+        elif self.clock is not None and self.clock() >= core.due:
+            self.seal(index)  # due (its timer is late): it leaves now, with this message
         return future
+
+    def _opened(self, index: int, core: ProducerCore) -> None:
+        """Partition ``index``'s batch got its first message: it is due ``max_delay``
+        from now."""
+        if self.clock is not None:
+            core.due = self.clock() + self.max_delay
+        self.start_timer(index, core.generation)
 
     def seal(self, index: int, *, deliver_at: int = 0) -> None:
         """Seal partition ``index``'s batch and submit it: the one way a batch is sealed

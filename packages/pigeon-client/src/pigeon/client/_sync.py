@@ -111,6 +111,9 @@ class Producer(ProducerFace):
         self._send_timeout = options.send_timeout
         self._lock = threading.Lock()
         self._space = threading.Condition(self._lock)
+        self._clock = time.perf_counter
+        #: sealed batches not yet handed to their engines, in the order sealed
+        self._sealed: list[tuple[Any, Any]] = []
 
     @property
     def last_sequence_id(self) -> int:
@@ -125,10 +128,32 @@ class Producer(ProducerFace):
 
     # called with the lock held (from ProducerLogic), any thread
     def _submit(self, engine: Any, batch: Any) -> None:
-        self._thread.soon(engine.submit, batch)
+        sealed = self._sealed
+        sealed.append((engine, batch))
+        if len(sealed) == 1:
+            try:
+                self._thread.soon(self._submit_sealed)
+            except AlreadyClosed:
+                sealed.clear()
+                raise
+
+    def _submit_sealed(self) -> None:
+        """*engine*: hand the sealed batches to their engines, in the order sealed.
+
+        Run soon after a batch was sealed; the batching timer runs it at once (it seals
+        on the engine's thread: no need to wait for the next pass of the scheduler)."""
+        with self._lock:
+            sealed, self._sealed = self._sealed, []
+        for engine, batch in sealed:
+            engine.submit(batch)
+
+    _timer_sealed = _submit_sealed
 
     def _start_timer(self, index: int, generation: int) -> None:
-        self._thread.soon(self._handle.start_timer, index, generation)
+        # due on the engine's clock (trio's: perf_counter plus the run's offset), so the
+        # hop to the engine's thread does not delay the batch
+        due = self._handle.logic.cores[index].due + self._thread.engine.clock_offset
+        self._thread.soon(self._handle.start_timer, index, generation, due)
 
     def _space_freed(self) -> None:
         with self._lock:

@@ -194,6 +194,7 @@ class Producer(ProducerFace):
         self._send_timeout = options.send_timeout
         self._lock = threading.Lock()
         self._space = asyncio.Event()
+        self._clock = self._loop.time
 
     async def __aenter__(self) -> Producer:
         return self
@@ -210,7 +211,8 @@ class Producer(ProducerFace):
             batch.callback(None, exc)
 
     def _start_timer(self, index: int, generation: int) -> None:
-        self._loop.call_later(self._handle.logic.max_delay, self._timer_fired, index, generation)
+        due = self._handle.logic.cores[index].due
+        self._loop.call_at(due, self._timer_fired, index, generation)
 
     def _timer_fired(self, index: int, generation: int) -> None:
         with self._lock:

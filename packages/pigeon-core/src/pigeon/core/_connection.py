@@ -5,10 +5,19 @@ A reader task parses frames and resolves waiters by request id; a writer task wr
 queued frames in large writes: on TCP one vectored ``sendmsg`` of up to 512 buffers, so a
 payload is never copied to be sent; on other streams (the in-memory network, TLS) small
 frames joined and a large payload written as it is (joining it too would copy it into
-fresh memory: dearer than the small write it saves).  On TLS the reader decrypts every
-whole record already received after each ``receive_some`` (:func:`_tls_records`): OpenSSL
-returns one record (16 KiB at most) per read, and a trip through ``trio.SSLStream`` and the
-scheduler for each cost more than its decryption.
+fresh memory: dearer than the small write it saves).
+
+On TCP a request's hops cost no trip through the scheduler (each is one on the latency
+path of every request, and a loaded loop makes a trip long): a frame queued while nothing
+waits to be written goes out at once, in a vectored write of its own, and the frames
+queued after it wait for the writer task, which then sends them together (a burst still
+goes out in few large writes); the reader dispatches the frames of what it received
+before it yields to other tasks, not after (see :func:`_receive_socket`).
+
+On TLS the reader decrypts every whole record already received after each
+``receive_some`` (:func:`_tls_records`): OpenSSL returns one record (16 KiB at most) per
+read, and a trip through ``trio.SSLStream`` and the scheduler for each cost more than its
+decryption.
 
 Handlers are plain synchronous methods ``on_<kind>(conn, req)`` called by the reader task
 while the Cap'n Proto reader in ``req.body`` is valid; work that must wait starts a task
@@ -37,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import os
 import ssl
 from collections import deque
 from collections.abc import Callable
@@ -92,6 +102,8 @@ _TLS_RECORD = 16 * 1024
 _MAX_IOV = 512
 _MAX_WRITE = 4 * 1024 * 1024
 _HIGH_WATER = 8 * 1024 * 1024
+#: the vectored write of a frame written at once (None where the OS has none)
+_writev: Callable[[int, list[Any]], int] | None = getattr(os, "writev", None)
 
 
 #: what a plaintext port answers a TLS ClientHello: a TLS record (alert, TLS 1.0 framing
@@ -162,6 +174,13 @@ class Connection:
         self._out: deque[Any] = deque()
         self._out_bytes = 0
         self._out_ready = trio.Event()
+        #: the socket of a TCP stream, written at once when idle (see :meth:`_write_now`)
+        self._socket: Any = (
+            stream.socket if isinstance(stream, trio.SocketStream) and _writev else None
+        )
+        #: the writer holds frames taken off ``_out``, or has yet to run after a frame
+        #: was written at once: a new frame waits in the queue behind them
+        self._writing = False
         self._drained = trio.Event()
         self._closed = False
         self._close_reason: BaseException | None = None
@@ -271,10 +290,35 @@ class Connection:
     def _enqueue(self, message: bytes, payload: Payload | None) -> None:
         if self._closed:
             raise ConnectionClosed(f"connection {self.name} is closed")
-        for part in encode_frame(message, payload):
+        parts = encode_frame(message, payload)
+        if not self._writing and self._socket is not None and not self._out:
+            parts = self._write_now(parts)
+            if not parts:
+                return
+        for part in parts:
             self._out.append(part)
             self._out_bytes += len(part)
         self._out_ready.set()
+
+    def _write_now(self, parts: list[Any]) -> list[Any]:
+        """Write a frame while the writer is idle and nothing is queued; returns what
+        the socket did not take (the writer sends it).
+
+        The writer is woken all the same: until it has run, later frames queue behind
+        this one and go out together in its next write (the frames of one burst are not
+        a write each)."""
+        self._writing = True
+        self._out_ready.set()
+        fd = self._socket.fileno()  # -1 once closed: never a number reused meanwhile
+        writev = _writev
+        if fd < 0 or writev is None or len(parts) > _MAX_IOV:
+            return parts
+        try:
+            sent = writev(fd, parts)
+        except OSError:  # full (BlockingIOError) or broken: the writer meets it again
+            return parts
+        self.bytes_out += sent
+        return consume_buffers(parts, sent)
 
     def send_nowait(
         self,
@@ -384,11 +428,13 @@ class Connection:
         sendmsg = getattr(sock, "sendmsg", None)  # (Windows sockets have none)
         while True:
             if not out:
+                self._writing = False  # idle: the next frame may be written at once
                 if self._closed:
                     return
                 self._out_ready = trio.Event()
                 await self._out_ready.wait()
                 continue
+            self._writing = True
             parts = _take_vector(out) if sendmsg is not None else _take_joined(out)
             size = sum(map(len, parts))
             self._out_bytes -= size
@@ -424,10 +470,15 @@ class Connection:
         more = _tls_records(stream)
         # a TLS read returns one record at most: asking for more only allocates more
         size = _TLS_RECORD if more is not None else _RECEIVE_SIZE
+        sock = self._socket
+        data: bytes | bytearray
         try:
             while True:
                 try:
-                    data = await stream.receive_some(size)
+                    if sock is not None:
+                        data = await _receive_socket(sock, size)
+                    else:
+                        data = await stream.receive_some(size)
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                     self._close_reason = self._close_reason or self._lost(exc)
                     return
@@ -452,6 +503,10 @@ class Connection:
                     self._dispatch(frame)
                 if self._closed:
                     return
+                if sock is not None:
+                    # the frames are dispatched: now let the other tasks run (a peer
+                    # that never stops sending must not starve them)
+                    await trio.lowlevel.checkpoint()
         except ProtocolError as exc:
             foreign = sniff_foreign_protocol(self._head) if self.frames_in <= 1 else None
             if foreign is not None:
@@ -600,6 +655,24 @@ class Connection:
             exc.message,
         )
         self.respond_error(request_id, exc)
+
+
+async def _receive_socket(sock: Any, size: int) -> bytes:
+    """Up to ``size`` bytes from a TCP stream's socket (``b""`` at its end), like
+    ``SocketStream.receive_some`` but returning before it yields to the scheduler when
+    bytes are there already: the caller dispatches them first, then yields
+    (``trio.lowlevel.checkpoint``), so a request's frame is handled in the scheduler pass
+    that found it readable, not in the next one.  Raises ClosedResourceError once the
+    socket is closed, OSError when the connection breaks."""
+    while True:
+        fd = sock.fileno()
+        if fd < 0:
+            raise trio.ClosedResourceError("the socket was closed")
+        try:
+            return os.read(fd, size)
+        except BlockingIOError:
+            pass
+        await trio.lowlevel.wait_readable(sock)
 
 
 def _take_vector(out: deque[Any]) -> list[Any]:
