@@ -657,3 +657,47 @@ async def test_a_damaged_journal_file_header_loses_no_record(tmp_path: Path) -> 
     for _ in range(2):
         async with open_store(tmp_path) as store:
             check_all(store, 1, 10)
+
+
+async def test_a_log_write_failing_while_a_checkpoint_retries_is_not_forgotten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round whose entry-log write fails while the checkpoint writes the earlier
+    failed ones again (disk full, space coming and going): its entries stay in memory
+    and in the journal until a later checkpoint writes them (they were acknowledged)."""
+    import threading
+
+    real = journal_logs_mod.write_reserved
+    calls = 0
+    retrying = trio.Event()
+    gate = threading.Event()
+
+    def flaky(writes: Any) -> OSError | None:
+        nonlocal calls
+        calls += 1
+        if calls == 2:  # the checkpoint's retry: held until the next round failed
+            err = real(writes)
+            trio.from_thread.run_sync(retrying.set)
+            gate.wait(10)
+            return err
+        if calls in (1, 3):
+            return OSError(28, "No space left on device")
+        return real(writes)
+
+    async with open_store(tmp_path, checkpoint_on_close=False) as store:
+        monkeypatch.setattr(journal_mod, "write_reserved", flaky)
+        await store.add_entries(1, 0, [payload(1, i) for i in range(2)])
+        store.set_read_only(None)  # room again
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(store.checkpoint)
+            await retrying.wait()
+            store.set_read_only(None)
+            await store.add_entries(1, 2, [payload(1, i) for i in range(2, 4)], lac=1)
+            gate.set()
+        check_all(store, 1, 4)  # entries 2 and 3: still from memory
+        store.set_read_only(None)
+        await store.checkpoint()  # writes them
+        assert not store._unwritten and not store._failed_writes
+        check_all(store, 1, 4)
+    async with open_store(tmp_path) as store:
+        check_all(store, 1, 4)
