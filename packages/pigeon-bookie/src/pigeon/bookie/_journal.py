@@ -480,7 +480,17 @@ class JournalStore(JournalReads):
 
     async def _flush_round(self) -> None:
         """Group commit: fdatasync the journal files written since the previous round
-        (one, unless it rolled), and the journal directory if a file was created."""
+        (one, unless it rolled), and the journal directory if a file was created.
+
+        Rounds run one at a time, each after the previous one ended (its entry-log
+        writes included): a round forced while another is in flight (stopping, the
+        flusher gone: a sync, a fence, the checkpoint) waits for it, so that the
+        checkpoint never fsyncs the entry logs, nor the store closes them, under a
+        round still writing them."""
+        async with self._round_lock:
+            await self._flush_round_locked()
+
+    async def _flush_round_locked(self) -> None:
         r = self._collecting
         self._collecting = JournalRound()
         files = list(r.files.values())
