@@ -49,3 +49,32 @@ async def test_the_thread_ends_when_idle_and_starts_again() -> None:
     # many calls racing the idle exit: none is lost
     for i in range(200):
         assert await ft.run(lambda i=i: i) == i
+
+
+async def test_a_thread_that_cannot_start_fails_the_call_not_the_next_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # no thread left (a process at its limit): the call raises, and the next one,
+    # once threads start again, runs instead of waiting forever for a thread
+    ft = FlushThread("test-flush-c")
+
+    def refuse(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    with pytest.raises(RuntimeError, match="start new thread"):
+        await ft.run(lambda: 1)
+    monkeypatch.undo()
+    got: list[int] = []
+    async with trio.open_nursery() as nursery:
+
+        async def call() -> None:
+            got.append(await ft.run(lambda: 2))
+
+        nursery.start_soon(call)
+        with trio.move_on_after(10):  # bounded: a lost call is reported, not a hang
+            while not got:  # noqa: ASYNC110
+                await trio.sleep(0.01)
+        if not got:  # unstick it: the failure is reported below
+            threading.Thread(target=ft._serve, daemon=True).start()
+    assert got == [2], "the call after a failed thread start was never run"

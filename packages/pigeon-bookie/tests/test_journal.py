@@ -657,3 +657,99 @@ async def test_a_damaged_journal_file_header_loses_no_record(tmp_path: Path) -> 
     for _ in range(2):
         async with open_store(tmp_path) as store:
             check_all(store, 1, 10)
+
+
+async def test_a_log_write_failing_while_a_checkpoint_retries_is_not_forgotten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round whose entry-log write fails while the checkpoint writes the earlier
+    failed ones again (disk full, space coming and going): its entries stay in memory
+    and in the journal until a later checkpoint writes them (they were acknowledged)."""
+    import threading
+
+    real = journal_logs_mod.write_reserved
+    calls = 0
+    retrying = trio.Event()
+    gate = threading.Event()
+
+    def flaky(writes: Any) -> OSError | None:
+        nonlocal calls
+        calls += 1
+        if calls == 2:  # the checkpoint's retry: held until the next round failed
+            err = real(writes)
+            trio.from_thread.run_sync(retrying.set)
+            gate.wait(10)
+            return err
+        if calls in (1, 3):
+            return OSError(28, "No space left on device")
+        return real(writes)
+
+    async with open_store(tmp_path, checkpoint_on_close=False) as store:
+        monkeypatch.setattr(journal_mod, "write_reserved", flaky)
+        await store.add_entries(1, 0, [payload(1, i) for i in range(2)])
+        store.set_read_only(None)  # room again
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(store.checkpoint)
+            await retrying.wait()
+            store.set_read_only(None)
+            await store.add_entries(1, 2, [payload(1, i) for i in range(2, 4)], lac=1)
+            gate.set()
+        check_all(store, 1, 4)  # entries 2 and 3: still from memory
+        store.set_read_only(None)
+        await store.checkpoint()  # writes them
+        assert not store._unwritten and not store._failed_writes
+        check_all(store, 1, 4)
+    async with open_store(tmp_path) as store:
+        check_all(store, 1, 4)
+
+
+async def test_a_checkpoint_while_stopping_waits_for_a_round_in_flight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopping, the flusher is gone and a round is flushed by whoever forces it (a
+    sync from a connection, the checkpoint): the checkpoint must not fsync the entry
+    logs and let the journal go while an earlier round still writes them, and no round
+    may write an entry log after the store closed it."""
+    import threading
+
+    import trio.testing
+
+    real = journal_logs_mod.write_reserved
+    in_write, gate = threading.Event(), threading.Event()
+
+    def slow_log_thread(writes: Any) -> OSError | None:
+        if threading.current_thread().name == "pigeon-journal-logs":
+            in_write.set()
+            gate.wait(10)
+        return real(writes)
+
+    big = payload(1, 0, 300_000)  # a round of its own thread for the entry log
+    store = make_storage(tmp_path, journal_max_size_mb=0.25)  # and a journal roll
+    async with trio.open_nursery() as outer:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(store.run)
+            await fill(store, 2, 3)
+            monkeypatch.setattr(journal_mod, "write_reserved", slow_log_thread)
+            await store._index_lock.acquire()  # the checkpointer will wait for it
+            store._checkpoint_wanted.set()
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+            with trio.CancelScope(shield=True):
+                await trio.testing.wait_all_tasks_blocked()  # the flusher has stopped
+                waiter = store.append(1, 0, big)
+                outer.start_soon(store.sync)  # the round: its log write held
+                await trio.to_thread.run_sync(in_write.wait, 10)
+                store._index_lock.release()  # the checkpoint, then the shutdown
+                with trio.move_on_after(10):  # threads at work: poll, bounded
+                    # closed: the checkpoint went past the round (it fsynced the
+                    # logs and let the journal go without the round's entries)
+                    while store._state != "closed":
+                        if store._round_lock.statistics().tasks_waiting:
+                            break  # the checkpoint waits for the round
+                        await trio.sleep(0.01)
+                gate.set()
+        await waiter.wait()
+    monkeypatch.undo()
+    async with open_store(tmp_path) as store:
+        check_all(store, 2, 3)
+        assert store.read_entries(1, 0, 0, max_bytes=1 << 30) == [(0, big)]

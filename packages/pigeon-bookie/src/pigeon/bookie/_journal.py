@@ -480,7 +480,17 @@ class JournalStore(JournalReads):
 
     async def _flush_round(self) -> None:
         """Group commit: fdatasync the journal files written since the previous round
-        (one, unless it rolled), and the journal directory if a file was created."""
+        (one, unless it rolled), and the journal directory if a file was created.
+
+        Rounds run one at a time, each after the previous one ended (its entry-log
+        writes included): a round forced while another is in flight (stopping, the
+        flusher gone: a sync, a fence, the checkpoint) waits for it, so that the
+        checkpoint never fsyncs the entry logs, nor the store closes them, under a
+        round still writing them."""
+        async with self._round_lock:
+            await self._flush_round_locked()
+
+    async def _flush_round_locked(self) -> None:
         r = self._collecting
         self._collecting = JournalRound()
         files = list(r.files.values())
@@ -542,19 +552,22 @@ class JournalStore(JournalReads):
     async def _write_failed_again(self) -> None:
         """The entry-log writes that failed, tried again (a checkpoint may let the
         journal go only once every entry is in an entry log); raises StorageError."""
-        failed = self._failed_writes
+        # taken: a round failing meanwhile adds its writes to a new list (written by
+        # the next checkpoint), not to this one after the thread went through it
+        failed, self._failed_writes = self._failed_writes, []
         if failed:
             err = await trio.to_thread.run_sync(write_reserved, failed)
             if err is not None:
+                self._failed_writes[:0] = failed
                 self._log_write_failed = err
                 raise StorageError(
                     "an entry-log write failed: the journal is kept (it is replayed at"
                     f" the next start): {err.strerror or err}"
                 )
-            self._failed_writes = []
             self._written(failed)
             logger.warning("entry-log writes that had failed written again writes=%d", len(failed))
-        self._log_write_failed = None
+        if not self._failed_writes:
+            self._log_write_failed = None
 
     async def _force_round(self) -> JournalRound:
         """The journal written so far, fsynced (whatever the policy)."""

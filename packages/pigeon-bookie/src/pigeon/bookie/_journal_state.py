@@ -181,6 +181,8 @@ class JournalBase(ReadOnlyState):
         self._read_only: str | None = None
         self._read_only_sticky = False
         self._collecting = JournalRound()
+        #: held by the round in flight (see ``JournalStore._flush_round``)
+        self._round_lock = trio.StrictFIFOLock()
         #: the group commit's threads: the journal's fdatasync, the entry-log writes
         self._sync_thread = FlushThread("pigeon-journal-sync")
         self._log_thread = FlushThread("pigeon-journal-logs")

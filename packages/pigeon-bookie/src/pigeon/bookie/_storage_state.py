@@ -299,10 +299,12 @@ class FlushThread:
             token.run_sync_soon(trio.lowlevel.reschedule, task)
 
         with self._lock:
-            self._queue.put((functools.partial(fn, *args), done))
             if not self._running:
-                self._running = True
+                # started first: a thread that cannot start (RuntimeError) leaves no
+                # call queued and no thread assumed running
                 threading.Thread(target=self._serve, name=self._name, daemon=True).start()
+                self._running = True
+            self._queue.put((functools.partial(fn, *args), done))
         await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
         return box[0].unwrap()
 

@@ -136,7 +136,10 @@ class LedgerStorage(Protocol):
         """Write entry ``entry_id`` now (above the segment's last entry id; the first add
         creates the segment).  ``recovery=True``: BookKeeper's recovery add (accepted on a
         fenced segment; idempotent for identical bytes; repairs a damaged copy).  Raises
-        at once InvalidEntryId, SegmentFenced, BookieReadOnly, InvalidArgument."""
+        at once InvalidEntryId, SegmentFenced, BookieReadOnly, InvalidArgument.
+
+        The store may keep ``data`` by reference (no copy) until the waiter is done:
+        the caller must not change the buffer before (a received frame never is)."""
         ...
 
     async def add_entry(
