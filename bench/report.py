@@ -789,42 +789,59 @@ def targets_storage(res: dict[str, Any]) -> list[str]:
     return out
 
 
-#: where the time goes with each storage backend (measured 2026-11-26, on a machine
-#: shared with other work: load average 5-8)
+#: where the time goes with each storage backend (measured 2026-11-26)
 WHERE_STORAGE: list[str] = [
     "",
-    "Where the time goes (2026-11-26, from the run above and A/B runs in the same session; "
-    "re-read it against new numbers):",
+    "Where the time goes (2026-11-26, from the run above, `bench.storage_micro` above and "
+    "A/B runs in the same session; re-read it against new numbers):",
     "",
-    "- **At 16 producers there are few fsyncs to save.** Each producer sends batches of up "
-    "to 1,000 messages, so a stored entry is ≈ 0.75 MB and a group-commit round holds only "
-    "3–4 entries (the bookie table): `segment-files` makes ≈ 3 fsyncs per round, not 16, "
-    "the journal 1. Rounds run back to back (the flusher is busy the whole step), so the "
-    "rate is the round's bytes over the round's time. Where adds are small and many, the "
-    "journal does what it is for: `bench.storage_micro` (above: 16 segments, one 1 KiB add "
-    "in flight each) gives it 2.0–2.8× the adds/s of `segment-files`, with 1 fsync per "
-    "round against 16; with 64 KiB adds 0.85–0.95×; with 1 segment, parity.",
-    "- **The journal writes every byte twice**, to the journal and to an entry log, both in "
-    "the event loop's thread (≈ 0.23 ms per MB each into the page cache here): 1.24× the "
-    "server CPU per 1 KiB message (2.59 against 2.09 µs), 1.5× at 100 B, on a machine where "
-    "the server competes with its clients for 2 cores.",
-    "- **The checkpoint stalls the ack path.** Once a second (`flush_interval_ms`) the "
-    "checkpoint fsyncs the entry logs written since the last one (and commits the LMDB "
-    "index); on ext4 the journal's next fdatasync then waits behind that writeback. "
-    "Publish→ack at 10 MB/s, no consumer, 5 s, two runs each (a separate A/B): "
-    "`segment-files` p50 2.3 ms, p99 3.8–3.9 ms; `journal` p50 2.3 ms, p99 14–17 ms; "
-    "`journal` with `flush_interval_ms = 10000` (no checkpoint inside the run) p50 2.3 "
-    "ms, p99 3.8–4.0 ms. At 16 producers (5 s, two runs each): `segment-files` 163k / "
-    "191k msg/s (rounds 17 / 15 ms), `journal` 135k / 151k (15 / 15 ms), `journal` with "
-    "`flush_interval_ms = 10000` 176k / 183k (11 / 11 ms), with 100 ms 153k / 140k "
-    "(24 / 26 ms). A raw test on this disk: a 10 KiB write + fdatasync takes 0.14 ms, "
-    "0.09 ms when the file was zero-filled beforehand (no metadata to commit).",
-    "- Not changed here, for lack of a long enough test: a longer default checkpoint "
-    "interval (BookKeeper's `flushInterval` is 60 s; it lengthens the replay after a crash "
-    "and the journal kept on disk) or a preallocated, zero-filled journal file "
-    "(BookKeeper's `journalPreAllocSizeMB`: its fdatasync then commits no metadata and "
-    "does not wait for the entry logs' writeback), and BookKeeper's own answer, the "
-    "journal on a disk of its own (`journal_directory`); this machine has one disk.",
+    "- **The 16-producer row is bound by the clients, not by the storage.** Sixteen "
+    "Python producer processes and the server share 2 cores: the server takes 2.3–2.9 µs "
+    "of CPU per message (≈ 0.4 of a core at 160k msg/s), the clients the rest, so what "
+    "the storage saves shows little in msg/s. And there are few fsyncs to save: each "
+    "producer sends batches of up to 1,000 messages, so a stored entry is ≈ 0.75 MB and a "
+    "round holds 3–6 entries (the bookie table): `segment-files` makes ≈ 4 fsyncs per "
+    "round, the journal 1. At that entry size the disk's bandwidth limits the journal, "
+    "which writes every byte twice (`bench.storage_micro`, 768 KiB adds: 0.87–0.90× "
+    "`segment-files`); with 64 KiB adds it makes 1.6× the adds/s, with 1 KiB adds 2.2×. "
+    "The ≥ 1.5× target needs cheaper producers (issue 18: per-message Python work in the "
+    "client) before a storage can show it here.",
+    "- **What changed in the journal's ack path this session.** (1) The entry log is "
+    "written by the group-commit round, not by the event loop: in the fsync thread's call "
+    "before the fdatasync for a round under 256 KiB, beside it in a second thread for a "
+    "longer one (the event loop copies each entry once; reads take an entry not yet "
+    "written from memory). 1 producer went from 0.70× to 0.98× `segment-files`, 16 "
+    "producers from 0.63× to 0.8–1.0× (runs the same day). (2) Both stores' group commits "
+    "run their blocking calls on threads of their own (`FlushThread`) instead of "
+    "`trio.to_thread.run_sync`: 62 against 111 µs of CPU and 69 against 134 µs of wall "
+    "time per call, measured. (3) Journal files are preallocated (zero-filled by a thread, "
+    "BookKeeper's `journalPreAllocSizeMB`, 16 MiB): the round's fdatasync commits no "
+    "metadata (10 KiB write + fdatasync 0.105 against 0.165 ms here) and no longer waits "
+    "behind the checkpoint's writeback in the jbd2 journal; the zeros double the journal's "
+    "disk writes, so after a file written faster than 64 MiB/s the next is not prepared "
+    "(the 768 KiB case).",
+    "- **Publish→ack at 10 MB/s is not the storage's.** With `fsync = never` it is "
+    "p50 ≈ 1.3 ms (it was ≈ 2.1 ms before the client's batch timer was fixed: a 1 ms "
+    "batch delay lasted ≈ 2 ms, since trio's timer waits in whole milliseconds, and a "
+    "frame written while the connection's writer is idle now goes out at once); "
+    "`fsync = always` adds the round, ≈ 0.5–0.8 ms here (fdatasync ≈ 0.1–0.4 ms, the "
+    "thread hop and a GIL hand-off): ≈ 1.9–2.0 ms p50 in alternating A/B runs of "
+    "`pigeon perf produce -r 10000 --batch-delay-ms 1` for both storages, against the "
+    "≤ 1.5 ms target. What is left is mostly not storage: ≈ 250 µs of the round trip is "
+    "the loopback TCP between the standalone's broker and its own bookie (an in-process "
+    "link would remove it), ≈ 100 µs the sync client's thread hop. Against the session's "
+    "start (`python -m bench.compare --systems pigeon --scenarios produce latency --rates "
+    "10 --diag-rates 10 --repeat 1 --baseline 42ca40e --rounds 3`, ABBA): publish→ack "
+    "p50 1.97 against 2.43 ms; 1 KiB produce 0.97×, 100 B 0.95× (the batch deadline costs "
+    "a clock read per message in the client). The 100 B row of the run above is noisy "
+    "(see its range).",
+    "- **The latency tail of the journal is the checkpoint.** Every `flush_interval_ms` "
+    "(10 s) the checkpoint fsyncs the entry logs written since the last one and commits "
+    "the LMDB index: after a fast step (gigabytes of entry logs) that writeback takes "
+    "long enough to hold up the journal's fdatasyncs behind it on this single disk (the "
+    "diagnostic's p99 above: 150–250 ms). BookKeeper's answer is the journal on a disk of "
+    "its own (`journal_directory`); this machine has one. Spreading the entry-log "
+    "writeback over the interval (sync_file_range) is the next step to try.",
 ]
 
 WHERE_OFFLOADED: list[str] = [
