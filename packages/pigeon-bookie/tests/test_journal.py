@@ -78,6 +78,18 @@ def check_all(store: JournalStore, segment_id: int, n: int) -> None:
         assert p == payload(segment_id, i)
 
 
+async def hold_the_checkpoint_and_stop(store: JournalStore, nursery: trio.Nursery) -> None:
+    """Ask for a checkpoint while holding the lock it needs, then stop the store: the
+    checkpoint runs (once the caller releases ``store._index_lock``) after the flusher
+    task is gone."""
+    import trio.testing
+
+    await store._index_lock.acquire()  # the checkpointer will wait for it
+    store._checkpoint_wanted.set()
+    await trio.testing.wait_all_tasks_blocked()
+    nursery.cancel_scope.cancel()
+
+
 # ---------------------------------------------------------------- behaviour
 
 
@@ -549,10 +561,7 @@ async def test_a_checkpoint_running_while_the_store_stops_completes(tmp_path: Pa
     async with trio.open_nursery() as nursery:
         await nursery.start(store.run)
         await fill(store, 3, 5)
-        await store._index_lock.acquire()  # the checkpointer will wait for it
-        store._checkpoint_wanted.set()
-        await trio.testing.wait_all_tasks_blocked()
-        nursery.cancel_scope.cancel()
+        await hold_the_checkpoint_and_stop(store, nursery)
         with trio.CancelScope(shield=True):
             await trio.testing.wait_all_tasks_blocked()  # the flusher has stopped
             store._index_lock.release()  # the checkpoint goes on, past the flusher
@@ -730,10 +739,7 @@ async def test_a_checkpoint_while_stopping_waits_for_a_round_in_flight(
             await nursery.start(store.run)
             await fill(store, 2, 3)
             monkeypatch.setattr(journal_mod, "write_reserved", slow_log_thread)
-            await store._index_lock.acquire()  # the checkpointer will wait for it
-            store._checkpoint_wanted.set()
-            await trio.testing.wait_all_tasks_blocked()
-            nursery.cancel_scope.cancel()
+            await hold_the_checkpoint_and_stop(store, nursery)
             with trio.CancelScope(shield=True):
                 await trio.testing.wait_all_tasks_blocked()  # the flusher has stopped
                 waiter = store.append(1, 0, big)
