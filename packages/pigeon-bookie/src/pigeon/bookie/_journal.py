@@ -537,7 +537,6 @@ class JournalStore(JournalReads):
     def _logs_done(self, writes: list[LogWrite], err: OSError | None) -> None:
         if err is not None:
             self._failed_writes.extend(writes)  # the checkpoint tries them again
-            self._log_write_failed = err
             self._io_failed("write entry log", err)
             return
         self._written(writes)
@@ -559,15 +558,12 @@ class JournalStore(JournalReads):
             err = await trio.to_thread.run_sync(write_reserved, failed)
             if err is not None:
                 self._failed_writes[:0] = failed
-                self._log_write_failed = err
                 raise StorageError(
                     "an entry-log write failed: the journal is kept (it is replayed at"
                     f" the next start): {err.strerror or err}"
                 )
             self._written(failed)
             logger.warning("entry-log writes that had failed written again writes=%d", len(failed))
-        if not self._failed_writes:
-            self._log_write_failed = None
 
     async def _force_round(self) -> JournalRound:
         """The journal written so far, fsynced (whatever the policy)."""

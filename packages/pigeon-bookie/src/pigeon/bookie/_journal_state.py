@@ -193,7 +193,6 @@ class JournalBase(ReadOnlyState):
         #: ``_unwritten``), so no checkpoint may let the journal go before they are
         #: written (each checkpoint tries them again)
         self._failed_writes: list[LogWrite] = []
-        self._log_write_failed: OSError | None = None
         self._flush_wanted = trio.Event()
         #: the flusher task runs (else a forced round is flushed by its caller)
         self._flusher_running = False
