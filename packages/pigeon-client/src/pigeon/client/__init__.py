@@ -22,7 +22,7 @@ TLS and credentials, with Pulsar's names::
 from __future__ import annotations
 
 from pigeon.client._message import Message, MessageId
-from pigeon.client._options import DeadLetterPolicy
+from pigeon.client._options import DeadLetterPolicy, MultiplierRedeliveryBackoff
 from pigeon.client._sync import Client, Consumer, Producer, Reader
 from pigeon.core.auth import AuthenticationTLS, AuthenticationToken
 from pigeon.core.errors import (
@@ -50,6 +50,7 @@ __all__ = [
     "Message",
     "MessageId",
     "MessageTooLarge",
+    "MultiplierRedeliveryBackoff",
     "PigeonError",
     "Producer",
     "ProducerQueueFull",

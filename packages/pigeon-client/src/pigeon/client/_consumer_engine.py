@@ -72,6 +72,9 @@ class ConsumerEngine(Reconnecting):
         self.attached = False
         self.closed = False
         self.generation = 0
+        #: paused: no permits are sent; ``withheld`` of them go out on resume (*engine*)
+        self.paused = False
+        self.withheld = 0
         self._reconnect = trio.Event()
         self.partition = TopicName.parse(options.topic).partition_index
 
@@ -162,15 +165,26 @@ class ConsumerEngine(Reconnecting):
         self.attached = True
         if self.generation > 1:
             log.info("consumer attached %s broker=%s:%s", self.describe(), *address)
+        # a new attachment starts with no permits at the broker: what was withheld from
+        # the old one is replaced by a whole queue's worth
+        self.withheld = 0
         self.flow(o.receiver_queue_size)
 
     def flow(self, permits: int) -> None:
+        if self.paused:
+            self.withheld += permits
+            return
         conn = self.conn
         if permits > 0 and conn is not None and not conn.closed:
             try:
                 conn.send_nowait("flow", {"consumerId": self.consumer_id, "permits": permits})
             except ConnectionClosed:
                 pass
+
+    def resume(self) -> None:
+        """*engine*: send the permits withheld while paused (``paused`` was cleared)."""
+        permits, self.withheld = self.withheld, 0
+        self.flow(permits)
 
     def _ack_fields(
         self, positions: list[tuple[int, int, int, int]], cumulative: bool

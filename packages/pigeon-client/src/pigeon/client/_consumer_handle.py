@@ -74,7 +74,16 @@ class ConsumerHandle:
             dead_letter=consumer.dead_letter_policy,
             ack_timeout=consumer.ack_timeout,
             negative_ack_delay=consumer.negative_ack_redelivery_delay,
+            negative_ack_backoff=consumer.negative_ack_redelivery_backoff,
+            ack_timeout_backoff=consumer.ack_timeout_redelivery_backoff,
         )
+        #: ``fn(face, message)`` called for each message instead of ``receive``
+        self.listener = consumer.message_listener
+        #: a reader's (non-durable) handle: its listener acknowledges cumulatively and
+        #: never negatively
+        self.is_reader = not options.durable
+        #: no permits are granted while paused; a listener is handed no message
+        self.paused = False
         self.engines: list[ConsumerEngine] = []
         topic = consumer.topic
         self.pattern = topic if isinstance(topic, re.Pattern) else None
@@ -123,8 +132,10 @@ class ConsumerHandle:
                 on_reconnect=self._on_reconnect,
                 on_fatal=self._on_fatal,
             )
+            engine.paused = self.paused  # a topic found while paused starts paused
             await engine.start()
             self.engines.append(engine)
+            engine.paused = self.paused
 
     async def housekeeping(self) -> None:
         """*engine*: flush grouped acks, redeliver nacked/timed-out messages, dead-letter."""
@@ -356,9 +367,48 @@ class ConsumerHandle:
         with self.lock:
             self.logic.negative_acknowledge(message, now)
 
+    def pause(self) -> None:
+        """Stop granting permits (a grant not sent yet is withheld until resume)."""
+        self.paused = True
+        for e in self.engines:
+            e.paused = True
+
+    def resume(self) -> list[ConsumerEngine]:
+        """Grant permits again: the caller runs each returned engine's ``resume`` (which
+        sends what was withheld) on the engine's thread."""
+        self.paused = False
+        for e in self.engines:
+            e.paused = False
+        return list(self.engines)
+
+    # -- message listener (any thread) ------------------------------------------------
+
+    def listener_taken(self, msg: Message) -> None:
+        """``msg`` is about to be handed to the listener (a reader moves past it)."""
+        if self.is_reader:
+            self.acknowledge_cumulative(msg.message_id)
+
+    def listener_failed(self, msg: Message, exc: Exception, now: float) -> None:
+        """The listener raised ``exc`` for ``msg``: log it, redeliver the message later."""
+        log.warning(
+            "message listener failed sub=%s message_id=%s error=%r",
+            self.subscription,
+            msg.message_id,
+            exc,
+        )
+        if not self.is_reader:
+            self.negative_acknowledge(msg, now)
+
+    def refuse_receive(self) -> None:
+        """A consumer with a listener has no ``receive`` (as in Pulsar)."""
+        name = "reader_listener" if self.is_reader else "message_listener"
+        raise NotSupported(f"receive is not allowed on a consumer with a {name}")
+
 
 class ConsumerFace:
-    """What a Consumer of every face offers the same way (its ``_handle`` set on open)."""
+    """What a Consumer of every face offers the same way (its ``_handle`` set on open).
+
+    ``pause`` and ``resume`` never wait, so they are plain methods on every face."""
 
     _handle: ConsumerHandle
 
@@ -369,6 +419,24 @@ class ConsumerFace:
     @property
     def subscription(self) -> str:
         return self._handle.subscription
+
+    def pause(self) -> None:
+        """Stop asking the broker for messages; what is buffered can still be received.
+
+        With a message listener, no message is handed to it until :meth:`resume`.  A
+        paused consumer stays paused across reconnects."""
+        self._handle.pause()
+
+    def resume(self) -> None:
+        """Ask the broker for messages again (and hand them to the listener, if any)."""
+        face: Any = self  # every face's Consumer has ``_soon`` (to the engine) and ``_notify``
+        for engine in self._handle.resume():
+            face._soon(engine.resume)
+        face._notify()
+
+    @property
+    def paused(self) -> bool:
+        return self._handle.paused
 
 
 def _origin_topic(m: Message) -> str:
@@ -462,6 +530,7 @@ async def open_reader(
             reader_subscription(),
             initial_position=initial,
             receiver_queue_size=options.receiver_queue_size,
+            message_listener=options.reader_listener,
         ),
         codecs=codecs,
         face=face,

@@ -11,6 +11,8 @@ awaited asyncio bridge, or a plain ``await`` in the caller's trio run); its
 from __future__ import annotations
 
 import contextlib
+import inspect
+import logging
 import math
 from collections.abc import Awaitable, Callable
 from typing import Any, Self
@@ -22,9 +24,11 @@ from pigeon.client._handles import codecs_of
 from pigeon.client._message import Message, MessageId
 from pigeon.core import PluginManager
 from pigeon.core.auth import ClientAuthentication
-from pigeon.core.errors import AlreadyClosed, Timeout
+from pigeon.core.errors import AlreadyClosed, InvalidArgument, Timeout
 
 __all__ = ["AsyncConsumer", "AsyncReader", "AsyncReceiving", "ClientBase"]
+
+log = logging.getLogger(__name__)
 
 
 class ClientBase:
@@ -39,7 +43,9 @@ class ClientBase:
     that a broker's certificate names the host dialled; ``tls_allow_insecure_connection``
     accepts any certificate (tests only).  A refused certificate (``TlsError``) or
     credentials (``AuthenticationError``, ``AuthorizationError``) fail at once: no retry
-    can fix them.
+    can fix them.  ``message_listener_threads`` (Pulsar's name) sizes the sync face's pool
+    of threads that run message listeners; the trio and asyncio faces run each consumer's
+    listener as a task and take it only for a common signature.
     """
 
     def __init__(
@@ -51,8 +57,18 @@ class ClientBase:
         tls_validate_hostname: bool = True,
         tls_allow_insecure_connection: bool = False,
         operation_timeout: float = 30.0,
+        message_listener_threads: int = 1,
         plugins: PluginManager | None = None,
     ) -> None:
+        if (
+            not isinstance(message_listener_threads, int)
+            or isinstance(message_listener_threads, bool)
+            or message_listener_threads < 1
+        ):
+            raise InvalidArgument(
+                f"message_listener_threads must be an int >= 1, got {message_listener_threads!r}"
+            )
+        self.message_listener_threads = message_listener_threads
         self.engine = ClientEngine(
             service_url,
             operation_timeout=operation_timeout,
@@ -82,6 +98,12 @@ class AsyncReceiving:
 
     _handle: ConsumerHandle
     _arrived: Any  # a trio.Event or an asyncio.Event
+    #: with a message listener: set by close before anything else (no message is handed
+    #: to the listener after it), and the call running now (its task, and an event set
+    #: when it returns)
+    _listener_stopped = False
+    _listener_task: Any = None
+    _listener_idle: Any = None
 
     async def _engine(self, afn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
         raise NotImplementedError
@@ -104,6 +126,66 @@ class AsyncReceiving:
     async def _wait_until(self, deadline: float) -> None:
         raise NotImplementedError
 
+    def _current_task(self) -> Any:
+        raise NotImplementedError
+
+    def _new_event(self) -> Any:
+        raise NotImplementedError
+
+    async def _run_listener(self) -> None:
+        """The listener's task: hand each message to the listener, one at a time, in order.
+
+        Nothing awaits between the stop check and the listener's call, so once ``close``
+        set ``_listener_stopped`` no further message is handed over.
+        """
+        h = self._handle
+        fn = h.listener
+        self._listener_task = self._current_task()
+        try:
+            while True:
+                self._arm()  # before looking, so no wake-up is lost
+                if self._listener_stopped or h.closed:
+                    return
+                if not h.paused:
+                    msgs, grants = h.receive_nowait(1, self._now())
+                    for engine, permits in grants:
+                        with contextlib.suppress(AlreadyClosed):
+                            self._soon(engine.flow, permits)
+                    if msgs:
+                        await self._listen(fn, msgs[0])
+                        continue
+                    if h.failure is not None:
+                        log.error(
+                            "message listener stops sub=%s error=%s", h.subscription, h.failure
+                        )
+                        return
+                await self._wait_until(math.inf)
+        except Exception:
+            log.exception("message listener task failed sub=%s", h.subscription)
+
+    async def _listen(self, fn: Any, msg: Message) -> None:
+        h = self._handle
+        self._listener_idle = self._new_event()
+        try:
+            h.listener_taken(msg)
+            result = fn(self, msg)
+            if inspect.isawaitable(result):
+                await result
+        except Exception as exc:
+            h.listener_failed(msg, exc, self._now())
+        finally:
+            idle, self._listener_idle = self._listener_idle, None
+            idle.set()
+
+    async def _stop_listener(self) -> None:
+        """No message goes to the listener from now on; wait for the running call to
+        return (unless this is the listener itself, closing its consumer)."""
+        self._listener_stopped = True
+        self._arrived.set()
+        idle = self._listener_idle
+        if idle is not None and self._current_task() is not self._listener_task:
+            await idle.wait()
+
     async def __aenter__(self) -> Self:
         return self
 
@@ -117,6 +199,8 @@ class AsyncReceiving:
     ) -> list[Message]:
         """Up to ``max_messages`` messages, at least one; raises Timeout after ``timeout`` s."""
         h = self._handle
+        if h.listener is not None:
+            h.refuse_receive()
         deadline = self._clock() + (timeout if timeout is not None else math.inf)
         while True:
             self._arm()  # before looking, so no wake-up is lost
@@ -152,6 +236,8 @@ class AsyncReceiving:
     async def close(self) -> None:
         if self._handle.closed:
             return
+        if self._handle.listener is not None:
+            await self._stop_listener()
         try:
             await self._close_handle()
         finally:

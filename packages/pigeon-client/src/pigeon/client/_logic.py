@@ -27,7 +27,7 @@ from pigeon.client._core import (
 )
 from pigeon.client._future import MessageFuture
 from pigeon.client._message import Message
-from pigeon.client._options import DeadLetterPolicy
+from pigeon.client._options import DeadLetterPolicy, MultiplierRedeliveryBackoff
 from pigeon.core.batch import message_body_size
 from pigeon.core.errors import InvalidArgument
 
@@ -191,6 +191,10 @@ class ConsumerLogic:
     dead_letter: DeadLetterPolicy | None = None
     ack_timeout: float = 0.0
     negative_ack_delay: float = 1.0
+    #: the nack delay grows with the message's redelivery count (else negative_ack_delay)
+    negative_ack_backoff: MultiplierRedeliveryBackoff | None = None
+    #: a timed-out message waits this long more, growing with its redelivery count
+    ack_timeout_backoff: MultiplierRedeliveryBackoff | None = None
     dead: list[Message] = field(default_factory=list)
     nacked: list[tuple[float, Message]] = field(default_factory=list)
     unacked: dict[tuple[int, int, int], tuple[float, Message]] = field(default_factory=dict)
@@ -212,9 +216,11 @@ class ConsumerLogic:
             msgs = keep
         if self.ack_timeout > 0:
             deadline = now + self.ack_timeout
+            backoff = self.ack_timeout_backoff
             for m in msgs:
                 mid = m.message_id
-                self.unacked[(mid.segment_id, mid.entry_id, mid.batch_index)] = (deadline, m)
+                due = deadline if backoff is None else deadline + backoff.next(m.redelivery_count)
+                self.unacked[(mid.segment_id, mid.entry_id, mid.batch_index)] = (due, m)
         return msgs
 
     def acked(self, segment_id: int, entry_id: int, batch_index: int) -> None:
@@ -224,7 +230,11 @@ class ConsumerLogic:
     def negative_acknowledge(self, message: Message, now: float) -> None:
         mid = message.message_id
         self.unacked.pop((mid.segment_id, mid.entry_id, mid.batch_index), None)
-        self.nacked.append((now + self.negative_ack_delay, message))
+        backoff = self.negative_ack_backoff
+        delay = (
+            self.negative_ack_delay if backoff is None else backoff.next(message.redelivery_count)
+        )
+        self.nacked.append((now + delay, message))
 
     def due_redeliveries(self, now: float) -> list[Message]:
         """Messages whose nack delay or ack timeout has passed (to be redelivered)."""

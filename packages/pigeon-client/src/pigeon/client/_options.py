@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, fields
@@ -22,6 +23,7 @@ from pigeon.core.errors import InvalidArgument
 __all__ = [
     "ConsumerOptions",
     "DeadLetterPolicy",
+    "MultiplierRedeliveryBackoff",
     "ProducerOptions",
     "QueueingProducerOptions",
     "ReaderOptions",
@@ -93,6 +95,54 @@ class DeadLetterPolicy:
 
 
 @dataclass(frozen=True)
+class MultiplierRedeliveryBackoff:
+    """A redelivery delay that grows with the message's redelivery count.
+
+    A message redelivered ``n`` times (``msg.redelivery_count``) waits
+    ``min(max_delay, min_delay * multiplier ** n)`` seconds before it is redelivered again.
+    Pulsar's ``MultiplierRedeliveryBackoff`` takes ``minDelayMs`` / ``maxDelayMs`` (ms);
+    here they are ``min_delay`` / ``max_delay`` in seconds, like every other delay option.
+    """
+
+    min_delay: float = 1.0
+    max_delay: float = 60.0
+    multiplier: float = 2.0
+
+    def __post_init__(self) -> None:
+        for name in ("min_delay", "max_delay", "multiplier"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+                raise InvalidArgument(f"{name} must be a finite number >= 0, got {value!r}")
+        if self.max_delay < self.min_delay:
+            raise InvalidArgument(
+                f"max_delay ({self.max_delay}) must not be below min_delay ({self.min_delay})"
+            )
+        if self.multiplier < 1:
+            raise InvalidArgument(f"multiplier must be at least 1, got {self.multiplier!r}")
+
+    def next(self, redelivery_count: int) -> float:
+        """The delay (seconds) before the next redelivery of a message redelivered
+        ``redelivery_count`` times so far."""
+        if redelivery_count <= 0:
+            return float(self.min_delay)
+        try:
+            delay = self.min_delay * self.multiplier**redelivery_count
+        except OverflowError:
+            return float(self.max_delay)
+        return float(min(self.max_delay, delay))
+
+
+def _check_listener(name: str, fn: object) -> None:
+    if fn is not None and not callable(fn):
+        raise InvalidArgument(f"{name} must be a callable (consumer, message), got {fn!r}")
+
+
+def _check_backoff(name: str, backoff: object) -> None:
+    if backoff is not None and not isinstance(backoff, MultiplierRedeliveryBackoff):
+        raise InvalidArgument(f"{name} must be a MultiplierRedeliveryBackoff, got {backoff!r}")
+
+
+@dataclass(frozen=True)
 class ProducerOptions:
     """A producer's options, as the trio face takes them (its ``send`` always waits for
     space in the queue)."""
@@ -135,6 +185,17 @@ class ConsumerOptions:
     negative_ack_redelivery_delay: float = 1.0
     dead_letter_policy: DeadLetterPolicy | None = None
     pattern_auto_discovery_period: float = 60.0
+    #: ``fn(consumer, message)`` called for every message (then ``receive`` is refused)
+    message_listener: Callable[[Any, Any], Any] | None = None
+    negative_ack_redelivery_backoff: MultiplierRedeliveryBackoff | None = None
+    ack_timeout_redelivery_backoff: MultiplierRedeliveryBackoff | None = None
+
+    def __post_init__(self) -> None:
+        _check_listener("message_listener", self.message_listener)
+        _check_backoff("negative_ack_redelivery_backoff", self.negative_ack_redelivery_backoff)
+        _check_backoff("ack_timeout_redelivery_backoff", self.ack_timeout_redelivery_backoff)
+        if self.ack_timeout_redelivery_backoff is not None and not self.ack_timeout > 0:
+            raise InvalidArgument("ack_timeout_redelivery_backoff needs an ack_timeout above 0")
 
 
 @dataclass(frozen=True)
@@ -149,9 +210,12 @@ class ReaderOptions:
     _: KW_ONLY
     start_message_id_inclusive: bool = False
     receiver_queue_size: int = 10_000
+    #: ``fn(reader, message)`` called for every message (then ``read_next`` is refused)
+    reader_listener: Callable[[Any, Any], Any] | None = None
 
     def __post_init__(self) -> None:
         self.start_position()
+        _check_listener("reader_listener", self.reader_listener)
 
     def start_position(self) -> tuple[str, int]:
         """``(initial_position, start_offset)`` of the reader's non-durable cursor."""

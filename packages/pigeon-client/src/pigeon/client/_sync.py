@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import logging
 import math
 import threading
 import time
@@ -35,7 +36,14 @@ from pigeon.core.errors import AlreadyClosed, ProducerQueueFull, Timeout
 
 __all__ = ["Client", "Consumer", "Producer", "Reader"]
 
+log = logging.getLogger(__name__)
+
 _Face = TypeVar("_Face")
+_R = TypeVar("_R", bound="_Receiving")
+
+#: messages a listener thread hands to one consumer's listener before it lets the
+#: consumers queued behind it have their turn
+_LISTENER_TURN = 64
 
 
 class Client(ClientBase):
@@ -49,6 +57,10 @@ class Client(ClientBase):
     def _start(self) -> None:
         self.engine_thread = EngineThread(self.engine)
         self._producers: weakref.WeakSet[Producer] = weakref.WeakSet()
+        self._listening: weakref.WeakSet[_Receiving] = weakref.WeakSet()
+        #: the message listeners' threads, started with the first listener
+        self._listener_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
 
     def __enter__(self) -> Client:
         return self
@@ -60,6 +72,8 @@ class Client(ClientBase):
         thread = self.engine_thread
         if thread.closed:
             return
+        for receiver in list(self._listening):
+            receiver._stop_listener()  # the running call finishes first
         for producer in list(self._producers):
             with contextlib.suppress(Exception):
                 producer.close()
@@ -69,6 +83,10 @@ class Client(ClientBase):
             pass
         thread.closed = True
         thread.join(30)
+        pool = self._listener_pool
+        if pool is not None:
+            # not waiting from a listener's own thread (a listener closing the client)
+            pool.shutdown(wait=not threading.current_thread().name.startswith("pigeon-listener"))
 
     def create_topic(self, topic: str, partitions: int = 0) -> None:
         """Create a topic (``partitions > 0``: a partitioned topic)."""
@@ -86,13 +104,29 @@ class Client(ClientBase):
 
     @takes_options(ConsumerOptions)
     def subscribe(self, options: ConsumerOptions) -> Consumer:
-        """Subscribe to a topic, a list of topics, or a ``re.Pattern`` of topic names."""
-        return self._open(Consumer(self.engine_thread), options)
+        """Subscribe to a topic, a list of topics, or a ``re.Pattern`` of topic names.
+
+        With ``message_listener=fn``, ``fn(consumer, msg)`` is called for each message on
+        the client's listener threads (``message_listener_threads``): one message at a
+        time per consumer, in order; different consumers' listeners run in parallel."""
+        return self._listen(self._open(Consumer(self.engine_thread), options))
 
     @takes_options(ReaderOptions)
     def create_reader(self, options: ReaderOptions) -> Reader:
         """A reader from ``"earliest"``, ``"latest"`` or after a MessageId."""
-        return self._open(Reader(self.engine_thread), options)
+        return self._listen(self._open(Reader(self.engine_thread), options))
+
+    def _listen(self, receiver: _R) -> _R:
+        """Hand a consumer or reader that has a listener to the listener threads."""
+        if receiver._handle.listener is not None:
+            with self._pool_lock:
+                if self._listener_pool is None:
+                    self._listener_pool = concurrent.futures.ThreadPoolExecutor(
+                        self.message_listener_threads, thread_name_prefix="pigeon-listener"
+                    )
+            self._listening.add(receiver)
+            receiver._start_listener(self._listener_pool)
+        return receiver
 
     def _open(self, face: _Face, options: Any) -> _Face:
         opened: _Face = self.engine_thread.call(open_face, face, self.engine, self.codecs, options)
@@ -253,19 +287,91 @@ class _Receiving:
 
     def __init__(self, thread: EngineThread) -> None:
         self._thread = thread
-        self._lock = threading.Condition()
+        self._lock = threading.Condition()  # an RLock inside: the handle takes it too
+        #: with a listener: the threads it runs on, whether a turn of this consumer is
+        #: queued or running there, whether close stopped it, and the thread calling it now
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._scheduled = False
+        self._listener_stopped = False
+        self._listener_thread: int | None = None
 
     def _notify(self) -> None:
         with self._lock:
             self._lock.notify_all()
+            if self._pool is not None:
+                self._schedule()
+
+    def _soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        self._thread.soon(fn, *args)
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # -- message listener ---------------------------------------------------------------
+
+    def _start_listener(self, pool: concurrent.futures.ThreadPoolExecutor) -> None:
+        with self._lock:
+            self._pool = pool
+            self._schedule()
+
+    def _schedule(self) -> None:
+        """Under the lock: queue a turn of this consumer's listener, unless one is queued
+        or running (one message at a time per consumer), it is stopped or paused."""
+        if self._scheduled or self._listener_stopped or self._handle.paused:
+            return
+        assert self._pool is not None
+        self._scheduled = True
+        try:
+            self._pool.submit(self._listener_turn)
+        except RuntimeError:  # the pool is shut down: the client is closing
+            self._scheduled = False
+
+    def _listener_turn(self) -> None:
+        """A listener thread: hand up to ``_LISTENER_TURN`` messages to the listener."""
+        h = self._handle
+        fn = h.listener
+        for _ in range(_LISTENER_TURN):
+            with self._lock:
+                if self._listener_stopped or h.closed or h.paused:
+                    self._scheduled = False
+                    return
+                msgs, grants = h.receive_nowait(1, self._thread.now())
+                if not msgs:
+                    self._scheduled = False
+                    return
+                self._listener_thread = threading.get_ident()
+            for engine, permits in grants:
+                with contextlib.suppress(AlreadyClosed):
+                    self._thread.soon(engine.flow, permits)
+            msg = msgs[0]
+            try:
+                h.listener_taken(msg)
+                fn(self, msg)  # type: ignore[misc]
+            except Exception as exc:
+                h.listener_failed(msg, exc, self._thread.now())
+            finally:
+                with self._lock:
+                    self._listener_thread = None
+                    self._lock.notify_all()
+        with self._lock:  # more to do: behind the other consumers' turns
+            self._scheduled = False
+            self._schedule()
+
+    def _stop_listener(self) -> None:
+        """No message goes to the listener from now on; wait for the running call to
+        return (unless this is the listener itself, closing its consumer)."""
+        with self._lock:
+            self._listener_stopped = True
+            me = threading.get_ident()
+            while self._listener_thread is not None and self._listener_thread != me:
+                self._lock.wait()
 
     def batch_receive(
         self, max_messages: int = 1000, timeout: float | None = None
     ) -> list[Message]:
         h = self._handle
+        if h.listener is not None:
+            h.refuse_receive()
         deadline = time.monotonic() + (timeout if timeout is not None else math.inf)
         with self._lock:
             while True:
@@ -302,6 +408,8 @@ class _Receiving:
         h = self._handle
         if h.closed:
             return
+        if h.listener is not None:
+            self._stop_listener()
         try:
             self._thread.call(h.close)
         finally:

@@ -52,6 +52,9 @@ from pigeon.client._options import (
     takes_options,
 )
 from pigeon.client._options import DeadLetterPolicy as DeadLetterPolicy  # re-exported
+from pigeon.client._options import (  # re-exported
+    MultiplierRedeliveryBackoff as MultiplierRedeliveryBackoff,
+)
 from pigeon.client._thread import EngineThread
 from pigeon.client.trio import open_face
 from pigeon.core.auth import AuthenticationTLS as AuthenticationTLS  # re-exported
@@ -64,6 +67,7 @@ __all__ = [
     "Client",
     "Consumer",
     "DeadLetterPolicy",
+    "MultiplierRedeliveryBackoff",
     "Producer",
     "Reader",
 ]
@@ -124,6 +128,9 @@ class Client(ClientBase):
         """Close every producer and consumer, the connections, and stop the engine thread."""
         if self._closed:
             return
+        for receiver in list(self._receivers):
+            if receiver._handle.listener is not None:
+                await receiver._stop_listener()  # the running call finishes first
         for producer in list(self._producers):
             producer._seal_and_close()  # batched messages go out before the engine closes
         try:
@@ -153,9 +160,13 @@ class Client(ClientBase):
 
     @takes_options(ConsumerOptions)
     async def subscribe(self, options: ConsumerOptions) -> Consumer:
-        """Subscribe to a topic, a list of topics, or a ``re.Pattern`` of topic names."""
+        """Subscribe to a topic, a list of topics, or a ``re.Pattern`` of topic names.
+
+        With ``message_listener=fn``, ``fn(consumer, msg)`` (a function or a coroutine
+        function) is called for each message by a task on this event loop."""
         consumer = await self._open(Consumer(self), options)
         self._receivers.add(consumer)
+        consumer._start_listener()
         return consumer
 
     @takes_options(ReaderOptions)
@@ -163,6 +174,7 @@ class Client(ClientBase):
         """A reader from ``"earliest"``, ``"latest"`` or after a MessageId."""
         reader = await self._open(Reader(self), options)
         self._receivers.add(reader)
+        reader._start_listener()
         return reader
 
     async def _open(self, face: _Face, options: Any) -> _Face:
@@ -373,6 +385,7 @@ class _Receiving(AsyncReceiving):
         self._lock = threading.Lock()
         self._arrived = asyncio.Event()
         self._wake_pending = False
+        self._listener_runner: asyncio.Task[None] | None = None
 
     def _notify(self) -> None:
         """Engine thread: entries were queued (or the consumer closed): wake receivers."""
@@ -412,6 +425,18 @@ class _Receiving(AsyncReceiving):
         with contextlib.suppress(TimeoutError):  # look once more, then raise Timeout
             async with asyncio.timeout(None if math.isinf(left) else left):
                 await self._arrived.wait()
+
+    def _current_task(self) -> Any:
+        return asyncio.current_task()
+
+    def _new_event(self) -> asyncio.Event:
+        return asyncio.Event()
+
+    def _start_listener(self) -> None:
+        """With a listener: its task on this loop (held here: the loop keeps only a weak
+        reference)."""
+        if self._handle.listener is not None:
+            self._listener_runner = self._loop.create_task(self._run_listener())
 
 
 class Consumer(_Receiving, AsyncConsumer):

@@ -29,6 +29,9 @@ from pigeon.client._options import (
     takes_options,
 )
 from pigeon.client._options import DeadLetterPolicy as DeadLetterPolicy  # re-exported
+from pigeon.client._options import (  # re-exported
+    MultiplierRedeliveryBackoff as MultiplierRedeliveryBackoff,
+)
 from pigeon.core.auth import AuthenticationTLS as AuthenticationTLS  # re-exported
 from pigeon.core.auth import AuthenticationToken as AuthenticationToken  # re-exported
 from pigeon.core.codecs import CodecSet
@@ -40,6 +43,7 @@ __all__ = [
     "Client",
     "Consumer",
     "DeadLetterPolicy",
+    "MultiplierRedeliveryBackoff",
     "Producer",
     "Reader",
 ]
@@ -49,6 +53,7 @@ class Client(ClientBase):
     """A connection to a PigeonMQ cluster; a trio async context manager."""
 
     _nursery_cm: Any = None
+    _listening: list[_Receiving] | None = None
 
     async def __aenter__(self) -> Client:
         self._nursery_cm = trio.open_nursery()
@@ -59,6 +64,8 @@ class Client(ClientBase):
     async def __aexit__(self, *exc: object) -> None:
         try:
             with trio.CancelScope(shield=True):
+                for receiver in self._listening or ():
+                    await receiver._stop_listener()  # the running call finishes first
                 await self.engine.aclose()
         finally:
             await self._nursery_cm.__aexit__(None, None, None)
@@ -76,14 +83,27 @@ class Client(ClientBase):
 
     @takes_options(ConsumerOptions)
     async def subscribe(self, options: ConsumerOptions) -> Consumer:
-        return await open_face(Consumer(), self.engine, self.codecs, options)
+        """Subscribe; with ``message_listener=fn``, ``fn(consumer, msg)`` (a function or a
+        coroutine function) is called for each message by a task of the client."""
+        return self._listen(await open_face(Consumer(), self.engine, self.codecs, options))
 
     @takes_options(ReaderOptions)
     async def create_reader(self, options: ReaderOptions) -> Reader:
-        return await open_face(Reader(), self.engine, self.codecs, options)
+        return self._listen(await open_face(Reader(), self.engine, self.codecs, options))
+
+    def _listen(self, receiver: _R) -> _R:
+        """Start the listener task of a consumer or reader that has a listener."""
+        if receiver._handle.listener is not None:
+            if self._listening is None:
+                self._listening = []
+            self._listening = [r for r in self._listening if not r._handle.closed]
+            self._listening.append(receiver)
+            self.engine.nursery.start_soon(receiver._run_listener)
+        return receiver
 
 
 _Face = TypeVar("_Face", bound="ProducerFace | _Receiving")
+_R = TypeVar("_R", bound="_Receiving")
 
 
 async def open_face(face: _Face, engine: ClientEngine, codecs: CodecSet, options: Any) -> _Face:
@@ -225,6 +245,12 @@ class _Receiving(AsyncReceiving):
     async def _wait_until(self, deadline: float) -> None:
         with trio.move_on_at(deadline):
             await self._arrived.wait()
+
+    def _current_task(self) -> Any:
+        return trio.lowlevel.current_task()
+
+    def _new_event(self) -> trio.Event:
+        return trio.Event()
 
 
 class Consumer(_Receiving, AsyncConsumer):
