@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, fields
 from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
-from pigeon.client._message import MessageId
+from pigeon.client._message import ChunkMessageId, MessageId
 from pigeon.core.errors import InvalidArgument
 
 __all__ = [
@@ -108,6 +108,22 @@ class ProducerOptions:
     max_pending_messages: int = 100_000
     routing_mode: str = "round_robin"
     message_router: Callable[[Any, int], int] | None = None
+    batching_enabled: bool = True
+    chunking_enabled: bool = False
+    chunk_max_message_size: int = 0
+
+    def __post_init__(self) -> None:
+        if self.chunking_enabled and self.batching_enabled:
+            raise InvalidArgument(
+                "chunking_enabled needs batching_enabled=False "
+                "(batching and chunking cannot be enabled together)"
+            )
+        size = self.chunk_max_message_size
+        if not isinstance(size, int) or size < 0:
+            raise InvalidArgument(
+                f"chunk_max_message_size must be a non-negative int (0: the broker's "
+                f"max_message_size), got {size!r}"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,6 +151,25 @@ class ConsumerOptions:
     negative_ack_redelivery_delay: float = 1.0
     dead_letter_policy: DeadLetterPolicy | None = None
     pattern_auto_discovery_period: float = 60.0
+    max_pending_chunked_message: int = 10
+    auto_ack_oldest_chunked_message_on_queue_full: bool = False
+    expire_time_of_incomplete_chunked_message: float = 60.0
+
+    def __post_init__(self) -> None:
+        check_chunk_options(self)
+
+
+def check_chunk_options(o: ConsumerOptions | ReaderOptions) -> None:
+    """The chunk reassembly options of a consumer or reader (see pigeon.client._chunks)."""
+    n = o.max_pending_chunked_message
+    if not isinstance(n, int) or n < 1:
+        raise InvalidArgument(f"max_pending_chunked_message must be an int >= 1, got {n!r}")
+    t = o.expire_time_of_incomplete_chunked_message
+    if not isinstance(t, int | float) or not t >= 0:
+        raise InvalidArgument(
+            "expire_time_of_incomplete_chunked_message must be seconds >= 0 (0: never), "
+            f"got {t!r}"
+        )
 
 
 @dataclass(frozen=True)
@@ -149,14 +184,20 @@ class ReaderOptions:
     _: KW_ONLY
     start_message_id_inclusive: bool = False
     receiver_queue_size: int = 10_000
+    max_pending_chunked_message: int = 10
+    auto_ack_oldest_chunked_message_on_queue_full: bool = False
+    expire_time_of_incomplete_chunked_message: float = 60.0
 
     def __post_init__(self) -> None:
+        check_chunk_options(self)
         self.start_position()
 
     def start_position(self) -> tuple[str, int]:
         """``(initial_position, start_offset)`` of the reader's non-durable cursor."""
         start = self.start
         if isinstance(start, MessageId):
+            if self.start_message_id_inclusive and isinstance(start, ChunkMessageId):
+                start = start.first_chunk_message_id  # the whole chunked message
             if start.offset < 0:
                 raise InvalidArgument("a reader start MessageId must carry its offset")
             return "earliest", start.offset + (0 if self.start_message_id_inclusive else 1)
