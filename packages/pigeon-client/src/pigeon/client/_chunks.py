@@ -187,9 +187,7 @@ class ChunkAssembler:
 def _assemble(chunks: list[Message]) -> ChunkedMessage:
     first, last = chunks[0], chunks[-1]
     value = b"".join([c.value for c in chunks])
-    ids = tuple(
-        MessageId(c._segment, c._entry, c._index, c._partition, c.offset) for c in chunks
-    )
+    ids = tuple(MessageId(c._segment, c._entry, c._index, c._partition, c.offset) for c in chunks)
     return ChunkedMessage(
         value,
         first.key,

@@ -216,7 +216,8 @@ class ProducerCore:
         seq = self.next_sequence_id
         self.next_sequence_id = seq + 1
         try:
-            self.builder.add(value, key, properties, event_time)
+            # a view of the message's value, copied once, into the entry
+            self.builder.add(value, key, properties, event_time)  # type: ignore[arg-type]
             payload = self.builder.build(
                 sequence_id=seq,
                 publish_time=int(time.time() * 1000),

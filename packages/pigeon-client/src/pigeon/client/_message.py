@@ -139,13 +139,17 @@ class ChunkMessageId(MessageId):
     def __init__(
         self, first: MessageId, last: MessageId, chunk_ids: tuple[MessageId, ...] = ()
     ) -> None:
-        super().__init__(last.segment_id, last.entry_id, last.batch_index, last.partition, last.offset)
+        super().__init__(
+            last.segment_id, last.entry_id, last.batch_index, last.partition, last.offset
+        )
         object.__setattr__(self, "first_chunk_message_id", first)
         object.__setattr__(self, "chunk_ids", chunk_ids or (first, self.last_chunk_message_id))
 
     @property
     def last_chunk_message_id(self) -> MessageId:
-        return MessageId(self.segment_id, self.entry_id, self.batch_index, self.partition, self.offset)
+        return MessageId(
+            self.segment_id, self.entry_id, self.batch_index, self.partition, self.offset
+        )
 
     def __repr__(self) -> str:
         return (

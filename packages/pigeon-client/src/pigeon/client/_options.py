@@ -167,8 +167,7 @@ def check_chunk_options(o: ConsumerOptions | ReaderOptions) -> None:
     t = o.expire_time_of_incomplete_chunked_message
     if not isinstance(t, int | float) or not t >= 0:
         raise InvalidArgument(
-            "expire_time_of_incomplete_chunked_message must be seconds >= 0 (0: never), "
-            f"got {t!r}"
+            f"expire_time_of_incomplete_chunked_message must be seconds >= 0 (0: never), got {t!r}"
         )
 
 
