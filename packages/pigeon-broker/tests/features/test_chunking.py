@@ -222,3 +222,27 @@ async def test_oldest_incomplete_message_is_dropped_when_too_many_are_pending(
     await consumer.acknowledge(got[0])
     await consumer.close()
     assert backlog(pigeon_standalone, "pending", "s") == 0, "the dropped chunk was acked"
+
+
+@pytest.mark.parametrize("stored_before_drop", [1, 4])
+async def test_a_client_producer_that_loses_its_connection_mid_message_stores_it_once(
+    client, pigeon_standalone, autojump_clock, stored_before_drop
+):
+    consumer = await client.subscribe("dropped", "s", initial_position="earliest")
+    topic = pigeon_standalone.service.topics[PREFIX + "dropped"]
+    # the producer has a client of its own: dropping its connection leaves the consumer's
+    async with Client(pigeon_standalone.url) as producing:
+        producer = await chunking_producer(producing, "dropped", producer_name="dropper")
+        done = trio.Event()
+        await producer.send_async(BIG, callback=lambda mid, error: done.set())
+        with trio.fail_after(10):
+            while topic.next_offset < stored_before_drop:  # noqa: ASYNC110 (no event to wait on)
+                await trio.sleep(0.001)
+        producer._handle.engines[0].conn.close()  # the network drops the connection
+        with trio.fail_after(30):
+            await done.wait()  # re-attached and resent what had no receipt
+        await producer.close()
+    got = await drain(consumer, idle=10)
+    assert [m.value for m in got] == [BIG]
+    assert topic.next_offset == 6, "every chunk stored once"
+    await consumer.close()

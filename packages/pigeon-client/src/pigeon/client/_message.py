@@ -30,8 +30,8 @@ def receipt_message_id(
     chunked message's last chunk carries the first chunk's receipt as a fifth item: its
     id is then a :class:`ChunkMessageId`.
     """
-    seg, entry, offset, _duplicate = receipt[:4]
-    mid = MessageId(seg, entry, index, partition, offset + index if offset >= 0 else -1)
+    offset = receipt[2]
+    mid = MessageId(receipt[0], receipt[1], index, partition, offset + index if offset >= 0 else -1)
     if len(receipt) > 4:
         first = receipt_message_id(receipt[4], 0, partition)
         return ChunkMessageId(first, mid)
