@@ -246,3 +246,16 @@ async def test_a_client_producer_that_loses_its_connection_mid_message_stores_it
     assert [m.value for m in got] == [BIG]
     assert topic.next_offset == 6, "every chunk stored once"
     await consumer.close()
+
+
+async def test_a_message_of_more_chunks_than_the_receiver_queue_still_arrives(
+    client, autojump_clock
+):
+    consumer = await client.subscribe(
+        "narrow", "s", initial_position="earliest", receiver_queue_size=2
+    )
+    producer = await chunking_producer(client, "narrow")
+    await producer.send(BIG)  # six chunks
+    assert (await consumer.receive(timeout=10)).value == BIG
+    await consumer.close()
+    await producer.close()

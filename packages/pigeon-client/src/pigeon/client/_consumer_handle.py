@@ -330,12 +330,14 @@ class ConsumerHandle:
     ) -> tuple[list[Message], list[tuple[Any, int]]]:
         """Messages ready for the application ([] if none) and the permits to grant.
 
-        The caller hands each ``(engine, permits)`` to ``engine.flow`` on the engine.
+        The caller hands each ``(engine, permits)`` to ``engine.flow`` on the engine, also
+        when there is no message: the chunks of a message not complete yet take permits
+        (a message may have more chunks than the receiver queue holds).
         """
         with self.lock:
             msgs = self.take_messages(max_messages, now)
             if not msgs:
-                return msgs, []
+                return msgs, self.core.count_consumed(msgs)
             self.record_received(msgs)
             return msgs, self.core.count_consumed(msgs)
 
