@@ -33,6 +33,8 @@ SMALL_BEGIN = "<!-- bench:small:begin -->"
 CLUSTER_BEGIN = "<!-- bench:cluster:begin -->"
 CLUSTER_END = "<!-- bench:cluster:end -->"
 SMALL_END = "<!-- bench:small:end -->"
+CHUNKED_BEGIN = "<!-- bench:chunked:begin -->"
+CHUNKED_END = "<!-- bench:chunked:end -->"
 
 
 def free_port() -> int:
@@ -515,10 +517,14 @@ def main() -> None:
     parser.add_argument("--no-docs", action="store_true", help="do not touch docs/benchmarks.md")
     parser.add_argument(
         "--scenario",
-        choices=["standard", "small", "cluster", "all"],
+        choices=["standard", "small", "cluster", "chunked", "all"],
         default="all",
         help="standard: 1 KiB produce + 1 GiB catch-up; small: 100 B sync API + codecs; "
-        "cluster: 3 bookies beside a standalone (all: every one)",
+        "cluster: 3 bookies beside a standalone; chunked: 50 MB messages in chunks "
+        "(all: every one)",
+    )
+    parser.add_argument(
+        "--chunked-messages", type=int, default=8, help="50 MB messages of the chunked scenario"
     )
     parser.add_argument("--codecs", nargs="*", default=["none", "gzip", "lz4", "zstd"])
     parser.add_argument(
@@ -552,7 +558,7 @@ def main() -> None:
         cmp = compare(args, child)
         save("baseline", {**cmp, "machine": machine(), "command": command})
         return
-    for name in ("cluster", "small", "standard"):
+    for name in ("cluster", "small", "chunked", "standard"):
         if args.scenario not in (name, "all"):
             continue
         run, render_section, markers, title = SCENARIOS[name]
@@ -566,6 +572,8 @@ def main() -> None:
             write_doc(section, *markers, title)
 
 
+from bench.chunked import chunked_scenario, render_chunked  # noqa: E402
+
 #: scenario -> (run, render, the markers of its docs/benchmarks.md section, its title)
 SCENARIOS: dict[str, tuple[Any, Any, tuple[str, str], str]] = {
     "cluster": (cluster_scenario, render_cluster, (CLUSTER_BEGIN, CLUSTER_END), "3-bookie cluster"),
@@ -576,6 +584,7 @@ SCENARIOS: dict[str, tuple[Any, Any, tuple[str, str], str]] = {
         "Small messages and codecs",
     ),
     "standard": (standard, render, (BEGIN, END), "Standard scenario"),
+    "chunked": (chunked_scenario, render_chunked, (CHUNKED_BEGIN, CHUNKED_END), "Chunked messages"),
 }
 
 

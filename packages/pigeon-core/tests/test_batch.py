@@ -230,3 +230,31 @@ def test_header_length_prefix_checks() -> None:
     for bad in (0, 8, h.header_len + 4, 2**20, len(data)):
         with pytest.raises(CorruptFrame):
             read_header(struct.pack("<I", bad) + data[4:])
+
+
+def test_chunk_fields_round_trip_and_are_checked():
+    from pigeon.core.errors import InvalidArgument
+
+    def chunk(info: tuple[str, int, int, int], values: list[bytes]) -> bytes:
+        return encode_batch(
+            values, producer_name="p", sequence_id=4, publish_time=1, codec=NONE, chunk=info
+        )
+
+    h = read_header(chunk(("p-3", 1, 3, 10), [memoryview(b"abcdef")[1:4]]))
+    assert (h.chunk_uuid, h.chunk_id, h.num_chunks, h.total_chunk_size) == ("p-3", 1, 3, 10)
+    assert (
+        read_header(
+            encode_batch([b"x"], producer_name="p", sequence_id=0, publish_time=1, codec=NONE)
+        ).num_chunks
+        == 0
+    )
+    with pytest.raises(InvalidArgument, match="bad chunk"):
+        chunk(("p-3", 3, 3, 10), [b"abc"])
+    with pytest.raises(InvalidArgument, match="bad chunk"):
+        chunk(("p-3", 0, 3, 10), [b"a", b"b"])
+    bad = bytearray(chunk(("p-3", 0, 3, 2), [b"a"]))
+    # a chunk holding more than the whole message: patch totalChunkSize 2 -> 0 in place
+    i = bytes(bad).rindex((2).to_bytes(4, "little"))
+    bad[i] = 0
+    with pytest.raises(CorruptFrame, match="chunk 0 of 3"):
+        read_header(bytes(bad))

@@ -21,7 +21,7 @@ TLS and credentials, with Pulsar's names::
 
 from __future__ import annotations
 
-from pigeon.client._message import Message, MessageId
+from pigeon.client._message import ChunkMessageId, Message, MessageId
 from pigeon.client._options import DeadLetterPolicy, MultiplierRedeliveryBackoff
 from pigeon.client._sync import Client, Consumer, Producer, Reader
 from pigeon.core.auth import AuthenticationTLS, AuthenticationToken
@@ -43,6 +43,7 @@ __all__ = [
     "AuthenticationTLS",
     "AuthenticationToken",
     "AuthorizationError",
+    "ChunkMessageId",
     "Client",
     "ConnectionClosed",
     "Consumer",

@@ -18,6 +18,7 @@ from typing import Any
 
 import trio
 
+from pigeon.client._chunks import ChunkAssembler
 from pigeon.client._consumer_engine import ConsumerEngine, SubscribeOptions
 from pigeon.client._core import ConsumerCore
 from pigeon.client._engine import ClientEngine, ReceivedEntry
@@ -28,7 +29,7 @@ from pigeon.client._logic import (
     ConsumerLogic,
     dead_letter_properties,
 )
-from pigeon.client._message import Message, MessageId
+from pigeon.client._message import ChunkedMessage, ChunkMessageId, Message, MessageId
 from pigeon.client._options import ConsumerOptions, ReaderOptions
 from pigeon.core import TopicName
 from pigeon.core.errors import InvalidArgument, NotSupported, PigeonError
@@ -67,7 +68,15 @@ class ConsumerHandle:
         self.options = options
         self.lock = face._lock
         self.notify: Callable[[], None] = face._notify
-        self.core = ConsumerCore(codecs=codecs, receiver_queue_size=options.receiver_queue_size)
+        self.core = ConsumerCore(
+            codecs=codecs,
+            receiver_queue_size=options.receiver_queue_size,
+            chunks=ChunkAssembler(
+                max_pending=consumer.max_pending_chunked_message,
+                expire_time=consumer.expire_time_of_incomplete_chunked_message,
+                auto_ack_oldest=consumer.auto_ack_oldest_chunked_message_on_queue_full,
+            ),
+        )
         self.logic = ConsumerLogic(
             self.core,
             subscription=consumer.subscription,
@@ -143,6 +152,7 @@ class ConsumerHandle:
         while not self.closed:
             await trio.sleep(_HOUSEKEEPING_INTERVAL)
             try:
+                self.expire_chunks(trio.current_time())
                 self.flush_acks_nowait()
                 await self._redeliver_due()
                 await self._dead_letter()
@@ -176,9 +186,12 @@ class ConsumerHandle:
             due = self.logic.due_redeliveries(now)
         by_engine: dict[Any, list[tuple[int, int]]] = {}
         for m in due:
-            owner = self.core.owners.get(m._segment)
-            if owner is not None:
-                by_engine.setdefault(owner, []).append((m._segment, m._entry))
+            # a reassembled message comes again as all of its chunks
+            ids = m.chunk_ids if isinstance(m, ChunkedMessage) else (m.message_id,)
+            for c in ids:
+                owner = self.core.owners.get(c.segment_id)
+                if owner is not None:
+                    by_engine.setdefault(owner, []).append((c.segment_id, c.entry_id))
         for engine, positions in by_engine.items():
             await engine.redeliver(sorted(set(positions)))
 
@@ -252,6 +265,8 @@ class ConsumerHandle:
         if target is not None:
             if not isinstance(target, MessageId):
                 raise InvalidArgument(f"cannot seek to {target!r}")
+            if isinstance(target, ChunkMessageId):
+                target = target.first_chunk_message_id  # the whole message again
             owner = self.core.owners.get(target.segment_id)
             engines = [owner] if owner is not None else self.engines
             if len(engines) != 1:
@@ -326,32 +341,61 @@ class ConsumerHandle:
     ) -> tuple[list[Message], list[tuple[Any, int]]]:
         """Messages ready for the application ([] if none) and the permits to grant.
 
-        The caller hands each ``(engine, permits)`` to ``engine.flow`` on the engine.
+        The caller hands each ``(engine, permits)`` to ``engine.flow`` on the engine, also
+        when there is no message: the chunks of a message not complete yet take permits
+        (a message may have more chunks than the receiver queue holds).
         """
         with self.lock:
             msgs = self.take_messages(max_messages, now)
             if not msgs:
-                return msgs, []
+                return msgs, self.core.count_consumed(msgs)
             self.record_received(msgs)
             return msgs, self.core.count_consumed(msgs)
 
     def take_messages(self, max_messages: int, now: float) -> list[Message]:
         """Messages ready for the application; [] if none queued. Call with the lock held."""
         core = self.core
+        core.chunks.now = now
         while True:
             # Everything already received, up to max_messages, across entries.
             while len(core.messages) < max_messages and core.expand_next():
                 pass
+            if core.chunks.dropped:
+                self._chunks_dropped(now)
             if not core.messages:
                 return []
             msgs = self.logic.next_messages(max_messages, now)
             if msgs:
                 return msgs
 
+    def expire_chunks(self, now: float) -> None:
+        """*engine*: drop the chunked messages incomplete for too long (acking their
+        chunks)."""
+        with self.lock:
+            chunks = self.core.chunks
+            if chunks.pending:
+                chunks.expire(now)
+            if chunks.dropped:
+                self._chunks_dropped(now)
+
+    def _chunks_dropped(self, now: float) -> None:
+        """Acknowledge or nack the chunks of dropped incomplete messages (lock held)."""
+        for chunks, ack in self.core.chunks.take_dropped():
+            for c in chunks:
+                if ack:
+                    self.core.add_ack(c.message_id)
+                else:
+                    self.logic.negative_acknowledge(c, now)
+
     def acknowledge(self, mid: MessageId) -> bool:
         """True when enough acknowledgements wait to be sent now (flush_acks_nowait)."""
         with self.lock:
             self.logic.acked(mid.segment_id, mid.entry_id, mid.batch_index)
+            if isinstance(mid, ChunkMessageId):
+                flush = False
+                for c in mid.chunk_ids:
+                    flush = self.core.add_ack(c) or flush
+                return flush
             return self.core.add_ack(mid)
 
     def acknowledge_cumulative(self, mid: MessageId) -> None:
@@ -531,6 +575,13 @@ async def open_reader(
             initial_position=initial,
             receiver_queue_size=options.receiver_queue_size,
             message_listener=options.reader_listener,
+            max_pending_chunked_message=options.max_pending_chunked_message,
+            auto_ack_oldest_chunked_message_on_queue_full=(
+                options.auto_ack_oldest_chunked_message_on_queue_full
+            ),
+            expire_time_of_incomplete_chunked_message=(
+                options.expire_time_of_incomplete_chunked_message
+            ),
         ),
         codecs=codecs,
         face=face,

@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from pigeon.client._chunks import CHUNK_HEADER_SLACK, ChunkAssembler
 from pigeon.client._engine import PendingBatch, ReceivedEntry
 from pigeon.client._future import BatchState
 from pigeon.client._message import Message, MessageId, receipt_message_id, split_entry
@@ -145,11 +146,14 @@ class ProducerCore:
         max_bytes: int,
         max_message_size: int,
         first_sequence_id: int,
+        chunking: bool = False,
     ) -> None:
         if max_messages < 1:
             raise InvalidArgument("batching_max_messages must be at least 1")
         self.partition = partition
         self.max_message_size = max_message_size
+        #: a message over max_message_size is sent in chunks (else it is refused)
+        self.chunking = chunking
         self.builder = BatchBuilder(
             producer_name=producer_name, codec=codec, max_messages=max_messages, max_bytes=max_bytes
         )
@@ -173,14 +177,62 @@ class ProducerCore:
     def __len__(self) -> int:
         return len(self.completions)
 
-    def check_fits(self, body: int) -> None:
-        """Raise MessageTooLarge if a message of ``body`` bytes cannot be sent alone."""
+    def check_fits(self, body: int) -> bool:
+        """Whether a message of ``body`` bytes must be sent in chunks; raise
+        MessageTooLarge if it cannot be sent alone and the producer does not chunk."""
         size = self.header_bytes + body
         if size > self.max_message_size:
+            if self.chunking:
+                return True
             raise MessageTooLarge(
                 f"message of {size} bytes (value, key, properties and batch header) exceeds "
                 f"max_message_size {self.max_message_size}"
             )
+        return False
+
+    def chunk_size(self, overhead: int, producer_name: str) -> int:
+        """Value bytes per chunk of a message whose key, properties and event time take
+        ``overhead`` bytes of the body."""
+        slack = self.header_bytes + overhead + len(producer_name) + 24 + CHUNK_HEADER_SLACK
+        size = self.max_message_size - slack
+        if size < 1:
+            raise MessageTooLarge(
+                f"the key and properties of a message ({overhead} bytes) leave no room for "
+                f"a chunk in max_message_size {self.max_message_size}"
+            )
+        return size
+
+    def seal_chunk(
+        self,
+        callback: Any,
+        value: memoryview,
+        key: str | bytes | None,
+        properties: Mapping[str, str] | None,
+        event_time: int,
+        chunk: tuple[str, int, int, int],
+        deliver_at: int,
+    ) -> PendingBatch:
+        """One chunk as an entry of its own (the batch being built must be empty)."""
+        seq = self.next_sequence_id
+        self.next_sequence_id = seq + 1
+        try:
+            # a view of the message's value, copied once, into the entry
+            self.builder.add(value, key, properties, event_time)  # type: ignore[arg-type]
+            payload = self.builder.build(
+                sequence_id=seq,
+                publish_time=int(time.time() * 1000),
+                deliver_at=deliver_at,
+                chunk=chunk,
+            )
+        except Exception as exc:  # the builder has reset itself
+            log.exception("chunk could not be built sequence=%d", seq)
+            error = (
+                exc
+                if isinstance(exc, PigeonError)
+                else InvalidArgument(f"chunk could not be built: {exc!r}")
+            )
+            return PendingBatch(seq, 1, b"", callback, error=error)
+        return PendingBatch(seq, 1, payload, callback)
 
     def would_overflow(self, body: int) -> bool:
         """Would a message of ``body`` bytes take the batch past max_message_size?"""
@@ -244,8 +296,12 @@ class ConsumerCore:
     the engine that owns the message's segment (segment ids are unique cluster-wide).
     """
 
-    def __init__(self, *, codecs: Any, receiver_queue_size: int) -> None:
+    def __init__(
+        self, *, codecs: Any, receiver_queue_size: int, chunks: ChunkAssembler | None = None
+    ) -> None:
         self.codecs = codecs
+        #: puts chunked messages back together (see :mod:`pigeon.client._chunks`)
+        self.chunks = chunks if chunks is not None else ChunkAssembler()
         self.receiver_queue_size = receiver_queue_size
         self.entries: deque[ReceivedEntry] = deque()
         self.messages: deque[Message] = deque()
@@ -271,8 +327,12 @@ class ConsumerCore:
             self.messages.clear()
             self.consumed.clear()
             self.split_next.clear()
+            self.chunks.reset()
             return None
         resume = self.split_next.pop(source, None)
+        chunked = self.chunks.reset(source)
+        if chunked is not None:
+            resume = chunked if resume is None else min(resume, chunked)
         kept_messages: deque[Message] = deque()
         for m in self.messages:
             if self.owners.get(m._segment) is source:
@@ -296,7 +356,10 @@ class ConsumerCore:
             entry = self.entries.popleft()
             src = entry.source
             self.owners[entry.segment_id] = src
-            msgs = split_entry(entry, src.partition, src.topic, self.codecs)
+            msgs = split_entry(entry, src.partition, src.topic, self.codecs, self.chunks)
+            if msgs is None:  # a chunk of a message not complete yet
+                self._consumed(src, 1)
+                continue
             if msgs:
                 self._consumed(src, len(msgs))
                 self.messages.extend(msgs)

@@ -207,17 +207,16 @@ class AsyncReceiving:
             if h.closed:
                 raise AlreadyClosed("consumer is closed")
             msgs, grants = h.receive_nowait(max_messages, self._now())
+            for engine, permits in grants:
+                with contextlib.suppress(AlreadyClosed):
+                    self._soon(engine.flow, permits)
             if msgs:
-                break
+                return msgs
             if h.failure is not None:
                 raise h.failure
             if self._clock() >= deadline:
                 raise Timeout(f"no message within {timeout}s")
             await self._wait_until(deadline)
-        for engine, permits in grants:
-            with contextlib.suppress(AlreadyClosed):
-                self._soon(engine.flow, permits)
-        return msgs
 
     async def receive(self, timeout: float | None = None) -> Message:  # noqa: ASYNC109
         """The next message; raises pigeon.client.Timeout after ``timeout`` seconds."""

@@ -169,10 +169,15 @@ async def open_producer(
             producer_name=e.producer_name,
             codec=codec,
             partition=i if len(engines) > 1 else -1,
-            max_messages=o.batching_max_messages,
+            max_messages=o.batching_max_messages if o.batching_enabled else 1,
             max_bytes=o.batching_max_bytes,
-            max_message_size=e.max_message_size,
+            max_message_size=(
+                min(e.max_message_size, o.chunk_max_message_size)
+                if o.chunking_enabled and o.chunk_max_message_size
+                else e.max_message_size
+            ),
             first_sequence_id=e.last_sequence_id + 1,
+            chunking=o.chunking_enabled,
         )
         for i, e in enumerate(engines)
     ]
@@ -181,7 +186,7 @@ async def open_producer(
         engines,
         cores,
         router,
-        max_delay=o.batching_max_delay_ms / 1000,
+        max_delay=o.batching_max_delay_ms / 1000 if o.batching_enabled else 0.0,
         submit=face._submit,
         start_timer=face._start_timer,
         clock=face._clock,

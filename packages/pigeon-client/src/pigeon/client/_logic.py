@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
+from pigeon.client._chunks import ChunkReceipts, chunk_uuid
 from pigeon.client._core import (
     ConsumerCore,
     ProducerCore,
@@ -91,7 +92,7 @@ class ProducerLogic:
             )
         index = self.router.choose(key)
         core = self.cores[index]
-        core.check_fits(body)
+        chunked = core.check_fits(body)
         if sequence_id is not None:
             expected = core.next_sequence_id + len(core)
             if sequence_id != expected:
@@ -101,6 +102,10 @@ class ProducerLogic:
                     )
                 self.seal(index)  # a batch holds consecutive sequence ids
                 core.next_sequence_id = sequence_id
+        if chunked:
+            return self._add_chunked(
+                index, value, key, properties, event_time, deliver_at, completion, make_completion
+            )
         if core.would_overflow(body):
             # The broker refuses a batch over max_message_size: start a new one instead.
             self.seal(index)
@@ -142,7 +147,10 @@ class ProducerLogic:
             body = message_body_size(value, key, properties, event_time)
         index = self.router.choose(key) if self.multi else 0
         core = self.cores[index]
-        core.check_fits(body)
+        if core.check_fits(body):
+            return self._add_chunked(  # type: ignore[no-any-return]
+                index, value, key, properties, event_time, 0, None, _message_future
+            )
         if core.would_overflow(body):
             self.seal(index)  # the broker refuses a batch over max_message_size
         n = len(core)
@@ -156,6 +164,51 @@ class ProducerLogic:
         elif self.clock is not None and self.clock() >= core.due:
             self.seal(index)  # due (its timer is late): it leaves now, with this message
         return future
+
+    def _add_chunked(
+        self,
+        index: int,
+        value: bytes,
+        key: str | bytes | None,
+        properties: Mapping[str, str] | None,
+        event_time: int,
+        deliver_at: int,
+        completion: Any,
+        make_completion: Callable[[ProducerCore], Any] | None,
+    ) -> Any:
+        """Send a message too large for one entry as chunks, each an entry of its own
+        (see :mod:`pigeon.client._chunks`); its completion resolves with the last chunk's
+        receipt (a ChunkMessageId naming the first chunk too)."""
+        core = self.cores[index]
+        size = core.chunk_size(
+            message_body_size(b"", key, properties, event_time), core.builder.producer_name
+        )
+        self.seal(index)  # (empty: a chunking producer does not batch)
+        total = len(value)
+        n = -(-total // size)
+        uuid = chunk_uuid(core.builder.producer_name, core.next_sequence_id)
+        receipts = ChunkReceipts()
+        view = memoryview(value)
+        for i in range(n):
+            if i < n - 1:
+                callback = receipts.part(i)
+            else:
+                if make_completion is not None:
+                    completion = make_completion(core)
+                state, core.state = core.state, None
+                callback = receipts.last(self.callback_for([completion], state, core.partition))
+            batch = core.seal_chunk(
+                callback,
+                view[i * size : (i + 1) * size],
+                key,
+                properties if i == 0 else None,
+                event_time if i == 0 else 0,
+                (uuid, i, n, total),
+                deliver_at,
+            )
+            self.submit(self.engines[index], batch)
+        self.router.batch_sealed(index)
+        return completion
 
     def _opened(self, index: int, core: ProducerCore) -> None:
         """Partition ``index``'s batch got its first message: it is due ``max_delay``
@@ -266,6 +319,11 @@ def dead_letter_properties(m: Message) -> dict[str, str]:
     props.setdefault(ORIGIN_MESSAGE_ID, str(m.message_id))
     props.setdefault(REAL_TOPIC, m.topic)
     return props
+
+
+def _message_future(core: ProducerCore) -> MessageFuture:
+    """The completion of a message sent through ``add`` for ``add_plain``."""
+    return MessageFuture(core.batch_state(), len(core))
 
 
 def wall_ms() -> int:

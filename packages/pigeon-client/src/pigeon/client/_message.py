@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from pigeon.core.batch import ENTRY_HEADER_SIZE, decode_batch, unpack_entry_header
+from pigeon.core.batch import ENTRY_HEADER_SIZE, BatchHeader, decode_batch, unpack_entry_header
 
 if TYPE_CHECKING:
     from pigeon.client._engine import ReceivedEntry
 
-__all__ = ["Message", "MessageId", "receipt_message_id", "split_entry"]
+__all__ = [
+    "ChunkMessageId",
+    "ChunkedMessage",
+    "Message",
+    "MessageId",
+    "receipt_message_id",
+    "split_entry",
+]
 
 
 def receipt_message_id(
@@ -19,10 +26,16 @@ def receipt_message_id(
     """The MessageId of message ``index`` of a batch the broker acknowledged with ``receipt``.
 
     ``receipt`` is ``(segment_id, entry_id, first_offset, duplicate)``; a first offset
-    below 0 (the broker does not know it) leaves every offset unknown.
+    below 0 (the broker does not know it) leaves every offset unknown.  The receipt of a
+    chunked message's last chunk carries the first chunk's receipt as a fifth item: its
+    id is then a :class:`ChunkMessageId`.
     """
-    seg, entry, offset, _duplicate = receipt
-    return MessageId(seg, entry, index, partition, offset + index if offset >= 0 else -1)
+    offset = receipt[2]
+    mid = MessageId(receipt[0], receipt[1], index, partition, offset + index if offset >= 0 else -1)
+    if len(receipt) > 4:
+        first = receipt_message_id(receipt[4], 0, partition)
+        return ChunkMessageId(first, mid)
+    return mid
 
 
 class MessageId:
@@ -102,8 +115,57 @@ class MessageId:
     @classmethod
     def deserialize(cls, data: bytes | str) -> MessageId:
         text = data.decode() if isinstance(data, bytes) else data
+        if ";" in text:
+            last, first = text.split(";", 1)
+            return ChunkMessageId(MessageId.deserialize(first), MessageId.deserialize(last))
         parts = [int(p) for p in text.split(":")]
-        return cls(*parts)
+        return MessageId(*parts)
+
+
+class ChunkMessageId(MessageId):
+    """The id of a chunked message (Pulsar's ChunkMessageId): the position of its last
+    chunk, with ``first_chunk_message_id`` the position of its first.
+
+    Equality, hashing and ordering are those of the last chunk.  A received message's id
+    also knows every chunk (``chunk_ids``), so acknowledging it acknowledges them all; an
+    id rebuilt by :meth:`MessageId.deserialize` knows only the first and the last.
+    """
+
+    __slots__ = ("chunk_ids", "first_chunk_message_id")
+
+    first_chunk_message_id: MessageId
+    chunk_ids: tuple[MessageId, ...]
+
+    def __init__(
+        self, first: MessageId, last: MessageId, chunk_ids: tuple[MessageId, ...] = ()
+    ) -> None:
+        super().__init__(
+            last.segment_id, last.entry_id, last.batch_index, last.partition, last.offset
+        )
+        object.__setattr__(self, "first_chunk_message_id", first)
+        object.__setattr__(self, "chunk_ids", chunk_ids or (first, self.last_chunk_message_id))
+
+    @property
+    def last_chunk_message_id(self) -> MessageId:
+        return MessageId(
+            self.segment_id, self.entry_id, self.batch_index, self.partition, self.offset
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"ChunkMessageId(first={self.first_chunk_message_id!r}, "
+            f"last={self.last_chunk_message_id!r}, chunks={len(self.chunk_ids)})"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            ChunkMessageId,
+            (self.first_chunk_message_id, self.last_chunk_message_id, self.chunk_ids),
+        )
+
+    def serialize(self) -> bytes:
+        """``<last>;<first>``, each as :meth:`MessageId.serialize` writes one."""
+        return MessageId.serialize(self) + b";" + self.first_chunk_message_id.serialize()
 
 
 @dataclass(slots=True, eq=False, repr=False)
@@ -141,15 +203,50 @@ class Message:
         )
 
 
-def split_entry(entry: ReceivedEntry, partition: int, topic: str, codecs: Any) -> list[Message]:
+@dataclass(slots=True, eq=False, repr=False)
+class ChunkedMessage(Message):
+    """A message reassembled from its chunks: its id is a :class:`ChunkMessageId`."""
+
+    chunk_ids: tuple[MessageId, ...] = ()
+
+    @property
+    def message_id(self) -> MessageId:
+        ids = self.chunk_ids
+        return ChunkMessageId(ids[0], ids[-1], ids)
+
+
+class ChunkSink(Protocol):
+    def add(self, chunk: Message, header: BatchHeader, source: Any) -> Message | None: ...
+
+
+def split_entry(
+    entry: ReceivedEntry, partition: int, topic: str, codecs: Any, chunks: ChunkSink | None = None
+) -> list[Message] | None:
     """All messages of one received entry (of ``topic``, partition ``partition``), minus
-    the batch indexes already acknowledged."""
+    the batch indexes already acknowledged.
+
+    A chunk (an entry whose header has ``numChunks``) goes to ``chunks`` when given:
+    the result is then the whole message if that chunk completed it, else None.
+    """
     data = entry.data
     header = unpack_entry_header(data)
     batch = decode_batch(memoryview(data)[ENTRY_HEADER_SIZE:], codecs)
+    if batch.header.num_chunks and chunks is not None:
+        (chunk,) = _split(entry, batch, header.first_offset, header.publish_time, partition, topic)
+        whole = chunks.add(chunk, batch.header, entry.source)
+        return None if whole is None else [whole]
+    return _split(entry, batch, header.first_offset, header.publish_time, partition, topic)
+
+
+def _split(
+    entry: ReceivedEntry,
+    batch: Any,
+    first: int,
+    publish: int,
+    partition: int,
+    topic: str,
+) -> list[Message]:
     n = batch.num_messages
-    first = header.first_offset
-    publish = header.publish_time
     values = batch.values()
     keys = batch.keys() if batch.has_keys else None
     props = batch.all_properties() if batch.has_properties else None

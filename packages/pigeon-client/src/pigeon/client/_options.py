@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, fields
 from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
-from pigeon.client._message import MessageId
+from pigeon.client._message import ChunkMessageId, MessageId
 from pigeon.core.errors import InvalidArgument
 
 __all__ = [
@@ -158,6 +158,22 @@ class ProducerOptions:
     max_pending_messages: int = 100_000
     routing_mode: str = "round_robin"
     message_router: Callable[[Any, int], int] | None = None
+    batching_enabled: bool = True
+    chunking_enabled: bool = False
+    chunk_max_message_size: int = 0
+
+    def __post_init__(self) -> None:
+        if self.chunking_enabled and self.batching_enabled:
+            raise InvalidArgument(
+                "chunking_enabled needs batching_enabled=False "
+                "(batching and chunking cannot be enabled together)"
+            )
+        size = self.chunk_max_message_size
+        if not isinstance(size, int) or size < 0:
+            raise InvalidArgument(
+                f"chunk_max_message_size must be a non-negative int (0: the broker's "
+                f"max_message_size), got {size!r}"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -189,6 +205,9 @@ class ConsumerOptions:
     message_listener: Callable[[Any, Any], Any] | None = None
     negative_ack_redelivery_backoff: MultiplierRedeliveryBackoff | None = None
     ack_timeout_redelivery_backoff: MultiplierRedeliveryBackoff | None = None
+    max_pending_chunked_message: int = 10
+    auto_ack_oldest_chunked_message_on_queue_full: bool = False
+    expire_time_of_incomplete_chunked_message: float = 60.0
 
     def __post_init__(self) -> None:
         _check_listener("message_listener", self.message_listener)
@@ -196,6 +215,19 @@ class ConsumerOptions:
         _check_backoff("ack_timeout_redelivery_backoff", self.ack_timeout_redelivery_backoff)
         if self.ack_timeout_redelivery_backoff is not None and not self.ack_timeout > 0:
             raise InvalidArgument("ack_timeout_redelivery_backoff needs an ack_timeout above 0")
+        check_chunk_options(self)
+
+
+def check_chunk_options(o: ConsumerOptions | ReaderOptions) -> None:
+    """The chunk reassembly options of a consumer or reader (see pigeon.client._chunks)."""
+    n = o.max_pending_chunked_message
+    if not isinstance(n, int) or n < 1:
+        raise InvalidArgument(f"max_pending_chunked_message must be an int >= 1, got {n!r}")
+    t = o.expire_time_of_incomplete_chunked_message
+    if not isinstance(t, int | float) or not t >= 0:
+        raise InvalidArgument(
+            f"expire_time_of_incomplete_chunked_message must be seconds >= 0 (0: never), got {t!r}"
+        )
 
 
 @dataclass(frozen=True)
@@ -212,8 +244,12 @@ class ReaderOptions:
     receiver_queue_size: int = 10_000
     #: ``fn(reader, message)`` called for every message (then ``read_next`` is refused)
     reader_listener: Callable[[Any, Any], Any] | None = None
+    max_pending_chunked_message: int = 10
+    auto_ack_oldest_chunked_message_on_queue_full: bool = False
+    expire_time_of_incomplete_chunked_message: float = 60.0
 
     def __post_init__(self) -> None:
+        check_chunk_options(self)
         self.start_position()
         _check_listener("reader_listener", self.reader_listener)
 
@@ -221,6 +257,8 @@ class ReaderOptions:
         """``(initial_position, start_offset)`` of the reader's non-durable cursor."""
         start = self.start
         if isinstance(start, MessageId):
+            if self.start_message_id_inclusive and isinstance(start, ChunkMessageId):
+                start = start.first_chunk_message_id  # the whole chunked message
             if start.offset < 0:
                 raise InvalidArgument("a reader start MessageId must carry its offset")
             return "earliest", start.offset + (0 if self.start_message_id_inclusive else 1)

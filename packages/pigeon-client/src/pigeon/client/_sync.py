@@ -378,17 +378,16 @@ class _Receiving:
                 if h.closed:
                     raise AlreadyClosed("consumer is closed")
                 msgs, grants = h.receive_nowait(max_messages, self._thread.now())
+                for engine, permits in grants:
+                    self._thread.soon(engine.flow, permits)
                 if msgs:
-                    break
+                    return msgs
                 if h.failure is not None:
                     raise h.failure
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise Timeout(f"no message within {timeout}s")
                 self._lock.wait(None if math.isinf(left) else min(left, 1.0))
-        for engine, permits in grants:
-            self._thread.soon(engine.flow, permits)
-        return msgs
 
     def receive(self, timeout: float | None = None) -> Message:
         """The next message; raises pigeon.client.Timeout after ``timeout`` seconds."""

@@ -73,7 +73,11 @@ import capnp
 
 from pigeon.core.errors import CorruptFrame, InvalidArgument
 
-__all__ = ["FORMAT_KAFKA", "FORMAT_VERSION", "BatchHeader", "read_header"]
+__all__ = ["FORMAT_KAFKA", "FORMAT_VERSION", "BatchHeader", "ChunkInfo", "read_header"]
+
+#: The chunk fields of a batch header: ``(chunk_uuid, chunk_id, num_chunks,
+#: total_chunk_size)`` (see ``schema/entry.capnp``).
+ChunkInfo = tuple[str, int, int, int]
 
 #: Version of the body layout, written to and checked in ``BatchHeader.formatVersion``.
 FORMAT_VERSION: Final = 1
@@ -116,6 +120,10 @@ _header_fields: Final = attrgetter(
     "propertyEntries",
     "propertyKeysLength",
     "propertyValuesLength",
+    "chunkUuid",
+    "chunkId",
+    "numChunks",
+    "totalChunkSize",
 )
 
 
@@ -153,6 +161,11 @@ class BatchHeader:
     property_entries: int
     property_keys_length: int
     property_values_length: int
+    #: chunking (``numChunks`` 0: not a chunk); see ``schema/entry.capnp``
+    chunk_uuid: str = ""
+    chunk_id: int = 0
+    num_chunks: int = 0
+    total_chunk_size: int = 0
 
     @property
     def body_offset(self) -> int:
@@ -262,6 +275,17 @@ def _check_header(h: BatchHeader, size: int) -> None:
         return
     if not h.has_keys and h.keys_length:
         raise CorruptFrame("entry has key bytes but no key column")
+    if h.num_chunks and (
+        h.num_messages != 1
+        or h.chunk_id >= h.num_chunks
+        or h.values_length > h.total_chunk_size
+        or not h.chunk_uuid
+    ):
+        raise CorruptFrame(
+            f"chunk {h.chunk_id} of {h.num_chunks} (uuid {h.chunk_uuid!r}, "
+            f"{h.num_messages} messages, {h.values_length} of {h.total_chunk_size} bytes) "
+            "is inconsistent"
+        )
     if not h.has_properties and (
         h.property_entries or h.property_keys_length or h.property_values_length
     ):

@@ -15,6 +15,7 @@ from pigeon.core._batch import (
     _INT64_MAX,
     _INT64_MIN,
     _UINT32_MAX,
+    ChunkInfo,
     _check_int,
     _check_producer_name,
     _header_length,
@@ -237,7 +238,14 @@ class BatchBuilder:
     def is_full(self) -> bool:
         return len(self._values) >= self.max_messages or self.nbytes >= self.max_bytes
 
-    def build(self, *, sequence_id: int, publish_time: int, deliver_at: int = 0) -> bytes:
+    def build(
+        self,
+        *,
+        sequence_id: int,
+        publish_time: int,
+        deliver_at: int = 0,
+        chunk: ChunkInfo | None = None,
+    ) -> bytes:
         """Encode and compress the messages added so far into one entry; reset.
 
         Message ``i`` gets sequence id ``sequence_id + i``. Raises
@@ -257,6 +265,7 @@ class BatchBuilder:
                 deliver_at=deliver_at,
                 schema_version=self.schema_version,
                 codec=self.codec,
+                chunk=chunk,
             )
         finally:
             self._reset()

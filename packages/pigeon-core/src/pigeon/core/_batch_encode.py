@@ -21,6 +21,7 @@ from pigeon.core._batch import (
     _UINT32_MAX,
     _UINT64_MAX,
     FORMAT_VERSION,
+    ChunkInfo,
     _BatchHeaderSchema,
     _check_int,
     _check_producer_name,
@@ -132,6 +133,7 @@ def _encode(
     deliver_at: int,
     schema_version: int,
     codec: Codec,
+    chunk: ChunkInfo | None = None,
 ) -> bytes:
     n = len(values)
     if n == 0:
@@ -212,6 +214,14 @@ def _encode(
         h.propertyEntries = m
         h.propertyKeysLength = len(pkdata)
         h.propertyValuesLength = len(pvdata)
+    if chunk is not None:
+        uuid, chunk_id, num_chunks, total = chunk
+        if n != 1 or not uuid or not 0 <= chunk_id < num_chunks or total > _UINT32_MAX:
+            raise InvalidArgument(f"bad chunk {chunk!r} of a batch of {n} messages")
+        h.chunkUuid = uuid
+        h.chunkId = chunk_id
+        h.numChunks = num_chunks
+        h.totalChunkSize = total
     raw = h.to_bytes()
     parts[0] = _U32.pack(len(raw))
     parts[1] = raw
@@ -276,6 +286,7 @@ def encode_batch(
     codec: Codec,
     deliver_at: int = 0,
     schema_version: int = 0,
+    chunk: ChunkInfo | None = None,
 ) -> bytes:
     """Encode one batch (the functional form of :class:`BatchBuilder`).
 
@@ -305,4 +316,5 @@ def encode_batch(
         deliver_at=deliver_at,
         schema_version=schema_version,
         codec=codec,
+        chunk=chunk,
     )

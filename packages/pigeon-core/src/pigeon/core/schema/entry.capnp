@@ -97,4 +97,21 @@ struct BatchHeader {
 
   propertyValuesLength @17 :UInt32;
   # Size in bytes of the UTF-8 property values column; 0 without properties.
+
+  # Chunking: a message too large for one entry is split into numChunks entries of one
+  # message each (see pigeon/client/_chunks.py). Every chunk carries the message key; the
+  # first also its properties and event time. numChunks 0 = not a chunk.
+
+  chunkUuid @18 :Text;
+  # Identifies the chunked message: "<producerName>-<sequence id of its first chunk>".
+  # A resend after a reconnect keeps it (chunk i always has sequence id first + i).
+
+  chunkId @19 :UInt32;
+  # Index of this chunk, 0 .. numChunks - 1.
+
+  numChunks @20 :UInt32;
+  # Number of chunks of the message; 0 when the entry is not a chunk.
+
+  totalChunkSize @21 :UInt32;
+  # Size in bytes of the whole message value (the sum of the chunks' values).
 }
