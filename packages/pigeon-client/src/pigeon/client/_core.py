@@ -20,7 +20,13 @@ from typing import Any
 
 from pigeon.client._engine import PendingBatch, ReceivedEntry
 from pigeon.client._future import BatchState
-from pigeon.client._message import Message, MessageId, receipt_message_id, split_entry
+from pigeon.client._message import (
+    Message,
+    MessageId,
+    SchemaDecoders,
+    receipt_message_id,
+    split_entry,
+)
 from pigeon.core.batch import BatchBuilder, message_body_size, unpack_entry_header
 from pigeon.core.errors import InvalidArgument, MessageTooLarge, PigeonError
 
@@ -145,13 +151,19 @@ class ProducerCore:
         max_bytes: int,
         max_message_size: int,
         first_sequence_id: int,
+        schema_version: int = 0,
     ) -> None:
+        """``schema_version``: the batch header's (the registry version + 1; 0: none)."""
         if max_messages < 1:
             raise InvalidArgument("batching_max_messages must be at least 1")
         self.partition = partition
         self.max_message_size = max_message_size
         self.builder = BatchBuilder(
-            producer_name=producer_name, codec=codec, max_messages=max_messages, max_bytes=max_bytes
+            producer_name=producer_name,
+            codec=codec,
+            max_messages=max_messages,
+            max_bytes=max_bytes,
+            schema_version=schema_version,
         )
         self.completions: list[Completion] = []
         self.state: BatchState | None = None
@@ -256,6 +268,8 @@ class ConsumerCore:
         self._grants: list[tuple[Any, int]] = []
         #: engine -> the offset after the last message split off its entries
         self.split_next: dict[Any, int] = {}
+        #: the consumer schema's decoders (None: values stay bytes)
+        self.decoders: SchemaDecoders | None = None
 
     def push(self, entries: list[ReceivedEntry]) -> None:
         self.entries.extend(entries)
@@ -296,7 +310,7 @@ class ConsumerCore:
             entry = self.entries.popleft()
             src = entry.source
             self.owners[entry.segment_id] = src
-            msgs = split_entry(entry, src.partition, src.topic, self.codecs)
+            msgs = split_entry(entry, src.partition, src.topic, self.codecs, self.decoders)
             if msgs:
                 self._consumed(src, len(msgs))
                 self.messages.extend(msgs)

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pigeon.core.batch import ENTRY_HEADER_SIZE, decode_batch, unpack_entry_header
+from pigeon.core.errors import SchemaSerializationError
 
 if TYPE_CHECKING:
     from pigeon.client._engine import ReceivedEntry
 
-__all__ = ["Message", "MessageId", "receipt_message_id", "split_entry"]
+__all__ = ["Message", "MessageId", "SchemaDecoders", "receipt_message_id", "split_entry"]
+
+log = logging.getLogger(__name__)
 
 
 def receipt_message_id(
@@ -108,9 +112,13 @@ class MessageId:
 
 @dataclass(slots=True, eq=False, repr=False)
 class Message:
-    """One received message. ``message_id`` is built on first use."""
+    """One received message. ``message_id`` is built on first use.
 
-    value: bytes
+    ``data`` is the value's bytes as sent; ``value`` is the same bytes, or with a
+    consumer ``schema`` the decoded value (a Record, a str), None if it did not decode.
+    """
+
+    value: Any
     key: str | None
     properties: dict[str, str]
     event_time: int
@@ -122,6 +130,7 @@ class Message:
     offset: int
     redelivery_count: int
     topic: str
+    data: bytes
 
     @property
     def message_id(self) -> MessageId:
@@ -131,19 +140,24 @@ class Message:
     def segment_id(self) -> int:
         return self._segment
 
-    def data(self) -> bytes:
-        return self.value
-
     def __repr__(self) -> str:
+        value = self.value[:32] if isinstance(self.value, bytes) else self.value
         return (
             f"Message(topic={self.topic!r}, id={self.message_id}, offset={self.offset}, "
-            f"key={self.key!r}, value={self.value[:32]!r})"
+            f"key={self.key!r}, value={value!r})"
         )
 
 
-def split_entry(entry: ReceivedEntry, partition: int, topic: str, codecs: Any) -> list[Message]:
+def split_entry(
+    entry: ReceivedEntry,
+    partition: int,
+    topic: str,
+    codecs: Any,
+    decoders: SchemaDecoders | None = None,
+) -> list[Message]:
     """All messages of one received entry (of ``topic``, partition ``partition``), minus
-    the batch indexes already acknowledged."""
+    the batch indexes already acknowledged; with ``decoders`` (a consumer's schema) each
+    value decoded with the schema version the batch header names."""
     data = entry.data
     header = unpack_entry_header(data)
     batch = decode_batch(memoryview(data)[ENTRY_HEADER_SIZE:], codecs)
@@ -160,6 +174,28 @@ def split_entry(entry: ReceivedEntry, partition: int, topic: str, codecs: Any) -
         indexes: Any = [i for i in range(n) if i not in skip]
     else:
         indexes = range(n)
+    if decoders is not None:
+        decoded = decoders.decode_all(batch.header.schema_version, values, indexes)
+        return [
+            Message(
+                decoded[i],
+                None
+                if keys is None or keys[i] is None
+                else keys[i].decode("utf-8", "surrogateescape"),
+                props[i] if props is not None else empty,
+                times[i] if times is not None else 0,
+                publish,
+                entry.segment_id,
+                entry.entry_id,
+                i,
+                partition,
+                first + i,
+                entry.redelivery_count,
+                topic,
+                values[i],
+            )
+            for i in indexes
+        ]
     return [
         Message(
             values[i],
@@ -174,6 +210,51 @@ def split_entry(entry: ReceivedEntry, partition: int, topic: str, codecs: Any) -
             first + i,
             entry.redelivery_count,
             topic,
+            values[i],
         )
         for i in indexes
     ]
+
+
+class SchemaDecoders:
+    """A consumer schema's decoders, by the batch header's schema version (the registry
+    version + 1; 0: written without a schema).
+
+    A version not known yet is fetched from the broker before its entries are queued
+    (see :class:`pigeon.client._consumer_handle.ConsumerHandle`); a value that does not
+    decode becomes None (its bytes stay in ``msg.data``), logged once per batch.
+    """
+
+    def __init__(self, schema: Any) -> None:
+        self.schema = schema
+        #: header version -> decoder of one value
+        self.by_version: dict[int, Any] = {}
+        self.own = schema.decoder_for(None)
+
+    def known(self, header_version: int) -> bool:
+        return (
+            header_version == 0
+            or header_version in self.by_version
+            or not self.schema.needs_writer_schema
+        )
+
+    def learn(self, header_version: int, definition: str | None) -> None:
+        self.by_version[header_version] = self.schema.decoder_for(definition)
+
+    def decode_all(self, header_version: int, values: Any, indexes: Any) -> dict[int, Any]:
+        decode = self.by_version.get(header_version, self.own)
+        out: dict[int, Any] = {}
+        failed = None
+        for i in indexes:
+            try:
+                out[i] = decode(values[i])
+            except SchemaSerializationError as exc:
+                out[i] = None
+                failed = exc
+        if failed is not None:
+            log.warning(
+                "message values did not decode schema_version=%d error=%s",
+                header_version - 1,
+                failed,
+            )
+        return out

@@ -17,6 +17,7 @@ from dataclasses import KW_ONLY, dataclass, fields
 from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 from pigeon.client._message import MessageId
+from pigeon.client._schema import Schema
 from pigeon.core.errors import InvalidArgument
 
 __all__ = [
@@ -70,6 +71,14 @@ def takes_options(
     return decorate
 
 
+def check_schema(schema: object) -> None:
+    if schema is not None and not isinstance(schema, Schema):
+        raise InvalidArgument(
+            f"schema must be a pigeon.client.schema Schema (AvroSchema(Record), ...), "
+            f"got {schema!r}"
+        )
+
+
 @dataclass(frozen=True)
 class DeadLetterPolicy:
     """Where messages go that failed too often.
@@ -108,6 +117,11 @@ class ProducerOptions:
     max_pending_messages: int = 100_000
     routing_mode: str = "round_robin"
     message_router: Callable[[Any, int], int] | None = None
+    #: how values are encoded (pigeon.client.schema); None: values are bytes
+    schema: Schema | None = None
+
+    def __post_init__(self) -> None:
+        check_schema(self.schema)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,6 +149,11 @@ class ConsumerOptions:
     negative_ack_redelivery_delay: float = 1.0
     dead_letter_policy: DeadLetterPolicy | None = None
     pattern_auto_discovery_period: float = 60.0
+    #: how values are decoded (pigeon.client.schema); None: ``msg.value`` is the bytes
+    schema: Schema | None = None
+
+    def __post_init__(self) -> None:
+        check_schema(self.schema)
 
 
 @dataclass(frozen=True)
@@ -149,9 +168,12 @@ class ReaderOptions:
     _: KW_ONLY
     start_message_id_inclusive: bool = False
     receiver_queue_size: int = 10_000
+    #: how values are decoded (pigeon.client.schema); None: ``msg.value`` is the bytes
+    schema: Schema | None = None
 
     def __post_init__(self) -> None:
         self.start_position()
+        check_schema(self.schema)
 
     def start_position(self) -> tuple[str, int]:
         """``(initial_position, start_offset)`` of the reader's non-durable cursor."""
@@ -175,7 +197,7 @@ class SendOptions:
     hot path: no options object is built per message there).
     """
 
-    value: bytes
+    value: Any
     _: KW_ONLY
     key: str | bytes | None = None
     properties: Mapping[str, str] | None = None

@@ -137,7 +137,7 @@ class Producer(ProducerFace):
 
     async def send_async(
         self,
-        value: bytes,
+        value: Any,
         *,
         key: str | bytes | None = None,
         properties: Mapping[str, str] | None = None,
