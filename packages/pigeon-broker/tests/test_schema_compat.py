@@ -132,7 +132,9 @@ def test_transitive_checks_every_version() -> None:
     # v3 brings name back (no default): v2's data has none, so v3 cannot read it
     v3 = avro(AGE_DEFAULT, {"name": "email", "type": "string", "default": ""}, NAME)
     check_compatible(v3, [(0, ADD_WITH_DEFAULT), (1, v2)], "forward")  # v2 reads v3's data
-    with pytest.raises(IncompatibleSchema, match="version 1 under BACKWARD:.*'name' has no default"):
+    with pytest.raises(
+        IncompatibleSchema, match=r"version 1 under BACKWARD:.*'name' has no default"
+    ):
         check_compatible(v3, [(0, ADD_WITH_DEFAULT), (1, v2)], "backward")
     # v0 had a long age, v1 an int one: an int-age schema reads v1 but not v0
     narrowed = [(0, avro(NAME, AGE_LONG)), (1, ADD_WITH_DEFAULT)]

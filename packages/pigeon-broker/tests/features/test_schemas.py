@@ -129,7 +129,7 @@ async def test_incompatible_producer_is_refused(pigeon_standalone: Any) -> None:
         await client.create_producer("evolve", schema=AvroSchema(user_v1()))
         with pytest.raises(
             IncompatibleSchema,
-            match="not compatible with version 0 under FULL: .*field 'email' has no default",
+            match=r"not compatible with version 0 under FULL: .*field 'email' has no default",
         ):
             await client.create_producer("evolve", schema=AvroSchema(user_no_default()))
         with pytest.raises(IncompatibleSchema, match="schema type changed from AVRO to JSON"):

@@ -95,9 +95,9 @@ from pigeon.broker._admin_models import (
     TopicStats,
     Unloaded,
 )
+from pigeon.broker._admin_schemas import schema_routes
 from pigeon.broker._authz import topic_key
 from pigeon.broker._metrics import CONTENT_TYPE, BrokerMonitor
-from pigeon.broker._admin_schemas import schema_routes
 from pigeon.broker._service import BrokerService
 from pigeon.core import TopicName
 from pigeon.core.errors import (

@@ -129,7 +129,12 @@ class SchemaIn(BaseModel):
 
     model_config = _INPUT
     type: Literal["BYTES", "STRING", "JSON", "AVRO"]
-    schema_: str = Field("", alias="schema", max_length=1 << 20, description="The Avro record schema (JSON text) of JSON and AVRO.")
+    schema_: str = Field(
+        "",
+        alias="schema",
+        max_length=1 << 20,
+        description="The Avro record schema (JSON text) of JSON and AVRO.",
+    )
     properties: dict[str, str] = Field(default_factory=dict)
 
 
@@ -144,7 +149,7 @@ class SchemaOut(BaseModel):
 
 
 class SchemaVersions(BaseModel):
-    getSchemaResponses: list[SchemaOut]  # noqa: N815  (Pulsar's name)
+    getSchemaResponses: list[SchemaOut]
 
 
 class SchemaVersion(BaseModel):
@@ -159,7 +164,7 @@ class SchemaCompatibility(BaseModel):
     """Pulsar's ``IsCompatibilityResponse``."""
 
     compatibility: bool
-    schemaCompatibilityStrategy: str  # noqa: N815  (Pulsar's name)
+    schemaCompatibilityStrategy: str
     reason: str = ""
 
 

@@ -42,7 +42,6 @@ Version = Annotated[int, Path(ge=0, le=2**62)]
 def schema_routes(api: APIRouter, service: BrokerService) -> None:
     tags: list[Any] = ["schemas"]
     base = "/schemas/{tenant}/{namespace}/{topic}"
-    registry = service.schemas
 
     def name_of(tenant: str, namespace: str, topic: str) -> TopicName:
         return TopicName.parse(f"persistent://{tenant}/{namespace}/{topic}")
@@ -62,11 +61,11 @@ def schema_routes(api: APIRouter, service: BrokerService) -> None:
             "properties": {},
         }
 
-    @api.get(base + "/schema", response_model=SchemaOut, by_alias=True, tags=tags)
+    @api.get(base + "/schema", response_model=SchemaOut, tags=tags)
     async def get_schema(tenant: NamePart, namespace: NamePart, topic: NamePart) -> Any:
         """The topic's latest schema version (404 without a schema)."""
         name = name_of(tenant, namespace, topic)
-        version, schema = await registry.get(name)
+        version, schema = await service.schemas.get(name)
         return await stamped(name, version, schema)
 
     async def get_version(
@@ -74,42 +73,37 @@ def schema_routes(api: APIRouter, service: BrokerService) -> None:
     ) -> Any:
         """One version of the topic's schema."""
         name = name_of(tenant, namespace, topic)
-        found, schema = await registry.get(name, version)
+        found, schema = await service.schemas.get(name, version)
         return await stamped(name, found, schema)
 
-    api.get(base + "/schema/{version}", response_model=SchemaOut, by_alias=True, tags=tags)(
-        get_version
-    )
+    api.get(base + "/schema/{version}", response_model=SchemaOut, tags=tags)(get_version)
     api.get(
         base + "/versions/{version}",
         response_model=SchemaOut,
-        by_alias=True,
         tags=tags,
         include_in_schema=False,
     )(get_version)
 
-    @api.get(base + "/schemas", response_model=SchemaVersions, by_alias=True, tags=tags)
+    @api.get(base + "/schemas", response_model=SchemaVersions, tags=tags)
     async def all_versions(tenant: NamePart, namespace: NamePart, topic: NamePart) -> Any:
         name = name_of(tenant, namespace, topic)
         return {
             "getSchemaResponses": [
-                await stamped(name, v, schema) for v, schema in await registry.versions(name)
+                await stamped(name, v, schema) for v, schema in await service.schemas.versions(name)
             ]
         }
 
     @api.post(base + "/schema", response_model=SchemaVersion, tags=tags)
-    async def upload(
-        tenant: NamePart, namespace: NamePart, topic: NamePart, body: SchemaIn
-    ) -> Any:
+    async def upload(tenant: NamePart, namespace: NamePart, topic: NamePart, body: SchemaIn) -> Any:
         """Add a schema version, checked under the namespace's compatibility strategy
         (409 IncompatibleSchema); the same schema again answers its existing version."""
         name = name_of(tenant, namespace, topic)
-        return {"version": await registry.upload(name, SchemaData(body.type, body.schema_))}
+        return {"version": await service.schemas.upload(name, SchemaData(body.type, body.schema_))}
 
     @api.delete(base + "/schema", response_model=DeletedSchema, tags=tags)
     async def delete(tenant: NamePart, namespace: NamePart, topic: NamePart) -> Any:
         """Delete every version (numbers are not reused by later uploads)."""
-        deleted = await registry.delete(name_of(tenant, namespace, topic))
+        deleted = await service.schemas.delete(name_of(tenant, namespace, topic))
         return {"version": deleted[-1]}
 
     @api.post(base + "/compatibility", response_model=SchemaCompatibility, tags=tags)
@@ -118,7 +112,7 @@ def schema_routes(api: APIRouter, service: BrokerService) -> None:
     ) -> Any:
         """Would this schema be accepted as the topic's next version?"""
         name = name_of(tenant, namespace, topic)
-        ok, reason, strategy = await registry.compatibility(
+        ok, reason, strategy = await service.schemas.compatibility(
             name, SchemaData(body.type, body.schema_)
         )
         return {

@@ -285,7 +285,7 @@ class _RecordMeta(type):
             if key.startswith("_"):
                 continue
             if isinstance(value, Field) or type(type(value)) is _RecordMeta:
-                fields[key] = _as_field(value)  # type: ignore[arg-type]
+                fields[key] = _as_field(value)
                 del ns[key]
         ns["_fields"] = fields
         ns["_sorted"] = tuple(sorted(fields))
