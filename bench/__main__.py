@@ -403,6 +403,8 @@ def small_and_codecs(args: argparse.Namespace) -> dict[str, Any]:
                 progress=False,
             )
             print(json.dumps(results["consume_100b"]), file=sys.stderr)
+            results["produce_json_schema"] = schema_produce(sa.url, max(5.0, args.duration / 3))
+            print(json.dumps(results["produce_json_schema"]), file=sys.stderr)
             for codec in args.codecs:
                 key = f"produce_1k_{codec}"
                 results[key] = run_perf_produce(
@@ -415,6 +417,47 @@ def small_and_codecs(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 print(json.dumps(results[key]), file=sys.stderr)
     return results
+
+
+def schema_produce(url: str, duration: float) -> dict[str, Any]:
+    """The sync API's ``send_async`` loop with a JsonSchema record (a 100-character str and
+    an int) against the same loop sending the same JSON as bytes, each for ``duration``
+    seconds, in this run: what encoding per message costs."""
+    from pigeon.client import Client
+    from pigeon.client.schema import Integer, JsonSchema, Record, String
+
+    class Reading(Record):
+        sensor = String(required=True)
+        value = Integer(required=True)
+
+    schema = JsonSchema(Reading)
+    record = Reading(sensor="s" * 100, value=42)
+    payload = schema.encode(record)
+    out: dict[str, Any] = {}
+    with Client(url) as client:
+        for name, options, value in (
+            ("bytes", {}, payload),
+            ("json_schema", {"schema": schema}, record),
+        ):
+            producer = client.create_producer(
+                f"bench-schema-{name}",
+                batching_max_messages=2000,
+                batching_max_bytes=1 << 20,
+                **options,
+            )
+            sent = 0
+            start = time.monotonic()
+            while time.monotonic() - start < duration:
+                for _ in range(1000):
+                    producer.send_async(value)
+                sent += 1000
+            producer.flush()
+            elapsed = time.monotonic() - start
+            producer.close()
+            out[f"{name}_msg_per_s"] = round(sent / elapsed)
+    out["ratio"] = round(out["json_schema_msg_per_s"] / out["bytes_msg_per_s"], 2)
+    out["message_bytes"] = len(payload)
+    return out
 
 
 def fill_backlog(url: str, topic: str, n: int, *, deadline: float = float("inf")) -> dict[str, Any]:
@@ -486,6 +529,13 @@ def render_small(results: dict[str, Any], command: str) -> str:
         f"| sync API producer, 100-byte messages, batching on | **{p['msg_per_s']:,.0f} msg/s** ({p['mb_per_s']} MB/s) | ≥ 300,000 msg/s |",
         f"| one consumer on the same data, cumulative acks | **{c['msg_per_s']:,.0f} msg/s** | ≥ 300,000 msg/s |",
     ]
+    j = results.get("produce_json_schema")
+    if j is not None:
+        lines.append(
+            f"| sync API producer, JsonSchema record ({j['message_bytes']} B) vs the same "
+            f"JSON as bytes, same run | **{j['json_schema_msg_per_s']:,.0f} msg/s** vs "
+            f"{j['bytes_msg_per_s']:,.0f} msg/s ({j['ratio']}x) | — |"
+        )
     for key, r in results.items():
         if key.startswith("produce_1k_"):
             lines.append(

@@ -53,6 +53,7 @@ def test_openapi_document_lists_every_endpoint(admin_standalone: AdminStandalone
     t = "/admin/v2/topics/{domain}/{tenant}/{namespace}/{topic}"
     s = t + "/subscriptions/{subscription}"
     ns = "/admin/v2/namespaces/{tenant}/{namespace}"
+    sc = "/admin/v2/schemas/{tenant}/{namespace}/{topic}"
     expected = {  # path: its methods
         "/admin/v2/cluster/health": "GET",
         "/admin/v2/tenants": "GET",
@@ -86,6 +87,10 @@ def test_openapi_document_lists_every_endpoint(admin_standalone: AdminStandalone
         "/admin/v2/broker-stats/throughput": "GET",
         "/admin/v2/bookies": "GET",
         "/admin/v2/bookies/{bookie}": "GET",
+        sc + "/schema": "GET POST DELETE",
+        sc + "/schema/{version}": "GET",
+        sc + "/schemas": "GET",
+        sc + "/compatibility": "POST",
         "/metrics": "GET",
     }
     assert routes == {(m, p) for p, ms in expected.items() for m in ms.split()}

@@ -55,6 +55,7 @@ ANSWERS = {
     "lastMessageId",
     "closedByBroker",
     "topicList",
+    "schemaResponse",
 }
 POSITION = {"segmentId": 1, "entryId": 0, "batchIndex": 0, "batchSize": 2, "offset": 0}
 
@@ -79,7 +80,9 @@ REQUESTS: list[Request] = [
     ("lookup", {"topic": TOPIC}, None),
     ("createTopic", {"topic": "fz-created", "partitions": 2}, None),
     ("listTopics", {"namespace": "public/default"}, None),
+    ("getSchema", {"topic": TOPIC, "version": -1}, None),
     ("createProducer", {"producerId": 2, "topic": TOPIC, "producerName": ""}, None),
+    ("createProducer", {"producerId": 3, "topic": TOPIC, "schemaInfo": {"type": "STRING"}}, None),
     ("send", {"producerId": 1, "sequenceId": 10**6, "numMessages": 2}, _batch(10**6)),
     ("closeProducer", {"producerId": 1}, None),
     (

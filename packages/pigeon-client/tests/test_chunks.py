@@ -19,7 +19,8 @@ SOURCE = object()
 def chunk(
     uuid: str, i: int, n: int, offset: int, value: bytes = b""
 ) -> tuple[Message, BatchHeader]:
-    msg = Message(value or bytes([65 + i]) * 3, "k", {}, 0, 0, 1, offset, 0, -1, offset, 0, "t")
+    data = value or bytes([65 + i]) * 3
+    msg = Message(data, "k", {}, 0, 0, 1, offset, 0, -1, offset, 0, "t", data)
     header = BatchHeader(*([0] * 19), chunk_uuid=uuid, chunk_id=i, num_chunks=n)  # type: ignore[arg-type]
     return msg, header
 

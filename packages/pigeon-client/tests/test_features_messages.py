@@ -56,7 +56,7 @@ async def test_message_fields(pigeon_standalone):
         after = time.time() * 1000
         msgs = [await consumer.receive(timeout=5) for _ in range(6)]
         for i, m in enumerate(msgs[:5]):
-            assert m.value == f"v{i}".encode() and m.data() == m.value
+            assert m.value == f"v{i}".encode() and m.data == m.value
             assert m.key == f"user-{i}"
             assert m.properties == {"source": "web", "i": str(i)}
             assert m.event_time == 1_700_000_000_000 + i

@@ -36,6 +36,7 @@ PACKAGES = [
     "pigeon.broker",
     "pigeon.client",
     "pigeon.client.ranges",
+    "pigeon.client.schema",
 ]
 #: public modules that define their names themselves (no private module behind them)
 SELF_CONTAINED = {"pigeon.core.paths", "pigeon.core.testing.fuzz", "pigeon.bookie.testing"}

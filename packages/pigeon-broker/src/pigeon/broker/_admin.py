@@ -95,6 +95,7 @@ from pigeon.broker._admin_models import (
     TopicStats,
     Unloaded,
 )
+from pigeon.broker._admin_schemas import schema_routes
 from pigeon.broker._authz import topic_key
 from pigeon.broker._metrics import CONTENT_TYPE, BrokerMonitor
 from pigeon.broker._service import BrokerService
@@ -147,6 +148,7 @@ def make_app(service: BrokerService, *, monitor: BrokerMonitor | None = None) ->
     _namespace_routes(api, service)
     _permission_routes(api, service)
     _topic_routes(api, app)
+    schema_routes(api, service)
     _broker_routes(api, app)
     app.include_router(api)
     _plain_routes(app)

@@ -88,6 +88,14 @@ def _rules() -> dict[tuple[str, str], tuple[Kind, str]]:
         ("GET", _A + "/bookies"): ("superuser", "list bookies"),
         ("GET", _A + "/bookies/{bookie}"): ("superuser", "read bookies"),
     }
+    _SC = _A + "/schemas/{tenant}/{namespace}/{topic}"  # Pulsar's schema paths
+    rules[("GET", _SC + "/schema")] = ("tenant", "read schemas")
+    rules[("GET", _SC + "/schema/{version}")] = ("tenant", "read schemas")
+    rules[("GET", _SC + "/versions/{version}")] = ("tenant", "read schemas")
+    rules[("GET", _SC + "/schemas")] = ("tenant", "read schemas")
+    rules[("POST", _SC + "/schema")] = ("tenant", "upload schemas")
+    rules[("DELETE", _SC + "/schema")] = ("tenant", "delete schemas")
+    rules[("POST", _SC + "/compatibility")] = ("tenant", "read schemas")
     for base in (_T, _P):
         rules[("GET", base + "/permissions")] = ("tenant", "read permissions")
         rules[("POST", base + "/permissions/{role}")] = ("tenant", "grant permissions")

@@ -16,6 +16,7 @@ from pigeon.core.errors import (
     ConnectionClosed,
     ConsumerBusy,
     EntryNotFound,
+    IncompatibleSchema,
     InvalidArgument,
     MetadataError,
     NodeExists,
@@ -26,6 +27,7 @@ from pigeon.core.errors import (
     PigeonError,
     ProducerBlocked,
     ProducerBusy,
+    SchemaNotFound,
     SegmentNotFound,
     ServiceUnavailable,
     StorageError,
@@ -43,7 +45,17 @@ __all__ = ["error_body", "error_location", "http_status", "json_safe"]
 _STATUS: tuple[tuple[tuple[type[PigeonError], ...], int], ...] = (
     ((AuthenticationError,), 401),  # answered with "WWW-Authenticate: Bearer"
     ((AuthorizationError,), 403),
-    ((TopicNotFound, SubscriptionNotFound, NoSuchNode, SegmentNotFound, EntryNotFound), 404),
+    (
+        (
+            TopicNotFound,
+            SubscriptionNotFound,
+            NoSuchNode,
+            SegmentNotFound,
+            EntryNotFound,
+            SchemaNotFound,
+        ),
+        404,
+    ),
     (
         (
             TopicExists,
@@ -55,6 +67,7 @@ _STATUS: tuple[tuple[tuple[type[PigeonError], ...], int], ...] = (
             SubscriptionBusy,
             NotOwner,  # another broker serves it: ask that one
             NotConfigured,  # e.g. an offload on a broker without an offloader
+            IncompatibleSchema,
         ),
         409,
     ),

@@ -111,6 +111,63 @@ class TenantOut(Tenant):
     tenant: str
 
 
+CompatibilityStrategy = Literal[
+    "always_compatible",
+    "always_incompatible",
+    "backward",
+    "forward",
+    "full",
+    "backward_transitive",
+    "forward_transitive",
+    "full_transitive",
+    "none",
+]
+
+
+class SchemaIn(BaseModel):
+    """A schema as Pulsar's admin API takes it (``PostSchemaPayload``)."""
+
+    model_config = _INPUT
+    type: Literal["BYTES", "STRING", "JSON", "AVRO"]
+    schema_: str = Field(
+        "",
+        alias="schema",
+        max_length=1 << 20,
+        description="The Avro record schema (JSON text) of JSON and AVRO.",
+    )
+    properties: dict[str, str] = Field(default_factory=dict)
+
+
+class SchemaOut(BaseModel):
+    """One version of a topic's schema (Pulsar's ``GetSchemaResponse``)."""
+
+    version: int
+    type: str
+    schema_: str = Field(alias="schema")
+    timestamp: int = 0
+    properties: dict[str, str] = Field(default_factory=dict)
+
+
+class SchemaVersions(BaseModel):
+    getSchemaResponses: list[SchemaOut]
+
+
+class SchemaVersion(BaseModel):
+    version: int
+
+
+class DeletedSchema(BaseModel):
+    version: int = Field(description="The last version deleted.")
+
+
+class SchemaCompatibility(BaseModel):
+    """Pulsar's ``IsCompatibilityResponse``."""
+
+    compatibility: bool
+    schemaCompatibilityStrategy: str
+    reason: str = ""
+
+
 class Policies(BaseModel):
     """Namespace policies (see ``pigeon.broker._policies.NamespacePolicies``)."""
 
@@ -137,6 +194,15 @@ class Policies(BaseModel):
     )
     offload_deletion_lag_s: float = Field(
         4 * 3600.0, description="Bookie copies of offloaded segments go this long after."
+    )
+    schema_compatibility_strategy: CompatibilityStrategy = Field(
+        "full", description="How a new schema version must relate to the stored ones."
+    )
+    is_allow_auto_update_schema: bool = Field(
+        True, description="A producer's new compatible schema becomes a new version."
+    )
+    schema_validation_enforced: bool = Field(
+        False, description="A producer without a schema is refused on a topic with one."
     )
 
 
@@ -173,6 +239,9 @@ class PoliciesChange(BaseModel):
     offload_deletion_lag_s: Annotated[float, Field(ge=0, le=MAX_SECONDS)] | SkipJsonSchema[None] = (
         None
     )
+    schema_compatibility_strategy: CompatibilityStrategy | SkipJsonSchema[None] = None
+    is_allow_auto_update_schema: bool | SkipJsonSchema[None] = None
+    schema_validation_enforced: bool | SkipJsonSchema[None] = None
 
     def changes(self) -> dict[str, Any]:
         nullable = {

@@ -22,7 +22,8 @@ attaches or names a topic, at the start of its task, never per message:
 * ``subscribe`` (readers too): ``consume`` with the subscription
   (``subscription_auth_mode``); ``unsubscribe``, ``seek`` and ``getLastMessageId``:
   ``consume`` again (a permission revoked since the attach counts);
-* ``lookup`` (which answers partition metadata too): ``produce`` or ``consume``;
+* ``lookup`` (which answers partition metadata too) and ``getSchema``: ``produce`` or
+  ``consume``;
 * ``listTopics`` of a namespace: a tenant admin, or a role with any permission in the
   namespace (namespace-wide or on one of its topics) — it sees the names it could find
   by lookup anyway (a role with topic grants only: those topics), and nothing of other
@@ -47,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from pigeon.broker._authz import topic_key
+from pigeon.broker._schema_compat import SchemaData
 from pigeon.broker._subscription import Consumer
 from pigeon.broker._topic import Producer
 from pigeon.broker._topic_protocol import SeekTarget
@@ -78,6 +80,14 @@ _SUB_TYPES = {
     "failover": "failover",
     "keyShared": "keyShared",
 }
+
+
+def schema_of(info: Any) -> SchemaData | None:
+    """The schema of a CreateProducer or Subscribe (None: none, the values are bytes)."""
+    kind = str(info.type)
+    if not kind:
+        return None
+    return SchemaData(kind, str(info.definition))
 
 
 @dataclass(eq=False)
@@ -355,12 +365,33 @@ class NativeProtocol:
 
         self._spawn(conn, req.request_id, list_)
 
+    # ------------------------------------------------------------------ schemas
+
+    def on_getSchema(self, conn: Connection, req: Request) -> None:
+        name = TopicName.parse(str(req.body.topic))
+        version = req.body.version
+
+        async def get() -> None:
+            await self._authorize(conn, self.core.authorization.check_lookup(conn.role, name))
+            found, schema = await self.core.schemas.get(name, version if version >= 0 else None)
+            conn.respond(
+                req.request_id,
+                "schemaResponse",
+                {
+                    "version": found,
+                    "schemaInfo": {"type": schema.type, "definition": schema.definition},
+                },
+            )
+
+        self._spawn(conn, req.request_id, get)
+
     # ------------------------------------------------------------------ producers
 
     def on_createProducer(self, conn: Connection, req: Request) -> None:
         name = TopicName.parse(str(req.body.topic))
         producer_id = req.body.producerId
         producer_name = str(req.body.producerName)
+        schema = schema_of(req.body.schemaInfo)
         state = self._state(conn)
         self._spawn(
             conn,
@@ -372,6 +403,7 @@ class NativeProtocol:
             name,
             producer_id,
             producer_name,
+            schema,
         )
 
     async def _create_producer(
@@ -382,9 +414,11 @@ class NativeProtocol:
         name: TopicName,
         producer_id: int,
         producer_name: str,
+        schema: SchemaData | None,
     ) -> None:
         with state.open_request("producer", producer_id, request_id):
             await self._authorize(conn, self.core.authorization.check_produce(conn.role, name))
+            schema_version = await self.core.schemas.attach_producer(name, schema)
             producer = await self.core.create_producer(
                 name,
                 producer_name,
@@ -401,6 +435,7 @@ class NativeProtocol:
                     "lastSequenceId": producer.topic.dedup.pushed_sequence(producer.name),
                     "maxMessageSize": self.core.max_message_size(name),
                     "topic": name.full,
+                    "schemaVersion": schema_version,
                 },
             )
 
@@ -498,6 +533,7 @@ class NativeProtocol:
             b.priority,
             b.durable,
             b.startOffset,
+            schema_of(b.schemaInfo),
         )
         self._spawn(conn, req.request_id, self._subscribe, *args)
 
@@ -515,11 +551,13 @@ class NativeProtocol:
         priority: int,
         durable: bool,
         start_offset: int,
+        schema: SchemaData | None,
     ) -> None:
         with state.open_request("consumer", consumer_id, request_id):
             await self._authorize(
                 conn, self.core.authorization.check_consume(conn.role, name, sub_name)
             )
+            await self.core.schemas.attach_consumer(name, schema)
             consumer, sub, topic = await self.core.subscribe(
                 name,
                 sub_name,

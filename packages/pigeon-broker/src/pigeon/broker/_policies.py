@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import trio
 
+from pigeon.broker._schema_compat import COMPATIBILITY_STRATEGIES, DEFAULT_STRATEGY
 from pigeon.broker._watch import watch_forever
 from pigeon.core.errors import (
     InvalidArgument,
@@ -81,6 +82,13 @@ class NamespacePolicies:
     topic_permissions: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     #: "prefix": a role may only use subscriptions whose names start with the role
     subscription_auth_mode: Literal["none", "prefix"] = "none"
+    #: how a new schema version must relate to the stored ones (Pulsar's
+    #: SchemaCompatibilityStrategy in snake_case; Pulsar's broker default is FULL)
+    schema_compatibility_strategy: str = DEFAULT_STRATEGY
+    #: a producer with a compatible schema not yet registered adds it as a new version
+    is_allow_auto_update_schema: bool = True
+    #: a producer without a schema is refused on a topic that has one
+    schema_validation_enforced: bool = False
 
     def validate(self) -> None:
         if self.backlog_quota_policy not in BACKLOG_POLICIES:
@@ -109,6 +117,11 @@ class NamespacePolicies:
             raise InvalidArgument("max_message_size must be positive")
         if self.corrupt_entry_policy not in (None, "skip", "fail"):
             raise InvalidArgument("corrupt_entry_policy must be 'skip', 'fail' or null")
+        if self.schema_compatibility_strategy not in COMPATIBILITY_STRATEGIES:
+            raise InvalidArgument(
+                "schema_compatibility_strategy must be one of "
+                f"{', '.join(COMPATIBILITY_STRATEGIES)}, got {self.schema_compatibility_strategy!r}"
+            )
         if self.subscription_auth_mode not in ("none", "prefix"):
             raise InvalidArgument("subscription_auth_mode must be 'none' or 'prefix'")
         if not _is_grants(self.permissions) or not (

@@ -32,6 +32,7 @@ from pigeon.broker._nonpersistent import NonPersistentTopic
 from pigeon.broker._ownership import Ownership
 from pigeon.broker._policies import PolicyStore
 from pigeon.broker._publish import fence_producer, publish
+from pigeon.broker._schema_registry import SchemaRegistry
 from pigeon.broker._singleflight import open_once
 from pigeon.broker._subscription import Consumer
 from pigeon.broker._topic import Producer, Topic, drop_reader
@@ -126,6 +127,8 @@ class BrokerService:
         self._names = itertools.count()
         self.clock = WallClock()
         self.policies = PolicyStore(store)
+        #: topics' schemas and what may attach with which (see _schema_registry)
+        self.schemas = SchemaRegistry(store, self.policies)
         #: may this role do this here (checked once per attach and admin call)
         self.authorization = Authorization(
             self.policies,

@@ -2,7 +2,8 @@
 
 The synchronous API lives here; ``pigeon.client.trio`` has the same API for trio
 programs (``async with`` / ``await``), ``pigeon.client.asyncio`` for asyncio ones, and
-``pigeon.client.ranges`` the partition-level reads connectors use (the Spark source).
+``pigeon.client.ranges`` the partition-level reads connectors use (the Spark source),
+``pigeon.client.schema`` the message schemas (Records, AvroSchema, JsonSchema...).
 
     from pigeon.client import Client
     with Client("pigeon://127.0.0.1:6650") as client:
@@ -30,9 +31,11 @@ from pigeon.core.errors import (
     AuthenticationError,
     AuthorizationError,
     ConnectionClosed,
+    IncompatibleSchema,
     MessageTooLarge,
     PigeonError,
     ProducerQueueFull,
+    SchemaSerializationError,
     Timeout,
     TlsError,
 )
@@ -48,6 +51,7 @@ __all__ = [
     "ConnectionClosed",
     "Consumer",
     "DeadLetterPolicy",
+    "IncompatibleSchema",
     "Message",
     "MessageId",
     "MessageTooLarge",
@@ -56,6 +60,7 @@ __all__ = [
     "Producer",
     "ProducerQueueFull",
     "Reader",
+    "SchemaSerializationError",
     "Timeout",
     "TlsError",
 ]

@@ -19,6 +19,7 @@ from __future__ import annotations
 from pigeon.client._admin_base import admin_cmd
 from pigeon.client._admin_client import DEFAULT_URL, AdminClient, AdminError, InvalidNamespace
 from pigeon.client._admin_cluster import bookies_cmd, brokers_cmd, parse_time, subscriptions_cmd
+from pigeon.client._admin_schemas import schemas_cmd
 from pigeon.client._admin_topics import namespaces_cmd, tenants_cmd, topics_cmd
 
 __all__ = [
@@ -31,7 +32,15 @@ __all__ = [
     "parse_time",
 ]
 
-for _cmd in (tenants_cmd, namespaces_cmd, topics_cmd, subscriptions_cmd, brokers_cmd, bookies_cmd):
+for _cmd in (
+    tenants_cmd,
+    namespaces_cmd,
+    topics_cmd,
+    subscriptions_cmd,
+    schemas_cmd,
+    brokers_cmd,
+    bookies_cmd,
+):
     admin_cmd.add_command(_cmd)
 
 

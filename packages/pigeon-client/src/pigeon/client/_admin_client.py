@@ -48,6 +48,13 @@ def topic_path(topic: str) -> str:
     return f"{API}/topics/{t.domain}/{_q(t.tenant)}/{_q(t.namespace)}/{_q(t.local)}"
 
 
+def schema_path(topic: str) -> str:
+    """``/admin/v2/schemas/<tenant>/<namespace>/<topic>`` (Pulsar's: no domain, a
+    partition's schema is its partitioned topic's)."""
+    t = TopicName.parse(topic).base
+    return f"{API}/schemas/{_q(t.tenant)}/{_q(t.namespace)}/{_q(t.local)}"
+
+
 class InvalidNamespace(ValueError):
     """A namespace argument that is not ``tenant/namespace``."""
 
@@ -342,6 +349,29 @@ class AdminClient:
         self.request("DELETE", topic_path(topic) + f"/permissions/{_q(role)}")
 
     # -- brokers, bookies, metrics ---------------------------------------------------
+
+    # -- schemas ------------------------------------------------------------------------
+
+    def schema(self, topic: str, version: int | None = None) -> dict[str, Any]:
+        """The topic's latest schema, or version ``version``."""
+        path = schema_path(topic) + "/schema" + (f"/{int(version)}" if version is not None else "")
+        return self.request("GET", path)  # type: ignore[no-any-return]
+
+    def schema_versions(self, topic: str) -> list[dict[str, Any]]:
+        found = self.request("GET", schema_path(topic) + "/schemas")
+        return found["getSchemaResponses"]  # type: ignore[no-any-return]
+
+    def upload_schema(self, topic: str, schema: dict[str, Any]) -> dict[str, Any]:
+        """Upload ``{"type": ..., "schema": ...}`` (Pulsar's schema file); its version."""
+        return self.request("POST", schema_path(topic) + "/schema", body=schema)  # type: ignore[no-any-return]
+
+    def delete_schema(self, topic: str) -> dict[str, Any]:
+        return self.request("DELETE", schema_path(topic) + "/schema")  # type: ignore[no-any-return]
+
+    def schema_compatibility(self, topic: str, schema: dict[str, Any]) -> dict[str, Any]:
+        return self.request(  # type: ignore[no-any-return]
+            "POST", schema_path(topic) + "/compatibility", body=schema
+        )
 
     def brokers(self) -> list[dict[str, Any]]:
         return self.request("GET", f"{API}/brokers")  # type: ignore[no-any-return]

@@ -186,7 +186,7 @@ class ChunkAssembler:
 
 def _assemble(chunks: list[Message]) -> ChunkedMessage:
     first, last = chunks[0], chunks[-1]
-    value = b"".join([c.value for c in chunks])
+    value = b"".join([c.data for c in chunks])
     ids = tuple(MessageId(c._segment, c._entry, c._index, c._partition, c.offset) for c in chunks)
     return ChunkedMessage(
         value,
@@ -201,5 +201,6 @@ def _assemble(chunks: list[Message]) -> ChunkedMessage:
         last.offset,
         last.redelivery_count,
         last.topic,
+        value,
         ids,
     )

@@ -38,6 +38,8 @@ class SubscribeOptions:
     start_offset: int = -1
     receiver_queue_size: int = 10_000
     extra: dict[str, Any] = field(default_factory=dict)
+    #: the consumer's schema as the wire carries it (None: bytes)
+    schema: dict[str, str] | None = None
 
 
 _SUB_TYPE_WIRE = {
@@ -136,23 +138,21 @@ class ConsumerEngine(Reconnecting):
         self.generation += 1
         if self.generation > 1 and self.on_reconnect is not None:
             self.on_reconnect(self)
+        fields: dict[str, Any] = {
+            "consumerId": self.consumer_id,
+            "topic": full,
+            "subscription": o.subscription,
+            "subType": _SUB_TYPE_WIRE[o.subscription_type],
+            "initialPosition": o.initial_position,
+            "consumerName": o.consumer_name,
+            "priority": o.priority,
+            "durable": o.durable,
+            "startOffset": o.start_offset,
+        }
+        if o.schema is not None:
+            fields["schemaInfo"] = o.schema
         try:
-            await self.engine.request(
-                conn,
-                "subscribe",
-                {
-                    "consumerId": self.consumer_id,
-                    "topic": full,
-                    "subscription": o.subscription,
-                    "subType": _SUB_TYPE_WIRE[o.subscription_type],
-                    "initialPosition": o.initial_position,
-                    "consumerName": o.consumer_name,
-                    "priority": o.priority,
-                    "durable": o.durable,
-                    "startOffset": o.start_offset,
-                },
-                expect="subscribed",
-            )
+            await self.engine.request(conn, "subscribe", fields, expect="subscribed")
         except BaseException:
             # The subscribe may still take effect on the broker (a timeout): leave no
             # consumer behind there, or the next subscribe of an exclusive subscription
@@ -256,6 +256,19 @@ class ConsumerEngine(Reconnecting):
         await self.engine.request(
             conn, "seek", {"consumerId": self.consumer_id, **target}, extract=answered
         )
+
+    async def get_schema(self, version: int) -> str:
+        """The definition of version ``version`` of the topic's schema."""
+        conn = self.conn
+        if conn is None or conn.closed:
+            raise ConnectionClosed("consumer is not connected")
+        result = await self.engine.request(
+            conn,
+            "getSchema",
+            {"topic": self.topic, "version": version},
+            expect="schemaResponse",
+        )
+        return str(result["schemaInfo"]["definition"])
 
     async def last_message_id(self) -> dict[str, Any]:
         conn = self.conn

@@ -29,9 +29,16 @@ from pigeon.client._logic import (
     ConsumerLogic,
     dead_letter_properties,
 )
-from pigeon.client._message import ChunkedMessage, ChunkMessageId, Message, MessageId
+from pigeon.client._message import (
+    ChunkedMessage,
+    ChunkMessageId,
+    Message,
+    MessageId,
+    SchemaDecoders,
+)
 from pigeon.client._options import ConsumerOptions, ReaderOptions
 from pigeon.core import TopicName
+from pigeon.core.batch import ENTRY_HEADER_SIZE, read_header
 from pigeon.core.errors import InvalidArgument, NotSupported, PigeonError
 
 __all__ = [
@@ -77,6 +84,11 @@ class ConsumerHandle:
                 auto_ack_oldest=consumer.auto_ack_oldest_chunked_message_on_queue_full,
             ),
         )
+        schema = consumer.schema
+        if schema is not None and schema.schema_type != "BYTES":
+            self.core.decoders = SchemaDecoders(schema)
+        #: entries waiting for the schema versions they were written with (in order)
+        self._held: list[ReceivedEntry] = []
         self.logic = ConsumerLogic(
             self.core,
             subscription=consumer.subscription,
@@ -111,8 +123,49 @@ class ConsumerHandle:
     # -- engine side -----------------------------------------------------------------
 
     def _sink(self, entries: list[ReceivedEntry]) -> None:
+        decoders = self.core.decoders
+        if decoders is not None and (self._held or self._unknown_versions(decoders, entries)):
+            # Written with a schema version this consumer does not know yet: fetch it
+            # first (entries stay in order behind it).
+            if not self._held:
+                self.client.nursery.start_soon(self._fetch_schemas, entries[0].source)
+            self._held.extend(entries)
+            return
         with self.lock:
             self.core.push(entries)
+        self.notify()
+
+    @staticmethod
+    def _unknown_versions(decoders: SchemaDecoders, entries: list[ReceivedEntry]) -> set[int]:
+        if not decoders.schema.needs_writer_schema:
+            return set()
+        versions = {
+            read_header(memoryview(e.data)[ENTRY_HEADER_SIZE:]).schema_version for e in entries
+        }
+        return {v for v in versions if not decoders.known(v)}
+
+    async def _fetch_schemas(self, source: ConsumerEngine) -> None:
+        """*engine*: learn the schema versions the held entries were written with, then
+        queue them."""
+        decoders = self.core.decoders
+        assert decoders is not None
+        while missing := self._unknown_versions(decoders, self._held):
+            for version in sorted(missing):
+                try:
+                    definition: str | None = await source.get_schema(version - 1)
+                except PigeonError as exc:
+                    log.warning(
+                        "schema version %d of %s not found, decoding with the consumer's: %s",
+                        version - 1,
+                        source.topic,
+                        exc,
+                    )
+                    definition = None
+                decoders.learn(version, definition)
+        held, self._held = self._held, []
+        live = [e for e in held if e.source.generation == e.generation]
+        with self.lock:
+            self.core.push(live)
         self.notify()
 
     def _on_reconnect(self, engine: ConsumerEngine) -> None:
@@ -532,6 +585,11 @@ async def open_consumer(
         durable=durable,
         start_offset=start_offset,
         receiver_queue_size=o.receiver_queue_size,
+        schema=(
+            o.schema.schema_info()
+            if o.schema is not None and o.schema.schema_type != "BYTES"
+            else None
+        ),
     )
     # validate the type/position before touching the network
     ConsumerEngine.validate(subscribe)
@@ -582,6 +640,7 @@ async def open_reader(
             expire_time_of_incomplete_chunked_message=(
                 options.expire_time_of_incomplete_chunked_message
             ),
+            schema=options.schema,
         ),
         codecs=codecs,
         face=face,

@@ -21,7 +21,13 @@ from typing import Any
 from pigeon.client._chunks import CHUNK_HEADER_SLACK, ChunkAssembler
 from pigeon.client._engine import PendingBatch, ReceivedEntry
 from pigeon.client._future import BatchState
-from pigeon.client._message import Message, MessageId, receipt_message_id, split_entry
+from pigeon.client._message import (
+    Message,
+    MessageId,
+    SchemaDecoders,
+    receipt_message_id,
+    split_entry,
+)
 from pigeon.core.batch import BatchBuilder, message_body_size, unpack_entry_header
 from pigeon.core.errors import InvalidArgument, MessageTooLarge, PigeonError
 
@@ -147,7 +153,9 @@ class ProducerCore:
         max_message_size: int,
         first_sequence_id: int,
         chunking: bool = False,
+        schema_version: int = 0,
     ) -> None:
+        """``schema_version``: the batch header's (the registry version + 1; 0: none)."""
         if max_messages < 1:
             raise InvalidArgument("batching_max_messages must be at least 1")
         self.partition = partition
@@ -155,7 +163,11 @@ class ProducerCore:
         #: a message over max_message_size is sent in chunks (else it is refused)
         self.chunking = chunking
         self.builder = BatchBuilder(
-            producer_name=producer_name, codec=codec, max_messages=max_messages, max_bytes=max_bytes
+            producer_name=producer_name,
+            codec=codec,
+            max_messages=max_messages,
+            max_bytes=max_bytes,
+            schema_version=schema_version,
         )
         self.completions: list[Completion] = []
         self.state: BatchState | None = None
@@ -312,6 +324,8 @@ class ConsumerCore:
         self._grants: list[tuple[Any, int]] = []
         #: engine -> the offset after the last message split off its entries
         self.split_next: dict[Any, int] = {}
+        #: the consumer schema's decoders (None: values stay bytes)
+        self.decoders: SchemaDecoders | None = None
 
     def push(self, entries: list[ReceivedEntry]) -> None:
         self.entries.extend(entries)
@@ -356,7 +370,9 @@ class ConsumerCore:
             entry = self.entries.popleft()
             src = entry.source
             self.owners[entry.segment_id] = src
-            msgs = split_entry(entry, src.partition, src.topic, self.codecs, self.chunks)
+            msgs = split_entry(
+                entry, src.partition, src.topic, self.codecs, self.chunks, self.decoders
+            )
             if msgs is None:  # a chunk of a message not complete yet
                 self._consumed(src, 1)
                 continue

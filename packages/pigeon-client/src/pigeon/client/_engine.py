@@ -35,6 +35,7 @@ from pigeon.core.errors import (
     AuthorizationError,
     CodecError,
     ConnectionClosed,
+    IncompatibleSchema,
     InvalidArgument,
     NotOwner,
     PigeonError,
@@ -396,6 +397,7 @@ _PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
     AuthenticationError,
     AuthorizationError,
     CodecError,
+    IncompatibleSchema,
     InvalidArgument,
     ProtocolError,  # TlsError among them
     SubscriptionBusy,

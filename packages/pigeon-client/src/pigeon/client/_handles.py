@@ -146,6 +146,10 @@ async def open_producer(
     """
     o = options
     codec = codecs.by_name(o.compression)
+    schema = o.schema
+    if schema is not None and schema.schema_type == "BYTES":
+        schema = None  # bytes: nothing to encode, nothing registered (as Pulsar)
+    schema_info = schema.schema_info() if schema is not None else None
     names = await client.partitioned_names(o.topic)
     router = Router(o.routing_mode, len(names), o.message_router)
     engines = []
@@ -156,7 +160,13 @@ async def open_producer(
                 if o.producer_name and len(names) > 1
                 else o.producer_name
             )
-            e = ProducerEngine(client, name, producer_name=pname, send_timeout=o.send_timeout)
+            e = ProducerEngine(
+                client,
+                name,
+                producer_name=pname,
+                send_timeout=o.send_timeout,
+                schema_info=schema_info,
+            )
             await e.start()
             engines.append(e)
     except BaseException:
@@ -178,6 +188,7 @@ async def open_producer(
             ),
             first_sequence_id=e.last_sequence_id + 1,
             chunking=o.chunking_enabled,
+            schema_version=e.schema_version + 1,
         )
         for i, e in enumerate(engines)
     ]
@@ -190,6 +201,7 @@ async def open_producer(
         submit=face._submit,
         start_timer=face._start_timer,
         clock=face._clock,
+        encode=schema.encode if schema is not None else None,
     )
     handle.logic.callback_for = face._callback_for
     handle.on_space = face._space_freed

@@ -57,6 +57,8 @@ class ProducerLogic:
     #: the face's clock (seconds), read when a batch opens and on each later message;
     #: None: only the timer seals a batch that is not full
     clock: Callable[[], float] | None = None
+    #: the schema's encoder of values (None: values are bytes)
+    encode: Callable[[Any], bytes] | None = None
     #: set by open_producer: ``(completions, state, partition)`` -> the batch's receipt handler
     callback_for: Callable[[list[Any], Any, int], Any] = field(init=False)
 
@@ -65,7 +67,7 @@ class ProducerLogic:
 
     def add(
         self,
-        value: bytes,
+        value: Any,
         key: str | bytes | None,
         properties: Mapping[str, str] | None,
         event_time: int,
@@ -82,6 +84,8 @@ class ProducerLogic:
         """
         # Everything is checked before anything is recorded: a bad argument raises here
         # and leaves the producer as it was.
+        if self.encode is not None:
+            value = self.encode(value)
         value, key, properties = normalize_message(value, key, properties)
         body = message_body_size(value, key, properties, event_time)
         if sequence_id is not None and (
@@ -128,7 +132,7 @@ class ProducerLogic:
 
     def add_plain(
         self,
-        value: bytes,
+        value: Any,
         key: str | bytes | None,
         properties: Mapping[str, str] | None,
         event_time: int,
@@ -139,6 +143,8 @@ class ProducerLogic:
         couple of list appends and one small object.
         """
         # Checked before anything is recorded (see add).
+        if self.encode is not None:
+            value = self.encode(value)
         if type(value) is bytes and key is None and not properties and event_time.__class__ is int:
             properties = None
             body = message_body_size(value, None, None, event_time)

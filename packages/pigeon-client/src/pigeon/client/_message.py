@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pigeon.core.batch import ENTRY_HEADER_SIZE, BatchHeader, decode_batch, unpack_entry_header
+from pigeon.core.errors import SchemaSerializationError
 
 if TYPE_CHECKING:
     from pigeon.client._engine import ReceivedEntry
@@ -15,9 +17,12 @@ __all__ = [
     "ChunkedMessage",
     "Message",
     "MessageId",
+    "SchemaDecoders",
     "receipt_message_id",
     "split_entry",
 ]
+
+log = logging.getLogger(__name__)
 
 
 def receipt_message_id(
@@ -170,9 +175,13 @@ class ChunkMessageId(MessageId):
 
 @dataclass(slots=True, eq=False, repr=False)
 class Message:
-    """One received message. ``message_id`` is built on first use."""
+    """One received message. ``message_id`` is built on first use.
 
-    value: bytes
+    ``data`` is the value's bytes as sent; ``value`` is the same bytes, or with a
+    consumer ``schema`` the decoded value (a Record, a str), None if it did not decode.
+    """
+
+    value: Any
     key: str | None
     properties: dict[str, str]
     event_time: int
@@ -184,6 +193,7 @@ class Message:
     offset: int
     redelivery_count: int
     topic: str
+    data: bytes
 
     @property
     def message_id(self) -> MessageId:
@@ -193,13 +203,11 @@ class Message:
     def segment_id(self) -> int:
         return self._segment
 
-    def data(self) -> bytes:
-        return self.value
-
     def __repr__(self) -> str:
+        value = self.value[:32] if isinstance(self.value, bytes) else self.value
         return (
             f"Message(topic={self.topic!r}, id={self.message_id}, offset={self.offset}, "
-            f"key={self.key!r}, value={self.value[:32]!r})"
+            f"key={self.key!r}, value={value!r})"
         )
 
 
@@ -220,22 +228,35 @@ class ChunkSink(Protocol):
 
 
 def split_entry(
-    entry: ReceivedEntry, partition: int, topic: str, codecs: Any, chunks: ChunkSink | None = None
+    entry: ReceivedEntry,
+    partition: int,
+    topic: str,
+    codecs: Any,
+    chunks: ChunkSink | None = None,
+    decoders: SchemaDecoders | None = None,
 ) -> list[Message] | None:
     """All messages of one received entry (of ``topic``, partition ``partition``), minus
-    the batch indexes already acknowledged.
+    the batch indexes already acknowledged; with ``decoders`` (a consumer's schema) each
+    value decoded with the schema version the batch header names.
 
     A chunk (an entry whose header has ``numChunks``) goes to ``chunks`` when given:
-    the result is then the whole message if that chunk completed it, else None.
+    the result is then the whole message if that chunk completed it (decoded whole),
+    else None.
     """
     data = entry.data
     header = unpack_entry_header(data)
     batch = decode_batch(memoryview(data)[ENTRY_HEADER_SIZE:], codecs)
+    first, publish = header.first_offset, header.publish_time
     if batch.header.num_chunks and chunks is not None:
-        (chunk,) = _split(entry, batch, header.first_offset, header.publish_time, partition, topic)
+        (chunk,) = _split(entry, batch, first, publish, partition, topic, None)
         whole = chunks.add(chunk, batch.header, entry.source)
-        return None if whole is None else [whole]
-    return _split(entry, batch, header.first_offset, header.publish_time, partition, topic)
+        if whole is None:
+            return None
+        if decoders is not None:
+            version = batch.header.schema_version
+            whole.value = decoders.decode_all(version, [whole.data], range(1))[0]
+        return [whole]
+    return _split(entry, batch, first, publish, partition, topic, decoders)
 
 
 def _split(
@@ -245,6 +266,7 @@ def _split(
     publish: int,
     partition: int,
     topic: str,
+    decoders: SchemaDecoders | None,
 ) -> list[Message]:
     n = batch.num_messages
     values = batch.values()
@@ -257,6 +279,28 @@ def _split(
         indexes: Any = [i for i in range(n) if i not in skip]
     else:
         indexes = range(n)
+    if decoders is not None:
+        decoded = decoders.decode_all(batch.header.schema_version, values, indexes)
+        return [
+            Message(
+                decoded[i],
+                None
+                if keys is None or keys[i] is None
+                else keys[i].decode("utf-8", "surrogateescape"),
+                props[i] if props is not None else empty,
+                times[i] if times is not None else 0,
+                publish,
+                entry.segment_id,
+                entry.entry_id,
+                i,
+                partition,
+                first + i,
+                entry.redelivery_count,
+                topic,
+                values[i],
+            )
+            for i in indexes
+        ]
     return [
         Message(
             values[i],
@@ -271,6 +315,51 @@ def _split(
             first + i,
             entry.redelivery_count,
             topic,
+            values[i],
         )
         for i in indexes
     ]
+
+
+class SchemaDecoders:
+    """A consumer schema's decoders, by the batch header's schema version (the registry
+    version + 1; 0: written without a schema).
+
+    A version not known yet is fetched from the broker before its entries are queued
+    (see :class:`pigeon.client._consumer_handle.ConsumerHandle`); a value that does not
+    decode becomes None (its bytes stay in ``msg.data``), logged once per batch.
+    """
+
+    def __init__(self, schema: Any) -> None:
+        self.schema = schema
+        #: header version -> decoder of one value
+        self.by_version: dict[int, Any] = {}
+        self.own = schema.decoder_for(None)
+
+    def known(self, header_version: int) -> bool:
+        return (
+            header_version == 0
+            or header_version in self.by_version
+            or not self.schema.needs_writer_schema
+        )
+
+    def learn(self, header_version: int, definition: str | None) -> None:
+        self.by_version[header_version] = self.schema.decoder_for(definition)
+
+    def decode_all(self, header_version: int, values: Any, indexes: Any) -> dict[int, Any]:
+        decode = self.by_version.get(header_version, self.own)
+        out: dict[int, Any] = {}
+        failed = None
+        for i in indexes:
+            try:
+                out[i] = decode(values[i])
+            except SchemaSerializationError as exc:
+                out[i] = None
+                failed = exc
+        if failed is not None:
+            log.warning(
+                "message values did not decode schema_version=%d error=%s",
+                header_version - 1,
+                failed,
+            )
+        return out

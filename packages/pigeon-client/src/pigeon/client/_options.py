@@ -18,6 +18,7 @@ from dataclasses import KW_ONLY, dataclass, fields
 from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 from pigeon.client._message import ChunkMessageId, MessageId
+from pigeon.client._schema import Schema
 from pigeon.core.errors import InvalidArgument
 
 __all__ = [
@@ -70,6 +71,14 @@ def takes_options(
         return cast(Callable[Concatenate[_S, _P], _R], face)
 
     return decorate
+
+
+def check_schema(schema: object) -> None:
+    if schema is not None and not isinstance(schema, Schema):
+        raise InvalidArgument(
+            f"schema must be a pigeon.client.schema Schema (AvroSchema(Record), ...), "
+            f"got {schema!r}"
+        )
 
 
 @dataclass(frozen=True)
@@ -162,7 +171,11 @@ class ProducerOptions:
     chunking_enabled: bool = False
     chunk_max_message_size: int = 0
 
+    #: how values are encoded (pigeon.client.schema); None: values are bytes
+    schema: Schema | None = None
+
     def __post_init__(self) -> None:
+        check_schema(self.schema)
         if self.chunking_enabled and self.batching_enabled:
             raise InvalidArgument(
                 "chunking_enabled needs batching_enabled=False "
@@ -209,7 +222,11 @@ class ConsumerOptions:
     auto_ack_oldest_chunked_message_on_queue_full: bool = False
     expire_time_of_incomplete_chunked_message: float = 60.0
 
+    #: how values are decoded (pigeon.client.schema); None: ``msg.value`` is the bytes
+    schema: Schema | None = None
+
     def __post_init__(self) -> None:
+        check_schema(self.schema)
         _check_listener("message_listener", self.message_listener)
         _check_backoff("negative_ack_redelivery_backoff", self.negative_ack_redelivery_backoff)
         _check_backoff("ack_timeout_redelivery_backoff", self.ack_timeout_redelivery_backoff)
@@ -247,11 +264,14 @@ class ReaderOptions:
     max_pending_chunked_message: int = 10
     auto_ack_oldest_chunked_message_on_queue_full: bool = False
     expire_time_of_incomplete_chunked_message: float = 60.0
+    #: how values are decoded (pigeon.client.schema); None: ``msg.value`` is the bytes
+    schema: Schema | None = None
 
     def __post_init__(self) -> None:
         check_chunk_options(self)
         self.start_position()
         _check_listener("reader_listener", self.reader_listener)
+        check_schema(self.schema)
 
     def start_position(self) -> tuple[str, int]:
         """``(initial_position, start_offset)`` of the reader's non-durable cursor."""
@@ -277,7 +297,7 @@ class SendOptions:
     hot path: no options object is built per message there).
     """
 
-    value: bytes
+    value: Any
     _: KW_ONLY
     key: str | bytes | None = None
     properties: Mapping[str, str] | None = None

@@ -35,8 +35,13 @@ class ProducerEngine(Reconnecting):
         *,
         producer_name: str = "",
         send_timeout: float = 30.0,
+        schema_info: dict[str, str] | None = None,
     ) -> None:
         self.engine = engine
+        #: the producer's schema as the wire carries it (None: bytes)
+        self.schema_info = schema_info
+        #: its version in the topic's registry (-1: no schema)
+        self.schema_version = -1
         self.topic = topic
         self.producer_name = producer_name
         self.send_timeout = send_timeout
@@ -81,21 +86,22 @@ class ProducerEngine(Reconnecting):
             address, full, _n = await self.engine.lookup(self.topic)
             self.topic = full
             conn = await self.engine.connection(address)
+            fields: dict[str, Any] = {
+                "producerId": self.producer_id,
+                "topic": full,
+                "producerName": self.producer_name,
+            }
+            if self.schema_info is not None:
+                fields["schemaInfo"] = self.schema_info
             result = await self.engine.request(
-                conn,
-                "createProducer",
-                {
-                    "producerId": self.producer_id,
-                    "topic": full,
-                    "producerName": self.producer_name,
-                },
-                expect="producerCreated",
+                conn, "createProducer", fields, expect="producerCreated"
             )
         except BaseException:
             self.link.attach_failed(epoch)
             raise
         self.producer_name = result["producerName"]
         self.max_message_size = result["maxMessageSize"]
+        self.schema_version = result.get("schemaVersion", -1) if self.schema_info else -1
         if self.last_sequence_id < 0:
             self.last_sequence_id = result["lastSequenceId"]
         self.conn = conn

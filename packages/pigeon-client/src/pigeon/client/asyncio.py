@@ -273,7 +273,7 @@ class Producer(ProducerFace):
 
     def send_async(
         self,
-        value: bytes,
+        value: Any,
         *,
         key: str | bytes | None = None,
         properties: Mapping[str, str] | None = None,

@@ -32,9 +32,11 @@ __all__ = [
     "DataDirLocked",
     "EntryNotFound",
     "FrameTooLarge",
+    "IncompatibleSchema",
     "InternalError",
     "InvalidArgument",
     "InvalidEntryId",
+    "InvalidSchemaData",
     "InvalidTopicName",
     "MalformedRequest",
     "MessageTooLarge",
@@ -54,6 +56,8 @@ __all__ = [
     "ProducerQueueFull",
     "ProtocolError",
     "ProtocolVersionMismatch",
+    "SchemaNotFound",
+    "SchemaSerializationError",
     "SegmentFenced",
     "SegmentNotFound",
     "ServiceUnavailable",
@@ -261,6 +265,27 @@ class ConsumerBusy(PigeonError, code=303, retriable=True):
 
 class SubscriptionBusy(PigeonError, code=304):
     """The subscription exists with another type."""
+
+
+class IncompatibleSchema(PigeonError, code=310):
+    """A producer's or consumer's schema is refused by the topic's schema registry: not
+    compatible with a stored version under the namespace's
+    ``schema_compatibility_strategy`` (the message names the version, the strategy and
+    the rule), or a new version while ``is_allow_auto_update_schema`` is off."""
+
+
+class SchemaNotFound(PigeonError, code=311):
+    """The topic has no schema (or no version of that number)."""
+
+
+class SchemaSerializationError(PigeonError, code=312):
+    """A value could not be encoded with the producer's schema, or a message could not
+    be decoded with the schema version it was written with."""
+
+
+class InvalidSchemaData(InvalidArgument, code=313):
+    """A schema definition that cannot be used: not JSON, not an Avro record schema, an
+    unknown schema type."""
 
 
 # --- 4xx: storage ----------------------------------------------------------------

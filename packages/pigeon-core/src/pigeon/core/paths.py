@@ -14,6 +14,8 @@ once.  Values are JSON documents unless said otherwise::
       dedup/<domain>/<tenant>/<namespace>/<topic>     de-duplication snapshot of a topic
       partitioned-topics/<domain>/<tenant>/<namespace>/<topic>
                                                       ``{"partitions": n}``
+      schemas/<tenant>/<namespace>/<topic>            a topic's schema versions (CAS-updated;
+                                                      partitioned topics by their base name)
       tenants/<tenant>                                tenant info
       namespaces/<tenant>/<namespace>                 namespace policies
       ownership/<tenant>/<namespace>/<bundle>         ephemeral: the broker owning a bundle
@@ -45,6 +47,7 @@ __all__ = [
     "PARTITIONED_TOPICS_PATH",
     "ROOT",
     "SEGMENTS_PATH",
+    "SCHEMAS_PATH",
     "SEGMENT_ID_PREFIX",
     "TENANTS_PATH",
     "UNLOAD_REQUESTS_PATH",
@@ -53,6 +56,7 @@ __all__ = [
     "dedup_path",
     "ledger_path",
     "partitioned_topic_path",
+    "schema_path",
     "segment_path",
 ]
 
@@ -67,6 +71,7 @@ CURSORS_PATH = f"{ROOT}/cursors"
 DEDUP_PATH = f"{ROOT}/dedup"
 PARTITIONED_TOPICS_PATH = f"{ROOT}/partitioned-topics"
 TENANTS_PATH = f"{ROOT}/tenants"
+SCHEMAS_PATH = f"{ROOT}/schemas"
 NAMESPACES_PATH = f"{ROOT}/namespaces"
 OWNERSHIP_PATH = f"{ROOT}/ownership"
 BROKERS_PATH = f"{ROOT}/brokers/available"
@@ -105,3 +110,10 @@ def partitioned_topic_path(topic: TopicName) -> str:
 def segment_path(segment_id: int) -> str:
     """The node of a segment: ``/pigeon/segments/000000000000002a``."""
     return f"{SEGMENTS_PATH}/{segment_id:016x}"
+
+
+def schema_path(topic: TopicName) -> str:
+    """The schema versions of a topic: one node per topic as Pulsar keys schemas (no
+    domain; a partition shares its partitioned topic's)."""
+    base = topic.base
+    return f"{SCHEMAS_PATH}/{base.tenant}/{base.namespace}/{base.local}"

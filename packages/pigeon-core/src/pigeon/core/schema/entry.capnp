@@ -69,7 +69,8 @@ struct BatchHeader {
   # Delayed delivery: do not dispatch before this time (ms since the epoch); 0 = now.
 
   schemaVersion @9 :UInt32;
-  # Version of the topic schema the values were encoded with; 0 = none.
+  # Version of the topic schema the values were encoded with, plus one (registry versions
+  # start at 0, as Pulsar's do); 0 = none (bytes).
 
   hasKeys @10 :Bool;
   # True if the keyOffsets, keyValidity and keys columns are present (some message has a

@@ -83,10 +83,19 @@ struct LookupResult {
   topic @2 :Text;               # the topic's full name
 }
 
+struct SchemaInfo {
+  # A producer's or consumer's schema (Pulsar's SchemaInfo). type "" (the default of an
+  # unset field): no schema, the values are bytes.
+  type @0 :Text;                # "BYTES", "STRING", "JSON", "AVRO"
+  definition @1 :Text;          # JSON and AVRO: an Avro record schema (JSON text); else ""
+}
+
 struct CreateProducer {
   producerId @0 :UInt64;        # chosen by the client, unique per connection
   topic @1 :Text;
   producerName @2 :Text;        # empty: the broker assigns a unique name
+  reservedAccessMode @3 :UInt8; # placeholder: the access-modes item's accessMode
+  schemaInfo @4 :SchemaInfo;    # the producer's schema, checked against the topic's registry
 }
 
 struct ProducerCreated {
@@ -94,6 +103,7 @@ struct ProducerCreated {
   lastSequenceId @1 :Int64;     # highest sequence id stored for this producer name, -1 if none
   maxMessageSize @2 :UInt32;
   topic @3 :Text;
+  schemaVersion @4 :Int64;      # the registry version of the producer's schema; -1: none
 }
 
 struct Send {
@@ -126,6 +136,7 @@ struct Subscribe {
   priority @6 :Int32;
   durable @7 :Bool;             # false for readers: the cursor is not persisted
   startOffset @8 :Int64;        # non-durable cursors: first offset to read, -1 = initialPosition
+  schemaInfo @9 :SchemaInfo;    # the consumer's schema: it must read the topic's data
 }
 
 struct Subscribed {
@@ -214,6 +225,17 @@ struct TopicList {
   topics @0 :List(Text);        # full names; partitioned topics by their base name
 }
 
+struct GetSchema {
+  # One version of a topic's schema. Answer: schemaResponse.
+  topic @0 :Text;
+  version @1 :Int64;            # -1: the latest
+}
+
+struct SchemaResponse {
+  version @0 :Int64;
+  schemaInfo @1 :SchemaInfo;
+}
+
 struct BrokerFrame {
   requestId @0 :UInt64;
   union {
@@ -244,6 +266,8 @@ struct BrokerFrame {
     createTopic @25 :CreateTopic;
     listTopics @26 :ListTopics;
     topicList @27 :TopicList;
+    getSchema @28 :GetSchema;
+    schemaResponse @29 :SchemaResponse;
   }
 }
 
