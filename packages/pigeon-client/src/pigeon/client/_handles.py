@@ -156,7 +156,13 @@ async def open_producer(
                 if o.producer_name and len(names) > 1
                 else o.producer_name
             )
-            e = ProducerEngine(client, name, producer_name=pname, send_timeout=o.send_timeout)
+            e = ProducerEngine(
+                client,
+                name,
+                producer_name=pname,
+                send_timeout=o.send_timeout,
+                access_mode=o.access_mode,
+            )
             await e.start()
             engines.append(e)
     except BaseException:

@@ -31,6 +31,9 @@ __all__ = [
     "takes_options",
 ]
 
+#: Pulsar's ProducerAccessMode names, snake_case
+ACCESS_MODES = ("shared", "exclusive", "wait_for_exclusive", "exclusive_with_fencing")
+
 _O = TypeVar("_O")
 _S = TypeVar("_S")
 _R = TypeVar("_R")
@@ -108,6 +111,15 @@ class ProducerOptions:
     max_pending_messages: int = 100_000
     routing_mode: str = "round_robin"
     message_router: Callable[[Any, int], int] | None = None
+    #: Pulsar's ProducerAccessMode: "shared", "exclusive", "wait_for_exclusive" or
+    #: "exclusive_with_fencing" (docs/messaging.md, "Producer access modes")
+    access_mode: str = "shared"
+
+    def __post_init__(self) -> None:
+        if self.access_mode not in ACCESS_MODES:
+            raise InvalidArgument(
+                f"access_mode must be one of {', '.join(ACCESS_MODES)}, got {self.access_mode!r}"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,6 +147,9 @@ class ConsumerOptions:
     negative_ack_redelivery_delay: float = 1.0
     dead_letter_policy: DeadLetterPolicy | None = None
     pattern_auto_discovery_period: float = 60.0
+    #: acknowledge returns once the broker stored the ack in the cursor (or raises
+    #: AckNotPersisted); docs/messaging.md, "Acknowledgement receipts"
+    ack_receipt_enabled: bool = False
 
 
 @dataclass(frozen=True)

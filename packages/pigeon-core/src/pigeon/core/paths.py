@@ -12,6 +12,8 @@ once.  Values are JSON documents unless said otherwise::
       cursors/<domain>/<tenant>/<namespace>/<topic>/<subscription>
                                                       a durable subscription's cursor
       dedup/<domain>/<tenant>/<namespace>/<topic>     de-duplication snapshot of a topic
+      producer-epochs/<domain>/<tenant>/<namespace>/<topic>
+                                                      ``{"epoch": n}``: exclusive producers
       partitioned-topics/<domain>/<tenant>/<namespace>/<topic>
                                                       ``{"partitions": n}``
       tenants/<tenant>                                tenant info
@@ -43,6 +45,7 @@ __all__ = [
     "NAMESPACES_PATH",
     "OWNERSHIP_PATH",
     "PARTITIONED_TOPICS_PATH",
+    "PRODUCER_EPOCHS_PATH",
     "ROOT",
     "SEGMENTS_PATH",
     "SEGMENT_ID_PREFIX",
@@ -53,6 +56,7 @@ __all__ = [
     "dedup_path",
     "ledger_path",
     "partitioned_topic_path",
+    "producer_epoch_path",
     "segment_path",
 ]
 
@@ -65,6 +69,7 @@ SEGMENTS_PATH = f"{ROOT}/segments"
 SEGMENT_ID_PREFIX = f"{ROOT}/segment-ids/s-"
 CURSORS_PATH = f"{ROOT}/cursors"
 DEDUP_PATH = f"{ROOT}/dedup"
+PRODUCER_EPOCHS_PATH = f"{ROOT}/producer-epochs"
 PARTITIONED_TOPICS_PATH = f"{ROOT}/partitioned-topics"
 TENANTS_PATH = f"{ROOT}/tenants"
 NAMESPACES_PATH = f"{ROOT}/namespaces"
@@ -95,6 +100,11 @@ def cursor_path(topic: TopicName, subscription: str) -> str:
 def dedup_path(topic: TopicName) -> str:
     """The de-duplication snapshot of a topic partition."""
     return f"{DEDUP_PATH}/{topic.path}"
+
+
+def producer_epoch_path(topic: TopicName) -> str:
+    """The producer epoch of a topic partition (exclusive access modes): ``{"epoch": n}``."""
+    return f"{PRODUCER_EPOCHS_PATH}/{topic.path}"
 
 
 def partitioned_topic_path(topic: TopicName) -> str:

@@ -83,10 +83,23 @@ struct LookupResult {
   topic @2 :Text;               # the topic's full name
 }
 
+enum ProducerAccessMode {
+  # Pulsar's ProducerAccessMode (docs/messaging.md, "Producer access modes").
+  shared @0;                    # any number of producers
+  exclusive @1;                 # the only producer, or ProducerBusy
+  waitForExclusive @2;          # the answer waits until it is the only producer (FIFO)
+  exclusiveWithFencing @3;      # the only producer; the others are fenced (ProducerFenced)
+}
+
 struct CreateProducer {
   producerId @0 :UInt64;        # chosen by the client, unique per connection
   topic @1 :Text;
   producerName @2 :Text;        # empty: the broker assigns a unique name
+  accessMode @3 :ProducerAccessMode;
+  reserved4 @4 :Void;           # placeholder: the schemas item takes @4 (CreateProducer.schema)
+  topicEpoch @5 :Int64 = -1;    # a re-attach: the topicEpoch its last producerCreated gave
+                                # (-1: a new producer). Below the topic's epoch an
+                                # exclusive-mode producer is fenced.
 }
 
 struct ProducerCreated {
@@ -94,6 +107,9 @@ struct ProducerCreated {
   lastSequenceId @1 :Int64;     # highest sequence id stored for this producer name, -1 if none
   maxMessageSize @2 :UInt32;
   topic @3 :Text;
+  reserved4 @4 :Void;           # placeholder: the schemas item takes @4 (schemaVersion)
+  topicEpoch @5 :Int64;         # the topic's producer epoch (raised by each new exclusive
+                                # producer; persisted with the topic)
 }
 
 struct Send {
@@ -154,6 +170,9 @@ struct MessagePush {
 }
 
 struct Ack {
+  # requestId 0: no answer (grouped acks).  A non-zero requestId (ack_receipt_enabled)
+  # is answered `ok` once the cursor holding these acks is stored in the metadata
+  # store, or `error` (AckNotPersisted) if that cannot be confirmed.
   consumerId @0 :UInt64;
   ackType @1 :AckType;
   positions @2 :List(Position);
