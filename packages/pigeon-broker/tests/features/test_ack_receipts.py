@@ -70,9 +70,12 @@ async def test_without_receipts_an_ack_is_not_stored_yet(cluster, autojump_clock
         consumer = await client.subscribe("plain", "s", initial_position="earliest")
         await produce(client, "plain", SENT)
         got = await receive_n(consumer, len(SENT))
+        # the broker's first cursor write comes at once; the next one an hour later
+        await consumer.acknowledge(got[0])
+        await trio.sleep(1)
         await consumer.acknowledge(got[1])
         await trio.sleep(1)  # the grouped ack went out (within 100 ms), unanswered
-        assert await acked_offsets(cluster, "plain") == []
+        assert 1 not in await acked_offsets(cluster, "plain")
         await consumer.close()
 
 

@@ -190,22 +190,27 @@ class ConsumerHandle:
 
     async def _send_with_receipt(self, engine: ConsumerEngine, batch: _ReceiptBatch) -> None:
         """*engine*: one ack request (two with a cumulative ack) for what ``batch`` holds."""
-        previous = self._previous_receipt.get(engine)
-        if previous is not None:
-            await previous.done.wait()  # one request at a time per engine: acks stay ordered
-        self._previous_receipt[engine] = batch
-        if self._receipts.get(engine) is batch:
-            del self._receipts[engine]
+        # until the broker said ok (a cancelled send, the client closing, is no receipt)
+        batch.error = AckNotPersisted("acknowledgement not confirmed: the consumer closed")
         try:
+            previous = self._previous_receipt.get(engine)
+            if previous is not None:
+                await previous.done.wait()  # one request at a time per engine: in order
+            self._previous_receipt[engine] = batch
+            if self._receipts.get(engine) is batch:
+                del self._receipts[engine]
             if batch.acks:
                 await engine.ack(batch.acks, False)
             if batch.cumulative is not None:
                 await engine.ack([batch.cumulative], True)
+            batch.error = None
         except AckNotPersisted as exc:
             batch.error = exc
         except PigeonError as exc:
             batch.error = AckNotPersisted(f"acknowledgement not confirmed: {exc}")
         finally:
+            if self._receipts.get(engine) is batch:
+                del self._receipts[engine]
             if self._previous_receipt.get(engine) is batch:
                 del self._previous_receipt[engine]
             batch.done.set()
