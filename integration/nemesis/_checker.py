@@ -17,6 +17,10 @@
     (a receipt that names no position at all is counted, not failed: de-duplication may
     answer a resend so when it no longer remembers the original; a lost one shows up as (a)).
 
+(g) **redelivered after a receipt** — a message delivered to a subscription again after
+    its consumer got an ack receipt for it (``ack_receipt_enabled``: the ack was stored in
+    the cursor, so no fault may bring the message back).
+
 The figures (acknowledged, lost, duplicates, unexpected, faults by kind, write
 unavailability) are what ``docs/reliability.md`` tabulates.
 """
@@ -52,6 +56,11 @@ class Report:
     indeterminate_stored: int = 0
     receipts_without_position: int = 0
     wrong_receipts: int = 0
+    #: messages whose ack got a receipt, and those delivered again after it (g)
+    ack_receipts: int = 0
+    redelivered_after_receipt: int = 0
+    #: acks with receipts that failed (AckNotPersisted, allowed: redelivered)
+    acks_not_persisted: int = 0
     undelivered: dict[str, int] = field(default_factory=dict)
     redelivered: dict[str, int] = field(default_factory=dict)
     detached: dict[str, str] = field(default_factory=dict)
@@ -87,6 +96,9 @@ class Report:
             "longest_detached_s": max(self.detached_longest.values(), default=0.0),
             "wrong_receipts": self.wrong_receipts,
             "receipts_without_position": self.receipts_without_position,
+            "ack_receipts": self.ack_receipts,
+            "redelivered_after_receipt": self.redelivered_after_receipt,
+            "acks_not_persisted": self.acks_not_persisted,
             "faults": dict(self.faults),
             "crashes": self.crashes,
             "restart_failures": self.restart_failures,
@@ -105,7 +117,8 @@ class Report:
             f"unexpected={self.unexpected} reordered={self.reordered} "
             f"undelivered={sum(self.undelivered.values())} detached={len(self.detached)} "
             f"failed={self.failed} pending={self.pending} faults={faults} "
-            f"crashes={self.crashes} longest_unavailable={self.longest_unavailable:.1f}s"
+            f"crashes={self.crashes} longest_unavailable={self.longest_unavailable:.1f}s "
+            f"ack_receipts={self.ack_receipts} after_receipt={self.redelivered_after_receipt}"
         )
 
 
@@ -144,6 +157,7 @@ def check(history: History) -> Report:
 
     _check_log(history, sends, acked, r)
     _check_deliveries(history, acked, r)
+    _check_ack_receipts(history, r)
     _check_attach(history, r)
     _availability(history, r)
     r.faults = dict(Counter(f"{f.kind}-{f.target.split('-')[0]}" for f in history.faults))
@@ -271,6 +285,29 @@ def _check_deliveries(history: History, acked: set[MsgId], r: Report) -> None:
                 f"(d) {sub}: {len(missing)} acknowledged messages never delivered,"
                 f" e.g. {_examples(missing)}"
             )
+
+
+def _check_ack_receipts(history: History, r: Report) -> None:
+    receipted: dict[tuple[str, MsgId], float] = {}
+    for a in history.receipts:
+        key = (a.subscription, a.id)
+        receipted[key] = min(a.t, receipted.get(key, a.t))
+    r.ack_receipts = len(receipted)
+    r.acks_not_persisted = sum(1 for e in history.events if e.kind == "ack-not-persisted")
+    again: dict[tuple[str, MsgId], float] = {}
+    for d in history.deliveries:
+        if d.id is None:
+            continue
+        t = receipted.get((d.subscription, d.id))
+        if t is not None and d.t > t:
+            again.setdefault((d.subscription, d.id), d.t)
+    r.redelivered_after_receipt = len(again)
+    if again:
+        examples = [f"{sub} {i} receipt@{receipted[(sub, i)]:.1f}s" for sub, i in sorted(again)]
+        r.violations.append(
+            f"(g) {len(again)} messages delivered again after their ack got a receipt,"
+            f" e.g. {examples[:EXAMPLES]}"
+        )
 
 
 def _check_attach(history: History, r: Report) -> None:

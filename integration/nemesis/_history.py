@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "AckReceipt",
     "Attach",
     "Delivery",
     "Event",
@@ -87,6 +88,16 @@ class Delivery:
 
 
 @dataclass(frozen=True)
+class AckReceipt:
+    """An acknowledgement the broker confirmed as stored (``ack_receipt_enabled``): from
+    ``t`` on, the message must never be delivered to ``subscription`` again."""
+
+    t: float
+    subscription: str
+    id: MsgId
+
+
+@dataclass(frozen=True)
 class LogRecord:
     """One message of the final read of a topic from the earliest position."""
 
@@ -143,6 +154,8 @@ class History:
     readers: dict[str, list[str]] = field(default_factory=dict)
     sends: list[Send] = field(default_factory=list)
     deliveries: list[Delivery] = field(default_factory=list)
+    #: acknowledgements with a receipt (the subscriptions with ack_receipt_enabled)
+    receipts: list[AckReceipt] = field(default_factory=list)
     final_read: list[LogRecord] = field(default_factory=list)
     attach: list[Attach] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
@@ -167,7 +180,7 @@ class History:
         with gzip.open(path, "wt", compresslevel=1) as out:
             meta = {name: getattr(self, name) for name in _META}
             out.write(json.dumps({"type": "meta", **meta}) + "\n")
-            for name in ("sends", "deliveries", "final_read", "attach", "faults", "events"):
+            for name in _RECORDS:
                 for record in getattr(self, name):
                     out.write(json.dumps({"type": name, **_plain(asdict(record))}) + "\n")
 
@@ -178,6 +191,7 @@ class History:
         kinds: dict[str, Any] = {
             "sends": Send,
             "deliveries": Delivery,
+            "receipts": AckReceipt,
             "final_read": LogRecord,
             "attach": Attach,
             "faults": Fault,
@@ -197,6 +211,9 @@ class History:
                 getattr(h, kind).append(kinds[kind](**record))
         return h
 
+
+#: History lists written one record a line
+_RECORDS = ("sends", "deliveries", "receipts", "final_read", "attach", "faults", "events")
 
 #: History fields written as the first line of a dump
 _META = (

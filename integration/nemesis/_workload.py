@@ -13,6 +13,8 @@ survives node failures by its own reconnects.  Every step lands in the
   opened again (an application would) and the error is recorded;
 * readers (non-durable) read the plain topics from the earliest position, resuming
   after the last message they read if their reader has to be opened again;
+* subscription ``receipts`` of topic ``a`` acknowledges with receipts
+  (``ack_receipt_enabled``) and records each confirmed ack (:class:`AckReceipt`);
 * a sampler asks the admin API every :data:`SAMPLE_EVERY` seconds how many consumers
   each subscription has and its backlog.
 """
@@ -28,7 +30,7 @@ from typing import Any
 
 from pigeon.client import Client, Consumer, Message, MessageId, Reader, Timeout
 
-from ._history import Attach, Delivery, History, LogRecord, MsgId, Send, format_payload
+from ._history import AckReceipt, Attach, Delivery, History, LogRecord, MsgId, Send, format_payload
 from ._history import parse_payload as parse
 from ._topology import NAMESPACE, Topology
 
@@ -36,15 +38,18 @@ __all__ = ["CONSUMERS", "TOPICS", "Workload", "topic_name"]
 
 #: topic key -> (partitions, subscription types, readers)
 TOPICS: dict[str, tuple[int, list[str], int]] = {
-    "a": (0, ["exclusive", "shared"], 1),
+    "a": (0, ["exclusive", "shared", "receipts"], 1),
     "b": (0, ["failover", "key_shared"], 1),
     "p": (3, ["exclusive", "failover", "shared", "key_shared"], 0),
     # written by the native producers and a Kafka producer, read by a Kafka consumer
     # group (see _kafka_workload)
     "k": (3, [], 0),
 }
+#: an exclusive subscription whose consumer acknowledges with receipts
+#: (``ack_receipt_enabled``): cumulatively, one receipt per batch received
+RECEIPTS = "receipts"
 #: consumers opened per subscription type
-CONSUMERS = {"exclusive": 1, "failover": 2, "shared": 2, "key_shared": 2}
+CONSUMERS = {"exclusive": 1, "failover": 2, "shared": 2, "key_shared": 2, RECEIPTS: 1}
 OP_TIMEOUT = 30.0
 #: after the last fault was healed, how long sends in flight get to resolve
 SETTLE_TIMEOUT = 15.0
@@ -184,9 +189,10 @@ class Workload:
             return client.subscribe(
                 topic_name(key),
                 kind,
-                subscription_type=kind,
+                subscription_type="exclusive" if kind == RECEIPTS else kind,
                 initial_position="earliest",
                 consumer_name=label.replace("/", "-"),
+                ack_receipt_enabled=kind == RECEIPTS,
             )
 
         first = subscribe()
@@ -223,6 +229,9 @@ class Workload:
             now = h.now()
             for m in msgs:
                 self._record(now, sub, label, m, seen)
+            if sub.endswith("/" + RECEIPTS):
+                self._acknowledge_with_receipt(sub, label, consumer, msgs)
+                continue
             try:
                 for m in msgs:
                     consumer.acknowledge(m)
@@ -230,6 +239,30 @@ class Workload:
                 h.event("consumer-error", f"{label} acknowledge: {_brief(exc)}")
         if consumer is not None:
             _close_quietly(consumer)
+
+    def _acknowledge_with_receipt(
+        self, sub: str, label: str, consumer: Consumer, msgs: list[Message]
+    ) -> None:
+        """Acknowledge ``msgs`` cumulatively and wait for the receipt; recorded only when
+        the consumer did not re-attach since it received them (after a re-attach the
+        broker hands unacknowledged messages over again before the ack can reach it:
+        such copies are not the broker forgetting a stored ack)."""
+        h = self.history
+        engine = consumer._handle.engines[0]  # topic a: one partition
+        generation = engine.generation
+        try:
+            # the newest: a redelivered message may come after newer ones
+            consumer.acknowledge_cumulative(max(msgs, key=lambda m: m.offset))
+        except Exception as exc:
+            h.event("ack-not-persisted", f"{label}: {_brief(exc)}")
+            return
+        if engine.generation != generation:
+            return
+        now = h.now()
+        for m in msgs:
+            mid = parse(m.value)
+            if mid is not None:
+                h.receipts.append(AckReceipt(now, sub, mid))
 
     def _record(self, now: float, sub: str, label: str, m: Message, seen: set[MsgId]) -> None:
         mid = parse(m.value)

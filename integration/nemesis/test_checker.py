@@ -10,6 +10,7 @@ import pytest
 
 from ._checker import check, gaps, longest_gap, longest_overlapping
 from ._history import (
+    AckReceipt,
     Attach,
     Delivery,
     Event,
@@ -57,6 +58,7 @@ def test_a_dumped_history_checks_the_same(tmp_path: Path) -> None:
     del h.final_read[3]
     h.attach.append(Attach(6.0, "a", "a/shared", 1, 4, ("a-shared-0",)))
     h.final_read_status = {"a": "idle"}
+    h.receipts.append(AckReceipt(0.05, "a/shared", ("a", "p0", 0)))
     h.dump(tmp_path / "h.jsonl.gz")
     again = History.load(tmp_path / "h.jsonl.gz")
     assert check(again) == check(h)
@@ -415,3 +417,18 @@ def test_the_nemesis_carries_out_its_schedule_and_supervises_between_faults() ->
     assert [e.kind for e in h.events] == ["crash"]  # recorded once
     assert [(f.kind, f.target) for f in h.faults] == [("kill", "bookie-0"), ("cut", "broker-0")]
     assert all(f.healed is not None and f.started is not None for f in h.faults)
+
+
+def test_a_message_delivered_again_after_its_ack_receipt_fails() -> None:
+    h = healthy()
+    sub = "a/shared"
+    for i in range(3):
+        h.receipts.append(AckReceipt(i * 0.1 + 0.05, sub, ("a", "p0", i)))
+    h.events.append(Event(1.0, "ack-not-persisted", "a/shared/0: AckNotPersisted: ..."))
+    assert check(h).ok
+    # a copy that arrived before the receipt is allowed; one after it is not
+    h.deliveries.append(Delivery(0.12, sub, f"{sub}/1", ("a", "p0", 2), pos(2), 1))
+    h.deliveries.append(Delivery(7.0, sub, f"{sub}/1", ("a", "p0", 1), pos(1), 1))
+    r = check(h)
+    assert (r.ack_receipts, r.redelivered_after_receipt, r.acks_not_persisted) == (3, 1, 1)
+    assert any(v.startswith("(g) 1 messages delivered again") for v in r.violations)

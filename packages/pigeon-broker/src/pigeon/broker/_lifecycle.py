@@ -45,6 +45,7 @@ from pigeon.core.paths import (
     dedup_path,
     ledger_path,
     partitioned_topic_path,
+    producer_epoch_path,
     segment_path,
 )
 
@@ -205,6 +206,7 @@ async def _delete_data(service: BrokerService, name: TopicName) -> None:
     segments = [SegmentInfo.from_doc(s) for s in docs]
     await ignore_missing(store.delete(cursors_path(name), recursive=True))
     await ignore_missing(store.delete(dedup_path(name)))
+    await ignore_missing(store.delete(producer_epoch_path(name)))
     for seg in segments:
         await ignore_missing(store.delete(segment_path(seg.id)))
     # the offloaded objects before the ledger (a crash in between leaves none behind)...

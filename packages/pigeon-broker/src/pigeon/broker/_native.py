@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from pigeon.broker._access import wire_access_mode
 from pigeon.broker._authz import topic_key
 from pigeon.broker._schema_compat import SchemaData
 from pigeon.broker._subscription import Consumer
@@ -54,6 +55,7 @@ from pigeon.broker._topic import Producer
 from pigeon.broker._topic_protocol import SeekTarget
 from pigeon.core import TopicName
 from pigeon.core.errors import (
+    AckNotPersisted,
     AuthenticationError,
     AuthorizationError,
     InternalError,
@@ -392,6 +394,8 @@ class NativeProtocol:
         producer_id = req.body.producerId
         producer_name = str(req.body.producerName)
         schema = schema_of(req.body.schemaInfo)
+        access_mode = wire_access_mode(str(req.body.accessMode))
+        epoch = req.body.topicEpoch
         state = self._state(conn)
         self._spawn(
             conn,
@@ -404,6 +408,8 @@ class NativeProtocol:
             producer_id,
             producer_name,
             schema,
+            access_mode,
+            epoch,
         )
 
     async def _create_producer(
@@ -415,6 +421,8 @@ class NativeProtocol:
         producer_id: int,
         producer_name: str,
         schema: SchemaData | None,
+        access_mode: str,
+        epoch: int,
     ) -> None:
         with state.open_request("producer", producer_id, request_id):
             await self._authorize(conn, self.core.authorization.check_produce(conn.role, name))
@@ -425,6 +433,9 @@ class NativeProtocol:
                 client=conn,
                 producer_id=producer_id,
                 still_wanted=lambda: state.check_open("producer", producer_id, request_id),
+                access_mode=access_mode,
+                epoch=epoch,
+                on_fenced=self._fenced,
             )
             state.producers[producer_id] = producer
             conn.respond(
@@ -436,8 +447,17 @@ class NativeProtocol:
                     "maxMessageSize": self.core.max_message_size(name),
                     "topic": name.full,
                     "schemaVersion": schema_version,
+                    "topicEpoch": producer.epoch,
                 },
             )
+
+    def _fenced(self, producer: Producer, error: PigeonError) -> None:
+        """An exclusive_with_fencing producer removed ``producer``: its client is told
+        (``closedByBroker``; its re-attach is refused with ProducerFenced)."""
+        if producer.conn in self.conns:
+            self._fence_producer(producer.conn, producer, error)
+        else:
+            self.core.fence_producer(producer, error)
 
     def on_send(self, conn: Connection, req: Request) -> None:
         producer = self._state(conn).producers.get(req.body.producerId)
@@ -587,15 +607,27 @@ class NativeProtocol:
         sub.flow(consumer, req.body.permits)
 
     def on_ack(self, conn: Connection, req: Request) -> None:
+        """Grouped acks come with requestId 0 and get no answer; an ack with a request
+        id (``ack_receipt_enabled``) is answered once the cursor holding it is stored."""
         b = req.body
-        consumer, sub, _ = self._consumer(conn, b.consumerId)
+        request_id = req.request_id
+        found = self._state(conn).consumers.get(b.consumerId)
+        if found is None:
+            if request_id:
+                raise AckNotPersisted(
+                    f"consumer {b.consumerId} is not attached here (closed, or its topic"
+                    " moved): acknowledgement not stored"
+                )
+            raise InvalidArgument(f"unknown consumer id {b.consumerId}")
+        consumer, sub, _ = found
         self.core.ack(
             sub,
             consumer,
             [(p.segmentId, p.entryId, p.offset, p.batchIndex) for p in b.positions],
             cumulative=str(b.ackType) == "cumulative",
         )
-        conn.respond(req.request_id, "ok")
+        if request_id:
+            self._spawn_ok(conn, request_id, sub.persist_acks)
 
     def on_redeliverUnacked(self, conn: Connection, req: Request) -> None:
         b = req.body

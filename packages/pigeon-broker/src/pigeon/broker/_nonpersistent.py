@@ -143,6 +143,9 @@ class NonPersistentSubscription:
     async def persist(self) -> None:
         return None
 
+    async def persist_acks(self) -> None:
+        return None  # an ack receipt confirms at once: nothing is stored
+
     async def delete(self) -> None:
         self.closed = True
 

@@ -76,7 +76,7 @@ def publish(
         raise InvalidArgument(f"send says {n} messages but its batch holds {header.num_messages}")
     topic = producer.topic
     if producer.fenced:
-        raise ServiceUnavailable(
+        raise producer.fenced_error or ServiceUnavailable(
             f"producer {producer.name} lost a send and must re-attach before sending on"
         )
     dedup = topic.dedup
@@ -184,7 +184,11 @@ def publish(
             if producer.fenced:
                 # an earlier send of this producer failed meanwhile: storing this one
                 # would make that one's resend look like a duplicate
-                done(None, ServiceUnavailable(f"producer {name} must resend from a lost send"))
+                done(
+                    None,
+                    producer.fenced_error
+                    or ServiceUnavailable(f"producer {name} must resend from a lost send"),
+                )
                 return
             # the payload is the received frame's (a buffer nothing reuses): kept, not copied
             _append(topic, payload, n, done, deliver_at)

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import trio
 
+from pigeon.broker._access import Admission
 from pigeon.broker._auditor import Auditor
 from pigeon.broker._authz import Authorization
 from pigeon.broker._config import BrokerConfig
@@ -31,6 +32,7 @@ from pigeon.broker._native import NativeProtocol
 from pigeon.broker._nonpersistent import NonPersistentTopic
 from pigeon.broker._ownership import Ownership
 from pigeon.broker._policies import PolicyStore
+from pigeon.broker._producer_access import AccessControl
 from pigeon.broker._publish import fence_producer, publish
 from pigeon.broker._schema_registry import SchemaRegistry
 from pigeon.broker._singleflight import open_once
@@ -125,6 +127,8 @@ class BrokerService:
         #: the TLS listener's address (``broker_service_port_tls``), when it runs
         self.address_tls: tuple[str, int] | None = None
         self._names = itertools.count()
+        #: producer access modes (exclusive producers, fencing, the topic epoch)
+        self.access = AccessControl(store)
         self.clock = WallClock()
         self.policies = PolicyStore(store)
         #: topics' schemas and what may attach with which (see _schema_registry)
@@ -446,12 +450,20 @@ class BrokerService:
         client: Any,
         producer_id: int,
         still_wanted: Callable[[], None],
+        access_mode: str = "shared",
+        epoch: int = -1,
+        on_fenced: Callable[[Producer, PigeonError], None] | None = None,
     ) -> Producer:
         """Attach a producer (named here when ``producer_name`` is empty) to the topic.
 
         ``client`` is the front door's handle of the producer's client (a connection):
         a name attached by another live client is ProducerBusy.  ``still_wanted`` is
         called once the topic is open and raises if the client gave up meanwhile.
+        ``access_mode`` and ``epoch`` (the one a re-attaching producer was given, -1 for
+        a new one) are checked by :class:`pigeon.broker._producer_access.AccessControl`;
+        the producers an ``exclusive_with_fencing`` one removes are handed to
+        ``on_fenced`` (the front door tells their clients).  The producer's ``epoch``
+        is set.
         """
         topic = await self.get_topic(name)
         still_wanted()
@@ -463,7 +475,31 @@ class BrokerService:
         existing = topic.producers.get(producer_name)
         if existing is not None and not existing.conn.closed and existing.conn is not client:
             raise ProducerBusy(f"producer {producer_name!r} is already connected to {name}")
+        admission = Admission(0)
+        if access_mode != "shared" or self.access.in_use(topic):
+            admission = await self.access.admit(
+                topic, producer_name, access_mode, epoch, still_wanted
+            )
+            try:
+                if topic.unloaded:
+                    raise NotOwner(f"{name} was unloaded here while attaching; look it up again")
+                still_wanted()
+            except BaseException:
+                self.access.released(topic, producer_name)
+                raise
+        for fenced_name in admission.fence:
+            fenced = topic.producers.pop(fenced_name, None)
+            if fenced is None:
+                continue
+            error = self.access.fenced_error(topic, fenced_name)
+            fenced.fenced_error = error
+            log.info("producer fenced topic=%s producer=%s", name.full, fenced_name)
+            if on_fenced is not None:
+                on_fenced(fenced, error)
+            else:
+                fence_producer(fenced, error)
         producer = Producer(client, producer_id, producer_name, topic)
+        producer.epoch = admission.epoch
         topic.producers[producer_name] = producer
         return producer
 
@@ -476,11 +512,13 @@ class BrokerService:
         """Refuse the producer's sends until it re-attaches; False if it already was."""
         return fence_producer(producer, error)
 
-    @staticmethod
-    def close_producer(producer: Producer) -> None:
+    def close_producer(self, producer: Producer) -> None:
         """Detach the producer from its topic (unless it re-attached meanwhile)."""
-        if producer.topic.producers.get(producer.name) is producer:
-            del producer.topic.producers[producer.name]
+        topic = producer.topic
+        if topic.producers.get(producer.name) is producer:
+            del topic.producers[producer.name]
+            if self.access.in_use(topic):
+                self.access.released(topic, producer.name)
 
     # ------------------------------------------------------------------ consumers: the core API
 

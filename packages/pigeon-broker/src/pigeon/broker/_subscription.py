@@ -33,6 +33,7 @@ from pigeon.broker._ledger import ManagedLedger
 from pigeon.broker._ledger_state import Entry, Position
 from pigeon.core.batch import ENTRY_HEADER_SIZE, decode_batch
 from pigeon.core.errors import (
+    AckNotPersisted,
     CorruptEntry,
     PigeonError,
 )
@@ -109,6 +110,9 @@ class Subscription:
         self._dirty = False
         self._persist_lock = trio.Lock()
         self._cursor_version: int | None = None
+        #: acknowledgement calls so far, and how many of them the stored cursor holds
+        self._acks = 0
+        self._acks_stored = 0
         self.closed = False
         self._task_started = False
         self.msgs_out = 0
@@ -180,6 +184,7 @@ class Subscription:
     ) -> None:
         """``positions``: ((segment index, entry id), offset) of each acknowledged message."""
         self.dispatcher.ack(positions, cumulative)
+        self._acks += 1
         self._dirty = True
         self.wake()
 
@@ -235,6 +240,7 @@ class Subscription:
                 return
             self._dirty = False
             data = self.cursor.to_json()
+            acks = self._acks
             try:
                 if self._cursor_version is None:
                     stat = await self.store.get(self.path)
@@ -248,6 +254,28 @@ class Subscription:
             except PigeonError as exc:
                 self._dirty = True
                 log.warning("cursor persist failed sub=%s error=%s", self.name, exc)
+                return
+            self._acks_stored = max(self._acks_stored, acks)
+
+    async def persist_acks(self) -> None:
+        """Return once every acknowledgement made before this call is in the stored
+        cursor (an ack receipt); AckNotPersisted if that cannot be confirmed."""
+        if not self.durable or self.store is None:
+            return  # a reader's cursor is not stored: nothing more to wait for
+        acks = self._acks
+        if self._acks_stored >= acks:
+            return
+        if self.closed:
+            raise AckNotPersisted(
+                f"subscription {self.name!r} was closed here before the acknowledgement"
+                " was stored; the message may be delivered again"
+            )
+        await self.persist()
+        if self._acks_stored < acks:
+            raise AckNotPersisted(
+                f"the cursor of subscription {self.name!r} could not be stored; the"
+                " message may be delivered again"
+            )
 
     async def flush(self) -> None:
         """Persist now (used when a consumer closes, so no ack is lost to a crash)."""

@@ -64,6 +64,10 @@ class Producer:
     topic: Topic
     ready: bool = True
     fenced: bool = False  # a send was not stored: refuse sends until it re-attaches
+    #: set when an exclusive_with_fencing producer removed it: its sends fail with this
+    fenced_error: PigeonError | None = None
+    #: the topic's producer epoch it was admitted with (see pigeon.broker._access)
+    epoch: int = 0
     #: de-duplicate its sends whatever the namespace policy says (a Kafka idempotent
     #: producer was promised it)
     deduplicate: bool = False

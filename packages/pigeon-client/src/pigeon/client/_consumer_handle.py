@@ -39,7 +39,7 @@ from pigeon.client._message import (
 from pigeon.client._options import ConsumerOptions, ReaderOptions
 from pigeon.core import TopicName
 from pigeon.core.batch import ENTRY_HEADER_SIZE, read_header
-from pigeon.core.errors import InvalidArgument, NotSupported, PigeonError
+from pigeon.core.errors import AckNotPersisted, InvalidArgument, NotSupported, PigeonError
 
 __all__ = [
     "ConsumerFace",
@@ -115,6 +115,10 @@ class ConsumerHandle:
         self._producers: dict[str, Any] = {}
         self._producer_factory = producer_factory
         self.last_received: dict[Any, int] = {}
+        #: ack_receipt_enabled: acks wait for the broker to store them
+        self.ack_receipts = consumer.ack_receipt_enabled
+        self._receipts: dict[ConsumerEngine, _ReceiptBatch] = {}
+        self._previous_receipt: dict[ConsumerEngine, _ReceiptBatch] = {}
 
     @property
     def subscription(self) -> str:
@@ -225,13 +229,65 @@ class ConsumerHandle:
                 engine.ack_nowait([cumulative], True)
 
     async def flush_acks(self) -> None:
+        """*engine*: send the grouped acks now (before a close, seek or redelivery: the
+        broker applies them in the order of the connection's frames)."""
+        self.flush_acks_nowait()
+        await trio.lowlevel.checkpoint()
+
+    async def acknowledge_with_receipt(self, mid: MessageId, cumulative: bool) -> None:
+        """*engine*: ``ack_receipt_enabled``: send the ack and return once the broker
+        stored it in the cursor; AckNotPersisted if it cannot say so.
+
+        Acks made while one is on its way join the next request of their engine (one
+        request, and one cursor write, per engine and round trip)."""
         with self.lock:
-            groups = self.core.take_acks()
-        for engine, acks, cumulative in groups:
-            if acks:
-                await engine.ack(acks, False)
-            if cumulative is not None:
-                await engine.ack([cumulative], True)
+            if not cumulative:
+                self.logic.acked(mid.segment_id, mid.entry_id, mid.batch_index)
+            owner = self.core.owners.get(mid.segment_id)
+        if owner is None:
+            raise AckNotPersisted(
+                "acknowledgement not sent: the message's subscription re-attached since it"
+                " was received (it is delivered again)"
+            )
+        batch = self._receipts.get(owner)
+        if batch is None:
+            batch = self._receipts[owner] = _ReceiptBatch()
+            self.client.nursery.start_soon(self._send_with_receipt, owner, batch)
+        pos = (mid.segment_id, mid.entry_id, mid.batch_index, mid.offset)
+        if not cumulative:
+            batch.acks.append(pos)
+        elif batch.cumulative is None or pos[3] > batch.cumulative[3]:
+            batch.cumulative = pos
+        await batch.done.wait()
+        if batch.error is not None:
+            raise batch.error
+
+    async def _send_with_receipt(self, engine: ConsumerEngine, batch: _ReceiptBatch) -> None:
+        """*engine*: one ack request (two with a cumulative ack) for what ``batch`` holds."""
+        # until the broker said ok (a cancelled send, the client closing, is no receipt)
+        batch.error = AckNotPersisted("acknowledgement not confirmed: the consumer closed")
+        try:
+            previous = self._previous_receipt.get(engine)
+            if previous is not None:
+                await previous.done.wait()  # one request at a time per engine: in order
+            self._previous_receipt[engine] = batch
+            if self._receipts.get(engine) is batch:
+                del self._receipts[engine]
+            if batch.acks:
+                await engine.ack(batch.acks, False)
+            if batch.cumulative is not None:
+                await engine.ack([batch.cumulative], True)
+            batch.error = None
+        except AckNotPersisted as exc:
+            batch.error = exc
+        except PigeonError as exc:
+            batch.error = AckNotPersisted(f"acknowledgement not confirmed: {exc}")
+        finally:
+            if self._receipts.get(engine) is batch:
+                del self._receipts[engine]
+            if self._previous_receipt.get(engine) is batch:
+                del self._previous_receipt[engine]
+            batch.done.set()
 
     async def _redeliver_due(self) -> None:
         now = trio.current_time()
@@ -451,12 +507,15 @@ class ConsumerHandle:
                 return flush
             return self.core.add_ack(mid)
 
-    def acknowledge_cumulative(self, mid: MessageId) -> None:
+    def check_cumulative(self) -> None:
         if self.options.subscription_type in ("shared", "key_shared"):
             raise NotSupported(
                 "cumulative acknowledgement is not allowed on a "
                 f"{self.options.subscription_type} subscription"
             )
+
+    def acknowledge_cumulative(self, mid: MessageId) -> None:
+        self.check_cumulative()
         with self.lock:
             self.core.add_cumulative_ack(mid)
 
@@ -500,6 +559,18 @@ class ConsumerHandle:
         """A consumer with a listener has no ``receive`` (as in Pulsar)."""
         name = "reader_listener" if self.is_reader else "message_listener"
         raise NotSupported(f"receive is not allowed on a consumer with a {name}")
+
+
+class _ReceiptBatch:
+    """Acks of one engine that wait for one answer of the broker."""
+
+    __slots__ = ("acks", "cumulative", "done", "error")
+
+    def __init__(self) -> None:
+        self.acks: list[tuple[int, int, int, int]] = []
+        self.cumulative: tuple[int, int, int, int] | None = None
+        self.done = trio.Event()
+        self.error: PigeonError | None = None
 
 
 class ConsumerFace:

@@ -39,6 +39,7 @@ from pigeon.core.errors import (
     InvalidArgument,
     NotOwner,
     PigeonError,
+    ProducerFenced,
     ProtocolError,
     ServiceUnavailable,
     SubscriptionBusy,
@@ -319,15 +320,17 @@ class ClientEngine:
         self._tls_of[address] = service_url_tls(url)
         return address, result["topic"], result["partitions"]
 
-    async def attach(self, attach: Callable[[], Any]) -> None:
+    async def attach(self, attach: Callable[[], Any], *, limit: float | None = None) -> None:
         """Run ``attach`` (lookup + connect + create) until the owning broker accepts it.
 
         A broker that no longer owns the topic (``NotOwner``) or a broker that went away
-        is retried with a fresh lookup, within ``operation_timeout``.
+        is retried with a fresh lookup, within ``limit`` seconds (``operation_timeout`` unless
+        given: a wait_for_exclusive producer waits as long as it takes).
         """
         delay = 0.05
         last: BaseException | None = None
-        with trio.move_on_after(self.operation_timeout):
+        limit = self.operation_timeout if limit is None else limit
+        with trio.move_on_after(limit):
             while True:
                 try:
                     await attach()
@@ -337,7 +340,7 @@ class ClientEngine:
                     log.info("attach retry error=%s", exc)
                     await trio.sleep(delay)
                     delay = min(delay * 2, 1.0)
-        raise Timeout(f"no broker accepted within {self.operation_timeout}s: {last}")
+        raise Timeout(f"no broker accepted within {limit}s: {last}")
 
     async def partitioned_names(self, topic: str) -> list[str]:
         """The topics to attach to: the partitions of a partitioned topic, or the topic.
@@ -399,6 +402,7 @@ _PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
     CodecError,
     IncompatibleSchema,
     InvalidArgument,
+    ProducerFenced,
     ProtocolError,  # TlsError among them
     SubscriptionBusy,
     TopicNotFound,

@@ -166,6 +166,7 @@ async def open_producer(
                 producer_name=pname,
                 send_timeout=o.send_timeout,
                 schema_info=schema_info,
+                access_mode=o.access_mode,
             )
             await e.start()
             engines.append(e)

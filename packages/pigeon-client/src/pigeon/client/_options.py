@@ -34,6 +34,9 @@ __all__ = [
     "takes_options",
 ]
 
+#: Pulsar's ProducerAccessMode names, snake_case
+ACCESS_MODES = ("shared", "exclusive", "wait_for_exclusive", "exclusive_with_fencing")
+
 _O = TypeVar("_O")
 _S = TypeVar("_S")
 _R = TypeVar("_R")
@@ -174,8 +177,16 @@ class ProducerOptions:
     #: how values are encoded (pigeon.client.schema); None: values are bytes
     schema: Schema | None = None
 
+    #: Pulsar's ProducerAccessMode: "shared", "exclusive", "wait_for_exclusive" or
+    #: "exclusive_with_fencing" (docs/messaging.md, "Producer access modes")
+    access_mode: str = "shared"
+
     def __post_init__(self) -> None:
         check_schema(self.schema)
+        if self.access_mode not in ACCESS_MODES:
+            raise InvalidArgument(
+                f"access_mode must be one of {', '.join(ACCESS_MODES)}, got {self.access_mode!r}"
+            )
         if self.chunking_enabled and self.batching_enabled:
             raise InvalidArgument(
                 "chunking_enabled needs batching_enabled=False "
@@ -222,6 +233,9 @@ class ConsumerOptions:
     auto_ack_oldest_chunked_message_on_queue_full: bool = False
     expire_time_of_incomplete_chunked_message: float = 60.0
 
+    #: acknowledge returns once the broker stored the ack in the cursor (or raises
+    #: AckNotPersisted); docs/messaging.md, "Acknowledgement receipts"
+    ack_receipt_enabled: bool = False
     #: how values are decoded (pigeon.client.schema); None: ``msg.value`` is the bytes
     schema: Schema | None = None
 

@@ -24,6 +24,13 @@ __all__ = ["ProducerEngine", "SendRequest"]
 
 log = logging.getLogger(__name__)
 
+_ACCESS_MODE_WIRE = {
+    "shared": "shared",
+    "exclusive": "exclusive",
+    "wait_for_exclusive": "waitForExclusive",
+    "exclusive_with_fencing": "exclusiveWithFencing",
+}
+
 
 class ProducerEngine(Reconnecting):
     """Trio half of a producer: moves batches as its :class:`ProducerLink` decides."""
@@ -36,12 +43,17 @@ class ProducerEngine(Reconnecting):
         producer_name: str = "",
         send_timeout: float = 30.0,
         schema_info: dict[str, str] | None = None,
+        access_mode: str = "shared",
     ) -> None:
         self.engine = engine
         #: the producer's schema as the wire carries it (None: bytes)
         self.schema_info = schema_info
         #: its version in the topic's registry (-1: no schema)
         self.schema_version = -1
+        self.access_mode = access_mode
+        #: the topic epoch the broker gave this producer (-1: not attached yet); sent
+        #: back on a re-attach, so a producer fenced meanwhile learns it
+        self.topic_epoch = -1
         self.topic = topic
         self.producer_name = producer_name
         self.send_timeout = send_timeout
@@ -57,8 +69,10 @@ class ProducerEngine(Reconnecting):
         self.max_message_size = 5 * 1024 * 1024
 
     async def start(self) -> None:
+        # wait_for_exclusive: the broker answers once this producer has the topic
+        waits = self.access_mode == "wait_for_exclusive"
         try:
-            await self.engine.attach(self._attach)
+            await self.engine.attach(self._attach, limit=math.inf if waits else None)
         except BaseException:
             conn = self.conn or self.engine._conns.get(self.engine.address)
             if conn is not None and not conn.closed:
@@ -90,16 +104,22 @@ class ProducerEngine(Reconnecting):
                 "producerId": self.producer_id,
                 "topic": full,
                 "producerName": self.producer_name,
+                "accessMode": _ACCESS_MODE_WIRE[self.access_mode],
+                "topicEpoch": self.topic_epoch,
             }
             if self.schema_info is not None:
                 fields["schemaInfo"] = self.schema_info
-            result = await self.engine.request(
-                conn, "createProducer", fields, expect="producerCreated"
-            )
+            if self.access_mode == "wait_for_exclusive":
+                result = await conn.request("createProducer", fields, expect="producerCreated")
+            else:
+                result = await self.engine.request(
+                    conn, "createProducer", fields, expect="producerCreated"
+                )
         except BaseException:
             self.link.attach_failed(epoch)
             raise
         self.producer_name = result["producerName"]
+        self.topic_epoch = result["topicEpoch"]
         self.max_message_size = result["maxMessageSize"]
         self.schema_version = result.get("schemaVersion", -1) if self.schema_info else -1
         if self.last_sequence_id < 0:

@@ -427,13 +427,22 @@ class Consumer(ConsumerFace, _Receiving):
             yield self.receive()
 
     def acknowledge(self, message: Message | MessageId) -> None:
-        """Acknowledge one message (sent to the broker in groups, every 100 ms)."""
-        if self._handle.acknowledge(message_id_of(message)):
+        """Acknowledge one message (sent to the broker in groups, every 100 ms; with
+        ``ack_receipt_enabled``, returns once the broker stored it)."""
+        mid = message_id_of(message)
+        if self._handle.ack_receipts:
+            self._thread.call(self._handle.acknowledge_with_receipt, mid, False)
+        elif self._handle.acknowledge(mid):
             self._thread.soon(self._handle.flush_acks_nowait)
 
     def acknowledge_cumulative(self, message: Message | MessageId) -> None:
         """Acknowledge this message and every earlier one of its partition."""
-        self._handle.acknowledge_cumulative(message_id_of(message))
+        mid = message_id_of(message)
+        if self._handle.ack_receipts:
+            self._handle.check_cumulative()
+            self._thread.call(self._handle.acknowledge_with_receipt, mid, True)
+        else:
+            self._handle.acknowledge_cumulative(mid)
 
     def negative_acknowledge(self, message: Message) -> None:
         """Ask for this message again after ``negative_ack_redelivery_delay`` seconds."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 __all__ = [
+    "AckNotPersisted",
     "AlreadyClosed",
     "AuthenticationError",
     "AuthorizationError",
@@ -53,6 +54,7 @@ __all__ = [
     "PluginError",
     "ProducerBlocked",
     "ProducerBusy",
+    "ProducerFenced",
     "ProducerQueueFull",
     "ProtocolError",
     "ProtocolVersionMismatch",
@@ -257,6 +259,18 @@ class NotOwner(PigeonError, code=306, retriable=True):
 
 class ProducerBusy(PigeonError, code=302, retriable=True):
     """A producer with the same name is already connected to the topic."""
+
+
+class ProducerFenced(PigeonError, code=307):
+    """The producer was fenced off its topic: a producer with access mode
+    ``exclusive_with_fencing`` took the topic (or a newer exclusive producer did, raising
+    the topic epoch past this one's).  It cannot send on; create a new producer."""
+
+
+class AckNotPersisted(PigeonError, code=308, retriable=True):
+    """An acknowledgement sent with ``ack_receipt_enabled`` was not confirmed as stored in
+    the subscription's cursor (the consumer was not connected, the topic moved, or the
+    cursor write failed): the message may be delivered again."""
 
 
 class ConsumerBusy(PigeonError, code=303, retriable=True):

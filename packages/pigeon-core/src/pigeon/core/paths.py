@@ -12,6 +12,8 @@ once.  Values are JSON documents unless said otherwise::
       cursors/<domain>/<tenant>/<namespace>/<topic>/<subscription>
                                                       a durable subscription's cursor
       dedup/<domain>/<tenant>/<namespace>/<topic>     de-duplication snapshot of a topic
+      producer-epochs/<domain>/<tenant>/<namespace>/<topic>
+                                                      ``{"epoch": n}``: exclusive producers
       partitioned-topics/<domain>/<tenant>/<namespace>/<topic>
                                                       ``{"partitions": n}``
       schemas/<tenant>/<namespace>/<topic>            a topic's schema versions (CAS-updated;
@@ -45,6 +47,7 @@ __all__ = [
     "NAMESPACES_PATH",
     "OWNERSHIP_PATH",
     "PARTITIONED_TOPICS_PATH",
+    "PRODUCER_EPOCHS_PATH",
     "ROOT",
     "SEGMENTS_PATH",
     "SCHEMAS_PATH",
@@ -56,6 +59,7 @@ __all__ = [
     "dedup_path",
     "ledger_path",
     "partitioned_topic_path",
+    "producer_epoch_path",
     "schema_path",
     "segment_path",
 ]
@@ -69,6 +73,7 @@ SEGMENTS_PATH = f"{ROOT}/segments"
 SEGMENT_ID_PREFIX = f"{ROOT}/segment-ids/s-"
 CURSORS_PATH = f"{ROOT}/cursors"
 DEDUP_PATH = f"{ROOT}/dedup"
+PRODUCER_EPOCHS_PATH = f"{ROOT}/producer-epochs"
 PARTITIONED_TOPICS_PATH = f"{ROOT}/partitioned-topics"
 TENANTS_PATH = f"{ROOT}/tenants"
 SCHEMAS_PATH = f"{ROOT}/schemas"
@@ -100,6 +105,11 @@ def cursor_path(topic: TopicName, subscription: str) -> str:
 def dedup_path(topic: TopicName) -> str:
     """The de-duplication snapshot of a topic partition."""
     return f"{DEDUP_PATH}/{topic.path}"
+
+
+def producer_epoch_path(topic: TopicName) -> str:
+    """The producer epoch of a topic partition (exclusive access modes): ``{"epoch": n}``."""
+    return f"{PRODUCER_EPOCHS_PATH}/{topic.path}"
 
 
 def partitioned_topic_path(topic: TopicName) -> str:

@@ -90,12 +90,23 @@ struct SchemaInfo {
   definition @1 :Text;          # JSON and AVRO: an Avro record schema (JSON text); else ""
 }
 
+enum ProducerAccessMode {
+  # Pulsar's ProducerAccessMode (docs/messaging.md, "Producer access modes").
+  shared @0;                    # any number of producers
+  exclusive @1;                 # the only producer, or ProducerBusy
+  waitForExclusive @2;          # the answer waits until it is the only producer (FIFO)
+  exclusiveWithFencing @3;      # the only producer; the others are fenced (ProducerFenced)
+}
+
 struct CreateProducer {
   producerId @0 :UInt64;        # chosen by the client, unique per connection
   topic @1 :Text;
   producerName @2 :Text;        # empty: the broker assigns a unique name
-  reservedAccessMode @3 :UInt8; # placeholder: the access-modes item's accessMode
+  accessMode @3 :ProducerAccessMode;
   schemaInfo @4 :SchemaInfo;    # the producer's schema, checked against the topic's registry
+  topicEpoch @5 :Int64 = -1;    # a re-attach: the topicEpoch its last producerCreated gave
+                                # (-1: a new producer). Below the topic's epoch an
+                                # exclusive-mode producer is fenced.
 }
 
 struct ProducerCreated {
@@ -104,6 +115,8 @@ struct ProducerCreated {
   maxMessageSize @2 :UInt32;
   topic @3 :Text;
   schemaVersion @4 :Int64;      # the registry version of the producer's schema; -1: none
+  topicEpoch @5 :Int64;         # the topic's producer epoch (raised by each new exclusive
+                                # producer; persisted with the topic)
 }
 
 struct Send {
@@ -165,6 +178,9 @@ struct MessagePush {
 }
 
 struct Ack {
+  # requestId 0: no answer (grouped acks).  A non-zero requestId (ack_receipt_enabled)
+  # is answered `ok` once the cursor holding these acks is stored in the metadata
+  # store, or `error` (AckNotPersisted) if that cannot be confirmed.
   consumerId @0 :UInt64;
   ackType @1 :AckType;
   positions @2 :List(Position);

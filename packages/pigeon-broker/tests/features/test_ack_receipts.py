@@ -1,0 +1,208 @@
+"""Acknowledgement receipts (``ack_receipt_enabled``): an ack returns once the broker
+stored it in the cursor, and raises AckNotPersisted when that cannot be said.
+
+The broker here persists cursors only when asked (a persist interval of hours), so what
+is in the metadata store after an ``acknowledge`` returned is what the receipt promised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from standalone_support import PREFIX, produce, receive_n
+
+from pigeon.broker._cursor import CursorState
+from pigeon.client import Client as SyncClient
+from pigeon.client.asyncio import Client as AsyncioClient
+from pigeon.client.trio import Client
+from pigeon.core import TopicName
+from pigeon.core.errors import AckNotPersisted, MetadataError, NotSupported
+from pigeon.core.paths import cursor_path
+from pigeon.core.testing import InProcessStandalone, in_process_standalone
+
+SENT = [f"m{i}".encode() for i in range(6)]
+#: cursors are written only by receipts, closes and unloads
+NEVER_MS = 3_600_000
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[InProcessStandalone]:
+    async with in_process_standalone(
+        tmp_path / "pigeon", cursor_persist_interval_ms=NEVER_MS
+    ) as cluster:
+        yield cluster
+
+
+async def stored_cursor(cluster: InProcessStandalone, topic: str) -> CursorState | None:
+    stat = await cluster.service.store.get(cursor_path(TopicName.parse(PREFIX + topic), "s"))
+    return None if stat is None else CursorState.from_json(stat.value)
+
+
+async def acked_offsets(cluster: InProcessStandalone, topic: str) -> list[int]:
+    cursor = await stored_cursor(cluster, topic)
+    return [] if cursor is None else [o for o in range(len(SENT)) if cursor.is_acked(o)]
+
+
+async def test_an_acknowledge_returns_once_the_cursor_is_stored(cluster, autojump_clock):
+    async with Client(cluster.url) as client:
+        consumer = await client.subscribe(
+            "rcpt", "s", initial_position="earliest", ack_receipt_enabled=True
+        )
+        await produce(client, "rcpt", SENT)
+        got = await receive_n(consumer, len(SENT))
+        await consumer.acknowledge(got[1])
+        assert await acked_offsets(cluster, "rcpt") == [1]
+        await consumer.acknowledge_cumulative(got[3])
+        assert await acked_offsets(cluster, "rcpt") == [0, 1, 2, 3]
+        await consumer.close()
+
+
+async def test_without_receipts_an_ack_is_not_stored_yet(cluster, autojump_clock):
+    """What the receipt buys: a plain ack returns before anything is stored."""
+    async with Client(cluster.url) as client:
+        consumer = await client.subscribe("plain", "s", initial_position="earliest")
+        await produce(client, "plain", SENT)
+        got = await receive_n(consumer, len(SENT))
+        # the broker's first cursor write comes at once; the next one an hour later
+        await consumer.acknowledge(got[0])
+        await trio.sleep(1)
+        await consumer.acknowledge(got[1])
+        await trio.sleep(1)  # the grouped ack went out (within 100 ms), unanswered
+        assert 1 not in await acked_offsets(cluster, "plain")
+        await consumer.close()
+
+
+async def test_concurrent_acks_share_one_request(cluster, autojump_clock):
+    async with Client(cluster.url) as client:
+        consumer = await client.subscribe(
+            "group", "s", initial_position="earliest", ack_receipt_enabled=True
+        )
+        await produce(client, "group", SENT)
+        got = await receive_n(consumer, len(SENT))
+        engine = consumer._handle.engines[0]
+        requests = []
+        real_ack = engine.ack
+
+        async def counting_ack(positions: Any, cumulative: bool) -> None:
+            requests.append(len(positions))
+            await real_ack(positions, cumulative)
+
+        engine.ack = counting_ack
+        async with trio.open_nursery() as nursery:
+            for m in got:
+                nursery.start_soon(consumer.acknowledge, m)
+        assert sum(requests) == len(SENT) and len(requests) <= 2, requests
+        assert await acked_offsets(cluster, "group") == list(range(len(SENT)))
+        await consumer.close()
+
+
+async def test_a_cursor_that_cannot_be_stored_fails_the_ack(cluster, autojump_clock):
+    async with Client(cluster.url) as client:
+        consumer = await client.subscribe(
+            "fail", "s", initial_position="earliest", ack_receipt_enabled=True
+        )
+        await produce(client, "fail", SENT)
+        got = await receive_n(consumer, len(SENT))
+        sub = cluster.service.topics[PREFIX + "fail"].subscriptions["s"]
+
+        class FailingStore:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(cluster.service.store, name)
+
+            async def set(self, *args: Any, **kwargs: Any) -> int:
+                raise MetadataError("metadata store unreachable")
+
+            async def create(self, *args: Any, **kwargs: Any) -> str:
+                raise MetadataError("metadata store unreachable")
+
+        sub.store = FailingStore()
+        with pytest.raises(AckNotPersisted, match="could not be stored"):
+            await consumer.acknowledge(got[0])
+        sub.store = cluster.service.store
+        await consumer.acknowledge(got[1])  # the store is back: both are stored now
+        assert await acked_offsets(cluster, "fail") == [0, 1]
+        await consumer.close()
+
+
+async def test_a_disconnected_consumer_gets_no_receipt(cluster, autojump_clock):
+    async with Client(cluster.url) as client:
+        consumer = await client.subscribe(
+            "gone", "s", initial_position="earliest", ack_receipt_enabled=True
+        )
+        await produce(client, "gone", SENT)
+        got = await receive_n(consumer, len(SENT))
+        engine = consumer._handle.engines[0]
+        engine.conn.close()  # the network drops the connection
+        with pytest.raises(AckNotPersisted):
+            await consumer.acknowledge(got[0])
+        again = await receive_n(consumer, len(SENT))  # re-attached: everything comes back
+        assert [m.value for m in again] == SENT
+        await consumer.acknowledge(again[0])
+        assert await acked_offsets(cluster, "gone") == [0]
+        await consumer.close()
+
+
+async def test_cumulative_receipts_keep_the_subscription_type_rule(cluster, autojump_clock):
+    async with Client(cluster.url) as client:
+        consumer = await client.subscribe(
+            "shared", "s", subscription_type="shared", ack_receipt_enabled=True
+        )
+        await produce(client, "shared", SENT[:1])
+        (m,) = await receive_n(consumer, 1)
+        with pytest.raises(NotSupported):
+            await consumer.acknowledge_cumulative(m)
+        await consumer.close()
+
+
+# ------------------------------------------------------------------ sync and asyncio faces
+
+
+def test_sync_and_asyncio_faces_wait_for_the_receipt(admin_standalone):
+    url = admin_standalone.service_url
+    store = admin_standalone.service.store
+
+    def stored(topic: str) -> list[int]:
+        path = cursor_path(TopicName.parse(PREFIX + topic), "s")
+        stat = admin_standalone.call(store.get, path)
+        cursor = CursorState.from_json(stat.value)
+        return [o for o in range(len(SENT)) if cursor.is_acked(o)]
+
+    sync_topic = f"sync-{uuid.uuid4().hex[:8]}"
+    with contextlib.closing(SyncClient(url)) as client:
+        consumer = client.subscribe(
+            sync_topic, "s", initial_position="earliest", ack_receipt_enabled=True
+        )
+        producer = client.create_producer(sync_topic, batching_max_messages=1)
+        for v in SENT[:3]:
+            producer.send(v)
+        got = [consumer.receive(timeout=10) for _ in range(3)]
+        consumer.acknowledge(got[0])
+        consumer.acknowledge_cumulative(got[2])
+        assert stored(sync_topic) == [0, 1, 2]
+        producer.close()
+        consumer.close()
+
+    asyncio_topic = f"asyncio-{uuid.uuid4().hex[:8]}"
+
+    async def scenario() -> None:
+        async with AsyncioClient(url) as client:
+            consumer = await client.subscribe(
+                asyncio_topic, "s", initial_position="earliest", ack_receipt_enabled=True
+            )
+            producer = await client.create_producer(asyncio_topic, batching_max_messages=1)
+            for v in SENT[:3]:
+                await producer.send(v)
+            got = [await consumer.receive(timeout=10) for _ in range(3)]
+            await consumer.acknowledge(got[1])
+            assert await asyncio.to_thread(stored, asyncio_topic) == [1]
+            await producer.close()
+            await consumer.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
