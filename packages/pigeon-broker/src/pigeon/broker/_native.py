@@ -498,6 +498,7 @@ class NativeProtocol:
             b.priority,
             b.durable,
             b.startOffset,
+            b.readCompacted,
         )
         self._spawn(conn, req.request_id, self._subscribe, *args)
 
@@ -515,6 +516,7 @@ class NativeProtocol:
         priority: int,
         durable: bool,
         start_offset: int,
+        read_compacted: bool = False,
     ) -> None:
         with state.open_request("consumer", consumer_id, request_id):
             await self._authorize(
@@ -527,6 +529,7 @@ class NativeProtocol:
                 initial_position,
                 durable=durable,
                 start_offset=start_offset,
+                read_compacted=read_compacted,
                 still_wanted=lambda: state.check_open("consumer", consumer_id, request_id),
                 consumer=lambda: Consumer(
                     conn, consumer_id, consumer_name or f"consumer-{consumer_id}", priority

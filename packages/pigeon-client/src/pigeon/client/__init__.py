@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from pigeon.client._message import Message, MessageId
 from pigeon.client._options import DeadLetterPolicy
-from pigeon.client._sync import Client, Consumer, Producer, Reader
+from pigeon.client._sync import Client, Consumer, Producer, Reader, TableView
 from pigeon.core.auth import AuthenticationTLS, AuthenticationToken
 from pigeon.core.errors import (
     AlreadyClosed,
@@ -54,6 +54,7 @@ __all__ = [
     "Producer",
     "ProducerQueueFull",
     "Reader",
+    "TableView",
     "Timeout",
     "TlsError",
 ]

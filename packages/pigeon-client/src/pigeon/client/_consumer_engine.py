@@ -37,6 +37,7 @@ class SubscribeOptions:
     durable: bool = True
     start_offset: int = -1
     receiver_queue_size: int = 10_000
+    read_compacted: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -147,6 +148,7 @@ class ConsumerEngine(Reconnecting):
                     "priority": o.priority,
                     "durable": o.durable,
                     "startOffset": o.start_offset,
+                    "readCompacted": o.read_compacted,
                 },
                 expect="subscribed",
             )

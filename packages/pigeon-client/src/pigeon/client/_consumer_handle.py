@@ -276,7 +276,7 @@ class ConsumerHandle:
                 return True
         for engine in self.engines:
             info = await engine.last_message_id()
-            last = self.last_received.get(engine, info["markDeleteOffset"] - 1)
+            last = max(self.last_received.get(engine, -1), info["markDeleteOffset"] - 1)
             if info["offset"] > last:
                 return True
         return False
@@ -420,6 +420,7 @@ async def open_consumer(
         durable=durable,
         start_offset=start_offset,
         receiver_queue_size=o.receiver_queue_size,
+        read_compacted=o.read_compacted,
     )
     # validate the type/position before touching the network
     ConsumerEngine.validate(subscribe)
@@ -462,6 +463,7 @@ async def open_reader(
             reader_subscription(),
             initial_position=initial,
             receiver_queue_size=options.receiver_queue_size,
+            read_compacted=options.read_compacted,
         ),
         codecs=codecs,
         face=face,

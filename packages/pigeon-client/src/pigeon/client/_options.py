@@ -135,6 +135,14 @@ class ConsumerOptions:
     negative_ack_redelivery_delay: float = 1.0
     dead_letter_policy: DeadLetterPolicy | None = None
     pattern_auto_discovery_period: float = 60.0
+    read_compacted: bool = False
+
+    def __post_init__(self) -> None:
+        if self.read_compacted and self.subscription_type in ("shared", "key_shared"):
+            raise InvalidArgument(
+                "read_compacted is only allowed on exclusive and failover subscriptions,"
+                f" not {self.subscription_type}"
+            )
 
 
 @dataclass(frozen=True)
@@ -149,6 +157,7 @@ class ReaderOptions:
     _: KW_ONLY
     start_message_id_inclusive: bool = False
     receiver_queue_size: int = 10_000
+    read_compacted: bool = False
 
     def __post_init__(self) -> None:
         self.start_position()

@@ -126,6 +126,8 @@ struct Subscribe {
   priority @6 :Int32;
   durable @7 :Bool;             # false for readers: the cursor is not persisted
   startOffset @8 :Int64;        # non-durable cursors: first offset to read, -1 = initialPosition
+  reserved9 @9 :Void;           # taken by the schemas item of issue 17 (Subscribe.schema)
+  readCompacted @10 :Bool;      # the compacted view up to the horizon, then the log after it
 }
 
 struct Subscribed {
