@@ -37,14 +37,13 @@ from pigeon.broker._ledger_state import (
     SegmentInfo,
     log,
 )
-from pigeon.broker._ledger_writes import LedgerWrites
 from pigeon.core.errors import CorruptEntry, PigeonError, ServiceUnavailable
 from pigeon.core.paths import cursors_path, segment_path
 
 __all__ = ["DamagedRun", "Entry", "LedgerConfig", "ManagedLedger", "Position", "SegmentInfo"]
 
 
-class ManagedLedger(LedgerWrites, LedgerCompaction):
+class ManagedLedger(LedgerCompaction):
     """One persistent topic partition: opened (recovering what a previous owner left
     open), written (``LedgerWrites``), read (``LedgerReads``), trimmed and closed."""
 
@@ -265,6 +264,11 @@ class ManagedLedger(LedgerWrites, LedgerCompaction):
         if index + 1 < len(self.segments):
             return self.segments[index + 1].first_offset
         return self.next_offset
+
+    def bytes_since_compaction(self) -> int:
+        """Stored bytes after the compaction horizon (all before the first compaction)."""
+        c = self.compacted
+        return self.bytes_after(c.horizon if c is not None else self.first_offset)
 
     def bytes_after(self, offset: int) -> int:
         """Stored bytes from ``offset`` on (whole segments, pro rata inside one)."""

@@ -46,6 +46,7 @@ import trio
 
 from pigeon.broker._ledger_offload import LedgerOffload
 from pigeon.broker._ledger_state import Entry, Position, log
+from pigeon.broker._ledger_writes import LedgerWrites
 from pigeon.core.batch import ENTRY_HEADER_SIZE, decode_batch, unpack_entry_header
 from pigeon.core.errors import CorruptEntry, NotOwner, PigeonError, ServiceUnavailable
 from pigeon.core.paths import SEGMENT_ID_PREFIX, segment_path
@@ -166,12 +167,12 @@ def _messages(data: bytes | memoryview, codecs: Any) -> tuple[list[bytes | None]
     """Keys and value sizes of an entry's messages."""
     batch = decode_batch(memoryview(data)[ENTRY_HEADER_SIZE:], codecs)
     n = batch.num_messages
-    keys = batch.keys() if batch.has_keys else [None] * n
+    keys: list[bytes | None] = batch.keys() if batch.has_keys else [None] * n
     offsets = batch.values_offsets
     return keys, [offsets[i + 1] - offsets[i] for i in range(n)]
 
 
-class LedgerCompaction(LedgerOffload):
+class LedgerCompaction(LedgerWrites, LedgerOffload):
     """Compacting a ledger into a compacted ledger (see module doc)."""
 
     def _load_compaction(self, doc: dict[str, Any]) -> None:
@@ -183,11 +184,6 @@ class LedgerCompaction(LedgerOffload):
     @property
     def compacting(self) -> bool:
         return self._compacting
-
-    def bytes_since_compaction(self) -> int:
-        """Stored bytes after the horizon (all of them before the first compaction)."""
-        c = self.compacted
-        return self.bytes_after(c.horizon if c is not None else self.first_offset)
 
     # ------------------------------------------------------------------ reads
 
@@ -301,7 +297,7 @@ class LedgerCompaction(LedgerOffload):
     async def _compact(self, codecs: Any) -> CompactedLedger | None:
         # everything acknowledged before this point is below the horizon
         horizon = self.stored_offset
-        previous = self.compacted
+        previous: CompactedLedger | None = self.compacted
         if previous is not None and previous.horizon >= horizon:
             return previous
         started = time.perf_counter()
@@ -432,7 +428,9 @@ class LedgerCompaction(LedgerOffload):
         with contextlib.suppress(PigeonError):
             await self.store.delete(segment_path(ledger_id))
         client = getattr(self.policy, "client", None)
-        for address in ensemble if client is not None else []:
+        if client is None:
+            return
+        for address in ensemble:
             try:
                 await client.delete_segment(address, ledger_id)
             except (PigeonError, OSError) as exc:

@@ -127,6 +127,9 @@ class Subscription:
         self.read_compacted = False
         #: while reading the compacted ledger: (its id, next entry id)
         self._compacted_from: tuple[int, int] | None = None
+        #: the offset asked for when the cursor was created here (None: it was loaded);
+        #: a read_compacted consumer starts there even if the log was trimmed past it
+        self.requested_start: int | None = None
 
     # ------------------------------------------------------------------ dispatch state
 
@@ -228,6 +231,12 @@ class Subscription:
         if not self.read_compacted:
             self.read_compacted = True
             if self._read_offset is None and not self.pending:
+                c = getattr(self.ledger, "compacted", None)
+                wanted = self.requested_start
+                if c is not None and wanted is not None and wanted < self.cursor.mark_delete:
+                    # a new cursor from before the log's (trimmed) start: the compacted
+                    # view still holds what was there
+                    self.cursor.reset(min(wanted, c.horizon))
                 self._start_compacted()
                 self.wake()
 
@@ -394,11 +403,13 @@ class Subscription:
             return False
         self._read_ok()
         if not items:
-            if c.horizon > start:
-                self.cursor.ack_range(start, c.horizon)
+            # the log goes on at the horizon (or where it starts, if trimmed past it)
+            end = max(c.horizon, self.ledger.first_offset)
+            if end > start:
+                self.cursor.ack_range(start, end)
             self._dirty = True
-            self._read_offset = c.horizon
-            self.read_position = await self.ledger.position_for_offset(c.horizon)
+            self._read_offset = end
+            self.read_position = await self.ledger.position_for_offset(end)
             self._compacted_from = None
             return True
         entries: list[Entry] = []

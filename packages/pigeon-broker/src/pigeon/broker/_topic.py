@@ -570,7 +570,15 @@ class Topic:
             if stat is not None:
                 cursor = CursorState.from_json(stat.value)
         created = cursor is None
+        requested: int | None = None
         if cursor is None:
+            requested = (
+                start_offset
+                if start_offset >= 0
+                else 0
+                if initial_position == "earliest"
+                else self.ledger.next_offset
+            )
             if start_offset >= 0:
                 start = max(start_offset, self.ledger.first_offset)
             elif initial_position == "earliest":
@@ -590,6 +598,7 @@ class Topic:
             codecs=self.service.codecs,
             corrupt_entry_policy=self.corrupt_entry_policy,
         )
+        sub.requested_start = requested
         sub.read_position = await self.ledger.position_for_offset(cursor.mark_delete)
         self._check_loaded()  # an unload meanwhile has closed every subscription it saw
         self.subscriptions[name] = sub
