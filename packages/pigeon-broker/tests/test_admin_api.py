@@ -74,6 +74,7 @@ def test_openapi_document_lists_every_endpoint(admin_standalone: AdminStandalone
         t + "/internal-stats": "GET",
         t + "/unload": "POST",
         t + "/offload": "GET PUT",
+        t + "/compaction": "GET PUT",
         t + "/subscriptions": "GET",
         s: "PUT GET DELETE",
         s + "/reset-cursor": "POST",

@@ -46,7 +46,7 @@ def seeded(admin_standalone: AdminStandalone) -> AdminStandalone:
 
 
 def test_the_document_has_every_operation() -> None:
-    assert len(OPERATIONS) == 51
+    assert len(OPERATIONS) == 53
 
 
 #: Bodies with cross-field rules JSON Schema cannot state (ensemble_size >= write_quorum >=

@@ -70,6 +70,7 @@ from pigeon.broker._admin_models import (
     BrokerInfo,
     BrokerLoad,
     Bundle,
+    CompactionStatus,
     CursorPosition,
     Domain,
     Force,
@@ -514,6 +515,21 @@ def _topic_routes(api: APIRouter, app: FastAPI) -> None:
     ) -> Any:
         """How the last offload went and where the topic's segments live."""
         return await ops.offload_status(service, name_of(domain, tenant, namespace, topic))
+
+    @api.put(t_path + "/compaction", response_model=CompactionStatus, status_code=202, tags=tags)
+    async def compact_topic(
+        domain: Domain, tenant: NamePart, namespace: NamePart, topic: NamePart
+    ) -> Any:
+        """Compact the topic in the background (poll with GET): the latest message of
+        every key, read with ``read_compacted``."""
+        return await ops.compact_topic(service, name_of(domain, tenant, namespace, topic))
+
+    @api.get(t_path + "/compaction", response_model=CompactionStatus, tags=tags)
+    async def compaction_status(
+        domain: Domain, tenant: NamePart, namespace: NamePart, topic: NamePart
+    ) -> Any:
+        """How the last compaction went, the compacted ledger and its horizon."""
+        return await ops.compaction_status(service, name_of(domain, tenant, namespace, topic))
 
     @api.post(t_path + "/unload", response_model=Unloaded, tags=tags)
     async def unload_topic(

@@ -72,6 +72,8 @@ def _rules() -> dict[tuple[str, str], tuple[Kind, str]]:
         ("POST", _T + "/unload"): ("tenant", "unload topics"),
         ("PUT", _T + "/offload"): ("tenant", "offload topics"),
         ("GET", _T + "/offload"): ("tenant", "read topic stats"),
+        ("PUT", _T + "/compaction"): ("tenant", "compact topics"),
+        ("GET", _T + "/compaction"): ("tenant", "read topic stats"),
         ("GET", _T + "/subscriptions"): ("tenant", "list subscriptions"),
         ("PUT", _S): ("tenant", "create subscriptions"),
         ("GET", _S): ("tenant", "read subscriptions"),

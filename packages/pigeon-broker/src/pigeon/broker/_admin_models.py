@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 __all__ = [
+    "CompactionStatus",
     "OffloadDamage",
     "OffloadStatus",
     "Bookie",
@@ -204,6 +205,9 @@ class Policies(BaseModel):
     schema_validation_enforced: bool = Field(
         False, description="A producer without a schema is refused on a topic with one."
     )
+    compaction_threshold: int = Field(
+        0, description="Compact topics with more bytes than this since the last compaction; 0 off."
+    )
 
 
 class PoliciesChange(BaseModel):
@@ -242,6 +246,7 @@ class PoliciesChange(BaseModel):
     schema_compatibility_strategy: CompatibilityStrategy | SkipJsonSchema[None] = None
     is_allow_auto_update_schema: bool | SkipJsonSchema[None] = None
     schema_validation_enforced: bool | SkipJsonSchema[None] = None
+    compaction_threshold: Annotated[int, Field(ge=0, le=MAX_INT)] | SkipJsonSchema[None] = None
 
     def changes(self) -> dict[str, Any]:
         nullable = {
@@ -369,6 +374,12 @@ class InternalStats(BaseModel):
     segments: list[Segment]
     cursors: dict[str, CursorInternal]
     cache: CacheStats | None
+    compacted_ledger: dict[str, Any] | None = Field(
+        None, description="The compacted ledger (id, horizon, entries, ...); null: none."
+    )
+    compaction_horizon: int | None = Field(
+        None, description="Offsets below it are in the compacted view."
+    )
 
 
 class ResetCursor(BaseModel):
@@ -469,6 +480,15 @@ class OffloadDamage(BaseModel):
     error: str = Field(description="Why the segment could not be read whole.")
     attempts: int = Field(description="Offloads tried since it was found damaged.")
     retry_in_s: float = Field(description="Seconds until it is tried again (backoff).")
+
+
+class CompactionStatus(BaseModel):
+    """How the last compaction of a topic went (Pulsar's LongRunningProcessStatus)."""
+
+    status: Literal["NOT_RUN", "RUNNING", "SUCCESS", "ERROR"]
+    last_error: str = Field("", description="Why the last run failed (ERROR).")
+    compacted_ledger: int | None = Field(None, description="Id of the compacted ledger.")
+    horizon: int | None = Field(None, description="Offsets below it are compacted.")
 
 
 class OffloadStatus(BaseModel):

@@ -37,6 +37,8 @@ from pigeon.broker._admin_subscriptions import (
     subscription_stats,
 )
 from pigeon.broker._admin_topics import (
+    compact_topic,
+    compaction_status,
     create_namespace,
     create_tenant,
     create_topic,
@@ -64,6 +66,8 @@ from pigeon.broker._lifecycle import (
 )
 
 __all__ = [
+    "compact_topic",
+    "compaction_status",
     "FULL_BUNDLE",
     "MAX_PEEK",
     "POSITIONS",

@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "check_subscription_name",
+    "compact_topic",
+    "compaction_status",
     "create_namespace",
     "create_tenant",
     "update_tenant",
@@ -343,6 +345,36 @@ async def offload_topic(
 async def offload_status(service: BrokerService, name: TopicName) -> dict[str, Any]:
     """Where the topic's segments live and how the last offload went."""
     return offload_status_of(await _offloadable(service, name, start=False))
+
+
+async def compact_topic(service: BrokerService, name: TopicName) -> dict[str, Any]:
+    """Start compacting the topic in the background (Pulsar's ``topics compact``)."""
+    if await service.partitions_of(name):
+        raise NotSupported(f"{name} is partitioned: ask for one partition ({name}-partition-<i>)")
+    topic = await open_existing_topic(service, name)
+    if not topic.persistent:
+        raise NotConfigured(f"{name} is not persistent: nothing to compact")
+    topic.start_compaction()
+    return compaction_status_of(topic)
+
+
+async def compaction_status(service: BrokerService, name: TopicName) -> dict[str, Any]:
+    """How the topic's last compaction went (Pulsar's ``topics compaction-status``)."""
+    if await service.partitions_of(name):
+        raise NotSupported(f"{name} is partitioned: ask for one partition ({name}-partition-<i>)")
+    return compaction_status_of(await open_existing_topic(service, name))
+
+
+def compaction_status_of(topic: Any) -> dict[str, Any]:
+    ledger = getattr(topic, "ledger", None)
+    if ledger is None:
+        return {"status": "NOT_RUN", "last_error": ""}
+    c = ledger.compacted
+    return {
+        **ledger.compaction_status,
+        "compacted_ledger": c.id if c is not None else None,
+        "horizon": c.horizon if c is not None else None,
+    }
 
 
 async def _offloadable(service: BrokerService, name: TopicName, *, start: bool) -> Any:

@@ -15,7 +15,8 @@ find the last entry), closes it, and appends to a fresh one (BookKeeper's rule).
 ``ManagedLedger`` is put together from three modules: ``_ledger_state`` (the segments,
 their metadata document, positions), ``_ledger_writes`` (appends, rollover, fencing) and
 ``_ledger_reads`` (reads, damaged runs, seeks, offloaded segments), ``_ledger_offload``
-(tiered storage); this one opens, trims and closes it.
+(tiered storage), ``_ledger_compaction`` (the compacted ledger); this one opens,
+trims and closes it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 
 import trio
 
-from pigeon.broker._ledger_offload import LedgerOffload
+from pigeon.broker._ledger_compaction import LedgerCompaction
 from pigeon.broker._ledger_state import (
     DamagedRun,
     Entry,
@@ -36,14 +37,13 @@ from pigeon.broker._ledger_state import (
     SegmentInfo,
     log,
 )
-from pigeon.broker._ledger_writes import LedgerWrites
 from pigeon.core.errors import CorruptEntry, PigeonError, ServiceUnavailable
 from pigeon.core.paths import cursors_path, segment_path
 
 __all__ = ["DamagedRun", "Entry", "LedgerConfig", "ManagedLedger", "Position", "SegmentInfo"]
 
 
-class ManagedLedger(LedgerWrites, LedgerOffload):
+class ManagedLedger(LedgerCompaction):
     """One persistent topic partition: opened (recovering what a previous owner left
     open), written (``LedgerWrites``), read (``LedgerReads``), trimmed and closed."""
 
@@ -61,6 +61,7 @@ class ManagedLedger(LedgerWrites, LedgerOffload):
             self._version = stat.version
             self.segments = [SegmentInfo.from_doc(s) for s in doc.get("segments", [])]
             recorded_offset = int(doc.get("next_offset", 0))
+            self._load_compaction(doc)
         self._reindex()
         # Recover segments left open by a previous owner (crash): fence, find the end.
         changed = False
@@ -247,6 +248,8 @@ class ManagedLedger(LedgerWrites, LedgerOffload):
                 }
                 for s in self.segments
             ],
+            "compacted_ledger": self.compacted.to_doc() if self.compacted is not None else None,
+            "compaction_horizon": self.compacted.horizon if self.compacted is not None else None,
             "cache": {
                 "hits": self.cache.hits,
                 "misses": self.cache.misses,
@@ -261,6 +264,11 @@ class ManagedLedger(LedgerWrites, LedgerOffload):
         if index + 1 < len(self.segments):
             return self.segments[index + 1].first_offset
         return self.next_offset
+
+    def bytes_since_compaction(self) -> int:
+        """Stored bytes after the compaction horizon (all before the first compaction)."""
+        c = self.compacted
+        return self.bytes_after(c.horizon if c is not None else self.first_offset)
 
     def bytes_after(self, offset: int) -> int:
         """Stored bytes from ``offset`` on (whole segments, pro rata inside one)."""

@@ -259,15 +259,28 @@ class LedgerState:
         # and the runs they form: see "Damaged entries" in skip_damaged.
         self._damaged: dict[int, RangeSet] = {}
         self._damaged_runs: list[DamagedRun] = []
+        #: topic compaction (see ``_ledger_compaction``): the compacted ledger recorded
+        #: in the metadata (None: never compacted), the id of one being written and not
+        #: recorded yet (deleted if it never is), the last run's status
+        self.compacted: Any = None
+        self.compaction_pending: int | None = None
+        self.compaction_status: dict[str, Any] = {"status": "NOT_RUN", "last_error": ""}
+        self._compacting = False
 
     # ------------------------------------------------------------------ metadata
 
     def _doc(self) -> bytes:
         # next_offset: where the offsets went up to, should the end of the log be found
         # damaged when the ledger is opened again (see _open_tail)
-        return json.dumps(
-            {"segments": [s.to_doc() for s in self.segments], "next_offset": self.next_offset}
-        ).encode()
+        doc: dict[str, Any] = {
+            "segments": [s.to_doc() for s in self.segments],
+            "next_offset": self.next_offset,
+        }
+        if self.compacted is not None:
+            doc["compacted"] = self.compacted.to_doc()
+        if self.compaction_pending is not None:
+            doc["compaction_pending"] = self.compaction_pending
+        return json.dumps(doc).encode()
 
     async def _save(self) -> None:
         """Write the ledger's metadata (compare-and-set).

@@ -202,13 +202,19 @@ async def _delete_one(service: BrokerService, name: TopicName, *, force: bool) -
 async def _delete_data(service: BrokerService, name: TopicName) -> None:
     store = service.store
     stat = await store.get(ledger_path(name))
-    docs = json.loads(stat.value).get("segments", []) if stat else []
-    segments = [SegmentInfo.from_doc(s) for s in docs]
+    doc = json.loads(stat.value) if stat else {}
+    segments = [SegmentInfo.from_doc(s) for s in doc.get("segments", [])]
     await ignore_missing(store.delete(cursors_path(name), recursive=True))
     await ignore_missing(store.delete(dedup_path(name)))
     await ignore_missing(store.delete(producer_epoch_path(name)))
     for seg in segments:
         await ignore_missing(store.delete(segment_path(seg.id)))
+    # the compacted ledger and one written and not recorded: their nodes go, the
+    # bookies' GC removes their copies
+    compacted = (doc.get("compacted") or {}).get("id")
+    for ledger_id in (compacted, doc.get("compaction_pending")):
+        if ledger_id is not None:
+            await ignore_missing(store.delete(segment_path(int(ledger_id))))
     # the offloaded objects before the ledger (a crash in between leaves none behind)...
     await _delete_offloaded(service, [loc for seg in segments for loc in seg.offloaded_objects()])
     if stat is not None:

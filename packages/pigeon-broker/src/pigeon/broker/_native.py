@@ -554,6 +554,7 @@ class NativeProtocol:
             b.durable,
             b.startOffset,
             schema_of(b.schemaInfo),
+            b.readCompacted,
         )
         self._spawn(conn, req.request_id, self._subscribe, *args)
 
@@ -572,6 +573,7 @@ class NativeProtocol:
         durable: bool,
         start_offset: int,
         schema: SchemaData | None,
+        read_compacted: bool = False,
     ) -> None:
         with state.open_request("consumer", consumer_id, request_id):
             await self._authorize(
@@ -585,6 +587,7 @@ class NativeProtocol:
                 initial_position,
                 durable=durable,
                 start_offset=start_offset,
+                read_compacted=read_compacted,
                 still_wanted=lambda: state.check_open("consumer", consumer_id, request_id),
                 consumer=lambda: Consumer(
                     conn, consumer_id, consumer_name or f"consumer-{consumer_id}", priority

@@ -76,6 +76,9 @@ class NamespacePolicies:
     offload_threshold_bytes: int = -1
     #: bookie copies of an offloaded segment are deleted this long after its offload
     offload_deletion_lag_s: float = 4 * 3600.0
+    #: topic compaction: compact when more than this many bytes were stored since the
+    #: last compaction (checked periodically); 0: off (Pulsar's ``compaction_threshold``)
+    compaction_threshold: int = 0
     #: role -> actions on every topic of the namespace (``grant-permission``)
     permissions: dict[str, list[str]] = field(default_factory=dict)
     #: topic (local name, partitioned topics by their base name) -> role -> actions
@@ -102,6 +105,8 @@ class NamespacePolicies:
             raise InvalidArgument("offload_threshold_bytes must be -1 (off) or >= 0")
         if self.offload_deletion_lag_s < 0:
             raise InvalidArgument("offload_deletion_lag_s must be >= 0")
+        if self.compaction_threshold < 0:
+            raise InvalidArgument("compaction_threshold must be 0 (off) or positive")
         if self.message_ttl_s < 0:
             raise InvalidArgument("message_ttl_s must be 0 (off) or positive")
         q = (self.ensemble_size, self.write_quorum, self.ack_quorum)

@@ -533,10 +533,20 @@ class BrokerService:
         start_offset: int,
         still_wanted: Callable[[], None],
         consumer: Callable[[], Consumer],
+        read_compacted: bool = False,
     ) -> tuple[Consumer, Any, Any]:
         """Attach a consumer (built by ``consumer()``) to the subscription, opened on first
-        use; returns (consumer, subscription, topic)."""
+        use; returns (consumer, subscription, topic).  ``read_compacted``: the consumer
+        reads the compacted view first (exclusive and failover subscriptions and readers
+        of persistent topics only, as Pulsar)."""
+        if read_compacted and sub_type in ("shared", "key_shared"):
+            raise InvalidArgument(
+                f"read_compacted is only allowed on exclusive and failover subscriptions"
+                f" (and readers), not {sub_type}"
+            )
         topic = await self.get_topic(name)
+        if read_compacted and not topic.persistent:
+            raise InvalidArgument(f"read_compacted needs a persistent topic, {name} is not")
         sub = await topic.subscription(
             sub_name, sub_type, initial_position, durable=durable, start_offset=start_offset
         )
@@ -546,6 +556,8 @@ class BrokerService:
             raise NotOwner(f"{name} was unloaded here while subscribing; look it up again")
         still_wanted()
         attached = consumer()
+        if read_compacted:
+            sub.enable_read_compacted()
         sub.add_consumer(attached, sub_type)
         return attached, sub, topic
 

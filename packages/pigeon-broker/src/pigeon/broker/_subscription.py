@@ -127,6 +127,13 @@ class Subscription:
         self._read_offset: int | None = None  # end offset of the last entry read in order
         self._blocked_until = 0.0  # no read before this trio time (backoff)
         self._retry_delay = 0.0
+        #: read_compacted: the compacted view up to the horizon, then the log after it
+        self.read_compacted = False
+        #: while reading the compacted ledger: (its id, next entry id)
+        self._compacted_from: tuple[int, int] | None = None
+        #: the offset asked for when the cursor was created here (None: it was loaded);
+        #: a read_compacted consumer starts there even if the log was trimmed past it
+        self.requested_start: int | None = None
 
     # ------------------------------------------------------------------ dispatch state
 
@@ -223,9 +230,32 @@ class Subscription:
             self.read_position = npos
         self._reset_dispatch()
 
+    def enable_read_compacted(self) -> None:
+        """A consumer with ``read_compacted`` attached: read the compacted view first
+        (unless this subscription has read in order already)."""
+        if not self.read_compacted:
+            self.read_compacted = True
+            if self._read_offset is None and not self.pending:
+                c = getattr(self.ledger, "compacted", None)
+                wanted = self.requested_start
+                if c is not None and wanted is not None and wanted < self.cursor.mark_delete:
+                    # a new cursor from before the log's (trimmed) start: the compacted
+                    # view still holds what was there
+                    self.cursor.reset(min(wanted, c.horizon))
+                self._start_compacted()
+                self.wake()
+
+    def _start_compacted(self) -> None:
+        c = getattr(self.ledger, "compacted", None)
+        if self.read_compacted and c is not None and self.cursor.mark_delete < c.horizon:
+            self._compacted_from = (c.id, 0)
+        else:
+            self._compacted_from = None
+
     def _reset_dispatch(self) -> None:
         self.dispatcher.reset()
         self._read_offset = None
+        self._start_compacted()
         self._unblock()
         self._dirty = True
         self.wake()
@@ -330,7 +360,7 @@ class Subscription:
     def _has_work(self) -> bool:
         if not self.dispatcher.ready() or self._blocked():
             return False
-        if self.dispatcher.has_redeliveries:
+        if self.dispatcher.has_redeliveries or self._compacted_from is not None:
             return True
         return (
             self.read_position is not None and self.ledger.normalize(self.read_position) is not None
@@ -341,6 +371,8 @@ class Subscription:
             return False
         if self.dispatcher.has_redeliveries:
             return await self._redeliver_some()
+        if self._compacted_from is not None:
+            return await self._dispatch_compacted()
         pos = self.read_position
         if pos is None:
             return False
@@ -370,6 +402,62 @@ class Subscription:
         last = entries[-1]
         self.read_position = self.ledger.next_position(last.position)
         self._read_offset = last.first_offset + last.num_messages
+        self._deliver(entries)
+        return True
+
+    async def _dispatch_compacted(self) -> bool:
+        """read_compacted: deliver the next entries of the compacted ledger.
+
+        The offsets the compacted view leaves out (older messages of a key, tombstones,
+        messages without a key) are acknowledged on the way, as a subscription reading
+        the compacted view never gets them; after the last compacted entry the log is
+        read from the horizon on.
+        """
+        assert self._compacted_from is not None
+        c = self.ledger.compacted
+        start = self._read_offset if self._read_offset is not None else self.cursor.mark_delete
+        if c is None or start >= c.horizon:
+            self._compacted_from = None
+            if c is not None:
+                self.read_position = await self.ledger.position_for_offset(start)
+            return True
+        ledger_id, entry_id = self._compacted_from
+        if ledger_id != c.id:  # compacted again meanwhile: the new one holds the view
+            entry_id = 0
+        try:
+            items = await self.ledger.read_compacted(c, entry_id, _READ_MAX_ENTRIES)
+        except PigeonError as exc:
+            self._read_failed(self.read_position or (c.id, entry_id), exc)
+            return False
+        self._read_ok()
+        if not items:
+            # the log goes on at the horizon (or where it starts, if trimmed past it)
+            end = max(c.horizon, self.ledger.first_offset)
+            if end > start:
+                self.cursor.ack_range(start, end)
+            self._dirty = True
+            self._read_offset = end
+            self.read_position = await self.ledger.position_for_offset(end)
+            self._compacted_from = None
+            return True
+        entries: list[Entry] = []
+        for item in items:
+            entry = item.entry
+            kept = [entry.first_offset + i for i in item.kept]
+            if not kept or kept[-1] < start:
+                continue
+            for offset in kept:
+                if offset > start:
+                    self.cursor.ack_range(start, offset)
+                start = max(start, offset + 1)
+            end = entry.first_offset + entry.num_messages
+            if end > start:
+                self.cursor.ack_range(start, end)
+            start = max(start, end)
+            entries.append(entry)
+        self._dirty = True
+        self._read_offset = start
+        self._compacted_from = (c.id, items[-1].entry_id + 1)
         self._deliver(entries)
         return True
 

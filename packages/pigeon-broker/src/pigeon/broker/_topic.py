@@ -42,10 +42,12 @@ if TYPE_CHECKING:
     from pigeon.broker._service import BrokerService
     from pigeon.core.rpc import Connection
 
-__all__ = ["Producer", "Topic", "drop_reader"]
+__all__ = ["COMPACTION_SUBSCRIPTION", "Producer", "Topic", "drop_reader"]
 
 log = logging.getLogger(__name__)
 
+#: the durable subscription that holds a compacted topic's log from its horizon on
+COMPACTION_SUBSCRIPTION = "__compaction"
 DEDUP_SNAPSHOT_ENTRIES = 100
 #: how long closing subscriptions may take before the topic goes on regardless
 CLOSE_TIMEOUT = 5.0
@@ -230,6 +232,13 @@ class Topic:
                 await offloader.delete(location)
             except PigeonError as exc:
                 log.warning("offloaded delete failed location=%s error=%s", location, exc)
+        if not self.ledger.compacting:
+            if self.ledger.compaction_pending is not None:
+                with contextlib.suppress(PigeonError):  # tried again next time
+                    await self.ledger.drop_pending_compaction()
+            threshold_bytes = policies.compaction_threshold
+            if threshold_bytes > 0 and self.ledger.bytes_since_compaction() > threshold_bytes:
+                self.start_compaction()
         if offloader is not None and self.ledger.offloader is not None:
             threshold = policies.offload_threshold_bytes
             if (
@@ -244,6 +253,30 @@ class Topic:
                     s.id: sorted({b for b in s.ensemble + s.initial_ensemble}) for s in released
                 }
                 await self._delete_segments([s.id for s in released])
+
+    async def compact(self) -> None:
+        """Compact the topic (see ``_ledger_compaction``): a durable ``__compaction``
+        subscription holds the log from where the last compaction stopped, so nothing
+        not yet compacted is trimmed; it moves to the new horizon once that is recorded."""
+        if self.ledger.compacting:
+            return
+        try:
+            sub = await self.subscription(
+                COMPACTION_SUBSCRIPTION, "exclusive", "earliest", durable=True, start_offset=-1
+            )
+            compacted = await self.ledger.compact(self.service.codecs)
+            if compacted is not None and sub.cursor.mark_delete < compacted.horizon:
+                sub.expire_before(compacted.horizon)
+                await sub.persist()
+        except PigeonError as exc:  # ownership lost or closed: the next owner compacts
+            self.ledger.compaction_status = {"status": "ERROR", "last_error": str(exc)}
+            log.info("compaction stopped topic=%s error=%s", self.name, exc)
+
+    def start_compaction(self) -> None:
+        """Compact in the background (a run already going on is not doubled)."""
+        if not self.ledger.compacting:
+            self.ledger.compaction_status = {"status": "RUNNING", "last_error": ""}
+            self.service.nursery.start_soon(self.compact)
 
     async def offload_in_background(self, threshold: int, *, retry_damaged: bool = False) -> None:
         try:
@@ -541,7 +574,15 @@ class Topic:
             if stat is not None:
                 cursor = CursorState.from_json(stat.value)
         created = cursor is None
+        requested: int | None = None
         if cursor is None:
+            requested = (
+                start_offset
+                if start_offset >= 0
+                else 0
+                if initial_position == "earliest"
+                else self.ledger.next_offset
+            )
             if start_offset >= 0:
                 start = max(start_offset, self.ledger.first_offset)
             elif initial_position == "earliest":
@@ -561,6 +602,7 @@ class Topic:
             codecs=self.service.codecs,
             corrupt_entry_policy=self.corrupt_entry_policy,
         )
+        sub.requested_start = requested
         sub.read_position = await self.ledger.position_for_offset(cursor.mark_delete)
         self._check_loaded()  # an unload meanwhile has closed every subscription it saw
         self.subscriptions[name] = sub
@@ -615,6 +657,13 @@ class Topic:
     def last_message_id(self, sub: Any) -> tuple[Position, int, int]:
         """(position of the last entry, last offset, ``sub``'s mark-delete offset)."""
         ledger = self.ledger
+        c = ledger.compacted
+        compacted_only = c is not None and ledger.next_offset <= c.horizon
+        if getattr(sub, "read_compacted", False) and c is not None and compacted_only:
+            # nothing after the horizon: the last message this reader can get is the
+            # compacted view's last (the log's may be a tombstone or an older version)
+            seg, entry, _index, offset = c.last_message
+            return (seg, entry), offset, sub.cursor.mark_delete
         return ledger.last_position, ledger.next_offset - 1, sub.cursor.mark_delete
 
     def stats(self) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from pigeon.client._message import ChunkMessageId, Message, MessageId
 from pigeon.client._options import DeadLetterPolicy, MultiplierRedeliveryBackoff
-from pigeon.client._sync import Client, Consumer, Producer, Reader
+from pigeon.client._sync import Client, Consumer, Producer, Reader, TableView
 from pigeon.core.auth import AuthenticationTLS, AuthenticationToken
 from pigeon.core.errors import (
     AlreadyClosed,
@@ -61,6 +61,7 @@ __all__ = [
     "ProducerQueueFull",
     "Reader",
     "SchemaSerializationError",
+    "TableView",
     "Timeout",
     "TlsError",
 ]

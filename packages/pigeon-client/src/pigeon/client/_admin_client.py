@@ -262,6 +262,13 @@ class AdminClient:
     def offload_status(self, topic: str) -> dict[str, Any]:
         return self.request("GET", topic_path(topic) + "/offload")  # type: ignore[no-any-return]
 
+    def compact(self, topic: str) -> dict[str, Any]:
+        """Start compacting TOPIC (the latest message of every key)."""
+        return self.request("PUT", topic_path(topic) + "/compaction")  # type: ignore[no-any-return]
+
+    def compaction_status(self, topic: str) -> dict[str, Any]:
+        return self.request("GET", topic_path(topic) + "/compaction")  # type: ignore[no-any-return]
+
     def unload_topic(self, topic: str) -> list[str]:
         return self.request("POST", topic_path(topic) + "/unload")["unloaded"]  # type: ignore[no-any-return]
 

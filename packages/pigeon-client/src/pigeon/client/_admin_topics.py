@@ -352,6 +352,36 @@ def _offload_status_text(status: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+@topics_cmd.command("compact")
+@click.argument("topic")
+@cli.json_flag
+def topics_compact(topic: str) -> None:
+    """Compact TOPIC: keep the latest message of every key (read with read_compacted)."""
+    result = cli.settings().client().compact(topic)
+    cli.done(f"compaction of {topic}: {result['status']}", result)
+
+
+@topics_cmd.command("compaction-status")
+@click.argument("topic")
+@cli.json_flag
+def topics_compaction_status(topic: str) -> None:
+    """How TOPIC's last compaction went, its compacted ledger and horizon."""
+    cli.emit(cli.settings().client().compaction_status(topic), cli.kv)
+
+
+@namespaces_cmd.command("set-compaction-threshold")
+@click.argument("namespace")
+@click.option(
+    "--threshold", "-t", required=True, help="Bytes since the last compaction (10M, 1G); 0: off."
+)
+@cli.json_flag
+def namespaces_compaction_threshold(namespace: str, threshold: str) -> None:
+    """Compact a topic once more than THRESHOLD bytes were stored since its last compaction."""
+    value = _size(threshold)
+    result = cli.settings().client().set_policies(namespace, {"compaction_threshold": value})
+    cli.done(f"compaction threshold of {namespace} is {value} bytes", result)
+
+
 @namespaces_cmd.command("set-offload-threshold")
 @click.argument("namespace")
 @click.option(

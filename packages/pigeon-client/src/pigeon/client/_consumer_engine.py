@@ -37,6 +37,7 @@ class SubscribeOptions:
     durable: bool = True
     start_offset: int = -1
     receiver_queue_size: int = 10_000
+    read_compacted: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
     #: the consumer's schema as the wire carries it (None: bytes)
     schema: dict[str, str] | None = None
@@ -148,6 +149,7 @@ class ConsumerEngine(Reconnecting):
             "priority": o.priority,
             "durable": o.durable,
             "startOffset": o.start_offset,
+            "readCompacted": o.read_compacted,
         }
         if o.schema is not None:
             fields["schemaInfo"] = o.schema

@@ -411,7 +411,7 @@ class ConsumerHandle:
                 return True
         for engine in self.engines:
             info = await engine.last_message_id()
-            last = self.last_received.get(engine, info["markDeleteOffset"] - 1)
+            last = max(self.last_received.get(engine, -1), info["markDeleteOffset"] - 1)
             if info["offset"] > last:
                 return True
         return False
@@ -661,6 +661,7 @@ async def open_consumer(
             if o.schema is not None and o.schema.schema_type != "BYTES"
             else None
         ),
+        read_compacted=o.read_compacted,
     )
     # validate the type/position before touching the network
     ConsumerEngine.validate(subscribe)
@@ -712,6 +713,7 @@ async def open_reader(
                 options.expire_time_of_incomplete_chunked_message
             ),
             schema=options.schema,
+            read_compacted=options.read_compacted,
         ),
         codecs=codecs,
         face=face,

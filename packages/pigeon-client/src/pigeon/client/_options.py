@@ -239,8 +239,15 @@ class ConsumerOptions:
     #: how values are decoded (pigeon.client.schema); None: ``msg.value`` is the bytes
     schema: Schema | None = None
 
+    read_compacted: bool = False
+
     def __post_init__(self) -> None:
         check_schema(self.schema)
+        if self.read_compacted and self.subscription_type in ("shared", "key_shared"):
+            raise InvalidArgument(
+                "read_compacted is only allowed on exclusive and failover subscriptions,"
+                f" not {self.subscription_type}"
+            )
         _check_listener("message_listener", self.message_listener)
         _check_backoff("negative_ack_redelivery_backoff", self.negative_ack_redelivery_backoff)
         _check_backoff("ack_timeout_redelivery_backoff", self.ack_timeout_redelivery_backoff)
@@ -280,6 +287,7 @@ class ReaderOptions:
     expire_time_of_incomplete_chunked_message: float = 60.0
     #: how values are decoded (pigeon.client.schema); None: ``msg.value`` is the bytes
     schema: Schema | None = None
+    read_compacted: bool = False
 
     def __post_init__(self) -> None:
         check_chunk_options(self)

@@ -30,11 +30,12 @@ from pigeon.client._options import (
     SequencedSendOptions,
     takes_options,
 )
+from pigeon.client._table_view import TableViewBase, TableViewCore, TableViewOptions, call_here
 from pigeon.client._thread import EngineThread
 from pigeon.client.trio import open_face
 from pigeon.core.errors import AlreadyClosed, ProducerQueueFull, Timeout
 
-__all__ = ["Client", "Consumer", "Producer", "Reader"]
+__all__ = ["Client", "Consumer", "Producer", "Reader", "TableView"]
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +128,14 @@ class Client(ClientBase):
             self._listening.add(receiver)
             receiver._start_listener(self._listener_pool)
         return receiver
+
+    @takes_options(TableViewOptions)
+    def create_table_view(self, options: TableViewOptions) -> TableView:
+        """A live dict of the latest value of every key of ``topic``; returns once it
+        holds everything up to the topic's last message."""
+        view = TableView(self.engine_thread)
+        self.engine_thread.call(view._core.open, self.engine, self.codecs, options)
+        return view
 
     def _open(self, face: _Face, options: Any) -> _Face:
         opened: _Face = self.engine_thread.call(open_face, face, self.engine, self.codecs, options)
@@ -474,3 +483,22 @@ class Reader(_Receiving):
     def has_message_available(self) -> bool:
         result: bool = self._thread.call(self._handle.has_message_available)
         return result
+
+
+class TableView(TableViewBase):
+    """The latest value of every key of a topic, kept up to date.  Thread-safe;
+    listeners run on the client's engine thread (keep them short)."""
+
+    def __init__(self, thread: EngineThread) -> None:
+        self._thread = thread
+        self._core = TableViewCore(call_here)
+
+    def __enter__(self) -> TableView:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if not self._core.closed and not self._thread.closed:
+            self._thread.call(self._core.close)

@@ -55,6 +55,7 @@ from pigeon.client._options import DeadLetterPolicy as DeadLetterPolicy  # re-ex
 from pigeon.client._options import (  # re-exported
     MultiplierRedeliveryBackoff as MultiplierRedeliveryBackoff,
 )
+from pigeon.client._table_view import TableViewBase, TableViewCore, TableViewOptions, call_here
 from pigeon.client._thread import EngineThread
 from pigeon.client.trio import open_face
 from pigeon.core.auth import AuthenticationTLS as AuthenticationTLS  # re-exported
@@ -70,6 +71,7 @@ __all__ = [
     "MultiplierRedeliveryBackoff",
     "Producer",
     "Reader",
+    "TableView",
 ]
 
 
@@ -176,6 +178,14 @@ class Client(ClientBase):
         self._receivers.add(reader)
         reader._start_listener()
         return reader
+
+    @takes_options(TableViewOptions)
+    async def create_table_view(self, options: TableViewOptions) -> TableView:
+        """A live dict of the latest value of every key of ``topic``; returns once it
+        holds everything up to the topic's last message."""
+        view = TableView(self)
+        await self._run(view._core.open, self.engine, self.codecs, options, shield=True)
+        return view
 
     async def _open(self, face: _Face, options: Any) -> _Face:
         opened: _Face = await self._run(
@@ -454,3 +464,27 @@ class Consumer(_Receiving, AsyncConsumer):
 
 class Reader(_Receiving, AsyncReader):
     """Reads a topic from a position, without a durable subscription."""
+
+
+class TableView(TableViewBase):
+    """The latest value of every key of a topic, kept up to date; listeners run on the
+    event loop."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+        loop = asyncio.get_running_loop()
+
+        def call(fn: Any, key: str, value: bytes | None) -> None:
+            loop.call_soon_threadsafe(call_here, fn, key, value)
+
+        self._core = TableViewCore(call)
+
+    async def __aenter__(self) -> TableView:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if not self._core.closed and not self._client._closed:
+            await self._client._run(self._core.close, shield=True)

@@ -32,6 +32,7 @@ from pigeon.client._options import DeadLetterPolicy as DeadLetterPolicy  # re-ex
 from pigeon.client._options import (  # re-exported
     MultiplierRedeliveryBackoff as MultiplierRedeliveryBackoff,
 )
+from pigeon.client._table_view import TableViewBase, TableViewCore, TableViewOptions, call_here
 from pigeon.core.auth import AuthenticationTLS as AuthenticationTLS  # re-exported
 from pigeon.core.auth import AuthenticationToken as AuthenticationToken  # re-exported
 from pigeon.core.codecs import CodecSet
@@ -46,6 +47,7 @@ __all__ = [
     "MultiplierRedeliveryBackoff",
     "Producer",
     "Reader",
+    "TableView",
 ]
 
 
@@ -100,6 +102,13 @@ class Client(ClientBase):
             self._listening.append(receiver)
             self.engine.nursery.start_soon(receiver._run_listener)
         return receiver
+
+    @takes_options(TableViewOptions)
+    async def create_table_view(self, options: TableViewOptions) -> TableView:
+        """A live dict of the latest value of every key of ``topic`` (see TableView)."""
+        view = TableView()
+        await view._core.open(self.engine, self.codecs, options)
+        return view
 
 
 _Face = TypeVar("_Face", bound="ProducerFace | _Receiving")
@@ -259,3 +268,20 @@ class Consumer(_Receiving, AsyncConsumer):
 
 class Reader(_Receiving, AsyncReader):
     """Reads a topic from a position without a durable subscription."""
+
+
+class TableView(TableViewBase):
+    """The latest value of every key of a topic, kept up to date; listeners run in the
+    client's trio run."""
+
+    def __init__(self) -> None:
+        self._core = TableViewCore(call_here)
+
+    async def __aenter__(self) -> TableView:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._core.close()

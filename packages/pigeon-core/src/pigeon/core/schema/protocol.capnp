@@ -150,6 +150,7 @@ struct Subscribe {
   durable @7 :Bool;             # false for readers: the cursor is not persisted
   startOffset @8 :Int64;        # non-durable cursors: first offset to read, -1 = initialPosition
   schemaInfo @9 :SchemaInfo;    # the consumer's schema: it must read the topic's data
+  readCompacted @10 :Bool;      # the compacted view up to the horizon, then the log after it
 }
 
 struct Subscribed {
