@@ -80,6 +80,7 @@ BROKER_KINDS: dict[str, dict[str, Any] | None] = {
         "durable": True,
         "startOffset": -1,
         "schemaInfo": {"type": "STRING", "definition": ""},
+        "readCompacted": True,
     },
     "subscribed": {"topic": "t"},
     "flow": {"consumerId": 5, "permits": 100},
