@@ -275,9 +275,11 @@ class SendPathModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         from pigeon.broker._native import NativeProtocol
+        from pigeon.broker._producer_access import AccessControl
         from pigeon.broker._service import BrokerService
 
         self.svc = BrokerService.__new__(BrokerService)
+        self.svc.access = AccessControl(None)  # shared producers only: the store is unused
         self.door = NativeProtocol(self.svc)
         self.svc.policies = _Policies()
         self.svc.policies.value.backlog_quota_bytes = 1000
