@@ -203,7 +203,7 @@ def known(admin_standalone: AdminStandalone) -> dict[str, str]:
 
 
 def test_every_operation_is_fuzzed() -> None:
-    assert len(OPERATIONS) == 45  # test_admin_openapi.py counts the same
+    assert len(OPERATIONS) == 53  # test_admin_openapi.py counts the same
     assert {p for _m, p, _o in OPERATIONS} >= {"/admin/v2/tenants/{tenant}", "/metrics"}
 
 
