@@ -255,7 +255,12 @@ class ConsumerHandle:
             self.client.nursery.start_soon(self._send_with_receipt, owner, batch)
         pos = (mid.segment_id, mid.entry_id, mid.batch_index, mid.offset)
         if not cumulative:
-            batch.acks.append(pos)
+            if isinstance(mid, ChunkMessageId):  # every chunk of the message
+                batch.acks.extend(
+                    (c.segment_id, c.entry_id, c.batch_index, c.offset) for c in mid.chunk_ids
+                )
+            else:
+                batch.acks.append(pos)
         elif batch.cumulative is None or pos[3] > batch.cumulative[3]:
             batch.cumulative = pos
         await batch.done.wait()
