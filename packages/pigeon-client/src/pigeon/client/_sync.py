@@ -345,13 +345,16 @@ class _Receiving:
                     self._scheduled = False
                     return
                 msgs, grants = h.receive_nowait(1, self._thread.now())
-                if not msgs:
+                if msgs:
+                    self._listener_thread = threading.get_ident()
+                else:
                     self._scheduled = False
-                    return
-                self._listener_thread = threading.get_ident()
+            # also with no message: the chunks of one not complete yet took permits
             for engine, permits in grants:
                 with contextlib.suppress(AlreadyClosed):
                     self._thread.soon(engine.flow, permits)
+            if not msgs:
+                return
             msg = msgs[0]
             try:
                 h.listener_taken(msg)
