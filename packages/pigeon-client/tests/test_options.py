@@ -119,3 +119,47 @@ def test_methods_built_from_options_are_awaitable_exactly_on_the_async_faces(
     for name in ("create_producer", "subscribe", "create_reader", "send"):
         if hasattr(face, name):
             assert inspect.iscoroutinefunction(getattr(face, name)) is is_async, name
+
+
+@pytest.mark.parametrize(
+    ("options", "kwargs", "named"),
+    [
+        (ConsumerOptions, {"ack_receipt_enabled": "no"}, "ack_receipt_enabled"),
+        (ConsumerOptions, {"read_compacted": "false"}, "read_compacted"),
+        (
+            ConsumerOptions,
+            {"auto_ack_oldest_chunked_message_on_queue_full": "no"},
+            "auto_ack_oldest_chunked_message_on_queue_full",
+        ),
+        (ConsumerOptions, {"max_pending_chunked_message": True}, "max_pending_chunked_message"),
+        (
+            ConsumerOptions,
+            {"expire_time_of_incomplete_chunked_message": True},
+            "expire_time_of_incomplete_chunked_message",
+        ),
+        (ConsumerOptions, {"ack_timeout": "30"}, "ack_timeout"),
+        (
+            ConsumerOptions,
+            {
+                "ack_timeout": "30",
+                "ack_timeout_redelivery_backoff": pigeon.client.MultiplierRedeliveryBackoff(),
+            },
+            "ack_timeout",
+        ),
+        (ReaderOptions, {"read_compacted": 1}, "read_compacted"),
+        (ProducerOptions, {"chunking_enabled": "false"}, "chunking_enabled"),
+        (ProducerOptions, {"batching_enabled": "false"}, "batching_enabled"),
+        (ProducerOptions, {"chunk_max_message_size": True}, "chunk_max_message_size"),
+    ],
+)
+def test_a_bad_option_type_raises_invalid_argument_naming_it(
+    options: Any, kwargs: dict[str, Any], named: str
+) -> None:
+    args = ("t", "s") if options is ConsumerOptions else ("t",)
+    with pytest.raises(InvalidArgument, match=rf"^{named} must be"):
+        options(*args, **kwargs)
+
+
+def test_a_backoff_delay_is_a_number_not_a_bool() -> None:
+    with pytest.raises(InvalidArgument, match=r"^min_delay must be"):
+        pigeon.client.MultiplierRedeliveryBackoff(min_delay=True)

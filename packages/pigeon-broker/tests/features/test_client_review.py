@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import trio
 from standalone_support import PREFIX
 
 from pigeon.client.trio import Client

@@ -123,7 +123,12 @@ class MultiplierRedeliveryBackoff:
     def __post_init__(self) -> None:
         for name in ("min_delay", "max_delay", "multiplier"):
             value = getattr(self, name)
-            if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+            if (
+                not isinstance(value, int | float)
+                or isinstance(value, bool)
+                or not math.isfinite(value)
+                or value < 0
+            ):
                 raise InvalidArgument(f"{name} must be a finite number >= 0, got {value!r}")
         if self.max_delay < self.min_delay:
             raise InvalidArgument(
@@ -142,6 +147,18 @@ class MultiplierRedeliveryBackoff:
         except OverflowError:
             return float(self.max_delay)
         return float(min(self.max_delay, delay))
+
+
+def _check_flag(o: object, *names: str) -> None:
+    """Options that are True or False (a string such as "false" would read as true)."""
+    for name in names:
+        value = getattr(o, name)
+        if not isinstance(value, bool):
+            raise InvalidArgument(f"{name} must be True or False, got {value!r}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _check_listener(name: str, fn: object) -> None:
@@ -187,13 +204,14 @@ class ProducerOptions:
             raise InvalidArgument(
                 f"access_mode must be one of {', '.join(ACCESS_MODES)}, got {self.access_mode!r}"
             )
+        _check_flag(self, "chunking_enabled", "batching_enabled")
         if self.chunking_enabled and self.batching_enabled:
             raise InvalidArgument(
                 "chunking_enabled needs batching_enabled=False "
                 "(batching and chunking cannot be enabled together)"
             )
         size = self.chunk_max_message_size
-        if not isinstance(size, int) or size < 0:
+        if not _is_int(size) or size < 0:
             raise InvalidArgument(
                 f"chunk_max_message_size must be a non-negative int (0: the broker's "
                 f"max_message_size), got {size!r}"
@@ -243,6 +261,7 @@ class ConsumerOptions:
 
     def __post_init__(self) -> None:
         check_schema(self.schema)
+        _check_flag(self, "ack_receipt_enabled", "read_compacted")
         if self.read_compacted and self.subscription_type in ("shared", "key_shared"):
             raise InvalidArgument(
                 "read_compacted is only allowed on exclusive and failover subscriptions,"
@@ -251,6 +270,9 @@ class ConsumerOptions:
         _check_listener("message_listener", self.message_listener)
         _check_backoff("negative_ack_redelivery_backoff", self.negative_ack_redelivery_backoff)
         _check_backoff("ack_timeout_redelivery_backoff", self.ack_timeout_redelivery_backoff)
+        t = self.ack_timeout
+        if not isinstance(t, int | float) or isinstance(t, bool) or not t >= 0:
+            raise InvalidArgument(f"ack_timeout must be seconds >= 0 (0: none), got {t!r}")
         if self.ack_timeout_redelivery_backoff is not None and not self.ack_timeout > 0:
             raise InvalidArgument("ack_timeout_redelivery_backoff needs an ack_timeout above 0")
         check_chunk_options(self)
@@ -258,11 +280,12 @@ class ConsumerOptions:
 
 def check_chunk_options(o: ConsumerOptions | ReaderOptions) -> None:
     """The chunk reassembly options of a consumer or reader (see pigeon.client._chunks)."""
+    _check_flag(o, "auto_ack_oldest_chunked_message_on_queue_full")
     n = o.max_pending_chunked_message
-    if not isinstance(n, int) or n < 1:
+    if not _is_int(n) or n < 1:
         raise InvalidArgument(f"max_pending_chunked_message must be an int >= 1, got {n!r}")
     t = o.expire_time_of_incomplete_chunked_message
-    if not isinstance(t, int | float) or not t >= 0:
+    if not isinstance(t, int | float) or isinstance(t, bool) or not t >= 0:
         raise InvalidArgument(
             f"expire_time_of_incomplete_chunked_message must be seconds >= 0 (0: never), got {t!r}"
         )
@@ -294,6 +317,7 @@ class ReaderOptions:
         self.start_position()
         _check_listener("reader_listener", self.reader_listener)
         check_schema(self.schema)
+        _check_flag(self, "read_compacted")
 
     def start_position(self) -> tuple[str, int]:
         """``(initial_position, start_offset)`` of the reader's non-durable cursor."""
