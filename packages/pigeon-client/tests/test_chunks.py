@@ -127,3 +127,41 @@ def test_options_are_checked_when_built():
         20,
     )
     assert ReaderOptions("t", start).start_position() == ("earliest", 28)
+
+
+def test_a_duplicate_chunk_is_acknowledged_and_the_message_still_completes():
+    """A resend stored twice (a namespace without de-duplication): chunks 0, 1, 1, 2."""
+    a = ChunkAssembler()
+    got = feed(
+        a, chunk("u", 0, 3, 10), chunk("u", 1, 3, 11), chunk("u", 1, 3, 12), chunk("u", 2, 3, 13)
+    )
+    assert [[c.offset for c in m.message_id.chunk_ids] for m in got] == [[10, 11, 13]]
+    ((chunks, ack),) = a.take_dropped()
+    assert ack and [c.offset for c in chunks] == [12]
+    feed(a, chunk("v", 0, 2, 20), chunk("v", 0, 2, 20))  # the same one again: kept
+    assert a.take_dropped() == [] and len(a.pending[("t", "v")].chunks) == 1
+
+
+def test_the_rest_of_a_dropped_message_comes_again_after_its_start():
+    """The oldest incomplete message was dropped (nacked) while later chunks of it kept
+    coming: when its first chunk comes again, the chunks held without their start are
+    nacked too (they come again after it), so the message completes."""
+    a = ChunkAssembler(max_pending=1)
+    feed(a, chunk("x", 0, 3, 1), chunk("y", 0, 2, 2))  # y drops x (nacked: 1 comes again)
+    ((dropped, ack),) = a.take_dropped()
+    assert not ack and [c.offset for c in dropped] == [1]
+    assert feed(a, chunk("y", 1, 2, 3))[0].value == b"AAABBB"
+    feed(a, chunk("x", 1, 3, 4), chunk("x", 2, 3, 5))  # held: their start was dropped
+    assert feed(a, chunk("x", 0, 3, 1)) == []  # redelivered
+    ((dropped, ack),) = a.take_dropped()
+    assert not ack and [c.offset for c in dropped] == [4, 5]
+    got = feed(a, chunk("x", 1, 3, 4), chunk("x", 2, 3, 5))  # redelivered too
+    assert [[c.offset for c in m.message_id.chunk_ids] for m in got] == [[1, 4, 5]]
+
+
+def test_a_redelivery_from_the_first_chunk_forgets_what_comes_again():
+    a = ChunkAssembler()
+    feed(a, chunk("u", 0, 3, 10), chunk("u", 1, 3, 11))
+    got = feed(a, chunk("u", 0, 3, 10), chunk("u", 1, 3, 11), chunk("u", 2, 3, 12))
+    assert [[c.offset for c in m.message_id.chunk_ids] for m in got] == [[10, 11, 12]]
+    assert a.take_dropped() == []

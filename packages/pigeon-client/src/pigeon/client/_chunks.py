@@ -29,7 +29,9 @@ seconds (0: never) is dropped and its chunks acknowledged: what a producer that 
 half-way through a message leaves behind.  A chunk that does not follow the previous one
 of its uuid (its first chunk never came: dropped, or before where the consumer started)
 makes the message incomplete for good; its chunks are held (without their bytes) until
-they expire.
+they expire, or, when its first chunk comes again, negatively acknowledged (they come
+again after it).  A chunk stored twice (a resend on a namespace without de-duplication)
+is acknowledged and skipped.
 """
 
 from __future__ import annotations
@@ -130,10 +132,26 @@ class ChunkAssembler:
         partial = self.pending.get(key)
         if header.chunk_id == 0:
             if partial is not None:
-                # redelivered from its first chunk (after a nack or a reconnect): begin
-                # again; the chunks held so far are the ones coming again
                 del self.pending[key]
+                held = partial.chunks[0] if partial.chunks else None
+                if held is None or (held._segment, held._entry) != (chunk._segment, chunk._entry):
+                    # not these chunks coming again: chunks whose start was dropped come
+                    # again after it (nacked); another copy of the start (a resend stored
+                    # twice) is acknowledged
+                    self._drop(partial, not partial.broken)
+                # else redelivered from its first chunk (a nack, redeliver_unacknowledged):
+                # begin again, the chunks held so far are the ones coming again
             partial = self._open(key, source, header.num_chunks)
+        elif (
+            partial is not None and not partial.broken and 0 < header.chunk_id < len(partial.chunks)
+        ):
+            # a chunk already held: stored twice (a resend without de-duplication), that
+            # copy is acknowledged; the same one again is the one held
+            held = partial.chunks[header.chunk_id]
+            if (held._segment, held._entry) != (chunk._segment, chunk._entry):
+                chunk.value = b""
+                self.dropped.append(([chunk], True))
+            return None
         elif partial is None or partial.broken or header.chunk_id != len(partial.chunks):
             if partial is None:
                 partial = self._open(key, source, header.num_chunks)
