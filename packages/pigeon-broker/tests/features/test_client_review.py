@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from standalone_support import PREFIX
 
-from pigeon.client.trio import Client
+from pigeon.client.schema import Integer, JsonSchema, Record, String
+from pigeon.client.trio import Client, DeadLetterPolicy
+from pigeon.core.errors import Timeout
 from pigeon.core.testing import InProcessStandalone
 
 CHUNK = 4096
@@ -41,4 +44,51 @@ async def test_an_ack_receipt_of_a_chunked_message_acks_every_chunk(
     await consumer.acknowledge(msg)
     assert backlog(pigeon_standalone, "rcpt-big", "s") == 0, "every chunk is acknowledged"
     await consumer.close()
+    await producer.close()
+
+
+class Point(Record):
+    x = Integer(required=True)
+    label = String()
+
+
+async def test_a_schema_consumer_dead_letters_and_reconsumes_its_messages(
+    client, autojump_clock
+):
+    schema = JsonSchema(Point)
+    consumer = await client.subscribe(
+        "dl-schema",
+        "s",
+        initial_position="earliest",
+        schema=schema,
+        negative_ack_redelivery_delay=0.1,
+        dead_letter_policy=DeadLetterPolicy(max_redeliver_count=1, enable_retry=True),
+    )
+    dlq = await client.subscribe(
+        "dl-schema-s-DLQ", "d", initial_position="earliest", schema=schema
+    )
+    producer = await client.create_producer("dl-schema", schema=schema)
+    await producer.send(Point(x=1, label="é"))
+    await producer.send(Point(x=2))
+    first = await consumer.receive(timeout=10)
+    assert first.value == Point(x=1, label="é")
+    await consumer.reconsume_later(first, 1.0)  # through the retry topic
+    second = await consumer.receive(timeout=10)
+    assert second.value == Point(x=2)
+    await consumer.negative_acknowledge(second)
+    got = []
+    for _ in range(2):  # the retried one and the redelivered one (in either order)
+        m = await consumer.receive(timeout=10)
+        got.append((m.value.x, m.value.label, m.redelivery_count))
+        if m.value.x == 2:
+            await consumer.negative_acknowledge(m)
+        else:
+            await consumer.acknowledge(m)
+    assert sorted(got) == [(1, "é", 0), (2, None, 1)]
+    with pytest.raises(Timeout):  # redelivered a second time: dead-lettered instead
+        await consumer.receive(timeout=5)
+    dead = await dlq.receive(timeout=10)
+    assert dead.value == Point(x=2)
+    await consumer.close()
+    await dlq.close()
     await producer.close()

@@ -317,9 +317,14 @@ class ConsumerHandle:
     async def _dead_letter(self) -> None:
         with self.lock:
             dead, self.logic.dead = self.logic.dead, []
-        for m in dead:
+        for i, m in enumerate(dead):
             topic = self.logic.dead_letter_topic(_origin_topic(m))
-            await self.publish(topic, m, dead_letter_properties(m), 0)
+            try:
+                await self.publish(topic, m, dead_letter_properties(m), 0)
+            except BaseException:
+                with self.lock:  # tried again by the next round (not dropped unacked)
+                    self.logic.dead[:0] = dead[i:]
+                raise
             with self.lock:
                 self.core.add_ack(m.message_id)
 
@@ -333,7 +338,7 @@ class ConsumerHandle:
                 raise NotSupported("this consumer cannot publish")
             producer = self._producers[topic] = await self._producer_factory(topic)
         await producer.send(
-            m.value,
+            m.data,  # the bytes as written (``value`` is decoded with a consumer schema)
             key=m.key,
             properties=dict(properties),
             event_time=m.event_time,
