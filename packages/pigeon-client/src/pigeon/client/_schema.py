@@ -24,6 +24,7 @@ defaults, removed ones are dropped).
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 from collections.abc import Callable
@@ -70,7 +71,9 @@ class Field:
             self.validate(default, "default")
 
     def default(self) -> Any:
-        return self._default
+        d = self._default
+        # a list, dict or record of its own for each record (never shared between them)
+        return copy.deepcopy(d) if isinstance(d, list | dict | Record) else d
 
     def required_default(self) -> bool:
         return self._required_default
@@ -456,7 +459,10 @@ class StringSchema(Schema):
     def encode(self, value: Any) -> bytes:
         if not isinstance(value, str):
             raise SchemaSerializationError(f"StringSchema takes str, not {type(value).__name__}")
-        return value.encode("utf-8")
+        try:
+            return value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise SchemaSerializationError(f"value is not valid Unicode: {exc}") from None
 
     def decode(self, data: bytes) -> Any:
         try:
