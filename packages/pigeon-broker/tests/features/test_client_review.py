@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from standalone_support import PREFIX
 
-from pigeon.client.schema import Integer, JsonSchema, Record, String
+from pigeon.client.schema import AvroSchema, Integer, JsonSchema, Record, String
 from pigeon.client.trio import Client, DeadLetterPolicy
 from pigeon.core.errors import Timeout
 from pigeon.core.testing import InProcessStandalone
@@ -52,9 +52,7 @@ class Point(Record):
     label = String()
 
 
-async def test_a_schema_consumer_dead_letters_and_reconsumes_its_messages(
-    client, autojump_clock
-):
+async def test_a_schema_consumer_dead_letters_and_reconsumes_its_messages(client, autojump_clock):
     schema = JsonSchema(Point)
     consumer = await client.subscribe(
         "dl-schema",
@@ -64,9 +62,7 @@ async def test_a_schema_consumer_dead_letters_and_reconsumes_its_messages(
         negative_ack_redelivery_delay=0.1,
         dead_letter_policy=DeadLetterPolicy(max_redeliver_count=1, enable_retry=True),
     )
-    dlq = await client.subscribe(
-        "dl-schema-s-DLQ", "d", initial_position="earliest", schema=schema
-    )
+    dlq = await client.subscribe("dl-schema-s-DLQ", "d", initial_position="earliest", schema=schema)
     producer = await client.create_producer("dl-schema", schema=schema)
     await producer.send(Point(x=1, label="é"))
     await producer.send(Point(x=2))
@@ -92,3 +88,35 @@ async def test_a_schema_consumer_dead_letters_and_reconsumes_its_messages(
     await consumer.close()
     await dlq.close()
     await producer.close()
+
+
+def user_v1() -> type[Record]:
+    class User(Record):
+        name = String(required=True)
+
+    return User
+
+
+def user_v2() -> type[Record]:
+    class User(Record):
+        name = String(required=True)
+        email = String(default="unknown", required_default=True)
+
+    return User
+
+
+async def test_a_multi_topic_consumer_decodes_each_topic_with_its_own_versions(
+    client, autojump_clock
+):
+    """Schema versions are numbered per topic: version 0 of one topic is not another's."""
+    v1, v2 = user_v1(), user_v2()
+    on_a = await client.create_producer("vs-a", schema=AvroSchema(v1))  # vs-a's version 0
+    on_b = await client.create_producer("vs-b", schema=AvroSchema(v2))  # vs-b's version 0
+    consumer = await client.subscribe(
+        ["vs-a", "vs-b"], "s", initial_position="earliest", schema=AvroSchema(v2)
+    )
+    await on_b.send(v2(name="b", email="b@x"))
+    assert (await consumer.receive(timeout=10)).value == v2(name="b", email="b@x")
+    await on_a.send(v1(name="a"))
+    assert (await consumer.receive(timeout=10)).value == v2(name="a", email="unknown")
+    await consumer.close()

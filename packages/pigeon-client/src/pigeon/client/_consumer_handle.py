@@ -132,7 +132,7 @@ class ConsumerHandle:
             # Written with a schema version this consumer does not know yet: fetch it
             # first (entries stay in order behind it).
             if not self._held:
-                self.client.nursery.start_soon(self._fetch_schemas, entries[0].source)
+                self.client.nursery.start_soon(self._fetch_schemas)
             self._held.extend(entries)
             return
         with self.lock:
@@ -140,21 +140,26 @@ class ConsumerHandle:
         self.notify()
 
     @staticmethod
-    def _unknown_versions(decoders: SchemaDecoders, entries: list[ReceivedEntry]) -> set[int]:
+    def _unknown_versions(
+        decoders: SchemaDecoders, entries: list[ReceivedEntry]
+    ) -> set[tuple[Any, int]]:
+        """(engine, header version) of the entries not decodable yet (versions are
+        numbered per topic)."""
         if not decoders.schema.needs_writer_schema:
             return set()
         versions = {
-            read_header(memoryview(e.data)[ENTRY_HEADER_SIZE:]).schema_version for e in entries
+            (e.source, read_header(memoryview(e.data)[ENTRY_HEADER_SIZE:]).schema_version)
+            for e in entries
         }
-        return {v for v in versions if not decoders.known(v)}
+        return {(s, v) for s, v in versions if not decoders.known(s, v)}
 
-    async def _fetch_schemas(self, source: ConsumerEngine) -> None:
-        """*engine*: learn the schema versions the held entries were written with, then
-        queue them."""
+    async def _fetch_schemas(self) -> None:
+        """*engine*: learn the schema versions the held entries were written with (each
+        from the topic it came from), then queue them."""
         decoders = self.core.decoders
         assert decoders is not None
         while missing := self._unknown_versions(decoders, self._held):
-            for version in sorted(missing):
+            for source, version in sorted(missing, key=lambda m: (m[0].consumer_id, m[1])):
                 try:
                     definition: str | None = await source.get_schema(version - 1)
                 except PigeonError as exc:
@@ -165,7 +170,7 @@ class ConsumerHandle:
                         exc,
                     )
                     definition = None
-                decoders.learn(version, definition)
+                decoders.learn(source, version, definition)
         held, self._held = self._held, []
         live = [e for e in held if e.source.generation == e.generation]
         with self.lock:

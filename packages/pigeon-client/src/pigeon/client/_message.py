@@ -254,7 +254,7 @@ def split_entry(
             return None
         if decoders is not None:
             version = batch.header.schema_version
-            whole.value = decoders.decode_all(version, [whole.data], range(1))[0]
+            whole.value = decoders.decode_all(entry.source, version, [whole.data], range(1))[0]
         return [whole]
     return _split(entry, batch, first, publish, partition, topic, decoders)
 
@@ -280,7 +280,7 @@ def _split(
     else:
         indexes = range(n)
     if decoders is not None:
-        decoded = decoders.decode_all(batch.header.schema_version, values, indexes)
+        decoded = decoders.decode_all(entry.source, batch.header.schema_version, values, indexes)
         return [
             Message(
                 decoded[i],
@@ -322,8 +322,9 @@ def _split(
 
 
 class SchemaDecoders:
-    """A consumer schema's decoders, by the batch header's schema version (the registry
-    version + 1; 0: written without a schema).
+    """A consumer schema's decoders, by the engine an entry came through (versions are
+    numbered per topic) and the batch header's schema version (the registry version + 1;
+    0: written without a schema).
 
     A version not known yet is fetched from the broker before its entries are queued
     (see :class:`pigeon.client._consumer_handle.ConsumerHandle`); a value that does not
@@ -332,22 +333,24 @@ class SchemaDecoders:
 
     def __init__(self, schema: Any) -> None:
         self.schema = schema
-        #: header version -> decoder of one value
-        self.by_version: dict[int, Any] = {}
+        #: (engine, header version) -> decoder of one value
+        self.by_version: dict[tuple[Any, int], Any] = {}
         self.own = schema.decoder_for(None)
 
-    def known(self, header_version: int) -> bool:
+    def known(self, source: Any, header_version: int) -> bool:
         return (
             header_version == 0
-            or header_version in self.by_version
+            or (source, header_version) in self.by_version
             or not self.schema.needs_writer_schema
         )
 
-    def learn(self, header_version: int, definition: str | None) -> None:
-        self.by_version[header_version] = self.schema.decoder_for(definition)
+    def learn(self, source: Any, header_version: int, definition: str | None) -> None:
+        self.by_version[source, header_version] = self.schema.decoder_for(definition)
 
-    def decode_all(self, header_version: int, values: Any, indexes: Any) -> dict[int, Any]:
-        decode = self.by_version.get(header_version, self.own)
+    def decode_all(
+        self, source: Any, header_version: int, values: Any, indexes: Any
+    ) -> dict[int, Any]:
+        decode = self.by_version.get((source, header_version), self.own)
         out: dict[int, Any] = {}
         failed = None
         for i in indexes:
