@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import trio
 from standalone_support import PREFIX
 
 from pigeon.client.schema import AvroSchema, Integer, JsonSchema, Record, String
@@ -120,3 +121,50 @@ async def test_a_multi_topic_consumer_decodes_each_topic_with_its_own_versions(
     await on_a.send(v1(name="a"))
     assert (await consumer.receive(timeout=10)).value == v2(name="a", email="unknown")
     await consumer.close()
+
+
+SEVEN = bytes(range(256)) * (6 * CHUNK // 256) + b"tail"  # seven chunks
+
+
+async def test_a_chunked_message_does_not_expire_while_the_consumer_is_paused(
+    client, autojump_clock
+):
+    consumer = await client.subscribe(
+        "exp-paused",
+        "s",
+        initial_position="earliest",
+        receiver_queue_size=4,
+        expire_time_of_incomplete_chunked_message=5,
+    )
+    consumer.pause()
+    producer = await chunking_producer(client, "exp-paused")
+    await producer.send(SEVEN)
+    with pytest.raises(Timeout):  # four chunks taken in, no permits asked for
+        await consumer.receive(timeout=1)
+    await trio.sleep(30)  # paused for longer than the expiry
+    consumer.resume()
+    assert (await consumer.receive(timeout=10)).value == SEVEN
+    await consumer.close()
+    await producer.close()
+
+
+async def test_a_chunked_message_does_not_expire_while_its_chunks_wait_in_the_queue(
+    client, autojump_clock
+):
+    """A slow application: the last chunks arrived but wait for its next receive."""
+    consumer = await client.subscribe(
+        "exp-slow",
+        "s",
+        initial_position="earliest",
+        receiver_queue_size=4,
+        expire_time_of_incomplete_chunked_message=5,
+    )
+    producer = await chunking_producer(client, "exp-slow")
+    await producer.send(SEVEN)
+    await trio.sleep(1)  # the first four chunks arrived
+    with pytest.raises(Timeout):  # takes them in (asking for more), nothing whole yet
+        await consumer.receive(timeout=0)
+    await trio.sleep(30)  # busy with something else; the other chunks arrive meanwhile
+    assert (await consumer.receive(timeout=10)).value == SEVEN
+    await consumer.close()
+    await producer.close()

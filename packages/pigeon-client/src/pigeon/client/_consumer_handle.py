@@ -494,10 +494,14 @@ class ConsumerHandle:
 
     def expire_chunks(self, now: float) -> None:
         """*engine*: drop the chunked messages incomplete for too long (acking their
-        chunks)."""
+        chunks).
+
+        Not while paused or entries wait in the queue: the missing chunks may be withheld
+        (no permits asked for) or queued behind the application's next receive; such a
+        message is late through no fault of its producer."""
         with self.lock:
             chunks = self.core.chunks
-            if chunks.pending:
+            if chunks.pending and not self.paused and not self.core.entries:
                 chunks.expire(now)
             if chunks.dropped:
                 self._chunks_dropped(now)
