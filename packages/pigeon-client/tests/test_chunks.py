@@ -165,3 +165,14 @@ def test_a_redelivery_from_the_first_chunk_forgets_what_comes_again():
     got = feed(a, chunk("u", 0, 3, 10), chunk("u", 1, 3, 11), chunk("u", 2, 3, 12))
     assert [[c.offset for c in m.message_id.chunk_ids] for m in got] == [[10, 11, 12]]
     assert a.take_dropped() == []
+
+
+def test_hold_starts_the_clocks_of_incomplete_messages_again():
+    a = ChunkAssembler(expire_time=60)
+    a.now = 100.0
+    feed(a, chunk("u", 0, 3, 10))
+    a.hold(150.0)
+    a.expire(200.0)
+    assert a.pending and not a.dropped
+    a.expire(210.0)
+    assert not a.pending and a.take_dropped()[0][1]

@@ -185,6 +185,12 @@ class ChunkAssembler:
         for key in [k for k, p in self.pending.items() if p.started <= limit]:
             self._drop(self.pending.pop(key), True)
 
+    def hold(self, now: float) -> None:
+        """The incomplete messages' clocks start again at ``now`` (their missing chunks
+        cannot arrive yet)."""
+        for partial in self.pending.values():
+            partial.started = now
+
     def take_dropped(self) -> list[tuple[list[Message], bool]]:
         dropped, self.dropped = self.dropped, []
         return dropped

@@ -496,13 +496,17 @@ class ConsumerHandle:
         """*engine*: drop the chunked messages incomplete for too long (acking their
         chunks).
 
-        Not while paused or entries wait in the queue: the missing chunks may be withheld
-        (no permits asked for) or queued behind the application's next receive; such a
-        message is late through no fault of its producer."""
+        While paused or entries wait in the queue the clock of every incomplete message
+        starts again: the missing chunks may be withheld (no permits asked for) or queued
+        behind the application's next receive, and once they are asked for they take a
+        round trip; such a message is late through no fault of its producer."""
         with self.lock:
             chunks = self.core.chunks
-            if chunks.pending and not self.paused and not self.core.entries:
-                chunks.expire(now)
+            if chunks.pending:
+                if self.paused or self.core.entries:
+                    chunks.hold(now)
+                else:
+                    chunks.expire(now)
             if chunks.dropped:
                 self._chunks_dropped(now)
 
