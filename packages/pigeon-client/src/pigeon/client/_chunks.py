@@ -123,7 +123,8 @@ class ChunkAssembler:
         #: (topic, uuid) -> partial message, oldest first
         self.pending: dict[tuple[str, str], _Partial] = {}
         self.dropped: list[tuple[list[Message], bool]] = []
-        #: the time of the consumer's clock, set by the consumer before it adds chunks
+        #: the time of the consumer's clock, set by its housekeeping (every 100 ms: not per
+        #: message): a message whose first chunk is added is dated then
         self.now = 0.0
 
     def add(self, chunk: Message, header: BatchHeader, source: Any) -> Message | None:

@@ -479,7 +479,6 @@ class ConsumerHandle:
     def take_messages(self, max_messages: int, now: float) -> list[Message]:
         """Messages ready for the application; [] if none queued. Call with the lock held."""
         core = self.core
-        core.chunks.now = now
         while True:
             # Everything already received, up to max_messages, across entries.
             while len(core.messages) < max_messages and core.expand_next():
@@ -502,6 +501,7 @@ class ConsumerHandle:
         round trip; such a message is late through no fault of its producer."""
         with self.lock:
             chunks = self.core.chunks
+            chunks.now = now  # messages begun before the next tick are dated now
             if chunks.pending:
                 if self.paused or self.core.entries:
                     chunks.hold(now)

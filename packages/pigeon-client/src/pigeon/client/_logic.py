@@ -64,6 +64,19 @@ class ProducerLogic:
 
     def __post_init__(self) -> None:
         self.multi = len(self.cores) > 1
+        if self.encode is not None:
+            # a schema producer encodes first; a producer of bytes pays nothing for it
+            self.add_plain = self._add_plain_encoded  # type: ignore[method-assign]
+
+    def _add_plain_encoded(
+        self,
+        value: Any,
+        key: str | bytes | None,
+        properties: Mapping[str, str] | None,
+        event_time: int,
+    ) -> MessageFuture:
+        assert self.encode is not None
+        return ProducerLogic.add_plain(self, self.encode(value), key, properties, event_time)
 
     def add(
         self,
@@ -137,14 +150,13 @@ class ProducerLogic:
         properties: Mapping[str, str] | None,
         event_time: int,
     ) -> MessageFuture:
-        """The hot path of ``send_async``: no delay, no explicit sequence id.
+        """The hot path of ``send_async``: no delay, no explicit sequence id (with a
+        schema, the value is encoded first: see ``__post_init__``).
 
         Returns a :class:`MessageFuture` sharing its batch's state; per message this is a
         couple of list appends and one small object.
         """
         # Checked before anything is recorded (see add).
-        if self.encode is not None:
-            value = self.encode(value)
         if type(value) is bytes and key is None and not properties and event_time.__class__ is int:
             properties = None
             body = message_body_size(value, None, None, event_time)
