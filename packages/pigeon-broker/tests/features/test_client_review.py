@@ -12,7 +12,7 @@ from standalone_support import PREFIX
 from pigeon.client.schema import AvroSchema, Integer, JsonSchema, Record, String
 from pigeon.client.trio import Client, DeadLetterPolicy
 from pigeon.core.errors import Timeout
-from pigeon.core.testing import InProcessStandalone
+from pigeon.core.testing import InProcessStandalone, in_process_standalone
 
 CHUNK = 4096
 BIG = bytes(range(256)) * (3 * CHUNK // 256)
@@ -167,4 +167,37 @@ async def test_a_chunked_message_does_not_expire_while_its_chunks_wait_in_the_qu
     await trio.sleep(30)  # busy with something else; the other chunks arrive meanwhile
     assert (await consumer.receive(timeout=10)).value == SEVEN
     await consumer.close()
+    await producer.close()
+
+
+async def test_a_chunked_message_is_dead_lettered_whole_and_every_chunk_acknowledged(
+    tmp_path, autojump_clock
+):
+    """Chunked because it is larger than the broker takes: the dead letter is chunked too."""
+    async with (
+        in_process_standalone(tmp_path / "p", max_message_size=CHUNK) as cluster,
+        Client(cluster.url) as client,
+    ):
+        await dead_letter_big(client, cluster)
+
+
+async def dead_letter_big(client: Client, cluster: InProcessStandalone) -> None:
+    consumer = await client.subscribe(
+        "dl-big",
+        "s",
+        initial_position="earliest",
+        negative_ack_redelivery_delay=0.1,
+        dead_letter_policy=DeadLetterPolicy(max_redeliver_count=1),
+    )
+    dlq = await client.subscribe("dl-big-s-DLQ", "d", initial_position="earliest")
+    producer = await client.create_producer("dl-big", chunking_enabled=True, batching_enabled=False)
+    await producer.send(BIG)
+    for _ in range(2):
+        await consumer.negative_acknowledge(await consumer.receive(timeout=10))
+    with pytest.raises(Timeout):  # redelivered a second time: dead-lettered instead
+        await consumer.receive(timeout=5)
+    assert (await dlq.receive(timeout=10)).value == BIG
+    await consumer.close()  # its acks go out first
+    assert backlog(cluster, "dl-big", "s") == 0, "every chunk is acknowledged"
+    await dlq.close()
     await producer.close()

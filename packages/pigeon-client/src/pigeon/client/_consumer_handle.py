@@ -326,12 +326,12 @@ class ConsumerHandle:
             topic = self.logic.dead_letter_topic(_origin_topic(m))
             try:
                 await self.publish(topic, m, dead_letter_properties(m), 0)
-            except BaseException:
-                with self.lock:  # tried again by the next round (not dropped unacked)
-                    self.logic.dead[:0] = dead[i:]
+            except PigeonError as exc:
+                if exc.retriable:
+                    with self.lock:  # tried again by the next round (not dropped unacked)
+                        self.logic.dead[:0] = dead[i:]
                 raise
-            with self.lock:
-                self.core.add_ack(m.message_id)
+            self._ack_whole(m.message_id)
 
     async def publish(
         self, topic: str, m: Message, properties: Mapping[str, str], deliver_at: int
@@ -369,8 +369,13 @@ class ConsumerHandle:
                 props,
                 self.client.clock.now_ms() + int(delay * 1000),
             )
+        self._ack_whole(m.message_id)
+
+    def _ack_whole(self, mid: MessageId) -> None:
+        """Acknowledge a message (every chunk of a chunked one) with the grouped acks."""
         with self.lock:
-            self.core.add_ack(m.message_id)
+            for c in mid.chunk_ids if isinstance(mid, ChunkMessageId) else (mid,):
+                self.core.add_ack(c)
 
     async def discover(self) -> None:
         """*engine*: subscribe topics that newly match the pattern."""

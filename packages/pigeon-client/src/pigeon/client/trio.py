@@ -134,8 +134,10 @@ async def open_face(face: _Face, engine: ClientEngine, codecs: CodecSet, options
 
 
 async def _open_default_producer(engine: ClientEngine, codecs: CodecSet, topic: str) -> Producer:
-    """*engine*: a producer with default options, for a consumer's dead letters and retries."""
-    options = ProducerOptions(topic)
+    """*engine*: a producer for a consumer's dead letters and retries: one message at a
+    time (each send awaits its receipt), chunked when larger than an entry (a chunked
+    message comes whole)."""
+    options = ProducerOptions(topic, batching_enabled=False, chunking_enabled=True)
     return await open_face(Producer(options), engine, codecs, options)
 
 
