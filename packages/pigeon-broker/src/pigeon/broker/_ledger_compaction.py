@@ -221,6 +221,24 @@ class LedgerCompaction(LedgerWrites, LedgerOffload):
             out.append(CompactedEntry(eid, entry, kept))
         return out
 
+    async def read_compacted_at(self, compacted: CompactedLedger, pos: Position) -> Entry | None:
+        """The entry of original position ``pos`` in ``compacted`` (None: it keeps none
+        of its messages); a binary search, as the compacted ledger is in log order."""
+        lo, hi = 0, compacted.entries - 1
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            items = await self.read_compacted(compacted, mid, 1)
+            if not items:
+                return None
+            found = items[0].entry.position
+            if found == pos:
+                return items[0].entry
+            if found < pos:
+                lo = mid + 1
+            else:
+                hi = mid - 1
+        return None
+
     async def _compaction_source(
         self, horizon: int
     ) -> AsyncIterator[tuple[Entry, list[int] | None]]:
