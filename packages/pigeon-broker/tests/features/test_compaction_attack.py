@@ -170,3 +170,26 @@ async def test_deleting_a_topic_mid_compaction_leaves_no_compacted_ledger(
     finally:
         store.delete = delete
     assert await segments_of(store, name.full) == []
+
+
+async def test_seek_on_a_read_compacted_subscription_after_the_log_was_trimmed(
+    small_segments, autojump_clock
+):
+    from pigeon.client.trio import Client
+
+    async with Client(small_segments.url) as client:
+        await send_kv(client, "cattack-seek", HISTORY)
+        t = await compact(small_segments, "cattack-seek")
+        await send_kv(client, "cattack-seek", [("e", b"e1")])
+        policies = small_segments.service.policies.cached(t.name.namespace_name)
+        await t.maintain(policies)
+        consumer = await client.subscribe(
+            "cattack-seek", "s", initial_position="earliest", read_compacted=True
+        )
+        first = await drain(consumer)
+        assert kv(first) == [("c", b"c1"), ("a", b"a3"), ("d", b"d1"), ("e", b"e1")]
+        await consumer.seek(first[1].message_id)  # a compacted message below the log start
+        assert kv(await drain(consumer)) == kv(first[1:])
+        await consumer.seek(offset=0)
+        assert kv(await drain(consumer)) == kv(first)
+        await consumer.close()

@@ -36,6 +36,7 @@ from pigeon.core.errors import (
     AckNotPersisted,
     CorruptEntry,
     EntryNotFound,
+    InvalidArgument,
     PigeonError,
 )
 from pigeon.core.paths import cursor_path
@@ -216,7 +217,12 @@ class Subscription:
         self._reset_dispatch()
 
     async def seek_position(self, pos: Position, batch_index: int) -> None:
-        entry = await self.ledger.read_one(pos)
+        entry = await self._read_again(pos)
+        if entry is None:
+            raise InvalidArgument(
+                f"no message at segment {pos[0]} entry {pos[1]}: the log was trimmed past it"
+                " and the compacted view does not hold it"
+            )
         await self.seek_offset(entry.first_offset + max(batch_index, 0))
 
     async def seek_time(self, timestamp_ms: int) -> None:
