@@ -136,3 +136,22 @@ def test_cli_schemas(admin_standalone: AdminStandalone, tmp_path: Path) -> None:
     assert "not compatible under FULL: schema is not compatible with version 0" in out
     assert "schema of cli-topic deleted" in out
     assert "SchemaNotFound" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_rest_refuses_malformed_definitions_with_one_line(
+    admin_standalone: AdminStandalone,
+) -> None:
+    admin = AdminClient(admin_standalone.url)
+    topic = "persistent://public/default/rest-malformed"
+    deep = '{"type": "array", "items": ' * 5000 + '"int"' + "}" * 5000
+    for definition in (
+        json.dumps({"type": "record", "name": "R", "aliases": 5, "fields": []}),
+        '{"type": "record", "name": "Z", "fields": [{"name": "x", "type": ' + deep + "}]}",
+    ):
+        for call in (admin.upload_schema, admin.schema_compatibility):
+            try:
+                call(topic, {"type": "AVRO", "schema": definition})
+                raise AssertionError("a malformed schema was accepted")
+            except AdminError as exc:
+                assert exc.status == 400 and exc.body["error"] == "InvalidSchemaData", exc.body
+                assert "\n" not in exc.body["message"]

@@ -161,3 +161,22 @@ def test_bad_schemas_are_refused() -> None:
     with pytest.raises(InvalidSchemaData, match="schema type"):
         SchemaData("PROTOBUF", "")
     assert set(COMPATIBILITY_STRATEGIES) >= {"full", "backward_transitive", "none"}
+
+
+def test_malformed_aliases_and_deep_nesting_are_refused_when_parsed() -> None:
+    # accepted once, such a schema broke every later check with a TypeError
+    for bad in (
+        {"type": "record", "name": "R", "aliases": 5, "fields": []},
+        {"type": "record", "name": "R", "aliases": [5], "fields": []},
+        {"type": "record", "name": "R", "fields": [{"name": "a", "type": "int", "aliases": 5}]},
+        {"type": "record", "name": "R", "namespace": 5, "fields": []},
+    ):
+        with pytest.raises(InvalidSchemaData):
+            SchemaData("AVRO", json.dumps(bad))
+    for depth in (300, 5000):  # a RecursionError escaped json.loads and the checks
+        nested = '{"type": "array", "items": ' * depth + '"int"' + "}" * depth
+        with pytest.raises(InvalidSchemaData, match="nested"):
+            SchemaData(
+                "AVRO",
+                f'{{"type": "record", "name": "Z", "fields": [{{"name": "x", "type": {nested}}}]}}',
+            )

@@ -159,6 +159,25 @@ class ProducerAccess:
         while len(self.fenced) > MAX_FENCED:
             self.fenced.popitem(last=False)
 
+    def state(self) -> tuple[str | None, dict[str, int]]:
+        """Who holds the topic and who is fenced, to :meth:`undo` an admission with."""
+        return self.exclusive, dict(self.fenced)
+
+    def undo(
+        self, name: str, admission: Admission, before: tuple[str | None, dict[str, int]]
+    ) -> None:
+        """The admission of ``name`` was not completed (its epoch could not be stored):
+        the producers it would have fenced are not, whoever held the topic holds it
+        again (the epoch stays raised: epochs only go up)."""
+        exclusive, fenced = before
+        for n in admission.fence:
+            if n in fenced:
+                self.fenced[n] = fenced[n]
+            else:
+                self.fenced.pop(n, None)
+        if self.exclusive == name:
+            self.exclusive = exclusive
+
     def leave(self, ticket: object) -> None:
         """A waiter gave up (its client closed it, or the topic went away)."""
         self._leave(ticket)

@@ -48,7 +48,13 @@ from pigeon.broker._ledger_offload import LedgerOffload
 from pigeon.broker._ledger_state import Entry, Position, log
 from pigeon.broker._ledger_writes import LedgerWrites
 from pigeon.core.batch import ENTRY_HEADER_SIZE, decode_batch, unpack_entry_header
-from pigeon.core.errors import CorruptEntry, NotOwner, PigeonError, ServiceUnavailable
+from pigeon.core.errors import (
+    CorruptEntry,
+    NoSuchNode,
+    NotOwner,
+    PigeonError,
+    ServiceUnavailable,
+)
 from pigeon.core.paths import SEGMENT_ID_PREFIX, segment_path
 
 __all__ = [
@@ -221,6 +227,24 @@ class LedgerCompaction(LedgerWrites, LedgerOffload):
             out.append(CompactedEntry(eid, entry, kept))
         return out
 
+    async def read_compacted_at(self, compacted: CompactedLedger, pos: Position) -> Entry | None:
+        """The entry of original position ``pos`` in ``compacted`` (None: it keeps none
+        of its messages); a binary search, as the compacted ledger is in log order."""
+        lo, hi = 0, compacted.entries - 1
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            items = await self.read_compacted(compacted, mid, 1)
+            if not items:
+                return None
+            found = items[0].entry.position
+            if found == pos:
+                return items[0].entry
+            if found < pos:
+                lo = mid + 1
+            else:
+                hi = mid - 1
+        return None
+
     async def _compaction_source(
         self, horizon: int
     ) -> AsyncIterator[tuple[Entry, list[int] | None]]:
@@ -241,6 +265,7 @@ class LedgerCompaction(LedgerWrites, LedgerOffload):
                 eid = items[-1].entry_id + 1
         pos: Position | None = await self.position_for_offset(start)
         while pos is not None:
+            self._check_open()
             npos = self.normalize(pos)
             if npos is None:
                 return
@@ -305,15 +330,23 @@ class LedgerCompaction(LedgerWrites, LedgerOffload):
         async for entry, only in self._compaction_source(horizon):
             keys, sizes = _messages(entry.data, codecs)
             latest.add(entry.first_offset, keys, sizes, only)
-        if self.closed:
-            raise ServiceUnavailable(f"topic {self.topic} is closed")
+        self._check_open()
         compacted = await self._write_compacted(codecs, horizon, latest)
+        if self.closed:  # unloaded or deleted meanwhile: not recorded, not left behind
+            with trio.CancelScope(shield=True), contextlib.suppress(PigeonError):
+                await self.drop_pending_compaction()
+            self._check_open()
         # recorded in one write: the new ledger in force, nothing pending
         self.compacted, self.compaction_pending = compacted, None
         try:
             await self._save()
-        except BaseException:
+        except BaseException as exc:
             self.compacted, self.compaction_pending = previous, compacted.id
+            if isinstance(exc, (NotOwner, NoSuchNode)):
+                # not recorded, and never will be (another owner's metadata, or the
+                # topic deleted): the new ledger goes now, nobody else would delete it
+                with trio.CancelScope(shield=True), contextlib.suppress(PigeonError):
+                    await self.store.delete(segment_path(compacted.id))
             raise
         if previous is not None:
             await self._delete_compacted(previous.id, previous.ensemble)
@@ -346,6 +379,7 @@ class LedgerCompaction(LedgerWrites, LedgerOffload):
         except BaseException:
             self.compaction_pending = None
             raise
+        self._check_open()
         compacted = CompactedLedger(
             segment_id, horizon, ensemble, write_quorum=qw, ack_quorum=qa, ctime=time.time()
         )
@@ -371,6 +405,7 @@ class LedgerCompaction(LedgerWrites, LedgerOffload):
                     errors.append(error)
 
             try:
+                self._check_open()  # the segment node exists now: deleted if closed
                 async for entry, only in self._compaction_source(horizon):
                     keys, _sizes = _messages(entry.data, codecs)
                     kept = latest.kept(entry.first_offset, keys, only)
@@ -402,6 +437,11 @@ class LedgerCompaction(LedgerWrites, LedgerOffload):
                 await self.drop_pending_compaction()
             raise
         return compacted
+
+    def _check_open(self) -> None:
+        """Compaction stops once the ledger is closed (unloaded, or its topic deleted)."""
+        if self.closed:
+            raise ServiceUnavailable(f"topic {self.topic} is closed; compaction stopped")
 
     async def drop_pending_compaction(self) -> None:
         """Delete a compacted ledger written and never recorded (a failed or crashed

@@ -77,6 +77,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+#: how long a topic deletion waits for a compaction of the topic to stop
+_COMPACTION_STOP_S = 10.0
 
 FULL_RANGE = 1 << 32
 #: The one bundle of a namespace when the broker has no ownership (single-broker builds).
@@ -195,8 +197,18 @@ async def _delete_one(service: BrokerService, name: TopicName, *, force: bool) -
             disconnect(service, topic, "topic deleted")
             await topic.close_subscriptions()
             await topic.close()
+            await _compaction_stopped(topic)
         if name.persistent:
             await _delete_data(service, name)
+
+
+async def _compaction_stopped(topic: Any) -> None:
+    """Wait (bounded) for a compaction of the closed ``topic`` to stop: it records or
+    deletes its compacted ledger before the deletion reads what to delete."""
+    ledger = getattr(topic, "ledger", None)
+    with trio.move_on_after(_COMPACTION_STOP_S):
+        while ledger is not None and ledger.compacting:  # noqa: ASYNC110 - no event to wait on
+            await trio.sleep(0.01)
 
 
 async def _delete_data(service: BrokerService, name: TopicName) -> None:

@@ -87,6 +87,7 @@ class AccessControl:
             while True:
                 connected = [n for n in topic.producers if n != name]
                 try:
+                    before = slot.access.state()
                     admission = slot.access.admit(name, mode, epoch, connected, ticket)
                     ticket = None
                     break
@@ -109,7 +110,9 @@ class AccessControl:
             try:
                 await self._save(topic, slot)
             except BaseException:
-                self.released(topic, name)
+                # not admitted after all: nobody fenced, the previous holder holds on
+                slot.access.undo(name, admission, before)
+                slot.notify()
                 raise
         return admission
 

@@ -103,6 +103,8 @@ def parse_avro(definition: str) -> Any:
     """The parsed JSON of an Avro record schema; InvalidSchemaData if it is not one."""
     try:
         doc = json.loads(definition)
+    except RecursionError:
+        raise InvalidSchemaData(_TOO_DEEP) from None
     except ValueError as exc:
         raise InvalidSchemaData(f"schema definition is not JSON: {exc}") from None
     if not isinstance(doc, dict) or doc.get("type") != "record":
@@ -111,16 +113,30 @@ def parse_avro(definition: str) -> Any:
     return doc
 
 
+#: how deeply types may nest in a schema (the checks recurse through them)
+MAX_SCHEMA_DEPTH = 100
+_TOO_DEEP = f"schema definition is nested too deeply (more than {MAX_SCHEMA_DEPTH} levels)"
+
+
+def _check_aliases(node: dict[str, Any], what: str) -> None:
+    aliases = node.get("aliases", [])
+    if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
+        raise InvalidSchemaData(f"the aliases of {what} must be a list of names")
+
+
 class _Names:
     """Named types (records, enums, fixed) of one schema by full name."""
 
     def __init__(self) -> None:
         self.types: dict[str, dict[str, Any]] = {}
 
-    def walk(self, schema: Any, namespace: str) -> None:
+    def walk(self, schema: Any, namespace: str, depth: int = 0) -> None:
+        if depth > MAX_SCHEMA_DEPTH:
+            raise InvalidSchemaData(_TOO_DEEP)
+        depth += 1
         if isinstance(schema, list):
             for branch in schema:
-                self.walk(branch, namespace)
+                self.walk(branch, namespace, depth)
             return
         if isinstance(schema, str):
             if schema not in _PRIMITIVES and self.lookup(schema, namespace) is None:
@@ -133,6 +149,9 @@ class _Names:
             name = schema.get("name")
             if not isinstance(name, str) or not name:
                 raise InvalidSchemaData(f"an Avro {kind} needs a name")
+            if not isinstance(schema.get("namespace", ""), str | None):
+                raise InvalidSchemaData(f"the namespace of {kind} {name!r} must be a string")
+            _check_aliases(schema, f"{kind} {name!r}")
             full = _full_name(name, schema.get("namespace", namespace))
             self.types[full] = schema
             ns = full.rpartition(".")[0]
@@ -143,15 +162,16 @@ class _Names:
                 for f in fields:
                     if not isinstance(f, dict) or not isinstance(f.get("name"), str):
                         raise InvalidSchemaData(f"record {name!r} has a field without a name")
-                    self.walk(f.get("type"), ns)
+                    _check_aliases(f, f"field {f['name']!r}")
+                    self.walk(f.get("type"), ns, depth)
             elif kind == "enum" and not isinstance(schema.get("symbols"), list):
                 raise InvalidSchemaData(f"enum {name!r} needs a list of symbols")
         elif kind == "array":
-            self.walk(schema.get("items"), namespace)
+            self.walk(schema.get("items"), namespace, depth)
         elif kind == "map":
-            self.walk(schema.get("values"), namespace)
+            self.walk(schema.get("values"), namespace, depth)
         else:
-            self.walk(kind, namespace)
+            self.walk(kind, namespace, depth)
 
     def lookup(self, name: str, namespace: str) -> dict[str, Any] | None:
         return self.types.get(_full_name(name, namespace)) or self.types.get(name)

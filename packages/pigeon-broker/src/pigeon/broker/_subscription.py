@@ -35,6 +35,8 @@ from pigeon.core.batch import ENTRY_HEADER_SIZE, decode_batch
 from pigeon.core.errors import (
     AckNotPersisted,
     CorruptEntry,
+    EntryNotFound,
+    InvalidArgument,
     PigeonError,
 )
 from pigeon.core.paths import cursor_path
@@ -215,7 +217,12 @@ class Subscription:
         self._reset_dispatch()
 
     async def seek_position(self, pos: Position, batch_index: int) -> None:
-        entry = await self.ledger.read_one(pos)
+        entry = await self._read_again(pos)
+        if entry is None:
+            raise InvalidArgument(
+                f"no message at segment {pos[0]} entry {pos[1]}: the log was trimmed past it"
+                " and the compacted view does not hold it"
+            )
         await self.seek_offset(entry.first_offset + max(batch_index, 0))
 
     async def seek_time(self, timestamp_ms: int) -> None:
@@ -468,7 +475,15 @@ class Subscription:
         skipped = False
         for k, pos in enumerate(todo):
             try:
-                entries.append(await self.ledger.read_one(pos))
+                entry = await self._read_again(pos)
+                if entry is None:  # superseded in the compacted view: not delivered again
+                    offsets = self.dispatcher.drop_damaged(pos)
+                    if offsets is not None:
+                        self.cursor.ack_range(offsets[0], offsets[0] + offsets[1])
+                        self._dirty = True
+                    skipped = True
+                    continue
+                entries.append(entry)
             except CorruptEntry as exc:
                 if self.corrupt_entry_policy() == "fail":
                     self.dispatcher.requeue(todo[k:])
@@ -493,6 +508,19 @@ class Subscription:
         if entries:
             self._read_ok()
         return self._deliver(entries) or bool(entries) or skipped
+
+    async def _read_again(self, pos: Position) -> Entry | None:
+        """The entry at ``pos`` for a redelivery.  A read_compacted subscription may have
+        had it from the compacted ledger, the log trimmed since: read there again (None:
+        a later compaction dropped it, a newer message of its key replaces it)."""
+        try:
+            return await self.ledger.read_one(pos)
+        except EntryNotFound:
+            c = self.ledger.compacted if self.read_compacted else None
+            segments = self.ledger.segments
+            if c is None or (segments and pos[0] >= segments[0].id):
+                raise  # not trimmed: the log's answer stands
+            return await self.ledger.read_compacted_at(c, pos)
 
     # ------------------------------------------------------------------ read failures
 

@@ -647,7 +647,13 @@ class Topic:
         else:
             assert target.position is not None
             (segment_id, entry_id), batch_index = target.position
-            if sub.ledger.index_of_segment(segment_id) is None:
+            ledger = sub.ledger
+            trimmed_but_compacted = (
+                getattr(sub, "read_compacted", False)
+                and ledger.compacted is not None
+                and (not ledger.segments or segment_id < ledger.segments[0].id)
+            )  # the compacted view may still hold it
+            if ledger.index_of_segment(segment_id) is None and not trimmed_but_compacted:
                 raise InvalidArgument(
                     f"segment {segment_id} is not (or no longer) part of this topic"
                 )
