@@ -276,3 +276,44 @@ def test_record_batches_decode_value_and_keep_the_bytes_in_data() -> None:
     assert [v["name"] for v in table.column("value").to_pylist()] == ["u1", "u2", "w0", "w1"]
     assert table.column("data").to_pylist() == [*first[1:], *second[:2]]
     assert table.column("offset").to_pylist() == [1, 2, 3, 4]
+
+
+def test_load_refuses_topics_with_different_or_unmappable_schemas(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("pyspark")
+    from pigeon.spark import OptionError, _source
+    from pigeon.spark._options import parse_source_options
+
+    registry: dict[str, tuple[int, str, str] | None] = {}
+    monkeypatch.setattr(_source, "topic_schema", lambda client, topic: registry[topic])
+    a, b = "persistent://public/default/a", "persistent://public/default/b"
+    opts = parse_source_options({"service_url": "pigeon://h:1", "topics": f"{a},{b}"})
+    v1 = AvroSchema(UserV1).definition()
+
+    registry.update({a: (0, "AVRO", v1), b: None})
+    value = _source._value_schema(None, opts)  # type: ignore[arg-type]
+    assert value == ValueSchema("AVRO", v1)
+    spark_schema = _source.source_schema(False, value)
+    assert _source._value_schema_of(spark_schema) == value
+    assert spark_schema.simpleString().startswith(
+        "struct<key:binary,value:struct<age:int,name:string>,topic:string,"
+    )
+    assert spark_schema.simpleString().endswith(",data:binary>")
+
+    registry[b] = (3, "AVRO", AvroSchema(UserV2).definition())
+    with pytest.raises(OptionError, match=r"different schemas .*decodeSchema=false"):
+        _source._value_schema(None, opts)  # type: ignore[arg-type]
+
+    union = {"type": "record", "name": "R", "fields": [{"name": "x", "type": ["int", "string"]}]}
+    registry.update({a: (0, "JSON", json.dumps(union)), b: (0, "STRING", "")})
+    with pytest.raises(OptionError, match=r"no Spark column type: .*non-null types"):
+        _source._value_schema(None, opts)  # type: ignore[arg-type]
+
+    registry.update({a: (0, "STRING", ""), b: None})
+    assert _source._value_schema(None, opts) is None  # type: ignore[arg-type]
+    off = parse_source_options(
+        {"service_url": "pigeon://h:1", "topics": f"{a},{b}", "decodeSchema": "false"}
+    )
+    registry[a] = (0, "AVRO", v1)
+    assert _source._value_schema(None, off) is None  # type: ignore[arg-type]
