@@ -242,6 +242,94 @@ def test_streaming_read_survives_a_stop_mid_stream(
     assert sorted(r.offset for r in rows if r.topic == full(later)) == list(range(10))
 
 
+# ------------------------------------------------------------------ schema topics
+
+
+def _schema_records() -> tuple[type, type, type]:
+    from pigeon.client.schema import Array, Double, Integer, Map, Record, String
+
+    class Address(Record):
+        city = String()
+
+    class User(Record):
+        name = String(required=True)
+        age = Integer()
+        tags = Array(String())
+        scores = Map(Double())
+        home = Address()
+
+    class UserV2(Record):  # User + a field with a default: a compatible next version
+        name = String(required=True)
+        age = Integer()
+        tags = Array(String())
+        scores = Map(Double())
+        home = Address()
+        email = String(default="-", required_default=True)
+
+    UserV2.__name__ = "User"
+    return Address, User, UserV2
+
+
+@pytest.mark.parametrize("kind", ["AVRO", "JSON"])
+def test_schema_topic_decodes_into_value_columns(
+    spark: SparkSession, server: Standalone, client: Client, tmp_path: Path, kind: str
+) -> None:
+    from pigeon.client.schema import AvroSchema, JsonSchema
+
+    schema_of = AvroSchema if kind == "AVRO" else JsonSchema
+    address, user, user_v2 = _schema_records()
+    topic = topic_name(f"schema-{kind.lower()}")
+    client.create_topic(topic, 2)
+    with client.create_producer(topic, schema=schema_of(user)) as p:
+        for i in range(3):
+            p.send(user(name=f"u{i}", age=i, tags=["a"], scores={"x": 0.5}, home=address(city="c")))
+    with client.create_producer(topic) as p:  # no schema: bytes that do not decode
+        p.send(b"\x01\x02 not a record")
+    with client.create_producer(topic, schema=schema_of(user_v2)) as p:
+        for i in range(3, 5):
+            p.send(user_v2(name=f"u{i}", age=i, email=f"u{i}@x"))
+
+    df = reader(spark, server.url, topic=topic)
+    assert df.schema["value"].dataType.simpleString() == (
+        "struct<age:int,email:string,home:struct<city:string>,name:string,"
+        "scores:map<string,double>,tags:array<string>>"
+    )
+    assert df.columns[-1] == "data"
+    rows = {r.name: r for r in df.select("value.*", "data").where("value IS NOT NULL").collect()}
+    assert sorted(rows) == [f"u{i}" for i in range(5)]
+    assert rows["u1"].email == "-"  # written with version 0: the default of the latest
+    assert (rows["u1"].age, rows["u1"].tags, rows["u1"].scores) == (1, ["a"], {"x": 0.5})
+    assert rows["u1"].home.city == "c"
+    assert rows["u4"].email == "u4@x" and rows["u4"].home is None
+    bad = df.where("value IS NULL").select("data").collect()
+    assert [r.data for r in bad] == [b"\x01\x02 not a record"]  # a null row, not a failure
+
+    raw = reader(spark, server.url, topic=topic, decodeSchema="false")
+    assert raw.schema["value"].dataType.simpleString() == "binary"
+    assert "data" not in raw.columns
+
+    out = tmp_path / "out"
+    stream = (
+        spark.readStream.format("pigeon")
+        .option("service_url", server.url)
+        .option("topic", topic)
+        .option("startingOffsets", "earliest")
+        .load()
+        .select("value.name", "value.email", "offset")
+    )
+    run_available_now(
+        stream.writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+    )
+    got = spark.read.parquet(str(out)).collect()
+    assert sorted((r.name or "", r.email or "") for r in got) == [
+        ("", ""),
+        *[(f"u{i}", "-") for i in range(3)],
+        *[(f"u{i}", f"u{i}@x") for i in range(3, 5)],
+    ]
+
+
 # --------------------------------------------------------------------- streaming sink
 
 

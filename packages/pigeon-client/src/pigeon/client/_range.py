@@ -11,6 +11,9 @@ state, no acknowledgements, and the same input range always yields the same mess
   + batch, see :mod:`pigeon.core._entry`) covering ``[start, end)``. Entries are whole:
   the first may begin before ``start`` and the last may end after ``end``; trimming the
   rows is the caller's job (the Spark connector does it on Arrow arrays).
+* :func:`topic_schema` — one version of a topic's schema (``(version, type,
+  definition)``, None without one): the batch header's ``schema_version`` is the registry
+  version + 1, 0 = written without a schema.
 
 Each call opens a short-lived non-durable subscription (a reader cursor) per partition
 and removes it when done. Offsets that retention deleted before they were read are
@@ -37,7 +40,7 @@ from pigeon.client._consumer_engine import ConsumerEngine, SubscribeOptions
 from pigeon.client._consumer_handle import reader_subscription
 from pigeon.client._engine import ClientEngine, ReceivedEntry
 from pigeon.core.batch import unpack_entry_header
-from pigeon.core.errors import InvalidArgument, PigeonError, Timeout
+from pigeon.core.errors import InvalidArgument, PigeonError, SchemaNotFound, Timeout
 
 if TYPE_CHECKING:
     from pigeon.client._sync import Client
@@ -48,6 +51,7 @@ __all__ = [
     "partition_offsets",
     "partition_topics",
     "read_range",
+    "topic_schema",
 ]
 
 log = logging.getLogger(__name__)
@@ -161,6 +165,34 @@ def offsets_for_timestamp(
     names = _all_partitions(client, topics)
     info = client.engine_thread.call(_gather, client.engine, names, int(timestamp_ms))
     return {t: at for t, (_e, _n, at) in info.items()}
+
+
+async def _get_schema(engine: ClientEngine, topic: str, version: int) -> tuple[int, str, str]:
+    conn = await engine.lookup_connection()
+    result = await engine.request(
+        conn, "getSchema", {"topic": topic, "version": version}, expect="schemaResponse"
+    )
+    info = result["schemaInfo"]
+    return int(result["version"]), str(info["type"]), str(info["definition"])
+
+
+def topic_schema(
+    client: Client, topic: str, version: int | None = None
+) -> tuple[int, str, str] | None:
+    """``(registry version, type, definition)`` of version ``version`` of ``topic``'s
+    schema (None: the latest), or None when the topic has no schema (or not that
+    version). A partition's schema is its partitioned topic's; any broker answers.
+
+    ``type`` is ``"AVRO"``, ``"JSON"``, ``"STRING"``...; for AVRO and JSON
+    ``definition`` is the Avro record schema as JSON text.
+    """
+    try:
+        found: tuple[int, str, str] = client.engine_thread.call(
+            _get_schema, client.engine, topic, -1 if version is None else int(version)
+        )
+    except SchemaNotFound:
+        return None
+    return found
 
 
 def _raise_missing(topic: str, first: int, end: int) -> None:

@@ -8,6 +8,8 @@ and the key hash producers route keyed messages with.
 * :func:`read_range` — a :class:`RangeReader` over the raw stored entries covering
   ``[start, end)`` (decode them with :mod:`pigeon.core.batch`);
 * :func:`partition_topics` — the partition topics of a topic (itself if not partitioned);
+* :func:`topic_schema` — one version of a topic's schema (the batch header's
+  ``schema_version`` is the registry version + 1; 0 = none);
 * :func:`key_hash` — the partition of a keyed message is ``key_hash(key) % partitions``,
   so a writer that picks partitions itself agrees with every producer.
 
@@ -23,6 +25,7 @@ from pigeon.client._range import (
     partition_offsets,
     partition_topics,
     read_range,
+    topic_schema,
 )
 
 __all__ = [
@@ -32,4 +35,5 @@ __all__ = [
     "partition_offsets",
     "partition_topics",
     "read_range",
+    "topic_schema",
 ]

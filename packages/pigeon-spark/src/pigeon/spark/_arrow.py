@@ -15,13 +15,19 @@ batch is sliced to the requested offsets (entries may start before / end after t
 Column types are exactly what PySpark expects for the Spark schema
 (:data:`SOURCE_COLUMNS`): binary, string, int32, int64, ``timestamp[us, tz=UTC]`` and
 ``map<string, string>``.
+
+With a ``decode`` function (AVRO and JSON schema topics, :mod:`pigeon.spark._avro`),
+``value`` is the decoded struct and the raw bytes move to a last column, ``data``. The
+batch header's schema version of every row (an int32 column built like the publish
+times) goes with the values to ``decode``, once per record batch and only for the rows
+left after slicing.
 """
 
 from __future__ import annotations
 
 import struct
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -38,6 +44,7 @@ from pigeon.core.codecs import CodecSet
 
 __all__ = [
     "SOURCE_COLUMNS",
+    "DATA_COLUMN",
     "EntryLike",
     "arrow_schema",
     "record_batches",
@@ -56,6 +63,9 @@ SOURCE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("properties", "map<string,string>"),
 )
 
+#: The raw value bytes when ``value`` is decoded (always the last column).
+DATA_COLUMN = ("data", "binary")
+
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 PROPERTIES = pa.map_(pa.string(), pa.string())
 _ARROW_TYPES = {
@@ -67,6 +77,7 @@ _ARROW_TYPES = {
     "map<string,string>": PROPERTIES,
 }
 _Q = struct.Struct("<q")
+_I = struct.Struct("<i")
 _EMPTY = pa.py_buffer(b"")
 
 #: Rows per record batch (Spark's ``spark.sql.execution.arrow.maxRecordsPerBatch``).
@@ -81,9 +92,19 @@ class EntryLike(Protocol):
     data: Any  # bytes-like: broker header + batch
 
 
-def arrow_schema(include_properties: bool) -> pa.Schema:
+#: ``decode(values, schema_versions)``: the decoded ``value`` column of a record batch.
+Decode = Callable[[pa.Array, pa.Array], pa.Array]
+
+
+def arrow_schema(include_properties: bool, value_type: pa.DataType | None = None) -> pa.Schema:
+    """The record batches' schema; with ``value_type`` (a decoded value) ``value`` has
+    that type and the raw bytes are the last column, ``data``."""
     cols = SOURCE_COLUMNS if include_properties else SOURCE_COLUMNS[:-1]
-    return pa.schema([pa.field(name, _ARROW_TYPES[kind]) for name, kind in cols])
+    fields = [pa.field(name, _ARROW_TYPES[kind]) for name, kind in cols]
+    if value_type is not None:
+        fields[1] = pa.field("value", value_type)
+        fields.append(pa.field(DATA_COLUMN[0], _ARROW_TYPES[DATA_COLUMN[1]]))
+    return pa.schema(fields)
 
 
 class _Decoded:
@@ -157,7 +178,10 @@ def _build(
     end: int,
     schema: pa.Schema,
     include_properties: bool,
+    versions: bool,
 ) -> pa.RecordBatch | None:
+    """The rows of ``group`` in ``[start, end)``; with ``versions`` a last int32 column
+    holds each row's batch-header schema version."""
     values: list[pa.Array] = []
     keys: list[pa.Array] = []
     event_parts: list[Any] = []
@@ -166,6 +190,7 @@ def _build(
     first_parts: list[bytes] = []
     segment_parts: list[bytes] = []
     entry_parts: list[bytes] = []
+    version_parts: list[bytes] = []
     has_events = False
     contiguous = True
     first = group[0].header.first_offset
@@ -191,6 +216,8 @@ def _build(
         first_parts.append(_Q.pack(h.first_offset) * n)
         segment_parts.append(_Q.pack(d.segment_id) * n)
         entry_parts.append(_Q.pack(d.entry_id) * n)
+        if versions:
+            version_parts.append(_I.pack(b.header.schema_version) * n)
         total += n
 
     if contiguous:
@@ -235,6 +262,10 @@ def _build(
     ]
     if include_properties:
         columns.append(_concat(props))
+    if versions:
+        columns.append(
+            pa.Array.from_buffers(pa.int32(), total, [None, pa.py_buffer(b"".join(version_parts))])
+        )
     rb = pa.RecordBatch.from_arrays(columns, schema=schema)
     if not contiguous:
         rb = rb.filter(pc.and_(pc.greater_equal(offsets, start), pc.less(offsets, end)))
@@ -255,25 +286,42 @@ def record_batches(
     end: int,
     codecs: CodecSet,
     include_properties: bool,
+    decode: Decode | None = None,
+    value_type: pa.DataType | None = None,
     max_rows: int = MAX_ROWS,
     max_bytes: int = MAX_BYTES,
 ) -> Iterator[pa.RecordBatch]:
     """Record batches of the messages with offsets in ``[start, end)`` of ``entries``.
 
     ``entries`` are stored entries of one partition in offset order (as a range read
-    yields them); ``topic`` and ``partition`` fill the columns of the same names.
+    yields them); ``topic`` and ``partition`` fill the columns of the same names. With
+    ``decode`` (and the ``value_type`` it returns), ``value`` is decoded and ``data``
+    holds the raw bytes.
     """
-    schema = arrow_schema(include_properties)
+    raw_schema = arrow_schema(include_properties)
+    if decode is not None:
+        assert value_type is not None
+        raw_schema = raw_schema.append(pa.field("schema_version", pa.int32()))
+        out_schema = arrow_schema(include_properties, value_type)
 
     def build(group: list[_Decoded]) -> pa.RecordBatch | None:
-        return _build(
+        rb = _build(
             group,
             topic=topic,
             partition=partition,
             start=start,
             end=end,
-            schema=schema,
+            schema=raw_schema,
             include_properties=include_properties,
+            versions=decode is not None,
+        )
+        if rb is None or decode is None:
+            return rb
+        columns = rb.columns
+        raw = columns[1]
+        decoded = decode(raw, columns[-1])
+        return pa.RecordBatch.from_arrays(
+            [columns[0], decoded, *columns[2:-1], raw], schema=out_schema
         )
 
     group: list[_Decoded] = []

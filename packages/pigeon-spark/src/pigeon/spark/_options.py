@@ -61,6 +61,7 @@ _SOURCE = (
     "minPartitions",
     "failOnDataLoss",
     "includeProperties",
+    "decodeSchema",
     "pollTimeoutMs",
 )
 _SINK = ("service_url", *_SECURITY, "topic", "writeOrder")
@@ -230,6 +231,8 @@ class SourceOptions:
     min_partitions: int | None = None
     fail_on_data_loss: bool = True
     include_properties: bool = False
+    #: AVRO/JSON schema topics: ``value`` is the decoded record, ``data`` the bytes
+    decode_schema: bool = True
     poll_timeout_ms: int = 30_000
     security: ClientSecurity = ClientSecurity()
 
@@ -300,6 +303,7 @@ def parse_source_options(
     poll = _int(opts, "pollTimeoutMs", problems, minimum=1)
     fail = _bool(opts, "failOnDataLoss", True, problems)
     props = _bool(opts, "includeProperties", False, problems)
+    decode = _bool(opts, "decodeSchema", True, problems)
 
     if mode == "stream":
         wrong = [k for k in _BATCH_ONLY if k in opts]
@@ -329,6 +333,7 @@ def parse_source_options(
         min_partitions=min_partitions,
         fail_on_data_loss=fail,
         include_properties=props,
+        decode_schema=decode,
         poll_timeout_ms=poll or 30_000,
         security=security,
     )

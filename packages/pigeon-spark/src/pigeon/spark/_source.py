@@ -5,12 +5,21 @@ a *pure range read* of one ``[start, end)`` slice of one partition through a sho
 non-durable cursor (:mod:`pigeon.client._range`) and turns the stored entries into Arrow
 record batches (:mod:`pigeon.spark._arrow`). Nothing is acknowledged and nothing is kept
 on the broker, so re-running a task or a micro-batch reads exactly the same rows.
+
+Topics with an AVRO or JSON schema (``decodeSchema``, on by default): ``load()`` takes
+the topics' latest schema from the registry and makes ``value`` a struct of the record's
+fields (:mod:`pigeon.spark._avro`), the raw bytes a last ``data`` column. The schema goes
+into the ``value`` field's metadata, so every task of the query, and every micro-batch of
+a stream, decodes to the same reader schema; values written with other versions are
+resolved from their writer's schema, fetched once per version and process.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -42,9 +51,21 @@ from pyspark.sql.types import (
 )
 
 from pigeon.client import Client
-from pigeon.client.ranges import offsets_for_timestamp, partition_offsets, read_range
+from pigeon.client.ranges import (
+    offsets_for_timestamp,
+    partition_offsets,
+    read_range,
+    topic_schema,
+)
 from pigeon.core import TopicName
-from pigeon.spark._arrow import SOURCE_COLUMNS, record_batches
+from pigeon.spark._arrow import DATA_COLUMN, SOURCE_COLUMNS, record_batches
+from pigeon.spark._avro import (
+    DECODED_TYPES,
+    DecodeReport,
+    UnsupportedSchema,
+    ValueDecoder,
+    ValueSchema,
+)
 from pigeon.spark._clients import client_for
 from pigeon.spark._options import (
     OptionError,
@@ -83,10 +104,40 @@ _SPARK_TYPES: dict[str, DataType] = {
 }
 
 
-def source_schema(include_properties: bool) -> StructType:
-    """The source's Spark schema (``properties`` only with ``includeProperties``)."""
+#: Metadata keys of the decoded ``value`` field: the schema it was decoded to.
+SCHEMA_TYPE_KEY = "pigeon.schema.type"
+SCHEMA_DEFINITION_KEY = "pigeon.schema.definition"
+
+
+def source_schema(include_properties: bool, value: ValueSchema | None = None) -> StructType:
+    """The source's Spark schema (``properties`` only with ``includeProperties``).
+
+    With ``value`` (a topic's AVRO or JSON schema) ``value`` is the decoded record, with
+    the schema in its field metadata, and ``data`` (binary) the last column.
+    """
+    from pyspark.sql.pandas.types import from_arrow_type
+
     cols = SOURCE_COLUMNS if include_properties else SOURCE_COLUMNS[:-1]
-    return StructType([StructField(name, _SPARK_TYPES[kind]) for name, kind in cols])
+    fields = [StructField(name, _SPARK_TYPES[kind]) for name, kind in cols]
+    if value is not None:
+        fields[1] = StructField(
+            "value",
+            from_arrow_type(value.arrow_type()),
+            metadata={SCHEMA_TYPE_KEY: value.type, SCHEMA_DEFINITION_KEY: value.definition},
+        )
+        fields.append(StructField(DATA_COLUMN[0], _SPARK_TYPES[DATA_COLUMN[1]]))
+    return StructType(fields)
+
+
+def _value_schema_of(schema: Any) -> ValueSchema | None:
+    """The decoded value's schema recorded in a source schema (None: not decoded)."""
+    try:
+        meta = schema["value"].metadata or {}
+    except (KeyError, TypeError, IndexError):
+        return None
+    if SCHEMA_DEFINITION_KEY not in meta:
+        return None
+    return ValueSchema(str(meta.get(SCHEMA_TYPE_KEY, "AVRO")), str(meta[SCHEMA_DEFINITION_KEY]))
 
 
 class DataLossError(RuntimeError):
@@ -122,6 +173,44 @@ def _partition_topics(client: Client, opts: SourceOptions) -> list[str]:
     return topics
 
 
+def _value_schema(client: Client, opts: SourceOptions) -> ValueSchema | None:
+    """The latest AVRO/JSON schema shared by the read topics (None: none has one);
+    OptionError if they have different ones or it has no Spark column type."""
+    if not opts.decode_schema:
+        return None
+    bases = dict.fromkeys(TopicName.parse(t).base.full for t in _partition_topics(client, opts))
+    found: dict[tuple[str, str], list[str]] = {}
+    for topic in bases:
+        latest = topic_schema(client, topic)
+        if latest is not None and latest[1] in DECODED_TYPES:
+            found.setdefault((latest[1], latest[2]), []).append(topic)
+    if not found:
+        return None
+    if len(found) > 1:
+        which = "; ".join(
+            f"{', '.join(ts)}: {kind} {json.loads(d).get('name', '?')}"
+            for (kind, d), ts in found.items()
+        )
+        raise OptionError(
+            [
+                f"the topics have different schemas ({which}): read them separately, "
+                "or set decodeSchema=false to read the raw bytes"
+            ]
+        )
+    ((kind, definition), topics), *_ = found.items()
+    value = ValueSchema(kind, definition)
+    try:
+        value.arrow_type()
+    except (UnsupportedSchema, ValueError, KeyError, TypeError) as exc:
+        raise OptionError(
+            [
+                f"the {kind} schema of {topics[0]} has no Spark column type: {exc}; set "
+                "decodeSchema=false to read the raw bytes"
+            ]
+        ) from None
+    return value
+
+
 def _states(client: Client, opts: SourceOptions) -> dict[str, PartitionState]:
     topics = _partition_topics(client, opts)
     if not topics:
@@ -154,12 +243,66 @@ def _input_partitions(
 # ------------------------------------------------------------------------------ reading
 
 
-def _read(opts: SourceOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-    """*executor*: the rows of one offset range as Arrow record batches."""
+_writers_lock = threading.Lock()
+#: (service URL, base topic, header version) -> (type, definition) or None: versions are
+#: never reused, so a process keeps what it fetched.
+_writers: dict[tuple[str, str, int], tuple[str, str] | None] = {}
+_decoders: dict[ValueSchema, ValueDecoder] = {}
+
+
+def _writer_lookup(client: Client, opts: SourceOptions, base: str) -> Any:
+    def writer(header_version: int) -> tuple[str, str] | None:
+        key = (opts.service_url, base, header_version)
+        with _writers_lock:
+            if key in _writers:
+                return _writers[key]
+        found = topic_schema(client, base, header_version - 1)
+        if found is None:
+            log.warning(
+                "schema version %d of %s not found; decoding its values with the read's schema",
+                header_version - 1,
+                base,
+            )
+        written = None if found is None else (found[1], found[2])
+        with _writers_lock:
+            _writers[key] = written
+        return written
+
+    return writer
+
+
+def _decoder(value: ValueSchema) -> ValueDecoder:
+    with _writers_lock:
+        decoder = _decoders.get(value)
+        if decoder is None:
+            decoder = _decoders[value] = ValueDecoder(value)
+        return decoder
+
+
+def _read(
+    opts: SourceOptions, partition: InputPartition, value: ValueSchema | None = None
+) -> Iterator[pa.RecordBatch]:
+    """*executor*: the rows of one offset range as Arrow record batches (``value``
+    decoded to that schema when given)."""
     if not isinstance(partition, PigeonInputPartition):
         return  # Spark plans one empty InputPartition(None) when there is nothing to read
     client = client_for(opts.service_url, opts.security)
     name = TopicName.parse(partition.topic)
+    decode = None
+    value_type = None
+    failures = DecodeReport()
+    if value is not None:
+        decoder = _decoder(value)
+        writer = _writer_lookup(client, opts, name.base.full)
+        value_type = decoder.type
+
+        def decode(values: pa.Array, versions: pa.Array) -> pa.Array:
+            decoded, report = decoder.decode(values, versions, writer)
+            if report.failed:
+                if failures.first is None:
+                    failures.first = report.first
+                failures.failed += report.failed
+            return decoded
 
     def missing(topic: str, first: int, end: int) -> None:
         what = f"offsets [{first}, {end}) of {topic} were deleted (retention) before they were read"
@@ -185,12 +328,27 @@ def _read(opts: SourceOptions, partition: InputPartition) -> Iterator[pa.RecordB
             end=partition.end,
             codecs=client.codecs,
             include_properties=opts.include_properties,
+            decode=decode,
+            value_type=value_type,
+        )
+    if failures.first is not None:
+        _, version, error = failures.first
+        log.warning(
+            "%d values of %s offsets [%d, %d) did not decode (schema version %d: %s); "
+            "their value is null, their bytes are in data",
+            failures.failed,
+            partition.topic,
+            partition.start,
+            partition.end,
+            version - 1,
+            error,
         )
 
 
 class PigeonBatchReader(DataSourceReader):
-    def __init__(self, opts: SourceOptions) -> None:
+    def __init__(self, opts: SourceOptions, value: ValueSchema | None = None) -> None:
         self.opts = opts
+        self.value = value
 
     def partitions(self) -> Sequence[InputPartition]:
         opts = self.opts
@@ -211,7 +369,7 @@ class PigeonBatchReader(DataSourceReader):
         return _input_partitions(ranges, opts.min_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return _read(self.opts, partition)
+        return _read(self.opts, partition, self.value)
 
 
 class PigeonStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -221,8 +379,9 @@ class PigeonStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     matches ``topicsPattern``) are read from offset 0.
     """
 
-    def __init__(self, opts: SourceOptions) -> None:
+    def __init__(self, opts: SourceOptions, value: ValueSchema | None = None) -> None:
         self.opts = opts
+        self.value = value
         self._target: Offsets | None = None
         self._initial: Offsets | None = None
 
@@ -266,7 +425,7 @@ class PigeonStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _input_partitions([r for r in ranges if r.end > r.start], self.opts.min_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return _read(self.opts, partition)
+        return _read(self.opts, partition, self.value)
 
     def commit(self, end: dict[str, int]) -> None:
         return None  # nothing is held on the broker
@@ -293,18 +452,21 @@ class PigeonDataSource(DataSource):
         return parse_source_options(self.options, mode=mode)  # type: ignore[arg-type]
 
     def schema(self) -> StructType:
-        # Called by load(): every read option is checked here, before any query runs.
-        return source_schema(self._source_options("any").include_properties)
+        # Called by load(): every read option is checked here, before any query runs,
+        # and the topics' schema (if any) is looked up.
+        opts = self._source_options("any")
+        value = None
+        if opts.decode_schema:
+            value = _value_schema(client_for(opts.service_url, opts.security), opts)
+        return source_schema(opts.include_properties, value)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         opts = self._source_options("batch")
-        _check_schema(schema, opts)
-        return PigeonBatchReader(opts)
+        return PigeonBatchReader(opts, _check_schema(schema, opts))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         opts = self._source_options("stream")
-        _check_schema(schema, opts)
-        return PigeonStreamReader(opts)
+        return PigeonStreamReader(opts, _check_schema(schema, opts))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
         from pigeon.spark._sink import PigeonBatchWriter
@@ -317,8 +479,14 @@ class PigeonDataSource(DataSource):
         return PigeonStreamWriter(parse_sink_options(self.options), schema, overwrite)
 
 
-def _check_schema(schema: Any, opts: SourceOptions) -> None:
-    expected = source_schema(opts.include_properties)
+def _check_schema(schema: Any, opts: SourceOptions) -> ValueSchema | None:
+    """The decoded value's schema of a read whose schema is ``schema`` (as load() made
+    it); OptionError if the user gave another."""
+    value = _value_schema_of(schema) if opts.decode_schema else None
+    try:
+        expected = source_schema(opts.include_properties, value)
+    except (UnsupportedSchema, ValueError, KeyError, TypeError):
+        expected = source_schema(opts.include_properties)
     if schema != expected:
         raise OptionError(
             [
@@ -326,3 +494,4 @@ def _check_schema(schema: Any, opts: SourceOptions) -> None:
                 f"(expected {expected.simpleString()}, got {schema.simpleString()})"
             ]
         )
+    return value
