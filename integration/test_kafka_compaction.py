@@ -67,10 +67,14 @@ def admin_client(server: Standalone) -> Any:
     return AdminClient({"bootstrap.servers": server.kafka_bootstrap})
 
 
-def send(server: Standalone, topic: str, pairs: list[tuple[bytes, bytes | None]]) -> None:
-    # one record per batch (linger 0, in order): each its own entry
+def send(
+    server: Standalone, topic: str, pairs: list[tuple[bytes, bytes | None]], *, batch: bool = False
+) -> None:
+    """Produce ``pairs`` in order: one record per RecordBatch (each its own entry), or
+    with ``batch`` together in one (compaction then keeps some records of a batch)."""
     records = [{"key": k, "value": v} for k, v in pairs]
-    produce(server.kafka_bootstrap, topic, records, **{"linger.ms": 0, "max.in.flight": 1})
+    linger = 200 if batch else 0
+    produce(server.kafka_bootstrap, topic, records, **{"linger.ms": linger, "max.in.flight": 1})
 
 
 def read_all(server: Standalone, topic: str, count: int) -> list[tuple[int, bytes, Any]]:
@@ -111,7 +115,7 @@ def test_compact_topic_keeps_the_latest_value_per_key(server: Standalone) -> Non
     assert configs["min.cleanable.dirty.ratio"].value == "0.0"
     assert configs["delete.retention.ms"].value == "0"
 
-    send(server, topic, HISTORY)
+    send(server, topic, HISTORY, batch=True)
     wait_horizon(server, topic, len(HISTORY))
     # the compacted view: latest value per key at its own offset, b deleted
     assert read_all(server, topic, len(COMPACTED)) == COMPACTED

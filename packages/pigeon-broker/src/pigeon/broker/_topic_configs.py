@@ -39,9 +39,13 @@ from pigeon.core.paths import partitioned_topic_path
 
 __all__ = [
     "ACCEPTED_CONFIGS",
+    "APPEND",
     "CLEANUP_POLICY",
+    "DELETE",
     "DIRTY_RATIO",
+    "SET",
     "STORED_CONFIGS",
+    "SUBTRACT",
     "TOPIC_CONFIG_TTL_S",
     "TopicConfigs",
     "apply_changes",

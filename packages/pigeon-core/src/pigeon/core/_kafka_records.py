@@ -530,12 +530,11 @@ def _encode_batch(
     pairs: list[bytes] = []  # each header encoded: key length, key, value length, value
     if hoff is not None and hoff[-1]:
         pairs = _encode_headers(hkeys, hvals)
-    for i, value, key, t in zip(
-        range(n) if deltas is None else deltas, values, keys, times, strict=True
-    ):
+    offset_deltas = range(n) if deltas is None else deltas
+    for i, o, value, key, t in zip(range(n), offset_deltas, values, keys, times, strict=True):
         d = t - first
         tsd = table[d + small] if -small <= d < small else vi(d)
-        od = table[i + small] if i < small else vi(i)
+        od = table[o + small] if o < small else vi(o)
         vlen = len(value)
         vl = table[vlen + small] if vlen < small else vi(vlen)
         if key is None:
