@@ -32,6 +32,7 @@ from pigeon.core.kafka_records import (
     count_records,
     encode_record_batch,
     kafka_batch_of_entry,
+    kafka_batch_of_kept,
     read_batch_info,
     split_record_batches,
     wrap_record_batch,
@@ -248,6 +249,55 @@ def test_kafka_entry_fetch_patches_only_the_base_offset() -> None:
     assert joined[8:] == batch[8:] and struct.unpack(">q", joined[:8])[0] == 123456789
     kbatch, recs = kafka_python_read(out)
     assert kbatch.base_offset == 123456789 and recs[3].offset == 123456792
+
+
+# -- compacted entries: only the kept records, their own offsets -----------------------
+
+KEPT = [1, 4, 8, 13]
+
+
+def last_offset_delta(buffers: list[bytes | memoryview]) -> int:
+    return int(struct.unpack_from(">i", b"".join(buffers), 23)[0])
+
+
+@pytest.mark.parametrize("codec", ["none", "gzip", "zstd"])
+def test_kept_records_of_a_kafka_entry_keep_their_offsets(codec: str) -> None:
+    records = sample_records(20)
+    entry = stored(kafka_python_batch(records, COMPRESSIONS[codec]), first_offset=500)
+    out = kafka_batch_of_kept(entry, KEPT, CODECS)
+    batch, recs = kafka_python_read(out)
+    assert batch.base_offset == 500 and batch.records_count == len(KEPT)
+    assert batch.compression_type == 0
+    assert [r.offset for r in recs] == [500 + i for i in KEPT]  # gaps between them
+    assert last_offset_delta(out) == 19  # a consumer goes on at 520
+    assert [(r.key, r.value, r.timestamp) for r in recs] == [
+        (records[i][0], records[i][1] or b"", records[i][2]) for i in KEPT
+    ]
+    assert [list(r.headers) for r in recs] == [records[i][3] for i in KEPT]
+
+
+def test_kept_records_of_a_native_entry_and_all_kept() -> None:
+    values = [b"v%d" % i for i in range(16)]
+    keys = [f"k{i % 5}" for i in range(16)]
+    props = [{"p": str(i)} if i % 2 else None for i in range(16)]
+    native = native_batch(values, keys, props, [T0 + i for i in range(16)], NONE)
+    entry = pack_entry_header(16, 70, T0) + native
+    out = kafka_batch_of_kept(entry, KEPT, CODECS)
+    _, recs = kafka_python_read(out)
+    assert [(r.offset, r.key, r.value) for r in recs] == [
+        (70 + i, keys[i].encode(), values[i]) for i in KEPT
+    ]
+    assert [dict(r.headers) for r in recs] == [
+        {k: v.encode() for k, v in (props[i] or {}).items()} for i in KEPT
+    ]
+    assert last_offset_delta(out) == 15
+    every = list(range(16))
+    assert b"".join(kafka_batch_of_kept(entry, every, CODECS)) == b"".join(
+        kafka_batch_of_entry(entry, CODECS)
+    )
+    for bad in ([], [3, 3], [16], [-1]):
+        with pytest.raises(ValueError):
+            kafka_batch_of_kept(entry, bad, CODECS)
 
 
 @pytest.mark.parametrize("codec", list(COMPRESSIONS))

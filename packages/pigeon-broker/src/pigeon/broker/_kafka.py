@@ -10,8 +10,8 @@ does: a request's handler runs at once in the reading task (so produce requests 
 the log in the order they were sent), and whatever it must wait for (storage, a
 long-poll fetch, a group rebalance) it returns as a :class:`Later` that a writer task
 awaits in turn.  The handlers are in ``_kafka_produce``, ``_kafka_fetch``,
-``_kafka_topics``, ``_kafka_offsets`` and ``_kafka_group_api``; the framing and message
-types in ``_kafka_wire``.
+``_kafka_topics``, ``_kafka_configs``, ``_kafka_offsets`` and ``_kafka_group_api``; the
+framing and message types in ``_kafka_wire``.
 
 Security (``[kafka] security_protocol``): over ``SSL``/``SASL_SSL`` a connection is a
 :class:`trio.SSLStream` with the broker's certificate (``service.server_tls``, reloaded
@@ -222,7 +222,13 @@ class KafkaFrontDoor:
     """Serves the Kafka protocol for one broker (a :class:`~pigeon.broker._service.FrontDoor`)."""
 
     def __init__(self, core: BrokerService, config: KafkaConfig) -> None:
-        from pigeon.broker import _kafka_fetch, _kafka_offsets, _kafka_produce, _kafka_topics
+        from pigeon.broker import (
+            _kafka_configs,
+            _kafka_fetch,
+            _kafka_offsets,
+            _kafka_produce,
+            _kafka_topics,
+        )
         from pigeon.broker._kafka_group import GroupCoordinator
         from pigeon.broker._kafka_group_api import GROUP_HANDLERS
 
@@ -238,7 +244,7 @@ class KafkaFrontDoor:
         #: groups last answered NOT_COORDINATOR (for the log)
         self._refused_groups: set[str] = set()
         self.handlers: dict[int, Handler] = {API_VERSIONS_KEY: self._api_versions}
-        for module in (_kafka_produce, _kafka_fetch, _kafka_topics, _kafka_offsets):
+        for module in (_kafka_produce, _kafka_fetch, _kafka_topics, _kafka_configs, _kafka_offsets):
             self.handlers.update(module.HANDLERS)
         for key, (_lo, _hi, handler) in GROUP_HANDLERS.items():
             self.handlers[key] = self._group_handler(handler)

@@ -11,6 +11,13 @@ transactions the last stable offset equals it, whatever the isolation level.
 Where the previous fetch of a partition stopped is remembered (offset -> position), so
 a consumer reading on never searches the ledger; any other offset is found by a binary
 search over the entries' first offsets.
+
+A topic with ``cleanup.policy=compact`` (see ``_topic_configs``) that has a compacted
+ledger is read as Kafka's cleaned log: offsets below the compaction horizon come from
+the compacted view -- each of its entries as one RecordBatch holding only the messages
+kept (their own offsets, so the offsets between them are gaps, as after Kafka's log
+cleaner; see ``kafka_batch_of_kept``) -- and the log goes on from the horizon.  The log
+start offset is then the first offset of the compacted view.
 """
 
 from __future__ import annotations
@@ -24,13 +31,15 @@ from kio.schema.errors import ErrorCode
 
 from pigeon.broker._kafka import KafkaConnection, ms
 from pigeon.broker._kafka_wire import ZERO, FetchAnswer, build, error_code, part, response_type
+from pigeon.broker._topic_configs import is_compacted
 from pigeon.core.batch import ENTRY_HEADER_SIZE, decode_batch
 from pigeon.core.errors import PigeonError, TopicNotFound
-from pigeon.core.kafka_records import kafka_batch_of_entry
+from pigeon.core.kafka_records import kafka_batch_of_entry, kafka_batch_of_kept
 
 if TYPE_CHECKING:
     from pigeon.broker._kafka import KafkaFrontDoor
     from pigeon.broker._ledger import ManagedLedger
+    from pigeon.broker._ledger_compaction import CompactedEntry, CompactedLedger
     from pigeon.broker._ledger_state import Entry, Position
 
 __all__ = ["HANDLERS", "partition_ledger"]
@@ -46,10 +55,15 @@ READ_ENTRIES = 256
 
 
 class FetchCache:
-    """Where fetches stopped, and native entries converted to RecordBatches."""
+    """Where fetches stopped, and entries converted to RecordBatches."""
 
     def __init__(self) -> None:
         self.positions: OrderedDict[tuple[str, int], Position] = OrderedDict()
+        #: (topic, compacted ledger id, offset) -> the compacted entry id holding it
+        self.compacted_positions: OrderedDict[tuple[str, int, int], int] = OrderedDict()
+        #: (topic, compacted ledger id) -> the first offset of the compacted view
+        self.compacted_starts: dict[tuple[str, int], int] = {}
+        #: (topic, segment or compacted ledger id, entry id) -> RecordBatch
         self.converted: OrderedDict[tuple[str, int, int], bytes] = OrderedDict()
         self.converted_bytes = 0
 
@@ -59,19 +73,40 @@ class FetchCache:
         while len(self.positions) > POSITIONS:
             self.positions.popitem(last=False)
 
+    def remember_compacted(self, topic: str, ledger_id: int, offset: int, entry_id: int) -> None:
+        key = (topic, ledger_id, offset)
+        self.compacted_positions[key] = entry_id
+        self.compacted_positions.move_to_end(key)
+        while len(self.compacted_positions) > POSITIONS:
+            self.compacted_positions.popitem(last=False)
+
     def batch(self, topic: str, entry: Entry, codecs: Any) -> list[Any]:
         key = (topic, entry.segment_id, entry.entry_id)
         found = self.converted.get(key)
         if found is not None:
             return [found]
-        parts = kafka_batch_of_entry(entry.data, codecs)
-        if len(parts) == 1 and isinstance(parts[0], bytes):
-            # converted from a native entry (a stored Kafka batch comes back as views)
-            self.converted[key] = parts[0]
-            self.converted_bytes += len(parts[0])
+        return self._keep(key, kafka_batch_of_entry(entry.data, codecs))
+
+    def kept_batch(
+        self, topic: str, ledger_id: int, item: CompactedEntry, codecs: Any
+    ) -> list[Any]:
+        """The RecordBatch of a compacted entry (only the messages it keeps)."""
+        key = (topic, ledger_id, item.entry_id)
+        found = self.converted.get(key)
+        if found is not None:
+            return [found]
+        return self._keep(key, kafka_batch_of_kept(item.entry.data, item.kept, codecs))
+
+    def _keep(self, key: tuple[str, int, int], parts: list[Any]) -> list[Any]:
+        if all(isinstance(p, bytes) for p in parts):
+            # converted (a stored Kafka batch sent whole comes back as views: not kept)
+            joined = parts[0] if len(parts) == 1 else b"".join(parts)
+            self.converted[key] = joined
+            self.converted_bytes += len(joined)
             while self.converted_bytes > CONVERTED_BYTES and self.converted:
                 _, dropped = self.converted.popitem(last=False)
                 self.converted_bytes -= len(dropped)
+            return [joined]
         return parts
 
 
@@ -108,18 +143,21 @@ async def _fetch(conn: KafkaConnection, request: Any) -> Any:
     wanted = [(t.topic, p) for t in request.topics for p in t.partitions]
     while True:
         ledgers: dict[tuple[str, int], Any] = {}
+        compacted: set[str] = set()
         for kafka_topic, p in wanted:
             try:
                 await conn.authorize("consume", kafka_topic)
                 ledgers[(kafka_topic, p.partition)] = await partition_ledger(
                     door, kafka_topic, p.partition
                 )
+                if await is_compacted_topic(door, kafka_topic):
+                    compacted.add(kafka_topic)
             except PigeonError as exc:
                 ledgers[(kafka_topic, p.partition)] = exc
         events = [
             x.new_entries_event() for x in ledgers.values() if not isinstance(x, BaseException)
         ]
-        answers, total, failed = await _read(door, wanted, ledgers, max_bytes)
+        answers, total, failed = await _read(door, wanted, ledgers, max_bytes, compacted)
         if failed or total >= request.min_bytes or trio.current_time() >= deadline or not events:
             return _response(version, answers)
         with trio.move_on_at(deadline):
@@ -143,6 +181,7 @@ async def _read(
     wanted: list[tuple[str, Any]],
     ledgers: dict[tuple[str, int], Any],
     max_bytes: int,
+    compacted: set[str],
 ) -> tuple[list[tuple[str, Any]], int, bool]:
     cache = _cache(door)
     answers = []
@@ -164,7 +203,13 @@ async def _read(
             answers.append((kafka_topic, {**fields, "error_code": error_code(ledger)}))
             continue
         end = ledger.stored_offset
-        start = ledger.first_offset
+        view, horizon = _view_of(ledger, kafka_topic in compacted)
+        try:
+            start = await _log_start(cache, ledger, view)
+        except PigeonError as exc:
+            failed = True
+            answers.append((kafka_topic, {**fields, "error_code": error_code(exc)}))
+            continue
         fields.update(high_watermark=end, last_stable_offset=end, log_start_offset=start)
         offset = p.fetch_offset
         if offset < start or offset > end:
@@ -174,7 +219,15 @@ async def _read(
         budget = min(p.partition_max_bytes, max_bytes - total)
         try:
             parts = await _read_partition(
-                door, cache, ledger, offset, end, budget, first=total == 0
+                door,
+                cache,
+                ledger,
+                offset,
+                end,
+                budget,
+                first=total == 0,
+                view=view,
+                horizon=horizon,
             )
         except PigeonError as exc:
             failed = True
@@ -194,17 +247,27 @@ async def _read_partition(
     budget: int,
     *,
     first: bool,
+    view: CompactedLedger | None = None,
+    horizon: int = 0,
 ) -> list[Any]:
     """RecordBatches from ``offset`` on, within ``budget`` bytes (at least one batch if
-    ``first``: KIP-74, so a batch larger than the limit still gets through)."""
-    if offset >= end:
-        return []
+    ``first``: KIP-74, so a batch larger than the limit still gets through); below
+    ``horizon`` from the compacted ``view`` (when given)."""
     topic = str(ledger.topic)
+    parts: list[Any] = []
+    size = 0
+    if view is not None and offset < horizon:
+        size, done = await _read_compacted(
+            door, cache, ledger, view, horizon, offset, budget, parts, first=first
+        )
+        if not done:
+            return parts
+        offset = max(horizon, ledger.first_offset)  # the log goes on from there
+    if offset >= end:
+        return parts
     pos = cache.positions.get((topic, offset))
     if pos is None:
         pos = await ledger.position_for_offset(offset)
-    parts: list[Any] = []
-    size = 0
     while size < budget:
         entries = await ledger.read(pos, max_entries=READ_ENTRIES, max_bytes=max(budget - size, 1))
         if not entries:
@@ -222,6 +285,96 @@ async def _read_partition(
             continue
         break
     return parts
+
+
+async def is_compacted_topic(door: KafkaFrontDoor, kafka_topic: str) -> bool:
+    """Has ``kafka_topic`` ``cleanup.policy`` compact (its configs as cached)?"""
+    return is_compacted(await door.core.topic_configs.get(door.topic_name(kafka_topic)))
+
+
+def _view_of(ledger: Any, compact: bool) -> tuple[CompactedLedger | None, int]:
+    """(compacted view, the offset below which a Kafka fetch reads it).  A topic with
+    ``cleanup.policy`` compact reads it below its horizon; one that was compacted and
+    is no longer (policy delete) only below the log's first offset, so the latest value
+    of every key the log no longer holds stays readable (as the segments Kafka's
+    cleaner wrote stay when the policy goes back to delete)."""
+    c: CompactedLedger | None = ledger.compacted
+    if c is None:
+        return None, 0
+    horizon = c.horizon if compact else min(c.horizon, int(ledger.first_offset))
+    return c, horizon
+
+
+async def _log_start(cache: FetchCache, ledger: Any, view: CompactedLedger | None) -> int:
+    """The partition's log start offset: the first stored, or the compacted view's."""
+    if view is None:
+        return int(ledger.first_offset)
+    key = (str(ledger.topic), view.id)
+    first = cache.compacted_starts.get(key)
+    if first is None:
+        items = await ledger.read_compacted(view, 0, 1)
+        first = items[0].entry.first_offset if items else view.horizon
+        if len(cache.compacted_starts) >= POSITIONS:
+            cache.compacted_starts.clear()
+        cache.compacted_starts[key] = first
+    return min(int(ledger.first_offset), first)
+
+
+async def _compacted_entry_for(ledger: Any, view: CompactedLedger, offset: int) -> int:
+    """The first entry of the compacted ledger that ends past ``offset`` (``entries``:
+    none), by a binary search (its entries are in offset order)."""
+    lo, hi = 0, view.entries
+    while lo < hi:
+        mid = (lo + hi) // 2
+        items = await ledger.read_compacted(view, mid, 1)
+        if not items:  # pragma: no cover - the recorded count is what was written
+            hi = mid
+            continue
+        entry = items[0].entry
+        if entry.first_offset + entry.num_messages > offset:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+async def _read_compacted(
+    door: KafkaFrontDoor,
+    cache: FetchCache,
+    ledger: Any,
+    view: CompactedLedger,
+    horizon: int,
+    offset: int,
+    budget: int,
+    parts: list[Any],
+    *,
+    first: bool,
+) -> tuple[int, bool]:
+    """RecordBatches of the compacted ``view`` from ``offset`` on, up to ``horizon``,
+    added to ``parts`` (within ``budget`` bytes, at least one if ``first``); (bytes
+    added, whether the view was read up to ``horizon``)."""
+    topic = str(ledger.topic)
+    entry_id = cache.compacted_positions.get((topic, view.id, offset))
+    if entry_id is None:
+        entry_id = await _compacted_entry_for(ledger, view, offset)
+    size = 0
+    while size < budget:
+        items = await ledger.read_compacted(view, entry_id, READ_ENTRIES)
+        if not items:
+            return size, True
+        for item in items:
+            if item.entry.first_offset >= horizon:
+                return size, True
+            batch = cache.kept_batch(topic, view.id, item, door.core.codecs)
+            length = sum(len(b) for b in batch)
+            if size + length > budget and (parts or not first):
+                return size, False
+            parts.extend(batch)
+            size += length
+            entry_id = item.entry_id + 1
+            e = item.entry
+            cache.remember_compacted(topic, view.id, e.first_offset + e.num_messages, entry_id)
+    return size, False
 
 
 def _response(version: int, answers: list[tuple[str, dict[str, Any]]]) -> FetchAnswer:
@@ -252,7 +405,13 @@ async def list_offsets(conn: KafkaConnection, request: Any) -> Any:
             try:
                 await conn.authorize("consume", t.name)
                 ledger = await partition_ledger(door, t.name, p.partition_index)
-                offset, timestamp = await _offset_for(ledger, p.timestamp, door.core.codecs)
+                if p.timestamp == -2 and ledger.compacted is not None:
+                    # earliest: the compacted view's start, if the log starts later
+                    view, _horizon = _view_of(ledger, await is_compacted_topic(door, t.name))
+                    offset = await _log_start(_cache(door), ledger, view)
+                    timestamp = -1
+                else:
+                    offset, timestamp = await _offset_for(ledger, p.timestamp, door.core.codecs)
                 fields.update(error_code=ErrorCode.none, offset=offset, timestamp=timestamp)
             except PigeonError as exc:
                 fields.update(error_code=error_code(exc), offset=-1, timestamp=-1)

@@ -1,5 +1,5 @@
-"""Kafka topic requests: Metadata, CreateTopics, DeleteTopics, CreatePartitions and
-DescribeConfigs, over the broker core's partitioned topics.
+"""Kafka topic requests: Metadata, CreateTopics, DeleteTopics and CreatePartitions, over
+the broker core's partitioned topics (the topic configs are ``_kafka_configs``').
 
 Metadata names, for each partition, the broker that owns its bundle as the partition's
 leader (an unowned bundle: the broker a lookup would hand it to), so clients send each
@@ -24,6 +24,7 @@ from kio.schema.errors import ErrorCode
 from pigeon.broker._kafka_wire import ZERO, build, error_code, part, response_type
 from pigeon.broker._lifecycle import delete_topic
 from pigeon.broker._service import MAX_PARTITIONS
+from pigeon.broker._topic_configs import check_config
 from pigeon.core.errors import (
     AuthorizationError,
     InvalidArgument,
@@ -229,13 +230,24 @@ async def _admin(conn: KafkaConnection, kafka_topic: str, action: Awaitable[_R])
 
 
 async def _create_topic(
-    door: KafkaFrontDoor, kafka_topic: str, count: int, validate_only: bool
-) -> None:
+    door: KafkaFrontDoor,
+    kafka_topic: str,
+    count: int,
+    configs: tuple[Any, ...],
+    validate_only: bool,
+) -> tuple[ErrorCode, str] | None:
     name = door.topic_name(kafka_topic)
+    try:
+        config = topic_config_of(configs)
+    except InvalidArgument as exc:
+        return ErrorCode.invalid_config, exc.message
     if not validate_only:
-        await door.core.create_topic(name, count)
+        await door.core.create_topic(name, count, config=config)
+        if config:
+            log.info("kafka topic configs topic=%s %s", name, config)
     elif await door.core.partitions_of(name):
         raise TopicExists(f"topic {kafka_topic!r} already exists")
+    return None
 
 
 async def create_topics(conn: KafkaConnection, request: Any) -> Any:
@@ -244,7 +256,9 @@ async def create_topics(conn: KafkaConnection, request: Any) -> Any:
     results = []
     for t in request.topics:
         count = t.num_partitions if t.num_partitions > 0 else door.config.default_partitions
-        action = _admin(conn, t.name, _create_topic(door, t.name, count, request.validate_only))
+        action = _admin(
+            conn, t.name, _create_topic(door, t.name, count, t.configs, request.validate_only)
+        )
         results.append(
             await _topic_result(
                 cls,
@@ -257,6 +271,20 @@ async def create_topics(conn: KafkaConnection, request: Any) -> Any:
             )
         )
     return build(cls, throttle_time=ZERO, topics=tuple(results))
+
+
+def topic_config_of(configs: tuple[Any, ...]) -> dict[str, str]:
+    """The configs to store of a CreateTopics topic's ``configs`` (name, value pairs;
+    those without a meaning here are accepted and left out: see ``_topic_configs``).
+
+    :raises InvalidArgument: an unknown name or a bad value (Kafka: INVALID_CONFIG).
+    """
+    stored = {}
+    for c in configs:
+        value = check_config(c.name, c.value)
+        if value is not None:
+            stored[c.name] = value
+    return stored
 
 
 async def _delete_topic(door: KafkaFrontDoor, kafka_topic: str) -> None:
@@ -293,9 +321,14 @@ async def _add_partitions(
     if count > MAX_PARTITIONS:
         return ErrorCode.invalid_partitions, f"a topic has at most {MAX_PARTITIONS} partitions"
     if not validate_only:
-        await door.core.store.set(
-            partitioned_topic_path(name), json.dumps({"partitions": count}).encode()
-        )
+        # the node's other fields (the topic's configs) stay; a concurrent change of
+        # it fails this one (BadVersion: the client retries)
+        path = partitioned_topic_path(name)
+        stat = await door.core.store.get(path)
+        if stat is None:
+            raise TopicNotFound(f"topic {kafka_topic!r} does not exist")
+        doc = {**json.loads(stat.value), "partitions": count}
+        await door.core.store.set(path, json.dumps(doc).encode(), version=stat.version)
         log.info("kafka topic partitions added topic=%s %d -> %d", name, current, count)
     return None
 
@@ -315,78 +348,9 @@ async def create_partitions(conn: KafkaConnection, request: Any) -> Any:
     return build(cls, throttle_time=ZERO, results=tuple(results))
 
 
-def _topic_configs(policies: Any, max_message_size: int) -> dict[str, str]:
-    retention = policies.retention_time_s
-    return {
-        "cleanup.policy": "delete",
-        "compression.type": "producer",
-        "max.message.bytes": str(max_message_size),
-        "message.timestamp.type": "CreateTime",
-        "retention.ms": str(-1 if retention < 0 else int(retention * 1000)),
-        "min.insync.replicas": "1",
-    }
-
-
-async def describe_configs(conn: KafkaConnection, request: Any) -> Any:
-    door = conn.door
-    cls = response_type(request)
-    results = []
-    for resource in request.resources:
-        code, message, entries = ErrorCode.none, None, ()
-        try:
-            if resource.resource_type == 2:  # TOPIC
-                await conn.authorize("lookup", resource.resource_name)
-                name = door.topic_name(resource.resource_name)
-                if not await door.core.partitions_of(name):
-                    raise TopicNotFound(f"topic {resource.resource_name!r} does not exist")
-                policies = door.core.policies.cached(name.namespace_name)
-                configs = _topic_configs(policies, door.core.max_message_size(name))
-            elif resource.resource_type == 4:  # BROKER
-                configs = {
-                    "message.max.bytes": str(door.core.config.max_message_size),
-                    "auto.create.topics.enable": str(door.config.auto_create_topics).lower(),
-                    "num.partitions": str(door.config.default_partitions),
-                }
-            else:
-                raise InvalidArgument(f"resource type {resource.resource_type} is not described")
-            wanted = resource.configuration_keys
-            entries = tuple(
-                part(
-                    cls,
-                    "DescribeConfigsResourceResult",
-                    name=k,
-                    value=v,
-                    read_only=True,
-                    is_default=False,
-                    config_source=5,
-                    is_sensitive=False,
-                    synonyms=(),
-                    config_type=2,
-                    documentation=None,
-                )
-                for k, v in sorted(configs.items())
-                if wanted is None or k in wanted
-            )
-        except PigeonError as exc:
-            code, message = error_code(exc), str(exc)
-        results.append(
-            part(
-                cls,
-                "DescribeConfigsResult",
-                error_code=code,
-                error_message=message,
-                resource_type=resource.resource_type,
-                resource_name=resource.resource_name,
-                configs=entries,
-            )
-        )
-    return build(cls, throttle_time=ZERO, results=tuple(results))
-
-
 HANDLERS = {
     3: metadata,
     19: create_topics,
     20: delete_topics,
-    32: describe_configs,
     37: create_partitions,
 }

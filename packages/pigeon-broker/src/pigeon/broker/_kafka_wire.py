@@ -94,7 +94,9 @@ API_VERSIONS: Final[dict[int, tuple[int, int]]] = {
     20: (1, 5),  # DeleteTopics
     22: (0, 4),  # InitProducerId
     32: (1, 4),  # DescribeConfigs
+    33: (0, 2),  # AlterConfigs
     37: (0, 3),  # CreatePartitions
+    44: (0, 1),  # IncrementalAlterConfigs
 }
 
 API_VERSIONS_KEY: Final = 18

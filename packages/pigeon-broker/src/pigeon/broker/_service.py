@@ -38,6 +38,7 @@ from pigeon.broker._schema_registry import SchemaRegistry
 from pigeon.broker._singleflight import open_once
 from pigeon.broker._subscription import Consumer
 from pigeon.broker._topic import Producer, Topic, drop_reader
+from pigeon.broker._topic_configs import TopicConfigs
 from pigeon.broker._topic_protocol import SeekTarget, TopicProtocol
 from pigeon.core import TopicName
 from pigeon.core.auth import Authenticator
@@ -133,6 +134,8 @@ class BrokerService:
         self.policies = PolicyStore(store)
         #: topics' schemas and what may attach with which (see _schema_registry)
         self.schemas = SchemaRegistry(store, self.policies)
+        #: partitioned topics' topic-level configs (Kafka's cleanup.policy, ...)
+        self.topic_configs = TopicConfigs(store)
         #: may this role do this here (checked once per attach and admin call)
         self.authorization = Authorization(
             self.policies,
@@ -404,18 +407,25 @@ class BrokerService:
             raise TlsError("this broker has no TLS listener (broker_service_port_tls)")
         return self.service_url_tls, partitions
 
-    async def create_topic(self, name: TopicName, partitions: int) -> None:
-        """Create a topic; ``partitions > 0`` makes a partitioned one."""
+    async def create_topic(
+        self, name: TopicName, partitions: int, *, config: dict[str, str] | None = None
+    ) -> None:
+        """Create a topic; ``partitions > 0`` makes a partitioned one, with the
+        topic-level ``config`` (see ``_topic_configs``; checked by the caller)."""
         if partitions < 0 or partitions > MAX_PARTITIONS:
             raise InvalidArgument(f"partitions must be between 0 and {MAX_PARTITIONS}")
         if name.partition_index >= 0 and partitions:
             raise InvalidArgument(f"{name} is a partition; it cannot be partitioned again")
         if await self.partitions_of(name) or await self.store.exists(ledger_path(name)):
             raise TopicExists(f"topic {name} already exists")
+        if config and not partitions:
+            raise InvalidArgument("topic configs are kept for partitioned topics only")
         if partitions:
-            await self.store.create(
-                partitioned_topic_path(name), json.dumps({"partitions": partitions}).encode()
-            )
+            doc: dict[str, Any] = {"partitions": partitions}
+            if config:
+                doc["config"] = dict(sorted(config.items()))
+            await self.store.create(partitioned_topic_path(name), json.dumps(doc).encode())
+            self.topic_configs.forget(name)
         else:
             await self.get_topic(name)
 

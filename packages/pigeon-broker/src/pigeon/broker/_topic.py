@@ -25,6 +25,7 @@ from pigeon.broker._ledger_state import Entry, Position
 from pigeon.broker._policies import NamespacePolicies
 from pigeon.broker._singleflight import open_once
 from pigeon.broker._subscription import Subscription
+from pigeon.broker._topic_configs import dirty_ratio, is_compacted
 from pigeon.broker._topic_protocol import SeekTarget
 from pigeon.core import TopicName
 from pigeon.core.batch import ENTRY_HEADER_SIZE, read_header
@@ -182,6 +183,19 @@ class Topic:
 
     async def maintain(self, policies: NamespacePolicies) -> None:
         now = self.service.clock.now_ms()
+        # a partition of a topic with cleanup.policy=compact (see _topic_configs); plain
+        # topics have no topic-level configs and read none
+        config = (
+            await self.service.topic_configs.get(self.name)
+            if self.name.partition_index >= 0
+            else {}
+        )
+        compacted_topic = is_compacted(config)
+        if compacted_topic and COMPACTION_SUBSCRIPTION not in self.subscriptions:
+            # held from the start: nothing is trimmed before it is compacted
+            await self.subscription(
+                COMPACTION_SUBSCRIPTION, "exclusive", "earliest", durable=True, start_offset=-1
+            )
         subs = [s for s in self.subscriptions.values() if s.durable]
         if policies.message_ttl_s > 0 and subs:
             pos = await self.ledger.position_for_time(now - int(policies.message_ttl_s * 1000))
@@ -237,8 +251,15 @@ class Topic:
                 with contextlib.suppress(PigeonError):  # tried again next time
                     await self.ledger.drop_pending_compaction()
             threshold_bytes = policies.compaction_threshold
-            if threshold_bytes > 0 and self.ledger.bytes_since_compaction() > threshold_bytes:
+            dirty = self.ledger.bytes_since_compaction()
+            if threshold_bytes > 0 and dirty > threshold_bytes:
                 self.start_compaction()
+            elif compacted_topic and dirty > 0:
+                c = self.ledger.compacted
+                clean = c.size if c is not None else 0
+                fresh = c is None or self.ledger.stored_offset > c.horizon
+                if fresh and dirty >= dirty_ratio(config) * (dirty + clean):
+                    self.start_compaction()
         if offloader is not None and self.ledger.offloader is not None:
             threshold = policies.offload_threshold_bytes
             if (

@@ -507,10 +507,19 @@ def _encode_batch(
     producer_id: int = -1,
     producer_epoch: int = -1,
     base_sequence: int = -1,
+    deltas: Sequence[int] | None = None,
+    last_delta: int | None = None,
 ) -> list[bytes]:
-    """The batch of ``n`` records (headers of record ``i``: ``hkeys/hvals[hoff[i]:hoff[i+1]]``)."""
+    """The batch of ``n`` records (headers of record ``i``: ``hkeys/hvals[hoff[i]:hoff[i+1]]``).
+
+    Record ``i`` has offset delta ``i``, or ``deltas[i]`` (ascending: a compacted batch's
+    records keep their offsets, with gaps); lastOffsetDelta is ``n - 1``, or
+    ``last_delta`` (a compacted batch keeps its original last offset, as Kafka's cleaner
+    does, so a consumer goes on after the whole original batch)."""
     if n < 1 or len(values) != n or len(keys) != n or len(times) != n:
         raise ValueError("a record batch needs n >= 1 records with n keys and timestamps")
+    if deltas is not None and (len(deltas) != n or last_delta is None or deltas[-1] > last_delta):
+        raise ValueError("offset deltas need one per record and a last delta past them")
     first = times[0]
     parts: list[bytes] = []
     vi = _varint
@@ -521,10 +530,11 @@ def _encode_batch(
     pairs: list[bytes] = []  # each header encoded: key length, key, value length, value
     if hoff is not None and hoff[-1]:
         pairs = _encode_headers(hkeys, hvals)
-    for i, value, key, t in zip(range(n), values, keys, times, strict=True):
+    offset_deltas = range(n) if deltas is None else deltas
+    for i, o, value, key, t in zip(range(n), offset_deltas, values, keys, times, strict=True):
         d = t - first
         tsd = table[d + small] if -small <= d < small else vi(d)
-        od = table[i + small] if i < small else vi(i)
+        od = table[o + small] if o < small else vi(o)
         vlen = len(value)
         vl = table[vlen + small] if vlen < small else vi(vlen)
         if key is None:
@@ -561,7 +571,7 @@ def _encode_batch(
         head,
         _CRC_START,
         compression,
-        n - 1,
+        n - 1 if last_delta is None else last_delta,
         first,
         max(times),
         producer_id,

@@ -26,7 +26,11 @@ from pigeon.core._kafka_records import (
     split_record_batches,
 )
 from pigeon.core._kafka_records_codecs import compress_records, decompress_records
-from pigeon.core._kafka_records_convert import kafka_batch_of_entry, wrap_record_batch
+from pigeon.core._kafka_records_convert import (
+    kafka_batch_of_entry,
+    kafka_batch_of_kept,
+    wrap_record_batch,
+)
 
 __all__ = [
     "BATCH_HEADER_SIZE",
@@ -38,6 +42,7 @@ __all__ = [
     "decompress_records",
     "encode_record_batch",
     "kafka_batch_of_entry",
+    "kafka_batch_of_kept",
     "parse_records",
     "patch_base_offset",
     "read_batch_info",
