@@ -3,7 +3,10 @@ tail, read_compacted consumers and readers, TableView (trio face; virtual time).
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+import trio
 from standalone_support import PREFIX, drain, values
 
 from pigeon.broker._ledger_compaction import LatestPerKey, pack_compacted, unpack_compacted
@@ -188,3 +191,28 @@ async def trio_sleep(s):
 
 
 assert values  # re-exported helper kept for symmetry with the other feature tests
+
+
+@pytest.mark.parametrize(
+    "expiry",
+    [
+        {"message_ttl_s": 10},
+        {"backlog_quota_bytes": 0, "backlog_quota_policy": "consumer_backlog_eviction"},
+    ],
+)
+async def test_expiry_policies_do_not_move_the_compaction_cursor(
+    pigeon_standalone, client, autojump_clock, expiry
+):
+    """TTL and backlog eviction skip ``__compaction``: the log it holds stays until it is
+    compacted, so no key's latest value leaves the compacted view unseen."""
+    await send_kv(client, "compact-ttl", [("k", b"k1")])
+    t = await compact(pigeon_standalone, "compact-ttl")
+    await send_kv(client, "compact-ttl", [("k", b"k2"), ("j", b"j1")])
+    await trio.sleep(20)  # older than the TTL
+    policies = pigeon_standalone.service.policies.cached(t.name.namespace_name)
+    await t.maintain(dataclasses.replace(policies, **expiry))
+    assert t.subscriptions["__compaction"].cursor.mark_delete == 1
+    await compact(pigeon_standalone, "compact-ttl")
+    reader = await client.create_reader("compact-ttl", "earliest", read_compacted=True)
+    assert kv(await drain(reader)) == [("k", b"k2"), ("j", b"j1")]
+    await reader.close()

@@ -197,7 +197,10 @@ class Topic:
                 COMPACTION_SUBSCRIPTION, "exclusive", "earliest", durable=True, start_offset=-1
             )
         subs = [s for s in self.subscriptions.values() if s.durable]
-        if policies.message_ttl_s > 0 and subs:
+        # TTL and backlog eviction are for consumers: the compaction cursor holds the log
+        # until it is compacted (else a key's latest value could go unseen)
+        expirable = [s for s in subs if s.name != COMPACTION_SUBSCRIPTION]
+        if policies.message_ttl_s > 0 and expirable:
             pos = await self.ledger.position_for_time(now - int(policies.message_ttl_s * 1000))
             npos = self.ledger.normalize(pos)
             try:
@@ -209,7 +212,7 @@ class Topic:
             except CorruptEntry:  # on no replica intact: expire up to what follows it
                 assert npos is not None
                 cutoff = (await self.ledger.skip_damaged(npos)).end_offset
-            for sub in subs:
+            for sub in expirable:
                 if sub.cursor.mark_delete < cutoff:
                     log.info(
                         "message ttl expired topic=%s sub=%s up_to=%s", self.name, sub.name, cutoff
@@ -218,10 +221,10 @@ class Topic:
         if (
             policies.backlog_quota_bytes >= 0
             and policies.backlog_quota_policy == "consumer_backlog_eviction"
-            and subs
+            and expirable
         ):
             keep_from = self.ledger.offset_keeping_bytes(policies.backlog_quota_bytes)
-            for sub in subs:
+            for sub in expirable:
                 if sub.cursor.mark_delete < keep_from:
                     log.info(
                         "backlog evicted topic=%s sub=%s up_to=%s", self.name, sub.name, keep_from
