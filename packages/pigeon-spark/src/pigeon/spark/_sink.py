@@ -4,7 +4,10 @@
 Input columns: ``value`` (binary or string, required), ``key`` (binary or string),
 ``topic`` (string; the ``topic`` option overrides it), ``properties``
 (``map<string,string>``) and ``event_time`` (timestamp, or long ms since the epoch).
-Other columns are ignored, so a DataFrame read from PigeonMQ can be written back as is.
+Other columns are ignored, so a DataFrame read from PigeonMQ can be written back as is:
+read from a topic with a schema, ``value`` is a struct of the decoded record and
+``data`` its bytes as stored, which are what is written then (``data`` is
+required when ``value`` is a struct).
 
 Exactly-once streaming writes rest on the broker's de-duplication, which stores each
 ``(producer name, sequence id)`` once and drops a sequence id at or below the highest it
@@ -92,6 +95,15 @@ class PigeonCommitMessage(WriterCommitMessage):
 def _check_input(schema: StructType, opts: SinkOptions) -> None:
     problems = []
     fields = {f.name: f.dataType for f in schema.fields}
+    if isinstance(fields.get("value"), StructType):
+        if isinstance(fields.get("data"), BinaryType):
+            fields["value"] = fields["data"]  # a decoded schema topic: its bytes are written
+        else:
+            problems.append(
+                "column 'value' is a struct (decoded from a schema topic): keep its 'data'"
+                " column (the bytes) to write it, or read with decodeSchema=false"
+            )
+            del fields["value"]
     if "value" not in fields:
         problems.append("the DataFrame needs a 'value' column (binary or string)")
     for name, kinds in _ALLOWED.items():
@@ -218,7 +230,10 @@ class _Task:
         def col(name: str) -> pa.Array | None:
             return rb.column(names.index(name)) if name in names else None
 
-        values = _bytes_list(col("value"), n)
+        value = col("value")
+        if value is not None and pa.types.is_struct(value.type):
+            value = col("data")  # decoded from a schema topic: write the stored bytes
+        values = _bytes_list(value, n)
         keys = _bytes_list(col("key"), n)
         props = _properties(col("properties"), n)
         times = _event_times(col("event_time"), n)
