@@ -27,6 +27,7 @@ from pigeon.client._options import DeadLetterPolicy, MultiplierRedeliveryBackoff
 from pigeon.client._sync import Client, Consumer, Producer, Reader, TableView
 from pigeon.core.auth import AuthenticationTLS, AuthenticationToken
 from pigeon.core.errors import (
+    AckNotPersisted,
     AlreadyClosed,
     AuthenticationError,
     AuthorizationError,
@@ -34,6 +35,8 @@ from pigeon.core.errors import (
     IncompatibleSchema,
     MessageTooLarge,
     PigeonError,
+    ProducerBusy,
+    ProducerFenced,
     ProducerQueueFull,
     SchemaSerializationError,
     Timeout,
@@ -41,6 +44,7 @@ from pigeon.core.errors import (
 )
 
 __all__ = [
+    "AckNotPersisted",
     "AlreadyClosed",
     "AuthenticationError",
     "AuthenticationTLS",
@@ -58,6 +62,8 @@ __all__ = [
     "MultiplierRedeliveryBackoff",
     "PigeonError",
     "Producer",
+    "ProducerBusy",
+    "ProducerFenced",
     "ProducerQueueFull",
     "Reader",
     "SchemaSerializationError",
