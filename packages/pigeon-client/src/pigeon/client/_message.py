@@ -279,31 +279,15 @@ def _split(
         indexes: Any = [i for i in range(n) if i not in skip]
     else:
         indexes = range(n)
-    if decoders is not None:
-        decoded = decoders.decode_all(entry.source, batch.header.schema_version, values, indexes)
-        return [
-            Message(
-                decoded[i],
-                None
-                if keys is None or keys[i] is None
-                else keys[i].decode("utf-8", "surrogateescape"),
-                props[i] if props is not None else empty,
-                times[i] if times is not None else 0,
-                publish,
-                entry.segment_id,
-                entry.entry_id,
-                i,
-                partition,
-                first + i,
-                entry.redelivery_count,
-                topic,
-                values[i],
-            )
-            for i in indexes
-        ]
+    # what ``msg.value`` shows: the bytes, or with a schema the decoded values by index
+    shown: Any = (
+        values
+        if decoders is None
+        else decoders.decode_all(entry.source, batch.header.schema_version, values, indexes)
+    )
     return [
         Message(
-            values[i],
+            shown[i],
             None if keys is None or keys[i] is None else keys[i].decode("utf-8", "surrogateescape"),
             props[i] if props is not None else empty,
             times[i] if times is not None else 0,
