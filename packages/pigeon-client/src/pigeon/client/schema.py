@@ -14,40 +14,6 @@
 See docs/messaging.md, "Schemas".
 """
 
-from pigeon.client._schema import (
-    Array,
-    AvroSchema,
-    Boolean,
-    Bytes,
-    BytesSchema,
-    Double,
-    Field,
-    Float,
-    Integer,
-    JsonSchema,
-    Long,
-    Map,
-    Record,
-    Schema,
-    String,
-    StringSchema,
-)
-
-__all__ = [
-    "Array",
-    "AvroSchema",
-    "Boolean",
-    "Bytes",
-    "BytesSchema",
-    "Double",
-    "Field",
-    "Float",
-    "Integer",
-    "JsonSchema",
-    "Long",
-    "Map",
-    "Record",
-    "Schema",
-    "String",
-    "StringSchema",
-]
+# The names are listed once, in ``_schema.__all__``; this module re-exports exactly those.
+from pigeon.client._schema import *  # noqa: F403
+from pigeon.client._schema import __all__ as __all__
