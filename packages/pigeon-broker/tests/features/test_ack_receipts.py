@@ -20,8 +20,9 @@ from standalone_support import PREFIX, produce, receive_n
 
 from pigeon.broker._cursor import CursorState
 from pigeon.client import Client as SyncClient
+from pigeon.client import Message
 from pigeon.client.asyncio import Client as AsyncioClient
-from pigeon.client.trio import Client
+from pigeon.client.trio import Client, Consumer
 from pigeon.core import TopicName
 from pigeon.core.errors import AckNotPersisted, MetadataError, NotSupported
 from pigeon.core.paths import cursor_path
@@ -50,42 +51,42 @@ async def acked_offsets(cluster: InProcessStandalone, topic: str) -> list[int]:
     return [] if cursor is None else [o for o in range(len(SENT)) if cursor.is_acked(o)]
 
 
-async def test_an_acknowledge_returns_once_the_cursor_is_stored(cluster, autojump_clock):
+@contextlib.asynccontextmanager
+async def sent_and_received(
+    cluster: InProcessStandalone, topic: str, *, ack_receipt_enabled: bool = True
+) -> AsyncIterator[tuple[Consumer, list[Message]]]:
+    """A trio consumer of ``topic`` (subscription "s", from the earliest) and the SENT
+    messages it received; closed at the end."""
     async with Client(cluster.url) as client:
         consumer = await client.subscribe(
-            "rcpt", "s", initial_position="earliest", ack_receipt_enabled=True
+            topic, "s", initial_position="earliest", ack_receipt_enabled=ack_receipt_enabled
         )
-        await produce(client, "rcpt", SENT)
-        got = await receive_n(consumer, len(SENT))
+        await produce(client, topic, SENT)
+        yield consumer, await receive_n(consumer, len(SENT))
+        await consumer.close()
+
+
+async def test_an_acknowledge_returns_once_the_cursor_is_stored(cluster, autojump_clock):
+    async with sent_and_received(cluster, "rcpt") as (consumer, got):
         await consumer.acknowledge(got[1])
         assert await acked_offsets(cluster, "rcpt") == [1]
         await consumer.acknowledge_cumulative(got[3])
         assert await acked_offsets(cluster, "rcpt") == [0, 1, 2, 3]
-        await consumer.close()
 
 
 async def test_without_receipts_an_ack_is_not_stored_yet(cluster, autojump_clock):
     """What the receipt buys: a plain ack returns before anything is stored."""
-    async with Client(cluster.url) as client:
-        consumer = await client.subscribe("plain", "s", initial_position="earliest")
-        await produce(client, "plain", SENT)
-        got = await receive_n(consumer, len(SENT))
+    async with sent_and_received(cluster, "plain", ack_receipt_enabled=False) as (consumer, got):
         # the broker's first cursor write comes at once; the next one an hour later
         await consumer.acknowledge(got[0])
         await trio.sleep(1)
         await consumer.acknowledge(got[1])
         await trio.sleep(1)  # the grouped ack went out (within 100 ms), unanswered
         assert 1 not in await acked_offsets(cluster, "plain")
-        await consumer.close()
 
 
 async def test_concurrent_acks_share_one_request(cluster, autojump_clock):
-    async with Client(cluster.url) as client:
-        consumer = await client.subscribe(
-            "group", "s", initial_position="earliest", ack_receipt_enabled=True
-        )
-        await produce(client, "group", SENT)
-        got = await receive_n(consumer, len(SENT))
+    async with sent_and_received(cluster, "group") as (consumer, got):
         engine = consumer._handle.engines[0]
         requests = []
         real_ack = engine.ack
@@ -100,16 +101,10 @@ async def test_concurrent_acks_share_one_request(cluster, autojump_clock):
                 nursery.start_soon(consumer.acknowledge, m)
         assert sum(requests) == len(SENT) and len(requests) <= 2, requests
         assert await acked_offsets(cluster, "group") == list(range(len(SENT)))
-        await consumer.close()
 
 
 async def test_a_cursor_that_cannot_be_stored_fails_the_ack(cluster, autojump_clock):
-    async with Client(cluster.url) as client:
-        consumer = await client.subscribe(
-            "fail", "s", initial_position="earliest", ack_receipt_enabled=True
-        )
-        await produce(client, "fail", SENT)
-        got = await receive_n(consumer, len(SENT))
+    async with sent_and_received(cluster, "fail") as (consumer, got):
         sub = cluster.service.topics[PREFIX + "fail"].subscriptions["s"]
 
         class FailingStore:
@@ -128,16 +123,10 @@ async def test_a_cursor_that_cannot_be_stored_fails_the_ack(cluster, autojump_cl
         sub.store = cluster.service.store
         await consumer.acknowledge(got[1])  # the store is back: both are stored now
         assert await acked_offsets(cluster, "fail") == [0, 1]
-        await consumer.close()
 
 
 async def test_a_disconnected_consumer_gets_no_receipt(cluster, autojump_clock):
-    async with Client(cluster.url) as client:
-        consumer = await client.subscribe(
-            "gone", "s", initial_position="earliest", ack_receipt_enabled=True
-        )
-        await produce(client, "gone", SENT)
-        got = await receive_n(consumer, len(SENT))
+    async with sent_and_received(cluster, "gone") as (consumer, got):
         engine = consumer._handle.engines[0]
         engine.conn.close()  # the network drops the connection
         with pytest.raises(AckNotPersisted):
@@ -146,7 +135,6 @@ async def test_a_disconnected_consumer_gets_no_receipt(cluster, autojump_clock):
         assert [m.value for m in again] == SENT
         await consumer.acknowledge(again[0])
         assert await acked_offsets(cluster, "gone") == [0]
-        await consumer.close()
 
 
 async def test_cumulative_receipts_keep_the_subscription_type_rule(cluster, autojump_clock):
