@@ -576,3 +576,13 @@ def test_parse_time() -> None:
     assert parse_time("10m", now_ms=now) == now - 600_000
     assert parse_time("1.5h", now_ms=now) == now - 5_400_000
     assert parse_time("2023-11-14T22:13:20+00:00", now_ms=now) == now
+
+
+def test_topics_compact_and_compaction_status(admin_standalone: AdminStandalone) -> None:
+    s = admin_standalone
+    admin(s, "topics", "create", "adm-compact")
+    started = admin(s, "topics", "compact", "adm-compact").stdout
+    assert started.startswith("compaction of adm-compact: "), started
+    assert "status" in admin_json(s, "topics", "compact", "adm-compact")
+    assert "status" in admin(s, "topics", "compaction-status", "adm-compact").stdout
+    assert "status" in admin_json(s, "topics", "compaction-status", "adm-compact")

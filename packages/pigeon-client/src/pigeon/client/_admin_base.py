@@ -195,6 +195,26 @@ def delete(
     _add(group, "delete", help_text, params, delete)
 
 
+def change(
+    group: click.Group,
+    name: str,
+    help_text: str,
+    call: Callable[..., Any],
+    *arguments: str,
+    confirm: str,
+) -> None:
+    """Add ``group name ARGUMENTS... [--json]``: it calls ``call(client, *values)`` and
+    confirms with ``confirm`` formatted with the result's keys and the arguments' values
+    (``"compaction of {topic}: {status}"``), or prints the result with --json."""
+    params: list[click.Parameter] = [click.Argument([a]) for a in arguments]
+
+    def change(**values: Any) -> None:
+        result = call(settings().client(), *(values[a] for a in arguments))
+        done(confirm.format_map({**(result or {}), **values}), result)
+
+    _add(group, name, help_text, params, change)
+
+
 def _add(
     group: click.Group,
     name: str,

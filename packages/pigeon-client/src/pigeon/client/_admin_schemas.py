@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from pigeon.client import _admin_base as cli
+from pigeon.client._admin_client import AdminClient
 
 __all__ = ["schemas_cmd"]
 
@@ -65,13 +66,14 @@ def schemas_upload(topic: str, filename: str) -> None:
     cli.done(f"schema of {topic} is version {result['version']}", result)
 
 
-@schemas_cmd.command("delete")
-@click.argument("topic")
-@cli.json_flag
-def schemas_delete(topic: str) -> None:
-    """Delete every version of TOPIC's schema."""
-    result = cli.settings().client().delete_schema(topic)
-    cli.done(f"schema of {topic} deleted", result)
+cli.change(
+    schemas_cmd,
+    "delete",
+    "Delete every version of TOPIC's schema.",
+    AdminClient.delete_schema,
+    "topic",
+    confirm="schema of {topic} deleted",
+)
 
 
 @schemas_cmd.command("compatibility")

@@ -352,21 +352,22 @@ def _offload_status_text(status: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-@topics_cmd.command("compact")
-@click.argument("topic")
-@cli.json_flag
-def topics_compact(topic: str) -> None:
-    """Compact TOPIC: keep the latest message of every key (read with read_compacted)."""
-    result = cli.settings().client().compact(topic)
-    cli.done(f"compaction of {topic}: {result['status']}", result)
-
-
-@topics_cmd.command("compaction-status")
-@click.argument("topic")
-@cli.json_flag
-def topics_compaction_status(topic: str) -> None:
-    """How TOPIC's last compaction went, its compacted ledger and horizon."""
-    cli.emit(cli.settings().client().compaction_status(topic), cli.kv)
+cli.change(
+    topics_cmd,
+    "compact",
+    "Compact TOPIC: keep the latest message of every key (read with read_compacted).",
+    AdminClient.compact,
+    "topic",
+    confirm="compaction of {topic}: {status}",
+)
+cli.show(
+    topics_cmd,
+    "compaction-status",
+    "How TOPIC's last compaction went, its compacted ledger and horizon.",
+    AdminClient.compaction_status,
+    "topic",
+    human=cli.kv,
+)
 
 
 @namespaces_cmd.command("set-compaction-threshold")
