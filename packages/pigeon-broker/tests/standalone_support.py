@@ -79,10 +79,32 @@ async def consume_all(client: Client, topic: str, n: int, sub: str = "check") ->
     return out
 
 
+def backlog(cluster: InProcessStandalone, topic: str, sub: str) -> int:
+    """The backlog of subscription ``sub`` of ``topic`` (in the default namespace)."""
+    return int(cluster.service.topics[PREFIX + topic].subscriptions[sub].backlog())
+
+
 async def set_backlog_quota(cluster: InProcessStandalone, quota_bytes: int, policy: str) -> None:
     """The default namespace's backlog quota and what happens above it."""
     await cluster.service.policies.set(
         NS, {"backlog_quota_bytes": quota_bytes, "backlog_quota_policy": policy}
+    )
+
+
+# ------------------------------------------------------------------ chunking
+
+#: the chunk size of :func:`chunking_producer` (the broker's limit is megabytes)
+CHUNK = 4096
+
+
+async def chunking_producer(client: Client, topic: str, **options: Any) -> Producer:
+    """A producer that sends each message alone (no batching), in chunks of CHUNK bytes."""
+    return await client.create_producer(
+        topic,
+        chunking_enabled=True,
+        batching_enabled=False,
+        chunk_max_message_size=CHUNK,
+        **options,
     )
 
 

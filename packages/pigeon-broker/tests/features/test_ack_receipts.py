@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import trio
-from standalone_support import PREFIX, produce, receive_n
+from standalone_support import PREFIX, produce, receive_n, subscribe_and_produce
 
 from pigeon.broker._cursor import CursorState
 from pigeon.client import Client as SyncClient
@@ -55,14 +55,13 @@ async def acked_offsets(cluster: InProcessStandalone, topic: str) -> list[int]:
 async def sent_and_received(
     cluster: InProcessStandalone, topic: str, *, ack_receipt_enabled: bool = True
 ) -> AsyncIterator[tuple[Consumer, list[Message]]]:
-    """A trio consumer of ``topic`` (subscription "s", from the earliest) and the SENT
-    messages it received; closed at the end."""
+    """A trio consumer of ``topic`` and the SENT messages it received
+    (:func:`subscribe_and_produce`); closed at the end."""
     async with Client(cluster.url) as client:
-        consumer = await client.subscribe(
-            topic, "s", initial_position="earliest", ack_receipt_enabled=ack_receipt_enabled
+        consumer, got = await subscribe_and_produce(
+            client, topic, SENT, ack_receipt_enabled=ack_receipt_enabled
         )
-        await produce(client, topic, SENT)
-        yield consumer, await receive_n(consumer, len(SENT))
+        yield consumer, got
         await consumer.close()
 
 

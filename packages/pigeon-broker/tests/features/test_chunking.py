@@ -8,36 +8,20 @@ asyncio faces (and the 50 MB message) are in ``packages/pigeon-client/tests/test
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import pytest
 import trio
-from standalone_support import PREFIX, raw_sends
+from standalone_support import CHUNK, PREFIX, backlog, chunking_producer, raw_sends
 
 from pigeon.client import ChunkMessageId, MessageTooLarge
 from pigeon.client.trio import Client
 from pigeon.core.batch import encode_batch
 from pigeon.core.codecs import NONE
 from pigeon.core.errors import InvalidArgument
-from pigeon.core.testing import InProcessStandalone, drain, receive_n
+from pigeon.core.testing import drain, receive_n
 
-CHUNK = 4096
 #: a value of five chunks and a bit (every byte position distinguishable)
 BIG = bytes(range(256)) * (5 * CHUNK // 256) + b"tail"
-
-
-async def chunking_producer(client: Client, topic: str, **options: Any) -> Any:
-    return await client.create_producer(
-        topic,
-        chunking_enabled=True,
-        batching_enabled=False,
-        chunk_max_message_size=CHUNK,
-        **options,
-    )
-
-
-def backlog(cluster: InProcessStandalone, topic: str, sub: str) -> int:
-    return int(cluster.service.topics[PREFIX + topic].subscriptions[sub].backlog())
 
 
 async def test_a_chunked_message_comes_back_whole_and_one_ack_acks_every_chunk(

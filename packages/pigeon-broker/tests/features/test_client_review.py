@@ -3,33 +3,16 @@ chunking, ack receipts, schemas), each against an in-process standalone."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import trio
-from standalone_support import PREFIX
+from standalone_support import CHUNK, backlog, chunking_producer
 
 from pigeon.client.schema import AvroSchema, Integer, JsonSchema, Record, String
 from pigeon.client.trio import Client, DeadLetterPolicy
 from pigeon.core.errors import Timeout
 from pigeon.core.testing import InProcessStandalone, in_process_standalone
 
-CHUNK = 4096
 BIG = bytes(range(256)) * (3 * CHUNK // 256)
-
-
-async def chunking_producer(client: Client, topic: str, **options: Any) -> Any:
-    return await client.create_producer(
-        topic,
-        chunking_enabled=True,
-        batching_enabled=False,
-        chunk_max_message_size=CHUNK,
-        **options,
-    )
-
-
-def backlog(cluster: InProcessStandalone, topic: str, sub: str) -> int:
-    return int(cluster.service.topics[PREFIX + topic].subscriptions[sub].backlog())
 
 
 async def test_an_ack_receipt_of_a_chunked_message_acks_every_chunk(

@@ -8,10 +8,10 @@ import uuid
 from typing import Any
 
 import pytest
+from standalone_support import CHUNK
 
 from pigeon.client import Client, Message
 
-CHUNK = 4096
 BIG = bytes(range(256)) * (6 * CHUNK // 256)  # seven chunks
 
 
