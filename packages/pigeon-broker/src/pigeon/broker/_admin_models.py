@@ -9,6 +9,8 @@ from fastapi import Body, Path, Query
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
+from pigeon.broker._schema_compat import CompatibilityStrategy, SchemaType
+
 __all__ = [
     "CompactionStatus",
     "OffloadDamage",
@@ -112,24 +114,11 @@ class TenantOut(Tenant):
     tenant: str
 
 
-CompatibilityStrategy = Literal[
-    "always_compatible",
-    "always_incompatible",
-    "backward",
-    "forward",
-    "full",
-    "backward_transitive",
-    "forward_transitive",
-    "full_transitive",
-    "none",
-]
-
-
 class SchemaIn(BaseModel):
     """A schema as Pulsar's admin API takes it (``PostSchemaPayload``)."""
 
     model_config = _INPUT
-    type: Literal["BYTES", "STRING", "JSON", "AVRO"]
+    type: SchemaType
     schema_: str = Field(
         "",
         alias="schema",

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 from pigeon.core.errors import IncompatibleSchema, InvalidSchemaData
 
@@ -34,7 +34,9 @@ __all__ = [
     "COMPATIBILITY_STRATEGIES",
     "DEFAULT_STRATEGY",
     "SCHEMA_TYPES",
+    "CompatibilityStrategy",
     "SchemaData",
+    "SchemaType",
     "check_compatible",
     "check_readable",
     "parse_avro",
@@ -43,7 +45,7 @@ __all__ = [
 
 #: Pulsar's SchemaCompatibilityStrategy values (snake_case); ``none`` is Confluent's name
 #: for always_compatible, accepted as such
-COMPATIBILITY_STRATEGIES = (
+CompatibilityStrategy = Literal[
     "always_compatible",
     "always_incompatible",
     "backward",
@@ -53,11 +55,13 @@ COMPATIBILITY_STRATEGIES = (
     "forward_transitive",
     "full_transitive",
     "none",
-)
+]
+COMPATIBILITY_STRATEGIES: tuple[str, ...] = get_args(CompatibilityStrategy)
 #: Pulsar's broker default (``schemaCompatibilityStrategy=FULL``)
 DEFAULT_STRATEGY = "full"
 #: the schema types a producer or consumer may declare (Pulsar's names)
-SCHEMA_TYPES = ("BYTES", "STRING", "JSON", "AVRO")
+SchemaType = Literal["BYTES", "STRING", "JSON", "AVRO"]
+SCHEMA_TYPES: tuple[str, ...] = get_args(SchemaType)
 _RECORD_TYPES = ("JSON", "AVRO")
 
 _PRIMITIVES = frozenset(("null", "boolean", "int", "long", "float", "double", "bytes", "string"))
