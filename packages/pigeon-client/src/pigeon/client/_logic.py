@@ -66,17 +66,12 @@ class ProducerLogic:
         self.multi = len(self.cores) > 1
         if self.encode is not None:
             # a schema producer encodes first; a producer of bytes pays nothing for it
-            self.add_plain = self._add_plain_encoded  # type: ignore[method-assign]
+            self.add_plain = self._add_plain_encoded  # type: ignore[method-assign,assignment]
 
-    def _add_plain_encoded(
-        self,
-        value: Any,
-        key: str | bytes | None,
-        properties: Mapping[str, str] | None,
-        event_time: int,
-    ) -> MessageFuture:
+    def _add_plain_encoded(self, value: Any, *message: Any) -> MessageFuture:
+        """:meth:`add_plain` of the encoded value (``message``: its other arguments)."""
         assert self.encode is not None
-        return ProducerLogic.add_plain(self, self.encode(value), key, properties, event_time)
+        return ProducerLogic.add_plain(self, self.encode(value), *message)
 
     def add(
         self,
