@@ -46,6 +46,19 @@ HISTORY = [
     ("a", b"a3"),
     ("d", b"d1"),
 ]
+#: what a compacted reader of HISTORY then ("e", b"e1") gets
+AFTER_E = [("c", b"c1"), ("a", b"a3"), ("d", b"d1"), ("e", b"e1")]
+
+
+async def compacted_then_trimmed(cluster, client, topic):
+    """``topic`` with HISTORY sent and compacted, then ("e", b"e1") sent and the log
+    trimmed below the horizon (retention 0: the compacted messages are only in the
+    compacted ledger now); the topic."""
+    await send_kv(client, topic, HISTORY)
+    t = await compact(cluster, topic)
+    await send_kv(client, topic, [("e", b"e1")])
+    await t.maintain(cluster.service.policies.cached(t.name.namespace_name))
+    return t
 
 
 def test_latest_per_key_model():
@@ -104,21 +117,17 @@ async def test_compacting_again_keeps_the_previous_view_and_deletes_the_old_ledg
     assert stats["compacted_ledger"]["id"] == t.ledger.compacted.id
 
 
-async def test_compacted_view_outlives_the_trimmed_log(small_segments, autojump_clock):
-    from pigeon.client.trio import Client
-
-    async with Client(small_segments.url) as client:
-        await send_kv(client, "compact-trim", HISTORY)
-        t = await compact(small_segments, "compact-trim")
-        await send_kv(client, "compact-trim", [("e", b"e1")])
-        policies = small_segments.service.policies.cached(t.name.namespace_name)
-        await t.maintain(policies)
-        assert t.ledger.first_offset >= len(HISTORY)  # retention 0: compacted messages gone
-        reader = await client.create_reader("compact-trim", "earliest", read_compacted=True)
-        assert kv(await drain(reader)) == [("c", b"c1"), ("a", b"a3"), ("d", b"d1"), ("e", b"e1")]
-        await reader.close()
-        async with await client.create_table_view("compact-trim") as view:
-            assert dict(view.items()) == {"a": b"a3", "c": b"c1", "d": b"d1", "e": b"e1"}
+async def test_compacted_view_outlives_the_trimmed_log(
+    small_segments, small_segments_client, autojump_clock
+):
+    client = small_segments_client
+    t = await compacted_then_trimmed(small_segments, client, "compact-trim")
+    assert t.ledger.first_offset >= len(HISTORY)  # retention 0: compacted messages gone
+    reader = await client.create_reader("compact-trim", "earliest", read_compacted=True)
+    assert kv(await drain(reader)) == AFTER_E
+    await reader.close()
+    async with await client.create_table_view("compact-trim") as view:
+        assert dict(view.items()) == {"a": b"a3", "c": b"c1", "d": b"d1", "e": b"e1"}
 
 
 async def test_read_compacted_consumer_acknowledges_and_resumes(

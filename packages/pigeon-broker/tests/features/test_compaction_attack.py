@@ -4,56 +4,44 @@ entries are trimmed, ownership moving mid-compaction, deletion racing a compacti
 from __future__ import annotations
 
 from standalone_support import PREFIX, drain
-from test_compaction import HISTORY, compact, kv, send_kv
+from test_compaction import AFTER_E, HISTORY, compact, compacted_then_trimmed, kv, send_kv
 
 from pigeon.core import TopicName
 
 
 async def test_compacted_messages_redelivered_after_the_log_was_trimmed(
-    small_segments, autojump_clock
+    small_segments, small_segments_client, autojump_clock
 ):
-    from pigeon.client.trio import Client
-
-    async with Client(small_segments.url) as client:
-        await send_kv(client, "cattack-redeliver", HISTORY)
-        t = await compact(small_segments, "cattack-redeliver")
-        await send_kv(client, "cattack-redeliver", [("e", b"e1")])
-        policies = small_segments.service.policies.cached(t.name.namespace_name)
-        await t.maintain(policies)
-        assert t.ledger.first_offset >= len(HISTORY)
-        consumer = await client.subscribe(
-            "cattack-redeliver", "s", initial_position="earliest", read_compacted=True
-        )
-        first = await drain(consumer)
-        assert kv(first) == [("c", b"c1"), ("a", b"a3"), ("d", b"d1"), ("e", b"e1")]
-        await consumer.close()  # nothing acknowledged: all of it comes again
-        again = await client.subscribe("cattack-redeliver", "s", read_compacted=True)
-        assert kv(await drain(again)) == kv(first)
-        await again.close()
+    client = small_segments_client
+    t = await compacted_then_trimmed(small_segments, client, "cattack-redeliver")
+    assert t.ledger.first_offset >= len(HISTORY)
+    consumer = await client.subscribe(
+        "cattack-redeliver", "s", initial_position="earliest", read_compacted=True
+    )
+    first = await drain(consumer)
+    assert kv(first) == AFTER_E
+    await consumer.close()  # nothing acknowledged: all of it comes again
+    again = await client.subscribe("cattack-redeliver", "s", read_compacted=True)
+    assert kv(await drain(again)) == kv(first)
+    await again.close()
 
 
 async def test_a_redelivered_compacted_message_superseded_since_is_dropped(
-    small_segments, autojump_clock
+    small_segments, small_segments_client, autojump_clock
 ):
-    from pigeon.client.trio import Client
-
-    async with Client(small_segments.url) as client:
-        await send_kv(client, "cattack-superseded", HISTORY)
-        t = await compact(small_segments, "cattack-superseded")
-        policies = small_segments.service.policies.cached(t.name.namespace_name)
-        await send_kv(client, "cattack-superseded", [("e", b"e1")])
-        await t.maintain(policies)
-        consumer = await client.subscribe(
-            "cattack-superseded", "s", initial_position="earliest", read_compacted=True
-        )
-        assert kv(await drain(consumer)) == [("c", b"c1"), ("a", b"a3"), ("d", b"d1"), ("e", b"e1")]
-        await consumer.close()
-        await send_kv(client, "cattack-superseded", [("c", b"c2")])
-        await compact(small_segments, "cattack-superseded")
-        again = await client.subscribe("cattack-superseded", "s", read_compacted=True)
-        got = kv(await drain(again))
-        assert sorted(got) == [("a", b"a3"), ("c", b"c2"), ("d", b"d1"), ("e", b"e1")]
-        await again.close()
+    client = small_segments_client
+    await compacted_then_trimmed(small_segments, client, "cattack-superseded")
+    consumer = await client.subscribe(
+        "cattack-superseded", "s", initial_position="earliest", read_compacted=True
+    )
+    assert kv(await drain(consumer)) == AFTER_E
+    await consumer.close()
+    await send_kv(client, "cattack-superseded", [("c", b"c2")])
+    await compact(small_segments, "cattack-superseded")
+    again = await client.subscribe("cattack-superseded", "s", read_compacted=True)
+    got = kv(await drain(again))
+    assert sorted(got) == [("a", b"a3"), ("c", b"c2"), ("d", b"d1"), ("e", b"e1")]
+    await again.close()
 
 
 async def test_ownership_moving_mid_compaction_keeps_the_new_owners_compacted_ledger(
@@ -173,23 +161,17 @@ async def test_deleting_a_topic_mid_compaction_leaves_no_compacted_ledger(
 
 
 async def test_seek_on_a_read_compacted_subscription_after_the_log_was_trimmed(
-    small_segments, autojump_clock
+    small_segments, small_segments_client, autojump_clock
 ):
-    from pigeon.client.trio import Client
-
-    async with Client(small_segments.url) as client:
-        await send_kv(client, "cattack-seek", HISTORY)
-        t = await compact(small_segments, "cattack-seek")
-        await send_kv(client, "cattack-seek", [("e", b"e1")])
-        policies = small_segments.service.policies.cached(t.name.namespace_name)
-        await t.maintain(policies)
-        consumer = await client.subscribe(
-            "cattack-seek", "s", initial_position="earliest", read_compacted=True
-        )
-        first = await drain(consumer)
-        assert kv(first) == [("c", b"c1"), ("a", b"a3"), ("d", b"d1"), ("e", b"e1")]
-        await consumer.seek(first[1].message_id)  # a compacted message below the log start
-        assert kv(await drain(consumer)) == kv(first[1:])
-        await consumer.seek(offset=0)
-        assert kv(await drain(consumer)) == kv(first)
-        await consumer.close()
+    client = small_segments_client
+    await compacted_then_trimmed(small_segments, client, "cattack-seek")
+    consumer = await client.subscribe(
+        "cattack-seek", "s", initial_position="earliest", read_compacted=True
+    )
+    first = await drain(consumer)
+    assert kv(first) == AFTER_E
+    await consumer.seek(first[1].message_id)  # a compacted message below the log start
+    assert kv(await drain(consumer)) == kv(first[1:])
+    await consumer.seek(offset=0)
+    assert kv(await drain(consumer)) == kv(first)
+    await consumer.close()
