@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from typing import Any
 
 import pytest
+from _admin import admin_json, pigeon
 
-from pigeon.core.testing.servers import HOST, Standalone, clean_env, free_ports, pigeon_command
+from pigeon.core.testing.servers import HOST, Standalone, free_ports
 
 pytestmark = pytest.mark.integration
 
@@ -33,23 +32,6 @@ def start_with_http(factory: Callable[..., Standalone]) -> tuple[Standalone, str
             pass
         assert time.monotonic() < deadline, "admin API not up; log:\n" + server.log_tail()
         time.sleep(0.1)
-
-
-def pigeon(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*pigeon_command(), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**clean_env(), **(env or {})},
-        stdin=subprocess.DEVNULL,
-    )
-
-
-def admin_json(url: str, *args: str) -> Any:
-    done = pigeon("admin", "--url", url, "--json", *args)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
 
 
 def test_operator_workflow_against_a_real_standalone(

@@ -6,7 +6,6 @@ key, a value at least as new as the one acknowledged before the compaction start
 from __future__ import annotations
 
 import json
-import subprocess
 import threading
 import time
 import urllib.request
@@ -14,27 +13,15 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from _admin import admin_json, admin_url
 
 from pigeon.client import Client
-from pigeon.core.testing.servers import HOST, Standalone, clean_env, pigeon_command
+from pigeon.core.testing.servers import Standalone
 
 pytestmark = pytest.mark.integration
 
 TOPIC = "persistent://public/default/compacted-crash"
 KEYS = 50
-
-
-def admin(url: str, *args: str) -> Any:
-    done = subprocess.run(
-        [*pigeon_command(), "admin", "--url", url, "--json", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=clean_env(),
-        stdin=subprocess.DEVNULL,
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
 
 
 def rest(url: str, what: str) -> Any:
@@ -63,7 +50,7 @@ def test_compaction_survives_kill9_under_concurrent_produce(
     standalone_factory: Callable[..., Standalone],
 ) -> None:
     server = standalone_factory().start()
-    url = f"http://{HOST}:{server.http_port}"
+    url = admin_url(server)
     acked: dict[str, int] = {}  # key -> highest acknowledged sequence
     lock = threading.Lock()
     stop = threading.Event()
@@ -94,17 +81,17 @@ def test_compaction_survives_kill9_under_concurrent_produce(
     time.sleep(0.3)
     with lock:
         before = dict(acked)
-    started = admin(url, "topics", "compact", TOPIC)
+    started = admin_json(url, "topics", "compact", TOPIC)
     assert started["status"] in ("RUNNING", "SUCCESS")
     server.kill9()  # most likely mid-compaction
     stop.set()
     writer.join(30)
 
     server.restart()
-    admin(url, "topics", "compact", TOPIC)
+    admin_json(url, "topics", "compact", TOPIC)
     status = wait_status(url, "SUCCESS")
     assert status["compacted_ledger"] is not None and status["horizon"] > 0
-    assert admin(url, "topics", "compaction-status", TOPIC) == status
+    assert admin_json(url, "topics", "compaction-status", TOPIC) == status
     stats = rest(url, "internal-stats")
     assert stats["compaction_horizon"] == status["horizon"]
     assert stats["compacted_ledger"]["id"] == status["compacted_ledger"]

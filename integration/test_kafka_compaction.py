@@ -18,9 +18,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from _admin import admin_url, pigeon
 from _kafka import DEADLINE_S, consume, produce, standalone, topic_name
 
-from pigeon.core.testing.servers import HOST, Standalone, clean_env, pigeon_command
+from pigeon.core.testing.servers import Standalone
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 from confluent_kafka.admin import (  # noqa: E402
@@ -84,7 +85,7 @@ def read_all(server: Standalone, topic: str, count: int) -> list[tuple[int, byte
 
 def compaction(server: Standalone, topic: str) -> dict[str, Any]:
     path = f"/admin/v2/topics/persistent/public/default/{topic}-partition-0/compaction"
-    with urllib.request.urlopen(f"http://{HOST}:{server.http_port}{path}", timeout=10) as r:
+    with urllib.request.urlopen(admin_url(server) + path, timeout=10) as r:
         return dict(json.loads(r.read()))
 
 
@@ -178,21 +179,8 @@ def compact_with_cli(server: Standalone, topic: str, horizon: int) -> None:
     the command is given again)."""
     deadline = time.monotonic() + DEADLINE_S
     while True:
-        done = subprocess.run(
-            [
-                *pigeon_command(),
-                "admin",
-                "--url",
-                f"http://{HOST}:{server.http_port}",
-                "topics",
-                "compact",
-                f"{topic}-partition-0",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env=clean_env(),
-            stdin=subprocess.DEVNULL,
+        done = pigeon(
+            "admin", "--url", admin_url(server), "topics", "compact", f"{topic}-partition-0"
         )
         assert done.returncode == 0, done.stderr
         for _ in range(40):

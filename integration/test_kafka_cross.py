@@ -18,8 +18,6 @@ Every wait is bounded (``DEADLINE_S``).
 
 from __future__ import annotations
 
-import json
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -27,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _admin import admin_json, admin_url
 from _kafka import DEADLINE_S, standalone, topic_name
 from _kafka import consume as kafka_consume
 from _kafka import produce as kafka_produce
@@ -34,7 +33,7 @@ from _produce import OP_TIMEOUT, receive_n
 from _spark import local_spark
 
 from pigeon.client import Client, Message, MessageId
-from pigeon.core.testing.servers import Standalone, clean_env, pigeon_command
+from pigeon.core.testing.servers import Standalone
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
@@ -302,22 +301,7 @@ def test_interleaved_kafka_and_native_producers_give_one_sequence_to_both_consum
 
 
 def admin_cli(server: Standalone, *args: str) -> Any:
-    run = subprocess.run(
-        [
-            *pigeon_command(),
-            "admin",
-            "--url",
-            f"http://127.0.0.1:{server.http_port}",
-            "--json",
-            *args,
-        ],
-        capture_output=True,
-        timeout=DEADLINE_S,
-        env=clean_env(),
-        check=False,
-    )
-    assert run.returncode == 0, run.stderr.decode()
-    return json.loads(run.stdout)
+    return admin_json(admin_url(server), *args)
 
 
 def test_kafka_consumer_group_is_a_subscription_the_cli_and_native_consumers_see(
