@@ -586,3 +586,13 @@ def test_topics_compact_and_compaction_status(admin_standalone: AdminStandalone)
     assert "status" in admin_json(s, "topics", "compact", "adm-compact")
     assert "status" in admin(s, "topics", "compaction-status", "adm-compact").stdout
     assert "status" in admin_json(s, "topics", "compaction-status", "adm-compact")
+
+
+def test_namespaces_set_compaction_threshold(admin_standalone: AdminStandalone) -> None:
+    s = admin_standalone
+    admin(s, "namespaces", "create", "public/cthr")
+    out = admin(s, "namespaces", "set-compaction-threshold", "public/cthr", "-t", "10M").stdout
+    assert out.strip() == f"compaction threshold of public/cthr is {10 << 20} bytes"
+    policies = admin_json(s, "namespaces", "policies", "public/cthr")
+    assert policies["compaction_threshold"] == 10 << 20
+    admin(s, "namespaces", "set-compaction-threshold", "public/cthr", "-t", "-1", code=2)

@@ -370,30 +370,39 @@ cli.show(
 )
 
 
-@namespaces_cmd.command("set-compaction-threshold")
-@click.argument("namespace")
-@click.option(
-    "--threshold", "-t", required=True, help="Bytes since the last compaction (10M, 1G); 0: off."
-)
-@cli.json_flag
-def namespaces_compaction_threshold(namespace: str, threshold: str) -> None:
-    """Compact a topic once more than THRESHOLD bytes were stored since its last compaction."""
-    value = _size(threshold)
-    result = cli.settings().client().set_policies(namespace, {"compaction_threshold": value})
-    cli.done(f"compaction threshold of {namespace} is {value} bytes", result)
+def _byte_threshold(
+    name: str, policy: str, option: tuple[str, str], option_help: str, help_text: str, *, off: int
+) -> None:
+    """Add ``namespaces NAME NAMESPACE --OPTION SIZE``: it sets the namespace's ``policy``
+    to SIZE in bytes (10M, 1G; ``off`` as is: the threshold is off)."""
+
+    @namespaces_cmd.command(name, help=help_text)
+    @click.argument("namespace")
+    @click.option(*option, "size", required=True, help=option_help)
+    @cli.json_flag
+    def set_threshold(namespace: str, size: str) -> None:
+        value = off if size.strip() == str(off) else _size(size)
+        result = cli.settings().client().set_policies(namespace, {policy: value})
+        what = name.removeprefix("set-").replace("-", " ")
+        cli.done(f"{what} of {namespace} is {value} bytes", result)
 
 
-@namespaces_cmd.command("set-offload-threshold")
-@click.argument("namespace")
-@click.option(
-    "--size", "-s", required=True, help="Bytes on bookies before offloading (10M, 1G); -1: off."
+_byte_threshold(
+    "set-compaction-threshold",
+    "compaction_threshold",
+    ("--threshold", "-t"),
+    "Bytes since the last compaction (10M, 1G); 0: off.",
+    "Compact a topic once more than THRESHOLD bytes were stored since its last compaction.",
+    off=0,
 )
-@cli.json_flag
-def namespaces_offload_threshold(namespace: str, size: str) -> None:
-    """Offload a topic's oldest closed segments once more than SIZE is only on bookies."""
-    value = -1 if size.strip() == "-1" else _size(size)
-    result = cli.settings().client().set_policies(namespace, {"offload_threshold_bytes": value})
-    cli.done(f"offload threshold of {namespace} is {value} bytes", result)
+_byte_threshold(
+    "set-offload-threshold",
+    "offload_threshold_bytes",
+    ("--size", "-s"),
+    "Bytes on bookies before offloading (10M, 1G); -1: off.",
+    "Offload a topic's oldest closed segments once more than SIZE is only on bookies.",
+    off=-1,
+)
 
 
 @namespaces_cmd.command("set-offload-deletion-lag")
