@@ -338,19 +338,17 @@ def check_compatible(
     against = versions if strategy.endswith("_transitive") else versions[-1:]
     base = strategy.removesuffix("_transitive")
     for version, old in reversed(against):
+        # (reader, writer, what it means when the reader cannot read the writer's data)
+        directions = []
         if base in ("backward", "full"):
-            why = _pair_error(new, old)
-            if why is not None:
-                raise IncompatibleSchema(
-                    f"schema is not compatible with version {version} under {label}: "
-                    f"the new schema cannot read its data: {why}"
-                )
+            directions.append((new, old, "the new schema cannot read its data"))
         if base in ("forward", "full"):
-            why = _pair_error(old, new)
+            directions.append((old, new, f"version {version} cannot read the new schema's data"))
+        for reader, writer, what in directions:
+            why = _pair_error(reader, writer)
             if why is not None:
                 raise IncompatibleSchema(
-                    f"schema is not compatible with version {version} under {label}: "
-                    f"version {version} cannot read the new schema's data: {why}"
+                    f"schema is not compatible with version {version} under {label}: {what}: {why}"
                 )
 
 
