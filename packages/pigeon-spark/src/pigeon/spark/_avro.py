@@ -203,7 +203,17 @@ def _plain(schema: Any, reader: bool = False) -> Any:
 
 
 class _Bad(ValueError):
-    pass
+    @classmethod
+    def expected(cls, what: str, value: Any) -> _Bad:
+        """``expected WHAT, got VALUE`` (VALUE as JSON, cut at 40 characters)."""
+        return cls(f"expected {what}, got {json.dumps(value)[:40]}")
+
+
+def _typed(v: Any, t: type, what: str) -> Any:
+    """``v``, which must be of type ``t`` exactly (a bool is no int here)."""
+    if type(v) is not t:
+        raise _Bad.expected(what, v)
+    return v
 
 
 Convert = Callable[[Any], Any]
@@ -212,7 +222,7 @@ Convert = Callable[[Any], Any]
 def _check(ok: Callable[[Any], bool], what: str) -> Convert:
     def convert(v: Any) -> Any:
         if not ok(v):
-            raise _Bad(f"expected {what}, got {json.dumps(v)[:40]}")
+            raise _Bad.expected(what, v)
         return v
 
     return convert
@@ -226,34 +236,26 @@ def _int_range(bits: int) -> Callable[[Any], bool]:
 def _number(v: Any) -> Any:
     if type(v) is float or type(v) is int:
         return v
-    raise _Bad(f"expected a number, got {json.dumps(v)[:40]}")
+    raise _Bad.expected("a number", v)
 
 
 def _latin1(v: Any) -> Any:
-    if type(v) is not str:
-        raise _Bad(f"expected bytes as ISO-8859-1 text, got {json.dumps(v)[:40]}")
     try:
-        return v.encode("latin-1")
+        return _typed(v, str, "bytes as ISO-8859-1 text").encode("latin-1")
     except UnicodeEncodeError as exc:
         raise _Bad(f"bytes text is not ISO-8859-1: {exc}") from None
 
 
 def _millis(v: Any) -> Any:
-    if type(v) is not int:
-        raise _Bad(f"expected milliseconds since the epoch, got {json.dumps(v)[:40]}")
-    return _EPOCH + datetime.timedelta(milliseconds=v)
+    return _EPOCH + datetime.timedelta(milliseconds=_typed(v, int, "milliseconds since the epoch"))
 
 
 def _micros(v: Any) -> Any:
-    if type(v) is not int:
-        raise _Bad(f"expected microseconds since the epoch, got {json.dumps(v)[:40]}")
-    return _EPOCH + datetime.timedelta(microseconds=v)
+    return _EPOCH + datetime.timedelta(microseconds=_typed(v, int, "microseconds since the epoch"))
 
 
 def _days(v: Any) -> Any:
-    if type(v) is not int:
-        raise _Bad(f"expected days since the epoch, got {json.dumps(v)[:40]}")
-    return _EPOCH_DAY + datetime.timedelta(days=v)
+    return _EPOCH_DAY + datetime.timedelta(days=_typed(v, int, "days since the epoch"))
 
 
 _JSON_PRIMITIVE: dict[str, Convert] = {
@@ -305,8 +307,7 @@ def _json(schema: Any, names: dict[str, Convert], namespace: str | None) -> Conv
             fields.append((str(f["name"]), convert, default))
 
         def record(v: Any) -> Any:
-            if type(v) is not dict:
-                raise _Bad(f"expected an object, got {json.dumps(v)[:40]}")
+            v = _typed(v, dict, "an object")
             return {
                 name: convert(v[name]) if name in v else default
                 for name, convert, default in fields
@@ -325,22 +326,10 @@ def _json(schema: Any, names: dict[str, Convert], namespace: str | None) -> Conv
         return _latin1
     if kind == "array":
         item = _json(schema["items"], names, namespace)
-
-        def array(v: Any) -> Any:
-            if type(v) is not list:
-                raise _Bad(f"expected an array, got {json.dumps(v)[:40]}")
-            return [item(x) for x in v]
-
-        return array
+        return lambda v: [item(x) for x in _typed(v, list, "an array")]
     if kind == "map":
         value = _json(schema["values"], names, namespace)
-
-        def map_(v: Any) -> Any:
-            if type(v) is not dict:
-                raise _Bad(f"expected an object (map), got {json.dumps(v)[:40]}")
-            return {k: value(x) for k, x in v.items()}
-
-        return map_
+        return lambda v: {k: value(x) for k, x in _typed(v, dict, "an object (map)").items()}
     return _json(kind, names, namespace)
 
 
