@@ -652,18 +652,24 @@ async def test_a_lost_index_stops_the_store_and_keeps_the_entry_logs(
         check_all(store, 1, 60)
 
 
-async def test_a_damaged_journal_file_header_loses_no_record(tmp_path: Path) -> None:
+@pytest.mark.parametrize("rolled", [False, True])
+async def test_a_damaged_journal_file_header_loses_no_record(tmp_path: Path, rolled: bool) -> None:
     # bit rot in the 16-byte header of a journal file holding acknowledged adds not yet
-    # checkpointed: its records (each with its own crc) are replayed, not deleted (no
-    # timed checkpoint either: on a slow machine one rolled the journal to a new file)
-    async with open_store(tmp_path, checkpoint_on_close=False, flush_interval_ms=1e9) as store:
+    # checkpointed: its records (each with its own crc) are replayed, not deleted.  The
+    # adds may span two files (the first file after a start is left once the next one
+    # is prepared): every file's header is damaged
+    size = {"journal_max_size_mb": 0.002} if rolled else {}
+    async with open_store(
+        tmp_path, checkpoint_on_close=False, flush_interval_ms=1e9, **size
+    ) as store:
         await fill(store, 1, 10)
-    (last,) = journal_files(tmp_path)
-    fd = os.open(last, os.O_RDWR)
-    try:
-        os.pwrite(fd, b"\0" * 8, 0)
-    finally:
-        os.close(fd)
+    assert len(journal_files(tmp_path)) > 1 or not rolled
+    for damaged in journal_files(tmp_path):
+        fd = os.open(damaged, os.O_RDWR)
+        try:
+            os.pwrite(fd, b"\0" * 8, 0)
+        finally:
+            os.close(fd)
     for _ in range(2):
         async with open_store(tmp_path) as store:
             check_all(store, 1, 10)
