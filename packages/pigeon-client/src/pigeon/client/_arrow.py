@@ -491,6 +491,20 @@ def _event_column(raw: pa.Array) -> pa.Array:
     )
 
 
+#: batch indexes 0 .. n - 1 as int64 and as text, grown as entries grow and sliced (no
+#: copy) for each received entry
+_INDEXES: tuple[pa.Array, pa.Array] = (pa.array([], pa.int64()), pa.array([], pa.string()))
+
+
+def _indexes(n: int) -> tuple[pa.Array, pa.Array]:
+    global _INDEXES
+    if len(_INDEXES[0]) < n:
+        size = max(n, 2 * len(_INDEXES[0]), 1024)
+        numbers = _int64(size, _arange(0, size))
+        _INDEXES = (numbers, pc.cast(numbers, pa.string()))
+    return _INDEXES
+
+
 def entry_rows(
     entry: EntryLike,
     *,
@@ -534,23 +548,21 @@ def entry_rows(
         if hi <= lo:
             return None, n, n
     k = hi - lo
+    index, index_text = _indexes(hi)
+    index, index_text = index.slice(lo, k), index_text.slice(lo, k)
     values = _binary(n, None, b.values_offsets, b.values_data).slice(lo, k)
     if b.has_keys:
         keys = _binary(n, b.keys_validity, b.keys_offsets, b.keys_data).slice(lo, k)
     else:
         keys = pa.nulls(k, pa.binary())
-    index = _int64(k, _arange(lo, k))
-    offsets = pc.add(index, h.first_offset)
-    message_id = pc.cast(
-        pc.binary_join_element_wise(
-            f"{d.segment_id}:{d.entry_id}:",
-            pc.cast(index, pa.string()),
-            f":{partition}:",
-            pc.cast(offsets, pa.string()),
-            "",
-        ),
-        pa.binary(),
-    )
+    offsets = pc.add(index, pa.scalar(h.first_offset, pa.int64()))
+    message_id = pc.binary_join_element_wise(
+        f"{d.segment_id}:{d.entry_id}:",
+        index_text,
+        f":{partition}:",
+        pc.cast(offsets, pa.string()),
+        "",
+    ).view(pa.binary())  # the same buffers, as binary (no copy)
     if b.event_times is not None:
         event = _event_column(_int64(n, b.event_times).slice(lo, k))
     else:
