@@ -95,11 +95,62 @@ def arrow_consume(url: str, topic: str, rows: int) -> dict[str, Any]:
     }
 
 
+def client_ceilings(seconds: float = 2.0) -> dict[str, Any]:
+    """Rows per second of the client's own work, on one core, no I/O: building entries
+    from a table (``send_arrow``'s part) and record batches from those entries
+    (``receive_arrow``'s part). What the end-to-end figures would be if the broker and
+    the bookie cost nothing."""
+    from types import SimpleNamespace
+
+    import pyarrow as pa
+
+    from pigeon.client import _arrow
+    from pigeon.client._handles import codecs_of
+    from pigeon.core import PluginManager
+    from pigeon.core.batch import pack_entry_header
+
+    codecs = codecs_of(PluginManager())
+    none = codecs.by_name("none")
+    values = pa.array([i.to_bytes(4, "little") * (ROW_BYTES // 4) for i in range(TABLE_ROWS)])
+    rb = pa.record_batch({"value": values})
+
+    def encode() -> list[bytes]:
+        rows = _arrow.plan_rows(rb, value="value", key=None, properties=None, event_time=None)
+        spans = _arrow.split_points(
+            rows, max_messages=ENTRY_ROWS, max_bytes=ENTRY_BYTES, max_entry=5 << 20
+        )
+        return [
+            _arrow.encode_entry(rows, s, e, producer_name="p", sequence_id=s, codec=none)
+            for s, e in spans
+        ]
+
+    out: dict[str, Any] = {}
+    done = 0
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        entries = encode()
+        done += TABLE_ROWS
+    out["encode_rows_per_s"] = round(done / (time.perf_counter() - start))
+    stored = [
+        SimpleNamespace(segment_id=1, entry_id=i, data=pack_entry_header(ENTRY_ROWS, 0, 1) + e)
+        for i, e in enumerate(entries)
+    ]
+    done = 0
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for entry in stored:
+            _arrow.entry_rows(entry, topic="t", partition=-1, codecs=codecs)
+        done += TABLE_ROWS
+    out["record_batch_rows_per_s"] = round(done / (time.perf_counter() - start))
+    return out
+
+
 def arrow_scenario(args: Any) -> dict[str, Any]:
     from bench.__main__ import Standalone
     from pigeon.client._cli import run_perf_consume, run_perf_produce
 
-    results: dict[str, Any] = {}
+    results: dict[str, Any] = {"client_ceilings": client_ceilings()}
+    print(json.dumps(results["client_ceilings"]), file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="pigeon-bench-") as tmp:  # noqa: SIM117
         with Standalone(Path(tmp) / "data") as sa:
             results["produce_100b"] = run_perf_produce(
@@ -134,6 +185,7 @@ def render_arrow(results: dict[str, Any], command: str) -> str:
     from bench.__main__ import ARROW_BEGIN, ARROW_END, section_head
 
     p, c = results["arrow_produce"], results["arrow_consume"]
+    cc = results["client_ceilings"]
     mp, mc = results["produce_100b"], results["consume_100b"]
     lines = [
         *section_head(ARROW_BEGIN, command),
@@ -148,6 +200,9 @@ def render_arrow(results: dict[str, Any], command: str) -> str:
         f"**{c['msg_per_s']:,.0f} msg/s** ({c['mb_per_s']} MB/s; {c['record_batches']:,} "
         f"record batches, {c['in_call_s']} s inside the calls) | {mc['msg_per_s']:,.0f} msg/s "
         f"({c['msg_per_s'] / mc['msg_per_s']:.1f}x) | ≥ 5,000,000 msg/s |",
+        f"| client work alone, one core, no I/O: entries built from a table / record "
+        f"batches built from entries | {cc['encode_rows_per_s']:,.0f} / "
+        f"{cc['record_batch_rows_per_s']:,.0f} rows/s | — | — |",
         "",
         ARROW_END,
     ]
