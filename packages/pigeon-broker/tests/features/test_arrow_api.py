@@ -317,3 +317,20 @@ def test_asyncio_face_round_trip(admin_standalone):
             await consumer.close()
 
     asyncio.run(scenario())
+
+
+async def test_sequence_ids_continue_across_arrow_and_single_sends(client, autojump_clock):
+    producer = await client.create_producer(
+        "arrow-seq", producer_name="seq", batching_max_messages=8
+    )
+    await producer.send(b"first")  # sequence id 0
+    await producer.send_arrow(pa.table({"value": [b"r"] * 20}))  # 1 .. 20
+    await producer.close()
+    again = await client.create_producer("arrow-seq", producer_name="seq")
+    assert again._handle.engines[0].last_sequence_id == 20, "the broker stored every row's id"
+    await again.send(b"next")
+    await again.close()
+    consumer = await client.subscribe("arrow-seq", "s", initial_position="earliest")
+    got = await drain(consumer)
+    assert [m.value for m in got] == [b"first", *[b"r"] * 20, b"next"]
+    await consumer.close()
