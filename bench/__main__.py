@@ -35,6 +35,8 @@ CLUSTER_END = "<!-- bench:cluster:end -->"
 SMALL_END = "<!-- bench:small:end -->"
 CHUNKED_BEGIN = "<!-- bench:chunked:begin -->"
 CHUNKED_END = "<!-- bench:chunked:end -->"
+ARROW_BEGIN = "<!-- bench:arrow:begin -->"
+ARROW_END = "<!-- bench:arrow:end -->"
 
 
 def free_port() -> int:
@@ -567,10 +569,11 @@ def main() -> None:
     parser.add_argument("--no-docs", action="store_true", help="do not touch docs/benchmarks.md")
     parser.add_argument(
         "--scenario",
-        choices=["standard", "small", "cluster", "chunked", "all"],
+        choices=["standard", "small", "cluster", "chunked", "arrow", "all"],
         default="all",
         help="standard: 1 KiB produce + 1 GiB catch-up; small: 100 B sync API + codecs; "
         "cluster: 3 bookies beside a standalone; chunked: 50 MB messages in chunks "
+        "arrow: 100 B rows through send_arrow / receive_arrow beside the per-message API "
         "(all: every one)",
     )
     parser.add_argument(
@@ -608,7 +611,7 @@ def main() -> None:
         cmp = compare(args, child)
         save("baseline", {**cmp, "machine": machine(), "command": command})
         return
-    for name in ("cluster", "small", "chunked", "standard"):
+    for name in ("cluster", "small", "chunked", "arrow", "standard"):
         if args.scenario not in (name, "all"):
             continue
         run, render_section, markers, title = SCENARIOS[name]
@@ -622,6 +625,7 @@ def main() -> None:
             write_doc(section, *markers, title)
 
 
+from bench.arrow import arrow_scenario, render_arrow  # noqa: E402
 from bench.chunked import chunked_scenario, render_chunked  # noqa: E402
 
 #: scenario -> (run, render, the markers of its docs/benchmarks.md section, its title)
@@ -635,6 +639,7 @@ SCENARIOS: dict[str, tuple[Any, Any, tuple[str, str], str]] = {
     ),
     "standard": (standard, render, (BEGIN, END), "Standard scenario"),
     "chunked": (chunked_scenario, render_chunked, (CHUNKED_BEGIN, CHUNKED_END), "Chunked messages"),
+    "arrow": (arrow_scenario, render_arrow, (ARROW_BEGIN, ARROW_END), "Arrow batches"),
 }
 
 

@@ -373,8 +373,15 @@ class Dispatcher(Generic[C, E]):
 
     # ------------------------------------------------------------------ acks
 
-    def ack(self, positions: Sequence[tuple[Position, int]], cumulative: bool) -> None:
-        """``positions``: ((segment index, entry id), offset) of each acknowledged message."""
+    def ack(
+        self,
+        positions: Sequence[tuple[Position, int]],
+        cumulative: bool,
+        runs: Sequence[tuple[Position, int, int]] = (),
+    ) -> None:
+        """``positions``: ((segment index, entry id), offset) of each acknowledged message;
+        ``runs`` (individual acks only): ((segment index, entry id), first offset, count)
+        of runs of consecutive messages of one entry, one cursor range each."""
         if cumulative and self.type in ("shared", "keyShared"):
             raise NotSupported(
                 f"cumulative acknowledgement is not allowed on {self.type} subscription "
@@ -396,9 +403,15 @@ class Dispatcher(Generic[C, E]):
             p = self.pending.get(pos)
             if p is not None and self.cursor.all_acked(p.first_offset, p.count):
                 self._settle(pos)
+        for pos, offset, count in runs:
+            self.cursor.ack_range(offset, offset + count)
+            p = self.pending.get(pos)
+            if p is not None and self.cursor.all_acked(p.first_offset, p.count):
+                self._settle(pos)
         # entries not pending (e.g. after a reconnect) are filtered when read again
         if self.type == "keyShared":
-            for pos in self._ks.settle([pos for pos, _offset in positions]):
+            settled = [pos for pos, _offset in positions] + [run[0] for run in runs]
+            for pos in self._ks.settle(settled):
                 # the count goes with the entry, not with a part: other parts may be
                 # waiting to be delivered again
                 self.redeliveries.pop(pos, None)

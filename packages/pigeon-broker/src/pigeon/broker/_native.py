@@ -626,7 +626,7 @@ class NativeProtocol:
         self.core.ack(
             sub,
             consumer,
-            [(p.segmentId, p.entryId, p.offset, p.batchIndex) for p in b.positions],
+            [(p.segmentId, p.entryId, p.offset, p.batchIndex, p.count) for p in b.positions],
             cumulative=str(b.ackType) == "cumulative",
         )
         if request_id:

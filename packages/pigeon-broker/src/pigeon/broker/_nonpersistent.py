@@ -131,7 +131,7 @@ class NonPersistentSubscription:
         self.bytes_out += size
 
     # Acknowledgements and redeliveries mean nothing without storage.
-    def ack(self, consumer: Any, positions: Any, cumulative: bool) -> None:
+    def ack(self, consumer: Any, positions: Any, cumulative: bool, runs: Any = ()) -> None:
         return None
 
     def redeliver_unacked(self, consumer: Any, positions: Any) -> None:

@@ -575,21 +575,28 @@ class BrokerService:
     def ack(
         sub: Any,
         consumer: Consumer,
-        positions: list[tuple[int, int, int, int]],
+        positions: list[tuple[int, int, int, int, int]],
         *,
         cumulative: bool,
     ) -> None:
-        """Acknowledge (segment id, entry id, offset, batch index) positions; an offset
-        below 0 names a message by its entry and batch index."""
+        """Acknowledge (segment id, entry id, offset, batch index, count) positions; an
+        offset below 0 names a message by its entry and batch index; a count above 1 (an
+        individual ack) names that many consecutive messages of the entry (a run)."""
         acked = []
-        for segment_id, entry_id, offset, batch_index in positions:
+        runs = []
+        for segment_id, entry_id, offset, batch_index, count in positions:
             if offset < 0:
                 pending = sub.pending.get((segment_id, entry_id))
                 if pending is None:
                     continue  # unknown message: nothing to acknowledge
                 offset = pending.first_offset + max(batch_index, 0)
-            acked.append(((segment_id, entry_id), offset))
-        if acked:
+            if count > 1 and not cumulative:
+                runs.append(((segment_id, entry_id), offset, count))
+            else:
+                acked.append(((segment_id, entry_id), offset))
+        if runs:
+            sub.ack(consumer, acked, cumulative, runs)
+        elif acked:
             sub.ack(consumer, acked, cumulative)
 
     @staticmethod

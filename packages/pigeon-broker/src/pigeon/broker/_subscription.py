@@ -21,7 +21,7 @@ back, until an admin skips the messages, resets the cursor or changes the policy
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -189,10 +189,15 @@ class Subscription:
     # ------------------------------------------------------------------ acks
 
     def ack(
-        self, consumer: Consumer | None, positions: list[tuple[Position, int]], cumulative: bool
+        self,
+        consumer: Consumer | None,
+        positions: list[tuple[Position, int]],
+        cumulative: bool,
+        runs: Sequence[tuple[Position, int, int]] = (),
     ) -> None:
-        """``positions``: ((segment index, entry id), offset) of each acknowledged message."""
-        self.dispatcher.ack(positions, cumulative)
+        """``positions``: ((segment index, entry id), offset) of each acknowledged message;
+        ``runs``: ((segment index, entry id), first offset, count) of runs of them."""
+        self.dispatcher.ack(positions, cumulative, runs)
         self._acks += 1
         self._dirty = True
         self.wake()

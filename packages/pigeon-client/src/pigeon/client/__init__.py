@@ -22,7 +22,7 @@ TLS and credentials, with Pulsar's names::
 
 from __future__ import annotations
 
-from pigeon.client._message import ChunkMessageId, Message, MessageId
+from pigeon.client._message import ChunkMessageId, EntryReceipt, Message, MessageId
 from pigeon.client._options import DeadLetterPolicy, MultiplierRedeliveryBackoff
 from pigeon.client._sync import Client, Consumer, Producer, Reader, TableView
 from pigeon.core.auth import AuthenticationTLS, AuthenticationToken
@@ -55,6 +55,7 @@ __all__ = [
     "ConnectionClosed",
     "Consumer",
     "DeadLetterPolicy",
+    "EntryReceipt",
     "IncompatibleSchema",
     "Message",
     "MessageId",

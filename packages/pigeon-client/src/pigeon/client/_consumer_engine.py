@@ -188,20 +188,27 @@ class ConsumerEngine(Reconnecting):
         permits, self.withheld = self.withheld, 0
         self.flow(permits)
 
-    def _ack_fields(
-        self, positions: list[tuple[int, int, int, int]], cumulative: bool
-    ) -> dict[str, Any]:
+    def _ack_fields(self, positions: list[tuple[int, ...]], cumulative: bool) -> dict[str, Any]:
         return {
             "consumerId": self.consumer_id,
             "ackType": "cumulative" if cumulative else "individual",
             "positions": [
-                {"segmentId": s, "entryId": e, "batchIndex": b, "offset": o}
-                for s, e, b, o in positions
+                {"segmentId": p[0], "entryId": p[1], "batchIndex": p[2], "offset": p[3]}
+                if len(p) == 4
+                else {
+                    "segmentId": p[0],
+                    "entryId": p[1],
+                    "batchIndex": p[2],
+                    "offset": p[3],
+                    "count": p[4],
+                }
+                for p in positions
             ],
         }
 
-    def ack_nowait(self, positions: list[tuple[int, int, int, int]], cumulative: bool) -> None:
-        """``positions``: (segment_id, entry_id, batch_index, offset) tuples."""
+    def ack_nowait(self, positions: list[tuple[int, ...]], cumulative: bool) -> None:
+        """``positions``: (segment_id, entry_id, batch_index, offset) tuples, or with a
+        fifth item, a count: a run of that many consecutive messages of the entry."""
         conn = self.conn
         if not positions or conn is None or conn.closed:
             return
@@ -210,7 +217,7 @@ class ConsumerEngine(Reconnecting):
         except ConnectionClosed:
             pass  # unacked messages are redelivered after the reconnect
 
-    async def ack(self, positions: list[tuple[int, int, int, int]], cumulative: bool) -> None:
+    async def ack(self, positions: list[tuple[int, ...]], cumulative: bool) -> None:
         conn = self.conn
         if not positions:
             return

@@ -20,7 +20,7 @@ import trio
 
 from pigeon.client._chunks import ChunkAssembler
 from pigeon.client._consumer_engine import ConsumerEngine, SubscribeOptions
-from pigeon.client._core import ConsumerCore
+from pigeon.client._core import ConsumerCore, arrow_module
 from pigeon.client._engine import ClientEngine, ReceivedEntry
 from pigeon.client._logic import (
     DELAY_TIME,
@@ -481,6 +481,38 @@ class ConsumerHandle:
             self.record_received(msgs)
             return msgs, self.core.count_consumed(msgs)
 
+    def receive_arrow_nowait(self, max_rows: int, now: float) -> tuple[Any, list[tuple[Any, int]]]:
+        """Up to ``max_rows`` rows as a ``pyarrow.RecordBatch`` (None if nothing is
+        queued) and the permits to grant (see :meth:`receive_nowait`).
+
+        The rows come from one entry, its buffers wrapped (zero copy). A consumer whose
+        messages need per-message care (dead-letter policy, ack timeout, a schema) and
+        messages already split by ``receive`` go through the per-message path and are
+        converted (copied)."""
+        arrow = arrow_module()
+        if not isinstance(max_rows, int) or max_rows < 1:
+            raise InvalidArgument(f"max_rows must be an int >= 1, got {max_rows!r}")
+        with self.lock:
+            core = self.core
+            logic = self.logic
+            if (
+                core.messages
+                or core.decoders is not None
+                or logic.dead_letter is not None
+                or logic.ack_timeout > 0
+            ):
+                msgs = self.take_messages(max_rows, now)
+                if not msgs:
+                    return None, core.count_consumed(msgs)
+                self.record_received(msgs)
+                return arrow.messages_batch(msgs), core.count_consumed(msgs)
+            rb, src = core.take_arrow(max_rows)
+            if rb is not None:
+                last = core.split_next[src] - 1
+                if last > self.last_received.get(src, -1):
+                    self.last_received[src] = last
+            return rb, core.count_consumed([])
+
     def take_messages(self, max_messages: int, now: float) -> list[Message]:
         """Messages ready for the application; [] if none queued. Call with the lock held."""
         core = self.core
@@ -534,6 +566,47 @@ class ConsumerHandle:
                     flush = self.core.add_ack(c) or flush
                 return flush
             return self.core.add_ack(mid)
+
+    def acknowledge_runs(self, runs: list[tuple[int, int, int, int, int]]) -> bool:
+        """Acknowledge runs of consecutive messages (acknowledge_arrow); True when
+        enough acknowledgements wait to be sent now (flush_acks_nowait)."""
+        with self.lock:
+            if self.logic.unacked:
+                for s, e, b, _o, count in runs:
+                    for i in range(count):
+                        self.logic.acked(s, e, b + i)
+            return self.core.add_ack_runs(runs)
+
+    async def acknowledge_runs_with_receipt(
+        self, runs: list[tuple[int, int, int, int, int]]
+    ) -> None:
+        """*engine*: ``ack_receipt_enabled``: acknowledge the runs (one position each),
+        returning once the broker stored them (see :meth:`acknowledge_with_receipt`)."""
+        with self.lock:
+            if self.logic.unacked:
+                for s, e, b, _o, count in runs:
+                    for i in range(count):
+                        self.logic.acked(s, e, b + i)
+            found = [self.core.owners.get(run[0]) for run in runs]
+        owners: list[ConsumerEngine] = [o for o in found if o is not None]
+        if len(owners) != len(runs):
+            raise AckNotPersisted(
+                "acknowledgement not sent: the message's subscription re-attached since it"
+                " was received (it is delivered again)"
+            )
+        waits = []
+        for owner, run in zip(owners, runs, strict=True):
+            batch = self._receipts.get(owner)
+            if batch is None:
+                batch = self._receipts[owner] = _ReceiptBatch()
+                self.client.nursery.start_soon(self._send_with_receipt, owner, batch)
+            batch.acks.append(run)
+            if batch not in waits:
+                waits.append(batch)
+        for batch in waits:
+            await batch.done.wait()
+            if batch.error is not None:
+                raise batch.error
 
     def check_cumulative(self) -> None:
         if self.options.subscription_type in ("shared", "key_shared"):
@@ -595,7 +668,7 @@ class _ReceiptBatch:
     __slots__ = ("acks", "cumulative", "done", "error")
 
     def __init__(self) -> None:
-        self.acks: list[tuple[int, int, int, int]] = []
+        self.acks: list[tuple[int, ...]] = []
         self.cumulative: tuple[int, int, int, int] | None = None
         self.done = trio.Event()
         self.error: PigeonError | None = None

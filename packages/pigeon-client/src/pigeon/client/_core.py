@@ -22,16 +22,30 @@ from pigeon.client._chunks import CHUNK_HEADER_SLACK, ChunkAssembler
 from pigeon.client._engine import PendingBatch, ReceivedEntry
 from pigeon.client._future import BatchState
 from pigeon.client._message import (
+    EntryReceipt,
     Message,
     MessageId,
     SchemaDecoders,
     receipt_message_id,
     split_entry,
 )
-from pigeon.core.batch import BatchBuilder, message_body_size, unpack_entry_header
-from pigeon.core.errors import InvalidArgument, MessageTooLarge, PigeonError
+from pigeon.core.batch import (
+    ENTRY_HEADER_SIZE,
+    BatchBuilder,
+    message_body_size,
+    read_header,
+    unpack_entry_header,
+)
+from pigeon.core.errors import InvalidArgument, MessageTooLarge, NotSupported, PigeonError
 
-__all__ = ["BatchCompletion", "ConsumerCore", "ProducerCore", "normalize_message"]
+__all__ = [
+    "BatchCompletion",
+    "ConsumerCore",
+    "EntryCompletion",
+    "ProducerCore",
+    "arrow_module",
+    "normalize_message",
+]
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +106,44 @@ class BatchCompletion:
                     c.set_exception(error)
             else:
                 _call_back(c, None, error)
+
+
+class EntryCompletion:
+    """The receipt handler of one entry sent by ``send_arrow`` (the sync and trio faces):
+    resolves :attr:`future` (a ``concurrent.futures.Future`` of an
+    :class:`~pigeon.client._message.EntryReceipt`), then reports the entry's rows done
+    with ``done(num_rows)``."""
+
+    __slots__ = ("done", "future", "num_rows", "partition")
+
+    def __init__(self, partition: int, num_rows: int, done: Callable[[int], None]) -> None:
+        self.partition = partition
+        self.num_rows = num_rows
+        self.done = done
+        self.future: concurrent.futures.Future[EntryReceipt] = concurrent.futures.Future()
+
+    def __call__(self, receipt: Any, error: BaseException | None) -> None:
+        f = self.future
+        if not f.done():
+            if error is None:
+                f.set_result(EntryReceipt.of(receipt, self.num_rows, self.partition))
+            else:
+                f.set_exception(error)
+        self.done(self.num_rows)
+
+
+def arrow_module() -> Any:
+    """:mod:`pigeon.client._arrow`, or NotSupported naming the extra when pyarrow is not
+    installed (pyarrow is optional: ``pip install 'pigeon-client[arrow]'``)."""
+    try:
+        from pigeon.client import _arrow
+    except ImportError as exc:
+        if exc.name is None or not exc.name.startswith("pyarrow"):
+            raise
+        raise NotSupported(
+            "the Arrow API needs pyarrow: pip install 'pigeon-client[arrow]'"
+        ) from None
+    return _arrow
 
 
 def _call_back(c: Callable[..., Any], mid: MessageId | None, error: BaseException | None) -> None:
@@ -319,7 +371,9 @@ class ConsumerCore:
         self.messages: deque[Message] = deque()
         self.consumed: dict[Any, int] = {}
         self.owners: dict[int, Any] = {}
-        self.pending_acks: dict[Any, list[tuple[int, int, int, int]]] = {}
+        #: (segment, entry, batch index, offset) per message; a fifth item is a count:
+        #: a run of consecutive messages of the entry (acknowledge_arrow)
+        self.pending_acks: dict[Any, list[tuple[int, ...]]] = {}
         self.cumulative: dict[Any, tuple[int, int, int, int]] = {}
         self._grants: list[tuple[Any, int]] = []
         #: engine -> the offset after the last message split off its entries
@@ -356,7 +410,7 @@ class ConsumerCore:
         kept_entries: deque[ReceivedEntry] = deque()
         for e in self.entries:
             if e.source is source:
-                first = unpack_entry_header(e.data).first_offset
+                first = unpack_entry_header(e.data).first_offset + e.taken
                 resume = first if resume is None else min(resume, first)
             else:
                 kept_entries.append(e)
@@ -382,6 +436,42 @@ class ConsumerCore:
                 self.split_next[src] = msgs[-1].offset + 1
                 return True
         return False
+
+    def take_arrow(self, max_rows: int) -> tuple[Any, Any]:
+        """``(record batch, engine)`` of up to ``max_rows`` rows of the next queued entry
+        (receive_arrow), ``(None, None)`` if no entry is queued. A part of an entry stays
+        queued (``taken``); rows already acknowledged are left out."""
+        arrow = arrow_module()
+        entries = self.entries
+        while entries:
+            entry = entries[0]
+            src = entry.source
+            if read_header(memoryview(entry.data)[ENTRY_HEADER_SIZE:]).num_chunks:
+                raise NotSupported(
+                    "receive_arrow: the next message is chunked (too large for one entry);"
+                    " receive it with receive()"
+                )
+            rb, nxt, n = arrow.entry_rows(
+                entry,
+                topic=src.topic,
+                partition=src.partition,
+                codecs=self.codecs,
+                start=entry.taken,
+                max_rows=max_rows,
+                skip=entry.acked_indexes,
+            )
+            self.owners[entry.segment_id] = src
+            if nxt >= n:
+                entries.popleft()
+            else:
+                entry.taken = nxt
+            if rb is None:
+                continue
+            rows = rb.num_rows
+            self._consumed(src, rows)
+            self.split_next[src] = rb.column(4)[rows - 1].as_py() + 1
+            return rb, src
+        return None, None
 
     def take(self, max_messages: int) -> list[Message]:
         messages = self.messages
@@ -419,6 +509,19 @@ class ConsumerCore:
         )
         return len(acks) >= 1000
 
+    def add_ack_runs(self, runs: list[tuple[int, int, int, int, int]]) -> bool:
+        """Acknowledge runs ``(segment, entry, first batch index, first offset, count)``
+        of consecutive messages of one entry (one position each on the wire)."""
+        flush = False
+        for run in runs:
+            owner = self.owners.get(run[0])
+            if owner is None:
+                continue
+            acks = self.pending_acks.setdefault(owner, [])
+            acks.append(run if run[4] > 1 else run[:4])
+            flush = flush or len(acks) >= 1000
+        return flush
+
     def add_cumulative_ack(self, message_id: MessageId) -> None:
         owner = self.owners.get(message_id.segment_id)
         if owner is None:
@@ -435,7 +538,7 @@ class ConsumerCore:
 
     def take_acks(
         self,
-    ) -> list[tuple[Any, list[tuple[int, int, int, int]], tuple[int, int, int, int] | None]]:
+    ) -> list[tuple[Any, list[tuple[int, ...]], tuple[int, int, int, int] | None]]:
         """(engine, individual acks, cumulative ack) per engine with anything pending."""
         out = []
         for owner in set(self.pending_acks) | set(self.cumulative):

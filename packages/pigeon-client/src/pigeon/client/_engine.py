@@ -159,6 +159,9 @@ class ReceivedEntry:
     acked_indexes: list[int]
     generation: int
     source: Any = None  # the ConsumerEngine it came through
+    #: batch indexes below this one were handed out already (receive_arrow took part of
+    #: the entry; the rest stays queued)
+    taken: int = 0
 
 
 class _ConnHandler:

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Self
 
 from pigeon.client._consumer_handle import ConsumerFace, ConsumerHandle
-from pigeon.client._core import message_id_of
+from pigeon.client._core import arrow_module, message_id_of
 from pigeon.client._engine import ClientEngine
 from pigeon.client._handles import codecs_of
 from pigeon.client._message import Message, MessageId
@@ -222,6 +222,33 @@ class AsyncReceiving:
         """The next message; raises pigeon.client.Timeout after ``timeout`` seconds."""
         return (await self.batch_receive(1, timeout))[0]
 
+    async def receive_arrow(
+        self,
+        max_rows: int = 10_000,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> Any:
+        """Up to ``max_rows`` messages as a ``pyarrow.RecordBatch`` whose value and key
+        columns are views of one received entry (see the sync face's ``receive_arrow``)."""
+        h = self._handle
+        if h.listener is not None:
+            h.refuse_receive()
+        deadline = self._clock() + (timeout if timeout is not None else math.inf)
+        while True:
+            self._arm()  # before looking, so no wake-up is lost
+            if h.closed:
+                raise AlreadyClosed("consumer is closed")
+            rb, grants = h.receive_arrow_nowait(max_rows, self._now())
+            for engine, permits in grants:
+                with contextlib.suppress(AlreadyClosed):
+                    self._soon(engine.flow, permits)
+            if rb is not None:
+                return rb
+            if h.failure is not None:
+                raise h.failure
+            if self._clock() >= deadline:
+                raise Timeout(f"no message within {timeout}s")
+            await self._wait_until(deadline)
+
     async def seek(
         self,
         target: MessageId | None = None,
@@ -268,6 +295,15 @@ class AsyncConsumer(ConsumerFace, AsyncReceiving):
         else:
             self._handle.acknowledge_cumulative(mid)
 
+    async def acknowledge_arrow(self, batch: Any) -> None:
+        """Acknowledge every row of a record batch from :meth:`receive_arrow` (one
+        acknowledgement per run of consecutive rows of an entry, not one per row)."""
+        runs = arrow_module().ack_runs(batch)
+        if self._handle.ack_receipts:
+            await self._engine(self._handle.acknowledge_runs_with_receipt, runs)
+        elif self._handle.acknowledge_runs(runs):
+            self._soon(self._handle.flush_acks_nowait)
+
     async def negative_acknowledge(self, message: Message) -> None:
         """Ask for this message again after ``negative_ack_redelivery_delay`` seconds."""
         self._handle.negative_acknowledge(message, self._now())
@@ -294,6 +330,18 @@ class AsyncReader(AsyncReceiving):
         msg = await self.receive(timeout)
         self._handle.acknowledge_cumulative(msg.message_id)
         return msg
+
+    async def read_arrow(
+        self,
+        max_rows: int = 10_000,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> Any:
+        """The next rows as a ``pyarrow.RecordBatch`` (see ``receive_arrow``); the reader
+        moves past them."""
+        rb = await self.receive_arrow(max_rows, timeout)
+        last = rb.column("message_id")[rb.num_rows - 1].as_py()
+        self._handle.acknowledge_cumulative(MessageId.deserialize(last))
+        return rb
 
     async def has_message_available(self) -> bool:
         result: bool = await self._engine(self._handle.has_message_available)

@@ -21,16 +21,19 @@ from typing import Any
 
 from pigeon.client._chunks import ChunkReceipts, chunk_uuid
 from pigeon.client._core import (
+    SLACK_PER_BATCH,
     ConsumerCore,
     ProducerCore,
     Router,
+    arrow_module,
     normalize_message,
 )
+from pigeon.client._engine import PendingBatch
 from pigeon.client._future import MessageFuture
 from pigeon.client._message import Message
 from pigeon.client._options import DeadLetterPolicy, MultiplierRedeliveryBackoff
 from pigeon.core.batch import message_body_size
-from pigeon.core.errors import InvalidArgument
+from pigeon.core.errors import InvalidArgument, NotSupported, PigeonError
 
 __all__ = ["ConsumerLogic", "DeadLetterPolicy", "ProducerLogic"]
 
@@ -222,6 +225,137 @@ class ProducerLogic:
             self.submit(self.engines[index], batch)
         self.router.batch_sealed(index)
         return completion
+
+    def add_arrow(
+        self,
+        data: Any,
+        value: str,
+        key: str | None,
+        properties: str | None,
+        event_time: str | None,
+        make_callback: Callable[[int, int], Any],
+    ) -> list[Any]:
+        """Send the rows of an Arrow table or record batch as entries built from its
+        buffers (see :mod:`pigeon.client._arrow`); returns the callback that
+        ``make_callback(partition, num_rows)`` made for each entry, in order.
+
+        Everything is checked before anything is recorded. A partition's batch of
+        single messages is sealed before the partition's first Arrow entry (order and
+        sequence ids stay those of the calls). Rows with a key go to ``crc32(key) %
+        partitions`` like single messages (computed for all rows at once; a custom
+        ``message_router`` is called once per row); entries of rows without a key go
+        round-robin, one entry per partition in turn (as single messages' batches).
+        """
+        arrow = arrow_module()
+        if self.encode is not None:
+            raise NotSupported(
+                "send_arrow sends bytes: a producer with a schema encodes values one by one"
+                " (use send)"
+            )
+        pa = arrow.pa
+        if isinstance(data, pa.Table):
+            batches = data.to_batches()
+        elif isinstance(data, pa.RecordBatch):
+            batches = [data]
+        else:
+            raise InvalidArgument(
+                f"send_arrow takes a pyarrow Table or RecordBatch, not {type(data).__name__}"
+            )
+        limit = min(c.max_message_size - c.header_bytes - SLACK_PER_BATCH for c in self.cores)
+        first = self.cores[0].builder
+        work: list[tuple[int | None, Any, list[tuple[int, int]]]] = []
+        for rb in batches:
+            if not rb.num_rows:
+                continue
+            rows = arrow.plan_rows(
+                rb, value=value, key=key, properties=properties, event_time=event_time
+            )
+            for index, part in self._arrow_routes(
+                arrow, rb, rows, value, key, properties, event_time
+            ):
+                spans = list(
+                    arrow.split_points(
+                        part,
+                        max_messages=first.max_messages,
+                        max_bytes=first.max_bytes,
+                        max_entry=limit,
+                    )
+                )
+                work.append((index, part, spans))
+        out = []
+        for index, part, spans in work:
+            for start, end in spans:
+                i = index if index is not None else (self.router.current if self.multi else 0)
+                core = self.cores[i]
+                if len(core):
+                    self.seal(i)  # the single messages before go first
+                seq = core.next_sequence_id
+                count = end - start
+                callback = make_callback(core.partition, count)
+                try:
+                    payload = arrow.encode_entry(
+                        part,
+                        start,
+                        end,
+                        producer_name=core.builder.producer_name,
+                        sequence_id=seq,
+                        codec=core.builder.codec,
+                        schema_version=core.builder.schema_version,
+                    )
+                    batch = PendingBatch(seq, count, payload, callback)
+                except Exception as exc:  # checked input cannot cause it: fail this entry
+                    error = (
+                        exc
+                        if isinstance(exc, PigeonError)
+                        else InvalidArgument(f"entry could not be built: {exc!r}")
+                    )
+                    batch = PendingBatch(seq, count, b"", callback, error=error)
+                core.next_sequence_id = seq + count
+                self.router.batch_sealed(i)
+                self.submit(self.engines[i], batch)
+                out.append(callback)
+        return out
+
+    def _arrow_routes(
+        self,
+        arrow: Any,
+        rb: Any,
+        rows: Any,
+        value: str,
+        key: str | None,
+        properties: str | None,
+        event_time: str | None,
+    ) -> list[tuple[int | None, Any]]:
+        """``(partition or None for round-robin, rows)`` of a planned record batch."""
+        router = self.router
+        if not self.multi or (rows.keys is None and router.custom is None):
+            return [(0 if not self.multi else None, rows)]
+        pa, pc = arrow.pa, arrow.pc
+        n = router.partitions
+        if router.custom is not None:
+            keys = rows.keys.to_pylist() if rows.keys is not None else [None] * rows.n
+            chosen = [router.choose(k) for k in keys]  # one call per row: documented
+            parts = pa.array(chosen, pa.int32())
+        else:
+            parts = pc.fill_null(
+                arrow.key_partitions(rows.keys, n), pa.scalar(router.current, pa.int32())
+            )
+        out: list[tuple[int | None, Any]] = []
+        for p in sorted(p for p in pc.unique(parts).to_pylist() if p is not None):
+            picked = rb.take(pc.indices_nonzero(pc.equal(parts, p)))
+            out.append(
+                (
+                    p,
+                    arrow.plan_rows(
+                        picked,
+                        value=value,
+                        key=key,
+                        properties=properties,
+                        event_time=event_time,
+                    ),
+                )
+            )
+        return out
 
     def _opened(self, index: int, core: ProducerCore) -> None:
         """Partition ``index``'s batch got its first message: it is due ``max_delay``

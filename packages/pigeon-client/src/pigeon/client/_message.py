@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ChunkMessageId",
     "ChunkedMessage",
+    "EntryReceipt",
     "Message",
     "MessageId",
     "SchemaDecoders",
@@ -125,6 +126,61 @@ class MessageId:
             return ChunkMessageId(MessageId.deserialize(first), MessageId.deserialize(last))
         parts = [int(p) for p in text.split(":")]
         return MessageId(*parts)
+
+
+class EntryReceipt:
+    """The broker's receipt of one entry sent by ``send_arrow``: where its ``num_rows``
+    rows are stored (row ``i`` is :meth:`message_id` ``(i)``; offsets
+    ``first.offset .. first.offset + num_rows - 1``). ``duplicate``: the broker had
+    stored this entry already (a resend); immutable."""
+
+    __slots__ = ("duplicate", "first", "num_rows")
+
+    first: MessageId
+    num_rows: int
+    duplicate: bool
+
+    def __init__(self, first: MessageId, num_rows: int, duplicate: bool = False) -> None:
+        object.__setattr__(self, "first", first)
+        object.__setattr__(self, "num_rows", num_rows)
+        object.__setattr__(self, "duplicate", duplicate)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("EntryReceipt is immutable")
+
+    @classmethod
+    def of(cls, receipt: tuple[int, int, int, bool], num_rows: int, partition: int) -> EntryReceipt:
+        return cls(receipt_message_id(receipt, 0, partition), num_rows, bool(receipt[3]))
+
+    def message_id(self, row: int) -> MessageId:
+        """The MessageId of row ``row`` of the entry."""
+        if not 0 <= row < self.num_rows:
+            raise IndexError(f"row {row} of an entry of {self.num_rows} rows")
+        f = self.first
+        offset = f.offset + row if f.offset >= 0 else -1
+        return MessageId(f.segment_id, f.entry_id, row, f.partition, offset)
+
+    @property
+    def last(self) -> MessageId:
+        """The MessageId of the entry's last row (for ``acknowledge_cumulative``, seek)."""
+        return self.message_id(self.num_rows - 1)
+
+    @property
+    def offsets(self) -> range:
+        """The partition offsets of the rows (empty if the broker did not say)."""
+        first = self.first.offset
+        return range(first, first + self.num_rows) if first >= 0 else range(0)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, EntryReceipt):
+            return NotImplemented
+        return (self.first, self.num_rows) == (other.first, other.num_rows)
+
+    def __hash__(self) -> int:
+        return hash((self.first, self.num_rows))
+
+    def __repr__(self) -> str:
+        return f"EntryReceipt(first={self.first!r}, num_rows={self.num_rows})"
 
 
 class ChunkMessageId(MessageId):
@@ -276,9 +332,9 @@ def _split(
     empty: dict[str, str] = {}
     if entry.acked_indexes:
         skip = set(entry.acked_indexes)
-        indexes: Any = [i for i in range(n) if i not in skip]
+        indexes: Any = [i for i in range(entry.taken, n) if i not in skip]
     else:
-        indexes = range(n)
+        indexes = range(entry.taken, n)
     # what ``msg.value`` shows: the bytes, or with a schema the decoded values by index
     shown: Any = (
         values

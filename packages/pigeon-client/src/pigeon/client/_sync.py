@@ -18,11 +18,11 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from pigeon.client._consumer_handle import ConsumerFace, ConsumerHandle
-from pigeon.client._core import ProducerCore, message_id_of
+from pigeon.client._core import EntryCompletion, ProducerCore, arrow_module, message_id_of
 from pigeon.client._face import ClientBase
 from pigeon.client._future import MessageFuture
 from pigeon.client._handles import ProducerFace, ProducerHandle, deliver_time
-from pigeon.client._message import Message, MessageId
+from pigeon.client._message import EntryReceipt, Message, MessageId
 from pigeon.client._options import (
     ConsumerOptions,
     QueueingProducerOptions,
@@ -250,6 +250,41 @@ class Producer(ProducerFace):
             fut.add_done_callback(callback)
         return fut
 
+    def send_arrow(
+        self,
+        data: Any,
+        *,
+        value: str = "value",
+        key: str | None = None,
+        properties: str | None = None,
+        event_time: str | None = None,
+    ) -> list[concurrent.futures.Future[EntryReceipt]]:
+        """Queue the rows of a ``pyarrow.Table`` or ``RecordBatch``, one message per row,
+        built straight from its buffers; returns one future per entry (a batch of rows,
+        split as ``batching_max_messages`` / ``batching_max_bytes`` split single
+        messages), each resolving to the entry's :class:`EntryReceipt`.
+
+        Column names: ``value`` (binary or string, no nulls), ``key`` (binary or string,
+        nulls: no key), ``properties`` (map<string, string>), ``event_time`` (a timestamp,
+        or int64 ms since the epoch; null or 0: not set). Like ``send_async`` it returns
+        once the rows are queued (waiting while ``max_pending_messages`` rows are
+        pending); ``flush()`` or ``concurrent.futures.wait`` waits for the receipts.
+        """
+        arrow_module()
+        h = self._handle
+        with self._lock:
+            self._wait_for_space()
+            completions = h.logic.add_arrow(
+                data,
+                value,
+                key,
+                properties,
+                event_time,
+                lambda partition, count: EntryCompletion(partition, count, h.batch_done),
+            )
+            h.outstanding += sum(c.num_rows for c in completions)
+        return [c.future for c in completions]
+
     def _wait_for_space(self) -> None:
         """Under the lock: wait for queue space, or fail (closed, full and not blocking,
         or still full after ``send_timeout``)."""
@@ -285,6 +320,11 @@ class Producer(ProducerFace):
                 h.closed = True
                 self._space.notify_all()
             self._thread.call(h.close)
+
+
+def _last_id(rb: Any) -> MessageId:
+    """The MessageId of a received record batch's last row."""
+    return MessageId.deserialize(rb.column("message_id")[rb.num_rows - 1].as_py())
 
 
 def _make_future(core: ProducerCore) -> MessageFuture:
@@ -405,6 +445,35 @@ class _Receiving:
         """The next message; raises pigeon.client.Timeout after ``timeout`` seconds."""
         return self.batch_receive(1, timeout)[0]
 
+    def receive_arrow(self, max_rows: int = 10_000, timeout: float | None = None) -> Any:
+        """Up to ``max_rows`` messages as a ``pyarrow.RecordBatch`` (at least one row;
+        Timeout after ``timeout`` seconds) with the Spark source's columns: key, value,
+        topic, partition, offset, message_id, publish_time, event_time, properties.
+
+        The rows come from one received entry and the ``value`` and ``key`` columns are
+        views of it (no copy); gather several calls with ``pyarrow.Table.from_batches``.
+        Acknowledge with :meth:`acknowledge_arrow` or ``acknowledge_cumulative`` of the
+        last row's id (``MessageId.deserialize(batch["message_id"][-1].as_py())``)."""
+        h = self._handle
+        if h.listener is not None:
+            h.refuse_receive()
+        deadline = time.monotonic() + (timeout if timeout is not None else math.inf)
+        with self._lock:
+            while True:
+                if h.closed:
+                    raise AlreadyClosed("consumer is closed")
+                rb, grants = h.receive_arrow_nowait(max_rows, self._thread.now())
+                for engine, permits in grants:
+                    self._thread.soon(engine.flow, permits)
+                if rb is not None:
+                    return rb
+                if h.failure is not None:
+                    raise h.failure
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise Timeout(f"no message within {timeout}s")
+                self._lock.wait(None if math.isinf(left) else min(left, 1.0))
+
     def seek(
         self,
         target: MessageId | None = None,
@@ -456,6 +525,15 @@ class Consumer(ConsumerFace, _Receiving):
         else:
             self._handle.acknowledge_cumulative(mid)
 
+    def acknowledge_arrow(self, batch: Any) -> None:
+        """Acknowledge every row of a record batch from :meth:`receive_arrow` (one
+        acknowledgement per run of consecutive rows of an entry, not one per row)."""
+        runs = arrow_module().ack_runs(batch)
+        if self._handle.ack_receipts:
+            self._thread.call(self._handle.acknowledge_runs_with_receipt, runs)
+        elif self._handle.acknowledge_runs(runs):
+            self._thread.soon(self._handle.flush_acks_nowait)
+
     def negative_acknowledge(self, message: Message) -> None:
         """Ask for this message again after ``negative_ack_redelivery_delay`` seconds."""
         self._handle.negative_acknowledge(message, self._thread.now())
@@ -482,6 +560,13 @@ class Reader(_Receiving):
         msg = self.receive(timeout)
         self._handle.acknowledge_cumulative(msg.message_id)
         return msg
+
+    def read_arrow(self, max_rows: int = 10_000, timeout: float | None = None) -> Any:
+        """The next rows as a ``pyarrow.RecordBatch`` (see ``Consumer.receive_arrow``);
+        the reader moves past them."""
+        rb = self.receive_arrow(max_rows, timeout)
+        self._handle.acknowledge_cumulative(_last_id(rb))
+        return rb
 
     def has_message_available(self) -> bool:
         result: bool = self._thread.call(self._handle.has_message_available)

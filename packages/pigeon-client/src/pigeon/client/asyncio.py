@@ -41,9 +41,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 from pigeon.client._asyncio_bridge import run_on_engine, spawn_on_engine
+from pigeon.client._core import arrow_module
 from pigeon.client._face import AsyncConsumer, AsyncReader, AsyncReceiving, ClientBase
 from pigeon.client._handles import ProducerFace, ProducerHandle, deliver_time
-from pigeon.client._message import Message, MessageId, receipt_message_id
+from pigeon.client._message import EntryReceipt, Message, MessageId, receipt_message_id
 from pigeon.client._options import (
     ConsumerOptions,
     QueueingProducerOptions,
@@ -316,6 +317,43 @@ class Producer(ProducerFace):
             fut.add_done_callback(callback)
         return fut
 
+    async def send_arrow(
+        self,
+        data: Any,
+        *,
+        value: str = "value",
+        key: str | None = None,
+        properties: str | None = None,
+        event_time: str | None = None,
+    ) -> list[EntryReceipt]:
+        """Send the rows of a ``pyarrow.Table`` or ``RecordBatch`` (one message per row,
+        built straight from its buffers) and wait for the broker's receipts: one
+        :class:`EntryReceipt` per entry, in order. Every entry of the call is in flight at
+        once; ``asyncio.gather`` several calls to overlap them. Columns as the sync
+        face's ``send_arrow``. With ``max_pending_messages`` rows pending it waits for
+        space (``block_if_queue_full``) or raises ProducerQueueFull."""
+        arrow_module()
+        h = self._handle
+        if h.closed:
+            raise AlreadyClosed("producer is closed")
+        if self._block:
+            await self._wait_for_space()
+        elif h.outstanding >= self._max_pending:
+            raise ProducerQueueFull(
+                f"{h.outstanding} messages pending (max_pending_messages={self._max_pending})"
+            )
+        futures: list[asyncio.Future[EntryReceipt]] = []
+
+        def make(partition: int, num_rows: int) -> _EntryCompletion:
+            fut: asyncio.Future[EntryReceipt] = self._loop.create_future()
+            futures.append(fut)
+            return _EntryCompletion(self, fut, partition, num_rows)
+
+        with self._lock:
+            h.logic.add_arrow(data, value, key, properties, event_time, make)
+        h.outstanding += getattr(data, "num_rows", 0)
+        return list(await asyncio.gather(*futures))
+
     def _seal_and_close(self) -> None:
         """The client is closing: hand over what is batched; accept no more messages."""
         with self._lock:
@@ -382,6 +420,38 @@ class _BatchCompletion:
             if not f.done():
                 f.set_exception(error)
         self.producer._batch_done(len(self.futures))
+
+
+class _EntryCompletion:
+    """The receipt handler of one entry sent by ``send_arrow``: resolves its asyncio
+    future on the loop's thread."""
+
+    __slots__ = ("future", "num_rows", "partition", "producer")
+
+    def __init__(
+        self,
+        producer: Producer,
+        future: asyncio.Future[EntryReceipt],
+        partition: int,
+        num_rows: int,
+    ) -> None:
+        self.producer = producer
+        self.future = future
+        self.partition = partition
+        self.num_rows = num_rows
+
+    def __call__(self, receipt: Any, error: BaseException | None) -> None:  # engine thread
+        with contextlib.suppress(RuntimeError):  # the event loop is closed
+            self.producer._loop.call_soon_threadsafe(self._resolve, receipt, error)
+
+    def _resolve(self, receipt: Any, error: BaseException | None) -> None:  # loop thread
+        f = self.future
+        if not f.done():
+            if error is None:
+                f.set_result(EntryReceipt.of(receipt, self.num_rows, self.partition))
+            else:
+                f.set_exception(error)
+        self.producer._batch_done(self.num_rows)
 
 
 class _Receiving(AsyncReceiving):

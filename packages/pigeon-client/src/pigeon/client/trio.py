@@ -17,10 +17,11 @@ from typing import Any, TypeVar
 import trio
 
 from pigeon.client._consumer_handle import open_consumer, open_reader
+from pigeon.client._core import arrow_module
 from pigeon.client._engine import ClientEngine
 from pigeon.client._face import AsyncConsumer, AsyncReader, AsyncReceiving, ClientBase
 from pigeon.client._handles import NOLOCK, ProducerFace, ProducerHandle, deliver_time, open_producer
-from pigeon.client._message import MessageId
+from pigeon.client._message import EntryReceipt, MessageId
 from pigeon.client._options import (
     ConsumerOptions,
     ProducerOptions,
@@ -188,6 +189,37 @@ class Producer(ProducerFace):
         h.logic.add(value, key, properties, event_time, when, callback)
         h.outstanding += 1
 
+    async def send_arrow(
+        self,
+        data: Any,
+        *,
+        value: str = "value",
+        key: str | None = None,
+        properties: str | None = None,
+        event_time: str | None = None,
+    ) -> list[EntryReceipt]:
+        """Send the rows of a ``pyarrow.Table`` or ``RecordBatch`` (one message per row,
+        built straight from its buffers) and wait for the broker's receipts: one
+        :class:`EntryReceipt` per entry, in order. Every entry of the call is in flight at
+        once; run calls in several tasks to overlap them. Columns as the sync face's
+        ``send_arrow``."""
+        arrow_module()
+        h = self._handle
+        if h.closed:
+            raise AlreadyClosed("producer is closed")
+        while h.outstanding >= self._max_pending:
+            self._space = trio.Event()
+            await self._space.wait()
+        receipts = _EntryReceipts(h.batch_done)
+        rows = getattr(data, "num_rows", 0)
+        h.outstanding += rows  # before any receipt can free it
+        try:
+            h.logic.add_arrow(data, value, key, properties, event_time, receipts.make)
+        except BaseException:
+            h.outstanding -= rows
+            raise
+        return await receipts.wait()
+
     async def flush(self) -> None:
         self._handle.logic.seal_all()
         await self._handle.flush()
@@ -222,6 +254,42 @@ class _Receipt:
             raise self.error
         assert self.message_id is not None
         return self.message_id
+
+
+class _EntryReceipts:
+    """The receipts of one ``send_arrow`` call's entries (trio face; all on the engine's
+    thread)."""
+
+    def __init__(self, done: Callable[[int], None]) -> None:
+        self.done = done
+        self.results: list[EntryReceipt | None] = []
+        self.error: BaseException | None = None
+        self.pending = 0
+        self.finished = trio.Event()
+
+    def make(self, partition: int, num_rows: int) -> Callable[[Any, BaseException | None], None]:
+        index = len(self.results)
+        self.results.append(None)
+        self.pending += 1
+
+        def callback(receipt: Any, error: BaseException | None) -> None:
+            if error is None:
+                self.results[index] = EntryReceipt.of(receipt, num_rows, partition)
+            elif self.error is None:
+                self.error = error
+            self.pending -= 1
+            self.done(num_rows)
+            if not self.pending:
+                self.finished.set()
+
+        return callback
+
+    async def wait(self) -> list[EntryReceipt]:
+        if self.pending:
+            await self.finished.wait()
+        if self.error is not None:
+            raise self.error
+        return [r for r in self.results if r is not None]
 
 
 class _Receiving(AsyncReceiving):

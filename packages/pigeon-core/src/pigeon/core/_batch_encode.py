@@ -29,7 +29,7 @@ from pigeon.core._batch import (
 from pigeon.core._codecs import Codec
 from pigeon.core.errors import InvalidArgument, MessageTooLarge
 
-__all__ = ["encode_batch"]
+__all__ = ["encode_batch", "encode_columns"]
 
 _ZEROS: Final = tuple(b"\0" * i for i in range(8))
 _EMPTY_PROPS: Final[Mapping[str, str]] = {}
@@ -185,25 +185,7 @@ def _encode(
         (len(pkdata), (pkdata,)),
         (len(pvdata), (pvdata,)),
     )
-    parts: list[bytes] = [b"", b""]  # slots for the length prefix and the header
-    pos = _lay_out(columns, parts)
-    if pos > _UINT32_MAX:
-        raise MessageTooLarge(f"batch body of {pos} bytes is over 4 GiB")
-
-    body_length = pos
-    if codec.id != 0:
-        body = _join(parts, pos)
-        parts = [b"", b"", codec.compress(body)]
-        del body
-        body_length = len(parts[2])
-        if body_length > _UINT32_MAX:
-            raise MessageTooLarge(f"compressed batch body of {body_length} bytes is over 4 GiB")
-
-    h = _new_header(FORMAT_VERSION, producer_name, sequence_id, n, pos, body_length, publish_time)
-    h.codec = codec.id
-    h.deliverAtTime = deliver_at
-    h.schemaVersion = schema_version
-    h.valuesLength = values_length
+    h = _BatchHeaderSchema.new_message()
     if koff:
         h.hasKeys = True
         h.keysLength = len(kdata)
@@ -222,13 +204,67 @@ def _encode(
         h.chunkId = chunk_id
         h.numChunks = num_chunks
         h.totalChunkSize = total
+    return _finish(
+        h,
+        columns,
+        n,
+        producer_name=producer_name,
+        sequence_id=sequence_id,
+        publish_time=publish_time,
+        deliver_at=deliver_at,
+        schema_version=schema_version,
+        values_length=values_length,
+        codec=codec,
+    )
+
+
+def _finish(
+    h: Any,
+    columns: Iterable[tuple[int, Iterable[Any]]],
+    n: int,
+    *,
+    producer_name: str,
+    sequence_id: int,
+    publish_time: int,
+    deliver_at: int,
+    schema_version: int,
+    values_length: int,
+    codec: Codec,
+) -> bytes:
+    """Lay the ``columns`` out, compress them and prefix the header ``h`` (whose column
+    flags and lengths the caller set): the entry."""
+    parts: list[Any] = [b"", b""]  # slots for the length prefix and the header
+    pos = _lay_out(columns, parts)
+    if pos > _UINT32_MAX:
+        raise MessageTooLarge(f"batch body of {pos} bytes is over 4 GiB")
+
+    body_length = pos
+    if codec.id != 0:
+        body = _join(parts, pos)
+        parts = [b"", b"", codec.compress(body)]
+        del body
+        body_length = len(parts[2])
+        if body_length > _UINT32_MAX:
+            raise MessageTooLarge(f"compressed batch body of {body_length} bytes is over 4 GiB")
+
+    h.formatVersion = FORMAT_VERSION
+    h.producerName = producer_name
+    h.sequenceId = sequence_id
+    h.numMessages = n
+    h.uncompressedSize = pos
+    h.bodyLength = body_length
+    h.publishTime = publish_time
+    h.codec = codec.id
+    h.deliverAtTime = deliver_at
+    h.schemaVersion = schema_version
+    h.valuesLength = values_length
     raw = h.to_bytes()
     parts[0] = _U32.pack(len(raw))
     parts[1] = raw
     return _join(parts, 4 + len(raw) + body_length)
 
 
-def _lay_out(columns: Iterable[tuple[int, Iterable[bytes]]], parts: list[bytes]) -> int:
+def _lay_out(columns: Iterable[tuple[int, Iterable[Any]]], parts: list[Any]) -> int:
     """Append the non-empty ``(size, chunks)`` columns to ``parts``, each padded with zeros
     to start 8-byte aligned; the length of the whole (the entry body)."""
     pos = 0
@@ -317,4 +353,143 @@ def encode_batch(
         schema_version=schema_version,
         codec=codec,
         chunk=chunk,
+    )
+
+
+def _nbytes(column: Any, what: str) -> int:
+    try:
+        return memoryview(column).nbytes
+    except TypeError:
+        raise InvalidArgument(f"{what} must be a bytes-like buffer") from None
+
+
+def _check_offsets(column: Any, count: int, end: int, what: str) -> None:
+    """``column`` holds ``count`` int32 offsets from 0 to ``end`` (only the ends are
+    checked here: the buffers come from validated Arrow arrays; the decoder checks all)."""
+    size = _nbytes(column, what)
+    if size != 4 * count:
+        raise InvalidArgument(f"{what} has {size} bytes, expected {4 * count}")
+    mv = memoryview(column).cast("B")
+    first = struct.unpack_from("<i", mv, 0)[0]
+    last = struct.unpack_from("<i", mv, size - 4)[0]
+    if first != 0 or last != end:
+        raise InvalidArgument(f"{what} run from {first} to {last}, expected 0 to {end}")
+
+
+def encode_columns(
+    num_messages: int,
+    value_offsets: Any,
+    values: Any,
+    *,
+    event_times: Any = None,
+    key_offsets: Any = None,
+    key_validity: Any = None,
+    keys: Any = None,
+    property_offsets: Any = None,
+    property_key_offsets: Any = None,
+    property_value_offsets: Any = None,
+    property_keys: Any = None,
+    property_values: Any = None,
+    producer_name: str,
+    sequence_id: int,
+    publish_time: int,
+    codec: Codec,
+    deliver_at: int = 0,
+    schema_version: int = 0,
+) -> bytes:
+    """Encode one batch from columns already laid out (the Arrow producer's path).
+
+    Every column is a bytes-like buffer (``bytes``, a ``memoryview``, a
+    ``pyarrow.Buffer``) in the layout of :mod:`pigeon.core._batch`: int32 offsets from 0
+    (``n + 1`` of them; ``m + 1`` for the property key and value offsets), int64 event
+    times (``n``), an LSB-first validity bitmap (``ceil(n / 8)`` bytes). The key columns
+    come together or not at all, as do the five property columns; ``event_times`` may be
+    None. The buffers are joined into the entry (one copy) or compressed as a whole by
+    ``codec``; nothing is done per message. Raises :class:`InvalidArgument` when the
+    sizes do not agree (the offsets' first and last values are checked, not each one).
+    """
+    n = num_messages
+    _check_int("num_messages", n, 1, _UINT32_MAX)
+    _check_producer_name(producer_name)
+    _check_int("sequence_id", sequence_id, 0, _UINT64_MAX - n + 1)
+    _check_int("publish_time", publish_time, _INT64_MIN, _INT64_MAX)
+    _check_int("deliver_at", deliver_at, _INT64_MIN, _INT64_MAX)
+    _check_int("schema_version", schema_version, 0, _UINT32_MAX)
+    if not isinstance(codec, Codec):
+        raise InvalidArgument(f"codec must be a Codec, got {codec!r}")
+    values_length = _nbytes(values, "values")
+    if values_length > _INT32_MAX:
+        raise MessageTooLarge(f"values of the batch total {values_length} bytes (max {_INT32_MAX})")
+    _check_offsets(value_offsets, n + 1, values_length, "value offsets")
+    h = _BatchHeaderSchema.new_message()
+    et_len = 0
+    if event_times is not None:
+        et_len = _nbytes(event_times, "event times")
+        if et_len != 8 * n:
+            raise InvalidArgument(f"event times have {et_len} bytes, expected {8 * n}")
+        h.hasEventTimes = True
+    key_cols = (key_offsets, key_validity, keys)
+    klen = kv_len = 0
+    if any(c is not None for c in key_cols):
+        if any(c is None for c in key_cols):
+            raise InvalidArgument("key offsets, key validity and keys come together")
+        klen = _nbytes(keys, "keys")
+        if klen > _INT32_MAX:
+            raise MessageTooLarge(f"keys of the batch total {klen} bytes (max {_INT32_MAX})")
+        _check_offsets(key_offsets, n + 1, klen, "key offsets")
+        kv_len = _nbytes(key_validity, "key validity")
+        if kv_len != (n + 7) >> 3:
+            raise InvalidArgument(f"key validity has {kv_len} bytes, expected {(n + 7) >> 3}")
+        h.hasKeys = True
+        h.keysLength = klen
+    prop_cols = (
+        property_offsets,
+        property_key_offsets,
+        property_value_offsets,
+        property_keys,
+        property_values,
+    )
+    m = pk_len = pv_len = 0
+    if any(c is not None for c in prop_cols):
+        if any(c is None for c in prop_cols):
+            raise InvalidArgument("the five property columns come together")
+        m = _nbytes(property_key_offsets, "property key offsets") // 4 - 1
+        if m < 0:
+            raise InvalidArgument("property key offsets are empty")
+        _check_offsets(property_offsets, n + 1, m, "property offsets")
+        pk_len = _nbytes(property_keys, "property keys")
+        pv_len = _nbytes(property_values, "property values")
+        if max(pk_len, pv_len) > _INT32_MAX:
+            raise MessageTooLarge("properties of the batch exceed int32 offsets")
+        _check_offsets(property_key_offsets, m + 1, pk_len, "property key offsets")
+        _check_offsets(property_value_offsets, m + 1, pv_len, "property value offsets")
+        h.hasProperties = True
+        h.propertyEntries = m
+        h.propertyKeysLength = pk_len
+        h.propertyValuesLength = pv_len
+    has_props = h.hasProperties
+    columns = (
+        (et_len, (event_times,)),
+        (4 * (n + 1), (value_offsets,)),
+        (4 * (n + 1) if klen or key_offsets is not None else 0, (key_offsets,)),
+        (kv_len, (key_validity,)),
+        (4 * (n + 1) if has_props else 0, (property_offsets,)),
+        (4 * (m + 1) if has_props else 0, (property_key_offsets,)),
+        (4 * (m + 1) if has_props else 0, (property_value_offsets,)),
+        (values_length, (values,)),
+        (klen, (keys,)),
+        (pk_len, (property_keys,)),
+        (pv_len, (property_values,)),
+    )
+    return _finish(
+        h,
+        columns,
+        n,
+        producer_name=producer_name,
+        sequence_id=sequence_id,
+        publish_time=publish_time,
+        deliver_at=deliver_at,
+        schema_version=schema_version,
+        values_length=values_length,
+        codec=codec,
     )

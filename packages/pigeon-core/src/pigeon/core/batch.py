@@ -14,7 +14,7 @@ from __future__ import annotations
 from pigeon.core._batch import BatchHeader, read_header
 from pigeon.core._batch_builder import BatchBuilder, message_body_size
 from pigeon.core._batch_decode import DecodedBatch, decode_batch
-from pigeon.core._batch_encode import encode_batch
+from pigeon.core._batch_encode import encode_batch, encode_columns
 from pigeon.core._entry import (
     ENTRY_HEADER_SIZE,
     EntryHeader,
@@ -30,6 +30,7 @@ __all__ = [
     "EntryHeader",
     "decode_batch",
     "encode_batch",
+    "encode_columns",
     "message_body_size",
     "pack_entry_header",
     "read_header",

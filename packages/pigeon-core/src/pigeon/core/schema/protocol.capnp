@@ -52,6 +52,9 @@ struct Position {
   batchIndex @2 :Int32;         # -1: the whole entry
   batchSize @3 :UInt32;         # messages in the entry (needed for batch-index acks)
   offset @4 :Int64;             # the message's partition offset (-1: unknown)
+  count @5 :UInt32;             # in an individual Ack: this many consecutive messages of
+                                # the entry from batchIndex / offset (0 or 1: one);
+                                # the Arrow consumer acknowledges a run of rows this way
 }
 
 # ---------------------------------------------------------------- client <-> broker
