@@ -90,6 +90,13 @@ class Deduplication:
         p = self._producers.get(name)
         return p.pushed if p is not None else -1
 
+    def next_sequence(self, name: str) -> int | None:
+        """Where the producer's next new batch starts (after the last one pushed), or None
+        when the partition knows nothing of it.  A producer whose every send failed is
+        known: it starts again at sequence id 0, not wherever its next send says."""
+        p = self._producers.get(name)
+        return p.pushed + 1 if p is not None else None
+
     def persisted_sequence(self, name: str) -> int:
         p = self._producers.get(name)
         return p.persisted if p is not None else -1

@@ -10,9 +10,10 @@ overwhelming probability across the cluster without coordination) and epoch name
 PigeonMQ producer ``kafka-<id>-<epoch>``, whose de-duplication is on whatever the
 namespace says; a batch's base sequence is its sequence id, so a resent batch is
 answered with the original's offset, never stored twice.  A batch whose base sequence
-skips past the last one sent is refused with OUT_OF_ORDER_SEQUENCE_NUMBER (the client
-resends in order), and one from an epoch below the highest seen for its producer id
-with INVALID_PRODUCER_EPOCH.
+skips past the last one sent (or past 0: the first of a producer whose sends all failed,
+or of a new epoch) is refused with OUT_OF_ORDER_SEQUENCE_NUMBER (the client resends in
+order), and one from an epoch below the highest seen for its producer id with
+INVALID_PRODUCER_EPOCH.
 """
 
 from __future__ import annotations
@@ -193,20 +194,32 @@ async def _send_batch(
             return
         epochs.saw(info.producer_id, info.producer_epoch)
         sequence = info.base_sequence
-        pushed = producer.topic.dedup.pushed_sequence(producer.name)
-        if pushed >= 0 and sequence > pushed + 1:
+        dedup = producer.topic.dedup
+        expected = dedup.next_sequence(producer.name)
+        if (
+            expected is None
+            and sequence > 0
+            and any(e < info.producer_epoch for e in _stored_epochs(dedup, info.producer_id))
+        ):
+            expected = 0  # Kafka's rule: a new epoch of a known producer starts at 0
+        # A batch past the expected one is refused even when nothing of the producer
+        # (epoch) is stored here yet -- its first batch failed: a Kafka client takes a
+        # stored batch as proof that every batch before it is stored too (librdkafka's
+        # "implicit ack"), so storing this one would lose the batches it skips.  Only a
+        # producer the partition knows nothing of (its state trimmed away) starts anywhere.
+        if expected is not None and sequence > expected:
             log.info(
-                "kafka produce out of order topic=%s producer=%s sequence=%d pushed=%d",
+                "kafka produce out of order topic=%s producer=%s sequence=%d expected=%d",
                 name.full,
                 producer.name,
                 sequence,
-                pushed,
+                expected,
             )
             done(
                 (
                     ErrorCode.out_of_order_sequence_number,
                     -1,
-                    f"sequence {sequence} follows {pushed}: send the batches in between first",
+                    f"sequence {sequence} skips from {expected}: send the batches in between first",
                 )
             )
             return
@@ -271,13 +284,7 @@ class ProducerEpochs:
     def highest(self, producer_id: int, dedup: Any = None) -> int:
         epoch = self._epochs.get(producer_id)
         if epoch is None:
-            epoch = -1
-            if dedup is not None:
-                prefix = f"kafka-{producer_id}-"
-                for name in dedup.persisted_map():
-                    tail = name[len(prefix) :]
-                    if name.startswith(prefix) and tail.isdigit():
-                        epoch = max(epoch, int(tail))
+            epoch = -1 if dedup is None else max(_stored_epochs(dedup, producer_id), default=-1)
             self.saw(producer_id, epoch)
         else:
             self._epochs.move_to_end(producer_id)
@@ -289,6 +296,17 @@ class ProducerEpochs:
         self._epochs.move_to_end(producer_id)
         while len(self._epochs) > MAX_PRODUCERS:
             self._epochs.popitem(last=False)
+
+
+def _stored_epochs(dedup: Any, producer_id: int) -> list[int]:
+    """The epochs of ``producer_id`` with batches stored in the partition (its producers
+    are named ``kafka-<id>-<epoch>``)."""
+    prefix = f"kafka-{producer_id}-"
+    return [
+        int(name[len(prefix) :])
+        for name in dedup.persisted_map()
+        if name.startswith(prefix) and name[len(prefix) :].isdigit()
+    ]
 
 
 #: producer ids whose epochs a broker remembers (older ones are looked up again)
