@@ -198,29 +198,15 @@ class AsyncReceiving:
         timeout: float | None = None,  # noqa: ASYNC109
     ) -> list[Message]:
         """Up to ``max_messages`` messages, at least one; raises Timeout after ``timeout`` s."""
-        h = self._handle
-        if h.listener is not None:
-            h.refuse_receive()
-        deadline = self._clock() + (timeout if timeout is not None else math.inf)
-        while True:
-            self._arm()  # before looking, so no wake-up is lost
-            if h.closed:
-                raise AlreadyClosed("consumer is closed")
-            msgs, grants = h.receive_nowait(max_messages, self._now())
-            for engine, permits in grants:
-                with contextlib.suppress(AlreadyClosed):
-                    self._soon(engine.flow, permits)
-            if msgs:
-                return msgs
-            if h.failure is not None:
-                raise h.failure
-            if self._clock() >= deadline:
-                raise Timeout(f"no message within {timeout}s")
-            await self._wait_until(deadline)
+        msgs: list[Message] = await self._receive(
+            self._handle.receive_nowait, max_messages, timeout
+        )
+        return msgs
 
     async def receive(self, timeout: float | None = None) -> Message:  # noqa: ASYNC109
         """The next message; raises pigeon.client.Timeout after ``timeout`` seconds."""
-        return (await self.batch_receive(1, timeout))[0]
+        msgs: list[Message] = await self._receive(self._handle.receive_nowait, 1, timeout)
+        return msgs[0]
 
     async def receive_arrow(
         self,
@@ -229,6 +215,16 @@ class AsyncReceiving:
     ) -> Any:
         """Up to ``max_rows`` messages as a ``pyarrow.RecordBatch`` whose value and key
         columns are views of one received entry (see the sync face's ``receive_arrow``)."""
+        return await self._receive(self._handle.receive_arrow_nowait, max_rows, timeout)
+
+    async def _receive(
+        self,
+        take: Callable[[int, float], tuple[Any, list[tuple[Any, int]]]],
+        n: int,
+        timeout: float | None,  # noqa: ASYNC109
+    ) -> Any:
+        """What ``take(n, now)`` returns first that is not empty (a non-empty list of
+        messages or a record batch); raises Timeout after ``timeout`` seconds."""
         h = self._handle
         if h.listener is not None:
             h.refuse_receive()
@@ -237,12 +233,12 @@ class AsyncReceiving:
             self._arm()  # before looking, so no wake-up is lost
             if h.closed:
                 raise AlreadyClosed("consumer is closed")
-            rb, grants = h.receive_arrow_nowait(max_rows, self._now())
+            got, grants = take(n, self._now())
             for engine, permits in grants:
                 with contextlib.suppress(AlreadyClosed):
                     self._soon(engine.flow, permits)
-            if rb is not None:
-                return rb
+            if got:  # a record batch has at least one row
+                return got
             if h.failure is not None:
                 raise h.failure
             if self._clock() >= deadline:

@@ -421,29 +421,13 @@ class _Receiving:
     def batch_receive(
         self, max_messages: int = 1000, timeout: float | None = None
     ) -> list[Message]:
-        h = self._handle
-        if h.listener is not None:
-            h.refuse_receive()
-        deadline = time.monotonic() + (timeout if timeout is not None else math.inf)
-        with self._lock:
-            while True:
-                if h.closed:
-                    raise AlreadyClosed("consumer is closed")
-                msgs, grants = h.receive_nowait(max_messages, self._thread.now())
-                for engine, permits in grants:
-                    self._thread.soon(engine.flow, permits)
-                if msgs:
-                    return msgs
-                if h.failure is not None:
-                    raise h.failure
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise Timeout(f"no message within {timeout}s")
-                self._lock.wait(None if math.isinf(left) else min(left, 1.0))
+        msgs: list[Message] = self._receive(self._handle.receive_nowait, max_messages, timeout)
+        return msgs
 
     def receive(self, timeout: float | None = None) -> Message:
         """The next message; raises pigeon.client.Timeout after ``timeout`` seconds."""
-        return self.batch_receive(1, timeout)[0]
+        msgs: list[Message] = self._receive(self._handle.receive_nowait, 1, timeout)
+        return msgs[0]
 
     def receive_arrow(self, max_rows: int = 10_000, timeout: float | None = None) -> Any:
         """Up to ``max_rows`` messages as a ``pyarrow.RecordBatch`` (at least one row;
@@ -454,6 +438,16 @@ class _Receiving:
         views of it (no copy); gather several calls with ``pyarrow.Table.from_batches``.
         Acknowledge with :meth:`acknowledge_arrow` or ``acknowledge_cumulative`` of the
         last row's id (``MessageId.deserialize(batch["message_id"][-1].as_py())``)."""
+        return self._receive(self._handle.receive_arrow_nowait, max_rows, timeout)
+
+    def _receive(
+        self,
+        take: Callable[[int, float], tuple[Any, list[tuple[Any, int]]]],
+        n: int,
+        timeout: float | None,
+    ) -> Any:
+        """What ``take(n, now)`` returns first that is not empty (a non-empty list of
+        messages or a record batch); raises Timeout after ``timeout`` seconds."""
         h = self._handle
         if h.listener is not None:
             h.refuse_receive()
@@ -462,11 +456,11 @@ class _Receiving:
             while True:
                 if h.closed:
                     raise AlreadyClosed("consumer is closed")
-                rb, grants = h.receive_arrow_nowait(max_rows, self._thread.now())
+                got, grants = take(n, self._thread.now())
                 for engine, permits in grants:
                     self._thread.soon(engine.flow, permits)
-                if rb is not None:
-                    return rb
+                if got:  # a record batch has at least one row
+                    return got
                 if h.failure is not None:
                     raise h.failure
                 left = deadline - time.monotonic()
