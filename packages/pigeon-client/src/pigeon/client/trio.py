@@ -154,6 +154,16 @@ class Producer(ProducerFace):
     def _space_freed(self) -> None:
         self._space.set()
 
+    async def _wait_for_space(self) -> None:
+        """Wait while ``max_pending_messages`` messages are pending; AlreadyClosed if the
+        producer is closed."""
+        h = self._handle
+        if h.closed:
+            raise AlreadyClosed("producer is closed")
+        while h.outstanding >= self._max_pending:
+            self._space = trio.Event()
+            await self._space.wait()
+
     async def __aenter__(self) -> Producer:
         return self
 
@@ -180,11 +190,8 @@ class Producer(ProducerFace):
     ) -> None:
         """Queue a message; ``callback(message_id, error)`` runs on its receipt."""
         h = self._handle
-        if h.closed:
-            raise AlreadyClosed("producer is closed")
-        while h.outstanding >= self._max_pending:
-            self._space = trio.Event()
-            await self._space.wait()
+        if h.closed or h.outstanding >= self._max_pending:
+            await self._wait_for_space()
         when = deliver_time(deliver_at, deliver_after, h.client.clock.now_ms())
         h.logic.add(value, key, properties, event_time, when, callback)
         h.outstanding += 1
@@ -205,11 +212,8 @@ class Producer(ProducerFace):
         ``send_arrow``."""
         arrow_module()
         h = self._handle
-        if h.closed:
-            raise AlreadyClosed("producer is closed")
-        while h.outstanding >= self._max_pending:
-            self._space = trio.Event()
-            await self._space.wait()
+        if h.closed or h.outstanding >= self._max_pending:
+            await self._wait_for_space()
         receipts = _EntryReceipts(h.batch_done)
         rows = getattr(data, "num_rows", 0)
         h.outstanding += rows  # before any receipt can free it
