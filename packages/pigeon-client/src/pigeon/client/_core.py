@@ -16,7 +16,7 @@ import time
 import zlib
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pigeon.client._chunks import CHUNK_HEADER_SLACK, ChunkAssembler
 from pigeon.client._engine import PendingBatch, ReceivedEntry
@@ -38,6 +38,9 @@ from pigeon.core.batch import (
 )
 from pigeon.core.errors import InvalidArgument, MessageTooLarge, NotSupported, PigeonError
 
+if TYPE_CHECKING:
+    import asyncio
+
 __all__ = [
     "BatchCompletion",
     "ConsumerCore",
@@ -45,6 +48,7 @@ __all__ = [
     "ProducerCore",
     "arrow_module",
     "normalize_message",
+    "settle_entry",
 ]
 
 log = logging.getLogger(__name__)
@@ -123,13 +127,24 @@ class EntryCompletion:
         self.future: concurrent.futures.Future[EntryReceipt] = concurrent.futures.Future()
 
     def __call__(self, receipt: Any, error: BaseException | None) -> None:
-        f = self.future
-        if not f.done():
-            if error is None:
-                f.set_result(EntryReceipt.of(receipt, self.num_rows, self.partition))
-            else:
-                f.set_exception(error)
+        settle_entry(self.future, receipt, error, self.num_rows, self.partition)
         self.done(self.num_rows)
+
+
+def settle_entry(
+    future: concurrent.futures.Future[EntryReceipt] | asyncio.Future[EntryReceipt],
+    receipt: Any,
+    error: BaseException | None,
+    num_rows: int,
+    partition: int,
+) -> None:
+    """Resolve the ``future`` of an entry sent by ``send_arrow`` with its
+    :class:`EntryReceipt` (or fail it with ``error``) unless it is done already."""
+    if not future.done():
+        if error is None:
+            future.set_result(EntryReceipt.of(receipt, num_rows, partition))
+        else:
+            future.set_exception(error)
 
 
 def arrow_module() -> Any:

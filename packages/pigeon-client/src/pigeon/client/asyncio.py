@@ -41,7 +41,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 from pigeon.client._asyncio_bridge import run_on_engine, spawn_on_engine
-from pigeon.client._core import arrow_module
+from pigeon.client._core import arrow_module, settle_entry
 from pigeon.client._face import AsyncConsumer, AsyncReader, AsyncReceiving, ClientBase
 from pigeon.client._handles import ProducerFace, ProducerHandle, deliver_time
 from pigeon.client._message import EntryReceipt, Message, MessageId, receipt_message_id
@@ -445,12 +445,7 @@ class _EntryCompletion:
             self.producer._loop.call_soon_threadsafe(self._resolve, receipt, error)
 
     def _resolve(self, receipt: Any, error: BaseException | None) -> None:  # loop thread
-        f = self.future
-        if not f.done():
-            if error is None:
-                f.set_result(EntryReceipt.of(receipt, self.num_rows, self.partition))
-            else:
-                f.set_exception(error)
+        settle_entry(self.future, receipt, error, self.num_rows, self.partition)
         self.producer._batch_done(self.num_rows)
 
 
