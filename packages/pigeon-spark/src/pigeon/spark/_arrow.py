@@ -2,30 +2,7 @@
 (:mod:`pigeon.client.arrow`, shared with the Arrow consumer API); the names the source
 and its tests use are re-exported here."""
 
-from __future__ import annotations
-
-from pigeon.client.arrow import (
-    DATA_COLUMN,
-    MAX_BYTES,
-    MAX_ROWS,
-    PROPERTIES,
-    SOURCE_COLUMNS,
-    TIMESTAMP,
-    Decode,
-    EntryLike,
-    arrow_schema,
-    record_batches,
-)
-
-__all__ = [
-    "DATA_COLUMN",
-    "MAX_BYTES",
-    "MAX_ROWS",
-    "PROPERTIES",
-    "SOURCE_COLUMNS",
-    "TIMESTAMP",
-    "Decode",
-    "EntryLike",
-    "arrow_schema",
-    "record_batches",
-]
+# The names are listed once, in ``pigeon.client.arrow.__all__``; this module re-exports
+# exactly those.
+from pigeon.client.arrow import *  # noqa: F403
+from pigeon.client.arrow import __all__ as __all__
