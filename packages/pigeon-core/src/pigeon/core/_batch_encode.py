@@ -185,7 +185,7 @@ def _encode(
         (len(pkdata), (pkdata,)),
         (len(pvdata), (pvdata,)),
     )
-    h = _BatchHeaderSchema.new_message()
+    h = _header(producer_name, sequence_id, publish_time, deliver_at, schema_version)
     if koff:
         h.hasKeys = True
         h.keysLength = len(kdata)
@@ -204,30 +204,28 @@ def _encode(
         h.chunkId = chunk_id
         h.numChunks = num_chunks
         h.totalChunkSize = total
-    return _finish(
-        h,
-        columns,
-        n,
-        producer_name=producer_name,
-        sequence_id=sequence_id,
-        publish_time=publish_time,
-        deliver_at=deliver_at,
-        schema_version=schema_version,
-        values_length=values_length,
-        codec=codec,
-    )
+    return _finish(h, columns, n, values_length, codec)
+
+
+def _header(
+    producer_name: str, sequence_id: int, publish_time: int, deliver_at: int, schema_version: int
+) -> Any:
+    """A batch header with the producer's fields set; the caller sets the column flags and
+    lengths, :func:`_finish` the rest."""
+    h = _BatchHeaderSchema.new_message()
+    h.formatVersion = FORMAT_VERSION
+    h.producerName = producer_name
+    h.sequenceId = sequence_id
+    h.publishTime = publish_time
+    h.deliverAtTime = deliver_at
+    h.schemaVersion = schema_version
+    return h
 
 
 def _finish(
     h: Any,
     columns: Iterable[tuple[int, Iterable[Any]]],
     n: int,
-    *,
-    producer_name: str,
-    sequence_id: int,
-    publish_time: int,
-    deliver_at: int,
-    schema_version: int,
     values_length: int,
     codec: Codec,
 ) -> bytes:
@@ -247,16 +245,10 @@ def _finish(
         if body_length > _UINT32_MAX:
             raise MessageTooLarge(f"compressed batch body of {body_length} bytes is over 4 GiB")
 
-    h.formatVersion = FORMAT_VERSION
-    h.producerName = producer_name
-    h.sequenceId = sequence_id
     h.numMessages = n
     h.uncompressedSize = pos
     h.bodyLength = body_length
-    h.publishTime = publish_time
     h.codec = codec.id
-    h.deliverAtTime = deliver_at
-    h.schemaVersion = schema_version
     h.valuesLength = values_length
     raw = h.to_bytes()
     parts[0] = _U32.pack(len(raw))
@@ -421,7 +413,7 @@ def encode_columns(
     if values_length > _INT32_MAX:
         raise MessageTooLarge(f"values of the batch total {values_length} bytes (max {_INT32_MAX})")
     _check_offsets(value_offsets, n + 1, values_length, "value offsets")
-    h = _BatchHeaderSchema.new_message()
+    h = _header(producer_name, sequence_id, publish_time, deliver_at, schema_version)
     et_len = 0
     if event_times is not None:
         et_len = _nbytes(event_times, "event times")
@@ -481,15 +473,4 @@ def encode_columns(
         (pk_len, (property_keys,)),
         (pv_len, (property_values,)),
     )
-    return _finish(
-        h,
-        columns,
-        n,
-        producer_name=producer_name,
-        sequence_id=sequence_id,
-        publish_time=publish_time,
-        deliver_at=deliver_at,
-        schema_version=schema_version,
-        values_length=values_length,
-        codec=codec,
-    )
+    return _finish(h, columns, n, values_length, codec)
