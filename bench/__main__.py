@@ -379,32 +379,42 @@ def standard(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+def small_messages(url: str, duration: float) -> dict[str, Any]:
+    """``produce_100b`` and ``consume_100b``: 100-byte messages through the sync API, sent
+    for ``duration`` seconds, then all consumed."""
+    from pigeon.client._cli import run_perf_consume, run_perf_produce
+
+    out: dict[str, Any] = {}
+    out["produce_100b"] = run_perf_produce(
+        url,
+        "bench-small",
+        size=100,
+        duration=duration,
+        progress=False,
+        batch_max_messages=2000,
+        batch_max_bytes=1 << 20,
+    )
+    print(json.dumps(out["produce_100b"]), file=sys.stderr)
+    out["consume_100b"] = run_perf_consume(
+        url,
+        "bench-small",
+        duration=max(60.0, duration * 2),
+        max_messages=out["produce_100b"]["messages"],
+        idle_timeout=10.0,
+        progress=False,
+    )
+    print(json.dumps(out["consume_100b"]), file=sys.stderr)
+    return out
+
+
 def small_and_codecs(args: argparse.Namespace) -> dict[str, Any]:
     """100-byte messages through the sync API, and 1 KiB messages per codec."""
-    from pigeon.client._cli import run_perf_consume, run_perf_produce
+    from pigeon.client._cli import run_perf_produce
 
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="pigeon-bench-") as tmp:  # noqa: SIM117
         with Standalone(Path(tmp) / "data") as sa:
-            results["produce_100b"] = run_perf_produce(
-                sa.url,
-                "bench-small",
-                size=100,
-                duration=args.duration,
-                progress=False,
-                batch_max_messages=2000,
-                batch_max_bytes=1 << 20,
-            )
-            print(json.dumps(results["produce_100b"]), file=sys.stderr)
-            results["consume_100b"] = run_perf_consume(
-                sa.url,
-                "bench-small",
-                duration=max(60.0, args.duration * 2),
-                max_messages=results["produce_100b"]["messages"],
-                idle_timeout=10.0,
-                progress=False,
-            )
-            print(json.dumps(results["consume_100b"]), file=sys.stderr)
+            results.update(small_messages(sa.url, args.duration))
             results["produce_json_schema"] = schema_produce(sa.url, max(5.0, args.duration / 3))
             print(json.dumps(results["produce_json_schema"]), file=sys.stderr)
             for codec in args.codecs:

@@ -146,32 +146,13 @@ def client_ceilings(seconds: float = 2.0) -> dict[str, Any]:
 
 
 def arrow_scenario(args: Any) -> dict[str, Any]:
-    from bench.__main__ import Standalone
-    from pigeon.client._cli import run_perf_consume, run_perf_produce
+    from bench.__main__ import Standalone, small_messages
 
     results: dict[str, Any] = {"client_ceilings": client_ceilings()}
     print(json.dumps(results["client_ceilings"]), file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="pigeon-bench-") as tmp:  # noqa: SIM117
         with Standalone(Path(tmp) / "data") as sa:
-            results["produce_100b"] = run_perf_produce(
-                sa.url,
-                "bench-small",
-                size=ROW_BYTES,
-                duration=args.duration,
-                progress=False,
-                batch_max_messages=2000,
-                batch_max_bytes=1 << 20,
-            )
-            print(json.dumps(results["produce_100b"]), file=sys.stderr)
-            results["consume_100b"] = run_perf_consume(
-                sa.url,
-                "bench-small",
-                duration=max(60.0, args.duration * 2),
-                max_messages=results["produce_100b"]["messages"],
-                idle_timeout=10.0,
-                progress=False,
-            )
-            print(json.dumps(results["consume_100b"]), file=sys.stderr)
+            results.update(small_messages(sa.url, args.duration))
             results["arrow_produce"] = arrow_produce(sa.url, "bench-arrow", args.duration)
             print(json.dumps(results["arrow_produce"]), file=sys.stderr)
             results["arrow_consume"] = arrow_consume(
