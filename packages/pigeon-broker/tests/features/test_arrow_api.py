@@ -15,21 +15,11 @@ from standalone_support import drain
 
 from pigeon.client import Client, EntryReceipt, MessageId
 from pigeon.client import asyncio as aio
+from pigeon.client.arrow import SOURCE_COLUMNS
 from pigeon.core.errors import InvalidArgument, MessageTooLarge, Timeout
 
 PROPS = pa.map_(pa.string(), pa.string())
 TS = pa.timestamp("us", tz="UTC")
-COLUMNS = [
-    "key",
-    "value",
-    "topic",
-    "partition",
-    "offset",
-    "message_id",
-    "publish_time",
-    "event_time",
-    "properties",
-]
 
 
 def table(n: int, start: int = 0) -> pa.Table:
@@ -111,7 +101,7 @@ async def test_round_trip_of_every_column_kind_split_into_entries(client, autoju
     batches = await receive_rows(consumer, 100)
     assert [b.num_rows for b in batches] == [40, 40, 20], "one record batch per entry"
     got = pa.Table.from_batches(batches)
-    assert got.column_names == COLUMNS
+    assert got.column_names == [name for name, _ in SOURCE_COLUMNS], "the Spark source's"
     assert got.schema.field("publish_time").type == TS
     assert got.schema.field("properties").type == PROPS
     assert seen(got) == expected(data)
