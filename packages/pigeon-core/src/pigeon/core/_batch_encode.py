@@ -185,7 +185,9 @@ def _encode(
         (len(pkdata), (pkdata,)),
         (len(pvdata), (pvdata,)),
     )
-    h = _header(producer_name, sequence_id, publish_time, deliver_at, schema_version)
+    h = _new_header(FORMAT_VERSION, producer_name, sequence_id, n, 0, 0, publish_time)
+    h.deliverAtTime = deliver_at
+    h.schemaVersion = schema_version
     if koff:
         h.hasKeys = True
         h.keysLength = len(kdata)
@@ -204,33 +206,17 @@ def _encode(
         h.chunkId = chunk_id
         h.numChunks = num_chunks
         h.totalChunkSize = total
-    return _finish(h, columns, n, values_length, codec)
-
-
-def _header(
-    producer_name: str, sequence_id: int, publish_time: int, deliver_at: int, schema_version: int
-) -> Any:
-    """A batch header with the producer's fields set; the caller sets the column flags and
-    lengths, :func:`_finish` the rest."""
-    h = _BatchHeaderSchema.new_message()
-    h.formatVersion = FORMAT_VERSION
-    h.producerName = producer_name
-    h.sequenceId = sequence_id
-    h.publishTime = publish_time
-    h.deliverAtTime = deliver_at
-    h.schemaVersion = schema_version
-    return h
+    return _finish(h, columns, values_length, codec)
 
 
 def _finish(
     h: Any,
     columns: Iterable[tuple[int, Iterable[Any]]],
-    n: int,
     values_length: int,
     codec: Codec,
 ) -> bytes:
-    """Lay the ``columns`` out, compress them and prefix the header ``h`` (whose column
-    flags and lengths the caller set): the entry."""
+    """Lay the ``columns`` out, compress them and prefix the header ``h`` (its fields
+    but the sizes and the codec set by the caller): the entry."""
     parts: list[Any] = [b"", b""]  # slots for the length prefix and the header
     pos = _lay_out(columns, parts)
     if pos > _UINT32_MAX:
@@ -245,7 +231,6 @@ def _finish(
         if body_length > _UINT32_MAX:
             raise MessageTooLarge(f"compressed batch body of {body_length} bytes is over 4 GiB")
 
-    h.numMessages = n
     h.uncompressedSize = pos
     h.bodyLength = body_length
     h.codec = codec.id
@@ -413,7 +398,9 @@ def encode_columns(
     if values_length > _INT32_MAX:
         raise MessageTooLarge(f"values of the batch total {values_length} bytes (max {_INT32_MAX})")
     _check_offsets(value_offsets, n + 1, values_length, "value offsets")
-    h = _header(producer_name, sequence_id, publish_time, deliver_at, schema_version)
+    h = _new_header(FORMAT_VERSION, producer_name, sequence_id, n, 0, 0, publish_time)
+    h.deliverAtTime = deliver_at
+    h.schemaVersion = schema_version
     et_len = 0
     if event_times is not None:
         et_len = _nbytes(event_times, "event times")
@@ -473,4 +460,4 @@ def encode_columns(
         (pk_len, (property_keys,)),
         (pv_len, (property_values,)),
     )
-    return _finish(h, columns, n, values_length, codec)
+    return _finish(h, columns, values_length, codec)
