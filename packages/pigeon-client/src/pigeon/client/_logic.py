@@ -31,7 +31,11 @@ from pigeon.client._core import (
 from pigeon.client._engine import PendingBatch
 from pigeon.client._future import MessageFuture
 from pigeon.client._message import Message
-from pigeon.client._options import DeadLetterPolicy, MultiplierRedeliveryBackoff
+from pigeon.client._options import (
+    ArrowSendOptions,
+    DeadLetterPolicy,
+    MultiplierRedeliveryBackoff,
+)
 from pigeon.core.batch import message_body_size
 from pigeon.core.errors import InvalidArgument, NotSupported, PigeonError
 
@@ -227,17 +231,11 @@ class ProducerLogic:
         return completion
 
     def add_arrow(
-        self,
-        data: Any,
-        value: str,
-        key: str | None,
-        properties: str | None,
-        event_time: str | None,
-        make_callback: Callable[[int, int], Any],
+        self, sent: ArrowSendOptions, make_callback: Callable[[int, int], Any]
     ) -> list[Any]:
-        """Send the rows of an Arrow table or record batch as entries built from its
-        buffers (see :mod:`pigeon.client._arrow`); returns the callback that
-        ``make_callback(partition, num_rows)`` made for each entry, in order.
+        """Send the rows of an Arrow table or record batch (a ``send_arrow`` call's) as
+        entries built from its buffers (see :mod:`pigeon.client._arrow`); returns the
+        callback that ``make_callback(partition, num_rows)`` made for each entry, in order.
 
         Everything is checked before anything is recorded. A partition's batch of
         single messages is sealed before the partition's first Arrow entry (order and
@@ -246,6 +244,8 @@ class ProducerLogic:
         ``message_router`` is called once per row); entries of rows without a key go
         round-robin, one entry per partition in turn (as single messages' batches).
         """
+        data, value, key, properties = sent.data, sent.value, sent.key, sent.properties
+        event_time = sent.event_time
         arrow = arrow_module()
         if self.encode is not None:
             raise NotSupported(

@@ -22,6 +22,7 @@ from pigeon.client._schema import Schema
 from pigeon.core.errors import InvalidArgument
 
 __all__ = [
+    "ArrowSendOptions",
     "ConsumerOptions",
     "DeadLetterPolicy",
     "MultiplierRedeliveryBackoff",
@@ -333,6 +334,20 @@ class ReaderOptions:
                 f"start must be 'earliest', 'latest' or a MessageId, got {start!r}"
             )
         return start, -1
+
+
+@dataclass(frozen=True)
+class ArrowSendOptions:
+    """What every face's ``send_arrow`` takes: a ``pyarrow.Table`` or ``RecordBatch`` and
+    the names of its value, key, properties and event time columns (the sync face's
+    ``send_arrow`` says what each may hold). Built once per call, not per row."""
+
+    data: Any
+    _: KW_ONLY
+    value: str = "value"
+    key: str | None = None
+    properties: str | None = None
+    event_time: str | None = None
 
 
 @dataclass(frozen=True)

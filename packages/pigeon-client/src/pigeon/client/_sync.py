@@ -24,6 +24,7 @@ from pigeon.client._future import MessageFuture
 from pigeon.client._handles import ProducerFace, ProducerHandle, deliver_time
 from pigeon.client._message import EntryReceipt, Message, MessageId
 from pigeon.client._options import (
+    ArrowSendOptions,
     ConsumerOptions,
     QueueingProducerOptions,
     ReaderOptions,
@@ -250,15 +251,8 @@ class Producer(ProducerFace):
             fut.add_done_callback(callback)
         return fut
 
-    def send_arrow(
-        self,
-        data: Any,
-        *,
-        value: str = "value",
-        key: str | None = None,
-        properties: str | None = None,
-        event_time: str | None = None,
-    ) -> list[concurrent.futures.Future[EntryReceipt]]:
+    @takes_options(ArrowSendOptions)
+    def send_arrow(self, arrow: ArrowSendOptions) -> list[concurrent.futures.Future[EntryReceipt]]:
         """Queue the rows of a ``pyarrow.Table`` or ``RecordBatch``, one message per row,
         built straight from its buffers; returns one future per entry (a batch of rows,
         split as ``batching_max_messages`` / ``batching_max_bytes`` split single
@@ -275,11 +269,7 @@ class Producer(ProducerFace):
         with self._lock:
             self._wait_for_space()
             completions = h.logic.add_arrow(
-                data,
-                value,
-                key,
-                properties,
-                event_time,
+                arrow,
                 lambda partition, count: EntryCompletion(partition, count, h.batch_done),
             )
             h.outstanding += sum(c.num_rows for c in completions)

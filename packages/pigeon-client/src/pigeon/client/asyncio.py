@@ -46,6 +46,7 @@ from pigeon.client._face import AsyncConsumer, AsyncReader, AsyncReceiving, Clie
 from pigeon.client._handles import ProducerFace, ProducerHandle, deliver_time
 from pigeon.client._message import EntryReceipt, Message, MessageId, receipt_message_id
 from pigeon.client._options import (
+    ArrowSendOptions,
     ConsumerOptions,
     QueueingProducerOptions,
     ReaderOptions,
@@ -317,15 +318,8 @@ class Producer(ProducerFace):
             fut.add_done_callback(callback)
         return fut
 
-    async def send_arrow(
-        self,
-        data: Any,
-        *,
-        value: str = "value",
-        key: str | None = None,
-        properties: str | None = None,
-        event_time: str | None = None,
-    ) -> list[EntryReceipt]:
+    @takes_options(ArrowSendOptions)
+    async def send_arrow(self, arrow: ArrowSendOptions) -> list[EntryReceipt]:
         """Send the rows of a ``pyarrow.Table`` or ``RecordBatch`` (one message per row,
         built straight from its buffers) and wait for the broker's receipts: one
         :class:`EntryReceipt` per entry, in order. Every entry of the call is in flight at
@@ -350,8 +344,8 @@ class Producer(ProducerFace):
             return _EntryCompletion(self, fut, partition, num_rows)
 
         with self._lock:
-            h.logic.add_arrow(data, value, key, properties, event_time, make)
-        h.outstanding += getattr(data, "num_rows", 0)
+            h.logic.add_arrow(arrow, make)
+        h.outstanding += getattr(arrow.data, "num_rows", 0)
         return list(await asyncio.gather(*futures))
 
     def _seal_and_close(self) -> None:

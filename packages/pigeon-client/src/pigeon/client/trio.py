@@ -23,6 +23,7 @@ from pigeon.client._face import AsyncConsumer, AsyncReader, AsyncReceiving, Clie
 from pigeon.client._handles import NOLOCK, ProducerFace, ProducerHandle, deliver_time, open_producer
 from pigeon.client._message import EntryReceipt, MessageId
 from pigeon.client._options import (
+    ArrowSendOptions,
     ConsumerOptions,
     ProducerOptions,
     ReaderOptions,
@@ -196,15 +197,8 @@ class Producer(ProducerFace):
         h.logic.add(value, key, properties, event_time, when, callback)
         h.outstanding += 1
 
-    async def send_arrow(
-        self,
-        data: Any,
-        *,
-        value: str = "value",
-        key: str | None = None,
-        properties: str | None = None,
-        event_time: str | None = None,
-    ) -> list[EntryReceipt]:
+    @takes_options(ArrowSendOptions)
+    async def send_arrow(self, arrow: ArrowSendOptions) -> list[EntryReceipt]:
         """Send the rows of a ``pyarrow.Table`` or ``RecordBatch`` (one message per row,
         built straight from its buffers) and wait for the broker's receipts: one
         :class:`EntryReceipt` per entry, in order. Every entry of the call is in flight at
@@ -215,10 +209,10 @@ class Producer(ProducerFace):
         if h.closed or h.outstanding >= self._max_pending:
             await self._wait_for_space()
         receipts = _EntryReceipts(h.batch_done)
-        rows = getattr(data, "num_rows", 0)
+        rows = getattr(arrow.data, "num_rows", 0)
         h.outstanding += rows  # before any receipt can free it
         try:
-            h.logic.add_arrow(data, value, key, properties, event_time, receipts.make)
+            h.logic.add_arrow(arrow, receipts.make)
         except BaseException:
             h.outstanding -= rows
             raise
