@@ -4,5 +4,7 @@ and its tests use are re-exported here."""
 
 # The names are listed once, in ``pigeon.client.arrow.__all__``; this module re-exports
 # exactly those.
+from pigeon.client import arrow as _client_arrow
 from pigeon.client.arrow import *  # noqa: F403
-from pigeon.client.arrow import __all__ as __all__
+
+__all__ = list(_client_arrow.__all__)
