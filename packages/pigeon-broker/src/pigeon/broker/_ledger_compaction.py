@@ -189,7 +189,13 @@ class LedgerCompaction(LedgerWrites, LedgerOffload):
 
     @property
     def compacting(self) -> bool:
-        return self._compacting
+        return self._compaction_ended is not None
+
+    async def compaction_stopped(self) -> None:
+        """Return once no compaction of this ledger is running."""
+        ended = self._compaction_ended
+        if ended is not None:
+            await ended.wait()
 
     # ------------------------------------------------------------------ reads
 
@@ -298,9 +304,9 @@ class LedgerCompaction(LedgerWrites, LedgerOffload):
         """Compact up to the end of the log as it is now; returns the new compacted
         ledger (None: another run is going on, or nothing new to compact).  The status
         is kept in ``compaction_status`` (Pulsar's LongRunningProcessStatus)."""
-        if self._compacting:
+        if self._compaction_ended is not None:
             return None
-        self._compacting = True
+        ended = self._compaction_ended = trio.Event()
         self.compaction_status = {"status": "RUNNING", "last_error": ""}
         try:
             await self.drop_pending_compaction()
@@ -317,7 +323,8 @@ class LedgerCompaction(LedgerWrites, LedgerOffload):
             self.compaction_status = {"status": "SUCCESS", "last_error": ""}
             return result
         finally:
-            self._compacting = False
+            self._compaction_ended = None
+            ended.set()
 
     async def _compact(self, codecs: Any) -> CompactedLedger | None:
         # everything acknowledged before this point is below the horizon

@@ -265,7 +265,8 @@ class LedgerState:
         self.compacted: Any = None
         self.compaction_pending: int | None = None
         self.compaction_status: dict[str, Any] = {"status": "NOT_RUN", "last_error": ""}
-        self._compacting = False
+        #: set when the compaction running now ends (None: none is running)
+        self._compaction_ended: trio.Event | None = None
 
     # ------------------------------------------------------------------ metadata
 
