@@ -216,6 +216,9 @@ class Workload:
                     h.event("consumer-error", f"{label} subscribe: {_brief(exc)}")
                     self._consume_stop.wait(1.0)
                     continue
+            # read before receiving: a re-attach after it (even before the ack is sent)
+            # shows as a new generation, and such a receipt is not recorded
+            generation = consumer._handle.engines[0].generation
             try:
                 msgs = consumer.batch_receive(RECEIVE_BATCH, timeout=0.5)
             except Timeout:
@@ -230,7 +233,7 @@ class Workload:
             for m in msgs:
                 self._record(now, sub, label, m, seen)
             if sub.endswith("/" + RECEIPTS):
-                self._acknowledge_with_receipt(sub, label, consumer, msgs)
+                self._acknowledge_with_receipt(sub, label, consumer, msgs, generation)
                 continue
             try:
                 for m in msgs:
@@ -241,15 +244,14 @@ class Workload:
             _close_quietly(consumer)
 
     def _acknowledge_with_receipt(
-        self, sub: str, label: str, consumer: Consumer, msgs: list[Message]
+        self, sub: str, label: str, consumer: Consumer, msgs: list[Message], generation: int
     ) -> None:
         """Acknowledge ``msgs`` cumulatively and wait for the receipt; recorded only when
-        the consumer did not re-attach since it received them (after a re-attach the
-        broker hands unacknowledged messages over again before the ack can reach it:
-        such copies are not the broker forgetting a stored ack)."""
+        the consumer did not re-attach since ``generation``, read before it received them
+        (after a re-attach the broker hands unacknowledged messages over again before
+        the ack can reach it: such copies are not the broker forgetting a stored ack)."""
         h = self.history
         engine = consumer._handle.engines[0]  # topic a: one partition
-        generation = engine.generation
         try:
             # the newest: a redelivered message may come after newer ones
             consumer.acknowledge_cumulative(max(msgs, key=lambda m: m.offset))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import types
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,6 +20,8 @@ import trio
 from standalone_support import PREFIX, produce, receive_n, subscribe_and_produce
 
 from pigeon.broker._cursor import CursorState
+from pigeon.broker._kafka_offsets import commit_offset
+from pigeon.broker._lifecycle import unload_topic
 from pigeon.client import Client as SyncClient
 from pigeon.client import Message
 from pigeon.client.asyncio import Client as AsyncioClient
@@ -134,6 +137,64 @@ async def test_a_disconnected_consumer_gets_no_receipt(cluster, autojump_clock):
         assert [m.value for m in again] == SENT
         await consumer.acknowledge(again[0])
         assert await acked_offsets(cluster, "gone") == [0]
+
+
+async def test_a_cursor_another_broker_took_over_fences_this_one(cluster, autojump_clock):
+    """A broker that lost a topic without knowing it yet (paused past its metadata
+    session while another broker loaded the topic) must not confirm an ack: the new
+    owner serves the cursor it loaded, so the ack would be forgotten there."""
+    store = cluster.service.store
+    path = cursor_path(TopicName.parse(PREFIX + "moved"), "s")
+    async with sent_and_received(cluster, "moved") as (consumer, got):
+        stat = await store.get(path)
+        assert stat is not None
+        await store.set(path, stat.value)  # the new owner takes the cursor over
+        with pytest.raises(AckNotPersisted):
+            await consumer.acknowledge_cumulative(got[3])
+        assert await acked_offsets(cluster, "moved") == [], "the new owner's cursor was overwritten"
+        # the consumer was sent on (here: to the same broker, which loads the stored cursor)
+        again = await receive_n(consumer, len(SENT))
+        assert [m.value for m in again] == SENT
+        await consumer.acknowledge_cumulative(again[3])
+        assert await acked_offsets(cluster, "moved") == [0, 1, 2, 3]
+
+
+async def test_a_kafka_commit_is_answered_only_once_stored(cluster, autojump_clock):
+    """OffsetCommit goes through the same cursor: a commit on a cursor another broker
+    took over fails (the client commits again), and the next one is stored."""
+    store = cluster.service.store
+    name = TopicName.parse(PREFIX + "kcommit")
+    door = types.SimpleNamespace(core=cluster.service)  # what commit_offset uses of it
+    async with sent_and_received(cluster, "kcommit") as (_consumer, _got):
+        await commit_offset(door, name, "g", 2)
+        path = cursor_path(name, "g")
+        stat = await store.get(path)
+        assert stat is not None and CursorState.from_json(stat.value).mark_delete == 2
+        await store.set(path, stat.value)  # another broker took the cursor over
+        with pytest.raises(AckNotPersisted):
+            await commit_offset(door, name, "g", 4)
+        await commit_offset(door, name, "g", 4)  # loaded again from the store: stored
+        stat = await store.get(path)
+        assert stat is not None and CursorState.from_json(stat.value).mark_delete == 4
+
+
+async def test_loading_a_subscription_takes_its_cursor_over(cluster, autojump_clock):
+    """The broker that loads a stored cursor writes it at the version it read, so a
+    broker that held it before can no longer store it."""
+    store = cluster.service.store
+    name = TopicName.parse(PREFIX + "reload")
+    path = cursor_path(name, "s")
+    async with sent_and_received(cluster, "reload") as (consumer, got):
+        await consumer.acknowledge(got[0])
+        before = await store.get(path)
+        await consumer.close()
+        assert await unload_topic(cluster.service, name) == [name.full]
+        async with Client(cluster.url) as client:
+            again = await client.subscribe("reload", "s", ack_receipt_enabled=True)
+            after = await store.get(path)
+            assert before is not None and after is not None
+            assert after.version > before.version, "the cursor was loaded without a write"
+            await again.close()
 
 
 async def test_cumulative_receipts_keep_the_subscription_type_rule(cluster, autojump_clock):

@@ -114,7 +114,7 @@ async def commit_offset(door: KafkaFrontDoor, name: TopicName, group: str, offse
     sub = await _loaded_subscription(door, name, group)
     if sub is not None:
         await sub.seek_offset(min(offset, sub.ledger.stored_offset))
-        await sub.flush()
+        await sub.persist_acks()  # a commit answered ok is stored
         return
     path = cursor_path(name, group)
     data = CursorState(offset).to_json()

@@ -34,9 +34,14 @@ from pigeon.broker._ledger_state import Entry, Position
 from pigeon.core.batch import ENTRY_HEADER_SIZE, decode_batch
 from pigeon.core.errors import (
     AckNotPersisted,
+    BadVersion,
     CorruptEntry,
     EntryNotFound,
     InvalidArgument,
+    MetadataError,
+    NodeExists,
+    NoSuchNode,
+    NotOwner,
     PigeonError,
 )
 from pigeon.core.paths import cursor_path
@@ -45,7 +50,7 @@ from pigeon.core.runtime import WallClock
 if TYPE_CHECKING:
     from pigeon.core.rpc import Connection
 
-__all__ = ["CORRUPT_ENTRY_POLICIES", "Consumer", "Subscription"]
+__all__ = ["CORRUPT_ENTRY_POLICIES", "Consumer", "Subscription", "take_cursor"]
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +95,10 @@ class Subscription:
         clock: Any = None,
         codecs: Any = None,
         corrupt_entry_policy: Callable[[], str] | None = None,
+        cursor_version: int | None = None,
     ) -> None:
+        """``cursor_version``: the version of the stored cursor this broker took over
+        (:func:`take_cursor`); None when it is not stored yet."""
         self.name = name
         self.ledger = ledger
         self.cursor = cursor
@@ -111,10 +119,13 @@ class Subscription:
         self._wakeup = trio.Event()
         self._dirty = False
         self._persist_lock = trio.Lock()
-        self._cursor_version: int | None = None
-        #: acknowledgement calls so far, and how many of them the stored cursor holds
-        self._acks = 0
-        self._acks_stored = 0
+        self._cursor_version = cursor_version
+        #: changes of the cursor so far (acks, seeks, expiry), and how many of them the
+        #: stored cursor holds
+        self._changes = 0
+        self._changes_stored = 0
+        #: why this broker may no longer store the cursor (another one took it over)
+        self.fenced: str | None = None
         self.closed = False
         self._task_started = False
         self.msgs_out = 0
@@ -198,8 +209,7 @@ class Subscription:
         """``positions``: ((segment index, entry id), offset) of each acknowledged message;
         ``runs``: ((segment index, entry id), first offset, count) of runs of them."""
         self.dispatcher.ack(positions, cumulative, runs)
-        self._acks += 1
-        self._dirty = True
+        self._changed()
         self.wake()
 
     def redeliver_unacked(self, consumer: Consumer, positions: list[Position] | None) -> None:
@@ -211,7 +221,7 @@ class Subscription:
         self.dispatcher.expire_before(offset)
         if self.read_error is not None:
             self._blocked_until = 0.0  # read the damaged entry again now: it may be skipped
-        self._dirty = True
+        self._changed()
         self.wake()
 
     # ------------------------------------------------------------------ seeking
@@ -269,53 +279,85 @@ class Subscription:
         self._read_offset = None
         self._start_compacted()
         self._unblock()
-        self._dirty = True
+        self._changed()
         self.wake()
 
     # ------------------------------------------------------------------ persistence
 
+    def _changed(self) -> None:
+        self._changes += 1
+        self._dirty = True
+
     async def persist(self) -> None:
         """Write the cursor if it changed; one write at a time, so a caller that returns
-        knows every acknowledgement before its call is stored."""
+        knows every change before its call is stored.
+
+        Every write is a compare-and-set at the version this broker wrote (or took over
+        when it loaded the subscription, see :func:`take_cursor`): a broker that lost the
+        topic without knowing it yet (paused past its metadata session) finds the new
+        owner's version there and stops (:attr:`fenced`) instead of storing acks the new
+        owner would never see."""
         async with self._persist_lock:
-            if not self.durable or self.store is None or not self._dirty:
+            if not self.durable or self.store is None or not self._dirty or self.fenced:
                 return
             self._dirty = False
             data = self.cursor.to_json()
-            acks = self._acks
+            changes = self._changes
             try:
                 if self._cursor_version is None:
-                    stat = await self.store.get(self.path)
-                    if stat is None:
-                        await self.store.create(self.path, data)
-                        self._cursor_version = 0
-                    else:
-                        self._cursor_version = await self.store.set(self.path, data)
+                    await self.store.create(self.path, data)
+                    self._cursor_version = 0
                 else:
-                    self._cursor_version = await self.store.set(self.path, data)
+                    self._cursor_version = await self.store.set(
+                        self.path, data, version=self._cursor_version
+                    )
+            except (BadVersion, NoSuchNode, NodeExists) as exc:
+                self._dirty = True
+                self._fence(exc)
+                return
             except PigeonError as exc:
                 self._dirty = True
                 log.warning("cursor persist failed sub=%s error=%s", self.name, exc)
                 return
-            self._acks_stored = max(self._acks_stored, acks)
+            self._changes_stored = max(self._changes_stored, changes)
+
+    def _fence(self, exc: PigeonError) -> None:
+        """Another writer changed the stored cursor: this subscription stops here (its
+        consumers are sent on, and load it again from the store)."""
+        what = "deleted" if isinstance(exc, NoSuchNode) else "written by another broker"
+        self.fenced = (
+            f"the cursor of subscription {self.name!r} was {what} (the topic moved?);"
+            " look the topic up again"
+        )
+        log.warning(
+            "cursor fenced topic=%s sub=%s: %s",
+            self.ledger.topic,
+            self.name,
+            self.fenced,
+        )
+        self.closed = True
+        self.wake()
 
     async def persist_acks(self) -> None:
-        """Return once every acknowledgement made before this call is in the stored
-        cursor (an ack receipt); AckNotPersisted if that cannot be confirmed."""
+        """Return once every change of the cursor made before this call (an ack, a seek)
+        is in the stored cursor (an ack receipt, a Kafka commit); AckNotPersisted if that
+        cannot be confirmed."""
         if not self.durable or self.store is None:
             return  # a reader's cursor is not stored: nothing more to wait for
-        acks = self._acks
-        if self._acks_stored >= acks:
+        changes = self._changes
+        if self._changes_stored >= changes:
             return
         if self.closed:
             raise AckNotPersisted(
-                f"subscription {self.name!r} was closed here before the acknowledgement"
+                self.fenced
+                or f"subscription {self.name!r} was closed here before the acknowledgement"
                 " was stored; the message may be delivered again"
             )
         await self.persist()
-        if self._acks_stored < acks:
+        if self._changes_stored < changes:
             raise AckNotPersisted(
-                f"the cursor of subscription {self.name!r} could not be stored; the"
+                self.fenced
+                or f"the cursor of subscription {self.name!r} could not be stored; the"
                 " message may be delivered again"
             )
 
@@ -368,6 +410,8 @@ class Subscription:
                     nursery.start_soon(wait, ledger_event)
                     nursery.start_soon(wait, self._wakeup)
         await self.persist()
+        if self.fenced:
+            raise NotOwner(self.fenced)  # its consumers are sent on to look it up again
 
     def _has_work(self) -> bool:
         if not self.dispatcher.ready() or self._blocked():
@@ -410,7 +454,7 @@ class Subscription:
                 entries[0].first_offset - 1,
             )
             self.cursor.ack_range(gap_from, entries[0].first_offset)
-            self._dirty = True
+            self._changed()
         last = entries[-1]
         self.read_position = self.ledger.next_position(last.position)
         self._read_offset = last.first_offset + last.num_messages
@@ -447,7 +491,7 @@ class Subscription:
             end = max(c.horizon, self.ledger.first_offset)
             if end > start:
                 self.cursor.ack_range(start, end)
-            self._dirty = True
+            self._changed()
             self._read_offset = end
             self.read_position = await self.ledger.position_for_offset(end)
             self._compacted_from = None
@@ -467,7 +511,7 @@ class Subscription:
                 self.cursor.ack_range(start, end)
             start = max(start, end)
             entries.append(entry)
-        self._dirty = True
+        self._changed()
         self._read_offset = start
         self._compacted_from = (c.id, items[-1].entry_id + 1)
         self._deliver(entries)
@@ -485,7 +529,7 @@ class Subscription:
                     offsets = self.dispatcher.drop_damaged(pos)
                     if offsets is not None:
                         self.cursor.ack_range(offsets[0], offsets[0] + offsets[1])
-                        self._dirty = True
+                        self._changed()
                     skipped = True
                     continue
                 entries.append(entry)
@@ -627,7 +671,7 @@ class Subscription:
         lost = max(0, end - lo) - (self.cursor.acked.count_in(lo, end) if end > lo else 0)
         self.cursor.ack_range(start, end)
         self.lost_messages += lost
-        self._dirty = True
+        self._changed()
         return lost
 
     def _deliver(self, entries: list[Entry]) -> bool:
@@ -708,3 +752,24 @@ class Subscription:
         return max(
             0, self.ledger.next_offset - self.cursor.mark_delete
         ) - self.cursor.acked.count_in(self.cursor.mark_delete, self.ledger.next_offset)
+
+
+#: attempts to take a stored cursor over while other writers keep changing it
+_TAKE_OVER_ROUNDS = 5
+
+
+async def take_cursor(store: Any, path: str) -> tuple[CursorState, int] | None:
+    """Load the cursor stored at ``path`` and make it this broker's: it is written back
+    at the version read, so a broker that held it before (and may not know yet that it
+    lost the topic) can no longer store it (its compare-and-set fails, see
+    :meth:`Subscription.persist`).  ``(cursor, version)``, or None if none is stored."""
+    for _ in range(_TAKE_OVER_ROUNDS):
+        stat = await store.get(path)
+        if stat is None:
+            return None
+        try:
+            version = await store.set(path, stat.value, version=stat.version)
+        except (BadVersion, NoSuchNode):
+            continue  # written (or deleted) meanwhile: read it again
+        return CursorState.from_json(stat.value), version
+    raise MetadataError(f"the cursor at {path} kept changing while it was loaded; try again")

@@ -24,7 +24,7 @@ from pigeon.broker._ledger import ManagedLedger
 from pigeon.broker._ledger_state import Entry, Position
 from pigeon.broker._policies import NamespacePolicies
 from pigeon.broker._singleflight import open_once
-from pigeon.broker._subscription import Subscription
+from pigeon.broker._subscription import Subscription, take_cursor
 from pigeon.broker._topic_configs import dirty_ratio, is_compacted
 from pigeon.broker._topic_protocol import SeekTarget
 from pigeon.core import TopicName
@@ -513,7 +513,9 @@ class Topic:
 
         def loaded() -> Subscription | None:
             self._check_loaded()
-            return self.subscriptions.get(name)
+            sub = self.subscriptions.get(name)
+            # a fenced one is on its way out: its cursor is loaded again from the store
+            return None if sub is not None and sub.fenced else sub
 
         open_ = functools.partial(
             self._open_subscription,
@@ -592,11 +594,11 @@ class Topic:
     ) -> Subscription:
         store = self.service.store
         cursor: CursorState | None = None
-        path = cursor_path(self.name, name)
+        version: int | None = None
         if durable:
-            stat = await store.get(path)
-            if stat is not None:
-                cursor = CursorState.from_json(stat.value)
+            taken = await take_cursor(store, cursor_path(self.name, name))
+            if taken is not None:
+                cursor, version = taken
         created = cursor is None
         requested: int | None = None
         if cursor is None:
@@ -625,6 +627,7 @@ class Topic:
             clock=self.service.clock,
             codecs=self.service.codecs,
             corrupt_entry_policy=self.corrupt_entry_policy,
+            cursor_version=version,
         )
         sub.requested_start = requested
         sub.read_position = await self.ledger.position_for_offset(cursor.mark_delete)

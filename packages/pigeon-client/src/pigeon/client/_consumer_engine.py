@@ -136,9 +136,11 @@ class ConsumerEngine(Reconnecting):
         address, full, _n = await self.engine.lookup(o.topic)
         self.topic = full
         conn = await self.engine.connection(address)
-        self.generation += 1
-        if self.generation > 1 and self.on_reconnect is not None:
+        if self.generation > 0 and self.on_reconnect is not None:
+            # the queue is dropped before the generation moves on: whoever reads the new
+            # generation finds only what the new attachment delivers
             self.on_reconnect(self)
+        self.generation += 1
         fields: dict[str, Any] = {
             "consumerId": self.consumer_id,
             "topic": full,
