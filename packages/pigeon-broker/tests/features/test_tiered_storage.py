@@ -21,7 +21,7 @@ from standalone_support import NS, PREFIX, produce, read_all, receive_n
 from pigeon.bookie.testing import flip_payload_byte, segment_file
 from pigeon.broker import FileSystemOffloader
 from pigeon.broker._admin_topics import offload_status, offload_topic
-from pigeon.broker._lifecycle import delete_topic
+from pigeon.broker._lifecycle import delete_topic, unload_topic
 from pigeon.client.trio import Client
 from pigeon.core import TopicName
 from pigeon.core.errors import OffloadError
@@ -388,3 +388,57 @@ async def test_an_upload_whose_segment_is_still_referenced_keeps_its_object(
     assert led.offload_status["status"] == "ERROR"  # ownership lost
     key = tmp_path / "tier" / f"{led.topic.path}/{first.id}"
     assert sorted(p.name for p in key.iterdir()) == ["data", "index"]
+
+
+class DeletesFail(FileSystemOffloader):
+    """A ``filesystem`` offloader whose deletes fail (the store is down for them)."""
+
+    async def _delete_objects(self, paths: Any) -> None:
+        raise OffloadError("the store refuses deletes")
+
+
+async def test_objects_of_removed_segments_are_deleted_by_the_next_owner(
+    tiered: InProcessStandalone, tmp_path: Path
+):
+    # retention drops segments from the metadata, then cannot delete their objects (a
+    # crash there is the same): the intent saved with the removal makes the next owner
+    # delete them, instead of leaving orphans nothing refers to
+    cluster = tiered
+    service = cluster.service
+    name = TopicName.parse(PREFIX + "removed")
+    await service.policies.set(
+        NS,
+        {
+            "offload_threshold_bytes": 0,
+            "offload_deletion_lag_s": 0,
+            "retention_time_s": -1,
+            "retention_size_mb": -1,
+        },
+    )
+    async with Client(cluster.url) as client:
+        consumer = await client.subscribe("removed", "s", initial_position="earliest")
+        await produce(client, "removed", VALUES)
+        for m in await receive_n(consumer, len(VALUES)):
+            await consumer.acknowledge(m)
+        await consumer.close()
+    led = ledger(cluster, "removed")
+    await offload_now(cluster, "removed")
+    closed = len(led.segments) - 1
+    assert len(objects(tmp_path / "tier")) == 2 * closed
+    working, service.offloader = service.offloader, DeletesFail(tmp_path / "tier")
+    await service.policies.set(NS, {"retention_time_s": 0, "retention_size_mb": 0})
+    with trio.fail_after(30):
+        while len(led.segments) > 1:
+            await trio.sleep(0.05)
+            await service.maintain_once()
+    assert len(objects(tmp_path / "tier")) == 2 * closed  # not deleted...
+    stored = json.loads((await service.store.get(led.path)).value)
+    assert len(stored["offload_deleting"]) == closed  # ...but the intent is recorded
+    # the topic moves to another owner (a restart is the same), the store is back
+    service.offloader = working
+    await unload_topic(service, name)
+    await service.get_topic(name)
+    await service.maintain_once()
+    assert objects(tmp_path / "tier") == []
+    stored = json.loads((await service.store.get(ledger(cluster, "removed").path)).value)
+    assert "offload_deleting" not in stored

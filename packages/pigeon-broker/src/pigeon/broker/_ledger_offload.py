@@ -313,6 +313,42 @@ class LedgerOffload(LedgerReads):
                 delay,
             )
 
+    async def delete_removed_objects(self, offloader: Any) -> int:
+        """Delete the offloaded objects of removed segments (``offload_deleting``: saved
+        with their removal, see ``trim``) and forget those deleted; returns how many.
+        What fails stays listed and is retried by the next maintenance pass, by this
+        owner or the next one."""
+        if offloader is None:
+            log.warning(
+                "offloaded objects of removed segments kept topic=%s: no offloader objects=%s",
+                self.topic,
+                self.offload_deleting,
+            )
+            return 0
+        deleted: list[dict[str, Any]] = []
+        for location in list(self.offload_deleting):
+            try:
+                await offloader.delete(location)
+            except PigeonError as exc:
+                log.warning(
+                    "offloaded delete failed topic=%s location=%s error=%s; retried later",
+                    self.topic,
+                    location,
+                    exc,
+                )
+                continue
+            deleted.append(location)
+        if not deleted:
+            return 0
+        before = list(self.offload_deleting)
+        self.offload_deleting = [loc for loc in before if loc not in deleted]
+        try:
+            await self._save()
+        except BaseException:
+            self.offload_deleting = before  # deleted again next time: idempotent
+            raise
+        return len(deleted)
+
     async def release_offloaded(self, lag_s: float, now_ms: int) -> list[SegmentInfo]:
         """Record ``bookies_deleted`` on offloaded segments older than ``lag_s``; returns
         them (the caller deletes their bookie copies, after this is saved)."""
