@@ -489,6 +489,7 @@ async def test_objects_of_removed_segments_are_deleted_by_the_next_owner(
     assert len(objects(tmp_path / "tier")) == 2 * closed  # not deleted...
     stored = json.loads((await service.store.get(led.path)).value)
     assert len(stored["offload_deleting"]) == closed  # ...but the intent is recorded
+    assert len(led.internal_stats()["offload_deleting"]) == closed  # and shown
     # the topic moves to another owner (a restart is the same), the store is back
     service.offloader = working
     await unload_topic(service, name)

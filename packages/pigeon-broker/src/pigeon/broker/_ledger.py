@@ -252,6 +252,7 @@ class ManagedLedger(LedgerCompaction):
             ],
             "compacted_ledger": self.compacted.to_doc() if self.compacted is not None else None,
             "compaction_horizon": self.compacted.horizon if self.compacted is not None else None,
+            "offload_deleting": [dict(loc) for loc in self.offload_deleting],
             "cache": {
                 "hits": self.cache.hits,
                 "misses": self.cache.misses,

@@ -31,7 +31,13 @@ metadata afresh and deletes what it wrote only if the segment is no longer there
 (segment ids are never reused, so a segment gone is gone for good).  Either the removal
 comes after that read, and the remover deletes the pending key after the object was
 written, or before it, and the uploader deletes it.  A segment still in the metadata
-keeps its objects: the next offload overwrites them (same key).
+keeps its objects: the next offload overwrites them (same key).  Retention saves the
+removal together with the intent to delete (``offload_deleting``: the locations and
+pending keys of the removed segments) and forgets an object only once it is deleted
+(``delete_removed_objects``), so a failed delete or a crash in between leaves work for
+the next maintenance pass, not an orphan.  What a crash still leaves elsewhere (a
+deleted topic's upload whose broker died) is for the sweeper
+(``pigeon.broker._offload_sweeper``).
 """
 
 from __future__ import annotations
