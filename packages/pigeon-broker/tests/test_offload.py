@@ -50,6 +50,16 @@ def test_driver_settings_are_checked(tmp_path: Path) -> None:
     )
     assert root == tmp_path / "tiered"
 
+    # the sweeper's keys: a bad value is one clear line, not a sweeper that misbehaves
+    for key, value in (
+        ("managed_ledger_offload_orphan_grace_s", -1.0),
+        ("managed_ledger_offload_sweep_interval_s", float("nan")),
+        ("managed_ledger_offload_sweep_max_objects", 0),
+    ):
+        with pytest.raises(ConfigError, match=key) as info:
+            BrokerConfig(**{key: value}).validate()
+        assert "\n" not in str(info.value)
+
 
 @pytest.fixture(scope="module")
 def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoS3Server]:

@@ -23,6 +23,7 @@ from pigeon.broker import FileSystemOffloader
 from pigeon.broker._admin_ops import topic_stats
 from pigeon.broker._admin_topics import offload_status, offload_topic
 from pigeon.broker._lifecycle import delete_topic, unload_topic
+from pigeon.broker._metrics import BrokerMonitor
 from pigeon.broker._offload_sweeper import OffloadSweeper
 from pigeon.client.trio import Client
 from pigeon.core import TopicName
@@ -521,6 +522,9 @@ async def test_the_sweeper_deletes_orphans_and_never_an_object_in_use(
     # orphans: a segment of a topic deleted since, a segment this topic no longer has
     plant(root, "persistent/public/default/gone/5")
     plant(root, f"{led.topic.path}/99999")
+    # not ours: another cluster's namespace, and a file that is not a segment's object
+    plant(root, "persistent/public/elsewhere/t/5")
+    (root / "persistent/public/default/gone/notes.txt").write_text("the operator's")
     orphans = [
         f"{k}/{n}"
         for k in ("persistent/public/default/gone/5", f"{led.topic.path}/99999")
@@ -530,18 +534,28 @@ async def test_the_sweeper_deletes_orphans_and_never_an_object_in_use(
     assert await OffloadSweeper(cluster.service, grace_s=3600).sweep_once() == []
     # past it (grace 0: every object is old enough), a walk of small pages (bounded
     # work per pass) deletes the orphans and keeps the upload's object
-    sweeper = OffloadSweeper(cluster.service, grace_s=0, max_objects=2)
+    sweeper = OffloadSweeper(cluster.service, grace_s=0, max_objects=3)
+    cluster.service.offload_sweeper = sweeper  # as if elected (its counters at /metrics)
     deleted: list[str] = []
     for _ in range(10):
         listed = sweeper.statistics().objects_listed
         deleted += await sweeper.sweep_once()
-        assert sweeper.statistics().objects_listed - listed <= 2
+        assert sweeper.statistics().objects_listed - listed <= 3
         if not sweeper.after:
             break
     assert sorted(deleted) == sorted(orphans)
-    assert objects(root) == [f"{in_flight}/data"]
+    assert objects(root) == sorted(
+        [
+            f"{in_flight}/data",
+            "persistent/public/default/gone/notes.txt",
+            "persistent/public/elsewhere/t/5/data",
+            "persistent/public/elsewhere/t/5/index",
+        ]
+    )
     logged = [r.getMessage() for r in caplog.records if "orphaned offloaded object" in r.message]
     assert len(logged) == len(orphans) and all("deleted" in m for m in logged)
+    metrics = BrokerMonitor(cluster.service).render().decode()
+    assert f"pigeon_broker_offload_orphans_deleted_total {len(orphans)}.0" in metrics
     # the upload completes and is recorded; its segment reads back from the tier
     gate.release.set()
     with trio.fail_after(30):

@@ -21,6 +21,12 @@ when
   nothing;
 * and its newest object is older than ``managed_ledger_offload_orphan_grace_s``.
 
+Only what this cluster's brokers write is looked at: paths
+``persistent/<tenant>/<namespace>/<topic>/<segment id>/{data,index}`` (and the
+temporary files of the ``filesystem`` driver) of a namespace this cluster has; anything
+else in the bucket or directory is left alone.  (A bucket still belongs to one cluster:
+two clusters with the same namespace in one bucket would share keys anyway.)
+
 Why that never deletes an object a segment refers to: an upload saves its key
 (``offload_pending``) before it writes any object, and a location replaces that key in
 the same write, so any object the listing returned was referred to by the ledger's
@@ -54,6 +60,19 @@ log = logging.getLogger(__name__)
 
 #: failed deletes remembered (each logged once)
 _WARNED_MAX = 10_000
+
+
+def _segment_key(path: str) -> str | None:
+    """The segment key of an object the broker writes (``persistent/<tenant>/
+    <namespace>/<topic>/<segment id>/`` then ``data``, ``index`` or a ``filesystem``
+    temporary file of one), else None: anything else in the store is never touched."""
+    key, _, name = path.rpartition("/")
+    parts = key.split("/")
+    if len(parts) != 5 or parts[0] != "persistent" or not parts[4].isdigit():
+        return None
+    if name not in ("data", "index") and not name.startswith(("data.tmp-", "index.tmp-")):
+        return None
+    return key
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,17 +145,20 @@ class OffloadSweeper:
         self.after = listed[-1].path if len(listed) >= self.max_objects else ""
         keys: dict[str, list[StoredObject]] = {}
         for obj in listed:
-            key, _, _name = obj.path.rpartition("/")
-            topic, _, segment = key.rpartition("/")
-            if topic.count("/") != 3 or not segment.isdigit():
-                continue  # not a segment key of ours: never touched
-            keys.setdefault(key, []).append(obj)
+            if _segment_key(obj.path) is not None:
+                keys.setdefault(obj.path.rpartition("/")[0], []).append(obj)
         # the ledgers are read after the listing (see module doc for why)
         referenced: dict[str, set[str] | None] = {}
+        namespaces: dict[str, bool] = {}
         for key in keys:
             topic = key.rpartition("/")[0]
-            if topic not in referenced:
-                referenced[topic] = await self._referenced(topic)
+            if topic in referenced:
+                continue
+            namespace = "/".join(topic.split("/")[1:3])
+            if namespace not in namespaces:
+                namespaces[namespace] = await self._namespace_exists(namespace)
+            # a namespace this cluster does not have: not ours (another cluster's)
+            referenced[topic] = await self._referenced(topic) if namespaces[namespace] else None
         now_ms = self.service.clock.now_ms()
         deleted: list[str] = []
         for key, objects in keys.items():
@@ -173,6 +195,13 @@ class OffloadSweeper:
             self._deleted += len(paths)
             deleted.extend(paths)
         return deleted
+
+    async def _namespace_exists(self, namespace: str) -> bool:
+        try:
+            return bool(await self.service.policies.exists(namespace))
+        except PigeonError as exc:
+            log.warning("offload sweep skips namespace=%s: %s", namespace, exc)
+            return False
 
     async def _referenced(self, topic_path: str) -> set[str] | None:
         """The offload keys the ledger of ``topic_path`` refers to (empty: no ledger);
