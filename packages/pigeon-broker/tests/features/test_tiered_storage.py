@@ -491,7 +491,8 @@ async def test_objects_of_removed_segments_are_deleted_by_the_next_owner(
     stored = json.loads((await service.store.get(led.path)).value)
     assert len(stored["offload_deleting"]) == closed  # ...but the intent is recorded
     assert len(led.internal_stats()["offload_deleting"]) == closed  # and shown
-    # the topic moves to another owner (a restart is the same), the store is back
+    # the store is back.  The topic moves to another owner (a restart is the same),
+    # which deletes them; a topic never loaded again is left to the sweeper
     service.offloader = working
     await unload_topic(service, name)
     await service.get_topic(name)
@@ -525,9 +526,17 @@ async def test_the_sweeper_deletes_orphans_and_never_an_object_in_use(
     # not ours: another cluster's namespace, and a file that is not a segment's object
     plant(root, "persistent/public/elsewhere/t/5")
     (root / "persistent/public/default/gone/notes.txt").write_text("the operator's")
+    # a removed segment whose objects its owner has still to delete (offload_deleting)
+    removed = f"{led.topic.path}/77777"
+    plant(root, removed)
+    store = cluster.service.store
+    stat = await store.get(led.path)
+    doc = json.loads(stat.value)
+    doc["offload_deleting"] = [{"driver": "filesystem", "key": removed}]
+    await store.set(led.path, json.dumps(doc).encode(), version=stat.version)
     orphans = [
         f"{k}/{n}"
-        for k in ("persistent/public/default/gone/5", f"{led.topic.path}/99999")
+        for k in ("persistent/public/default/gone/5", f"{led.topic.path}/99999", removed)
         for n in ("data", "index")
     ]
     # within the grace period nothing goes

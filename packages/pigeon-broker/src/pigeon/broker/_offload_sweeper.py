@@ -16,9 +16,10 @@ topic met **after** listing.  A key is deleted (all its objects, the index first
 when
 
 * the ledger does not refer to it: no segment records it as its location
-  (``offload``) or as an upload under way (``offload_pending``), and it is not in
-  ``offload_deleting`` (its owner deletes those); a deleted topic's ledger refers to
-  nothing;
+  (``offload``) or as an upload under way (``offload_pending``); a deleted topic's
+  ledger refers to nothing.  A key in ``offload_deleting`` (a removed segment's, which
+  the topic's owner deletes on its next maintenance pass) counts as unreferenced: a
+  topic nobody loads again has no owner to do it, and both deletes are idempotent;
 * and its newest object is older than ``managed_ledger_offload_orphan_grace_s``.
 
 Only what this cluster's brokers write is looked at: paths
@@ -215,8 +216,6 @@ class OffloadSweeper:
             for seg_doc in doc.get("segments", []):
                 for location in SegmentInfo.from_doc(seg_doc).offloaded_objects():
                     refs.add(str(location.get("key")))
-            for location in doc.get("offload_deleting", []):
-                refs.add(str(location.get("key")))
             return refs
         except (PigeonError, ValueError, TypeError, AttributeError) as exc:
             log.warning(
