@@ -316,6 +316,9 @@ async def test_a_damaged_segment_between_offloaded_ones_is_read_as_the_policy_sa
         await cluster.service.maintain_once()  # lag 0: the others' bookie copies go
         assert [s.id for s in closed if not s.bookies_deleted] == [bad.id]
         assert all(s.bookies_deleted for s in closed[:2] + closed[3:])
+        # never offloaded partially: nothing of it in the store
+        bad_key = f"{led.topic.path}/{bad.id}/"
+        assert [p for p in objects(tmp_path / "tier") if p.startswith(bad_key)] == []
         consumer = await client.subscribe("mixed", "s", initial_position="earliest")
         with trio.fail_after(30):
             if policy == "skip":
