@@ -6,6 +6,11 @@ The crash is placed deterministically: the S3 server is paused (SIGSTOP) before 
 offload starts, so the broker is certainly inside an upload when it is killed (-9).  The
 segments offloaded before (bookie copies already deleted) and those being offloaded must
 all read back exactly after the restart, and the offload then completes.
+
+Then retention removes the offloaded segments while the store is paused again: the
+broker is killed after it dropped them from the ledger's metadata and before their
+objects were deleted.  The restarted owner deletes them (the intent to delete was saved
+with the removal): no orphan is left in the bucket.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from _produce import Sent, assert_content, produce
+from _produce import Sent, assert_content, produce, receive_n
 
 from pigeon.client import Client
 from pigeon.client._admin_client import AdminClient, AdminError
@@ -105,7 +110,10 @@ def test_kill_9_mid_offload_loses_nothing(
         }
     ).start()
     admin = admin_of(server)
-    admin.set_policies("public/default", {"offload_deletion_lag_s": 0, "retention_time_s": -1})
+    admin.set_policies(
+        "public/default",
+        {"offload_deletion_lag_s": 0, "retention_time_s": -1, "retention_size_mb": -1},
+    )
     first = sent(40)
     produce(server.url, TOPIC, first, batching_max_messages=1)
     # 1. the oldest segments offloaded, their bookie copies released (lag 0)
@@ -140,3 +148,22 @@ def test_kill_9_mid_offload_loses_nothing(
     assert_content(read_everything(server.url, 80), first + second)
     keys = moto.objects(BUCKET)
     assert len(keys) == 2 * len([s for s in segments(admin) if s["offload"]])
+    # 5. everything consumed; retention removes the offloaded segments while the store
+    #    stalls: killed after the removal was saved, before the objects were deleted
+    with (
+        Client(server.url) as client,
+        client.subscribe(TOPIC, "drain", initial_position="earliest") as consumer,
+    ):
+        for m in receive_n(consumer, 80):
+            consumer.acknowledge(m)
+    send_signal(moto.proc, signal.SIGSTOP)
+    admin.set_policies("public/default", {"retention_time_s": 0, "retention_size_mb": 0})
+    wait_for(lambda: len(segments(admin)) == 1, "retention of the consumed segments")
+    server.kill9()
+    send_signal(moto.proc, signal.SIGCONT)
+    assert len(moto.objects(BUCKET)) == len(keys)  # not deleted yet: orphans but for...
+    # 6. ...the restarted owner, which deletes what the removal recorded
+    server.restart()
+    admin = admin_of(server)
+    assert len(segments(admin)) == 1  # loads the topic: its maintenance runs
+    wait_for(lambda: moto.objects(BUCKET) == [], "the objects of the removed segments deleted")

@@ -1,5 +1,6 @@
 """The built-in offloaders against the contract suite: ``filesystem`` on a temp
-directory, ``s3`` on a moto server started on loopback (``servers.moto_s3``)."""
+directory, ``s3`` on a moto server started on loopback (``servers.moto_s3``); and the
+offload sweeper over the real S3 listing."""
 
 from __future__ import annotations
 
@@ -7,12 +8,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import trio
+from standalone_support import NS, PREFIX, produce, read_all
 
 from pigeon.broker import BrokerConfig, FileSystemOffloader, S3Offloader
 from pigeon.broker._offload import filesystem_root, make_s3
+from pigeon.broker._offload_sweeper import OffloadSweeper
+from pigeon.client.trio import Client
 from pigeon.core import PluginManager
 from pigeon.core.errors import ConfigError, OffloadError
-from pigeon.core.testing import OffloaderContract
+from pigeon.core.testing import OffloaderContract, in_process_standalone
 from pigeon.core.testing._offloader_suite import batches, segment_entries
 from pigeon.core.testing.servers import MotoS3Server, moto_s3_server
 
@@ -49,6 +54,16 @@ def test_driver_settings_are_checked(tmp_path: Path) -> None:
         BrokerConfig(file_system_uri=f"file://{tmp_path}", offload_directory="tiered")
     )
     assert root == tmp_path / "tiered"
+
+    # the sweeper's keys: a bad value is one clear line, not a sweeper that misbehaves
+    for key, value in (
+        ("managed_ledger_offload_orphan_grace_s", -1.0),
+        ("managed_ledger_offload_sweep_interval_s", float("nan")),
+        ("managed_ledger_offload_sweep_max_objects", 0),
+    ):
+        with pytest.raises(ConfigError, match=key) as info:
+            BrokerConfig(**{key: value}).validate()
+        assert "\n" not in str(info.value)
 
 
 @pytest.fixture(scope="module")
@@ -97,3 +112,50 @@ async def test_s3_store_down_is_a_retriable_error(
         await offloader.offload("t/1", 1, batches(segment_entries(5)))
     assert info.value.retriable
     assert "\n" not in str(info.value)
+
+
+async def test_the_sweeper_walks_an_s3_bucket(
+    tmp_path: Path, moto: MotoS3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the sweeper over the real S3 listing (ListObjectsV2, a page at a time from a
+    # start-after key): an orphan goes, the segments a ledger records stay readable
+    for key, value in moto.env().items():
+        monkeypatch.setenv(key, value)
+    moto.create_bucket("swept")
+    async with in_process_standalone(
+        tmp_path / "pigeon",
+        segment_max_entries=2,
+        maintenance_interval_s=3600,
+        managed_ledger_offload_driver="s3",
+        s3_managed_ledger_offload_bucket="swept",
+        s3_managed_ledger_offload_region="us-east-1",
+        s3_managed_ledger_offload_service_endpoint=moto.endpoint,
+    ) as cluster:
+        service = cluster.service
+        await service.policies.set(NS, {"offload_threshold_bytes": 0, "retention_time_s": -1})
+        values = [f"s3-{i}".encode() * 30 for i in range(6)]
+        async with Client(cluster.url) as client:
+            await produce(client, "kept", values)
+            led = service.topics[PREFIX + "kept"].ledger
+            with trio.fail_after(30):
+                await led.offload(0)
+            recorded = sorted(moto.objects("swept"))
+            assert len(recorded) == 2 * (len(led.segments) - 1)
+            await service.offloader.offload(
+                "persistent/public/default/gone/3", 3, batches(segment_entries(3))
+            )
+            sweeper = OffloadSweeper(service, grace_s=0, max_objects=3)
+            deleted: list[str] = []
+            with trio.fail_after(30):
+                for _ in range(20):
+                    deleted += await sweeper.sweep_once()
+                    if not sweeper.after:
+                        break
+            assert sorted(deleted) == [
+                "persistent/public/default/gone/3/data",
+                "persistent/public/default/gone/3/index",
+            ]
+            assert sorted(moto.objects("swept")) == recorded
+            led.cache = type(led.cache)(led.cache.max_bytes)
+            with trio.fail_after(30):
+                assert [m.value for m in await read_all(client, "kept")] == values

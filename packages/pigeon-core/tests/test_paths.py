@@ -37,3 +37,4 @@ def test_cluster_paths() -> None:
     assert paths.UNLOAD_REQUESTS_PATH == "/pigeon/unload-requests"
     assert paths.AUDITOR_PATH == "/pigeon/auditor"
     assert paths.LOAD_MANAGER_PATH == "/pigeon/load-manager"
+    assert paths.OFFLOAD_SWEEPER_PATH == "/pigeon/offload-sweeper"

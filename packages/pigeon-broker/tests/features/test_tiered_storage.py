@@ -20,8 +20,11 @@ from standalone_support import NS, PREFIX, produce, read_all, receive_n
 
 from pigeon.bookie.testing import flip_payload_byte, segment_file
 from pigeon.broker import FileSystemOffloader
+from pigeon.broker._admin_ops import topic_stats
 from pigeon.broker._admin_topics import offload_status, offload_topic
-from pigeon.broker._lifecycle import delete_topic
+from pigeon.broker._lifecycle import delete_topic, unload_topic
+from pigeon.broker._metrics import BrokerMonitor
+from pigeon.broker._offload_sweeper import OffloadSweeper
 from pigeon.client.trio import Client
 from pigeon.core import TopicName
 from pigeon.core.errors import OffloadError
@@ -283,6 +286,62 @@ async def test_a_damaged_segment_is_skipped_and_retried_without_holding_back_the
             assert [m.value for m in await read_all(client, "rotten")] == VALUES
 
 
+@pytest.mark.parametrize("policy", ["skip", "fail"])
+async def test_a_damaged_segment_between_offloaded_ones_is_read_as_the_policy_says(
+    tiered: InProcessStandalone, tmp_path: Path, policy: str
+):
+    # the damaged segment stays on its bookies between segments read from the tier: a
+    # consumer walks tier -> bookies -> tier without noticing, and the damaged entry is
+    # treated as on a topic never offloaded (skip: its message lost; fail: delivery
+    # stops there until the operator says otherwise)
+    cluster = tiered
+    await cluster.service.policies.set(
+        NS,
+        {
+            "offload_threshold_bytes": 0,
+            "offload_deletion_lag_s": 0,
+            "retention_time_s": -1,
+            "corrupt_entry_policy": policy,
+        },
+    )
+    name = TopicName.parse(PREFIX + "mixed")
+    async with Client(cluster.url) as client:
+        await produce(client, "mixed", VALUES)
+        led = ledger(cluster, "mixed")
+        closed = led.segments[:-1]
+        bad = closed[2]  # entries 0, 1: messages 4 and 5
+        flip_payload_byte(segment_file(tmp_path / "pigeon" / "bookie", bad.id), 0, bad.id)
+        led.cache = type(led.cache)(led.cache.max_bytes)
+        await offload_now(cluster, "mixed")
+        await cluster.service.maintain_once()  # lag 0: the others' bookie copies go
+        assert [s.id for s in closed if not s.bookies_deleted] == [bad.id]
+        assert all(s.bookies_deleted for s in closed[:2] + closed[3:])
+        # never offloaded partially: nothing of it in the store
+        bad_key = f"{led.topic.path}/{bad.id}/"
+        assert [p for p in objects(tmp_path / "tier") if p.startswith(bad_key)] == []
+        consumer = await client.subscribe("mixed", "s", initial_position="earliest")
+        with trio.fail_after(30):
+            if policy == "skip":
+                got = await receive_n(consumer, len(VALUES) - 1)
+                assert [m.value for m in got] == VALUES[:4] + VALUES[5:]
+            else:
+                got = await receive_n(consumer, 4)
+                assert [m.value for m in got] == VALUES[:4]
+                for m in got:
+                    await consumer.acknowledge(m)
+                for _ in range(600):  # delivery stops at the damage: read_error says why
+                    sub = (await topic_stats(cluster.service, None, name))["subscriptions"]["s"]
+                    if sub["read_error"]:
+                        break
+                    await trio.sleep(0.05)
+                assert f"segment {bad.id} entry 0" in sub["read_error"]
+                # the operator lets it skip: the rest comes, from the bookies and the tier
+                await cluster.service.policies.set(NS, {"corrupt_entry_policy": "skip"})
+                rest = await receive_n(consumer, len(VALUES) - 5)
+                assert [m.value for m in rest] == VALUES[5:]
+        await consumer.close()
+
+
 class GatedOffloader(FileSystemOffloader):
     """A ``filesystem`` offloader whose first upload, its data object written, waits for
     the test before it writes the index (the upload is under way while the test
@@ -388,3 +447,138 @@ async def test_an_upload_whose_segment_is_still_referenced_keeps_its_object(
     assert led.offload_status["status"] == "ERROR"  # ownership lost
     key = tmp_path / "tier" / f"{led.topic.path}/{first.id}"
     assert sorted(p.name for p in key.iterdir()) == ["data", "index"]
+
+
+class DeletesFail(FileSystemOffloader):
+    """A ``filesystem`` offloader whose deletes fail (the store is down for them)."""
+
+    async def _delete_objects(self, paths: Any) -> None:
+        raise OffloadError("the store refuses deletes")
+
+
+async def test_objects_of_removed_segments_are_deleted_by_the_next_owner(
+    tiered: InProcessStandalone, tmp_path: Path
+):
+    # retention drops segments from the metadata, then cannot delete their objects (a
+    # crash there is the same): the intent saved with the removal makes the next owner
+    # delete them, instead of leaving orphans nothing refers to
+    cluster = tiered
+    service = cluster.service
+    name = TopicName.parse(PREFIX + "removed")
+    await service.policies.set(
+        NS,
+        {
+            "offload_threshold_bytes": 0,
+            "offload_deletion_lag_s": 0,
+            "retention_time_s": -1,
+            "retention_size_mb": -1,
+        },
+    )
+    async with Client(cluster.url) as client:
+        consumer = await client.subscribe("removed", "s", initial_position="earliest")
+        await produce(client, "removed", VALUES)
+        for m in await receive_n(consumer, len(VALUES)):
+            await consumer.acknowledge(m)
+        await consumer.close()
+    led = ledger(cluster, "removed")
+    await offload_now(cluster, "removed")
+    closed = len(led.segments) - 1
+    assert len(objects(tmp_path / "tier")) == 2 * closed
+    working, service.offloader = service.offloader, DeletesFail(tmp_path / "tier")
+    await service.policies.set(NS, {"retention_time_s": 0, "retention_size_mb": 0})
+    with trio.fail_after(30):
+        while len(led.segments) > 1:
+            await trio.sleep(0.05)
+            await service.maintain_once()
+    assert len(objects(tmp_path / "tier")) == 2 * closed  # not deleted...
+    stored = json.loads((await service.store.get(led.path)).value)
+    assert len(stored["offload_deleting"]) == closed  # ...but the intent is recorded
+    assert len(led.internal_stats()["offload_deleting"]) == closed  # and shown
+    # the store is back.  The topic moves to another owner (a restart is the same),
+    # which deletes them; a topic never loaded again is left to the sweeper
+    service.offloader = working
+    await unload_topic(service, name)
+    await service.get_topic(name)
+    await service.maintain_once()
+    assert objects(tmp_path / "tier") == []
+    stored = json.loads((await service.store.get(ledger(cluster, "removed").path)).value)
+    assert "offload_deleting" not in stored
+
+
+def plant(root: Path, key: str) -> None:
+    """Objects left under ``key`` (as a crash would leave them)."""
+    (root / key).mkdir(parents=True)
+    (root / key / "data").write_bytes(b"d" * 10)
+    (root / key / "index").write_bytes(b"i" * 10)
+
+
+async def test_the_sweeper_deletes_orphans_and_never_an_object_in_use(
+    tiered: InProcessStandalone, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    cluster = tiered
+    caplog.set_level(logging.INFO, logger="pigeon.broker._offload_sweeper")
+    root = tmp_path / "tier"
+    # an upload in flight: its data object written, its index not yet, nothing recorded
+    gate = await gated_upload(cluster, "busy", root)
+    led = ledger(cluster, "busy")
+    in_flight = f"{led.topic.path}/{led.segments[0].id}"
+    assert objects(root) == [f"{in_flight}/data"]
+    # orphans: a segment of a topic deleted since, a segment this topic no longer has
+    plant(root, "persistent/public/default/gone/5")
+    plant(root, f"{led.topic.path}/99999")
+    # not ours: another cluster's namespace, and a file that is not a segment's object
+    plant(root, "persistent/public/elsewhere/t/5")
+    (root / "persistent/public/default/gone/notes.txt").write_text("the operator's")
+    # a removed segment whose objects its owner has still to delete (offload_deleting)
+    removed = f"{led.topic.path}/77777"
+    plant(root, removed)
+    store = cluster.service.store
+    stat = await store.get(led.path)
+    doc = json.loads(stat.value)
+    doc["offload_deleting"] = [{"driver": "filesystem", "key": removed}]
+    await store.set(led.path, json.dumps(doc).encode(), version=stat.version)
+    orphans = [
+        f"{k}/{n}"
+        for k in ("persistent/public/default/gone/5", f"{led.topic.path}/99999", removed)
+        for n in ("data", "index")
+    ]
+    # within the grace period nothing goes
+    assert await OffloadSweeper(cluster.service, grace_s=3600).sweep_once() == []
+    # past it (grace 0: every object is old enough), a walk of small pages (bounded
+    # work per pass) deletes the orphans and keeps the upload's object
+    sweeper = OffloadSweeper(cluster.service, grace_s=0, max_objects=3)
+    cluster.service.offload_sweeper = sweeper  # as if elected (its counters at /metrics)
+    deleted: list[str] = []
+    for _ in range(10):
+        listed = sweeper.statistics().objects_listed
+        deleted += await sweeper.sweep_once()
+        assert sweeper.statistics().objects_listed - listed <= 3
+        if not sweeper.after:
+            break
+    assert sorted(deleted) == sorted(orphans)
+    assert objects(root) == sorted(
+        [
+            f"{in_flight}/data",
+            "persistent/public/default/gone/notes.txt",
+            "persistent/public/elsewhere/t/5/data",
+            "persistent/public/elsewhere/t/5/index",
+        ]
+    )
+    logged = [r.getMessage() for r in caplog.records if "orphaned offloaded object" in r.message]
+    assert len(logged) == len(orphans) and all("deleted" in m for m in logged)
+    metrics = BrokerMonitor(cluster.service).render().decode()
+    assert f"pigeon_broker_offload_orphans_deleted_total {len(orphans)}.0" in metrics
+    # the upload completes and is recorded; its segment reads back from the tier
+    gate.release.set()
+    with trio.fail_after(30):
+        while led.offloading:  # noqa: ASYNC110
+            await trio.sleep(0.02)
+    assert led.segments[0].offload is not None
+    assert await sweeper.sweep_once() == []  # recorded: still never swept
+    await cluster.service.policies.set(NS, {"offload_deletion_lag_s": 0})
+    await cluster.service.maintain_once()
+    assert led.segments[0].bookies_deleted
+    led.cache = type(led.cache)(led.cache.max_bytes)
+    async with Client(cluster.url) as client:
+        with trio.fail_after(30):
+            assert [m.value for m in await read_all(client, "busy")] == VALUES

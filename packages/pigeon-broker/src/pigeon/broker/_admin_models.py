@@ -369,6 +369,11 @@ class InternalStats(BaseModel):
     compaction_horizon: int | None = Field(
         None, description="Offsets below it are in the compacted view."
     )
+    offload_deleting: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Offloaded objects of removed segments not deleted yet (retried by"
+        " each maintenance pass).",
+    )
 
 
 class ResetCursor(BaseModel):

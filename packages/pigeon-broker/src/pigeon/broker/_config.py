@@ -161,6 +161,14 @@ class BrokerConfig(SecurityConfig):
     #: ``s3``: the endpoint of an S3-compatible store (``http://127.0.0.1:9000``);
     #: "" for AWS itself
     s3_managed_ledger_offload_service_endpoint: str = ""
+    #: how often the elected sweeper looks for offloaded objects no ledger refers to
+    #: (left by a crash, see docs/operations.md); 0: never
+    managed_ledger_offload_sweep_interval_s: float = 3600.0
+    #: an unreferenced object is deleted only once it is this old (an upload being
+    #: recorded, or a metadata read that lags, is never mistaken for an orphan)
+    managed_ledger_offload_orphan_grace_s: float = 6 * 3600.0
+    #: objects one sweep pass lists at most (the next pass goes on from there)
+    managed_ledger_offload_sweep_max_objects: int = 1000
     #: the ``[kafka]`` table (loaded on its own: see pigeon.broker._cli)
     kafka: KafkaConfig = field(default_factory=KafkaConfig, init=False)
 
@@ -211,10 +219,18 @@ class BrokerConfig(SecurityConfig):
             "load_balancer_broker_overloaded_threshold_percentage",
             "load_balancer_bundle_unload_minimum_throughput_threshold",
             "load_balancer_shedding_grace_period_minutes",
+            "managed_ledger_offload_sweep_interval_s",
+            "managed_ledger_offload_orphan_grace_s",
         ):
             value = getattr(self, key)
             if not (isinstance(value, int | float) and 0 <= value < float("inf")):
                 raise ConfigError(f"bad value for {key!r}: {value!r} is not a number >= 0")
+        max_objects = self.managed_ledger_offload_sweep_max_objects
+        if not (isinstance(max_objects, int) and max_objects > 0):
+            raise ConfigError(
+                "bad value for 'managed_ledger_offload_sweep_max_objects':"
+                f" {max_objects!r} is not a positive integer"
+            )
         if self.corrupt_entry_policy not in ("skip", "fail"):
             raise ConfigError(
                 f"bad value for 'corrupt_entry_policy': {self.corrupt_entry_policy!r} is not"

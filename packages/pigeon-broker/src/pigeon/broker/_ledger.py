@@ -61,6 +61,8 @@ class ManagedLedger(LedgerCompaction):
             self._version = stat.version
             self.segments = [SegmentInfo.from_doc(s) for s in doc.get("segments", [])]
             recorded_offset = int(doc.get("next_offset", 0))
+            self.offload_deleting = [dict(d) for d in doc.get("offload_deleting", [])]
+            self._keep_unknown(doc)
             self._load_compaction(doc)
         self._reindex()
         # Recover segments left open by a previous owner (crash): fence, find the end.
@@ -250,6 +252,7 @@ class ManagedLedger(LedgerCompaction):
             ],
             "compacted_ledger": self.compacted.to_doc() if self.compacted is not None else None,
             "compaction_horizon": self.compacted.horizon if self.compacted is not None else None,
+            "offload_deleting": [dict(loc) for loc in self.offload_deleting],
             "cache": {
                 "hits": self.cache.hits,
                 "misses": self.cache.misses,
@@ -325,9 +328,19 @@ class ManagedLedger(LedgerCompaction):
             retained -= seg.size
         if not trimmed:
             return []
+        # the intent to delete their offloaded objects is saved with their removal, so
+        # that a crash before the objects are deleted leaves no orphan: whoever owns the
+        # ledger next deletes them (``delete_removed_objects``)
+        deleting = [loc for s in trimmed for loc in s.offloaded_objects()]
         del self.segments[: len(trimmed)]
+        self.offload_deleting.extend(deleting)
         self._reindex()
-        await self._save()
+        try:
+            await self._save()
+        except BaseException:
+            # not known to be saved: their objects must not be deleted on that basis
+            del self.offload_deleting[len(self.offload_deleting) - len(deleting) :]
+            raise
         self.last_trimmed_ensembles = {
             s.id: [] if s.bookies_deleted else list(s.ensemble) for s in trimmed
         }

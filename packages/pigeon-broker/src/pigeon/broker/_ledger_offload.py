@@ -31,7 +31,13 @@ metadata afresh and deletes what it wrote only if the segment is no longer there
 (segment ids are never reused, so a segment gone is gone for good).  Either the removal
 comes after that read, and the remover deletes the pending key after the object was
 written, or before it, and the uploader deletes it.  A segment still in the metadata
-keeps its objects: the next offload overwrites them (same key).
+keeps its objects: the next offload overwrites them (same key).  Retention saves the
+removal together with the intent to delete (``offload_deleting``: the locations and
+pending keys of the removed segments) and forgets an object only once it is deleted
+(``delete_removed_objects``), so a failed delete or a crash in between leaves work for
+the next maintenance pass, not an orphan.  What a crash still leaves elsewhere (a
+deleted topic's upload whose broker died) is for the sweeper
+(``pigeon.broker._offload_sweeper``).
 """
 
 from __future__ import annotations
@@ -312,6 +318,42 @@ class LedgerOffload(LedgerReads):
                 attempts,
                 delay,
             )
+
+    async def delete_removed_objects(self, offloader: Any) -> int:
+        """Delete the offloaded objects of removed segments (``offload_deleting``: saved
+        with their removal, see ``trim``) and forget those deleted; returns how many.
+        What fails stays listed and is retried by the next maintenance pass, by this
+        owner or the next one."""
+        if offloader is None:
+            log.warning(
+                "offloaded objects of removed segments kept topic=%s: no offloader objects=%s",
+                self.topic,
+                self.offload_deleting,
+            )
+            return 0
+        deleted: list[dict[str, Any]] = []
+        for location in list(self.offload_deleting):
+            try:
+                await offloader.delete(location)
+            except PigeonError as exc:
+                log.warning(
+                    "offloaded delete failed topic=%s location=%s error=%s; retried later",
+                    self.topic,
+                    location,
+                    exc,
+                )
+                continue
+            deleted.append(location)
+        if not deleted:
+            return 0
+        before = list(self.offload_deleting)
+        self.offload_deleting = [loc for loc in before if loc not in deleted]
+        try:
+            await self._save()
+        except BaseException:
+            self.offload_deleting = before  # deleted again next time: idempotent
+            raise
+        return len(deleted)
 
     async def release_offloaded(self, lag_s: float, now_ms: int) -> list[SegmentInfo]:
         """Record ``bookies_deleted`` on offloaded segments older than ``lag_s``; returns

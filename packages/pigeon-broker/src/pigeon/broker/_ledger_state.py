@@ -136,6 +136,10 @@ class SegmentInfo:
 
 
 _SEGMENT_FIELDS = frozenset(f.name for f in fields(SegmentInfo)) - {"unknown_fields"}
+#: the top-level fields of the ledger's document this version writes
+_LEDGER_FIELDS = frozenset(
+    {"segments", "next_offset", "compacted", "compaction_pending", "offload_deleting"}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +259,11 @@ class LedgerState:
         #: segments whose offload met an entry no replica holds intact, by segment id
         #: (skipped, kept on bookies, retried with backoff: see ``_ledger_offload``)
         self.offload_damaged: dict[int, Any] = {}
+        #: offloaded objects of removed segments not deleted yet (``offload_deleting``
+        #: in the document: the intent to delete, saved with the segments' removal)
+        self.offload_deleting: list[dict[str, Any]] = []
+        #: top-level fields of the stored document this version does not know
+        self.unknown_doc_fields: dict[str, Any] = {}
         # Entries no replica holds intact (found by reads and at open), per segment id,
         # and the runs they form: see "Damaged entries" in skip_damaged.
         self._damaged: dict[int, RangeSet] = {}
@@ -281,7 +290,14 @@ class LedgerState:
             doc["compacted"] = self.compacted.to_doc()
         if self.compaction_pending is not None:
             doc["compaction_pending"] = self.compaction_pending
-        return json.dumps(doc).encode()
+        if self.offload_deleting:
+            doc["offload_deleting"] = self.offload_deleting
+        return json.dumps({**self.unknown_doc_fields, **doc}).encode()
+
+    def _keep_unknown(self, doc: dict[str, Any]) -> None:
+        """Keep the top-level fields of a stored document this version does not know
+        (a newer broker's), to write them back as they were."""
+        self.unknown_doc_fields = {k: v for k, v in doc.items() if k not in _LEDGER_FIELDS}
 
     async def _save(self) -> None:
         """Write the ledger's metadata (compare-and-set).
@@ -311,10 +327,18 @@ class LedgerState:
                     break  # a segment we write (or closed) was closed by someone else
                 for seg in self.segments:
                     other = remote.get(seg.id)
-                    if seg.state == "closed" and other is not None:
+                    if other is None:
+                        continue
+                    # fields this version does not know are the other writer's (a newer
+                    # auditor during a rolling upgrade): kept as stored, never reverted
+                    seg.unknown_fields = {
+                        k: v for k, v in other.items() if k not in _SEGMENT_FIELDS
+                    }
+                    if seg.state == "closed":
                         seg.ensemble = list(other["ensemble"])
                         seg.fragments = [list(f) for f in other.get("fragments", [])]
                         seg.initial_ensemble = list(other.get("initial_ensemble", []))
+                self._keep_unknown(json.loads(stat.value))
                 self._version = stat.version
         raise NotOwner(f"ledger {self.topic} was changed by another broker; giving up ownership")
 

@@ -228,7 +228,12 @@ async def _delete_data(service: BrokerService, name: TopicName) -> None:
         if ledger_id is not None:
             await ignore_missing(store.delete(segment_path(int(ledger_id))))
     # the offloaded objects before the ledger (a crash in between leaves none behind)...
-    await _delete_offloaded(service, [loc for seg in segments for loc in seg.offloaded_objects()])
+    # (with those of segments removed before whose deletion did not finish)
+    await _delete_offloaded(
+        service,
+        [loc for seg in segments for loc in seg.offloaded_objects()]
+        + [dict(loc) for loc in doc.get("offload_deleting", [])],
+    )
     if stat is not None:
         await ignore_missing(store.delete(ledger_path(name)))
     # ...and the keys of uploads not recorded once more after it: an upload still running

@@ -227,6 +227,19 @@ class _Collector:
         bk.add_metric(["writable"], len(bookies) - ro)
         bk.add_metric(["read_only"], ro)
         yield bk
+        sweeper = getattr(service, "offload_sweeper", None)
+        if sweeper is not None:  # counts on the broker elected to sweep (0 elsewhere)
+            swept = sweeper.statistics()
+            yield CounterMetricFamily(
+                "pigeon_broker_offload_orphans_deleted",
+                "Offloaded objects no ledger referred to, deleted by the sweeper.",
+                value=swept.orphans_deleted,
+            )
+            yield CounterMetricFamily(
+                "pigeon_broker_offload_sweep_delete_failures",
+                "Sweeper deletes of orphaned offloaded objects that failed (retried).",
+                value=swept.delete_failures,
+            )
         rates = monitor.broker_rates
         for field, doc in (
             ("msg_rate_in", "Messages per second received (last sampling interval)."),

@@ -35,7 +35,7 @@ from urllib.parse import urlparse
 import trio
 
 from pigeon.core.errors import ConfigError, CorruptEntry, OffloadError
-from pigeon.core.offload import BlobOffloader
+from pigeon.core.offload import BlobOffloader, StoredObject
 
 __all__ = ["FileSystemOffloader", "S3Offloader", "make_filesystem", "make_s3"]
 
@@ -122,6 +122,27 @@ class FileSystemOffloader(BlobOffloader):
         except OSError as exc:
             raise OffloadError(f"cannot read {self._path(path)}: {_one_line(exc)}") from None
         return data
+
+    async def _list_objects(self, prefix: str, after: str, limit: int) -> list[StoredObject]:
+        def walk() -> list[StoredObject]:
+            found: list[str] = []
+            for dirpath, dirnames, filenames in os.walk(self.root):
+                dirnames.sort()
+                rel = os.path.relpath(dirpath, self.root)
+                base = "" if rel == "." else rel.replace(os.sep, "/") + "/"
+                found.extend(base + name for name in filenames)
+            paths = sorted(p for p in found if p.startswith(prefix) and p > after)[:limit]
+            out = []
+            for path in paths:
+                with contextlib.suppress(FileNotFoundError):  # deleted meanwhile
+                    mtime = self._path(path).stat().st_mtime
+                    out.append(StoredObject(path, int(mtime * 1000)))
+            return out
+
+        try:
+            return await trio.to_thread.run_sync(walk)
+        except OSError as exc:
+            raise OffloadError(f"cannot list {self.root}: {_one_line(exc)}") from None
 
     async def _delete_objects(self, paths: Sequence[str]) -> None:
         def delete() -> None:
@@ -223,6 +244,29 @@ class S3Offloader(BlobOffloader):
         import obstore
 
         await self._call(",".join(paths), obstore.delete, self._store, list(paths))
+
+    async def _list_objects(self, prefix: str, after: str, limit: int) -> list[StoredObject]:
+        import obstore
+
+        def page() -> list[StoredObject]:
+            out: list[StoredObject] = []
+            stream = obstore.list(
+                self._store, prefix or None, offset=after or None, chunk_size=min(limit, 1000)
+            )
+            for chunk in stream:
+                for meta in chunk:
+                    out.append(
+                        StoredObject(
+                            str(meta["path"]), int(meta["last_modified"].timestamp() * 1000)
+                        )
+                    )
+                if len(out) >= limit:
+                    break
+            out.sort(key=lambda o: o.path)
+            return out[:limit]
+
+        found: list[StoredObject] = await self._call(prefix or "(bucket)", page)
+        return found
 
 
 def filesystem_root(config: Any) -> Path:

@@ -30,6 +30,7 @@ from pigeon.broker._lifecycle import close_all_topics, drop_all_topics, unload_t
 from pigeon.broker._loadmanager import LoadManager
 from pigeon.broker._native import NativeProtocol
 from pigeon.broker._nonpersistent import NonPersistentTopic
+from pigeon.broker._offload_sweeper import OffloadSweeper
 from pigeon.broker._ownership import Ownership
 from pigeon.broker._policies import PolicyStore
 from pigeon.broker._producer_access import AccessControl
@@ -146,6 +147,7 @@ class BrokerService:
         self.extra_metrics: list[Any] = []
         self.ownership: Ownership = None  # type: ignore[assignment]  # set by run()
         self.auditor: Auditor | None = None
+        self.offload_sweeper: OffloadSweeper | None = None
         self.load_manager: LoadManager | None = None
         #: the Kafka front door (port 9092), when ``[kafka] port`` is set
         self.kafka: Any = None
@@ -248,6 +250,13 @@ class BrokerService:
                     interval_s=self.config.auditor_interval_s,
                 )
                 await nursery.start(self.auditor.run)
+                self.offload_sweeper = OffloadSweeper(
+                    self,
+                    interval_s=self.config.managed_ledger_offload_sweep_interval_s,
+                    grace_s=self.config.managed_ledger_offload_orphan_grace_s,
+                    max_objects=self.config.managed_ledger_offload_sweep_max_objects,
+                )
+                await nursery.start(self.offload_sweeper.run)
                 self.load_manager = LoadManager(
                     self, interval_s=self.config.load_manager_interval_s
                 )

@@ -236,19 +236,13 @@ class Topic:
         trimmed = await self.ledger.trim(
             consumed, policies.retention_time_s, policies.retention_size_mb, now
         )
-        # retention deletes offloaded copies too, and the key of any upload not recorded
-        # (an interrupted one, or one still running: see _ledger_offload)
-        offloaded = [loc for s in self.ledger.last_trimmed for loc in s.offloaded_objects()]
         await self._delete_segments(trimmed)
+        # retention deletes offloaded copies too, and the key of any upload not recorded
+        # (an interrupted one, or one still running: see _ledger_offload); the trim
+        # saved them in ``offload_deleting``, so what fails (or a crash) is retried
         offloader = self.service.offloader
-        for location in offloaded:
-            if offloader is None:
-                log.warning("offloaded segment kept: no offloader location=%s", location)
-                continue
-            try:
-                await offloader.delete(location)
-            except PigeonError as exc:
-                log.warning("offloaded delete failed location=%s error=%s", location, exc)
+        if self.ledger.offload_deleting:
+            await self.ledger.delete_removed_objects(offloader)
         if not self.ledger.compacting:
             if self.ledger.compaction_pending is not None:
                 with contextlib.suppress(PigeonError):  # tried again next time

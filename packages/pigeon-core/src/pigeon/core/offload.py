@@ -28,7 +28,10 @@ The contract:
 
 :class:`BlobOffloader` implements all of it over four object-store primitives (write an
 object from chunks, read a byte range, read a whole object, delete objects), so a new
-store (GCS, Azure) only supplies those.  Its layout — what is on the object store:
+store (GCS, Azure) only supplies those; a fifth, optional one (list objects, with their
+modification times) lets the broker's sweeper find objects no segment refers to
+(:meth:`BlobOffloader.list_objects`, :meth:`BlobOffloader.delete_objects`).  Its
+layout — what is on the object store:
 
 ``<key>/data``
     the segment's entries back to back, exactly as the bookies stored them (the broker
@@ -74,6 +77,7 @@ __all__ = [
     "OffloadIndex",
     "Offloader",
     "OffloaderFactory",
+    "StoredObject",
     "decode_index",
     "encode_index",
 ]
@@ -233,6 +237,16 @@ def decode_index(data: bytes | memoryview, *, what: str = "offload index") -> Of
     return OffloadIndex(segment_id, first, offsets, crcs)
 
 
+@dataclass(frozen=True, slots=True)
+class StoredObject:
+    """An object found in an offloader's store (:meth:`BlobOffloader.list_objects`)."""
+
+    #: its path: ``<key>/data``, ``<key>/index`` (or a store's temporary object)
+    path: str
+    #: when it was last written (wall clock, ms)
+    modified_ms: int
+
+
 # ---------------------------------------------------------------------- the base class
 
 
@@ -276,9 +290,37 @@ class BlobOffloader(abc.ABC):
     async def _delete_objects(self, paths: Sequence[str]) -> None:
         """Remove the objects; missing ones are no error."""
 
+    async def _list_objects(self, prefix: str, after: str, limit: int) -> list[StoredObject]:
+        """Up to ``limit`` objects whose path starts with ``prefix`` and sorts after
+        ``after``, in path order (optional: a store without listings is never swept)."""
+        raise OffloadError(f"the {self.name} offloader cannot list its objects")
+
     def _location(self, key: str) -> dict[str, Any]:
         """What a location records besides the key and sizes (the bucket, the root)."""
         return {}
+
+    # -- the sweeper's access (see pigeon.broker's offload sweeper)
+
+    async def list_objects(
+        self, prefix: str = "", *, after: str = "", limit: int = 1000
+    ) -> list[StoredObject]:
+        """Up to ``limit`` stored objects under ``prefix`` whose path sorts after
+        ``after``, in path order: a sweep walks the store a page at a time.
+
+        :raises OffloadError: the store failed, or cannot list.
+        """
+        return await self._list_objects(prefix, after, limit)
+
+    async def delete_objects(self, paths: Sequence[str]) -> None:
+        """Remove objects by path (what :meth:`list_objects` found); missing ones are
+        no error.  The index of a segment goes before its data (never read half)."""
+        ordered = sorted(paths, key=lambda p: (p.rsplit("/", 1)[0], not p.endswith("/index")))
+        for path in ordered:
+            key = path.rsplit("/", 1)[0]
+            self._indexes.pop(key, None)
+            self._forget_ranges(f"{key}/data")
+        if ordered:
+            await self._delete_objects(ordered)
 
     # -- the Offloader protocol
 

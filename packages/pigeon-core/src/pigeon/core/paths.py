@@ -45,6 +45,7 @@ __all__ = [
     "LEDGERS_PATH",
     "LOAD_MANAGER_PATH",
     "NAMESPACES_PATH",
+    "OFFLOAD_SWEEPER_PATH",
     "OWNERSHIP_PATH",
     "PARTITIONED_TOPICS_PATH",
     "PRODUCER_EPOCHS_PATH",
@@ -85,6 +86,8 @@ BOOKIES_PATH = f"{ROOT}/bookies/available"
 UNLOAD_REQUESTS_PATH = f"{ROOT}/unload-requests"
 AUDITOR_PATH = f"{ROOT}/auditor"
 LOAD_MANAGER_PATH = f"{ROOT}/load-manager"
+#: the election of the broker that sweeps orphaned offloaded objects
+OFFLOAD_SWEEPER_PATH = f"{ROOT}/offload-sweeper"
 
 
 def ledger_path(topic: TopicName) -> str:

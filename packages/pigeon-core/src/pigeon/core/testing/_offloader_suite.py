@@ -18,6 +18,7 @@ ids are refused with :class:`~pigeon.core.errors.OffloadError`, and (for a
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -113,6 +114,31 @@ class OffloaderContract:
         with pytest.raises((OffloadError, CorruptEntry)):
             await offloader.read(location, 0, 1, max_bytes=1 << 20)
         await offloader.delete({"driver": offloader.name, "key": "t/never-written"})
+
+    async def test_objects_are_listed_a_page_at_a_time(self, offloader: Offloader) -> None:
+        # what the broker's sweeper walks: every object under a prefix, in path order,
+        # ``limit`` at a time from after the last path seen, with its modification time
+        if not isinstance(offloader, BlobOffloader):
+            pytest.skip("listing is BlobOffloader's")
+        for seg in (1, 2, 3):
+            await offloader.offload(f"a/t/{seg}", seg, batches(segment_entries(3)))
+        await offloader.offload("b/t/1", 1, batches(segment_entries(3)))
+        pages: list[list[str]] = []
+        after = ""
+        for _ in range(10):
+            page = await offloader.list_objects("a/", after=after, limit=4)
+            if not page:
+                break
+            pages.append([o.path for o in page])
+            after = page[-1].path
+        assert pages == [
+            ["a/t/1/data", "a/t/1/index", "a/t/2/data", "a/t/2/index"],
+            ["a/t/3/data", "a/t/3/index"],
+        ]
+        (data,) = [o for o in await offloader.list_objects("b/") if o.path == "b/t/1/data"]
+        assert abs(data.modified_ms - time.time() * 1000) < 600_000
+        await offloader.delete_objects(["a/t/2/data", "a/t/2/index"])
+        assert "a/t/2/data" not in [o.path for o in await offloader.list_objects("a/")]
 
     async def test_entries_must_be_dense(self, offloader: Offloader) -> None:
         async def gap() -> AsyncIterator[list[tuple[int, bytes]]]:
