@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -111,4 +113,12 @@ def test_no_acknowledged_message_is_lost_under_the_nemesis(
     results = _results_file(tmp_path_factory)
     append_result(results, result.figures())
     print(f"\n{result.summary()}\nfigures appended to {results}")
-    assert not result.report.violations, result.explain()
+    if result.report.violations:
+        # pytest keeps only its last three temp dirs: the logs of a failed run are copied
+        # where a later run does not delete them
+        kept = Path(tempfile.gettempdir()) / (
+            f"pigeon-nemesis-failed-{_cell_id(metadata, replication, storage, secure)}"
+            f"-{result.seed}-{os.getpid()}"
+        )
+        shutil.copytree(tmp_path / "run", kept, dirs_exist_ok=True)
+        pytest.fail(f"{result.explain()}\nthe run's logs are kept in {kept}")
