@@ -150,9 +150,11 @@ class MessageId:
         return f"{self}:{self.offset}".encode()
 
     @classmethod
-    def deserialize(cls, data: bytes | str) -> MessageId:
+    def deserialize(cls, data: bytes | bytearray | memoryview | str) -> MessageId:
         """The id written by :meth:`serialize` (text) or in the :data:`BINARY_ID`
         layout (the Arrow API's ``message_id`` column)."""
+        if isinstance(data, bytearray | memoryview):
+            data = bytes(data)  # a Spark Row's binary cell, a buffer view
         if isinstance(data, bytes) and len(data) == BINARY_ID.size and data[:1] == b"\0":
             _, version, partition, segment, entry, index, offset = BINARY_ID.unpack(data)
             if version != BINARY_ID_VERSION:

@@ -17,8 +17,9 @@ stored for that producer:
   ``spark-<query id>-<task partition>`` (the query id survives restarts: it is kept in
   the checkpoint), one producer per target topic partition.
 * Message sequence ids are ``batch id * 2**32 + n`` where ``n`` counts the task's rows
-  sent to that topic partition in this micro-batch. Sequence ids are consecutive within
-  a batch, so the client still sends full batches.
+  sent to that topic partition in this micro-batch. The rows of one Arrow batch for one
+  partition are consecutive, so they go out as one ``send_arrow(..., sequence_id=first)``
+  (entries built from the batch's buffers, no Python work per row).
 * Rows are routed by a deterministic rule: keyed rows by the key's hash (as every
   PigeonMQ producer does), unkeyed rows in runs of 1000 unkeyed rows, round-robin from
   the task's partition number. How many rows of a task go to each topic partition thus
@@ -213,7 +214,7 @@ class _Task:
 
     def _write_batch(self, rb: pa.RecordBatch) -> None:
         """Send one record batch with ``send_arrow``: the rows of each target topic (and,
-        exactly-once, of each target partition) are gathered with ``take`` and sent as
+        exactly-once, of each target partition) are gathered with ``filter`` and sent as
         one table; nothing is done per row in Python."""
         n = rb.num_rows
         if n == 0:
