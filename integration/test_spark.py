@@ -135,6 +135,7 @@ def test_batch_read_returns_exactly_the_produced_rows(
         assert (r.partition, r.offset) == (mid.partition, mid.offset)
         assert MessageId.deserialize(r.message_id) == mid
         assert MessageId.deserialize(r.message_id).offset == mid.offset
+        assert len(r.message_id) == 40  # the binary id, built per record batch
         assert r.properties == (row["properties"] or {})
         assert r.event_ms == (row["event_time"] or None)
         assert before <= r.publish_ms <= after

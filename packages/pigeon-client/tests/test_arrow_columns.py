@@ -9,8 +9,10 @@ import zlib
 from types import SimpleNamespace
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
+from pigeon.client import MessageId
 from pigeon.client._arrow import (
     ack_runs,
     encode_entry,
@@ -157,13 +159,33 @@ def test_received_rows_skip_acknowledged_indexes_and_ack_runs():
     )
     assert got is not None and (nxt, n) == (9, 10)
     assert got["offset"].to_pylist() == [102, 105, 106, 107, 108]
-    assert got["message_id"][0].as_py() == b"3:9:2:-1:102"
+    assert MessageId.deserialize(got["message_id"][0].as_py()) == MessageId(3, 9, 2, -1, 102)
+    assert len(got["message_id"][0].as_py()) == 40  # the binary layout, not text
     assert ack_runs(got) == [(3, 9, 2, 102, 1), (3, 9, 5, 105, 4)]
     full, _, _ = entry_rows(entry, topic="t", partition=-1, codecs=CODECS)
     assert (
         full is not None
         and full.column("value").buffers()[2].address >= pa.py_buffer(stored).address
     )
+
+
+def test_message_ids_are_binary_columns_acked_from_slices():
+    rb = pa.record_batch({"v": [b"x"] * 3000})
+    (batch,) = entries_of(rb, max_messages=3000)
+    entry = SimpleNamespace(
+        segment_id=2**40, entry_id=5, data=pack_entry_header(3000, 7, 1) + batch
+    )
+    got, _, _ = entry_rows(entry, topic="t", partition=12, codecs=CODECS)
+    assert got is not None
+    ids = got["message_id"]
+    assert ids.type == pa.binary() and set(pc.binary_length(ids).to_pylist()) == {40}
+    assert MessageId.deserialize(ids[2999].as_py()) == MessageId(2**40, 5, 2999, 12, 3006)
+    assert MessageId.deserialize(ids[2999].as_py()).offset == 3006
+    # a slice of the batch (its column starts past the first row) acks its own rows
+    assert ack_runs(got.slice(1000, 5)) == [(2**40, 5, 1000, 1007, 5)]
+    foreign = got.set_column(5, "message_id", pa.array([b"3:9:2:-1:102"] * 3000))
+    with pytest.raises(InvalidArgument, match="not the one receive_arrow returned"):
+        ack_runs(foreign)
 
 
 def test_bad_columns_are_refused():

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from datetime import UTC, datetime
+import zlib
 
 import pytest
 
@@ -11,7 +11,12 @@ pa = pytest.importorskip("pyarrow")
 types = pytest.importorskip("pyspark.sql.types")
 
 from pigeon.spark._options import OptionError, SinkOptions  # noqa: E402
-from pigeon.spark._sink import _check_input, _event_times, _sorted  # noqa: E402
+from pigeon.spark._sink import (  # noqa: E402
+    UNKEYED_RUN,
+    _check_input,
+    _partition_of_rows,
+    _sorted,
+)
 
 
 def test_sorted_gives_one_order_for_any_input_order() -> None:
@@ -34,11 +39,19 @@ def test_sorted_gives_one_order_for_any_input_order() -> None:
     assert list(_sorted(iter([]))) == []
 
 
-def test_event_times_in_ms() -> None:
-    ts = pa.array([datetime(2024, 1, 1, tzinfo=UTC), None], pa.timestamp("us", tz="UTC"))
-    assert _event_times(ts, 2) == [1_704_067_200_000, 0]
-    assert _event_times(pa.array([5, None], pa.int64()), 2) == [5, 0]
-    assert _event_times(None, 2) == [0, 0]
+def test_rows_are_routed_as_the_per_row_rule_did() -> None:
+    # keyed rows by crc32(key) % partitions; the task's i-th unkeyed row to partition
+    # (task + i // UNKEYED_RUN) % partitions, counting across record batches
+    keys = [None if i % 3 else b"k%d" % i for i in range(3000)]
+    got = _partition_of_rows(pa.array(keys, pa.binary()), 4, 1, 500).to_pylist()
+    unkeyed = 500
+    for key, part in zip(keys, got, strict=True):
+        if key is None:
+            assert part == (1 + unkeyed // UNKEYED_RUN) % 4
+            unkeyed += 1
+        else:
+            assert part == zlib.crc32(key) % 4
+    assert _partition_of_rows(pa.nulls(3, pa.binary()), 2, 0, 999).to_pylist() == [0, 1, 1]
 
 
 def test_input_columns_are_checked() -> None:

@@ -324,3 +324,45 @@ async def test_sequence_ids_continue_across_arrow_and_single_sends(client, autoj
     got = await drain(consumer)
     assert [m.value for m in got] == [b"first", *[b"r"] * 20, b"next"]
     await consumer.close()
+
+
+async def test_a_replayed_table_with_its_sequence_id_is_stored_once(client, autojump_clock):
+    # what the Spark sink's exactly-once writes rest on: rows numbered from sequence_id
+    producer = await client.create_producer(
+        "arrow-replay", producer_name="spark-q-0", batching_max_messages=8
+    )
+    data = pa.table({"value": [b"row-%d" % i for i in range(20)]})
+    first = await producer.send_arrow(data, sequence_id=1 << 32)
+    assert not any(r.duplicate for r in first)
+    again = await producer.send_arrow(data, sequence_id=1 << 32)  # the micro-batch re-run
+    assert [r.duplicate for r in again] == [True, True, True]
+    with pytest.raises(InvalidArgument, match="sequence_id must be an int"):
+        await producer.send_arrow(data, sequence_id=-1)
+    await producer.close()
+    consumer = await client.subscribe("arrow-replay", "s", initial_position="earliest")
+    assert [m.value for m in await drain(consumer)] == data["value"].to_pylist()
+    await consumer.close()
+    await client.create_topic("arrow-replay-parts", 2)
+    parts = await client.create_producer("arrow-replay-parts")
+    with pytest.raises(InvalidArgument, match="producer of one partition"):
+        await parts.send_arrow(data, sequence_id=0)
+    await parts.close()
+
+
+def test_perf_arrow_produces_and_consumes_tables(admin_standalone):
+    from pigeon.client._cli import run_perf_consume, run_perf_produce
+
+    url = admin_standalone.service_url
+    run_perf_consume(url, "perf-arrow", duration=0.1, idle_timeout=0.1, progress=False)
+    produced = run_perf_produce(
+        url, "perf-arrow", size=100, duration=0.3, arrow=True, arrow_rows=500, progress=False
+    )
+    assert produced["api"] == "send_arrow"
+    assert produced["messages"] > 0 and produced["messages"] % 500 == 0
+    assert produced["mb_per_s"] > 0 and produced["latency_samples"] > 0
+    consumed = run_perf_consume(
+        url, "perf-arrow", arrow=True, max_messages=produced["messages"], progress=False
+    )
+    assert consumed["api"] == "receive_arrow"
+    assert consumed["messages"] == produced["messages"]
+    assert consumed["bytes"] == 100 * produced["messages"]

@@ -35,6 +35,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pigeon.client._message import BINARY_ID, BINARY_ID_VERSION, pack_binary_id
 from pigeon.core.batch import (
     ENTRY_HEADER_SIZE,
     DecodedBatch,
@@ -491,18 +492,78 @@ def _event_column(raw: pa.Array) -> pa.Array:
     )
 
 
-#: batch indexes 0 .. n - 1 as int64 and as text, grown as entries grow and sliced (no
-#: copy) for each received entry
-_INDEXES: tuple[pa.Array, pa.Array] = (pa.array([], pa.int64()), pa.array([], pa.string()))
+#: batch indexes 0 .. n - 1 (int64), grown as entries grow and sliced (no copy) for each
+#: received entry
+_INDEXES: pa.Array = pa.array([], pa.int64())
+#: rows 0 .. n - 1 of message ids in the BINARY_ID layout with every field zero but the
+#: batch index and the offset, both the row number: five int64 words per row
+_ID_RAMP: pa.Array = pa.array([], pa.int64())
+#: 0, 40, 80, ...: the offsets of a binary array of BINARY_ID-sized values
+_ID_OFFSETS: pa.Array = pa.array([0], pa.int32())
+_ID_WORDS = BINARY_ID.size // 8
 
 
-def _indexes(n: int) -> tuple[pa.Array, pa.Array]:
+def _indexes(n: int) -> pa.Array:
     global _INDEXES
-    if len(_INDEXES[0]) < n:
-        size = max(n, 2 * len(_INDEXES[0]), 1024)
-        numbers = _int64(size, _arange(0, size))
-        _INDEXES = (numbers, pc.cast(numbers, pa.string()))
+    if len(_INDEXES) < n:
+        size = max(n, 2 * len(_INDEXES), 1024)
+        _INDEXES = _int64(size, _arange(0, size))
     return _INDEXES
+
+
+def _id_words(partition: int, segment_id: int, entry_id: int, index: int, offset: int) -> bytes:
+    """The BINARY_ID of row 0 of a run whose row ``i`` has batch index ``index + i`` and
+    offset ``offset + i`` (added by :func:`_binary_ids`)."""
+    return BINARY_ID.pack(0, BINARY_ID_VERSION, partition, segment_id, entry_id, index, offset)
+
+
+def _binary_ids(base: bytes, row: int, n: int) -> pa.Array:
+    """The ``message_id`` column of ``n`` rows: ``base`` holds each row's id with its batch
+    index and offset less ``row + i`` (the i-th row), as :func:`_id_words` packs them; one
+    add kernel over the five words of every row puts the ramp in. No per-row Python."""
+    global _ID_RAMP, _ID_OFFSETS
+    if len(_ID_RAMP) < _ID_WORDS * (row + n):
+        size = max(row + n, 2 * (len(_ID_RAMP) // _ID_WORDS), 1024)
+        ramp = array("q", bytes(BINARY_ID.size * size))
+        numbers = array("q", range(size))
+        ramp[_ID_WORDS - 2 :: _ID_WORDS] = numbers  # batch index
+        ramp[_ID_WORDS - 1 :: _ID_WORDS] = numbers  # offset
+        _ID_RAMP = _int64(_ID_WORDS * size, ramp)
+        _ID_OFFSETS = pa.Array.from_buffers(
+            pa.int32(),
+            size + 1,
+            [None, pa.py_buffer(array("i", range(0, BINARY_ID.size * (size + 1), BINARY_ID.size)))],
+        )
+    words = pc.add(_int64(_ID_WORDS * n, base), _ID_RAMP.slice(_ID_WORDS * row, _ID_WORDS * n))
+    return pa.Array.from_buffers(
+        pa.binary(),
+        n,
+        [None, _ID_OFFSETS.buffers()[1].slice(0, 4 * (n + 1)), words.buffers()[1]],
+    )
+
+
+def _id_fields(ids: pa.Array) -> tuple[pa.Array, ...] | None:
+    """(segment id, entry id, batch index, offset) int64 columns of a ``message_id``
+    column in the BINARY_ID layout (a view of its data and one ``take`` per field); None
+    when a row is not in that layout (a chunked message's text id, or a null)."""
+    n = len(ids)
+    size = BINARY_ID.size
+    if ids.null_count or not pc.all(pc.equal(pc.binary_length(ids), size)).as_py():
+        return None
+    if ids.type != pa.binary():
+        return None
+    offsets, data = ids.buffers()[1:]
+    (start,) = _I.unpack_from(offsets, 4 * ids.offset)
+    data = data.slice(start, size * n)
+    words = _int64(_ID_WORDS * n, data)
+    head = pc.take(words, pc.multiply(_indexes(n).slice(0, n), _ID_WORDS))
+    # word 0 holds the marker byte (0) and the layout version in its low 16 bits
+    if not pc.all(pc.equal(pc.bit_wise_and(head, 0xFFFF), BINARY_ID_VERSION << 8)).as_py():
+        return None
+    return tuple(
+        pc.take(words, pc.add(pc.multiply(_indexes(n).slice(0, n), _ID_WORDS), w))
+        for w in (1, 2, 3, 4)
+    )
 
 
 def entry_rows(
@@ -548,21 +609,16 @@ def entry_rows(
         if hi <= lo:
             return None, n, n
     k = hi - lo
-    index, index_text = _indexes(hi)
-    index, index_text = index.slice(lo, k), index_text.slice(lo, k)
+    index = _indexes(hi).slice(lo, k)
     values = _binary(n, None, b.values_offsets, b.values_data).slice(lo, k)
     if b.has_keys:
         keys = _binary(n, b.keys_validity, b.keys_offsets, b.keys_data).slice(lo, k)
     else:
         keys = pa.nulls(k, pa.binary())
     offsets = pc.add(index, pa.scalar(h.first_offset, pa.int64()))
-    message_id = pc.binary_join_element_wise(
-        f"{d.segment_id}:{d.entry_id}:",
-        index_text,
-        f":{partition}:",
-        pc.cast(offsets, pa.string()),
-        "",
-    ).view(pa.binary())  # the same buffers, as binary (no copy)
+    message_id = _binary_ids(
+        _id_words(partition, d.segment_id, d.entry_id, 0, h.first_offset) * k, lo, k
+    )
     if b.event_times is not None:
         event = _event_column(_int64(n, b.event_times).slice(lo, k))
     else:
@@ -584,6 +640,15 @@ def entry_rows(
     return rb, hi, n
 
 
+def _message_id_bytes(m: Any) -> bytes:
+    """A message's ``message_id`` cell: the BINARY_ID layout, or the text form of a
+    chunked message's id (it names two entries)."""
+    mid = m.message_id
+    if type(mid).__name__ == "ChunkMessageId":
+        return mid.serialize()  # type: ignore[no-any-return]
+    return pack_binary_id(mid.segment_id, mid.entry_id, mid.batch_index, mid.partition, mid.offset)
+
+
 def messages_batch(msgs: list[Any]) -> pa.RecordBatch:
     """Messages already split (the per-message path: dead letters, ack timeouts, schema
     consumers) as a record batch of :data:`RECEIVE_SCHEMA` (one Python object per row:
@@ -599,7 +664,7 @@ def messages_batch(msgs: list[Any]) -> pa.RecordBatch:
             pa.array([m.topic for m in msgs], pa.string()),
             pa.array([m._partition for m in msgs], pa.int32()),
             pa.array([m.offset for m in msgs], pa.int64()),
-            pa.array([m.message_id.serialize() for m in msgs], pa.binary()),
+            pa.array([_message_id_bytes(m) for m in msgs], pa.binary()),
             pa.array(ts, TIMESTAMP),
             pa.array([m.event_time * 1000 if m.event_time else None for m in msgs], TIMESTAMP),
             pa.array([list(m.properties.items()) for m in msgs], PROPERTIES),
@@ -614,14 +679,17 @@ def ack_runs(batch: pa.RecordBatch) -> list[tuple[int, int, int, int, int]]:
     parsed with compute kernels; one tuple per run, not per row)."""
     if batch.num_rows == 0:
         return []
-    ids = batch.column("message_id").cast(pa.string())
-    if pc.any(pc.match_substring(ids, ";")).as_py():
-        raise InvalidArgument("acknowledge_arrow: a chunked message's row: acknowledge it by id")
-    parts = pc.split_pattern(ids, ":")
-    seg = pc.list_element(parts, 0).cast(pa.int64())
-    ent = pc.list_element(parts, 1).cast(pa.int64())
-    idx = pc.list_element(parts, 2).cast(pa.int64())
-    off = pc.list_element(parts, 4).cast(pa.int64())
+    ids = batch.column("message_id")
+    fields = _id_fields(ids)
+    if fields is None:
+        if pc.any(pc.match_substring(ids.cast(pa.string()), ";")).as_py():
+            raise InvalidArgument(
+                "acknowledge_arrow: a chunked message's row: acknowledge it by id"
+            )
+        raise InvalidArgument(
+            "acknowledge_arrow: the message_id column is not the one receive_arrow returned"
+        )
+    seg, ent, idx, off = fields
     n = batch.num_rows
     if n > 1:
         head, tail = slice(0, n - 1), slice(1, n)
@@ -668,9 +736,7 @@ def _build(
     event_parts: list[Any] = []
     props: list[pa.Array] = []
     publish_parts: list[bytes] = []
-    first_parts: list[bytes] = []
-    segment_parts: list[bytes] = []
-    entry_parts: list[bytes] = []
+    id_parts: list[bytes] = []
     version_parts: list[bytes] = []
     has_events = False
     contiguous = True
@@ -694,9 +760,10 @@ def _build(
         if include_properties:
             props.append(_properties(b, n))
         publish_parts.append(_Q.pack(h.publish_time * 1000) * n)
-        first_parts.append(_Q.pack(h.first_offset) * n)
-        segment_parts.append(_Q.pack(d.segment_id) * n)
-        entry_parts.append(_Q.pack(d.entry_id) * n)
+        # row ``total + i`` of the group is batch index i, offset first_offset + i
+        id_parts.append(
+            _id_words(partition, d.segment_id, d.entry_id, -total, h.first_offset - total) * n
+        )
         if versions:
             version_parts.append(_I.pack(b.header.schema_version) * n)
         total += n
@@ -710,19 +777,7 @@ def _build(
                 for d in group
             ]
         )
-    firsts = _int64(total, b"".join(first_parts))
-    batch_index = pc.subtract(offsets, firsts)
-    message_id = pc.cast(
-        pc.binary_join_element_wise(
-            pc.cast(_int64(total, b"".join(segment_parts)), pa.string()),
-            pc.cast(_int64(total, b"".join(entry_parts)), pa.string()),
-            pc.cast(batch_index, pa.string()),
-            str(partition),
-            pc.cast(offsets, pa.string()),
-            ":",
-        ),
-        pa.binary(),
-    )
+    message_id = _binary_ids(b"".join(id_parts), 0, total)
     publish = pa.Array.from_buffers(TIMESTAMP, total, [None, pa.py_buffer(b"".join(publish_parts))])
     if has_events:
         event = _event_column(_int64(total, b"".join(event_parts)))

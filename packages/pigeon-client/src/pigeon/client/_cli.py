@@ -7,6 +7,7 @@ import os
 import sys
 import threading
 import time
+from array import array
 from typing import Any
 
 import click
@@ -190,6 +191,12 @@ def perf_cmd() -> None:
     "--max-pending", default=50_000, show_default=True, help="Pending messages per producer."
 )
 @click.option("--compression", default="none", show_default=True)
+@click.option(
+    "--arrow",
+    is_flag=True,
+    help="Send pyarrow tables with send_arrow (one message per row) instead of send_async.",
+)
+@click.option("--arrow-rows", default=10_000, show_default=True, help="Rows per send_arrow table.")
 @click.option("--json-out", type=click.Path(dir_okay=False), help="Write the result as JSON here.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress line.")
 @security_options
@@ -221,6 +228,11 @@ def perf_produce(json_out: str | None, quiet: bool, **options: Any) -> None:
     help="Stop when nothing arrived for this long.",
 )
 @click.option("--receiver-queue-size", default=20_000, show_default=True)
+@click.option(
+    "--arrow",
+    is_flag=True,
+    help="Receive pyarrow record batches with receive_arrow instead of batch_receive.",
+)
 @click.option("--json-out", type=click.Path(dir_okay=False), help="Write the result as JSON here.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress line.")
 @security_options
@@ -256,15 +268,20 @@ def run_perf_produce(
     batch_delay_ms: float = 5.0,
     max_pending: int = 50_000,
     compression: str = "none",
+    arrow: bool = False,
+    arrow_rows: int = 10_000,
     progress: bool = True,
     sample_every: int = 64,
     client_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run the produce benchmark in this process (also used by bench/);
-    ``client_options``: more ``Client`` keywords (credentials, TLS)."""
+    ``client_options``: more ``Client`` keywords (credentials, TLS). ``arrow``: each
+    producer sends ``arrow_rows``-row tables with ``send_arrow`` (the publish latency is
+    then per entry: from the call to the entry's receipt)."""
     from pigeon.client import Client
 
     payload = os.urandom(size) if compression == "none" else (b"pigeon-" * (size // 7 + 1))[:size]
+    table = _arrow_table(payload, arrow_rows) if arrow else None
     sent = [0] * producers
     latencies: list[list[float]] = [[] for _ in range(producers)]
     errors: list[BaseException] = []
@@ -281,7 +298,19 @@ def run_perf_produce(
             perf = time.perf_counter
             t0 = perf()
             try:
-                while not stop.is_set():
+                while table is not None and not stop.is_set():
+                    if per_producer_rate:
+                        due = t0 + n / per_producer_rate
+                        now = perf()
+                        if due > now:
+                            time.sleep(min(due - now, 0.01))
+                            continue
+                    began = perf()
+                    for fut in producer.send_arrow(table):
+                        fut.add_done_callback(lambda f, b=began: lat.append(perf() - b))
+                    n += table.num_rows
+                    sent[i] = n
+                while table is None and not stop.is_set():
                     if per_producer_rate:
                         due = t0 + n / per_producer_rate
                         now = perf()
@@ -360,7 +389,28 @@ def run_perf_produce(
         "batch_delay_ms": batch_delay_ms,
         "compression": compression,
         "rate_limit": rate,
+        "api": "send_arrow" if arrow else "send_async",
     }
+
+
+def _pyarrow() -> Any:
+    try:
+        import pyarrow
+    except ImportError:
+        raise click.UsageError(
+            "--arrow needs pyarrow: pip install 'pigeon-client[arrow]'"
+        ) from None
+    return pyarrow
+
+
+def _arrow_table(payload: bytes, rows: int) -> Any:
+    """A one-column (``value``) table of ``rows`` copies of ``payload``, built from
+    buffers (the payload repeated, offsets a multiple of its size)."""
+    pa = _pyarrow()
+    size = len(payload)
+    offsets = pa.py_buffer(array("i", range(0, size * (rows + 1), size)))
+    values = pa.Array.from_buffers(pa.binary(), rows, [None, offsets, pa.py_buffer(payload * rows)])
+    return pa.table({"value": values})
 
 
 def run_perf_consume(
@@ -373,10 +423,16 @@ def run_perf_consume(
     max_messages: int = 0,
     idle_timeout: float = 5.0,
     receiver_queue_size: int = 20_000,
+    arrow: bool = False,
     progress: bool = True,
     client_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    from pigeon.client import Client, Timeout
+    """Run the consume benchmark in this process; ``arrow``: record batches from
+    ``receive_arrow``, each acknowledged cumulatively by its last row."""
+    from pigeon.client import Client, MessageId, Timeout
+
+    if arrow:
+        _pyarrow()  # fails with the install hint before connecting
 
     count = 0
     nbytes = 0
@@ -396,14 +452,23 @@ def run_perf_consume(
         end_at = start
         while time.perf_counter() - start < duration:
             try:
-                msgs = consumer.batch_receive(10_000, timeout=idle_timeout)
+                if arrow:
+                    rb = consumer.receive_arrow(10_000, timeout=idle_timeout)
+                else:
+                    msgs = consumer.batch_receive(10_000, timeout=idle_timeout)
             except Timeout:
                 break
             if first_at is None:
                 first_at = time.perf_counter()
-            count += len(msgs)
-            nbytes += sum(len(m.value) for m in msgs)
-            consumer.acknowledge_cumulative(msgs[-1])
+            if arrow:
+                count += rb.num_rows
+                nbytes += _binary_bytes(rb.column("value"))
+                last = rb.column("message_id")[rb.num_rows - 1].as_py()
+                consumer.acknowledge_cumulative(MessageId.deserialize(last))
+            else:
+                count += len(msgs)
+                nbytes += sum(len(m.value) for m in msgs)
+                consumer.acknowledge_cumulative(msgs[-1])
             end_at = time.perf_counter()
             if progress and end_at - last_report >= 1.0:
                 r = (count - last_count) / (end_at - last_report)
@@ -422,7 +487,16 @@ def run_perf_consume(
         "seconds": round(elapsed, 3),
         "msg_per_s": round(count / elapsed, 1),
         "mb_per_s": round(nbytes / elapsed / 1e6, 2),
+        "api": "receive_arrow" if arrow else "batch_receive",
     }
+
+
+def _binary_bytes(values: Any) -> int:
+    """The bytes of a binary column's values (its last offset less its first)."""
+    if not len(values):
+        return 0
+    offsets = memoryview(values.buffers()[1]).cast("i")
+    return int(offsets[values.offset + len(values)] - offsets[values.offset])
 
 
 @hookimpl

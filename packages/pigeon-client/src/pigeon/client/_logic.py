@@ -261,6 +261,22 @@ class ProducerLogic:
             raise InvalidArgument(
                 f"send_arrow takes a pyarrow Table or RecordBatch, not {type(data).__name__}"
             )
+        sequence_id = sent.sequence_id
+        if sequence_id is not None:
+            if not isinstance(sequence_id, int) or not 0 <= sequence_id <= _MAX_SEQUENCE_ID:
+                raise InvalidArgument(
+                    f"sequence_id must be an int in [0, {_MAX_SEQUENCE_ID}], got {sequence_id!r}"
+                )
+            if self.multi:
+                raise InvalidArgument(
+                    "send_arrow: sequence_id needs a producer of one partition (create one "
+                    "per partition topic, e.g. topic-partition-0)"
+                )
+            expected = self.cores[0].next_sequence_id + len(self.cores[0])
+            if sequence_id < expected and len(self.cores[0]):
+                raise InvalidArgument(
+                    f"sequence_id {sequence_id} is below the batch's next one ({expected})"
+                )
         limit = min(c.max_message_size - c.header_bytes - SLACK_PER_BATCH for c in self.cores)
         first = self.cores[0].builder
         work: list[tuple[int | None, Any, list[tuple[int, int]]]] = []
@@ -289,6 +305,9 @@ class ProducerLogic:
                 core = self.cores[i]
                 if len(core):
                     self.seal(i)  # the single messages before go first
+                if sequence_id is not None:
+                    core.next_sequence_id = sequence_id  # checked above; later entries follow
+                    sequence_id = None
                 seq = core.next_sequence_id
                 count = end - start
                 callback = make_callback(core.partition, count)

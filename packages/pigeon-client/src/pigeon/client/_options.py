@@ -340,7 +340,12 @@ class ReaderOptions:
 class ArrowSendOptions:
     """What every face's ``send_arrow`` takes: a ``pyarrow.Table`` or ``RecordBatch`` and
     the names of its value, key, properties and event time columns (the sync face's
-    ``send_arrow`` says what each may hold). Built once per call, not per row."""
+    ``send_arrow`` says what each may hold). Built once per call, not per row.
+
+    ``sequence_id``: the first row's sequence id, the next rows' following it (as
+    ``send_async(sequence_id=...)`` sets one message's; it must not go down); only on a
+    producer of one partition. The broker stores each (producer name, sequence id) once,
+    which makes a replayed table idempotent (the Spark sink's exactly-once writes)."""
 
     data: Any
     _: KW_ONLY
@@ -348,6 +353,7 @@ class ArrowSendOptions:
     key: str | None = None
     properties: str | None = None
     event_time: str | None = None
+    sequence_id: int | None = None
 
 
 @dataclass(frozen=True)

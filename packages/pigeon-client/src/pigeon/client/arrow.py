@@ -21,6 +21,7 @@ from pigeon.client._arrow import (
     Decode,
     EntryLike,
     arrow_schema,
+    key_partitions,
     record_batches,
 )
 
@@ -35,5 +36,6 @@ __all__ = [
     "Decode",
     "EntryLike",
     "arrow_schema",
+    "key_partitions",
     "record_batches",
 ]

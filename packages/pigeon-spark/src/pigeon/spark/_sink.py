@@ -17,8 +17,9 @@ stored for that producer:
   ``spark-<query id>-<task partition>`` (the query id survives restarts: it is kept in
   the checkpoint), one producer per target topic partition.
 * Message sequence ids are ``batch id * 2**32 + n`` where ``n`` counts the task's rows
-  sent to that topic partition in this micro-batch. Sequence ids are consecutive within
-  a batch, so the client still sends full batches.
+  sent to that topic partition in this micro-batch. The rows of one Arrow batch for one
+  partition are consecutive, so they go out as one ``send_arrow(..., sequence_id=first)``
+  (entries built from the batch's buffers, no Python work per row).
 * Rows are routed by a deterministic rule: keyed rows by the key's hash (as every
   PigeonMQ producer does), unkeyed rows in runs of 1000 unkeyed rows, round-robin from
   the task's partition number. How many rows of a task go to each topic partition thus
@@ -62,7 +63,8 @@ from pyspark.sql.types import (
 )
 
 from pigeon.client import Client, Producer
-from pigeon.client.ranges import key_hash, partition_topics
+from pigeon.client.arrow import key_partitions
+from pigeon.client.ranges import partition_topics
 from pigeon.core.errors import ProducerBusy
 from pigeon.spark._clients import client_for
 from pigeon.spark._options import OptionError, SinkOptions
@@ -122,29 +124,18 @@ def _check_input(schema: StructType, opts: SinkOptions) -> None:
         raise OptionError(problems)
 
 
-def _bytes_list(column: pa.Array | None, n: int) -> list[Any]:
-    if column is None:
-        return [None] * n
-    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-        column = column.cast(pa.binary())
-    values: list[Any] = column.to_pylist()
-    return values
-
-
-def _event_times(column: pa.Array | None, n: int) -> list[int]:
-    if column is None:
-        return [0] * n
-    if pa.types.is_timestamp(column.type):
-        column = pc.divide(
-            column.cast(pa.timestamp("us", tz=column.type.tz)).cast(pa.int64()), 1000
-        )
-    return column.fill_null(0).to_pylist()  # type: ignore[no-any-return]
-
-
-def _properties(column: pa.Array | None, n: int) -> list[Any]:
-    if column is None:
-        return [None] * n
-    return [dict(p) if p else None for p in column.to_pylist()]
+def _partition_of_rows(keys: pa.Array, partitions: int, task: int, unkeyed_before: int) -> pa.Array:
+    """The target partition index (int32) of every row of one topic: a keyed row's
+    ``crc32(key) % partitions`` (as every PigeonMQ producer routes), the i-th unkeyed row
+    of the task (``unkeyed_before`` came in earlier record batches) partition
+    ``(task + i // UNKEYED_RUN) % partitions``. Compute kernels, no loop per row."""
+    unkeyed = pc.is_null(keys)
+    run = pc.add(pc.subtract(pc.cumulative_sum(unkeyed.cast(pa.int64())), 1), unkeyed_before)
+    slot = pc.add(pc.divide(run, UNKEYED_RUN), task)
+    spread = pc.subtract(slot, pc.multiply(pc.divide(slot, partitions), partitions))
+    if keys.null_count == len(keys):
+        return spread.cast(pa.int32())
+    return pc.if_else(unkeyed, spread.cast(pa.int32()), key_partitions(keys, partitions))
 
 
 def _sorted(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -222,6 +213,9 @@ class _Task:
         return PigeonCommitMessage(self.rows, self.skipped)
 
     def _write_batch(self, rb: pa.RecordBatch) -> None:
+        """Send one record batch with ``send_arrow``: the rows of each target topic (and,
+        exactly-once, of each target partition) are gathered with ``filter`` and sent as
+        one table; nothing is done per row in Python."""
         n = rb.num_rows
         if n == 0:
             return
@@ -233,49 +227,69 @@ class _Task:
         value = col("value")
         if value is not None and pa.types.is_struct(value.type):
             value = col("data")  # decoded from a schema topic: write the stored bytes
-        values = _bytes_list(value, n)
-        keys = _bytes_list(col("key"), n)
-        props = _properties(col("properties"), n)
-        times = _event_times(col("event_time"), n)
+        if value is None or value.null_count:
+            raise ValueError("pigeon sink: 'value' must not be null")
+        columns = {"value": value}
+        for name in ("key", "properties", "event_time"):
+            c = col(name)
+            if c is not None and c.null_count < len(c):
+                columns[name] = c
+        rows = pa.RecordBatch.from_pydict(columns)
         if self.opts.topic is not None:
-            topics: list[Any] = [self.opts.topic] * n
+            groups = [(self.opts.topic, rows)]
         else:
-            topics = col("topic").to_pylist()  # type: ignore[union-attr]
-        if self.exactly_once is None:
-            for value, key, prop, et, topic in zip(values, keys, props, times, topics, strict=True):
-                if value is None or topic is None:
-                    raise ValueError("pigeon sink: 'value' and 'topic' must not be null")
-                self.futures.append(
-                    self._producer(topic).send_async(value, key=key, properties=prop, event_time=et)
-                )
-            self.rows += n
-            return
+            topic = col("topic")
+            assert topic is not None  # _check_input
+            if topic.null_count:
+                raise ValueError("pigeon sink: 'topic' must not be null")
+            groups = [(t, rows.filter(pc.equal(topic, t))) for t in pc.unique(topic).to_pylist()]
+        self.rows += n
+        for topic_name, part in groups:
+            if self.exactly_once is None:
+                self._send(self._producer(topic_name), part, None)
+            else:
+                self._write_exactly_once(topic_name, part)
+
+    def _write_exactly_once(self, topic: str, rows: pa.RecordBatch) -> None:
+        assert self.exactly_once is not None
         _query, task, batch_id = self.exactly_once
         base = batch_id << SEQUENCE_SHIFT
-        for value, key, prop, et, topic in zip(values, keys, props, times, topics, strict=True):
-            if value is None or topic is None:
-                raise ValueError("pigeon sink: 'value' and 'topic' must not be null")
-            parts = self.partitions.get(topic)
-            if parts is None:
-                parts = self.partitions[topic] = partition_topics(self.client, topic)
-            if len(parts) == 1:
-                target = parts[0]
-            elif key is not None:
-                target = parts[key_hash(key) % len(parts)]
-            else:
-                count = self.unkeyed.get(topic, 0)
-                self.unkeyed[topic] = count + 1
-                target = parts[(task + count // UNKEYED_RUN) % len(parts)]
-            seq = base + self.next_seq.get(target, 0)
-            self.next_seq[target] = seq - base + 1
-            self.rows += 1
-            producer = self._producer(target)
-            if seq <= producer.last_sequence_id:
-                self.skipped += 1  # stored by an earlier attempt of this micro-batch
-                continue
-            self.futures.append(
-                producer.send_async(value, key=key, properties=prop, event_time=et, sequence_id=seq)
+        parts = self.partitions.get(topic)
+        if parts is None:
+            parts = self.partitions[topic] = partition_topics(self.client, topic)
+        if len(parts) == 1:
+            split = [(parts[0], rows)]
+        else:
+            names = rows.schema.names
+            keys = rows.column(names.index("key")) if "key" in names else pa.nulls(rows.num_rows)
+            before = self.unkeyed.get(topic, 0)
+            target = _partition_of_rows(keys.cast(pa.binary()), len(parts), task, before)
+            self.unkeyed[topic] = before + keys.null_count
+            split = []
+            for index in pc.unique(target).to_pylist():
+                chosen = rows.filter(pc.equal(target, index))
+                split.append((parts[index], chosen))
+        for target_topic, chosen in split:
+            first = base + self.next_seq.get(target_topic, 0)
+            self.next_seq[target_topic] = first - base + chosen.num_rows
+            producer = self._producer(target_topic)
+            # rows an earlier attempt of this micro-batch stored already are not sent again
+            done = min(chosen.num_rows, max(0, producer.last_sequence_id - first + 1))
+            self.skipped += done
+            if done < chosen.num_rows:
+                self._send(producer, chosen.slice(done), first + done)
+
+    def _send(self, producer: Producer, rows: pa.RecordBatch, sequence_id: int | None) -> None:
+        names = rows.schema.names
+        self.futures.extend(
+            producer.send_arrow(
+                rows,
+                key="key" if "key" in names else None,
+                properties="properties" if "properties" in names else None,
+                event_time="event_time" if "event_time" in names else None,
+                sequence_id=sequence_id,
             )
+        )
 
 
 class PigeonBatchWriter(DataSourceArrowWriter):
