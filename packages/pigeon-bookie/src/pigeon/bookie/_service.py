@@ -169,6 +169,10 @@ class BookieConfig(SecurityConfig):
     #: checkpoint's writeback delays the journal fsyncs behind it (docs/benchmarks.md,
     #: "Storage backends"): BookKeeper checkpoints every 60 s, we every 10 s
     flush_interval_ms: float = 10_000.0
+    #: ``journal``: have the kernel write an entry log's pages to disk every this many
+    #: bytes (BookKeeper's ``flushEntrylogBytes``; 0: leave them all to the checkpoint),
+    #: so that the checkpoint's fdatasync does not hold the journal's up behind them
+    flush_entrylog_bytes: int = 8 * 1024 * 1024
     #: compaction rewrites entry logs whose live bytes fell below this fraction of
     #: their size, every minor_compaction_interval_s ...
     minor_compaction_threshold: float = 0.2
@@ -203,7 +207,11 @@ class BookieConfig(SecurityConfig):
         ):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"bad value for {key!r}: must be positive")
-        for key in ("journal_max_group_wait_ms", "journal_pre_alloc_size_mb"):
+        for key in (
+            "journal_max_group_wait_ms",
+            "journal_pre_alloc_size_mb",
+            "flush_entrylog_bytes",
+        ):
             if getattr(self, key) < 0:
                 raise ConfigError(f"bad value for {key!r}: must be >= 0")
         for key in ("minor_compaction_threshold", "major_compaction_threshold"):
