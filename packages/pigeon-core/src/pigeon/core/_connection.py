@@ -14,6 +14,11 @@ queued after it wait for the writer task, which then sends them together (a burs
 goes out in few large writes); the reader dispatches the frames of what it received
 before it yields to other tasks, not after (see :func:`_receive_socket`).
 
+Over an in-process link (:mod:`pigeon.core._local_link`, a standalone's broker and its
+bookie) there are no bytes: a queued frame goes straight into the peer's inbox (its
+Cap'n Proto message as built, its payload by reference), and the reader dispatches what
+its inbox holds each time it is woken, through the same handlers (``_dispatch_message``).
+
 On TLS the reader decrypts every whole record already received after each
 ``receive_some`` (:func:`_tls_records`): OpenSSL returns one record (16 KiB at most) per
 read, and a trip through ``trio.SSLStream`` and the scheduler for each cost more than its
