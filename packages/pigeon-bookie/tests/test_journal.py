@@ -215,6 +215,40 @@ async def test_group_commit_one_journal_fsync_for_many_segments(tmp_path: Path) 
         assert store.checkpoints == 0  # no entry-log fsync on the ack path
 
 
+@pytest.mark.parametrize("fsync", ["always", "never"])
+async def test_entry_logs_are_written_behind_between_checkpoints(
+    tmp_path: Path, fsync: str
+) -> None:
+    """Every flush_entrylog_bytes of an entry log goes to disk (the write-behind) before
+    any checkpoint, so the checkpoint's fdatasync is left little; 0 turns it off."""
+    size = 4096
+    async with open_store(
+        tmp_path / "on", fsync=fsync, flush_interval_ms=1e9, flush_entrylog_bytes=64 * 1024
+    ) as store:
+        await fill_sized(store, 1, 100, size)
+        with trio.fail_after(10):
+            await store.wait_written_behind()
+        assert store.write_behinds >= 1 and store.checkpoints == 0
+        log = store._logs.current
+        assert log is not None and log.end - log.behind < 64 * 1024  # the rest waits
+        check_all_sized(store, 1, 100, size)
+    async with open_store(
+        tmp_path / "off", fsync=fsync, flush_interval_ms=1e9, flush_entrylog_bytes=0
+    ) as store:
+        await fill_sized(store, 1, 100, size)
+        assert store.write_behinds == 0
+
+
+async def fill_sized(store: JournalStore, segment_id: int, n: int, size: int) -> None:
+    for i in range(n):
+        await store.add_entry(segment_id, i, payload(segment_id, i, size))
+
+
+def check_all_sized(store: JournalStore, segment_id: int, n: int, size: int) -> None:
+    got = store.read_entries(segment_id, 0, n - 1)
+    assert [(i, bytes(d)) for i, d in got] == [(i, payload(segment_id, i, size)) for i in range(n)]
+
+
 async def test_append_waiter_and_policies(tmp_path: Path) -> None:
     async with open_store(tmp_path, fsync="always") as store:
         w = store.append(1, 0, b"x")

@@ -1,6 +1,7 @@
 """``pigeon standalone`` with TLS and token authentication: its bookie takes the broker's
-security settings, the broker's link to it is TLS with the broker's own (or a minted)
-role, and nobody else reads entries off the bookie port."""
+security settings, the broker reaches it in-process (a trusted link: no TLS, no token),
+the broker would dial its port over TLS with its own (or a minted) role, and nobody else
+reads entries off the bookie port."""
 
 from __future__ import annotations
 
@@ -145,6 +146,8 @@ async def test_the_standalone_mints_its_bookie_token_and_the_bookie_serves_no_on
             topic = "persistent://public/default/secure"
             receipts = await produce_raw(host, port, sec.token(ADMIN), topic, 3)
             assert [r["sequenceId"] for r in receipts] == [0, 1, 2]
+            metrics = "".join(render() for render in service.extra_metrics)
+            assert 'link="in_process"} 1' in metrics and 'link="tcp"} 0' in metrics
             await assert_bookie_closed_to_others(sec, bookie)
     # the minted tokens are never logged (nor any other token: they all start "eyJ")
     assert "eyJ" not in caplog.text

@@ -170,6 +170,7 @@ def pigeon_ledger_storages(registry: Registry[Any]) -> None:
             journal_pre_alloc_size_mb=config.journal_pre_alloc_size_mb,
             entry_log_size_limit=config.entry_log_size_limit,
             flush_interval_ms=config.flush_interval_ms,
+            flush_entrylog_bytes=config.flush_entrylog_bytes,
             minor_compaction_threshold=config.minor_compaction_threshold,
             minor_compaction_interval_s=config.minor_compaction_interval_s,
             major_compaction_threshold=config.major_compaction_threshold,

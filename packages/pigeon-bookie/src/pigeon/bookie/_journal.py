@@ -21,7 +21,8 @@ Three parts, on disks of their choosing (``journal_directory``, ``ledger_directo
   entries written since the last checkpoint are found in memory.
 
 **Checkpoint** (every ``flush_interval_ms``, or after ``flush_entries`` adds): the
-entry logs written since the previous one are fsynced, the new index entries and
+entry logs written since the previous one are fsynced (the write-behind had them
+written every ``flush_entrylog_bytes``, so little is left), the new index entries and
 segment states committed in one LMDB transaction with the journal position they
 cover, and the journal files wholly before that position deleted.
 
@@ -67,7 +68,7 @@ from pigeon.bookie._journal_format import (
     parse_header,
 )
 from pigeon.bookie._journal_index import LedgerIndex, Loc, SegmentRecord
-from pigeon.bookie._journal_logs import EntryLog, LogWrite, write_reserved
+from pigeon.bookie._journal_logs import EntryLog, LogWrite, write_behind, write_reserved
 from pigeon.bookie._journal_reads import JournalReads
 from pigeon.bookie._journal_state import JournalRound, Seg, logger
 from pigeon.bookie._segment import MAX_PAYLOAD, Buffer, crc32c
@@ -131,6 +132,7 @@ class JournalStore(JournalReads):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._flusher)
                 nursery.start_soon(self._checkpointer)
+                nursery.start_soon(self._write_behind)
                 nursery.start_soon(self._compactor)
                 task_status.started()
         finally:
@@ -437,6 +439,10 @@ class JournalStore(JournalReads):
         self._pending += len(payloads)
         if self._pending >= self._flush_entries:
             self._checkpoint_wanted.set()
+        if self._logs.write_behind_due:
+            self._write_behind_wanted.set()
+            if self._written_behind.is_set():
+                self._written_behind = trio.Event()
 
     def _write_control(self, kind: int, seg_id: int) -> None:
         record = encode_control(kind, seg_id)
@@ -660,6 +666,31 @@ class JournalStore(JournalReads):
                 await self.checkpoint()
             except StorageError as exc:
                 logger.error("checkpoint failed (retried): %s", exc)
+
+    async def _write_behind(self) -> None:
+        """Entry-log write-behind (see :mod:`~pigeon.bookie._journal_logs`): each time a
+        log has ``flush_entrylog_bytes`` written since the last, have them written to
+        disk in a worker thread, so that the checkpoint's fdatasync finds little dirty
+        and the journal's fdatasyncs do not queue behind gigabytes."""
+        while True:
+            await self._write_behind_wanted.wait()
+            self._write_behind_wanted = trio.Event()
+            ranges = self._logs.take_write_behind()
+            try:
+                if ranges:
+                    await trio.to_thread.run_sync(write_behind, ranges)
+                    self.write_behinds += len(ranges)
+            except OSError as exc:  # the checkpoint's fdatasync meets it and says so
+                logger.warning("entry-log write-behind failed: %s", exc)
+            finally:
+                for log, _start, _end in ranges:
+                    log.release()
+                if not self._logs.write_behind_due:
+                    self._written_behind.set()
+
+    async def wait_written_behind(self) -> None:
+        """Wait until no entry-log write-behind is due or in flight."""
+        await self._written_behind.wait()
 
     def _states(self, sids: set[int]) -> dict[int, SegmentRecord]:
         wall, now = time.time(), (trio.current_time() if self._state != "starting" else 0.0)

@@ -6,14 +6,29 @@ and written by the group-commit round in a worker thread (:func:`write_reserved`
 the journal's fdatasync.  The log rolls to a new file once past ``entry_log_size_limit``.
 New logs go to the ledger directories in turn.  Nothing here fsyncs on the ack path:
 the checkpoint fsyncs the logs written since the previous one (:meth:`EntryLogs.take_dirty`).
+
+**Write-behind** (``flush_entrylog_bytes``, BookKeeper's ``flushEntrylogBytes``): once a
+log has that many bytes written since its last write-behind, the store's write-behind
+task has the kernel write them to disk in a worker thread (:func:`write_behind`: on
+Linux ``sync_file_range`` over that range, in pieces of :data:`WRITE_BEHIND_PIECE`
+bytes, each waited for, so that no more than one piece of entry-log data is queued
+before the journal's fdatasync; elsewhere one ``fdatasync``).  Without it the pages of
+a whole checkpoint interval stay dirty until the checkpoint's fdatasync, which then
+holds up the journal's fdatasyncs behind gigabytes on a shared disk.  It only starts
+writeback early: durability is still the checkpoint's fdatasync (bytes of a round still
+in flight when a range is taken are left to it).
 A log stays open for reads until it is deleted (compaction), and its descriptor is
 closed only once no read in a worker thread uses it any more.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 import os
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from pigeon.bookie._journal_format import (
@@ -25,9 +40,39 @@ from pigeon.bookie._journal_format import (
 from pigeon.bookie._segment import Buffer
 from pigeon.bookie._storage_state import pwritev_all
 
-__all__ = ["EntryLog", "EntryLogs", "LogWrite", "log_name", "write_reserved"]
+__all__ = [
+    "EntryLog",
+    "EntryLogs",
+    "LogWrite",
+    "WriteBehind",
+    "log_name",
+    "write_behind",
+    "write_reserved",
+]
 
 logger = logging.getLogger("pigeon.bookie._journal")
+
+#: the most entry-log bytes one write-behind call queues for the disk at a time
+WRITE_BEHIND_PIECE = 4 << 20
+# sync_file_range(2) flags
+_WAIT_BEFORE, _WRITE, _WAIT_AFTER = 1, 2, 4
+
+
+def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    """libc's ``sync_file_range`` (Linux), or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        fn = libc.sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_sync_file_range = _load_sync_file_range()
 
 
 def log_name(log_id: int) -> str:
@@ -37,7 +82,7 @@ def log_name(log_id: int) -> str:
 class EntryLog:
     """One entry log file; mutated only from the trio thread (``end``, ``refs``)."""
 
-    __slots__ = ("dir_index", "end", "fd", "id", "path", "refs", "retired")
+    __slots__ = ("behind", "dir_index", "end", "fd", "id", "path", "refs", "retired")
 
     def __init__(self, log_id: int, path: Path, fd: int, end: int, dir_index: int) -> None:
         self.id = log_id
@@ -45,6 +90,8 @@ class EntryLog:
         self.fd = fd
         self.end = end
         self.dir_index = dir_index
+        #: where the next write-behind starts (everything before it was handed to one)
+        self.behind = end
         #: worker threads reading it: the descriptor is closed only at 0
         self.refs = 0
         self.retired = False
@@ -57,6 +104,26 @@ class EntryLog:
 
 #: a reserved write: ``(log, offset, buffers, total bytes)``
 LogWrite = tuple[EntryLog, int, list[Buffer], int]
+#: a range to write behind: ``(log, start, end)``; the log is held (``refs``) until the
+#: caller releases it
+WriteBehind = tuple[EntryLog, int, int]
+
+
+def write_behind(ranges: list[WriteBehind]) -> None:
+    """Blocking (a worker thread): have the kernel write these ranges of entry logs to
+    disk now (see the module doc); raises OSError."""
+    fn = _sync_file_range
+    for log, start, end in ranges:
+        if fn is None:
+            os.fsync(log.fd)
+            continue
+        pos = start
+        while pos < end:
+            n = min(WRITE_BEHIND_PIECE, end - pos)
+            if fn(log.fd, pos, n, _WAIT_BEFORE | _WRITE | _WAIT_AFTER) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, os.strerror(err))
+            pos += n
 
 
 def write_reserved(writes: list[LogWrite]) -> OSError | None:
@@ -80,9 +147,13 @@ def _close(fd: int) -> None:
 class EntryLogs:
     """The entry logs under ``dirs``; ``size_limit`` bytes a log before it rolls."""
 
-    def __init__(self, dirs: list[Path], size_limit: int) -> None:
+    def __init__(self, dirs: list[Path], size_limit: int, flush_bytes: int = 0) -> None:
+        """``flush_bytes``: write behind every that many bytes of a log (0: never)."""
         self._dirs = dirs
         self._size_limit = size_limit
+        self._flush_bytes = flush_bytes
+        #: a log has ``flush_bytes`` to write behind (see :meth:`take_write_behind`)
+        self.write_behind_due = False
         self.logs: dict[int, EntryLog] = {}
         self.current: EntryLog | None = None
         self._dirty: dict[int, EntryLog] = {}
@@ -161,8 +232,26 @@ class EntryLogs:
     def _advance(self, log: EntryLog, total: int) -> None:
         log.end += total
         self._dirty[log.id] = log
+        if self._flush_bytes and log.end - log.behind >= self._flush_bytes:
+            self.write_behind_due = True
         if log.end >= self._size_limit:
             self.current = self.new_log()
+
+    def take_write_behind(self) -> list[WriteBehind]:
+        """The ranges to write behind now: of every log written since the last
+        checkpoint, what was written since its last write-behind (of the current log
+        only once that is ``flush_bytes``).  Each log is held (``refs``): the caller
+        calls ``log.release()`` once :func:`write_behind` is done with it."""
+        self.write_behind_due = False
+        out: list[WriteBehind] = []
+        for log in self._dirty.values():
+            todo = log.end - log.behind
+            if todo <= 0 or (log is self.current and todo < self._flush_bytes):
+                continue
+            out.append((log, log.behind, log.end))
+            log.behind = log.end
+            log.refs += 1
+        return out
 
     def take_dirty(self) -> tuple[list[EntryLog], list[int]]:
         """The logs written and the directories changed since the previous call (the

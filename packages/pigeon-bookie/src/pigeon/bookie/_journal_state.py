@@ -116,6 +116,7 @@ class JournalBase(ReadOnlyState):
         entry_log_size_limit: int = 1 << 30,
         flush_interval_ms: float = 10_000.0,
         flush_entries: int = 200_000,
+        flush_entrylog_bytes: int = 8 << 20,
         minor_compaction_threshold: float = 0.2,
         minor_compaction_interval_s: float = 3600.0,
         major_compaction_threshold: float = 0.8,
@@ -139,6 +140,8 @@ class JournalBase(ReadOnlyState):
             raise InvalidArgument("entry_log_size_limit must be >= 4096")
         if flush_entries < 1:
             raise InvalidArgument("flush_entries must be >= 1")
+        if flush_entrylog_bytes < 0:
+            raise InvalidArgument("flush_entrylog_bytes must be >= 0")
         for name, t in (
             ("minor_compaction_threshold", minor_compaction_threshold),
             ("major_compaction_threshold", major_compaction_threshold),
@@ -167,7 +170,14 @@ class JournalBase(ReadOnlyState):
             int(journal_max_size_mb * (1 << 20)),
             int(journal_pre_alloc_size_mb * (1 << 20)),
         )
-        self._logs = EntryLogs(self._ledger_dirs, entry_log_size_limit)
+        self._logs = EntryLogs(self._ledger_dirs, entry_log_size_limit, flush_entrylog_bytes)
+        #: an entry log has ``flush_entrylog_bytes`` to write behind
+        self._write_behind_wanted = trio.Event()
+        #: set while no write-behind is due or in flight (:meth:`wait_written_behind`)
+        self._written_behind = trio.Event()
+        self._written_behind.set()
+        #: write-behinds done (ranges handed to the kernel)
+        self.write_behinds = 0
         self._index: LedgerIndex | None = None
         self._state: Literal["new", "starting", "running", "closing", "closed"] = "new"
         self._segs: dict[int, Seg] = {}

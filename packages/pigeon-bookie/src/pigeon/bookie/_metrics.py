@@ -7,7 +7,7 @@ broker's ``/metrics`` includes these lines (the bookie runs in the same process)
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import trio
 
@@ -21,8 +21,12 @@ log = logging.getLogger(__name__)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def render_metrics(store: LedgerStorage, address: str = "") -> str:
-    """Prometheus exposition text of a ledger storage's statistics."""
+def render_metrics(
+    store: LedgerStorage, address: str = "", *, connections: Mapping[str, int] | None = None
+) -> str:
+    """Prometheus exposition text of a ledger storage's statistics, and with
+    ``connections`` (link -> connections served now: ``tcp``, ``in_process``) the
+    ``pigeon_bookie_connections`` gauge."""
     st = store.statistics()
     label = f'{{bookie="{address}"}}' if address else ""
     rounds = max(st.flush_rounds, 1)
@@ -114,6 +118,13 @@ def render_metrics(store: LedgerStorage, address: str = "") -> str:
         out.append(f"# HELP {name} {help_text}")
         out.append(f"# TYPE {name} {kind}")
         out.append(f"{name}{label} {value}")
+    if connections is not None:
+        name = "pigeon_bookie_connections"
+        out.append(f"# HELP {name} Connections served now, by link (tcp, in_process).")
+        out.append(f"# TYPE {name} gauge")
+        where = f'bookie="{address}",' if address else ""
+        for link, count in sorted(connections.items()):
+            out.append(f'{name}{{{where}link="{link}"}} {count}')
     return "\n".join(out) + "\n"
 
 

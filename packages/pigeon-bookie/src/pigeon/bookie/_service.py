@@ -21,6 +21,12 @@ bookie serves brokers and bookies only: a connection whose role is not one of
 ``superuser_roles`` has every request refused with :class:`AuthorizationError` (decided
 once, when it connects).  Forwarding to followers dials with the ``broker_client_*``
 settings (this bookie's own role).
+
+In-process links (:meth:`BookieServer.open_local_link`, ``pigeon standalone``'s broker):
+the same protocol and answers without a socket; such a link is trusted (only code of this
+process can open one), so it has no TLS and no authentication.  The
+``pigeon_bookie_connections`` gauge counts connections by ``link`` (``tcp``,
+``in_process``).
 """
 
 from __future__ import annotations
@@ -58,7 +64,15 @@ from pigeon.core.errors import (
 )
 from pigeon.core.paths import BOOKIES_PATH
 from pigeon.core.replication import BookieClient
-from pigeon.core.rpc import DEFAULT_MAX_FRAME_SIZE, BookieFrame, Connection, Request, serve_tcp
+from pigeon.core.rpc import (
+    DEFAULT_MAX_FRAME_SIZE,
+    BookieFrame,
+    Connection,
+    LocalStream,
+    Request,
+    serve_local,
+    serve_tcp,
+)
 from pigeon.core.storage import LedgerStorage
 from pigeon.core.tls import ServerTls, reload_on_sighup
 
@@ -155,6 +169,10 @@ class BookieConfig(SecurityConfig):
     #: checkpoint's writeback delays the journal fsyncs behind it (docs/benchmarks.md,
     #: "Storage backends"): BookKeeper checkpoints every 60 s, we every 10 s
     flush_interval_ms: float = 10_000.0
+    #: ``journal``: have the kernel write an entry log's pages to disk every this many
+    #: bytes (BookKeeper's ``flushEntrylogBytes``; 0: leave them all to the checkpoint),
+    #: so that the checkpoint's fdatasync does not hold the journal's up behind them
+    flush_entrylog_bytes: int = 8 * 1024 * 1024
     #: compaction rewrites entry logs whose live bytes fell below this fraction of
     #: their size, every minor_compaction_interval_s ...
     minor_compaction_threshold: float = 0.2
@@ -189,7 +207,11 @@ class BookieConfig(SecurityConfig):
         ):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"bad value for {key!r}: must be positive")
-        for key in ("journal_max_group_wait_ms", "journal_pre_alloc_size_mb"):
+        for key in (
+            "journal_max_group_wait_ms",
+            "journal_pre_alloc_size_mb",
+            "flush_entrylog_bytes",
+        ):
             if getattr(self, key) < 0:
                 raise ConfigError(f"bad value for {key!r}: must be >= 0")
         for key in ("minor_compaction_threshold", "major_compaction_threshold"):
@@ -343,6 +365,9 @@ class BookieServer:
         self.nursery: trio.Nursery = None  # type: ignore[assignment]
         self._disk: tuple[int, int] = (0, 0)
         self._reads: dict[Connection, _ReadQueue] = {}
+        #: connections served now, by link (``tcp``, ``in_process``)
+        self.connections: dict[str, int] = {"tcp": 0, "in_process": 0}
+        self._serving = False
         self._wake = trio.Event()
         self._registered = False
         # bytes/s over the last registration interval
@@ -406,7 +431,7 @@ class BookieServer:
                     self.http_address = await nursery.start(
                         functools.partial(
                             serve_metrics,
-                            lambda: render_metrics(self.store, self.advertised),
+                            self.render_metrics,
                             host=self.config.host,
                             port=self.config.http_port,
                         )
@@ -419,15 +444,37 @@ class BookieServer:
                     self.tls is not None,
                     ",".join(self.authenticator.methods) if self.authenticator else "off",
                 )
+                self._serving = True
                 task_status.started(self.address)
                 await trio.sleep_forever()
         finally:
+            self._serving = False
             if self._registered:
                 with trio.move_on_after(2, shield=True):
                     try:  # brokers stop choosing this bookie now, not at session expiry
                         await self.metadata.delete(self.registration_path)
                     except Exception as exc:  # the store may be closing too: best effort
                         log.debug("unregistering failed error=%s", exc)
+
+    def render_metrics(self) -> str:
+        """This bookie's Prometheus metrics (its storage's and its connections)."""
+        return render_metrics(self.store, self.advertised, connections=self.connections)
+
+    def open_local_link(self) -> LocalStream:
+        """The client end of a new in-process link to this bookie (for
+        :func:`pigeon.core.rpc.connect_local`; a broker's ``BookieClient.add_local``).
+
+        :raises ConnectionClosed: the bookie is not serving (not started, or stopped)."""
+        if not self._serving:
+            raise ConnectionClosed("the in-process bookie is not running")
+        return serve_local(
+            self,
+            BookieFrame,
+            self.nursery,
+            server_name="pigeon-bookie",
+            max_frame_size=self.config.max_frame_size,
+            max_message_size=self.config.max_frame_size,
+        )
 
     # ------------------------------------------------------------------ disk space
 
@@ -601,7 +648,8 @@ class BookieServer:
     def connection_opened(self, conn: Connection) -> None:
         """Authorization, once per connection: only brokers and bookies (the
         ``superuser_roles``) may use a bookie; any other role has its requests refused."""
-        if self.authenticator is None or conn.role in self._superusers:
+        if self.authenticator is None or conn.in_process or conn.role in self._superusers:
+            self.connections["in_process" if conn.in_process else "tcp"] += 1
             return
         log.warning(
             "connection refused: role is not a superuser of this bookie conn=%s role=%s",
@@ -615,6 +663,7 @@ class BookieServer:
 
     def connection_closed(self, conn: Connection) -> None:
         self._reads.pop(conn, None)
+        self.connections["in_process" if conn.in_process else "tcp"] -= 1
 
     def on_readEntries(self, conn: Connection, req: Request) -> None:
         b = req.body

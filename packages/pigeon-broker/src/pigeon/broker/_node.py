@@ -1,8 +1,15 @@
 """Running a broker node, and ``pigeon standalone`` (broker + bookie + embedded metadata).
 
+The broker reaches its own bookie over an in-process link (``BookieClient.add_local``,
+``BookieServer.open_local_link``, :mod:`pigeon.core._local_link`): the same protocol, no
+loopback TCP, trusted (no TLS, no authentication; nothing leaves the process).  The
+bookie's port stays open for other clients of it.
+
 Security of ``pigeon standalone`` (docs/security.md): the in-process bookie takes the
 broker's settings (the ``[broker]`` table's certificate, authentication settings and
-``superuser_roles``), so its port is as closed as the broker's.  The broker's link to it:
+``superuser_roles``), so its port is as closed as the broker's.  What the broker's
+bookie client presents when it dials that port over TCP (any address but the in-process
+one):
 
 * **TLS** when the broker has a certificate.  The broker trusts exactly its own
   certificate there (pinned: the first certificate of ``tls_certificate_file``, with no
@@ -182,7 +189,7 @@ async def run_standalone(
 ) -> None:
     """One broker, one bookie and the embedded metadata store in this trio run."""
     try:
-        from pigeon.bookie import BookieConfig, BookieServer, render_metrics
+        from pigeon.bookie import BookieConfig, BookieServer
     except ImportError:  # pragma: no cover - depends on the install
         raise ConfigError(
             "pigeon standalone needs pigeon-bookie: pip install 'pigeon-broker[standalone]'"
@@ -207,6 +214,9 @@ async def run_standalone(
     async def infrastructure(nursery: trio.Nursery) -> None:
         await nursery.start(store.run)
         await nursery.start(bookie.run)
+        # the broker reaches its own bookie in-process (no loopback TCP); the bookie's
+        # port still serves others with the security above
+        bookie_client.add_local(bookie.advertised, bookie.open_local_link)
 
     async def broker(task_status: trio.TaskStatus[Any]) -> None:
         await run_broker(
@@ -218,7 +228,7 @@ async def run_standalone(
         )
 
     def ready(service: Any) -> None:
-        service.extra_metrics.append(lambda: render_metrics(bookie.store, bookie.advertised))
+        service.extra_metrics.append(bookie.render_metrics)
         log.info(
             "standalone ready broker=%s bookie=%s data_dir=%s",
             service.service_url,

@@ -1,7 +1,9 @@
 """Client side of the bookie protocol, used by replication policies inside brokers.
 
 One :class:`BookieClient` keeps one pipelined connection per bookie address, opened on
-first use inside the client's own nursery and reopened after a failure.
+first use inside the client's own nursery and reopened after a failure.  A bookie of this
+very process (``pigeon standalone``'s) is reached over an in-process link instead of
+loopback TCP (:meth:`BookieClient.add_local`, :mod:`pigeon.core._local_link`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import trio
 
 from pigeon.core._connection import Connection
 from pigeon.core._framing import DEFAULT_MAX_FRAME_SIZE
-from pigeon.core._rpc import connect_tcp, split_address
+from pigeon.core._local_link import LocalStream
+from pigeon.core._rpc import connect_local, connect_tcp, split_address
 from pigeon.core._schema import BookieFrame
 from pigeon.core.auth import ClientAuthentication
 from pigeon.core.errors import ConnectionClosed, ServiceUnavailable
@@ -84,6 +87,15 @@ class BookieClient:
         self._nursery: trio.Nursery | None = None
         #: address -> until when (trio time) reads ask it last: it left a read unanswered
         self._slow: dict[str, float] = {}
+        #: address -> opens an in-process link to that bookie (see :meth:`add_local`)
+        self._local: dict[str, Callable[[], LocalStream]] = {}
+
+    def add_local(self, address: str, open_link: Callable[[], LocalStream]) -> None:
+        """Reach the bookie at ``address`` over in-process links: ``open_link()`` returns
+        the client end of a new one (``BookieServer.open_local_link``), or raises
+        :class:`ConnectionClosed` when that bookie has stopped.  The link is trusted:
+        this client's TLS and credentials are for the other bookies."""
+        self._local[address] = open_link
 
     # ---------------------------------------------------------------- responsiveness
 
@@ -120,6 +132,18 @@ class BookieClient:
         async with lock:
             conn = self._conns.get(address)
             if conn is not None and not conn.closed:
+                return conn
+            open_link = self._local.get(address)
+            if open_link is not None:
+                conn, _info = await connect_local(
+                    open_link(),
+                    BookieFrame,
+                    self._nursery,
+                    name=f"{address} (in-process)",
+                    client_name=self.name,
+                    max_frame_size=self.max_frame_size,
+                )
+                self._conns[address] = conn
                 return conn
             host, port = split_address(address)
             conn, _info = await connect_tcp(

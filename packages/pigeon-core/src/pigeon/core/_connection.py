@@ -14,6 +14,11 @@ queued after it wait for the writer task, which then sends them together (a burs
 goes out in few large writes); the reader dispatches the frames of what it received
 before it yields to other tasks, not after (see :func:`_receive_socket`).
 
+Over an in-process link (:mod:`pigeon.core._local_link`, a standalone's broker and its
+bookie) there are no bytes: a queued frame goes straight into the peer's inbox (its
+Cap'n Proto message as built, its payload by reference), and the reader dispatches what
+its inbox holds each time it is woken, through the same handlers (``_dispatch_message``).
+
 On TLS the reader decrypts every whole record already received after each
 ``receive_some`` (:func:`_tls_records`): OpenSSL returns one record (16 KiB at most) per
 read, and a trip through ``trio.SSLStream`` and the scheduler for each cost more than its
@@ -66,6 +71,7 @@ from pigeon.core._framing import (
     http_refusal,
     sniff_foreign_protocol,
 )
+from pigeon.core._local_link import LocalStream
 from pigeon.core._schema import body_checker, decode_error_reason, frame_role
 from pigeon.core.errors import (
     ConnectionClosed,
@@ -174,6 +180,8 @@ class Connection:
         self._out: deque[Any] = deque()
         self._out_bytes = 0
         self._out_ready = trio.Event()
+        #: an in-process link (:mod:`pigeon.core._local_link`): frames, not bytes
+        self._local: LocalStream | None = stream if isinstance(stream, LocalStream) else None
         #: the socket of a TCP stream, written at once when idle (see :meth:`_write_now`)
         self._socket: Any = (
             stream.socket if isinstance(stream, trio.SocketStream) and _writev else None
@@ -207,6 +215,12 @@ class Connection:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def in_process(self) -> bool:
+        """An in-process link (:mod:`pigeon.core._local_link`), trusted: only code of this
+        process can open one."""
+        return self._local is not None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run the reader and writer until the connection ends."""
@@ -290,6 +304,12 @@ class Connection:
     def _enqueue(self, message: bytes, payload: Payload | None) -> None:
         if self._closed:
             raise ConnectionClosed(f"connection {self.name} is closed")
+        if self._local is not None:
+            try:
+                self.bytes_out += self._local.send_frame(message, payload)
+            except trio.ClosedResourceError:
+                raise ConnectionClosed(f"connection {self.name} is closed") from None
+            return
         parts = encode_frame(message, payload)
         if not self._writing and self._socket is not None and not self._out:
             parts = self._write_now(parts)
@@ -473,6 +493,9 @@ class Connection:
         sock = self._socket
         data: bytes | bytearray
         try:
+            if self._local is not None:
+                await self._read_local(self._local)
+                return
             while True:
                 try:
                     if sock is not None:
@@ -517,6 +540,22 @@ class Connection:
             with contextlib.suppress(ConnectionClosed):
                 self.send_nowait("error", {"code": exc.wire_code, "message": exc.message})
 
+    async def _read_local(self, link: LocalStream) -> None:
+        """The reader of an in-process link: dispatch every frame queued, then wait."""
+        while True:
+            try:
+                frames = await link.receive_frames()
+            except trio.ClosedResourceError:
+                return
+            if not frames:
+                return
+            for message, payload in frames:
+                self.frames_in += 1
+                self.bytes_in += len(message) + len(payload)
+                self._dispatch_message(message, payload)
+            if self._closed:
+                return
+
     def _foreign_peer(self, foreign: str) -> None:
         """The first bytes from the peer were ``foreign`` (another protocol): say so once."""
         role = frame_role(self.frame_type)
@@ -554,8 +593,12 @@ class Connection:
         view = memoryview(frame).toreadonly()
         size = capnp_message_size(view)
         payload = view[size:]
+        self._dispatch_message(frame[:size] if payload else frame, payload)
+
+    def _dispatch_message(self, message: bytes | bytearray, payload: memoryview) -> None:
+        """Dispatch one frame: its Cap'n Proto ``message`` and its ``payload``."""
         try:
-            ctx = self.frame_type.from_bytes(frame[:size] if payload else frame)
+            ctx = self.frame_type.from_bytes(message)
             msg = ctx.__enter__()
         except Exception as exc:
             raise CorruptFrame(f"undecodable frame: {decode_error_reason(exc)}") from None

@@ -14,7 +14,11 @@ pycapnp's own RPC needs asyncio, so nodes talk through this instead:
   (the role it establishes is ``conn.role``): :func:`connect_tcp` on the dialling side,
   :func:`serve_tcp` on the accepting side;
 * TLS (:mod:`pigeon.core.tls`) under all of it when both sides are given a context: a
-  plaintext client on a TLS port is answered, in plaintext, that the port takes TLS.
+  plaintext client on a TLS port is answered, in plaintext, that the port takes TLS;
+* an in-process link (:mod:`pigeon.core._local_link`) between two services of one trio
+  run (``pigeon standalone``'s broker and its bookie): :func:`serve_local` on the serving
+  side, :func:`connect_local` on the dialling side; the same handshake and answers, no
+  socket, no TLS, and no authentication (the link is trusted: ``conn.in_process``).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import trio
 
 from pigeon.core._connection import Connection, Request
 from pigeon.core._framing import DEFAULT_MAX_FRAME_SIZE
+from pigeon.core._local_link import LocalStream, local_stream_pair
 from pigeon.core._memnet import active_network
 from pigeon.core._schema import PROTOCOL_VERSION, frame_name, frame_role
 from pigeon.core.auth import AuthData, Authenticator, ClientAuthentication
@@ -44,7 +49,15 @@ from pigeon.core.errors import (
 )
 from pigeon.core.tls import ServerTls, accept_tls, connect_tls
 
-__all__ = ["connect_tcp", "listen_error", "listen_tcp", "serve_tcp", "split_address"]
+__all__ = [
+    "connect_local",
+    "connect_tcp",
+    "listen_error",
+    "listen_tcp",
+    "serve_local",
+    "serve_tcp",
+    "split_address",
+]
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +123,64 @@ async def connect_tcp(
         stream = await connect_tls(
             stream, tls, server_hostname or host, handshake_timeout=connect_timeout
         )
+    return await _handshake(
+        stream,
+        frame_type,
+        nursery,
+        f"{host}:{port}",
+        handler=handler,
+        client_name=client_name,
+        max_frame_size=max_frame_size,
+        protocol_version=protocol_version,
+        connect_timeout=connect_timeout,
+        authentication=authentication,
+    )
+
+
+async def connect_local(
+    stream: LocalStream,
+    frame_type: Any,
+    nursery: trio.Nursery,
+    *,
+    name: str = "in-process",
+    handler: Any = None,
+    client_name: str = "pigeon",
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+    protocol_version: int = PROTOCOL_VERSION,
+    connect_timeout: float = 10.0,
+) -> tuple[Connection, dict[str, Any]]:
+    """:func:`connect_tcp` over the client end of an in-process link (what
+    :func:`serve_local` returned): the same handshake and errors, no credentials (the
+    serving side trusts the link).  ``name``: the connection's name in logs."""
+    return await _handshake(
+        stream,
+        frame_type,
+        nursery,
+        name,
+        handler=handler,
+        client_name=client_name,
+        max_frame_size=max_frame_size,
+        protocol_version=protocol_version,
+        connect_timeout=connect_timeout,
+        authentication=None,
+    )
+
+
+async def _handshake(
+    stream: trio.abc.Stream,
+    frame_type: Any,
+    nursery: trio.Nursery,
+    address: str,
+    *,
+    handler: Any,
+    client_name: str,
+    max_frame_size: int,
+    protocol_version: int,
+    connect_timeout: float,
+    authentication: ClientAuthentication | None,
+) -> tuple[Connection, dict[str, Any]]:
+    """Start a connection over an open ``stream`` and say ``connect`` (see
+    :func:`connect_tcp`)."""
     auth_method = auth_data = None
     if authentication is not None:
         auth_method = authentication.auth_method
@@ -119,7 +190,7 @@ async def connect_tcp(
             await trio.aclose_forcefully(stream)
             raise
     conn = Connection(
-        stream, frame_type, handler=handler, max_frame_size=max_frame_size, name=f"{host}:{port}"
+        stream, frame_type, handler=handler, max_frame_size=max_frame_size, name=address
     )
     await nursery.start(conn.run)
     ours = frame_name(frame_type)
@@ -140,15 +211,15 @@ async def connect_tcp(
                 )
         except trio.TooSlowError:
             raise Timeout(
-                f"{host}:{port} accepted the connection but did not answer the PigeonMQ"
+                f"{address} accepted the connection but did not answer the PigeonMQ"
                 f" handshake within {connect_timeout}s: is it a PigeonMQ"
                 f" {frame_role(frame_type)} port (not an HTTP or admin port)?"
             ) from None
         except (ProtocolError, AuthenticationError) as exc:  # refused: say which server
-            raise type(exc)(f"{host}:{port}: {exc.message}") from None
+            raise type(exc)(f"{address}: {exc.message}") from None
         theirs = info["frameType"]
         if theirs and theirs != ours:
-            raise ProtocolError(_wrong_service(f"{host}:{port}", server=theirs, client=ours))
+            raise ProtocolError(_wrong_service(address, server=theirs, client=ours))
     except BaseException:
         conn.close()
         raise
@@ -428,3 +499,42 @@ async def serve_tcp(
     async with trio.open_nursery() as nursery:
         await nursery.start(trio.serve_listeners, handle, listeners)
         task_status.started(bound)
+
+
+def serve_local(
+    service: Any,
+    frame_type: Any,
+    nursery: trio.Nursery,
+    *,
+    server_name: str = "pigeon",
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+    max_message_size: int = 5 * 1024 * 1024,
+) -> LocalStream:
+    """Open an in-process link to ``service`` (see :mod:`pigeon.core._local_link`): its
+    serving connection runs in ``nursery`` (it ends with it); returns the client end,
+    for :func:`connect_local`.  The link is trusted: no TLS, no authentication; the
+    serving connection's ``in_process`` is true and its ``role`` None.
+
+    :raises ConnectionClosed: ``nursery`` no longer takes tasks (the service stopped)."""
+    client, server = local_stream_pair()
+    handler = _HandshakeHandler(service, server_name, max_frame_size, max_message_size)
+    conn = Connection(
+        server,
+        frame_type,
+        handler=handler,
+        max_frame_size=max_frame_size,
+        name="in-process",
+        serving=True,
+    )
+
+    async def run() -> None:
+        try:
+            await conn.run()
+        except Exception:
+            log.exception("connection failed conn=%s", conn.name)
+
+    try:
+        nursery.start_soon(run)
+    except RuntimeError:  # the nursery is closed: the service has stopped
+        raise ConnectionClosed(f"{server_name} is not running") from None
+    return client

@@ -11,7 +11,11 @@ A server runs ``serve_tcp(service, BrokerFrame, port=6650)`` (started with
 ``conn.respond(req.request_id, ...)``.  The frame layout is documented in
 :mod:`pigeon.core._framing`, the connection's behaviour (bad input) in
 :mod:`pigeon.core._connection`, the handshake in :mod:`pigeon.core._rpc`, and the messages
-in ``pigeon/core/schema/protocol.capnp``.  :func:`http_refusal` is the ``400`` answer a
+in ``pigeon/core/schema/protocol.capnp``.  Two services of one trio run (``pigeon
+standalone``'s broker and bookie) talk over an in-process link instead of loopback TCP:
+``stream = serve_local(service, BookieFrame, nursery)``, then ``conn, info = await
+connect_local(stream, BookieFrame, nursery)`` (:class:`LocalStream`: frames, not bytes;
+trusted, so no TLS and no authentication).  :func:`http_refusal` is the ``400`` answer a
 protocol port (ours, or the Kafka listener) gives an HTTP client that reached it.
 """
 
@@ -19,7 +23,16 @@ from __future__ import annotations
 
 from pigeon.core._connection import Connection, Request
 from pigeon.core._framing import DEFAULT_MAX_FRAME_SIZE, http_refusal
-from pigeon.core._rpc import connect_tcp, listen_error, listen_tcp, serve_tcp, split_address
+from pigeon.core._local_link import LocalStream
+from pigeon.core._rpc import (
+    connect_local,
+    connect_tcp,
+    listen_error,
+    listen_tcp,
+    serve_local,
+    serve_tcp,
+    split_address,
+)
 from pigeon.core._schema import PROTOCOL_VERSION, BookieFrame, BrokerFrame
 
 __all__ = [
@@ -28,11 +41,14 @@ __all__ = [
     "BookieFrame",
     "BrokerFrame",
     "Connection",
+    "LocalStream",
     "Request",
+    "connect_local",
     "connect_tcp",
     "http_refusal",
     "listen_error",
     "listen_tcp",
+    "serve_local",
     "serve_tcp",
     "split_address",
 ]
