@@ -303,7 +303,11 @@ class Producer(ProducerFace):
         for the receipt; the message is still sent.
         """
         h = self._handle
-        when = deliver_time(deliver_at, deliver_after)
+        when = (
+            0
+            if deliver_at is None and deliver_after is None
+            else deliver_time(deliver_at, deliver_after)
+        )
         if h.closed:
             raise AlreadyClosed("producer is closed")
         if h.outstanding >= self._max_pending:

@@ -1,0 +1,177 @@
+"""The sync client's CPU time per message at 100 B, against a real ``pigeon standalone``:
+
+    python -m bench.client_cpu                       # this tree only
+    python -m bench.client_cpu --baseline main --rounds 4
+
+Each measurement runs in a child process (``PYTHONPATH``: one tree's package sources),
+so the figures are the client's alone: the standalone is another process, started once
+(``fsync=never``: the server's disk does not pace the client) and shared by every run.
+Per run and per message:
+
+* ``send``: ``send_async`` of N messages then ``flush()`` (every one acknowledged);
+  the caller thread's CPU (``time.thread_time``), the whole client process's CPU
+  (``time.process_time``: the caller plus the client's engine thread), and msg/s.
+* ``receive`` / ``batch_receive``: a consumer of a backlog of N messages, each message
+  taken with ``receive()`` (or ``batch_receive(1000)``) and acknowledged cumulatively
+  once per 1,000; the same CPU figures.
+
+With ``--baseline REV`` the runs alternate between REV's packages (``git archive``) and
+the working tree's, ABBA; it prints the medians per side and their ratio (working tree /
+REV: below 1 is less CPU). Results are data, not tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def child(url: str, topic: str, n: int, size: int, parts: list[str]) -> dict[str, Any]:
+    """Measure in this process (the client is whatever ``PYTHONPATH`` imports)."""
+    from pigeon.client import Client
+
+    out: dict[str, Any] = {}
+    payload = os.urandom(size)
+    with Client(url) as client:
+        if "send" in parts:
+            with client.create_producer(
+                topic,
+                batching_max_messages=1000,
+                batching_max_bytes=1024 * 1024,
+                batching_max_delay_ms=5,
+                max_pending_messages=50_000,
+            ) as p:
+                for _ in range(2000):  # warm up (connection, first batches)
+                    p.send_async(payload)
+                p.flush()
+                send = p.send_async
+                w0, t0, c0 = time.perf_counter(), time.thread_time(), time.process_time()
+                for _ in range(n // 100):
+                    for _ in range(100):
+                        send(payload)
+                t1 = time.thread_time()
+                p.flush()
+                w1, c1 = time.perf_counter(), time.process_time()
+            out["send"] = {
+                "caller_us": (t1 - t0) / n * 1e6,
+                "process_us": (c1 - c0) / n * 1e6,
+                "msg_s": n / (w1 - w0),
+            }
+        for part in ("receive", "batch_receive"):
+            if part not in parts:
+                continue
+            with client.subscribe(
+                topic,
+                f"cpu-{part}",
+                initial_position="earliest",
+                receiver_queue_size=20_000,
+            ) as c:
+                first = c.receive(timeout=30)  # the backlog is there, the link is up
+                got = 1
+                w0, t0, c0 = time.perf_counter(), time.thread_time(), time.process_time()
+                last = first
+                total = n + 2000
+                if part == "receive":
+                    receive = c.receive
+                    while got < total:
+                        for _ in range(min(1000, total - got)):
+                            last = receive(timeout=30)
+                        got += 1000 if total - got >= 1000 else total - got
+                        c.acknowledge_cumulative(last)
+                else:
+                    while got < total:
+                        msgs = c.batch_receive(1000, timeout=30)
+                        if msgs:
+                            got += len(msgs)
+                            c.acknowledge_cumulative(msgs[-1])
+                w1, t1, c1 = time.perf_counter(), time.thread_time(), time.process_time()
+            m = total - 1
+            out[part] = {
+                "caller_us": (t1 - t0) / m * 1e6,
+                "process_us": (c1 - c0) / m * 1e6,
+                "msg_s": m / (w1 - w0),
+            }
+    return out
+
+
+def _source_path(tree: Path) -> str:
+    from bench.baseline import source_path
+
+    return source_path(tree)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--messages", type=int, default=200_000, help="per run (default 200,000)")
+    ap.add_argument("--size", type=int, default=100, help="message bytes (default 100)")
+    ap.add_argument("--rounds", type=int, default=3, help="runs per side (default 3)")
+    ap.add_argument("--baseline", help="a git revision to compare with (same session)")
+    ap.add_argument("--parts", nargs="+", default=["send", "receive", "batch_receive"])
+    ap.add_argument("--child", nargs=2, metavar=("URL", "TOPIC"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        result = child(args.child[0], args.child[1], args.messages, args.size, args.parts)
+        print(json.dumps(result))
+        return
+
+    from bench.__main__ import Standalone
+    from bench.baseline import unpack
+
+    with tempfile.TemporaryDirectory(prefix="pigeon-client-cpu-") as tmp:
+        sides = {"work": _source_path(ROOT)}
+        if args.baseline:
+            sides = {"baseline": _source_path(unpack(args.baseline, Path(tmp))), **sides}
+        runs: dict[str, list[dict[str, Any]]] = {s: [] for s in sides}
+        data = Path(tmp) / "data"
+        data.mkdir()
+        with Standalone(data, fsync="never") as server:
+            for i in range(args.rounds):
+                order = list(sides) if i % 2 == 0 else list(reversed(sides))
+                for side in order:
+                    env = dict(os.environ, PYTHONPATH=f"{sides[side]}{os.pathsep}{ROOT}")
+                    cmd = [
+                        sys.executable,
+                        "-m",
+                        "bench.client_cpu",
+                        "--child",
+                        server.url,
+                        f"cpu-{side}-{i}",
+                        "--messages",
+                        str(args.messages),
+                        "--size",
+                        str(args.size),
+                        "--parts",
+                        *args.parts,
+                    ]
+                    done = subprocess.run(
+                        cmd, check=True, cwd=ROOT, env=env, capture_output=True, text=True
+                    )
+                    got = json.loads(done.stdout.strip().splitlines()[-1])
+                    print(f"round {i + 1} {side}: {got}", file=sys.stderr)
+                    runs[side].append(got)
+    print(f"client CPU per message, {args.size} B, {args.messages:,} messages, medians:")
+    names = list(sides)
+    print("| figure | " + " | ".join(names) + (" | ratio |" if len(names) == 2 else " |"))
+    for part in args.parts:
+        for fig in ("caller_us", "process_us", "msg_s"):
+            med = [statistics.median(r[part][fig] for r in runs[s]) for s in names]
+            row = f"| {part} {fig} | " + " | ".join(f"{m:,.2f}" for m in med)
+            if len(med) == 2:
+                row += f" | {med[1] / med[0]:.2f} |"
+            else:
+                row += " |"
+            print(row)
+
+
+if __name__ == "__main__":
+    main()
