@@ -11,6 +11,9 @@ Per run and per message:
 * ``send``: ``send_async`` of N messages then ``flush()`` (every one acknowledged);
   the caller thread's CPU (``time.thread_time``), the whole client process's CPU
   (``time.process_time``: the caller plus the client's engine thread), and msg/s.
+* ``trio_send`` / ``asyncio_send``: the same through the trio face (``await
+  send_async``) and the asyncio face (``send_async``, a future each); one thread there
+  (trio) or the loop's and the engine's (asyncio): the process CPU alone.
 * ``receive`` / ``batch_receive``: a consumer of a backlog of N messages, each message
   taken with ``receive()`` (or ``batch_receive(1000)``) and acknowledged cumulatively
   once per 1,000; the same CPU figures.
@@ -41,16 +44,14 @@ def child(url: str, topic: str, n: int, size: int, parts: list[str]) -> dict[str
     from pigeon.client import Client
 
     out: dict[str, Any] = {}
+    if "trio_send" in parts:
+        out["trio_send"] = child_trio(url, f"{topic}-trio", n, size)
+    if "asyncio_send" in parts:
+        out["asyncio_send"] = child_asyncio(url, f"{topic}-asyncio", n, size)
     payload = os.urandom(size)
     with Client(url) as client:
         if "send" in parts:
-            with client.create_producer(
-                topic,
-                batching_max_messages=1000,
-                batching_max_bytes=1024 * 1024,
-                batching_max_delay_ms=5,
-                max_pending_messages=50_000,
-            ) as p:
+            with client.create_producer(topic, **_PRODUCER) as p:
                 for _ in range(2000):  # warm up (connection, first batches)
                     p.send_async(payload)
                 p.flush()
@@ -104,6 +105,68 @@ def child(url: str, topic: str, n: int, size: int, parts: list[str]) -> dict[str
     return out
 
 
+_PRODUCER = {
+    "batching_max_messages": 1000,
+    "batching_max_bytes": 1024 * 1024,
+    "batching_max_delay_ms": 5,
+    "max_pending_messages": 50_000,
+}
+
+
+def _figures(n: int, w: float, c: float) -> dict[str, Any]:
+    """One face's figures: ``w`` wall seconds and ``c`` process CPU seconds for ``n``."""
+    return {"caller_us": c / n * 1e6, "process_us": c / n * 1e6, "msg_s": n / w}
+
+
+def child_trio(url: str, topic: str, n: int, size: int) -> dict[str, Any]:
+    """``await producer.send_async(value)`` N times, then ``flush()``: the trio face runs
+    the engine in the caller's own thread, so caller and process CPU are the same."""
+    import trio
+
+    from pigeon.client.trio import Client
+
+    payload = os.urandom(size)
+
+    async def main() -> dict[str, Any]:
+        async with Client(url) as client, await client.create_producer(topic, **_PRODUCER) as p:
+            for _ in range(2000):
+                await p.send_async(payload)
+            await p.flush()
+            send = p.send_async
+            w0, c0 = time.perf_counter(), time.process_time()
+            for _ in range(n):
+                await send(payload)
+            await p.flush()
+            return _figures(n, time.perf_counter() - w0, time.process_time() - c0)
+
+    return trio.run(main)
+
+
+def child_asyncio(url: str, topic: str, n: int, size: int) -> dict[str, Any]:
+    """``producer.send_async(value)`` N times (a future each), then ``flush()``."""
+    import asyncio
+
+    from pigeon.client.asyncio import Client
+
+    payload = os.urandom(size)
+
+    async def main() -> dict[str, Any]:
+        async with Client(url) as client, await client.create_producer(topic, **_PRODUCER) as p:
+            send = p.send_async
+            for _ in range(2000):
+                send(payload)
+            await p.flush()
+            w0, c0 = time.perf_counter(), time.process_time()
+            for i in range(n):
+                send(payload)
+                if i % 20_000 == 19_999:
+                    await p.flush()  # max_pending_messages: send_async never waits
+            await p.flush()
+            return _figures(n, time.perf_counter() - w0, time.process_time() - c0)
+
+    return asyncio.run(main())
+
+
 def _source_path(tree: Path) -> str:
     from bench.baseline import source_path
 
@@ -116,7 +179,13 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=100, help="message bytes (default 100)")
     ap.add_argument("--rounds", type=int, default=3, help="runs per side (default 3)")
     ap.add_argument("--baseline", help="a git revision to compare with (same session)")
-    ap.add_argument("--parts", nargs="+", default=["send", "receive", "batch_receive"])
+    ap.add_argument(
+        "--parts",
+        nargs="+",
+        default=["send", "receive", "batch_receive"],
+        choices=["send", "receive", "batch_receive", "trio_send", "asyncio_send"],
+        help="receive and batch_receive read what send wrote (default: the sync face's three)",
+    )
     ap.add_argument("--child", nargs=2, metavar=("URL", "TOPIC"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:

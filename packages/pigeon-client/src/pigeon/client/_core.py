@@ -16,7 +16,7 @@ import time
 import zlib
 from collections import deque
 from collections.abc import Callable, Mapping
-from itertools import repeat
+from itertools import islice, repeat
 from typing import TYPE_CHECKING, Any
 
 from pigeon.client._chunks import CHUNK_HEADER_SLACK, ChunkAssembler
@@ -517,9 +517,14 @@ class ConsumerCore:
 
     def take(self, max_messages: int) -> list[Message]:
         messages = self.messages
-        if len(messages) <= max_messages:
+        left = len(messages) - max_messages
+        if left <= 0:
             out = list(messages)
             messages.clear()
+            return out
+        if left <= max_messages:  # copying the rest costs less than popping the front
+            out = list(islice(messages, max_messages))
+            self.messages = deque(islice(messages, max_messages, None))
             return out
         return [messages.popleft() for _ in range(max_messages)]
 

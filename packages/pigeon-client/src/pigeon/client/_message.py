@@ -341,6 +341,13 @@ def _split(
         if decoders is None
         else decoders.decode_all(entry.source, batch.header.schema_version, values, indexes)
     )
+    if keys is None and props is None and times is None and decoders is None:
+        # values alone (the common case): nothing to choose per message
+        seg, ent, red = entry.segment_id, entry.entry_id, entry.redelivery_count
+        return [
+            Message(v, None, empty, 0, publish, seg, ent, i, partition, first + i, red, topic, v)
+            for i, v in zip(indexes, map(values.__getitem__, indexes), strict=True)
+        ]
     return [
         Message(
             shown[i],

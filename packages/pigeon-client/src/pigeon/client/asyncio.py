@@ -34,8 +34,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import threading
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
@@ -218,7 +220,16 @@ class Producer(ProducerFace):
         self._send_timeout = options.send_timeout
         self._lock = threading.Lock()
         self._space = asyncio.Event()
-        self._clock = self._loop.time
+        # asyncio's own loop: its clock and futures without a Python frame per message
+        # (a loop that overrides them, such as uvloop's, keeps its own)
+        loop = self._loop
+        base = asyncio.BaseEventLoop
+        self._clock = time.monotonic if type(loop).time is base.time else loop.time
+        self._new_future: Callable[[], asyncio.Future[Any]] = (
+            functools.partial(asyncio.Future, loop=loop)
+            if type(loop).create_future is base.create_future
+            else loop.create_future
+        )
 
     async def __aenter__(self) -> Producer:
         return self
@@ -314,7 +325,7 @@ class Producer(ProducerFace):
             raise ProducerQueueFull(
                 f"{h.outstanding} messages pending (max_pending_messages={self._max_pending})"
             )
-        fut: asyncio.Future[MessageId] = self._loop.create_future()
+        fut: asyncio.Future[MessageId] = self._new_future()
         with self._lock:
             h.logic.add(value, key, properties, event_time, when, fut)
         h.outstanding += 1
