@@ -195,9 +195,15 @@ class Producer(ProducerFace):
 
     def _start_timer(self, index: int, generation: int) -> None:
         # due on the engine's clock (trio's: perf_counter plus the run's offset), so the
-        # hop to the engine's thread does not delay the batch
-        due = self._handle.logic.cores[index].due + self._thread.engine.clock_offset
-        self._thread.soon(self._handle.start_timer, index, generation, due)
+        # hop to the engine's thread does not delay the batch; none while the partition's
+        # timer task runs (it finds this batch when it wakes): a steady producer's batches
+        # cross no thread for their timers
+        h = self._handle
+        if not h.timer_armed[index]:
+            h.due_offset = offset = self._thread.engine.clock_offset
+            due = h.logic.cores[index].due + offset
+            self._thread.soon(h.start_timer, index, generation, due)
+            h.timer_armed[index] = True
 
     def _space_freed(self) -> None:
         with self._lock:

@@ -46,7 +46,7 @@ from pigeon.client._asyncio_bridge import run_on_engine, spawn_on_engine
 from pigeon.client._core import arrow_module, settle_entry
 from pigeon.client._face import AsyncConsumer, AsyncReader, AsyncReceiving, ClientBase
 from pigeon.client._handles import ProducerFace, ProducerHandle, deliver_time
-from pigeon.client._message import EntryReceipt, Message, MessageId, receipt_message_id
+from pigeon.client._message import EntryReceipt, Message, MessageId, receipt_message_ids
 from pigeon.client._options import (
     ArrowSendOptions,
     ConsumerOptions,
@@ -419,9 +419,11 @@ class _BatchCompletion:
                 loop.call_soon_threadsafe(self.handle_error, error)
 
     def handle_response(self, receipt: tuple[int, int, int, bool]) -> None:  # loop thread
-        for i, f in enumerate(self.futures):
+        futures = self.futures
+        ids = receipt_message_ids(receipt, len(futures), self.partition)
+        for f, mid in zip(futures, ids, strict=True):
             if not f.done():
-                f.set_result(receipt_message_id(receipt, i, self.partition))
+                f.set_result(mid)
         self.producer._batch_done(len(self.futures))
 
     def handle_error(self, error: BaseException) -> None:  # loop thread
