@@ -167,6 +167,139 @@ def child_asyncio(url: str, topic: str, n: int, size: int) -> dict[str, Any]:
     return asyncio.run(main())
 
 
+def breakdown(n: int = 500_000) -> dict[str, float]:
+    """Nanoseconds per message of the pieces of the sync face's hot paths, in this
+    process without an engine or a server (each the best of 3 runs of ``n``): what
+    ``send_async`` and ``receive`` cost beside the work they stand for."""
+    import threading
+
+    from pigeon.client._core import BatchCompletion, ProducerCore, Router
+    from pigeon.client._engine import ReceivedEntry
+    from pigeon.client._future import BatchState, MessageFuture
+    from pigeon.client._handles import codecs_of
+    from pigeon.client._logic import ProducerLogic
+    from pigeon.client._message import Message, split_entry
+    from pigeon.core import PluginManager
+    from pigeon.core.batch import BatchBuilder, pack_entry_header
+
+    codecs = codecs_of(PluginManager())
+    codec = codecs.by_name("none")
+    v = b"x" * 100
+    clock = time.process_time
+
+    def logic() -> Any:
+        core = ProducerCore(
+            producer_name="p",
+            codec=codec,
+            partition=-1,
+            max_messages=1000,
+            max_bytes=1 << 20,
+            max_message_size=5 * 1024 * 1024,
+            first_sequence_id=0,
+        )
+        out = ProducerLogic(
+            ["engine"],
+            [core],
+            Router("round_robin", 1),
+            max_delay=0.005,
+            submit=lambda engine, batch: None,
+            start_timer=lambda index, generation: None,
+            clock=time.perf_counter,
+        )
+        out.callback_for = lambda c, s, p: BatchCompletion(c, s, p, lambda count: None)
+        return out
+
+    def loop() -> float:
+        def f(value: bytes) -> None:
+            return None
+
+        t = clock()
+        for _ in range(n):
+            f(v)
+        return clock() - t
+
+    def lock() -> float:
+        lk = threading.Lock()
+        t = clock()
+        for _ in range(n):
+            with lk:
+                pass
+        return clock() - t
+
+    def clock_read() -> float:
+        c = time.perf_counter
+        t = clock()
+        for _ in range(n):
+            c()
+        return clock() - t
+
+    def future() -> float:
+        state = BatchState(-1)
+        t = clock()
+        for i in range(n):
+            MessageFuture(state, i)
+        return clock() - t
+
+    def builder() -> float:
+        b = BatchBuilder(producer_name="p", codec=codec, max_messages=1 << 30, max_bytes=1 << 30)
+        add = b.add_value
+        t = clock()
+        for _ in range(n):
+            add(v)
+        return clock() - t
+
+    def add_plain() -> float:
+        add = logic().add_plain
+        t = clock()
+        for _ in range(n):
+            add(v, None, None, 0)
+        return clock() - t
+
+    def add_plain_locked() -> float:
+        add = logic().add_plain
+        lk = threading.Lock()
+        t = clock()
+        for _ in range(n):
+            with lk:
+                add(v, None, None, 0)
+        return clock() - t
+
+    b = BatchBuilder(producer_name="p", codec=codec)
+    for _ in range(1000):
+        b.add(v)
+    data = pack_entry_header(1000, 0, 1) + b.build(sequence_id=0, publish_time=1)
+
+    class Source:
+        partition, topic = -1, "t"
+
+    def split() -> float:
+        t = clock()
+        for _ in range(n // 1000):
+            entry = ReceivedEntry(1, 2, memoryview(data), 0, [], 0, Source())
+            split_entry(entry, -1, "t", codecs)
+        return clock() - t
+
+    def message() -> float:
+        e: dict[str, str] = {}
+        t = clock()
+        for i in range(n):
+            Message(v, None, e, 0, 1, 2, 3, i, -1, i, 0, "t", v)
+        return clock() - t
+
+    pieces = {
+        "the caller's loop and a call": loop,
+        "the producer's lock": lock,
+        "a clock read": clock_read,
+        "a MessageFuture": future,
+        "BatchBuilder.add_value": builder,
+        "ProducerLogic.add_plain (all of it, seals included)": add_plain,
+        "the lock and add_plain": add_plain_locked,
+        "split_entry, per message": split,
+        "a Message alone": message,
+    }
+    return {name: min(f() for _ in range(3)) / n * 1e9 for name, f in pieces.items()}
+
+
 def _source_path(tree: Path) -> str:
     from bench.baseline import source_path
 
@@ -187,7 +320,16 @@ def main() -> None:
         help="receive and batch_receive read what send wrote (default: the sync face's three)",
     )
     ap.add_argument("--child", nargs=2, metavar=("URL", "TOPIC"), help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="ns per message of the hot paths' pieces, in this process (no server)",
+    )
     args = ap.parse_args()
+    if args.breakdown:
+        for name, ns in breakdown().items():
+            print(f"| {name} | {ns:,.0f} |")
+        return
     if args.child:
         result = child(args.child[0], args.child[1], args.messages, args.size, args.parts)
         print(json.dumps(result))
