@@ -49,7 +49,8 @@ class ProducerHandle:
         #: started for and every later one open when it wakes, so a batch opened while
         #: it runs starts no task and, from the sync face, crosses no thread)
         self.timer_armed: list[bool] = [False] * len(engines)
-        #: the engine's clock minus the face's (``ProducerCore.due`` is the face's)
+        #: the engine's clock minus the face's (``ProducerCore.due`` is the face's; a face
+        #: without a clock sets it on the engine's clock when a batch opens)
         self.due_offset = 0.0
 
     @property
@@ -92,7 +93,7 @@ class ProducerHandle:
                     if core.count and not self.closed:
                         again = True
                         generation = core.generation
-                        deadline = None if logic.clock is None else core.due + self.due_offset
+                        deadline = core.due + self.due_offset
                     else:
                         self.timer_armed[index] = False
             except Exception:  # seal fails only the batch's own messages; this is a bug
@@ -147,8 +148,12 @@ class ProducerFace:
         """Start the batching timer of partition ``index``'s batch (unless its timer task
         runs: it finds the new batch when it wakes)."""
         h = self._handle
+        logic = h.logic
+        core = logic.cores[index]
+        if logic.clock is None:  # when it is due, on the engine's clock (once per batch)
+            core.due = trio.current_time() + logic.max_delay
         if not h.timer_armed[index]:
-            h.start_timer(index, generation)
+            h.start_timer(index, generation, core.due)
             h.timer_armed[index] = True
 
     def _callback_for(self, completions: list[Any], state: Any, partition: int) -> Any:
