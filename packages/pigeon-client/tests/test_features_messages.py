@@ -167,3 +167,37 @@ async def test_consumer_without_the_codec_gets_unknown_codec(
         await plain.close()
         await producer.close()
         await consumer.close()
+
+
+async def test_each_batch_leaves_when_due_though_one_timer_serves_several(
+    pigeon_standalone, autojump_clock
+):
+    # A partition's batching timer task, woken for a batch that left full, sleeps on
+    # until the batch opened meanwhile is due (that batch started no timer of its own):
+    # the later batch still leaves batching_max_delay_ms after its first message.
+    import trio
+
+    async with Client(pigeon_standalone.url) as client:
+        producer = await client.create_producer(
+            "timer-rearm", batching_max_messages=2, batching_max_delay_ms=100
+        )
+        done: list[tuple[float, Any]] = []
+        all_done = trio.Event()
+
+        def record(mid: Any, error: Any) -> None:
+            done.append((trio.current_time(), error))
+            if len(done) == 3:
+                all_done.set()
+
+        start = trio.current_time()
+        await producer.send_async(b"a", callback=record)  # opens batch 1: its timer starts
+        await trio.sleep(0.01)
+        await producer.send_async(b"b", callback=record)  # batch 1 is full: it leaves
+        await trio.sleep(0.01)
+        await producer.send_async(b"c", callback=record)  # batch 2 opens at 20 ms
+        with trio.fail_after(1):
+            await all_done.wait()
+        assert [error for _at, error in done] == [None, None, None]
+        # batch 2 left when due (20 + 100 ms), not with the first timer (100 ms), not never
+        assert done[2][0] - start == pytest.approx(0.12, abs=0.005)
+        await producer.close()

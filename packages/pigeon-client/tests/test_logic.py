@@ -157,3 +157,27 @@ def test_a_failed_batch_fails_every_message() -> None:
 def test_an_unknown_first_offset_leaves_every_offset_unknown() -> None:
     assert receipt_message_id((1, 2, -1, False), 3, 0).offset == -1
     assert receipt_message_id((1, 2, 10, True), 3, 0) == MessageId(1, 2, 3, 0)
+
+
+def test_plain_and_keyed_messages_mixed_in_one_batch_keep_their_values_keys_and_ids() -> None:
+    # add_plain's hot path appends values alone; a keyed message, a callback or a plain
+    # future may come between them in the same batch, and each keeps its own place
+    from pigeon.core.batch import decode_batch
+
+    rec = Recorder()
+    logic = rec.logic()
+    first = logic.add_plain(b"a", None, None, 0)  # opens the batch
+    second = logic.add_plain(b"bb", None, None, 0)  # the hot path
+    called: list[Any] = []
+    logic.add(b"c", None, None, 0, 0, lambda mid, err: called.append(mid))  # add's hot path
+    logic.add_plain(b"d", "k", None, 0)  # a key: the general path
+    fourth = logic.add_plain(b"", None, None, 0)  # an empty value after a key
+    logic.seal_all()
+    (batch,) = rec.submitted
+    decoded = decode_batch(batch.payload, codecs_of(PluginManager()))
+    assert decoded.values() == [b"a", b"bb", b"c", b"d", b""]
+    assert [decoded.key(i) for i in range(5)] == [None, None, None, b"k", None]
+    batch.callback((3, 4, 50, False), None)
+    assert [f.result(0).batch_index for f in (first, second, fourth)] == [0, 1, 4]
+    assert called == [MessageId(3, 4, 2)] and called[0].offset == 52
+    assert rec.done == [5]

@@ -16,6 +16,7 @@ import time
 import zlib
 from collections import deque
 from collections.abc import Callable, Mapping
+from itertools import islice, repeat
 from typing import TYPE_CHECKING, Any
 
 from pigeon.client._chunks import CHUNK_HEADER_SLACK, ChunkAssembler
@@ -89,7 +90,10 @@ class BatchCompletion:
     def handle_response(self, receipt: tuple[int, int, int, bool]) -> None:
         if self.state is not None:
             self.state.resolve(receipt, None)
-        for i, c in enumerate(self.completions):
+        completions = self.completions
+        if completions.count(None) == len(completions):
+            return  # MessageFutures only (the state resolved them): nothing per message
+        for i, c in enumerate(completions):
             if c is None:
                 continue
             mid = receipt_message_id(receipt, i, self.partition)
@@ -102,7 +106,10 @@ class BatchCompletion:
     def handle_error(self, error: BaseException) -> None:
         if self.state is not None:
             self.state.resolve(None, error)
-        for c in self.completions:
+        completions = self.completions
+        if completions.count(None) == len(completions):
+            return
+        for c in completions:
             if c is None:
                 continue
             if isinstance(c, concurrent.futures.Future):
@@ -175,6 +182,9 @@ def _call_back(c: Callable[..., Any], mid: MessageId | None, error: BaseExceptio
 #: and the padding of each of the 11 columns.
 SLACK_PER_MESSAGE = 24
 SLACK_PER_BATCH = 11 * 8
+#: what a message of a bytes value alone adds to the estimate besides the value: its
+#: body's value offset (``message_body_size(b"")``) and SLACK_PER_MESSAGE
+PLAIN_SLACK = 8 + SLACK_PER_MESSAGE
 
 
 def normalize_message(
@@ -236,6 +246,10 @@ class ProducerCore:
             max_bytes=max_bytes,
             schema_version=schema_version,
         )
+        #: messages in the batch being built
+        self.count = 0
+        #: their completions, by index; messages without one (a MessageFuture's, which
+        #: shares :attr:`state`) leave a None only before a later one that has one
         self.completions: list[Completion] = []
         self.state: BatchState | None = None
         self.next_sequence_id = first_sequence_id
@@ -246,6 +260,11 @@ class ProducerCore:
         self.header_bytes = self.builder.check(b"") - message_body_size(b"")
         #: estimated size of the batch being built as an entry (0 when empty)
         self.batch_bytes = 0
+        #: the hot path's limits (ProducerLogic.add_plain): the largest value that needs
+        #: no chunks alone, and the estimate a batch may have before a value is added
+        #: (a bytes value alone adds ``len(value) + PLAIN_SLACK`` to it)
+        self.plain_max = max_message_size - self.header_bytes - message_body_size(b"")
+        self.plain_room = max_message_size - PLAIN_SLACK
 
     def batch_state(self) -> BatchState:
         """The shared outcome of the batch being built (for MessageFutures)."""
@@ -254,7 +273,7 @@ class ProducerCore:
         return self.state
 
     def __len__(self) -> int:
-        return len(self.completions)
+        return self.count
 
     def check_fits(self, body: int) -> bool:
         """Whether a message of ``body`` bytes must be sent in chunks; raise
@@ -315,17 +334,22 @@ class ProducerCore:
 
     def would_overflow(self, body: int) -> bool:
         """Would a message of ``body`` bytes take the batch past max_message_size?"""
-        return (
-            bool(self.completions)
-            and self.batch_bytes + body + SLACK_PER_MESSAGE > self.max_message_size
+        return self.count > 0 and (
+            self.batch_bytes + body + SLACK_PER_MESSAGE > self.max_message_size
         )
 
     def added(self, completion: Completion, body: int) -> None:
         """Account for a checked message of ``body`` bytes just added to :attr:`builder`
         (whose ``add`` says whether the batch is full)."""
-        if not self.completions:
+        n = self.count
+        if not n:
             self.generation += 1
-        self.completions.append(completion)
+        if completion is not None:
+            completions = self.completions
+            if len(completions) < n:
+                completions.extend(repeat(None, n - len(completions)))
+            completions.append(completion)
+        self.count = n + 1
         if not self.batch_bytes:
             self.batch_bytes = self.header_bytes + SLACK_PER_BATCH
         self.batch_bytes += body + SLACK_PER_MESSAGE
@@ -343,11 +367,14 @@ class ProducerCore:
         Never raises: a batch that cannot be built (which checked input cannot cause)
         comes back with ``error`` set and fails its own messages only.
         """
-        n = len(self.completions)
+        n = self.count
         if n == 0:
             return None
         seq = self.next_sequence_id
         completions, self.completions = self.completions, []
+        if len(completions) < n:  # one item per message (per batch: C speed)
+            completions.extend(repeat(None, n - len(completions)))
+        self.count = 0
         state, self.state = self.state, None
         self.batch_bytes = 0
         callback = callback_for(completions, state, self.partition)
@@ -490,9 +517,14 @@ class ConsumerCore:
 
     def take(self, max_messages: int) -> list[Message]:
         messages = self.messages
-        if len(messages) <= max_messages:
+        left = len(messages) - max_messages
+        if left <= 0:
             out = list(messages)
             messages.clear()
+            return out
+        if left <= max_messages:  # copying the rest costs less than popping the front
+            out = list(islice(messages, max_messages))
+            self.messages = deque(islice(messages, max_messages, None))
             return out
         return [messages.popleft() for _ in range(max_messages)]
 

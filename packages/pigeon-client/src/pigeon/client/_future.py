@@ -60,11 +60,14 @@ class BatchState:
 class MessageFuture(concurrent.futures.Future):  # type: ignore[type-arg]
     """Future of one message's MessageId; its state is the batch's."""
 
+    #: the callbacks and waiters of this future, once it has any (class defaults: an
+    #: instance sets them only then, so making one sets two attributes)
+    _cbs: list[Any] | None = None
+    _wts: list[Any] | None = None
+
     def __init__(self, batch: BatchState, index: int) -> None:  # no super().__init__: no Condition
         self._batch = batch
         self._index = index
-        self._cbs: list[Any] | None = None
-        self._wts: list[Any] | None = None
 
     # The base class reads these attributes; they all come from the shared batch state.
     @property

@@ -45,6 +45,13 @@ class ProducerHandle:
         self.on_space: Callable[[], None] = lambda: None
         #: *engine*, after the timer sealed a batch (the lock released)
         self.on_timer_sealed: Callable[[], None] = lambda: None
+        #: per partition, under the lock: its timer task runs (it seals the batch it was
+        #: started for and every later one open when it wakes, so a batch opened while
+        #: it runs starts no task and, from the sync face, crosses no thread)
+        self.timer_armed: list[bool] = [False] * len(engines)
+        #: the engine's clock minus the face's (``ProducerCore.due`` is the face's; a face
+        #: without a clock sets it on the engine's clock when a batch opens)
+        self.due_offset = 0.0
 
     @property
     def topic(self) -> str:
@@ -70,17 +77,33 @@ class ProducerHandle:
         self.client.nursery.start_soon(self.timer, index, generation, deadline)
 
     async def timer(self, index: int, generation: int, deadline: float | None = None) -> None:
-        """*engine*: seal partition ``index``'s batch when it is due."""
-        if deadline is None:
-            await trio.sleep(self.logic.max_delay)
-        else:
-            await trio.sleep_until(deadline)
-        try:
-            with self.lock:
-                self.logic.timer_fired(index, generation)
-        except Exception:  # seal fails only the batch's own messages; this is a bug
-            log.exception("batching timer failed topic=%s", self.topic)
-        self.on_timer_sealed()
+        """*engine*: seal partition ``index``'s batch when it is due; then, while a later
+        batch is open when it wakes, sleep until that one is due (see ``timer_armed``)."""
+        logic = self.logic
+        while True:
+            if deadline is None:
+                await trio.sleep(logic.max_delay)
+            else:
+                await trio.sleep_until(deadline)
+            again = False
+            try:
+                with self.lock:
+                    logic.timer_fired(index, generation)
+                    core = logic.cores[index]
+                    if core.count and not self.closed:
+                        again = True
+                        generation = core.generation
+                        deadline = core.due + self.due_offset
+                    else:
+                        self.timer_armed[index] = False
+            except Exception:  # seal fails only the batch's own messages; this is a bug
+                log.exception("batching timer failed topic=%s", self.topic)
+                with self.lock:
+                    self.timer_armed[index] = False
+                again = False
+            self.on_timer_sealed()
+            if not again:
+                return
 
     async def flush(self) -> None:
         """*engine*: wait until every submitted batch is acknowledged."""
@@ -122,8 +145,16 @@ class ProducerFace:
         engine.submit(batch)
 
     def _start_timer(self, index: int, generation: int) -> None:
-        """Start the batching timer of partition ``index``'s batch."""
-        self._handle.start_timer(index, generation)
+        """Start the batching timer of partition ``index``'s batch (unless its timer task
+        runs: it finds the new batch when it wakes)."""
+        h = self._handle
+        logic = h.logic
+        core = logic.cores[index]
+        if logic.clock is None:  # when it is due, on the engine's clock (once per batch)
+            core.due = trio.current_time() + logic.max_delay
+        if not h.timer_armed[index]:
+            h.start_timer(index, generation, core.due)
+            h.timer_armed[index] = True
 
     def _callback_for(self, completions: list[Any], state: Any, partition: int) -> Any:
         """The receipt handler of a sealed batch."""

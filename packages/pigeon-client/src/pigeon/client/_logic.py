@@ -17,10 +17,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
+from itertools import repeat
 from typing import Any
 
 from pigeon.client._chunks import ChunkReceipts, chunk_uuid
 from pigeon.client._core import (
+    PLAIN_SLACK,
     SLACK_PER_BATCH,
     ConsumerCore,
     ProducerCore,
@@ -71,6 +73,8 @@ class ProducerLogic:
 
     def __post_init__(self) -> None:
         self.multi = len(self.cores) > 1
+        #: the one accumulator of a producer of one partition (None: partitioned)
+        self._single = None if self.multi else self.cores[0]
         if self.encode is not None:
             # a schema producer encodes first; a producer of bytes pays nothing for it
             self.add_plain = self._add_plain_encoded  # type: ignore[method-assign,assignment]
@@ -97,6 +101,25 @@ class ProducerLogic:
         the broker stores each (producer name, sequence id) once, which makes replays
         idempotent (the Spark sink's exactly-once writes rely on it).
         """
+        core = self._single
+        if (
+            core is not None
+            and make_completion is None
+            and not deliver_at
+            and sequence_id is None
+            and self.encode is None
+            and type(value) is bytes
+            and key is None
+            and not properties
+            and event_time.__class__ is int
+            and not event_time
+            and core.count
+            and len(value) <= core.plain_max
+            and core.batch_bytes + len(value) <= core.plain_room
+        ):
+            # a bytes value alone into the open batch it fits in (as add_plain's hot path)
+            self._add_open(core, value, completion)
+            return completion
         # Everything is checked before anything is recorded: a bad argument raises here
         # and leaves the producer as it was.
         if self.encode is not None:
@@ -156,8 +179,57 @@ class ProducerLogic:
         schema, the value is encoded first: see ``__post_init__``).
 
         Returns a :class:`MessageFuture` sharing its batch's state; per message this is a
-        couple of list appends and one small object.
+        list append, a few counters and one small object.
         """
+        core = self._single
+        if (
+            core is not None
+            and type(value) is bytes
+            and key is None
+            and not properties
+            and event_time.__class__ is int
+            and not event_time
+        ):
+            # The hot path of the hot path: a bytes value alone, to the one partition, in
+            # a batch already open that it fits in (every check of the general path below,
+            # done with two precomputed limits; see ProducerCore.plain_max).
+            n = core.count
+            size = len(value)
+            if n and size <= core.plain_max and core.batch_bytes + size <= core.plain_room:
+                full = core.builder.add_value(value)
+                core.count = n + 1
+                core.batch_bytes += size + PLAIN_SLACK
+                future = MessageFuture(core.state or core.batch_state(), n)
+                if full or self.max_delay <= 0:
+                    self.seal(0)
+                elif self.clock is not None and self.clock() >= core.due:
+                    self.seal(0)  # due (its timer is late): it leaves now, with this message
+                return future
+        return self._add_plain(value, key, properties, event_time)
+
+    def _add_open(self, core: ProducerCore, value: bytes, completion: Any) -> None:
+        """Add a checked bytes value alone to ``core``'s open batch (``add``'s hot path)."""
+        n = core.count
+        full = core.builder.add_value(value)
+        if completion is not None:
+            completions = core.completions
+            if len(completions) < n:
+                completions.extend(repeat(None, n - len(completions)))
+            completions.append(completion)
+        core.count = n + 1
+        core.batch_bytes += len(value) + PLAIN_SLACK
+        # full, not batching, or due (its timer is late): it leaves now, with this message
+        if full or self.max_delay <= 0 or (self.clock is not None and self.clock() >= core.due):
+            self.seal(0)
+
+    def _add_plain(
+        self,
+        value: Any,
+        key: str | bytes | None,
+        properties: Mapping[str, str] | None,
+        event_time: int,
+    ) -> MessageFuture:
+        """:meth:`add_plain` of any message (the first of a batch, with a key, ...)."""
         # Checked before anything is recorded (see add).
         if type(value) is bytes and key is None and not properties and event_time.__class__ is int:
             properties = None

@@ -68,7 +68,8 @@ def receipt_message_id(
     id is then a :class:`ChunkMessageId`.
     """
     offset = receipt[2]
-    mid = MessageId(receipt[0], receipt[1], index, partition, offset + index if offset >= 0 else -1)
+    offset = offset + index if offset >= 0 else -1
+    mid = _message_id(receipt[0], receipt[1], index, partition, offset)
     if len(receipt) > 4:
         first = receipt_message_id(receipt[4], 0, partition)
         return ChunkMessageId(first, mid)
@@ -166,6 +167,38 @@ class MessageId:
             return ChunkMessageId(MessageId.deserialize(first), MessageId.deserialize(last))
         parts = [int(p) for p in text.split(":")]
         return MessageId(*parts)
+
+
+_new = object.__new__
+_SET_SEGMENT = MessageId.__dict__["segment_id"].__set__
+_SET_ENTRY = MessageId.__dict__["entry_id"].__set__
+_SET_INDEX = MessageId.__dict__["batch_index"].__set__
+_SET_PARTITION = MessageId.__dict__["partition"].__set__
+_SET_OFFSET = MessageId.__dict__["offset"].__set__
+
+
+def _message_id(segment: int, entry: int, index: int, partition: int, offset: int) -> MessageId:
+    """``MessageId(...)`` of checked ints, at half the cost (no ``__init__`` frame and its
+    ``object.__setattr__`` calls): made per message by receipts and received messages."""
+    mid: MessageId = _new(MessageId)
+    _SET_SEGMENT(mid, segment)
+    _SET_ENTRY(mid, entry)
+    _SET_INDEX(mid, index)
+    _SET_PARTITION(mid, partition)
+    _SET_OFFSET(mid, offset)
+    return mid
+
+
+def receipt_message_ids(
+    receipt: tuple[int, int, int, bool], count: int, partition: int
+) -> list[MessageId]:
+    """:func:`receipt_message_id` of the ``count`` messages of a batch, in order."""
+    if len(receipt) > 4:
+        return [receipt_message_id(receipt, i, partition) for i in range(count)]
+    segment, entry, offset = receipt[0], receipt[1], receipt[2]
+    if offset < 0:
+        return [_message_id(segment, entry, i, partition, -1) for i in range(count)]
+    return [_message_id(segment, entry, i, partition, offset + i) for i in range(count)]
 
 
 class EntryReceipt:
@@ -293,7 +326,7 @@ class Message:
 
     @property
     def message_id(self) -> MessageId:
-        return MessageId(self._segment, self._entry, self._index, self._partition, self.offset)
+        return _message_id(self._segment, self._entry, self._index, self._partition, self.offset)
 
     @property
     def segment_id(self) -> int:
@@ -381,6 +414,13 @@ def _split(
         if decoders is None
         else decoders.decode_all(entry.source, batch.header.schema_version, values, indexes)
     )
+    if keys is None and props is None and times is None and decoders is None:
+        # values alone (the common case): nothing to choose per message
+        seg, ent, red = entry.segment_id, entry.entry_id, entry.redelivery_count
+        return [
+            Message(v, None, empty, 0, publish, seg, ent, i, partition, first + i, red, topic, v)
+            for i, v in zip(indexes, map(values.__getitem__, indexes), strict=True)
+        ]
     return [
         Message(
             shown[i],

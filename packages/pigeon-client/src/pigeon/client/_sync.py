@@ -195,9 +195,15 @@ class Producer(ProducerFace):
 
     def _start_timer(self, index: int, generation: int) -> None:
         # due on the engine's clock (trio's: perf_counter plus the run's offset), so the
-        # hop to the engine's thread does not delay the batch
-        due = self._handle.logic.cores[index].due + self._thread.engine.clock_offset
-        self._thread.soon(self._handle.start_timer, index, generation, due)
+        # hop to the engine's thread does not delay the batch; none while the partition's
+        # timer task runs (it finds this batch when it wakes): a steady producer's batches
+        # cross no thread for their timers
+        h = self._handle
+        if not h.timer_armed[index]:
+            h.due_offset = offset = self._thread.engine.clock_offset
+            due = h.logic.cores[index].due + offset
+            self._thread.soon(h.start_timer, index, generation, due)
+            h.timer_armed[index] = True
 
     def _space_freed(self) -> None:
         with self._lock:
@@ -326,7 +332,9 @@ class _Receiving:
 
     def __init__(self, thread: EngineThread) -> None:
         self._thread = thread
-        self._lock = threading.Condition()  # an RLock inside: the handle takes it too
+        #: the handle takes this lock too; ``receive()`` takes the RLock alone (in C)
+        self._rlock = threading.RLock()
+        self._lock = threading.Condition(self._rlock)
         #: with a listener: the threads it runs on, whether a turn of this consumer is
         #: queued or running there, whether close stopped it, and the thread calling it now
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -416,7 +424,16 @@ class _Receiving:
 
     def receive(self, timeout: float | None = None) -> Message:
         """The next message; raises pigeon.client.Timeout after ``timeout`` seconds."""
-        msgs: list[Message] = self._receive(self._handle.receive_nowait, 1, timeout)
+        h = self._handle
+        if h.listener is None and not h.closed:
+            with self._rlock:  # a message split off its entry already: no clock, no wait
+                got = h.receive_one_nowait()
+            if got is not None:
+                msg, grants = got
+                for engine, permits in grants:
+                    self._thread.soon(engine.flow, permits)
+                return msg
+        msgs: list[Message] = self._receive(h.receive_nowait, 1, timeout)
         return msgs[0]
 
     def receive_arrow(self, max_rows: int = 10_000, timeout: float | None = None) -> Any:

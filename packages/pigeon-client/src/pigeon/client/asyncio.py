@@ -34,8 +34,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import threading
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
@@ -44,7 +46,7 @@ from pigeon.client._asyncio_bridge import run_on_engine, spawn_on_engine
 from pigeon.client._core import arrow_module, settle_entry
 from pigeon.client._face import AsyncConsumer, AsyncReader, AsyncReceiving, ClientBase
 from pigeon.client._handles import ProducerFace, ProducerHandle, deliver_time
-from pigeon.client._message import EntryReceipt, Message, MessageId, receipt_message_id
+from pigeon.client._message import EntryReceipt, Message, MessageId, receipt_message_ids
 from pigeon.client._options import (
     ArrowSendOptions,
     ConsumerOptions,
@@ -218,7 +220,16 @@ class Producer(ProducerFace):
         self._send_timeout = options.send_timeout
         self._lock = threading.Lock()
         self._space = asyncio.Event()
-        self._clock = self._loop.time
+        # asyncio's own loop: its clock and futures without a Python frame per message
+        # (a loop that overrides them, such as uvloop's, keeps its own)
+        loop = self._loop
+        base = asyncio.BaseEventLoop
+        self._clock = time.monotonic if type(loop).time is base.time else loop.time
+        self._new_future: Callable[[], asyncio.Future[Any]] = (
+            functools.partial(asyncio.Future, loop=loop)
+            if type(loop).create_future is base.create_future
+            else loop.create_future
+        )
 
     async def __aenter__(self) -> Producer:
         return self
@@ -303,14 +314,18 @@ class Producer(ProducerFace):
         for the receipt; the message is still sent.
         """
         h = self._handle
-        when = deliver_time(deliver_at, deliver_after)
+        when = (
+            0
+            if deliver_at is None and deliver_after is None
+            else deliver_time(deliver_at, deliver_after)
+        )
         if h.closed:
             raise AlreadyClosed("producer is closed")
         if h.outstanding >= self._max_pending:
             raise ProducerQueueFull(
                 f"{h.outstanding} messages pending (max_pending_messages={self._max_pending})"
             )
-        fut: asyncio.Future[MessageId] = self._loop.create_future()
+        fut: asyncio.Future[MessageId] = self._new_future()
         with self._lock:
             h.logic.add(value, key, properties, event_time, when, fut)
         h.outstanding += 1
@@ -404,9 +419,11 @@ class _BatchCompletion:
                 loop.call_soon_threadsafe(self.handle_error, error)
 
     def handle_response(self, receipt: tuple[int, int, int, bool]) -> None:  # loop thread
-        for i, f in enumerate(self.futures):
+        futures = self.futures
+        ids = receipt_message_ids(receipt, len(futures), self.partition)
+        for f, mid in zip(futures, ids, strict=True):
             if not f.done():
-                f.set_result(receipt_message_id(receipt, i, self.partition))
+                f.set_result(mid)
         self.producer._batch_done(len(self.futures))
 
     def handle_error(self, error: BaseException) -> None:  # loop thread

@@ -193,7 +193,11 @@ class Producer(ProducerFace):
         h = self._handle
         if h.closed or h.outstanding >= self._max_pending:
             await self._wait_for_space()
-        when = deliver_time(deliver_at, deliver_after, h.client.clock.now_ms())
+        when = (
+            0
+            if deliver_at is None and deliver_after is None
+            else deliver_time(deliver_at, deliver_after, h.client.clock.now_ms())
+        )
         h.logic.add(value, key, properties, event_time, when, callback)
         h.outstanding += 1
 

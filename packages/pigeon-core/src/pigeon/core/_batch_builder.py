@@ -6,7 +6,7 @@ one-message check it offers the client before a message is queued
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from itertools import accumulate, chain, islice, repeat
+from itertools import chain, repeat
 from operator import methodcaller
 from typing import Any, Final
 
@@ -45,7 +45,6 @@ class BatchBuilder:
 
     __slots__ = (
         "_end",
-        "_ends",
         "_event_times",
         "_extra_bytes",
         "_extras",
@@ -83,7 +82,6 @@ class BatchBuilder:
 
     def _reset(self) -> None:
         self._values: list[bytes] = []
-        self._ends: list[int] = [0]
         self._end = 0
         self._extra_bytes = 0
         self._extras = False
@@ -117,8 +115,18 @@ class BatchBuilder:
             self._add_extras(len(values), key, properties, event_time)
         values.append(value)
         end = self._end = self._end + size
-        self._ends.append(end)
         return len(values) >= self.max_messages or end + self._extra_bytes >= self.max_bytes
+
+    def add_value(self, value: bytes) -> bool:
+        """:meth:`add` of a ``bytes`` value alone (no key, properties or event time): the
+        producer's hot path, for a caller that checked the value's type. Returns True
+        when the batch is now full."""
+        if self._extras:
+            return self.add(value)
+        values = self._values
+        values.append(value)
+        end = self._end = self._end + len(value)
+        return len(values) >= self.max_messages or end >= self.max_bytes
 
     def _add_extras(
         self,
@@ -176,9 +184,7 @@ class BatchBuilder:
             return self.is_full
         index = len(self._values)
         self._values.extend(values)
-        ends = list(accumulate(map(len, values), initial=self._end))
-        self._end = ends[-1]
-        self._ends.extend(islice(ends, 1, None))
+        self._end += sum(map(len, values))
         if keys is not None and keys.count(None) != n:
             if self._keys is None:
                 self._keys = [None] * index
@@ -253,9 +259,10 @@ class BatchBuilder:
         :class:`MessageTooLarge` when the batch outgrows the format.
         """
         try:
+            # the value offsets are summed here, once per batch (None: from the values)
             return _encode(
                 self._values,
-                self._ends,
+                None,
                 self._keys,
                 self._properties,
                 self._event_times,
