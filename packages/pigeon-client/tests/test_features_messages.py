@@ -100,6 +100,24 @@ async def test_batched_messages_have_their_own_ids_and_offsets(pigeon_standalone
         await consumer.close()
 
 
+async def test_last_sequence_id_follows_what_the_broker_stored(pigeon_standalone, autojump_clock):
+    """Pulsar's ``last_sequence_id``: -1 for a new name, each acknowledged send, and what
+    an earlier session of the same producer name stored."""
+    async with Client(pigeon_standalone.url) as client:
+        producer = await client.create_producer("lastseq", producer_name="p1")
+        assert producer.last_sequence_id == -1
+        await producer.send(b"a")
+        assert producer.last_sequence_id == 0
+        for i in range(5):
+            await producer.send_async(b"b%d" % i)
+        await producer.flush()
+        assert producer.last_sequence_id == 5
+        await producer.close()
+        again = await client.create_producer("lastseq", producer_name="p1")
+        assert again.last_sequence_id == 5
+        await again.close()
+
+
 async def test_acknowledging_part_of_a_batch_redelivers_only_the_rest(
     pigeon_standalone, autojump_clock
 ):

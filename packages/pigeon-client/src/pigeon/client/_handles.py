@@ -135,6 +135,13 @@ class ProducerFace:
         return self._handle.topic
 
     @property
+    def last_sequence_id(self) -> int:
+        """The sequence id of the last message the broker stored from this producer (over
+        all its partitions): at attach, what earlier sessions of this producer name
+        stored; then each acknowledged send. -1 if none (Pulsar's ``last_sequence_id``)."""
+        return max(int(e.last_sequence_id) for e in self._handle.engines)
+
+    @property
     def producer_name(self) -> str:
         return self._handle.producer_name
 

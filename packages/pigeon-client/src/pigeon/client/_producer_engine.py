@@ -248,6 +248,11 @@ class SendRequest:
             self.handle_error(error)
 
     def handle_response(self, receipt: tuple[int, int, int, bool]) -> None:
+        batch = self.batch
+        last = batch.sequence_id + batch.num_messages - 1
+        producer = self.producer
+        if last > producer.last_sequence_id:
+            producer.last_sequence_id = last
         self._outcome(receipt, None)
 
     def handle_error(self, error: BaseException) -> None:

@@ -159,11 +159,6 @@ class Producer(ProducerFace):
         #: sealed batches not yet handed to their engines, in the order sealed
         self._sealed: list[tuple[Any, Any]] = []
 
-    @property
-    def last_sequence_id(self) -> int:
-        """The highest sequence id the broker had stored for this producer name at attach."""
-        return int(self._handle.engines[0].last_sequence_id)
-
     def __enter__(self) -> Producer:
         return self
 
