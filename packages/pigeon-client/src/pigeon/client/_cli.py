@@ -299,24 +299,16 @@ def run_perf_produce(
             t0 = perf()
             try:
                 while table is not None and not stop.is_set():
-                    if per_producer_rate:
-                        due = t0 + n / per_producer_rate
-                        now = perf()
-                        if due > now:
-                            time.sleep(min(due - now, 0.01))
-                            continue
+                    if _behind_schedule(t0, n, per_producer_rate):
+                        continue
                     began = perf()
                     for fut in producer.send_arrow(table):
                         fut.add_done_callback(lambda f, b=began: lat.append(perf() - b))
                     n += table.num_rows
                     sent[i] = n
                 while table is None and not stop.is_set():
-                    if per_producer_rate:
-                        due = t0 + n / per_producer_rate
-                        now = perf()
-                        if due > now:
-                            time.sleep(min(due - now, 0.01))
-                            continue
+                    if _behind_schedule(t0, n, per_producer_rate):
+                        continue
                     for _ in range(100):
                         if n % sample_every == 0:
                             began = perf()
@@ -505,3 +497,15 @@ def pigeon_cli_commands(group: click.Group) -> None:
     group.add_command(produce_cmd)
     group.add_command(consume_cmd)
     group.add_command(perf_cmd)
+
+
+def _behind_schedule(t0: float, sent: int, rate: float) -> bool:
+    """At ``rate`` messages/s from ``t0``, is it too early for message ``sent``? If so,
+    sleep a little (at most 10 ms) and say so; ``rate`` 0 never waits."""
+    if not rate:
+        return False
+    wait = t0 + sent / rate - time.perf_counter()
+    if wait <= 0:
+        return False
+    time.sleep(min(wait, 0.01))
+    return True
