@@ -537,7 +537,10 @@ def test_fail_on_data_loss_both_ways(spark: SparkSession, tmp_path: Path, client
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"topic": "t", "startingOfsets": "earliest"}, "unknown option(s) startingofsets"),
+        (
+            {"topic": "t", "startingOfsets": "earliest"},
+            "unknown option startingofsets (did you mean startingOffsets?)",
+        ),
         (
             {"topic": "t", "topics": "a,b"},
             "give exactly one of topic, topics, topicsPattern (got topic, topics)",

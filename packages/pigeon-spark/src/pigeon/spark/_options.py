@@ -414,8 +414,12 @@ def parse_source_options(
     pattern: str | None = None
     if len(chosen) != 1:
         problems.append(
-            "give exactly one of topic, topics, topicsPattern (or Kafka's subscribe, "
-            "subscribePattern)" + (f" (got {', '.join(chosen)})" if chosen else "")
+            "give exactly one of topic, topics, topicsPattern"
+            + (
+                f" (got {', '.join(chosen)})"
+                if chosen
+                else " (or Kafka's names for them: subscribe, subscribePattern)"
+            )
         )
     elif chosen[0] == "topic":
         topics = (_topic(opts["topic"], "topic", problems),)
