@@ -185,6 +185,33 @@ def test_starting_timestamp_and_pattern(
     assert {r.topic: r["count"] for r in both} == {full(first): 35, full(second): 1}
 
 
+def test_kafka_source_names_and_a_missing_topic(
+    spark: SparkSession, server: Standalone, client: Client
+) -> None:
+    topic, missing = topic_name("kafka-names"), topic_name("missing")
+    produce(client, topic, [{"value": b"v-%d" % i, "properties": {"i": str(i)}} for i in range(5)])
+    # what a user of Spark's Kafka source writes, with serviceUrl for its bootstrap servers
+    rows = (
+        spark.read.format("pigeon")
+        .option("serviceUrl", server.url)
+        .option("subscribe", topic)
+        .option("includeHeaders", "true")
+        .load()
+        .select("value", "properties")
+        .collect()
+    )
+    assert sorted((r.value, r.properties["i"]) for r in rows) == [
+        (b"v-%d" % i, str(i)) for i in range(5)
+    ]
+
+    # a topic that does not exist fails the read, and is not created by it
+    with pytest.raises(Exception, match="TopicNotFound") as info:
+        reader(spark, server.url, topic=missing).collect()
+    assert full(missing) in str(info.value) and "allowAutoTopicCreation=true" in str(info.value)
+    assert full(missing) not in client.list_topics()
+    assert reader(spark, server.url, topic=missing, allowAutoTopicCreation="true").count() == 0
+
+
 # ------------------------------------------------------------------------ streaming read
 
 
@@ -241,6 +268,28 @@ def test_streaming_read_survives_a_stop_mid_stream(
     rows = spark.read.parquet(str(out)).collect()
     assert Counter(r.value for r in rows) == Counter(b"m-%d" % i for i in range(180))  # once each
     assert sorted(r.offset for r in rows if r.topic == full(later)) == list(range(10))
+
+
+def test_max_offsets_per_trigger_is_honoured_exactly(
+    spark: SparkSession, server: Standalone, client: Client
+) -> None:
+    # three equal backlogs share a limit of 10 as 3.33 each: rounding each share down
+    # read batches of 9
+    topic = topic_name("per-trigger")
+    client.create_topic(topic, 3)
+    for i in range(3):
+        produce(client, f"{topic}-partition-{i}", [{"value": b"x"} for _ in range(10)])
+    query = run_available_now(
+        spark.readStream.format("pigeon")
+        .option("service_url", server.url)
+        .option("topic", topic)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", "10")
+        .load()
+        .writeStream.format("noop")
+    )
+    sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    assert sizes == [10, 10, 10]
 
 
 # ------------------------------------------------------------------ schema topics
@@ -488,7 +537,10 @@ def test_fail_on_data_loss_both_ways(spark: SparkSession, tmp_path: Path, client
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"topic": "t", "startingOfsets": "earliest"}, "unknown option(s) startingofsets"),
+        (
+            {"topic": "t", "startingOfsets": "earliest"},
+            "unknown option startingofsets (did you mean startingOffsets?)",
+        ),
         (
             {"topic": "t", "topics": "a,b"},
             "give exactly one of topic, topics, topicsPattern (got topic, topics)",

@@ -20,6 +20,7 @@ import json
 import logging
 import re
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -36,6 +37,7 @@ from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
     ReadMaxRows,
+    ReadMinRows,
     SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import (
@@ -58,6 +60,7 @@ from pigeon.client.ranges import (
     topic_schema,
 )
 from pigeon.core import TopicName
+from pigeon.core.errors import AuthorizationError, TopicNotFound
 from pigeon.spark._arrow import DATA_COLUMN, SOURCE_COLUMNS, record_batches
 from pigeon.spark._avro import (
     DECODED_TYPES,
@@ -78,11 +81,13 @@ from pigeon.spark._plan import (
     OffsetRange,
     Offsets,
     PartitionState,
+    by_timestamp,
     cap,
     rate_limit,
     resolve,
     sorted_offsets,
     split_ranges,
+    trigger_due,
 )
 
 __all__ = [
@@ -211,6 +216,30 @@ def _value_schema(client: Client, opts: SourceOptions) -> ValueSchema | None:
     return value
 
 
+def _require_topics(client: Client, opts: SourceOptions) -> None:
+    """*batch*: TopicNotFound for a named topic that does not exist, before anything
+    attaches to it (attaching would create it), unless ``allowAutoTopicCreation``."""
+    if opts.pattern is not None or opts.allow_auto_topic_creation:
+        return
+    listed: dict[str, set[str]] = {}
+    missing = []
+    for topic in opts.topics:
+        name = TopicName.parse(topic)
+        namespace = name.namespace_name
+        if namespace not in listed:
+            try:
+                listed[namespace] = set(client.list_topics(namespace))
+            except AuthorizationError:
+                return  # a role that may read but not list: the read itself decides
+        if name.full not in listed[namespace] and name.base.full not in listed[namespace]:
+            missing.append(name.full)
+    if missing:
+        raise TopicNotFound(
+            f"topic(s) {', '.join(missing)} do not exist: create them first, or set "
+            "allowAutoTopicCreation=true to read them as empty"
+        )
+
+
 def _states(client: Client, opts: SourceOptions) -> dict[str, PartitionState]:
     topics = _partition_topics(client, opts)
     if not topics:
@@ -224,20 +253,35 @@ def _starting(
     client: Client, opts: SourceOptions, states: dict[str, PartitionState], default: str
 ) -> Offsets:
     at_time = None
-    if opts.starting_timestamp is not None and states:
-        at_time = offsets_for_timestamp(client, list(states), opts.starting_timestamp)
+    spec = opts.starting
+    option = "startingOffsets"
     try:
-        return resolve(
-            opts.starting, states, default=default, option="startingOffsets", at_time=at_time
-        )
+        if opts.starting_timestamp is not None and states:
+            at_time = offsets_for_timestamp(client, list(states), opts.starting_timestamp)
+        elif opts.starting_by_timestamp is not None:
+            option = "startingOffsetsByTimestamp"
+            spec = _at_times(
+                client, by_timestamp(opts.starting_by_timestamp, states, option=option)
+            )
+        return resolve(spec, states, default=default, option=option, at_time=at_time)
     except ValueError as exc:
         raise OptionError([str(exc)]) from None
 
 
-def _input_partitions(
-    ranges: list[OffsetRange], min_partitions: int | None
-) -> list[InputPartition]:
-    return [PigeonInputPartition(*r) for r in split_ranges(ranges, min_partitions)]
+def _at_times(client: Client, times: dict[str, int]) -> Offsets:
+    """Per partition, its first offset at/after its own time (one look-up per time)."""
+    groups: dict[int, list[str]] = {}
+    for topic, ms in times.items():
+        groups.setdefault(ms, []).append(topic)
+    out: Offsets = {}
+    for ms, topics in groups.items():
+        out.update(offsets_for_timestamp(client, topics, ms))
+    return out
+
+
+def _input_partitions(ranges: list[OffsetRange], opts: SourceOptions) -> list[InputPartition]:
+    split = split_ranges(ranges, opts.min_partitions, opts.max_records_per_partition)
+    return [PigeonInputPartition(*r) for r in split]
 
 
 # ------------------------------------------------------------------------------ reading
@@ -353,10 +397,18 @@ class PigeonBatchReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         opts = self.opts
         client = client_for(opts.service_url, opts.security)
+        _require_topics(client, opts)
         states = _states(client, opts)
         start = _starting(client, opts, states, "earliest")
         try:
-            end = resolve(opts.ending, states, default="latest", option="endingOffsets")
+            if opts.ending_timestamp is not None:
+                end = sorted_offsets(
+                    offsets_for_timestamp(client, list(states), opts.ending_timestamp)
+                    if states
+                    else {}
+                )
+            else:
+                end = resolve(opts.ending, states, default="latest", option="endingOffsets")
         except ValueError as exc:
             raise OptionError([str(exc)]) from None
         ranges = []
@@ -366,7 +418,7 @@ class PigeonBatchReader(DataSourceReader):
                     [f"starting offset {start[topic]} of {topic} is past its end {end[topic]}"]
                 )
             ranges.append(OffsetRange(topic, start[topic], end[topic]))
-        return _input_partitions(ranges, opts.min_partitions)
+        return _input_partitions(ranges, opts)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read(self.opts, partition, self.value)
@@ -384,6 +436,8 @@ class PigeonStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.value = value
         self._target: Offsets | None = None
         self._initial: Offsets | None = None
+        #: monotonic time of the last micro-batch planned (minOffsetsPerTrigger)
+        self._last_trigger: float | None = None
 
     def initialOffset(self) -> dict[str, int]:
         # Spark asks more than once (and again for a first micro-batch it re-runs after a
@@ -403,6 +457,8 @@ class PigeonStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.opts.max_offsets_per_trigger:
             return ReadMaxRows(self.opts.max_offsets_per_trigger)
+        if self.opts.min_offsets_per_trigger:
+            return ReadMinRows(self.opts.min_offsets_per_trigger)
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
@@ -413,6 +469,16 @@ class PigeonStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         latest = self._latest(start)
         if self._target is not None:
             latest = cap(latest, start, self._target)
+        elif self.opts.min_offsets_per_trigger and not isinstance(limit, ReadAllAvailable):
+            # Trigger.AvailableNow and Once read everything: no waiting for a minimum
+            now = time.monotonic()
+            waited = None if self._last_trigger is None else (now - self._last_trigger) * 1000
+            new = sum(max(0, end - start.get(t, 0)) for t, end in latest.items())
+            if not trigger_due(
+                new, self.opts.min_offsets_per_trigger, waited, self.opts.max_trigger_delay_ms
+            ):
+                return sorted_offsets(start)
+            self._last_trigger = now
         if isinstance(limit, ReadMaxRows):
             return rate_limit(start, latest, limit.max_rows)
         return sorted_offsets(latest)
@@ -422,7 +488,7 @@ class PigeonStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
         ranges = [OffsetRange(t, int(start.get(t, 0)), int(e)) for t, e in end.items()]
-        return _input_partitions([r for r in ranges if r.end > r.start], self.opts.min_partitions)
+        return _input_partitions([r for r in ranges if r.end > r.start], self.opts)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read(self.opts, partition, self.value)
