@@ -74,9 +74,7 @@ class _UsageError(click.UsageError):
 
 
 def _one_line_usage(exc: click.UsageError) -> _UsageError:
-    one = _UsageError(exc.format_message(), exc.ctx)
-    one.exit_code = exc.exit_code
-    return one
+    return _UsageError(exc.format_message(), exc.ctx)  # exit status 2, as click's
 
 
 class _Group(click.Group):
