@@ -357,7 +357,7 @@ def _tls_scheme(frame_type: Any) -> str:
 def _wrong_service(address: str, *, server: str, client: str) -> str:
     """The error a client gets when it dialled a node of another kind (frame names)."""
     hint = {
-        "broker": "clients use the broker's pigeon:// service URL",
+        "broker": "use the broker's pigeon:// service URL, port 6650 by default",
         "bookie": "use a bookie's address, as the metadata store lists it",
     }.get(frame_role(client), "")
     return (
