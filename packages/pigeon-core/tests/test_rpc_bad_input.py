@@ -369,6 +369,43 @@ async def test_native_client_on_a_silent_port_times_out_with_a_clear_error(
     assert "broker port" in str(exc.value)
 
 
+async def test_native_client_on_an_admin_port_is_told_the_service_url_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # an HTTP server waits for a request line, so it never answers the connect frame; the
+    # client asks it over HTTP after 1 s of silence and names the port to use instead
+    network = MemoryNetwork()
+    health = (
+        b'{"status":"ok","checks":{},"brokers":[{"service_url":"pigeon://127.0.0.1:6650",'
+        b'"http_url":"http://127.0.0.1:8080"}]}'
+    )
+
+    async def admin(stream: trio.abc.Stream) -> None:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = await stream.receive_some(65536)
+            if not chunk:
+                return
+            data += chunk
+        if not data.startswith(b"GET "):
+            await trio.sleep_forever()
+        await stream.send_all(
+            b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(health), health)
+        )
+        await stream.aclose()
+
+    with network.installed():
+        async with trio.open_nursery() as nursery:
+            network.listen("127.0.0.1", 8080, admin, nursery)
+            start = trio.current_time()
+            with pytest.raises(ProtocolError) as exc:
+                await connect_tcp("127.0.0.1", 8080, BrokerFrame, nursery, connect_timeout=10)
+            nursery.cancel_scope.cancel()
+    assert trio.current_time() - start < 3  # not the 10 s connect timeout
+    assert "port 8080 is a PigeonMQ broker's admin HTTP port" in str(exc.value)
+    assert "use pigeon://127.0.0.1:6650" in str(exc.value)
+
+
 def test_sniffing_does_not_mistake_pigeon_frames() -> None:
     for frame_type in (BrokerFrame, BookieFrame):
         for kind in frame_type.schema.union_fields:

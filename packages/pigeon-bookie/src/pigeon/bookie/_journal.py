@@ -149,7 +149,10 @@ class JournalStore(JournalReads):
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                raise DataDirLocked(f"directory {d} is in use by another store")
+                raise DataDirLocked(
+                    f"directory {d} is in use by another bookie or standalone: stop it,"
+                    " or use another data directory"
+                ) from None
         self._claim_format()
         self._index = index = LedgerIndex(
             self._ledger_dirs[0] / "index", map_size=self._index_map_size

@@ -43,7 +43,7 @@ from pigeon.bookie._storage_state import (
     pread,
     pwritev_all,
 )
-from pigeon.core.errors import BookieReadOnly, InvalidEntryId, StorageError
+from pigeon.core.errors import BookieReadOnly, DataDirLocked, InvalidEntryId, StorageError
 
 __all__ = ["StoreRecovery"]
 
@@ -58,7 +58,10 @@ class StoreRecovery(StoreBase):
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise StorageError(f"data directory {self._root} is in use by another store")
+            raise DataDirLocked(
+                f"data directory {self._root} is in use by another bookie or standalone:"
+                " stop it, or use another data directory"
+            ) from None
         fmt = self._root / "FORMAT"
         if fmt.exists() and fmt.stat().st_size:
             if fmt.read_bytes() != STORE_FORMAT:

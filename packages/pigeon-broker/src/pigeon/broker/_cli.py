@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import functools
 import os
+import socket
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -14,6 +17,7 @@ import trio
 
 from pigeon.broker._config import BrokerConfig, KafkaConfig
 from pigeon.core import PluginManager, load_config
+from pigeon.core.errors import ConfigError, DataDirLocked
 
 hookimpl = pluggy.HookimplMarker("pigeon")
 
@@ -55,6 +59,55 @@ def _kafka_note(service: Any) -> str:
         extra = f" ({protocol})" if protocol != "PLAINTEXT" else ""
         note += f", Kafka clients on {kafka.advertised_address}{extra}"
     return note
+
+
+def _check_ports(ports: list[tuple[str, str, int]]) -> None:
+    """Before anything starts: a port another process listens on is one ConfigError
+    naming the port and the flag that sets it (``(flag, host, port)``; ports below 1,
+    ephemeral or off, are not checked).  Binds as trio's listeners do (SO_REUSEADDR),
+    so it refuses exactly what they would; any other failure is left to them."""
+    for flag, host, port in ports:
+        if port <= 0:
+            continue
+        try:
+            infos = socket.getaddrinfo(
+                host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            )
+        except OSError:
+            continue
+        for family, kind, proto, _, address in infos:
+            with socket.socket(family, kind, proto) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                try:
+                    sock.bind(address)
+                except OSError as exc:
+                    if exc.errno == errno.EADDRINUSE:
+                        raise ConfigError(
+                            f"port {port} is already in use ({flag}): stop what holds it"
+                            f" (another pigeon standalone?) or pass another {flag}"
+                        ) from None
+
+
+def _lock_data_dir(data_dir: Path) -> int:
+    """Hold ``data_dir/LOCK`` (flock, released when the process ends) and write our pid in
+    it; a second standalone on the same directory gets one DataDirLocked line naming the
+    holder before it opens anything."""
+    path = data_dir / "LOCK"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode("ascii", "replace").strip()
+        os.close(fd)
+        who = f"pigeon standalone pid {holder}" if holder.isdigit() else "another process"
+        raise DataDirLocked(
+            f"data directory {data_dir} is in use by {who}: stop it, or pass another --data-dir"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
 
 
 _KAFKA_PORT_HELP = "Kafka protocol port ({}; -1: off; [kafka] port, PIGEON_KAFKA_PORT)."
@@ -107,6 +160,13 @@ def broker_cmd(
         raise click.UsageError(
             "--metadata (or PIGEON_METADATA, or metadata in [broker]) is required"
         )
+    _check_ports(
+        [
+            ("--port", config.host, config.port),
+            ("--http-port", config.host, config.http_port),
+            ("--kafka-port", config.kafka.host or config.host, config.kafka.port),
+        ]
+    )
     store = open_metadata_store(config.metadata, plugins)
 
     async def main(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -195,6 +255,19 @@ def standalone_cmd(
         },
     )
     Path(data_dir).mkdir(parents=True, exist_ok=True)
+    _lock_data_dir(Path(data_dir))  # held until the process ends
+    _check_ports(
+        [
+            ("--port", broker_config.host, broker_config.port),
+            ("--bookie-port", bookie_config.host, bookie_config.port),
+            ("--http-port", broker_config.host, broker_config.http_port),
+            (
+                "--kafka-port",
+                broker_config.kafka.host or broker_config.host,
+                broker_config.kafka.port,
+            ),
+        ]
+    )
 
     def ready(service: Any) -> None:
         click.echo(

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import logging
 import sys
+import traceback
 from collections.abc import Callable
+from typing import Any
 
 import click
 
 from pigeon.core._plugins import PluginManager
 from pigeon.core.errors import PigeonError
 
-__all__ = ["main", "make_cli", "setup_logging"]
+__all__ = ["error_line", "main", "make_cli", "setup_logging"]
 
 
 class _KeyValueFormatter(logging.Formatter):
@@ -48,19 +50,69 @@ def _leaves(exc: BaseException) -> list[BaseException]:
     return [exc]
 
 
+def error_line(exc: BaseException) -> str:
+    """The one line a user sees for ``exc`` (without ``--debug``): ``error: Type: text``
+    for a PigeonError, the OS's words for an OSError (a file that cannot be read), and
+    for anything else (a bug) its type with a pointer to ``--debug``."""
+    if isinstance(exc, PigeonError):
+        return f"error: {type(exc).__name__}: {exc}"
+    if isinstance(exc, OSError):
+        return f"error: {exc}"
+    return (
+        f"error: unexpected {type(exc).__name__}: {exc} (a bug: run again with --debug"
+        " for the traceback, and please report it)"
+    )
+
+
+class _UsageError(click.UsageError):
+    """click's usage error as one line and the hint to ``--help`` (click prints four:
+    the usage, the hint, a blank line and the error)."""
+
+    def show(self, file: Any = None) -> None:
+        hint = f" (see '{self.ctx.command_path} --help')" if self.ctx is not None else ""
+        click.echo(f"error: {self.format_message()}{hint}", err=True)
+
+
+def _one_line_usage(exc: click.UsageError) -> _UsageError:
+    return _UsageError(exc.format_message(), exc.ctx)  # exit status 2, as click's
+
+
 class _Group(click.Group):
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except _UsageError:
+            raise
+        except click.UsageError as exc:
+            raise _one_line_usage(exc) from exc
+
     def invoke(self, ctx: click.Context) -> object:
-        """A PigeonError (also one a task raised inside a nursery: an exception group
-        of nothing else) is one line on stderr and exit status 2, not a traceback."""
+        """Any error (also those tasks raised inside a nursery: an exception group) is one
+        line per distinct error on stderr and exit status 2 for a PigeonError, 1 for
+        anything else, not a traceback; ``--debug`` prints the traceback first."""
         try:
             return super().invoke(ctx)
-        except (PigeonError, BaseExceptionGroup) as exc:
+        except _UsageError:
+            raise
+        except click.UsageError as exc:
+            raise _one_line_usage(exc) from exc
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except (Exception, BaseExceptionGroup) as exc:
             errors = _leaves(exc)
-            if not all(isinstance(e, PigeonError) for e in errors):
-                raise
-            for line in dict.fromkeys(f"error: {type(e).__name__}: {e}" for e in errors):
+            if not all(isinstance(e, Exception) for e in errors):
+                raise  # KeyboardInterrupt inside a group: click's "Aborted!"
+            if ctx.params.get("debug"):
+                traceback.print_exception(exc, file=sys.stderr)
+            for line in dict.fromkeys(error_line(e) for e in errors):
                 click.echo(line, err=True)
-            sys.exit(2)
+            sys.exit(2 if all(isinstance(e, PigeonError) for e in errors) else 1)
 
 
 def make_cli(plugins: PluginManager | None = None) -> click.Group:
@@ -74,8 +126,14 @@ def make_cli(plugins: PluginManager | None = None) -> click.Group:
         envvar="PIGEON_LOG_LEVEL",
         type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
     )
+    @click.option(
+        "--debug",
+        is_flag=True,
+        envvar="PIGEON_DEBUG",
+        help="On an error, print its traceback before the one-line message.",
+    )
     @click.pass_context
-    def cli(ctx: click.Context, log_level: str) -> None:
+    def cli(ctx: click.Context, log_level: str, debug: bool) -> None:
         """PigeonMQ: distributed messaging and streaming."""
         # the root logger is the command's while it runs, the caller's again after
         ctx.call_on_close(setup_logging(log_level))

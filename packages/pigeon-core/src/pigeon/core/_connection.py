@@ -535,6 +535,15 @@ class Connection:
             if foreign is not None:
                 self._foreign_peer(foreign)
                 return
+            if not self.serving and not self.frames_in:
+                # a server whose first answer is no frame at all: not a PigeonMQ node
+                role = frame_role(self.frame_type)
+                self._close_reason = ProtocolError(
+                    f"the server answered with bytes that are not the PigeonMQ {role}"
+                    f" protocol ({bytes(self._head[:16])!r}): is it a PigeonMQ {role} port?"
+                )
+                log.warning("not a PigeonMQ server conn=%s error=%s", self.name, exc)
+                return
             log.warning("protocol error conn=%s error=%s", self.name, exc)
             self._close_reason = exc
             with contextlib.suppress(ConnectionClosed):

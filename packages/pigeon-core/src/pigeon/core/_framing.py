@@ -232,11 +232,13 @@ def sniff_foreign_protocol(data: bytes | bytearray | memoryview) -> str | None:
 
     Used on a connection's first bytes (until its first frame is complete) and on a first
     frame that fails to decode, to tell the user which wrong port they dialled:
-    ``"an HTTP request"``, ``"an HTTP response"``, ``"a TLS handshake"`` or
+    ``"an HTTP request"``, ``"an HTTP response"``, ``"an HTML page (an HTTP server)"``,
+    ``"a TLS handshake"`` or
     ``"a Kafka request (api key N)"``.  Layouts recognised::
 
         HTTP/1.x request   b"GET " | b"POST " | ... (method, space)
         HTTP response      b"HTTP/"
+        HTML page          b"<!DOCTYPE" | b"<html" (any case: an HTTP/0.9-style error page)
         TLS record         0x16 0x03 0x00-0x04 len:u16 0x01 (a ClientHello; byte 5 of a
                            PigeonMQ frame is 0: its segment count is below 256)
         Kafka request      i32 BE length | i16 BE api_key | i16 BE api_version | ...
@@ -247,6 +249,8 @@ def sniff_foreign_protocol(data: bytes | bytearray | memoryview) -> str | None:
         return "an HTTP request"
     if head.startswith(b"HTTP/"):
         return "an HTTP response"
+    if head.lower().startswith((b"<!doctype", b"<html")):
+        return "an HTML page (an HTTP server)"
     if len(head) >= 6 and head[0] == 0x16 and head[1] == 0x03 and head[2] <= 4 and head[5] == 1:
         return "a TLS handshake"
     if len(head) >= 8:

@@ -24,9 +24,11 @@ pycapnp's own RPC needs asyncio, so nodes talk through this instead:
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import socket
 import ssl
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -119,15 +121,27 @@ async def connect_tcp(
                 stream = await trio.open_tcp_stream(host, port)
     except (OSError, trio.TooSlowError) as exc:
         raise ConnectionClosed(f"cannot connect to {host}:{port}: {exc}") from None
+    probe: Callable[[], Awaitable[str | None]] | None = None
     if tls is not None:
         stream = await connect_tls(
             stream, tls, server_hostname or host, handshake_timeout=connect_timeout
         )
+    else:
+
+        async def probe() -> str | None:
+            async def open_stream() -> trio.abc.Stream:
+                if network is not None:
+                    return await network.connect(host, port)
+                return await trio.open_tcp_stream(host, port)
+
+            return await probe_http(open_stream, host, port, frame_role(frame_type))
+
     return await _handshake(
         stream,
         frame_type,
         nursery,
         f"{host}:{port}",
+        probe=probe,
         handler=handler,
         client_name=client_name,
         max_frame_size=max_frame_size,
@@ -178,9 +192,11 @@ async def _handshake(
     protocol_version: int,
     connect_timeout: float,
     authentication: ClientAuthentication | None,
+    probe: Callable[[], Awaitable[str | None]] | None = None,
 ) -> tuple[Connection, dict[str, Any]]:
     """Start a connection over an open ``stream`` and say ``connect`` (see
-    :func:`connect_tcp`)."""
+    :func:`connect_tcp`).  ``probe``: asked after :data:`HTTP_PROBE_AFTER_S` of silence
+    what the port is (:func:`probe_http`); a text fails the handshake with it at once."""
     auth_method = auth_data = None
     if authentication is not None:
         auth_method = authentication.auth_method
@@ -197,7 +213,7 @@ async def _handshake(
     try:
         try:
             with trio.fail_after(connect_timeout):
-                info = await conn.request(
+                request = conn.request(
                     "connect",
                     {
                         "protocolVersion": protocol_version,
@@ -209,6 +225,7 @@ async def _handshake(
                     expect="connected",
                     extract=_connected_extract,
                 )
+                info = await _answer_or_probe(request, probe)
         except trio.TooSlowError:
             raise Timeout(
                 f"{address} accepted the connection but did not answer the PigeonMQ"
@@ -229,6 +246,110 @@ async def _handshake(
     return conn, info
 
 
+#: how long a new plaintext connection may stay silent after ``connect`` before the client
+#: asks the port, on a second connection, whether it is an HTTP server
+#: (:func:`probe_http`): a PigeonMQ node answers ``connect`` in milliseconds, an HTTP
+#: server waits for a request line and never answers
+HTTP_PROBE_AFTER_S = 1.0
+#: how long the probe waits for the HTTP answer
+HTTP_PROBE_TIMEOUT_S = 2.0
+
+
+async def _answer_or_probe(
+    request: Awaitable[dict[str, Any]], probe: Callable[[], Awaitable[str | None]] | None
+) -> dict[str, Any]:
+    """``await request``; if it has not answered after :data:`HTTP_PROBE_AFTER_S` and
+    ``probe`` says what else the port is, a ProtocolError with its text at once."""
+    if probe is None:
+        return await request
+    found: list[str] = []
+    answer: list[dict[str, Any]] = []
+    failure: list[Exception] = []
+    async with trio.open_nursery() as nursery:
+
+        async def watch() -> None:
+            await trio.sleep(HTTP_PROBE_AFTER_S)
+            text = await probe()
+            if text is not None:
+                found.append(text)
+                nursery.cancel_scope.cancel()
+
+        nursery.start_soon(watch)
+        try:
+            answer.append(await request)
+        except Exception as exc:  # re-raised below, not wrapped in an exception group
+            failure.append(exc)
+        nursery.cancel_scope.cancel()
+    if found:
+        raise ProtocolError(found[0])
+    if failure:
+        raise failure[0]
+    return answer[0]
+
+
+_HTTP_PROBE_PATH = "/admin/v2/cluster/health"
+
+
+async def probe_http(
+    open_stream: Callable[[], Awaitable[trio.abc.Stream]], host: str, port: int, role: str
+) -> str | None:
+    """Ask ``host:port`` (a second connection from ``open_stream``) ``GET
+    /admin/v2/cluster/health`` and say what it is: a PigeonMQ broker's admin HTTP port
+    (its answer names the service URL to use instead), another HTTP server, or ``None``
+    (no HTTP answer within :data:`HTTP_PROBE_TIMEOUT_S`, or a PigeonMQ protocol port that
+    refused the request: a slow node, not a wrong port)."""
+    data = b""
+    with trio.move_on_after(HTTP_PROBE_TIMEOUT_S):
+        try:
+            stream = await open_stream()
+        except OSError:
+            return None
+        try:
+            request = (
+                f"GET {_HTTP_PROBE_PATH} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                "Accept: application/json\r\nConnection: close\r\n\r\n"
+            )
+            await stream.send_all(request.encode())
+            while len(data) < 65536:
+                chunk = await stream.receive_some(65536)
+                if not chunk:
+                    break
+                data += chunk
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            await trio.aclose_forcefully(stream)
+    return describe_http_answer(data, port, role)
+
+
+def describe_http_answer(data: bytes, port: int, role: str) -> str | None:
+    """What :func:`probe_http` says of the bytes ``data`` port ``port`` answered (a pure
+    function: the HTTP status line, then, for a PigeonMQ admin port, the JSON of
+    ``/admin/v2/cluster/health`` whose ``brokers`` name each broker's ``service_url`` and
+    ``http_url``)."""
+    if not data.startswith(b"HTTP/"):
+        return None
+    head, _, body = data.partition(b"\r\n\r\n")
+    if b"This port speaks the PigeonMQ" in body:
+        return None  # one of our protocol ports: the node is slow, not the wrong one
+    use = "the broker's pigeon:// port (6650 by default)"
+    if role != "broker":
+        use = f"a PigeonMQ {role} port"
+    try:
+        health = json.loads(body)
+    except ValueError:
+        health = None
+    if isinstance(health, dict) and "status" in health and "checks" in health:
+        brokers = [b for b in health.get("brokers") or [] if isinstance(b, dict)]
+        mine = [b for b in brokers if str(b.get("http_url", "")).endswith(f":{port}")]
+        url = next((str(b["service_url"]) for b in mine + brokers if b.get("service_url")), "")
+        if url and role == "broker":
+            use = url
+        return f"port {port} is a PigeonMQ broker's admin HTTP port, not a {role} port: use {use}"
+    status = head.split(b"\r\n", 1)[0].decode("latin-1")
+    return f"port {port} is an HTTP server ({status!r}), not a PigeonMQ {role} port: use {use}"
+
+
 def _tls_scheme(frame_type: Any) -> str:
     return "pigeon+ssl://" if frame_role(frame_type) == "broker" else "TLS"
 
@@ -236,7 +357,7 @@ def _tls_scheme(frame_type: Any) -> str:
 def _wrong_service(address: str, *, server: str, client: str) -> str:
     """The error a client gets when it dialled a node of another kind (frame names)."""
     hint = {
-        "broker": "clients use the broker's pigeon:// service URL",
+        "broker": "use the broker's pigeon:// service URL, port 6650 by default",
         "bookie": "use a bookie's address, as the metadata store lists it",
     }.get(frame_role(client), "")
     return (

@@ -1,0 +1,120 @@
+"""The ``pigeon`` command answers a user's mistake in one line: ``error: …`` naming what to
+do, never a traceback (``--debug`` prints it).  Through the real command in subprocesses,
+against one ``pigeon standalone`` started for the whole module; every run is bounded.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pigeon.core.testing.servers import HOST, Standalone, clean_env, free_ports, pigeon_command
+
+pytestmark = pytest.mark.integration
+
+RUN_TIMEOUT = 60.0  # a bound, not an expectation: each run takes a few seconds
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalone]:
+    root = tmp_path_factory.mktemp("cli-errors")
+    standalone = Standalone(root / "data", log_dir=root).start()
+    try:
+        yield standalone
+    finally:
+        standalone.close()
+
+
+def start(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*pigeon_command(), *args],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=clean_env(),
+    )
+
+
+def finish(proc: subprocess.Popen[str]) -> tuple[int, list[str]]:
+    """Exit status and stderr's lines of a run (killed if it outlives RUN_TIMEOUT)."""
+    try:
+        _, err = proc.communicate(timeout=RUN_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        raise AssertionError(f"{proc.args} still running after {RUN_TIMEOUT}s: {err}") from None
+    return proc.returncode, err.strip().splitlines()
+
+
+def one_line(proc: subprocess.Popen[str], *needles: str) -> str:
+    """The run failed with exactly one stderr line, ``error: …`` holding every needle."""
+    code, lines = finish(proc)
+    assert code == 2, lines
+    assert len(lines) == 1, "\n".join(lines)
+    assert lines[0].startswith("error: "), lines
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def test_a_client_on_a_wrong_port_is_told_which_port_to_use(server: Standalone) -> None:
+    # the three runs at once: each is a fresh interpreter
+    admin = start("produce", "-u", f"pigeon://{HOST}:{server.http_port}", "t", "x")
+    bookie = start("produce", "-u", f"pigeon://{HOST}:{server.bookie_port}", "t", "x")
+    kafka = start("consume", "-u", f"pigeon://{HOST}:{server.kafka_port}", "-s", "s", "t")
+    # the admin port never answers the handshake: asked over HTTP, its answer names the
+    # broker's service URL (without that the client waited 10 s and said "Timeout")
+    one_line(admin, f"port {server.http_port}", "admin HTTP port", f"use {server.url}")
+    one_line(bookie, "ProtocolError", "bookie port, not a broker port", "pigeon://")
+    one_line(kafka, "ProtocolError", "Kafka protocol", "broker port")
+    # the bookie answered the client's frame with a typed error and logged one line
+    log = server.log_text()
+    assert "Traceback" not in log
+    refused = [line for line in log.splitlines() if "handshake refused" in line]
+    assert len(refused) == 1, refused
+    assert "bookie port, not a broker port" in refused[0], refused
+
+
+def test_a_second_standalone_on_the_same_data_dir_or_port_says_which(
+    server: Standalone, tmp_path: Path
+) -> None:
+    ports = [str(p) for p in free_ports(4)]
+
+    def standalone(data_dir: Path, port: str, bookie_port: str) -> subprocess.Popen[str]:
+        return start(
+            "standalone",
+            "--data-dir",
+            str(data_dir),
+            "--host",
+            HOST,
+            "--port",
+            port,
+            "--bookie-port",
+            bookie_port,
+            "--http-port",
+            ports[2],
+            "--kafka-port",
+            ports[3],
+        )
+
+    same_dir = standalone(server.data_dir, ports[0], ports[1])
+    same_port = standalone(tmp_path / "a", str(server.port), ports[1])
+    same_bookie_port = standalone(tmp_path / "b", ports[0], str(server.bookie_port))
+    one_line(same_dir, "DataDirLocked", str(server.data_dir), f"pid {server.pid}", "--data-dir")
+    one_line(same_port, f"port {server.port} is already in use (--port)")
+    one_line(same_bookie_port, f"port {server.bookie_port} is already in use (--bookie-port)")
+    assert server.running
+
+
+def test_a_bad_flag_is_one_line_and_debug_shows_the_traceback(server: Standalone) -> None:
+    bad_flag = start("produce", "--bogus", "t")
+    debug = start("--debug", "produce", "-u", f"pigeon://{HOST}:{server.bookie_port}", "t", "x")
+    one_line(bad_flag, "No such option '--bogus'", "'pigeon produce --help'")
+    code, lines = finish(debug)
+    assert code == 2
+    assert lines[0].startswith("Traceback"), lines
+    assert lines[-1].startswith("error: ProtocolError: "), lines
