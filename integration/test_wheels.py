@@ -1,7 +1,9 @@
 """Installing PigeonMQ as a user does: ``bash scripts/build-wheels`` builds a wheel of every
-package and plugin, ``pip install --find-links dist pigeon-client`` installs the client in an
-empty venv (pigeon-core found beside it in ``dist``), and ``pigeon --version`` prints each
-installed PigeonMQ distribution, through the real ``pigeon`` command.
+package and plugin, ``pip install --find-links dist -c dist/constraints.txt pigeon-client``
+installs the client in an empty venv (pigeon-core found beside it in ``dist``; the
+constraints pin each PigeonMQ name to its wheel, as PyPI holds an unrelated
+``pigeon-client``), and ``pigeon --version`` prints each installed PigeonMQ distribution,
+through the real ``pigeon`` command.
 
 Offline: the wheels build with the venv's hatchling (or pip's isolated build if it has none),
 and the client's dependencies (trio, pycapnp, ...) come from wheels made here of the test
@@ -144,9 +146,9 @@ def wheel_of_installed(dist: metadata.Distribution, into: Path) -> Path:
 
 
 def test_client_installs_from_built_wheels_in_an_empty_venv(tmp_path: Path) -> None:
-    """``bash scripts/build-wheels`` then ``pip install --find-links dist pigeon-client`` in a
-    new venv: pigeon-core comes from ``dist`` with it, the client imports, and the venv's
-    ``pigeon --version`` names exactly those two."""
+    """``bash scripts/build-wheels`` then ``pip install --find-links dist -c
+    dist/constraints.txt pigeon-client`` in a new venv: pigeon-core comes from ``dist`` with
+    it, the client imports, and the venv's ``pigeon --version`` names exactly those two."""
     dist = tmp_path / "dist"
     env = clean_env()
     env["PYTHON"] = sys.executable
@@ -155,10 +157,15 @@ def test_client_installs_from_built_wheels_in_an_empty_venv(tmp_path: Path) -> N
         pytest.skip(
             f"cannot build wheels here (no hatchling, no package index): {built.stderr[-500:]}"
         )
-    wheels = sorted(p.name for p in dist.glob("*.whl"))
-    assert wheels == sorted(
-        f"{p.name.replace('-', '_')}-{project_version(p)}-py3-none-any.whl" for p in PROJECTS
-    ), built.stdout
+    expected = {
+        p.name: f"{p.name.replace('-', '_')}-{project_version(p)}-py3-none-any.whl"
+        for p in PROJECTS
+    }
+    assert sorted(p.name for p in dist.glob("*.whl")) == sorted(expected.values()), built.stdout
+    # each PigeonMQ name pinned to its wheel (PyPI holds an unrelated pigeon-client)
+    assert sorted((dist / "constraints.txt").read_text().splitlines()) == sorted(
+        f"{name} @ {(dist / wheel).as_uri()}" for name, wheel in expected.items()
+    )
 
     wheelhouse = tmp_path / "wheelhouse"
     wheelhouse.mkdir()
@@ -185,6 +192,8 @@ def test_client_installs_from_built_wheels_in_an_empty_venv(tmp_path: Path) -> N
             "--no-index",
             "--find-links",
             str(dist),
+            "-c",
+            str(dist / "constraints.txt"),
             "--find-links",
             str(wheelhouse),
             "pigeon-client",
