@@ -10,6 +10,7 @@ Sessions run in the environment they are started from (``scripts/bootstrap`` bui
     nox -s nemesis        the nemesis suite, 10 minutes per metadata x replication x storage
     nox -s nemesis_secure the nemesis with TLS + tokens on every link, 10 minutes
     nox -s lint           ruff + mypy
+    nox -s wheels         a wheel of every package and plugin into dist/ (scripts/build-wheels)
     nox -s bench          benchmark scenarios, results into docs/benchmarks.md
     nox -s bench_storage  the ledger storages and tiered storage side by side (same file)
 """
@@ -145,6 +146,13 @@ def nemesis_secure(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """Everything CI runs: unit tests, then the integration suite."""
     session.run("python", "-m", "pytest", "-q", *UNIT_PATHS, "integration", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def wheels(session: nox.Session) -> None:
+    """``bash scripts/build-wheels [DIR]``; then, in any venv,
+    ``pip install --find-links dist -c dist/constraints.txt pigeon-client``."""
+    session.run("bash", "scripts/build-wheels", *session.posargs, external=True)
 
 
 @nox.session(venv_backend="none")

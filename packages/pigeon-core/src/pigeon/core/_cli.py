@@ -115,10 +115,29 @@ class _Group(click.Group):
             sys.exit(2 if all(isinstance(e, PigeonError) for e in errors) else 1)
 
 
+def _print_versions(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """``--version``: one line per installed PigeonMQ distribution, ``NAME VERSION``."""
+    if not value or ctx.resilient_parsing:
+        return
+    from pigeon.core._versions import installed_distributions
+
+    for name, version in installed_distributions():
+        click.echo(f"{name} {version}")
+    ctx.exit(0)
+
+
 def make_cli(plugins: PluginManager | None = None) -> click.Group:
     pm = plugins or PluginManager()
 
     @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+    @click.option(
+        "--version",
+        is_flag=True,
+        expose_value=False,
+        is_eager=True,
+        callback=_print_versions,
+        help="Print each installed PigeonMQ distribution and its version, and exit.",
+    )
     @click.option(
         "--log-level",
         default="INFO",
