@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import string
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
@@ -48,14 +49,21 @@ def _group_topic(door: KafkaFrontDoor, group: str) -> TopicName:
 
 
 def subscription_of(group: str) -> str:
-    """The subscription a Kafka consumer group is: the group id itself, with ``%``,
-    ``/`` and control characters percent-encoded (and ``.``/``..`` as ``%2E``), since a
-    subscription name is part of a metadata path; any other id is used as it is."""
+    """The subscription a Kafka consumer group is: the group id itself, each character
+    outside the subscription name alphabet (``pigeon.core.check_subscription_name``:
+    ASCII letters, digits, ``_ . - = :``) and ``%`` itself percent-encoded as its UTF-8
+    bytes (``my group`` is ``my%20group``), and ``.``/``..`` as ``%2E``/``%2E%2E``.
+    (A group id encoded past 255 characters is used all the same: Kafka allows it.)"""
     if group in (".", ".."):
         return group.replace(".", "%2E")
     return "".join(
-        f"%{ord(c):02X}" if c in "%/" or ord(c) < 32 or ord(c) == 127 else c for c in group
+        c if c in _PLAIN else "".join(f"%{b:02X}" for b in c.encode("utf-8", "surrogatepass"))
+        for c in group
     )
+
+
+#: the characters of a group id used as they are in its subscription's name
+_PLAIN = frozenset(string.ascii_letters + string.digits + "_.-=:")
 
 
 async def coordinates(door: KafkaFrontDoor, group: str) -> bool:
