@@ -353,7 +353,7 @@ def _offload_status_text(status: dict[str, Any]) -> str:
     for d in status.get("damaged_segments") or []:
         lines.append(
             f"damaged segment {d['segment']} (entry {d['entry']}): {d['error']}"
-            f" [attempts {d['attempts']}, retried in {d['retry_in_s']:g} s]"
+            f" [attempts {d['attempts']}, retried in {units.duration(d['retry_in_s'])}]"
         )
     return "\n".join(lines)
 
