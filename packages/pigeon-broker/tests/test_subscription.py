@@ -5,12 +5,14 @@ and expiring moves it on."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import trio
 from standalone_support import PREFIX, drain, produce, subscribe_and_produce, values
 
 from pigeon.broker._cursor import CursorState
-from pigeon.broker._kafka_offsets import subscription_of
+from pigeon.broker._kafka_offsets import commit_offset, committed_offset, subscription_of
 from pigeon.broker._lifecycle import unload_topic
 from pigeon.core import TopicName, check_subscription_name
 from pigeon.core.errors import InvalidSubscriptionName, Timeout
@@ -121,3 +123,19 @@ async def test_a_subscription_name_outside_the_rule_is_refused(
 def test_a_kafka_group_id_maps_to_a_valid_subscription_name(group, subscription):
     assert subscription_of(group) == subscription
     assert check_subscription_name(subscription) == subscription
+
+
+async def test_a_group_committed_under_its_former_name_resumes_from_there(pigeon_standalone):
+    """A group whose id holds a space committed as ``my group`` before such characters
+    were encoded: its offset is still found (and the next commit goes to ``my%20group``)."""
+    service = pigeon_standalone.service
+    name = TopicName.parse("kafka-former-partition-0")
+    door = SimpleNamespace(core=service)  # what committed_offset reads of the front door
+    assert await committed_offset(door, name, "my group") == -1
+    await service.store.create(cursor_path(name, "my group"), CursorState(42).to_json())
+    assert await committed_offset(door, name, "my group") == 42
+    # the first commit stores the new name and drops the former one (retention)
+    await commit_offset(door, name, "my group", 0)
+    assert await committed_offset(door, name, "my group") == 0
+    assert not await service.store.exists(cursor_path(name, "my group"))
+    assert await service.store.exists(cursor_path(name, "my%20group"))
