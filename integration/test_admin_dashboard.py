@@ -6,6 +6,7 @@ under CI, where their absence is a failure.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -103,6 +104,18 @@ def test_dashboard_shows_health_topics_and_rising_counters(
             )
         )
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#bookies tr[data-bookie]"))
+        # byte rates read as a person writes them: "16.9 MB/s", not "16,920,763.2"
+        wait.until(
+            lambda d: (
+                re.fullmatch(
+                    r"\d+ B/s|\d+\.\d [kMGTP]B/s",
+                    d.find_element(
+                        By.CSS_SELECTOR, "#bookies td[data-field=write_bytes_per_s]"
+                    ).text,
+                )
+                is not None
+            )
+        )
         wait.until(lambda d: d.find_element(By.ID, "error").get_attribute("hidden") is not None)
     finally:
         stop.set()

@@ -38,8 +38,12 @@ def admin_json(server: AdminStandalone, *args: str) -> Any:
 
 
 def admin_error(server: AdminStandalone, *args: str, status: int) -> dict[str, Any]:
-    """Run a command that the API refuses: exit code 1, the JSON error on stderr."""
-    result = admin(server, *args, code=1)
+    """Run a command that the API refuses: exit code 1, the JSON error on stderr (with
+    --json; without it, one ``error: ...`` line)."""
+    text = admin(server, *args, code=1).stderr
+    assert text.startswith("error: ") and text.count("\n") == 1, text
+    assert f"(HTTP {status})" in text, text
+    result = admin(server, "--json", *args, code=1)
     error = json.loads(result.stderr.strip().splitlines()[-1])
     assert error["status"] == status, error
     assert error["message"]
@@ -108,12 +112,16 @@ def test_json_flag_works_after_the_subcommand_too(admin_standalone: AdminStandal
     )
 
 
-def test_unreachable_broker_exits_1_with_json_error() -> None:
+def test_unreachable_broker_exits_1_with_one_error_line() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    result = CliRunner().invoke(admin_cmd, ["--url", f"http://127.0.0.1:{port}", "tenants", "list"])
+    url = f"http://127.0.0.1:{port}"
+    result = CliRunner().invoke(admin_cmd, ["--url", url, "tenants", "list"])
     assert result.exit_code == 1
+    assert result.stderr.startswith(f"error: ConnectionError: cannot reach {url}")
+    assert result.stderr.count("\n") == 1
+    result = CliRunner().invoke(admin_cmd, ["--url", url, "--json", "tenants", "list"])
     error = json.loads(result.stderr)
     assert error["error"] == "ConnectionError" and error["status"] == 0
 
@@ -176,6 +184,19 @@ def test_namespace_policies_change_what_the_broker_enforces(
         False,
     )
     assert cached.message_ttl_s == 60  # untouched
+    # durations and sizes read as a person writes them (the JSON keeps the numbers)
+    out = admin(
+        s,
+        "namespaces",
+        "set-policies",
+        "public/pol",
+        "message_ttl_s=86400",
+        "backlog_quota_bytes=16920763",
+    ).stdout
+    lines = {line.split()[0]: line.split(None, 1)[1] for line in out.splitlines()}
+    assert (lines["message_ttl_s"], lines["backlog_quota_bytes"]) == ("1 d", "16.9 MB")
+    assert lines["offload_deletion_lag_s"] == "4 h"
+    admin(s, "namespaces", "set-policies", "public/pol", "message_ttl_s=60")
     # replication: null means "the broker's default"
     admin(
         s,
@@ -390,7 +411,7 @@ def test_peek_skip_and_reset(
     # peeking does not consume
     assert admin_json(s, "subscriptions", "get", topic, "sub")["backlog"] == 10
 
-    assert "skipped 4 message(s)" in admin(s, "subscriptions", "skip", topic, "sub", "4").stdout
+    assert "skipped 4 messages" in admin(s, "subscriptions", "skip", topic, "sub", "4").stdout
     assert admin_json(s, "subscriptions", "get", topic, "sub")["backlog"] == 6
     assert admin_json(s, "subscriptions", "peek", topic, "sub")[0]["value"] == "m4"
     assert admin_json(s, "subscriptions", "skip", topic, "sub", "100")["skipped"] == 6
@@ -547,7 +568,7 @@ def test_unload_closes_topics_and_clients_come_back(admin_standalone: AdminStand
         producer.send(b"after", timeout=20)  # re-attached to the reloaded topic
         # what was not acknowledged before the unload may come again (at least once)
         assert _receive_until(consumer, b"after") <= {b"before"}
-        assert "unloaded 1 topic(s)" in admin(s, "topics", "unload", topic).stdout
+        assert "unloaded 1 topic" in admin(s, "topics", "unload", topic).stdout
         producer.send(b"again", timeout=20)
         assert _receive_until(consumer, b"again") <= {b"before", b"after"}
     assert admin_json(s, "topics", "stats", topic)["next_offset"] == 3

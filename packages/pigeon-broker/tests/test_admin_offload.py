@@ -178,5 +178,5 @@ def test_offload_status_names_damaged_segments() -> None:
     assert "damaged_segments" not in text
     assert text.splitlines()[-1] == (
         "damaged segment 7 (entry 1): entry 1 is on no replica intact"
-        " [attempts 2, retried in 120 s]"
+        " [attempts 2, retried in 2 min]"
     )

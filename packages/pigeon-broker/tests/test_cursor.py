@@ -222,6 +222,15 @@ def test_from_json_without_acked() -> None:
     assert c.mark_delete == 42 and c.acked.ranges() == []
 
 
+def test_the_subscription_type_is_stored_with_the_cursor() -> None:
+    c = CursorState(4, sub_type="shared")
+    c.reset(2)  # a seek keeps the type
+    assert json.loads(c.to_json()) == {"mark_delete": 2, "acked": [], "type": "shared"}
+    assert CursorState.from_json(c.to_json()).sub_type == "shared"
+    # a document written before the type was stored still loads, without a type
+    assert CursorState.from_json(b'{"mark_delete": 3, "acked": [[5, 6]]}').sub_type is None
+
+
 # ------------------------------------------------------------------ stateful
 
 offsets = st.integers(min_value=0, max_value=80)

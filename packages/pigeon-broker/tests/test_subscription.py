@@ -5,14 +5,17 @@ and expiring moves it on."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import trio
 from standalone_support import PREFIX, drain, produce, subscribe_and_produce, values
 
 from pigeon.broker._cursor import CursorState
+from pigeon.broker._kafka_offsets import commit_offset, committed_offset, subscription_of
 from pigeon.broker._lifecycle import unload_topic
-from pigeon.core import TopicName
-from pigeon.core.errors import Timeout
+from pigeon.core import TopicName, check_subscription_name
+from pigeon.core.errors import InvalidSubscriptionName, Timeout
 from pigeon.core.paths import cursor_path
 
 SENT = [f"m{i}".encode() for i in range(10)]
@@ -60,6 +63,30 @@ async def test_the_cursor_is_persisted_and_a_reloaded_topic_resumes_from_it(
     await consumer.close()
 
 
+async def test_a_subscription_without_consumers_keeps_its_type_across_a_reload(
+    pigeon_standalone, client, autojump_clock
+):
+    service = pigeon_standalone.service
+    name = TopicName.parse("sub-type")
+    consumer, _ = await subscribe_and_produce(
+        client, "sub-type", SENT[:1], subscription_type="shared"
+    )
+    await consumer.close()
+    await trio.sleep(1)  # past the persist interval
+    stat = await service.store.get(cursor_path(name, "s"))
+    assert stat is not None and CursorState.from_json(stat.value).sub_type == "shared"
+    assert await unload_topic(service, name) == [name.full]
+    topic = await service.get_topic(name)
+    sub = await topic.find_subscription("s")  # loaded from the store, as the admin API does
+    assert (sub.type, sub.consumers) == ("shared", [])
+    # a consumer asking for another type of the empty subscription changes (and stores) it
+    consumer = await client.subscribe("sub-type", "s", subscription_type="failover")
+    await trio.sleep(1)
+    stat = await service.store.get(cursor_path(name, "s"))
+    assert stat is not None and CursorState.from_json(stat.value).sub_type == "failover"
+    await consumer.close()
+
+
 async def test_expiring_acknowledges_the_older_messages_for_every_consumer(
     pigeon_standalone, client, autojump_clock
 ):
@@ -72,3 +99,43 @@ async def test_expiring_acknowledges_the_older_messages_for_every_consumer(
     consumer = await client.subscribe("sub-expire", "s")
     assert values(await drain(consumer)) == SENT[7:]
     await consumer.close()
+
+
+async def test_a_subscription_name_outside_the_rule_is_refused(
+    pigeon_standalone, client, autojump_clock
+):
+    with pytest.raises(InvalidSubscriptionName, match="may only hold letters, digits"):
+        await client.subscribe("sub-names", "my sub")
+    with pytest.raises(InvalidSubscriptionName, match="300 characters long, at most 255"):
+        await client.subscribe("sub-names", "s" * 300)
+
+
+@pytest.mark.parametrize(
+    ("group", "subscription"),
+    [
+        ("app", "app"),
+        ("my group", "my%20group"),
+        ("a/b%c", "a%2Fb%25c"),
+        ("gruppé", "grupp%C3%A9"),
+        ("..", "%2E%2E"),
+    ],
+)
+def test_a_kafka_group_id_maps_to_a_valid_subscription_name(group, subscription):
+    assert subscription_of(group) == subscription
+    assert check_subscription_name(subscription) == subscription
+
+
+async def test_a_group_committed_under_its_former_name_resumes_from_there(pigeon_standalone):
+    """A group whose id holds a space committed as ``my group`` before such characters
+    were encoded: its offset is still found (and the next commit goes to ``my%20group``)."""
+    service = pigeon_standalone.service
+    name = TopicName.parse("kafka-former-partition-0")
+    door = SimpleNamespace(core=service)  # what committed_offset reads of the front door
+    assert await committed_offset(door, name, "my group") == -1
+    await service.store.create(cursor_path(name, "my group"), CursorState(42).to_json())
+    assert await committed_offset(door, name, "my group") == 42
+    # the first commit stores the new name and drops the former one (retention)
+    await commit_offset(door, name, "my group", 0)
+    assert await committed_offset(door, name, "my group") == 0
+    assert not await service.store.exists(cursor_path(name, "my group"))
+    assert await service.store.exists(cursor_path(name, "my%20group"))

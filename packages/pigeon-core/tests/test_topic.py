@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pigeon.core import TopicName
-from pigeon.core.errors import InvalidArgument, InvalidTopicName
+from pigeon.core import TopicName, check_subscription_name
+from pigeon.core.errors import InvalidArgument, InvalidSubscriptionName, InvalidTopicName
 
 
 def test_bare_name_goes_to_public_default() -> None:
@@ -93,7 +93,8 @@ def test_not_a_partition(local: str) -> None:
         ("tëst", "may only hold"),
         ("events\n", "may only hold"),  # a trailing newline is not part of a name
         ("a\n/b/c", "may only hold"),
-        ("x" * 256, "may only hold"),
+        ("x" * 256, "the topic name is 256 characters long, at most 255 are allowed"),
+        ("t" * 300 + "/ns/x", "the tenant name is 300 characters long, at most 255"),
     ],
 )
 def test_invalid_names(name: str, reason: str) -> None:
@@ -101,7 +102,8 @@ def test_invalid_names(name: str, reason: str) -> None:
         TopicName.parse(name)
     message = str(info.value)
     assert reason in message
-    assert repr(name) in message  # the bad input is quoted back
+    # the bad input is quoted back (its start, when it is long)
+    assert repr(name) in message or repr(name[:40]) in message
 
 
 def test_non_string_is_invalid() -> None:
@@ -129,3 +131,33 @@ def test_full_name_round_trips(persistent: bool, tenant: str, namespace: str, lo
     assert TopicName.parse(t.full) == t
     assert TopicName.parse(str(t.partition(7))).partition_index == 7
     assert t.partition(7).base == t
+
+
+def test_a_long_name_is_cut_in_the_error() -> None:
+    with pytest.raises(InvalidTopicName) as info:
+        TopicName.parse("x" * 256)
+    assert len(str(info.value)) < 160  # one line a person reads, not the 256 letters
+
+
+@pytest.mark.parametrize("name", ["sub", "my-sub_1.v2:x=y", "my%20group", "x" * 255])
+def test_valid_subscription_names(name: str) -> None:
+    assert check_subscription_name(name) == name
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("", "empty"),
+        ("my sub", "may only hold letters, digits and _ . - = : %"),
+        ("a/b", "may only hold"),
+        ("tëst", "may only hold"),
+        ("sub\n", "may only hold"),
+        ("..", "is not . or .."),
+        ("s" * 256, "it is 256 characters long, at most 255 are allowed"),
+    ],
+)
+def test_invalid_subscription_names(name: str, reason: str) -> None:
+    with pytest.raises(InvalidSubscriptionName) as info:
+        check_subscription_name(name)
+    assert reason in str(info.value)
+    assert isinstance(info.value, InvalidArgument)

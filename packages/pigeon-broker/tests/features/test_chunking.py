@@ -7,6 +7,7 @@ asyncio faces (and the 50 MB message) are in ``packages/pigeon-client/tests/test
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -54,6 +55,25 @@ async def test_chunking_is_refused_with_batching_and_without_it_a_large_message_
     with pytest.raises(MessageTooLarge):
         await plain.send(b"x" * (6 * 1024 * 1024))
     await plain.close()
+
+
+async def test_a_message_just_under_max_message_size_is_refused_saying_why(client):
+    """max_message_size (5 MiB here) bounds the entry as stored: a value of 5 MiB - 100
+    bytes does not fit beside the batch header, and the error says so and how large a
+    value may be; a value of exactly that size is stored."""
+    producer = await client.create_producer("just-under", batching_enabled=False)
+    with pytest.raises(MessageTooLarge) as info:
+        await producer.send(b"x" * (5 * 1024 * 1024 - 100))
+    text = str(info.value)
+    assert "bytes of batch header" in text and "max_message_size 5,242,880" in text, text
+    found = re.search(r"a value alone may be at most ([\d,]+) bytes", text)
+    assert found, text
+    largest = int(found.group(1).replace(",", ""))
+    assert 5 * 1024 * 1024 - 1024 < largest < 5 * 1024 * 1024 - 100
+    await producer.send(b"x" * largest)  # the size the error names is stored
+    with pytest.raises(MessageTooLarge):
+        await producer.send(b"x" * (largest + 1))
+    await producer.close()
 
 
 async def test_nack_redelivers_the_whole_message(client, autojump_clock):

@@ -117,6 +117,7 @@ API = "/admin/v2"
 DASHBOARD_DIR = FsPath(__file__).parent / "dashboard"
 DASHBOARD_ASSETS = {
     "dashboard.js": "text/javascript; charset=utf-8",
+    "units.js": "text/javascript; charset=utf-8",
     "dashboard.css": "text/css; charset=utf-8",
 }
 

@@ -20,6 +20,7 @@ from pigeon.broker._lifecycle import (
 from pigeon.broker._service import BrokerService
 from pigeon.broker._topic import Topic
 from pigeon.core import TopicName
+from pigeon.core import check_subscription_name as check_new_subscription_name
 from pigeon.core.batch import ENTRY_HEADER_SIZE, decode_batch
 from pigeon.core.errors import (
     EntryNotFound,
@@ -112,8 +113,9 @@ async def _start_offset(topic: Topic, position: str) -> tuple[str, int]:
 async def create_subscription(
     service: BrokerService, name: TopicName, sub_name: str, position: str
 ) -> dict[str, Any]:
-    """A durable subscription at ``position``: earliest, latest, an offset or a message id."""
-    check_subscription_name(sub_name)
+    """A durable subscription at ``position``: earliest, latest, an offset or a message id
+    (a new name follows the rule of :func:`pigeon.core.check_subscription_name`)."""
+    check_new_subscription_name(sub_name)
     targets = await topic_targets(service, name)
     if len(targets) > 1 and position not in POSITIONS:
         raise InvalidArgument(

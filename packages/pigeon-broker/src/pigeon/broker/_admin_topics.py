@@ -77,6 +77,9 @@ def topic_name(domain: str, tenant: str, namespace: str, topic: str) -> TopicNam
 
 
 def check_subscription_name(name: str) -> None:
+    """A name that may name a stored subscription: lenient, so one created before names
+    were checked (``pigeon.core.check_subscription_name``) can still be looked up and
+    deleted; new subscriptions are checked by that rule."""
     if not name or "/" in name or name in (".", "..") or any(ord(c) < 32 for c in name):
         raise InvalidArgument(f"invalid subscription name {name!r}")
 

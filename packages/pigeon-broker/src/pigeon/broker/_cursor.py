@@ -86,12 +86,22 @@ class RangeSet:
 
 
 class CursorState:
-    """Mark-delete offset plus individually acknowledged ranges above it."""
+    """Mark-delete offset plus individually acknowledged ranges above it, and the type
+    of the subscription (``sub_type``: the one its last consumer asked for; None in a
+    cursor stored before the type was, or by the Kafka front door), so a subscription
+    without consumers shows the type it had across a restart."""
 
-    __slots__ = ("acked", "mark_delete")
+    __slots__ = ("acked", "mark_delete", "sub_type")
 
-    def __init__(self, mark_delete: int = 0, acked: list[tuple[int, int]] | None = None) -> None:
+    def __init__(
+        self,
+        mark_delete: int = 0,
+        acked: list[tuple[int, int]] | None = None,
+        *,
+        sub_type: str | None = None,
+    ) -> None:
         self.mark_delete = mark_delete
+        self.sub_type = sub_type
         self.acked = RangeSet(acked)
         self.acked.remove_below(mark_delete)
         self._advance()
@@ -144,9 +154,20 @@ class CursorState:
         return below + [o - first for o in self.acked.members_in(max(first, self.mark_delete), end)]
 
     def to_json(self) -> bytes:
-        return json.dumps({"mark_delete": self.mark_delete, "acked": self.acked.ranges()}).encode()
+        """``{"mark_delete": 7, "acked": [[9, 12]], "type": "shared"}`` (``type`` only
+        when known)."""
+        doc: dict[str, object] = {"mark_delete": self.mark_delete, "acked": self.acked.ranges()}
+        if self.sub_type is not None:
+            doc["type"] = self.sub_type
+        return json.dumps(doc).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> CursorState:
+        """Reads what :meth:`to_json` writes, and older documents without ``type``."""
         doc = json.loads(data)
-        return cls(int(doc["mark_delete"]), [(int(s), int(e)) for s, e in doc.get("acked", [])])
+        sub_type = doc.get("type")
+        return cls(
+            int(doc["mark_delete"]),
+            [(int(s), int(e)) for s, e in doc.get("acked", [])],
+            sub_type=sub_type if isinstance(sub_type, str) else None,
+        )

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import string
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
@@ -29,7 +30,14 @@ from pigeon.broker._cursor import CursorState
 from pigeon.broker._kafka_topics import node_id
 from pigeon.broker._kafka_wire import ZERO, build, error_code, part, response_type
 from pigeon.core import TopicName
-from pigeon.core.errors import AuthorizationError, NodeExists, NotOwner, PigeonError, TopicNotFound
+from pigeon.core.errors import (
+    AuthorizationError,
+    NodeExists,
+    NoSuchNode,
+    NotOwner,
+    PigeonError,
+    TopicNotFound,
+)
 from pigeon.core.paths import cursor_path
 
 if TYPE_CHECKING:
@@ -48,14 +56,32 @@ def _group_topic(door: KafkaFrontDoor, group: str) -> TopicName:
 
 
 def subscription_of(group: str) -> str:
-    """The subscription a Kafka consumer group is: the group id itself, with ``%``,
-    ``/`` and control characters percent-encoded (and ``.``/``..`` as ``%2E``), since a
-    subscription name is part of a metadata path; any other id is used as it is."""
+    """The subscription a Kafka consumer group is: the group id itself, each character
+    outside the subscription name alphabet (``pigeon.core.check_subscription_name``:
+    ASCII letters, digits, ``_ . - = :``) and ``%`` itself percent-encoded as its UTF-8
+    bytes (``my group`` is ``my%20group``), and ``.``/``..`` as ``%2E``/``%2E%2E``.
+    (A group id encoded past 255 characters is used all the same: Kafka allows it.)"""
+    if group in (".", ".."):
+        return group.replace(".", "%2E")
+    return "".join(
+        c if c in _PLAIN else "".join(f"%{b:02X}" for b in c.encode("utf-8", "surrogatepass"))
+        for c in group
+    )
+
+
+def legacy_subscription_of(group: str) -> str:
+    """The subscription name a group had before :func:`subscription_of` encoded every
+    character outside the name alphabet (only ``%``, ``/`` and control characters were):
+    its committed offsets are read from there while the new name has none."""
     if group in (".", ".."):
         return group.replace(".", "%2E")
     return "".join(
         f"%{ord(c):02X}" if c in "%/" or ord(c) < 32 or ord(c) == 127 else c for c in group
     )
+
+
+#: the characters of a group id used as they are in its subscription's name
+_PLAIN = frozenset(string.ascii_letters + string.digits + "_.-=:")
 
 
 async def coordinates(door: KafkaFrontDoor, group: str) -> bool:
@@ -109,8 +135,17 @@ async def _loaded_subscription(door: KafkaFrontDoor, name: TopicName, group: str
 async def commit_offset(door: KafkaFrontDoor, name: TopicName, group: str, offset: int) -> None:
     """Move the group's cursor of partition ``name`` to ``offset``; past the stored end
     it stops at the end (a cursor beyond the log would count messages not yet written as
-    read, for native consumers and retention alike)."""
+    read, for native consumers and retention alike).  The group's cursor under its former
+    name (:func:`legacy_subscription_of`) is deleted once this one is stored, so it does
+    not hold retention back."""
+    legacy = legacy_subscription_of(group)
     group = subscription_of(group)
+    await _commit(door, name, group, offset)
+    if legacy != group:
+        await _forget_former_cursor(door, name, legacy)
+
+
+async def _commit(door: KafkaFrontDoor, name: TopicName, group: str, offset: int) -> None:
     sub = await _loaded_subscription(door, name, group)
     if sub is not None:
         await sub.seek_offset(min(offset, sub.ledger.stored_offset))
@@ -128,8 +163,18 @@ async def commit_offset(door: KafkaFrontDoor, name: TopicName, group: str, offse
     await store.set(path, data)
 
 
+async def _forget_former_cursor(door: KafkaFrontDoor, name: TopicName, legacy: str) -> None:
+    topic = door.core.topics.get(name.full)
+    if topic is not None and legacy in topic.as_persistent().subscriptions:
+        return  # loaded (a native consumer uses that name): left alone
+    with contextlib.suppress(NoSuchNode):
+        await door.core.store.delete(cursor_path(name, legacy))
+
+
 async def committed_offset(door: KafkaFrontDoor, name: TopicName, group: str) -> int:
-    """The group's committed offset of a partition, -1 if it has none."""
+    """The group's committed offset of a partition, -1 if it has none (one committed
+    under the group's former subscription name counts: :func:`legacy_subscription_of`)."""
+    legacy = legacy_subscription_of(group)
     group = subscription_of(group)
     topic = door.core.topics.get(name.full)
     if topic is not None:
@@ -137,6 +182,8 @@ async def committed_offset(door: KafkaFrontDoor, name: TopicName, group: str) ->
         if sub is not None:
             return int(sub.cursor.mark_delete)
     stat = await door.core.store.get(cursor_path(name, group))
+    if stat is None and legacy != group:
+        stat = await door.core.store.get(cursor_path(name, legacy))
     if stat is None:
         return -1
     return CursorState.from_json(stat.value).mark_delete

@@ -64,7 +64,10 @@ def publish(
     policies = service.policies.cached(producer.topic.name.namespace_name)
     limit = service.max_message_size(producer.topic.name)
     if len(payload) > limit:
-        raise MessageTooLarge(f"batch of {len(payload)} bytes exceeds max_message_size {limit}")
+        raise MessageTooLarge(
+            f"batch of {len(payload):,} bytes (header and messages) is over"
+            f" max_message_size {limit:,} of {producer.topic.name.full}"
+        )
     header = read_header(payload)
     if header.format_version != producer.record_format:
         raise InvalidArgument(

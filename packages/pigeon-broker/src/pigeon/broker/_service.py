@@ -41,7 +41,7 @@ from pigeon.broker._subscription import Consumer
 from pigeon.broker._topic import Producer, Topic, drop_reader
 from pigeon.broker._topic_configs import TopicConfigs
 from pigeon.broker._topic_protocol import SeekTarget, TopicProtocol
-from pigeon.core import TopicName
+from pigeon.core import TopicName, check_subscription_name
 from pigeon.core.auth import Authenticator
 from pigeon.core.codecs import GZIP, NONE, CodecSet
 from pigeon.core.errors import (
@@ -557,7 +557,9 @@ class BrokerService:
         """Attach a consumer (built by ``consumer()``) to the subscription, opened on first
         use; returns (consumer, subscription, topic).  ``read_compacted``: the consumer
         reads the compacted view first (exclusive and failover subscriptions and readers
-        of persistent topics only, as Pulsar)."""
+        of persistent topics only, as Pulsar).  InvalidSubscriptionName for a name outside
+        the rule (:func:`pigeon.core.check_subscription_name`)."""
+        check_subscription_name(sub_name)
         if read_compacted and sub_type in ("shared", "key_shared"):
             raise InvalidArgument(
                 f"read_compacted is only allowed on exclusive and failover subscriptions"

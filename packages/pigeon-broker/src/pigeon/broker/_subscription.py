@@ -175,6 +175,10 @@ class Subscription:
 
     def add_consumer(self, consumer: Consumer, sub_type: str) -> None:
         self.dispatcher.add_consumer(consumer, sub_type)
+        if self.cursor.sub_type != self.dispatcher.type:
+            # the type changed (a consumer joined it empty): stored with the cursor
+            self.cursor.sub_type = self.dispatcher.type
+            self._changed()
         self.wake()
 
     def remove_consumer(self, consumer: Consumer) -> None:

@@ -609,10 +609,11 @@ class Topic:
                 start = self.ledger.first_offset
             else:
                 start = self.ledger.next_offset
-            cursor = CursorState(start)
+            cursor = CursorState(start, sub_type=sub_type)
         sub = Subscription(
             name,
-            sub_type,
+            # a stored cursor keeps its type until a consumer asks for another one
+            cursor.sub_type or sub_type,
             self.ledger,
             cursor,
             durable=durable,

@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from pigeon.client import _units as units
 from pigeon.client._admin_client import (
     DEFAULT_URL,
     AdminClient,
@@ -72,19 +73,15 @@ def json_flag(f: F) -> F:
     )(f)
 
 
-def fmt(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:,.2f}" if abs(value) < 1e15 else repr(value)
-    if isinstance(value, (list, dict)):
-        return json.dumps(value, separators=(",", ":"))
-    return str(value)
+def fmt(value: Any, name: str = "") -> str:
+    """``value`` as text; ``name`` (its JSON field) picks the unit (:func:`units.field`:
+    ``*_s`` a duration, ``*_bytes`` a size, ...)."""
+    return units.field(name, value)
 
 
 def table(rows: Iterable[dict[str, Any]], columns: Sequence[str]) -> str:
     cells = [[c.upper() for c in columns]]
-    cells += [[fmt(r.get(c)) for c in columns] for r in rows]
+    cells += [[fmt(r.get(c), c) for c in columns] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
     return "\n".join(
         "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in cells
@@ -95,7 +92,7 @@ def kv(doc: dict[str, Any], skip: Iterable[str] = (), *, width: int = 0) -> str:
     """One ``key  value`` line per key (but ``skip``), the keys padded to one width."""
     keys = [k for k in doc if k not in set(skip)]
     width = max([width, *(len(k) for k in keys)])
-    return "\n".join(f"{k.ljust(width)}  {fmt(doc[k])}" for k in keys)
+    return "\n".join(f"{k.ljust(width)}  {fmt(doc[k], k)}" for k in keys)
 
 
 def emit(result: Any, human: Callable[[Any], str] | None = None) -> None:
@@ -122,15 +119,29 @@ def done(message: str, result: Any = None) -> None:
         click.echo(message)
 
 
+def error_line(exc: AdminError) -> str:
+    """The API's refusal in one line: ``error: TopicNotFound: topic ... (HTTP 404)``."""
+    body = exc.body
+    what = str(body.get("error") or "Error")
+    message = " ".join(str(body.get("message") or body.get("detail") or "").split())
+    status = f" (HTTP {exc.status})" if exc.status else ""
+    return f"error: {what}: {message}{status}" if message else f"error: {what}{status}"
+
+
 class AdminGroup(click.Group):
-    """Turns AdminError into exit code 1 with the JSON error on stderr, and a 401/403
+    """Turns AdminError into exit code 1 with one ``error: ...`` line on stderr (the
+    API's JSON error, on one line, with ``--json``), and a 401/403
     (AuthenticationError, AuthorizationError) into exit code 1 with one line."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except AdminError as exc:
-            click.echo(json.dumps({"status": exc.status, **exc.body}), err=True)
+            found = ctx.find_object(Settings)
+            if found is not None and found.json:
+                click.echo(json.dumps({"status": exc.status, **exc.body}), err=True)
+            else:
+                click.echo(error_line(exc), err=True)
             ctx.exit(1)
         except (AuthenticationError, AuthorizationError) as exc:  # the API refused: 401/403
             click.echo(f"error: {type(exc).__name__}: {exc.message}", err=True)

@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from pigeon.client import _admin_base as cli
+from pigeon.client import _units as units
 from pigeon.client._admin_client import AdminClient
 
 subscriptions_cmd = cli.group("subscriptions", "Subscriptions: create, reset, skip, peek.")
@@ -132,7 +133,7 @@ def subscriptions_skip(topic: str, subscription: str, count: int | None, skip_al
         if skip_all
         else client.skip(topic, subscription, count or 0)
     )
-    cli.done(f"skipped {result['skipped']} message(s)", result)
+    cli.done(f"skipped {units.plural(result['skipped'], 'message')}", result)
 
 
 @subscriptions_cmd.command("peek")

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from pigeon.client import _admin_base as cli
+from pigeon.client import _units as units
 from pigeon.client._admin_client import ACTIONS, AdminClient, AdminError, check_actions
 
 
@@ -184,7 +185,8 @@ def namespaces_unload(namespace: str, bundle: str | None) -> None:
     for b in chosen:
         unloaded += client.unload_bundle(namespace, b)
     cli.done(
-        f"unloaded {len(chosen)} bundle(s), {len(unloaded)} topic(s) of {namespace}",
+        f"unloaded {units.plural(len(chosen), 'bundle')},"
+        f" {units.plural(len(unloaded), 'topic')} of {namespace}",
         {"bundles": chosen, "unloaded": unloaded},
     )
 
@@ -197,7 +199,7 @@ _SEGMENT_COLUMNS = ["id", "first_offset", "entries", "size", "state", "ensemble"
 def _rates(doc: dict[str, Any], way: str) -> str:
     """``msg_rate_<way>`` and ``msg_throughput_<way>`` of a stats document."""
     rate, throughput = (doc.get(f"{k}_{way}", 0.0) for k in ("msg_rate", "msg_throughput"))
-    return f"{rate:,.1f} msg/s  {throughput:,.1f} B/s"
+    return f"{units.number(rate)} msg/s  {units.rate(throughput)}"
 
 
 def _stats_text(s: dict[str, Any]) -> str:
@@ -208,11 +210,15 @@ def _stats_text(s: dict[str, Any]) -> str:
                 "partitions": s["partitions"],
                 "rate in": _rates(s, "in"),
                 "rate out": _rates(s, "out"),
-                "messages in": f"{s['msgs_in']}  ({s['bytes_in']} bytes)",
-                "messages out": f"{s['msgs_out']}  ({s['bytes_out']} bytes)",
+                "messages in": f"{units.plural(s['msgs_in'], 'message')}"
+                f"  ({units.size(s['bytes_in'])})",
+                "messages out": f"{units.plural(s['msgs_out'], 'message')}"
+                f"  ({units.size(s['bytes_out'])})",
                 "producers": s["producers"],
-                "storage": f"{s['storage_size']} bytes in {s['segments']} segment(s)",
-                "backlog": f"{s['backlog']} messages, {s['backlog_bytes']} bytes",
+                "storage": f"{units.size(s['storage_size'])}"
+                f" in {units.plural(s['segments'], 'segment')}",
+                "backlog": f"{units.plural(s['backlog'], 'message')},"
+                f" {units.size(s['backlog_bytes'])}",
             },
             width=13,
         )
@@ -347,7 +353,7 @@ def _offload_status_text(status: dict[str, Any]) -> str:
     for d in status.get("damaged_segments") or []:
         lines.append(
             f"damaged segment {d['segment']} (entry {d['entry']}): {d['error']}"
-            f" [attempts {d['attempts']}, retried in {d['retry_in_s']:g} s]"
+            f" [attempts {d['attempts']}, retried in {units.duration(d['retry_in_s'])}]"
         )
     return "\n".join(lines)
 
@@ -459,7 +465,7 @@ def topics_internal_stats(topic: str) -> None:
 def topics_unload(topic: str) -> None:
     """Close TOPIC on its broker; clients re-attach and it loads again."""
     unloaded = cli.settings().client().unload_topic(topic)
-    cli.done(f"unloaded {len(unloaded)} topic(s)", {"unloaded": unloaded})
+    cli.done(f"unloaded {units.plural(len(unloaded), 'topic')}", {"unloaded": unloaded})
 
 
 # -- permissions (namespaces and topics)

@@ -15,6 +15,7 @@ import pluggy
 
 from pigeon.client._admin_cli import admin_cmd
 from pigeon.client._cli_security import client_security, security_options
+from pigeon.client._units import plural
 
 hookimpl = pluggy.HookimplMarker("pigeon")
 
@@ -80,7 +81,7 @@ def produce_cmd(
         producer.flush()
         for f in futures:
             f.result()
-    click.echo(f"{count} messages produced to {topic}", err=True)
+    click.echo(f"{plural(count, 'message')} produced to {topic}", err=True)
 
 
 @click.command("consume")
@@ -151,7 +152,7 @@ def consume_cmd(
                 got += 1
         except KeyboardInterrupt:
             pass
-    click.echo(f"{got} messages consumed from {topic}", err=True)
+    click.echo(f"{plural(got, 'message')} consumed from {topic}", err=True)
 
 
 # ----------------------------------------------------------------------------- perf

@@ -282,9 +282,14 @@ class ProducerCore:
         if size > self.max_message_size:
             if self.chunking:
                 return True
+            # max_message_size bounds the entry as stored, batch header included
+            # (docs/messaging.md): say so, and how large a value may be
             raise MessageTooLarge(
-                f"message of {size} bytes (value, key, properties and batch header) exceeds "
-                f"max_message_size {self.max_message_size}"
+                f"message too large: {body:,} bytes of value, key and properties plus"
+                f" {self.header_bytes:,} bytes of batch header make {size:,} bytes, over"
+                f" max_message_size {self.max_message_size:,}, which counts the whole"
+                f" entry; a value alone may be at most {self.plain_max:,} bytes"
+                " (or set chunking_enabled=True to send it in chunks)"
             )
         return False
 

@@ -157,8 +157,8 @@ class ProducerEngine(Reconnecting):
         refused = batch.error
         if refused is None and len(batch.payload) > self.max_message_size:
             refused = MessageTooLarge(
-                f"batch of {len(batch.payload)} bytes exceeds max_message_size "
-                f"{self.max_message_size}"
+                f"batch of {len(batch.payload):,} bytes (header and messages) is over the"
+                f" broker's max_message_size {self.max_message_size:,}"
             )
         batch.created = trio.current_time()
         if self._no_pending.is_set():

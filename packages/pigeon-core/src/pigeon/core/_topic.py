@@ -5,11 +5,45 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pigeon.core.errors import InvalidTopicName
+from pigeon.core.errors import InvalidSubscriptionName, InvalidTopicName
 
-__all__ = ["TopicName"]
+__all__ = ["MAX_NAME_LENGTH", "TopicName", "check_subscription_name"]
 
 _PART = re.compile(r"[A-Za-z0-9_.\-=:]+")
+#: a subscription name: the topic alphabet and ``%`` (Kafka group ids are percent-encoded)
+_SUBSCRIPTION = re.compile(r"[A-Za-z0-9_.\-=:%]+")
+#: the longest tenant, namespace, topic or subscription name (characters)
+MAX_NAME_LENGTH = 255
+
+
+def _shown(name: str) -> str:
+    """``name`` as an error message quotes it: a long one is cut, its length said apart."""
+    return repr(name) if len(name) <= 60 else repr(name[:40]) + "..."
+
+
+def check_subscription_name(name: str) -> str:
+    """``name`` if it is a valid subscription name, else InvalidSubscriptionName.
+
+    The rule: 1 to 255 characters (:data:`MAX_NAME_LENGTH`), each a letter or digit
+    (ASCII) or one of ``_ . - = : %``, and neither ``.`` nor ``..`` -- the topic name
+    alphabet plus ``%``, through which a Kafka consumer group id of any characters
+    maps to a subscription (``pigeon.broker``'s ``subscription_of``).
+    """
+    if not isinstance(name, str) or not name:
+        raise InvalidSubscriptionName(f"invalid subscription name {name!r}: empty")
+    if len(name) > MAX_NAME_LENGTH:
+        raise InvalidSubscriptionName(
+            f"invalid subscription name {_shown(name)}: it is {len(name)} characters long,"
+            f" at most {MAX_NAME_LENGTH} are allowed"
+        )
+    if not _SUBSCRIPTION.fullmatch(name) or name in (".", ".."):
+        raise InvalidSubscriptionName(
+            f"invalid subscription name {_shown(name)}: it may only hold letters, digits"
+            " and _ . - = : % (and is not . or ..)"
+        )
+    return name
+
+
 _PARTITION = re.compile(r"^(?P<base>.+)-partition-(?P<n>\d+)$")
 DEFAULT_TENANT = "public"
 DEFAULT_NAMESPACE = "default"
@@ -59,11 +93,16 @@ class TopicName:
                 raise InvalidTopicName(
                     f"invalid topic name {name!r}: use 'topic' or 'tenant/namespace/topic'"
                 )
-        for part in parts:
-            if not _PART.fullmatch(part) or len(part) > 255:
+        for what, part in zip(("tenant", "namespace", "topic"), parts, strict=True):
+            if len(part) > MAX_NAME_LENGTH:
                 raise InvalidTopicName(
-                    f"invalid topic name {name!r}: {part!r} may only hold letters, digits "
-                    "and _ . - = :"
+                    f"invalid topic name {_shown(name)}: the {what} name is {len(part)}"
+                    f" characters long, at most {MAX_NAME_LENGTH} are allowed"
+                )
+            if not _PART.fullmatch(part):
+                raise InvalidTopicName(
+                    f"invalid topic name {_shown(name)}: {_shown(part)} may only hold letters,"
+                    " digits and _ . - = :"
                 )
         return cls(persistent, parts[0], parts[1], parts[2])
 

@@ -38,6 +38,7 @@ __all__ = [
     "InvalidArgument",
     "InvalidEntryId",
     "InvalidSchemaData",
+    "InvalidSubscriptionName",
     "InvalidTopicName",
     "MalformedRequest",
     "MessageTooLarge",
@@ -192,6 +193,10 @@ class InvalidArgument(PigeonError, code=200):
 
 class InvalidTopicName(InvalidArgument, code=201):
     """A topic name that does not parse (see ``pigeon.core.TopicName``)."""
+
+
+class InvalidSubscriptionName(InvalidArgument, code=206):
+    """A subscription name outside the rule of ``pigeon.core.check_subscription_name``."""
 
 
 class MessageTooLarge(InvalidArgument, code=202):

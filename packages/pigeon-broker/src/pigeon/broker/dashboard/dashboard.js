@@ -16,17 +16,10 @@
 
   function token() { return window.sessionStorage.getItem(TOKEN_KEY); }
 
-  function fmt(n, digits) {
-    if (n === null || n === undefined) return "–";
-    return Number(n).toLocaleString(undefined, { maximumFractionDigits: digits === undefined ? 1 : digits });
-  }
-  function bytes(n) {
-    if (n === null || n === undefined) return "–";
-    const units = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let i = 0;
-    while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
-    return (i ? n.toFixed(1) : String(n)) + " " + units[i];
-  }
+  // numbers, sizes and rates as the CLI writes them (units.js)
+  const units = window.PigeonUnits;
+  const fmt = units.number;
+  const bytes = units.size;
   async function getJSON(path) {
     const headers = { Accept: "application/json" };
     const t = token();
@@ -108,8 +101,8 @@
            b.read_only ? "failed" : "ok");
       cell(tr, bytes(b.free_disk_bytes), "num");
       cell(tr, bytes(b.disk_used_bytes), "num");
-      cell(tr, fmt(b.write_bytes_per_s), "num");
-      cell(tr, fmt(b.read_bytes_per_s), "num");
+      cell(tr, units.rate(b.write_bytes_per_s), "num", "write_bytes_per_s");
+      cell(tr, units.rate(b.read_bytes_per_s), "num", "read_bytes_per_s");
       cell(tr, fmt(b.segments, 0), "num");
       tbody.appendChild(tr);
     }
