@@ -78,6 +78,7 @@ from pigeon.broker._admin_models import (
     InternalStats,
     LoadedTopic,
     NamePart,
+    NewSubName,
     OffloadStatus,
     PeekedMessage,
     Permissions,
@@ -551,7 +552,7 @@ def _topic_routes(api: APIRouter, app: FastAPI) -> None:
         tenant: NamePart,
         namespace: NamePart,
         topic: NamePart,
-        subscription: SubName,
+        subscription: NewSubName,
         position: Annotated[
             str,
             Query(

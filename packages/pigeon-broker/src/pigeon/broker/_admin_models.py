@@ -34,6 +34,7 @@ __all__ = [
     "ResetCursor",
     "Skip",
     "Skipped",
+    "NewSubName",
     "SubName",
     "SubscriptionStatsOut",
     "Tenant",
@@ -55,6 +56,14 @@ _C, _D = r"[^\x00-\x1f\x7f/]", r"[^\x00-\x1f\x7f/.]"
 SUB_NAME = rf"^({_D}{_C}*|\.{_D}{_C}*|\.\.{_C}+)$"
 SubName = Annotated[
     str, Path(min_length=1, max_length=255, pattern=SUB_NAME, description="Subscription name.")
+]
+#: a new subscription's name (pigeon.core.check_subscription_name): the topic-name
+#: alphabet and "%", not "." or ".."; SubName is looser so older names stay reachable
+_S, _T = r"[A-Za-z0-9_.\-=:%]", r"[A-Za-z0-9_\-=:%]"
+NEW_SUB_NAME = rf"^({_T}{_S}*|\.{_T}{_S}*|\.\.{_S}+)$"
+NewSubName = Annotated[
+    str,
+    Path(min_length=1, max_length=255, pattern=NEW_SUB_NAME, description="Subscription name."),
 ]
 POSITION = r"^(earliest|latest|[0-9]{1,18}|[0-9]{1,18}:[0-9]{1,18}(:[0-9]{1,9})?)$"
 Force = Annotated[
