@@ -161,7 +161,9 @@ def test_kill_9_mid_offload_loses_nothing(
     wait_for(lambda: len(segments(admin)) == 1, "retention of the consumed segments")
     server.kill9()
     send_signal(moto.proc, signal.SIGCONT)
-    assert len(moto.objects(BUCKET)) == len(keys)  # not deleted yet: orphans but for...
+    # a delete the broker sent before the kill may still be served once moto resumes,
+    # but the others were never sent: orphans but for...
+    assert len(moto.objects(BUCKET)) >= len(keys) - 1
     # 6. ...the restarted owner, which deletes what the removal recorded
     server.restart()
     admin = admin_of(server)
