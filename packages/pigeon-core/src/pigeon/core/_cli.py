@@ -16,6 +16,10 @@ from pigeon.core.errors import PigeonError
 __all__ = ["error_line", "main", "make_cli", "setup_logging"]
 
 
+#: commands that run a server: they log at INFO by default, the others at WARNING
+SERVER_COMMANDS = frozenset({"standalone", "broker", "bookie"})
+
+
 class _KeyValueFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         base = (
@@ -140,10 +144,11 @@ def make_cli(plugins: PluginManager | None = None) -> click.Group:
     )
     @click.option(
         "--log-level",
-        default="INFO",
-        show_default=True,
+        default=None,
         envvar="PIGEON_LOG_LEVEL",
         type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+        help="Default: INFO for the servers (standalone, broker, bookie), WARNING for the"
+        " other commands (a client's reconnect attempts are not news on a terminal).",
     )
     @click.option(
         "--debug",
@@ -152,8 +157,10 @@ def make_cli(plugins: PluginManager | None = None) -> click.Group:
         help="On an error, print its traceback before the one-line message.",
     )
     @click.pass_context
-    def cli(ctx: click.Context, log_level: str, debug: bool) -> None:
+    def cli(ctx: click.Context, log_level: str | None, debug: bool) -> None:
         """PigeonMQ: distributed messaging and streaming."""
+        if log_level is None:
+            log_level = "INFO" if ctx.invoked_subcommand in SERVER_COMMANDS else "WARNING"
         # the root logger is the command's while it runs, the caller's again after
         ctx.call_on_close(setup_logging(log_level))
         ctx.obj = pm
