@@ -162,6 +162,20 @@ def test_bad_values_are_400_and_conflicts_409(admin_standalone: AdminStandalone)
     assert status in (400, 404, 422)  # never a 5xx
 
 
+def test_names_at_the_length_limit_and_dot_names(admin_standalone: AdminStandalone) -> None:
+    """A partitioned topic of a 255-letter name: its partitions (267 letters with their
+    suffix) are reachable; '.' and '..' are refused as topic names, not as metadata paths."""
+    s = admin_standalone
+    base = "p" * 255
+    assert s.http_call("PUT", f"{T}/{base}?partitions=2")[0] in (200, 201, 204)
+    status, body, _ = s.http_call("GET", f"{T}/{base}-partition-1/stats")
+    assert status == 200, body
+    for name in (".", ".."):
+        status, body, _ = s.http_call("GET", f"{T}/{name}/stats")
+        assert status == 400 and body["error"] == "InvalidTopicName", body
+        assert "may not be" in body["message"] and "metadata" not in body["message"]
+
+
 def test_expected_errors_log_one_line_without_traceback(
     admin_standalone: AdminStandalone, caplog: pytest.LogCaptureFixture
 ) -> None:

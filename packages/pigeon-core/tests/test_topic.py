@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pigeon.core import TopicName, check_subscription_name
+from pigeon.core import MAX_NAME_LENGTH, TopicName, check_subscription_name
 from pigeon.core.errors import InvalidArgument, InvalidSubscriptionName, InvalidTopicName
 
 
@@ -95,6 +95,12 @@ def test_not_a_partition(local: str) -> None:
         ("a\n/b/c", "may only hold"),
         ("x" * 256, "the topic name is 256 characters long, at most 255 are allowed"),
         ("t" * 300 + "/ns/x", "the tenant name is 300 characters long, at most 255"),
+        (".", "the topic name may not be '.'"),
+        ("..", "the topic name may not be '..'"),
+        ("persistent://public/default/..", "the topic name may not be '..'"),
+        ("../default/x", "the tenant name may not be '..'"),
+        ("public/./x", "the namespace name may not be '.'"),
+        ("x" * 256 + "-partition-0", "the topic name is 256 characters long"),
     ],
 )
 def test_invalid_names(name: str, reason: str) -> None:
@@ -122,7 +128,7 @@ _part = st.text(
     alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-=:",
     min_size=1,
     max_size=30,
-)
+).filter(lambda part: part not in (".", ".."))
 
 
 @given(persistent=st.booleans(), tenant=_part, namespace=_part, local=_part)
@@ -131,6 +137,16 @@ def test_full_name_round_trips(persistent: bool, tenant: str, namespace: str, lo
     assert TopicName.parse(t.full) == t
     assert TopicName.parse(str(t.partition(7))).partition_index == 7
     assert t.partition(7).base == t
+
+
+def test_every_partition_of_a_longest_name_is_a_valid_name() -> None:
+    """A partitioned topic of a 255-letter name: its partitions (longer by their
+    ``-partition-N`` suffix) can be produced to, so the limit counts the base name."""
+    base = TopicName.parse("x" * MAX_NAME_LENGTH)
+    for index in (0, 4095):
+        partition = TopicName.parse(base.partition(index).full)
+        assert partition.partition_index == index
+        assert partition.base == base
 
 
 def test_a_long_name_is_cut_in_the_error() -> None:

@@ -94,6 +94,7 @@ from pigeon.broker._admin_models import (
     TenantOut,
     ThroughputSample,
     TopicMetadata,
+    TopicPart,
     TopicStats,
     Unloaded,
 )
@@ -400,11 +401,11 @@ def _permission_routes(api: APIRouter, service: BrokerService) -> None:
         _topic_permission_routes(api, service, base, pulsar=base.startswith("/persistent"))
 
 
-def _topic_of(domain: Domain, tenant: NamePart, namespace: NamePart, topic: NamePart) -> TopicName:
+def _topic_of(domain: Domain, tenant: NamePart, namespace: NamePart, topic: TopicPart) -> TopicName:
     return ops.topic_name(domain, tenant, namespace, topic)
 
 
-def _persistent_topic_of(tenant: NamePart, namespace: NamePart, topic: NamePart) -> TopicName:
+def _persistent_topic_of(tenant: NamePart, namespace: NamePart, topic: TopicPart) -> TopicName:
     return ops.topic_name("persistent", tenant, namespace, topic)
 
 
@@ -459,7 +460,7 @@ def _topic_routes(api: APIRouter, app: FastAPI) -> None:
         domain: Domain,
         tenant: NamePart,
         namespace: NamePart,
-        topic: NamePart,
+        topic: TopicPart,
         partitions: Annotated[int, Query(ge=0, le=4096, description="0: not partitioned.")] = 0,
     ) -> Any:
         return await ops.create_topic(
@@ -468,13 +469,17 @@ def _topic_routes(api: APIRouter, app: FastAPI) -> None:
 
     @api.get(t_path, response_model=TopicMetadata, tags=tags)
     async def get_topic(
-        domain: Domain, tenant: NamePart, namespace: NamePart, topic: NamePart
+        domain: Domain, tenant: NamePart, namespace: NamePart, topic: TopicPart
     ) -> Any:
         return await ops.topic_metadata(service, name_of(domain, tenant, namespace, topic))
 
     @api.delete(t_path, status_code=204, tags=tags)
     async def delete_topic(
-        domain: Domain, tenant: NamePart, namespace: NamePart, topic: NamePart, force: Force = False
+        domain: Domain,
+        tenant: NamePart,
+        namespace: NamePart,
+        topic: TopicPart,
+        force: Force = False,
     ) -> Response:
         """Delete the topic and its stored data (409 while clients are attached, unless force)."""
         await ops.delete_topic(service, name_of(domain, tenant, namespace, topic), force=force)
@@ -482,7 +487,7 @@ def _topic_routes(api: APIRouter, app: FastAPI) -> None:
 
     @api.get(t_path + "/stats", response_model=TopicStats, tags=tags)
     async def topic_stats(
-        domain: Domain, tenant: NamePart, namespace: NamePart, topic: NamePart
+        domain: Domain, tenant: NamePart, namespace: NamePart, topic: TopicPart
     ) -> Any:
         """Rates in/out, counters, storage size, segments and backlog per subscription."""
         name = name_of(domain, tenant, namespace, topic)
@@ -490,7 +495,7 @@ def _topic_routes(api: APIRouter, app: FastAPI) -> None:
 
     @api.get(t_path + "/internal-stats", response_model=InternalStats, tags=tags)
     async def internal_stats(
-        domain: Domain, tenant: NamePart, namespace: NamePart, topic: NamePart
+        domain: Domain, tenant: NamePart, namespace: NamePart, topic: TopicPart
     ) -> Any:
         """Segments of the managed ledger and cursor details (one topic or partition)."""
         return await ops.internal_stats(service, name_of(domain, tenant, namespace, topic))
@@ -500,7 +505,7 @@ def _topic_routes(api: APIRouter, app: FastAPI) -> None:
         domain: Domain,
         tenant: NamePart,
         namespace: NamePart,
-        topic: NamePart,
+        topic: TopicPart,
         size_threshold: Annotated[
             int, Query(ge=0, le=2**62, description="Bytes to keep only on bookies.")
         ] = 0,
@@ -513,14 +518,14 @@ def _topic_routes(api: APIRouter, app: FastAPI) -> None:
 
     @api.get(t_path + "/offload", response_model=OffloadStatus, tags=tags)
     async def offload_status(
-        domain: Domain, tenant: NamePart, namespace: NamePart, topic: NamePart
+        domain: Domain, tenant: NamePart, namespace: NamePart, topic: TopicPart
     ) -> Any:
         """How the last offload went and where the topic's segments live."""
         return await ops.offload_status(service, name_of(domain, tenant, namespace, topic))
 
     @api.put(t_path + "/compaction", response_model=CompactionStatus, status_code=202, tags=tags)
     async def compact_topic(
-        domain: Domain, tenant: NamePart, namespace: NamePart, topic: NamePart
+        domain: Domain, tenant: NamePart, namespace: NamePart, topic: TopicPart
     ) -> Any:
         """Compact the topic in the background (poll with GET): the latest message of
         every key, read with ``read_compacted``."""
@@ -528,21 +533,21 @@ def _topic_routes(api: APIRouter, app: FastAPI) -> None:
 
     @api.get(t_path + "/compaction", response_model=CompactionStatus, tags=tags)
     async def compaction_status(
-        domain: Domain, tenant: NamePart, namespace: NamePart, topic: NamePart
+        domain: Domain, tenant: NamePart, namespace: NamePart, topic: TopicPart
     ) -> Any:
         """How the last compaction went, the compacted ledger and its horizon."""
         return await ops.compaction_status(service, name_of(domain, tenant, namespace, topic))
 
     @api.post(t_path + "/unload", response_model=Unloaded, tags=tags)
     async def unload_topic(
-        domain: Domain, tenant: NamePart, namespace: NamePart, topic: NamePart
+        domain: Domain, tenant: NamePart, namespace: NamePart, topic: TopicPart
     ) -> Any:
         name = name_of(domain, tenant, namespace, topic)
         return {"unloaded": await ops.unload_topic(service, name)}
 
     @api.get(t_path + "/subscriptions", response_model=list[str], tags=sub_tags)
     async def list_subscriptions(
-        domain: Domain, tenant: NamePart, namespace: NamePart, topic: NamePart
+        domain: Domain, tenant: NamePart, namespace: NamePart, topic: TopicPart
     ) -> Any:
         return await ops.list_subscriptions(service, name_of(domain, tenant, namespace, topic))
 
@@ -551,7 +556,7 @@ def _topic_routes(api: APIRouter, app: FastAPI) -> None:
         domain: Domain,
         tenant: NamePart,
         namespace: NamePart,
-        topic: NamePart,
+        topic: TopicPart,
         subscription: NewSubName,
         position: Annotated[
             str,
@@ -570,7 +575,7 @@ def _topic_routes(api: APIRouter, app: FastAPI) -> None:
         domain: Domain,
         tenant: NamePart,
         namespace: NamePart,
-        topic: NamePart,
+        topic: TopicPart,
         subscription: SubName,
     ) -> Any:
         name = name_of(domain, tenant, namespace, topic)
@@ -581,7 +586,7 @@ def _topic_routes(api: APIRouter, app: FastAPI) -> None:
         domain: Domain,
         tenant: NamePart,
         namespace: NamePart,
-        topic: NamePart,
+        topic: TopicPart,
         subscription: SubName,
         force: Force = False,
     ) -> Response:
@@ -595,7 +600,7 @@ def _topic_routes(api: APIRouter, app: FastAPI) -> None:
         domain: Domain,
         tenant: NamePart,
         namespace: NamePart,
-        topic: NamePart,
+        topic: TopicPart,
         subscription: SubName,
         body: ResetCursor,
     ) -> Any:
@@ -615,7 +620,7 @@ def _topic_routes(api: APIRouter, app: FastAPI) -> None:
         domain: Domain,
         tenant: NamePart,
         namespace: NamePart,
-        topic: NamePart,
+        topic: TopicPart,
         subscription: SubName,
         body: Skip,
     ) -> Any:
@@ -628,7 +633,7 @@ def _topic_routes(api: APIRouter, app: FastAPI) -> None:
         domain: Domain,
         tenant: NamePart,
         namespace: NamePart,
-        topic: NamePart,
+        topic: TopicPart,
         subscription: SubName,
     ) -> Any:
         """Acknowledge everything published so far."""
@@ -640,7 +645,7 @@ def _topic_routes(api: APIRouter, app: FastAPI) -> None:
         domain: Domain,
         tenant: NamePart,
         namespace: NamePart,
-        topic: NamePart,
+        topic: TopicPart,
         subscription: SubName,
         count: Annotated[int, Query(ge=1, le=ops.MAX_PEEK)] = 1,
     ) -> Any:

@@ -27,6 +27,7 @@ __all__ = [
     "InternalStats",
     "LoadedTopic",
     "NamePart",
+    "TopicPart",
     "POSITION",
     "PeekedMessage",
     "Policies",
@@ -48,6 +49,9 @@ __all__ = [
 
 _NAME = r"^[A-Za-z0-9_.\-=:]+$"
 NamePart = Annotated[str, Path(pattern=_NAME, max_length=255)]
+#: a topic's local name: a partition's "-partition-N" suffix (up to 21 characters) is not
+#: counted against the 255 (TopicName.parse holds the exact rule)
+TopicPart = Annotated[str, Path(pattern=_NAME, max_length=255 + 21)]
 Domain = Annotated[Literal["persistent", "non-persistent"], Path(description="Topic domain.")]
 #: segment:entry[:index] as peek shows it
 MESSAGE_ID = r"^[0-9]{1,18}:[0-9]{1,18}(:[0-9]{1,9})?$"

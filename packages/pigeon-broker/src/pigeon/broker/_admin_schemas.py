@@ -28,6 +28,7 @@ from pigeon.broker._admin_models import (
     SchemaOut,
     SchemaVersion,
     SchemaVersions,
+    TopicPart,
 )
 from pigeon.broker._schema_compat import SchemaData
 from pigeon.broker._service import BrokerService
@@ -62,14 +63,14 @@ def schema_routes(api: APIRouter, service: BrokerService) -> None:
         }
 
     @api.get(base + "/schema", response_model=SchemaOut, tags=tags)
-    async def get_schema(tenant: NamePart, namespace: NamePart, topic: NamePart) -> Any:
+    async def get_schema(tenant: NamePart, namespace: NamePart, topic: TopicPart) -> Any:
         """The topic's latest schema version (404 without a schema)."""
         name = name_of(tenant, namespace, topic)
         version, schema = await service.schemas.get(name)
         return await stamped(name, version, schema)
 
     async def get_version(
-        tenant: NamePart, namespace: NamePart, topic: NamePart, version: Version
+        tenant: NamePart, namespace: NamePart, topic: TopicPart, version: Version
     ) -> Any:
         """One version of the topic's schema."""
         name = name_of(tenant, namespace, topic)
@@ -85,7 +86,7 @@ def schema_routes(api: APIRouter, service: BrokerService) -> None:
     )(get_version)
 
     @api.get(base + "/schemas", response_model=SchemaVersions, tags=tags)
-    async def all_versions(tenant: NamePart, namespace: NamePart, topic: NamePart) -> Any:
+    async def all_versions(tenant: NamePart, namespace: NamePart, topic: TopicPart) -> Any:
         name = name_of(tenant, namespace, topic)
         return {
             "getSchemaResponses": [
@@ -94,21 +95,23 @@ def schema_routes(api: APIRouter, service: BrokerService) -> None:
         }
 
     @api.post(base + "/schema", response_model=SchemaVersion, tags=tags)
-    async def upload(tenant: NamePart, namespace: NamePart, topic: NamePart, body: SchemaIn) -> Any:
+    async def upload(
+        tenant: NamePart, namespace: NamePart, topic: TopicPart, body: SchemaIn
+    ) -> Any:
         """Add a schema version, checked under the namespace's compatibility strategy
         (409 IncompatibleSchema); the same schema again answers its existing version."""
         name = name_of(tenant, namespace, topic)
         return {"version": await service.schemas.upload(name, SchemaData(body.type, body.schema_))}
 
     @api.delete(base + "/schema", response_model=DeletedSchema, tags=tags)
-    async def delete(tenant: NamePart, namespace: NamePart, topic: NamePart) -> Any:
+    async def delete(tenant: NamePart, namespace: NamePart, topic: TopicPart) -> Any:
         """Delete every version (numbers are not reused by later uploads)."""
         deleted = await service.schemas.delete(name_of(tenant, namespace, topic))
         return {"version": deleted[-1]}
 
     @api.post(base + "/compatibility", response_model=SchemaCompatibility, tags=tags)
     async def compatibility(
-        tenant: NamePart, namespace: NamePart, topic: NamePart, body: SchemaIn
+        tenant: NamePart, namespace: NamePart, topic: TopicPart, body: SchemaIn
     ) -> Any:
         """Would this schema be accepted as the topic's next version?"""
         name = name_of(tenant, namespace, topic)

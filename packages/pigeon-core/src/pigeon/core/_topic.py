@@ -94,15 +94,25 @@ class TopicName:
                     f"invalid topic name {name!r}: use 'topic' or 'tenant/namespace/topic'"
                 )
         for what, part in zip(("tenant", "namespace", "topic"), parts, strict=True):
-            if len(part) > MAX_NAME_LENGTH:
+            # a partition's "-partition-N" suffix is not counted: every partition of a
+            # topic whose name is allowed is reachable
+            counted = part
+            m = _PARTITION.match(part) if what == "topic" else None
+            if m and len(m.group("n")) <= 10:
+                counted = m.group("base")
+            if len(counted) > MAX_NAME_LENGTH:
                 raise InvalidTopicName(
-                    f"invalid topic name {_shown(name)}: the {what} name is {len(part)}"
+                    f"invalid topic name {_shown(name)}: the {what} name is {len(counted)}"
                     f" characters long, at most {MAX_NAME_LENGTH} are allowed"
                 )
             if not _PART.fullmatch(part):
                 raise InvalidTopicName(
                     f"invalid topic name {_shown(name)}: {_shown(part)} may only hold letters,"
                     " digits and _ . - = :"
+                )
+            if part in (".", ".."):
+                raise InvalidTopicName(
+                    f"invalid topic name {_shown(name)}: the {what} name may not be {part!r}"
                 )
         return cls(persistent, parts[0], parts[1], parts[2])
 
