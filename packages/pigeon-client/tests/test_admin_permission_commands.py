@@ -58,3 +58,21 @@ def test_actions_are_normalised() -> None:
         AdminClient(NOWHERE).grant_permission("public/default", "r", ["x"])
     with pytest.raises(ValueError, match="none or prefix"):
         AdminClient(NOWHERE).set_subscription_auth_mode("public/default", "maybe")
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("nonsense", "admin URL 'nonsense' is not http://host:port or https://host:port"),
+        ("127.0.0.1:8080", "is not http://host:port"),
+        ("pigeon://127.0.0.1:6650", "a pigeon:// URL is a broker's client port"),
+        ("http://", "is not http://host:port"),
+    ],
+)
+def test_a_url_that_is_not_http_is_one_line(url: str, message: str) -> None:
+    """``--url nonsense`` was an 'unexpected ValueError (a bug)' from urllib; it is a typed
+    error naming the form the URL must have, before any request."""
+    result = CliRunner().invoke(admin_cmd, ["--url", url, "topics", "list"])
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr
+    assert "unexpected" not in result.stderr and "Traceback" not in result.stderr

@@ -22,9 +22,15 @@ from pigeon.client._admin_client import (
     AdminError,
     F,
     InvalidNamespace,
+    check_admin_url,
 )
 from pigeon.client._cli_security import client_security, security_options
-from pigeon.core.errors import AuthenticationError, AuthorizationError, InvalidTopicName
+from pigeon.core.errors import (
+    AuthenticationError,
+    AuthorizationError,
+    InvalidArgument,
+    InvalidTopicName,
+)
 
 # ---------------------------------------------------------------------- output
 
@@ -256,4 +262,8 @@ def admin_cmd(
     ctx: click.Context, /, url: str, as_json: bool, timeout: float, **security: Any
 ) -> None:
     """Inspect and change a PigeonMQ cluster through a broker's admin API."""
+    try:
+        check_admin_url(url)
+    except InvalidArgument as exc:
+        raise click.BadParameter(str(exc), param_hint="'--url'") from None
     ctx.obj = Settings(url, as_json, timeout, client_security(security))

@@ -66,6 +66,29 @@ def namespace_path(namespace: str) -> str:
     return f"{API}/namespaces/{_q(tenant)}/{_q(ns)}"
 
 
+def check_admin_url(url: str) -> str:
+    """``url`` if it is an ``http://`` or ``https://`` URL with a host, else InvalidArgument
+    saying the form it must have (and, for a ``pigeon://`` URL, where the admin API is)."""
+    parts: urllib.parse.SplitResult | None = None
+    host: str | None = None
+    try:
+        parts = urllib.parse.urlsplit(url) if isinstance(url, str) else None
+        host = parts.hostname if parts is not None else None
+    except ValueError:  # an unbalanced [ in the host
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not host:
+        hint = (
+            ": a pigeon:// URL is a broker's client port; the admin API is on its HTTP"
+            " port (http://host:8080 by default)"
+            if parts is not None and parts.scheme.startswith("pigeon")
+            else ""
+        )
+        raise InvalidArgument(
+            f"admin URL {url!r} is not http://host:port or https://host:port{hint}"
+        )
+    return url
+
+
 class _NoDowngrade(urllib.request.HTTPRedirectHandler):
     """Follows redirects, but never from https:// to http:// (the ``Authorization``
     header would cross the network in clear)."""
@@ -107,6 +130,7 @@ class AdminClient:
     ) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout
+        check_admin_url(url)
         if auth is not None and not isinstance(auth, ClientAuthentication):
             raise InvalidArgument(
                 "auth must be AuthenticationToken(...) or AuthenticationTLS(...),"
