@@ -12,6 +12,7 @@ import pigeon.client
 import pigeon.client.asyncio
 import pigeon.client.trio
 from pigeon.client import MessageId
+from pigeon.client._engine import parse_service_urls
 from pigeon.client._options import (
     ConsumerOptions,
     ProducerOptions,
@@ -163,3 +164,36 @@ def test_a_bad_option_type_raises_invalid_argument_naming_it(
 def test_a_backoff_delay_is_a_number_not_a_bool() -> None:
     with pytest.raises(InvalidArgument, match=r"^min_delay must be"):
         pigeon.client.MultiplierRedeliveryBackoff(min_delay=True)
+
+
+@pytest.mark.parametrize(
+    ("url", "addresses"),
+    [
+        ("pigeon://127.0.0.1:6650", [("127.0.0.1", 6650)]),
+        ("pigeon://h1:1,h2:65535/", [("h1", 1), ("h2", 65535)]),
+        ("pigeon://[::1]:6650", [("::1", 6650)]),
+        ("pigeon://example", [("example", 6650)]),
+        ("pigeon+ssl://example", [("example", 6651)]),
+    ],
+)
+def test_service_url_addresses(url: str, addresses: list[tuple[str, int]]) -> None:
+    assert parse_service_urls(url) == addresses
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "pigeon://127.0.0.1:99999",
+        "pigeon://127.0.0.1:0",
+        "pigeon://127.0.0.1:-1",
+        "pigeon://127.0.0.1:port",
+        "pigeon://127.0.0.1:",
+        "pigeon://[::1",
+        "pigeon://host:6650/path",
+    ],
+)
+def test_a_bad_host_port_in_a_service_url_is_refused_at_once(url: str) -> None:
+    """``-u pigeon://127.0.0.1:99999`` or ``pigeon://[::1`` retried until the operation
+    timeout; the URL is refused when parsed, naming the bad part."""
+    with pytest.raises(InvalidArgument, match="in service URL"):
+        parse_service_urls(url)

@@ -22,6 +22,7 @@ import itertools
 import logging
 import ssl
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -81,13 +82,23 @@ def parse_service_urls(url: str) -> list[tuple[str, int]]:
     out = []
     for part in url.split("://", 1)[1].rstrip("/").split(","):
         part = part.strip()
-        if ":" not in part:
-            out.append((part or "127.0.0.1", 6651 if tls else 6650))
-            continue
-        try:
-            out.append(split_address(part))
+        try:  # the port in 1..65535 and an IPv6 host in balanced brackets, as urllib says
+            parsed = urllib.parse.urlsplit("//" + part)
+            port = parsed.port
         except ValueError:
-            raise InvalidArgument(f"bad port in service URL {url!r}") from None
+            raise InvalidArgument(
+                f"bad host:port {part!r} in service URL {url!r} (a port is 1 to 65535)"
+            ) from None
+        if port == 0 or parsed.path or parsed.query or parsed.fragment or parsed.username:
+            raise InvalidArgument(
+                f"bad host:port {part!r} in service URL {url!r} (a port is 1 to 65535)"
+            )
+        if port is None:
+            if part.endswith(":"):
+                raise InvalidArgument(f"bad host:port {part!r} in service URL {url!r}: no port")
+            out.append((parsed.hostname or "127.0.0.1", 6651 if tls else 6650))
+            continue
+        out.append(split_address(part))
     return out
 
 
