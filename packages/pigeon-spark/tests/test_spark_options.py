@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -253,3 +254,13 @@ def test_sink_options() -> None:
         parse_sink_options({"service_url": URL, "topic": "o", "startingoffsets": "earliest"})
     with pytest.raises(OptionError, match="unknown option"):
         parse_sink_options({"service_url": URL, "topik": "o"})
+
+
+def test_a_kafka_pattern_anchored_with_caret_matches_its_topics() -> None:
+    """``subscribePattern=^orders-.*`` (as Kafka users write it) matched no topic: the ``^``
+    ended up inside ``persistent://public/default/(?:^orders-.*)``."""
+    opts = parse_source_options({"service_url": URL, "subscribePattern": "^orders-.*"})
+    assert opts.pattern is not None
+    regex = re.compile(opts.pattern)
+    assert regex.fullmatch("persistent://public/default/orders-eu")
+    assert not regex.fullmatch("persistent://public/default/xorders-eu")

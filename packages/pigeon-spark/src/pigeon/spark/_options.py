@@ -431,8 +431,10 @@ def parse_source_options(
     else:
         pattern = opts[chosen[0]]
         if chosen[0] == "subscribePattern" and "://" not in pattern:
-            # Kafka's topics have no namespace: a bare pattern is over public/default
-            pattern = f"persistent://public/default/(?:{pattern})"
+            # Kafka's topics have no namespace: a bare pattern is over public/default;
+            # a leading ^ (Kafka users write ^orders-.*) would anchor inside the full
+            # name and match nothing: the pattern is matched whole anyway
+            pattern = f"persistent://public/default/(?:{pattern.removeprefix('^')})"
         try:
             re.compile(pattern)
         except re.error as exc:
