@@ -76,3 +76,17 @@ def test_a_url_that_is_not_http_is_one_line(url: str, message: str) -> None:
     assert result.exit_code == 2, result.output
     assert message in result.stderr
     assert "unexpected" not in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"), [(["-n", "-5"], "--num-messages"), (["--timeout", "-1"], "--timeout")]
+)
+def test_a_negative_count_or_timeout_of_consume_is_a_usage_error(
+    args: list[str], message: str
+) -> None:
+    """``pigeon consume -n -5`` ran forever (as ``-n 0``); it is refused before connecting."""
+    from pigeon.client._cli import consume_cmd
+
+    result = CliRunner().invoke(consume_cmd, ["-u", "pigeon://127.0.0.1:9", "-s", "s", *args, "t"])
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr

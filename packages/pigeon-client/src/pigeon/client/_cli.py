@@ -100,12 +100,14 @@ def produce_cmd(
     "--num-messages",
     "-n",
     default=0,
+    type=click.IntRange(min=0),
     show_default=True,
     help="Stop after N messages (0: run until Ctrl-C).",
 )
 @click.option(
     "--timeout",
     default=0.0,
+    type=click.FloatRange(min=0.0),
     help="Stop when no message came for this many seconds (0: wait forever).",
 )
 @click.option("--show-key/--no-show-key", default=False, help="Print key and properties too.")
