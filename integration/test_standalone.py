@@ -340,13 +340,13 @@ def test_a_second_instance_on_taken_ports_says_so_in_one_line(
     standalone: Standalone, tmp_path: Any
 ) -> None:
     """A second ``pigeon standalone`` on ports another one holds exits 2 with one line
-    naming the server and the address (it printed a 100-line exception group)."""
+    naming the port and its flag (it printed a 100-line exception group)."""
     bookie_port, broker_port = free_ports(2)
-    for args, server, port in (
-        (["--bookie-port", str(standalone.bookie_port)], "pigeon-bookie", standalone.bookie_port),
+    for args, flag, port in (
+        (["--bookie-port", str(standalone.bookie_port)], "--bookie-port", standalone.bookie_port),
         (
             ["--port", str(standalone.port), "--bookie-port", str(bookie_port)],
-            "pigeon-broker",
+            "--port",
             standalone.port,
         ),
         (
@@ -358,7 +358,7 @@ def test_a_second_instance_on_taken_ports_says_so_in_one_line(
                 "--http-port",
                 str(standalone.http_port),
             ],
-            "admin API",
+            "--http-port",
             standalone.http_port,
         ),
     ):
@@ -369,7 +369,7 @@ def test_a_second_instance_on_taken_ports_says_so_in_one_line(
                 "ERROR",
                 "standalone",
                 "--data-dir",
-                str(tmp_path / server),
+                str(tmp_path / flag.strip("-")),
                 "--http-port",
                 "-1",
                 *args,
@@ -382,8 +382,8 @@ def test_a_second_instance_on_taken_ports_says_so_in_one_line(
         )
         assert result.returncode == 2, result.stderr
         assert result.stderr.strip().splitlines() == [
-            f"error: ConfigError: {server} cannot listen on 127.0.0.1:{port}: address already"
-            " in use (is another instance running? pick another port)"
+            f"error: ConfigError: port {port} is already in use ({flag}): stop what holds it"
+            f" (another pigeon standalone?) or pass another {flag}"
         ]
 
 
