@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import functools
 import os
@@ -64,30 +63,22 @@ def _kafka_note(service: Any) -> str:
 def _check_ports(ports: list[tuple[str, str, int]]) -> None:
     """Before anything starts: a port another process listens on is one ConfigError
     naming the port and the flag that sets it (``(flag, host, port)``; ports below 1,
-    ephemeral or off, are not checked).  Binds as trio's listeners do (SO_REUSEADDR),
-    so it refuses exactly what they would; any other failure is left to them."""
+    ephemeral or off, are not checked).  It connects rather than binds: a port held only
+    as the local end of some connection (an ephemeral port) is no server of ours to name,
+    and what the listeners' own bind says of it is left to them."""
     for flag, host, port in ports:
         if port <= 0:
             continue
+        target = host if host and host not in ("0.0.0.0", "::") else "127.0.0.1"
         try:
-            infos = socket.getaddrinfo(
-                host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-            )
+            with socket.create_connection((target, port), timeout=0.5):
+                pass
         except OSError:
-            continue
-        for family, kind, proto, _, address in infos:
-            with socket.socket(family, kind, proto) as sock:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                if family == socket.AF_INET6:
-                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-                try:
-                    sock.bind(address)
-                except OSError as exc:
-                    if exc.errno == errno.EADDRINUSE:
-                        raise ConfigError(
-                            f"port {port} is already in use ({flag}): stop what holds it"
-                            f" (another pigeon standalone?) or pass another {flag}"
-                        ) from None
+            continue  # refused, unreachable or silent: no listener to name
+        raise ConfigError(
+            f"port {port} is already in use ({flag}): stop what holds it"
+            f" (another pigeon standalone?) or pass another {flag}"
+        )
 
 
 def _lock_data_dir(data_dir: Path) -> int:
