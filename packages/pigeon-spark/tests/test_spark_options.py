@@ -212,9 +212,11 @@ def test_mode_specific_options() -> None:
     )
     text = problems({**base, "minOffsetsPerTrigger": "5", "maxTriggerDelay": "1m"}, mode="batch")
     assert "minOffsetsPerTrigger, maxTriggerDelay only apply to streaming reads" in text
-    assert "endingTimestamp, allowAutoTopicCreation only apply to batch reads" in problems(
-        {**base, "endingTimestamp": "5", "allowAutoTopicCreation": "true"}, mode="stream"
+    assert "endingOffsets, endingTimestamp only apply to batch reads" in problems(
+        {**base, "endingOffsets": "latest", "endingTimestamp": "5"}, mode="stream"
     )
+    # streams check for missing topics too (pigeon.spark._source._require_topics)
+    parse_source_options({**base, "allowAutoTopicCreation": "true"}, mode="stream")
     # any mode (load time) accepts both; the reader checks when it is created
     parse_source_options({**base, "endingOffsets": "latest", "maxOffsetsPerTrigger": "5"})
 

@@ -84,7 +84,7 @@ _SINK = ("service_url", *_SECURITY, "topic", "writeOrder")
 #: Spark passes these to sinks on its own (writeStream's checkpointLocation, queryName).
 _SPARK = ("checkpointLocation", "queryName")
 _STREAM_ONLY = ("maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay")
-_BATCH_ONLY = ("endingOffsets", "endingTimestamp", "allowAutoTopicCreation")
+_BATCH_ONLY = ("endingOffsets", "endingTimestamp")
 #: the topic choices of a read: exactly one is given
 _TOPIC_CHOICES = ("topic", "topics", "topicsPattern", "subscribePattern")
 

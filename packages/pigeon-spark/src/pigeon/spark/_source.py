@@ -217,8 +217,9 @@ def _value_schema(client: Client, opts: SourceOptions) -> ValueSchema | None:
 
 
 def _require_topics(client: Client, opts: SourceOptions) -> None:
-    """*batch*: TopicNotFound for a named topic that does not exist, before anything
-    attaches to it (attaching would create it), unless ``allowAutoTopicCreation``."""
+    """TopicNotFound for a named topic that does not exist, before anything attaches to
+    it (attaching would create it), unless ``allowAutoTopicCreation``: batch and
+    streaming reads alike (a stream checks when it plans its first micro-batch)."""
     if opts.pattern is not None or opts.allow_auto_topic_creation:
         return
     listed: dict[str, set[str]] = {}
@@ -236,7 +237,7 @@ def _require_topics(client: Client, opts: SourceOptions) -> None:
     if missing:
         raise TopicNotFound(
             f"topic(s) {', '.join(missing)} do not exist: create them first, or set "
-            "allowAutoTopicCreation=true to read them as empty"
+            "allowAutoTopicCreation=true to have the read create them (empty)"
         )
 
 
@@ -444,6 +445,7 @@ class PigeonStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # restart): answer the same within this run.
         if self._initial is None:
             client = client_for(self.opts.service_url, self.opts.security)
+            _require_topics(client, self.opts)
             self._initial = _starting(client, self.opts, _states(client, self.opts), "latest")
         return dict(self._initial)
 
