@@ -38,7 +38,7 @@ def check_subscription_name(name: str) -> str:
         )
     if not _SUBSCRIPTION.fullmatch(name) or name in (".", ".."):
         raise InvalidSubscriptionName(
-            f"invalid subscription name {_shown(name)}: it may only hold letters, digits"
+            f"invalid subscription name {_shown(name)}: it may only hold ASCII letters, digits"
             " and _ . - = : % (and is not . or ..)"
         )
     return name
@@ -107,8 +107,8 @@ class TopicName:
                 )
             if not _PART.fullmatch(part):
                 raise InvalidTopicName(
-                    f"invalid topic name {_shown(name)}: {_shown(part)} may only hold letters,"
-                    " digits and _ . - = :"
+                    f"invalid topic name {_shown(name)}: {_shown(part)} may only hold ASCII"
+                    " letters, digits and _ . - = :"
                 )
             if part in (".", ".."):
                 raise InvalidTopicName(
