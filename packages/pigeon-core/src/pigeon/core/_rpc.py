@@ -28,6 +28,7 @@ import json
 import logging
 import socket
 import ssl
+import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -134,7 +135,7 @@ async def connect_tcp(
                     return await network.connect(host, port)
                 return await trio.open_tcp_stream(host, port)
 
-            return await probe_http(open_stream, host, port, frame_role(frame_type))
+            return await probe_port(open_stream, host, port, frame_role(frame_type))
 
     return await _handshake(
         stream,
@@ -195,8 +196,9 @@ async def _handshake(
     probe: Callable[[], Awaitable[str | None]] | None = None,
 ) -> tuple[Connection, dict[str, Any]]:
     """Start a connection over an open ``stream`` and say ``connect`` (see
-    :func:`connect_tcp`).  ``probe``: asked after :data:`HTTP_PROBE_AFTER_S` of silence
-    what the port is (:func:`probe_http`); a text fails the handshake with it at once."""
+    :func:`connect_tcp`).  ``probe``: asked after :data:`HTTP_PROBE_AFTER_S` of silence,
+    or when the peer closes the connection instead of answering, what the port is
+    (:func:`probe_port`); a text fails the handshake with it at once."""
     auth_method = auth_data = None
     if authentication is not None:
         auth_method = authentication.auth_method
@@ -258,8 +260,10 @@ HTTP_PROBE_TIMEOUT_S = 2.0
 async def _answer_or_probe(
     request: Awaitable[dict[str, Any]], probe: Callable[[], Awaitable[str | None]] | None
 ) -> dict[str, Any]:
-    """``await request``; if it has not answered after :data:`HTTP_PROBE_AFTER_S` and
-    ``probe`` says what else the port is, a ProtocolError with its text at once."""
+    """``await request``; if it has not answered after :data:`HTTP_PROBE_AFTER_S`, or
+    the peer closed the connection without an answer (a Kafka broker closes on a request
+    size it refuses), and ``probe`` says what else the port is, a ProtocolError with its
+    text at once."""
     if probe is None:
         return await request
     found: list[str] = []
@@ -280,11 +284,62 @@ async def _answer_or_probe(
         except Exception as exc:  # re-raised below, not wrapped in an exception group
             failure.append(exc)
         nursery.cancel_scope.cancel()
+    if not found and failure and isinstance(failure[0], ConnectionClosed):
+        text = await probe()
+        if text is not None:
+            found.append(text)
     if found:
         raise ProtocolError(found[0])
     if failure:
         raise failure[0]
     return answer[0]
+
+
+async def probe_port(
+    open_stream: Callable[[], Awaitable[trio.abc.Stream]], host: str, port: int, role: str
+) -> str | None:
+    """What ``host:port`` is, if it is not a PigeonMQ ``role`` port: asked over HTTP
+    (:func:`probe_http`) and as a Kafka broker (:func:`probe_kafka`) at once, on two new
+    connections; the first verdict wins (None: neither answered as such)."""
+    found: list[str] = []
+    async with trio.open_nursery() as nursery:
+
+        async def ask(probe: Callable[..., Awaitable[str | None]]) -> None:
+            text = await probe(open_stream, host, port, role)
+            if text is not None and not found:
+                found.append(text)
+                nursery.cancel_scope.cancel()
+
+        nursery.start_soon(ask, probe_http)
+        nursery.start_soon(ask, probe_kafka)
+    return found[0] if found else None
+
+
+async def _exchange(
+    open_stream: Callable[[], Awaitable[trio.abc.Stream]],
+    request: bytes,
+    enough: Callable[[bytes], bool],
+) -> bytes:
+    """Send ``request`` on a new connection and read what comes back until the peer
+    closes, ``enough(data)`` holds, 64 KiB, or :data:`HTTP_PROBE_TIMEOUT_S`."""
+    data = b""
+    with trio.move_on_after(HTTP_PROBE_TIMEOUT_S):
+        try:
+            stream = await open_stream()
+        except OSError:
+            return data
+        try:
+            await stream.send_all(request)
+            while len(data) < 65536 and not enough(data):
+                chunk = await stream.receive_some(65536)
+                if not chunk:
+                    break
+                data += chunk
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            await trio.aclose_forcefully(stream)
+    return data
 
 
 _HTTP_PROBE_PATH = "/admin/v2/cluster/health"
@@ -298,27 +353,11 @@ async def probe_http(
     (its answer names the service URL to use instead), another HTTP server, or ``None``
     (no HTTP answer within :data:`HTTP_PROBE_TIMEOUT_S`, or a PigeonMQ protocol port that
     refused the request: a slow node, not a wrong port)."""
-    data = b""
-    with trio.move_on_after(HTTP_PROBE_TIMEOUT_S):
-        try:
-            stream = await open_stream()
-        except OSError:
-            return None
-        try:
-            request = (
-                f"GET {_HTTP_PROBE_PATH} HTTP/1.1\r\nHost: {host}:{port}\r\n"
-                "Accept: application/json\r\nConnection: close\r\n\r\n"
-            )
-            await stream.send_all(request.encode())
-            while len(data) < 65536:
-                chunk = await stream.receive_some(65536)
-                if not chunk:
-                    break
-                data += chunk
-        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        finally:
-            await trio.aclose_forcefully(stream)
+    request = (
+        f"GET {_HTTP_PROBE_PATH} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+        "Accept: application/json\r\nConnection: close\r\n\r\n"
+    )
+    data = await _exchange(open_stream, request.encode(), lambda _: False)
     return describe_http_answer(data, port, role)
 
 
@@ -348,6 +387,50 @@ def describe_http_answer(data: bytes, port: int, role: str) -> str | None:
         return f"port {port} is a PigeonMQ broker's admin HTTP port, not a {role} port: use {use}"
     status = head.split(b"\r\n", 1)[0].decode("latin-1")
     return f"port {port} is an HTTP server ({status!r}), not a PigeonMQ {role} port: use {use}"
+
+
+#: the correlation id of the Kafka probe's request ("PIGE"): an answer that carries it
+#: back is a Kafka broker's
+KAFKA_PROBE_CORRELATION_ID = 0x50494745
+
+
+def kafka_probe_request() -> bytes:
+    """A Kafka ``ApiVersions`` v0 request (every Kafka broker answers v0, with error 35
+    UNSUPPORTED_VERSION at worst).  Layout: int32 size (big-endian, the bytes after it),
+    int16 api_key 18, int16 api_version 0, int32 correlation id
+    (:data:`KAFKA_PROBE_CORRELATION_ID`), client id as int16 length + bytes."""
+    client_id = b"pigeon-probe"
+    body = struct.pack(">hhih", 18, 0, KAFKA_PROBE_CORRELATION_ID, len(client_id)) + client_id
+    return struct.pack(">i", len(body)) + body
+
+
+async def probe_kafka(
+    open_stream: Callable[[], Awaitable[trio.abc.Stream]], host: str, port: int, role: str
+) -> str | None:
+    """Send ``host:port`` (a new connection from ``open_stream``) a Kafka ``ApiVersions``
+    request and say whether a Kafka broker answered (:func:`describe_kafka_answer`)."""
+    data = await _exchange(open_stream, kafka_probe_request(), lambda d: len(d) >= 10)
+    return describe_kafka_answer(data, port, role)
+
+
+def describe_kafka_answer(data: bytes, port: int, role: str) -> str | None:
+    """What :func:`probe_kafka` says of the bytes ``data`` port ``port`` answered (a pure
+    function): a Kafka response is int32 size (big-endian), int32 correlation id (ours
+    back), and for ApiVersions an int16 error code, 0 or 35 (UNSUPPORTED_VERSION).
+    Anything else is no verdict (None)."""
+    if len(data) < 10:
+        return None
+    size, correlation_id, error_code = struct.unpack_from(">iih", data)
+    if not 6 <= size <= 1 << 20 or correlation_id != KAFKA_PROBE_CORRELATION_ID:
+        return None
+    if error_code not in (0, 35):
+        return None
+    if role == "broker":
+        return (
+            f"port {port} speaks the Kafka protocol; use a Kafka client or pigeon's"
+            " service port (pigeon://, 6650 by default)"
+        )
+    return f"port {port} speaks the Kafka protocol, not the PigeonMQ {role} protocol"
 
 
 def _tls_scheme(frame_type: Any) -> str:
