@@ -13,7 +13,15 @@ from pathlib import Path
 import pytest
 from _kafka import Tansu, tansu_binary
 
-from pigeon.core.testing.servers import HOST, Standalone, clean_env, free_ports, pigeon_command
+from pigeon.core.testing.servers import (
+    HOST,
+    SecurityFiles,
+    Standalone,
+    clean_env,
+    free_port,
+    free_ports,
+    pigeon_command,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -99,6 +107,36 @@ def test_a_client_on_a_kafka_broker_that_is_not_ours_is_told_so(tmp_path: Path) 
         assert time.monotonic() - began < 8, line  # an interpreter's start + ~1 s, no 10 s wait
     finally:
         tansu.close()
+
+
+def test_the_wrong_tls_scheme_is_named_in_one_line_at_once(tmp_path: Path) -> None:
+    # a broker with a plaintext port and a TLS port (broker_service_port_tls)
+    certs = SecurityFiles.create(tmp_path / "certs")
+    tls_port = free_port()
+    broker = {
+        "tls_certificate_file": str(certs.certificate_file),
+        "tls_key_file": str(certs.key_file),
+        "broker_service_port_tls": tls_port,
+    }
+    server = Standalone(
+        tmp_path / "data", log_dir=tmp_path, config={"broker": broker}, fsync=None
+    ).start()
+    try:
+        began = time.monotonic()
+        trust = ("--tls-trust-certs-file", str(certs.ca_file))
+        ssl_on_plain = start(
+            "produce", "-u", f"pigeon+ssl://{HOST}:{server.port}", *trust, "t", "x"
+        )
+        plain_on_tls = start("produce", "-u", f"pigeon://{HOST}:{tls_port}", "t", "x")
+        one_line(
+            ssl_on_plain, "TlsError", f"{HOST}:{server.port}", "plaintext port", "use pigeon://"
+        )
+        one_line(plain_on_tls, "TlsError", f"{HOST}:{tls_port}", "takes TLS only", "pigeon+ssl://")
+        # two interpreters' start and an answer each, not a 10 s handshake timeout
+        assert time.monotonic() - began < 8
+        assert "Traceback" not in server.log_text()
+    finally:
+        server.close()
 
 
 def test_a_second_standalone_on_the_same_data_dir_or_port_says_which(

@@ -125,7 +125,11 @@ async def connect_tcp(
     probe: Callable[[], Awaitable[str | None]] | None = None
     if tls is not None:
         stream = await connect_tls(
-            stream, tls, server_hostname or host, handshake_timeout=connect_timeout
+            stream,
+            tls,
+            server_hostname or host,
+            handshake_timeout=connect_timeout,
+            address=f"{host}:{port}",
         )
     else:
 

@@ -355,15 +355,17 @@ async def connect_tls(
     server_hostname: str,
     *,
     handshake_timeout: float = HANDSHAKE_TIMEOUT_S,
+    address: str | None = None,
 ) -> trio.SSLStream[Any]:
     """Run the client side of the handshake against ``server_hostname``; raises
     :class:`TlsError` (a certificate or protocol refusal: retrying will not help) or
-    :class:`ConnectionClosed` (the peer went away), with one line naming what failed."""
+    :class:`ConnectionClosed` (the peer went away), with one line naming what failed
+    and where (``address``, e.g. ``host:port``; default ``server_hostname``)."""
     ssl_stream = trio.SSLStream(_LargeReads(stream), context, server_hostname=server_hostname)
     try:
         with trio.fail_after(handshake_timeout):
             await ssl_stream.do_handshake()
     except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, OSError) as exc:
         await trio.aclose_forcefully(stream)
-        raise _handshake_error(exc, f"{server_hostname}: ") from None
+        raise _handshake_error(exc, f"{address or server_hostname}: ") from None
     return ssl_stream
