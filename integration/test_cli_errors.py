@@ -1,5 +1,6 @@
 """The ``pigeon`` command answers a user's mistake in one line: ``error: …`` naming what to
-do, never a traceback (``--debug`` prints it).  Through the real command in subprocesses,
+do, never a traceback (``--debug`` prints it); ``pigeon admin`` prints text a person reads
+(words and units, no JSON unless ``--json``).  Through the real command in subprocesses,
 against one ``pigeon standalone`` started for the whole module; every run is bounded.
 """
 
@@ -178,3 +179,57 @@ def test_a_bad_flag_is_one_line_and_debug_shows_the_traceback(server: Standalone
     assert code == 2
     assert lines[0].startswith("Traceback"), lines
     assert lines[-1].startswith("error: ProtocolError: "), lines
+
+
+# ------------------------------------------------------- pigeon admin: text a person reads
+
+
+def admin(server: Standalone, *args: str) -> subprocess.Popen[str]:
+    return start("admin", "--url", f"http://{HOST}:{server.http_port}", *args)
+
+
+def output(proc: subprocess.Popen[str]) -> str:
+    """stdout of a run that succeeded."""
+    try:
+        out, err = proc.communicate(timeout=RUN_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise AssertionError(f"{proc.args} still running after {RUN_TIMEOUT}s") from None
+    assert proc.returncode == 0, err
+    return out
+
+
+def refused(proc: subprocess.Popen[str], *needles: str) -> str:
+    """The API refused the call: exit 1, one ``error: …`` line holding every needle and
+    none of pydantic's regex text."""
+    code, lines = finish(proc)
+    assert code == 1 and len(lines) == 1, lines
+    assert lines[0].startswith("error: "), lines
+    assert "pattern" not in lines[0] and "String should" not in lines[0], lines[0]
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def test_admin_refuses_a_bad_name_with_the_rule(server: Standalone) -> None:
+    runs = [
+        (admin(server, "tenants", "create", "café"), "invalid tenant name 'café'"),
+        (admin(server, "namespaces", "create", "public/é"), "invalid namespace name 'é'"),
+        (admin(server, "subscriptions", "create", "t", "my sub"), "invalid subscription name"),
+    ]
+    for proc, needle in runs:
+        refused(proc, needle, "may only hold ASCII letters, digits and _ . - = :")
+    dots = [
+        (admin(server, "tenants", "create", "."), "invalid tenant name '.'"),
+        (admin(server, "tenants", "get", ".."), "invalid tenant name '..'"),
+        (admin(server, "namespaces", "create", "public/.."), "invalid namespace name '..'"),
+    ]
+    for proc, needle in dots:
+        line = refused(proc, needle, "may not be")
+        assert "metadata path" not in line, line
+    refused(
+        admin(server, "tenants", "create", "t" * 256),
+        "invalid tenant name",
+        "256 characters long, at most 255 are allowed",
+    )

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pigeon.core import MAX_NAME_LENGTH, TopicName, check_subscription_name
+from pigeon.core import MAX_NAME_LENGTH, TopicName, check_name, check_subscription_name
 from pigeon.core.errors import InvalidArgument, InvalidSubscriptionName, InvalidTopicName
 
 
@@ -177,3 +179,24 @@ def test_invalid_subscription_names(name: str, reason: str) -> None:
         check_subscription_name(name)
     assert reason in str(info.value)
     assert isinstance(info.value, InvalidArgument)
+
+
+@pytest.mark.parametrize(
+    ("kind", "name", "reason"),
+    [
+        ("tenant", "", "empty"),
+        ("tenant", "café", "invalid tenant name 'café': it may only hold ASCII letters"),
+        ("namespace", "a b", "invalid namespace name 'a b': it may only hold ASCII letters"),
+        ("namespace", "..", "invalid namespace name '..': a namespace name may not be . or .."),
+        ("tenant", ".", "a tenant name may not be . or .."),
+        ("tenant", "t" * 256, "it is 256 characters long, at most 255 are allowed"),
+    ],
+)
+def test_tenant_and_namespace_names_follow_the_topic_rule(
+    kind: str, name: str, reason: str
+) -> None:
+    with pytest.raises(InvalidArgument, match=re.escape(reason)):
+        check_name(kind, name)
+    with pytest.raises(InvalidTopicName):
+        check_name("topic", name)
+    assert check_name(kind, "ok-1.x=y:z") == "ok-1.x=y:z"

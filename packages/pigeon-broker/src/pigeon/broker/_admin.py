@@ -60,7 +60,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pigeon.broker import _admin_ops as ops
 from pigeon.broker._admin_auth import authorize_request, identified
-from pigeon.broker._admin_errors import error_body, error_location, http_status, json_safe
+from pigeon.broker._admin_errors import (
+    error_body,
+    error_location,
+    http_status,
+    json_safe,
+    name_rule,
+)
 from pigeon.broker._admin_models import (
     ERRORS,
     POSITION,
@@ -180,6 +186,10 @@ def _install_error_handlers(app: FastAPI) -> None:
         first = errors[0] if errors else {}
         where = error_location(first.get("loc", ()))
         message = f"{where}: {first.get('msg', 'invalid request')}" if where else "invalid request"
+        # a bad name in the path: the documented rule, not the pattern that enforces it
+        # (checked on the raw input: the echo above cuts long strings)
+        raw = exc.errors()
+        message = (name_rule(raw[0]) if raw else None) or message
         log.info(
             "admin request invalid method=%s path=%s error=%s",
             request.method,

@@ -7,6 +7,7 @@ import math
 import re
 from typing import Any
 
+from pigeon.core import check_name, check_subscription_name
 from pigeon.core.errors import (
     AuthenticationError,
     AuthorizationError,
@@ -38,7 +39,7 @@ from pigeon.core.errors import (
     TopicNotFound,
 )
 
-__all__ = ["error_body", "error_location", "http_status", "json_safe"]
+__all__ = ["error_body", "error_location", "http_status", "json_safe", "name_rule"]
 
 
 #: (error classes, HTTP status), first match wins (subclasses before their bases).
@@ -140,6 +141,26 @@ def json_safe(value: Any, depth: int = 0) -> Any:
     if value is None or isinstance(value, (bool, int)):
         return value
     return _cut(str(value))
+
+
+def name_rule(error: dict[str, Any]) -> str | None:
+    """The documented name rule (:func:`pigeon.core.check_name`,
+    :func:`~pigeon.core.check_subscription_name`) broken by the name a validation
+    ``error`` (one of FastAPI's) rejected, when it is a tenant, namespace, topic or
+    subscription in the path; None otherwise (or if the rule holds: a looser check)."""
+    loc = tuple(error.get("loc") or ())
+    value = error.get("input")
+    if len(loc) != 2 or loc[0] != "path" or not isinstance(value, str):
+        return None
+    kind = loc[1]
+    try:
+        if kind in ("tenant", "namespace", "topic"):
+            check_name(kind, value)
+        elif kind == "subscription":
+            check_subscription_name(value)
+    except InvalidArgument as exc:
+        return exc.message
+    return None
 
 
 def error_location(loc: Any) -> str:

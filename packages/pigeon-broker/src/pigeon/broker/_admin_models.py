@@ -48,7 +48,10 @@ __all__ = [
 
 
 _NAME = r"^[A-Za-z0-9_.\-=:]+$"
-NamePart = Annotated[str, Path(pattern=_NAME, max_length=255)]
+#: a tenant or namespace (pigeon.core.check_name): the topic-name alphabet, not "." or ".."
+_N, _M = r"[A-Za-z0-9_.\-=:]", r"[A-Za-z0-9_\-=:]"
+NAME_PART = rf"^({_M}{_N}*|\.{_M}{_N}*|\.\.{_N}+)$"
+NamePart = Annotated[str, Path(pattern=NAME_PART, max_length=255)]
 #: a topic's local name: a partition's "-partition-N" suffix (up to 21 characters) is not
 #: counted against the 255 (TopicName.parse holds the exact rule)
 TopicPart = Annotated[str, Path(pattern=_NAME, max_length=255 + 21)]

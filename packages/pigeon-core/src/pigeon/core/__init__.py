@@ -4,8 +4,8 @@ Wire schemas and framing, the RPC layer, the columnar batch format, the error tr
 configuration, hook specifications and the plugin manager, and the built-in plugins
 (embedded metadata store, quorum replication, ``none``/``gzip`` codecs).
 
-Here: the plugin manager and its :class:`Registry`, :class:`TopicName` and the
-subscription name rule (:func:`check_subscription_name`, :data:`MAX_NAME_LENGTH`), the classes
+Here: the plugin manager and its :class:`Registry`, :class:`TopicName` and the name
+rules (:func:`check_name`, :func:`check_subscription_name`, :data:`MAX_NAME_LENGTH`), the classes
 the hook specifications (:mod:`pigeon.core.hookspecs`) ask plugins for —
 :class:`MetadataStore`, :class:`ReplicationPolicy` (with its :class:`SegmentWriter`) and
 :class:`Codec`.  The rest of the public API is in its modules: :mod:`~pigeon.core.batch`,
@@ -21,7 +21,7 @@ from pigeon.core import errors
 from pigeon.core._codecs import Codec
 from pigeon.core._plugins import PluginManager, Registry
 from pigeon.core._policy import ReplicationPolicy, SegmentWriter
-from pigeon.core._topic import MAX_NAME_LENGTH, TopicName, check_subscription_name
+from pigeon.core._topic import MAX_NAME_LENGTH, TopicName, check_name, check_subscription_name
 from pigeon.core.config import load_config
 from pigeon.core.metadata import MetadataStore
 
@@ -34,6 +34,7 @@ __all__ = [
     "ReplicationPolicy",
     "SegmentWriter",
     "TopicName",
+    "check_name",
     "check_subscription_name",
     "errors",
     "load_config",

@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pigeon.core.errors import InvalidSubscriptionName, InvalidTopicName
+from pigeon.core.errors import InvalidArgument, InvalidSubscriptionName, InvalidTopicName
 
-__all__ = ["MAX_NAME_LENGTH", "TopicName", "check_subscription_name"]
+__all__ = ["MAX_NAME_LENGTH", "TopicName", "check_name", "check_subscription_name"]
 
 _PART = re.compile(r"[A-Za-z0-9_.\-=:]+")
 #: a subscription name: the topic alphabet and ``%`` (Kafka group ids are percent-encoded)
@@ -19,6 +19,33 @@ MAX_NAME_LENGTH = 255
 def _shown(name: str) -> str:
     """``name`` as an error message quotes it: a long one is cut, its length said apart."""
     return repr(name) if len(name) <= 60 else repr(name[:40]) + "..."
+
+
+def check_name(kind: str, name: str) -> str:
+    """``name`` if it is a valid ``kind`` name (``tenant``, ``namespace`` or ``topic``: one
+    part of a topic name), else an error saying the rule: InvalidTopicName for a topic,
+    InvalidArgument for a tenant or namespace.
+
+    The rule: 1 to 255 characters (:data:`MAX_NAME_LENGTH`), each an ASCII letter or
+    digit or one of ``_ . - = :``, and neither ``.`` nor ``..`` (a topic's
+    ``-partition-N`` suffix is not counted: see :meth:`TopicName.parse`).
+    """
+    error = InvalidTopicName if kind == "topic" else InvalidArgument
+    if not isinstance(name, str) or not name:
+        raise error(f"invalid {kind} name {name!r}: empty")
+    if len(name) > MAX_NAME_LENGTH:
+        raise error(
+            f"invalid {kind} name {_shown(name)}: it is {len(name)} characters long,"
+            f" at most {MAX_NAME_LENGTH} are allowed"
+        )
+    if not _PART.fullmatch(name):
+        raise error(
+            f"invalid {kind} name {_shown(name)}: it may only hold ASCII letters, digits"
+            " and _ . - = :"
+        )
+    if name in (".", ".."):
+        raise error(f"invalid {kind} name {name!r}: a {kind} name may not be . or ..")
+    return name
 
 
 def check_subscription_name(name: str) -> str:
