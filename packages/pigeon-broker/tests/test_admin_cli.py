@@ -92,10 +92,10 @@ def test_health_brokers_bookies(admin_standalone: AdminStandalone) -> None:
     owned = admin_json(s, "brokers", "bundles", broker)
     assert owned and all(b["owner"] == broker for b in owned)
     assert any(b["loaded_topics"] >= 1 and b["namespace"] == NS for b in owned)
-    assert "LOADED_TOPICS" in admin(s, "brokers", "bundles").stdout
+    assert "LOADED TOPICS" in admin(s, "brokers", "bundles").stdout
     admin_error(s, "brokers", "bundles", "nope:1", status=404)
     assert isinstance(admin_json(s, "brokers", "throughput"), list)
-    assert "MSG_RATE_IN" in admin(s, "brokers", "throughput").stdout
+    assert "RATE IN" in admin(s, "brokers", "throughput").stdout
 
     bookies = admin_json(s, "bookies", "list")
     assert len(bookies) == 1 and bookies[0]["read_only"] is False
@@ -284,7 +284,7 @@ def test_topics_lifecycle(admin_standalone: AdminStandalone) -> None:
     internal = admin_json(s, "topics", "internal-stats", "adm-t1")
     assert sum(seg["entries"] for seg in internal["segments"]) == 5
     assert internal["segments"][0]["ensemble"]
-    assert "FIRST_OFFSET" in admin(s, "topics", "internal-stats", "adm-t1").stdout
+    assert "FIRST OFFSET" in admin(s, "topics", "internal-stats", "adm-t1").stdout
     admin_error(s, "topics", "internal-stats", "adm-p", status=400)
 
     pstats = admin_json(s, "topics", "stats", "adm-p")
@@ -422,7 +422,7 @@ def test_peek_skip_and_reset(
     out = admin_json(s, "subscriptions", "reset", topic, "sub", "--message-id", _mid(ids[5]))
     assert out[0]["backlog"] == 5
     assert (
-        "MARK_DELETE_OFFSET"
+        "MARK DELETE OFFSET"
         in admin(s, "subscriptions", "reset", topic, "sub", "--time", "1h").stdout
     )
     assert admin_json(s, "subscriptions", "get", topic, "sub")["backlog"] == 10

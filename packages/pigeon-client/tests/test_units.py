@@ -54,3 +54,44 @@ def test_fields_by_name() -> None:
     assert units.field("backlog", 86400) == "86,400"
     assert units.field("deduplication", True) == "True"
     assert units.field("ensemble_size", None) == "-"
+
+
+@pytest.mark.parametrize(
+    ("column", "heading"),
+    [
+        ("free_disk_bytes", "FREE DISK"),
+        ("disk_used_bytes", "DISK USED"),
+        ("write_bytes_per_s", "WRITE RATE"),
+        ("backlog_bytes", "BACKLOG SIZE"),
+        ("msg_rate_in", "RATE IN"),
+        ("msg_throughput_out", "THROUGHPUT OUT"),
+        ("msgs_out", "MESSAGES OUT"),
+        ("subscription_count", "SUBSCRIPTIONS"),
+        ("storage_size", "STORAGE"),
+        ("mark_delete_offset", "MARK DELETE OFFSET"),
+        ("read_only", "READ-ONLY"),
+        ("service_url", "SERVICE URL"),
+        ("time", "TIME"),
+    ],
+)
+def test_table_headings_are_words(column: str, heading: str) -> None:
+    assert units.heading(column) == heading
+
+
+def test_nested_values_are_inlined_as_words() -> None:
+    assert units.field("cache", {"hits": 3, "misses": 0, "bytes": 1500}) == (
+        "hits 3, misses 0, size 1.5 kB"
+    )
+    assert units.field("", {"latency_ms": 2, "ensemble_size": 1}) == "latency 2 ms, ensemble size 1"
+    assert units.field("last_position", [4, 0]) == "4:0"
+    assert units.field("acked_ranges", [[0, 5], [7, 8]]) == "0-4, 7"
+    assert units.field("ensemble", ["b1:3181", "b2:3181"]) == "b1:3181, b2:3181"
+    assert units.field("offload_deleting", []) == "-"
+    assert units.field("read_only_reason", "") == "-"
+
+
+def test_points_in_time_are_clock_times() -> None:
+    text = units.field("time", 1_795_759_189_649)  # ms, as the throughput samples have it
+    assert text.count(":") == 2 and "," not in text and text.startswith("2026-")
+    assert units.field("reported_at", 1_795_759_189.6) == text  # seconds
+    assert units.field("last_publish_time", 0) == "-"

@@ -86,7 +86,7 @@ def fmt(value: Any, name: str = "") -> str:
 
 
 def table(rows: Iterable[dict[str, Any]], columns: Sequence[str]) -> str:
-    cells = [[c.upper() for c in columns]]
+    cells = [[units.heading(c) for c in columns]]
     cells += [[fmt(r.get(c), c) for c in columns] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
     return "\n".join(

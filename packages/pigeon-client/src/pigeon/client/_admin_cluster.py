@@ -4,6 +4,7 @@ bookies, metrics."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 import time
 from typing import Any
@@ -151,7 +152,7 @@ def subscriptions_peek(topic: str, subscription: str, count: int) -> None:
             if m["key"] is not None:
                 head += f"  key={m['key']}"
             if m["properties"]:
-                head += f"  properties={cli.fmt(m['properties'])}"
+                head += f"  properties={json.dumps(m['properties'], separators=(',', ':'))}"
             value = m["value"] if m["value_encoding"] == "utf-8" else f"base64:{m['value']}"
             out.append(f"{head}\n  {value}")
         return "\n".join(out) if out else "(no unacknowledged messages)"

@@ -11,6 +11,7 @@ import click
 from pigeon.client import _admin_base as cli
 from pigeon.client import _units as units
 from pigeon.client._admin_client import ACTIONS, AdminClient, AdminError, check_actions
+from pigeon.core import TopicName
 
 
 @cli.admin_cmd.command("health")
@@ -32,7 +33,8 @@ def health_cmd(ctx: click.Context) -> None:
         lines = [cli.kv({**status, "clients": h["connections"]})]
         for name, check in h["checks"].items():
             detail = {k: v for k, v in check.items() if k != "ok"}
-            lines.append(f"{name:<8} {'ok' if check['ok'] else 'FAILED'}  {cli.fmt(detail)}")
+            state = "ok" if check["ok"] else "FAILED"
+            lines.append(f"{name:<8} {state:<6}  {cli.fmt(detail)}".rstrip(" -"))
         return "\n".join(lines)
 
     cli.emit(health, human)
@@ -202,12 +204,30 @@ def _rates(doc: dict[str, Any], way: str) -> str:
     return f"{units.number(rate)} msg/s  {units.rate(throughput)}"
 
 
+def partitions_text(topic: str, partitions: int) -> str:
+    """What ``partitions`` (the count the admin API gives) says of ``topic``: ``3``, or
+    ``not partitioned`` (0), or which partition it is (0 too)."""
+    if partitions:
+        return str(partitions)
+    name = TopicName.parse(topic)
+    if name.partition_index >= 0:
+        return f"none (partition {name.partition_index} of {name.base.full})"
+    return "not partitioned"
+
+
+def _topic_text(doc: dict[str, Any]) -> str:
+    """``topics get``: its fields, ``partitions`` in words."""
+    if "partitions" in doc and "topic" in doc:
+        doc = {**doc, "partitions": partitions_text(doc["topic"], doc["partitions"])}
+    return cli.kv(doc)
+
+
 def _stats_text(s: dict[str, Any]) -> str:
     lines = [
         cli.kv(
             {
                 "topic": s["topic"],
-                "partitions": s["partitions"],
+                "partitions": partitions_text(s["topic"], s["partitions"]),
                 "rate in": _rates(s, "in"),
                 "rate out": _rates(s, "out"),
                 "messages in": f"{units.plural(s['msgs_in'], 'message')}"
@@ -252,6 +272,7 @@ cli.show(
     "Whether TOPIC exists, is partitioned, is loaded here.",
     AdminClient.topic,
     "topic",
+    human=_topic_text,
 )
 cli.show(
     topics_cmd,

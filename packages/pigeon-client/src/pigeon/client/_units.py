@@ -10,15 +10,21 @@
 The dashboard (``pigeon.broker`` ``dashboard/units.js``) follows the same rules.
 :func:`field` picks a form by a JSON field's name (``*_s`` seconds, ``*_ms``
 milliseconds, ``*_bytes`` sizes, ``*_bytes_per_s`` and ``msg_throughput_*`` byte rates,
-``msg_rate_*`` message rates), so tables and ``key value`` lists read the same everywhere.
+``msg_rate_*`` message rates, ``time`` and ``*_at`` points in time), so tables and
+``key value`` lists read the same everywhere; nested values (a health check's details, a
+cache's counters) are inlined as ``name value`` pairs, lists comma-separated.
+:func:`heading` names a table's column in words, its unit left to the values
+(``free_disk_bytes`` is ``FREE DISK``, its cells ``73.2 GB``).
 """
 
 from __future__ import annotations
 
-import json
+import datetime as dt
 from typing import Any
 
 _SIZE_UNITS = ("B", "kB", "MB", "GB", "TB", "PB")
+#: fields that are sizes in bytes besides ``*_bytes`` and ``bytes_*``
+_SIZES = ("size", "storage_size", "bytes")
 _DURATION_UNITS = (("d", 86400), ("h", 3600), ("min", 60), ("s", 1))
 
 
@@ -75,22 +81,86 @@ def duration(seconds: float) -> str:
     return " ".join(parts) or "0 s"
 
 
+#: column headings that are not the field's name in words
+_HEADINGS = {
+    "msgs_in": "messages in",
+    "msgs_out": "messages out",
+    "msg_rate_in": "rate in",
+    "msg_rate_out": "rate out",
+    "msg_throughput_in": "throughput in",
+    "msg_throughput_out": "throughput out",
+    "subscription_count": "subscriptions",
+    "storage_size": "storage",
+    "backlog_bytes": "backlog size",
+    "read_only": "read-only",
+    "bytes": "size",
+}
+
+
+def words(name: str) -> str:
+    """A JSON field's name as words, its unit suffix dropped (the value carries the
+    unit): ``free_disk_bytes`` -> ``free disk``, ``write_bytes_per_s`` -> ``write rate``,
+    ``latency_ms`` -> ``latency``."""
+    if name in _HEADINGS:
+        return _HEADINGS[name]
+    for suffix, instead in (("_bytes_per_s", "_rate"), ("_bytes", ""), ("_ms", ""), ("_s", "")):
+        if name.endswith(suffix) and len(name) > len(suffix):
+            name = name[: -len(suffix)] + instead
+            break
+    return name.replace("_", " ")
+
+
+def heading(name: str) -> str:
+    """A table column's heading: :func:`words` in capitals (``FREE DISK``)."""
+    return words(name).upper()
+
+
+def timestamp(seconds: float) -> str:
+    """A point in time, local, ISO 8601 to the second: ``2026-11-27T05:59:49``."""
+    return dt.datetime.fromtimestamp(seconds).isoformat(timespec="seconds")
+
+
+def _span(pair: Any) -> str:
+    """A half-open offset range ``[start, end)`` as ``start-last`` (``start`` alone)."""
+    start, end = pair
+    return str(start) if end - start <= 1 else f"{start}-{end - 1}"
+
+
+def _nested(name: str, value: list[Any] | dict[str, Any]) -> str:
+    """A list or dict inlined as text: ``hits 0, misses 2, bytes 191 B``; ``1:0`` for a
+    ``*_position`` (segment:entry); ``0-4, 7`` for ``*_ranges``; ``-`` when empty."""
+    if not value:
+        return "-"
+    if isinstance(value, dict):
+        return ", ".join(f"{words(str(k))} {field(str(k), v)}" for k, v in value.items())
+    if name.endswith("position") and all(isinstance(x, int) for x in value):
+        return ":".join(str(x) for x in value)
+    if name.endswith("_ranges"):
+        return ", ".join(_span(r) if isinstance(r, list) and len(r) == 2 else str(r) for r in value)
+    return ", ".join(field(name, x) if isinstance(x, (list, dict)) else str(x) for x in value)
+
+
 def field(name: str, value: Any) -> str:
     """``value`` of the JSON field ``name`` as text (see the module's rules); ``-`` for
-    None, JSON for lists and dicts."""
+    None; lists and dicts inlined (:func:`_nested`)."""
     if value is None:
         return "-"
     if isinstance(value, (list, dict)):
-        return json.dumps(value, separators=(",", ":"))
+        return _nested(name, value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return str(value)
+        return str(value) or "-"
     if value != value or abs(value) >= 1e18:  # NaN, or too large to mean anything
         return repr(value)
+    if name in ("time", "last_publish_time") or name.endswith("_at") or name == "ctime":
+        if value <= 0:
+            return "-"
+        ms = name in ("time", "last_publish_time")
+        return timestamp(value / 1000 if ms else value)
     if name.endswith("_bytes_per_s") or name.startswith("msg_throughput"):
         return rate(value)
     if name.startswith("msg_rate"):
         return f"{number(value)} msg/s"
-    if name.endswith("_bytes") or name in ("size", "storage_size"):
+    if name.endswith("_bytes") or name.startswith("bytes_") or name in _SIZES:
         return size(value)
     if name.endswith("_ms") and not name.endswith("timestamp_ms"):
         return duration(value / 1000)
