@@ -52,7 +52,8 @@ def test_fields_by_name() -> None:
     assert units.field("msg_rate_in", 1234.56) == "1,234.6 msg/s"
     assert units.field("mark_delete_offset", 123456) == "123456"  # an id, not an amount
     assert units.field("backlog", 86400) == "86,400"
-    assert units.field("deduplication", True) == "True"
+    assert units.field("deduplication", True) == "true"  # as set-policies takes it
+    assert units.field("read_only", False) == "false"
     assert units.field("ensemble_size", None) == "-"
 
 

@@ -12,7 +12,8 @@ The dashboard (``pigeon.broker`` ``dashboard/units.js``) follows the same rules.
 milliseconds, ``*_bytes`` sizes, ``*_bytes_per_s`` and ``msg_throughput_*`` byte rates,
 ``msg_rate_*`` message rates, ``time`` and ``*_at`` points in time), so tables and
 ``key value`` lists read the same everywhere; nested values (a health check's details, a
-cache's counters) are inlined as ``name value`` pairs, lists comma-separated.
+cache's counters) are inlined as ``name value`` pairs, lists comma-separated; yes/no
+values as ``true``/``false``, as ``set-policies`` and the TOML config take them.
 :func:`heading` names a table's column in words, its unit left to the values
 (``free_disk_bytes`` is ``FREE DISK``, its cells ``73.2 GB``).
 """
@@ -147,7 +148,9 @@ def field(name: str, value: Any) -> str:
         return "-"
     if isinstance(value, (list, dict)):
         return _nested(name, value)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if not isinstance(value, (int, float)):
         return str(value) or "-"
     if value != value or abs(value) >= 1e18:  # NaN, or too large to mean anything
         return repr(value)
