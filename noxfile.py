@@ -60,9 +60,11 @@ def cluster(session: nox.Session, metadata: str, replication: str, storage: str)
     one ledger storage on the bookies.
 
     ``nox -s cluster`` runs the whole matrix (metadata x replication x storage), one
-    session per cell; ``nox -s tests`` runs the same tests in one pytest run (CI, on
-    segment-files).  Tests that need no metadata server (the auditor's) run in the
-    ``embedded`` sessions.
+    session per cell, every cell of every test (``PIGEON_CLUSTER_MATRIX=full``);
+    ``nox -s tests`` runs the same tests in one pytest run (CI, on segment-files), the
+    tests marked ``ci_cells`` on three cells each (every backend and policy among them,
+    every cell by some test; ``integration/conftest.py`` deselects the rest).  Tests that
+    need no metadata server (the auditor's) run in the ``embedded`` sessions.
     """
     others = " or ".join(i for p, i in REPLICATION_POLICIES.items() if p != replication)
     place = "(embedded or not (zookeeper or etcd))" if metadata == "embedded" else metadata
@@ -76,7 +78,7 @@ def cluster(session: nox.Session, metadata: str, replication: str, storage: str)
         "-k",
         selector,
         *session.posargs,
-        env={"PIGEON_TEST_LEDGER_STORAGE": storage},
+        env={"PIGEON_TEST_LEDGER_STORAGE": storage, "PIGEON_CLUSTER_MATRIX": "full"},
     )
 
 

@@ -3,7 +3,11 @@
 Every test runs once per metadata backend — the embedded store (shared by the
 processes), a real ZooKeeper and a real etcd — times each replication policy: the
 built-in ``quorum`` and the ``leader-follower`` plugin (test ids ``quorum`` and ``lf``).
-``nox -s cluster`` runs one session per (metadata, replication) pair.
+``nox -s cluster`` runs one session per (metadata, replication) pair, every cell
+(``PIGEON_CLUSTER_MATRIX=full``).  ``nox -s tests`` (CI) runs the tests marked
+``ci_cells`` on three of their six cells, deselecting the others at collection
+(``integration/conftest.py``): ``CELLS_A`` or ``CELLS_B``, each covering the three
+backends and both policies, alternated so that every cell still runs in CI.
 
 A history checker records every acknowledged send and every received message and checks
 that no acknowledged message is missing, that each producer's order holds, and (with
@@ -30,6 +34,19 @@ pytestmark = pytest.mark.integration
 
 SESSION_TIMEOUT = 2.0
 OP_TIMEOUT = 30.0
+
+METADATA_BACKENDS = ("embedded", "zookeeper", "etcd")
+REPLICATION_IDS = ("quorum", "lf")
+#: two complementary sets of cells (ids ``<metadata>-<replication>``): each has every
+#: metadata backend and both replication policies, together they are the whole matrix
+CELLS_A = ("embedded-quorum", "zookeeper-lf", "etcd-quorum")
+CELLS_B = ("embedded-lf", "zookeeper-quorum", "etcd-lf")
+for _cells in (CELLS_A, CELLS_B):
+    assert {c.split("-")[0] for c in _cells} == set(METADATA_BACKENDS), _cells
+    assert {c.split("-")[1] for c in _cells} == set(REPLICATION_IDS), _cells
+assert sorted(CELLS_A + CELLS_B) == sorted(
+    f"{m}-{r}" for m in METADATA_BACKENDS for r in REPLICATION_IDS
+)
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +94,7 @@ def started_cluster(
         cluster.kill_all()
 
 
-@pytest.fixture(params=["embedded", "zookeeper", "etcd"])
+@pytest.fixture(params=METADATA_BACKENDS)
 def metadata_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh metadata namespace per test on the backend the test is parametrized with."""
     chroot = f"/t{uuid.uuid4().hex[:12]}"
@@ -175,6 +192,7 @@ def owner_of(client: Client, topic: str) -> str:
         return producer._handle.engines[0].conn.name
 
 
+@pytest.mark.ci_cells(*CELLS_A)
 def test_killing_the_owning_broker_loses_no_acknowledged_message(cluster: Cluster) -> None:
     history = History()
     stop = threading.Event()
@@ -196,6 +214,7 @@ def test_killing_the_owning_broker_loses_no_acknowledged_message(cluster: Cluste
         history.check(read_all(client, "failover"))
 
 
+@pytest.mark.ci_cells(*CELLS_B)
 def test_any_broker_answers_lookups_and_names_the_owner(cluster: Cluster) -> None:
     first, second = cluster.brokers
     with (
@@ -212,6 +231,7 @@ def test_any_broker_answers_lookups_and_names_the_owner(cluster: Cluster) -> Non
         assert consumer._handle.engines[0].conn.name == owner
 
 
+@pytest.mark.ci_cells(*CELLS_A)
 def test_whole_cluster_restart_keeps_data_and_cursors(cluster: Cluster) -> None:
     with Client(cluster.service_url, operation_timeout=OP_TIMEOUT) as client:
         with client.create_producer("restart") as producer:
@@ -242,6 +262,7 @@ def replicated_cluster(tmp_path: Path, metadata_url: str, replication: str):
         yield c
 
 
+@pytest.mark.ci_cells(*CELLS_B)
 def test_killing_a_bookie_of_three_keeps_production_going(replicated_cluster: Cluster) -> None:
     cluster = replicated_cluster
     history = History()

@@ -293,7 +293,11 @@ def test_plaintext_client_on_sasl_listener_is_refused(
     sasl_plaintext: Standalone,
 ) -> None:
     """A client that skips SASL gets nothing but ApiVersions: its connection closes."""
-    reports = delivery_errors(sasl_plaintext.kafka_bootstrap, topic_name(), [b"x"])
+    # librdkafka reconnects until the record's message.timeout.ms: 5 s, not FAIL_S (a
+    # listener that served it would deliver in well under a second)
+    reports = delivery_errors(
+        sasl_plaintext.kafka_bootstrap, topic_name(), [b"x"], **{"message.timeout.ms": 5000}
+    )
     assert reports and reports[0] is not None
     assert "kafka request before authentication" in sasl_plaintext.log_text()
 
@@ -496,8 +500,11 @@ def test_group_requests_of_a_role_without_rights_are_group_authorization_failed(
 
 # ------------------------------------------------------------------ token expiry (KIP-368)
 
-#: the lifetime of the short-lived tokens of the expiry tests
-SHORT_TOKEN_S = 15
+#: the lifetime of the short-lived tokens of the expiry tests.  librdkafka refreshes a
+#: token at 80 % of the lifetime its oauth_cb gives and re-authenticates at 90 % of the
+#: session_lifetime_ms the broker answers, so each step has ~1 s of slack at 10 s (the
+#: oauth_cb gives the token's own exp, whole seconds, not a later time)
+SHORT_TOKEN_S = 10
 
 
 def test_oauthbearer_client_reauthenticates_across_token_expiry(
@@ -510,8 +517,11 @@ def test_oauthbearer_client_reauthenticates_across_token_expiry(
     issued: list[float] = []
 
     def oauth_cb(_config: Any) -> tuple[str, float]:
+        import jwt
+
         issued.append(time.time())
-        return security.token("admin", expiry_s=SHORT_TOKEN_S), time.time() + SHORT_TOKEN_S
+        token = security.token("admin", expiry_s=SHORT_TOKEN_S)
+        return token, float(jwt.decode(token, options={"verify_signature": False})["exp"])
 
     log_start = len(sasl_ssl.log_text())
     producer = Producer(
@@ -526,10 +536,10 @@ def test_oauthbearer_client_reauthenticates_across_token_expiry(
     reports: list[Any] = []
     sent = 0
     start = time.monotonic()
-    while time.monotonic() - start < 2 * SHORT_TOKEN_S + 5:  # ~35 s: two expiries
+    while time.monotonic() - start < 2 * SHORT_TOKEN_S + 5:  # ~25 s: two expiries
         producer.produce(topic, f"v{sent}".encode(), on_delivery=lambda e, m: reports.append(e))
         sent += 1
-        producer.poll(0.25)
+        producer.poll(0.1)  # oauth_cb runs in poll: a refresh waits for it
     assert producer.flush(FAIL_S) == 0, "deliveries still pending"
     assert len(reports) == sent and not [e for e in reports if e is not None], reports[:3]
     assert len(issued) >= 3, issued  # the first token and at least two refreshes

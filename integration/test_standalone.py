@@ -1,10 +1,11 @@
 """Acceptance tests of ``pigeon standalone`` as a real process, over loopback.
 
-Each test starts its own server (see ``conftest.py``) on free ports with its data under
-``tmp_path``, talks to it with the sync client, the CLI or raw sockets, and leaves it to
-the fixture to kill it by PID.  Every wait is bounded in time and iterations; no
-assertion depends on how fast the machine is (a slow machine can only make a check
-weaker, never make it fail).
+A test that kills, stops or restarts its server starts its own (see ``conftest.py``) on
+free ports with its data under ``tmp_path``; the others share one per module
+(``shared``), each on its own topics.  Each talks to its server with the sync client,
+the CLI or raw sockets, and leaves it to the fixture to kill it by PID.  Every wait is
+bounded in time and iterations; no assertion depends on how fast the machine is (a slow
+machine can only make a check weaker, never make it fail).
 """
 
 from __future__ import annotations
@@ -33,6 +34,12 @@ from pigeon.core.testing.servers import Standalone, clean_env, free_ports, pigeo
 pytestmark = pytest.mark.integration
 
 
+@pytest.fixture(scope="module")
+def shared(module_standalone_factory: Callable[..., Standalone]) -> Standalone:
+    """The module's standalone, for tests that neither kill nor restart it."""
+    return module_standalone_factory().start()
+
+
 # ------------------------------------------------------------------ a. 10,000 in order
 
 
@@ -46,19 +53,17 @@ def message_a(i: int) -> Sent:
     return Sent(value, key, properties)
 
 
-def test_10000_messages_in_order_with_content_intact(standalone: Standalone) -> None:
+def test_10000_messages_in_order_with_content_intact(shared: Standalone) -> None:
     n = 10_000
     sent = [message_a(i) for i in range(n)]
     before_ms = int(time.time() * 1000)
-    ids = produce(
-        standalone.url, "events", sent, batching_max_messages=1000, batching_max_delay_ms=5
-    )
+    ids = produce(shared.url, "events", sent, batching_max_messages=1000, batching_max_delay_ms=5)
     after_ms = int(time.time() * 1000)
     assert [mid.offset for mid in ids] == list(range(n))
     assert len(set(ids)) == n
 
     with (
-        Client(standalone.url, operation_timeout=OP_TIMEOUT) as client,
+        Client(shared.url, operation_timeout=OP_TIMEOUT) as client,
         client.subscribe(
             "events", "sub-a", subscription_type="exclusive", initial_position="earliest"
         ) as consumer,
@@ -174,10 +179,10 @@ def poll(
 
 
 def test_shared_subscription_redelivers_unacked_messages_of_a_closed_consumer(
-    standalone: Standalone,
+    shared: Standalone,
 ) -> None:
     topic, sub, n = "shared-topic", "workers", 300
-    with Client(standalone.url, operation_timeout=OP_TIMEOUT) as client:
+    with Client(shared.url, operation_timeout=OP_TIMEOUT) as client:
         consumers = {
             name: client.subscribe(
                 topic,
@@ -337,17 +342,17 @@ def run_cli(
 
 
 def test_a_second_instance_on_taken_ports_says_so_in_one_line(
-    standalone: Standalone, tmp_path: Any
+    shared: Standalone, tmp_path: Any
 ) -> None:
     """A second ``pigeon standalone`` on ports another one holds exits 2 with one line
     naming the port and its flag (it printed a 100-line exception group)."""
     bookie_port, broker_port = free_ports(2)
     for args, flag, port in (
-        (["--bookie-port", str(standalone.bookie_port)], "--bookie-port", standalone.bookie_port),
+        (["--bookie-port", str(shared.bookie_port)], "--bookie-port", shared.bookie_port),
         (
-            ["--port", str(standalone.port), "--bookie-port", str(bookie_port)],
+            ["--port", str(shared.port), "--bookie-port", str(bookie_port)],
             "--port",
-            standalone.port,
+            shared.port,
         ),
         (
             [
@@ -356,10 +361,10 @@ def test_a_second_instance_on_taken_ports_says_so_in_one_line(
                 "--bookie-port",
                 str(bookie_port),
                 "--http-port",
-                str(standalone.http_port),
+                str(shared.http_port),
             ],
             "--http-port",
-            standalone.http_port,
+            shared.http_port,
         ),
     ):
         result = subprocess.run(
@@ -387,8 +392,8 @@ def test_a_second_instance_on_taken_ports_says_so_in_one_line(
         ]
 
 
-def test_cli_produce_then_consume(standalone: Standalone) -> None:
-    url, topic = standalone.url, "cli-topic"
+def test_cli_produce_then_consume(shared: Standalone) -> None:
+    url, topic = shared.url, "cli-topic"
     out = run_cli(
         "produce", topic, "m1", "m2", "m3", "-u", url, "-k", "the-key", "-p", "a=1", "-p", "b=two"
     )

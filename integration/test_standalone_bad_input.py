@@ -2,13 +2,17 @@
 sockets (garbage, truncated and oversize frames, wrong versions, invalid topics, unknown
 message types) gets a typed error, stores nothing, and leaves the server serving.
 
-Each test starts its own server (see ``conftest.py``); every wait is bounded.
+The tests share one server (``module_standalone_factory`` in ``conftest.py``): bad input
+must not disturb it, so each test ends by checking that it still serves and that the
+baseline topic holds exactly what it held; each test writes only its own topics and
+checks "nothing was stored" on them.  Every wait is bounded.
 """
 
 from __future__ import annotations
 
 import struct
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -49,12 +53,21 @@ BASELINE_TOPIC = "baseline"
 BASELINE = [Sent(f"baseline-{i}".encode(), f"bk{i}", {"b": str(i)}) for i in range(20)]
 
 
-@pytest.fixture
-def server(standalone: Standalone) -> Standalone:
-    """A standalone that already stores a known topic (checked after each bad input)."""
+@pytest.fixture(scope="module")
+def shared(module_standalone_factory: Callable[..., Standalone]) -> Standalone:
+    """The module's standalone; it already stores a known topic (checked after each bad
+    input)."""
+    standalone = module_standalone_factory().start()
     ids = produce(standalone.url, BASELINE_TOPIC, BASELINE)
     assert [mid.offset for mid in ids] == list(range(len(BASELINE)))
     return standalone
+
+
+@pytest.fixture
+def server(shared: Standalone) -> Standalone:
+    """The shared standalone, alive (a test that killed it failed already)."""
+    assert shared.running, f"the shared server died before this test:\n{shared.log_tail()}"
+    return shared
 
 
 def assert_still_serving(server: Standalone) -> None:
@@ -254,13 +267,13 @@ def test_message_over_max_size_is_refused_and_nothing_stored(server: Standalone)
 
 
 def test_messages_under_the_limit_are_not_refused_because_of_batching(
-    standalone: Standalone,
+    server: Standalone,
 ) -> None:
     # Each message fits in max_message_size on its own; batched together they would not,
     # so the producer must put them in separate batches rather than fail both.
     small, large = b"s" * (100 * 1024), b"L" * (MAX_MESSAGE_SIZE - 50 * 1024)
     with (
-        Client(standalone.url, operation_timeout=OP_TIMEOUT) as client,
+        Client(server.url, operation_timeout=OP_TIMEOUT) as client,
         client.create_producer("near-limit", batching_max_delay_ms=1000) as producer,
     ):
         assert producer.send(large).offset == 0  # alone it is accepted
