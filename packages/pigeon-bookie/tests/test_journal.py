@@ -565,6 +565,8 @@ def test_bad_arguments() -> None:
         {"entry_log_size_limit": 10},
         {"minor_compaction_threshold": 2},
         {"journal_max_group_wait_ms": -1},
+        {"journal_inline_sync_max_bytes": -1},
+        {"journal_inline_sync_max_ms": 0},
     ):
         with pytest.raises(InvalidArgument):
             JournalStore("j", "l", **kw)
@@ -800,3 +802,71 @@ async def test_a_checkpoint_while_stopping_waits_for_a_round_in_flight(
     async with open_store(tmp_path) as store:
         check_all(store, 2, 3)
         assert store.read_entries(1, 0, 0, max_bytes=1 << 30) == [(0, big)]
+
+
+# ---------------------------------------------------------------- inline rounds
+
+
+async def test_small_rounds_run_inline_large_ones_on_the_thread(tmp_path: Path) -> None:
+    """A round of at most journal_inline_sync_max_bytes runs on the event loop (no
+    thread hop on the ack path); a larger one on the sync thread; both are durable."""
+    # max_ms: this test is about sizes, not about a disk found slow on a busy machine
+    options = {"journal_inline_sync_max_bytes": 4096, "journal_inline_sync_max_ms": 60_000}
+    async with open_store(tmp_path, **options) as store:
+        await store.add_entry(9, 0, b"w", lac=-1)  # the first round also syncs the dir
+        inline = store.statistics().inline_flush_rounds
+        await store.add_entry(1, 0, b"x" * 100, lac=-1)
+        assert store.statistics().inline_flush_rounds == inline + 1
+        inline += 1
+        rounds = store.statistics().flush_rounds
+        await store.add_entry(1, 1, b"y" * 20_000, lac=0)
+        st = store.statistics()
+        assert st.flush_rounds > rounds
+        assert st.inline_flush_rounds == inline, "a 20 KB round ran inline"
+        await store.add_entry(1, 2, b"z" * 100, lac=1)
+        assert store.statistics().inline_flush_rounds == inline + 1
+    async with open_store(tmp_path) as store:  # replayed / read back after a restart
+        got = store.read_entries(1, 0, 2, max_count=3, max_bytes=1 << 20)
+        assert [p for _, p in got] == [b"x" * 100, b"y" * 20_000, b"z" * 100]
+
+
+async def test_inline_rounds_off(tmp_path: Path) -> None:
+    async with open_store(tmp_path, journal_inline_sync_max_bytes=0) as store:
+        await fill(store, 1, 5)
+        st = store.statistics()
+        assert st.flush_rounds >= 1 and st.inline_flush_rounds == 0
+        check_all(store, 1, 5)
+
+
+async def test_a_slow_inline_round_sends_rounds_back_to_the_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A disk slower than journal_inline_sync_max_ms must not hold the event loop (and
+    every other connection of the process) round after round: after one slow inline
+    round the next ones go to the sync thread."""
+    real = os.fdatasync
+    slow = [True]
+
+    def fdatasync(fd: int) -> None:
+        if slow[0]:
+            import time
+
+            time.sleep(0.02)  # a disk that takes 20 ms: over 4 times the 1 ms allowed
+        real(fd)
+
+    async with open_store(tmp_path, journal_inline_sync_max_ms=1.0) as store:
+        await store.add_entry(9, 0, b"w", lac=-1)  # the first round also syncs the dir
+        inline = store.statistics().inline_flush_rounds
+        monkeypatch.setattr(os, "fdatasync", fdatasync)
+        await store.add_entry(1, 0, b"a", lac=-1)
+        assert store.statistics().inline_flush_rounds == inline + 1
+        assert store._inline.slow == 1
+        slow[0] = False
+        rounds = store.statistics().flush_rounds
+        await fill(store, 2, 3)
+        st = store.statistics()
+        assert st.flush_rounds >= rounds + 3
+        assert st.inline_flush_rounds == inline + 1, "rounds ran inline right after a slow one"
+        store._inline._until = -1.0  # the cooldown over: inline again
+        await store.add_entry(3, 0, b"b", lac=-1)
+        assert store.statistics().inline_flush_rounds == inline + 2

@@ -16,6 +16,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from array import array
 from collections.abc import Callable
 from pathlib import Path
@@ -52,6 +53,7 @@ __all__ = [
     "TAIL_CHECKPOINTS",
     "Counters",
     "FlushThread",
+    "InlineSyncs",
     "FsyncPolicy",
     "Round",
     "SegmentInfo",
@@ -138,6 +140,7 @@ class Counters:
         "flush_rounds",
         "flush_seconds",
         "fsyncs",
+        "inline_rounds",
         "repaired",
         "torn_entries",
         "torn_tails",
@@ -147,7 +150,7 @@ class Counters:
     def __init__(self) -> None:
         self.entries_written = self.bytes_written = 0
         self.entries_read = self.bytes_read = 0
-        self.fsyncs = self.flush_rounds = self.corrupt = 0
+        self.fsyncs = self.flush_rounds = self.corrupt = self.inline_rounds = 0
         self.flush_seconds = 0.0
         self.torn_tails = self.torn_entries = self.verified_bytes = self.repaired = 0
 
@@ -323,6 +326,42 @@ class FlushThread:
                 done(result)
             except trio.RunFinishedError:  # the trio run ended meanwhile: nobody waits
                 pass
+
+
+class InlineSyncs:
+    """When a small group commit runs its blocking calls on the event loop itself.
+
+    Handing a round to a :class:`FlushThread` costs two thread hops, and on a busy
+    process each waits for the GIL: measured in a standalone at 10 MB/s, a round of
+    ~12 KiB took 0.45-0.55 ms against 0.15-0.2 ms for its write + fdatasync alone.  A
+    round of at most ``max_bytes`` therefore runs inline, unless the disk turned slow
+    (where blocking the loop would hold up every other connection): the inline rounds'
+    moving mean above ``max_s``, or one round above four times it.  Then rounds go to
+    the thread again for ``cooldown_s``.  ``max_bytes`` 0: never inline.
+    """
+
+    __slots__ = ("_mean", "_until", "cooldown_s", "max_bytes", "max_s", "slow")
+
+    def __init__(self, max_bytes: int, max_s: float, cooldown_s: float = 10.0) -> None:
+        self.max_bytes = max_bytes
+        self.max_s = max_s
+        self.cooldown_s = cooldown_s
+        #: times the disk was found slow (rounds sent back to the thread)
+        self.slow = 0
+        self._mean = 0.0
+        self._until = -float("inf")
+
+    def allowed(self, nbytes: int) -> bool:
+        """May a round of ``nbytes`` run inline now?"""
+        return nbytes <= self.max_bytes and time.monotonic() >= self._until
+
+    def ran(self, seconds: float) -> None:
+        """An inline round took ``seconds``."""
+        self._mean += 0.2 * (seconds - self._mean)
+        if self._mean > self.max_s or seconds > 4 * self.max_s:
+            self.slow += 1
+            self._mean = 0.0
+            self._until = time.monotonic() + self.cooldown_s
 
 
 class Round:
