@@ -160,9 +160,9 @@ class BookieConfig(SecurityConfig):
     #: not on the group commit's thread (two thread hops, and the GIL, less on the ack
     #: path); 0: always the thread
     journal_inline_sync_max_bytes: int = 64 * 1024
-    #: ... unless the disk turned slow: the inline rounds' moving mean above this, or
-    #: one round above 4 times it; then rounds go to the thread again for 10 s (a slow
-    #: disk must not stall every connection of the process)
+    #: ... unless the disk turned slow: half of the last 32 inline rounds slower than
+    #: this, or one over 1 s; then rounds go to the thread again for 10 s (a slow disk
+    #: must not stall every connection of the process)
     journal_inline_sync_max_ms: float = 2.0
     #: a journal file rolls once this big; old files are deleted after a checkpoint
     journal_max_size_mb: int = 512

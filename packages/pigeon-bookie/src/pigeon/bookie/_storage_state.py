@@ -10,6 +10,7 @@ layered on it in their own modules (:mod:`~pigeon.bookie._storage_reads`,
 
 from __future__ import annotations
 
+import collections
 import errno
 import functools
 import logging
@@ -332,15 +333,23 @@ class InlineSyncs:
     """When a small group commit runs its blocking calls on the event loop itself.
 
     Handing a round to a :class:`FlushThread` costs two thread hops, and on a busy
-    process each waits for the GIL: measured in a standalone at 10 MB/s, a round of
-    ~12 KiB took 0.45-0.55 ms against 0.15-0.2 ms for its write + fdatasync alone.  A
-    round of at most ``max_bytes`` therefore runs inline, unless the disk turned slow
-    (where blocking the loop would hold up every other connection): the inline rounds'
-    moving mean above ``max_s``, or one round above four times it.  Then rounds go to
-    the thread again for ``cooldown_s``.  ``max_bytes`` 0: never inline.
+    process each waits for the GIL: a 12 KiB round whose write + fdatasync take
+    ~0.4 ms took ~0.8 ms through the thread with the loop 30 % busy
+    (``python -m bench.storage_micro --segments 1 --size 12288 --rate 1000 --busy 0.3
+    --stores journal journal-thread``).  A round of at most ``max_bytes`` therefore runs
+    inline, unless the disk turned slow, where blocking the loop would hold up every
+    other connection of the process: half of the last :data:`WINDOW` inline rounds over
+    ``max_s``, or one over :data:`STALL_S`.  Then rounds go to the thread again for
+    ``cooldown_s``.  A lone hiccup of a few (or a hundred) ms, frequent on a shared VM,
+    does not count.  ``max_bytes`` 0: never inline.
     """
 
-    __slots__ = ("_mean", "_until", "cooldown_s", "max_bytes", "max_s", "slow")
+    #: inline rounds looked back at
+    WINDOW = 32
+    #: one inline round this long sends rounds to the thread at once
+    STALL_S = 1.0
+
+    __slots__ = ("_recent", "_slow_recent", "_until", "cooldown_s", "max_bytes", "max_s", "slow")
 
     def __init__(self, max_bytes: int, max_s: float, cooldown_s: float = 10.0) -> None:
         self.max_bytes = max_bytes
@@ -348,7 +357,8 @@ class InlineSyncs:
         self.cooldown_s = cooldown_s
         #: times the disk was found slow (rounds sent back to the thread)
         self.slow = 0
-        self._mean = 0.0
+        self._recent: collections.deque[bool] = collections.deque(maxlen=self.WINDOW)
+        self._slow_recent = 0
         self._until = -float("inf")
 
     def allowed(self, nbytes: int) -> bool:
@@ -357,10 +367,16 @@ class InlineSyncs:
 
     def ran(self, seconds: float) -> None:
         """An inline round took ``seconds``."""
-        self._mean += 0.2 * (seconds - self._mean)
-        if self._mean > self.max_s or seconds > 4 * self.max_s:
+        recent = self._recent
+        if len(recent) == recent.maxlen and recent[0]:
+            self._slow_recent -= 1
+        over = seconds > self.max_s
+        recent.append(over)
+        self._slow_recent += over
+        if self._slow_recent * 2 >= self.WINDOW or seconds >= self.STALL_S:
             self.slow += 1
-            self._mean = 0.0
+            recent.clear()
+            self._slow_recent = 0
             self._until = time.monotonic() + self.cooldown_s
 
 
