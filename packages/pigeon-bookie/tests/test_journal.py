@@ -22,6 +22,7 @@ import pigeon.bookie._journal as journal_mod
 import pigeon.bookie._journal_logs as journal_logs_mod
 from pigeon.bookie._journal import JournalStore
 from pigeon.bookie._journal_format import JOURNAL_MAGIC, RECORD_HEADER_SIZE, encode_file_header
+from pigeon.bookie._storage_state import InlineSyncs
 from pigeon.bookie.testing import (
     corrupt_journal_entry,
     make_journal_storage,
@@ -565,6 +566,8 @@ def test_bad_arguments() -> None:
         {"entry_log_size_limit": 10},
         {"minor_compaction_threshold": 2},
         {"journal_max_group_wait_ms": -1},
+        {"journal_inline_sync_max_bytes": -1},
+        {"journal_inline_sync_max_ms": 0},
     ):
         with pytest.raises(InvalidArgument):
             JournalStore("j", "l", **kw)
@@ -800,3 +803,92 @@ async def test_a_checkpoint_while_stopping_waits_for_a_round_in_flight(
     async with open_store(tmp_path) as store:
         check_all(store, 2, 3)
         assert store.read_entries(1, 0, 0, max_bytes=1 << 30) == [(0, big)]
+
+
+# ---------------------------------------------------------------- inline rounds
+
+
+async def test_small_rounds_run_inline_large_ones_on_the_thread(tmp_path: Path) -> None:
+    """A round of at most journal_inline_sync_max_bytes runs on the event loop (no
+    thread hop on the ack path); a larger one on the sync thread; both are durable."""
+    # max_ms: this test is about sizes, not about a disk found slow on a busy machine
+    options = {"journal_inline_sync_max_bytes": 4096, "journal_inline_sync_max_ms": 60_000}
+    async with open_store(tmp_path, **options) as store:
+        await store.add_entry(9, 0, b"w", lac=-1)  # the first round also syncs the dir
+        inline = store.statistics().inline_flush_rounds
+        await store.add_entry(1, 0, b"x" * 100, lac=-1)
+        assert store.statistics().inline_flush_rounds == inline + 1
+        inline += 1
+        rounds = store.statistics().flush_rounds
+        await store.add_entry(1, 1, b"y" * 20_000, lac=0)
+        st = store.statistics()
+        assert st.flush_rounds > rounds
+        assert st.inline_flush_rounds == inline, "a 20 KB round ran inline"
+        await store.add_entry(1, 2, b"z" * 100, lac=1)
+        assert store.statistics().inline_flush_rounds == inline + 1
+    async with open_store(tmp_path) as store:  # replayed / read back after a restart
+        got = store.read_entries(1, 0, 2, max_count=3, max_bytes=1 << 20)
+        assert [p for _, p in got] == [b"x" * 100, b"y" * 20_000, b"z" * 100]
+
+
+async def test_inline_rounds_off(tmp_path: Path) -> None:
+    async with open_store(tmp_path, journal_inline_sync_max_bytes=0) as store:
+        await fill(store, 1, 5)
+        st = store.statistics()
+        assert st.flush_rounds >= 1 and st.inline_flush_rounds == 0
+        check_all(store, 1, 5)
+
+
+async def test_a_slow_disk_sends_rounds_back_to_the_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A disk slower than journal_inline_sync_max_ms must not hold the event loop (and
+    every other connection of the process) round after round: once half of the recent
+    inline rounds were slow, the next ones go to the sync thread."""
+    real = os.fdatasync
+    slow = [True]
+
+    def fdatasync(fd: int) -> None:
+        if slow[0]:
+            import time
+
+            time.sleep(0.003)  # a disk that takes 3 ms, over the 1 ms allowed
+        real(fd)
+
+    async with open_store(tmp_path, journal_inline_sync_max_ms=1.0) as store:
+        await store.add_entry(9, 0, b"w", lac=-1)  # the first round also syncs the dir
+        inline = store.statistics().inline_flush_rounds
+        monkeypatch.setattr(os, "fdatasync", fdatasync)
+        await fill(store, 1, 20)
+        half = InlineSyncs.WINDOW // 2
+        assert store.statistics().inline_flush_rounds == inline + half
+        assert store._inline.slow == 1
+        slow[0] = False
+        rounds = store.statistics().flush_rounds
+        await fill(store, 2, 3)
+        st = store.statistics()
+        assert st.flush_rounds >= rounds + 3
+        assert st.inline_flush_rounds == inline + half, "inline again on a slow disk"
+        store._inline._until = -1.0  # the cooldown over: inline again
+        await store.add_entry(3, 0, b"b", lac=-1)
+        assert store.statistics().inline_flush_rounds == inline + half + 1
+        check_all(store, 1, 20)
+
+
+def test_a_lone_hiccup_keeps_rounds_inline_a_long_stall_does_not() -> None:
+    syncs = InlineSyncs(65536, 0.002)
+    for _ in range(100):  # fast rounds, with a 120 ms hiccup now and then
+        syncs.ran(0.0004)
+        syncs.ran(0.0003)
+        syncs.ran(0.120 if _ % 10 == 0 else 0.0005)
+    assert syncs.slow == 0 and syncs.allowed(1000)
+    assert not syncs.allowed(65537)
+    syncs.ran(InlineSyncs.STALL_S)  # one round held the loop a whole second
+    assert syncs.slow == 1 and not syncs.allowed(1000)
+    syncs._until = -1.0
+    for _ in range(InlineSyncs.WINDOW // 2 - 1):  # a disk slow for a while
+        syncs.ran(0.003)
+        syncs.ran(0.0004)
+    assert syncs.slow == 1
+    syncs.ran(0.003)
+    assert syncs.slow == 2 and not syncs.allowed(1000)

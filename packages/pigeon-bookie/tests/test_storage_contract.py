@@ -57,6 +57,17 @@ class TestJournal(LedgerStorageContract):
         return testing.corrupt_journal_entry
 
 
+class TestJournalSyncThread(TestJournal):
+    """The contract again with every group-commit round on the sync thread (small
+    rounds run inline by default, so the contract above mostly exercises that path)."""
+
+    @pytest.fixture
+    def make_storage(self) -> Callable[..., LedgerStorage]:
+        return lambda path, **options: testing.make_journal_storage(
+            path, **({"journal_inline_sync_max_bytes": 0} | options)
+        )
+
+
 def test_journal_store_is_a_ledger_storage(tmp_path: Path) -> None:
     store: Any = testing.make_journal_storage(tmp_path)
     assert isinstance(store, LedgerStorage)

@@ -166,6 +166,8 @@ def pigeon_ledger_storages(registry: Registry[Any]) -> None:
             fsync=config.fsync,
             fsync_interval_ms=config.fsync_interval_ms,
             journal_max_group_wait_ms=config.journal_max_group_wait_ms,
+            journal_inline_sync_max_bytes=config.journal_inline_sync_max_bytes,
+            journal_inline_sync_max_ms=config.journal_inline_sync_max_ms,
             journal_max_size_mb=config.journal_max_size_mb,
             journal_pre_alloc_size_mb=config.journal_pre_alloc_size_mb,
             entry_log_size_limit=config.entry_log_size_limit,

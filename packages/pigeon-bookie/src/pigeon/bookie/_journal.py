@@ -412,6 +412,7 @@ class JournalStore(JournalReads):
             raise self._io_failed(f"write journal segment={seg.id} entry={entry_id}", exc)
         r = self._collecting
         r.files[jf.seq] = jf
+        r.journal_bytes += total
         # fsync=always: the round writes the entry log in a worker thread while the
         # journal's fdatasync runs (the event loop copies the bytes once, not twice);
         # the other policies have no round per add: written here
@@ -454,6 +455,7 @@ class JournalStore(JournalReads):
         except OSError as exc:
             raise StorageError(f"cannot write the journal: {exc.strerror or exc}")
         self._collecting.files[jf.seq] = jf
+        self._collecting.journal_bytes += len(record)
         self._counters.bytes_written += len(record)
 
     # ------------------------------------------------------------------ group commit
@@ -514,7 +516,16 @@ class JournalStore(JournalReads):
             dir_fd = self._journal.dir_fd if sync_dir else None
             fds = [f.fd for f in files]
             writes = r.log_writes
-            if writes and sum(w[3] for w in writes) >= _PARALLEL_LOG_BYTES:
+            nbytes = sum(w[3] for w in writes)
+            if not sync_dir and self._inline.allowed(max(nbytes, r.journal_bytes)):
+                # small, on a fast disk: here, without the two thread hops
+                t = time.perf_counter()
+                log_err, err = _round_io(writes, fds, dir_fd)
+                self._inline.ran(time.perf_counter() - t)
+                self._counters.inline_rounds += 1
+                if writes:
+                    self._logs_done(writes, log_err)
+            elif nbytes >= _PARALLEL_LOG_BYTES:
                 # a long copy: beside the fdatasync, in a thread of its own
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._write_logs, writes)
@@ -939,6 +950,7 @@ class JournalStore(JournalReads):
             torn_tails=c.torn_tails,
             torn_entries=c.torn_entries,
             repaired_entries=c.repaired,
+            inline_flush_rounds=c.inline_rounds,
         )
 
 

@@ -22,6 +22,7 @@ from pigeon.bookie._storage_state import (
     Counters,
     FlushThread,
     FsyncPolicy,
+    InlineSyncs,
     ReadOnlyState,
     Round,
 )
@@ -86,12 +87,14 @@ class JournalRound(Round):
     journal's fdatasync; its waiters are
     :class:`~pigeon.bookie._storage_commit.AppendWaiter`)."""
 
-    __slots__ = ("files", "log_writes")
+    __slots__ = ("files", "journal_bytes", "log_writes")
 
     def __init__(self) -> None:
         super().__init__()
         self.files: dict[int, JournalFile] = {}
         self.log_writes: list[LogWrite] = []
+        #: bytes written to the journal for this round (what its fdatasync flushes)
+        self.journal_bytes = 0
 
 
 def _positive(name: str, value: float) -> None:
@@ -111,6 +114,8 @@ class JournalBase(ReadOnlyState):
         fsync: FsyncPolicy = "always",
         fsync_interval_ms: float = 5.0,
         journal_max_group_wait_ms: float = 0.0,
+        journal_inline_sync_max_bytes: int = 64 * 1024,
+        journal_inline_sync_max_ms: float = 2.0,
         journal_max_size_mb: float = 512,
         journal_pre_alloc_size_mb: float = 16,
         entry_log_size_limit: int = 1 << 30,
@@ -134,6 +139,9 @@ class JournalBase(ReadOnlyState):
         _positive("major_compaction_interval_s", major_compaction_interval_s)
         if journal_max_group_wait_ms < 0:
             raise InvalidArgument("journal_max_group_wait_ms must be >= 0")
+        if journal_inline_sync_max_bytes < 0:
+            raise InvalidArgument("journal_inline_sync_max_bytes must be >= 0")
+        _positive("journal_inline_sync_max_ms", journal_inline_sync_max_ms)
         if journal_pre_alloc_size_mb < 0:
             raise InvalidArgument("journal_pre_alloc_size_mb must be >= 0")
         if entry_log_size_limit < 4096:
@@ -196,6 +204,8 @@ class JournalBase(ReadOnlyState):
         #: the group commit's threads: the journal's fdatasync, the entry-log writes
         self._sync_thread = FlushThread("pigeon-journal-sync")
         self._log_thread = FlushThread("pigeon-journal-logs")
+        #: small rounds run on the event loop (no thread hop) while the disk is fast
+        self._inline = InlineSyncs(journal_inline_sync_max_bytes, journal_inline_sync_max_ms / 1000)
         #: payloads of the entries whose entry-log write a round has not done yet,
         #: by (log, offset) of their record: reads take them from here
         self._unwritten: dict[tuple[int, int], Buffer] = {}

@@ -58,6 +58,12 @@ def render_metrics(
             st.flush_rounds,
         ),
         (
+            "pigeon_bookie_inline_flush_rounds_total",
+            "counter",
+            "Flush rounds run on the event loop (small rounds on a fast disk), not a thread.",
+            st.inline_flush_rounds,
+        ),
+        (
             "pigeon_bookie_flush_seconds_total",
             "counter",
             "Time spent in flush rounds.",

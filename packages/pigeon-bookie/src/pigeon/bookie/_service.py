@@ -156,6 +156,14 @@ class BookieConfig(SecurityConfig):
     #: hold a journal fsync round back up to this long to gather more adds (0: an fsync
     #: starts as soon as the previous one ends; adds arriving meanwhile share the next)
     journal_max_group_wait_ms: float = 0.0
+    #: a round of at most this many bytes runs its write + fdatasync on the event loop,
+    #: not on the group commit's thread (two thread hops, and the GIL, less on the ack
+    #: path); 0: always the thread
+    journal_inline_sync_max_bytes: int = 64 * 1024
+    #: ... unless the disk turned slow: half of the last 32 inline rounds slower than
+    #: this, or one over 1 s; then rounds go to the thread again for 10 s (a slow disk
+    #: must not stall every connection of the process)
+    journal_inline_sync_max_ms: float = 2.0
     #: a journal file rolls once this big; old files are deleted after a checkpoint
     journal_max_size_mb: int = 512
     #: journal files are zero-filled to this size before use, in the background, so
@@ -200,6 +208,7 @@ class BookieConfig(SecurityConfig):
                 raise ConfigError(f"bad value for {key!r}: must be >= 0")
         for key in (
             "journal_max_size_mb",
+            "journal_inline_sync_max_ms",
             "entry_log_size_limit",
             "flush_interval_ms",
             "minor_compaction_interval_s",
@@ -209,6 +218,7 @@ class BookieConfig(SecurityConfig):
                 raise ConfigError(f"bad value for {key!r}: must be positive")
         for key in (
             "journal_max_group_wait_ms",
+            "journal_inline_sync_max_bytes",
             "journal_pre_alloc_size_mb",
             "flush_entrylog_bytes",
         ):

@@ -95,6 +95,9 @@ class StoreStatistics:
     torn_entries: int = 0
     #: damaged entries rewritten from a good copy (recovery adds)
     repaired_entries: int = 0
+    #: flush rounds whose blocking calls ran on the event loop, not on a thread (small
+    #: rounds on a fast disk: see ``journal_inline_sync_max_bytes``)
+    inline_flush_rounds: int = 0
 
 
 @runtime_checkable
