@@ -147,6 +147,9 @@ class KafkaConnection:
     grants: dict[tuple[str, str, str], tuple[float, bool]] = field(default_factory=dict)
     #: denials already logged
     denied: set[tuple[str, str, str]] = field(default_factory=set)
+    #: (kafka topic, partition) -> (error code, fetches) of the partitions whose fetches
+    #: answer an error or nothing (logged once: ``_kafka_fetch.note_answers``)
+    fetch_notes: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
 
     @property
     def authenticated(self) -> bool:

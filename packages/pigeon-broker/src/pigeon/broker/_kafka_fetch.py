@@ -30,7 +30,15 @@ import trio
 from kio.schema.errors import ErrorCode
 
 from pigeon.broker._kafka import KafkaConnection, ms
-from pigeon.broker._kafka_wire import ZERO, FetchAnswer, build, error_code, part, response_type
+from pigeon.broker._kafka_wire import (
+    NO_LEADER_EPOCH,
+    ZERO,
+    FetchAnswer,
+    build,
+    error_code,
+    part,
+    response_type,
+)
 from pigeon.broker._topic_configs import is_compacted
 from pigeon.core.batch import ENTRY_HEADER_SIZE, decode_batch
 from pigeon.core.errors import PigeonError, TopicNotFound
@@ -42,7 +50,7 @@ if TYPE_CHECKING:
     from pigeon.broker._ledger_compaction import CompactedEntry, CompactedLedger
     from pigeon.broker._ledger_state import Entry, Position
 
-__all__ = ["HANDLERS", "partition_ledger"]
+__all__ = ["HANDLERS", "note_answers", "partition_ledger"]
 
 log = logging.getLogger(__name__)
 
@@ -159,9 +167,72 @@ async def _fetch(conn: KafkaConnection, request: Any) -> Any:
         ]
         answers, total, failed = await _read(door, wanted, ledgers, max_bytes, compacted)
         if failed or total >= request.min_bytes or trio.current_time() >= deadline or not events:
+            if failed or total == 0 or conn.fetch_notes:
+                note_answers(conn, wanted, answers, total)
             return _response(version, answers)
         with trio.move_on_at(deadline):
             await _any(events)
+
+
+def note_answers(
+    conn: KafkaConnection,
+    wanted: list[tuple[str, Any]],
+    answers: list[tuple[str, dict[str, Any]]],
+    total: int,
+) -> None:
+    """Say in one line when a partition's fetch starts answering an error code, or
+    nothing at all although its log holds more (the two ways a Kafka consumer stalls
+    without a word to its application), and in one more when it answers records again.
+
+    ``conn.fetch_notes`` keeps, per (topic, partition) noted, the code (-1: empty) and
+    how many fetches answered it; a connection has one entry per stalled partition."""
+    notes = conn.fetch_notes
+    for (kafka_topic, p), (_, f) in zip(wanted, answers, strict=True):
+        key = (kafka_topic, p.partition)
+        code = int(f["error_code"])
+        if not code and total == 0 and p.fetch_offset < f["high_watermark"]:
+            code = -1  # nothing, with records to give
+        noted = notes.get(key)
+        if not code:
+            if noted is not None and (f["records"] or p.fetch_offset >= f["high_watermark"]):
+                del notes[key]
+                log.info(
+                    "kafka fetch answers again conn=%s client=%s topic=%s partition=%d"
+                    " offset=%d after=%d fetches",
+                    conn.name,
+                    conn.client_id,
+                    kafka_topic,
+                    p.partition,
+                    p.fetch_offset,
+                    noted[1],
+                )
+            continue
+        if noted is not None and noted[0] == code:
+            notes[key] = (code, noted[1] + 1)
+            continue
+        notes[key] = (code, 1)
+        if code < 0:
+            log.warning(
+                "kafka fetch answered no records below the high watermark conn=%s"
+                " client=%s topic=%s partition=%d offset=%d high_watermark=%d",
+                conn.name,
+                conn.client_id,
+                kafka_topic,
+                p.partition,
+                p.fetch_offset,
+                f["high_watermark"],
+            )
+        else:
+            log.info(
+                "kafka fetch answered an error conn=%s client=%s topic=%s partition=%d"
+                " offset=%d error=%s",
+                conn.name,
+                conn.client_id,
+                kafka_topic,
+                p.partition,
+                p.fetch_offset,
+                ErrorCode(code).name,
+            )
 
 
 async def _any(events: list[trio.Event]) -> None:
@@ -401,7 +472,10 @@ async def list_offsets(conn: KafkaConnection, request: Any) -> Any:
     for t in request.topics:
         parts = []
         for p in t.partitions:
-            fields: dict[str, Any] = {"partition_index": p.partition_index, "leader_epoch": 0}
+            fields: dict[str, Any] = {
+                "partition_index": p.partition_index,
+                "leader_epoch": NO_LEADER_EPOCH,
+            }
             try:
                 await conn.authorize("consume", t.name)
                 ledger = await partition_ledger(door, t.name, p.partition_index)

@@ -6,6 +6,23 @@ leader (an unowned bundle: the broker a lookup would hand it to), so clients sen
 partition's requests to the broker that serves it; when that broker dies the next
 Metadata names the new owner.  Broker node ids are derived from the Kafka listener's
 address (stable across restarts, the same on every broker).
+
+Two things Metadata leaves out, because clients act on them in ways that stall a
+consumer here:
+
+* **Leader epochs** (KIP-320): every partition's is -1, "unknown", as a broker without
+  KIP-320 answers.  An epoch tells a client to validate its fetch position with
+  OffsetForLeaderEpoch whenever the epoch it knows goes up (librdkafka: from -1 after it
+  forgets a leader), and holds the partition in ``validate-epoch-wait`` meanwhile; we
+  serve no OffsetForLeaderEpoch and keep no epochs that could tell a truncated log.
+* **Brokers whose registration lapsed a moment**: a broker whose metadata session
+  expired re-registers a fraction of a second later, serving the same partitions.  A
+  client given a broker list without it decommissions its connection (librdkafka 2.x:
+  the partitions go back to no leader, their epochs and the group coordinator are
+  forgotten).  :class:`KnownBrokers` keeps listing every broker registered within
+  :data:`BROKER_LINGER_S`.  (The nemesis found the stall: embedded + quorum + journal,
+  seed 777, a consumer that got nothing more after its partitions' broker was paused
+  past its session.)
 """
 
 from __future__ import annotations
@@ -16,12 +33,20 @@ import json
 import logging
 import uuid
 import zlib
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import trio
 from kio.schema.errors import ErrorCode
 
-from pigeon.broker._kafka_wire import ZERO, build, error_code, part, response_type
+from pigeon.broker._kafka_wire import (
+    NO_LEADER_EPOCH,
+    ZERO,
+    build,
+    error_code,
+    part,
+    response_type,
+)
 from pigeon.broker._lifecycle import delete_topic
 from pigeon.broker._service import MAX_PARTITIONS
 from pigeon.broker._topic_configs import check_config
@@ -37,12 +62,52 @@ from pigeon.core.paths import partitioned_topic_path
 if TYPE_CHECKING:
     from pigeon.broker._kafka import KafkaConnection, KafkaFrontDoor
 
-__all__ = ["HANDLERS", "ensure_topic", "kafka_topic_names", "node_id"]
+__all__ = [
+    "BROKER_LINGER_S",
+    "HANDLERS",
+    "KnownBrokers",
+    "ensure_topic",
+    "kafka_topic_names",
+    "node_id",
+]
 
 log = logging.getLogger(__name__)
 
 CLUSTER_ID = "pigeonmq"
 ZERO_UUID = uuid.UUID(int=0)
+#: seconds a broker stays in Metadata's broker list after its registration vanished
+#: (its metadata session expired; it registers again at once if it is alive)
+BROKER_LINGER_S = 30.0
+
+
+class KnownBrokers:
+    """The Kafka listeners of the brokers registered within :data:`BROKER_LINGER_S`
+    (address -> registration), for Metadata's broker list.  No I/O: :meth:`update` is
+    given what is registered now and the time."""
+
+    def __init__(self, linger: float = BROKER_LINGER_S) -> None:
+        self.linger = linger
+        #: Kafka address -> (when last seen registered, its registration)
+        self._seen: dict[str, tuple[float, dict[str, Any]]] = {}
+
+    def update(self, registered: Mapping[str, dict[str, Any]], now: float) -> dict[str, Any]:
+        """Record the brokers ``registered`` now (registration path -> record); every
+        broker with a Kafka listener seen within the linger time, by its address."""
+        for record in registered.values():
+            address = record.get("kafka")
+            if address:
+                self._seen[address] = (now, record)
+        for address, (seen, _) in list(self._seen.items()):
+            if now - seen > self.linger:
+                del self._seen[address]
+        return {address: record for address, (_, record) in self._seen.items()}
+
+
+def known_brokers(door: KafkaFrontDoor) -> KnownBrokers:
+    found: KnownBrokers | None = door.state.get("brokers")
+    if found is None:
+        found = door.state["brokers"] = KnownBrokers()
+    return found
 
 
 def topic_id(full_name: str) -> uuid.UUID:
@@ -106,11 +171,9 @@ async def metadata(conn: KafkaConnection, request: Any) -> Any:
                 names.append(kafka_topic)
     else:
         names = [t.name for t in request.topics if t.name is not None]
-    brokers: dict[str, dict[str, Any]] = {}
     own = door.advertised_address
-    for record in (await door.core.ownership.brokers()).values():
-        if "kafka" in record:
-            brokers[record["kafka"]] = record
+    registered = await door.core.ownership.brokers()
+    brokers = known_brokers(door).update(registered, trio.current_time())
     brokers.setdefault(own, {})
     topics = []
     for kafka_topic in names:
@@ -147,7 +210,7 @@ async def metadata(conn: KafkaConnection, request: Any) -> Any:
                     error_code=ErrorCode.none,
                     partition_index=index,
                     leader_id=nid,
-                    leader_epoch=0,
+                    leader_epoch=NO_LEADER_EPOCH,
                     replica_nodes=(nid,),
                     isr_nodes=(nid,),
                     offline_replicas=(),

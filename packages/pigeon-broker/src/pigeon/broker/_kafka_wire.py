@@ -54,6 +54,7 @@ from pigeon.core.rpc import DEFAULT_MAX_FRAME_SIZE, BrokerFrame, http_refusal
 __all__ = [
     "API_VERSIONS",
     "FETCH_VERSIONS",
+    "NO_LEADER_EPOCH",
     "ZERO",
     "Encoded",
     "FetchAnswer",
@@ -71,6 +72,10 @@ __all__ = [
 
 #: throttle_time and the other millisecond durations kio types as timedelta
 ZERO: Final = datetime.timedelta(0)
+#: the leader epoch Metadata and ListOffsets name: unknown, as from a broker without
+#: KIP-320 (a known epoch makes clients validate positions with OffsetForLeaderEpoch,
+#: which is not served; see ``_kafka_topics``)
+NO_LEADER_EPOCH: Final = -1
 
 #: API key -> (lowest, highest) version served.  The highest versions are those current
 #: clients negotiate and whose fields we fill truthfully: Fetch stops at 12 (13 names
