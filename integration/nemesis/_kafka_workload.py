@@ -13,6 +13,7 @@ other topic, so a Kafka-acknowledged message missing from the log is a loss.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -29,6 +30,10 @@ KAFKA_TOPIC = "k"
 GROUP = "kafka-group"
 LABEL = f"{KAFKA_TOPIC}/{GROUP}"
 PRODUCER = "kp0"
+#: librdkafka statistics of the consumer every this many ms (see ``_consumer_stats``)
+STATS_INTERVAL_MS = 5000
+#: samples in a row a partition's position may stand still with a lag before it is a stall
+STALL_SAMPLES = 3
 
 
 def _debug_options(role: str = "producer") -> dict[str, Any]:
@@ -90,10 +95,16 @@ class KafkaWorkload:
                 "topic.metadata.refresh.interval.ms": 2000,
                 "log_level": 3,
                 "error_cb": self._consumer_error,
+                "statistics.interval.ms": STATS_INTERVAL_MS,
+                "stats_cb": self._consumer_stats,
                 **security,
                 **_debug_options("consumer"),
             }
         )
+        #: partition -> (fetch state, leader, broker) last recorded
+        self._partition_states: dict[str, tuple[Any, ...]] = {}
+        #: partition -> (next offset, samples it stood still with a lag)
+        self._positions: dict[str, tuple[int, int]] = {}
         self._stop_produce = threading.Event()
         self._stop_consume = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -159,6 +170,37 @@ class KafkaWorkload:
 
     def _consumer_error(self, err: Any) -> None:
         self.history.event("kafka-consumer-error", str(err)[:200])
+
+    def _consumer_stats(self, text: str) -> None:
+        """librdkafka's statistics: an event when a partition's fetch state, leader or
+        fetching broker changes, and one when its position stands still with a lag for
+        :data:`STALL_SAMPLES` samples -- a consumer that stops without an error then
+        shows which state it is stuck in (e.g. ``validate-epoch-wait``, ``offset-wait``)
+        and on which broker."""
+        try:
+            partitions = json.loads(text)["topics"][self.topic]["partitions"]
+        except (ValueError, KeyError, TypeError):
+            return
+        for index, p in sorted(partitions.items()):
+            if index == "-1" or not p.get("desired", True):
+                continue
+            state = (p.get("fetch_state"), p.get("leader"), p.get("broker"))
+            if self._partition_states.get(index) != state:
+                self._partition_states[index] = state
+                self.history.event(
+                    "kafka-consumer-partition",
+                    f"{index}: fetch_state={state[0]} leader={state[1]} broker={state[2]}",
+                )
+            offset, lag = int(p.get("next_offset", -1)), int(p.get("consumer_lag", -1))
+            last, still = self._positions.get(index, (offset, 0))
+            still = still + 1 if offset == last and lag > 0 else 0
+            self._positions[index] = (offset, still)
+            if still == STALL_SAMPLES:
+                self.history.event(
+                    "kafka-consumer-stalled",
+                    f"{index}: next_offset={offset} lag={lag} fetch_state={state[0]}"
+                    f" leader={state[1]} broker={state[2]} fetchq={p.get('fetchq_cnt')}",
+                )
 
     def _consume(self) -> None:
         h = self.history
