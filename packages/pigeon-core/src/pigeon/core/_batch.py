@@ -71,6 +71,7 @@ from typing import Any, Final
 
 import capnp
 
+from pigeon.core._capnp_fast import DECODE_ERRORS, StructCodec, struct_codec
 from pigeon.core.errors import CorruptFrame, InvalidArgument
 
 __all__ = ["FORMAT_KAFKA", "FORMAT_VERSION", "BatchHeader", "ChunkInfo", "read_header"]
@@ -101,7 +102,7 @@ _BatchHeaderSchema: Any = _schema.BatchHeader
 _U32: Final = struct.Struct("<I")
 #: The Cap'n Proto fields of a header, in the order of :class:`BatchHeader`'s fields
 #: after ``header_len``.
-_header_fields: Final = attrgetter(
+_HEADER_FIELDS: Final = (
     "formatVersion",
     "producerName",
     "sequenceId",
@@ -125,6 +126,14 @@ _header_fields: Final = attrgetter(
     "numChunks",
     "totalChunkSize",
 )
+_header_fields: Final = attrgetter(*_HEADER_FIELDS)
+
+
+#: The header decoded at fixed offsets (:mod:`pigeon.core._capnp_fast`): its fields in
+#: code order are those of :data:`_header_fields` (else pycapnp decodes every header).
+_fast_header: StructCodec | None = struct_codec(_BatchHeaderSchema.schema)
+if _fast_header.field_names != _HEADER_FIELDS:
+    _fast_header = None
 
 
 def _align8(x: int) -> int:
@@ -243,6 +252,15 @@ def _read_header(mv: memoryview) -> BatchHeader:
         raise CorruptFrame(
             f"entry of {size} bytes is truncated inside its {header_len}-byte header"
         )
+    if _fast_header is not None:
+        try:
+            fields = _fast_header.decode_message(mv[4 : 4 + header_len])
+        except DECODE_ERRORS:
+            pass  # pycapnp decides, and says why it refuses it
+        else:
+            header = BatchHeader(header_len, *fields)
+            _check_header(header, size)
+            return header
     # Copy the ~100 header bytes: Cap'n Proto needs word-aligned data and the header sits
     # at offset 4 of the entry.
     raw = mv[4 : 4 + header_len].tobytes()
