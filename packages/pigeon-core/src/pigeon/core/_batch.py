@@ -62,8 +62,10 @@ codec ``none``) is not detected here.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import struct
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from pathlib import Path
@@ -127,13 +129,6 @@ _HEADER_FIELDS: Final = (
     "totalChunkSize",
 )
 _header_fields: Final = attrgetter(*_HEADER_FIELDS)
-
-
-#: The header decoded at fixed offsets (:mod:`pigeon.core._capnp_fast`): its fields in
-#: code order are those of :data:`_header_fields` (else pycapnp decodes every header).
-_fast_header: StructCodec | None = struct_codec(_BatchHeaderSchema.schema)
-if _fast_header.field_names != _HEADER_FIELDS:
-    _fast_header = None
 
 
 def _align8(x: int) -> int:
@@ -219,6 +214,34 @@ class BatchHeader:
         return starts, pos
 
 
+#: The header decoded at fixed offsets (:mod:`pigeon.core._capnp_fast`): its fields in
+#: code order are those of :data:`_HEADER_FIELDS` (else pycapnp decodes every header).
+_header_codec = struct_codec(_BatchHeaderSchema.schema)
+_fast_header: StructCodec | None = (
+    _header_codec if _header_codec.field_names == _HEADER_FIELDS else None
+)
+
+
+def _header_maker() -> Callable[[int, Sequence[Any]], BatchHeader]:
+    """``make(header_len, fields)``: a :class:`BatchHeader` built by setting its slots
+    directly (what its frozen ``__init__`` does through ``object.__setattr__``, twice
+    as slow: a header is built per entry on the hot paths)."""
+    names = [f.name for f in dataclasses.fields(BatchHeader)]
+    env: dict[str, Any] = {"_new": object.__new__, "_cls": BatchHeader}
+    lines = ["def make(header_len, t):", "    h = _new(_cls)", "    _s0(h, header_len)"]
+    for i, name in enumerate(names):
+        env[f"_s{i}"] = BatchHeader.__dict__[name].__set__
+        if i:
+            lines.append(f"    _s{i}(h, t[{i - 1}])")
+    lines.append("    return h")
+    exec("\n".join(lines) + "\n", env)
+    make: Callable[[int, Sequence[Any]], BatchHeader] = env["make"]
+    return make
+
+
+_make_header = _header_maker()
+
+
 def _as_bytes_view(data: bytes | bytearray | memoryview) -> memoryview:
     mv = memoryview(data)
     if not mv.c_contiguous:
@@ -258,7 +281,7 @@ def _read_header(mv: memoryview) -> BatchHeader:
         except DECODE_ERRORS:
             pass  # pycapnp decides, and says why it refuses it
         else:
-            header = BatchHeader(header_len, *fields)
+            header = _make_header(header_len, fields)
             _check_header(header, size)
             return header
     # Copy the ~100 header bytes: Cap'n Proto needs word-aligned data and the header sits

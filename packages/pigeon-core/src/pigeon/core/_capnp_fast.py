@@ -112,38 +112,38 @@ def _plain(value: Any) -> Any:
 # ------------------------------------------------------------------ pointer reading
 
 
-def _target(buf: Any, at: int, end: int, kind: int) -> tuple[int, int]:
-    """(start of the target, the pointer word) of the non-null pointer at ``at``."""
-    w: int = _U64.unpack_from(buf, at)[0]
-    if w & 3 != kind:
-        raise Unhandled("unexpected pointer kind")
-    off = ((w & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000 >> 2
-    start = at + _W + off * _W
+def _target(w: int, at: int, end: int) -> int:
+    """Start of the target of the pointer word ``w`` found at byte ``at``."""
+    start = at + _W + ((((w & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000) >> 2) * _W
     if start < _SEG or start > end:
         raise Unhandled("pointer out of bounds")
-    return start, w
+    return start
 
 
 def _read_text(buf: Any, at: int, end: int, budget: list[int], default: str) -> str:
-    if not _U64.unpack_from(buf, at)[0]:
+    w: int = _U64.unpack_from(buf, at)[0]
+    if not w:
         return default
-    start, w = _target(buf, at, end, 1)
+    start = at + _W + ((((w & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000) >> 2) * _W
     n = w >> 35
-    if (w >> 32) & 7 != 2 or n < 1 or start + n > end:
+    if w & 0x700000003 != 0x200000001 or n < 1 or start < _SEG or start + n > end:
         raise Unhandled("bad text")
     budget[0] -= (n + 7) >> 3
-    if budget[0] < 0 or buf[start + n - 1] != 0:
+    if budget[0] < 0 or buf[start + n - 1]:
         raise Unhandled("bad text")
+    if n == 1:
+        return ""
     text: str = bytes(buf[start : start + n - 1]).decode()
     return text
 
 
 def _read_data(buf: Any, at: int, end: int, budget: list[int], default: bytes) -> bytes:
-    if not _U64.unpack_from(buf, at)[0]:
+    w: int = _U64.unpack_from(buf, at)[0]
+    if not w:
         return default
-    start, w = _target(buf, at, end, 1)
+    start = _target(w, at, end)
     n = w >> 35
-    if (w >> 32) & 7 != 2 or start + n > end:
+    if w & 0x700000003 != 0x200000001 or start + n > end:
         raise Unhandled("bad data")
     budget[0] -= (n + 7) >> 3
     if budget[0] < 0:
@@ -151,12 +151,22 @@ def _read_data(buf: Any, at: int, end: int, budget: list[int], default: bytes) -
     return bytes(buf[start : start + n])
 
 
+def _as_bool(value: Any) -> int:
+    if value is True:
+        return 1
+    if value is False:
+        return 0
+    raise Unhandled("not a bool")
+
+
 class StructCodec:
     """The fixed-layout decoder and encoder of one struct (see the module doc).
 
     ``supported`` is False for a struct this codec has no layout for (a union, a group,
-    an interface or AnyPointer field, a float or list default); :func:`struct_codec`
-    builds one per schema node."""
+    a Void, interface or AnyPointer field, a float, list or struct default);
+    :func:`struct_codec` builds one per schema node.  Both directions are Python
+    functions generated from the layout (as :mod:`dataclasses` generates ``__init__``):
+    one ``unpack_from`` / ``pack_into`` of the data section and a call per pointer."""
 
     def __init__(self, schema: Any) -> None:
         node = schema.node
@@ -165,32 +175,37 @@ class StructCodec:
         self.data_words: int = st.dataWordCount
         self.pointer_count: int = st.pointerCount
         self.supported = True
-        self._schema = schema
         fields = sorted(st.fields, key=lambda f: f.codeOrder)
-        self.field_names = tuple(f.name for f in fields)
+        self.field_names: tuple[str, ...] = tuple(f.name for f in fields)
         if st.discriminantCount or any(f.which() != "slot" for f in fields):
             self.supported = False
             return
-        self._setters: dict[str, _Setter] = {}
+        #: decode expression of each field, in code order; ``@n@`` stands for data slot n
         self._exprs: list[str] = []
+        #: data slots: (byte offset, struct format, encode expressions OR-ed together)
+        self._slots: list[tuple[int, str, list[str]]] = []
+        self._bool_bytes: dict[int, int] = {}  # byte offset -> slot
+        #: pointer field name -> its setter ``set(out, pointer_section_start, value)``
+        self._pointers: dict[str, Callable[[bytearray, int, Any], None]] = {}
         self._env: dict[str, Any] = {
             "_text": _read_text,
             "_data": _read_data,
-            "_list": _read_list,
+            "_b": _as_bool,
+            "_Unhandled": Unhandled,
         }
-        # data section: (byte offset, format, expression index) of each scalar slot
-        self._slots: list[tuple[int, str]] = []
-        self._bool_bytes: dict[int, int] = {}  # byte offset -> slot index
         for f in fields:
             self._add_field(f, schema.fields[f.name])
             if not self.supported:
                 return
-        self._build_decoder()
+        try:
+            self._generate()
+        except (ValueError, SyntaxError):  # a field name namedtuple or Python refuses
+            self.supported = False
 
     # -- layout
 
     def _slot(self, offset: int, fmt: str) -> int:
-        self._slots.append((offset, fmt))
+        self._slots.append((offset, fmt, []))
         return len(self._slots) - 1
 
     def _add_field(self, proto: Any, field: Any) -> None:
@@ -199,65 +214,53 @@ class StructCodec:
         kind = slot.type.which()
         default = slot.defaultValue
         i = len(self._exprs)
-        if kind == "void":
-            self._exprs.append("None")
-            self._setters[name] = _void_setter
-        elif kind == "bool":
+        get = f"_f.get({name!r}"
+        if kind == "bool":
             byte, bit = divmod(slot.offset, 8)
             s = self._bool_bytes.get(byte)
             if s is None:
                 s = self._bool_bytes[byte] = self._slot(byte, "B")
             flip = bool(default.bool)
             self._exprs.append(f"(v[@{s}@] >> {bit} & 1) {'==' if flip else '!='} 0")
-            self._setters[name] = _bool_setter(byte, 1 << bit, flip)
+            value = f"_b({get}, {flip}))"
+            self._slots[s][2].append(f"({value} ^ 1) << {bit}" if flip else f"{value} << {bit}")
         elif kind in _SCALARS:
             fmt, size = _SCALARS[kind]
-            raw_default = 0
+            s = self._slot(slot.offset * size, fmt)
             if kind == "enum":
-                enumerants = field.schema.enumerants
-                values = tuple(
-                    EnumValue(n, r) for n, r in sorted(enumerants.items(), key=lambda e: e[1])
-                )
-                if [v.raw for v in values] != list(range(len(values))):
+                values = _enum_values(field.schema)
+                if values is None:
                     self.supported = False
                     return
+                d = default.enum
                 self._env[f"_E{i}"] = values
-                raw_default = default.enum
-                by_name = {str(v): v.raw for v in values}
+                self._env[f"_N{i}"] = {str(v): v.raw ^ d for v in values}
+                self._exprs.append(f"_E{i}[v[@{s}@] ^ {d}]" if d else f"_E{i}[v[@{s}@]]")
+                self._slots[s][2].append(f"(_N{i}[_f[{name!r}]] if {name!r} in _f else 0)")
             elif kind.startswith("float"):
                 if getattr(default, kind) != 0:
                     self.supported = False  # stored XORed bit-wise: not worth it
                     return
+                self._exprs.append(f"v[@{s}@]")
+                self._slots[s][2].append(f"{get}, 0.0)")
             else:
-                raw_default = getattr(default, kind)
-            s = self._slot(slot.offset * size, fmt)
-            expr = f"v[@{s}@]" if not raw_default else f"(v[@{s}@] ^ {raw_default})"
-            if kind == "enum":
-                expr = f"_E{i}[{expr}]"
-                self._setters[name] = _enum_setter(slot.offset * size, by_name, raw_default)
-            else:
-                self._setters[name] = _scalar_setter(
-                    struct.Struct("<" + fmt), slot.offset * size, raw_default
-                )
-            self._exprs.append(expr)
+                d = getattr(default, kind)
+                self._exprs.append(f"(v[@{s}@] ^ {d})" if d else f"v[@{s}@]")
+                self._slots[s][2].append(f"({get}, {d}) ^ {d})" if d else f"{get}, 0)")
         elif kind in ("text", "data", "list", "struct"):
             if slot.hadExplicitDefault and kind in ("list", "struct"):
                 self.supported = False
                 return
             p = slot.offset
             at = f"p + {p * _W}"
-            if kind == "text":
-                d = default.text
+            if kind in ("text", "data"):
+                d = default.text if kind == "text" else bytes(default.data)
                 self._env[f"_D{i}"] = d
-                read = f"_text(buf, {at}, end, budget, _D{i})"
-                self._setters[name] = _text_setter(p)
+                read = f"_{kind}(buf, {at}, end, budget, _D{i})"
                 null = f"_D{i}"
-            elif kind == "data":
-                d = bytes(default.data)
-                self._env[f"_D{i}"] = d
-                read = f"_data(buf, {at}, end, budget, _D{i})"
-                self._setters[name] = _data_setter(p)
-                null = f"_D{i}"
+                self._pointers[name] = _pointer_setter(
+                    p, _put_text if kind == "text" else _put_data
+                )
             elif kind == "struct":
                 sub = struct_codec(field.schema)
                 if not sub.supported:
@@ -266,132 +269,150 @@ class StructCodec:
                 self._env[f"_S{i}"] = sub
                 read = f"_S{i}.read(buf, {at}, end, budget)"
                 null = f"_S{i}.default"
-                self._setters[name] = _struct_setter(p, sub)
+                self._pointers[name] = _pointer_setter(p, sub.put)
             else:
                 element = _ListElement.of(slot.type.list.elementType, field.schema)
                 if element is None:
                     self.supported = False
                     return
-                self._env[f"_L{i}"] = element
-                read = f"_list(buf, {at}, end, budget, _L{i})"
+                if element.kind == "struct":
+                    self._env[f"_L{i}"] = (_read_struct_list, element.sub)
+                elif element.kind in ("text", "data"):
+                    self._env[f"_L{i}"] = (_read_pointer_list, element.kind)
+                else:
+                    self._env[f"_L{i}"] = (_read_number_list, element)
+                read = f"_L{i}[0](buf, {at}, end, budget, _L{i}[1])"
                 null = "[]"
-                self._setters[name] = _list_setter(p, element)
+                self._pointers[name] = _pointer_setter(p, element.put)
             self._exprs.append(f"({read} if pc > {p} else {null})")
-        else:  # interface, anyPointer
+        else:  # void, interface, anyPointer
             self.supported = False
 
-    def _build_decoder(self) -> None:
+    def _generate(self) -> None:
         size = self.data_words * _W
+        order = sorted(range(len(self._slots)), key=lambda s: self._slots[s][0])
         fmt = ["<"]
         pos = 0
-        order = sorted(range(len(self._slots)), key=lambda s: self._slots[s][0])
-        # unpack gives values in byte order: map each slot to its index in that order
-        rank = {s: r for r, s in enumerate(order)}
         for s in order:
-            offset, f = self._slots[s]
+            offset, f, _ = self._slots[s]
             if offset > pos:
                 fmt.append(f"{offset - pos}x")
             fmt.append(f)
             pos = offset + struct.calcsize("<" + f)
         if size > pos:
             fmt.append(f"{size - pos}x")
-        self._data = struct.Struct("".join(fmt))
-        assert self._data.size == size, (self.name, self._data.size, size)
-        # slot numbers -> positions in the unpacked tuple
+        data = struct.Struct("".join(fmt))
+        if data.size != size:
+            raise ValueError(f"{self.name}: fields overlap or leave the data section")
+        # unpack gives the slots in byte order: each slot's index in that tuple
+        rank = {s: r for r, s in enumerate(order)}
         exprs = [re.sub(r"@(\d+)@", lambda m: str(rank[int(m[1])]), e) for e in self._exprs]
-        cls = namedtuple(self.name, self.field_names)  # type: ignore[misc]  # noqa: PYI024
-        self.cls: type[_Body] = type(self.name, (_Body, cls), {"__slots__": ()})
+        base = namedtuple(self.name, self.field_names)  # type: ignore[misc]
+        self.cls: type[_Body] = type(self.name, (_Body, base), {"__slots__": ()})
+        zeros = bytes(size + self.pointer_count * _W)
         env = self._env
         env.update(
-            _unpack=self._data.unpack_from,
-            _unpack_bytes=self._data.unpack,
-            _size=size,
+            _unpack=data.unpack_from,
+            _pack=data.pack_into,
+            _zeros=zeros,
             _new=tuple.__new__,
             _cls=self.cls,
+            _NAMES=frozenset(self.field_names),
+            _PTR=self._pointers,
         )
-        src = (
-            "def decode(buf, pos, dw, pc, end, budget):\n"
-            "    if dw >= _size // 8:\n"
-            "        v = _unpack(buf, pos)\n"
-            "    else:\n"
-            "        v = _unpack_bytes(bytes(buf[pos:pos + dw * 8]).ljust(_size, b'\\0'))\n"
-            "    p = pos + dw * 8\n"
-            f"    return _new(_cls, ({', '.join(exprs)}{',' if len(exprs) == 1 else ''}))\n"
-        )
-        exec(src, env)  # noqa: S102  # our own generated code, from the schema
+        if exprs == [f"v[{k}]" for k in range(len(exprs))] and len(exprs) == len(order):
+            values = "v"  # every field a plain number, in byte order: the tuple itself
+        else:
+            values = f"({', '.join(exprs)}{',' if len(exprs) == 1 else ''})"
+        lines = [
+            "def decode(buf, pos, dw, pc, end, budget):",
+            f"    if dw >= {self.data_words}:",
+            "        v = _unpack(buf, pos)",
+            "    else:  # an older, smaller struct: the fields it lacks read as zero",
+            f"        v = _unpack(bytes(buf[pos:pos + dw * 8]).ljust({size}, b'\\0'))",
+        ]
+        if self._pointers:
+            lines.append("    p = pos + dw * 8")
+        lines += [
+            f"    return _new(_cls, {values})",
+            "",
+            "def fill(out, start, _f):",
+            "    if not _f.keys() <= _NAMES:",
+            "        raise _Unhandled('a field this struct does not have')",
+        ]
+        if order:
+            packed = ", ".join(" | ".join(self._slots[s][2]) for s in order)
+            lines.append(f"    _pack(out, start, {packed})")
+        if self._pointers:
+            lines += [
+                f"    base = start + {size}",
+                "    for name, value in _f.items():",
+                "        put = _PTR.get(name)",
+                "        if put is not None:",
+                "            put(out, base, value)",
+            ]
+        exec("\n".join(lines) + "\n", env)  # generated from the schema
         self.decode: Callable[..., _Body] = env["decode"]
-        zeros = bytes(size + self.pointer_count * _W)
-        self.default = self.decode(zeros, 0, self.data_words, 0, len(zeros), [0])
+        self.fill: Callable[[bytearray, int, dict[str, Any]], None] = env["fill"]
         self._zeros = zeros
+        self._root = self.data_words << 32 | self.pointer_count << 48 if zeros else 0xFFFFFFFC
+        self.default: _Body = self.decode(zeros, 0, self.data_words, 0, len(zeros), [0])
 
     # -- decoding
 
     def read(self, buf: Any, at: int, end: int, budget: list[int]) -> _Body:
-        """The struct the pointer at ``at`` points to (its default when null)."""
-        if not _U64.unpack_from(buf, at)[0]:
+        """The struct the pointer at byte ``at`` points to (its default when null)."""
+        w: int = _U64.unpack_from(buf, at)[0]
+        if not w:
             return self.default
-        start, w = _target(buf, at, end, 0)
+        start = at + _W + ((((w & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000) >> 2) * _W
         dw = (w >> 32) & 0xFFFF
         pc = w >> 48
         words = dw + pc
         budget[0] -= words or 1
-        if start + words * _W > end or budget[0] < 0:
+        if w & 3 or start < _SEG or start + words * _W > end or budget[0] < 0:
             raise Unhandled("struct out of bounds")
         return self.decode(buf, start, dw, pc, end, budget)
 
     def decode_message(self, buf: bytes | bytearray | memoryview) -> _Body:
         """Decode a whole one-segment message whose root is this struct."""
-        end = _segment_end(buf)
-        return self.read(buf, _SEG, end, [(end - _SEG) >> 3])
+        if len(buf) < 16:
+            raise Unhandled("message too short")
+        extra, words = _U32x2.unpack_from(buf, 0)
+        end = _SEG + words * _W
+        if extra or end > len(buf):
+            raise Unhandled("not one segment")
+        return self.read(buf, _SEG, end, [words])
 
     # -- encoding
 
-    def write(self, out: bytearray, at: int, fields: dict[str, Any]) -> None:
-        """Append this struct, holding ``fields``, to ``out`` and point the pointer at
-        byte ``at`` of ``out`` to it."""
+    def put(self, out: bytearray, at: int, fields: Any) -> None:
+        """Append this struct, holding ``fields`` (a dict), to ``out`` and point the
+        pointer at byte ``at`` of ``out`` to it."""
+        if type(fields) is not dict:
+            raise Unhandled("not a dict")
         start = len(out)
-        words = len(self._zeros) >> 3
-        if words:
-            _U64.pack_into(
-                out,
-                at,
-                (((start - at - _W) >> 1) & 0xFFFFFFFC)
-                | self.data_words << 32
-                | self.pointer_count << 48,
-            )
+        if self._zeros:
+            _U64.pack_into(out, at, (((start - at - _W) >> 1) & 0xFFFFFFFC) | self._root)
         else:
             _U64.pack_into(out, at, 0xFFFFFFFC)
         out += self._zeros
         self.fill(out, start, fields)
 
-    def fill(self, out: bytearray, start: int, fields: dict[str, Any]) -> None:
-        """Set ``fields`` in the struct at byte ``start`` of ``out`` (allocated, zero)."""
-        setters = self._setters
-        base = start + self.data_words * _W
-        for name, value in fields.items():
-            setter = setters.get(name)
-            if setter is None:
-                raise Unhandled(f"no field {name!r}")
-            fn, pointer = setter
-            fn(out, base if pointer else start, value)
-
     def encode_message(self, fields: dict[str, Any]) -> bytes:
         """A whole one-segment message whose root is this struct."""
         out = bytearray(16)
-        self.write(out, _SEG, fields)
+        self.put(out, _SEG, fields)
         _U32x2.pack_into(out, 0, 0, (len(out) - _SEG) >> 3)
         return bytes(out)
 
 
-def _segment_end(buf: Any) -> int:
-    """End (byte offset) of the one segment of the message in ``buf``."""
-    if len(buf) < 16:
-        raise Unhandled("message too short")
-    extra, words = _U32x2.unpack_from(buf, 0)
-    end = _SEG + words * _W
-    if extra or end > len(buf):
-        raise Unhandled("not one segment")
-    return end
+def _enum_values(schema: Any) -> tuple[EnumValue, ...] | None:
+    """The values of an enum, indexed by number (None if the numbers have gaps)."""
+    values = tuple(
+        EnumValue(n, r) for n, r in sorted(schema.enumerants.items(), key=lambda e: e[1])
+    )
+    return values if [v.raw for v in values] == list(range(len(values))) else None
 
 
 # ------------------------------------------------------------------ lists
@@ -405,21 +426,18 @@ class _ListElement:
         self.size_code = size_code
         self.fmt = fmt
         self.size = struct.calcsize("<" + fmt) if fmt else 0
-        self.sub = sub  # enum values (tuple) / name->raw, or the item StructCodec
+        #: enum: the values by number; struct: the items' StructCodec
+        self.sub = sub
+        self.names = {str(v): v.raw for v in sub} if kind == "enum" else {}
 
     @classmethod
     def of(cls, element: Any, list_schema: Any) -> _ListElement | None:
         kind = element.which()
+        if kind == "enum":
+            values = _enum_values(list_schema.elementType)
+            return None if values is None else cls("enum", 3, "H", values)
         if kind in _SCALARS:
             fmt, size = _SCALARS[kind]
-            if kind == "enum":
-                values = tuple(
-                    EnumValue(n, r)
-                    for n, r in sorted(
-                        list_schema.elementType.enumerants.items(), key=lambda e: e[1]
-                    )
-                )
-                return cls("enum", 3, "H", values)
             return cls("scalar", _ELEMENT_SIZE[size], fmt)
         if kind in ("text", "data"):
             return cls(kind, 6)
@@ -428,105 +446,127 @@ class _ListElement:
             return cls("struct", 7, sub=sub) if sub.supported else None
         return None  # bool, void, nested lists, AnyPointer: the pycapnp path
 
+    def put(self, out: bytearray, at: int, value: Any) -> None:
+        """Append the list ``value`` to ``out``; point the pointer at byte ``at`` to it."""
+        if type(value) is not list and type(value) is not tuple:
+            raise Unhandled("not a list")
+        n = len(value)
+        start = len(out)
+        kind = self.kind
+        if kind == "struct":
+            sub: StructCodec = self.sub
+            words = sub.data_words + sub.pointer_count
+            _list_pointer(out, at, start, 7, n * words)
+            out += bytes(_W + n * words * _W)
+            _U64.pack_into(out, start, n << 2 | sub.data_words << 32 | sub.pointer_count << 48)
+            step = words * _W
+            fill = sub.fill
+            for i, item in enumerate(value):
+                if type(item) is not dict:
+                    raise Unhandled("struct list item is not a dict")
+                fill(out, start + _W + i * step, item)
+        elif kind in ("text", "data"):
+            _list_pointer(out, at, start, 6, n)
+            out += bytes(n * _W)
+            put = _put_text if kind == "text" else _put_data
+            for i, item in enumerate(value):
+                put(out, start + i * _W, item)
+        else:
+            if kind == "enum":
+                names = self.names
+                try:
+                    value = [names[v] for v in value]
+                except (KeyError, TypeError):
+                    raise Unhandled("not enum names") from None
+            _list_pointer(out, at, start, self.size_code, n)
+            raw = struct.pack(f"<{n}{self.fmt}", *value)
+            out += raw
+            pad = -len(raw) & 7
+            if pad:
+                out += bytes(pad)
 
-def _read_list(buf: Any, at: int, end: int, budget: list[int], element: _ListElement) -> list[Any]:
-    if not _U64.unpack_from(buf, at)[0]:
+
+def _list_target(w: int, at: int, end: int, size_code: int) -> int:
+    """Start of the target of the list pointer word ``w`` found at byte ``at``."""
+    if w & 0x700000003 != 1 | size_code << 32:
+        raise Unhandled("not a list of the expected element size")
+    start = at + _W + ((((w & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000) >> 2) * _W
+    if start < _SEG or start > end:
+        raise Unhandled("pointer out of bounds")
+    return start
+
+
+def _read_struct_list(
+    buf: Any, at: int, end: int, budget: list[int], sub: StructCodec
+) -> list[Any]:
+    w: int = _U64.unpack_from(buf, at)[0]
+    if not w:
         return []
-    start, w = _target(buf, at, end, 1)
+    start = _list_target(w, at, end, 7)
     count = w >> 35
-    if (w >> 32) & 7 != element.size_code:
-        raise Unhandled("list element size")
-    kind = element.kind
-    if kind == "struct":
-        if start + _W + count * _W > end:
-            raise Unhandled("list out of bounds")
-        tag: int = _U64.unpack_from(buf, start)[0]
-        n = (tag & 0xFFFFFFFF) >> 2
-        dw = (tag >> 32) & 0xFFFF
-        pc = tag >> 48
-        step = (dw + pc) * _W
-        budget[0] -= max(count, n) + 1
-        if tag & 3 or n * (dw + pc) > count or budget[0] < 0:
-            raise Unhandled("bad struct list")
-        decode = element.sub.decode
-        first = start + _W
-        return [decode(buf, first + i * step, dw, pc, end, budget) for i in range(n)]
-    if kind in ("text", "data"):
-        if start + count * _W > end:
-            raise Unhandled("list out of bounds")
-        budget[0] -= count
-        if budget[0] < 0:
-            raise Unhandled("traversal budget")
-        read = _read_text if kind == "text" else _read_data
-        empty: Any = "" if kind == "text" else b""
-        return [read(buf, start + i * _W, end, budget, empty) for i in range(count)]
+    if start + _W + count * _W > end:
+        raise Unhandled("list out of bounds")
+    tag: int = _U64.unpack_from(buf, start)[0]
+    n = (tag & 0xFFFFFFFF) >> 2
+    dw = (tag >> 32) & 0xFFFF
+    pc = tag >> 48
+    budget[0] -= max(count, n) + 1
+    if tag & 3 or n * (dw + pc) > count or budget[0] < 0:
+        raise Unhandled("bad struct list")
+    decode = sub.decode
+    if n == 1:
+        return [decode(buf, start + _W, dw, pc, end, budget)]
+    step = (dw + pc) * _W
+    first = start + _W
+    return [decode(buf, first + i * step, dw, pc, end, budget) for i in range(n)]
+
+
+def _read_pointer_list(buf: Any, at: int, end: int, budget: list[int], kind: str) -> list[Any]:
+    w: int = _U64.unpack_from(buf, at)[0]
+    if not w:
+        return []
+    start = _list_target(w, at, end, 6)
+    count = w >> 35
+    budget[0] -= count
+    if start + count * _W > end or budget[0] < 0:
+        raise Unhandled("list out of bounds")
+    if kind == "text":
+        return [_read_text(buf, start + i * _W, end, budget, "") for i in range(count)]
+    return [_read_data(buf, start + i * _W, end, budget, b"") for i in range(count)]
+
+
+def _read_number_list(
+    buf: Any, at: int, end: int, budget: list[int], element: _ListElement
+) -> list[Any]:
+    w: int = _U64.unpack_from(buf, at)[0]
+    if not w:
+        return []
+    start = _list_target(w, at, end, element.size_code)
+    count = w >> 35
+    if not count:
+        return []
     nbytes = count * element.size
     budget[0] -= (nbytes + 7) >> 3
     if start + nbytes > end or budget[0] < 0:
         raise Unhandled("list out of bounds")
     items = list(struct.unpack_from(f"<{count}{element.fmt}", buf, start))
-    if kind == "enum":
+    if element.kind == "enum":
         values = element.sub
-        return [values[r] for r in items]  # IndexError: unknown value
+        return [values[r] for r in items]  # IndexError: a value this schema does not know
     return items
 
 
-# ------------------------------------------------------------------ field setters
-#
-# A setter is ``(set, pointer)``: ``set(out, base, value)`` writes ``value`` into the
-# struct being built in ``out``; ``base`` is the struct's start for a data field, the
-# start of its pointer section for a pointer field (``pointer`` True).
-
-_Setter = tuple[Callable[[bytearray, int, Any], None], bool]
+# ------------------------------------------------------------------ writing pointers
 
 
-def _set_void(out: bytearray, base: int, value: Any) -> None:
-    if value is not None:
-        raise Unhandled("void field with a value")
+def _pointer_setter(index: int, put: Callable[[bytearray, int, Any], None]) -> Any:
+    """``set(out, pointer_section_start, value)`` of the pointer field ``index``."""
+    offset = index * _W
 
+    def set_pointer(out: bytearray, base: int, value: Any) -> None:
+        put(out, base + offset, value)
 
-_void_setter: _Setter = (_set_void, False)
-
-
-def _scalar_setter(s: struct.Struct, offset: int, default: int) -> _Setter:
-    pack = s.pack_into
-    if default:
-
-        def set_xor(out: bytearray, base: int, value: Any) -> None:
-            if type(value) is not int:
-                raise Unhandled("not an int")
-            pack(out, base + offset, value ^ default)
-
-        return set_xor, False
-
-    def set_plain(out: bytearray, base: int, value: Any) -> None:
-        pack(out, base + offset, value)
-
-    return set_plain, False
-
-
-def _bool_setter(byte: int, mask: int, flip: bool) -> _Setter:
-    def set_bool(out: bytearray, base: int, value: Any) -> None:
-        if value is not True and value is not False:
-            raise Unhandled("not a bool")
-        if value is not flip:
-            out[base + byte] |= mask
-        else:
-            out[base + byte] &= ~mask & 0xFF
-
-    return set_bool, False
-
-
-def _enum_setter(offset: int, by_name: dict[str, int], default: int) -> _Setter:
-    pack = struct.Struct("<H").pack_into
-
-    def set_enum(out: bytearray, base: int, value: Any) -> None:
-        raw = by_name.get(value) if type(value) is str else None
-        if raw is None:
-            raise Unhandled("not an enum name")
-        pack(out, base + offset, raw ^ default)
-
-    return set_enum, False
+    return set_pointer
 
 
 def _list_pointer(out: bytearray, at: int, start: int, size_code: int, count: int) -> None:
@@ -557,81 +597,6 @@ def _put_data(out: bytearray, at: int, value: Any) -> None:
     _append_bytes(out, at, bytes(value))
 
 
-def _text_setter(index: int) -> _Setter:
-    offset = index * _W
-
-    def set_text(out: bytearray, base: int, value: Any) -> None:
-        _put_text(out, base + offset, value)
-
-    return set_text, True
-
-
-def _data_setter(index: int) -> _Setter:
-    offset = index * _W
-
-    def set_data(out: bytearray, base: int, value: Any) -> None:
-        _put_data(out, base + offset, value)
-
-    return set_data, True
-
-
-def _struct_setter(index: int, sub: StructCodec) -> _Setter:
-    offset = index * _W
-
-    def set_struct(out: bytearray, base: int, value: Any) -> None:
-        if type(value) is not dict:
-            raise Unhandled("not a dict")
-        sub.write(out, base + offset, value)
-
-    return set_struct, True
-
-
-def _list_setter(index: int, element: _ListElement) -> _Setter:
-    offset = index * _W
-    kind = element.kind
-    code = element.size_code
-    put = _put_text if kind == "text" else _put_data
-    names = {str(v): v.raw for v in element.sub} if kind == "enum" else {}
-
-    def set_list(out: bytearray, base: int, value: Any) -> None:
-        if type(value) is not list and type(value) is not tuple:
-            raise Unhandled("not a list")
-        at = base + offset
-        n = len(value)
-        start = len(out)
-        if kind == "struct":
-            sub: StructCodec = element.sub
-            words = sub.data_words + sub.pointer_count
-            _list_pointer(out, at, start, 7, n * words)
-            out += bytes(_W + n * words * _W)
-            _U64.pack_into(out, start, n << 2 | sub.data_words << 32 | sub.pointer_count << 48)
-            step = words * _W
-            fill = sub.fill
-            for i, item in enumerate(value):
-                if type(item) is not dict:
-                    raise Unhandled("struct list item is not a dict")
-                fill(out, start + _W + i * step, item)
-        elif kind in ("text", "data"):
-            _list_pointer(out, at, start, 6, n)
-            out += bytes(n * _W)
-            for i, item in enumerate(value):
-                put(out, start + i * _W, item)
-        else:
-            if kind == "enum":
-                try:
-                    value = [names[v] for v in value]
-                except (KeyError, TypeError):
-                    raise Unhandled("not enum names") from None
-            _list_pointer(out, at, start, code, n)
-            raw = struct.pack(f"<{n}{element.fmt}", *value)
-            out += raw
-            pad = -len(raw) & 7
-            if pad:
-                out += bytes(pad)
-
-    return set_list, True
-
-
 # ------------------------------------------------------------------ frames
 
 
@@ -641,60 +606,78 @@ class FrameCodec:
 
     :meth:`decode` returns ``(request_id, kind, body)`` (``body`` None for a Void
     member), or None for a member it does not handle; :meth:`encode` returns the
-    message bytes.  Both raise :class:`Unhandled` (or a ``struct``/``Unicode`` error for
-    :meth:`decode`: see :data:`DECODE_ERRORS`) when the pycapnp path must decide."""
+    message bytes.  Both raise one of :data:`DECODE_ERRORS` / :data:`ENCODE_ERRORS` when
+    the pycapnp path must decide."""
 
     def __init__(self, frame_type: Any, kinds: Iterable[str]) -> None:
         schema = frame_type.schema
-        node = schema.node
-        st = node.struct
-        self.data_words: int = st.dataWordCount
-        self.pointer_count: int = st.pointerCount
-        self._disc = st.discriminantOffset * 2
+        st = schema.node.struct
+        dw: int = st.dataWordCount
+        pc: int = st.pointerCount
+        self._disc = disc_at = st.discriminantOffset * 2
         request = schema.fields["requestId"].proto
-        if request.slot.type.which() != "uint64" or request.slot.offset != 0:
+        if request.slot.type.which() != "uint64" or request.slot.offset != 0 or not dw:
             raise ValueError("a frame struct starts with requestId :UInt64")
+        #: reads requestId and the discriminant of a root struct of at least dw words
+        self._head = struct.Struct(f"<Q{disc_at - 8}xH" if disc_at >= 8 else "<QH")
+        if disc_at < 8:
+            raise ValueError("the discriminant of a frame struct follows requestId")
+        self._dw = dw
         #: discriminant -> (kind, StructCodec or None for Void, pointer index)
         self._by_disc: dict[int, tuple[str, StructCodec | None, int]] = {}
-        #: kind -> (discriminant, StructCodec or None, pointer index)
-        self._by_kind: dict[str, tuple[int, StructCodec | None, int]] = {}
+        #: kind -> (StructCodec or None, the message up to the body, without requestId)
+        self._by_kind: dict[str, tuple[StructCodec | None, bytes]] = {}
         for name in kinds:
             proto = schema.fields[name].proto
             kind = proto.slot.type.which()
-            disc = proto.discriminantValue
-            if kind == "void":
-                entry: tuple[StructCodec | None, int] = (None, 0)
-            elif kind == "struct":
+            codec: StructCodec | None = None
+            index = 0
+            if kind == "struct":
                 codec = struct_codec(schema.fields[name].schema)
-                if not codec.supported:
+                index = proto.slot.offset
+                if not codec.supported or index >= pc:
                     continue
-                entry = (codec, proto.slot.offset)
-            else:
+            elif kind != "void":
                 continue
-            self._by_disc[disc] = (name, *entry)
-            self._by_kind[name] = (disc, *entry)
+            value = proto.discriminantValue
+            self._by_disc[value] = (name, codec, index)
+            # segment table (sizes filled in), root pointer, root struct with the
+            # discriminant set and (for a struct member) its pointer to the body that
+            # follows at once
+            prefix = bytearray(16 + (dw + pc) * _W)
+            _U64.pack_into(prefix, _SEG, dw << 32 | pc << 48)
+            prefix[16 + disc_at] = value & 0xFF
+            prefix[16 + disc_at + 1] = value >> 8
+            if codec is not None:
+                at = 16 + dw * _W + index * _W
+                if codec._zeros:
+                    ptr = (((len(prefix) - at - _W) >> 1) & 0xFFFFFFFC) | codec._root
+                else:
+                    ptr = 0xFFFFFFFC
+                _U64.pack_into(prefix, at, ptr)
+            self._by_kind[name] = (codec, bytes(prefix))
         self.kinds = frozenset(self._by_kind)
-        self._root = (
-            (self.data_words << 32 | self.pointer_count << 48)
-            if self.data_words + self.pointer_count
-            else 0xFFFFFFFC
-        )
-        self._root_size = (self.data_words + self.pointer_count) * _W
 
     def decode(self, buf: bytes | bytearray | memoryview) -> tuple[int, str, Any] | None:
-        end = _segment_end(buf)
-        budget = [(end - _SEG) >> 3]
-        w: int = _U64.unpack_from(buf, _SEG)[0]
+        size = len(buf)
+        if size < 16:
+            raise Unhandled("message too short")
+        extra, words, w = _TABLE_AND_ROOT.unpack_from(buf, 0)
+        end = _SEG + words * _W
+        if extra or end > size or w & 3:
+            raise Unhandled("not one segment, or no struct at its root")
         if not w:
             return None  # a null root: the pycapnp path
-        start, w = _target(buf, _SEG, end, 0)
+        start = _target(w, _SEG, end)
         dw = (w >> 32) & 0xFFFF
         pc = w >> 48
-        if start + (dw + pc) * _W > end or dw < 1:
+        if start + (dw + pc) * _W > end:
             raise Unhandled("root out of bounds")
-        request_id: int = _U64.unpack_from(buf, start)[0]
-        disc = self._disc
-        which = buf[start + disc] | buf[start + disc + 1] << 8 if disc + 2 <= dw * _W else 0
+        if dw >= self._dw:
+            request_id, which = self._head.unpack_from(buf, start)
+        else:  # an older root: what it lacks reads as zero
+            head = bytes(buf[start : start + dw * _W]).ljust(self._dw * _W, b"\0")
+            request_id, which = self._head.unpack_from(head, 0)
         member = self._by_disc.get(which)
         if member is None:
             return None
@@ -703,34 +686,34 @@ class FrameCodec:
             return request_id, kind, None
         if index >= pc:
             return request_id, kind, codec.default
-        return request_id, kind, codec.read(buf, start + dw * _W + index * _W, end, budget)
+        body = codec.read(buf, start + dw * _W + index * _W, end, [words])
+        return request_id, kind, body
 
     def encode(self, request_id: int, kind: str, fields: dict[str, Any] | None) -> bytes:
         member = self._by_kind.get(kind)
         if member is None:
             raise Unhandled(f"kind {kind!r}")
-        disc, codec, index = member
-        out = bytearray(16 + self._root_size)
-        _U64.pack_into(out, _SEG, self._root)
-        root = _SEG + _W
-        _U64.pack_into(out, root, request_id)
-        out[root + self._disc] = disc & 0xFF
-        out[root + self._disc + 1] = disc >> 8
+        codec, prefix = member
+        out = bytearray(prefix)
+        _U64.pack_into(out, 16, request_id)
         if codec is None:
             if fields is not None:
                 raise Unhandled("a Void member with fields")
         else:
             if type(fields) is not dict:
                 raise Unhandled("a struct member without fields")
-            codec.write(out, root + self.data_words * _W + index * _W, fields)
+            start = len(out)
+            out += codec._zeros
+            codec.fill(out, start, fields)
         _U32x2.pack_into(out, 0, 0, (len(out) - _SEG) >> 3)
         return bytes(out)
 
 
+_TABLE_AND_ROOT = struct.Struct("<IIQ")
 #: what a decode of hostile bytes may raise besides Unhandled (all mean "pycapnp decides")
 DECODE_ERRORS = (Unhandled, struct.error, IndexError, UnicodeDecodeError, ValueError)
 #: what an encode of values the fast path does not take may raise (pycapnp decides)
-ENCODE_ERRORS = (Unhandled, struct.error, TypeError, OverflowError, ValueError)
+ENCODE_ERRORS = (Unhandled, struct.error, TypeError, OverflowError, ValueError, KeyError)
 
 _CODECS: dict[int, StructCodec] = {}
 

@@ -60,6 +60,7 @@ from typing import Any
 
 import trio
 
+from pigeon.core._capnp_fast import DECODE_ERRORS
 from pigeon.core._framing import (
     DEFAULT_MAX_FRAME_SIZE,
     FrameDecoder,
@@ -72,7 +73,6 @@ from pigeon.core._framing import (
     sniff_foreign_protocol,
 )
 from pigeon.core._local_link import LocalStream
-from pigeon.core._capnp_fast import DECODE_ERRORS
 from pigeon.core._schema import body_checker, decode_error_reason, frame_codec, frame_role
 from pigeon.core.errors import (
     ConnectionClosed,
