@@ -185,8 +185,9 @@ class StructCodec:
         #: data slots: (byte offset, struct format, encode expressions OR-ed together)
         self._slots: list[tuple[int, str, list[str]]] = []
         self._bool_bytes: dict[int, int] = {}  # byte offset -> slot
-        #: pointer field name -> its setter ``set(out, pointer_section_start, value)``
-        self._pointers: dict[str, Callable[[bytearray, int, Any], None]] = {}
+        #: pointer field name -> (``put(out, pointer_at, value)``, the pointer's offset in
+        #: the pointer section)
+        self._pointers: dict[str, tuple[Callable[[bytearray, int, Any], None], int]] = {}
         self._env: dict[str, Any] = {
             "_text": _read_text,
             "_data": _read_data,
@@ -258,9 +259,7 @@ class StructCodec:
                 self._env[f"_D{i}"] = d
                 read = f"_{kind}(buf, {at}, end, budget, _D{i})"
                 null = f"_D{i}"
-                self._pointers[name] = _pointer_setter(
-                    p, _put_text if kind == "text" else _put_data
-                )
+                self._pointers[name] = (_put_text if kind == "text" else _put_data, p * _W)
             elif kind == "struct":
                 sub = struct_codec(field.schema)
                 if not sub.supported:
@@ -269,7 +268,7 @@ class StructCodec:
                 self._env[f"_S{i}"] = sub
                 read = f"_S{i}.read(buf, {at}, end, budget)"
                 null = f"_S{i}.default"
-                self._pointers[name] = _pointer_setter(p, sub.put)
+                self._pointers[name] = (sub.put, p * _W)
             else:
                 element = _ListElement.of(slot.type.list.elementType, field.schema)
                 if element is None:
@@ -283,7 +282,7 @@ class StructCodec:
                     self._env[f"_L{i}"] = (_read_number_list, element)
                 read = f"_L{i}[0](buf, {at}, end, budget, _L{i}[1])"
                 null = "[]"
-                self._pointers[name] = _pointer_setter(p, element.put)
+                self._pointers[name] = (element.put, p * _W)
             self._exprs.append(f"({read} if pc > {p} else {null})")
         else:  # void, interface, anyPointer
             self.supported = False
@@ -347,9 +346,9 @@ class StructCodec:
             lines += [
                 f"    base = start + {size}",
                 "    for name, value in _f.items():",
-                "        put = _PTR.get(name)",
-                "        if put is not None:",
-                "            put(out, base, value)",
+                "        ptr = _PTR.get(name)",
+                "        if ptr is not None:",
+                "            ptr[0](out, base + ptr[1], value)",
             ]
         exec("\n".join(lines) + "\n", env)  # generated from the schema
         self.decode: Callable[..., _Body] = env["decode"]
@@ -479,6 +478,8 @@ class _ListElement:
                 except (KeyError, TypeError):
                     raise Unhandled("not enum names") from None
             _list_pointer(out, at, start, self.size_code, n)
+            if not n:
+                return
             raw = struct.pack(f"<{n}{self.fmt}", *value)
             out += raw
             pad = -len(raw) & 7
@@ -557,16 +558,6 @@ def _read_number_list(
 
 
 # ------------------------------------------------------------------ writing pointers
-
-
-def _pointer_setter(index: int, put: Callable[[bytearray, int, Any], None]) -> Any:
-    """``set(out, pointer_section_start, value)`` of the pointer field ``index``."""
-    offset = index * _W
-
-    def set_pointer(out: bytearray, base: int, value: Any) -> None:
-        put(out, base + offset, value)
-
-    return set_pointer
 
 
 def _list_pointer(out: bytearray, at: int, start: int, size_code: int, count: int) -> None:
