@@ -95,7 +95,9 @@ class _Body(tuple):  # type: ignore[type-arg]
     _fields: tuple[str, ...]
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field by name (nested structs and lists of them as dicts), enums by name."""
+        """Every field by name (nested structs and lists of them as dicts), enums by name:
+        pycapnp's ``to_dict(verbose=True)`` (without ``verbose`` pycapnp leaves out the
+        pointer fields that are null; the kinds decoded here are never read that way)."""
         return {name: _plain(value) for name, value in zip(self._fields, self, strict=True)}
 
 
