@@ -471,3 +471,18 @@ def test_frames_on_the_wire_are_unchanged() -> None:
     assert message == _pycapnp_build("BrokerFrame", 7, "send", fields)
     (frame,) = encode_frame(message)
     assert frame[4:] == message
+
+
+def test_a_message_above_one_pycapnp_segment() -> None:
+    """pycapnp starts a second segment above 8 KiB; the fast message stays one segment
+    (decoding the same), and a message of several segments is left to pycapnp."""
+    entry = {"segmentId": 1, "size": 3, "redeliveryCount": 0, "ackedIndexes": [1]}
+    fields = {"consumerId": 1, "entries": [dict(entry, entryId=i) for i in range(400)]}
+    slow = _pycapnp_build("BrokerFrame", 0, "message", fields)
+    fast = frame_codec(BrokerFrame).encode(0, "message", fields)
+    assert struct.unpack_from("<I", slow)[0] > 0  # several segments
+    assert struct.unpack_from("<I", fast)[0] == 0
+    assert _pycapnp_body("BrokerFrame", fast) == _pycapnp_body("BrokerFrame", slow)
+    assert _fast_body("BrokerFrame", fast) == _pycapnp_body("BrokerFrame", slow)
+    with pytest.raises(DECODE_ERRORS):
+        frame_codec(BrokerFrame).decode(slow)
