@@ -62,8 +62,10 @@ codec ``none``) is not detected here.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import struct
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from pathlib import Path
@@ -71,6 +73,7 @@ from typing import Any, Final
 
 import capnp
 
+from pigeon.core._capnp_fast import DECODE_ERRORS, StructCodec, struct_codec
 from pigeon.core.errors import CorruptFrame, InvalidArgument
 
 __all__ = ["FORMAT_KAFKA", "FORMAT_VERSION", "BatchHeader", "ChunkInfo", "read_header"]
@@ -101,7 +104,7 @@ _BatchHeaderSchema: Any = _schema.BatchHeader
 _U32: Final = struct.Struct("<I")
 #: The Cap'n Proto fields of a header, in the order of :class:`BatchHeader`'s fields
 #: after ``header_len``.
-_header_fields: Final = attrgetter(
+_HEADER_FIELDS: Final = (
     "formatVersion",
     "producerName",
     "sequenceId",
@@ -125,6 +128,7 @@ _header_fields: Final = attrgetter(
     "numChunks",
     "totalChunkSize",
 )
+_header_fields: Final = attrgetter(*_HEADER_FIELDS)
 
 
 def _align8(x: int) -> int:
@@ -210,6 +214,34 @@ class BatchHeader:
         return starts, pos
 
 
+#: The header decoded at fixed offsets (:mod:`pigeon.core._capnp_fast`): its fields in
+#: code order are those of :data:`_HEADER_FIELDS` (else pycapnp decodes every header).
+_header_codec = struct_codec(_BatchHeaderSchema.schema)
+_fast_header: StructCodec | None = (
+    _header_codec if _header_codec.field_names == _HEADER_FIELDS else None
+)
+
+
+def _header_maker() -> Callable[[int, Sequence[Any]], BatchHeader]:
+    """``make(header_len, fields)``: a :class:`BatchHeader` built by setting its slots
+    directly (what its frozen ``__init__`` does through ``object.__setattr__``, twice
+    as slow: a header is built per entry on the hot paths)."""
+    names = [f.name for f in dataclasses.fields(BatchHeader)]
+    env: dict[str, Any] = {"_new": object.__new__, "_cls": BatchHeader}
+    lines = ["def make(header_len, t):", "    h = _new(_cls)", "    _s0(h, header_len)"]
+    for i, name in enumerate(names):
+        env[f"_s{i}"] = BatchHeader.__dict__[name].__set__
+        if i:
+            lines.append(f"    _s{i}(h, t[{i - 1}])")
+    lines.append("    return h")
+    exec("\n".join(lines) + "\n", env)
+    make: Callable[[int, Sequence[Any]], BatchHeader] = env["make"]
+    return make
+
+
+_make_header = _header_maker()
+
+
 def _as_bytes_view(data: bytes | bytearray | memoryview) -> memoryview:
     mv = memoryview(data)
     if not mv.c_contiguous:
@@ -243,6 +275,15 @@ def _read_header(mv: memoryview) -> BatchHeader:
         raise CorruptFrame(
             f"entry of {size} bytes is truncated inside its {header_len}-byte header"
         )
+    if _fast_header is not None:
+        try:
+            fields = _fast_header.decode_message(mv[4 : 4 + header_len])
+        except DECODE_ERRORS:
+            pass  # pycapnp decides, and says why it refuses it
+        else:
+            header = _make_header(header_len, fields)
+            _check_header(header, size)
+            return header
     # Copy the ~100 header bytes: Cap'n Proto needs word-aligned data and the header sits
     # at offset 4 of the entry.
     raw = mv[4 : 4 + header_len].tobytes()

@@ -60,6 +60,7 @@ from typing import Any
 
 import trio
 
+from pigeon.core._capnp_fast import DECODE_ERRORS
 from pigeon.core._framing import (
     DEFAULT_MAX_FRAME_SIZE,
     FrameDecoder,
@@ -72,7 +73,7 @@ from pigeon.core._framing import (
     sniff_foreign_protocol,
 )
 from pigeon.core._local_link import LocalStream
-from pigeon.core._schema import body_checker, decode_error_reason, frame_role
+from pigeon.core._schema import body_checker, decode_error_reason, frame_codec, frame_role
 from pigeon.core.errors import (
     ConnectionClosed,
     CorruptFrame,
@@ -164,6 +165,7 @@ class Connection:
         self.frame_type = frame_type
         self.serving = serving
         self._checker = body_checker(frame_type)
+        self._fast = frame_codec(frame_type)
         self.handler = handler
         self._decoder = FrameDecoder(max_frame_size)
         self.name = name
@@ -605,7 +607,24 @@ class Connection:
         self._dispatch_message(frame[:size] if payload else frame, payload)
 
     def _dispatch_message(self, message: bytes | bytearray, payload: memoryview) -> None:
-        """Dispatch one frame: its Cap'n Proto ``message`` and its ``payload``."""
+        """Dispatch one frame: its Cap'n Proto ``message`` and its ``payload``.
+
+        A frame of the per-entry path is decoded at fixed offsets (every field read and
+        checked: :mod:`pigeon.core._capnp_fast`); any other, and any such frame that
+        codec does not take (a malformed one among them), through pycapnp, whose errors
+        are the ones a peer sees."""
+        try:
+            fast = self._fast.decode(message)
+        except DECODE_ERRORS:
+            fast = None
+        if fast is not None:
+            request_id, kind, body = fast
+            pending = self._pending.pop(request_id, None) if request_id else None
+            if pending is not None:
+                self._resolve(pending, kind, None, payload, body)
+            else:
+                self._handle(request_id, kind, None, payload, body)
+            return
         try:
             ctx = self.frame_type.from_bytes(message)
             msg = ctx.__enter__()
@@ -635,10 +654,14 @@ class Connection:
         finally:
             ctx.__exit__(None, None, None)
 
-    def _resolve(self, pending: _Pending, kind: str, msg: Any, payload: memoryview) -> None:
+    def _resolve(
+        self, pending: _Pending, kind: str, msg: Any, payload: memoryview, body: Any = None
+    ) -> None:
+        """Answer ``pending`` with a frame: pycapnp's reader ``msg``, or (``msg`` None) a
+        ``body`` the fixed-layout codec decoded and checked."""
         if kind == "error":
             try:
-                err = self._checker.body(msg, kind)
+                err = body if msg is None else self._checker.body(msg, kind)
                 error = error_from_code(err.code, err.message)
             except MalformedRequest as exc:
                 error = CorruptFrame(f"undecodable error answer: {exc.message}")
@@ -649,7 +672,8 @@ class Connection:
                 None, ProtocolError(f"expected {pending.expect!r} answer, got {kind!r}")
             )
             return
-        body = getattr(msg, kind) if kind not in ("ok", "ping") else None
+        if msg is not None:
+            body = getattr(msg, kind) if kind not in ("ok", "ping") else None
         try:
             result = pending.extract(body, payload)
         except Exception as exc:
@@ -657,7 +681,11 @@ class Connection:
             return
         pending.callback(result, None)
 
-    def _handle(self, request_id: int, kind: str, msg: Any, payload: memoryview) -> None:
+    def _handle(
+        self, request_id: int, kind: str, msg: Any, payload: memoryview, body: Any = None
+    ) -> None:
+        """Serve a request or push: pycapnp's reader ``msg``, or (``msg`` None) a ``body``
+        the fixed-layout codec decoded and checked."""
         if kind == "ping":
             self.respond(request_id, "ok")
             return
@@ -665,15 +693,17 @@ class Connection:
         if method is None and kind != "error":
             self.respond_error(request_id, UnknownMessageType(f"{kind!r} is not served here"))
             return
-        try:
-            # Serving: every field is read before the handler runs, so a malformed request
-            # has no effect at all.  A client trusts the server it dialled with its pushes
-            # (a message push of many entries would pay for the check): it reads lazily
-            # and only checks the body when the handler failed (below).
-            body = self._checker.body(msg, kind, check=self.serving or method is None)
-        except MalformedRequest as exc:
-            self._malformed(request_id, kind, exc)
-            return
+        if msg is not None:
+            try:
+                # Serving: every field is read before the handler runs, so a malformed
+                # request has no effect at all.  A client trusts the server it dialled
+                # with its pushes (a message push of many entries would pay for the
+                # check): it reads lazily and only checks the body when the handler
+                # failed (below).
+                body = self._checker.body(msg, kind, check=self.serving or method is None)
+            except MalformedRequest as exc:
+                self._malformed(request_id, kind, exc)
+                return
         if method is None:
             log.warning("peer error conn=%s code=%s message=%s", self.name, body.code, body.message)
             return
@@ -684,7 +714,7 @@ class Connection:
             # the request; a handler that wants the connection gone calls conn.close().
             self.respond_error(request_id, exc)
         except Exception as exc:
-            bad = None if self.serving else self._checker.check(msg, kind)
+            bad = None if self.serving or msg is None else self._checker.check(msg, kind)
             if bad is None and _is_traversal_limit(exc):  # checked, then read once more
                 bad = MalformedRequest(f"malformed {kind}: {exc}")
             if bad is not None:

@@ -20,6 +20,8 @@ import struct
 from collections.abc import Iterator, Sequence
 from typing import Any, TypeAlias
 
+from pigeon.core._capnp_fast import ENCODE_ERRORS
+from pigeon.core._schema import frame_codec
 from pigeon.core.errors import CorruptFrame, FrameTooLarge
 
 __all__ = [
@@ -119,7 +121,18 @@ def _fill(builder: Any, fields: dict[str, Any]) -> None:
 def build_message(
     frame_type: Any, request_id: int, kind: str, fields: dict[str, Any] | None
 ) -> bytes:
-    """Serialise one frame struct: ``requestId`` plus the union member ``kind``."""
+    """Serialise one frame struct: ``requestId`` plus the union member ``kind``.
+
+    The kinds of the per-entry path are built at fixed offsets
+    (:func:`~pigeon.core._schema.frame_codec`), byte for byte what pycapnp builds (a
+    message pycapnp would split over several segments, above 8 KiB, is one segment
+    here); any other kind, or values that codec does not take, go through pycapnp."""
+    codec = frame_codec(frame_type)
+    if kind in codec.kinds:
+        try:
+            return codec.encode(request_id, kind, fields)
+        except ENCODE_ERRORS:
+            pass  # pycapnp builds it, or raises what it always raised
     msg = frame_type.new_message()
     msg.requestId = request_id
     if fields is None:

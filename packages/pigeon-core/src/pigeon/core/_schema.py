@@ -18,6 +18,7 @@ from typing import Any
 
 import capnp
 
+from pigeon.core._capnp_fast import FrameCodec
 from pigeon.core.errors import MalformedRequest
 
 __all__ = [
@@ -26,8 +27,10 @@ __all__ = [
     "BodyChecker",
     "BookieFrame",
     "BrokerFrame",
+    "FAST_KINDS",
     "body_checker",
     "decode_error_reason",
+    "frame_codec",
     "frame_name",
     "frame_role",
     "protocol",
@@ -50,6 +53,29 @@ def frame_name(frame_type: Any) -> str:
     """``"BrokerFrame"`` or ``"BookieFrame"``: the root struct a connection speaks."""
     name: str = frame_type.schema.node.displayName
     return name.rpartition(":")[2]
+
+
+#: The union members of each root struct that :func:`frame_codec` decodes and builds at
+#: fixed offsets (:mod:`pigeon.core._capnp_fast`): the frames every entry crosses (a
+#: produce, its receipt, a bookie add and its answer, a push to a consumer, its permits
+#: and acks) and the small answers around them.  Their bodies are plain tuples with the
+#: schema's field names; every handler and ``extract`` of these kinds reads only
+#: attributes (no ``which()``, no ``to_dict()`` through the default extract).
+FAST_KINDS: dict[str, tuple[str, ...]] = {
+    "BrokerFrame": ("send", "sendReceipt", "message", "flow", "ack", "error", "ok", "ping"),
+    "BookieFrame": ("addEntry", "addResponse", "error", "ok", "ping"),
+}
+
+_FRAME_CODECS: dict[int, tuple[Any, FrameCodec]] = {}
+
+
+def frame_codec(frame_type: Any) -> FrameCodec:
+    """The (cached) fixed-layout codec of a root struct, for its :data:`FAST_KINDS`."""
+    found = _FRAME_CODECS.get(id(frame_type))
+    if found is None:
+        codec = FrameCodec(frame_type, FAST_KINDS.get(frame_name(frame_type), ()))
+        found = _FRAME_CODECS[id(frame_type)] = (frame_type, codec)
+    return found[1]
 
 
 def frame_role(frame_type: Any) -> str:
