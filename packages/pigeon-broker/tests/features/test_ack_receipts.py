@@ -28,7 +28,7 @@ from pigeon.client.asyncio import Client as AsyncioClient
 from pigeon.client.trio import Client, Consumer
 from pigeon.core import TopicName
 from pigeon.core.errors import AckNotPersisted, MetadataError, NotSupported
-from pigeon.core.paths import cursor_path
+from pigeon.core.paths import BROKER_SESSIONS_PATH, cursor_path
 from pigeon.core.testing import InProcessStandalone, in_process_standalone
 
 SENT = [f"m{i}".encode() for i in range(6)]
@@ -195,6 +195,32 @@ async def test_loading_a_subscription_takes_its_cursor_over(cluster, autojump_cl
             assert before is not None and after is not None
             assert after.version > before.version, "the cursor was loaded without a write"
             await again.close()
+
+
+async def test_a_session_lost_and_regained_keeps_every_receipted_ack(cluster, autojump_clock):
+    """The nemesis's sequence (embedded + quorum + journal, seed 777): the broker's
+    metadata session expires, it registers again, takes its bundle back and reloads the
+    topic.  Taking the cursor over writes it back unchanged (one version up), so nothing
+    acknowledged with a receipt is stored as unacknowledged or delivered again."""
+    store = cluster.service.store
+    ownership = cluster.service.ownership
+    path = cursor_path(TopicName.parse(PREFIX + "regained"), "s")
+    async with sent_and_received(cluster, "regained") as (consumer, got):
+        await consumer.acknowledge_cumulative(got[3])
+        before = await store.get(path)
+        assert before is not None and CursorState.from_json(before.value).mark_delete == 4
+        old = ownership.token
+        await store.expire_session()
+        with trio.fail_after(30):  # no event for "registered again": polled, bounded
+            while ownership.token == old or not await store.exists(  # noqa: ASYNC110
+                f"{BROKER_SESSIONS_PATH}/{ownership.token}"
+            ):
+                await trio.sleep(0.1)
+        again = await receive_n(consumer, 2)  # re-attached where the stored cursor is
+        assert [m.value for m in again] == SENT[4:]
+        after = await store.get(path)
+        assert after is not None and after.version > before.version
+        assert CursorState.from_json(after.value).mark_delete == 4
 
 
 async def test_cumulative_receipts_keep_the_subscription_type_rule(cluster, autojump_clock):

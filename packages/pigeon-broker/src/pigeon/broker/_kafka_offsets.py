@@ -5,9 +5,15 @@
 ``o`` (everything below is acknowledged): ``pigeon admin topics stats`` shows it as the
 subscription's mark-delete offset and backlog, retention keeps what it has not read,
 and a native consumer of subscription ``g`` goes on from there (and the other way
-round).  The cursor is written where the partition is served when that is this broker;
-otherwise its cursor node is written directly, which the serving broker reads when it
-opens the subscription (it never overwrites a cursor it did not change).
+round).  The cursor is written where the partition is served when that is this broker
+(a compare-and-set at the version the subscription took over, like every cursor write of
+the serving broker); otherwise its cursor node is written directly, which the serving
+broker reads when it opens the subscription (it never overwrites a cursor it did not
+change: its compare-and-set fails and it loads the cursor again).  A direct write is made
+only while the metadata session this broker checked coordination under is alive
+(``multi([check(session marker), write])``): a coordinator paused past its session, whose
+group moved on and committed later offsets at the next coordinator, cannot put its older
+commit back on top of them when it resumes (it answers NOT_COORDINATOR).
 
 The group coordinator is the broker that owns the bundle of the group's name (a name in
 the Kafka namespace, ``__kafka_group_<group>``): FindCoordinator names it, and a broker
@@ -32,13 +38,16 @@ from pigeon.broker._kafka_wire import ZERO, build, error_code, part, response_ty
 from pigeon.core import TopicName
 from pigeon.core.errors import (
     AuthorizationError,
+    BadVersion,
+    MetadataError,
     NodeExists,
     NoSuchNode,
     NotOwner,
     PigeonError,
     TopicNotFound,
 )
-from pigeon.core.paths import cursor_path
+from pigeon.core.metadata import Op
+from pigeon.core.paths import BROKER_SESSIONS_PATH, cursor_path
 
 if TYPE_CHECKING:
     from pigeon.broker._kafka import KafkaConnection, KafkaFrontDoor
@@ -132,35 +141,69 @@ async def _loaded_subscription(door: KafkaFrontDoor, name: TopicName, group: str
     )
 
 
-async def commit_offset(door: KafkaFrontDoor, name: TopicName, group: str, offset: int) -> None:
+async def commit_offset(
+    door: KafkaFrontDoor, name: TopicName, group: str, offset: int, *, session: str | None = None
+) -> None:
     """Move the group's cursor of partition ``name`` to ``offset``; past the stored end
     it stops at the end (a cursor beyond the log would count messages not yet written as
     read, for native consumers and retention alike).  The group's cursor under its former
     name (:func:`legacy_subscription_of`) is deleted once this one is stored, so it does
-    not hold retention back."""
+    not hold retention back.
+
+    ``session``: the ownership token (metadata session) this broker held when it found
+    it coordinates the group (default: the current one); a cursor node written directly
+    is written only while that session is alive, else NotOwner."""
+    if session is None:
+        session = door.core.ownership.token
     legacy = legacy_subscription_of(group)
     group = subscription_of(group)
-    await _commit(door, name, group, offset)
+    await _commit(door, name, group, offset, session)
     if legacy != group:
         await _forget_former_cursor(door, name, legacy)
 
 
-async def _commit(door: KafkaFrontDoor, name: TopicName, group: str, offset: int) -> None:
+#: attempts to write a cursor node directly while the serving broker keeps changing it
+_DIRECT_WRITE_ROUNDS = 5
+
+
+async def _commit(
+    door: KafkaFrontDoor, name: TopicName, group: str, offset: int, session: str
+) -> None:
     sub = await _loaded_subscription(door, name, group)
     if sub is not None:
         await sub.seek_offset(min(offset, sub.ledger.stored_offset))
         await sub.persist_acks()  # a commit answered ok is stored
         return
-    path = cursor_path(name, group)
-    data = CursorState(offset).to_json()
-    store = door.core.store
-    if await store.get(path) is None:
+    await _write_cursor_node(door.core.store, cursor_path(name, group), offset, session)
+
+
+async def _write_cursor_node(store: Any, path: str, offset: int, session: str) -> None:
+    """Store ``offset`` as the cursor at ``path`` (of a partition not served here), in one
+    transaction with a check that the metadata session ``session`` is alive; at the
+    version read, keeping the stored subscription type.  NotOwner once the session is
+    gone (its marker node went with it)."""
+    marker = f"{BROKER_SESSIONS_PATH}/{session}"
+    for _ in range(_DIRECT_WRITE_ROUNDS):
+        stat = await store.get(path)
+        if stat is None:
+            write = Op.create(path, CursorState(offset).to_json())
+        else:
+            sub_type = CursorState.from_json(stat.value).sub_type
+            data = CursorState(offset, sub_type=sub_type).to_json()
+            write = Op.set(path, data, version=stat.version)
         try:
-            await store.create(path, data)
-            return
-        except NodeExists:
-            pass
-    await store.set(path, data)
+            await store.multi([Op.check(marker), write])
+        except (BadVersion, NodeExists):
+            continue  # the serving broker wrote (or created) it meanwhile: read it again
+        except NoSuchNode:
+            if not await store.exists(marker):
+                raise NotOwner(
+                    "this broker's metadata session ended since it took the commit (the"
+                    " group may have moved on); find the coordinator and commit again"
+                ) from None
+            continue  # the cursor was deleted meanwhile
+        return
+    raise MetadataError(f"the cursor at {path} kept changing while it was committed; try again")
 
 
 async def _forget_former_cursor(door: KafkaFrontDoor, name: TopicName, legacy: str) -> None:
@@ -176,12 +219,15 @@ async def committed_offset(door: KafkaFrontDoor, name: TopicName, group: str) ->
     under the group's former subscription name counts: :func:`legacy_subscription_of`)."""
     legacy = legacy_subscription_of(group)
     group = subscription_of(group)
+    stat = await door.core.store.get(cursor_path(name, group))
     topic = door.core.topics.get(name.full)
     if topic is not None:
         sub = topic.as_persistent().subscriptions.get(group)
-        if sub is not None:
+        if sub is not None and stat is not None and stat.version == sub.cursor_version:
+            # the stored cursor is this subscription's (it may be ahead of it: acks of
+            # native consumers not stored yet); another version was written by another
+            # broker (the group's coordinator for a while): the subscription is stale
             return int(sub.cursor.mark_delete)
-    stat = await door.core.store.get(cursor_path(name, group))
     if stat is None and legacy != group:
         stat = await door.core.store.get(cursor_path(name, legacy))
     if stat is None:
@@ -197,6 +243,8 @@ async def offset_commit(conn: KafkaConnection, request: Any) -> Any:
         request, "generation_id_or_member_epoch", getattr(request, "generation_id", -1)
     )
     member = getattr(request, "member_id", "")
+    # the session coordination is checked under: a commit outliving it is not stored
+    session = door.core.ownership.token
     refused = door.groups.check_commit(group, member, generation)
     if refused == ErrorCode.none and not await coordinates(door, group):
         refused = ErrorCode.not_coordinator
@@ -220,9 +268,14 @@ async def offset_commit(conn: KafkaConnection, request: Any) -> Any:
                         door.partition_name(t.name, p.partition_index),
                         group,
                         p.committed_offset,
+                        session=session,
                     )
                 except PigeonError as exc:
-                    code = error_code(exc)
+                    # NotOwner: this broker's session ended or the partition was unloaded
+                    # meanwhile; the client finds the coordinator again and commits again
+                    code = (
+                        ErrorCode.not_coordinator if isinstance(exc, NotOwner) else error_code(exc)
+                    )
                     log.info("kafka commit failed group=%s topic=%s: %s", group, t.name, exc)
             parts.append(
                 part(

@@ -288,6 +288,13 @@ class Subscription:
 
     # ------------------------------------------------------------------ persistence
 
+    @property
+    def cursor_version(self) -> int | None:
+        """The version of the stored cursor this subscription last wrote or took over
+        (None: not stored yet); a stored cursor of another version was written by
+        another broker, and this subscription's next write is refused (:meth:`persist`)."""
+        return self._cursor_version
+
     def _changed(self) -> None:
         self._changes += 1
         self._dirty = True
