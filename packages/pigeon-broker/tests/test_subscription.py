@@ -139,3 +139,39 @@ async def test_a_group_committed_under_its_former_name_resumes_from_there(pigeon
     assert await committed_offset(door, name, "my group") == 0
     assert not await service.store.exists(cursor_path(name, "my group"))
     assert await service.store.exists(cursor_path(name, "my%20group"))
+
+
+class _BrokerTasks(trio.abc.Instrument):
+    """The tasks of the subscription's code spawned while it is installed."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def task_spawned(self, task: trio.lowlevel.Task) -> None:
+        if task.name.startswith("pigeon.broker._subscription."):
+            self.names.append(task.name)
+
+
+async def test_a_caught_up_subscription_pushes_a_new_message_without_starting_a_task(
+    pigeon_standalone, client, autojump_clock
+):
+    # the dispatch loop of a subscription waiting for new entries wakes on one event the
+    # ledger sets: no task per wait (each took scheduler passes between store and push)
+    consumer = await client.subscribe("sub-wake", "s")
+    producer = await client.create_producer("sub-wake", batching_enabled=False)
+    await producer.send(b"warm-up")
+    assert (await consumer.receive(timeout=5)).value == b"warm-up"
+    spawned = _BrokerTasks()
+    trio.lowlevel.add_instrument(spawned)
+    try:
+        for i in range(5):
+            await producer.send(b"m%d" % i)
+            msg = await consumer.receive(timeout=5)
+            assert msg.value == b"m%d" % i
+            await consumer.acknowledge(msg)
+            await trio.sleep(0.5)  # caught up: the loop waits again
+    finally:
+        trio.lowlevel.remove_instrument(spawned)
+    assert spawned.names == [], "the subscription started tasks to deliver caught-up messages"
+    await producer.close()
+    await consumer.close()

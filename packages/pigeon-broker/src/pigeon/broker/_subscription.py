@@ -381,7 +381,18 @@ class Subscription:
     # ------------------------------------------------------------------ dispatch
 
     async def run(self) -> None:
-        """Dispatch loop: runs until the subscription is closed."""
+        """Dispatch loop: runs until the subscription is closed.
+
+        It sleeps on its one wake-up event, which the ledger sets too when entries are
+        stored (:meth:`ManagedLedger.watch_entries`): a stored entry is pushed in the next
+        pass of the scheduler, and a wait starts no task."""
+        self.ledger.watch_entries(self.wake)
+        try:
+            await self._run()
+        finally:
+            self.ledger.unwatch_entries(self.wake)
+
+    async def _run(self) -> None:
         persist_at = 0.0
         while not self.closed:
             self.dispatcher.release_due(self.clock.now_ms())
@@ -392,7 +403,7 @@ class Subscription:
             if progressed:
                 await trio.lowlevel.checkpoint()
                 continue
-            ledger_event = self.ledger.new_entries_event()
+            # reset before looking: what happens from here on sets the new event
             if self._wakeup.is_set():
                 self._wakeup = trio.Event()
             if self._has_work():
@@ -405,14 +416,7 @@ class Subscription:
                 due_in = (due_ms - self.clock.now_ms()) / 1000
                 timeout = min(timeout, max(0.0, due_in))
             with trio.move_on_after(timeout):
-                async with trio.open_nursery() as nursery:
-
-                    async def wait(ev: trio.Event) -> None:
-                        await ev.wait()
-                        nursery.cancel_scope.cancel()
-
-                    nursery.start_soon(wait, ledger_event)
-                    nursery.start_soon(wait, self._wakeup)
+                await self._wakeup.wait()
         await self.persist()
         if self.fenced:
             raise NotOwner(self.fenced)  # its consumers are sent on to look it up again
