@@ -80,11 +80,11 @@ class ProducerHandle:
         """*engine*: seal partition ``index``'s batch when it is due; then, while a later
         batch is open when it wakes, sleep until that one is due (see ``timer_armed``)."""
         logic = self.logic
+        sleep_until = self.client.sleep_until
         while True:
             if deadline is None:
-                await trio.sleep(logic.max_delay)
-            else:
-                await trio.sleep_until(deadline)
+                deadline = trio.current_time() + logic.max_delay
+            await sleep_until(deadline)
             again = False
             try:
                 with self.lock:
