@@ -45,6 +45,9 @@ class ProducerHandle:
         self.on_space: Callable[[], None] = lambda: None
         #: *engine*, after the timer sealed a batch (the lock released)
         self.on_timer_sealed: Callable[[], None] = lambda: None
+        #: under the lock: the timer task is sealing, and calls ``on_timer_sealed`` right
+        #: after (a face need not schedule the hand-over of what it seals)
+        self.timer_sealing = False
         #: per partition, under the lock: its timer task runs (it seals the batch it was
         #: started for and every later one open when it wakes, so a batch opened while
         #: it runs starts no task and, from the sync face, crosses no thread)
@@ -88,7 +91,11 @@ class ProducerHandle:
             again = False
             try:
                 with self.lock:
-                    logic.timer_fired(index, generation)
+                    self.timer_sealing = True
+                    try:
+                        logic.timer_fired(index, generation)
+                    finally:
+                        self.timer_sealing = False
                     core = logic.cores[index]
                     if core.count and not self.closed:
                         again = True
