@@ -175,3 +175,47 @@ async def test_a_caught_up_subscription_pushes_a_new_message_without_starting_a_
     assert spawned.names == [], "the subscription started tasks to deliver caught-up messages"
     await producer.close()
     await consumer.close()
+
+
+class _HeldWrites:
+    """A metadata store whose cursor writes wait until ``release`` is set."""
+
+    def __init__(self, store: object) -> None:
+        self._store = store
+        self.started = trio.Event()
+        self.release = trio.Event()
+
+    async def set(self, *args: object, **kwargs: object) -> object:
+        self.started.set()
+        await self.release.wait()
+        return await self._store.set(*args, **kwargs)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._store, name)
+
+
+async def test_a_message_is_delivered_while_the_cursor_is_being_written(
+    pigeon_standalone, client, autojump_clock
+):
+    # the cursor is written beside the dispatch loop: a push never waits for a
+    # metadata-store write (1-8 ms on the embedded store, at most every 100 ms)
+    consumer = await client.subscribe("sub-slow-cursor", "s")
+    producer = await client.create_producer("sub-slow-cursor", batching_enabled=False)
+    sub = pigeon_standalone.service.topics[PREFIX + "sub-slow-cursor"].subscriptions["s"]
+    held = _HeldWrites(sub.store)
+    sub.store = held
+    await producer.send(b"first")
+    first = await consumer.receive(timeout=5)
+    await consumer.acknowledge(first)
+    with trio.fail_after(5):
+        await held.started.wait()  # the ack's cursor write is under way, and held
+    await producer.send(b"second")
+    second = await consumer.receive(timeout=5)
+    assert second.value == b"second"
+    held.release.set()
+    await consumer.acknowledge(second)
+    await trio.sleep(1)
+    stat = await pigeon_standalone.service.store.get(cursor_path(sub.ledger.topic, "s"))
+    assert CursorState.from_json(stat.value).mark_delete == 2, "the acks were not stored"
+    await producer.close()
+    await consumer.close()
