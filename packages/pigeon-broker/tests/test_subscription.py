@@ -139,3 +139,83 @@ async def test_a_group_committed_under_its_former_name_resumes_from_there(pigeon
     assert await committed_offset(door, name, "my group") == 0
     assert not await service.store.exists(cursor_path(name, "my group"))
     assert await service.store.exists(cursor_path(name, "my%20group"))
+
+
+class _BrokerTasks(trio.abc.Instrument):
+    """The tasks of the subscription's code spawned while it is installed."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def task_spawned(self, task: trio.lowlevel.Task) -> None:
+        if task.name.startswith("pigeon.broker._subscription."):
+            self.names.append(task.name)
+
+
+async def test_a_caught_up_subscription_pushes_a_new_message_without_starting_a_task(
+    pigeon_standalone, client, autojump_clock
+):
+    # the dispatch loop of a subscription waiting for new entries wakes on one event the
+    # ledger sets: no task per wait (each took scheduler passes between store and push)
+    consumer = await client.subscribe("sub-wake", "s")
+    producer = await client.create_producer("sub-wake", batching_enabled=False)
+    await producer.send(b"warm-up")
+    assert (await consumer.receive(timeout=5)).value == b"warm-up"
+    spawned = _BrokerTasks()
+    trio.lowlevel.add_instrument(spawned)
+    try:
+        for i in range(5):
+            await producer.send(b"m%d" % i)
+            msg = await consumer.receive(timeout=5)
+            assert msg.value == b"m%d" % i
+            await consumer.acknowledge(msg)
+            await trio.sleep(0.5)  # caught up: the loop waits again
+    finally:
+        trio.lowlevel.remove_instrument(spawned)
+    assert spawned.names == [], "the subscription started tasks to deliver caught-up messages"
+    await producer.close()
+    await consumer.close()
+
+
+class _HeldWrites:
+    """A metadata store whose cursor writes wait until ``release`` is set."""
+
+    def __init__(self, store: object) -> None:
+        self._store = store
+        self.started = trio.Event()
+        self.release = trio.Event()
+
+    async def set(self, *args: object, **kwargs: object) -> object:
+        self.started.set()
+        await self.release.wait()
+        return await self._store.set(*args, **kwargs)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._store, name)
+
+
+async def test_a_message_is_delivered_while_the_cursor_is_being_written(
+    pigeon_standalone, client, autojump_clock
+):
+    # the cursor is written beside the dispatch loop: a push never waits for a
+    # metadata-store write (1-8 ms on the embedded store, at most every 100 ms)
+    consumer = await client.subscribe("sub-slow-cursor", "s")
+    producer = await client.create_producer("sub-slow-cursor", batching_enabled=False)
+    sub = pigeon_standalone.service.topics[PREFIX + "sub-slow-cursor"].subscriptions["s"]
+    held = _HeldWrites(sub.store)
+    sub.store = held
+    await producer.send(b"first")
+    first = await consumer.receive(timeout=5)
+    await consumer.acknowledge(first)
+    with trio.fail_after(5):
+        await held.started.wait()  # the ack's cursor write is under way, and held
+    await producer.send(b"second")
+    second = await consumer.receive(timeout=5)
+    assert second.value == b"second"
+    held.release.set()
+    await consumer.acknowledge(second)
+    await trio.sleep(1)
+    stat = await pigeon_standalone.service.store.get(cursor_path(sub.ledger.topic, "s"))
+    assert CursorState.from_json(stat.value).mark_delete == 2, "the acks were not stored"
+    await producer.close()
+    await consumer.close()

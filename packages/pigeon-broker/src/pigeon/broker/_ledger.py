@@ -225,7 +225,7 @@ class ManagedLedger(LedgerCompaction):
                 append.callback(None, ServiceUnavailable(f"topic {self.topic} was closed"))
             except Exception:
                 log.exception("append callback failed topic=%s", self.topic)
-        self._new_entries.set()
+        self._entries_changed()
 
     def internal_stats(self) -> dict[str, Any]:
         """The ledger's offsets, segments and cache (the admin API's internal stats)."""

@@ -242,6 +242,10 @@ class LedgerState:
         self.on_fenced: Callable[[], None] | None = None
         self.cache = _EntryCache(self.config.cache_max_bytes)
         self._new_entries = trio.Event()
+        #: called (synchronously) whenever entries were stored or the ledger closed: a
+        #: subscription's wake-up, so that its dispatch loop waits on one event of its own
+        #: (no task per wait watching this ledger's event)
+        self._entry_watchers: set[Callable[[], None]] = set()
         self.closed = False
         self.msgs_in = 0
         self.bytes_in = 0
@@ -341,6 +345,21 @@ class LedgerState:
                 self._keep_unknown(json.loads(stat.value))
                 self._version = stat.version
         raise NotOwner(f"ledger {self.topic} was changed by another broker; giving up ownership")
+
+    def watch_entries(self, wake: Callable[[], None]) -> None:
+        """Call ``wake()`` each time entries are stored (and when the ledger closes),
+        until :meth:`unwatch_entries`. ``wake`` must not block or raise: it runs in the
+        write path (a subscription's sets its wake-up event)."""
+        self._entry_watchers.add(wake)
+
+    def unwatch_entries(self, wake: Callable[[], None]) -> None:
+        self._entry_watchers.discard(wake)
+
+    def _entries_changed(self) -> None:
+        """Entries were stored (or the ledger closed): wake whoever waits for them."""
+        self._new_entries.set()
+        for wake in self._entry_watchers:
+            wake()
 
     def _reindex(self) -> None:
         self._index = {s.id: i for i, s in enumerate(self.segments)}

@@ -241,7 +241,7 @@ class LedgerWrites(LedgerState):
             append.callback((seg.id, entry_id, append.offset), None)
         except Exception:
             log.exception("append callback failed topic=%s", self.topic)
-        self._new_entries.set()
+        self._entries_changed()
 
     def _fail_pending(self, error: PigeonError) -> None:
         """Fail every pending append that is in no segment (a suffix), reusing offsets."""

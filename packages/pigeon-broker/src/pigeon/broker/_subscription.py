@@ -118,6 +118,8 @@ class Subscription:
         self.clock = clock or WallClock()
         self._wakeup = trio.Event()
         self._dirty = False
+        #: set when the cursor changes: wakes the task that writes it (``_persister``)
+        self._dirty_set = trio.Event()
         self._persist_lock = trio.Lock()
         self._cursor_version = cursor_version
         #: changes of the cursor so far (acks, seeks, expiry), and how many of them the
@@ -297,7 +299,11 @@ class Subscription:
 
     def _changed(self) -> None:
         self._changes += 1
+        self._mark_dirty()
+
+    def _mark_dirty(self) -> None:
         self._dirty = True
+        self._dirty_set.set()
 
     async def persist(self) -> None:
         """Write the cursor if it changed; one write at a time, so a caller that returns
@@ -323,11 +329,11 @@ class Subscription:
                         self.path, data, version=self._cursor_version
                     )
             except (BadVersion, NoSuchNode, NodeExists) as exc:
-                self._dirty = True
+                self._mark_dirty()
                 self._fence(exc)
                 return
             except PigeonError as exc:
-                self._dirty = True
+                self._mark_dirty()
                 log.warning("cursor persist failed sub=%s error=%s", self.name, exc)
                 return
             self._changes_stored = max(self._changes_stored, changes)
@@ -388,23 +394,56 @@ class Subscription:
     # ------------------------------------------------------------------ dispatch
 
     async def run(self) -> None:
-        """Dispatch loop: runs until the subscription is closed."""
+        """Dispatch loop: runs until the subscription is closed.
+
+        It sleeps on its one wake-up event, which the ledger sets too when entries are
+        stored (:meth:`ManagedLedger.watch_entries`): a stored entry is pushed in the next
+        pass of the scheduler, and a wait starts no task. The cursor is written beside it
+        (:meth:`_persister`): no delivery waits for a metadata-store write."""
+        self.ledger.watch_entries(self.wake)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._persister)
+                try:
+                    await self._dispatch_loop()
+                finally:
+                    nursery.cancel_scope.cancel()  # a write under way ends first (shielded)
+        finally:
+            self.ledger.unwatch_entries(self.wake)
+        await self.persist()
+        if self.fenced:
+            raise NotOwner(self.fenced)  # its consumers are sent on to look it up again
+
+    async def _persister(self) -> None:
+        """Write the cursor when it changed, at most every ``persist_interval``.
+
+        A write (1 to 8 ms on the embedded store, measured) is shielded: once started it
+        ends, so a change it took is never taken for stored while it is not."""
+        if not self.durable or self.store is None:
+            return  # a reader's cursor is not stored
         persist_at = 0.0
+        while True:
+            if not self._dirty:
+                self._dirty_set = trio.Event()
+                await self._dirty_set.wait()
+            await trio.sleep_until(persist_at)
+            with trio.CancelScope(shield=True):
+                await self.persist()
+            persist_at = trio.current_time() + self.persist_interval
+
+    async def _dispatch_loop(self) -> None:
         while not self.closed:
             self.dispatcher.release_due(self.clock.now_ms())
-            if self._dirty and trio.current_time() >= persist_at:
-                await self.persist()
-                persist_at = trio.current_time() + self.persist_interval
             progressed = await self._dispatch_once()
             if progressed:
                 await trio.lowlevel.checkpoint()
                 continue
-            ledger_event = self.ledger.new_entries_event()
+            # reset before looking: what happens from here on sets the new event
             if self._wakeup.is_set():
                 self._wakeup = trio.Event()
             if self._has_work():
                 continue
-            timeout = max(0.0, persist_at - trio.current_time()) if self._dirty else float("inf")
+            timeout = float("inf")
             if self._blocked_until:
                 timeout = min(timeout, max(0.0, self._blocked_until - trio.current_time()))
             due_ms = self.dispatcher.next_due_ms()
@@ -412,17 +451,7 @@ class Subscription:
                 due_in = (due_ms - self.clock.now_ms()) / 1000
                 timeout = min(timeout, max(0.0, due_in))
             with trio.move_on_after(timeout):
-                async with trio.open_nursery() as nursery:
-
-                    async def wait(ev: trio.Event) -> None:
-                        await ev.wait()
-                        nursery.cancel_scope.cancel()
-
-                    nursery.start_soon(wait, ledger_event)
-                    nursery.start_soon(wait, self._wakeup)
-        await self.persist()
-        if self.fenced:
-            raise NotOwner(self.fenced)  # its consumers are sent on to look it up again
+                await self._wakeup.wait()
 
     def _has_work(self) -> bool:
         if not self.dispatcher.ready() or self._blocked():

@@ -23,7 +23,7 @@ import logging
 import ssl
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -265,6 +265,9 @@ class ClientEngine:
         self.closed = False
         self.clock_offset = 0.0
         self.clock = WallClock()
+        #: how the batching timers sleep until a deadline: ``trio.sleep_until``, or a
+        #: sleep to the microsecond where the engine thread has one (:mod:`._timer`)
+        self.sleep_until: Callable[[float], Awaitable[None]] = trio.sleep_until
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.clock_offset = trio.current_time() - time.perf_counter()

@@ -45,6 +45,9 @@ class ProducerHandle:
         self.on_space: Callable[[], None] = lambda: None
         #: *engine*, after the timer sealed a batch (the lock released)
         self.on_timer_sealed: Callable[[], None] = lambda: None
+        #: under the lock: the timer task is sealing, and calls ``on_timer_sealed`` right
+        #: after (a face need not schedule the hand-over of what it seals)
+        self.timer_sealing = False
         #: per partition, under the lock: its timer task runs (it seals the batch it was
         #: started for and every later one open when it wakes, so a batch opened while
         #: it runs starts no task and, from the sync face, crosses no thread)
@@ -80,15 +83,19 @@ class ProducerHandle:
         """*engine*: seal partition ``index``'s batch when it is due; then, while a later
         batch is open when it wakes, sleep until that one is due (see ``timer_armed``)."""
         logic = self.logic
+        sleep_until = self.client.sleep_until
         while True:
             if deadline is None:
-                await trio.sleep(logic.max_delay)
-            else:
-                await trio.sleep_until(deadline)
+                deadline = trio.current_time() + logic.max_delay
+            await sleep_until(deadline)
             again = False
             try:
                 with self.lock:
-                    logic.timer_fired(index, generation)
+                    self.timer_sealing = True
+                    try:
+                        logic.timer_fired(index, generation)
+                    finally:
+                        self.timer_sealing = False
                     core = logic.cores[index]
                     if core.count and not self.closed:
                         again = True

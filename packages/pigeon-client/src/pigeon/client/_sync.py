@@ -169,7 +169,9 @@ class Producer(ProducerFace):
     def _submit(self, engine: Any, batch: Any) -> None:
         sealed = self._sealed
         sealed.append((engine, batch))
-        if len(sealed) == 1:
+        # sealed by the batching timer: it hands the batch over itself, at once (no
+        # run_sync_soon from the engine's thread to itself: a wake-up write and a pass)
+        if len(sealed) == 1 and not self._handle.timer_sealing:
             try:
                 self._thread.soon(self._submit_sealed)
             except AlreadyClosed:

@@ -15,6 +15,7 @@ from typing import Any
 import trio
 
 from pigeon.client._engine import ClientEngine
+from pigeon.client._timer import PreciseTimers
 from pigeon.core.errors import AlreadyClosed
 
 __all__ = ["EngineThread"]
@@ -43,9 +44,17 @@ class EngineThread:
     def _main(self) -> None:
         async def main() -> None:
             self._token = trio.lowlevel.current_trio_token()
-            async with trio.open_nursery() as nursery:
-                await nursery.start(self.engine.run)
-                self._started.set()
+            # this run is on trio's default clock: its batching timers may use timerfds
+            timers = PreciseTimers.open()
+            if timers is not None:
+                self.engine.sleep_until = timers.sleep_until
+            try:
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(self.engine.run)
+                    self._started.set()
+            finally:
+                if timers is not None:
+                    timers.close()
 
         try:
             trio.run(main)
