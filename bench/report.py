@@ -789,60 +789,15 @@ def targets_storage(res: dict[str, Any]) -> list[str]:
     return out
 
 
-#: where the time goes with each storage backend (measured 2026-11-26)
+#: where the time goes with each storage backend: kept by hand in docs/benchmarks.md, after
+#: the generated section (a re-render must not undo what later sessions measured)
 WHERE_STORAGE: list[str] = [
     "",
-    "Where the time goes (2026-11-26, from the run above, `bench.storage_micro` above and "
-    "A/B runs in the same session; re-read it against new numbers):",
-    "",
-    "- **The 16-producer row is bound by the clients, not by the storage.** Sixteen "
-    "Python producer processes and the server share 2 cores: the server takes 2.3–2.9 µs "
-    "of CPU per message (≈ 0.4 of a core at 160k msg/s), the clients the rest, so what "
-    "the storage saves shows little in msg/s. And there are few fsyncs to save: each "
-    "producer sends batches of up to 1,000 messages, so a stored entry is ≈ 0.75 MB and a "
-    "round holds 3–6 entries (the bookie table): `segment-files` makes ≈ 4 fsyncs per "
-    "round, the journal 1. At that entry size the disk's bandwidth limits the journal, "
-    "which writes every byte twice (`bench.storage_micro`, 768 KiB adds: 0.87–0.90× "
-    "`segment-files`); with 64 KiB adds it makes 1.6× the adds/s, with 1 KiB adds 2.2×. "
-    "The ≥ 1.5× target needs cheaper producers (issue 18: per-message Python work in the "
-    "client) before a storage can show it here.",
-    "- **What changed in the journal's ack path this session.** (1) The entry log is "
-    "written by the group-commit round, not by the event loop: in the fsync thread's call "
-    "before the fdatasync for a round under 256 KiB, beside it in a second thread for a "
-    "longer one (the event loop copies each entry once; reads take an entry not yet "
-    "written from memory). 1 producer went from 0.70× to 0.98× `segment-files`, 16 "
-    "producers from 0.63× to 0.8–1.0× (runs the same day). (2) Both stores' group commits "
-    "run their blocking calls on threads of their own (`FlushThread`) instead of "
-    "`trio.to_thread.run_sync`: 62 against 111 µs of CPU and 69 against 134 µs of wall "
-    "time per call, measured. (3) Journal files are preallocated (zero-filled by a thread, "
-    "BookKeeper's `journalPreAllocSizeMB`, 16 MiB): the round's fdatasync commits no "
-    "metadata (10 KiB write + fdatasync 0.105 against 0.165 ms here) and no longer waits "
-    "behind the checkpoint's writeback in the jbd2 journal; the zeros double the journal's "
-    "disk writes, so after a file written faster than 64 MiB/s the next is not prepared "
-    "(the 768 KiB case).",
-    "- **Publish→ack at 10 MB/s is not the storage's.** With `fsync = never` it is "
-    "p50 ≈ 1.3 ms (it was ≈ 2.1 ms before the client's batch timer was fixed: a 1 ms "
-    "batch delay lasted ≈ 2 ms, since trio's timer waits in whole milliseconds, and a "
-    "frame written while the connection's writer is idle now goes out at once); "
-    "`fsync = always` adds the round, ≈ 0.5–0.8 ms here (fdatasync ≈ 0.1–0.4 ms, the "
-    "thread hop and a GIL hand-off): ≈ 1.9–2.0 ms p50 in alternating A/B runs of "
-    "`pigeon perf produce -r 10000 --batch-delay-ms 1` for both storages, against the "
-    "≤ 1.5 ms target. What is left is mostly not storage: ≈ 250 µs of the round trip is "
-    "the loopback TCP between the standalone's broker and its own bookie (an in-process "
-    "link would remove it), ≈ 100 µs the sync client's thread hop. Against the session's "
-    "start (`python -m bench.compare --systems pigeon --scenarios produce latency --rates "
-    "10 --diag-rates 10 --repeat 1 --baseline 42ca40e --rounds 3`, ABBA): publish→ack "
-    "p50 1.97 against 2.43 ms; 1 KiB produce 0.97×, 100 B 0.95× (the batch deadline costs "
-    "a clock read per message in the client). The 100 B row of the run above is noisy "
-    "(see its range).",
-    "- **The latency tail of the journal is the checkpoint.** Every `flush_interval_ms` "
-    "(10 s) the checkpoint fsyncs the entry logs written since the last one and commits "
-    "the LMDB index: after a fast step (gigabytes of entry logs) that writeback takes "
-    "long enough to hold up the journal's fdatasyncs behind it on this single disk (the "
-    "diagnostic's p99 above: 150–250 ms). BookKeeper's answer is the journal on a disk of "
-    "its own (`journal_directory`); this machine has one. Spreading the entry-log "
-    "writeback over the interval (sync_file_range) is the next step to try.",
+    "The latency targets (publish→ack and end to end, measured outside these runs) and where "
+    'the time goes are kept by hand below this generated section, in "Storage backends: '
+    'latency targets and where the time goes".',
 ]
+
 
 WHERE_OFFLOADED: list[str] = [
     "",
