@@ -35,7 +35,7 @@ from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopi
 
 from pigeon.broker._config import KafkaConfig
 from pigeon.broker._kafka import KafkaConnection, KafkaFrontDoor
-from pigeon.broker._kafka_fetch import _cache, _fetch, list_offsets
+from pigeon.broker._kafka_fetch import _cache, _fetch, list_offsets, partition_ledger
 from pigeon.broker._kafka_produce import _produce_partition
 from pigeon.broker._kafka_topics import BROKER_LINGER_S, KnownBrokers, metadata, node_id
 from pigeon.broker._kafka_wire import API_VERSIONS
@@ -223,3 +223,50 @@ async def test_a_fetch_that_stalls_says_so_once(
     assert "no records below the high watermark" in lines[1] and "partition=1" in lines[1]
     assert "offset=2 high_watermark=5" in lines[1]
     assert "answers again" in lines[2] and "partition=1" in lines[2] and "after=3" in lines[2]
+
+
+async def test_a_waiting_fetch_answers_as_soon_as_a_record_is_stored(
+    door: tuple[InProcessStandalone, KafkaFrontDoor],
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """A long-poll fetch (nothing to give, ``max_wait`` not over) is woken by the ledger
+    when an entry is stored, not by its deadline, and leaves no watcher behind."""
+    _standalone, kafka = door
+    ledger = await partition_ledger(kafka, TOPIC, 0)
+    answers: list[Any] = []
+    answered = trio.Event()
+    request = FetchRequest(
+        max_wait=datetime.timedelta(seconds=20),
+        min_bytes=1,
+        topics=(
+            FetchTopic(
+                topic=TOPIC,
+                partitions=(
+                    FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=1 << 20),
+                ),
+            ),
+        ),
+        forgotten_topics_data=(),
+    )
+
+    async def wait_fetch() -> None:
+        answers.append(await _fetch(conn, request))
+        answered.set()
+
+    async with trio.open_nursery() as nursery:
+        conn = connection(kafka, nursery)
+        nursery.start_soon(wait_fetch)
+        for _ in range(10_000):  # until the fetch waits on the ledger (no clock moves)
+            if ledger._entry_watchers:
+                break
+            await trio.lowlevel.checkpoint()
+        assert ledger._entry_watchers and not answers
+        started = trio.current_time()
+        await produce(conn, 0, 3)
+        await answered.wait()  # at the fetch's deadline (20 s on the clock) if not woken
+        waited = trio.current_time() - started
+        nursery.cancel_scope.cancel()
+    (_topic, parts), *_ = answers[0].topics
+    assert sum(len(b) for b in parts[0][5]) > 0
+    assert waited < 1.0, f"the fetch answered after {waited:.1f}s: at its deadline, not woken"
+    assert not ledger._entry_watchers

@@ -162,16 +162,23 @@ async def _fetch(conn: KafkaConnection, request: Any) -> Any:
                     compacted.add(kafka_topic)
             except PigeonError as exc:
                 ledgers[(kafka_topic, p.partition)] = exc
-        events = [
-            x.new_entries_event() for x in ledgers.values() if not isinstance(x, BaseException)
-        ]
-        answers, total, failed = await _read(door, wanted, ledgers, max_bytes, compacted)
-        if failed or total >= request.min_bytes or trio.current_time() >= deadline or not events:
-            if failed or total == 0 or conn.fetch_notes:
-                note_answers(conn, wanted, answers, total)
-            return _response(version, answers)
-        with trio.move_on_at(deadline):
-            await _any(events)
+        # watched from before the read: an entry stored while it runs ends the wait
+        live = [x for x in ledgers.values() if not isinstance(x, BaseException)]
+        woken = trio.Event()
+        wake = woken.set
+        for ledger in live:
+            ledger.watch_entries(wake)
+        try:
+            answers, total, failed = await _read(door, wanted, ledgers, max_bytes, compacted)
+            if failed or total >= request.min_bytes or trio.current_time() >= deadline or not live:
+                if failed or total == 0 or conn.fetch_notes:
+                    note_answers(conn, wanted, answers, total)
+                return _response(version, answers)
+            with trio.move_on_at(deadline):
+                await woken.wait()  # one event, no task per partition
+        finally:
+            for ledger in live:
+                ledger.unwatch_entries(wake)
 
 
 def note_answers(
@@ -233,18 +240,6 @@ def note_answers(
                 p.fetch_offset,
                 ErrorCode(code).name,
             )
-
-
-async def _any(events: list[trio.Event]) -> None:
-    """Return when any of ``events`` is set."""
-    async with trio.open_nursery() as nursery:
-        for event in events:
-
-            async def wait(event: trio.Event = event) -> None:
-                await event.wait()
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(wait)
 
 
 async def _read(
