@@ -25,7 +25,7 @@ from pigeon.core._batch import read_header
 from pigeon.core._batch_encode import encode_batch
 from pigeon.core._capnp_fast import DECODE_ERRORS, FrameCodec, StructCodec, struct_codec
 from pigeon.core._codecs import NONE
-from pigeon.core._framing import build_message, encode_frame
+from pigeon.core._framing import build_message, build_message_pycapnp, encode_frame
 from pigeon.core._rpc import Connection, Request
 from pigeon.core._schema import (
     FAST_KINDS,
@@ -122,26 +122,7 @@ def _fast_body(frame: str, message: bytes, codec: FrameCodec | None = None) -> A
 
 
 def _pycapnp_build(frame: str, request_id: int, kind: str, fields: Any) -> bytes:
-    msg = FRAMES[frame].new_message()
-    msg.requestId = request_id
-    if fields is None:
-        setattr(msg, kind, None)
-    else:
-        _fill(msg.init(kind), fields)
-    data: bytes = msg.to_bytes()
-    return data
-
-
-def _fill(builder: Any, fields: dict[str, Any]) -> None:
-    for name, value in fields.items():
-        if isinstance(value, dict):
-            _fill(builder.init(name), value)
-        elif isinstance(value, list) and value and isinstance(value[0], dict):
-            items = builder.init(name, len(value))
-            for i, item in enumerate(value):
-                _fill(items[i], item)
-        else:
-            setattr(builder, name, value)
+    return build_message_pycapnp(FRAMES[frame], request_id, kind, fields)
 
 
 @st.composite

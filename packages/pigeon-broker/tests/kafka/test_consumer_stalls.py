@@ -85,10 +85,10 @@ async def produce(conn: KafkaConnection, partition: int, count: int) -> None:
     assert answered[0][0] is ErrorCode.none
 
 
-async def fetch(conn: KafkaConnection, partition: int, offset: int) -> tuple[int, int, int]:
-    """(error code, high watermark, bytes of records) of one partition's fetch."""
-    request = FetchRequest(
-        max_wait=datetime.timedelta(milliseconds=100),
+def fetch_request(partition: int, offset: int, max_wait_ms: int = 100) -> FetchRequest:
+    """A Fetch of one partition of TOPIC from ``offset`` (min_bytes 1)."""
+    return FetchRequest(
+        max_wait=datetime.timedelta(milliseconds=max_wait_ms),
         min_bytes=1,
         topics=(
             FetchTopic(
@@ -102,7 +102,11 @@ async def fetch(conn: KafkaConnection, partition: int, offset: int) -> tuple[int
         ),
         forgotten_topics_data=(),
     )
-    answer = await _fetch(conn, request)
+
+
+async def fetch(conn: KafkaConnection, partition: int, offset: int) -> tuple[int, int, int]:
+    """(error code, high watermark, bytes of records) of one partition's fetch."""
+    answer = await _fetch(conn, fetch_request(partition, offset))
     (_topic, parts), *_ = answer.topics
     index, code, high_watermark, _lso, _start, records = parts[0]
     assert index == partition
@@ -235,19 +239,7 @@ async def test_a_waiting_fetch_answers_as_soon_as_a_record_is_stored(
     ledger = await partition_ledger(kafka, TOPIC, 0)
     answers: list[Any] = []
     answered = trio.Event()
-    request = FetchRequest(
-        max_wait=datetime.timedelta(seconds=20),
-        min_bytes=1,
-        topics=(
-            FetchTopic(
-                topic=TOPIC,
-                partitions=(
-                    FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=1 << 20),
-                ),
-            ),
-        ),
-        forgotten_topics_data=(),
-    )
+    request = fetch_request(0, 0, max_wait_ms=20_000)
 
     async def wait_fetch() -> None:
         answers.append(await _fetch(conn, request))

@@ -133,6 +133,14 @@ def build_message(
             return codec.encode(request_id, kind, fields)
         except ENCODE_ERRORS:
             pass  # pycapnp builds it, or raises what it always raised
+    return build_message_pycapnp(frame_type, request_id, kind, fields)
+
+
+def build_message_pycapnp(
+    frame_type: Any, request_id: int, kind: str, fields: dict[str, Any] | None
+) -> bytes:
+    """:func:`build_message` through pycapnp's builder, whatever the kind (the reference
+    the fixed-offset codec is checked against)."""
     msg = frame_type.new_message()
     msg.requestId = request_id
     if fields is None:
