@@ -84,3 +84,21 @@ async def test_the_batching_timer_sleeps_until_the_batch_is_due(
         assert receipt is not None
         assert slept == [pytest.approx(sent_at + 0.007)], "the batch waited on another timer"
         await producer.close()
+
+
+@linux
+async def test_the_trio_face_sleeps_on_timerfds_on_trios_own_clock(pigeon_standalone) -> None:
+    async with Client(pigeon_standalone.url) as client:
+        timers = getattr(client.engine.sleep_until, "__self__", None)
+        assert isinstance(timers, PreciseTimers)
+        producer = await client.create_producer("timerfd-trio", batching_max_delay_ms=1)
+        assert await producer.send(b"one") is not None
+        await producer.close()
+    assert timers.closed and not timers._free, "the kept timerfds were not closed"
+
+
+async def test_the_trio_face_keeps_trios_sleep_on_a_mock_clock(
+    pigeon_standalone, autojump_clock
+) -> None:
+    async with Client(pigeon_standalone.url) as client:
+        assert client.engine.sleep_until is trio.sleep_until

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from pigeon.client._timer import PreciseTimers
 from pigeon.core.auth import AuthenticationTLS, ClientAuthentication
 from pigeon.core.errors import (
     AlreadyClosed,
@@ -271,10 +272,21 @@ class ClientEngine:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.clock_offset = trio.current_time() - time.perf_counter()
-        async with trio.open_nursery() as nursery:
-            self.nursery = nursery
-            task_status.started()
-            await trio.sleep_forever()
+        # on trio's default clock the batching timers sleep on timerfds (to the
+        # microsecond, not to the next whole millisecond); on a test's MockClock they keep
+        # trio's sleep, which the mock clock drives
+        timers = PreciseTimers.open() if self.sleep_until is trio.sleep_until else None
+        if timers is not None:
+            self.sleep_until = timers.sleep_until
+        try:
+            async with trio.open_nursery() as nursery:
+                self.nursery = nursery
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            if timers is not None:
+                self.sleep_until = trio.sleep_until
+                timers.close()
 
     def next_id(self) -> int:
         return next(self._ids)

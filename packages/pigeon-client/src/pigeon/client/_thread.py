@@ -15,7 +15,6 @@ from typing import Any
 import trio
 
 from pigeon.client._engine import ClientEngine
-from pigeon.client._timer import PreciseTimers
 from pigeon.core.errors import AlreadyClosed
 
 __all__ = ["EngineThread"]
@@ -44,17 +43,10 @@ class EngineThread:
     def _main(self) -> None:
         async def main() -> None:
             self._token = trio.lowlevel.current_trio_token()
-            # this run is on trio's default clock: its batching timers may use timerfds
-            timers = PreciseTimers.open()
-            if timers is not None:
-                self.engine.sleep_until = timers.sleep_until
-            try:
-                async with trio.open_nursery() as nursery:
-                    await nursery.start(self.engine.run)
-                    self._started.set()
-            finally:
-                if timers is not None:
-                    timers.close()
+            # on trio's default clock, so the engine's batching timers sleep on timerfds
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self.engine.run)
+                self._started.set()
 
         try:
             trio.run(main)

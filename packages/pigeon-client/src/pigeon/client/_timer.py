@@ -9,8 +9,10 @@ which the same ``epoll_wait`` watches like a socket: it wakes at the deadline pl
 kernel's timer slack (50 µs), whatever millisecond it falls in.
 
 Only for a trio run on trio's default clock (the engine thread of the sync and asyncio
-faces); :meth:`PreciseTimers.open` returns None where there is no timerfd (another OS,
-or ``perf_counter`` on another clock), and the caller keeps ``trio.sleep_until``.
+faces, and a trio face's run unless it was given another clock, such as a test's
+``MockClock``); :meth:`PreciseTimers.open` returns None where there is no timerfd
+(another OS, or ``perf_counter`` on another clock) or the run keeps another clock, and
+the caller keeps ``trio.sleep_until``.
 """
 
 from __future__ import annotations
@@ -91,6 +93,14 @@ def _timerfd_calls() -> tuple[Callable[[], int], Callable[[int, int], None]] | N
     return create, arm
 
 
+def on_default_clock() -> bool:
+    """Whether the current trio run keeps trio's default clock (``perf_counter`` plus an
+    offset, which a timerfd on ``CLOCK_MONOTONIC`` can stand for); a ``MockClock`` or any
+    clock of the caller's cannot."""
+    clock = type(trio.lowlevel.current_clock())
+    return clock.__name__ == "SystemClock" and clock.__module__.startswith("trio.")
+
+
 class PreciseTimers:
     """Sleeps of one trio run (on trio's default clock), each woken by a timerfd.
 
@@ -105,7 +115,10 @@ class PreciseTimers:
 
     @classmethod
     def open(cls) -> PreciseTimers | None:
-        """Timers for the current platform, or None (then ``trio.sleep_until`` it is)."""
+        """Timers for the current run, or None (then ``trio.sleep_until`` it is): none
+        off Linux or off trio's default clock (:func:`on_default_clock`)."""
+        if not on_default_clock():
+            return None
         calls = _timerfd_calls()
         if calls is None:
             return None
