@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import bisect
 
-import trio
-
 from pigeon.broker._cursor import RangeSet
 from pigeon.broker._ledger_state import (
     DamagedRun,
@@ -38,11 +36,6 @@ _UNREADABLE = (CorruptEntry, EntryNotFound, SegmentNotFound)
 
 class LedgerReads(LedgerState):
     """Reading a ledger's confirmed entries."""
-
-    def new_entries_event(self) -> trio.Event:
-        if self._new_entries.is_set():
-            self._new_entries = trio.Event()
-        return self._new_entries
 
     async def read(
         self, pos: Position, *, max_entries: int = 100, max_bytes: int | None = None

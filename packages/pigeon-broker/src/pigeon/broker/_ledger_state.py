@@ -241,7 +241,6 @@ class LedgerState:
         self._quarantine: dict[str, float] = {}  # bookie -> until (trio time)
         self.on_fenced: Callable[[], None] | None = None
         self.cache = _EntryCache(self.config.cache_max_bytes)
-        self._new_entries = trio.Event()
         #: called (synchronously) whenever entries were stored or the ledger closed: a
         #: subscription's wake-up, so that its dispatch loop waits on one event of its own
         #: (no task per wait watching this ledger's event)
@@ -357,7 +356,6 @@ class LedgerState:
 
     def _entries_changed(self) -> None:
         """Entries were stored (or the ledger closed): wake whoever waits for them."""
-        self._new_entries.set()
         for wake in self._entry_watchers:
             wake()
 
