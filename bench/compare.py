@@ -102,7 +102,7 @@ def run_system(system: str, args: argparse.Namespace, rep: int) -> dict[str, Any
             if "latency" in sc:
                 for mb in args.rates:
                     steps.append(
-                        (f"e2e_{mb:g}mb", lambda mb=mb: latency(system, url, f"lat{mb:g}x{rep}", mb, args.latency_duration))
+                        (f"e2e_{mb:g}mb", lambda mb=mb: latency(system, url, f"lat{mb:g}x{rep}", mb, args.latency_duration, linger_ms=args.linger_ms))
                     )  # fmt: skip
                 if system in ("pigeon", "pigeon-journal"):
                     # diagnostic: publish->ack latency alone at a fixed rate (no consumer)
@@ -112,7 +112,7 @@ def run_system(system: str, args: argparse.Namespace, rep: int) -> dict[str, Any
                         steps.append(
                             (f"publish_ack_{mb:g}mb", lambda mb=mb: run_perf_produce(
                                 url, f"pub{mb:g}x{rep}", size=1024, rate=mb * 1e6 / 1024,
-                                duration=args.latency_duration, batch_delay_ms=1.0, progress=False,
+                                duration=args.latency_duration, batch_delay_ms=args.linger_ms, progress=False,
                                 sample_every=4))
                         )  # fmt: skip
             if "multi" in sc:
@@ -432,6 +432,11 @@ def main() -> None:
         help="seconds per end-to-end latency scenario (the first is warm-up)",
     )  # fmt: skip
     ap.add_argument("--rates", type=float, nargs="+", default=d["rates"], help="MB/s")
+    ap.add_argument(
+        "--linger-ms", type=float, default=1.0,
+        help="the latency scenarios' producer batching delay (PigeonMQ batching_max_delay_ms,"
+        " Kafka linger.ms); 0: a batch leaves as soon as the client can send it",
+    )  # fmt: skip
     ap.add_argument(
         "--diag-rates", type=float, nargs="*", default=d["diag_rates"],
         help="MB/s of the PigeonMQ-only publish->ack diagnostic (no consumer)",

@@ -174,8 +174,18 @@ def _paced(send: Callable[[list[bytes]], None], rate: float, size: int, duration
 
 
 def latency(
-    system: str, addr: str, topic: str, mb_per_s: float, duration: float, size: int = 1024
+    system: str,
+    addr: str,
+    topic: str,
+    mb_per_s: float,
+    duration: float,
+    size: int = 1024,
+    linger_ms: float = 1.0,
 ) -> dict:
+    """End-to-end latency at ``mb_per_s``: a paced producer (batching delay
+    ``linger_ms``: PigeonMQ's ``batching_max_delay_ms``, Kafka's ``linger.ms``; 0 sends a
+    batch as soon as the client can, with whatever came meanwhile) and a consumer in
+    another process."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -210,7 +220,7 @@ def latency(
             if not proc.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError(f"{system} consumer did not become ready")
         t_send = time.monotonic()
-        n, warm = _produce_paced(system, addr, topic, rate, size, duration, ready)
+        n, warm = _produce_paced(system, addr, topic, rate, size, duration, ready, linger_ms)
         sent_s = time.monotonic() - t_send  # includes the final flush: every message sent
         # let the tail arrive: until every message is in, or nothing came for 2 s, or the
         # consumer is TAIL_LIMIT behind (then the run is marked, not waited for)
@@ -247,6 +257,7 @@ def latency(
         "achieved_mb_per_s": round(achieved, 2),
         "sustained": sustained,
         "message_size": size,
+        "linger_ms": linger_ms,
         "sent": n,
         "send_seconds": round(sent_s, 3),
         "received": received,
@@ -262,7 +273,14 @@ def latency(
 
 
 def _produce_paced(
-    system: str, addr: str, topic: str, rate: float, size: int, duration: float, ready: Any
+    system: str,
+    addr: str,
+    topic: str,
+    rate: float,
+    size: int,
+    duration: float,
+    ready: Any,
+    linger_ms: float = 1.0,
 ) -> tuple[int, float]:
     warm = 1.0
 
@@ -273,7 +291,7 @@ def _produce_paced(
         from pigeon.client import Client
 
         with Client(addr, **client_options(addr)) as client:
-            p = client.create_producer(topic, batching_max_delay_ms=1.0)
+            p = client.create_producer(topic, batching_max_delay_ms=linger_ms)
             announce()
 
             def send(batch: list[bytes]) -> None:
@@ -302,7 +320,7 @@ def _produce_paced(
     if system in KAFKA_SYSTEMS:
         from confluent_kafka import Producer
 
-        p = Producer({"bootstrap.servers": addr, **KAFKA_PRODUCER, "linger.ms": 1})
+        p = Producer({"bootstrap.servers": addr, **KAFKA_PRODUCER, "linger.ms": linger_ms})
         announce()
 
         def send(batch: list[bytes]) -> None:

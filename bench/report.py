@@ -293,7 +293,7 @@ def render(res: dict[str, Any], command: str) -> str:
             L += [
                 "",
                 f"Diagnostic, {NAMES[sysname]} only: publish→ack latency at {mb:g} MB/s with no consumer "
-                f"(batch delay 1 ms): p50 {cell(pub, '{:,.2f}')} ms, "
+                f"(batch delay {a.get('linger_ms', 1.0):g} ms): p50 {cell(pub, '{:,.2f}')} ms, "
                 f"p99 {cell(collect(reps, sysname, k, 'latency_ms_p99'), '{:,.2f}')} ms, "
                 f"p99.9 {cell(collect(reps, sysname, k, 'latency_ms_p999'), '{:,.2f}')} ms.",
             ]  # fmt: skip

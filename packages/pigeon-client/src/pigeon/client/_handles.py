@@ -100,7 +100,7 @@ class ProducerHandle:
                     if core.count and not self.closed:
                         again = True
                         generation = core.generation
-                        deadline = core.due + self.due_offset
+                        deadline = None if logic.linger else core.due + self.due_offset
                     else:
                         self.timer_armed[index] = False
             except Exception:  # seal fails only the batch's own messages; this is a bug
@@ -111,6 +111,22 @@ class ProducerHandle:
             self.on_timer_sealed()
             if not again:
                 return
+
+    def seal_now(self, index: int) -> None:
+        """*engine*: the batching timer of a producer without a batching delay
+        (``logic.linger``), called soon after its batch got its first message: seal what
+        the batch holds now, as the timer task would, without starting a task."""
+        try:
+            with self.lock:
+                self.timer_armed[index] = False
+                self.timer_sealing = True
+                try:
+                    self.logic.timer_fired(index, 0)
+                finally:
+                    self.timer_sealing = False
+        except Exception:  # seal fails only the batch's own messages; this is a bug
+            log.exception("batching timer failed topic=%s", self.topic)
+        self.on_timer_sealed()
 
     async def flush(self) -> None:
         """*engine*: wait until every submitted batch is acknowledged."""

@@ -10,6 +10,8 @@ event loop's timer fires late (``epoll`` waits whole milliseconds, rounded up); 
 whose caller is not on the engine's thread also gives a ``clock``, the deadline is taken
 from it when the first message is added, and a message added after the deadline seals
 the batch at once (it goes with it): a steady producer's batch leaves on time.
+With no delay (``max_delay`` 0, :attr:`ProducerLogic.linger`) the timer is due at once
+and seals whatever the batch holds when the face gets to it.
 """
 
 from __future__ import annotations
@@ -72,6 +74,13 @@ class ProducerLogic:
     callback_for: Callable[[list[Any], Any, int], Any] = field(init=False)
 
     def __post_init__(self) -> None:
+        #: no batching delay: the timer is started due at once and seals the batch when
+        #: the engine gets to it (the next pass of its scheduler), carrying every message
+        #: added meanwhile — Kafka's ``linger.ms=0``. Under load the engine is busy and
+        #: batches grow; a lone message waits for one hop, not for a delay.
+        self.linger = self.max_delay <= 0
+        if self.linger:
+            self.clock = None  # only the timer seals a batch that is not full
         self.multi = len(self.cores) > 1
         #: the one accumulator of a producer of one partition (None: partitioned)
         self._single = None if self.multi else self.cores[0]
@@ -160,7 +169,7 @@ class ProducerLogic:
         core.added(completion, body)
         if deliver_at:
             self.seal(index, deliver_at=deliver_at)
-        elif full or self.max_delay <= 0:
+        elif full:
             self.seal(index)
         elif len(core) == 1:
             self._opened(index, core)
@@ -200,7 +209,7 @@ class ProducerLogic:
                 core.count = n + 1
                 core.batch_bytes += size + PLAIN_SLACK
                 future = MessageFuture(core.state or core.batch_state(), n)
-                if full or self.max_delay <= 0:
+                if full:
                     self.seal(0)
                 elif self.clock is not None and self.clock() >= core.due:
                     self.seal(0)  # due (its timer is late): it leaves now, with this message
@@ -218,8 +227,8 @@ class ProducerLogic:
             completions.append(completion)
         core.count = n + 1
         core.batch_bytes += len(value) + PLAIN_SLACK
-        # full, not batching, or due (its timer is late): it leaves now, with this message
-        if full or self.max_delay <= 0 or (self.clock is not None and self.clock() >= core.due):
+        # full (or not batching), or due (its timer is late): it leaves now, with it
+        if full or (self.clock is not None and self.clock() >= core.due):
             self.seal(0)
 
     def _add_plain(
@@ -249,7 +258,7 @@ class ProducerLogic:
         full = core.builder.add(value, key, properties, event_time)
         core.added(None, body)
         future = MessageFuture(core.batch_state(), n)
-        if full or self.max_delay <= 0:
+        if full:
             self.seal(index)
         elif n == 0:
             self._opened(index, core)
@@ -468,7 +477,9 @@ class ProducerLogic:
             self.seal(i)
 
     def timer_fired(self, index: int, generation: int) -> None:
-        if self.cores[index].generation == generation:
+        """The timer started for batch ``generation`` of partition ``index`` is up: seal
+        it (with no delay, whatever batch is open: see :attr:`linger`)."""
+        if self.linger or self.cores[index].generation == generation:
             self.seal(index)
 
 

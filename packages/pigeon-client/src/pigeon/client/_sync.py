@@ -196,7 +196,11 @@ class Producer(ProducerFace):
         # timer task runs (it finds this batch when it wakes): a steady producer's batches
         # cross no thread for their timers
         h = self._handle
-        if not h.timer_armed[index]:
+        if h.logic.linger and not h.timer_armed[index]:
+            # no delay: sealed when the engine's thread gets to it, with what came meanwhile
+            self._thread.soon(h.seal_now, index)
+            h.timer_armed[index] = True
+        elif not h.timer_armed[index]:
             h.due_offset = offset = self._thread.engine.clock_offset
             due = h.logic.cores[index].due + offset
             self._thread.soon(h.start_timer, index, generation, due)

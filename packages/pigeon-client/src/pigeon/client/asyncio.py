@@ -246,8 +246,11 @@ class Producer(ProducerFace):
             batch.callback(None, exc)
 
     def _start_timer(self, index: int, generation: int) -> None:
-        due = self._handle.logic.cores[index].due
-        self._loop.call_at(due, self._timer_fired, index, generation)
+        logic = self._handle.logic
+        if logic.linger:  # no delay: sealed on the loop's next pass, with what came meanwhile
+            self._loop.call_soon(self._timer_fired, index, generation)
+        else:
+            self._loop.call_at(logic.cores[index].due, self._timer_fired, index, generation)
 
     def _timer_fired(self, index: int, generation: int) -> None:
         with self._lock:
