@@ -494,6 +494,9 @@ class Connection:
         size = _TLS_RECORD if more is not None else _RECEIVE_SIZE
         sock = self._socket
         data: bytes | bytearray
+        #: the last read took all the socket had (fewer bytes than asked for): the next
+        #: one waits for more first, instead of a read that fails with EAGAIN
+        drained = False
         try:
             if self._local is not None:
                 await self._read_local(self._local)
@@ -501,7 +504,8 @@ class Connection:
             while True:
                 try:
                     if sock is not None:
-                        data = await _receive_socket(sock, size)
+                        data = await _receive_socket(sock, size, drained)
+                        drained = len(data) < size
                     else:
                         data = await stream.receive_some(size)
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
@@ -528,9 +532,10 @@ class Connection:
                     self._dispatch(frame)
                 if self._closed:
                     return
-                if sock is not None:
+                if sock is not None and not drained:
                     # the frames are dispatched: now let the other tasks run (a peer
-                    # that never stops sending must not starve them)
+                    # that never stops sending must not starve them); a drained socket's
+                    # next read waits for readability, which lets them run too
                     await trio.lowlevel.checkpoint()
         except ProtocolError as exc:
             foreign = sniff_foreign_protocol(self._head) if self.frames_in <= 1 else None
@@ -739,13 +744,17 @@ class Connection:
         self.respond_error(request_id, exc)
 
 
-async def _receive_socket(sock: Any, size: int) -> bytes:
+async def _receive_socket(sock: Any, size: int, wait_first: bool = False) -> bytes:
     """Up to ``size`` bytes from a TCP stream's socket (``b""`` at its end), like
     ``SocketStream.receive_some`` but returning before it yields to the scheduler when
     bytes are there already: the caller dispatches them first, then yields
     (``trio.lowlevel.checkpoint``), so a request's frame is handled in the scheduler pass
-    that found it readable, not in the next one.  Raises ClosedResourceError once the
-    socket is closed, OSError when the connection breaks."""
+    that found it readable, not in the next one.  ``wait_first``: the caller's last read
+    drained the socket, so wait until it is readable before reading (a read would most
+    likely fail with EAGAIN: a wasted system call per frame at moderate rates).  Raises
+    ClosedResourceError once the socket is closed, OSError when the connection breaks."""
+    if wait_first and sock.fileno() >= 0:
+        await trio.lowlevel.wait_readable(sock)
     while True:
         fd = sock.fileno()
         if fd < 0:
