@@ -9,14 +9,12 @@ The asyncio face's producer on those timers, against a server: test_asyncio.py."
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import re
 import sys
 import time
 
 import pytest
 import trio
+from _timerfds import OwnClockLoop, open_timerfds, timerfd_left
 
 from pigeon.client._engine import ClientEngine
 from pigeon.client._thread import EngineThread
@@ -115,14 +113,6 @@ async def test_the_trio_face_keeps_trios_sleep_on_a_mock_clock(
 # -- an asyncio loop's timers (LoopTimers) ----------------------------------------------
 
 
-def timerfd_left(fd: int) -> float:
-    """Seconds until the timerfd ``fd`` expires, as the kernel has it (0: disarmed)."""
-    with open(f"/proc/self/fdinfo/{fd}") as f:
-        found = re.search(r"it_value: \((\d+), (\d+)\)", f.read())
-    assert found is not None, "not a timerfd"
-    return int(found[1]) + int(found[2]) / 1e9
-
-
 class Fired:
     """``fire(index, generation)`` of LoopTimers: records what fired, and when."""
 
@@ -202,14 +192,6 @@ def test_arming_a_partitions_timer_again_replaces_its_deadline() -> None:
     asyncio.run(main())
 
 
-def open_timerfds() -> int:
-    count = 0
-    for name in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):
-            count += os.readlink(f"/proc/self/fd/{name}") == "anon_inode:[timerfd]"
-    return count
-
-
 @linux
 def test_closed_loop_timers_close_their_timerfds_and_fire_nothing() -> None:
     async def main() -> None:
@@ -230,13 +212,6 @@ def test_closed_loop_timers_close_their_timerfds_and_fire_nothing() -> None:
         assert not timers.start(0, 2, time.monotonic()), "a closed timer was armed"
 
     asyncio.run(main())
-
-
-class OwnClockLoop(asyncio.SelectorEventLoop):
-    """A loop with a clock of its own (a test's, say): a timerfd cannot stand for it."""
-
-    def time(self) -> float:
-        return 1000.0 + time.monotonic()
 
 
 def test_a_loop_with_its_own_clock_or_no_fds_keeps_call_at() -> None:
