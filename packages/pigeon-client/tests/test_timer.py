@@ -9,6 +9,8 @@ The asyncio face's producer on those timers, against a server: test_asyncio.py."
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
 import sys
 import time
 
@@ -16,6 +18,7 @@ import pytest
 import trio
 from _timerfds import OwnClockLoop, open_timerfds, timerfd_left
 
+from pigeon.client import _timer
 from pigeon.client._engine import ClientEngine
 from pigeon.client._thread import EngineThread
 from pigeon.client._timer import LoopTimers, PreciseTimers
@@ -236,3 +239,25 @@ def test_a_loop_with_its_own_clock_or_no_fds_keeps_call_at() -> None:
 
     with asyncio.Runner(loop_factory=NoFdLoop) as runner:
         runner.run(no_fds())
+
+
+@linux
+def test_a_kernel_that_refuses_timerfds_keeps_call_at(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a seccomp'd sandbox says EPERM for good; a process out of descriptors, for now
+    refusals = [errno.EMFILE, errno.EPERM]
+
+    def create() -> int:
+        err = refusals.pop(0)
+        raise OSError(err, os.strerror(err))
+
+    monkeypatch.setattr(_timer, "_found", {})
+    monkeypatch.setattr(_timer, "_os_calls", lambda: (create, lambda fd, ns: None))
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        assert LoopTimers.open(loop, Fired()) is None  # EMFILE: not this time ...
+        assert LoopTimers.open(loop, Fired()) is None  # ... EPERM: not ever
+        assert LoopTimers.open(loop, Fired()) is None
+        assert refusals == [], "EPERM was not remembered, or EMFILE was"
+
+    asyncio.run(main())

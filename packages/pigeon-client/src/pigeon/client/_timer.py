@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import functools
+import errno
 import math
 import os
 import sys
@@ -58,22 +58,31 @@ class _Itimerspec(ctypes.Structure):
     _fields_ = [("it_interval", _Timespec), ("it_value", _Timespec)]
 
 
-@functools.cache
+#: what :func:`timerfd_calls` found, per clock
+_found: dict[str, TimerfdCalls | None] = {}
+
+
 def timerfd_calls(clock: Literal["monotonic", "perf_counter"]) -> TimerfdCalls | None:
     """The timerfd calls for deadlines read on ``time.<clock>`` (``"perf_counter"``,
     ``"monotonic"``), or None: not Linux, that clock is not ``CLOCK_MONOTONIC``, or the
-    kernel refuses a timerfd (a seccomp'd sandbox, say). Looked up once per clock."""
-    if not sys.platform.startswith("linux"):
-        return None
-    if time.get_clock_info(clock).implementation != _CLOCK_MONOTONIC_IMPLEMENTATION:
-        return None
-    calls = _os_calls() or _libc_calls()
-    if calls is None:
-        return None
-    try:
-        os.close(calls[0]())  # the kernel has them
-    except OSError:
-        return None
+    kernel refuses a timerfd (a seccomp'd sandbox, say). Looked up once per clock (a
+    process out of file descriptors for now is asked again next time)."""
+    if clock in _found:
+        return _found[clock]
+    calls = None
+    if (
+        sys.platform.startswith("linux")
+        and time.get_clock_info(clock).implementation == _CLOCK_MONOTONIC_IMPLEMENTATION
+    ):
+        calls = _os_calls() or _libc_calls()
+    if calls is not None:
+        try:
+            os.close(calls[0]())  # the kernel has them
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
+                return None
+            calls = None
+    _found[clock] = calls
     return calls
 
 
