@@ -232,6 +232,7 @@ class LoopTimers:
         #: partition -> its timerfd, and the generation of the batch it is armed for
         self._fds: dict[int, int] = {}
         self._generations: dict[int, int] = {}
+        #: no more timers: closed, or the loop watches no file descriptor
         self.closed = False
 
     @classmethod
@@ -261,8 +262,10 @@ class LoopTimers:
                 return False
             try:
                 self._loop.add_reader(fd, self._expired, index)
-            except (NotImplementedError, OSError, ValueError):
+            except (NotImplementedError, OSError, ValueError) as exc:
                 os.close(fd)
+                if isinstance(exc, NotImplementedError):
+                    self.closed = True  # the loop never watches one: try no more
                 return False
             self._fds[index] = fd
         self._generations[index] = generation
