@@ -11,15 +11,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
+from _timerfds import OwnClockLoop, RecordingLoop, open_timerfds
 
 from pigeon.client import DeadLetterPolicy, Message, MessageId, Timeout
-from pigeon.client.asyncio import Client, Consumer
+from pigeon.client._timer import LoopTimers
+from pigeon.client.asyncio import Client, Consumer, Producer
 from pigeon.core.errors import (
     AlreadyClosed,
     ConsumerBusy,
@@ -143,6 +146,98 @@ async def test_round_trip_with_keys_properties_and_futures(client: Client, topic
     async with await client.subscribe(topic, "sub") as again:
         with pytest.raises(Timeout):
             await again.receive(timeout=0.3)
+
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timerfd is Linux's")
+
+
+def timer_calls_at(loop: RecordingLoop, producer: Producer) -> list[float]:
+    """When the loop was asked to call the producer's batching timer (``call_at``)."""
+    return [when for when, callback in loop.calls_at if callback == producer._timer_fired]
+
+
+@linux
+def test_the_batching_timer_wakes_on_a_timerfd_armed_for_the_batch_due_time(url: str) -> None:
+    # asyncio's loop rounds a call_at's wait up to the next whole millisecond; the timer
+    # is a timerfd armed for the due time instead, and the batch never leaves before it
+    topic = topic_name()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, RecordingLoop)
+        async with Client(url, operation_timeout=OP_TIMEOUT) as client:
+            producer = await client.create_producer(topic, batching_max_delay_ms=5)
+            timers = producer._timers
+            assert isinstance(timers, LoopTimers)
+            armed: list[tuple[int, int]] = []
+            arm = timers._arm
+            timers._arm = lambda fd, ns: (armed.append((fd, ns)), arm(fd, ns))[1]
+            for round_ in range(3):
+                before = time.monotonic()
+                futures = [producer.send_async(b"%d-%d" % (round_, i)) for i in range(5)]
+                after = time.monotonic()
+                ids = await asyncio.wait_for(asyncio.gather(*futures), OP_TIMEOUT)
+                acked = time.monotonic()
+                assert len(armed) == round_ + 1, "the batch's timer was not a timerfd"
+                due = armed[-1][1] / 1e9
+                assert before + 0.005 <= due <= after + 0.005, "armed for another time"
+                assert acked >= due, "the batch left before it was due"
+                assert len({(i.segment_id, i.entry_id) for i in ids}) == 1, "split batch"
+            assert len({fd for fd, _ in armed}) == 1, "a partition's timerfd was not reused"
+            assert timer_calls_at(loop, producer) == [], "the batching timer took call_at"
+            await producer.close()
+
+    with asyncio.Runner(loop_factory=RecordingLoop) as runner:
+        runner.run(main())
+
+
+@linux
+def test_producer_and_client_close_close_the_timerfds(url: str) -> None:
+    topic = topic_name()
+
+    async def main() -> None:
+        before = open_timerfds()
+        client = Client(url, operation_timeout=OP_TIMEOUT)
+        try:
+            await client.create_topic(topic, partitions=2)
+            closed = await client.create_producer(topic, batching_max_delay_ms=2)
+            left_open = await client.create_producer(topic, batching_max_delay_ms=2)
+            for producer in (closed, left_open):
+                futures = [producer.send_async(b"x", key=f"k{i}") for i in range(20)]
+                await asyncio.wait_for(asyncio.gather(*futures), OP_TIMEOUT)
+            assert open_timerfds() == before + 4, "not one timerfd per partition timed"
+            await closed.close()
+            assert open_timerfds() == before + 2, "the closed producer's timerfds are open"
+        finally:
+            await client.close()
+        assert open_timerfds() == before, "the client closed and left timerfds open"
+        with pytest.raises(AlreadyClosed):
+            left_open.send_async(b"late")
+
+    asyncio.run(main())
+
+
+def test_a_loop_with_its_own_clock_keeps_call_at_and_batches_on_time(url: str) -> None:
+    topic = topic_name()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, OwnClockLoop)
+        async with Client(url, operation_timeout=OP_TIMEOUT) as client:
+            producer = await client.create_producer(topic, batching_max_delay_ms=5)
+            assert producer._timers is None, "a timerfd for a clock it cannot stand for"
+            before = loop.time()
+            futures = [producer.send_async(b"%d" % i) for i in range(5)]
+            after = loop.time()
+            ids = await asyncio.wait_for(asyncio.gather(*futures), OP_TIMEOUT)
+            assert loop.time() >= before + 0.005, "the batch left before it was due"
+            assert len({(i.segment_id, i.entry_id) for i in ids}) == 1
+            [when] = timer_calls_at(loop, producer)
+            assert before + 0.005 <= when <= after + 0.005
+            await producer.close()
+
+    with asyncio.Runner(loop_factory=OwnClockLoop) as runner:
+        runner.run(main())
 
 
 def test_many_concurrent_sends(url: str) -> None:

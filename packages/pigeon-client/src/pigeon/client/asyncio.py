@@ -21,8 +21,9 @@ needs no trio of its own and its event loop never blocks on the engine:
   engine's nursery and awaited through an asyncio future
   (:mod:`pigeon.client._asyncio_bridge`); a producer or consumer opened for a task that is
   no longer waiting is closed again.
-* a producer accumulates messages in the loop's thread (the batching timer is a
-  ``loop.call_later``) and hands each sealed batch over with one ``run_sync_soon``; the
+* a producer accumulates messages in the loop's thread (the batching timer is a timerfd
+  the loop watches, :class:`~pigeon.client._timer.LoopTimers`, where it can, else a
+  ``loop.call_at``) and hands each sealed batch over with one ``run_sync_soon``; the
   receipt of a batch comes back with one ``call_soon_threadsafe`` that resolves the asyncio
   futures of all its messages.
 * a consumer's queue is filled by the engine, which wakes the loop (at most one
@@ -61,6 +62,7 @@ from pigeon.client._options import (  # re-exported
 )
 from pigeon.client._table_view import TableViewBase, TableViewCore, TableViewOptions, call_here
 from pigeon.client._thread import EngineThread
+from pigeon.client._timer import LoopTimers
 from pigeon.client.trio import open_face
 from pigeon.core.auth import AuthenticationTLS as AuthenticationTLS  # re-exported
 from pigeon.core.auth import AuthenticationToken as AuthenticationToken  # re-exported
@@ -230,6 +232,10 @@ class Producer(ProducerFace):
             if type(loop).create_future is base.create_future
             else loop.create_future
         )
+        #: the batching timers: timerfds the loop watches (woken to the microsecond),
+        #: or None where there are none, and ``loop.call_at`` (woken at the next whole
+        #: millisecond, as the selector rounds its timeout up) keeps them
+        self._timers = LoopTimers.open(loop, self._timer_fired)
 
     async def __aenter__(self) -> Producer:
         return self
@@ -250,7 +256,10 @@ class Producer(ProducerFace):
         if logic.linger:  # no delay: sealed on the loop's next pass, with what came meanwhile
             self._loop.call_soon(self._timer_fired, index, generation)
         else:
-            self._loop.call_at(logic.cores[index].due, self._timer_fired, index, generation)
+            due = logic.cores[index].due
+            timers = self._timers
+            if timers is None or not timers.start(index, generation, due):
+                self._loop.call_at(due, self._timer_fired, index, generation)
 
     def _timer_fired(self, index: int, generation: int) -> None:
         with self._lock:
@@ -371,7 +380,12 @@ class Producer(ProducerFace):
         with self._lock:
             self._handle.logic.seal_all()
             self._handle.closed = True
+        self._close_timers()
         self._space.set()
+
+    def _close_timers(self) -> None:
+        if self._timers is not None:
+            self._timers.close()
 
     async def flush(self) -> None:
         """Send what is batched and wait until every pending message is acknowledged.
@@ -389,12 +403,14 @@ class Producer(ProducerFace):
             return
         if self._client._closed:  # the client's close already closed every producer
             h.closed = True
+            self._close_timers()
             return
         try:
             await self.flush()
         finally:
             with self._lock:
                 h.closed = True
+            self._close_timers()
             self._space.set()
             await self._client._run(h.close, shield=True)
 
