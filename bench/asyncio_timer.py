@@ -30,14 +30,9 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
 WARMUP = 1.0
 
 
@@ -120,42 +115,19 @@ def main() -> None:
         print(json.dumps(got))
         return
 
-    from bench.__main__ import Standalone
-    from bench.baseline import source_path, unpack
+    from bench.baseline import alternate_children
 
-    with tempfile.TemporaryDirectory(prefix="pigeon-asyncio-timer-") as tmp:
-        sides = {"work": source_path(ROOT)}
-        if args.baseline:
-            sides = {"baseline": source_path(unpack(args.baseline, Path(tmp))), **sides}
-        runs: dict[str, list[dict[str, Any]]] = {s: [] for s in sides}
-        data = Path(tmp) / "data"
-        data.mkdir()
-        with Standalone(data, fsync="never", storage="journal") as server:
-            for i in range(args.rounds):
-                order = list(sides) if i % 2 == 0 else list(reversed(sides))
-                for side in order:
-                    env = dict(os.environ, PYTHONPATH=f"{sides[side]}{os.pathsep}{ROOT}")
-                    cmd = [
-                        sys.executable,
-                        "-m",
-                        "bench.asyncio_timer",
-                        "--child",
-                        server.url,
-                        f"timer-{side}-{i}",
-                        "--rate",
-                        str(args.rate),
-                        "--size",
-                        str(args.size),
-                        "--duration",
-                        str(args.duration),
-                    ]
-                    done = subprocess.run(
-                        cmd, check=True, cwd=ROOT, env=env, capture_output=True, text=True
-                    )
-                    got = json.loads(done.stdout.strip().splitlines()[-1])
-                    print(f"round {i + 1} {side}: {got}", file=sys.stderr)
-                    runs[side].append(got)
-    names = list(sides)
+    extra = ["--rate", str(args.rate), "--size", str(args.size), "--duration", str(args.duration)]
+    runs = alternate_children(
+        "bench.asyncio_timer",
+        args.baseline,
+        args.rounds,
+        extra,
+        topic="timer",
+        fsync="never",
+        storage="journal",
+    )
+    names = list(runs)
     print(
         f"asyncio producer, {args.size} B at {args.rate:g} msg/s, batching_max_delay_ms=1,"
         f" {args.rounds} runs per side of {args.duration:g} s, medians of the runs' figures:"

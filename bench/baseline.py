@@ -46,6 +46,45 @@ def unpack(rev: str, into: Path) -> Path:
     return tree
 
 
+def alternate_children(
+    module: str,
+    baseline: str | None,
+    rounds: int,
+    extra: list[str],
+    *,
+    topic: str,
+    **standalone: Any,
+) -> dict[str, list[dict[str, Any]]]:
+    """Run ``python -m MODULE --child URL TOPIC-SIDE-ROUND *extra`` ``rounds`` times per
+    side against one ``pigeon standalone`` (``standalone``: its options), the working
+    tree's packages (side ``work``) and, with ``baseline``, that commit's (side
+    ``baseline``), alternating ABBA; each child prints its result as JSON on its last
+    line. Returns the results per side, in run order (baseline first)."""
+    from bench.__main__ import Standalone
+
+    with tempfile.TemporaryDirectory(prefix=f"pigeon-{topic}-") as tmp:
+        sides = {"work": source_path(ROOT)}
+        if baseline:
+            sides = {"baseline": source_path(unpack(baseline, Path(tmp))), **sides}
+        runs: dict[str, list[dict[str, Any]]] = {s: [] for s in sides}
+        data = Path(tmp) / "data"
+        data.mkdir()
+        with Standalone(data, **standalone) as server:
+            for i in range(rounds):
+                order = list(sides) if i % 2 == 0 else list(reversed(sides))
+                for side in order:
+                    env = dict(os.environ, PYTHONPATH=f"{sides[side]}{os.pathsep}{ROOT}")
+                    cmd = [sys.executable, "-m", module, "--child", server.url]
+                    cmd += [f"{topic}-{side}-{i}", *extra]
+                    done = subprocess.run(
+                        cmd, check=True, cwd=ROOT, env=env, capture_output=True, text=True
+                    )
+                    got = json.loads(done.stdout.strip().splitlines()[-1])
+                    print(f"round {i + 1} {side}: {got}", file=sys.stderr)
+                    runs[side].append(got)
+    return runs
+
+
 def figures(results: dict[str, Any]) -> dict[str, float]:
     """The headline rates of one run: ``<part> MB/s`` for every part that has one."""
     return {

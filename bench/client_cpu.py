@@ -29,14 +29,8 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def child(url: str, topic: str, n: int, size: int, parts: list[str]) -> dict[str, Any]:
@@ -300,12 +294,6 @@ def breakdown(n: int = 500_000) -> dict[str, float]:
     return {name: min(f() for _ in range(3)) / n * 1e9 for name, f in pieces.items()}
 
 
-def _source_path(tree: Path) -> str:
-    from bench.baseline import source_path
-
-    return source_path(tree)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--messages", type=int, default=200_000, help="per run (default 200,000)")
@@ -335,43 +323,14 @@ def main() -> None:
         print(json.dumps(result))
         return
 
-    from bench.__main__ import Standalone
-    from bench.baseline import unpack
+    from bench.baseline import alternate_children
 
-    with tempfile.TemporaryDirectory(prefix="pigeon-client-cpu-") as tmp:
-        sides = {"work": _source_path(ROOT)}
-        if args.baseline:
-            sides = {"baseline": _source_path(unpack(args.baseline, Path(tmp))), **sides}
-        runs: dict[str, list[dict[str, Any]]] = {s: [] for s in sides}
-        data = Path(tmp) / "data"
-        data.mkdir()
-        with Standalone(data, fsync="never") as server:
-            for i in range(args.rounds):
-                order = list(sides) if i % 2 == 0 else list(reversed(sides))
-                for side in order:
-                    env = dict(os.environ, PYTHONPATH=f"{sides[side]}{os.pathsep}{ROOT}")
-                    cmd = [
-                        sys.executable,
-                        "-m",
-                        "bench.client_cpu",
-                        "--child",
-                        server.url,
-                        f"cpu-{side}-{i}",
-                        "--messages",
-                        str(args.messages),
-                        "--size",
-                        str(args.size),
-                        "--parts",
-                        *args.parts,
-                    ]
-                    done = subprocess.run(
-                        cmd, check=True, cwd=ROOT, env=env, capture_output=True, text=True
-                    )
-                    got = json.loads(done.stdout.strip().splitlines()[-1])
-                    print(f"round {i + 1} {side}: {got}", file=sys.stderr)
-                    runs[side].append(got)
+    extra = ["--messages", str(args.messages), "--size", str(args.size), "--parts", *args.parts]
+    runs = alternate_children(
+        "bench.client_cpu", args.baseline, args.rounds, extra, topic="cpu", fsync="never"
+    )
     print(f"client CPU per message, {args.size} B, {args.messages:,} messages, medians:")
-    names = list(sides)
+    names = list(runs)
     print("| figure | " + " | ".join(names) + (" | ratio |" if len(names) == 2 else " |"))
     for part in args.parts:
         for fig in ("caller_us", "process_us", "msg_s"):
