@@ -45,7 +45,7 @@ from collections import namedtuple
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["EnumValue", "FrameCodec", "StructCodec", "Unhandled", "struct_codec"]
+__all__ = ["Direct", "EnumValue", "FrameCodec", "StructCodec", "Unhandled", "struct_codec"]
 
 _U64 = struct.Struct("<Q")
 _U32x2 = struct.Struct("<II")
@@ -700,6 +700,49 @@ class FrameCodec:
             codec.fill(out, start, fields)
         _U32x2.pack_into(out, 0, 0, (len(out) - _SEG) >> 3)
         return bytes(out)
+
+    def direct(self, request_id: int, kind: str, fields: dict[str, Any] | None) -> Direct | None:
+        """What :meth:`decode` would return for the message :meth:`encode` builds, without
+        the message: for an in-process link (:mod:`pigeon.core._local_link`), whose
+        receiver would decode at once what its sender just encoded.  The body is still
+        written and read by the same generated code (every value the encoder refuses
+        is refused, every one it takes reads back as :meth:`decode` reads it); only the
+        frame around it (segment table, root struct, request id) is skipped.  None when
+        this codec does not take ``kind`` or these values: the caller builds the
+        message (:func:`~pigeon.core._framing.build_message`)."""
+        member = self._by_kind.get(kind)
+        if member is None:
+            return None
+        codec, prefix = member
+        if codec is None:
+            if fields is not None:
+                return None
+            return Direct((request_id, kind, None), len(prefix))
+        if type(fields) is not dict:
+            return None
+        out = bytearray(codec._zeros)
+        try:
+            codec.fill(out, 0, fields)
+            end = len(out)
+            body = codec.decode(out, 0, codec.data_words, codec.pointer_count, end, [end])
+        except (*ENCODE_ERRORS, *DECODE_ERRORS):
+            return None
+        return Direct((request_id, kind, body), len(prefix) + end)
+
+
+class Direct:
+    """A frame handed over in process without its message (:meth:`FrameCodec.direct`):
+    ``fast`` is what :meth:`FrameCodec.decode` returns for it, ``len()`` the size of
+    the message it stands for."""
+
+    __slots__ = ("fast", "size")
+
+    def __init__(self, fast: tuple[int, str, Any], size: int) -> None:
+        self.fast = fast
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
 
 
 _TABLE_AND_ROOT = struct.Struct("<IIQ")

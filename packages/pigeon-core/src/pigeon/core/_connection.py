@@ -77,7 +77,7 @@ from typing import Any
 
 import trio
 
-from pigeon.core._capnp_fast import DECODE_ERRORS
+from pigeon.core._capnp_fast import DECODE_ERRORS, Direct
 from pigeon.core._framing import (
     DEFAULT_MAX_FRAME_SIZE,
     FrameDecoder,
@@ -363,7 +363,7 @@ class Connection:
         self._out_bytes += len(data)
         self._out_ready.set()
 
-    def _enqueue(self, message: bytes, payload: Payload | None) -> None:
+    def _enqueue(self, message: Any, payload: Payload | None) -> None:
         if self._closed:
             raise ConnectionClosed(f"connection {self.name} is closed")
         if self._local is not None:
@@ -458,6 +458,16 @@ class Connection:
         except Exception as exc:
             link.fail(exc)
 
+    def _message(self, request_id: int, kind: str, fields: dict[str, Any] | None) -> Any:
+        """The message of a frame to send: its bytes; over an in-process link, a frame of
+        the per-entry path as its decoded body (:meth:`FrameCodec.direct`: the receiver
+        does not decode what was just encoded)."""
+        if self._local is not None:
+            direct = self._fast.direct(request_id, kind, fields)
+            if direct is not None:
+                return direct
+        return build_message(self.frame_type, request_id, kind, fields)
+
     def send_nowait(
         self,
         kind: str,
@@ -468,7 +478,7 @@ class Connection:
     ) -> None:
         """Queue one frame (a push, an answer, or a request that wants no answer); a
         ``payload`` given as a list of buffers is written as they are, unjoined."""
-        self._enqueue(build_message(self.frame_type, request_id, kind, fields), payload)
+        self._enqueue(self._message(request_id, kind, fields), payload)
 
     def send_raw_nowait(self, message: bytes, payload: Payload | None = None) -> None:
         """Queue a frame whose Cap'n Proto message the caller built."""
@@ -504,7 +514,7 @@ class Connection:
     ) -> int:
         """Send a request; ``callback(result, error)`` runs in the reader task on its answer."""
         request_id = next(self._ids)
-        message = build_message(self.frame_type, request_id, kind, fields)
+        message = self._message(request_id, kind, fields)
         self._enqueue(message, payload)
         self._pending[request_id] = _Pending(expect, extract, callback)
         return request_id
@@ -739,17 +749,21 @@ class Connection:
         payload = view[size:]
         self._dispatch_message(frame[:size] if payload else frame, payload)
 
-    def _dispatch_message(self, message: bytes | bytearray, payload: memoryview) -> None:
+    def _dispatch_message(self, message: bytes | bytearray | Direct, payload: memoryview) -> None:
         """Dispatch one frame: its Cap'n Proto ``message`` and its ``payload``.
 
         A frame of the per-entry path is decoded at fixed offsets (every field read and
         checked: :mod:`pigeon.core._capnp_fast`); any other, and any such frame that
         codec does not take (a malformed one among them), through pycapnp, whose errors
         are the ones a peer sees."""
-        try:
-            fast = self._fast.decode(message)
-        except DECODE_ERRORS:
-            fast = None
+        fast: tuple[int, str, Any] | None
+        if isinstance(message, Direct):
+            fast = message.fast
+        else:
+            try:
+                fast = self._fast.decode(message)
+            except DECODE_ERRORS:
+                fast = None
         if fast is not None:
             request_id, kind, body = fast
             pending = self._pending.pop(request_id, None) if request_id else None

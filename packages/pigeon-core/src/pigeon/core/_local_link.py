@@ -4,8 +4,10 @@ that hand each other frames, not bytes.
 ``pigeon standalone`` runs its broker and its bookie in one process; over loopback TCP
 each add crossed the kernel twice (the request, its answer) and was re-framed and parsed
 on both sides.  A :class:`LocalStream` pair carries the same frames (the Cap'n Proto
-message of each, as built, and its payload) from one connection's ``_enqueue`` straight
-into the other's inbox, which is dispatched exactly as frames read from a socket (same
+message of each, as built, and its payload; a frame of the per-entry path -- ``addEntry``,
+``addResponse`` -- as the body its receiver would decode, not encoded and decoded again:
+:meth:`~pigeon.core._capnp_fast.FrameCodec.direct`) from one connection's ``_enqueue``
+straight into the other's inbox, which is dispatched exactly as frames read from a socket (same
 handlers, same answers, same typed errors), in the order sent, by one of two takers:
 
 * a frame sent while a reader dispatches what it received (a client's send whose
@@ -37,12 +39,14 @@ from typing import Any
 
 import trio
 
+from pigeon.core._capnp_fast import Direct
 from pigeon.core._framing import Payload
 
 __all__ = ["LocalStream", "local_stream_pair"]
 
-#: (Cap'n Proto message, payload) of one frame
-Frame = tuple[bytes, memoryview]
+#: (Cap'n Proto message, payload) of one frame; a frame of the per-entry path goes as
+#: its decoded body (:class:`~pigeon.core._capnp_fast.Direct`), not as a message
+Frame = tuple[bytes | Direct, memoryview]
 
 _EMPTY = memoryview(b"")
 
@@ -72,7 +76,7 @@ class LocalStream(trio.abc.Stream):
 
     # ------------------------------------------------------------------ frames
 
-    def send_frame(self, message: bytes, payload: Payload | None) -> int:
+    def send_frame(self, message: bytes | Direct, payload: Payload | None) -> int:
         """Queue one frame in the peer's inbox and wake its reader; returns its size.
         A frame sent after the peer closed is dropped: this end's reader sees the end of
         the link next, and the connection fails what is pending (as on a socket)."""
