@@ -176,8 +176,13 @@ def test_direct_is_the_decode_of_the_encode(case: tuple[str, int, str, Any]) -> 
     direct = codec.direct(request_id, kind, fields)
     assert direct is not None
     message = codec.encode(request_id, kind, fields)
-    assert direct.fast == codec.decode(message)
+    decoded = codec.decode(message)
+    assert direct.fast == decoded
     assert len(direct) == len(message)
+    body, read = direct.fast[2], decoded[2]  # the same types too (not True for 1)
+    assert type(body) is type(read)
+    if body is not None:
+        assert [type(v) for v in body] == [type(v) for v in read]
 
 
 def test_direct_refuses_what_the_encoder_refuses() -> None:

@@ -153,6 +153,15 @@ def _read_data(buf: Any, at: int, end: int, budget: list[int], default: bytes) -
     return bytes(buf[start : start + n])
 
 
+#: schema types whose values read back as themselves (:meth:`StructCodec.body_of`); an
+#: int of another field type (a bool for an int) reads back as another type
+_PLAIN_TYPES: dict[str, type] = {
+    **{k: int for k in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")},
+    "bool": bool,
+    "text": str,
+}
+
+
 def _as_bool(value: Any) -> int:
     if value is True:
         return 1
@@ -184,6 +193,8 @@ class StructCodec:
             return
         #: decode expression of each field, in code order; ``@n@`` stands for data slot n
         self._exprs: list[str] = []
+        #: the schema type of each field, in code order
+        self._kinds: list[str] = []
         #: data slots: (byte offset, struct format, encode expressions OR-ed together)
         self._slots: list[tuple[int, str, list[str]]] = []
         self._bool_bytes: dict[int, int] = {}  # byte offset -> slot
@@ -215,6 +226,7 @@ class StructCodec:
         name = proto.name
         slot = proto.slot
         kind = slot.type.which()
+        self._kinds.append(kind)
         default = slot.defaultValue
         i = len(self._exprs)
         get = f"_f.get({name!r}"
@@ -358,6 +370,15 @@ class StructCodec:
         self._zeros = zeros
         self._root = self.data_words << 32 | self.pointer_count << 48 if zeros else 0xFFFFFFFC
         self.default: _Body = self.decode(zeros, 0, self.data_words, 0, len(zeros), [0])
+        #: the body of a message built from ``fields`` without reading it back
+        #: (:meth:`body_of`): field name -> (index, the one type its value reads back
+        #: as itself: ints, bools, texts); the defaults; the fields read as a new list
+        self._plain: dict[str, tuple[int, type]] = {}
+        for i, (kind, name) in enumerate(zip(self._kinds, self.field_names, strict=True)):
+            if kind in _PLAIN_TYPES:
+                self._plain[name] = (i, _PLAIN_TYPES[kind])
+        self._defaults = list(self.default)
+        self._new_lists = [i for i, kind in enumerate(self._kinds) if kind == "list"]
 
     # -- decoding
 
@@ -384,6 +405,22 @@ class StructCodec:
         if extra or end > len(buf):
             raise Unhandled("not one segment")
         return self.read(buf, _SEG, end, [words])
+
+    def body_of(self, fields: dict[str, Any]) -> _Body:
+        """What :meth:`decode` reads from the struct :meth:`put` writes for ``fields``
+        (which ``put`` must have taken: it checks them): the values themselves when
+        each is one that reads back as itself (an int, a bool, a text), the others read
+        back from the bytes (:meth:`FrameCodec.direct`)."""
+        values = self._defaults.copy()
+        for i in self._new_lists:
+            values[i] = []  # a list of its own, as each decode returns
+        plain = self._plain
+        for name, value in fields.items():
+            spec = plain.get(name)
+            if spec is None or type(value) is not spec[1]:
+                raise Unhandled("a value that may not read back as itself")
+            values[spec[0]] = value
+        return tuple.__new__(self.cls, values)
 
     # -- encoding
 
@@ -722,11 +759,17 @@ class FrameCodec:
             return None
         out = bytearray(codec._zeros)
         try:
-            codec.fill(out, 0, fields)
-            end = len(out)
-            body = codec.decode(out, 0, codec.data_words, codec.pointer_count, end, [end])
-        except (*ENCODE_ERRORS, *DECODE_ERRORS):
+            codec.fill(out, 0, fields)  # every value checked as encode checks it
+        except ENCODE_ERRORS:
             return None
+        end = len(out)
+        try:
+            body = codec.body_of(fields)
+        except Unhandled:
+            try:
+                body = codec.decode(out, 0, codec.data_words, codec.pointer_count, end, [end])
+            except DECODE_ERRORS:
+                return None
         return Direct((request_id, kind, body), len(prefix) + end)
 
 
