@@ -104,7 +104,7 @@ from pigeon.core.errors import (
 )
 from pigeon.core.tls import describe_tls_error
 
-__all__ = ["Connection", "Extract", "ReplyCallback", "Request"]
+__all__ = ["Connection", "Extract", "ReplyCallback", "Request", "frame_batch"]
 
 #: the RPC layer's one logger: connection and handshake lines share its name
 log = logging.getLogger("pigeon.core._rpc")
@@ -151,6 +151,23 @@ class _Batch(threading.local):
 
 
 _batch = _Batch()
+
+
+class frame_batch:
+    """``with frame_batch():`` -- the frames sent in the block by a task that is no
+    reader (a subscription's dispatch pass) are a batch (see the module doc): each TCP
+    connection gets one write at the end, its writer task is not woken; nested in a
+    batch already running, nothing changes."""
+
+    __slots__ = ("_outer",)
+
+    def __enter__(self) -> None:
+        self._outer = not _batch.active
+        _batch.active = True
+
+    def __exit__(self, *exc: object) -> None:
+        if self._outer:
+            _end_batch()
 
 
 def _end_batch() -> None:
