@@ -162,6 +162,14 @@ _PLAIN_TYPES: dict[str, type] = {
 }
 
 
+#: the values an integer field's encoder takes
+_INT_RANGES: dict[str, tuple[int, int]] = {
+    f"{sign}int{bits}": (0, (1 << bits) - 1) if sign else (-(1 << bits - 1), (1 << bits - 1) - 1)
+    for sign in ("", "u")
+    for bits in (8, 16, 32, 64)
+}
+
+
 def _as_bool(value: Any) -> int:
     if value is True:
         return 1
@@ -368,6 +376,8 @@ class StructCodec:
         self.decode: Callable[..., _Body] = env["decode"]
         self.fill: Callable[[bytearray, int, dict[str, Any]], None] = env["fill"]
         self._zeros = zeros
+        #: bytes of the struct without what its pointers point to
+        self.size = len(zeros)
         self._root = self.data_words << 32 | self.pointer_count << 48 if zeros else 0xFFFFFFFC
         self.default: _Body = self.decode(zeros, 0, self.data_words, 0, len(zeros), [0])
         #: the body of a message built from ``fields`` without reading it back
@@ -377,6 +387,13 @@ class StructCodec:
         for i, (kind, name) in enumerate(zip(self._kinds, self.field_names, strict=True)):
             if kind in _PLAIN_TYPES:
                 self._plain[name] = (i, _PLAIN_TYPES[kind])
+        #: the int and bool fields (:meth:`scalar_body`): name -> (index, type, range)
+        self._scalars: dict[str, tuple[int, type, int, int]] = {}
+        for i, (kind, name) in enumerate(zip(self._kinds, self.field_names, strict=True)):
+            if kind in _INT_RANGES:
+                self._scalars[name] = (i, int, *_INT_RANGES[kind])
+            elif kind == "bool":
+                self._scalars[name] = (i, bool, 0, 1)
         self._defaults = list(self.default)
         self._new_lists = [i for i, kind in enumerate(self._kinds) if kind == "list"]
 
@@ -405,6 +422,22 @@ class StructCodec:
         if extra or end > len(buf):
             raise Unhandled("not one segment")
         return self.read(buf, _SEG, end, [words])
+
+    def scalar_body(self, fields: dict[str, Any]) -> _Body:
+        """What :meth:`decode` reads from the struct :meth:`put` writes for ``fields``
+        when they are all ints and bools (checked here as the encoder checks them: the
+        type, the field's range), without writing it; raises Unhandled for any other
+        field or value (:meth:`FrameCodec.direct`)."""
+        values = self._defaults.copy()
+        for i in self._new_lists:
+            values[i] = []  # a list of its own, as each decode returns
+        scalars = self._scalars
+        for name, value in fields.items():
+            spec = scalars.get(name)
+            if spec is None or type(value) is not spec[1] or not spec[2] <= value <= spec[3]:
+                raise Unhandled("not an int or bool field, or a value its encoder refuses")
+            values[spec[0]] = value
+        return tuple.__new__(self.cls, values)
 
     def body_of(self, fields: dict[str, Any]) -> _Body:
         """What :meth:`decode` reads from the struct :meth:`put` writes for ``fields``
@@ -757,6 +790,10 @@ class FrameCodec:
             return Direct((request_id, kind, None), len(prefix))
         if type(fields) is not dict:
             return None
+        try:
+            return Direct((request_id, kind, codec.scalar_body(fields)), len(prefix) + codec.size)
+        except Unhandled:
+            pass
         out = bytearray(codec._zeros)
         try:
             codec.fill(out, 0, fields)  # every value checked as encode checks it
