@@ -434,9 +434,13 @@ class StructCodec:
         scalars = self._scalars
         for name, value in fields.items():
             spec = scalars.get(name)
-            if spec is None or type(value) is not spec[1] or not spec[2] <= value <= spec[3]:
-                raise Unhandled("not an int or bool field, or a value its encoder refuses")
-            values[spec[0]] = value
+            if spec is None:
+                raise Unhandled("not an int or bool field")
+            i, kind, lo, hi = spec
+            same_type = type(value) is kind  # (first: a str compared with an int raises)
+            if not same_type or not lo <= value <= hi:
+                raise Unhandled("a value its encoder refuses, or one of another type")
+            values[i] = value
         return tuple.__new__(self.cls, values)
 
     def body_of(self, fields: dict[str, Any]) -> _Body:
