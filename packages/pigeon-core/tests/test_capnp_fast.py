@@ -188,6 +188,7 @@ def test_direct_is_the_decode_of_the_encode(case: tuple[str, int, str, Any]) -> 
 def test_direct_refuses_what_the_encoder_refuses() -> None:
     codec = ALL["BookieFrame"]
     assert codec.direct(1, "addEntry", {"segmentId": 2**63}) is None  # not an Int64
+    assert codec.direct(1, "addEntry", {"segmentId": "1"}) is None  # not an int
     assert codec.direct(1, "addEntry", {"noSuchField": 1}) is None
     assert codec.direct(1, "addEntry", {"recovery": "yes"}) is None  # not a bool
     assert codec.direct(1, "ok", {"x": 1}) is None  # fields for a Void member
