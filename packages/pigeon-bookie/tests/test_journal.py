@@ -485,6 +485,46 @@ async def test_an_entry_is_readable_before_its_round_wrote_the_entry_log(tmp_pat
         check_all(store, 7, 5)
 
 
+@pytest.mark.parametrize("policy", ["never", "interval"])
+async def test_entry_log_writes_are_batched_without_a_round_per_add(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, policy: str
+) -> None:
+    """fsync=never/interval: an add writes the journal only; its entry-log record is
+    written with the others, once _LOG_BATCH_BYTES are due (one vectored write for
+    them all) or by the next round (here the checkpoint's), read from memory until
+    then; a restart finds them all."""
+    writes: list[int] = []
+    real = journal_mod.write_reserved
+
+    def counting(batch: Any) -> OSError | None:
+        writes.append(len(batch))
+        return real(batch)
+
+    monkeypatch.setattr(journal_mod, "write_reserved", counting)
+    monkeypatch.setattr(journal_mod, "_LOG_BATCH_BYTES", 10_000)
+    options: dict[str, Any] = {"fsync": policy}
+    if policy == "interval":
+        options["fsync_interval_ms"] = 3_600_000.0  # no round comes during the test
+
+    def check(store: JournalStore, n: int) -> None:
+        got = store.read_entries(3, 0, n - 1, max_count=n, max_bytes=1 << 30)
+        assert got == [(i, payload(3, i, 1000)) for i in range(n)]
+
+    async with open_store(tmp_path, **options) as store:
+        for i in range(9):  # 9 * 1000 bytes: below the batch
+            store.append(3, i, payload(3, i, 1000), lac=i - 1)
+        assert writes == [] and len(store._unwritten) == 9
+        check(store, 9)  # from memory
+        store.append(3, 9, payload(3, 9, 1000), lac=8)  # the batch is due
+        assert writes == [10] and not store._unwritten
+        store.append(3, 10, payload(3, 10, 1000), lac=9)
+        await store.checkpoint()  # its round writes the rest
+        assert writes == [10, 1] and not store._unwritten
+        check(store, 11)
+    async with open_store(tmp_path) as store:
+        check(store, 11)
+
+
 async def test_a_failed_entry_log_write_keeps_the_journal(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

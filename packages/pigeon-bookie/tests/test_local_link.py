@@ -26,6 +26,7 @@ from pigeon.core.errors import (
     SegmentFenced,
     SegmentNotFound,
 )
+from pigeon.core.rpc import frame_batch
 from pigeon.core.testing.servers import SecurityFiles
 
 TIMEOUT = 20
@@ -155,3 +156,37 @@ async def test_a_stopped_bookie_fails_pending_adds_and_new_links(tmp_path: Path)
                 await client.add_entry(addr, 1, 2, 0, b"c")
             client.close()
             outer.cancel_scope.cancel()
+
+
+async def test_adds_sent_in_a_batch_are_answered_at_its_end_by_the_same_task(
+    tmp_path: Path,
+) -> None:
+    """A reader's batch (here ``frame_batch``, as a handler runs in one) hands its adds
+    to an idle in-process bookie at the batch's end: stored and answered, in order, before
+    any other task runs (no reader task woken per add, each way); outside a batch the
+    link's reader tasks take them, as before."""
+    async with linked(tmp_path, ledger_storage="journal", fsync="never") as (_s, client, addr):
+        await client.add_entry(addr, 1, 0, -1, payload(1, 0))  # the link is open
+        conn = client.connection_nowait(addr)
+        assert conn is not None
+        answered: list[tuple[int, BaseException | None]] = []
+        with frame_batch():
+            for i in range(1, 6):
+                client.add_entry_nowait(
+                    conn, 1, i, i - 1, payload(1, i), lambda _r, e, i=i: answered.append((i, e))
+                )
+            assert answered == []  # at the end of the batch, not while it runs
+        assert answered == [(i, None) for i in range(1, 6)]  # no await in between
+        sixth = trio.Event()
+
+        def last(_r: Any, e: BaseException | None) -> None:
+            answered.append((6, e))
+            sixth.set()
+
+        client.add_entry_nowait(conn, 1, 6, 5, payload(1, 6), last)
+        assert len(answered) == 5  # no batch: the link's readers take it
+        with trio.fail_after(TIMEOUT):
+            await sixth.wait()
+        assert answered[-1] == (6, None)
+        got = await client.read_entries(addr, 1, 0, 6)
+        assert [(i, bytes(d)) for i, d in got] == [(i, payload(1, i)) for i in range(7)]

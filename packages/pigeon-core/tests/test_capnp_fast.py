@@ -165,6 +165,36 @@ def test_fast_decode_reads_what_pycapnp_reads(case: tuple[str, int, str, Any]) -
     assert _fast_body(frame, message) == _pycapnp_body(frame, message)
 
 
+@settings(max_examples=400, deadline=None)
+@given(frames())
+def test_direct_is_the_decode_of_the_encode(case: tuple[str, int, str, Any]) -> None:
+    """An in-process link hands over FrameCodec.direct instead of encoding and decoding:
+    the receiver must get exactly what it would have decoded, and the size counted must
+    be the message's."""
+    frame, request_id, kind, fields = case
+    codec = ALL[frame]
+    direct = codec.direct(request_id, kind, fields)
+    assert direct is not None
+    message = codec.encode(request_id, kind, fields)
+    decoded = codec.decode(message)
+    assert direct.fast == decoded
+    assert len(direct) == len(message)
+    body, read = direct.fast[2], decoded[2]  # the same types too (not True for 1)
+    assert type(body) is type(read)
+    if body is not None:
+        assert [type(v) for v in body] == [type(v) for v in read]
+
+
+def test_direct_refuses_what_the_encoder_refuses() -> None:
+    codec = ALL["BookieFrame"]
+    assert codec.direct(1, "addEntry", {"segmentId": 2**63}) is None  # not an Int64
+    assert codec.direct(1, "addEntry", {"segmentId": "1"}) is None  # not an int
+    assert codec.direct(1, "addEntry", {"noSuchField": 1}) is None
+    assert codec.direct(1, "addEntry", {"recovery": "yes"}) is None  # not a bool
+    assert codec.direct(1, "ok", {"x": 1}) is None  # fields for a Void member
+    assert codec.direct(1, "seek", {}) is None  # a kind it does not take
+
+
 @pytest.mark.parametrize(("frame", "kind"), MEMBERS)
 def test_defaults_of_an_empty_body(frame: str, kind: str) -> None:
     void = FRAMES[frame].schema.fields[kind].proto.slot.type.which() == "void"

@@ -523,6 +523,41 @@ async def test_tcp_frames_of_one_burst_go_out_together_after_the_first(
     assert [len(c) for c in calls] == [2, 18]
 
 
+async def test_tcp_frames_of_a_batch_go_out_in_one_write_at_its_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Frames sent in a batch (a reader's dispatch, or frame_batch) on an idle TCP
+    connection: one vectored write for them all at the batch's end, the writer task not
+    woken (here it never runs)."""
+    a, b, calls = _socket_stream_pair(monkeypatch)
+    client = Connection(a, BookieFrame, name="client")
+    with _connection.frame_batch():
+        for i in range(10):
+            client.send_nowait("addEntry", {"segmentId": 1, "entryId": i}, payload=bytes([i]))
+        assert calls == []  # nothing written while the batch runs
+    assert [len(c) for c in calls] == [20] and client.outgoing_bytes == 0
+    async with a, b:
+        frames = await _receive_frames(b, 10)
+    assert [f[capnp_message_size(f) :] for f in frames] == [bytes([i]) for i in range(10)]
+
+
+async def test_tcp_frames_of_a_batch_the_socket_did_not_take_go_to_the_writer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    a, b, calls = _socket_stream_pair(monkeypatch, max_send=500)
+    client = Connection(a, BookieFrame, name="client")
+    payloads = [bytes([i]) * 300 for i in range(6)]
+    async with b, trio.open_nursery() as nursery:
+        await nursery.start(client.run)
+        with _connection.frame_batch():
+            for i, payload in enumerate(payloads):
+                client.send_nowait("addEntry", {"segmentId": 1, "entryId": i}, payload=payload)
+        assert len(calls) == 1 and client.outgoing_bytes > 0  # the rest: the writer's
+        frames = await _receive_frames(b, len(payloads))
+        nursery.cancel_scope.cancel()
+    assert [f[capnp_message_size(f) :] for f in frames] == payloads
+
+
 async def test_tcp_frames_keep_their_order_while_the_writer_is_cut_short(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

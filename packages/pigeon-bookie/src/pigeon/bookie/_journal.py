@@ -96,6 +96,10 @@ __all__ = ["JOURNAL_FORMAT", "JournalStore"]
 #: hop costs more than the copy)
 _PARALLEL_LOG_BYTES = 256 << 10
 
+#: fsync=never/interval: entry-log bytes reserved before they are written at once (in
+#: the trio thread, one vectored write), not left to the next round
+_LOG_BATCH_BYTES = 64 << 10
+
 #: the first line of the FORMAT file of a data dir the journal storage owns
 JOURNAL_FORMAT = b"pigeon-journal 1\n"
 
@@ -413,28 +417,30 @@ class JournalStore(JournalReads):
         r = self._collecting
         r.files[jf.seq] = jf
         r.journal_bytes += total
-        # fsync=always: the round writes the entry log in a worker thread while the
+        # The entry log is written later, reads take the entry from memory meanwhile
+        # (``_unwritten``): fsync=always: by the round, in a worker thread while the
         # journal's fdatasync runs (the event loop copies the bytes once, not twice);
-        # the other policies have no round per add: written here
-        deferred = self._policy == "always"
+        # the other policies: by the next round (a checkpoint, a sync, a fence, the
+        # interval) or once _LOG_BATCH_BYTES are due, here, in one vectored write for
+        # all (not one write per add beside the journal's)
         try:
-            if deferred:
-                log, pos = self._logs.reserve(total)
-                log_id = log.id
-                r.log_writes.append((log, pos, bufs, total))
-            else:
-                log_id, pos = self._logs.write(bufs, total)
+            log, pos = self._logs.reserve(total)
         except OSError as exc:
             raise self._io_failed(f"write entry log segment={seg.id} entry={entry_id}", exc)
+        log_id = log.id
+        r.log_writes.append((log, pos, bufs, total))
+        r.log_bytes += total
         unwritten = self._unwritten
         eid = entry_id
         for payload in payloads:
             size = RECORD_HEADER_SIZE + len(payload)
             self._apply(seg, eid, Loc(log_id, pos, size), lac)
-            if deferred:
-                unwritten[log_id, pos] = payload
+            unwritten[log_id, pos] = payload
             pos += size
             eid += 1
+        if r.log_bytes >= _LOG_BATCH_BYTES and self._policy != "always":
+            writes, r.log_writes, r.log_bytes = r.log_writes, [], 0
+            self._logs_done(writes, write_reserved(writes))
         seg.touched = trio.current_time()
         self._dirty.add(seg.id)
         c = self._counters

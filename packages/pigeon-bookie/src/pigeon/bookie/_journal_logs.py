@@ -127,10 +127,21 @@ def write_behind(ranges: list[WriteBehind]) -> None:
 
 
 def write_reserved(writes: list[LogWrite]) -> OSError | None:
-    """Blocking (a worker thread): the reserved writes, in order; the first failure
-    stops them and is returned."""
+    """Blocking (a worker thread, or the trio thread for a few): the reserved writes,
+    in order, those that follow each other in one log as one vectored write; the first
+    failure stops them and is returned."""
     try:
-        for log, offset, bufs, total in writes:
+        i = 0
+        n = len(writes)
+        while i < n:
+            log, offset, bufs, total = writes[i]
+            i += 1
+            if i < n and writes[i][0] is log and writes[i][1] == offset + total:
+                bufs = list(bufs)
+                while i < n and writes[i][0] is log and writes[i][1] == offset + total:
+                    bufs += writes[i][2]
+                    total += writes[i][3]
+                    i += 1
             pwritev_all(log.fd, bufs, offset, total)
     except OSError as exc:
         return exc

@@ -87,12 +87,14 @@ class JournalRound(Round):
     journal's fdatasync; its waiters are
     :class:`~pigeon.bookie._storage_commit.AppendWaiter`)."""
 
-    __slots__ = ("files", "journal_bytes", "log_writes")
+    __slots__ = ("files", "journal_bytes", "log_bytes", "log_writes")
 
     def __init__(self) -> None:
         super().__init__()
         self.files: dict[int, JournalFile] = {}
         self.log_writes: list[LogWrite] = []
+        #: bytes of ``log_writes``
+        self.log_bytes = 0
         #: bytes written to the journal for this round (what its fdatasync flushes)
         self.journal_bytes = 0
 

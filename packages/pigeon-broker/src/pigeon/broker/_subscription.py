@@ -45,6 +45,7 @@ from pigeon.core.errors import (
     PigeonError,
 )
 from pigeon.core.paths import cursor_path
+from pigeon.core.rpc import frame_batch
 from pigeon.core.runtime import WallClock
 
 if TYPE_CHECKING:
@@ -722,8 +723,9 @@ class Subscription:
         by_consumer: dict[int, tuple[Consumer, list[Delivery[Consumer, Entry]]]] = {}
         for d in deliveries:
             by_consumer.setdefault(id(d.consumer), (d.consumer, []))[1].append(d)
-        for consumer, items in by_consumer.values():
-            self._push(consumer, items)
+        with frame_batch():  # one write per consumer connection, its writer not woken
+            for consumer, items in by_consumer.values():
+                self._push(consumer, items)
         return bool(deliveries)
 
     def _push(self, consumer: Consumer, items: list[Delivery[Consumer, Entry]]) -> None:

@@ -49,7 +49,10 @@ log = logging.getLogger(__name__)
 
 #: the durable subscription that holds a compacted topic's log from its horizon on
 COMPACTION_SUBSCRIPTION = "__compaction"
-DEDUP_SNAPSHOT_ENTRIES = 100
+#: entries stored between two snapshots of a topic's deduplication state (Pulsar's
+#: ``brokerDeduplicationEntriesInterval``, 1000 there too): each is a metadata write,
+#: and a recovering broker replays at most this many entries past the last one
+DEDUP_SNAPSHOT_ENTRIES = 1000
 #: how long closing subscriptions may take before the topic goes on regardless
 CLOSE_TIMEOUT = 5.0
 DEDUP_SNAPSHOT_SECONDS = 1.0

@@ -45,7 +45,7 @@ from collections import namedtuple
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["EnumValue", "FrameCodec", "StructCodec", "Unhandled", "struct_codec"]
+__all__ = ["Direct", "EnumValue", "FrameCodec", "StructCodec", "Unhandled", "struct_codec"]
 
 _U64 = struct.Struct("<Q")
 _U32x2 = struct.Struct("<II")
@@ -153,6 +153,23 @@ def _read_data(buf: Any, at: int, end: int, budget: list[int], default: bytes) -
     return bytes(buf[start : start + n])
 
 
+#: schema types whose values read back as themselves (:meth:`StructCodec.body_of`); an
+#: int of another field type (a bool for an int) reads back as another type
+_PLAIN_TYPES: dict[str, type] = {
+    **{k: int for k in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")},
+    "bool": bool,
+    "text": str,
+}
+
+
+#: the values an integer field's encoder takes
+_INT_RANGES: dict[str, tuple[int, int]] = {
+    f"{sign}int{bits}": (0, (1 << bits) - 1) if sign else (-(1 << bits - 1), (1 << bits - 1) - 1)
+    for sign in ("", "u")
+    for bits in (8, 16, 32, 64)
+}
+
+
 def _as_bool(value: Any) -> int:
     if value is True:
         return 1
@@ -184,6 +201,8 @@ class StructCodec:
             return
         #: decode expression of each field, in code order; ``@n@`` stands for data slot n
         self._exprs: list[str] = []
+        #: the schema type of each field, in code order
+        self._kinds: list[str] = []
         #: data slots: (byte offset, struct format, encode expressions OR-ed together)
         self._slots: list[tuple[int, str, list[str]]] = []
         self._bool_bytes: dict[int, int] = {}  # byte offset -> slot
@@ -215,6 +234,7 @@ class StructCodec:
         name = proto.name
         slot = proto.slot
         kind = slot.type.which()
+        self._kinds.append(kind)
         default = slot.defaultValue
         i = len(self._exprs)
         get = f"_f.get({name!r}"
@@ -356,8 +376,26 @@ class StructCodec:
         self.decode: Callable[..., _Body] = env["decode"]
         self.fill: Callable[[bytearray, int, dict[str, Any]], None] = env["fill"]
         self._zeros = zeros
+        #: bytes of the struct without what its pointers point to
+        self.size = len(zeros)
         self._root = self.data_words << 32 | self.pointer_count << 48 if zeros else 0xFFFFFFFC
         self.default: _Body = self.decode(zeros, 0, self.data_words, 0, len(zeros), [0])
+        #: the body of a message built from ``fields`` without reading it back
+        #: (:meth:`body_of`): field name -> (index, the one type its value reads back
+        #: as itself: ints, bools, texts); the defaults; the fields read as a new list
+        self._plain: dict[str, tuple[int, type]] = {}
+        for i, (kind, name) in enumerate(zip(self._kinds, self.field_names, strict=True)):
+            if kind in _PLAIN_TYPES:
+                self._plain[name] = (i, _PLAIN_TYPES[kind])
+        #: the int and bool fields (:meth:`scalar_body`): name -> (index, type, range)
+        self._scalars: dict[str, tuple[int, type, int, int]] = {}
+        for i, (kind, name) in enumerate(zip(self._kinds, self.field_names, strict=True)):
+            if kind in _INT_RANGES:
+                self._scalars[name] = (i, int, *_INT_RANGES[kind])
+            elif kind == "bool":
+                self._scalars[name] = (i, bool, 0, 1)
+        self._defaults = list(self.default)
+        self._new_lists = [i for i, kind in enumerate(self._kinds) if kind == "list"]
 
     # -- decoding
 
@@ -384,6 +422,42 @@ class StructCodec:
         if extra or end > len(buf):
             raise Unhandled("not one segment")
         return self.read(buf, _SEG, end, [words])
+
+    def scalar_body(self, fields: dict[str, Any]) -> _Body:
+        """What :meth:`decode` reads from the struct :meth:`put` writes for ``fields``
+        when they are all ints and bools (checked here as the encoder checks them: the
+        type, the field's range), without writing it; raises Unhandled for any other
+        field or value (:meth:`FrameCodec.direct`)."""
+        values = self._defaults.copy()
+        for i in self._new_lists:
+            values[i] = []  # a list of its own, as each decode returns
+        scalars = self._scalars
+        for name, value in fields.items():
+            spec = scalars.get(name)
+            if spec is None:
+                raise Unhandled("not an int or bool field")
+            i, kind, lo, hi = spec
+            same_type = type(value) is kind  # (first: a str compared with an int raises)
+            if not same_type or not lo <= value <= hi:
+                raise Unhandled("a value its encoder refuses, or one of another type")
+            values[i] = value
+        return tuple.__new__(self.cls, values)
+
+    def body_of(self, fields: dict[str, Any]) -> _Body:
+        """What :meth:`decode` reads from the struct :meth:`put` writes for ``fields``
+        (which ``put`` must have taken: it checks them): the values themselves when
+        each is one that reads back as itself (an int, a bool, a text), the others read
+        back from the bytes (:meth:`FrameCodec.direct`)."""
+        values = self._defaults.copy()
+        for i in self._new_lists:
+            values[i] = []  # a list of its own, as each decode returns
+        plain = self._plain
+        for name, value in fields.items():
+            spec = plain.get(name)
+            if spec is None or type(value) is not spec[1]:
+                raise Unhandled("a value that may not read back as itself")
+            values[spec[0]] = value
+        return tuple.__new__(self.cls, values)
 
     # -- encoding
 
@@ -700,6 +774,59 @@ class FrameCodec:
             codec.fill(out, start, fields)
         _U32x2.pack_into(out, 0, 0, (len(out) - _SEG) >> 3)
         return bytes(out)
+
+    def direct(self, request_id: int, kind: str, fields: dict[str, Any] | None) -> Direct | None:
+        """What :meth:`decode` would return for the message :meth:`encode` builds, without
+        the message: for an in-process link (:mod:`pigeon.core._local_link`), whose
+        receiver would decode at once what its sender just encoded.  The body is still
+        written and read by the same generated code (every value the encoder refuses
+        is refused, every one it takes reads back as :meth:`decode` reads it); only the
+        frame around it (segment table, root struct, request id) is skipped.  None when
+        this codec does not take ``kind`` or these values: the caller builds the
+        message (:func:`~pigeon.core._framing.build_message`)."""
+        member = self._by_kind.get(kind)
+        if member is None:
+            return None
+        codec, prefix = member
+        if codec is None:
+            if fields is not None:
+                return None
+            return Direct((request_id, kind, None), len(prefix))
+        if type(fields) is not dict:
+            return None
+        try:
+            return Direct((request_id, kind, codec.scalar_body(fields)), len(prefix) + codec.size)
+        except Unhandled:
+            pass
+        out = bytearray(codec._zeros)
+        try:
+            codec.fill(out, 0, fields)  # every value checked as encode checks it
+        except ENCODE_ERRORS:
+            return None
+        end = len(out)
+        try:
+            body = codec.body_of(fields)
+        except Unhandled:
+            try:
+                body = codec.decode(out, 0, codec.data_words, codec.pointer_count, end, [end])
+            except DECODE_ERRORS:
+                return None
+        return Direct((request_id, kind, body), len(prefix) + end)
+
+
+class Direct:
+    """A frame handed over in process without its message (:meth:`FrameCodec.direct`):
+    ``fast`` is what :meth:`FrameCodec.decode` returns for it, ``len()`` the size of
+    the message it stands for."""
+
+    __slots__ = ("fast", "size")
+
+    def __init__(self, fast: tuple[int, str, Any], size: int) -> None:
+        self.fast = fast
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
 
 
 _TABLE_AND_ROOT = struct.Struct("<IIQ")

@@ -16,8 +16,24 @@ before it yields to other tasks, not after (see :func:`_receive_socket`).
 
 Over an in-process link (:mod:`pigeon.core._local_link`, a standalone's broker and its
 bookie) there are no bytes: a queued frame goes straight into the peer's inbox (its
-Cap'n Proto message as built, its payload by reference), and the reader dispatches what
-its inbox holds each time it is woken, through the same handlers (``_dispatch_message``).
+Cap'n Proto message as built, its payload by reference), and it is dispatched through the
+same handlers (``_dispatch_message``).
+
+**The end of a batch.**  A reader dispatches the frames of one read (or of one take of
+its inbox) as a *batch*, and two kinds of work are kept for the batch's end, done by
+the same task (:func:`_end_batch`), not by tasks woken for them:
+
+* the frames sent meanwhile over in-process links whose receiving reader is idle: they
+  are dispatched there, in the order sent, and what *their* handlers send joins the
+  batch (a client's send -> the add to the local bookie -> its answer -> the receipt:
+  one task, no trip through the scheduler; rounds are bounded, what is left wakes its
+  reader);
+* the frames queued meanwhile on idle TCP connections: one vectored write each (what
+  the socket does not take goes to the writer task, which is woken only then).
+
+A frame queued outside any batch (by a task that is no reader: a timer, a group
+commit's answers, a dispatch loop) goes as before: written at once (TCP) or the
+receiving reader woken (in-process).
 
 On TLS the reader decrypts every whole record already received after each
 ``receive_some`` (:func:`_tls_records`): OpenSSL returns one record (16 KiB at most) per
@@ -53,6 +69,7 @@ import itertools
 import logging
 import os
 import ssl
+import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,7 +77,7 @@ from typing import Any
 
 import trio
 
-from pigeon.core._capnp_fast import DECODE_ERRORS
+from pigeon.core._capnp_fast import DECODE_ERRORS, Direct
 from pigeon.core._framing import (
     DEFAULT_MAX_FRAME_SIZE,
     FrameDecoder,
@@ -87,7 +104,7 @@ from pigeon.core.errors import (
 )
 from pigeon.core.tls import describe_tls_error
 
-__all__ = ["Connection", "Extract", "ReplyCallback", "Request"]
+__all__ = ["Connection", "Extract", "ReplyCallback", "Request", "frame_batch"]
 
 #: the RPC layer's one logger: connection and handshake lines share its name
 log = logging.getLogger("pigeon.core._rpc")
@@ -116,6 +133,64 @@ _writev: Callable[[int, list[Any]], int] | None = getattr(os, "writev", None)
 #: what a plaintext port answers a TLS ClientHello: a TLS record (alert, TLS 1.0 framing
 #: every version reads) holding a fatal ``protocol_version`` alert
 TLS_REFUSAL_ALERT = bytes([0x15, 0x03, 0x01, 0x00, 0x02, 0x02, 0x46])
+
+#: rounds of in-process hand-overs at the end of one batch (each round dispatches the
+#: frames sent in the previous one); what is left then wakes its readers
+_BATCH_ROUNDS = 16
+
+
+class _Batch(threading.local):
+    """The batch a reader of this thread's trio run dispatches (see the module doc)."""
+
+    def __init__(self) -> None:
+        self.active = False
+        #: connections whose in-process inbox this batch takes at its end
+        self.local: list[Connection] = []
+        #: TCP connections with frames queued in this batch, written at its end
+        self.flush: list[Connection] = []
+
+
+_batch = _Batch()
+
+
+class frame_batch:
+    """``with frame_batch():`` -- the frames sent in the block by a task that is no
+    reader (a subscription's dispatch pass) are a batch (see the module doc): each TCP
+    connection gets one write at the end, its writer task is not woken; nested in a
+    batch already running, nothing changes."""
+
+    __slots__ = ("_outer",)
+
+    def __enter__(self) -> None:
+        self._outer = not _batch.active
+        _batch.active = True
+
+    def __exit__(self, *exc: object) -> None:
+        if self._outer:
+            _end_batch()
+
+
+def _end_batch() -> None:
+    """The work kept for the end of a batch: the in-process hand-overs (rounds, bounded),
+    then one write per TCP connection.  Never raises (a failing hand-over fails its own
+    connection)."""
+    b = _batch
+    try:
+        for _ in range(_BATCH_ROUNDS):
+            if not b.local:
+                break
+            conns, b.local = b.local, []
+            for conn in conns:
+                conn._take_local()
+        conns, b.local = b.local, []
+        for conn in conns:  # left over: their readers take them
+            if conn._local is not None:
+                conn._local.unclaim()
+        conns, b.flush = b.flush, []
+        for conn in conns:
+            conn._flush_batch()
+    finally:
+        b.active = False
 
 
 def _default_extract(body: Any, payload: memoryview) -> Any:
@@ -184,6 +259,8 @@ class Connection:
         self._out_ready = trio.Event()
         #: an in-process link (:mod:`pigeon.core._local_link`): frames, not bytes
         self._local: LocalStream | None = stream if isinstance(stream, LocalStream) else None
+        if self._local is not None:
+            self._local.on_frames = self._claim_local
         #: the socket of a TCP stream, written at once when idle (see :meth:`_write_now`)
         self._socket: Any = (
             stream.socket if isinstance(stream, trio.SocketStream) and _writev else None
@@ -303,7 +380,7 @@ class Connection:
         self._out_bytes += len(data)
         self._out_ready.set()
 
-    def _enqueue(self, message: bytes, payload: Payload | None) -> None:
+    def _enqueue(self, message: Any, payload: Payload | None) -> None:
         if self._closed:
             raise ConnectionClosed(f"connection {self.name} is closed")
         if self._local is not None:
@@ -314,6 +391,14 @@ class Connection:
             return
         parts = encode_frame(message, payload)
         if not self._writing and self._socket is not None and not self._out:
+            if _batch.active:
+                # written at the end of the batch, with the frames queued after it
+                self._writing = True
+                _batch.flush.append(self)
+                for part in parts:
+                    self._out.append(part)
+                    self._out_bytes += len(part)
+                return
             parts = self._write_now(parts)
             if not parts:
                 return
@@ -342,6 +427,64 @@ class Connection:
         self.bytes_out += sent
         return consume_buffers(parts, sent)
 
+    def _flush_batch(self) -> None:
+        """The end of a batch: one vectored write of what was queued in it; what the
+        socket does not take (or all of it, the socket gone) is left to the writer."""
+        out = self._out
+        fd = self._socket.fileno()
+        if out and fd >= 0 and _writev is not None:
+            parts = _take_vector(out)
+            size = sum(map(len, parts))
+            self._out_bytes -= size
+            try:
+                sent = _writev(fd, parts)
+            except OSError:  # full (BlockingIOError) or broken: the writer meets it again
+                sent = 0
+            self.bytes_out += sent
+            rest = consume_buffers(parts, sent)
+            if rest:
+                out.extendleft(reversed(rest))
+                self._out_bytes += sum(map(len, rest))
+        if out or self._closed:
+            self._out_ready.set()  # the writer sends the rest (and ends if closed)
+        else:
+            self._writing = False
+
+    def _claim_local(self) -> bool:
+        """A frame arrived over the in-process link while the reader waits: take it at
+        the end of the running batch, if there is one (see the module doc)."""
+        b = _batch
+        if not b.active or self._closed:
+            return False
+        b.local.append(self)
+        return True
+
+    def _take_local(self) -> None:
+        """Dispatch what the in-process inbox holds, at the end of another reader's batch."""
+        link = self._local
+        if link is None:
+            return
+        if self._closed:
+            link.unclaim()
+            return
+        try:
+            for message, payload in link.take_frames():
+                self.frames_in += 1
+                self.bytes_in += len(message) + len(payload)
+                self._dispatch_message(message, payload)
+        except Exception as exc:
+            link.fail(exc)
+
+    def _message(self, request_id: int, kind: str, fields: dict[str, Any] | None) -> Any:
+        """The message of a frame to send: its bytes; over an in-process link, a frame of
+        the per-entry path as its decoded body (:meth:`FrameCodec.direct`: the receiver
+        does not decode what was just encoded)."""
+        if self._local is not None:
+            direct = self._fast.direct(request_id, kind, fields)
+            if direct is not None:
+                return direct
+        return build_message(self.frame_type, request_id, kind, fields)
+
     def send_nowait(
         self,
         kind: str,
@@ -352,7 +495,7 @@ class Connection:
     ) -> None:
         """Queue one frame (a push, an answer, or a request that wants no answer); a
         ``payload`` given as a list of buffers is written as they are, unjoined."""
-        self._enqueue(build_message(self.frame_type, request_id, kind, fields), payload)
+        self._enqueue(self._message(request_id, kind, fields), payload)
 
     def send_raw_nowait(self, message: bytes, payload: Payload | None = None) -> None:
         """Queue a frame whose Cap'n Proto message the caller built."""
@@ -388,7 +531,7 @@ class Connection:
     ) -> int:
         """Send a request; ``callback(result, error)`` runs in the reader task on its answer."""
         request_id = next(self._ids)
-        message = build_message(self.frame_type, request_id, kind, fields)
+        message = self._message(request_id, kind, fields)
         self._enqueue(message, payload)
         self._pending[request_id] = _Pending(expect, extract, callback)
         return request_id
@@ -527,9 +670,15 @@ class Connection:
                     while extra := more():
                         self.bytes_in += len(extra)
                         decoder.feed(extra)
-                for frame in decoder.frames():
-                    self.frames_in += 1
-                    self._dispatch(frame)
+                outer = not _batch.active
+                _batch.active = True
+                try:
+                    for frame in decoder.frames():
+                        self.frames_in += 1
+                        self._dispatch(frame)
+                finally:
+                    if outer:
+                        _end_batch()
                 if self._closed:
                     return
                 if sock is not None and not drained:
@@ -565,10 +714,16 @@ class Connection:
                 return
             if not frames:
                 return
-            for message, payload in frames:
-                self.frames_in += 1
-                self.bytes_in += len(message) + len(payload)
-                self._dispatch_message(message, payload)
+            outer = not _batch.active
+            _batch.active = True
+            try:
+                for message, payload in frames:
+                    self.frames_in += 1
+                    self.bytes_in += len(message) + len(payload)
+                    self._dispatch_message(message, payload)
+            finally:
+                if outer:
+                    _end_batch()
             if self._closed:
                 return
 
@@ -611,17 +766,21 @@ class Connection:
         payload = view[size:]
         self._dispatch_message(frame[:size] if payload else frame, payload)
 
-    def _dispatch_message(self, message: bytes | bytearray, payload: memoryview) -> None:
+    def _dispatch_message(self, message: bytes | bytearray | Direct, payload: memoryview) -> None:
         """Dispatch one frame: its Cap'n Proto ``message`` and its ``payload``.
 
         A frame of the per-entry path is decoded at fixed offsets (every field read and
         checked: :mod:`pigeon.core._capnp_fast`); any other, and any such frame that
         codec does not take (a malformed one among them), through pycapnp, whose errors
         are the ones a peer sees."""
-        try:
-            fast = self._fast.decode(message)
-        except DECODE_ERRORS:
-            fast = None
+        fast: tuple[int, str, Any] | None
+        if isinstance(message, Direct):
+            fast = message.fast
+        else:
+            try:
+                fast = self._fast.decode(message)
+            except DECODE_ERRORS:
+                fast = None
         if fast is not None:
             request_id, kind, body = fast
             pending = self._pending.pop(request_id, None) if request_id else None

@@ -175,6 +175,8 @@ class QuorumWriter(WriterBase):
         self._backfill: dict[int, dict[int, bytes | memoryview]] = {}
         self.write_quorum = write_quorum
         self.ack_quorum = ack_quorum
+        #: ``_targets`` of each first index
+        self._rotations: list[tuple[int, ...]] = []
         self.next_entry_id = 0
         self.lac = -1
         self.bytes_written = 0
@@ -211,9 +213,17 @@ class QuorumWriter(WriterBase):
                         )
                         conn.abort(Timeout(f"bookie {self.ensemble[index]} did not answer"))
 
-    def _targets(self, entry_id: int) -> list[int]:
+    def _targets(self, entry_id: int) -> tuple[int, ...]:
+        """The ensemble indexes that store ``entry_id`` (striped: they rotate with it);
+        the rotations computed once (the ensemble's size and the write quorum stay)."""
         e = len(self.ensemble)
-        return [(entry_id + k) % e for k in range(self.write_quorum)]
+        rotations = self._rotations
+        if len(rotations) != e:
+            w = self.write_quorum
+            rotations = self._rotations = [
+                tuple((first + k) % e for k in range(w)) for first in range(e)
+            ]
+        return rotations[entry_id % e]
 
     def add_nowait(self, data: bytes | memoryview, callback: WriteCallback) -> int:
         """Send one entry; ``callback(entry_id, error)`` runs once, in entry order."""

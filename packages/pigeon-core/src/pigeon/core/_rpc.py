@@ -494,7 +494,11 @@ class _HandshakeHandler:
             raise AttributeError(name)
         if not self.done:
             return self._refuse
-        return getattr(self.service, name)
+        method = getattr(self.service, name)
+        # kept on the instance: the next request of this kind finds it without coming
+        # here (a service's handlers do not change while it serves)
+        setattr(self, name, method)
+        return method
 
     def _refuse(self, conn: Connection, req: Request) -> None:
         _refuse(conn, req, ProtocolError(f"first frame must be 'connect', got {req.kind!r}"))

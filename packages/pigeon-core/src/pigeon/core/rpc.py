@@ -17,11 +17,13 @@ standalone``'s broker and bookie) talk over an in-process link instead of loopba
 connect_local(stream, BookieFrame, nursery)`` (:class:`LocalStream`: frames, not bytes;
 trusted, so no TLS and no authentication).  :func:`http_refusal` is the ``400`` answer a
 protocol port (ours, or the Kafka listener) gives an HTTP client that reached it.
+``with frame_batch():`` makes the frames a task sends in the block one write per
+connection at its end (what a reader does for the frames its handlers send).
 """
 
 from __future__ import annotations
 
-from pigeon.core._connection import Connection, Request
+from pigeon.core._connection import Connection, Request, frame_batch
 from pigeon.core._framing import DEFAULT_MAX_FRAME_SIZE, http_refusal
 from pigeon.core._local_link import LocalStream
 from pigeon.core._rpc import (
@@ -45,6 +47,7 @@ __all__ = [
     "Request",
     "connect_local",
     "connect_tcp",
+    "frame_batch",
     "http_refusal",
     "listen_error",
     "listen_tcp",
