@@ -182,15 +182,18 @@ def _end_batch() -> None:
             conns, b.local = b.local, []
             for conn in conns:
                 conn._take_local()
-        conns, b.local = b.local, []
-        for conn in conns:  # left over: their readers take them
-            if conn._local is not None:
-                conn._local.unclaim()
-        conns, b.flush = b.flush, []
-        for conn in conns:
-            conn._flush_batch()
     finally:
         b.active = False
+        try:
+            conns, b.local = b.local, []
+            for conn in conns:  # left over: their readers take them
+                if conn._local is not None:
+                    conn._local.unclaim()
+        finally:
+            # (whatever happened above: a frame left queued here would never be sent)
+            conns, b.flush = b.flush, []
+            for conn in conns:
+                conn._flush_batch()
 
 
 def _default_extract(body: Any, payload: memoryview) -> Any:
@@ -261,6 +264,8 @@ class Connection:
         self._local: LocalStream | None = stream if isinstance(stream, LocalStream) else None
         if self._local is not None:
             self._local.on_frames = self._claim_local
+        #: frames queued in the running batch, written at its end (:meth:`_flush_batch`)
+        self._batched = False
         #: the socket of a TCP stream, written at once when idle (see :meth:`_write_now`)
         self._socket: Any = (
             stream.socket if isinstance(stream, trio.SocketStream) and _writev else None
@@ -393,7 +398,7 @@ class Connection:
         if not self._writing and self._socket is not None and not self._out:
             if _batch.active:
                 # written at the end of the batch, with the frames queued after it
-                self._writing = True
+                self._writing = self._batched = True
                 _batch.flush.append(self)
                 for part in parts:
                     self._out.append(part)
@@ -405,7 +410,8 @@ class Connection:
         for part in parts:
             self._out.append(part)
             self._out_bytes += len(part)
-        self._out_ready.set()
+        if not self._batched:  # (a batch's frames are written at its end: no writer woken)
+            self._out_ready.set()
 
     def _write_now(self, parts: list[Any]) -> list[Any]:
         """Write a frame while the writer is idle and nothing is queued; returns what
@@ -430,6 +436,7 @@ class Connection:
     def _flush_batch(self) -> None:
         """The end of a batch: one vectored write of what was queued in it; what the
         socket does not take (or all of it, the socket gone) is left to the writer."""
+        self._batched = False
         out = self._out
         fd = self._socket.fileno()
         if out and fd >= 0 and _writev is not None:
