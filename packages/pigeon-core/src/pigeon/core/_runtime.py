@@ -11,6 +11,7 @@ from typing import Any
 import trio
 
 from pigeon.core._plugins import PluginManager
+from pigeon.core._stalls import StallWatch, stall_threshold
 from pigeon.core.errors import ConfigError, PigeonError
 
 __all__ = ["open_metadata_store", "run_until_signal", "tune_server_interpreter"]
@@ -56,20 +57,29 @@ async def run_until_signal(fn: Any, *args: Any, ready: Any = None) -> None:
 
     This is how ``pigeon bookie/broker/standalone`` run: the interpreter is tuned for a
     server (:func:`tune_server_interpreter`) and, once started, every object made so far
-    is moved out of the garbage collector's reach (``gc.freeze``)."""
+    is moved out of the garbage collector's reach (``gc.freeze``); a stall of the event
+    loop is logged (:class:`~pigeon.core._stalls.StallWatch`)."""
     tune_server_interpreter()
-    async with trio.open_nursery() as nursery:
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            try:
-                value = await nursery.start(fn, *args)
-            except PigeonError:
-                nursery.cancel_scope.cancel()
-                raise
-            gc.collect()
-            gc.freeze()
-            if ready is not None:
-                ready(value)
-            async for signum in signals:
-                log.info("shutting down signal=%s", signal.Signals(signum).name)
-                nursery.cancel_scope.cancel()
-                break
+    threshold = stall_threshold()
+    watch = StallWatch(threshold) if threshold > 0 else None
+    try:
+        async with trio.open_nursery() as nursery:
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                try:
+                    value = await nursery.start(fn, *args)
+                except PigeonError:
+                    nursery.cancel_scope.cancel()
+                    raise
+                gc.collect()
+                gc.freeze()
+                if watch is not None:  # from now on (starting imports and opens a lot)
+                    watch.install()
+                if ready is not None:
+                    ready(value)
+                async for signum in signals:
+                    log.info("shutting down signal=%s", signal.Signals(signum).name)
+                    nursery.cancel_scope.cancel()
+                    break
+    finally:
+        if watch is not None:
+            watch.uninstall()
