@@ -917,13 +917,13 @@ async def test_a_slow_disk_sends_rounds_back_to_the_thread(
 
 def test_a_lone_hiccup_keeps_rounds_inline_a_long_stall_does_not() -> None:
     syncs = InlineSyncs(65536, 0.002)
-    for _ in range(100):  # fast rounds, with a 120 ms hiccup now and then
+    for _ in range(100):  # fast rounds, with a 30 ms hiccup now and then
         syncs.ran(0.0004)
         syncs.ran(0.0003)
-        syncs.ran(0.120 if _ % 10 == 0 else 0.0005)
+        syncs.ran(0.030 if _ % 10 == 0 else 0.0005)
     assert syncs.slow == 0 and syncs.allowed(1000)
     assert not syncs.allowed(65537)
-    syncs.ran(InlineSyncs.STALL_S)  # one round held the loop a whole second
+    syncs.ran(0.120)  # one round held the loop (every connection) 120 ms
     assert syncs.slow == 1 and not syncs.allowed(1000)
     syncs._until = -1.0
     for _ in range(InlineSyncs.WINDOW // 2 - 1):  # a disk slow for a while

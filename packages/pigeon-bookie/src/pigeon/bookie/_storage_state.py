@@ -340,14 +340,17 @@ class InlineSyncs:
     inline, unless the disk turned slow, where blocking the loop would hold up every
     other connection of the process: half of the last :data:`WINDOW` inline rounds over
     ``max_s``, or one over :data:`STALL_S`.  Then rounds go to the thread again for
-    ``cooldown_s``.  A lone hiccup of a few (or a hundred) ms, frequent on a shared VM,
-    does not count.  ``max_bytes`` 0: never inline.
+    ``cooldown_s``.  A lone hiccup of a few ms, frequent on a shared VM, does not count;
+    one of 50 ms does: an inline round holds every connection of the process, and slow
+    fdatasyncs come in bursts here (the ``StallWatch`` of ``pigeon.core._stalls`` counted
+    18 stalls of 20-226 ms of the event loop in one 5 s run at 10 MB/s, every one an
+    inline round; docs/benchmarks.md).  ``max_bytes`` 0: never inline.
     """
 
     #: inline rounds looked back at
     WINDOW = 32
     #: one inline round this long sends rounds to the thread at once
-    STALL_S = 1.0
+    STALL_S = 0.05
 
     __slots__ = ("_recent", "_until", "cooldown_s", "max_bytes", "max_s", "slow")
 
