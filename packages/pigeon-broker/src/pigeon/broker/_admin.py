@@ -864,13 +864,8 @@ async def serve_admin(
         task_status.started(addresses[0])
 
 
-async def _build_routes(app: Any) -> None:
-    """Have FastAPI build every route now, while the node starts: it builds an included
-    router's routes (their pydantic models) on the first request that reaches them,
-    which held the event loop -- the standalone's message path too -- for ~0.1 s on the
-    first admin or ``/metrics`` request. One request that matches no route, through the
-    ASGI interface (no socket), tries them all."""
-    path = "/__pigeon_build_routes__"
+async def asgi_get(app: Any, path: str) -> int:
+    """The status of one ``GET path`` through ``app``'s ASGI interface (no socket)."""
     scope = {
         "type": "http",
         "asgi": {"version": "3.0"},
@@ -886,15 +881,27 @@ async def _build_routes(app: Any) -> None:
         "server": ("127.0.0.1", 0),
         "state": {},
     }
+    status: list[int] = []
 
     async def receive() -> dict[str, Any]:
         return {"type": "http.request", "body": b"", "more_body": False}
 
     async def send(message: dict[str, Any]) -> None:
-        pass
+        if message["type"] == "http.response.start":
+            status.append(message["status"])
 
+    await app(scope, receive, send)
+    return status[0] if status else 0
+
+
+async def _build_routes(app: Any) -> None:
+    """Have FastAPI build every route now, while the node starts: it builds an included
+    router's routes (their pydantic models) on the first request that reaches them,
+    which held the event loop -- the standalone's message path too -- for ~0.1 s on the
+    first admin or ``/metrics`` request. One request that matches no route tries them
+    all."""
     try:
-        await app(scope, receive, send)
+        await asgi_get(app, "/__pigeon_build_routes__")
     except Exception:  # an optimisation only: the first real request builds them then
         log.debug("building the admin routes ahead failed", exc_info=True)
 
