@@ -423,14 +423,20 @@ class StructCodec:
             raise Unhandled("not one segment")
         return self.read(buf, _SEG, end, [words])
 
+    def _fresh_values(self) -> list[Any]:
+        """The default values of a body, each list one of its own (as each decode
+        returns)."""
+        values = self._defaults.copy()
+        for i in self._new_lists:
+            values[i] = []
+        return values
+
     def scalar_body(self, fields: dict[str, Any]) -> _Body:
         """What :meth:`decode` reads from the struct :meth:`put` writes for ``fields``
         when they are all ints and bools (checked here as the encoder checks them: the
         type, the field's range), without writing it; raises Unhandled for any other
         field or value (:meth:`FrameCodec.direct`)."""
-        values = self._defaults.copy()
-        for i in self._new_lists:
-            values[i] = []  # a list of its own, as each decode returns
+        values = self._fresh_values()
         scalars = self._scalars
         for name, value in fields.items():
             spec = scalars.get(name)
@@ -448,9 +454,7 @@ class StructCodec:
         (which ``put`` must have taken: it checks them): the values themselves when
         each is one that reads back as itself (an int, a bool, a text), the others read
         back from the bytes (:meth:`FrameCodec.direct`)."""
-        values = self._defaults.copy()
-        for i in self._new_lists:
-            values[i] = []  # a list of its own, as each decode returns
+        values = self._fresh_values()
         plain = self._plain
         for name, value in fields.items():
             spec = plain.get(name)
