@@ -138,6 +138,7 @@ async def test_the_sweeper_walks_an_s3_bucket(
             await produce(client, "kept", values)
             led = service.topics[PREFIX + "kept"].ledger
             with trio.fail_after(30):
+                await led.wait_rolled()  # the last produce's full segment closed
                 await led.offload(0)
             recorded = sorted(moto.objects("swept"))
             assert len(recorded) == 2 * (len(led.segments) - 1)

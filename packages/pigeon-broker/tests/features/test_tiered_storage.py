@@ -50,9 +50,18 @@ def ledger(cluster: InProcessStandalone, topic: str):
     return cluster.service.topics[PREFIX + topic].ledger
 
 
+async def settled(cluster: InProcessStandalone, topic: str):
+    """The topic's ledger once the roll its last produce began is over (the full
+    segment closed, the next one open): its closed segments are all there are."""
+    led = ledger(cluster, topic)
+    with trio.fail_after(30):
+        await led.wait_rolled()
+    return led
+
+
 async def offload_now(cluster: InProcessStandalone, topic: str) -> None:
     """One maintenance pass and the offload it starts, finished."""
-    led = ledger(cluster, topic)
+    led = await settled(cluster, topic)
     before = led.offload_status
     await cluster.service.maintain_once()
     with trio.fail_after(30):
@@ -72,7 +81,7 @@ async def test_offloaded_segments_read_back_exactly(tiered: InProcessStandalone,
     )
     async with Client(cluster.url) as client:
         ids = await produce(client, "tiered", VALUES)
-        led = ledger(cluster, "tiered")
+        led = await settled(cluster, "tiered")
         await offload_now(cluster, "tiered")
         assert led.offload_status["status"] == "SUCCESS", led.offload_status
         closed = [s for s in led.segments[:-1]]
@@ -225,7 +234,7 @@ async def test_a_damaged_segment_is_skipped_and_retried_without_holding_back_the
     )
     async with Client(cluster.url) as client:
         await produce(client, "rotten", VALUES)
-        led = ledger(cluster, "rotten")
+        led = await settled(cluster, "rotten")
         led.clock = clock = AheadClock(led.clock)
         closed = led.segments[:-1]
         assert len(closed) >= 5
@@ -307,7 +316,7 @@ async def test_a_damaged_segment_between_offloaded_ones_is_read_as_the_policy_sa
     name = TopicName.parse(PREFIX + "mixed")
     async with Client(cluster.url) as client:
         await produce(client, "mixed", VALUES)
-        led = ledger(cluster, "mixed")
+        led = await settled(cluster, "mixed")
         closed = led.segments[:-1]
         bad = closed[2]  # entries 0, 1: messages 4 and 5
         flip_payload_byte(segment_file(tmp_path / "pigeon" / "bookie", bad.id), 0, bad.id)

@@ -13,7 +13,7 @@ import trio
 import trio.testing
 
 import pigeon.core.metadata as metadata
-from pigeon.core.errors import ConfigError, MetadataError, SessionExpired
+from pigeon.core.errors import BadVersion, ConfigError, MetadataError, SessionExpired
 from pigeon.core.metadata import (
     EmbeddedMetadataStore,
     EventType,
@@ -305,3 +305,122 @@ def test_public_names() -> None:
         assert name in metadata.__all__
     for name in ("EmbeddedMetadataStore", "LeaderElection", "Lock"):
         assert name in metadata.__all__
+
+
+# --- the writer thread ------------------------------------------------------------------
+
+
+class _HeldCommits:
+    """Patches ``set_value`` so that a set of ``/held`` waits in the writer thread
+    until :meth:`release`, telling the test when it got there."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import threading
+
+        from pigeon.core.metadata import _sqlite
+
+        self.entered = threading.Event()
+        self.released = threading.Event()
+        real = _sqlite.set_value
+
+        def set_value(conn: sqlite3.Connection, path: str, *args: object) -> int:
+            if path == "/held":
+                self.entered.set()
+                if not self.released.wait(WAIT):
+                    raise RuntimeError("the held commit was never released")
+            return real(conn, path, *args)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(_sqlite, "set_value", set_value)
+
+    async def wait_entered(self) -> None:
+        assert await trio.to_thread.run_sync(self.entered.wait, WAIT)
+
+    def release(self) -> None:
+        self.released.set()
+
+
+async def test_a_commit_in_progress_does_not_hold_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A commit that takes long (a disk busy with a bookie's fsyncs) must leave the trio
+    # thread free: here the commit only ends when a trio task releases it.
+    held = _HeldCommits(monkeypatch)
+    async with running(EmbeddedMetadataStore(tmp_path)) as store:
+        await store.create("/held", b"0")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(store.set, "/held", b"1")
+            await held.wait_entered()
+            assert await store.get("/held") == Stat(b"0", 0, False)  # reads still served
+            held.release()
+        assert await store.get("/held") == Stat(b"1", 1, False)
+
+
+async def test_writes_queued_behind_a_commit_share_one_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    held = _HeldCommits(monkeypatch)
+    async with running(EmbeddedMetadataStore(tmp_path)) as store:
+        for path in ["/held", "/bad", *(f"/n{i}" for i in range(20))]:
+            await store.create(path, b"0")
+        before = store.statistics()
+        outcomes: dict[str, object] = {}
+
+        async def write(path: str, version: int | None) -> None:
+            try:
+                outcomes[path] = await store.set(path, b"new", version=version)
+            except Exception as exc:
+                outcomes[path] = exc
+
+        async def cancelled_write(scope_ready: trio.Event, scopes: list[trio.CancelScope]) -> None:
+            with trio.CancelScope() as scope:
+                scopes.append(scope)
+                scope_ready.set()
+                await store.create("/withdrawn", b"")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(write, "/held", None)
+            await held.wait_entered()
+            for i in range(20):
+                nursery.start_soon(write, f"/n{i}", 0)
+            nursery.start_soon(write, "/bad", 7)  # a wrong version: fails alone
+            ready, scopes = trio.Event(), list[trio.CancelScope]()
+            nursery.start_soon(cancelled_write, ready, scopes)
+            await ready.wait()
+            await trio.testing.wait_all_tasks_blocked()
+            scopes[0].cancel()  # withdrawn before the thread took it: never applied
+            await trio.testing.wait_all_tasks_blocked()
+            held.release()
+
+        after = store.statistics()
+        assert outcomes["/held"] == 1
+        assert isinstance(outcomes["/bad"], BadVersion)
+        assert await store.get("/bad") == Stat(b"0", 0, False)
+        assert await store.get("/withdrawn") is None
+        assert [outcomes[f"/n{i}"] for i in range(20)] == [1] * 20
+        # the held round, then one round for all 21 queued behind it
+        assert after.commit_rounds - before.commit_rounds == 2
+        assert after.committed_writes - before.committed_writes == 22
+
+
+async def test_writes_commit_inline_under_a_mock_clock(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running(EmbeddedMetadataStore(tmp_path)) as store:
+        await store.create("/a", b"")
+        assert store.statistics().commit_rounds == 0
+
+
+async def test_a_lock_held_by_another_process_past_busy_timeout_fails_the_write(
+    tmp_path: Path,
+) -> None:
+    async with running(EmbeddedMetadataStore(tmp_path, busy_timeout=0.2)) as store:
+        await store.create("/a", b"")
+        other = sqlite3.connect(tmp_path / "metadata.db", isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")
+            with pytest.raises(MetadataError, match=r"stayed locked for 0\.2s"):
+                await store.set("/a", b"1")
+            other.execute("ROLLBACK")
+        finally:
+            other.close()
+        assert await store.set("/a", b"2") == 1

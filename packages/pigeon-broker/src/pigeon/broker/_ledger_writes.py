@@ -297,6 +297,11 @@ class LedgerWrites(LedgerState):
             log.warning("segment write failed topic=%s error=%s; rolling over", self.topic, error)
             self._start_roll(recover=True)
 
+    async def wait_rolled(self) -> None:
+        """Wait until no segment roll is under way (the full segment closed in the
+        metadata and the next one open), e.g. before listing the closed segments."""
+        await self._rolled.wait()
+
     def _start_roll(self, *, recover: bool = False) -> None:
         if self._rolling:
             return

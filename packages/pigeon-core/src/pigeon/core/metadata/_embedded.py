@@ -9,18 +9,25 @@ The database (``<dir>/metadata.db``) and every transaction on it are in
 watches.
 
 Threading choice
-    All SQLite calls run directly on the trio thread, on one connection per store, each
-    write a short ``BEGIN IMMEDIATE … COMMIT`` that is never held across an ``await``.
-    Measured with ``synchronous=FULL`` this does ~4 400 small sets/s where a
-    ``trio.to_thread`` round trip per write does ~2 500/s; it also keeps
-    ``MockClock(autojump_threshold=0)`` deterministic (a worker thread makes the run
-    look idle and lets the mock clock jump).  The price is that the event loop is blocked
-    for the duration of a commit (one fsync of the WAL, a fraction of a millisecond on
-    an SSD).  Lock contention with another process is never waited for inside SQLite
-    (its busy timeout is 0): ``SQLITE_BUSY`` is retried with ``await trio.sleep`` and a
-    growing delay, up to ``busy_timeout`` seconds, then ``MetadataError``.  A write has
-    committed durably (it survives ``kill -9`` and power loss) when its call returns.
+    Reads run directly on the trio thread, on the store's own connection: in WAL mode a
+    reader neither waits for a writer nor touches the disk's sync path.  Writes are
+    group-committed by one writer thread with a second connection: callers queue their
+    transaction functions, the thread takes everything queued, runs each in a
+    ``SAVEPOINT`` (one that raises is rolled back alone) inside one ``BEGIN IMMEDIATE …
+    COMMIT`` (``synchronous=FULL``: one WAL fsync per round), then hands the round back
+    to the trio thread, which delivers its changes to the watchers and wakes the
+    callers.  So the event loop never waits for the disk: when commits ran on it, one
+    that queued behind a bookie journal's fsyncs on the same disk held a broker's loop
+    140 to 170 ms.  A write has committed durably (it survives ``kill -9`` and power loss)
+    when its call returns; a write cancelled before the thread took it is dropped, one
+    cancelled later may or may not have committed.  Lock contention with another
+    process is never waited for inside SQLite (its busy timeout is 0): ``SQLITE_BUSY``
+    is retried after a growing delay, up to ``busy_timeout`` seconds, then
+    ``MetadataError``.
 
+    Under a trio ``MockClock`` (tests) writes commit inline on the trio thread instead
+    (``commit_thread=False``): while a worker thread works, the run looks idle and the
+    mock clock would jump, so timeouts would fire in virtual time that never passed.
 Sessions
     ``run()`` inserts a ``sessions`` row and refreshes its wall-clock ``heartbeat``
     every ``session_timeout / 3`` seconds of trio time.  The store expires its own
@@ -55,9 +62,16 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import trio
+import trio.testing
 
 from pigeon.core.errors import ConfigError, InvalidArgument, MetadataError, SessionExpired
 from pigeon.core.metadata import _sqlite as db
+from pigeon.core.metadata._group_commit import (
+    BUSY_FIRST_DELAY,
+    BUSY_MAX_DELAY,
+    GroupCommitter,
+    Write,
+)
 from pigeon.core.metadata._lifecycle import MetadataStoreStatistics, StoreLifecycle
 from pigeon.core.metadata._store import (
     DEFAULT_WATCH_BUFFER,
@@ -81,14 +95,15 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _PUMP_BATCH = 1000
-_BUSY_FIRST_DELAY = 0.001
-_BUSY_MAX_DELAY = 0.05
 
 
 @dataclass(frozen=True)
 class EmbeddedStoreStatistics(MetadataStoreStatistics):
     #: the newest change-log entry the watchers were given
     last_change_seq: int
+    #: group commits by the writer thread, and the writes in them (0 when inline)
+    commit_rounds: int
+    committed_writes: int
 
 
 class EmbeddedMetadataStore(StoreLifecycle, MetadataStore):
@@ -102,6 +117,8 @@ class EmbeddedMetadataStore(StoreLifecycle, MetadataStore):
         watchers (only while this store has watchers).
     :param watch_buffer: unread events a watcher may hold before it fails.
     :param busy_timeout: how long a read or write waits for another process's lock.
+    :param commit_thread: commit writes on a writer thread (see the module); ``None``
+        (the default) means yes unless the trio run's clock is a ``MockClock``.
     """
 
     #: Keep at least this many newest change-log rows, and all of the last
@@ -117,6 +134,7 @@ class EmbeddedMetadataStore(StoreLifecycle, MetadataStore):
         poll_interval: float = 0.05,
         watch_buffer: int = DEFAULT_WATCH_BUFFER,
         busy_timeout: float = 30.0,
+        commit_thread: bool | None = None,
     ) -> None:
         location = os.fspath(path)
         if not location:
@@ -131,6 +149,8 @@ class EmbeddedMetadataStore(StoreLifecycle, MetadataStore):
         self.watch_buffer = watch_buffer
         self._hub = WatchHub(watch_buffer)
         self._conn: sqlite3.Connection | None = None
+        self.commit_thread = commit_thread
+        self._committer: GroupCommitter | None = None
         self._last_seq = 0
         self._session_id: str | None = None
         self._init_lifecycle()
@@ -174,8 +194,13 @@ class EmbeddedMetadataStore(StoreLifecycle, MetadataStore):
         return self._session_id
 
     def statistics(self) -> EmbeddedStoreStatistics:
+        committer = self._committer
         return self._statistics(
-            EmbeddedStoreStatistics, [self._hub], last_change_seq=self._last_seq
+            EmbeddedStoreStatistics,
+            [self._hub],
+            last_change_seq=self._last_seq,
+            commit_rounds=committer.rounds if committer else 0,
+            committed_writes=committer.writes if committer else 0,
         )
 
     # --- lifecycle ----------------------------------------------------------------
@@ -187,7 +212,14 @@ class EmbeddedMetadataStore(StoreLifecycle, MetadataStore):
         self._conn = db.connect(self.db_path)
         self._hub = WatchHub(self.watch_buffer)
         await self._call(db.configure, self.db_path, write=False)
-        self._last_seq = await self._call(db.create_schema, self.db_path, write=True)
+        threaded = self.commit_thread
+        if threaded is None:
+            threaded = not isinstance(trio.lowlevel.current_clock(), trio.testing.MockClock)
+        if threaded:
+            self._committer = GroupCommitter(
+                self.db_path, busy_timeout=self.busy_timeout, on_round=self._round_done
+            )
+        self._last_seq = await self._write(db.create_schema, self.db_path)
         await self.new_session()
 
     def _background(self) -> Sequence[Callable[[], Awaitable[None]]]:
@@ -199,10 +231,13 @@ class EmbeddedMetadataStore(StoreLifecycle, MetadataStore):
             return
         try:
             if self._session_alive and self._session_id is not None:
-                await self._call(db.delete_session, self._session_id, time.time(), write=True)
+                await self._write(db.delete_session, self._session_id, time.time())
         except MetadataError as exc:
             log.warning("%r: could not remove the session on close: %s", self, exc)
         finally:
+            committer, self._committer = self._committer, None
+            if committer is not None:
+                await committer.stop()
             self._mark_session_ended("store closed")
             if self._hub:
                 self._pump()
@@ -218,18 +253,18 @@ class EmbeddedMetadataStore(StoreLifecycle, MetadataStore):
     # --- sessions -------------------------------------------------------------------
 
     async def new_session(self) -> None:
-        def start(conn: sqlite3.Connection) -> tuple[str | None, str]:
+        old = self._session_id if self._session_alive else None
+        new = uuid.uuid4().hex
+
+        def start(conn: sqlite3.Connection) -> None:
             wall = time.time()
-            old = self._session_id if self._session_alive else None
             if old is not None:
                 db.delete_session(conn, old, wall)
             self._reap(conn, wall, keep=None)
-            new = uuid.uuid4().hex
             db.add_session(conn, new, self.session_timeout, wall)
-            return old, new
 
-        old, new = await self._call(start, write=True)
-        if old is not None:
+        await self._write(start)
+        if old is not None and old == self._session_id:
             self._mark_session_ended("replaced by a new session")
         self._session_id = new
         self._session_started()
@@ -241,14 +276,11 @@ class EmbeddedMetadataStore(StoreLifecycle, MetadataStore):
         ephemeral nodes are deleted and :meth:`wait_session_expired` returns.  For tests
         and for forced fail-over."""
         session = self._session_id
-
-        def expire(conn: sqlite3.Connection) -> bool:
-            if not self._session_alive or self._session_id != session or session is None:
-                return False
-            db.delete_session(conn, session, time.time())
-            return True
-
-        if await self._call(expire, write=True):
+        if not self._session_alive or session is None:
+            await trio.lowlevel.checkpoint()
+            return
+        await self._write(db.delete_session, session, time.time())
+        if self._session_id == session:
             self._mark_session_ended("expired on request")
 
     async def _keepalive_loop(self) -> None:
@@ -260,14 +292,16 @@ class EmbeddedMetadataStore(StoreLifecycle, MetadataStore):
         """One keepalive: refresh our heartbeat (or find the session dead), remove
         stale sessions of others, trim the change log."""
 
-        def tick(conn: sqlite3.Connection) -> tuple[str | None, float, str | None]:
-            now = trio.current_time()
+        now = trio.current_time()
+        session = self._session_id if self._session_alive else None
+        silent = now - self._last_beat
+        stalled = session is not None and silent > self.session_timeout
+
+        def tick(conn: sqlite3.Connection) -> str | None:
             wall = time.time()
-            session = self._session_id if self._session_alive else None
             ended: str | None = None
             if session is not None:
-                silent = now - self._last_beat
-                if silent > self.session_timeout:
+                if stalled:
                     ended = f"no keepalive for {silent:.3f}s (timeout {self.session_timeout}s)"
                 elif not db.heartbeat(conn, session, wall):
                     ended = "removed by another process as stale"
@@ -280,9 +314,9 @@ class EmbeddedMetadataStore(StoreLifecycle, MetadataStore):
                 keep_rows=self._changelog_keep_rows,
                 retention=self._changelog_retention,
             )
-            return session, now, ended
+            return ended
 
-        session, now, ended = await self._call(tick, write=True)
+        ended = await self._write(tick)
         if session is None or session != self._session_id or not self._session_alive:
             return
         if ended is None:
@@ -296,13 +330,38 @@ class EmbeddedMetadataStore(StoreLifecycle, MetadataStore):
 
     # --- database access ------------------------------------------------------------
 
+    async def _write(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(conn, *args)`` in a write transaction, by the writer thread if there
+        is one (see the module), and deliver its changes to the watchers."""
+        committer = self._committer
+        if committer is None:
+            return await self._call(fn, *args, write=True)
+        self._require_conn()
+        write = Write(fn, args)
+        committer.submit(write)
+        try:
+            await write.done.wait()
+        except BaseException:
+            committer.withdraw(write)
+            raise
+        if write.error is not None:
+            raise write.error
+        result: T = write.result
+        return result
+
+    def _round_done(self, batch: list[Write]) -> None:
+        """A round committed (or failed): watchers first, then its callers."""
+        self._pump()
+        for write in batch:
+            write.done.set()
+
     async def _call(self, fn: Callable[..., T], *args: Any, write: bool) -> T:
         """Run ``fn(conn, *args)`` on the trio thread, in a ``BEGIN IMMEDIATE``
         transaction if ``write``; retry while another process holds the lock."""
         await trio.lowlevel.checkpoint()
         conn = self._require_conn()
         deadline = trio.current_time() + self.busy_timeout
-        delay = _BUSY_FIRST_DELAY
+        delay = BUSY_FIRST_DELAY
         while True:
             try:
                 if not write:
@@ -325,7 +384,7 @@ class EmbeddedMetadataStore(StoreLifecycle, MetadataStore):
                         f"metadata database {self.db_path} stayed locked for {self.busy_timeout}s"
                     ) from exc
             await trio.sleep(delay)
-            delay = min(delay * 2, _BUSY_MAX_DELAY)
+            delay = min(delay * 2, BUSY_MAX_DELAY)
 
     # --- watches ---------------------------------------------------------------------
 
@@ -405,27 +464,25 @@ class EmbeddedMetadataStore(StoreLifecycle, MetadataStore):
         if ephemeral and not self._session_alive and self._conn is not None:
             await trio.lowlevel.checkpoint()
             raise SessionExpired("the metadata session expired; call new_session()")
-        return await self._call(
-            db.create, path, value, ephemeral, sequential, self._owner(), write=True
-        )
+        return await self._write(db.create, path, value, ephemeral, sequential, self._owner())
 
     async def set(self, path: str, value: bytes, *, version: int | None = None) -> int:
         validate_path(path)
         value = check_value(value)
-        return await self._call(db.set_value, path, value, version, write=True)
+        return await self._write(db.set_value, path, value, version)
 
     async def delete(
         self, path: str, *, version: int | None = None, recursive: bool = False
     ) -> None:
         validate_path(path)
-        await self._call(db.delete, path, version, recursive, write=True)
+        await self._write(db.delete, path, version, recursive)
 
     async def multi(self, ops: list[Op]) -> list[object]:
         ops = validate_ops(ops)
         if not ops:
             await trio.lowlevel.checkpoint()
             return []
-        return await self._call(db.multi, ops, self._owner(), write=True)
+        return await self._write(db.multi, ops, self._owner())
 
     def _owner(self) -> str | None:
         """The owner of ephemeral nodes created now: the live session, or None."""

@@ -82,12 +82,14 @@ def is_busy(exc: sqlite3.Error) -> bool:
 # --- opening ---------------------------------------------------------------------------
 
 
-def connect(db_path: str) -> sqlite3.Connection:
+def connect(db_path: str, *, check_same_thread: bool = True) -> sqlite3.Connection:
     directory = os.path.dirname(db_path)
     if directory:
         os.makedirs(directory, exist_ok=True)
     try:
-        return sqlite3.connect(db_path, timeout=0.0, isolation_level=None)
+        return sqlite3.connect(
+            db_path, timeout=0.0, isolation_level=None, check_same_thread=check_same_thread
+        )
     except sqlite3.Error as exc:
         raise errors.MetadataError(f"cannot open metadata database {db_path}: {exc}") from exc
 
