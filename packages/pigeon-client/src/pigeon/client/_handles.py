@@ -10,6 +10,7 @@ theirs in :mod:`pigeon.client._consumer_handle`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 from collections.abc import Callable
@@ -97,7 +98,7 @@ class ProducerHandle:
                     finally:
                         self.timer_sealing = False
                     core = logic.cores[index]
-                    if core.count and not self.closed:
+                    if core.count and not self.closed and not logic.held[index]:
                         again = True
                         generation = core.generation
                         deadline = None if logic.linger else core.due + self.due_offset
@@ -115,13 +116,27 @@ class ProducerHandle:
     def seal_now(self, index: int) -> None:
         """*engine*: the batching timer of a producer without a batching delay
         (``logic.linger``), called soon after its batch got its first message: seal what
-        the batch holds now, as the timer task would, without starting a task."""
+        the batch holds now (or hold it while a batch is in flight), as the timer task
+        would, without starting a task."""
+        self._seal_as_timer(self._fire_now, index)
+
+    def _fire_now(self, index: int) -> None:
+        self.timer_armed[index] = False
+        self.logic.timer_fired(index, 0)
+
+    def engine_idle(self, index: int) -> None:
+        """*engine*: partition ``index`` has no batch in flight: seal the batch held for
+        that (a producer without a batching delay)."""
+        if self.logic.held[index]:
+            self._seal_as_timer(self.logic.engine_idle, index)
+
+    def _seal_as_timer(self, fire: Callable[[int], None], index: int) -> None:
+        """*engine*: ``fire(index)`` under the lock, sealing as the timer task does."""
         try:
             with self.lock:
-                self.timer_armed[index] = False
                 self.timer_sealing = True
                 try:
-                    self.logic.timer_fired(index, 0)
+                    fire(index)
                 finally:
                     self.timer_sealing = False
         except Exception:  # seal fails only the batch's own messages; this is a bug
@@ -189,6 +204,10 @@ class ProducerFace:
     def _callback_for(self, completions: list[Any], state: Any, partition: int) -> Any:
         """The receipt handler of a sealed batch."""
         return self._handle.callback_for(completions, state, partition)
+
+    def _engine_idle(self, index: int) -> None:
+        """*engine*: partition ``index`` has no batch in flight (no batching delay)."""
+        self._handle.engine_idle(index)
 
     def _space_freed(self) -> None:
         """*engine*: messages got their receipts; there is room in the queue again."""
@@ -266,6 +285,9 @@ async def open_producer(
         encode=schema.encode if schema is not None else None,
     )
     handle.logic.callback_for = face._callback_for
+    if handle.logic.linger:
+        for i, e in enumerate(engines):
+            e.on_idle = functools.partial(face._engine_idle, i)
     handle.on_space = face._space_freed
     handle.on_timer_sealed = face._timer_sealed
     return handle

@@ -11,7 +11,11 @@ whose caller is not on the engine's thread also gives a ``clock``, the deadline 
 from it when the first message is added, and a message added after the deadline seals
 the batch at once (it goes with it): a steady producer's batch leaves on time.
 With no delay (``max_delay`` 0, :attr:`ProducerLogic.linger`) the timer is due at once
-and seals whatever the batch holds when the face gets to it.
+and seals whatever the batch holds when the face gets to it, unless a batch of the
+partition is still waiting for its receipt: then the batch is held (:attr:`ProducerLogic.
+held`) and sealed when the last receipt comes (:meth:`ProducerLogic.engine_idle`), with
+every message added meanwhile, as Kafka's ``linger.ms=0`` batches behind requests in
+flight.
 """
 
 from __future__ import annotations
@@ -81,6 +85,9 @@ class ProducerLogic:
         self.linger = self.max_delay <= 0
         if self.linger:
             self.clock = None  # only the timer seals a batch that is not full
+        #: per partition, with no delay: its open batch waits for the receipts of the
+        #: batches in flight, and :meth:`engine_idle` seals it when the last one comes
+        self.held = [False] * len(self.cores)
         self.multi = len(self.cores) > 1
         #: the one accumulator of a producer of one partition (None: partitioned)
         self._single = None if self.multi else self.cores[0]
@@ -467,6 +474,7 @@ class ProducerLogic:
     def seal(self, index: int, *, deliver_at: int = 0) -> None:
         """Seal partition ``index``'s batch and submit it: the one way a batch is sealed
         (when full, before one that would not fit, on a delay, on a timer, on flush)."""
+        self.held[index] = False
         batch = self.cores[index].seal(self.callback_for, deliver_at=deliver_at)
         if batch is not None:
             self.router.batch_sealed(index)
@@ -478,8 +486,20 @@ class ProducerLogic:
 
     def timer_fired(self, index: int, generation: int) -> None:
         """The timer started for batch ``generation`` of partition ``index`` is up: seal
-        it (with no delay, whatever batch is open: see :attr:`linger`)."""
-        if self.linger or self.cores[index].generation == generation:
+        it (with no delay, whatever batch is open, or hold it while a batch of the
+        partition waits for its receipt: see :attr:`linger`)."""
+        if self.linger:
+            if self.engines[index].link.pending:
+                self.held[index] = True
+            else:
+                self.seal(index)
+        elif self.cores[index].generation == generation:
+            self.seal(index)
+
+    def engine_idle(self, index: int) -> None:
+        """Every batch partition ``index`` sent has its receipt (or failed): seal the
+        batch held for that (see :attr:`linger`)."""
+        if self.held[index]:
             self.seal(index)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -67,6 +68,9 @@ class ProducerEngine(Reconnecting):
         self._no_pending.set()
         self.failure: PigeonError | None = None
         self.max_message_size = 5 * 1024 * 1024
+        #: called (engine thread) when the last batch waiting for a receipt got it or
+        #: failed: a producer without a batching delay seals the batch it held
+        self.on_idle: Callable[[], None] | None = None
 
     async def start(self) -> None:
         # wait_for_exclusive: the broker answers once this producer has the topic
@@ -191,11 +195,18 @@ class ProducerEngine(Reconnecting):
         if not self.link.pending:
             self._no_pending.set()
 
+    def _answered(self) -> None:
+        """A batch got its receipt or failed: if none is left waiting, say so."""
+        if not self.link.pending:
+            self._no_pending.set()
+            if self.on_idle is not None:
+                self.on_idle()
+
     async def _expire_loop(self) -> None:
         while not self.closed:
             await trio.sleep(min(1.0, self.send_timeout / 4))
             if self.link.expire(trio.current_time() - self.send_timeout, self.send_timeout):
-                self._check_empty()
+                self._answered()
 
     async def flush(self) -> None:
         await self._no_pending.wait()
@@ -268,7 +279,7 @@ class SendRequest:
                 error,
             )
             producer.reconnect_soon()
-        producer._check_empty()
+        producer._answered()
 
 
 def _extract_receipt(body: Any, payload: memoryview) -> tuple[int, int, int, bool]:

@@ -265,6 +265,15 @@ class Producer(ProducerFace):
         with self._lock:
             self._handle.logic.timer_fired(index, generation)
 
+    def _engine_idle(self, index: int) -> None:  # engine thread
+        # always hop: whether the loop holds a batch is the loop's to say
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to seal
+            self._loop.call_soon_threadsafe(self._release_held, index)
+
+    def _release_held(self, index: int) -> None:
+        with self._lock:
+            self._handle.logic.engine_idle(index)
+
     def _callback_for(
         self, futures: list[asyncio.Future[MessageId]], state: Any, partition: int
     ) -> _BatchCompletion:
