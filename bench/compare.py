@@ -433,9 +433,10 @@ def main() -> None:
     )  # fmt: skip
     ap.add_argument("--rates", type=float, nargs="+", default=d["rates"], help="MB/s")
     ap.add_argument(
-        "--linger-ms", type=float, default=1.0,
+        "--linger-ms", type=float, default=0.0,
         help="the latency scenarios' producer batching delay (PigeonMQ batching_max_delay_ms,"
-        " Kafka linger.ms); 0: a batch leaves as soon as the client can send it",
+        " Kafka linger.ms); 0 (the default): a batch leaves as soon as the client can send"
+        " it, or when the one in flight is answered",
     )  # fmt: skip
     ap.add_argument(
         "--diag-rates", type=float, nargs="*", default=d["diag_rates"],

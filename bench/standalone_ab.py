@@ -1,9 +1,9 @@
 """Publish->ack of ``pigeon standalone`` against a previous commit's, alternating (ABBA):
-``pigeon perf produce -r RATE --batch-delay-ms 1`` against a fresh standalone of each
-tree in turn, with the server's CPU per message over the produce run.
+``pigeon perf produce -r RATE --batch-delay-ms DELAY`` (1 unless given) against a fresh
+standalone of each tree in turn, with the server's CPU per message over the produce run.
 
     python -m bench.standalone_ab --baseline 609a3e8 --storage journal --fsync never \\
-        [--rounds 4] [--seconds 6] [--rate 10000]
+        [--rounds 4] [--seconds 6] [--rate 10000] [--batch-delay-ms 1]
 
 The baseline's packages are unpacked with ``git archive`` (:func:`bench.baseline.unpack`);
 the working tree's are this checkout's.  Each run prints one line per side.
@@ -65,7 +65,8 @@ def one_run(tree: Path, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         cpu0 = _cpu_s(server.pid)
         subprocess.run(
             [sys.executable, "-c", CLI, "perf", "produce", "-u", f"pigeon://127.0.0.1:{port}",
-             "-r", str(args.rate), "--batch-delay-ms", "1", "-d", str(args.seconds), "-q",
+             "-r", str(args.rate), "--batch-delay-ms", str(args.batch_delay_ms),
+             "-d", str(args.seconds), "-q",
              "--json-out", str(out), "ab"],
             env=env, check=True, stdout=subprocess.DEVNULL, timeout=args.seconds + 60,
         )  # fmt: skip
@@ -89,6 +90,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--rate", type=float, default=10000)
+    parser.add_argument("--batch-delay-ms", type=float, default=1.0)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
