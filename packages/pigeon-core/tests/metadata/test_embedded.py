@@ -424,3 +424,23 @@ async def test_a_lock_held_by_another_process_past_busy_timeout_fails_the_write(
         finally:
             other.close()
         assert await store.set("/a", b"2") == 1
+
+
+async def test_a_writer_thread_that_fails_fails_its_writes_instead_of_hanging(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from pigeon.core.metadata._group_commit import GroupCommitter
+
+    async with running(EmbeddedMetadataStore(tmp_path)) as store:
+        await store.create("/a", b"")
+
+        def broken(self: GroupCommitter, batch: object) -> None:
+            raise RuntimeError("a bug in the writer")
+
+        monkeypatch.setattr(GroupCommitter, "_commit", broken)
+        with trio.fail_after(WAIT), pytest.raises(MetadataError, match="writer failed"):
+            await store.set("/a", b"1")
+        with trio.fail_after(WAIT), pytest.raises(MetadataError, match="closing or failed"):
+            await store.set("/a", b"2")
+        assert await store.get("/a") == Stat(b"", 0, False)  # reads still work
+    assert "metadata writer thread" in caplog.text

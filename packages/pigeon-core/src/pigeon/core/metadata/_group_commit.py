@@ -77,7 +77,7 @@ class GroupCommitter:
     def submit(self, write: Write) -> None:
         with self._cond:
             if self._stopping:
-                raise MetadataError(f"metadata database {self.db_path} is closing")
+                raise MetadataError(f"metadata database {self.db_path} is closing or failed")
             self._queue.append(write)
             self._cond.notify()
 
@@ -99,6 +99,7 @@ class GroupCommitter:
     # --- the writer thread ----------------------------------------------------------------
 
     def _run(self) -> None:
+        batch: list[Write] = []
         try:
             db.configure(self._conn, self.db_path)
             while True:
@@ -111,15 +112,31 @@ class GroupCommitter:
                     for write in batch:
                         write.taken = True
                 self._commit(batch)
-                try:
-                    self._token.run_sync_soon(self._on_round, batch)
-                except trio.RunFinishedError:
+                if not self._deliver(batch):
                     return
-        except BaseException:  # pragma: no cover - a bug here must not hang the callers
+                batch = []
+        except BaseException as exc:
+            # A bug, or the database unusable (``configure`` failed): no caller may wait
+            # for ever; this round and every later write fail.
             log.exception("metadata writer thread for %s failed", self.db_path)
-            raise
+            with self._cond:
+                self._stopping = True
+                batch += self._queue
+                self._queue = []
+                for write in batch:
+                    write.taken = True
+            self._fail(batch, f"metadata database {self.db_path}: writer failed: {exc!r}")
+            self._deliver(batch)
         finally:
             self._conn.close()
+
+    def _deliver(self, batch: list[Write]) -> bool:
+        """Hand ``batch`` to the trio thread; False once the trio run is over."""
+        try:
+            self._token.run_sync_soon(self._on_round, batch)
+        except trio.RunFinishedError:
+            return False
+        return True
 
     def _commit(self, batch: list[Write]) -> None:
         deadline = time.monotonic() + self.busy_timeout
