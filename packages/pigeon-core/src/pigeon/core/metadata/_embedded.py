@@ -28,6 +28,7 @@ Threading choice
     Under a trio ``MockClock`` (tests) writes commit inline on the trio thread instead
     (``commit_thread=False``): while a worker thread works, the run looks idle and the
     mock clock would jump, so timeouts would fire in virtual time that never passed.
+
 Sessions
     ``run()`` inserts a ``sessions`` row and refreshes its wall-clock ``heartbeat``
     every ``session_timeout / 3`` seconds of trio time.  The store expires its own
