@@ -16,6 +16,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import trio
@@ -186,3 +187,43 @@ def test_asyncio_messages_sent_while_a_batch_waits_for_its_receipt_leave_togethe
 
     ids = asyncio.run(main())
     assert len(entries(ids)) == 1
+
+
+def test_sync_a_batch_held_behind_one_lost_with_the_server_leaves_after_the_restart(
+    tmp_path: Path,
+) -> None:
+    # The server dies with the first batch unanswered and the next one held behind it:
+    # after the restart the producer resends the first, and its receipt lets the held
+    # one go; every message is stored once, in order.
+    with (
+        contextlib.closing(
+            Standalone(tmp_path / "data", log_dir=tmp_path, fsync="always").start()
+        ) as server,
+        Client(server.url) as client,
+        client.create_producer("held-restart", batching_max_delay_ms=0, send_timeout=60) as p,
+    ):
+        p.send(b"warm-up", timeout=10)
+        os.kill(server.pid, signal.SIGSTOP)
+        first = p.send_async(b"first")
+        wait_in_flight(p._handle.engines[0])
+        futures = [p.send_async(b"m%d" % i) for i in range(HELD)]
+        passed = threading.Event()
+        client.engine_thread.soon(passed.set)
+        assert passed.wait(10)
+        assert p._handle.logic.held[0], "the batch was not held behind the first"
+        server.kill9()  # stopped: it dies without answering
+        server.restart()
+        ids = [f.result(60) for f in [first, *futures]]
+        assert ids == sorted(ids)
+        with client.create_reader("held-restart", "earliest") as reader:
+            got = [reader.read_next(timeout=10).value for _ in range(HELD + 2)]
+        assert got == [b"warm-up", b"first", *(b"m%d" % i for i in range(HELD))]
+        assert not reader_has_more(client, "held-restart", HELD + 2)
+
+
+def reader_has_more(client: Client, topic: str, count: int) -> bool:
+    """Whether the topic holds more than ``count`` messages (a duplicate)."""
+    with client.create_reader(topic, "earliest") as reader:
+        for _ in range(count):
+            reader.read_next(timeout=10)
+        return bool(reader.has_message_available())
