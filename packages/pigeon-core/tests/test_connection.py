@@ -591,3 +591,40 @@ async def test_tcp_payload_of_several_buffers_goes_out_unjoined(
     assert len(calls) == 1 and len(calls[0]) == 4
     assert all(sent is entry for sent, entry in zip(calls[0][1:], entries, strict=True))
     assert frame[capnp_message_size(frame) :] == b"".join(entries)
+
+
+async def test_large_frames_over_tcp_are_received_straight_into_their_buffer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Frames of 3 MB and 1 MB between small ones, both ways over a real socket pair: the
+    # rest of each large frame is read into its own buffer, byte for byte.
+    received_into: list[int] = []
+    real = _connection._receive_socket_into
+
+    async def counting(sock: Any, space: memoryview, wait_first: bool) -> int:
+        n = await real(sock, space, wait_first)
+        received_into.append(n)
+        return n
+
+    monkeypatch.setattr(_connection, "_receive_socket_into", counting)
+    a, b = trio.socket.socketpair()
+    client = Connection(trio.SocketStream(a), BrokerFrame, name="client")
+    server = Connection(trio.SocketStream(b), BrokerFrame, handler=LookupService(), name="server")
+
+    def extract(body: Any, p: memoryview) -> tuple[int, bytes]:
+        return body.entryId, bytes(p)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.run)
+        await nursery.start(client.run)
+        for size in (3_000_000, 10, 1_000_000, 70_000, 0, 3_000_001):
+            payload = bytes((i * 7 + size) & 0xFF for i in range(256)) * (size // 256)
+            payload += b"t" * (size % 256)
+            with trio.fail_after(TIMEOUT):
+                entry_id, echoed = await client.request(
+                    "send", {"producerId": 3}, payload=payload, expect="sendReceipt",
+                    extract=extract,
+                )  # fmt: skip
+            assert entry_id == size and echoed == payload
+        nursery.cancel_scope.cancel()
+    assert sum(received_into) > 3_000_000  # the direct path carried the large frames

@@ -348,3 +348,29 @@ def test_consume_buffers_leaves_exactly_the_unsent_bytes(
     assert all(
         a is b for a, b in zip(rest[1:], buffers[len(buffers) - len(rest) + 1 :], strict=True)
     )
+
+
+def test_a_large_frame_can_be_received_straight_into_its_buffer() -> None:
+    """A reader fills the rest of a large frame through ``assembly_space`` instead of
+    feeding chunks: the same frame comes out, and the input after it frames as usual."""
+    msg = build_message(BookieFrame, 9, "addEntry", {"segmentId": 1, "entryId": 2, "lac": 1})
+    payload = bytes(range(256)) * 1024
+    big = _frame_bytes(msg, payload)
+    small = _frame_bytes(_lookup(3, "t"), b"s")
+    decoder = FrameDecoder()
+    assert decoder.assembly_space() is None
+    decoder.feed(big[:1000])
+    assert list(decoder.frames()) == []
+    pos = 1000
+    while (space := decoder.assembly_space()) is not None and len(space):
+        with space:
+            n = min(len(space), 50_000)
+            space[:n] = big[pos : pos + n]
+        decoder.assembled(n)
+        pos += n
+    assert pos == len(big)
+    decoder.feed(small)
+    frames = list(decoder.frames())
+    assert [_split(f) for f in frames[:1]] == [(msg, payload)]
+    assert frames[1] == small[4:]
+    assert decoder.assembly_space() is None

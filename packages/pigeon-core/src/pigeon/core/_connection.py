@@ -652,18 +652,43 @@ class Connection:
                 await self._read_local(self._local)
                 return
             while True:
-                try:
-                    if sock is not None:
-                        data = await _receive_socket(sock, size, drained)
-                        drained = len(data) < size
-                    else:
-                        data = await stream.receive_some(size)
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                    self._close_reason = self._close_reason or self._lost(exc)
-                    return
-                if not data:
-                    return
-                if len(self._head) < _SNIFF_BYTES:
+                # the rest of a large frame goes straight into its buffer (plain TCP, once
+                # the first bytes were looked at): no chunk allocated, no copy out of it
+                space = (
+                    decoder.assembly_space()
+                    if sock is not None and more is None and len(self._head) >= _SNIFF_BYTES
+                    else None
+                )
+                if space is not None:
+                    with space:
+                        try:
+                            got = await _receive_socket_into(sock, space, drained)
+                        except (
+                            trio.BrokenResourceError,
+                            trio.ClosedResourceError,
+                            OSError,
+                        ) as exc:
+                            self._close_reason = self._close_reason or self._lost(exc)
+                            return
+                        drained = got < len(space)
+                    if not got:
+                        return
+                    self.bytes_in += got
+                    decoder.assembled(got)
+                    data = b""
+                else:
+                    try:
+                        if sock is not None:
+                            data = await _receive_socket(sock, size, drained)
+                            drained = len(data) < size
+                        else:
+                            data = await stream.receive_some(size)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                        self._close_reason = self._close_reason or self._lost(exc)
+                        return
+                    if not data:
+                        return
+                if data and len(self._head) < _SNIFF_BYTES:
                     self._head += bytes(data[: _SNIFF_BYTES - len(self._head)])
                     # Another protocol may wait for our answer before sending enough bytes
                     # to make a frame (a short TLS ClientHello): look before framing.
@@ -671,8 +696,9 @@ class Connection:
                     if foreign is not None:
                         self._foreign_peer(foreign)
                         return
-                self.bytes_in += len(data)
-                decoder.feed(data)
+                if data:
+                    self.bytes_in += len(data)
+                    decoder.feed(data)
                 if more is not None:
                     while extra := more():
                         self.bytes_in += len(extra)
@@ -927,6 +953,22 @@ async def _receive_socket(sock: Any, size: int, wait_first: bool = False) -> byt
             raise trio.ClosedResourceError("the socket was closed")
         try:
             return os.read(fd, size)
+        except BlockingIOError:
+            pass
+        await trio.lowlevel.wait_readable(sock)
+
+
+async def _receive_socket_into(sock: Any, space: memoryview, wait_first: bool) -> int:
+    """:func:`_receive_socket`, received into ``space``: the number of bytes (0 at the
+    stream's end)."""
+    if wait_first and sock.fileno() >= 0:
+        await trio.lowlevel.wait_readable(sock)
+    while True:
+        fd = sock.fileno()
+        if fd < 0:
+            raise trio.ClosedResourceError("the socket was closed")
+        try:
+            return os.readv(fd, [space])
         except BlockingIOError:
             pass
         await trio.lowlevel.wait_readable(sock)

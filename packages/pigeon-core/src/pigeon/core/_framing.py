@@ -167,8 +167,9 @@ class FrameDecoder:
     keeps a ``bytes`` chunk by reference and a frame that arrived whole is sliced out of
     it (``bytes``, aligned for Cap'n Proto); a frame of at least ``ASSEMBLE_SIZE`` bytes
     that arrives over several chunks is assembled in a ``bytearray`` of its exact size,
-    allocated when its prefix is read, each chunk copied straight into it.  Only the start
-    of a small frame that a chunk cut is copied twice.
+    allocated when its prefix is read, each chunk copied straight into it (or received
+    into it: :meth:`assembly_space`).  Only the start of a small frame that a chunk cut
+    is copied twice.
     """
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
@@ -206,6 +207,19 @@ class FrameDecoder:
             del self._buf[: self._pos]
             self._pos = 0
         self._buf += view
+
+    def assembly_space(self) -> memoryview | None:
+        """The part still to come of a large frame being assembled (None if there is
+        none): a reader may receive straight into it, then call :meth:`assembled`, and
+        so save the copy out of a chunk that :meth:`feed` makes."""
+        frame = self._frame
+        if frame is None:
+            return None
+        return memoryview(frame)[self._filled :]
+
+    def assembled(self, n: int) -> None:
+        """``n`` bytes were received into :meth:`assembly_space`."""
+        self._filled += n
 
     def frames(self) -> Iterator[bytes | bytearray]:
         while (frame := self._next_frame()) is not None:
