@@ -945,22 +945,19 @@ async def _receive_socket(sock: Any, size: int, wait_first: bool = False) -> byt
     drained the socket, so wait until it is readable before reading (a read would most
     likely fail with EAGAIN: a wasted system call per frame at moderate rates).  Raises
     ClosedResourceError once the socket is closed, OSError when the connection breaks."""
-    if wait_first and sock.fileno() >= 0:
-        await trio.lowlevel.wait_readable(sock)
-    while True:
-        fd = sock.fileno()
-        if fd < 0:
-            raise trio.ClosedResourceError("the socket was closed")
-        try:
-            return os.read(fd, size)
-        except BlockingIOError:
-            pass
-        await trio.lowlevel.wait_readable(sock)
+    data: bytes = await _read_socket(sock, wait_first, os.read, size)
+    return data
 
 
 async def _receive_socket_into(sock: Any, space: memoryview, wait_first: bool) -> int:
     """:func:`_receive_socket`, received into ``space``: the number of bytes (0 at the
     stream's end)."""
+    n: int = await _read_socket(sock, wait_first, os.readv, [space])
+    return n
+
+
+async def _read_socket(sock: Any, wait_first: bool, read: Any, arg: Any) -> Any:
+    """``read(fd, arg)`` once the socket is readable (see :func:`_receive_socket`)."""
     if wait_first and sock.fileno() >= 0:
         await trio.lowlevel.wait_readable(sock)
     while True:
@@ -968,7 +965,7 @@ async def _receive_socket_into(sock: Any, space: memoryview, wait_first: bool) -
         if fd < 0:
             raise trio.ClosedResourceError("the socket was closed")
         try:
-            return os.readv(fd, [space])
+            return read(fd, arg)
         except BlockingIOError:
             pass
         await trio.lowlevel.wait_readable(sock)
