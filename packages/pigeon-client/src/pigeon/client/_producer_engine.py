@@ -191,16 +191,17 @@ class ProducerEngine(Reconnecting):
             return False
         return True
 
-    def _check_empty(self) -> None:
-        if not self.link.pending:
-            self._no_pending.set()
+    def _check_empty(self) -> bool:
+        """Whether no batch waits for its receipt (then ``flush`` may return)."""
+        if self.link.pending:
+            return False
+        self._no_pending.set()
+        return True
 
     def _answered(self) -> None:
         """A batch got its receipt or failed: if none is left waiting, say so."""
-        if not self.link.pending:
-            self._no_pending.set()
-            if self.on_idle is not None:
-                self.on_idle()
+        if self._check_empty() and self.on_idle is not None:
+            self.on_idle()
 
     async def _expire_loop(self) -> None:
         while not self.closed:

@@ -659,35 +659,27 @@ class Connection:
                     if sock is not None and more is None and len(self._head) >= _SNIFF_BYTES
                     else None
                 )
-                if space is not None:
-                    with space:
-                        try:
+                data = b""
+                try:
+                    if space is not None:
+                        with space:
                             got = await _receive_socket_into(sock, space, drained)
-                        except (
-                            trio.BrokenResourceError,
-                            trio.ClosedResourceError,
-                            OSError,
-                        ) as exc:
-                            self._close_reason = self._close_reason or self._lost(exc)
-                            return
-                        drained = got < len(space)
-                    if not got:
-                        return
+                            drained = got < len(space)
+                    elif sock is not None:
+                        data = await _receive_socket(sock, size, drained)
+                        got = len(data)
+                        drained = got < size
+                    else:
+                        data = await stream.receive_some(size)
+                        got = len(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                    self._close_reason = self._close_reason or self._lost(exc)
+                    return
+                if not got:
+                    return
+                if space is not None:
                     self.bytes_in += got
                     decoder.assembled(got)
-                    data = b""
-                else:
-                    try:
-                        if sock is not None:
-                            data = await _receive_socket(sock, size, drained)
-                            drained = len(data) < size
-                        else:
-                            data = await stream.receive_some(size)
-                    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                        self._close_reason = self._close_reason or self._lost(exc)
-                        return
-                    if not data:
-                        return
                 if data and len(self._head) < _SNIFF_BYTES:
                     self._head += bytes(data[: _SNIFF_BYTES - len(self._head)])
                     # Another protocol may wait for our answer before sending enough bytes
