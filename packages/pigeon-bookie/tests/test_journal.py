@@ -458,7 +458,9 @@ async def test_fsync_error_turns_the_store_read_only(
 ) -> None:
     async with open_store(tmp_path) as store:
         await fill(store, 1, 2)
-        monkeypatch.setattr(journal_mod, "fsync_many", lambda fds, d: OSError(5, "I/O error"))
+        monkeypatch.setattr(
+            journal_mod, "fsync_many", lambda fds, d, drops=(): OSError(5, "I/O error")
+        )
         with pytest.raises(BookieReadOnly):
             await store.add_entry(1, 2, b"x")
         with pytest.raises(BookieReadOnly):

@@ -233,7 +233,7 @@ async def test_an_io_error_keeps_the_bookie_read_only(
     async with running(tmp_path) as (server, client, addr):
         await client.add_entry(addr, 1, 0, -1, b"a")
         monkeypatch.setattr(
-            commit_mod, "fsync_many", lambda fds, d: OSError(errno.EIO, "I/O error")
+            commit_mod, "fsync_many", lambda fds, d, drops=(): OSError(errno.EIO, "I/O error")
         )
         with pytest.raises(BookieReadOnly):
             await client.add_entry(addr, 1, 1, 0, b"b")

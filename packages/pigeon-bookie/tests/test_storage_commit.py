@@ -68,6 +68,6 @@ async def test_fsync_error_fails_the_waiting_adds(
     async with open_store(tmp_path) as store:
         await fill(store, 1, 1)
         monkeypatch.setattr(
-            commit_mod, "fsync_many", lambda fds, d: OSError(errno.EIO, "I/O error")
+            commit_mod, "fsync_many", lambda fds, d, drops=(): OSError(errno.EIO, "I/O error")
         )
         await add_fails_read_only(store, 1, 1)

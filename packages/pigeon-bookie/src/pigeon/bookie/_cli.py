@@ -154,6 +154,7 @@ def pigeon_ledger_storages(registry: Registry[Any]) -> None:
             fsync=config.fsync,
             fsync_interval_ms=config.fsync_interval_ms,
             verify_tail_bytes=config.verify_tail_bytes,
+            page_cache_window_bytes=config.page_cache_window_bytes,
         )
 
     registry.register("segment-files", segment_files)
@@ -173,6 +174,8 @@ def pigeon_ledger_storages(registry: Registry[Any]) -> None:
             entry_log_size_limit=config.entry_log_size_limit,
             flush_interval_ms=config.flush_interval_ms,
             flush_entrylog_bytes=config.flush_entrylog_bytes,
+            journal_remove_pages_from_cache=config.journal_remove_pages_from_cache,
+            page_cache_window_bytes=config.page_cache_window_bytes,
             minor_compaction_threshold=config.minor_compaction_threshold,
             minor_compaction_interval_s=config.minor_compaction_interval_s,
             major_compaction_threshold=config.major_compaction_threshold,

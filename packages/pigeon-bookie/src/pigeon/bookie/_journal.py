@@ -26,6 +26,12 @@ written every ``flush_entrylog_bytes``, so little is left), the new index entrie
 segment states committed in one LMDB transaction with the journal position they
 cover, and the journal files wholly before that position deleted.
 
+**Page cache** (:func:`~pigeon.bookie._storage_state.drop_behind`): the journal's
+pages are dropped once a round made them durable (``journal_remove_pages_from_cache``,
+BookKeeper's ``journalRemovePagesFromCache``: only a replay reads the journal), and an
+entry log's once written behind, but for its last ``page_cache_window_bytes`` (-1:
+kept, the kernel decides), so that written data does not keep growing the page cache.
+
 **Replay** at start: the records of the journal after the checkpointed position are
 re-applied in order (entries written to a new entry log, fences, deletions); the first
 torn record (short, or failing its crc) ends the replay and is cut off; then a
@@ -75,8 +81,10 @@ from pigeon.bookie._segment import MAX_PAYLOAD, Buffer, crc32c
 from pigeon.bookie._storage_commit import AppendWaiter, fsync_many
 from pigeon.bookie._storage_state import (
     MAX_ENTRY_ID,
+    DropBehind,
     as_buffer,
     check_segment_id,
+    drop_range,
     stored_damaged,
 )
 from pigeon.core.errors import (
@@ -521,12 +529,13 @@ class JournalStore(JournalReads):
         try:
             dir_fd = self._journal.dir_fd if sync_dir else None
             fds = [f.fd for f in files]
+            drops = self._journal_drops(files)
             writes = r.log_writes
             nbytes = sum(w[3] for w in writes)
             if not sync_dir and self._inline.allowed(max(nbytes, r.journal_bytes)):
                 # small, on a fast disk: here, without the two thread hops
                 t = time.perf_counter()
-                log_err, err = _round_io(writes, fds, dir_fd)
+                log_err, err = _round_io(writes, fds, dir_fd, drops)
                 self._inline.ran(time.perf_counter() - t)
                 self._counters.inline_rounds += 1
                 if writes:
@@ -535,12 +544,12 @@ class JournalStore(JournalReads):
                 # a long copy: beside the fdatasync, in a thread of its own
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._write_logs, writes)
-                    err = await self._sync_thread.run(fsync_many, fds, dir_fd)
+                    err = await self._sync_thread.run(fsync_many, fds, dir_fd, drops)
             elif writes:  # a short one: before it, in the same thread (one hop)
-                log_err, err = await self._sync_thread.run(_round_io, writes, fds, dir_fd)
+                log_err, err = await self._sync_thread.run(_round_io, writes, fds, dir_fd, drops)
                 self._logs_done(writes, log_err)
             else:
-                err = await self._sync_thread.run(fsync_many, fds, dir_fd)
+                err = await self._sync_thread.run(fsync_many, fds, dir_fd, drops)
             c = self._counters
             c.fsyncs += len(files) + sync_dir
             c.flush_rounds += 1
@@ -553,6 +562,22 @@ class JournalStore(JournalReads):
                 r.error = None
         finally:
             r.finish()
+
+    def _journal_drops(self, files: list[JournalFile]) -> list[DropBehind]:
+        """What the round's fdatasync makes droppable from the page cache: the journal
+        files' bytes written so far (all in this round; BookKeeper's
+        ``journalRemovePagesFromCache``: the journal is read only by a replay), a few
+        MiB at a time at least."""
+        if not self._remove_journal_pages:
+            return []
+        out: list[DropBehind] = []
+        for jf in files:
+            todo = drop_range(jf.cached_from, jf.end, 0)
+            if todo is not None:
+                start, length = todo
+                out.append((jf.fd, start, length))
+                jf.cached_from = start + length
+        return out
 
     async def _write_logs(self, writes: list[LogWrite]) -> None:
         """A round's entry-log writes (worker thread); the entries are read from disk
@@ -695,10 +720,10 @@ class JournalStore(JournalReads):
         while True:
             await self._write_behind_wanted.wait()
             self._write_behind_wanted = trio.Event()
-            ranges = self._logs.take_write_behind()
+            ranges, drops = self._logs.take_write_behind()
             try:
                 if ranges:
-                    await trio.to_thread.run_sync(write_behind, ranges)
+                    await trio.to_thread.run_sync(write_behind, ranges, drops)
                     self.write_behinds += len(ranges)
             except OSError as exc:  # the checkpoint's fdatasync meets it and says so
                 logger.warning("entry-log write-behind failed: %s", exc)
@@ -978,8 +1003,8 @@ def _unlink_all(paths: list[Path]) -> None:
 
 
 def _round_io(
-    writes: list[LogWrite], fds: list[int], dir_fd: int | None
+    writes: list[LogWrite], fds: list[int], dir_fd: int | None, drops: list[DropBehind]
 ) -> tuple[OSError | None, OSError | None]:
     """Blocking: a round's entry-log writes, then the journal's fdatasync (one thread
-    hop for both); the errors of each."""
-    return write_reserved(writes), fsync_many(fds, dir_fd)
+    hop for both) and its ``drops``; the errors of each."""
+    return write_reserved(writes), fsync_many(fds, dir_fd, drops)

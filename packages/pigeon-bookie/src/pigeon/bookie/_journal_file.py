@@ -119,7 +119,7 @@ class JournalFile:
     it was used (its header and the zeros after it): writes below that commit no
     metadata."""
 
-    __slots__ = ("allocated", "end", "fd", "path", "seq")
+    __slots__ = ("allocated", "cached_from", "end", "fd", "path", "seq")
 
     def __init__(self, seq: int, path: Path, fd: int, end: int, allocated: int = 0) -> None:
         self.seq = seq
@@ -127,6 +127,9 @@ class JournalFile:
         self.fd = fd
         self.end = end
         self.allocated = allocated
+        #: pages before this offset were dropped from the page cache once durable
+        #: (``journal_remove_pages_from_cache``)
+        self.cached_from = 0
 
 
 class _Preparation:

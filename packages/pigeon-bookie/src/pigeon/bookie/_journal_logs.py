@@ -28,7 +28,7 @@ import ctypes.util
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pigeon.bookie._journal_format import (
@@ -38,7 +38,7 @@ from pigeon.bookie._journal_format import (
     encode_file_header,
 )
 from pigeon.bookie._segment import Buffer
-from pigeon.bookie._storage_state import pwritev_all
+from pigeon.bookie._storage_state import DropBehind, drop_behind, drop_range, pwritev_all
 
 __all__ = [
     "EntryLog",
@@ -82,7 +82,17 @@ def log_name(log_id: int) -> str:
 class EntryLog:
     """One entry log file; mutated only from the trio thread (``end``, ``refs``)."""
 
-    __slots__ = ("behind", "dir_index", "end", "fd", "id", "path", "refs", "retired")
+    __slots__ = (
+        "behind",
+        "cached_from",
+        "dir_index",
+        "end",
+        "fd",
+        "id",
+        "path",
+        "refs",
+        "retired",
+    )
 
     def __init__(self, log_id: int, path: Path, fd: int, end: int, dir_index: int) -> None:
         self.id = log_id
@@ -92,6 +102,9 @@ class EntryLog:
         self.dir_index = dir_index
         #: where the next write-behind starts (everything before it was handed to one)
         self.behind = end
+        #: pages before this offset were dropped from the page cache once written
+        #: behind (``page_cache_window_bytes``)
+        self.cached_from = end
         #: worker threads reading it: the descriptor is closed only at 0
         self.refs = 0
         self.retired = False
@@ -109,9 +122,10 @@ LogWrite = tuple[EntryLog, int, list[Buffer], int]
 WriteBehind = tuple[EntryLog, int, int]
 
 
-def write_behind(ranges: list[WriteBehind]) -> None:
+def write_behind(ranges: list[WriteBehind], drops: Sequence[DropBehind] = ()) -> None:
     """Blocking (a worker thread): have the kernel write these ranges of entry logs to
-    disk now (see the module doc); raises OSError."""
+    disk now (see the module doc), then drop ``drops`` (ranges of these logs written
+    behind, by this call or earlier ones) from the page cache; raises OSError."""
     fn = _sync_file_range
     for log, start, end in ranges:
         if fn is None:
@@ -124,6 +138,8 @@ def write_behind(ranges: list[WriteBehind]) -> None:
                 err = ctypes.get_errno()
                 raise OSError(err, os.strerror(err))
             pos += n
+    if drops:
+        drop_behind(list(drops))
 
 
 def write_reserved(writes: list[LogWrite]) -> OSError | None:
@@ -158,11 +174,16 @@ def _close(fd: int) -> None:
 class EntryLogs:
     """The entry logs under ``dirs``; ``size_limit`` bytes a log before it rolls."""
 
-    def __init__(self, dirs: list[Path], size_limit: int, flush_bytes: int = 0) -> None:
-        """``flush_bytes``: write behind every that many bytes of a log (0: never)."""
+    def __init__(
+        self, dirs: list[Path], size_limit: int, flush_bytes: int = 0, cache_window: int = -1
+    ) -> None:
+        """``flush_bytes``: write behind every that many bytes of a log (0: never);
+        ``cache_window``: of each log, the bytes before the end that stay in the page
+        cache once written behind (-1: all)."""
         self._dirs = dirs
         self._size_limit = size_limit
         self._flush_bytes = flush_bytes
+        self._cache_window = cache_window
         #: a log has ``flush_bytes`` to write behind (see :meth:`take_write_behind`)
         self.write_behind_due = False
         self.logs: dict[int, EntryLog] = {}
@@ -248,13 +269,17 @@ class EntryLogs:
         if log.end >= self._size_limit:
             self.current = self.new_log()
 
-    def take_write_behind(self) -> list[WriteBehind]:
+    def take_write_behind(self) -> tuple[list[WriteBehind], list[DropBehind]]:
         """The ranges to write behind now: of every log written since the last
         checkpoint, what was written since its last write-behind (of the current log
-        only once that is ``flush_bytes``).  Each log is held (``refs``): the caller
-        calls ``log.release()`` once :func:`write_behind` is done with it."""
+        only once that is ``flush_bytes``); and the ranges of these logs to drop from
+        the page cache after that (more than ``cache_window`` before their end).  Each
+        log is held (``refs``): the caller calls ``log.release()`` once
+        :func:`write_behind` is done with it."""
         self.write_behind_due = False
         out: list[WriteBehind] = []
+        drops: list[DropBehind] = []
+        window = self._cache_window
         for log in self._dirty.values():
             todo = log.end - log.behind
             if todo <= 0 or (log is self.current and todo < self._flush_bytes):
@@ -262,7 +287,12 @@ class EntryLogs:
             out.append((log, log.behind, log.end))
             log.behind = log.end
             log.refs += 1
-        return out
+            drop = drop_range(log.cached_from, log.end, window)
+            if drop is not None:
+                start, length = drop
+                drops.append((log.fd, start, length))
+                log.cached_from = start + length
+        return out, drops
 
     def take_dirty(self) -> tuple[list[EntryLog], list[int]]:
         """The logs written and the directories changed since the previous call (the

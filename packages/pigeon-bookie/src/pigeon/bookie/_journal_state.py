@@ -19,6 +19,7 @@ from pigeon.bookie._journal_index import LedgerIndex, Loc
 from pigeon.bookie._journal_logs import EntryLogs, LogWrite
 from pigeon.bookie._segment import Buffer
 from pigeon.bookie._storage_state import (
+    DEFAULT_PAGE_CACHE_WINDOW,
     Counters,
     FlushThread,
     FsyncPolicy,
@@ -124,6 +125,8 @@ class JournalBase(ReadOnlyState):
         flush_interval_ms: float = 10_000.0,
         flush_entries: int = 200_000,
         flush_entrylog_bytes: int = 8 << 20,
+        journal_remove_pages_from_cache: bool = True,
+        page_cache_window_bytes: int = DEFAULT_PAGE_CACHE_WINDOW,
         minor_compaction_threshold: float = 0.2,
         minor_compaction_interval_s: float = 3600.0,
         major_compaction_threshold: float = 0.8,
@@ -148,6 +151,8 @@ class JournalBase(ReadOnlyState):
             raise InvalidArgument("journal_pre_alloc_size_mb must be >= 0")
         if entry_log_size_limit < 4096:
             raise InvalidArgument("entry_log_size_limit must be >= 4096")
+        if page_cache_window_bytes < -1:
+            raise InvalidArgument("page_cache_window_bytes must be >= 0, or -1 (off)")
         if flush_entries < 1:
             raise InvalidArgument("flush_entries must be >= 1")
         if flush_entrylog_bytes < 0:
@@ -180,7 +185,10 @@ class JournalBase(ReadOnlyState):
             int(journal_max_size_mb * (1 << 20)),
             int(journal_pre_alloc_size_mb * (1 << 20)),
         )
-        self._logs = EntryLogs(self._ledger_dirs, entry_log_size_limit, flush_entrylog_bytes)
+        self._logs = EntryLogs(
+            self._ledger_dirs, entry_log_size_limit, flush_entrylog_bytes, page_cache_window_bytes
+        )
+        self._remove_journal_pages = journal_remove_pages_from_cache
         #: an entry log has ``flush_entrylog_bytes`` to write behind
         self._write_behind_wanted = trio.Event()
         #: set while no write-behind is due or in flight (:meth:`wait_written_behind`)

@@ -181,6 +181,14 @@ class BookieConfig(SecurityConfig):
     #: bytes (BookKeeper's ``flushEntrylogBytes``; 0: leave them all to the checkpoint),
     #: so that the checkpoint's fdatasync does not hold the journal's up behind them
     flush_entrylog_bytes: int = 8 * 1024 * 1024
+    #: ``journal``: drop the journal's pages from the page cache once durable
+    #: (BookKeeper's ``journalRemovePagesFromCache``; only a replay reads them)
+    journal_remove_pages_from_cache: bool = True
+    #: of each data file (a segment file, an entry log), the most recent bytes written
+    #: that stay in the page cache once on disk; older pages are dropped, so that the
+    #: kernel reuses their memory for the next writes (-1: keep them, the kernel
+    #: decides).  Catch-up reads of older data then come from the disk
+    page_cache_window_bytes: int = 64 * 1024 * 1024
     #: compaction rewrites entry logs whose live bytes fell below this fraction of
     #: their size, every minor_compaction_interval_s ...
     minor_compaction_threshold: float = 0.2
@@ -227,6 +235,8 @@ class BookieConfig(SecurityConfig):
         for key in ("minor_compaction_threshold", "major_compaction_threshold"):
             if not 0 <= getattr(self, key) <= 1:
                 raise ConfigError(f"bad value for {key!r}: must be in [0, 1]")
+        if self.page_cache_window_bytes < -1:
+            raise ConfigError("bad value for 'page_cache_window_bytes': must be >= 0, or -1")
         if not 0 <= self.min_free_disk_percent < 100:
             raise ConfigError("bad value for 'min_free_disk_percent': must be in [0, 100)")
         if self.read_max_bytes < 1:

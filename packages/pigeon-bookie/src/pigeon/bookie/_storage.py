@@ -99,6 +99,11 @@ class SegmentStore(StoreWrites):
     in a worker thread.  ``flush_threads``: worker threads fsyncing files in parallel
     in one flush round.  ``verify_tail_bytes``: at start, at least this many bytes at the
     end of every segment are read and their checksums verified (see "Recovery").
+    ``page_cache_window_bytes``: of each segment file, the most recent bytes written
+    that stay in the page cache once durable; older pages are dropped after the flush
+    round that made them durable (:func:`~pigeon.bookie._storage_state.drop_behind`;
+    -1: never, the kernel decides; under ``fsync=never`` only :meth:`sync`, fences
+    and shutdown drop, as only they fsync).
     """
 
     # ------------------------------------------------------------------ lifecycle

@@ -11,18 +11,29 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import trio
 
-from pigeon.bookie._storage_state import Round, SegmentState, StoreBase
+from pigeon.bookie._storage_state import (
+    DropBehind,
+    Round,
+    SegmentState,
+    StoreBase,
+    drop_behind,
+    drop_range,
+)
 from pigeon.core.errors import BookieReadOnly, SegmentNotFound, StorageError
 
 __all__ = ["AppendWaiter", "StoreCommit", "fsync_many"]
 
 
-def fsync_many(fds: list[int], dir_fd: int | None) -> OSError | None:
+def fsync_many(
+    fds: list[int], dir_fd: int | None, drops: Sequence[DropBehind] = ()
+) -> OSError | None:
+    """fdatasync ``fds``, fsync ``dir_fd``, then (all durable) drop ``drops`` from the
+    page cache; the first error, or None."""
     try:
         for fd in fds:
             os.fdatasync(fd)
@@ -30,6 +41,8 @@ def fsync_many(fds: list[int], dir_fd: int | None) -> OSError | None:
             os.fsync(dir_fd)
     except OSError as exc:
         return exc
+    if drops:
+        drop_behind(list(drops))
     return None
 
 
@@ -132,21 +145,22 @@ class StoreCommit(StoreBase):
             errors: list[OSError] = []
             threads = self._fsync_threads
             if len(segs) <= 1:  # the common case: no nursery, one thread hop
-                err = await threads[0].run(fsync_many, [s.fd for s in segs], dir_fd)
+                fds = [s.fd for s in segs]
+                err = await threads[0].run(fsync_many, fds, dir_fd, self._drops(segs))
                 if err is not None:
                     errors.append(err)
             else:
                 n = min(len(threads), len(segs))
 
-                async def sync_group(i: int, fds: list[int], dir_fd: int | None) -> None:
-                    err = await threads[i].run(fsync_many, fds, dir_fd)
+                async def sync_group(i: int, group: list[SegmentState], dir_fd: int | None) -> None:
+                    fds = [s.fd for s in group]
+                    err = await threads[i].run(fsync_many, fds, dir_fd, self._drops(group))
                     if err is not None:
                         errors.append(err)
 
                 async with trio.open_nursery() as nursery:
                     for i in range(n):
-                        fds = [s.fd for s in segs[i::n]]
-                        nursery.start_soon(sync_group, i, fds, dir_fd if i == 0 else None)
+                        nursery.start_soon(sync_group, i, segs[i::n], dir_fd if i == 0 else None)
             self._counters.fsyncs += len(segs) + sync_dir
             self._counters.flush_rounds += 1
             self._counters.flush_seconds += time.perf_counter() - started
@@ -160,6 +174,19 @@ class StoreCommit(StoreBase):
             for s in segs:
                 s.release()
             r.finish()
+
+    def _drops(self, segs: list[SegmentState]) -> list[DropBehind]:
+        """What the round's fdatasync makes droppable from the page cache: of each
+        segment file, what lies more than ``page_cache_window_bytes`` before its end
+        (everything written so far is in this round), a few MiB at a time at least."""
+        out: list[DropBehind] = []
+        for s in segs:
+            todo = drop_range(s.cached_from, s.end, self._cache_window)
+            if todo is not None:
+                start, length = todo
+                out.append((s.fd, start, length))
+                s.cached_from = start + length
+        return out
 
     async def sync(self) -> None:
         """Fsync everything written so far (whatever the policy)."""

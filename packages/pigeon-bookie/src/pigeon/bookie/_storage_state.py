@@ -52,6 +52,12 @@ __all__ = [
     "SEGMENTS_DIR",
     "STORE_FORMAT",
     "TAIL_CHECKPOINTS",
+    "DEFAULT_PAGE_CACHE_WINDOW",
+    "DROP_BEHIND_ALIGN",
+    "DROP_BEHIND_STEP",
+    "DropBehind",
+    "drop_behind",
+    "drop_range",
     "Counters",
     "FlushThread",
     "InlineSyncs",
@@ -83,6 +89,14 @@ MAX_ENTRY_ID: Final = (1 << 63) - 1
 IOV_MAX: Final = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024)
 #: index checkpoints read from the end of an index file when a segment is recovered
 TAIL_CHECKPOINTS: Final = 64
+#: of each data file, the most recent bytes written that stay in the page cache once
+#: durable (see :func:`drop_behind`)
+DEFAULT_PAGE_CACHE_WINDOW: Final = 64 << 20
+#: pages are dropped this many bytes at a time at least (one fadvise call) ...
+DROP_BEHIND_STEP: Final = 4 << 20
+#: ... up to a multiple of this (a page boundary, whatever the page size): the kernel
+#: drops whole pages only, so an unaligned end would leave one behind each time
+DROP_BEHIND_ALIGN: Final = 64 << 10
 
 
 def file_name(segment_id: int, suffix: str) -> str:
@@ -109,6 +123,46 @@ def pwritev_all(fd: int, bufs: list[Buffer], offset: int, total: int) -> None:
         while n >= len(pending[0]):
             n -= len(pending.pop(0))
         pending[0] = memoryview(pending[0])[n:]
+
+
+#: a range of a data file to drop from the page cache: ``(fd, offset, length)``
+DropBehind = tuple[int, int, int]
+
+
+def drop_range(cached_from: int, end: int, window: int) -> tuple[int, int] | None:
+    """Of a file written up to ``end`` whose pages before ``cached_from`` were dropped
+    already: the range to drop now, ``(offset, length)``, keeping the last ``window``
+    bytes (-1: keep all), or None while that is less than :data:`DROP_BEHIND_STEP`."""
+    if window < 0:
+        return None
+    start = cached_from // DROP_BEHIND_ALIGN * DROP_BEHIND_ALIGN
+    upto = (end - window) // DROP_BEHIND_ALIGN * DROP_BEHIND_ALIGN
+    if upto - start < DROP_BEHIND_STEP:
+        return None
+    return start, upto - start
+
+
+def drop_behind(ranges: list[DropBehind]) -> None:
+    """Blocking: drop these ranges of files from the page cache (their bytes are on
+    disk already), so that the kernel reuses that memory for the next writes.
+
+    Written data is read back seldom (a tailing reader is served by the broker's
+    cache), and every page kept makes the page cache grow into memory nobody has
+    touched yet.  Where that memory is backed lazily (a Firecracker VM, measured
+    here: docs/benchmarks.md, "Drop-behind"), each new page costs a fault on the host
+    inside the kernel's copy, ~2.5 ms of CPU per MiB written against ~0.25 ms for a
+    page the kernel had freed a moment ago.  BookKeeper drops its journal's pages the
+    same way (``journalRemovePagesFromCache``).  Only whole clean pages go: a dirty
+    page or one still being written back stays, so nothing is lost whatever the
+    range; errors are ignored (the pages just stay cached).
+    """
+    if not hasattr(os, "posix_fadvise"):
+        return
+    for fd, offset, length in ranges:
+        try:
+            os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            pass
 
 
 def as_buffer(data: Buffer) -> Buffer:
@@ -161,6 +215,7 @@ class SegmentState:
 
     __slots__ = (
         "base",
+        "cached_from",
         "closed",
         "corrupt",
         "deleted",
@@ -216,6 +271,9 @@ class SegmentState:
         #: checkpoints stored in the index file
         self.idx_count = idx_count
         self.meta_size = meta_size
+        #: pages before this offset were dropped from the page cache once durable
+        #: (``page_cache_window_bytes``)
+        self.cached_from = 0
         self.sparse: SparseIndex | None = None
         self.meta_lock: trio.Lock | None = None
         #: worker threads using the file descriptors; they are closed only at 0
@@ -462,6 +520,7 @@ class StoreBase(ReadOnlyState):
         inline_read_bytes: int = 256 * 1024,
         flush_threads: int = 4,
         verify_tail_bytes: int = 1 << 20,
+        page_cache_window_bytes: int = DEFAULT_PAGE_CACHE_WINDOW,
     ) -> None:
         if fsync not in ("always", "interval", "never"):
             raise InvalidArgument(f"fsync must be 'always', 'interval' or 'never', not {fsync!r}")
@@ -473,6 +532,8 @@ class StoreBase(ReadOnlyState):
             raise InvalidArgument("flush_threads must be >= 1")
         if verify_tail_bytes < 0:
             raise InvalidArgument("verify_tail_bytes must be >= 0")
+        if page_cache_window_bytes < -1:
+            raise InvalidArgument("page_cache_window_bytes must be >= 0, or -1 (off)")
         self._root = Path(data_dir)
         self._dir = self._root / SEGMENTS_DIR
         self._policy: FsyncPolicy = fsync
@@ -485,6 +546,7 @@ class StoreBase(ReadOnlyState):
             FlushThread(f"pigeon-fsync-{i}") for i in range(max(1, flush_threads))
         ]
         self._verify_tail = verify_tail_bytes
+        self._cache_window = page_cache_window_bytes
         #: dense positions kept per segment: beyond 2x this, the oldest half is dropped
         #: (reads of older entries go through the sparse index)
         self._dense_window = 1 << 16
