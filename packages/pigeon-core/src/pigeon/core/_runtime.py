@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import logging
 import signal
@@ -44,12 +45,48 @@ SERVER_SWITCH_INTERVAL_S = 0.0005
 SERVER_GC_THRESHOLD = (50_000, 20, 100)
 
 
+#: glibc malloc: allocations up to this size come from the heap, not from a fresh mmap
+#: of their own (the default adapts between 128 KiB and 32 MiB) ...
+SERVER_MALLOC_MMAP_THRESHOLD = 32 << 20
+#: ... and the heap keeps this much freed memory before giving any back to the kernel
+#: (the default adapts up to twice the mmap threshold)
+SERVER_MALLOC_TRIM_THRESHOLD = 256 << 20
+
+
 def tune_server_interpreter() -> None:
     """Settings of a process that is a PigeonMQ server (never of a client's process): a
     shorter GIL switch interval and fewer garbage collections, which take the 5-60 ms
-    stalls out of the latency tail (docs/benchmarks.md)."""
+    stalls out of the latency tail, and a malloc that keeps freed memory
+    (:func:`retain_freed_memory`) (docs/benchmarks.md)."""
     sys.setswitchinterval(SERVER_SWITCH_INTERVAL_S)
     gc.set_threshold(*SERVER_GC_THRESHOLD)
+    retain_freed_memory()
+
+
+def retain_freed_memory() -> bool:
+    """Have glibc's malloc keep freed memory for the next allocations (up to
+    :data:`SERVER_MALLOC_TRIM_THRESHOLD`, allocations up to
+    :data:`SERVER_MALLOC_MMAP_THRESHOLD` from the heap); whether it could.
+
+    A server allocates and frees buffers of megabytes all the time (a read of 2 MB
+    entries, a received frame, the entry the ledger stores).  By default each one is a
+    fresh mmap, or heap memory given back to the kernel when freed, so the next one
+    page-faults and zero-fills again; where the host backs a VM's memory lazily each of
+    those faults also costs the host's (docs/benchmarks.md, "Drop-behind").  Other C
+    libraries (musl) and other systems: nothing is changed.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
+    return bool(mallopt(m_mmap_threshold, SERVER_MALLOC_MMAP_THRESHOLD)) and bool(
+        mallopt(m_trim_threshold, SERVER_MALLOC_TRIM_THRESHOLD)
+    )
 
 
 async def run_until_signal(fn: Any, *args: Any, ready: Any = None) -> None:
