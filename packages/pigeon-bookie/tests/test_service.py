@@ -331,9 +331,32 @@ def test_config_validation() -> None:
         {"segment_expiry_s": -1},
         {"min_free_disk_percent": 100},
         {"register_interval_s": 0},
+        {"page_cache_window_bytes": -2},
     ):
         with pytest.raises(ConfigError):
             load_config(BookieConfig, env={}, overrides=bad)
+
+
+def test_page_cache_options_reach_both_storages(tmp_path: Path) -> None:
+    from pigeon.bookie._service import build_ledger_storage
+    from pigeon.core import load_config
+    from pigeon.core._plugins import PluginManager
+
+    plugins = PluginManager()
+    overrides = {
+        "data_dir": str(tmp_path),
+        "page_cache_window_bytes": "-1",
+        "journal_remove_pages_from_cache": "false",
+    }
+    for name in ("segment-files", "journal"):
+        config = load_config(BookieConfig, env={}, overrides={**overrides, "ledger_storage": name})
+        store = build_ledger_storage(config, plugins)
+        window = store._logs._cache_window if name == "journal" else store._cache_window
+        assert window == -1
+        if name == "journal":
+            assert store._remove_journal_pages is False
+    default = load_config(BookieConfig, env={}, overrides={"data_dir": str(tmp_path)})
+    assert build_ledger_storage(default, plugins)._cache_window == 64 << 20
 
 
 async def test_a_read_response_carries_the_read_entries_unjoined(
