@@ -8,7 +8,9 @@ import ctypes
 import mmap
 import os
 import sys
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_journal import open_store as open_journal_store
@@ -67,12 +69,29 @@ def payload(i: int) -> bytes:
     return bytes([i % 251]) * ENTRY
 
 
+async def fill(store: Any) -> None:
+    """Segment 1 gets ENTRIES entries, each acknowledged (fsync=always) before the next."""
+    for i in range(ENTRIES):
+        await store.add_entry(1, i, payload(i))
+
+
+def running_journal(path: Path, **options: Any) -> AbstractAsyncContextManager[Any]:
+    """A running journal store: fsync=always, no checkpoint, no preallocated journal."""
+    return open_journal_store(
+        path, fsync="always", flush_interval_ms=1e9, journal_pre_alloc_size_mb=0, **options
+    )
+
+
+def check_read_back(store: Any) -> None:
+    got = store.read_entries(1, 0, ENTRIES - 1, max_bytes=1 << 30)
+    assert [(i, bytes(p)) for i, p in got] == [(i, payload(i)) for i in range(ENTRIES)]
+
+
 async def test_segment_file_pages_leave_the_cache_once_durable(dropping_fs: Path) -> None:
     async with open_segment_store(
         dropping_fs, fsync="always", page_cache_window_bytes=MIB
     ) as store:
-        for i in range(ENTRIES):
-            await store.add_entry(1, i, payload(i))
+        await fill(store)
         data = dropping_fs / "segments" / f"{1:016x}.log"
         end = data.stat().st_size
         # everything but the last window (and one drop step) is out of the cache ...
@@ -80,14 +99,12 @@ async def test_segment_file_pages_leave_the_cache_once_durable(dropping_fs: Path
             assert not page_cached(data, offset), offset
         # ... the most recent bytes are still there, and every entry reads back
         assert page_cached(data, end - 64 * 1024)
-        got = store.read_entries(1, 0, ENTRIES - 1, max_bytes=1 << 30)
-        assert [(i, bytes(p)) for i, p in got] == [(i, payload(i)) for i in range(ENTRIES)]
+        check_read_back(store)
 
 
 async def test_segment_file_pages_stay_with_window_off(dropping_fs: Path) -> None:
     async with open_segment_store(dropping_fs, fsync="always", page_cache_window_bytes=-1) as store:
-        for i in range(ENTRIES):
-            await store.add_entry(1, i, payload(i))
+        await fill(store)
         data = dropping_fs / "segments" / f"{1:016x}.log"
         assert store.statistics().fsyncs >= 1
         # nothing asked the kernel to drop them (it may still evict: only the count of
@@ -96,16 +113,8 @@ async def test_segment_file_pages_stay_with_window_off(dropping_fs: Path) -> Non
 
 
 async def test_journal_and_entry_log_pages_leave_the_cache(dropping_fs: Path) -> None:
-    async with open_journal_store(
-        dropping_fs,
-        fsync="always",
-        flush_interval_ms=1e9,
-        flush_entrylog_bytes=MIB,
-        page_cache_window_bytes=MIB,
-        journal_pre_alloc_size_mb=0,
-    ) as store:
-        for i in range(ENTRIES):
-            await store.add_entry(1, i, payload(i))
+    async with running_journal(dropping_fs, flush_entrylog_bytes=MIB, page_cache_window_bytes=MIB) as store:
+        await fill(store)
         await store.wait_written_behind()
         (journal,) = sorted((dropping_fs / "journal").glob("*.txn"))
         (log,) = sorted((dropping_fs / "ledgers").glob("*.log"))
@@ -115,20 +124,13 @@ async def test_journal_and_entry_log_pages_leave_the_cache(dropping_fs: Path) ->
                 assert not page_cached(path, offset), (path.name, offset)
         # the entry log keeps its last window cached (the journal is read only by a replay)
         assert page_cached(log, log.stat().st_size - 64 * 1024)
-        got = store.read_entries(1, 0, ENTRIES - 1, max_bytes=1 << 30)
-        assert [(i, bytes(p)) for i, p in got] == [(i, payload(i)) for i in range(ENTRIES)]
+        check_read_back(store)
 
 
 async def test_journal_pages_stay_when_asked(dropping_fs: Path) -> None:
-    async with open_journal_store(
-        dropping_fs,
-        fsync="always",
-        flush_interval_ms=1e9,
-        journal_remove_pages_from_cache=False,
-        page_cache_window_bytes=-1,
-        journal_pre_alloc_size_mb=0,
+    async with running_journal(
+        dropping_fs, journal_remove_pages_from_cache=False, page_cache_window_bytes=-1
     ) as store:
-        for i in range(ENTRIES):
-            await store.add_entry(1, i, payload(i))
+        await fill(store)
         (journal,) = sorted((dropping_fs / "journal").glob("*.txn"))
         assert page_cached(journal, 4 * MIB) or page_cached(journal, 8 * MIB)
