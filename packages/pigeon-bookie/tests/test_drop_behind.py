@@ -113,7 +113,9 @@ async def test_segment_file_pages_stay_with_window_off(dropping_fs: Path) -> Non
 
 
 async def test_journal_and_entry_log_pages_leave_the_cache(dropping_fs: Path) -> None:
-    async with running_journal(dropping_fs, flush_entrylog_bytes=MIB, page_cache_window_bytes=MIB) as store:
+    async with running_journal(
+        dropping_fs, flush_entrylog_bytes=MIB, page_cache_window_bytes=MIB
+    ) as store:
         await fill(store)
         await store.wait_written_behind()
         (journal,) = sorted((dropping_fs / "journal").glob("*.txn"))
