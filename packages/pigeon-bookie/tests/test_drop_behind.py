@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 from test_journal import open_store as open_journal_store
 from test_storage import open_store as open_segment_store
 
@@ -126,6 +127,29 @@ async def test_journal_and_entry_log_pages_leave_the_cache(dropping_fs: Path) ->
                 assert not page_cached(path, offset), (path.name, offset)
         # the entry log keeps its last window cached (the journal is read only by a replay)
         assert page_cached(log, log.stat().st_size - 64 * 1024)
+        check_read_back(store)
+
+
+async def test_entry_log_pages_leave_the_cache_with_adds_in_flight(dropping_fs: Path) -> None:
+    """As the bookie's service adds (``append``, the next before the last is durable):
+    with fsync=always a round writes the entry log after the add reserved its place;
+    what is written behind and dropped is what was written, never a reserved range."""
+    async with running_journal(
+        dropping_fs, flush_entrylog_bytes=MIB, page_cache_window_bytes=MIB
+    ) as store:
+        waiters = []
+        for i in range(ENTRIES):
+            waiters.append(store.append(1, i, payload(i)))
+            if i % 8 == 7:
+                await trio.lowlevel.checkpoint()
+        for waiter in waiters:
+            await waiter.wait()
+        await store.wait_written_behind()
+        (log,) = sorted((dropping_fs / "ledgers").glob("*.log"))
+        end = log.stat().st_size
+        assert store.write_behinds >= 1
+        cached = [page_cached(log, offset) for offset in range(0, end - 6 * MIB, 256 * 1024)]
+        assert not any(cached), cached
         check_read_back(store)
 
 

@@ -457,6 +457,10 @@ class JournalStore(JournalReads):
         self._pending += len(payloads)
         if self._pending >= self._flush_entries:
             self._checkpoint_wanted.set()
+        self._want_write_behind()
+
+    def _want_write_behind(self) -> None:
+        """Wake the write-behind task if an entry log has enough written for it."""
         if self._logs.write_behind_due:
             self._write_behind_wanted.set()
             if self._written_behind.is_set():
@@ -594,10 +598,13 @@ class JournalStore(JournalReads):
 
     def _written(self, writes: list[LogWrite]) -> None:
         unwritten = self._unwritten
+        logs = self._logs
         for log, pos, bufs, _total in writes:
             for i in range(1, len(bufs), 2):  # header, payload, header, payload, ...
                 unwritten.pop((log.id, pos), None)
                 pos += len(bufs[i - 1]) + len(bufs[i])
+            logs.written_up_to(log, pos)
+        self._want_write_behind()
 
     async def _write_failed_again(self) -> None:
         """The entry-log writes that failed, tried again (a checkpoint may let the

@@ -92,6 +92,7 @@ class EntryLog:
         "path",
         "refs",
         "retired",
+        "written",
     )
 
     def __init__(self, log_id: int, path: Path, fd: int, end: int, dir_index: int) -> None:
@@ -102,6 +103,9 @@ class EntryLog:
         self.dir_index = dir_index
         #: where the next write-behind starts (everything before it was handed to one)
         self.behind = end
+        #: the end of what is written (``end`` also counts bytes reserved for a round
+        #: that has not written them yet: write-behind and drops stop here)
+        self.written = end
         #: pages before this offset were dropped from the page cache once written
         #: behind (``page_cache_window_bytes``)
         self.cached_from = end
@@ -249,6 +253,7 @@ class EntryLogs:
                 pass
             raise
         self._advance(log, total)
+        self.written_up_to(log, start + total)
         return log.id, start
 
     def reserve(self, total: int) -> tuple[EntryLog, int]:
@@ -264,16 +269,22 @@ class EntryLogs:
     def _advance(self, log: EntryLog, total: int) -> None:
         log.end += total
         self._dirty[log.id] = log
-        if self._flush_bytes and log.end - log.behind >= self._flush_bytes:
-            self.write_behind_due = True
         if log.end >= self._size_limit:
             self.current = self.new_log()
+
+    def written_up_to(self, log: EntryLog, end: int) -> None:
+        """The bytes of ``log`` before ``end`` are written (a reserved write done)."""
+        if end > log.written:
+            log.written = end
+        if self._flush_bytes and log.written - log.behind >= self._flush_bytes:
+            self.write_behind_due = True
 
     def take_write_behind(self) -> tuple[list[WriteBehind], list[DropBehind]]:
         """The ranges to write behind now: of every log written since the last
         checkpoint, what was written since its last write-behind (of the current log
-        only once that is ``flush_bytes``); and the ranges of these logs to drop from
-        the page cache after that (more than ``cache_window`` before their end).  Each
+        only once that is ``flush_bytes``; bytes reserved but not written yet wait for
+        the next time); and the ranges of these logs to drop from the page cache after
+        that (more than ``cache_window`` before the end of what is written).  Each
         log is held (``refs``): the caller calls ``log.release()`` once
         :func:`write_behind` is done with it."""
         self.write_behind_due = False
@@ -281,13 +292,13 @@ class EntryLogs:
         drops: list[DropBehind] = []
         window = self._cache_window
         for log in self._dirty.values():
-            todo = log.end - log.behind
+            todo = log.written - log.behind
             if todo <= 0 or (log is self.current and todo < self._flush_bytes):
                 continue
-            out.append((log, log.behind, log.end))
-            log.behind = log.end
+            out.append((log, log.behind, log.written))
+            log.behind = log.written
             log.refs += 1
-            drop = drop_range(log.cached_from, log.end, window)
+            drop = drop_range(log.cached_from, log.written, window)
             if drop is not None:
                 start, length = drop
                 drops.append((log.fd, start, length))
