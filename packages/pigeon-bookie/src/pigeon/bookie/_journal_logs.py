@@ -38,7 +38,13 @@ from pigeon.bookie._journal_format import (
     encode_file_header,
 )
 from pigeon.bookie._segment import Buffer
-from pigeon.bookie._storage_state import DropBehind, drop_behind, drop_range, pwritev_all
+from pigeon.bookie._storage_state import (
+    DROP_BEHIND_STEP,
+    DropBehind,
+    drop_behind,
+    drop_range,
+    pwritev_all,
+)
 
 __all__ = [
     "EntryLog",
@@ -298,7 +304,10 @@ class EntryLogs:
             out.append((log, log.behind, log.written))
             log.behind = log.written
             log.refs += 1
-            drop = drop_range(log.cached_from, log.written, window)
+            # the last step again: sync_file_range is best effort (pages it left dirty
+            # were not dropped then, and are written back by now)
+            retry_from = max(0, log.cached_from - DROP_BEHIND_STEP)
+            drop = drop_range(retry_from, log.written, window)
             if drop is not None:
                 start, length = drop
                 drops.append((log.fd, start, length))
