@@ -84,7 +84,7 @@ from pigeon.bookie._storage_state import (
     DropBehind,
     as_buffer,
     check_segment_id,
-    drop_range,
+    next_drop,
     stored_damaged,
 )
 from pigeon.core.errors import (
@@ -579,14 +579,8 @@ class JournalStore(JournalReads):
         MiB at a time at least."""
         if not self._remove_journal_pages:
             return []
-        out: list[DropBehind] = []
-        for jf in files:
-            todo = drop_range(jf.cached_from, jf.end, 0)
-            if todo is not None:
-                start, length = todo
-                out.append((jf.fd, start, length))
-                jf.cached_from = start + length
-        return out
+        drops = (next_drop(jf, jf.end, 0) for jf in files)
+        return [d for d in drops if d is not None]
 
     async def _write_logs(self, writes: list[LogWrite]) -> None:
         """A round's entry-log writes (worker thread); the entries are read from disk

@@ -42,7 +42,7 @@ from pigeon.bookie._storage_state import (
     DROP_BEHIND_STEP,
     DropBehind,
     drop_behind,
-    drop_range,
+    next_drop,
     pwritev_all,
 )
 
@@ -306,12 +306,9 @@ class EntryLogs:
             log.refs += 1
             # the last step again: sync_file_range is best effort (pages it left dirty
             # were not dropped then, and are written back by now)
-            retry_from = max(0, log.cached_from - DROP_BEHIND_STEP)
-            drop = drop_range(retry_from, log.written, window)
+            drop = next_drop(log, log.written, window, retry=DROP_BEHIND_STEP)
             if drop is not None:
-                start, length = drop
-                drops.append((log.fd, start, length))
-                log.cached_from = start + length
+                drops.append(drop)
         return out, drops
 
     def take_dirty(self) -> tuple[list[EntryLog], list[int]]:

@@ -22,7 +22,7 @@ from pigeon.bookie._storage_state import (
     SegmentState,
     StoreBase,
     drop_behind,
-    drop_range,
+    next_drop,
 )
 from pigeon.core.errors import BookieReadOnly, SegmentNotFound, StorageError
 
@@ -179,14 +179,8 @@ class StoreCommit(StoreBase):
         """What the round's fdatasync makes droppable from the page cache: of each
         segment file, what lies more than ``page_cache_window_bytes`` before its end
         (everything written so far is in this round), a few MiB at a time at least."""
-        out: list[DropBehind] = []
-        for s in segs:
-            todo = drop_range(s.cached_from, s.end, self._cache_window)
-            if todo is not None:
-                start, length = todo
-                out.append((s.fd, start, length))
-                s.cached_from = start + length
-        return out
+        drops = (next_drop(s, s.end, self._cache_window) for s in segs)
+        return [d for d in drops if d is not None]
 
     async def sync(self) -> None:
         """Fsync everything written so far (whatever the policy)."""

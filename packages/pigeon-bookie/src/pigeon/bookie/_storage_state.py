@@ -21,7 +21,7 @@ import time
 from array import array
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final, Literal, TypeVar
+from typing import Any, Final, Literal, Protocol, TypeVar
 
 import outcome
 import trio
@@ -57,7 +57,7 @@ __all__ = [
     "DROP_BEHIND_STEP",
     "DropBehind",
     "drop_behind",
-    "drop_range",
+    "next_drop",
     "Counters",
     "FlushThread",
     "InlineSyncs",
@@ -129,17 +129,27 @@ def pwritev_all(fd: int, bufs: list[Buffer], offset: int, total: int) -> None:
 DropBehind = tuple[int, int, int]
 
 
-def drop_range(cached_from: int, end: int, window: int) -> tuple[int, int] | None:
-    """Of a file written up to ``end`` whose pages before ``cached_from`` were dropped
-    already: the range to drop now, ``(offset, length)``, keeping the last ``window``
-    bytes (-1: keep all), or None while that is less than :data:`DROP_BEHIND_STEP`."""
+class _Droppable(Protocol):
+    """A file whose written pages are dropped from the page cache bit by bit."""
+
+    fd: int
+    #: pages before this offset were dropped already
+    cached_from: int
+
+
+def next_drop(f: _Droppable, end: int, window: int, *, retry: int = 0) -> DropBehind | None:
+    """The range of ``f`` (written up to ``end``) to drop now, keeping the last
+    ``window`` bytes (-1: keep all) and dropping the last ``retry`` bytes before
+    ``f.cached_from`` again; None while that is under :data:`DROP_BEHIND_STEP`.
+    Moves ``f.cached_from`` to the end of the range returned."""
     if window < 0:
         return None
-    start = cached_from // DROP_BEHIND_ALIGN * DROP_BEHIND_ALIGN
+    start = max(0, f.cached_from - retry) // DROP_BEHIND_ALIGN * DROP_BEHIND_ALIGN
     upto = (end - window) // DROP_BEHIND_ALIGN * DROP_BEHIND_ALIGN
     if upto - start < DROP_BEHIND_STEP:
         return None
-    return start, upto - start
+    f.cached_from = upto
+    return f.fd, start, upto - start
 
 
 def drop_behind(ranges: list[DropBehind]) -> None:
