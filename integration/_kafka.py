@@ -84,10 +84,15 @@ def produce(
 
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, **conf})
     reports: list[Any] = []
-    for r in records:
-        producer.produce(topic, on_delivery=lambda err, msg: reports.append((err, msg)), **r)
-        producer.poll(0)
-    assert producer.flush(DEADLINE_S) == 0, "deliveries still pending"
+    try:
+        for r in records:
+            producer.produce(topic, on_delivery=lambda err, msg: reports.append((err, msg)), **r)
+            producer.poll(0)
+        pending = producer.flush(DEADLINE_S)
+    finally:
+        producer.purge()
+        producer.close()
+    assert pending == 0, "deliveries still pending"
     errors = [err for err, _ in reports if err is not None]
     assert not errors, errors
     return [msg for _, msg in reports]

@@ -108,6 +108,7 @@ class Witness:
 
     def close(self) -> None:
         self.consumer.close()
+        self.producer.close()
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from test_service import payload, running
 
 from pigeon.core._bookie_client import BookieClient
 from pigeon.core.errors import InvalidEntryId, SegmentFenced
+from pigeon.core.testing.servers import free_port
 
 
 async def replicated_add(
@@ -55,9 +55,7 @@ async def replicated_add(
 
 
 def closed_port_address() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
+    return f"127.0.0.1:{free_port()}"
 
 
 async def test_resends_and_recovery_adds_are_idempotent(tmp_path: Path) -> None:

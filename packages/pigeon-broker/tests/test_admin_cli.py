@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -20,6 +19,7 @@ from click.testing import CliRunner, Result
 from pigeon.client import Client, MessageId
 from pigeon.client._admin_cli import admin_cmd, parse_time
 from pigeon.core import TopicName
+from pigeon.core.testing.servers import free_port
 
 NS = "public/default"
 
@@ -113,10 +113,7 @@ def test_json_flag_works_after_the_subcommand_too(admin_standalone: AdminStandal
 
 
 def test_unreachable_broker_exits_1_with_one_error_line() -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://127.0.0.1:{free_port()}"
     result = CliRunner().invoke(admin_cmd, ["--url", url, "tenants", "list"])
     assert result.exit_code == 1
     assert result.stderr.startswith(f"error: ConnectionError: cannot reach {url}")

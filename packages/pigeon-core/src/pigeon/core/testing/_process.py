@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import socket
 import subprocess
 from pathlib import Path
@@ -17,14 +18,46 @@ HOST = "127.0.0.1"
 POLL = 0.05
 
 
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct TCP ports that were free on 127.0.0.1 a moment ago."""
-    socks = []
+#: Where the kernel's ephemeral ports (``bind(port 0)``, outgoing connections) come from.
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+#: The lowest port handed to a test server.
+LOWEST_TEST_PORT = 10000
+_ports = random.Random(os.urandom(16))  # private: tests may seed the global ``random``
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's ephemeral port range (Linux's default where it cannot be read)."""
     try:
-        for _ in range(n):
+        low, high = (int(x) for x in EPHEMERAL_RANGE_FILE.read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct TCP ports that were free on 127.0.0.1 a moment ago.
+
+    They lie below the kernel's ephemeral range. A client that outlives its test keeps
+    reconnecting to its dead server's port; were that port ephemeral, the kernel could
+    hand it to another program's listener (Spark's JVM binds port 0 for each Python
+    worker to connect back to), which would then take the stray client's bytes for its
+    own handshake and fail."""
+    low = LOWEST_TEST_PORT
+    high = ephemeral_range()[0] - 1
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(200 * n):
+            if len(socks) == n:
+                break
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((HOST, 0))
+            try:
+                s.bind((HOST, _ports.randint(low, high) if high - low >= 1000 else 0))
+            except OSError:
+                s.close()
+                continue
             socks.append(s)
+        if len(socks) < n:
+            raise OSError(f"no {n} free ports on {HOST} in {low}..{high}")
         return [int(s.getsockname()[1]) for s in socks]
     finally:
         for s in socks:
