@@ -26,9 +26,12 @@ def test_a_port_in_use_is_never_handed_out(monkeypatch: pytest.MonkeyPatch) -> N
         taken.bind((HOST, 0))
         port = taken.getsockname()[1]
         taken.listen()
-        # every random pick lands on the taken port first, then on the next one up
-        picks = iter([port] * 5 + [port + 1 if port < 60000 else port - 1])
-        monkeypatch.setattr(_process._ports, "randint", lambda _a, _b: next(picks))
+        # the first random picks land on the taken port, then they are random again
+        forced = iter([port] * 5)
+        randint = _process._ports.randint
+        monkeypatch.setattr(
+            _process._ports, "randint", lambda a, b: next(forced, None) or randint(a, b)
+        )
         monkeypatch.setattr(_process, "LOWEST_TEST_PORT", 1024)
         monkeypatch.setattr(_process, "ephemeral_range", lambda: (65000, 65535))
         assert free_ports(1)[0] != port
@@ -42,3 +45,15 @@ def test_unreadable_range_falls_back_to_linux_default(
     (tmp_path / "garbage").write_text("not ports\n")
     monkeypatch.setattr(_process, "EPHEMERAL_RANGE_FILE", tmp_path / "garbage")
     assert ephemeral_range() == (32768, 60999)
+
+
+def test_a_port_handed_out_lately_is_not_handed_out_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the first server has not bound its port yet: the next pick must not be that port
+    first = free_ports(1)[0]
+    forced = iter([first, first])
+    randint = _process._ports.randint
+    monkeypatch.setattr(
+        _process._ports, "randint", lambda a, b: next(forced, None) or randint(a, b)
+    )
+    assert free_ports(1)[0] != first
+    assert next(forced, None) is None  # both forced picks were tried and passed over

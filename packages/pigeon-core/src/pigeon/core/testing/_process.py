@@ -3,6 +3,7 @@ signals by PID, log tails."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import random
@@ -23,6 +24,11 @@ EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 #: The lowest port handed to a test server.
 LOWEST_TEST_PORT = 10000
 _ports = random.Random(os.urandom(16))  # private: tests may seed the global ``random``
+#: How many of the ports handed out last are not handed out again: a server may not have
+#: bound the port it was given yet when the next test server's port is picked.
+RECENT_PORTS = 2000
+_recent: collections.deque[int] = collections.deque(maxlen=RECENT_PORTS)
+_recent_set: set[int] = set()
 
 
 def ephemeral_range() -> tuple[int, int]:
@@ -41,7 +47,8 @@ def free_ports(n: int) -> list[int]:
     reconnecting to its dead server's port; were that port ephemeral, the kernel could
     hand it to another program's listener (Spark's JVM binds port 0 for each Python
     worker to connect back to), which would then take the stray client's bytes for its
-    own handshake and fail."""
+    own handshake and fail. A port this process handed out among the last
+    :data:`RECENT_PORTS` is not handed out again (its server may not listen yet)."""
     low = LOWEST_TEST_PORT
     high = ephemeral_range()[0] - 1
     socks: list[socket.socket] = []
@@ -49,19 +56,28 @@ def free_ports(n: int) -> list[int]:
         for _ in range(200 * n):
             if len(socks) == n:
                 break
+            port = _ports.randint(low, high) if high - low >= 2 * RECENT_PORTS else 0
+            if port in _recent_set:
+                continue
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             try:
-                s.bind((HOST, _ports.randint(low, high) if high - low >= 1000 else 0))
+                s.bind((HOST, port))
             except OSError:
                 s.close()
                 continue
             socks.append(s)
         if len(socks) < n:
             raise OSError(f"no {n} free ports on {HOST} in {low}..{high}")
-        return [int(s.getsockname()[1]) for s in socks]
+        ports = [int(s.getsockname()[1]) for s in socks]
     finally:
         for s in socks:
             s.close()
+    for port in ports:
+        if len(_recent) == RECENT_PORTS:
+            _recent_set.discard(_recent[0])
+        _recent.append(port)
+        _recent_set.add(port)
+    return ports
 
 
 def free_port() -> int:
