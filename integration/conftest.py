@@ -6,6 +6,7 @@ test directories are collected or run.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from collections.abc import Callable, Generator, Iterator
@@ -177,6 +178,4 @@ def _no_kafka_client_outlives_its_test() -> Iterator[None]:
     before = _kafka_client_threads() if sys.platform == "linux" else 0
     yield
     if sys.platform == "linux" and _kafka_client_threads() > before:
-        import gc
-
         gc.collect()

@@ -28,7 +28,6 @@ _ports = random.Random(os.urandom(16))  # private: tests may seed the global ``r
 #: bound the port it was given yet when the next test server's port is picked.
 RECENT_PORTS = 2000
 _recent: collections.deque[int] = collections.deque(maxlen=RECENT_PORTS)
-_recent_set: set[int] = set()
 
 
 def ephemeral_range() -> tuple[int, int]:
@@ -57,7 +56,7 @@ def free_ports(n: int) -> list[int]:
             if len(socks) == n:
                 break
             port = _ports.randint(low, high) if high - low >= 2 * RECENT_PORTS else 0
-            if port in _recent_set:
+            if port in _recent:
                 continue
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             try:
@@ -72,11 +71,7 @@ def free_ports(n: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
-    for port in ports:
-        if len(_recent) == RECENT_PORTS:
-            _recent_set.discard(_recent[0])
-        _recent.append(port)
-        _recent_set.add(port)
+    _recent.extend(ports)
     return ports
 
 
