@@ -18,6 +18,7 @@ import os
 import re
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from importlib import metadata
 from pathlib import Path
@@ -157,8 +158,14 @@ def test_client_installs_from_built_wheels_in_an_empty_venv(tmp_path: Path) -> N
         pytest.skip(
             f"cannot build wheels here (no hatchling, no package index): {built.stderr[-500:]}"
         )
+    # pure-Python wheels, but pigeon-client's: its C extension (the sync producer's hot
+    # path) makes it a wheel of this Python and platform
+    py = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    client_tag = f"{py}-{py}-{sysconfig.get_platform().replace('-', '_').replace('.', '_')}"
     expected = {
-        p.name: f"{p.name.replace('-', '_')}-{project_version(p)}-py3-none-any.whl"
+        p.name: f"{p.name.replace('-', '_')}-{project_version(p)}-"
+        + (client_tag if p.name == "pigeon-client" else "py3-none-any")
+        + ".whl"
         for p in PROJECTS
     }
     assert sorted(p.name for p in dist.glob("*.whl")) == sorted(expected.values()), built.stdout
@@ -210,9 +217,15 @@ def test_client_installs_from_built_wheels_in_an_empty_venv(tmp_path: Path) -> N
         f"pigeon-client {project_version(ROOT / 'packages' / 'pigeon-client')}",
     ]
     imported = run(
-        [str(python), "-c", "import pigeon.client, pigeon.core; print(pigeon.client.__file__)"],
+        [
+            str(python),
+            "-c",
+            "import pigeon.client, pigeon.core; from pigeon.client import _fast;"
+            " print(pigeon.client.__file__); print(_fast.SPEEDUPS)",
+        ],
         60.0,
         offline,
     )
     assert imported.returncode == 0, imported.stderr
     assert imported.stdout.startswith(str(venv)), imported.stdout
+    assert imported.stdout.split()[1:] == ["True"], "the wheel's C extension did not load"

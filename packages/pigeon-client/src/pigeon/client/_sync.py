@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from pigeon.client._consumer_handle import ConsumerFace, ConsumerHandle
 from pigeon.client._core import EntryCompletion, ProducerCore, arrow_module, message_id_of
 from pigeon.client._face import ClientBase
+from pigeon.client._fast import speed_up
 from pigeon.client._future import MessageFuture
 from pigeon.client._handles import ProducerFace, ProducerHandle, deliver_time
 from pigeon.client._message import EntryReceipt, Message, MessageId
@@ -101,6 +102,7 @@ class Client(ClientBase):
     @takes_options(QueueingProducerOptions)
     def create_producer(self, options: QueueingProducerOptions) -> Producer:
         producer = self._open(Producer(self.engine_thread, options), options)
+        speed_up(producer)  # send_async's hot path in C, where it is built
         self._producers.add(producer)
         return producer
 
