@@ -24,7 +24,8 @@
 #include <stddef.h>
 #include <structmember.h>
 
-/* a slot of BatchBuilder (its __slots__: object pointers at fixed offsets) */
+/* a slot of a class with __slots__ (BatchBuilder, MessageFuture): an object pointer at a
+   fixed offset */
 static int
 slot_offset(PyTypeObject *type, const char *name, Py_ssize_t *out)
 {
@@ -52,7 +53,8 @@ typedef struct {
     Py_ssize_t max_pending;
     PyObject *handle, *handle_dict, *logic, *logic_dict, *core, *core_dict, *builder;
     Py_ssize_t o_extras, o_values, o_end, o_max_messages, o_max_bytes;
-    PyObject *future_type;
+    PyObject *future_type; /* MessageFuture, and the offsets of its two slots */
+    Py_ssize_t o_batch, o_index;
     Py_ssize_t plain_slack;
     PyObject *dict; /* __wrapped__, __doc__ ... (functools.update_wrapper) */
     vectorcallfunc vectorcall;
@@ -61,7 +63,7 @@ typedef struct {
 /* interned names */
 static PyObject *s_lock, *s_handle, *s_max_pending, *s_closed, *s_outstanding, *s_logic,
     *s_single, *s_count, *s_plain_max, *s_plain_room, *s_batch_bytes, *s_builder,
-    *s_state, *s_batch_state, *s_batch, *s_index, *s_seal, *s_clock, *s_due, *s_acquire,
+    *s_state, *s_batch_state, *s_seal, *s_clock, *s_due, *s_acquire,
     *s_release;
 static PyObject *zero;
 
@@ -160,9 +162,9 @@ send_plain(PlainSender *self, PyObject *value, PyObject **out)
     PyTypeObject *tp = (PyTypeObject *)self->future_type;
     if ((future = tp->tp_alloc(tp, 0)) == NULL)
         goto checked;
-    if (PyObject_GenericSetAttr(future, s_batch, state) < 0 ||
-        PyObject_GenericSetAttr(future, s_index, index) < 0)
-        goto checked;
+    SLOT(future, self->o_batch) = state; /* MessageFuture.__init__ */
+    SLOT(future, self->o_index) = index;
+    state = index = NULL;
 
     /* BatchBuilder.add_value */
     if (PyList_Append(values, value) < 0)
@@ -320,7 +322,9 @@ sender_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         slot_offset(bt, "_values", &self->o_values) < 0 ||
         slot_offset(bt, "_end", &self->o_end) < 0 ||
         slot_offset(bt, "max_messages", &self->o_max_messages) < 0 ||
-        slot_offset(bt, "max_bytes", &self->o_max_bytes) < 0)
+        slot_offset(bt, "max_bytes", &self->o_max_bytes) < 0 ||
+        slot_offset((PyTypeObject *)future_type, "_batch", &self->o_batch) < 0 ||
+        slot_offset((PyTypeObject *)future_type, "_index", &self->o_index) < 0)
         goto fail;
     Py_DECREF(lock);
     return (PyObject *)self;
@@ -427,8 +431,6 @@ PyInit__speedups(void)
     INTERN(s_builder, "builder");
     INTERN(s_state, "state");
     INTERN(s_batch_state, "batch_state");
-    INTERN(s_batch, "_batch");
-    INTERN(s_index, "_index");
     INTERN(s_seal, "seal");
     INTERN(s_clock, "clock");
     INTERN(s_due, "due");
