@@ -217,6 +217,32 @@ def test_producer_and_client_close_close_the_timerfds(url: str) -> None:
     asyncio.run(main())
 
 
+@scenario
+async def test_sends_while_close_runs_fail_or_are_stored(client: Client, topic: str) -> None:
+    """A task sending while ``close()`` waits for its flush: each send raises
+    AlreadyClosed or gets a receipt (none is left in a batch nothing seals, as when
+    ``closed`` was set only after the flush)."""
+    producer = await client.create_producer(topic, batching_max_delay_ms=300)
+    accepted: list[asyncio.Future[MessageId]] = []
+    started = asyncio.Event()
+
+    async def sender() -> None:
+        with contextlib.suppress(AlreadyClosed):
+            for i in range(100_000):
+                accepted.append(producer.send_async(b"m%d" % i))
+                if i % 50 == 49:
+                    started.set()
+                    await asyncio.sleep(0)
+
+    task = asyncio.create_task(sender())
+    await started.wait()
+    await producer.close()
+    await asyncio.wait_for(task, OP_TIMEOUT)
+    done, pending = await asyncio.wait(accepted, timeout=OP_TIMEOUT)
+    assert not pending, f"{len(pending)} sends accepted during close() got no receipt"
+    assert all(f.exception() is None for f in done)
+
+
 def test_a_loop_with_its_own_clock_keeps_call_at_and_batches_on_time(url: str) -> None:
     topic = topic_name()
 

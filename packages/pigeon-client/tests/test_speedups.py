@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import gc
+import inspect
 import os
 import shutil
 import subprocess
@@ -17,6 +18,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -216,3 +218,56 @@ def test_threads_sending_at_once_lose_nothing_and_keep_their_order(client: Clien
         n, i = text.split(":")
         by_thread.setdefault(n, []).append(int(i))
     assert by_thread == {str(n): list(range(per_thread)) for n in range(4)}
+
+
+@needs_c
+def test_odd_max_pending_messages_keep_the_python_method(client: Client) -> None:
+    for max_pending in (float("inf"), 1e6, 2**64):
+        with client.create_producer(topic(), max_pending_messages=max_pending) as producer:
+            assert producer.send_async.__func__ is Producer.send_async
+            assert producer.send(b"x", timeout=10).entry_id >= 0
+
+
+@needs_c
+def test_a_patched_send_async_sees_every_call(client: Client) -> None:
+    """``mock.patch.object(Producer, "send_async")``, the usual way to intercept sends in a
+    test, sees the C path's calls too."""
+    with client.create_producer(topic(), batching_max_delay_ms=60_000) as producer:
+        with mock.patch.object(Producer, "send_async", autospec=True) as patched:
+            producer.send_async(b"a")
+            producer.send_async(b"b", key="k")
+        assert patched.call_count == 2
+        after = producer.send_async(b"after")
+        producer.flush()
+        assert isinstance(after.result(10), MessageId)
+    # the bound method's signature: ``value`` first, no ``self``
+    assert next(iter(inspect.signature(producer.send_async).parameters)) == "value"
+
+
+@pytest.mark.parametrize("path", ["c", "python"])
+def test_sends_racing_close_fail_or_are_stored(client: Client, path: str) -> None:
+    """Sends from another thread while ``close()`` runs either raise AlreadyClosed or get
+    a receipt: none is left in a batch nothing seals (it was, when ``closed`` was set only
+    after the flush)."""
+    producer = client.create_producer(topic(), batching_max_delay_ms=300)
+    send = producer.send_async if path == "c" else python_send(producer)
+    accepted: list[Any] = []
+    sending = threading.Event()
+
+    def sender() -> None:
+        with contextlib.suppress(AlreadyClosed):
+            for i in range(1_000_000):
+                accepted.append(send(b"m%d" % i))
+                if i == 1_000:
+                    sending.set()
+        sending.set()
+
+    thread = threading.Thread(target=sender)
+    thread.start()
+    assert sending.wait(30)
+    producer.close()
+    thread.join(30)
+    assert not thread.is_alive()
+    _, unresolved = concurrent.futures.wait(accepted, timeout=30)
+    assert not unresolved, f"{len(unresolved)} sends accepted during close() got no receipt"
+    assert producer._handle.outstanding == 0

@@ -14,6 +14,7 @@ The Python method is the reference: the tests send through both and compare.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 from typing import Any
 
@@ -42,9 +43,24 @@ def speed_up(producer: Any) -> None:
     """Give an open sync ``producer`` the C ``send_async``, if it can take it: the module
     is here, and the producer has one partition and no schema."""
     logic = producer._handle.logic
-    if _speedups is None or logic.multi or logic.encode is not None:
+    max_pending = producer._max_pending  # the C path compares it as a C ssize_t
+    if (
+        _speedups is None
+        or logic.multi
+        or logic.encode is not None
+        or type(max_pending) is not int
+        or not -(2**63) <= max_pending < 2**63
+    ):
         return
     method = type(producer).send_async
     sender = _speedups.PlainSender(producer, method, MessageFuture, PLAIN_SLACK)
     functools.update_wrapper(sender, method)
+    # the bound method's signature (update_wrapper's __wrapped__ has ``self`` first)
+    sender.__signature__ = _bound_signature(method)
     producer.send_async = sender
+
+
+@functools.cache
+def _bound_signature(method: Any) -> inspect.Signature:
+    sig = inspect.signature(method)
+    return sig.replace(parameters=list(sig.parameters.values())[1:])

@@ -63,8 +63,8 @@ typedef struct {
 /* interned names */
 static PyObject *s_lock, *s_handle, *s_max_pending, *s_closed, *s_outstanding, *s_logic,
     *s_single, *s_count, *s_plain_max, *s_plain_room, *s_batch_bytes, *s_builder,
-    *s_state, *s_batch_state, *s_seal, *s_clock, *s_due, *s_acquire,
-    *s_release;
+    *s_state, *s_seal, *s_clock, *s_due, *s_acquire,
+    *s_release, *s_send_async;
 static PyObject *zero;
 
 /* 1 and the value of an int in an instance dict; 0: missing or not an exact int */
@@ -144,19 +144,18 @@ send_plain(PlainSender *self, PyObject *value, PyObject **out)
     o = SLOT(b, self->o_max_bytes);
     if (o == NULL || !PyLong_CheckExact(o) || (max_bytes = PyLong_AsSsize_t(o)) < 0)
         goto checked;
+    /* the batch's shared outcome (core.state): without one, Python's path makes it
+       (ProducerCore.batch_state() is Python code: calling it here could change the
+       builder, whose _values list and _end were read above) */
+    state = PyDict_GetItemWithError(cd, s_state);
+    if (state == NULL || state == Py_None) {
+        state = NULL;
+        goto checked;
+    }
+    Py_INCREF(state);
     status = -1;
 
-    /* the batch's shared outcome and the message's future: ProducerCore.batch_state(),
-       MessageFuture(state, count) */
-    state = PyDict_GetItemWithError(cd, s_state);
-    if (state == NULL && PyErr_Occurred())
-        goto checked;
-    if (state == NULL || state == Py_None)
-        state = PyObject_CallMethodNoArgs(self->core, s_batch_state);
-    else
-        Py_INCREF(state);
-    if (state == NULL)
-        goto checked;
+    /* the message's future: MessageFuture(state, count) */
     if ((index = PyLong_FromSsize_t(count)) == NULL)
         goto checked;
     PyTypeObject *tp = (PyTypeObject *)self->future_type;
@@ -240,27 +239,45 @@ sender_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyOb
 {
     PlainSender *self = (PlainSender *)callable;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if (kwnames == NULL && nargs == 1 && PyBytes_CheckExact(args[0])) {
-        PyObject *future = NULL;
-        int r = send_plain(self, args[0], &future);
-        if (r < 0)
-            return NULL;
-        if (r > 0)
-            return future;
-    }
-    /* every other call: the Python send_async, bound to the producer */
-    PyObject *producer = PyWeakref_GetObject(self->producer); /* borrowed */
-    if (producer == NULL)
-        return NULL;
-    if (producer == Py_None) {
+    if (self->producer == NULL) { /* cleared (tp_clear) */
         PyErr_SetString(PyExc_ReferenceError, "the producer is gone");
         return NULL;
     }
-    PyObject *bound = PyMethod_New(self->func, producer); /* holds the producer */
-    if (bound == NULL)
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *producer;
+    if (PyWeakref_GetRef(self->producer, &producer) < 0)
         return NULL;
-    PyObject *result = PyObject_Vectorcall(bound, args, nargsf, kwnames);
-    Py_DECREF(bound);
+#else
+    PyObject *producer = PyWeakref_GetObject(self->producer); /* borrowed */
+    if (producer == NULL)
+        return NULL;
+    producer = producer == Py_None ? NULL : Py_NewRef(producer);
+#endif
+    if (producer == NULL) {
+        PyErr_SetString(PyExc_ReferenceError, "the producer is gone");
+        return NULL;
+    }
+    /* the class's send_async now: a patched one (unittest.mock) gets every call */
+    PyObject *func = _PyType_Lookup(Py_TYPE(producer), s_send_async); /* borrowed */
+    PyObject *result = NULL;
+    if (func == NULL)
+        func = self->func;
+    Py_INCREF(func);
+    if (func == self->func && kwnames == NULL && nargs == 1 && PyBytes_CheckExact(args[0])) {
+        int r = send_plain(self, args[0], &result);
+        if (r != 0)
+            goto done; /* sent (result), or an error (NULL) */
+    }
+    /* every other call: the Python send_async, bound to the producer */
+    descrgetfunc get = Py_TYPE(func)->tp_descr_get;
+    PyObject *bound = get ? get(func, producer, (PyObject *)Py_TYPE(producer)) : Py_NewRef(func);
+    if (bound != NULL) {
+        result = PyObject_Vectorcall(bound, args, nargsf, kwnames);
+        Py_DECREF(bound);
+    }
+done:
+    Py_DECREF(func);
+    Py_DECREF(producer);
     return result;
 }
 
@@ -290,6 +307,13 @@ sender_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO!n:PlainSender", names, &producer,
                                      &func, &PyType_Type, &future_type, &plain_slack))
         return NULL;
+    for (PyTypeObject *t = (PyTypeObject *)future_type; t != &PyBaseObject_Type; t = t->tp_base) {
+        if (t == NULL || !(t->tp_flags & Py_TPFLAGS_HEAPTYPE)) {
+            PyErr_Format(PyExc_TypeError, "future_type must be a class defined in Python, "
+                         "over object alone, not %R", future_type);
+            return NULL;
+        }
+    }
     PlainSender *self = (PlainSender *)type->tp_alloc(type, 0);
     if (self == NULL)
         return NULL;
@@ -430,12 +454,12 @@ PyInit__speedups(void)
     INTERN(s_batch_bytes, "batch_bytes");
     INTERN(s_builder, "builder");
     INTERN(s_state, "state");
-    INTERN(s_batch_state, "batch_state");
     INTERN(s_seal, "seal");
     INTERN(s_clock, "clock");
     INTERN(s_due, "due");
     INTERN(s_acquire, "acquire");
     INTERN(s_release, "release");
+    INTERN(s_send_async, "send_async");
     if ((zero = PyLong_FromLong(0)) == NULL)
         return NULL;
     if (PyType_Ready(&PlainSenderType) < 0)

@@ -102,7 +102,11 @@ class Client(ClientBase):
     @takes_options(QueueingProducerOptions)
     def create_producer(self, options: QueueingProducerOptions) -> Producer:
         producer = self._open(Producer(self.engine_thread, options), options)
-        speed_up(producer)  # send_async's hot path in C, where it is built
+        try:
+            speed_up(producer)  # send_async's hot path in C, where it is built
+        except BaseException:
+            producer.close()  # attached: do not leave it behind
+            raise
         self._producers.add(producer)
         return producer
 
@@ -310,14 +314,18 @@ class Producer(ProducerFace):
 
     def close(self) -> None:
         h = self._handle
-        if h.closed:
-            return
+        with self._lock:
+            if h.closed:
+                return
+            # closed first: a send from another thread from here on raises AlreadyClosed
+            # (one let in after the flush went into a batch nothing would seal)
+            h.closed = True
+            self._space.notify_all()
         try:
-            self.flush()
-        finally:
             with self._lock:
-                h.closed = True
-                self._space.notify_all()
+                h.logic.seal_all()
+            self._thread.call(h.flush)
+        finally:
             self._thread.call(h.close)
 
 

@@ -414,13 +414,17 @@ class Producer(ProducerFace):
             h.closed = True
             self._close_timers()
             return
+        with self._lock:
+            # closed first: a send from here on raises AlreadyClosed (one let in while the
+            # flush waited went into a batch nothing would seal)
+            h.closed = True
+        self._space.set()
         try:
-            await self.flush()
-        finally:
             with self._lock:
-                h.closed = True
+                h.logic.seal_all()
+            await self._client._run(h.flush)
+        finally:
             self._close_timers()
-            self._space.set()
             await self._client._run(h.close, shield=True)
 
 
