@@ -313,6 +313,8 @@ class Producer(ProducerFace):
         self._thread.call(self._handle.flush)
 
     def close(self) -> None:
+        """Refuse new messages (AlreadyClosed, also to senders waiting for queue space),
+        send what is batched, wait for every pending receipt, then detach."""
         h = self._handle
         with self._lock:
             if h.closed:

@@ -406,7 +406,7 @@ class Producer(ProducerFace):
         await self._client._run(self._handle.flush)
 
     async def close(self) -> None:
-        """Flush, then detach from the broker (pending messages fail with AlreadyClosed)."""
+        """Refuse new messages (AlreadyClosed), flush, then detach from the broker."""
         h = self._handle
         if h.closed:
             return
