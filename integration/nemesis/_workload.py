@@ -7,7 +7,9 @@ survives node failures by its own reconnects.  Every step lands in the
 
 * producers ``p0``, ``p1``, ... send with default settings (so de-duplication is on),
   ``send_async``, ``rate`` messages/s each, round-robin over the topics; each message
-  carries ``producer:topic:seq`` and a key (for key_shared);
+  carries ``producer:topic:seq`` and a key (for key_shared), but on the topics of
+  :data:`KEYLESS`, whose messages are a value alone (where it is built, the sync
+  producer's ``send_async`` in C, ``pigeon.client._speedups``, sends those);
 * every subscription of :data:`TOPICS` is opened before production starts (earliest);
   its consumers acknowledge everything they get; a consumer whose client raises is
   opened again (an application would) and the error is recorded;
@@ -45,6 +47,8 @@ TOPICS: dict[str, tuple[int, list[str], int]] = {
     # group (see _kafka_workload)
     "k": (3, [], 0),
 }
+#: topics whose messages have no key (no key_shared subscription, one partition)
+KEYLESS = frozenset({"a"})
 #: an exclusive subscription whose consumer acknowledges with receipts
 #: (``ack_receipt_enabled``): cumulatively, one receipt per batch received
 RECEIPTS = "receipts"
@@ -151,9 +155,12 @@ class Workload:
             send = Send(key, label, seq, h.now())
             h.sends.append(send)
             try:
-                fut = producers[key].send_async(
-                    format_payload(key, label, seq), key=f"{label}-{seq % KEYS_PER_PRODUCER}"
-                )
+                if key in KEYLESS:  # a bytes value alone: the C path of send_async
+                    fut = producers[key].send_async(format_payload(key, label, seq))
+                else:
+                    fut = producers[key].send_async(
+                        format_payload(key, label, seq), key=f"{label}-{seq % KEYS_PER_PRODUCER}"
+                    )
             except Exception as exc:
                 send.failed, send.error = h.now(), _brief(exc)
                 continue
