@@ -271,3 +271,19 @@ def test_sends_racing_close_fail_or_are_stored(client: Client, path: str) -> Non
     _, unresolved = concurrent.futures.wait(accepted, timeout=30)
     assert not unresolved, f"{len(unresolved)} sends accepted during close() got no receipt"
     assert producer._handle.outstanding == 0
+
+
+@needs_c
+def test_a_producer_of_another_shape_keeps_the_python_method(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Objects the C path cannot read (here: a BatchBuilder whose ``_values`` is no
+    slot) leave the producer on the Python method instead of failing to open it."""
+    from pigeon.core import _batch_builder
+
+    class Builder(_batch_builder.BatchBuilder):
+        _values = None  # type: ignore[assignment]  # a class attribute over the slot
+
+    monkeypatch.setattr("pigeon.client._core.BatchBuilder", Builder)
+    with client.create_producer(topic()) as producer:
+        assert producer.send_async.__func__ is Producer.send_async

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import os
 from typing import Any
 
@@ -22,6 +23,8 @@ from pigeon.client._core import PLAIN_SLACK
 from pigeon.client._future import MessageFuture
 
 __all__ = ["SPEEDUPS", "speed_up"]
+
+log = logging.getLogger(__name__)
 
 
 def _load() -> Any:
@@ -53,7 +56,11 @@ def speed_up(producer: Any) -> None:
     ):
         return
     method = type(producer).send_async
-    sender = _speedups.PlainSender(producer, method, MessageFuture, PLAIN_SLACK)
+    try:
+        sender = _speedups.PlainSender(producer, method, MessageFuture, PLAIN_SLACK)
+    except (TypeError, AttributeError) as exc:  # objects not of the shape it reads
+        log.debug("send_async stays in Python for this producer: %s", exc)
+        return
     functools.update_wrapper(sender, method)
     # the bound method's signature (update_wrapper's __wrapped__ has ``self`` first)
     sender.__signature__ = _bound_signature(method)
