@@ -14,7 +14,7 @@ import re
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -32,18 +32,10 @@ from pigeon.core.errors import (
     ProducerQueueFull,
     UnknownCodec,
 )
-from pigeon.core.testing.servers import Standalone
 
 pytestmark = pytest.mark.integration
 
 OP_TIMEOUT = 10.0
-
-
-@pytest.fixture(scope="module")
-def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    base = tmp_path_factory.mktemp("asyncio-face")
-    with contextlib.closing(Standalone(base / "data", log_dir=base, fsync=None).start()) as s:
-        yield s.url
 
 
 def topic_name(prefix: str = "t") -> str:

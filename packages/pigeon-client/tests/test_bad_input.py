@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -30,7 +30,6 @@ from pigeon.client.trio import Client as TrioClient
 from pigeon.core._codecs import NONE
 from pigeon.core.batch import BatchBuilder
 from pigeon.core.errors import InvalidArgument, MessageTooLarge, Timeout
-from pigeon.core.testing.servers import Standalone
 
 MB = 1024 * 1024
 OP_TIMEOUT = 10.0
@@ -196,13 +195,6 @@ async def test_values_keys_and_properties_changed_after_the_call_do_not_reach_th
 
 
 # ----------------------------------------------------------------------------- sync, asyncio
-
-
-@pytest.fixture(scope="module")
-def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    base = tmp_path_factory.mktemp("bad-input")
-    with contextlib.closing(Standalone(base / "data", log_dir=base, fsync=None).start()) as s:
-        yield s.url
 
 
 def _sync_read_all(client: SyncClient, topic: str) -> list[bytes]:

@@ -16,7 +16,6 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,19 +23,11 @@ import pytest
 import pigeon.client.asyncio as asyncio_face
 from pigeon.client import Client, Message, MultiplierRedeliveryBackoff, Timeout
 from pigeon.core.errors import NotSupported
-from pigeon.core.testing.servers import Standalone
 
 pytestmark = pytest.mark.integration
 
 OP_TIMEOUT = 10.0
 SENT = [f"m{i}".encode() for i in range(20)]
-
-
-@pytest.fixture(scope="module")
-def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    base = tmp_path_factory.mktemp("listeners")
-    with contextlib.closing(Standalone(base / "data", log_dir=base, fsync=None).start()) as s:
-        yield s.url
 
 
 @pytest.fixture

@@ -26,18 +26,11 @@ from pigeon.client import Client, MessageId, _fast
 from pigeon.client._sync import Producer
 from pigeon.client.schema import StringSchema
 from pigeon.core.errors import AlreadyClosed, ProducerQueueFull
-from pigeon.core.testing.servers import Standalone, clean_env
+from pigeon.core.testing.servers import clean_env
 
 pytestmark = pytest.mark.integration
 
 needs_c = pytest.mark.skipif(not _fast.SPEEDUPS, reason="pigeon.client._speedups not built")
-
-
-@pytest.fixture(scope="module")
-def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    base = tmp_path_factory.mktemp("speedups")
-    with contextlib.closing(Standalone(base / "data", log_dir=base, fsync=None).start()) as s:
-        yield s.url
 
 
 @pytest.fixture

@@ -5,24 +5,14 @@ the latency path of every batch a timer seals)."""
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from pigeon.client import Client
-from pigeon.core.testing.servers import Standalone
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    base = tmp_path_factory.mktemp("sync-batching")
-    with contextlib.closing(Standalone(base / "data", log_dir=base, fsync=None).start()) as s:
-        yield s.url
 
 
 def test_a_batch_the_timer_seals_is_sent_without_a_hop_to_the_engine_itself(url: str) -> None:

@@ -46,19 +46,14 @@ def speed_up(producer: Any) -> None:
     """Give an open sync ``producer`` the C ``send_async``, if it can take it: the module
     is here, and the producer has one partition and no schema."""
     logic = producer._handle.logic
-    max_pending = producer._max_pending  # the C path compares it as a C ssize_t
-    if (
-        _speedups is None
-        or logic.multi
-        or logic.encode is not None
-        or type(max_pending) is not int
-        or not -(2**63) <= max_pending < 2**63
-    ):
+    if _speedups is None or logic.multi or logic.encode is not None:
         return
     method = type(producer).send_async
     try:
         sender = _speedups.PlainSender(producer, method, MessageFuture, PLAIN_SLACK)
-    except (TypeError, AttributeError) as exc:  # objects not of the shape it reads
+    except (TypeError, AttributeError, OverflowError) as exc:
+        # objects not of the shape it reads, or a max_pending_messages that is not a C
+        # ssize_t (a float, inf, 2**64): Python's send_async compares those as they are
         log.debug("send_async stays in Python for this producer: %s", exc)
         return
     functools.update_wrapper(sender, method)

@@ -324,9 +324,7 @@ class Producer(ProducerFace):
             h.closed = True
             self._space.notify_all()
         try:
-            with self._lock:
-                h.logic.seal_all()
-            self._thread.call(h.flush)
+            self.flush()
         finally:
             self._thread.call(h.close)
 

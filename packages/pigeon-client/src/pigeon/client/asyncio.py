@@ -420,9 +420,7 @@ class Producer(ProducerFace):
             h.closed = True
         self._space.set()
         try:
-            with self._lock:
-                h.logic.seal_all()
-            await self._client._run(h.flush)
+            await self.flush()
         finally:
             self._close_timers()
             await self._client._run(h.close, shield=True)
